@@ -1,0 +1,101 @@
+"""Settings: environment (``CONTROLROOM_*``, nested with ``__``), an optional TOML file, defaults.
+
+Precedence, highest first: keyword arguments, environment variables, the TOML file
+given with ``--config`` (or ``CONTROLROOM_CONFIG``), the defaults below. Source of the
+names and defaults: DESIGN.md "Operational contract".
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+class IngestionSettings(BaseModel):
+    """How the error queue is drained into the store."""
+
+    batch_size: int = Field(200, ge=1, le=10_000, description="Messages per write batch.")
+    concurrent_batches: int = Field(2, ge=1, le=64, description="Batches written at once.")
+    linger_seconds: float = Field(
+        0.05, ge=0, le=10, description="How long a partial batch waits for more messages."
+    )
+    prefetch: int = Field(
+        0, ge=0, description="Broker prefetch; 0 means batch_size * concurrent_batches."
+    )
+    max_backoff_seconds: float = Field(
+        30.0, gt=0, description="Cap of the back-off while the database is unreachable."
+    )
+
+    @property
+    def effective_prefetch(self) -> int:
+        return self.prefetch or self.batch_size * self.concurrent_batches
+
+
+class Settings(BaseSettings):
+    """Everything Controlroom can be told. Sizes are bytes, periods are ``timedelta``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CONTROLROOM_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    data_dir: Path = Path("./controlroom-data")
+    database_url: str = ""
+    broker_url: str = ""
+    error_queue: str = "error"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_size_to_store: int = Field(102_400, ge=0)
+    error_retention_period: timedelta = timedelta(days=15)
+    ingest_on_serve: bool = True
+    ingestion: IngestionSettings = IngestionSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        toml_file = os.environ.get("CONTROLROOM_CONFIG")
+        if toml_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+        return tuple(sources)
+
+    @property
+    def effective_database_url(self) -> str:
+        """The SQLAlchemy URL; the embedded SQLite file in ``data_dir`` when none is set."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'controlroom.db').resolve()}"
+
+    @property
+    def body_dir(self) -> Path:
+        """Root of the file-system body store."""
+        return self.data_dir / "bodies"
+
+    @property
+    def embedded_queue_path(self) -> Path:
+        """File of the embedded durable intake queue."""
+        return self.data_dir / "queue.db"
+
+
+def load_settings(config_file: Path | None = None, **overrides: object) -> Settings:
+    """Build the settings, reading ``config_file`` (TOML) when given.
+
+    Raises ``pydantic.ValidationError`` naming the offending setting.
+    """
+    if config_file is not None:
+        os.environ["CONTROLROOM_CONFIG"] = str(config_file)
+    return Settings(**overrides)

@@ -1,0 +1,1 @@
+"""The relational store: engine, Core tables, migrations, provider registry."""

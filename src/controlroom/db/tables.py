@@ -1,0 +1,150 @@
+"""SQLAlchemy Core tables: the schema the migrations create, used by every query.
+
+Source: DESIGN.md "Data model". The stored source of truth of a failed message is
+``headers_json`` plus its body; every other column is a derived extraction for indexing.
+Provider-specific search objects (PostgreSQL ``tsvector``, SQLite FTS5) are created in
+the migrations with raw SQL and are not modelled here.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import sqlalchemy as sa
+
+from controlroom.db.types import UtcDateTime
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+UUID_LEN = 36  # canonical "D" form, lower case
+
+
+class FailedMessageStatus(enum.IntEnum):
+    """Status of a failed message (values match ServiceControl's)."""
+
+    UNRESOLVED = 1
+    RESOLVED = 2
+    RETRY_ISSUED = 3
+    ARCHIVED = 4
+
+
+failed_messages = sa.Table(
+    "failed_messages",
+    metadata,
+    sa.Column("id", sa.String(UUID_LEN), primary_key=True, comment="UniqueMessageId"),
+    sa.Column("message_id", sa.String(400), nullable=False),
+    sa.Column("status", sa.SmallInteger, nullable=False),
+    sa.Column("status_changed_at", UtcDateTime, nullable=False),
+    sa.Column("last_modified", UtcDateTime, nullable=False),
+    sa.Column("number_of_processing_attempts", sa.Integer, nullable=False),
+    sa.Column("first_failure_at", UtcDateTime, nullable=False),
+    sa.Column("last_failure_at", UtcDateTime, nullable=False, comment="the stored attempt's"),
+    # Payload of the stored (newest) attempt; everything below is taken together.
+    sa.Column("message_type", sa.Text),
+    sa.Column("time_sent", UtcDateTime),
+    sa.Column("is_system_message", sa.Boolean, nullable=False),
+    sa.Column("conversation_id", sa.String(400)),
+    sa.Column("exception_type", sa.Text),
+    sa.Column("exception_message", sa.Text),
+    sa.Column("exception_source", sa.Text),
+    sa.Column("stack_trace", sa.Text),
+    sa.Column("queue_address", sa.String(400), nullable=False, comment="NServiceBus.FailedQ"),
+    sa.Column("receiving_endpoint", sa.String(400), nullable=False),
+    sa.Column("receiving_host_id", sa.String(100)),
+    sa.Column("receiving_host", sa.String(400)),
+    sa.Column("sending_endpoint", sa.String(400)),
+    sa.Column("sending_host_id", sa.String(100)),
+    sa.Column("sending_host", sa.String(400)),
+    sa.Column("headers_json", sa.Text, nullable=False),
+    sa.Column("content_type", sa.String(400), nullable=False),
+    sa.Column("body_size", sa.BigInteger, nullable=False, comment="true size, bytes"),
+    sa.Column("body_text", sa.Text, comment="inline text, or the searchable prefix"),
+    sa.Column("body_stored_externally", sa.Boolean, nullable=False),
+    sa.Column("body_key", sa.String(200), comment="key in the body store"),
+    sa.Index("ix_failed_messages_status_last_modified", "status", "last_modified"),
+    sa.Index("ix_failed_messages_time_sent", "time_sent"),
+    sa.Index("ix_failed_messages_last_failure_at", "last_failure_at"),
+    sa.Index("ix_failed_messages_queue_address", "queue_address"),
+    sa.Index("ix_failed_messages_receiving_endpoint", "receiving_endpoint"),
+    sa.Index("ix_failed_messages_message_id", "message_id"),
+    sa.Index(
+        "ix_failed_messages_retention",
+        "status_changed_at",
+        sqlite_where=sa.text("status IN (2, 4)"),
+        postgresql_where=sa.text("status IN (2, 4)"),
+    ),
+)
+
+failed_message_groups = sa.Table(
+    "failed_message_groups",
+    metadata,
+    sa.Column(
+        "failed_message_id",
+        sa.String(UUID_LEN),
+        sa.ForeignKey("failed_messages.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("group_id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("classifier", sa.String(100), nullable=False),
+    sa.Column("title", sa.Text, nullable=False),
+    sa.Index("ix_failed_message_groups_group_id", "group_id"),
+)
+
+known_endpoints = sa.Table(
+    "known_endpoints",
+    metadata,
+    sa.Column("id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("name", sa.String(400), nullable=False),
+    sa.Column("host_id", sa.String(100), nullable=False),
+    sa.Column("host", sa.String(400)),
+    sa.Column("monitored", sa.Boolean, nullable=False, comment="the user's choice"),
+    sa.Column("first_seen_at", UtcDateTime, nullable=False),
+)
+
+retry_batches = sa.Table(
+    "retry_batches",
+    metadata,
+    sa.Column("id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("request_id", sa.String(400), nullable=False),
+    sa.Column("retry_type", sa.String(50), nullable=False),
+    sa.Column("status", sa.String(20), nullable=False),
+    sa.Column("originator", sa.Text),
+    sa.Column("classifier", sa.String(100)),
+    sa.Column("initial_batch_size", sa.Integer, nullable=False),
+    sa.Column("started_at", UtcDateTime, nullable=False),
+    sa.Column("last_modified", UtcDateTime, nullable=False),
+    sa.Column("completed_at", UtcDateTime),
+    sa.Index("ix_retry_batches_status", "status"),
+)
+
+failed_message_retries = sa.Table(
+    "failed_message_retries",
+    metadata,
+    sa.Column("failed_message_id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column(
+        "retry_batch_id",
+        sa.String(UUID_LEN),
+        sa.ForeignKey("retry_batches.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("stage_attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Index("ix_failed_message_retries_retry_batch_id", "retry_batch_id"),
+)
+
+failed_error_imports = sa.Table(
+    "failed_error_imports",
+    metadata,
+    sa.Column("id", sa.String(UUID_LEN), primary_key=True, comment="hash of headers + body"),
+    sa.Column("queue", sa.String(400), nullable=False),
+    sa.Column("headers_json", sa.Text, nullable=False),
+    sa.Column("body", sa.LargeBinary, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("failed_at", UtcDateTime, nullable=False),
+)

@@ -1,0 +1,66 @@
+"""Shared fixtures: a migrated store per provider, a scratch RabbitMQ vhost, settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from controlroom.config import Settings
+from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
+from tests import servers
+
+PROVIDERS = ("sqlite", "postgresql")
+
+
+@pytest.fixture(params=PROVIDERS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database on each supported provider (the test runs once per provider)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'controlroom.db'}"
+        return
+    url = servers.create_postgresql_database()
+    try:
+        yield url
+    finally:
+        servers.drop_postgresql_database(url)
+
+
+@pytest.fixture
+def postgresql_url() -> Iterator[str]:
+    """An empty PostgreSQL database, for tests that only make sense on a server."""
+    url = servers.create_postgresql_database()
+    try:
+        yield url
+    finally:
+        servers.drop_postgresql_database(url)
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[sa.Engine]:
+    """A migrated store on each provider."""
+    eng = create_store_engine(database_url)
+    upgrade_database(eng)
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> Iterator[str]:
+    """A scratch RabbitMQ vhost for this test session; deleted afterwards."""
+    url, vhost = servers.create_rabbitmq_vhost()
+    try:
+        yield url
+    finally:
+        servers.delete_rabbitmq_vhost(vhost)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database_url: str) -> Settings:
+    """Settings on the embedded queue with a fresh data dir, on each provider."""
+    return Settings(data_dir=tmp_path / "data", database_url=database_url)
