@@ -1,0 +1,232 @@
+"""FailedMessageBatchWriter: a batch of the error queue written in one transaction.
+
+Source: DESIGN.md "Writer". Fold in memory, then in one transaction, in this order:
+(1) conditional upsert of failed-message rows, (2) replace the group rows of messages
+whose stored attempt is now this batch's, (3) insert-if-absent known endpoints (never
+update one: ``monitored`` is the user's), (4) resolve confirmed retries, (5) commit.
+Failed imports of the batch are kept in the same transaction, so one commit decides the
+fate of every message the batch acknowledges.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+import tenacity
+
+from controlroom.db.engine import begin_write
+from controlroom.db.tables import (
+    FailedMessageStatus,
+    failed_error_imports,
+    failed_message_groups,
+    failed_message_retries,
+    failed_messages,
+    known_endpoints,
+)
+from controlroom.errors.dialects import error_write_dialect
+from controlroom.errors.dialects._base import PAYLOAD_COLUMNS, chunked
+from controlroom.errors.fold import FoldedMessage, fold_attempts, unique_endpoints
+from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
+from controlroom.exceptions import is_transient
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class IngestionBatch:
+    """Everything one unit of work hands to the writer."""
+
+    attempts: list[FailedAttempt] = field(default_factory=list)
+    endpoints: list[KnownEndpoint] = field(default_factory=list)
+    confirmed_retries: list[str] = field(default_factory=list)  # UniqueMessageIds
+    failed_imports: list[FailedImport] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return (
+            len(self.attempts)
+            + len(self.endpoints)
+            + len(self.confirmed_retries)
+            + len(self.failed_imports)
+        )
+
+
+def retry_transient(
+    *, max_backoff_seconds: float = 30.0, stop_event: threading.Event | None = None
+) -> tenacity.Retrying:
+    """Retry policy for a whole batch: transient store errors only, capped back-off.
+
+    Retries until ``stop_event`` is set (forever without one); DESIGN.md "Transient
+    failures": the batch is idempotent, so a replay after an ambiguous commit is harmless.
+    """
+    stop: tenacity.stop.stop_base = (
+        tenacity.stop_when_event_set(stop_event) if stop_event else tenacity.stop_never
+    )
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_transient),
+        wait=tenacity.wait_exponential(multiplier=0.1, max=max_backoff_seconds),
+        stop=stop,
+        reraise=True,
+        before_sleep=tenacity.before_sleep_log(log, logging.WARNING),
+    )
+
+
+class FailedMessageBatchWriter:
+    """Writes ``IngestionBatch`` es to the store; safe to use from several threads."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        *,
+        retrying: tenacity.Retrying | None = None,
+        clock: Clock = utc_now,
+    ) -> None:
+        self._engine = engine
+        self._dialect = error_write_dialect(engine)
+        self._retrying = retrying or retry_transient()
+        self._clock = clock
+
+    def write(self, batch: IngestionBatch) -> None:
+        """Write ``batch`` in one transaction, retrying the whole batch on transient errors.
+
+        Raises the store's exception when it is not transient (see
+        ``controlroom.exceptions.classify_store_error``) or when retrying is stopped.
+        """
+        folded = fold_attempts(batch.attempts)
+        self._retrying(self._write_once, batch, folded)
+
+    def _write_once(self, batch: IngestionBatch, folded: list[FoldedMessage]) -> None:
+        now = self._clock()
+        with begin_write(self._engine) as conn:
+            stored = self._dialect.upsert_failed_messages(
+                conn, [failed_message_row(message, now) for message in folded]
+            )
+            self._replace_groups(conn, folded, stored)
+            self._dialect.insert_if_absent(
+                conn,
+                known_endpoints,
+                [known_endpoint_row(e, now) for e in unique_endpoints(batch.endpoints)],
+            )
+            self._resolve_confirmed_retries(conn, batch.confirmed_retries, now)
+            self._dialect.insert_if_absent(
+                conn,
+                failed_error_imports,
+                [failed_import_row(item) for item in _unique_imports(batch.failed_imports)],
+            )
+
+    def _replace_groups(
+        self,
+        conn: sa.Connection,
+        folded: Sequence[FoldedMessage],
+        stored: Sequence[sa.Row[Any]],
+    ) -> None:
+        """Step 2: messages whose stored attempt is now this batch's get its groups."""
+        stored_attempt = {row.id: row.last_failure_at for row in stored}
+        winners = [
+            message
+            for message in folded
+            if stored_attempt.get(message.unique_message_id) == message.last_failure_at
+        ]
+        if not winners:
+            return
+        ids = [message.unique_message_id for message in winners]
+        for id_chunk in chunked(ids, 500):
+            conn.execute(
+                sa.delete(failed_message_groups).where(
+                    failed_message_groups.c.failed_message_id.in_(id_chunk)
+                )
+            )
+        group_rows = [
+            {
+                "failed_message_id": message.unique_message_id,
+                "group_id": group.id,
+                "classifier": group.classifier,
+                "title": group.title,
+            }
+            for message in winners
+            for group in message.winner.groups
+        ]
+        if group_rows:
+            conn.execute(sa.insert(failed_message_groups), group_rows)
+
+    def _resolve_confirmed_retries(
+        self, conn: sa.Connection, unique_message_ids: Sequence[str], now: datetime
+    ) -> None:
+        """Step 4: confirmed retries become Resolved; their retry claims go away."""
+        ids = sorted(set(unique_message_ids))
+        for id_chunk in chunked(ids, 500):
+            conn.execute(
+                sa.update(failed_messages)
+                .where(failed_messages.c.id.in_(id_chunk))
+                .where(failed_messages.c.status != int(FailedMessageStatus.RESOLVED))
+                .values(
+                    status=int(FailedMessageStatus.RESOLVED),
+                    status_changed_at=now,
+                    last_modified=now,
+                )
+            )
+            conn.execute(
+                sa.delete(failed_message_retries).where(
+                    failed_message_retries.c.failed_message_id.in_(id_chunk)
+                )
+            )
+
+
+def failed_message_row(message: FoldedMessage, now: datetime) -> dict[str, Any]:
+    """The row a folded message would be if it were new (the upsert guards do the rest)."""
+    winner = message.winner
+    placement = winner.body_placement
+    row: dict[str, Any] = {
+        "id": message.unique_message_id,
+        "status": int(FailedMessageStatus.UNRESOLVED),
+        "status_changed_at": now,
+        "last_modified": now,
+        "number_of_processing_attempts": message.attempt_count,
+        "first_failure_at": message.first_failure_at,
+        "last_failure_at": message.last_failure_at,
+        "body_size": placement.size,
+        "body_text": placement.text,
+        "body_stored_externally": placement.external,
+    }
+    for name in PAYLOAD_COLUMNS:
+        if name not in row:
+            row[name] = getattr(winner, name)
+    return row
+
+
+def known_endpoint_row(endpoint: KnownEndpoint, now: datetime) -> dict[str, Any]:
+    return {
+        "id": endpoint.id,
+        "name": endpoint.name,
+        "host_id": endpoint.host_id,
+        "host": endpoint.host,
+        "monitored": False,
+        "first_seen_at": now,
+    }
+
+
+def failed_import_row(item: FailedImport) -> dict[str, Any]:
+    return {
+        "id": item.id,
+        "queue": item.queue,
+        "headers_json": item.headers_json,
+        "body": item.body,
+        "reason": item.reason,
+        "failed_at": item.failed_at,
+    }
+
+
+def _unique_imports(items: Sequence[FailedImport]) -> list[FailedImport]:
+    by_id = {item.id: item for item in items}
+    return [by_id[key] for key in sorted(by_id)]

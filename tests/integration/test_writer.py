@@ -1,0 +1,187 @@
+"""The batch writer's rules (DESIGN.md "Writer", "The conditional upsert"), per provider."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from controlroom.db.tables import (
+    FailedMessageStatus,
+    failed_message_groups,
+    failed_message_retries,
+    failed_messages,
+    known_endpoints,
+    retry_batches,
+)
+from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
+from tests.factories import at, attempt, endpoint, message_uuid
+
+
+def stored_row(engine: sa.Engine, n: int = 0) -> dict[str, Any]:
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.select(failed_messages).where(failed_messages.c.id == message_uuid(n))
+        ).one()
+    return dict(row._mapping)
+
+
+def row_count(engine: sa.Engine, table: sa.Table) -> int:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
+
+
+def set_status(engine: sa.Engine, status: FailedMessageStatus, n: int = 0) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(failed_messages)
+            .where(failed_messages.c.id == message_uuid(n))
+            .values(status=int(status), status_changed_at=at(-1000))
+        )
+
+
+def test_three_failures_in_three_batches_make_one_row(engine: sa.Engine) -> None:
+    writer = FailedMessageBatchWriter(engine)
+    for seconds in (10, 20, 30):
+        writer.write(IngestionBatch(attempts=[attempt(0, at(seconds))]))
+
+    row = stored_row(engine)
+    assert row_count(engine, failed_messages) == 1
+    assert row["number_of_processing_attempts"] == 3
+    assert (row["first_failure_at"], row["last_failure_at"]) == (at(10), at(30))
+    assert row["exception_message"] == attempt(0, at(30)).exception_message
+
+
+def test_older_attempt_after_newer_grows_count_and_window_but_keeps_payload(
+    engine: sa.Engine,
+) -> None:
+    writer = FailedMessageBatchWriter(engine)
+    writer.write(IngestionBatch(attempts=[attempt(0, at(20))]))
+    writer.write(IngestionBatch(attempts=[attempt(0, at(10))]))
+
+    row = stored_row(engine)
+    assert row["number_of_processing_attempts"] == 2
+    assert (row["first_failure_at"], row["last_failure_at"]) == (at(10), at(20))
+    assert row["exception_message"] == attempt(0, at(20)).exception_message
+    assert row["body_text"] == attempt(0, at(20)).body_placement.text
+
+
+def test_redelivery_of_the_stored_attempt_changes_nothing(engine: sa.Engine) -> None:
+    clock_now = [at(100)]
+    writer = FailedMessageBatchWriter(engine, clock=lambda: clock_now[0])
+    batch = IngestionBatch(attempts=[attempt(0, at(10)), attempt(0, at(20))])
+    writer.write(batch)
+    before = stored_row(engine)
+
+    clock_now[0] = at(200)
+    writer.write(batch)
+
+    assert stored_row(engine) == before
+    assert before["number_of_processing_attempts"] == 2
+
+
+def test_resolved_or_archived_message_that_fails_again_is_unresolved(engine: sa.Engine) -> None:
+    writer = FailedMessageBatchWriter(engine, clock=lambda: at(500))
+    for n, status in enumerate((FailedMessageStatus.RESOLVED, FailedMessageStatus.ARCHIVED)):
+        writer.write(IngestionBatch(attempts=[attempt(n, at(10))]))
+        set_status(engine, status, n)
+
+        writer.write(IngestionBatch(attempts=[attempt(n, at(20))]))
+
+        row = stored_row(engine, n)
+        assert row["status"] == FailedMessageStatus.UNRESOLVED
+        assert row["status_changed_at"] == at(500)
+
+
+def test_unresolved_message_failing_again_keeps_its_status_changed_at(engine: sa.Engine) -> None:
+    clock_now = [at(100)]
+    writer = FailedMessageBatchWriter(engine, clock=lambda: clock_now[0])
+    writer.write(IngestionBatch(attempts=[attempt(0, at(10))]))
+    clock_now[0] = at(200)
+    writer.write(IngestionBatch(attempts=[attempt(0, at(20))]))
+
+    row = stored_row(engine)
+    assert row["status_changed_at"] == at(100)
+    assert row["last_modified"] == at(200)
+
+
+def test_fails_and_is_retry_confirmed_in_one_batch_ends_resolved(engine: sa.Engine) -> None:
+    writer = FailedMessageBatchWriter(engine)
+    writer.write(IngestionBatch(attempts=[attempt(0, at(10))]))
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(retry_batches).values(
+                id=message_uuid(999),
+                request_id="r",
+                retry_type="One",
+                status="Done",
+                initial_batch_size=1,
+                started_at=at(0),
+                last_modified=at(0),
+            )
+        )
+        conn.execute(
+            sa.insert(failed_message_retries).values(
+                failed_message_id=message_uuid(0), retry_batch_id=message_uuid(999)
+            )
+        )
+
+    writer.write(IngestionBatch(attempts=[attempt(0, at(20))], confirmed_retries=[message_uuid(0)]))
+
+    assert stored_row(engine)["status"] == FailedMessageStatus.RESOLVED
+    assert row_count(engine, failed_message_retries) == 0
+
+
+def test_existing_endpoint_monitored_flag_is_never_overwritten(engine: sa.Engine) -> None:
+    writer = FailedMessageBatchWriter(engine)
+    writer.write(IngestionBatch(endpoints=[endpoint("Sales")]))
+    with engine.begin() as conn:
+        conn.execute(sa.update(known_endpoints).values(monitored=True, host="user-edited"))
+
+    writer.write(IngestionBatch(endpoints=[endpoint("Sales"), endpoint("Billing")]))
+
+    with engine.connect() as conn:
+        rows = {r.name: r for r in conn.execute(sa.select(known_endpoints))}
+    assert rows["Sales"].monitored is True
+    assert rows["Sales"].host == "user-edited"
+    assert rows["Billing"].monitored is False
+
+
+def test_two_attempts_of_one_id_in_one_batch_write_one_row(engine: sa.Engine) -> None:
+    writer = FailedMessageBatchWriter(engine)
+    writer.write(
+        IngestionBatch(attempts=[attempt(0, at(20)), attempt(0, at(10)), attempt(0, at(20))])
+    )
+
+    row = stored_row(engine)
+    assert row_count(engine, failed_messages) == 1
+    assert row["number_of_processing_attempts"] == 2
+    assert row["exception_message"] == attempt(0, at(20)).exception_message
+
+
+def test_batch_larger_than_one_statement_chunk(engine: sa.Engine) -> None:
+    writer = FailedMessageBatchWriter(engine)
+    writer.write(IngestionBatch(attempts=[attempt(n, at(n)) for n in range(173)]))
+    writer.write(IngestionBatch(attempts=[attempt(n, at(1000 + n)) for n in range(173)]))
+
+    with engine.connect() as conn:
+        counts = (
+            conn.execute(sa.select(failed_messages.c.number_of_processing_attempts)).scalars().all()
+        )
+    assert sorted(counts) == [2] * 173
+
+
+def test_groups_follow_the_stored_attempt(engine: sa.Engine) -> None:
+    writer = FailedMessageBatchWriter(engine)
+    writer.write(IngestionBatch(attempts=[attempt(0, at(20), exception_message="newest")]))
+    writer.write(IngestionBatch(attempts=[attempt(0, at(10), exception_message="older")]))
+    writer.write(IngestionBatch(attempts=[attempt(0, at(20), exception_message="newest")]))
+
+    with engine.connect() as conn:
+        titles = conn.execute(sa.select(failed_message_groups.c.title)).scalars().all()
+    assert titles == ["newest"]
+
+    writer.write(IngestionBatch(attempts=[attempt(0, at(30), exception_message="latest")]))
+    with engine.connect() as conn:
+        titles = conn.execute(sa.select(failed_message_groups.c.title)).scalars().all()
+    assert titles == ["latest"]

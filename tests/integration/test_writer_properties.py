@@ -1,0 +1,95 @@
+"""Property: any split of a set of attempts into batches, applied in any order, gives the
+rows of one fold of them all; so does replaying a batch right after it committed when
+that batch brought the newest attempt seen so far.
+
+The replay rule is the design's redelivery guard: a replay is recognised by its last
+attempt being the stored one. A replayed batch holding only attempts older than the
+stored one cannot be told from new old attempts without an attempts history, which the
+design does not keep (DESIGN.md "Data model": no attempts history).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controlroom.db.engine import begin_write
+from controlroom.db.tables import failed_message_groups, failed_messages
+from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
+from tests.factories import at, attempt
+
+attempt_keys = st.sets(st.tuples(st.integers(0, 4), st.integers(0, 40)), min_size=1, max_size=25)
+
+
+@st.composite
+def split_plans(
+    draw: st.DrawFn,
+) -> tuple[list[tuple[int, int]], list[list[tuple[int, int]]], list[bool]]:
+    keys = draw(attempt_keys)
+    ordered = draw(st.permutations(sorted(keys)))
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, len(ordered) - 1)), max_size=6)))
+    batches = [ordered[a:b] for a, b in zip([0, *cuts], [*cuts, len(ordered)], strict=True)]
+    batches = [batch for batch in batches if batch]
+    replays = draw(st.lists(st.booleans(), min_size=len(batches), max_size=len(batches)))
+    return sorted(keys), batches, replays
+
+
+def snapshot(engine: sa.Engine) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    with engine.connect() as conn:
+        rows = [
+            dict(r._mapping)
+            for r in conn.execute(sa.select(failed_messages).order_by(failed_messages.c.id))
+        ]
+        groups = [
+            tuple(r)
+            for r in conn.execute(
+                sa.select(
+                    failed_message_groups.c.failed_message_id, failed_message_groups.c.title
+                ).order_by(failed_message_groups.c.failed_message_id)
+            )
+        ]
+    return rows, groups
+
+
+def clear(engine: sa.Engine) -> None:
+    with begin_write(engine) as conn:
+        conn.execute(sa.delete(failed_message_groups))
+        conn.execute(sa.delete(failed_messages))
+
+
+def batch_of(keys: list[tuple[int, int]]) -> IngestionBatch:
+    return IngestionBatch(attempts=[attempt(n, at(s)) for n, s in keys])
+
+
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(plan=split_plans())
+def test_any_split_in_any_order_equals_one_fold(engine: sa.Engine, plan: Any) -> None:
+    keys, batches, replays = plan
+    writer = FailedMessageBatchWriter(engine, clock=lambda: at(10_000))
+
+    clear(engine)
+    writer.write(batch_of(keys))
+    expected = snapshot(engine)
+
+    clear(engine)
+    newest_seen: dict[int, int] = {}
+    for batch, replay in zip(batches, replays, strict=True):
+        writer.write(batch_of(batch))
+        brings_newest = all(s > newest_seen.get(n, -1) for n, s in batch)
+        for n, s in batch:
+            newest_seen[n] = max(newest_seen.get(n, -1), s)
+        if replay and brings_newest:
+            writer.write(batch_of(batch))
+
+    assert snapshot(engine) == expected
+    counts = {n: len({s for m, s in keys if m == n}) for n, _ in keys}
+    assert sorted(r["number_of_processing_attempts"] for r in expected[0]) == sorted(
+        counts.values()
+    )
