@@ -42,9 +42,7 @@ def create_store_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
     parsed = normalize_database_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _create_sqlite_engine(parsed)
-    return sa.create_engine(
-        parsed, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size
-    )
+    return sa.create_engine(parsed, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size)
 
 
 def _create_sqlite_engine(url: sa.URL) -> sa.Engine:
