@@ -1,8 +1,8 @@
 """Unit tests: pure functions and the file-system body store; no servers.
 
-``sample_header_sets`` reads the real NServiceBus header sets from the shared samples
-(``../shared/samples/nsb_error_headers.json``, next to the repository); tests that need
-them are skipped with the reason when the file is absent.
+``sample_entries`` and ``sample_headers`` read the real NServiceBus header sets from the
+shared samples (``../shared/samples/nsb_error_headers.json``, next to the repository; no
+copy is kept here); tests that need them are skipped with the reason when it is absent.
 """
 
 from __future__ import annotations

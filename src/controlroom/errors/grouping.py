@@ -1,0 +1,239 @@
+"""Failure classifiers: which groups a failed message belongs to (pure, no I/O).
+
+Five classifiers, in ServiceControl's registration order and with its names (the names are
+part of every group id): ``Exception Type and Stack Trace``, ``Message Type``, ``Endpoint
+Address``, ``Endpoint Instance``, ``Endpoint Name``. Each is a function of the attempt's
+headers returning the classification (the group title) or ``None`` (no group). Group id =
+``identity.group_id(classifier name, title)``. Source: ServiceControl
+``Recoverability/Grouping/Groupers`` and DESIGN.md "Identity".
+
+Every classifier is linear in the size of the headers: the stack trace is scanned line by
+line with ``str.find``, never with a regular expression over the whole trace, and a .NET
+trace stops at its first frame. Titles are cut to ``MAX_TITLE_LENGTH`` code points (Python
+``str`` slicing never splits a code point; it can split a grapheme of several code points).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controlroom.errors import headers as h
+from controlroom.errors.identity import group_id
+from controlroom.errors.model import FailureGroup, Headers
+
+EXCEPTION_TYPE_AND_STACK_TRACE = "Exception Type and Stack Trace"
+MESSAGE_TYPE = "Message Type"
+ENDPOINT_ADDRESS = "Endpoint Address"
+ENDPOINT_INSTANCE = "Endpoint Instance"
+ENDPOINT_NAME = "Endpoint Name"
+
+MAX_TITLE_LENGTH = 1000
+"""Longest group title, in code points. Longer classifications are cut (ids hash the cut title)."""
+
+_NO_FRAME = "0"  # ServiceControl's title suffix when no stack frame is found: "Type: 0"
+_PYTHON_TRACEBACK = "Traceback (most recent call last):"
+# One Python frame line, applied only to a single stripped line that starts with 'File "'.
+# [^"]* cannot cross the closing quote, so matching is linear in the line.
+_PYTHON_FRAME_RE = re.compile(r'File "([^"]*)", line [0-9]+, in (.+)')
+_TRAILING_SPACE = " \t\r\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Classifier:
+    """A named failure classifier: ``classify(headers)`` is the group title or ``None``."""
+
+    name: str
+    classify: Callable[[Headers], str | None]
+
+
+# --- Exception Type and Stack Trace -------------------------------------------------------
+def classify_exception_type_and_stack_trace(headers: Headers) -> str | None:
+    """``"<exception type>: <first stack frame>"``, ``"<exception type>: 0"`` without a frame.
+
+    ``None`` when there is no ``NServiceBus.ExceptionInfo.ExceptionType``. See
+    ``exception_classification`` for the frame rules.
+    """
+    return exception_classification(
+        h.header_text(headers, h.EXCEPTION_TYPE),
+        headers.get(h.EXCEPTION_MESSAGE),
+        headers.get(h.EXCEPTION_STACK_TRACE),
+    )
+
+
+def exception_classification(
+    exception_type: str | None, message: str | None, stack_trace: str | None
+) -> str | None:
+    """The ``Exception Type and Stack Trace`` title from the three exception headers.
+
+    ``exception_type + ": " + frame`` where ``frame`` is ``first_frame(stack_trace)``;
+    ``exception_type + ": 0"`` when the trace is empty or has no recognisable frame (the
+    ``: 0`` is ServiceControl's, kept so titles and group ids match its own). ``None``
+    without an exception type.
+    """
+    if exception_type is None:
+        return None
+    frame = first_frame(stack_trace, exception_type, message) if stack_trace else None
+    return f"{exception_type}: {frame if frame is not None else _NO_FRAME}"
+
+
+def first_frame(stack_trace: str, exception_type: str | None, message: str | None) -> str | None:
+    """The frame that identifies where the exception was thrown, or ``None``.
+
+    * .NET (``Exception.ToString()``): the first line that, stripped, starts with ``at ``
+      and reads ``at Namespace.Type.Method(params)``, optionally followed by
+      `` in file:line N``; the frame is ``Namespace.Type.Method(params)`` exactly as
+      written, as in ServiceControl. .NET lists the throw site first (and, with inner
+      exceptions, the innermost exception's frames first). Scanning stops at that line.
+    * Python (the trace starts with ``Traceback (most recent call last):``): Python lists
+      the throw site *last*, so the equivalent is the last ``File "path", line N, in func``
+      line (with chained exceptions: of the exception that escaped); the frame is
+      ``"path in func"``. The line number is left out (it moves with every edit, which
+      would split one failure into many groups), as ServiceControl leaves out .NET's.
+
+    The exception message is skipped first when the trace begins (.NET) or ends (Python)
+    with it, so message text that happens to look like a frame is not taken for one.
+    Only English .NET traces (``at``) are recognised.
+    """
+    start = _skip_leading_message(stack_trace, exception_type, message)
+    if stack_trace.startswith(_PYTHON_TRACEBACK, len(stack_trace) - len(stack_trace.lstrip())):
+        end = _cut_trailing_message(stack_trace, message)
+        return _last_python_frame(stack_trace, end)
+    return _first_dotnet_frame(stack_trace, start)
+
+
+def _skip_leading_message(trace: str, exception_type: str | None, message: str | None) -> int:
+    """Index just past a leading ``"<type>: <message>"`` (.NET ToString), else 0."""
+    if not exception_type or not message or not trace.startswith(exception_type):
+        return 0
+    after_type = len(exception_type)
+    if trace.startswith(": ", after_type) and trace.startswith(message, after_type + 2):
+        return after_type + 2 + len(message)
+    return 0
+
+
+def _cut_trailing_message(trace: str, message: str | None) -> int:
+    """Index where a trailing ``message`` (Python's last line) begins, else the end."""
+    end = len(trace.rstrip(_TRAILING_SPACE))
+    if message and trace.endswith(message, 0, end):
+        return end - len(message)
+    return end
+
+
+def _first_dotnet_frame(trace: str, start: int) -> str | None:
+    pos = start
+    while pos < len(trace):
+        end = trace.find("\n", pos)
+        if end == -1:
+            end = len(trace)
+        frame = _dotnet_frame(trace[pos:end])
+        if frame is not None:
+            return frame
+        pos = end + 1
+    return None
+
+
+def _dotnet_frame(line: str) -> str | None:
+    """``Type.Method(params)`` of one ``at ...`` line, or ``None`` if it is not a frame."""
+    text = line.strip()
+    if not text.startswith("at "):
+        return None
+    text = text[3:].lstrip()
+    open_paren = text.find("(")
+    if open_paren == -1:
+        return None
+    name = text[:open_paren].rstrip()  # ServiceControl allows space before "("; drops it
+    # A method name is "Type.Method" with no white space: prose such as "at least one (x)"
+    # in an exception message is not a frame.
+    dot = name.rfind(".")
+    if dot <= 0 or dot == len(name) - 1 or any(c.isspace() for c in name):
+        return None
+    close_paren = text.find(")", open_paren)
+    if close_paren == -1:
+        return None
+    return name + text[open_paren : close_paren + 1]
+
+
+def _last_python_frame(trace: str, end: int) -> str | None:
+    pos = end
+    while True:
+        start = trace.rfind("\n", 0, pos) + 1
+        frame = _python_frame(trace[start:pos])
+        if frame is not None:
+            return frame
+        if start == 0:
+            return None
+        pos = start - 1
+
+
+def _python_frame(line: str) -> str | None:
+    text = line.strip()
+    if not text.startswith('File "'):
+        return None
+    match = _PYTHON_FRAME_RE.fullmatch(text)
+    if match is None:
+        return None
+    path, function = match.groups()
+    return f"{path} in {function}"
+
+
+# --- the other four -----------------------------------------------------------------------
+def classify_message_type(headers: Headers) -> str | None:
+    """The message type (first part of ``NServiceBus.EnclosedMessageTypes``)."""
+    return h.message_type(headers)
+
+
+def classify_endpoint_address(headers: Headers) -> str | None:
+    """The failed queue's address, ``NServiceBus.FailedQ`` as written (``queue@machine``)."""
+    return h.header_text(headers, h.FAILED_Q)
+
+
+def classify_endpoint_instance(headers: Headers) -> str | None:
+    """The endpoint instance: ``NServiceBus.Metric.InstanceId`` when present, else the
+    processing host id in .NET "N" form (32 lower-case hex digits, as ServiceControl's
+    ``HostId.ToString("N")``; a non-GUID host id as written). ``None`` without either:
+    ServiceControl would group such messages under the all-zero GUID, which says nothing.
+    """
+    instance_id = h.header_text(headers, h.METRIC_INSTANCE_ID)
+    if instance_id is not None:
+        return instance_id
+    raw = h.header_text(headers, h.HOST_ID)
+    if raw is None:
+        return None
+    guid = h.parse_guid(raw)
+    return guid.replace("-", "") if guid is not None else raw
+
+
+def classify_endpoint_name(headers: Headers) -> str | None:
+    """The processing endpoint's name (``headers.processing_endpoint``)."""
+    return h.processing_endpoint(headers)
+
+
+CLASSIFIERS: tuple[Classifier, ...] = (
+    Classifier(EXCEPTION_TYPE_AND_STACK_TRACE, classify_exception_type_and_stack_trace),
+    Classifier(MESSAGE_TYPE, classify_message_type),
+    Classifier(ENDPOINT_ADDRESS, classify_endpoint_address),
+    Classifier(ENDPOINT_INSTANCE, classify_endpoint_instance),
+    Classifier(ENDPOINT_NAME, classify_endpoint_name),
+)
+"""Every classifier, in ServiceControl's order (the order of ``classify``'s result)."""
+
+
+def bound_title(classification: str) -> str:
+    """``classification`` as a storable title: at most ``MAX_TITLE_LENGTH`` code points,
+    NUL and lone surrogates replaced (``headers.sanitize_text``)."""
+    return h.sanitize_text(classification[:MAX_TITLE_LENGTH])
+
+
+def classify(headers: Headers) -> tuple[FailureGroup, ...]:
+    """The failure groups of one attempt: one per classifier that gives a non-empty title,
+    in ``CLASSIFIERS`` order. ``id = identity.group_id(classifier, title)``."""
+    groups = []
+    for classifier in CLASSIFIERS:
+        classification = classifier.classify(headers)
+        if not classification:
+            continue
+        title = bound_title(classification)
+        groups.append(FailureGroup(group_id(classifier.name, title), classifier.name, title))
+    return tuple(groups)
