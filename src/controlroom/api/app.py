@@ -1,0 +1,39 @@
+"""The FastAPI application: routers under ``/api``, dependencies on ``app.state``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import sqlalchemy as sa
+from fastapi import FastAPI
+
+from controlroom import __version__
+from controlroom.api import errors, health
+from controlroom.config import Settings
+from controlroom.errors.bodies import BodyStore
+
+
+def create_app(
+    settings: Settings,
+    engine: sa.Engine,
+    body_store: BodyStore,
+    *,
+    health_checks: Mapping[str, health.HealthCheck] | None = None,
+) -> FastAPI:
+    """The HTTP API over a migrated store ``engine`` and its ``body_store``.
+
+    ``health_checks`` maps each part ``GET /api/health`` reports (``"database"``,
+    ``"broker"``) to its check; by default only the database is checked. The process
+    that serves the app owns ``engine`` and ``body_store`` and closes them; routers find
+    them, and ``settings``, on ``app.state``.
+    """
+    app = FastAPI(title="Controlroom", version=__version__)
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.body_store = body_store
+    app.state.health_checks = dict(
+        health_checks if health_checks is not None else {"database": health.database_check(engine)}
+    )
+    app.include_router(errors.router, prefix="/api")
+    app.include_router(health.router, prefix="/api")
+    return app
