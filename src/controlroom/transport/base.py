@@ -1,0 +1,211 @@
+"""The transport contract shared by the embedded queue and RabbitMQ.
+
+A transport moves messages (string headers plus an opaque body) in and out of named,
+durable queues. Consumers receive ``Delivery`` objects and settle each one exactly once:
+``ack()`` after the database commit that made the message safe (DESIGN.md "Broker
+messages are acknowledged only after the commit"), or ``reject(requeue)``. Delivery is
+at least once: a delivery that is never settled comes back, to this or another consumer.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from controlroom.exceptions import ControlroomError
+
+# The NServiceBus header that carries the message id. NServiceBus's RabbitMQ transport
+# puts the id both here and in the AMQP ``message_id`` property; the header wins.
+MESSAGE_ID_HEADER = "NServiceBus.MessageId"
+
+# RabbitMQ limits queue names to 255 bytes of UTF-8; the embedded queue follows suit so
+# that a name valid on one transport is valid on the other.
+MAX_QUEUE_NAME_BYTES = 255
+
+
+class TransportError(ControlroomError):
+    """The transport could not do what was asked (broker or queue file unreachable,
+    broker refused a publish). Transient: retry later. A failed ``publish`` is
+    ambiguous: the message may or may not have been enqueued."""
+
+
+class TransportClosedError(TransportError):
+    """The transport is not started, or was closed."""
+
+
+class DeliveryLostError(TransportError):
+    """A delivery can no longer be settled: its lease expired, the transport closed or
+    the broker channel was lost. The message was (or will be) delivered again, so the
+    caller must not treat it as acknowledged; the idempotent writer makes the replay
+    harmless."""
+
+
+Headers = dict[str, str | None]
+
+
+@dataclass(eq=False)
+class Delivery:
+    """One message handed to a consumer, to be settled exactly once.
+
+    ``headers`` maps header name to value; a value may be ``None`` (NServiceBus sends
+    some headers empty-but-present). ``body`` is the exact payload bytes. ``queue`` is
+    the queue the message came from. ``on_ack`` and ``on_reject`` are bound by the
+    transport; callers use ``ack()`` and ``reject()``.
+    """
+
+    headers: Headers
+    body: bytes
+    queue: str
+    on_ack: Callable[[], Awaitable[None]] = field(repr=False)
+    on_reject: Callable[[bool], Awaitable[None]] = field(repr=False)
+    _settled: bool = field(default=False, init=False, repr=False)
+
+    @property
+    def settled(self) -> bool:
+        """True once ``ack`` or ``reject`` succeeded or raised ``DeliveryLostError``."""
+        return self._settled
+
+    async def ack(self) -> None:
+        """Remove the message from the queue for good. Call only after the commit.
+
+        Raises ``DeliveryLostError`` when the message can no longer be acknowledged
+        (it will be redelivered), ``RuntimeError`` when already settled. Any other
+        error leaves the delivery unsettled and the call may be retried.
+        """
+        await self._settle(self.on_ack)
+
+    async def reject(self, requeue: bool) -> None:
+        """Give the message back (``requeue=True``, redelivered in its original FIFO
+        position where the transport can) or drop it (``requeue=False``; RabbitMQ
+        dead-letters it when the queue has a dead-letter exchange).
+
+        Raises as ``ack`` does.
+        """
+        await self._settle(lambda: self.on_reject(requeue))
+
+    async def _settle(self, action: Callable[[], Awaitable[None]]) -> None:
+        if self._settled:
+            raise RuntimeError(f"delivery from queue {self.queue!r} was already settled")
+        try:
+            await action()
+        except DeliveryLostError:
+            self._settled = True  # nothing left to settle: the transport let it go
+            raise
+        self._settled = True
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """What the ingestion pipeline and the retry sender need from a queue system."""
+
+    async def start(self) -> None:
+        """Connect / open the queue store. Raises ``TransportError`` when unreachable."""
+        ...
+
+    async def close(self) -> None:
+        """Stop every consumer and disconnect. Unsettled deliveries go back to their
+        queue. Idempotent."""
+        ...
+
+    def consume(self, queue: str, prefetch: int) -> AsyncIterator[Delivery]:
+        """Yield deliveries from ``queue`` (declared durable when missing) in FIFO
+        order until the transport closes or the iterator is closed/cancelled.
+
+        At most ``prefetch`` (>= 1) deliveries are unsettled at any time. Deliveries
+        already yielded stay settleable after the iterator ends, until ``close()``.
+        Close the iterator explicitly (``contextlib.aclosing``); a cancelled
+        ``__anext__`` ends the iteration.
+        """
+        ...
+
+    async def publish(
+        self,
+        queue: str,
+        headers: Mapping[str, str | None],
+        body: bytes,
+        *,
+        message_id: str | None = None,
+        content_type: str | None = None,
+    ) -> None:
+        """Enqueue one message; returns only once it is durably accepted.
+
+        ``message_id`` and ``content_type`` are message properties (AMQP properties on
+        RabbitMQ). See ``resolve_message_id`` for the id a message gets when
+        ``message_id`` is not given; a consumer sees it as the ``NServiceBus.MessageId``
+        header when ``headers`` has none. Raises ``ValueError`` for a bad queue name or
+        header, ``TransportError`` when the message may not have been accepted.
+        """
+        ...
+
+    async def purge(self, queue: str) -> int:
+        """Delete the ready (not in-flight) messages of ``queue``; returns how many."""
+        ...
+
+    async def check(self) -> None:
+        """Return when the connection is healthy; raise ``TransportError`` otherwise."""
+        ...
+
+
+def check_queue_name(queue: str) -> None:
+    """Raise ``ValueError`` unless ``queue`` is a non-empty name of at most 255 UTF-8
+    bytes."""
+    if not isinstance(queue, str) or not queue:
+        raise ValueError("queue name must be a non-empty string")
+    if len(queue.encode("utf-8")) > MAX_QUEUE_NAME_BYTES:
+        raise ValueError(f"queue name {queue[:40]!r}... is longer than 255 bytes of UTF-8")
+
+
+def check_prefetch(prefetch: int) -> None:
+    """Raise ``ValueError`` unless ``prefetch`` is a positive int."""
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+        raise ValueError(f"prefetch must be a positive integer, got {prefetch!r}")
+
+
+def validate_headers(headers: Mapping[str, str | None]) -> Headers:
+    """Copy ``headers`` after checking every name is a str and every value a str or
+    ``None``, all encodable as UTF-8 (both transports store UTF-8).
+
+    Raises ``ValueError`` naming the offending header.
+    """
+    result: Headers = {}
+    for name, value in headers.items():
+        if not isinstance(name, str):
+            raise ValueError(f"header name {name!r} is not a string")
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"header {name!r} has a {type(value).__name__} value, not str")
+        try:
+            name.encode("utf-8")
+            if value is not None:
+                value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"header {name!r} is not valid Unicode text: {exc}") from exc
+        result[name] = value
+    return result
+
+
+def resolve_message_id(headers: Mapping[str, str | None], message_id: str | None) -> str:
+    """The message-id property to publish with: ``message_id``, else the
+    ``NServiceBus.MessageId`` header (NServiceBus keeps property and header equal), else
+    a new random id (32 hex digits).
+
+    Why always an id: aiormq gives every message published without one a random id
+    (it correlates returned messages by id), so on RabbitMQ a consumer would see an
+    invented id anyway; the embedded queue does the same so both transports agree. The
+    id is fixed at publish time, so redeliveries carry the same one.
+    """
+    if message_id:
+        return message_id
+    return headers.get(MESSAGE_ID_HEADER) or uuid.uuid4().hex
+
+
+def fill_message_id(headers: Headers, message_id: str | None) -> Headers:
+    """Set the ``NServiceBus.MessageId`` header from the message-id property when the
+    header is absent. The header, when present (even ``None``), stays authoritative.
+
+    Mutates and returns ``headers``.
+    """
+    if message_id is not None and MESSAGE_ID_HEADER not in headers:
+        headers[MESSAGE_ID_HEADER] = message_id
+    return headers

@@ -1,0 +1,520 @@
+"""The embedded durable intake queue: one SQLite file, shared by every local process.
+
+The default transport when no broker URL is set (DESIGN.md "Process shape": ``controlroom
+serve`` with no configuration runs on an embedded durable intake queue). A ``controlroom
+demo`` process may publish while ``controlroom serve`` consumes: every claim, ack and
+publish is a SQLite transaction on the same file (WAL mode, busy timeout), so processes
+coordinate through the file's write lock, not through memory.
+
+Leases: a consumer claims up to ``prefetch`` ready messages atomically (one ``UPDATE ...
+RETURNING`` inside ``BEGIN IMMEDIATE``), which stamps them with this transport's owner id
+and an expiry ``lease_seconds`` ahead. While the transport is alive it renews the leases
+of every delivery it holds, so a live consumer never loses a message however long its
+commit takes; a crashed process stops renewing and its messages become ready again when
+the lease expires. ``ack`` deletes, ``reject(requeue=True)`` releases (the message keeps
+its FIFO position), ``reject(requeue=False)`` deletes. Settling checks the lease owner, so
+a consumer whose lease expired cannot delete a message another consumer now holds.
+
+Durability: ``publish`` commits with ``synchronous=FULL`` (survives power loss); claims,
+acks and releases use ``NORMAL`` (survive a process crash; after a power loss an ack may
+be undone, which only means a redelivery). Times are Unix seconds from the wall clock of
+the one machine that shares the file.
+
+All SQLite work runs on one dedicated thread per transport: a sqlite3 connection belongs
+to one thread, and a busy wait on the file lock must not occupy the event loop or the
+shared default executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sqlite3
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
+
+from controlroom.transport.base import (
+    Delivery,
+    DeliveryLostError,
+    TransportClosedError,
+    TransportError,
+    check_prefetch,
+    check_queue_name,
+    fill_message_id,
+    resolve_message_id,
+    validate_headers,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_LEASE_SECONDS = 300.0
+DEFAULT_POLL_INTERVAL_SECONDS = 0.1
+BUSY_TIMEOUT_SECONDS = 30.0
+SCHEMA_VERSION = 1
+
+# lease_expires_at is 0 for a ready message, so "ready" is one comparison for both never
+# claimed and expired leases.
+_SCHEMA = (
+    """
+    CREATE TABLE IF NOT EXISTS queue_messages (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        queue TEXT NOT NULL,
+        headers_json TEXT NOT NULL,
+        body BLOB NOT NULL,
+        message_id TEXT,
+        content_type TEXT,
+        enqueued_at REAL NOT NULL,
+        delivery_count INTEGER NOT NULL DEFAULT 0,
+        lease_owner TEXT,
+        lease_expires_at REAL NOT NULL DEFAULT 0
+    )
+    """,
+    "CREATE INDEX IF NOT EXISTS ix_queue_messages_queue_id ON queue_messages (queue, id)",
+    """
+    CREATE INDEX IF NOT EXISTS ix_queue_messages_lease_owner
+    ON queue_messages (lease_owner) WHERE lease_owner IS NOT NULL
+    """,
+)
+# AUTOINCREMENT: ids are never reused, so FIFO order is id order and a stale settle by id
+# can never hit a newer message.
+
+_INSERT = """
+    INSERT INTO queue_messages (queue, headers_json, body, message_id, content_type, enqueued_at)
+    VALUES (?, ?, ?, ?, ?, ?)
+"""
+_HAS_READY = "SELECT 1 FROM queue_messages WHERE queue = ? AND lease_expires_at <= ? LIMIT 1"
+_CLAIM = """
+    UPDATE queue_messages
+    SET lease_owner = ?, lease_expires_at = ?, delivery_count = delivery_count + 1
+    WHERE id IN (
+        SELECT id FROM queue_messages
+        WHERE queue = ? AND lease_expires_at <= ?
+        ORDER BY id
+        LIMIT ?
+    )
+    RETURNING id, headers_json, body, message_id
+"""
+_DELETE_LEASED = "DELETE FROM queue_messages WHERE id = ? AND lease_owner = ?"
+_RELEASE_LEASED = """
+    UPDATE queue_messages SET lease_owner = NULL, lease_expires_at = 0
+    WHERE id = ? AND lease_owner = ?
+"""
+_RELEASE_ALL = """
+    UPDATE queue_messages SET lease_owner = NULL, lease_expires_at = 0
+    WHERE lease_owner = ?
+"""
+_RENEW = "UPDATE queue_messages SET lease_expires_at = ? WHERE id = ? AND lease_owner = ?"
+_PURGE = "DELETE FROM queue_messages WHERE queue = ? AND lease_expires_at <= ?"
+
+
+class _Row(NamedTuple):
+    id: int
+    headers_json: str
+    body: bytes
+    message_id: str | None
+
+
+@dataclass(eq=False)
+class _Session:
+    """One ``consume()`` call: its queue, its unsettled claims, its wake-up signal."""
+
+    queue: str
+    prefetch: int
+    in_flight: set[int] = field(default_factory=set)  # claimed, not yet settled
+    consuming: bool = True
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class EmbeddedQueue:
+    """Durable FIFO queues in the SQLite file ``path`` (created with its directory).
+
+    ``lease_seconds`` (> 0): how long a claimed message stays invisible to other
+    consumers without renewal, i.e. how soon a crashed consumer's messages come back.
+    ``poll_interval_seconds`` (> 0): how often an idle consumer looks for messages
+    published by other processes (same-process publishes wake it at once).
+    Queue names are data: they are SQL parameters, never SQL text or file names.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        poll_interval_seconds: float = DEFAULT_POLL_INTERVAL_SECONDS,
+    ) -> None:
+        if lease_seconds <= 0 or poll_interval_seconds <= 0:
+            raise ValueError("lease_seconds and poll_interval_seconds must be positive")
+        self._path = Path(path)
+        self._lease_seconds = float(lease_seconds)
+        self._poll_interval = float(poll_interval_seconds)
+        self._owner = f"{uuid.uuid4()}"
+        self._conn: sqlite3.Connection | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._renewal: asyncio.Task[None] | None = None
+        self._sessions: set[_Session] = set()
+        self._started = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"EmbeddedQueue({str(self._path)!r})"
+
+    async def __aenter__(self) -> EmbeddedQueue:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open (creating if needed) the queue file. Idempotent.
+
+        Raises ``TransportError`` when the file cannot be opened or initialised,
+        ``TransportClosedError`` after ``close()``.
+        """
+        if self._closed:
+            raise TransportClosedError(f"{self!r} is closed")
+        if self._started:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="controlroom-queue")
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._open_sync)
+        except (sqlite3.Error, OSError) as exc:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            raise TransportError(f"cannot open the embedded queue {self._path}: {exc}") from exc
+        self._started = True
+        self._renewal = asyncio.create_task(self._renew_forever(), name="controlroom-queue-lease")
+
+    async def close(self) -> None:
+        """Stop consumers, give every unsettled message back to its queue, close the
+        file. Idempotent; later settles raise ``DeliveryLostError``."""
+        if self._closed:
+            return
+        self._closed = True
+        for session in self._sessions:
+            session.wakeup.set()
+        if not self._started:
+            return
+        if self._renewal is not None:
+            self._renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewal
+        assert self._executor is not None
+        try:
+            # Jobs run in submission order on the one thread, so this runs after any
+            # claim already submitted: nothing claimed before close stays leased.
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._close_sync)
+        finally:
+            self._executor.shutdown(wait=False)
+
+    async def check(self) -> None:
+        """Return when the queue file answers a query; raise ``TransportError`` if not."""
+        try:
+            await self._run(lambda conn: conn.execute("SELECT 1").fetchall())
+        except TransportClosedError:
+            raise
+        except TransportError as exc:
+            raise TransportError(f"embedded queue {self._path} is unhealthy: {exc}") from exc
+
+    # -- producer side ---------------------------------------------------------------
+
+    async def publish(
+        self,
+        queue: str,
+        headers: Mapping[str, str | None],
+        body: bytes,
+        *,
+        message_id: str | None = None,
+        content_type: str | None = None,
+    ) -> None:
+        """Append a message to ``queue``; returns after the commit reached the disk.
+
+        Headers keep ``None`` values. Raises ``ValueError`` for a bad name, header or
+        body type; ``TransportError`` when SQLite fails (the insert was rolled back).
+        """
+        check_queue_name(queue)
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise ValueError(f"body must be bytes, not {type(body).__name__}")
+        # ensure_ascii (the default) keeps the stored JSON plain ASCII; it round-trips
+        # every str exactly.
+        valid = validate_headers(headers)
+        headers_json = json.dumps(valid, separators=(",", ":"))
+        message_id = resolve_message_id(valid, message_id)
+        params = (queue, headers_json, bytes(body), message_id, content_type, time.time())
+        await self._run(lambda conn: _execute_in_write(conn, _INSERT, params, durable=True))
+        self._wake(queue)
+
+    async def purge(self, queue: str) -> int:
+        """Delete the ready messages of ``queue`` (in-flight ones stay); returns the
+        count."""
+        check_queue_name(queue)
+        return await self._run(
+            lambda conn: _execute_in_write(conn, _PURGE, (queue, time.time())).rowcount
+        )
+
+    # -- consumer side ---------------------------------------------------------------
+
+    async def consume(self, queue: str, prefetch: int) -> AsyncIterator[Delivery]:
+        """Yield deliveries of ``queue`` in FIFO order, at most ``prefetch`` unsettled.
+
+        Runs until ``close()`` or until the iterator is closed or cancelled; claimed
+        messages not yet yielded are then released, yielded ones stay settleable (and
+        their leases renewed) until settled or ``close()``. See ``Transport.consume``.
+        """
+        check_queue_name(queue)
+        check_prefetch(prefetch)
+        self._require_open()
+        session = _Session(queue, prefetch)
+        self._sessions.add(session)
+        claimed: deque[_Row] = deque()
+        try:
+            while not self._closed:
+                if not claimed:
+                    claimed.extend(await self._claim_for(session))
+                    continue
+                row = claimed.popleft()
+                yield self._delivery(session, row)
+        finally:
+            session.consuming = False
+            await self._release_unyielded(session, [row.id for row in claimed])
+            self._forget_if_idle(session)
+
+    async def _claim_for(self, session: _Session) -> list[_Row]:
+        """Claim what the session has room for; waits (and returns []) when there is
+        no room or nothing ready."""
+        room = session.prefetch - len(session.in_flight)
+        session.wakeup.clear()  # before the claim, so a publish during it is not missed
+        if room <= 0:
+            await session.wakeup.wait()  # a settle or close sets it
+            return []
+        rows = await self._claim(session.queue, room)
+        if self._closed:
+            return []  # close() released them already (it ran after the claim)
+        if not rows:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._poll_interval):
+                    await session.wakeup.wait()
+            return []
+        session.in_flight.update(row.id for row in rows)
+        return rows
+
+    async def _claim(self, queue: str, limit: int) -> list[_Row]:
+        """Lease up to ``limit`` ready messages, oldest first.
+
+        The claim runs on the queue thread even if this task is cancelled; the rows
+        it claimed are then released rather than left leased until expiry.
+        """
+        loop = asyncio.get_running_loop()
+        self._require_open()
+        future = loop.run_in_executor(self._executor, self._claim_sync, queue, limit)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(self._release_abandoned_claim)
+            raise
+        except sqlite3.Error as exc:
+            raise TransportError(f"embedded queue {self._path}: {exc}") from exc
+
+    def _release_abandoned_claim(self, future: asyncio.Future[list[_Row]]) -> None:
+        if future.cancelled() or future.exception() is not None or self._closed:
+            return
+        ids = [row.id for row in future.result()]
+        if ids and self._executor is not None:
+            self._executor.submit(self._release_sync, ids)
+
+    def _delivery(self, session: _Session, row: _Row) -> Delivery:
+        headers = fill_message_id(json.loads(row.headers_json), row.message_id)
+
+        async def ack() -> None:
+            await self._settle(session, row.id, _DELETE_LEASED)
+
+        async def reject(requeue: bool) -> None:
+            await self._settle(session, row.id, _RELEASE_LEASED if requeue else _DELETE_LEASED)
+            if requeue:
+                self._wake(session.queue)
+
+        return Delivery(
+            headers=headers, body=row.body, queue=session.queue, on_ack=ack, on_reject=reject
+        )
+
+    async def _settle(self, session: _Session, message_id: int, sql: str) -> None:
+        """Delete or release one leased message, only while this transport holds it."""
+        if self._closed:
+            session.in_flight.discard(message_id)
+            raise DeliveryLostError("the embedded queue was closed; the message went back")
+        params = (message_id, self._owner)
+        changed = await self._run(lambda conn: _execute_in_write(conn, sql, params).rowcount)
+        # Whatever happened, the lease is no longer ours to renew.
+        session.in_flight.discard(message_id)
+        session.wakeup.set()
+        self._forget_if_idle(session)
+        if changed != 1:
+            raise DeliveryLostError(
+                "the lease on this message expired and another consumer may hold it"
+            )
+
+    async def _release_unyielded(self, session: _Session, ids: list[int]) -> None:
+        """Give back claims the consumer never saw (best effort: unreleased ones are
+        no longer renewed, so they come back at lease expiry anyway)."""
+        session.in_flight.difference_update(ids)
+        if not ids or self._closed:
+            return
+        try:
+            # Shielded: a cancelled consumer still gets its claims released.
+            await asyncio.shield(self._run(lambda _conn: self._release_sync(ids)))
+        except TransportError:
+            log.warning(
+                "could not release %d unyielded messages; they return at lease expiry",
+                len(ids),
+                exc_info=True,
+            )
+
+    def _forget_if_idle(self, session: _Session) -> None:
+        if not session.consuming and not session.in_flight:
+            self._sessions.discard(session)
+
+    def _wake(self, queue: str) -> None:
+        for session in self._sessions:
+            if session.queue == queue:
+                session.wakeup.set()
+
+    # -- lease renewal ---------------------------------------------------------------
+
+    async def _renew_forever(self) -> None:
+        """Every third of the lease, push the expiry of every held message forward.
+
+        A failed renewal is logged and retried next round (two more chances before
+        the lease lapses).
+        """
+        while True:
+            await asyncio.sleep(self._lease_seconds / 3)
+            ids = [message_id for s in self._sessions for message_id in s.in_flight]
+            if not ids:
+                continue
+            try:
+                await self._run(lambda _conn, ids=ids: self._renew_sync(ids))
+            except TransportError:
+                log.warning("renewing %d embedded-queue leases failed", len(ids), exc_info=True)
+
+    # -- the queue thread ------------------------------------------------------------
+
+    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work(connection)`` on the queue thread.
+
+        Raises ``TransportClosedError`` when not open, ``TransportError`` (wrapping the
+        ``sqlite3.Error``) when SQLite fails; the work's transaction was rolled back.
+        """
+        self._require_open()
+        conn = self._conn
+        assert conn is not None
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, work, conn)
+        except sqlite3.Error as exc:
+            raise TransportError(f"embedded queue {self._path}: {exc}") from exc
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise TransportClosedError(f"{self!r} is closed")
+        if not self._started or self._executor is None:
+            raise TransportClosedError(f"{self!r} is not started; call start() first")
+
+    def _open_sync(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we issue BEGIN IMMEDIATE / COMMIT ourselves.
+        conn = sqlite3.connect(self._path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL").fetchall()
+            conn.execute("PRAGMA synchronous=NORMAL")
+            with _write_transaction(conn):
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION:d}")
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def _claim_sync(self, queue: str, limit: int) -> list[_Row]:
+        conn = self._conn
+        assert conn is not None
+        now = time.time()
+        # A plain read first: an idle consumer polls often and must not take the file's
+        # write lock (and stall other processes' publishes) each time.
+        # fetchall, not fetchone: an unfinished SELECT would keep its read snapshot open
+        # into the write transaction below.
+        if not conn.execute(_HAS_READY, (queue, now)).fetchall():
+            return []
+        with _write_transaction(conn):
+            now = time.time()
+            params = (self._owner, now + self._lease_seconds, queue, now, limit)
+            rows = [_Row(*r) for r in conn.execute(_CLAIM, params).fetchall()]
+        rows.sort(key=lambda row: row.id)  # RETURNING order is unspecified
+        return rows
+
+    def _release_sync(self, ids: Sequence[int]) -> None:
+        conn = self._conn
+        assert conn is not None
+        with _write_transaction(conn):
+            conn.executemany(_RELEASE_LEASED, [(i, self._owner) for i in ids])
+
+    def _renew_sync(self, ids: Sequence[int]) -> None:
+        conn = self._conn
+        assert conn is not None
+        with _write_transaction(conn):
+            until = time.time() + self._lease_seconds
+            conn.executemany(_RENEW, [(until, i, self._owner) for i in ids])
+
+    def _close_sync(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            _execute_in_write(conn, _RELEASE_ALL, (self._owner,))
+        except sqlite3.Error:
+            log.warning("could not release leases on close; they return at expiry", exc_info=True)
+        finally:
+            conn.close()
+
+
+@contextlib.contextmanager
+def _write_transaction(conn: sqlite3.Connection, *, durable: bool = False) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``: take the write lock up front.
+
+    A deferred transaction that reads then writes can fail with SQLITE_BUSY_SNAPSHOT,
+    which the busy timeout does not retry; IMMEDIATE waits for the lock instead.
+    ``durable`` commits with ``synchronous=FULL`` (fsync of the WAL).
+    """
+    if durable:
+        conn.execute("PRAGMA synchronous=FULL")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    finally:
+        if durable:
+            conn.execute("PRAGMA synchronous=NORMAL")
+
+
+def _execute_in_write(
+    conn: sqlite3.Connection, sql: str, params: Sequence[Any], *, durable: bool = False
+) -> sqlite3.Cursor:
+    with _write_transaction(conn, durable=durable):
+        return conn.execute(sql, params)

@@ -1,0 +1,20 @@
+"""Pick the transport the settings ask for."""
+
+from __future__ import annotations
+
+from controlroom.config import Settings
+from controlroom.transport.base import Transport
+from controlroom.transport.embedded import EmbeddedQueue
+from controlroom.transport.rabbitmq import RabbitMQTransport
+
+
+def create_transport(settings: Settings) -> Transport:
+    """RabbitMQ when ``settings.broker_url`` is set, else the embedded queue file
+    ``settings.embedded_queue_path`` (DESIGN.md "Operational contract":
+    ``CONTROLROOM_BROKER_URL`` empty means the embedded queue).
+
+    The transport is not started: call ``await transport.start()``.
+    """
+    if settings.broker_url:
+        return RabbitMQTransport(settings.broker_url)
+    return EmbeddedQueue(settings.embedded_queue_path)

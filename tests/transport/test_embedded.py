@@ -1,0 +1,254 @@
+"""Embedded-queue-only behaviour: several processes on one file, leases, queue names as
+data. Processes are real subprocesses; concurrent consumers start on a barrier and the
+assertions run after they are all done."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from controlroom.transport import Delivery, EmbeddedQueue
+from tests.transport.helpers import Collector
+
+pytestmark = pytest.mark.anyio
+
+TIMEOUT = 60  # seconds, per test
+
+PUBLISHER = """
+import asyncio, sys
+from pathlib import Path
+from controlroom.transport import EmbeddedQueue
+
+async def main(path, queue, count):
+    async with EmbeddedQueue(Path(path)) as transport:
+        for n in range(count):
+            await transport.publish(queue, {"seq": str(n)}, f"message {n}".encode())
+            if n % 10 == 0:
+                await asyncio.sleep(0.01)  # interleave with the consumer
+
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
+
+CRASHING_CONSUMER = """
+import asyncio, os, sys
+from pathlib import Path
+from controlroom.transport import EmbeddedQueue
+
+async def main(path, queue, lease):
+    transport = EmbeddedQueue(Path(path), lease_seconds=lease)
+    await transport.start()
+    async for delivery in transport.consume(queue, 10):
+        print(delivery.headers["seq"], flush=True)
+        os._exit(3)  # a crash: no ack, no close, no lease release
+
+asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
+"""
+
+CONSUMER = """
+import asyncio, contextlib, json, sys
+from pathlib import Path
+from controlroom.transport import EmbeddedQueue
+
+async def main(path, queue, go_file):
+    while not Path(go_file).exists():  # the cross-process barrier
+        await asyncio.sleep(0.005)
+    seen = []
+    async with EmbeddedQueue(Path(path), poll_interval_seconds=0.01) as transport:
+        consumer = transport.consume(queue, 4)
+        async with contextlib.aclosing(consumer):
+            while True:
+                try:
+                    delivery = await asyncio.wait_for(anext(consumer), 1.5)
+                except TimeoutError:
+                    break  # idle: the queue is drained
+                seen.append(int(delivery.headers["seq"]))
+                await delivery.ack()
+    print(json.dumps(seen))
+
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
+"""
+
+
+@contextlib.asynccontextmanager
+async def run_python(code: str, *args: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """Run ``code`` in a fresh interpreter; killed on the way out if still running."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        code,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.communicate()
+
+
+async def publish_sequence(queue_path: Path, queue: str, count: int) -> None:
+    async with EmbeddedQueue(queue_path) as transport:
+        for n in range(count):
+            await transport.publish(queue, {"seq": str(n)}, f"message {n}".encode())
+
+
+def seq(delivery: Delivery) -> int:
+    return int(delivery.headers["seq"] or -1)
+
+
+async def test_a_message_published_by_another_process_arrives_exactly_once(
+    queue_path: Path, queue_name: str
+) -> None:
+    count = 100
+    async with asyncio.timeout(TIMEOUT), EmbeddedQueue(queue_path) as transport:
+        async with Collector(transport, queue_name, prefetch=10) as consumer:
+            received = []
+            async with run_python(PUBLISHER, str(queue_path), queue_name, str(count)) as publisher:
+                for _ in range(count):
+                    delivery = await consumer.get(timeout=30)
+                    received.append(seq(delivery))
+                    await delivery.ack()
+                _, stderr = await publisher.communicate()
+                assert publisher.returncode == 0, stderr.decode()
+            await consumer.assert_idle(1.0)
+        assert received == list(range(count))  # exactly once, and in FIFO order
+        assert await transport.purge(queue_name) == 0
+
+
+async def test_messages_survive_a_restart(queue_path: Path, queue_name: str) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        await publish_sequence(queue_path, queue_name, 3)
+        async with (
+            EmbeddedQueue(queue_path) as transport,
+            Collector(transport, queue_name, prefetch=3) as consumer,
+        ):
+            deliveries = await consumer.get_many(3)
+            assert [seq(d) for d in deliveries] == [0, 1, 2]
+            for delivery in deliveries:
+                await delivery.ack()
+
+
+async def test_a_crashed_consumers_messages_come_back_when_the_lease_expires(
+    queue_path: Path, queue_name: str
+) -> None:
+    lease = 3.0
+    async with asyncio.timeout(TIMEOUT):
+        await publish_sequence(queue_path, queue_name, 1)
+        args = (str(queue_path), queue_name, str(lease))
+        async with run_python(CRASHING_CONSUMER, *args) as crashing:
+            stdout, stderr = await crashing.communicate()
+            assert (crashing.returncode, stdout.strip()) == (3, b"0"), stderr.decode()
+
+        async with (
+            EmbeddedQueue(queue_path, poll_interval_seconds=0.05) as transport,
+            Collector(transport, queue_name, prefetch=1) as consumer,
+        ):
+            await consumer.assert_idle(0.5)  # still leased to the dead process
+            delivery = await consumer.get(timeout=lease + 10)
+            assert seq(delivery) == 0
+            await delivery.ack()
+
+
+async def test_a_live_consumer_keeps_its_lease_past_the_lease_period(
+    queue_path: Path, queue_name: str
+) -> None:
+    lease = 0.6
+    async with asyncio.timeout(TIMEOUT):
+        await publish_sequence(queue_path, queue_name, 1)
+        async with (
+            EmbeddedQueue(queue_path, lease_seconds=lease) as holder,
+            EmbeddedQueue(queue_path, poll_interval_seconds=0.02) as other,
+            Collector(holder, queue_name, prefetch=1) as consumer,
+        ):
+            delivery = await consumer.get()
+            async with Collector(other, queue_name, prefetch=1) as rival:
+                await rival.assert_idle(lease * 4)  # renewed, never expired
+            await delivery.ack()  # still ours: no DeliveryLostError
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["two-transports", "one-transport"])
+async def test_concurrent_consumers_never_receive_the_same_message(
+    queue_path: Path, queue_name: str, shared: bool
+) -> None:
+    count = 300
+    await publish_sequence(queue_path, queue_name, count)
+    transports = [EmbeddedQueue(queue_path, poll_interval_seconds=0.005) for _ in range(2)]
+    if shared:
+        transports[1] = transports[0]
+    barrier = asyncio.Barrier(2)
+    received: list[list[int]] = [[], []]
+    all_in = asyncio.Event()
+
+    async def consume(index: int, transport: EmbeddedQueue) -> None:
+        await barrier.wait()
+        consumer = transport.consume(queue_name, 3)
+        async with contextlib.aclosing(consumer):
+            async for delivery in consumer:
+                received[index].append(seq(delivery))
+                await asyncio.sleep(0)  # let the other consumer claim meanwhile
+                await delivery.ack()
+                if sum(map(len, received)) >= count:
+                    all_in.set()
+
+    async with asyncio.timeout(TIMEOUT):
+        for transport in set(transports):
+            await transport.start()
+        tasks = [asyncio.create_task(consume(i, t)) for i, t in enumerate(transports)]
+        await all_in.wait()
+        await asyncio.sleep(0.3)  # time for a duplicate to show up, if there were one
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for transport in set(transports):
+            await transport.close()
+
+    errors = [r for r in results if not isinstance(r, asyncio.CancelledError | None)]
+    assert errors == []
+    assert not set(received[0]) & set(received[1])
+    assert sorted(received[0] + received[1]) == list(range(count))
+    assert received[0] and received[1], "both consumers should have taken part"
+
+
+async def test_consumer_processes_share_a_queue_without_duplicates(
+    queue_path: Path, queue_name: str, tmp_path: Path
+) -> None:
+    count, processes = 300, 3
+    go_file = tmp_path / "go"
+    async with asyncio.timeout(TIMEOUT), contextlib.AsyncExitStack() as stack:
+        await publish_sequence(queue_path, queue_name, count)
+        args = (str(queue_path), queue_name, str(go_file))
+        consumers = [
+            await stack.enter_async_context(run_python(CONSUMER, *args)) for _ in range(processes)
+        ]
+        await asyncio.sleep(0.5)  # let them import and reach the barrier
+        go_file.touch()
+        outputs = [await c.communicate() for c in consumers]
+
+    seen: list[list[int]] = []
+    for consumer, (stdout, stderr) in zip(consumers, outputs, strict=True):
+        assert consumer.returncode == 0, stderr.decode()
+        seen.append(json.loads(stdout))
+    everything = [n for part in seen for n in part]
+    assert sorted(everything) == list(range(count))  # each exactly once
+
+
+async def test_queue_names_are_data_not_sql_or_paths(queue_path: Path) -> None:
+    names = ["x'; DROP TABLE queue_messages; --", "../../escape", 'a"b', "日本", "error"]
+    async with asyncio.timeout(TIMEOUT), EmbeddedQueue(queue_path) as transport:
+        for name in names:
+            await transport.publish(name, {"name": name}, name.encode())
+        for name in names:
+            async with Collector(transport, name, prefetch=5) as consumer:
+                delivery = await consumer.get()
+                assert (delivery.queue, delivery.headers["name"]) == (name, name)
+                await delivery.ack()
+                await consumer.assert_idle(0.2)
+    assert sorted(p.name for p in queue_path.parent.iterdir()) == ["queue.db"]
