@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -78,6 +79,8 @@ def retry_transient(
         wait=tenacity.wait_exponential(multiplier=0.1, max=max_backoff_seconds),
         stop=stop,
         reraise=True,
+        # Sleep on the event so that stopping interrupts a long back-off at once.
+        sleep=stop_event.wait if stop_event else time.sleep,
         before_sleep=tenacity.before_sleep_log(log, logging.WARNING),
     )
 

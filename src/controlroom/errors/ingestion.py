@@ -1,0 +1,331 @@
+"""The ingestion pipeline: error queue -> batcher -> unit of work -> writer -> acknowledgements.
+
+Source: DESIGN.md "Process shape", "Unit of work", "Transient failures", "Failed imports".
+
+- ``record_*`` calls of the unit of work only enqueue; ``complete`` waits for the batch's
+  external body writes, then hands the batch to the writer (one transaction).
+- Deliveries are acknowledged only after the commit of the batch that holds them.
+- A message that cannot be ingested for a reason of its own is kept whole as a failed
+  import (in the same transaction) and acknowledged.
+- A transient store failure retries the whole batch with a capped back-off until it
+  succeeds or the service stops; the messages stay unacknowledged in the queue meanwhile.
+- A batch the store refuses for its data is written message by message, so only the
+  message at fault becomes a failed import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from prometheus_client import Counter, Histogram
+
+from controlroom.config import Settings
+from controlroom.errors.bodies import BodyStore
+from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
+from controlroom.errors.parsing import is_retry_confirmation, parse_failed_message
+from controlroom.errors.writer import (
+    FailedMessageBatchWriter,
+    IngestionBatch,
+    retry_transient,
+    utc_now,
+)
+from controlroom.exceptions import (
+    ControlroomError,
+    ErrorKind,
+    MessageRejected,
+    classify_store_error,
+)
+from controlroom.transport.base import Delivery, DeliveryLostError, Transport
+
+log = logging.getLogger(__name__)
+
+INGESTED = Counter(
+    "controlroom_ingested_messages_total",
+    "Messages taken from the error queue, by outcome",
+    ["outcome"],
+)
+BATCH_SECONDS = Histogram(
+    "controlroom_ingestion_batch_seconds", "Time to parse, write and acknowledge one batch"
+)
+
+
+class IntakeClosed(ControlroomError):
+    """The transport stopped delivering messages (closed or failed)."""
+
+
+def failed_import_id(headers_json: str, body: bytes) -> str:
+    """Deterministic id of a failed import: the same message always gets the same id."""
+    digest = hashlib.sha256(headers_json.encode() + b"\0" + body).digest()
+    return str(uuid.UUID(bytes=digest[:16]))
+
+
+def make_failed_import(
+    headers: Mapping[str, str | None], body: bytes, *, queue: str, reason: str
+) -> FailedImport:
+    """Keep a message whole: headers as ASCII-escaped JSON (storable anywhere), raw body."""
+    headers_json = json.dumps(dict(headers), sort_keys=True, ensure_ascii=True, default=str)
+    return FailedImport(
+        id=failed_import_id(headers_json, body),
+        queue=queue,
+        headers_json=headers_json,
+        body=body,
+        reason=reason,
+        failed_at=utc_now(),
+    )
+
+
+class IngestionUnitOfWork:
+    """One batch in the making. Not thread-safe; used from one event loop task."""
+
+    def __init__(self, writer: FailedMessageBatchWriter, body_store: BodyStore) -> None:
+        self._writer = writer
+        self._body_store = body_store
+        self._batch = IngestionBatch()
+        self._body_writes: dict[str, asyncio.Task[None]] = {}
+
+    async def record_failed_processing_attempt(self, attempt: FailedAttempt) -> None:
+        """Enqueue an attempt; starts its external body write when it has one."""
+        self._batch.attempts.append(attempt)
+        key = attempt.body_key
+        if attempt.body_placement.external and key and key not in self._body_writes:
+            self._body_writes[key] = asyncio.create_task(
+                asyncio.to_thread(self._body_store.put, key, attempt.body)
+            )
+
+    async def record_known_endpoint(self, endpoint: KnownEndpoint) -> None:
+        self._batch.endpoints.append(endpoint)
+
+    async def record_successful_retry(self, unique_message_id: str) -> None:
+        self._batch.confirmed_retries.append(unique_message_id)
+
+    async def record_failed_import(self, failed_import: FailedImport) -> None:
+        self._batch.failed_imports.append(failed_import)
+
+    async def complete(self) -> None:
+        """Wait for every external body write, then write the batch in one transaction.
+
+        Raises ``BodyStoreError`` (nothing is committed) or the writer's store error.
+        """
+        writes = list(self._body_writes.values())
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        await asyncio.to_thread(self._writer.write, self._batch)
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    """What one delivery contributes to a unit of work."""
+
+    attempt: FailedAttempt | None = None
+    confirmed_retry: str | None = None
+    failed_import: FailedImport | None = None
+
+
+class IngestionService:
+    """Drains the error queue into the store until stopped."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: sa.Engine,
+        transport: Transport,
+        body_store: BodyStore,
+    ) -> None:
+        self._settings = settings
+        self._transport = transport
+        self._body_store = body_store
+        self._stopping = threading.Event()
+        self._writer = FailedMessageBatchWriter(
+            engine,
+            retrying=retry_transient(
+                max_backoff_seconds=settings.ingestion.max_backoff_seconds,
+                stop_event=self._stopping,
+            ),
+        )
+        self._run_task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        """Consume, batch and write until ``stop()`` or cancellation."""
+        self._run_task = asyncio.current_task()
+        ingestion = self._settings.ingestion
+        # Unbounded here: the transport's prefetch already bounds unacknowledged deliveries.
+        inbox: asyncio.Queue[Delivery | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(ingestion.concurrent_batches)
+        writes: set[asyncio.Task[None]] = set()
+        feeder = asyncio.create_task(self._feed(inbox))
+        try:
+            while not self._stopping.is_set():
+                deliveries = await self._next_batch(inbox)
+                await slots.acquire()
+                task = asyncio.create_task(self._ingest_batch(deliveries))
+                writes.add(task)
+                task.add_done_callback(writes.discard)
+                task.add_done_callback(lambda _: slots.release())
+        finally:
+            feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feeder
+            if writes:
+                await asyncio.gather(*writes, return_exceptions=True)
+
+    async def stop(self) -> None:
+        """Stop taking messages; unacknowledged ones stay in the queue."""
+        self._stopping.set()
+        if self._run_task is not None and not self._run_task.done():
+            self._run_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._run_task
+
+    async def _feed(self, inbox: asyncio.Queue[Delivery | None]) -> None:
+        ingestion = self._settings.ingestion
+        stream = self._transport.consume(self._settings.error_queue, ingestion.effective_prefetch)
+        try:
+            async with contextlib.aclosing(stream):
+                async for delivery in stream:
+                    await inbox.put(delivery)
+        finally:
+            # Wake the batcher: the intake ended (closed, cancelled or failed).
+            inbox.put_nowait(None)
+
+    async def _next_batch(self, inbox: asyncio.Queue[Delivery | None]) -> list[Delivery]:
+        """Up to ``batch_size`` deliveries; a partial batch waits ``linger_seconds``.
+
+        Raises ``IntakeClosed`` when the transport stopped delivering.
+        """
+        ingestion = self._settings.ingestion
+        first = await inbox.get()
+        if first is None:
+            raise IntakeClosed(f"the intake of {self._settings.error_queue!r} stopped")
+        batch = [first]
+        deadline = time.monotonic() + ingestion.linger_seconds
+        while len(batch) < ingestion.batch_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                item = await asyncio.wait_for(inbox.get(), remaining)
+            except TimeoutError:
+                break
+            if item is None:
+                inbox.put_nowait(None)  # seen again by the next call, which raises
+                break
+            batch.append(item)
+        return batch
+
+    async def _ingest_batch(self, deliveries: list[Delivery]) -> None:
+        started = time.monotonic()
+        parsed = [self._parse(delivery) for delivery in deliveries]
+        try:
+            await self._write(parsed)
+        except asyncio.CancelledError:
+            await _reject_all(deliveries)
+            raise
+        except Exception as exc:
+            if classify_store_error(exc) is not ErrorKind.DATA:
+                await self._give_back(deliveries, exc)
+                return
+            parsed = await self._write_one_by_one(deliveries, parsed)
+        for delivery in deliveries:
+            await _ack(delivery)
+        _count_outcomes(parsed)
+        BATCH_SECONDS.observe(time.monotonic() - started)
+
+    async def _write(self, parsed: Sequence[_Parsed]) -> None:
+        unit = IngestionUnitOfWork(self._writer, self._body_store)
+        for item in parsed:
+            if item.attempt is not None:
+                await unit.record_failed_processing_attempt(item.attempt)
+                for endpoint in item.attempt.endpoints:
+                    await unit.record_known_endpoint(endpoint)
+            if item.confirmed_retry is not None:
+                await unit.record_successful_retry(item.confirmed_retry)
+            if item.failed_import is not None:
+                await unit.record_failed_import(item.failed_import)
+        await unit.complete()
+
+    async def _write_one_by_one(
+        self, deliveries: Sequence[Delivery], parsed: Sequence[_Parsed]
+    ) -> list[_Parsed]:
+        """Isolate the messages the store refuses; each becomes a failed import."""
+        outcome: list[_Parsed] = []
+        for delivery, item in zip(deliveries, parsed, strict=True):
+            try:
+                await self._write([item])
+            except Exception as exc:
+                if classify_store_error(exc) is not ErrorKind.DATA:
+                    raise
+                reason = f"the store refused the message: {type(exc).__name__}: {exc}"
+                item = _Parsed(failed_import=self._failed_import(delivery, reason))
+                await self._write([item])
+            outcome.append(item)
+        return outcome
+
+    async def _give_back(self, deliveries: Sequence[Delivery], exc: Exception) -> None:
+        """Infrastructure failure: never a failed import; the messages go back to the queue."""
+        if not self._stopping.is_set():
+            log.error(
+                "batch of %d not written; returned to the queue", len(deliveries), exc_info=exc
+            )
+            INGESTED.labels("returned").inc(len(deliveries))
+            await asyncio.sleep(self._settings.ingestion.max_backoff_seconds)
+        await _reject_all(deliveries)
+
+    def _parse(self, delivery: Delivery) -> _Parsed:
+        try:
+            confirmed = is_retry_confirmation(delivery.headers)
+            if confirmed is not None:
+                return _Parsed(confirmed_retry=confirmed)
+            return _Parsed(
+                attempt=parse_failed_message(
+                    delivery.headers,
+                    delivery.body,
+                    max_body_size_to_store=self._settings.max_body_size_to_store,
+                )
+            )
+        except MessageRejected as rejected:
+            return _Parsed(failed_import=self._failed_import(delivery, rejected.reason))
+        except Exception as exc:  # the message's content broke parsing: keep it, say why
+            log.exception("could not parse a message from %s", self._settings.error_queue)
+            reason = f"could not parse the message: {type(exc).__name__}: {exc}"
+            return _Parsed(failed_import=self._failed_import(delivery, reason))
+
+    def _failed_import(self, delivery: Delivery, reason: str) -> FailedImport:
+        return make_failed_import(
+            delivery.headers, delivery.body, queue=self._settings.error_queue, reason=reason
+        )
+
+
+async def _ack(delivery: Delivery) -> None:
+    try:
+        await delivery.ack()
+    except DeliveryLostError:
+        # Committed, but the transport will deliver it again; the replay changes nothing.
+        log.warning("acknowledgement lost for a message of %s", delivery.queue)
+
+
+async def _reject_all(deliveries: Sequence[Delivery]) -> None:
+    for delivery in deliveries:
+        with contextlib.suppress(Exception):  # the broker may be gone; it redelivers anyway
+            await delivery.reject(requeue=True)
+
+
+def _count_outcomes(parsed: Sequence[_Parsed]) -> None:
+    for item in parsed:
+        if item.failed_import is not None:
+            INGESTED.labels("failed_import").inc()
+        elif item.confirmed_retry is not None:
+            INGESTED.labels("retry_confirmation").inc()
+        else:
+            INGESTED.labels("failed_message").inc()
