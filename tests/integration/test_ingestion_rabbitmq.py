@@ -49,3 +49,34 @@ def test_rabbitmq_error_queue_is_drained_into_rows_and_acknowledged(
             conn.execute(sa.select(failed_messages.c.number_of_processing_attempts)).scalars().all()
         )
     assert sorted(counts) == [3] * 40
+
+
+def test_amqp_content_encoding_makes_the_body_binary(
+    settings: Settings, engine: sa.Engine, rabbitmq_url: str
+) -> None:
+    import aio_pika
+
+    queue = f"error-{uuid.uuid4().hex[:8]}"
+    settings = settings.model_copy(update={"broker_url": rabbitmq_url, "error_queue": queue})
+    headers = failed_headers("gzipped")
+
+    async def scenario() -> None:
+        async with RabbitMQTransport(rabbitmq_url) as transport:
+            await transport.publish(queue, {}, b"")  # declares the queue
+            await transport.purge(queue)
+            connection = await aio_pika.connect(rabbitmq_url)
+            async with connection:
+                channel = await connection.channel()
+                await channel.default_exchange.publish(
+                    aio_pika.Message(b"\x1f\x8b{}", headers=headers, content_encoding="gzip"),
+                    routing_key=queue,
+                )
+            await ingest_until(
+                settings, engine, transport, lambda: count(engine, failed_messages) == 1
+            )
+
+    asyncio.run(scenario())
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(failed_messages)).one()
+    assert row.body_stored_externally is True
+    assert row.body_text is None

@@ -39,6 +39,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from controlroom.errors.headers import CONTENT_ENCODING as CONTENT_ENCODING_HEADER
 from controlroom.transport.base import (
     Delivery,
     DeliveryLostError,
@@ -276,6 +277,9 @@ class RabbitMQTransport:
         self, session: _Session, queue: str, message: AbstractIncomingMessage
     ) -> Delivery:
         headers = fill_message_id(decode_headers(message.headers), message.message_id)
+        if message.content_encoding and CONTENT_ENCODING_HEADER not in headers:
+            # Body classification reads headers only; a compressed body must say so there.
+            headers[CONTENT_ENCODING_HEADER] = message.content_encoding
 
         async def ack() -> None:
             await self._settle(session, message.ack)
