@@ -135,7 +135,48 @@ failed_message_retries = sa.Table(
         nullable=False,
     ),
     sa.Column("stage_attempts", sa.Integer, nullable=False, server_default="0"),
+    # Set when the batch is staged: what this retry attempt sends, and where (migration 0002).
+    sa.Column(
+        "attempt_message_id", sa.String(UUID_LEN), comment="ServiceControl.Retry.Attempt.MessageId"
+    ),
+    sa.Column("destination", sa.String(400), comment="address the retry is sent to"),
+    sa.Column("sent_at", UtcDateTime, comment="when the broker confirmed the send"),
     sa.Index("ix_failed_message_retries_retry_batch_id", "retry_batch_id"),
+)
+
+# One retry request of an operator (migration 0002). Its batches carry its id in
+# retry_batches.request_id; the counts are kept up to date as batches progress.
+retry_operations = sa.Table(
+    "retry_operations",
+    metadata,
+    sa.Column("id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("retry_type", sa.String(50), nullable=False, comment="ServiceControl's RetryType"),
+    sa.Column("target", sa.String(400), comment="group id, queue address, endpoint or message id"),
+    sa.Column("originator", sa.Text),
+    sa.Column("classifier", sa.String(100)),
+    sa.Column("message_count", sa.Integer, nullable=False, comment="messages claimed"),
+    sa.Column(
+        "forwarded_count", sa.Integer, nullable=False, comment="sent, confirmed by the broker"
+    ),
+    sa.Column("skipped_count", sa.Integer, nullable=False, comment="claimed, then not sent"),
+    sa.Column("failed", sa.Boolean, nullable=False, comment="a message could not be sent"),
+    sa.Column("acknowledged", sa.Boolean, nullable=False, comment="the operator dismissed it"),
+    sa.Column("started_at", UtcDateTime, nullable=False),
+    sa.Column("last_modified", UtcDateTime, nullable=False),
+    sa.Column("prepared_at", UtcDateTime, comment="every batch of the request exists"),
+    sa.Column("completed_at", UtcDateTime),
+    sa.Index("ix_retry_operations_target_retry_type", "target", "retry_type"),
+    sa.Index("ix_retry_operations_completed_at", "completed_at"),
+)
+
+# A time-limited lease of a background singleton where the provider has no advisory
+# locks (SQLite); migration 0002. PostgreSQL uses pg_try_advisory_lock instead.
+service_leases = sa.Table(
+    "service_leases",
+    metadata,
+    sa.Column("name", sa.String(100), primary_key=True),
+    sa.Column("owner", sa.String(100), nullable=False),
+    sa.Column("expires_at", UtcDateTime, nullable=False),
 )
 
 failed_error_imports = sa.Table(
