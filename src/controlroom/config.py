@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -40,11 +41,35 @@ class IngestionSettings(BaseModel):
         return self.prefetch or self.batch_size * self.concurrent_batches
 
 
+Role = Literal["reader", "operator", "admin"]
+"""What a bearer token may do: ``reader`` GET/HEAD; ``operator`` also archive, retry and
+edit; ``admin`` also delete endpoints (``controlroom.api.auth``)."""
+
+
+class AuthToken(BaseModel):
+    """One bearer token of the API and the role it grants.
+
+    ``token`` is a secret: a ``SecretStr``, so it never shows in a repr, a log line or
+    ``/api/configuration``; ``name`` says whose it is wherever the API names the caller.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=100, description="Who holds the token.")
+    token: SecretStr = Field(min_length=16, description="The bearer token (secret).")
+    role: Role
+
+
 class Settings(BaseSettings):
     """Everything Controlroom can be told. Sizes are bytes, periods are ``timedelta``."""
 
+    # Validation errors name the setting but never echo its value: values include bearer
+    # tokens and URLs with passwords, and the CLI prints these errors.
     model_config = SettingsConfigDict(
-        env_prefix="CONTROLROOM_", env_nested_delimiter="__", extra="forbid"
+        env_prefix="CONTROLROOM_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        hide_input_in_errors=True,
     )
 
     data_dir: Path = Path("./controlroom-data")
@@ -57,6 +82,23 @@ class Settings(BaseSettings):
     error_retention_period: timedelta = timedelta(days=15)
     ingest_on_serve: bool = True
     ingestion: IngestionSettings = IngestionSettings()
+    auth_tokens: list[AuthToken] = Field(
+        default_factory=list,
+        description="Bearer tokens of the API, each with a name and a role. None: the API "
+        "is open, which serve allows on a loopback address only.",
+    )
+
+    @field_validator("auth_tokens")
+    @classmethod
+    def _distinct_tokens(cls, tokens: list[AuthToken]) -> list[AuthToken]:
+        """Two entries with one token would make the caller's name and role ambiguous."""
+        secrets = [entry.token.get_secret_value() for entry in tokens]
+        if len(set(secrets)) != len(secrets):
+            raise ValueError("two entries share a token; each token must be distinct")
+        names = [entry.name for entry in tokens]
+        if len(set(names)) != len(names):
+            raise ValueError("two entries share a name; each name must be distinct")
+        return tokens
 
     @classmethod
     def settings_customise_sources(
