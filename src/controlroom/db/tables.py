@@ -97,6 +97,16 @@ failed_message_groups = sa.Table(
     sa.Index("ix_failed_message_groups_group_id", "group_id"),
 )
 
+# An operator's note on a failure group (migration 0003). Keyed by group id alone: groups
+# exist only as rows of failed_message_groups, so there is nothing to reference.
+failed_message_group_comments = sa.Table(
+    "failed_message_group_comments",
+    metadata,
+    sa.Column("group_id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("comment", sa.Text, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+)
+
 known_endpoints = sa.Table(
     "known_endpoints",
     metadata,
