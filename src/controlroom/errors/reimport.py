@@ -1,0 +1,81 @@
+"""Re-import failed imports: put each one back on the error queue to be ingested again.
+
+Source: DESIGN.md "Failed imports" (a message kept whole in ``failed_error_imports`` can
+be re-imported once the cause is fixed; nothing is ever dropped).
+
+Ordering: the row is deleted in a transaction that commits only after the transport has
+durably accepted the republished message. Holding the row (deleted but uncommitted)
+while publishing also closes a race with a running ingestion: if the message fails
+again at once, ingestion's insert-if-absent of the same failed-import id waits for this
+transaction and then inserts it anew, instead of finding the old row, doing nothing, and
+losing the message when the old row's delete commits. If the publish fails, the
+transaction rolls back and the row stays. If the commit fails after the publish, the row
+stays too and the message is queued as well: a duplicate, never a loss.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+
+import sqlalchemy as sa
+
+from controlroom.db.engine import begin_write
+from controlroom.db.tables import failed_error_imports
+from controlroom.transport import Transport
+
+fi = failed_error_imports.c
+
+
+class ReimportOutcome(enum.Enum):
+    """What happened to one failed import."""
+
+    REPUBLISHED = "republished"  # on the error queue; the row is gone
+    GONE = "gone"  # no such row (already re-imported, or never there)
+    UNREADABLE = "unreadable"  # the stored headers are not a JSON object of strings; kept
+
+
+def list_failed_import_ids(engine: sa.Engine) -> list[str]:
+    """Ids of every failed import, oldest first."""
+    with engine.connect() as conn:
+        return list(conn.scalars(sa.select(fi.id).order_by(fi.failed_at, fi.id)))
+
+
+async def reimport_failed_import(
+    engine: sa.Engine, transport: Transport, failed_import_id: str, *, error_queue: str
+) -> ReimportOutcome:
+    """Republish the headers and exact body of failed import ``failed_import_id`` to
+    ``error_queue``, deleting its row only once the publish is confirmed (module docstring).
+
+    Blocks the event loop for the short statements of the transaction (the caller is a
+    command-line tool, not a server). Raises ``TransportError`` when the publish may
+    have failed (the row stays), the store's error when the database fails (the row
+    stays; the message may be queued as well).
+    """
+    with begin_write(engine) as conn:
+        # FOR UPDATE: a second re-importer of the same row waits, then finds it gone.
+        row = conn.execute(
+            sa.select(fi.headers_json, fi.body).where(fi.id == failed_import_id).with_for_update()
+        ).one_or_none()
+        if row is None:
+            return ReimportOutcome.GONE
+        headers = decode_headers(row.headers_json)
+        if headers is None:
+            return ReimportOutcome.UNREADABLE
+        conn.execute(sa.delete(failed_error_imports).where(fi.id == failed_import_id))
+        await transport.publish(error_queue, headers, bytes(row.body))
+    return ReimportOutcome.REPUBLISHED
+
+
+def decode_headers(headers_json: str) -> dict[str, str | None] | None:
+    """The headers stored as JSON, or ``None`` unless they are an object whose values are
+    all strings or null (only such headers can go back on a queue unchanged)."""
+    try:
+        value = json.loads(headers_json)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    if not all(item is None or isinstance(item, str) for item in value.values()):
+        return None
+    return value
