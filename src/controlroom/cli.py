@@ -1,0 +1,357 @@
+"""The ``controlroom`` command: serve, migrate, demo, import-failed, version.
+
+Thin by design: each command loads the settings, opens what it needs, calls the module
+that does the work and reports. Exit codes: 0 done, 1 a dependency failed (database,
+broker, port), 2 bad usage or settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import socket
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import pydantic
+import sqlalchemy as sa
+import typer
+import uvicorn
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from controlroom import __version__
+from controlroom.api import create_app, database_check
+from controlroom.client import open_transport, publish_failed_message
+from controlroom.config import Settings, load_settings
+from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
+from controlroom.demo import DEFAULT_COUNT, MIN_COUNT, DemoMessage, generate_demo_messages
+from controlroom.errors.bodies import FileSystemBodyStore
+from controlroom.errors.ingestion import IngestionService
+from controlroom.errors.reimport import (
+    ReimportOutcome,
+    list_failed_import_ids,
+    reimport_failed_import,
+)
+from controlroom.exceptions import ConfigurationError, ControlroomError
+from controlroom.transport import Transport, create_transport
+from controlroom.transport.rabbitmq import redact_url
+
+log = logging.getLogger(__name__)
+
+app = typer.Typer(
+    name="controlroom",
+    help="See what failed in a message-driven system, and act on it.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="TOML settings file (also CONTROLROOM_CONFIG).",
+        exists=True,
+        dir_okay=False,
+    ),
+]
+
+
+# --- commands -----------------------------------------------------------------------------
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on.", min=0, max=65535)] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Serve the API and ingest the error queue, in one process, until Ctrl+C/SIGTERM."""
+    settings = _load(config, host=host, port=port)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    with _exit_on_failure():
+        code = asyncio.run(_serve(settings))
+    raise typer.Exit(code)
+
+
+@app.command()
+def migrate(config: ConfigOption = None) -> None:
+    """Create or upgrade the database schema (idempotent)."""
+    settings = _load(config)
+    with _exit_on_failure():
+        engine = create_store_engine(settings.effective_database_url)
+        try:
+            upgrade_database(engine)
+        finally:
+            engine.dispose()
+    console.print(f"Schema of {_describe_database(settings)} is up to date.")
+
+
+@app.command()
+def demo(
+    count: Annotated[
+        int, typer.Option(help="Messages to publish (one of each variety first).", min=MIN_COUNT)
+    ] = DEFAULT_COUNT,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of the generator; random when not given.")
+    ] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Publish realistic NServiceBus failed messages to the configured error queue."""
+    settings = _load(config)
+    seed = seed if seed is not None else random.SystemRandom().randrange(1_000_000)
+    messages = generate_demo_messages(count, seed=seed, now=datetime.now(UTC))
+    with _exit_on_failure():
+        asyncio.run(_publish_demo(settings, messages))
+    console.print(
+        f"Published {len(messages)} failed messages (seed {seed}) to queue "
+        f"[bold]{settings.error_queue}[/] on {_describe_transport(settings)}.\n"
+        "Some are the same message failing again (one row, several attempts); one is "
+        "deliberately broken (no NServiceBus.FailedQ) and becomes a failed import, which "
+        "`controlroom import-failed` re-imports.\n"
+        "Run `controlroom serve` to ingest them, then open "
+        f"http://{settings.host}:{settings.port}/api/errors"
+    )
+
+
+@app.command("import-failed")
+def import_failed(
+    failed_import_id: Annotated[
+        str | None, typer.Option("--id", help="Re-import only this failed import.")
+    ] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Put failed imports back on the error queue, to be ingested again (applies pending
+    migrations first)."""
+    settings = _load(config)
+    with _exit_on_failure():
+        engine = create_store_engine(settings.effective_database_url)
+        try:
+            upgrade_database(engine)
+            ids = [failed_import_id] if failed_import_id else list_failed_import_ids(engine)
+            outcomes = asyncio.run(_reimport(settings, engine, ids)) if ids else []
+        finally:
+            engine.dispose()
+    _report_reimport(settings, failed_import_id, outcomes)
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    console.print(f"controlroom {__version__}")
+
+
+# --- settings and errors ------------------------------------------------------------------
+def _load(config: Path | None, **overrides: object) -> Settings:
+    """The settings, with command-line values (those given) over every other source."""
+    given = {name: value for name, value in overrides.items() if value is not None}
+    try:
+        return load_settings(config, **given)
+    except pydantic.ValidationError as exc:
+        err_console.print(f"[red]error:[/] invalid settings:\n{escape(str(exc))}")
+        raise typer.Exit(2) from exc
+
+
+@contextlib.contextmanager
+def _exit_on_failure() -> Iterator[None]:
+    """Report a failed dependency in one line and exit 1, instead of a traceback."""
+    try:
+        yield
+    except (ControlroomError, sa.exc.SQLAlchemyError) as exc:
+        err_console.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(1) from exc
+
+
+def _describe_database(settings: Settings) -> str:
+    return sa.make_url(settings.effective_database_url).render_as_string(hide_password=True)
+
+
+def _describe_transport(settings: Settings) -> str:
+    if settings.broker_url:
+        return f"RabbitMQ {redact_url(settings.broker_url)}"
+    return f"the embedded queue {settings.embedded_queue_path}"
+
+
+# --- serve --------------------------------------------------------------------------------
+async def _serve(settings: Settings) -> int:
+    """Run the API and (when ``ingest_on_serve``) ingestion until a signal or a failure.
+
+    Returns the exit code: 0 after a signal, 1 when a part stopped on its own.
+    """
+    listener = _listen(settings.host, settings.port)
+    engine = create_store_engine(settings.effective_database_url)
+    try:
+        upgrade_database(engine)
+        transport = create_transport(settings)
+        await transport.start()
+        try:
+            return await _run_parts(settings, engine, transport, listener)
+        finally:
+            await transport.close()
+    finally:
+        engine.dispose()
+        listener.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket, bound before anything else starts so a taken port fails fast
+    (and connections made as soon as the address is printed wait in the backlog)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot listen on {host}:{port}: {exc}") from exc
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: ``_serve`` owns SIGINT/SIGTERM, so a
+    signal stops ingestion and the server together (uvicorn's handler would re-raise the
+    signal once the server is done, before the rest shuts down)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _run_parts(
+    settings: Settings, engine: sa.Engine, transport: Transport, listener: socket.socket
+) -> int:
+    """Start the HTTP server and ingestion, wait for a signal or for a part to end, then
+    stop both (ingestion first, so nothing is taken from the queue after the signal)."""
+    body_store = FileSystemBodyStore(settings.body_dir)
+    api = create_app(
+        settings,
+        engine,
+        body_store,
+        health_checks={"database": database_check(engine), "broker": transport.check},
+    )
+    server = _Server(uvicorn.Config(api, lifespan="off", log_level="info"))
+    parts = {asyncio.create_task(server.serve(sockets=[listener]), name="http")}
+    ingestion = None
+    if settings.ingest_on_serve:
+        ingestion = IngestionService(settings, engine, transport, body_store)
+        parts.add(asyncio.create_task(ingestion.run(), name="ingestion"))
+    stop = asyncio.Event()
+    signals = _route_signals(stop.set)
+    _announce(settings, listener, ingesting=ingestion is not None)
+
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({*parts, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    _restore_signals(signals)  # a second Ctrl+C interrupts a slow shutdown
+    if ingestion is not None:
+        await ingestion.stop()
+    server.should_exit = True
+    stopper.cancel()
+    await asyncio.gather(*parts, return_exceptions=True)
+    return 0 if stopper in done else _report_early_exit(done - {stopper})
+
+
+def _route_signals(callback: Callable[[], None]) -> list[signal.Signals]:
+    """Make SIGINT and SIGTERM call ``callback``; returns the signals it could route.
+
+    Loop signal handlers exist on POSIX only; elsewhere Ctrl+C still ends the process,
+    without the orderly shutdown.
+    """
+    loop = asyncio.get_running_loop()
+    routed = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signum, callback)
+            routed.append(signum)
+    return routed
+
+
+def _restore_signals(routed: list[signal.Signals]) -> None:
+    loop = asyncio.get_running_loop()
+    for signum in routed:
+        loop.remove_signal_handler(signum)
+
+
+def _report_early_exit(ended: set[asyncio.Task[None]]) -> int:
+    for task in ended:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s stopped", task.get_name(), exc_info=task.exception())
+        else:
+            log.error("%s stopped on its own", task.get_name())
+    return 1
+
+
+def _announce(settings: Settings, listener: socket.socket, *, ingesting: bool) -> None:
+    host, port = listener.getsockname()[:2]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    console.print(f"Controlroom is serving {url}  (API {url}/api/errors, health {url}/api/health)")
+    console.print(f"Store: {_describe_database(settings)}")
+    if ingesting:
+        console.print(
+            f"Ingesting queue [bold]{settings.error_queue}[/] on {_describe_transport(settings)}"
+        )
+    console.print("Press Ctrl+C to stop.")
+
+
+# --- demo and import-failed ---------------------------------------------------------------
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+async def _publish_demo(settings: Settings, messages: list[DemoMessage]) -> None:
+    async with open_transport(settings) as transport:
+        with _progress() as progress:
+            task = progress.add_task("Publishing failed messages", total=len(messages))
+            for message in messages:
+                await publish_failed_message(
+                    transport, message.headers, message.body, error_queue=settings.error_queue
+                )
+                progress.advance(task)
+
+
+async def _reimport(settings: Settings, engine: sa.Engine, ids: list[str]) -> list[ReimportOutcome]:
+    outcomes = []
+    async with open_transport(settings) as transport:
+        with _progress() as progress:
+            task = progress.add_task("Re-importing failed imports", total=len(ids))
+            for failed_import_id in ids:
+                outcome = await reimport_failed_import(
+                    engine, transport, failed_import_id, error_queue=settings.error_queue
+                )
+                if outcome is ReimportOutcome.UNREADABLE:
+                    progress.console.print(
+                        f"[yellow]kept[/] {failed_import_id}: its stored headers are not "
+                        "a JSON object of strings, so it cannot be queued again"
+                    )
+                outcomes.append(outcome)
+                progress.advance(task)
+    return outcomes
+
+
+def _report_reimport(
+    settings: Settings, requested_id: str | None, outcomes: list[ReimportOutcome]
+) -> None:
+    """Summarise; exit 1 when the requested import does not exist or one was unreadable."""
+    if requested_id is not None and outcomes == [ReimportOutcome.GONE]:
+        err_console.print(f"[red]error:[/] no failed import with id {escape(requested_id)}")
+        raise typer.Exit(1)
+    if not outcomes:
+        console.print("No failed imports.")
+        return
+    console.print(
+        f"Re-published {outcomes.count(ReimportOutcome.REPUBLISHED)} of {len(outcomes)} "
+        f"failed imports to queue [bold]{settings.error_queue}[/]. `controlroom serve` "
+        "ingests them again; one whose cause is not fixed comes back as a failed import."
+    )
+    if ReimportOutcome.UNREADABLE in outcomes:
+        raise typer.Exit(1)

@@ -1,0 +1,369 @@
+"""The ``controlroom`` command: migrate, demo, import-failed, version, and serve end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from controlroom import __version__
+from controlroom.cli import app
+from controlroom.db.engine import create_store_engine
+from controlroom.db.tables import failed_error_imports
+from controlroom.demo import generate_demo_messages
+from controlroom.errors import headers as h
+from controlroom.errors.model import FailedImport
+from controlroom.errors.parsing import parse_failed_message
+from controlroom.errors.reimport import ReimportOutcome, reimport_failed_import
+from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.exceptions import MessageRejected
+from controlroom.transport import Delivery, EmbeddedQueue, TransportError
+from tests.factories import at
+
+runner = CliRunner()
+CONTROLROOM_EXE = Path(sys.executable).parent / "controlroom"
+SETTINGS_ENV = (
+    "CONTROLROOM_CONFIG",
+    "CONTROLROOM_DATABASE_URL",
+    "CONTROLROOM_BROKER_URL",
+    "CONTROLROOM_ERROR_QUEUE",
+    "CONTROLROOM_HOST",
+    "CONTROLROOM_PORT",
+)
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh data dir as the only setting: the embedded default (SQLite + queue file)."""
+    for name in SETTINGS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "data"
+    monkeypatch.setenv("CONTROLROOM_DATA_DIR", str(path))
+    return path
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+async def drain(queue_file: Path, queue: str, count: int) -> list[Delivery]:
+    """The first ``count`` messages of ``queue`` in the embedded queue file, left queued."""
+    deliveries: list[Delivery] = []
+    async with EmbeddedQueue(queue_file) as transport, asyncio.timeout(30):
+        stream = transport.consume(queue, prefetch=count)
+        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+            async for delivery in stream:
+                deliveries.append(delivery)
+                if len(deliveries) == count:
+                    break
+    return deliveries
+
+
+# --- version, migrate, demo ---------------------------------------------------------------
+def test_version_prints_the_package_version() -> None:
+    code, output = invoke("version")
+
+    assert code == 0
+    assert output.strip() == f"controlroom {__version__}"
+
+
+def test_migrate_creates_the_schema_in_a_fresh_data_dir(data_dir: Path) -> None:
+    code, output = invoke("migrate")
+
+    assert code == 0, output
+    assert "up to date" in output
+    engine = create_store_engine(f"sqlite:///{data_dir / 'controlroom.db'}")
+    try:
+        tables = set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    assert {"failed_messages", "failed_message_groups", "failed_error_imports"} <= tables
+    assert invoke("migrate")[0] == 0  # idempotent
+
+
+def test_migrate_reports_an_unreachable_database_in_one_line(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", "postgresql+psycopg://nobody@127.0.0.1:1/x")
+
+    code, output = invoke("migrate")
+
+    assert code == 1
+    assert "error:" in output and "Traceback" not in output
+
+
+def test_demo_publishes_to_the_embedded_error_queue(data_dir: Path) -> None:
+    code, output = invoke("demo", "--count", "20", "--seed", "3")
+
+    assert code == 0, output
+    assert "Published 20 failed messages (seed 3)" in output
+    queued = asyncio.run(drain(data_dir / "queue.db", "error", 20))
+    expected = generate_demo_messages(20, seed=3, now=datetime.now(UTC))
+    assert [d.body for d in queued] == [m.body for m in expected]
+    assert [d.headers[h.MESSAGE_ID] for d in queued] == [m.headers[h.MESSAGE_ID] for m in expected]
+
+
+def test_demo_reads_settings_from_a_toml_file(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "controlroom.toml"
+    config.write_text('error_queue = "from-toml"\n')
+    # load_settings records the file in CONTROLROOM_CONFIG; let monkeypatch undo that.
+    monkeypatch.setenv("CONTROLROOM_CONFIG", str(config))
+
+    code, output = invoke("demo", "--count", "12", "--seed", "1", "--config", str(config))
+
+    assert code == 0, output
+    assert len(asyncio.run(drain(data_dir / "queue.db", "from-toml", 12))) == 12
+
+
+def test_demo_refuses_a_count_below_the_showcase(data_dir: Path) -> None:
+    code, output = invoke("demo", "--count", "3")
+
+    assert code == 2
+    assert "--count" in output
+
+
+# --- import-failed ------------------------------------------------------------------------
+def failed_import(n: int) -> FailedImport:
+    headers = {h.MESSAGE_ID: f"broken-{n}", h.TIME_OF_FAILURE: "2026-01-01 00:00:00:000000 Z"}
+    return FailedImport(
+        id=str(uuid.UUID(int=1000 + n)),
+        queue="error",
+        headers_json=json.dumps(headers, sort_keys=True),
+        body=b"\x00body " + str(n).encode(),
+        reason=f"header {h.FAILED_Q} is missing or empty",
+        failed_at=at(n),
+    )
+
+
+def stored_import_ids(engine: sa.Engine) -> list[str]:
+    with engine.connect() as conn:
+        return sorted(conn.scalars(sa.select(failed_error_imports.c.id)))
+
+
+@pytest.fixture
+def store_env(data_dir: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The embedded queue with the store on each provider."""
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", database_url)
+    return data_dir
+
+
+def test_import_failed_republishes_every_import_and_deletes_its_row(
+    store_env: Path, engine: sa.Engine
+) -> None:
+    imports = [failed_import(n) for n in range(3)]
+    FailedMessageBatchWriter(engine).write(IngestionBatch(failed_imports=imports))
+
+    code, output = invoke("import-failed")
+
+    assert code == 0, output
+    assert "Re-published 3 of 3" in output
+    assert stored_import_ids(engine) == []
+    queued = asyncio.run(drain(store_env / "queue.db", "error", 3))
+    assert [(d.headers, d.body) for d in queued] == [
+        (json.loads(item.headers_json), item.body) for item in imports
+    ]
+
+
+def test_import_failed_with_an_id_republishes_only_that_one(
+    store_env: Path, engine: sa.Engine
+) -> None:
+    imports = [failed_import(n) for n in range(2)]
+    FailedMessageBatchWriter(engine).write(IngestionBatch(failed_imports=imports))
+
+    code, output = invoke("import-failed", "--id", imports[1].id)
+
+    assert code == 0, output
+    assert stored_import_ids(engine) == [imports[0].id]
+    [queued] = asyncio.run(drain(store_env / "queue.db", "error", 1))
+    assert queued.body == imports[1].body
+
+
+def test_import_failed_with_an_unknown_id_exits_1(store_env: Path, engine: sa.Engine) -> None:
+    code, output = invoke("import-failed", "--id", "no-such-import")
+
+    assert code == 1
+    assert "no failed import with id no-such-import" in output
+
+
+def test_import_failed_with_nothing_to_do_says_so(store_env: Path, engine: sa.Engine) -> None:
+    code, output = invoke("import-failed")
+
+    assert code == 0
+    assert "No failed imports." in output
+
+
+def test_import_failed_keeps_an_import_whose_headers_cannot_be_queued(
+    store_env: Path, engine: sa.Engine
+) -> None:
+    unreadable = FailedImport(
+        id=str(uuid.UUID(int=7)),
+        queue="error",
+        headers_json="[1, 2]",
+        body=b"x",
+        reason="unparseable headers",
+        failed_at=at(0),
+    )
+    FailedMessageBatchWriter(engine).write(IngestionBatch(failed_imports=[unreadable]))
+
+    code, output = invoke("import-failed")
+
+    assert code == 1
+    assert "kept" in output
+    assert stored_import_ids(engine) == [unreadable.id]
+
+
+def test_reimport_keeps_the_row_when_the_publish_fails(engine: sa.Engine, tmp_path: Path) -> None:
+    item = failed_import(1)
+    FailedMessageBatchWriter(engine).write(IngestionBatch(failed_imports=[item]))
+
+    async def reimport_into_closed_queue() -> None:
+        transport = EmbeddedQueue(tmp_path / "queue.db")
+        await transport.start()
+        await transport.close()
+        await reimport_failed_import(engine, transport, item.id, error_queue="error")
+
+    with pytest.raises(TransportError):
+        asyncio.run(reimport_into_closed_queue())
+    assert stored_import_ids(engine) == [item.id]
+
+
+def test_reimport_of_a_row_already_gone_says_so(engine: sa.Engine, tmp_path: Path) -> None:
+    async def reimport_missing() -> ReimportOutcome:
+        async with EmbeddedQueue(tmp_path / "queue.db") as transport:
+            return await reimport_failed_import(
+                engine, transport, str(uuid.uuid4()), error_queue="error"
+            )
+
+    assert asyncio.run(reimport_missing()) is ReimportOutcome.GONE
+
+
+# --- serve --------------------------------------------------------------------------------
+def test_serve_on_a_taken_port_exits_1_naming_it(data_dir: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code, output = invoke("serve", "--port", str(port))
+
+    assert code == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in output
+
+
+def free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return int(probe.getsockname()[1])
+
+
+def expected_rows(seed: int, count: int) -> set[str]:
+    """UniqueMessageIds the demo's messages fold into (they do not depend on the time)."""
+    ids = set()
+    for message in generate_demo_messages(count, seed=seed, now=datetime.now(UTC)):
+        with contextlib.suppress(MessageRejected):
+            ids.add(
+                parse_failed_message(
+                    message.headers, message.body, max_body_size_to_store=102_400
+                ).unique_message_id
+            )
+    return ids
+
+
+@contextlib.contextmanager
+def serving(port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``controlroom serve`` in a child process (env as set), stopped with SIGTERM."""
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [str(CONTROLROOM_EXE), "serve", "--port", str(port)],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
+        )
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=10)
+
+
+def wait_for_rows(base: str, count: int, process: subprocess.Popen[bytes]) -> list[dict]:
+    """Poll ``/api/errors`` until it lists ``count`` failed messages (60 s at most)."""
+    deadline = time.monotonic() + 60
+    total = None
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "controlroom serve exited early"
+        with contextlib.suppress(httpx.TransportError):
+            response = httpx.get(f"{base}/api/errors", params={"per_page": 500}, timeout=5)
+            total = response.headers.get("Total-Count")
+            if response.status_code == 200 and total == str(count):
+                return list(response.json())
+        time.sleep(0.25)
+    raise AssertionError(f"/api/errors listed {total} failed messages, not {count}, after 60 s")
+
+
+@pytest.fixture(params=["embedded", "servers"])
+def serve_env(
+    request: pytest.FixtureRequest, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[sa.Engine]:
+    """The embedded default, or PostgreSQL + RabbitMQ; yields the store's engine."""
+    url = f"sqlite:///{data_dir / 'controlroom.db'}"
+    if request.param == "servers":
+        url = request.getfixturevalue("postgresql_url")
+        monkeypatch.setenv("CONTROLROOM_DATABASE_URL", url)
+        monkeypatch.setenv("CONTROLROOM_BROKER_URL", request.getfixturevalue("rabbitmq_url"))
+        monkeypatch.setenv("CONTROLROOM_ERROR_QUEUE", f"error-{uuid.uuid4().hex[:8]}")
+    engine = create_store_engine(url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.timeout(180)
+def test_demo_then_serve_lists_what_was_sent(serve_env: sa.Engine, tmp_path: Path) -> None:
+    code, output = invoke("demo", "--count", "20", "--seed", "3")
+    assert code == 0, output
+    rows = expected_rows(seed=3, count=20)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+
+    with serving(port, tmp_path / "serve.log") as process:
+        items = wait_for_rows(base, len(rows), process)
+        health = httpx.get(f"{base}/api/health", timeout=10)
+        binary = next(i for i in items if i["message_type"].endswith("ArchiveInvoice"))
+        body = httpx.get(f"{base}/api/messages/{binary['id']}/body", timeout=10)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0, (tmp_path / "serve.log").read_text()
+
+    assert {item["id"] for item in items} == rows
+    assert max(item["number_of_processing_attempts"] for item in items) >= 3
+    assert health.status_code == 200
+    assert health.json() == {"database": "ok", "broker": "ok"}
+    demo_binary = next(
+        m.body
+        for m in generate_demo_messages(20, seed=3, now=datetime.now(UTC))
+        if m.headers[h.CONTENT_TYPE] == "application/octet-stream"
+    )
+    assert body.content == demo_binary
+    with serve_env.connect() as conn:
+        reasons = list(conn.scalars(sa.select(failed_error_imports.c.reason)))
+    assert reasons == [f"header {h.FAILED_Q} is missing or empty"]
