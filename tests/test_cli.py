@@ -119,13 +119,9 @@ def test_demo_publishes_to_the_embedded_error_queue(data_dir: Path) -> None:
     assert [d.headers[h.MESSAGE_ID] for d in queued] == [m.headers[h.MESSAGE_ID] for m in expected]
 
 
-def test_demo_reads_settings_from_a_toml_file(
-    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_demo_reads_settings_from_a_toml_file(data_dir: Path, tmp_path: Path) -> None:
     config = tmp_path / "controlroom.toml"
     config.write_text('error_queue = "from-toml"\n')
-    # load_settings records the file in CONTROLROOM_CONFIG; let monkeypatch undo that.
-    monkeypatch.setenv("CONTROLROOM_CONFIG", str(config))
 
     code, output = invoke("demo", "--count", "12", "--seed", "1", "--config", str(config))
 

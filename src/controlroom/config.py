@@ -110,7 +110,9 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        toml_file = os.environ.get("CONTROLROOM_CONFIG")
+        toml_file = settings_cls.model_config.get("toml_file") or os.environ.get(
+            "CONTROLROOM_CONFIG"
+        )
         if toml_file:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
         return tuple(sources)
@@ -138,6 +140,11 @@ def load_settings(config_file: Path | None = None, **overrides: object) -> Setti
 
     Raises ``pydantic.ValidationError`` naming the offending setting.
     """
-    if config_file is not None:
-        os.environ["CONTROLROOM_CONFIG"] = str(config_file)
-    return Settings(**overrides)
+    if config_file is None:
+        return Settings(**overrides)
+
+    class FileSettings(Settings):
+        # A subclass per file keeps the choice local: no process-wide state changes.
+        model_config = SettingsConfigDict(**{**Settings.model_config, "toml_file": config_file})
+
+    return FileSettings(**overrides)
