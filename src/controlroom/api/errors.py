@@ -1,25 +1,36 @@
 """The failed-message read API, in ServiceControl's shapes.
 
-``GET /api/errors`` (paged), ``GET /api/errors/{id}`` and ``GET /api/messages/{id}/body``.
-JSON is snake_case; times are ISO 8601 UTC with six fraction digits and ``Z``; statuses
-are ServiceControl's camelCase names. Paging follows ServiceControl: ``page`` (from 1;
-below 1 reads as 1) and ``per_page`` (default 50; below 1 reads as 50, above 500 as
-500), the total in the ``Total-Count`` header and ``first``/``prev``/``next``/``last``
-links in ``Link`` (relative to ``/api/``, as ServiceControl writes them).
+Routes (each also answers with a trailing slash, as ServiceControl's clients sometimes
+send it): ``GET|HEAD /api/errors``, ``GET /api/endpoints/{endpointname}/errors``,
+``GET /api/errors/summary``, ``GET /api/errors/queues/addresses``,
+``GET /api/errors/last/{id}``, ``GET /api/errors/{id}`` and ``GET /api/messages/{id}/body``.
+
+JSON is snake_case with null values left out (as ServiceControl writes it); times are ISO
+8601 UTC with six fraction digits and ``Z``; statuses are ServiceControl's camelCase
+names. Paging follows ServiceControl: ``page`` (from 1; below 1 reads as 1) and
+``per_page`` (default 50; below 1 reads as 50, above 500 as 500), the total in the
+``Total-Count`` header, a quoted ``ETag`` that changes when the answer changes (a request
+whose ``If-None-Match`` names it gets 304), and ``first``/``prev``/``next``/``last`` links
+in ``Link`` (relative to ``/api/``, as ServiceControl writes them). Bad input is a 422
+naming the parameter, in FastAPI's ``{"detail": [{"loc": [...], "msg": ...}]}`` shape.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Annotated, Literal
-from urllib.parse import urlencode
+from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import quote, urlencode
 
 import sqlalchemy as sa
-from fastapi import APIRouter, HTTPException, Path, Request, Response
-from pydantic import BaseModel, PlainSerializer
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, PlainSerializer, TypeAdapter
 
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors import queries
@@ -28,8 +39,12 @@ from controlroom.exceptions import BodyStoreError
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
+MAX_PAGE = 10_000_000
+"""Highest ``page`` accepted: beyond any real store, and it keeps the row offset in range."""
 
 router = APIRouter(tags=["errors"])
+
+Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
 
 
 def format_utc(instant: datetime) -> str:
@@ -47,42 +62,63 @@ STATUS_NAMES: dict[FailedMessageStatus, StatusName] = {
     FailedMessageStatus.RETRY_ISSUED: "retryIssued",
     FailedMessageStatus.ARCHIVED: "archived",
 }
+# The ``status`` filter reads names case-insensitively (``retryissued`` or ``retryIssued``).
+_STATUS_BY_NAME = {name.lower(): status for status, name in STATUS_NAMES.items()}
 
 FailedMessageId = Annotated[
     uuid.UUID, Path(alias="id", description="The failed message's id (UniqueMessageId).")
 ]
 
+RANGE_SEPARATOR = "..."
+
 
 # --- response models ----------------------------------------------------------------------
 class EndpointDetails(BaseModel):
+    """An endpoint instance: its name, and its host when known."""
+
     name: str
-    host_id: str | None
-    host: str | None
+    host_id: str | None = None
+    host: str | None = None
 
 
 class ExceptionDetails(BaseModel):
-    exception_type: str | None
-    message: str | None
-    source: str | None
-    stack_trace: str | None
+    """The exception of the stored (newest) attempt, as its headers tell it."""
+
+    exception_type: str | None = None
+    message: str | None = None
+    source: str | None = None
+    stack_trace: str | None = None
 
 
 class FailedMessageListItem(BaseModel):
-    """One failed message in a list (ServiceControl's ``FailedMessageView``)."""
+    """One failed message in a list (ServiceControl's ``FailedMessageView``).
+
+    ``time_of_failure`` is the stored (newest) attempt's; ``last_modified`` is when the row
+    last changed (a new attempt, a status change). Null fields are left out.
+    """
 
     id: str
     message_id: str
-    message_type: str | None
-    time_sent: UtcTimestamp | None
+    message_type: str | None = None
+    time_sent: UtcTimestamp | None = None
     is_system_message: bool
     exception: ExceptionDetails
     number_of_processing_attempts: int
     status: StatusName
-    sending_endpoint: EndpointDetails | None
+    sending_endpoint: EndpointDetails | None = None
     receiving_endpoint: EndpointDetails
     queue_address: str
     time_of_failure: UtcTimestamp
     last_modified: UtcTimestamp
+
+
+class FailedMessageLastView(FailedMessageListItem):
+    """``errors/last/{id}``: the list shape, plus whether the stored attempt is an edited
+    copy of another failed message and which one (``edit_of``, empty when not edited;
+    ServiceControl ``GetLatestFailedMessageView``)."""
+
+    edited: bool
+    edit_of: str
 
 
 class FailureGroupRef(BaseModel):
@@ -92,42 +128,421 @@ class FailureGroupRef(BaseModel):
 
 
 class FailedMessageDetail(FailedMessageListItem):
-    """One failed message in full: headers, failure window, groups, where its body is."""
+    """One failed message in full: headers, failure window, groups, where its body is.
+
+    ``body_url`` is relative to the API root (``/messages/{id}/body``), as in search
+    results; ``body_size`` is the true size in bytes.
+    """
 
     headers: dict[str, str | None]
     first_failure_at: UtcTimestamp
     last_failure_at: UtcTimestamp
     groups: list[FailureGroupRef]
     body_url: str
-    body_size: int  # bytes
+    body_size: int
     content_type: str
 
 
-# --- routes -------------------------------------------------------------------------------
-@router.get("/errors")
-def list_errors(
-    request: Request, response: Response, page: int = 1, per_page: int = DEFAULT_PAGE_SIZE
-) -> list[FailedMessageListItem]:
-    """Failed messages, newest time of failure first, one page at a time."""
-    page = max(page, 1)
+class ErrorsSummary(BaseModel):
+    """How many failed messages there are in each status (ServiceControl's status names)."""
+
+    unresolved: int
+    resolved: int
+    retryIssued: int  # the status's name, as list items and the status filter spell it
+    archived: int
+
+
+class QueueAddress(BaseModel):
+    """A queue failed messages came from (``NServiceBus.FailedQ``) and how many did
+    (ServiceControl's ``QueueAddress``)."""
+
+    physical_address: str
+    failed_message_count: int
+
+
+# --- parameters ---------------------------------------------------------------------------
+def invalid_parameter(location: str, name: str, value: object, message: str) -> Exception:
+    """A 422 naming the parameter, in the shape of FastAPI's own validation errors."""
+    return RequestValidationError(
+        [{"type": "value_error", "loc": (location, name), "msg": message, "input": value}]
+    )
+
+
+def parse_status_filter(
+    text: str,
+) -> tuple[frozenset[FailedMessageStatus], frozenset[FailedMessageStatus]]:
+    """``"unresolved,-archived"`` -> (statuses to include, statuses to exclude).
+
+    Comma-separated names, case-insensitive, spaces ignored; a ``-`` prefix excludes.
+    Source: ServiceControl ``FilterByStatusWhere``. Raises ``ValueError`` naming an
+    unknown status.
+    """
+    include: set[FailedMessageStatus] = set()
+    exclude: set[FailedMessageStatus] = set()
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        excluded = part.startswith("-")
+        name = part[1:] if excluded else part
+        status = _STATUS_BY_NAME.get(name.lower())
+        if status is None:
+            known = ", ".join(STATUS_NAMES.values())
+            raise ValueError(f"unknown status {name[:50]!r}; use {known}, each maybe with '-'")
+        (exclude if excluded else include).add(status)
+    return frozenset(include), frozenset(exclude)
+
+
+def parse_modified_range(text: str) -> tuple[datetime | None, datetime | None]:
+    """``"<ISO from>...<ISO to>"`` -> (from, to), both inclusive, timezone-aware UTC.
+
+    A time without an offset is UTC. One side may be empty (no bound there), not both.
+    Source: ServiceControl ``FilterByLastModifiedRange``. Raises ``ValueError`` for a
+    missing ``...``, an unreadable time, two empty sides, or ``from`` after ``to``.
+    """
+    start_text, separator, end_text = text.partition(RANGE_SEPARATOR)
+    if not separator:
+        raise ValueError(
+            "expected '<from>...<to>' with ISO 8601 times, "
+            "e.g. 2026-01-01T00:00:00Z...2026-01-31T23:59:59Z"
+        )
+    start = _parse_instant(start_text, "from")
+    end = _parse_instant(end_text, "to")
+    if start is None and end is None:
+        raise ValueError("the range needs a 'from' or a 'to' time")
+    if start is not None and end is not None and start > end:
+        raise ValueError("'from' is after 'to'")
+    return start, end
+
+
+def _parse_instant(text: str, side: str) -> datetime | None:
+    text = text.strip()
+    if not text:
+        return None
+    # An unencoded "+" of an offset arrives as a space: read it back as "+".
+    candidates = [text] if " " not in text else [text, "+".join(text.rsplit(" ", 1))]
+    for candidate in candidates:
+        try:
+            instant = datetime.fromisoformat(candidate)
+            if instant.tzinfo is None:
+                instant = instant.replace(tzinfo=UTC)
+            return instant.astimezone(UTC)
+        except (ValueError, OverflowError):  # OverflowError: an offset past year 1 or 9999
+            continue
+    raise ValueError(f"the {side!r} time {text[:50]!r} is not an ISO 8601 time")
+
+
+def _no_nul(location: str, name: str, value: str | None) -> str | None:
+    # Stored text never holds NUL (PostgreSQL cannot), so such a value is a client error.
+    if value is not None and "\x00" in value:
+        raise invalid_parameter(location, name, value, "must not contain the NUL character")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Paging:
+    """A page as the request asked for it, after ServiceControl's corrections."""
+
+    page: int  # from 1
+    per_page: int
+
+    @property
+    def offset(self) -> int:
+        return (self.page - 1) * self.per_page
+
+
+def paging(
+    page: Annotated[
+        int,
+        Query(le=MAX_PAGE, description="Page number, from 1; a value below 1 reads as 1."),
+    ] = 1,
+    per_page: Annotated[
+        int,
+        Query(
+            description=f"Items per page: default {DEFAULT_PAGE_SIZE}; below 1 reads as "
+            f"{DEFAULT_PAGE_SIZE}, above {MAX_PAGE_SIZE} as {MAX_PAGE_SIZE}."
+        ),
+    ] = DEFAULT_PAGE_SIZE,
+) -> Paging:
+    """The ``page`` and ``per_page`` query parameters (a FastAPI dependency)."""
     per_page = min(per_page, MAX_PAGE_SIZE) if per_page >= 1 else DEFAULT_PAGE_SIZE
-    with _engine(request).connect() as conn:
-        result = queries.list_failed_messages(conn, offset=(page - 1) * per_page, limit=per_page)
-    response.headers["Total-Count"] = str(result.total)
-    links = paging_links("errors", dict(request.query_params), page, per_page, result.total)
+    return Paging(page=max(page, 1), per_page=per_page)
+
+
+Direction = Literal["asc", "desc"]
+
+
+def ordering(
+    sort: Annotated[
+        queries.SortKey,
+        Query(description="Sort key; ties are broken by id in the same direction."),
+    ] = queries.DEFAULT_SORT,
+    direction: Annotated[Direction, Query(description="Sort direction.")] = "desc",
+) -> queries.Ordering:
+    """The ``sort`` and ``direction`` query parameters (a FastAPI dependency)."""
+    return queries.Ordering(key=sort, descending=direction == "desc")
+
+
+def message_filter(
+    status: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description="Comma-separated statuses to include (unresolved, resolved, "
+            "retryIssued, archived; any case); a '-' prefix excludes one, e.g. '-archived'.",
+        ),
+    ] = None,
+    modified: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description="Last-modified range '<ISO from>...<ISO to>', both bounds inclusive; "
+            "a time without an offset is UTC; one side may be empty.",
+            examples=["2026-01-01T00:00:00Z...2026-01-31T23:59:59Z"],
+        ),
+    ] = None,
+    queueaddress: Annotated[
+        str | None,
+        Query(max_length=400, description="Only failures from this queue (exact match)."),
+    ] = None,
+) -> queries.FailedMessageFilter:
+    """The ``status``, ``modified`` and ``queueaddress`` query parameters (a dependency).
+
+    Raises a 422 naming ``status`` or ``modified`` when it cannot be read.
+    """
+    where = queries.FailedMessageFilter(
+        queue_address=_no_nul("query", "queueaddress", queueaddress)
+    )
+    if status is not None:
+        try:
+            included, excluded = parse_status_filter(status)
+        except ValueError as exc:
+            raise invalid_parameter("query", "status", status, str(exc)) from None
+        where = replace(where, statuses=included, excluded_statuses=excluded)
+    if modified is not None:
+        try:
+            start, end = parse_modified_range(modified)
+        except ValueError as exc:
+            raise invalid_parameter("query", "modified", modified, str(exc)) from None
+        where = replace(where, modified_from=start, modified_to=end)
+    return where
+
+
+PagingParams = Annotated[Paging, Depends(paging)]
+OrderingParams = Annotated[queries.Ordering, Depends(ordering)]
+FilterParams = Annotated[queries.FailedMessageFilter, Depends(message_filter)]
+
+LIST_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "headers": {
+            "Total-Count": {"description": "Items over all pages.", "schema": {"type": "integer"}},
+            "ETag": {
+                "description": "Quoted; changes when the answer changes.",
+                "schema": {"type": "string"},
+            },
+            "Link": {
+                "description": 'Paging links, e.g. <errors?per_page=50&page=2>; rel="next"; '
+                "only when there is more than one page.",
+                "schema": {"type": "string"},
+            },
+        }
+    },
+    304: {"description": "Unchanged: If-None-Match named the current ETag."},
+}
+
+
+# --- rendering ----------------------------------------------------------------------------
+def json_response(content: Any, adapter: TypeAdapter[Any] | None = None) -> Response:
+    """``content`` (a model, or what ``adapter`` serializes) as JSON without null fields."""
+    if adapter is None:
+        adapter = TypeAdapter(type(content))
+    return Response(adapter.dump_json(content, exclude_none=True), media_type="application/json")
+
+
+def paged_response(
+    request: Request,
+    items: Sequence[BaseModel],
+    adapter: TypeAdapter[Any],
+    page: Paging,
+    total: int,
+) -> Response:
+    """One page as JSON with ``Total-Count``, ``ETag`` and (when there is more than one
+    page) ``Link``; 304 without a body when ``If-None-Match`` names the ETag. A ``HEAD``
+    request gets the headers alone."""
+    body = adapter.dump_json(list(items), exclude_none=True)
+    etag = _etag(body, total)
+    headers = {"Total-Count": str(total), "ETag": etag}
+    links = paging_links(
+        api_relative_path(request), dict(request.query_params), page.page, page.per_page, total
+    )
     if links:
-        response.headers["Link"] = links
-    return [list_item(summary) for summary in result.items]
+        headers["Link"] = links
+    if _etag_matches(request.headers.get("if-none-match"), etag):
+        return Response(status_code=304, headers=headers)
+    if request.method == "HEAD":
+        return Response(headers=headers, media_type="application/json")
+    return Response(body, headers=headers, media_type="application/json")
 
 
-@router.get("/errors/{id}", responses={404: {"description": "No failed message has this id."}})
-def get_error(request: Request, failed_message_id: FailedMessageId) -> FailedMessageDetail:
+def _etag(body: bytes, total: int) -> str:
+    # The page and the total are the whole answer (Link follows from the total).
+    digest = hashlib.sha256(body)
+    digest.update(b"\x00%d" % total)
+    return f'"{digest.hexdigest()[:32]}"'
+
+
+def _etag_matches(if_none_match: str | None, etag: str) -> bool:
+    if if_none_match is None:
+        return False
+    presented = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
+    return etag in presented or "*" in presented
+
+
+def api_relative_path(request: Request) -> str:
+    """The request's path relative to ``/api/``, URL-encoded (``endpoints/Sales/errors``)."""
+    path: str = request.scope["path"]
+    root = request.scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return quote(path.removeprefix("/api/"), safe="/")
+
+
+def paging_links(path: str, query: dict[str, str], page: int, per_page: int, total: int) -> str:
+    """ServiceControl's ``Link`` header value: ``<path?...&page=N>; rel="..."`` for
+    ``first``, ``prev``, ``last`` and ``next`` as they apply; empty when everything fits
+    on one page or ``page`` is past the last one. ``query`` keeps the request's other
+    parameters; ``path`` is relative to ``/api/``, as ServiceControl writes it."""
+    last = math.ceil(total / per_page)
+    if last <= 1 or page > last:
+        return ""
+    others = {name: value for name, value in query.items() if name != "page"}
+    others["per_page"] = str(per_page)
+    wanted = []
+    if page != 1:
+        wanted += [(1, "first"), (page - 1, "prev")]
+    if page != last:
+        wanted += [(last, "last"), (page + 1, "next")]
+    return ", ".join(
+        f'<{path}?{urlencode({**others, "page": number})}>; rel="{rel}"' for number, rel in wanted
+    )
+
+
+# --- routes -------------------------------------------------------------------------------
+def _route(path: str, *, methods: Sequence[str] = ("GET",), **options: Any) -> Callable[..., Any]:
+    """Register ``path``, and ``path + "/"`` out of the schema (clients send both)."""
+
+    def register(endpoint: Endpoint) -> Endpoint:
+        router.add_api_route(path, endpoint, methods=list(methods), **options)
+        router.add_api_route(
+            path + "/", endpoint, methods=list(methods), include_in_schema=False, **options
+        )
+        return endpoint
+
+    return register
+
+
+_LIST_ADAPTER = TypeAdapter(list[FailedMessageListItem])
+_NOT_FOUND = {404: {"description": "No failed message has this id."}}
+
+
+def _list_page(
+    request: Request, page: Paging, order: queries.Ordering, where: queries.FailedMessageFilter
+) -> Response:
+    with _engine(request).connect() as conn:
+        result = queries.list_failed_messages(
+            conn, offset=page.offset, limit=page.per_page, where=where, order=order
+        )
+    items = [list_item(summary) for summary in result.items]
+    return paged_response(request, items, _LIST_ADAPTER, page, result.total)
+
+
+@_route("/errors", response_model=list[FailedMessageListItem], responses=LIST_RESPONSES)
+def list_errors(
+    request: Request, page: PagingParams, order: OrderingParams, where: FilterParams
+) -> Response:
+    """Failed messages, filtered and sorted, one page at a time (default: newest
+    ``time_sent`` first)."""
+    return _list_page(request, page, order, where)
+
+
+@_route("/errors", methods=("HEAD",), responses=LIST_RESPONSES)
+def head_errors(
+    request: Request, page: PagingParams, order: OrderingParams, where: FilterParams
+) -> Response:
+    """The headers ``GET /api/errors`` would answer (``Total-Count``, ``ETag``, ``Link``)."""
+    return _list_page(request, page, order, where)
+
+
+@_route(
+    "/endpoints/{endpointname}/errors",
+    response_model=list[FailedMessageListItem],
+    responses=LIST_RESPONSES,
+)
+def list_endpoint_errors(
+    request: Request,
+    endpointname: Annotated[
+        str, Path(max_length=400, description="The receiving endpoint's name (exact).")
+    ],
+    page: PagingParams,
+    order: OrderingParams,
+    where: FilterParams,
+) -> Response:
+    """Failed messages of one receiving endpoint, paged, filtered and sorted like
+    ``/api/errors``."""
+    endpoint = _no_nul("path", "endpointname", endpointname)
+    return _list_page(request, page, order, replace(where, receiving_endpoint=endpoint))
+
+
+@_route("/errors/summary", response_model=ErrorsSummary)
+def errors_summary(request: Request) -> Response:
+    """How many failed messages there are in each status."""
+    with _engine(request).connect() as conn:
+        counts = queries.count_by_status(conn)
+    return json_response(
+        ErrorsSummary.model_validate(
+            {STATUS_NAMES[status]: count for status, count in counts.items()}
+        )
+    )
+
+
+_ADDRESS_ADAPTER = TypeAdapter(list[QueueAddress])
+
+
+@_route("/errors/queues/addresses", response_model=list[QueueAddress], responses=LIST_RESPONSES)
+def queue_addresses(request: Request, page: PagingParams) -> Response:
+    """The queues failed messages came from, by address, each with its number of failed
+    messages (any status), paged."""
+    with _engine(request).connect() as conn:
+        result = queries.list_queue_addresses(conn, offset=page.offset, limit=page.per_page)
+    items = [
+        QueueAddress(physical_address=item.address, failed_message_count=item.failed_message_count)
+        for item in result.items
+    ]
+    return paged_response(request, items, _ADDRESS_ADAPTER, page, result.total)
+
+
+@_route("/errors/last/{id}", response_model=FailedMessageLastView, responses=_NOT_FOUND)
+def get_last_error(request: Request, failed_message_id: FailedMessageId) -> Response:
+    """A failed message in the list shape, plus ``edited`` and ``edit_of``. 404 when
+    unknown, 422 when ``id`` is not a UUID."""
+    with _engine(request).connect() as conn:
+        last = queries.get_last_failed_message(conn, str(failed_message_id))
+    if last is None:
+        raise HTTPException(404, f"no failed message with id {failed_message_id}")
+    view = FailedMessageLastView(
+        **_list_fields(last.summary), edited=last.edit_of is not None, edit_of=last.edit_of or ""
+    )
+    return json_response(view)
+
+
+# Registered after every other /errors/<word> route: this one would take the word as an id.
+@_route("/errors/{id}", response_model=FailedMessageDetail, responses=_NOT_FOUND)
+def get_error(request: Request, failed_message_id: FailedMessageId) -> Response:
     """One failed message in full. 404 when unknown, 422 when ``id`` is not a UUID."""
     with _engine(request).connect() as conn:
         details = queries.get_failed_message(conn, str(failed_message_id))
     if details is None:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
-    return detail(details)
+    return json_response(detail(details))
 
 
 @router.get(
@@ -136,6 +551,7 @@ def get_error(request: Request, failed_message_id: FailedMessageId) -> FailedMes
     responses={
         200: {"content": {"application/octet-stream": {}}, "description": "The exact body."},
         404: {"description": "No such failed message, or its body is missing."},
+        503: {"description": "The body store cannot be read."},
     },
 )
 def get_body(request: Request, failed_message_id: FailedMessageId) -> Response:
@@ -172,6 +588,12 @@ def _body_bytes(store: BodyStore, stored: queries.StoredBody, message_id: uuid.U
 
 
 # --- mapping ------------------------------------------------------------------------------
+def body_url(failed_message_id: str) -> str:
+    """Where a failed message's body is served, relative to the API root (ServiceControl
+    writes ``body_url`` so: ``/messages/{id}/body``)."""
+    return f"/messages/{failed_message_id}/body"
+
+
 def list_item(summary: queries.FailedMessageSummary) -> FailedMessageListItem:
     """The list shape of a stored failed message."""
     return FailedMessageListItem(**_list_fields(summary))
@@ -189,20 +611,31 @@ def detail(details: queries.FailedMessageDetails) -> FailedMessageDetail:
             FailureGroupRef(id=group.id, title=group.title, type=group.classifier)
             for group in details.groups
         ],
-        body_url=f"/api/messages/{summary.id}/body",
+        body_url=body_url(summary.id),
         body_size=details.body_size,
         content_type=details.content_type,
     )
 
 
+def sending_endpoint(summary: queries.FailedMessageSummary) -> EndpointDetails | None:
+    """The sending endpoint of the stored attempt, ``None`` when the headers name none."""
+    if summary.sending_endpoint is None:
+        return None
+    return EndpointDetails(
+        name=summary.sending_endpoint, host_id=summary.sending_host_id, host=summary.sending_host
+    )
+
+
+def receiving_endpoint(summary: queries.FailedMessageSummary) -> EndpointDetails:
+    """The endpoint instance the stored attempt failed in."""
+    return EndpointDetails(
+        name=summary.receiving_endpoint,
+        host_id=summary.receiving_host_id,
+        host=summary.receiving_host,
+    )
+
+
 def _list_fields(summary: queries.FailedMessageSummary) -> dict[str, object]:
-    sending = None
-    if summary.sending_endpoint is not None:
-        sending = EndpointDetails(
-            name=summary.sending_endpoint,
-            host_id=summary.sending_host_id,
-            host=summary.sending_host,
-        )
     return {
         "id": summary.id,
         "message_id": summary.message_id,
@@ -217,36 +650,12 @@ def _list_fields(summary: queries.FailedMessageSummary) -> dict[str, object]:
         ),
         "number_of_processing_attempts": summary.number_of_processing_attempts,
         "status": STATUS_NAMES[summary.status],
-        "sending_endpoint": sending,
-        "receiving_endpoint": EndpointDetails(
-            name=summary.receiving_endpoint,
-            host_id=summary.receiving_host_id,
-            host=summary.receiving_host,
-        ),
+        "sending_endpoint": sending_endpoint(summary),
+        "receiving_endpoint": receiving_endpoint(summary),
         "queue_address": summary.queue_address,
         "time_of_failure": summary.last_failure_at,
         "last_modified": summary.last_modified,
     }
-
-
-def paging_links(path: str, query: dict[str, str], page: int, per_page: int, total: int) -> str:
-    """ServiceControl's ``Link`` header value: ``<path?...&page=N>; rel="..."`` for
-    ``first``, ``prev``, ``last`` and ``next`` as they apply; empty when everything fits
-    on one page or ``page`` is past the last one. ``query`` keeps the request's other
-    parameters; ``path`` is relative to ``/api/``, as ServiceControl writes it."""
-    last = math.ceil(total / per_page)
-    if last <= 1 or page > last:
-        return ""
-    others = {name: value for name, value in query.items() if name != "page"}
-    others["per_page"] = str(per_page)
-    wanted = []
-    if page != 1:
-        wanted += [(1, "first"), (page - 1, "prev")]
-    if page != last:
-        wanted += [(last, "last"), (page + 1, "next")]
-    return ", ".join(
-        f'<{path}?{urlencode({**others, "page": number})}>; rel="{rel}"' for number, rel in wanted
-    )
 
 
 def _engine(request: Request) -> sa.Engine:

@@ -3,20 +3,78 @@
 SQLAlchemy Core only, every value a bound parameter. Every function takes an open
 ``Connection`` so a caller can read a page and its total in one transaction. Times are
 timezone-aware UTC; sizes are bytes.
+
+Lists are filtered by a ``FailedMessageFilter`` and ordered by an ``Ordering``: one of
+ServiceControl's sort keys, then the id in the same direction, so equal keys never make
+pages overlap or skip rows. An empty value (no ``message_type``, no ``time_sent``) sorts
+as the smallest: first ascending, last descending, on every provider.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import uuid
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
 
 from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
 from controlroom.errors.model import FailureGroup
+from controlroom.errors.search import search_clause
 
 fm = failed_messages.c
+
+EDIT_OF_HEADER = "ServiceControl.EditOf"
+"""Header naming the failed message an edited-and-retried message was made from."""
+
+SortKey = Literal[
+    "id", "message_id", "message_type", "status", "time_sent", "modified", "time_of_failure"
+]
+SORT_KEYS: tuple[SortKey, ...] = get_args(SortKey)
+DEFAULT_SORT: SortKey = "time_sent"
+
+# ServiceControl's sort keys and the column each one orders by.
+_SORT_COLUMNS: dict[SortKey, sa.Column[Any]] = {
+    "id": fm.id,
+    "message_id": fm.message_id,
+    "message_type": fm.message_type,
+    "status": fm.status,
+    "time_sent": fm.time_sent,
+    "modified": fm.last_modified,
+    "time_of_failure": fm.last_failure_at,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Ordering:
+    """Sort by ``key`` (ServiceControl's name), newest/largest first when ``descending``."""
+
+    key: SortKey = DEFAULT_SORT
+    descending: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class FailedMessageFilter:
+    """Which failed messages a list holds; every part is optional and all parts must hold.
+
+    ``statuses``: only these (empty: any); ``excluded_statuses``: none of these;
+    ``modified_from`` / ``modified_to``: ``last_modified`` within, both bounds inclusive;
+    ``queue_address``, ``receiving_endpoint``: exact match; ``group_id``: member of that
+    failure group.
+    """
+
+    statuses: frozenset[FailedMessageStatus] = frozenset()
+    excluded_statuses: frozenset[FailedMessageStatus] = frozenset()
+    modified_from: datetime | None = None
+    modified_to: datetime | None = None
+    queue_address: str | None = None
+    receiving_endpoint: str | None = None
+    group_id: str | None = None
+
+
+EVERY_MESSAGE = FailedMessageFilter()
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +116,25 @@ class FailedMessageDetails:
 
 
 @dataclass(frozen=True, slots=True)
+class LastFailedMessage:
+    """A failed message as ``errors/last/{id}`` shows it: the summary and, when the stored
+    attempt is an edited copy of another failed message, that message's id."""
+
+    summary: FailedMessageSummary
+    edit_of: str | None  # value of ServiceControl.EditOf, None when not an edited copy
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """A failed message found by full-text search, with what a message list shows."""
+
+    summary: FailedMessageSummary
+    conversation_id: str | None
+    headers_json: str  # the stored source of truth, a JSON object
+    body_size: int  # bytes
+
+
+@dataclass(frozen=True, slots=True)
 class StoredBody:
     """Where a failed message's body is: inline text, or a key in the body store.
 
@@ -78,6 +155,30 @@ class FailedMessagePage:
 
     total: int
     items: list[FailedMessageSummary]
+
+
+@dataclass(frozen=True, slots=True)
+class SearchPage:
+    """One page of search hits and the total over all pages."""
+
+    total: int
+    items: list[SearchHit]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueAddressCount:
+    """A queue failed messages came from, and how many failed messages name it."""
+
+    address: str
+    failed_message_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueAddressPage:
+    """One page of queue addresses (by address) and the number of addresses in all."""
+
+    total: int
+    items: list[QueueAddressCount] = field(default_factory=list)
 
 
 _SUMMARY_COLUMNS = (
@@ -104,24 +205,169 @@ _SUMMARY_COLUMNS = (
 )
 
 
-def list_failed_messages(conn: sa.Connection, *, offset: int, limit: int) -> FailedMessagePage:
-    """Failed messages, newest time of failure first (ties by id, so pages are stable),
-    ``limit`` rows from ``offset``, with the total count.
+# --- lists --------------------------------------------------------------------------------
+def list_failed_messages(
+    conn: sa.Connection,
+    *,
+    offset: int,
+    limit: int,
+    where: FailedMessageFilter = EVERY_MESSAGE,
+    order: Ordering = Ordering(),
+) -> FailedMessagePage:
+    """Failed messages matching ``where`` in ``order``, ``limit`` rows from ``offset``,
+    with the total count of matching rows.
 
     Raises ``ValueError`` for a negative ``offset`` or a ``limit`` below 1.
     """
-    if offset < 0 or limit < 1:
-        raise ValueError(f"offset must be >= 0 and limit >= 1, got {offset} and {limit}")
-    total = conn.execute(sa.select(sa.func.count()).select_from(failed_messages)).scalar_one()
+    _check_window(offset, limit)
+    conditions = filter_conditions(where)
+    total = count_failed_messages(conn, where)
     rows = conn.execute(
         sa.select(*_SUMMARY_COLUMNS)
-        .order_by(fm.last_failure_at.desc(), fm.id.desc())
+        .where(*conditions)
+        .order_by(*order_by(order))
         .limit(limit)
         .offset(offset)
     ).all()
     return FailedMessagePage(total=total, items=[_summary(row) for row in rows])
 
 
+def count_failed_messages(conn: sa.Connection, where: FailedMessageFilter = EVERY_MESSAGE) -> int:
+    """How many failed messages match ``where``."""
+    query = sa.select(sa.func.count()).select_from(failed_messages).where(*filter_conditions(where))
+    return int(conn.execute(query).scalar_one())
+
+
+def filter_conditions(where: FailedMessageFilter) -> list[sa.ColumnElement[bool]]:
+    """The WHERE conditions of ``where`` over ``failed_messages`` (to be ANDed)."""
+    conditions: list[sa.ColumnElement[bool]] = []
+    if where.statuses:
+        conditions.append(fm.status.in_(sorted(int(s) for s in where.statuses)))
+    if where.excluded_statuses:
+        conditions.append(fm.status.not_in(sorted(int(s) for s in where.excluded_statuses)))
+    if where.modified_from is not None:
+        conditions.append(fm.last_modified >= where.modified_from)
+    if where.modified_to is not None:
+        conditions.append(fm.last_modified <= where.modified_to)
+    if where.queue_address is not None:
+        conditions.append(fm.queue_address == where.queue_address)
+    if where.receiving_endpoint is not None:
+        conditions.append(fm.receiving_endpoint == where.receiving_endpoint)
+    if where.group_id is not None:
+        groups = failed_message_groups.c
+        conditions.append(
+            sa.exists().where(groups.failed_message_id == fm.id, groups.group_id == where.group_id)
+        )
+    return conditions
+
+
+def order_by(order: Ordering) -> list[sa.ColumnElement[Any]]:
+    """ORDER BY clauses for ``order``: the key, then the id in the same direction.
+
+    Empty values sort as the smallest on every provider (PostgreSQL would put them last
+    ascending); the PostgreSQL indexes of the sort keys are built in this order.
+    """
+    column = _SORT_COLUMNS[order.key]
+    clauses = [column]
+    if column is not fm.id:
+        clauses.append(fm.id)
+    ordered: list[sa.ColumnElement[Any]] = []
+    for clause in clauses:
+        if order.descending:
+            element = clause.desc().nulls_last() if clause.nullable else clause.desc()
+        else:
+            element = clause.asc().nulls_first() if clause.nullable else clause.asc()
+        ordered.append(element)
+    return ordered
+
+
+def count_by_status(conn: sa.Connection) -> dict[FailedMessageStatus, int]:
+    """How many failed messages there are in each status (every status present, maybe 0)."""
+    rows = conn.execute(sa.select(fm.status, sa.func.count()).group_by(fm.status)).all()
+    counts = dict.fromkeys(FailedMessageStatus, 0)
+    for status, count in rows:
+        counts[FailedMessageStatus(status)] = int(count)
+    return counts
+
+
+def list_queue_addresses(conn: sa.Connection, *, offset: int, limit: int) -> QueueAddressPage:
+    """The distinct queue addresses (``NServiceBus.FailedQ``) of failed messages, each with
+    its count of failed messages in any status, by address; ``limit`` from ``offset``.
+
+    Source: ServiceControl ``QueueAddressIndex`` (a count over every failed message).
+    Raises ``ValueError`` for a negative ``offset`` or a ``limit`` below 1.
+    """
+    _check_window(offset, limit)
+    total = conn.execute(sa.select(sa.func.count(sa.distinct(fm.queue_address)))).scalar_one()
+    rows = conn.execute(
+        sa.select(fm.queue_address, sa.func.count())
+        .group_by(fm.queue_address)
+        .order_by(fm.queue_address)
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    return QueueAddressPage(
+        total=int(total),
+        items=[QueueAddressCount(address=row[0], failed_message_count=int(row[1])) for row in rows],
+    )
+
+
+# --- full-text search ---------------------------------------------------------------------
+def search_failed_messages(
+    conn: sa.Connection,
+    text: str,
+    *,
+    offset: int,
+    limit: int,
+    order: Ordering = Ordering(),
+) -> SearchPage:
+    """Failed messages whose headers or body text contain ``text`` (the provider's
+    full-text index; see ``errors.search``), or whose message id is ``text``, or whose id
+    (UniqueMessageId) is ``text`` when it is a UUID; in ``order``, with the total.
+
+    Raises ``ValueError`` for a negative ``offset`` or a ``limit`` below 1.
+    """
+    _check_window(offset, limit)
+    condition = search_condition(conn.dialect, text)
+    total = conn.execute(
+        sa.select(sa.func.count()).select_from(failed_messages).where(condition)
+    ).scalar_one()
+    rows = conn.execute(
+        sa.select(*_SUMMARY_COLUMNS, fm.conversation_id, fm.headers_json, fm.body_size)
+        .where(condition)
+        .order_by(*order_by(order))
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    hits = [
+        SearchHit(
+            summary=_summary(row),
+            conversation_id=row.conversation_id,
+            headers_json=row.headers_json,
+            body_size=row.body_size,
+        )
+        for row in rows
+    ]
+    return SearchPage(total=int(total), items=hits)
+
+
+def search_condition(dialect: sa.Dialect, text: str) -> sa.ColumnElement[bool]:
+    """The WHERE condition of ``search_failed_messages`` on ``dialect``'s provider.
+
+    The exact-id alternatives use the primary key and the message-id index, so a message
+    is found by its id even where its headers are longer than the indexed prefix.
+    """
+    stripped = text.strip().replace("\x00", "")
+    alternatives = [search_clause(dialect)(text)]
+    if stripped:
+        alternatives.append(fm.message_id == stripped)
+        unique_id = _as_uuid(stripped)
+        if unique_id is not None:
+            alternatives.append(fm.id == unique_id)
+    return sa.or_(*alternatives)
+
+
+# --- one message --------------------------------------------------------------------------
 def get_failed_message(conn: sa.Connection, failed_message_id: str) -> FailedMessageDetails | None:
     """The failed message ``failed_message_id`` (lower-case "D" UUID), ``None`` if absent."""
     row = conn.execute(
@@ -145,6 +391,22 @@ def get_failed_message(conn: sa.Connection, failed_message_id: str) -> FailedMes
     )
 
 
+def get_last_failed_message(
+    conn: sa.Connection, failed_message_id: str
+) -> LastFailedMessage | None:
+    """``failed_message_id``'s summary and ``ServiceControl.EditOf`` of its stored attempt
+    (source: ServiceControl ``GetLatestFailedMessageView``); ``None`` if absent."""
+    row = conn.execute(
+        sa.select(*_SUMMARY_COLUMNS, fm.headers_json).where(fm.id == failed_message_id)
+    ).one_or_none()
+    if row is None:
+        return None
+    edit_of = json.loads(row.headers_json).get(EDIT_OF_HEADER)
+    return LastFailedMessage(
+        summary=_summary(row), edit_of=edit_of if isinstance(edit_of, str) else None
+    )
+
+
 def get_stored_body(conn: sa.Connection, failed_message_id: str) -> StoredBody | None:
     """Where the body of ``failed_message_id`` is kept, ``None`` if there is no such message."""
     row = conn.execute(
@@ -165,6 +427,19 @@ def get_stored_body(conn: sa.Connection, failed_message_id: str) -> StoredBody |
         stored_externally=row.body_stored_externally,
         key=row.body_key,
     )
+
+
+# --- helpers ------------------------------------------------------------------------------
+def _check_window(offset: int, limit: int) -> None:
+    if offset < 0 or limit < 1:
+        raise ValueError(f"offset must be >= 0 and limit >= 1, got {offset} and {limit}")
+
+
+def _as_uuid(text: str) -> str | None:
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        return None
 
 
 def _groups(conn: sa.Connection, failed_message_id: str) -> tuple[FailureGroup, ...]:
