@@ -1,0 +1,225 @@
+"""The retry wire contract: what a retried or edited message carries (pure, no I/O).
+
+Source: issue 4 and ServiceControl's ``HeaderFilter`` / ``RetryProcessor`` /
+``EditHandler``. A retry sends the stored headers minus the failure headers (prefix
+match, ``STRIPPED_HEADER_PREFIXES``) plus exactly the four retry headers
+(``retry_headers``); nothing else is added. The retried message goes to
+``ServiceControl.RetryTo`` when the original names one, else to the queue it failed in
+(``NServiceBus.FailedQ``).
+
+Addresses: NServiceBus addresses have the form ``queue@machine`` (MSMQ) or just ``queue``
+(RabbitMQ, SQL transports). A broker queue has no machine, so the broker queue of an
+address is the part before the first ``@`` (``queue_of_address``); the full address is
+kept in ``ServiceControl.TargetEndpointAddress``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from controlroom.errors import headers as h
+from controlroom.errors.model import Headers
+from controlroom.transport.base import check_queue_name
+
+# --- header names (ServiceControl retries) ------------------------------------------------
+RETRY_UNIQUE_MESSAGE_ID = h.RETRY_UNIQUE_MESSAGE_ID
+RETRY_SUCCESSFUL = h.RETRY_SUCCESSFUL
+RETRY_ATTEMPT_MESSAGE_ID = "ServiceControl.Retry.Attempt.MessageId"
+RETRY_ACKNOWLEDGEMENT_QUEUE = "ServiceControl.Retry.AcknowledgementQueue"
+TARGET_ENDPOINT_ADDRESS = "ServiceControl.TargetEndpointAddress"
+RETRY_TO = "ServiceControl.RetryTo"
+EDIT_OF = "ServiceControl.EditOf"
+
+STRIPPED_HEADER_PREFIXES: tuple[str, ...] = (
+    "NServiceBus.Retries",
+    "NServiceBus.FailedQ",
+    "NServiceBus.TimeOfFailure",
+    "NServiceBus.ExceptionInfo.",
+    "ServiceControl.EditOf",
+)
+"""Headers removed from a retried or edited message: every header whose name starts with
+one of these (ordinal, case-sensitive, as ServiceControl's ``HeaderFilter``)."""
+
+# Headers an edit may not change. ServiceControl's ``EditFailedMessagesController`` list,
+# plus the retry headers (issue 4: "locked headers (message id, retry headers)").
+LOCKED_HEADERS: tuple[str, ...] = (
+    "NServiceBus.MessageId",
+    "NServiceBus.SagaId",
+    "NServiceBus.CorrelationId",
+    "NServiceBus.ControlMessage",
+    "NServiceBus.OriginatingSagaId",
+    "NServiceBus.RelatedTo",
+    "NServiceBus.ConversationId",
+    "NServiceBus.MessageIntent",
+    "NServiceBus.Version",
+    "NServiceBus.IsSagaTimeoutMessage",
+    "NServiceBus.IsDeferredMessage",
+    "NServiceBus.Retries",
+    "NServiceBus.Retries.Timestamp",
+    "NServiceBus.FLRetries",
+    "NServiceBus.ProcessingStarted",
+    "NServiceBus.ProcessingEnded",
+    "NServiceBus.ExceptionInfo.ExceptionType",
+    "NServiceBus.ExceptionInfo.HelpLink",
+    "NServiceBus.ExceptionInfo.Message",
+    "NServiceBus.ExceptionInfo.Source",
+    "NServiceBus.ExceptionInfo.StackTrace",
+    "NServiceBus.TimeOfFailure",
+    "NServiceBus.FailedQ",
+    RETRY_UNIQUE_MESSAGE_ID,
+    RETRY_ATTEMPT_MESSAGE_ID,
+    RETRY_ACKNOWLEDGEMENT_QUEUE,
+    RETRY_SUCCESSFUL,
+    TARGET_ENDPOINT_ADDRESS,
+    EDIT_OF,
+)
+
+# Headers a console should warn about before an edit (ServiceControl's list).
+SENSITIVE_HEADERS: tuple[str, ...] = (
+    "NServiceBus.Header.RouteTo",
+    "NServiceBus.DestinationSites",
+    "NServiceBus.OriginatingSite",
+    "NServiceBus.Header.HttpTo",
+    "NServiceBus.ReplyToAddress",
+    "NServiceBus.ReturnMessage.ErrorCode",
+    "NServiceBus.SagaType",
+    "NServiceBus.OriginatingSagaType",
+    "NServiceBus.TimeSent",
+    "Header",
+)
+
+
+class UnsendableMessage(ValueError):
+    """A stored failed message cannot be sent again for a reason of its own (no queue in
+    its address, unreadable headers, missing body). ``reason`` names the part at fault."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def queue_of_address(address: str) -> str:
+    """The broker queue of an NServiceBus address: the part before the first ``@``.
+
+    Raises ``UnsendableMessage`` when that part is not a valid queue name (empty, longer
+    than 255 bytes of UTF-8).
+    """
+    queue = h.split_address(address)[0]
+    try:
+        check_queue_name(queue)
+    except ValueError as exc:
+        raise UnsendableMessage(f"address {address[:100]!r} names no usable queue: {exc}") from exc
+    return queue
+
+
+def retry_destination(headers: Headers, queue_address: str) -> str:
+    """Where a retry goes: ``ServiceControl.RetryTo`` when set (not blank), else the
+    address the message failed in (``queue_address``, from ``NServiceBus.FailedQ``)."""
+    return h.header_text(headers, RETRY_TO) or queue_address
+
+
+def strip_failure_headers(headers: Headers) -> dict[str, str | None]:
+    """``headers`` without those matching ``STRIPPED_HEADER_PREFIXES``; order kept."""
+    return {
+        name: value
+        for name, value in headers.items()
+        if not name.startswith(STRIPPED_HEADER_PREFIXES)
+    }
+
+
+def retry_headers(
+    stored: Headers,
+    *,
+    unique_message_id: str,
+    attempt_message_id: str,
+    acknowledgement_queue: str,
+    destination: str,
+) -> dict[str, str | None]:
+    """The headers of a retried message.
+
+    The stored headers without the failure headers, plus ``ServiceControl.Retry.
+    UniqueMessageId`` (the failed message's id: a new failure lands on the same row),
+    ``ServiceControl.Retry.Attempt.MessageId`` (new per retry attempt),
+    ``ServiceControl.Retry.AcknowledgementQueue`` (where the endpoint confirms success:
+    Controlroom's error queue) and ``ServiceControl.TargetEndpointAddress``
+    (``destination``, the full address). Source: issue 4, ServiceControl ``RetryProcessor``.
+    """
+    headers = strip_failure_headers(stored)
+    headers[RETRY_UNIQUE_MESSAGE_ID] = unique_message_id
+    headers[RETRY_ATTEMPT_MESSAGE_ID] = attempt_message_id
+    headers[RETRY_ACKNOWLEDGEMENT_QUEUE] = acknowledgement_queue
+    headers[TARGET_ENDPOINT_ADDRESS] = destination
+    return headers
+
+
+def edited_message_headers(
+    edited: Headers,
+    *,
+    original_id: str,
+    new_message_id: str,
+    edit_id: str,
+    acknowledgement_queue: str,
+    destination: str,
+) -> dict[str, str | None]:
+    """The headers of an edited copy of failed message ``original_id``.
+
+    The operator's headers without the failure headers, with a new ``NServiceBus.
+    MessageId``, ``ServiceControl.EditOf`` naming the original, and the retry headers
+    under the edit's own id (``edit_id``): a failure of the copy is a new failed message,
+    linked to the original by ``EditOf``. Source: ServiceControl ``EditHandler``.
+    """
+    headers = strip_failure_headers(edited)
+    headers[h.MESSAGE_ID] = new_message_id
+    headers[EDIT_OF] = original_id
+    headers[RETRY_UNIQUE_MESSAGE_ID] = edit_id
+    headers[RETRY_ACKNOWLEDGEMENT_QUEUE] = acknowledgement_queue
+    headers[TARGET_ENDPOINT_ADDRESS] = destination
+    return headers
+
+
+def locked_header_changes(original: Headers, edited: Headers) -> list[str]:
+    """The locked headers whose value an edit changes, added or removes, sorted.
+
+    ``None`` and ``""`` count as the same (absent) value, as ServiceControl's
+    ``LockedHeaderModificationValidator`` treats them; unlike it, adding a locked header
+    the original did not have is a change too.
+    """
+    return sorted(
+        name
+        for name in LOCKED_HEADERS
+        if (original.get(name) or None) != (edited.get(name) or None)
+    )
+
+
+def confirmation_headers(
+    unique_message_id: str, message_id: str, processed_at: datetime
+) -> dict[str, str | None]:
+    """The headers of the control message that confirms a successful retry.
+
+    ``ServiceControl.Retry.Successful`` (the time, NServiceBus wire format, UTC),
+    ``ServiceControl.Retry.UniqueMessageId``, ``NServiceBus.ControlMessage``, and a new
+    ``NServiceBus.MessageId``; the body is empty. Source: NServiceBus's retry
+    acknowledgement, read by the ingestion's ``is_retry_confirmation``.
+    """
+    return {
+        h.MESSAGE_ID: message_id,
+        h.CONTROL_MESSAGE: "True",
+        RETRY_SUCCESSFUL: format_nsb_time(processed_at),
+        RETRY_UNIQUE_MESSAGE_ID: unique_message_id,
+    }
+
+
+def format_nsb_time(instant: datetime) -> str:
+    """``yyyy-MM-dd HH:mm:ss:ffffff Z`` in UTC (the NServiceBus wire format).
+
+    Raises ``ValueError`` for a naive ``datetime``.
+    """
+    if instant.tzinfo is None:
+        raise ValueError("an NServiceBus wire time needs a timezone-aware datetime")
+    return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S:%f Z")
+
+
+def header_names(headers: Iterable[str]) -> str:
+    """Header names for an error message: comma-separated, each quoted."""
+    return ", ".join(repr(name) for name in headers)
