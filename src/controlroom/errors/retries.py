@@ -1,0 +1,733 @@
+"""Retry requests: from an operator's selection to claimed retry batches, and their history.
+
+Source: DESIGN.md "Data model" and issue 4; ServiceControl's ``RetriesGateway``.
+
+A retry request (one ``retry_operations`` row) becomes ``retry_batches`` of at most
+``BATCH_SIZE`` messages. Each batch is written in one transaction that
+
+1. creates the batch (status ``marking``),
+2. claims its messages in ``failed_message_retries`` with a set-based insert-if-absent
+   (``retry_dialects``): a message already claimed by another batch is skipped, so a
+   message is in at most one batch at a time even when two operators retry overlapping
+   sets at once,
+3. marks exactly the messages this batch claimed RetryIssued,
+4. moves the batch to ``staging``, where the retry processor
+   (``controlroom.errors.retry_processor``) takes it up.
+
+A crash anywhere in that transaction rolls all of it back: no claim without its batch, no
+RetryIssued without its claim.
+
+Lifetime of a claim: from the batch that made it until the retry is confirmed (the
+writer's step 4 deletes it) or the operator retries a pending retry. A claim whose batch
+is ``done`` while its message is no longer RetryIssued (it failed again, was archived or
+resolved) is *stale*: the next claim of that message replaces it. So a retried message
+that fails again can be retried again, and a message is never sent by two live batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+import tenacity
+
+from controlroom.db.engine import begin_write
+from controlroom.db.tables import (
+    FailedMessageStatus,
+    failed_message_groups,
+    failed_message_retries,
+    failed_messages,
+    retry_batches,
+    retry_operations,
+)
+from controlroom.errors import retry_wire
+from controlroom.errors.headers import CONTENT_TYPE, header_text, parse_guid
+from controlroom.errors.retry_dialects import retry_dialect
+from controlroom.errors.writer import Clock, utc_now
+from controlroom.exceptions import ControlroomError, is_transient
+from controlroom.transport.base import Transport
+
+fm = failed_messages.c
+fmr = failed_message_retries.c
+rb = retry_batches.c
+ro = retry_operations.c
+
+BATCH_SIZE = 1000
+"""Most messages in one retry batch (ServiceControl's ``RetriesGateway.BatchSize``)."""
+
+HISTORY_DEPTH = 10
+"""Completed operations listed in the history (ServiceControl's default history depth)."""
+
+_IN_CHUNK = 500  # ids per IN (...) list
+
+
+class RetryType(enum.StrEnum):
+    """What a retry operation selected (ServiceControl's ``RetryType`` names)."""
+
+    SINGLE_MESSAGE = "SingleMessage"
+    FAILURE_GROUP = "FailureGroup"
+    MULTIPLE_MESSAGES = "MultipleMessages"
+    ALL_FOR_ENDPOINT = "AllForEndpoint"
+    ALL = "All"
+    BY_QUEUE_ADDRESS = "ByQueueAddress"
+
+
+class BatchStatus(enum.StrEnum):
+    """The persisted stage of a retry batch; the processor resumes from it after a restart.
+
+    ``marking``: claims being written (never committed: the creating transaction leaves
+    it); ``staging``: claimed, waiting to be staged; ``forwarding``: staged (each claim has
+    its attempt id and destination), being sent; ``done``: every claim sent or dropped.
+    """
+
+    MARKING = "marking"
+    STAGING = "staging"
+    FORWARDING = "forwarding"
+    DONE = "done"
+
+
+# --- errors -------------------------------------------------------------------------------
+class RetryRequestError(ControlroomError):
+    """A retry request that cannot be carried out as asked; nothing was changed."""
+
+
+class UnknownFailedMessages(RetryRequestError):
+    """Some requested ids name no failed message (``ids``, as given)."""
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        self.ids = list(ids)
+        super().__init__(f"no failed message with id {', '.join(self.ids[:20])}")
+
+
+class NotRetryable(RetryRequestError):
+    """Some requested messages are in a status that cannot be retried (archived, resolved).
+
+    ``statuses`` maps each such id to its status.
+    """
+
+    def __init__(self, statuses: dict[str, FailedMessageStatus]) -> None:
+        self.statuses = statuses
+        described = ", ".join(
+            f"{message_id} is {status.name.lower()}"
+            for message_id, status in list(statuses.items())[:20]
+        )
+        super().__init__(
+            f"cannot retry: {described}; unarchive an archived message before retrying it"
+        )
+
+
+class UnknownGroup(RetryRequestError):
+    """No failed message belongs to the requested group."""
+
+    def __init__(self, group_id: str) -> None:
+        self.group_id = group_id
+        super().__init__(f"no failure group with id {group_id}")
+
+
+# --- results ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RetryBatchInfo:
+    """One batch a request created: its id, how many messages it claimed, its status."""
+
+    id: str
+    message_count: int
+    status: BatchStatus
+
+
+@dataclass(frozen=True, slots=True)
+class RetryRequestResult:
+    """What a retry request did.
+
+    ``batches`` are the batches it created (none when every selected message was already
+    in a retry); ``skipped_count`` counts selected messages another batch holds.
+    """
+
+    operation_id: str
+    retry_type: RetryType
+    target: str | None
+    batches: list[RetryBatchInfo] = field(default_factory=list)
+    skipped_count: int = 0
+
+    @property
+    def message_count(self) -> int:
+        return sum(batch.message_count for batch in self.batches)
+
+
+@dataclass(frozen=True, slots=True)
+class _Selection:
+    """What a request retries. ``condition`` filters ``failed_messages`` (query-based
+    requests); ``ids`` lists the messages (id-based requests)."""
+
+    retry_type: RetryType
+    target: str | None = None
+    originator: str | None = None
+    classifier: str | None = None
+    condition: sa.ColumnElement[bool] | None = None
+    ids: tuple[str, ...] = ()
+    release_pending: bool = False  # pending retries: take over claims of done batches
+
+
+# --- public requests ----------------------------------------------------------------------
+def retry_message(
+    engine: sa.Engine, failed_message_id: str, *, clock: Clock = utc_now
+) -> RetryRequestResult:
+    """Retry one failed message (``SingleMessage``).
+
+    Raises ``UnknownFailedMessages`` when the id names no message, ``NotRetryable`` when
+    it is archived or resolved. A message already in a retry is skipped, not an error.
+    """
+    ids = _validated_ids(engine, [failed_message_id])
+    selection = _Selection(RetryType.SINGLE_MESSAGE, target=ids[0], ids=tuple(ids))
+    return _run_request(engine, selection, clock)
+
+
+def retry_messages(
+    engine: sa.Engine, failed_message_ids: Sequence[str], *, clock: Clock = utc_now
+) -> RetryRequestResult:
+    """Retry a selection of failed messages (``MultipleMessages``). Raises as ``retry_message``."""
+    ids = _validated_ids(engine, failed_message_ids)
+    return _run_request(engine, _Selection(RetryType.MULTIPLE_MESSAGES, ids=tuple(ids)), clock)
+
+
+def retry_pending_messages(
+    engine: sa.Engine, failed_message_ids: Sequence[str], *, clock: Clock = utc_now
+) -> RetryRequestResult:
+    """Retry messages again whose earlier retry was sent but never confirmed.
+
+    Claims of ``done`` batches on these messages are released first (ServiceControl's
+    ``PendingRetriesHandler`` deletes the retry documents), then they are retried as a
+    selection. A message whose batch is still being sent stays with that batch.
+    Raises as ``retry_message``.
+    """
+    ids = _validated_ids(engine, failed_message_ids)
+    selection = _Selection(RetryType.MULTIPLE_MESSAGES, ids=tuple(ids), release_pending=True)
+    return _run_request(engine, selection, clock)
+
+
+def retry_group(engine: sa.Engine, group_id: str, *, clock: Clock = utc_now) -> RetryRequestResult:
+    """Retry the Unresolved messages of failure group ``group_id`` (``FailureGroup``).
+
+    Raises ``UnknownGroup`` when no message belongs to the group.
+    """
+    fmg = failed_message_groups.c
+    with engine.connect() as conn:
+        group = conn.execute(
+            sa.select(fmg.classifier, fmg.title).where(fmg.group_id == group_id).limit(1)
+        ).one_or_none()
+    if group is None:
+        raise UnknownGroup(group_id)
+    members = sa.select(fmg.failed_message_id).where(fmg.group_id == group_id)
+    selection = _Selection(
+        RetryType.FAILURE_GROUP,
+        target=group_id,
+        originator=group.title,
+        classifier=group.classifier,
+        condition=fm.id.in_(members),
+    )
+    return _run_request(engine, selection, clock)
+
+
+def retry_queue(
+    engine: sa.Engine, queue_address: str, *, clock: Clock = utc_now
+) -> RetryRequestResult:
+    """Retry the Unresolved messages that failed in ``queue_address`` (``ByQueueAddress``)."""
+    selection = _Selection(
+        RetryType.BY_QUEUE_ADDRESS,
+        target=queue_address,
+        originator=queue_address,
+        condition=fm.queue_address == queue_address,
+    )
+    return _run_request(engine, selection, clock)
+
+
+def retry_endpoint(
+    engine: sa.Engine, endpoint_name: str, *, clock: Clock = utc_now
+) -> RetryRequestResult:
+    """Retry the Unresolved messages of the receiving endpoint ``endpoint_name``
+    (``AllForEndpoint``)."""
+    selection = _Selection(
+        RetryType.ALL_FOR_ENDPOINT,
+        target=endpoint_name,
+        originator=endpoint_name,
+        condition=fm.receiving_endpoint == endpoint_name,
+    )
+    return _run_request(engine, selection, clock)
+
+
+def retry_all(engine: sa.Engine, *, clock: Clock = utc_now) -> RetryRequestResult:
+    """Retry every Unresolved message (``All``)."""
+    return _run_request(engine, _Selection(RetryType.ALL, condition=sa.true()), clock)
+
+
+# --- validation ---------------------------------------------------------------------------
+RETRYABLE = (FailedMessageStatus.UNRESOLVED, FailedMessageStatus.RETRY_ISSUED)
+"""Statuses a message selected by id may be retried from (claims decide the rest)."""
+
+
+def _validated_ids(engine: sa.Engine, requested: Sequence[str]) -> list[str]:
+    """The requested ids in canonical form, sorted, without duplicates.
+
+    Raises ``UnknownFailedMessages`` for ids that are not GUIDs or name no message,
+    ``NotRetryable`` for messages that are archived or resolved.
+    """
+    canonical = {raw: parse_guid(raw) for raw in requested}
+    ids = sorted({value for value in canonical.values() if value is not None})
+    statuses: dict[str, FailedMessageStatus] = {}
+    with engine.connect() as conn:
+        for chunk in _chunks(ids, _IN_CHUNK):
+            rows = conn.execute(sa.select(fm.id, fm.status).where(fm.id.in_(chunk)))
+            statuses.update({row.id: FailedMessageStatus(row.status) for row in rows})
+    unknown = [raw for raw, value in canonical.items() if value not in statuses]
+    if unknown:
+        raise UnknownFailedMessages(unknown)
+    refused = {i: s for i, s in statuses.items() if s not in RETRYABLE}
+    if refused:
+        raise NotRetryable(refused)
+    return ids
+
+
+# --- the request --------------------------------------------------------------------------
+def _run_request(engine: sa.Engine, selection: _Selection, clock: Clock) -> RetryRequestResult:
+    """Record the operation, create its batches one transaction each, then mark it
+    prepared (or forget it when it claimed nothing)."""
+    operation_id = str(uuid.uuid4())
+    retrying = _retrying()
+    retrying(_start_operation, engine, selection, operation_id, clock)
+    batches: list[RetryBatchInfo] = []
+    skipped = 0
+    for candidates in _candidate_chunks(engine, selection):
+        batch, not_claimed = retrying(
+            _claim_batch, engine, selection, operation_id, candidates, clock
+        )
+        skipped += not_claimed
+        if batch is not None:
+            batches.append(batch)
+    retrying(_finish_preparing, engine, operation_id, clock)
+    return RetryRequestResult(
+        operation_id, selection.retry_type, selection.target, batches, skipped
+    )
+
+
+def _candidate_chunks(engine: sa.Engine, selection: _Selection) -> Iterator[list[str]]:
+    """Candidate ids, sorted, at most ``BATCH_SIZE`` per chunk.
+
+    Id-based: the given ids. Query-based: the Unresolved messages matching the condition,
+    read chunk by chunk with a keyset cursor on the id, so messages that fail while the
+    request runs are picked up and nothing is read twice.
+    """
+    if selection.condition is None:
+        yield from _chunks(list(selection.ids), BATCH_SIZE)
+        return
+    after = ""
+    while True:
+        with engine.connect() as conn:
+            ids = list(
+                conn.scalars(
+                    sa.select(fm.id)
+                    .where(
+                        fm.status == int(FailedMessageStatus.UNRESOLVED),
+                        selection.condition,
+                        fm.id > after,
+                    )
+                    .order_by(fm.id)
+                    .limit(BATCH_SIZE)
+                )
+            )
+        if not ids:
+            return
+        yield ids
+        after = ids[-1]
+
+
+def _claim_batch(
+    engine: sa.Engine,
+    selection: _Selection,
+    operation_id: str,
+    candidates: list[str],
+    clock: Clock,
+) -> tuple[RetryBatchInfo | None, int]:
+    """One batch in one transaction: create it, claim, mark RetryIssued, move to staging.
+
+    Only the messages this batch claimed change status, and only from a retryable status
+    (a message archived meanwhile keeps its status; staging then drops its claim).
+    """
+    now = clock()
+    batch_id = str(uuid.uuid4())
+    with begin_write(engine) as conn:
+        _release_claims(conn, candidates, pending_too=selection.release_pending)
+        conn.execute(
+            sa.insert(retry_batches).values(
+                id=batch_id,
+                request_id=operation_id,
+                retry_type=str(selection.retry_type),
+                status=str(BatchStatus.MARKING),
+                originator=selection.originator,
+                classifier=selection.classifier,
+                initial_batch_size=0,
+                started_at=now,
+                last_modified=now,
+            )
+        )
+        claimed = retry_dialect(conn).claim_messages(conn, batch_id, candidates)
+        if not claimed:
+            conn.execute(sa.delete(retry_batches).where(rb.id == batch_id))
+            return None, len(candidates)
+        _mark_retry_issued(conn, claimed, now)
+        conn.execute(
+            sa.update(retry_batches)
+            .where(rb.id == batch_id)
+            .values(status=str(BatchStatus.STAGING), initial_batch_size=len(claimed))
+        )
+        conn.execute(
+            sa.update(retry_operations)
+            .where(ro.id == operation_id)
+            .values(message_count=ro.message_count + len(claimed), last_modified=now)
+        )
+    batch = RetryBatchInfo(batch_id, len(claimed), BatchStatus.STAGING)
+    return batch, len(candidates) - len(claimed)
+
+
+def _release_claims(conn: sa.Connection, ids: Sequence[str], *, pending_too: bool) -> None:
+    """Delete the claims of ``done`` batches on ``ids`` that no longer hold a message back:
+    stale ones (the message is not RetryIssued), and with ``pending_too`` also pending
+    ones (sent, never confirmed). Claims of live batches are never touched."""
+    done_batches = sa.select(rb.id).where(rb.status == str(BatchStatus.DONE))
+    conditions = [fmr.failed_message_id.in_(ids), fmr.retry_batch_id.in_(done_batches)]
+    if not pending_too:
+        not_waiting = sa.select(fm.id).where(fm.status != int(FailedMessageStatus.RETRY_ISSUED))
+        conditions.append(fmr.failed_message_id.in_(not_waiting))
+    conn.execute(sa.delete(failed_message_retries).where(*conditions))
+
+
+def _mark_retry_issued(conn: sa.Connection, claimed: Sequence[str], now: datetime) -> None:
+    for chunk in _chunks(list(claimed), _IN_CHUNK):
+        conn.execute(
+            sa.update(failed_messages)
+            .where(fm.id.in_(chunk), fm.status.in_([int(s) for s in RETRYABLE]))
+            .values(
+                status=int(FailedMessageStatus.RETRY_ISSUED),
+                status_changed_at=now,
+                last_modified=now,
+            )
+        )
+
+
+def _start_operation(
+    engine: sa.Engine, selection: _Selection, operation_id: str, clock: Clock
+) -> None:
+    now = clock()
+    with begin_write(engine) as conn:
+        conn.execute(
+            sa.insert(retry_operations).values(
+                id=operation_id,
+                retry_type=str(selection.retry_type),
+                target=selection.target,
+                originator=selection.originator,
+                classifier=selection.classifier,
+                message_count=0,
+                forwarded_count=0,
+                skipped_count=0,
+                failed=False,
+                acknowledged=False,
+                started_at=now,
+                last_modified=now,
+            )
+        )
+
+
+def _finish_preparing(engine: sa.Engine, operation_id: str, clock: Clock) -> None:
+    """Mark the operation prepared; an operation that claimed nothing is not kept (there
+    is nothing to report: ServiceControl starts no operation for zero messages)."""
+    now = clock()
+    with begin_write(engine) as conn:
+        conn.execute(
+            sa.delete(retry_operations).where(ro.id == operation_id, ro.message_count == 0)
+        )
+        conn.execute(
+            sa.update(retry_operations)
+            .where(ro.id == operation_id)
+            .values(prepared_at=now, last_modified=now)
+        )
+        complete_operation_if_finished(conn, operation_id, now)
+
+
+def complete_operation_if_finished(conn: sa.Connection, operation_id: str, now: datetime) -> None:
+    """Stamp ``completed_at`` once the operation is prepared and every batch is done."""
+    unfinished = sa.select(rb.id).where(
+        rb.request_id == operation_id, rb.status != str(BatchStatus.DONE)
+    )
+    conn.execute(
+        sa.update(retry_operations)
+        .where(
+            ro.id == operation_id,
+            ro.prepared_at.is_not(None),
+            ro.completed_at.is_(None),
+            ~sa.exists(unfinished),
+        )
+        .values(completed_at=now, last_modified=now)
+    )
+
+
+# --- edit and retry -----------------------------------------------------------------------
+class MessageBeingRetried(RetryRequestError):
+    """The message is in a retry (or another edit) right now."""
+
+    def __init__(self, failed_message_id: str) -> None:
+        self.failed_message_id = failed_message_id
+        super().__init__(
+            f"failed message {failed_message_id} is being retried; wait for the retry "
+            "to finish (or fail) before editing it"
+        )
+
+
+class InvalidEdit(RetryRequestError):
+    """The edit itself is refused: a locked header changed, or the body is empty."""
+
+
+@dataclass(frozen=True, slots=True)
+class EditResult:
+    """An edited copy that was sent: ids and where it went."""
+
+    failed_message_id: str  # the original, now Resolved
+    edit_id: str  # ServiceControl.Retry.UniqueMessageId of the copy
+    message_id: str  # NServiceBus.MessageId of the copy
+    destination: str  # address
+
+
+async def edit_and_retry(
+    engine: sa.Engine,
+    transport: Transport,
+    failed_message_id: str,
+    *,
+    body: str,
+    headers: Mapping[str, str | None],
+    acknowledgement_queue: str,
+    clock: Clock = utc_now,
+) -> EditResult:
+    """Send an edited copy of an Unresolved failed message, then resolve the original.
+
+    The copy has ``body`` (as UTF-8) and ``headers`` minus the failure headers, a new
+    ``NServiceBus.MessageId`` and ``ServiceControl.EditOf`` naming the original
+    (``retry_wire.edited_message_headers``); it goes where a retry would go. The original
+    is RetryIssued while the copy is sent (so no retry or second edit takes it meanwhile),
+    Resolved once the transport confirmed it, Unresolved again when the send failed.
+    Source: issue 4, ServiceControl's ``EditHandler``.
+
+    Raises ``UnknownFailedMessages``, ``NotRetryable`` (archived, resolved),
+    ``MessageBeingRetried``, ``InvalidEdit`` (locked header changed, empty body, no
+    queue), or the transport's error (the original is Unresolved again).
+    """
+    original_id = _canonical_id(failed_message_id)
+    stored, queue_address = await asyncio.to_thread(_stored_message, engine, original_id)
+    _check_edit(stored, headers, body)
+    destination = retry_wire.retry_destination(headers, queue_address)
+    try:
+        queue = retry_wire.queue_of_address(destination)
+    except retry_wire.UnsendableMessage as exc:
+        raise InvalidEdit(exc.reason) from None
+    await asyncio.to_thread(_set_edit_state, engine, original_id, True, clock)
+    result = EditResult(original_id, str(uuid.uuid4()), str(uuid.uuid4()), destination)
+    outgoing = retry_wire.edited_message_headers(
+        headers,
+        original_id=original_id,
+        new_message_id=result.message_id,
+        edit_id=result.edit_id,
+        acknowledgement_queue=acknowledgement_queue,
+        destination=destination,
+    )
+    try:
+        await transport.publish(
+            queue,
+            outgoing,
+            body.encode("utf-8"),
+            message_id=result.message_id,
+            content_type=header_text(outgoing, CONTENT_TYPE),
+        )
+    except BaseException:
+        await asyncio.shield(asyncio.to_thread(_set_edit_state, engine, original_id, False, clock))
+        raise
+    await asyncio.to_thread(_resolve_edited, engine, original_id, clock)
+    return result
+
+
+def _canonical_id(failed_message_id: str) -> str:
+    canonical = parse_guid(failed_message_id)
+    if canonical is None:
+        raise UnknownFailedMessages([failed_message_id])
+    return canonical
+
+
+def _stored_message(engine: sa.Engine, failed_message_id: str) -> tuple[dict[str, Any], str]:
+    """The stored headers and queue address of an editable (Unresolved) message."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.select(fm.status, fm.headers_json, fm.queue_address).where(
+                fm.id == failed_message_id
+            )
+        ).one_or_none()
+    if row is None:
+        raise UnknownFailedMessages([failed_message_id])
+    status = FailedMessageStatus(row.status)
+    if status is FailedMessageStatus.RETRY_ISSUED:
+        raise MessageBeingRetried(failed_message_id)
+    if status is not FailedMessageStatus.UNRESOLVED:
+        raise NotRetryable({failed_message_id: status})
+    return json.loads(row.headers_json), row.queue_address
+
+
+def _check_edit(stored: Mapping[str, Any], edited: Mapping[str, str | None], body: str) -> None:
+    if not body.strip():
+        raise InvalidEdit("message_body is empty")
+    changed = retry_wire.locked_header_changes(stored, edited)
+    if changed:
+        raise InvalidEdit(
+            f"message_headers changes locked headers: {', '.join(changed)} "
+            "(GET /api/edit/config lists them)"
+        )
+
+
+def _set_edit_state(engine: sa.Engine, failed_message_id: str, start: bool, clock: Clock) -> None:
+    """``start``: Unresolved -> RetryIssued, only when no live batch holds the message
+    (raises ``MessageBeingRetried`` otherwise); else RetryIssued -> Unresolved."""
+    now = clock()
+    unresolved, waiting = FailedMessageStatus.UNRESOLVED, FailedMessageStatus.RETRY_ISSUED
+    old, new = (unresolved, waiting) if start else (waiting, unresolved)
+    condition = [fm.id == failed_message_id, fm.status == int(old)]
+    if start:
+        live = sa.select(fmr.failed_message_id).where(
+            fmr.failed_message_id == failed_message_id,
+            fmr.retry_batch_id.in_(sa.select(rb.id).where(rb.status != str(BatchStatus.DONE))),
+        )
+        condition.append(~sa.exists(live))
+    with begin_write(engine) as conn:
+        changed = conn.execute(
+            sa.update(failed_messages)
+            .where(*condition)
+            .values(status=int(new), status_changed_at=now, last_modified=now)
+        ).rowcount
+    if start and changed != 1:
+        raise MessageBeingRetried(failed_message_id)
+
+
+def _resolve_edited(engine: sa.Engine, failed_message_id: str, clock: Clock) -> None:
+    """The copy is sent: the original is Resolved and keeps no retry claim."""
+    now = clock()
+    with begin_write(engine) as conn:
+        conn.execute(
+            sa.update(failed_messages)
+            .where(
+                fm.id == failed_message_id,
+                fm.status == int(FailedMessageStatus.RETRY_ISSUED),
+            )
+            .values(
+                status=int(FailedMessageStatus.RESOLVED), status_changed_at=now, last_modified=now
+            )
+        )
+        _release_claims(conn, [failed_message_id], pending_too=True)
+
+
+# --- read side ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RetryOperation:
+    """One retry request and its progress. Times are UTC; counts are messages."""
+
+    id: str
+    retry_type: RetryType
+    target: str | None
+    originator: str | None
+    classifier: str | None
+    message_count: int
+    forwarded_count: int
+    skipped_count: int
+    failed: bool
+    acknowledged: bool
+    started_at: datetime
+    last_modified: datetime
+    prepared_at: datetime | None
+    completed_at: datetime | None
+    batches: tuple[RetryBatchInfo, ...] = ()
+
+    @property
+    def request_id(self) -> str:
+        """ServiceControl's RequestId: the group id, queue address, endpoint or message id
+        the operation targets, else the operation's own id."""
+        return self.target or self.id
+
+
+def get_operation(conn: sa.Connection, operation_id: str) -> RetryOperation | None:
+    """Operation ``operation_id`` with its batches, ``None`` when there is none."""
+    row = conn.execute(sa.select(retry_operations).where(ro.id == operation_id)).one_or_none()
+    if row is None:
+        return None
+    batches = conn.execute(
+        sa.select(rb.id, rb.initial_batch_size, rb.status)
+        .where(rb.request_id == operation_id)
+        .order_by(rb.started_at, rb.id)
+    ).all()
+    return _operation(
+        row,
+        tuple(RetryBatchInfo(b.id, b.initial_batch_size, BatchStatus(b.status)) for b in batches),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RetryHistory:
+    """``historic``: the latest completed operations, newest first; ``unacknowledged``:
+    completed group, queue, endpoint and all operations the operator has not dismissed
+    (single-message and selection retries need no acknowledgement, as in ServiceControl)."""
+
+    historic: list[RetryOperation]
+    unacknowledged: list[RetryOperation]
+
+
+def get_history(conn: sa.Connection, *, depth: int = HISTORY_DEPTH) -> RetryHistory:
+    """The retry history (see ``RetryHistory``). Raises ``ValueError`` for ``depth < 1``."""
+    if depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
+    completed = ro.completed_at.is_not(None)
+    historic = conn.execute(
+        sa.select(retry_operations)
+        .where(completed)
+        .order_by(ro.completed_at.desc(), ro.id)
+        .limit(depth)
+    ).all()
+    quiet = [str(RetryType.SINGLE_MESSAGE), str(RetryType.MULTIPLE_MESSAGES)]
+    unacknowledged = conn.execute(
+        sa.select(retry_operations)
+        .where(completed, ro.acknowledged.is_(False), ro.retry_type.not_in(quiet))
+        .order_by(ro.completed_at.desc(), ro.id)
+    ).all()
+    return RetryHistory(
+        historic=[_operation(row) for row in historic],
+        unacknowledged=[_operation(row) for row in unacknowledged],
+    )
+
+
+def _operation(row: sa.Row[Any], batches: tuple[RetryBatchInfo, ...] = ()) -> RetryOperation:
+    values = dict(row._mapping)
+    values["retry_type"] = RetryType(values["retry_type"])
+    return RetryOperation(**values, batches=batches)
+
+
+# --- helpers ------------------------------------------------------------------------------
+def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _retrying() -> tenacity.Retrying:
+    """Transient store errors (deadlock, serialization failure, lost connection) retry
+    the one transaction; each is idempotent or starts afresh with new ids."""
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_transient),
+        wait=tenacity.wait_exponential(multiplier=0.05, max=2),
+        stop=tenacity.stop_after_attempt(8),
+        reraise=True,
+    )

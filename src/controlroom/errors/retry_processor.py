@@ -1,0 +1,507 @@
+"""The retry processor: stages and forwards retry batches, resuming where a restart left them.
+
+Source: issue 4; ServiceControl's ``RetryProcessor`` (staging, then forwarding) adapted to
+a relational store: the stage of every batch and the send state of every claim are rows,
+so a process that dies at any point leaves a state the next one continues from.
+
+- **Staging** (one transaction): claims whose message is no longer RetryIssued (archived,
+  resolved or failed again since the request) are dropped; every other claim gets the
+  ``ServiceControl.Retry.Attempt.MessageId`` of this attempt and its destination; the
+  batch moves to ``forwarding``. The attempt id is persisted so that a message re-sent
+  after a crash carries the same id (a receiver can deduplicate on it).
+- **Forwarding**: the unsent claims, ``FORWARD_WINDOW`` at a time, are sent through the
+  transport, which returns only once the broker confirmed the message (publisher
+  confirms on RabbitMQ, a durable commit on the embedded queue); a claim is marked sent
+  only after that. A crash between the confirm and the mark re-sends that message: at
+  least once, never lost. When no unsent claim is left, the batch is ``done``.
+- A message that cannot be sent for a reason of its own (``retry_wire.UnsendableMessage``:
+  no queue in its address, unreadable headers, body missing from the body store) loses
+  its claim, becomes Unresolved again and marks the operation failed; a transport or
+  store failure leaves everything in place and the processor backs off and tries again.
+
+One process forwards at a time: the processor holds a lease (``retry_dialects``: a
+PostgreSQL advisory lock, a lease row on SQLite) and re-checks it before every window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from prometheus_client import Counter
+
+from controlroom.config import Settings
+from controlroom.db.engine import begin_write
+from controlroom.db.tables import (
+    FailedMessageStatus,
+    failed_message_retries,
+    failed_messages,
+    retry_batches,
+    retry_operations,
+)
+from controlroom.errors import headers as h
+from controlroom.errors import retry_wire
+from controlroom.errors.bodies import BodyNotFoundError, BodyStore
+from controlroom.errors.retries import BatchStatus, complete_operation_if_finished
+from controlroom.errors.retry_dialects import retry_dialect
+from controlroom.errors.retry_wire import UnsendableMessage
+from controlroom.errors.writer import Clock, utc_now
+from controlroom.exceptions import ControlroomError
+from controlroom.transport.base import Transport
+
+log = logging.getLogger(__name__)
+
+fm = failed_messages.c
+fmr = failed_message_retries.c
+rb = retry_batches.c
+ro = retry_operations.c
+
+LEASE_NAME = "controlroom.retry-processor"
+FORWARD_WINDOW = 32
+"""Messages published concurrently before their sent marks are written in one commit."""
+
+ABANDONED_PREPARATION = timedelta(minutes=10)
+"""A request that has not finished creating its batches after this long died with its
+process; its operation is closed with the batches it has."""
+
+RETRIED = Counter(
+    "controlroom_retried_messages_total", "Claimed retry messages, by outcome", ["outcome"]
+)
+
+
+class LeaseLost(ControlroomError):
+    """Another process may hold the retry processor's lease now; this one must stop."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """One unsent claim of a batch and what is needed to send it."""
+
+    failed_message_id: str
+    attempt_message_id: str | None
+    destination: str | None
+    status: int | None  # None: the failed message is gone
+    headers_json: str | None
+    content_type: str | None
+    body_text: str | None
+    body_stored_externally: bool | None
+    body_key: str | None
+
+
+@dataclass
+class _Window:
+    """What happened to one window of claims."""
+
+    sent: list[str]
+    dropped: list[str]  # no longer RetryIssued: not sent, claim removed
+    unsendable: dict[str, str]  # id -> reason
+    failed: list[str]  # transient failure: stays unsent
+    error: BaseException | None = None
+
+
+class RetryProcessor:
+    """Moves retry batches through staging and forwarding until stopped.
+
+    ``run()`` is the background loop (poll every ``poll_interval_seconds`` or on
+    ``wake()``, back off up to ``max_backoff_seconds`` after a failure);
+    ``process_pending()`` does one pass. ``lease_seconds`` is how long a lease row
+    (SQLite) outlives a process that stopped renewing it.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: sa.Engine,
+        transport: Transport,
+        body_store: BodyStore,
+        *,
+        poll_interval_seconds: float = 1.0,
+        lease_seconds: float = 30.0,
+        max_backoff_seconds: float = 30.0,
+        clock: Clock = utc_now,
+    ) -> None:
+        if poll_interval_seconds <= 0 or max_backoff_seconds <= 0:
+            raise ValueError("poll_interval_seconds and max_backoff_seconds must be positive")
+        self._settings = settings
+        self._engine = engine
+        self._transport = transport
+        self._body_store = body_store
+        self._poll_interval = poll_interval_seconds
+        self._max_backoff = max_backoff_seconds
+        self._clock = clock
+        owner = f"{uuid.uuid4()}"
+        self._lease = retry_dialect(engine).make_lease(engine, LEASE_NAME, owner, lease_seconds)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
+
+    # -- the loop ------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Process pending batches until cancelled; failures are logged and retried."""
+        self._loop = asyncio.get_running_loop()
+        self._wakeup = asyncio.Event()
+        failures = 0
+        try:
+            while True:
+                self._wakeup.clear()
+                try:
+                    worked = await self.process_pending()
+                except Exception:
+                    failures += 1
+                    delay = min(self._max_backoff, self._poll_interval * 2**failures)
+                    log.warning("retry processing failed; again in %.1f s", delay, exc_info=True)
+                    await asyncio.sleep(delay)
+                    continue
+                failures = 0
+                if not worked:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self._poll_interval):
+                            await self._wakeup.wait()
+        finally:
+            self._wakeup = None
+            await self.close()
+
+    def wake(self) -> None:
+        """Look for new batches now rather than at the next poll. Thread-safe; a no-op
+        when the loop is not running."""
+        loop, event = self._loop, self._wakeup
+        if loop is not None and event is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(event.set)
+
+    async def close(self) -> None:
+        """Give up the lease (another process may take over at once)."""
+        try:
+            await asyncio.shield(asyncio.to_thread(self._lease.release))
+        except Exception:
+            log.warning("could not release the retry processor lease", exc_info=True)
+
+    async def process_pending(self) -> int:
+        """Stage and forward every batch that is not done, oldest first.
+
+        Returns the number of batches finished; 0 when another process holds the lease.
+        Raises ``LeaseLost`` when the lease is lost midway, the transport's or store's
+        error when a send or a write fails (the batch stays where it was).
+        """
+        if not await asyncio.to_thread(self._lease.hold):
+            return 0
+        await asyncio.to_thread(self._close_abandoned_preparations)
+        batch_ids = await asyncio.to_thread(self._pending_batch_ids)
+        for batch_id in batch_ids:
+            await self.process_batch(batch_id)
+        return len(batch_ids)
+
+    async def process_batch(self, batch_id: str) -> None:
+        """Take batch ``batch_id`` from wherever it is to ``done``."""
+        await asyncio.to_thread(self._stage, batch_id)
+        await self._forward(batch_id)
+
+    # -- staging -------------------------------------------------------------------------
+    def _pending_batch_ids(self) -> list[str]:
+        live = [str(s) for s in (BatchStatus.MARKING, BatchStatus.STAGING, BatchStatus.FORWARDING)]
+        with self._engine.connect() as conn:
+            return list(
+                conn.scalars(
+                    sa.select(rb.id).where(rb.status.in_(live)).order_by(rb.started_at, rb.id)
+                )
+            )
+
+    def _stage(self, batch_id: str) -> None:
+        """Staging, one transaction (module docstring); nothing to do once forwarding."""
+        now = self._clock()
+        with begin_write(self._engine) as conn:
+            batch = conn.execute(
+                sa.select(rb.status, rb.request_id).where(rb.id == batch_id)
+            ).one_or_none()
+            if batch is None or batch.status not in (BatchStatus.MARKING, BatchStatus.STAGING):
+                return
+            rows = conn.execute(
+                sa.select(fmr.failed_message_id, fm.status, fm.headers_json, fm.queue_address)
+                .select_from(
+                    failed_message_retries.outerjoin(
+                        failed_messages, fm.id == fmr.failed_message_id
+                    )
+                )
+                .where(fmr.retry_batch_id == batch_id)
+                .order_by(fmr.failed_message_id)
+            ).all()
+            waiting = int(FailedMessageStatus.RETRY_ISSUED)
+            dropped = [row.failed_message_id for row in rows if row.status != waiting]
+            staged = [
+                {
+                    "b_id": row.failed_message_id,
+                    "b_attempt": str(uuid.uuid4()),
+                    "b_destination": _destination(row.headers_json, row.queue_address),
+                }
+                for row in rows
+                if row.status == waiting
+            ]
+            _delete_claims(conn, batch_id, dropped)
+            if staged:
+                conn.execute(
+                    sa.update(failed_message_retries)
+                    .where(
+                        fmr.failed_message_id == sa.bindparam("b_id"),
+                        fmr.retry_batch_id == batch_id,
+                    )
+                    .values(
+                        attempt_message_id=sa.bindparam("b_attempt"),
+                        destination=sa.bindparam("b_destination"),
+                    ),
+                    staged,
+                )
+            conn.execute(
+                sa.update(retry_batches)
+                .where(rb.id == batch_id)
+                .values(status=str(BatchStatus.FORWARDING), last_modified=now)
+            )
+            _count(conn, batch.request_id, now, skipped=len(dropped))
+        RETRIED.labels("dropped").inc(len(dropped))
+        log.info(
+            "retry batch %s staged: %d to send, %d dropped", batch_id, len(staged), len(dropped)
+        )
+
+    # -- forwarding ----------------------------------------------------------------------
+    async def _forward(self, batch_id: str) -> None:
+        while True:
+            if not await asyncio.to_thread(self._lease.hold):
+                raise LeaseLost(f"lost the lease {LEASE_NAME!r} while forwarding {batch_id}")
+            claims = await asyncio.to_thread(self._unsent_claims, batch_id)
+            if not claims:
+                break
+            window = await self._send_window(claims)
+            await asyncio.to_thread(self._record_window, batch_id, window)
+            if window.error is not None:
+                raise window.error
+        await asyncio.to_thread(self._finish_batch, batch_id)
+
+    def _unsent_claims(self, batch_id: str) -> list[_Claim]:
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(
+                    fmr.failed_message_id,
+                    fmr.attempt_message_id,
+                    fmr.destination,
+                    fm.status,
+                    fm.headers_json,
+                    fm.content_type,
+                    fm.body_text,
+                    fm.body_stored_externally,
+                    fm.body_key,
+                )
+                .select_from(
+                    failed_message_retries.outerjoin(
+                        failed_messages, fm.id == fmr.failed_message_id
+                    )
+                )
+                .where(fmr.retry_batch_id == batch_id, fmr.sent_at.is_(None))
+                .order_by(fmr.failed_message_id)
+                .limit(FORWARD_WINDOW)
+            ).all()
+        return [_Claim(**row._mapping) for row in rows]
+
+    async def _send_window(self, claims: Sequence[_Claim]) -> _Window:
+        window = _Window(sent=[], dropped=[], unsendable={}, failed=[])
+        outcomes = await asyncio.gather(
+            *(self._send(claim) for claim in claims), return_exceptions=True
+        )
+        for claim, outcome in zip(claims, outcomes, strict=True):
+            message_id = claim.failed_message_id
+            if outcome is True:
+                window.sent.append(message_id)
+            elif outcome is False:
+                window.dropped.append(message_id)
+            elif isinstance(outcome, UnsendableMessage):
+                window.unsendable[message_id] = outcome.reason
+            elif isinstance(outcome, BaseException):
+                window.failed.append(message_id)
+                window.error = window.error or outcome
+        return window
+
+    async def _send(self, claim: _Claim) -> bool:
+        """Send one claim's message; ``True`` once the transport confirmed it, ``False``
+        when the message is no longer RetryIssued (not sent).
+
+        Raises ``UnsendableMessage`` for a fault of the message, the transport's or body
+        store's error otherwise.
+        """
+        if claim.status != int(FailedMessageStatus.RETRY_ISSUED):
+            return False
+        stored = _stored_headers(claim.headers_json)
+        destination = claim.destination or _destination(claim.headers_json, "")
+        if not destination:
+            raise UnsendableMessage("the message names no queue to send it to")
+        queue = retry_wire.queue_of_address(destination)
+        body = await asyncio.to_thread(self._read_body, claim)
+        headers = retry_wire.retry_headers(
+            stored,
+            unique_message_id=claim.failed_message_id,
+            attempt_message_id=claim.attempt_message_id or str(uuid.uuid4()),
+            acknowledgement_queue=self._settings.error_queue,
+            destination=destination,
+        )
+        try:
+            await self._transport.publish(
+                queue,
+                headers,
+                body,
+                message_id=h.header_text(headers, h.MESSAGE_ID),
+                content_type=h.header_text(headers, h.CONTENT_TYPE) or claim.content_type,
+            )
+        except ValueError as exc:  # a header the transport cannot carry
+            raise UnsendableMessage(f"the transport refused the message: {exc}") from exc
+        return True
+
+    def _read_body(self, claim: _Claim) -> bytes:
+        """The exact body: the body store's copy when stored externally (authoritative,
+        DESIGN.md "Body placement"), else the inline text as UTF-8 (the bytes it was
+        decoded from, strictly), else empty."""
+        if claim.body_stored_externally:
+            if claim.body_key is None:
+                raise UnsendableMessage("the body is stored externally but has no key")
+            try:
+                return self._body_store.get(claim.body_key)
+            except BodyNotFoundError as exc:
+                raise UnsendableMessage(f"the body is missing from the body store: {exc}") from exc
+        return (claim.body_text or "").encode("utf-8")
+
+    def _record_window(self, batch_id: str, window: _Window) -> None:
+        """Write a window's outcome in one transaction: sent marks, removed claims,
+        unsendable messages back to Unresolved, attempt counts of failed sends."""
+        now = self._clock()
+        with begin_write(self._engine) as conn:
+            request_id = conn.execute(
+                sa.select(rb.request_id).where(rb.id == batch_id)
+            ).scalar_one()
+            if window.sent:
+                conn.execute(
+                    sa.update(failed_message_retries)
+                    .where(fmr.retry_batch_id == batch_id, fmr.failed_message_id.in_(window.sent))
+                    .values(sent_at=now)
+                )
+            unsendable = sorted(window.unsendable)
+            _delete_claims(conn, batch_id, [*window.dropped, *unsendable])
+            if unsendable:
+                conn.execute(
+                    sa.update(failed_messages)
+                    .where(
+                        fm.id.in_(unsendable), fm.status == int(FailedMessageStatus.RETRY_ISSUED)
+                    )
+                    .values(
+                        status=int(FailedMessageStatus.UNRESOLVED),
+                        status_changed_at=now,
+                        last_modified=now,
+                    )
+                )
+            if window.failed:
+                conn.execute(
+                    sa.update(failed_message_retries)
+                    .where(fmr.retry_batch_id == batch_id, fmr.failed_message_id.in_(window.failed))
+                    .values(stage_attempts=fmr.stage_attempts + 1)
+                )
+            _count(
+                conn,
+                request_id,
+                now,
+                forwarded=len(window.sent),
+                skipped=len(window.dropped) + len(unsendable),
+                failed=bool(unsendable),
+            )
+        for message_id, reason in window.unsendable.items():
+            log.warning("failed message %s cannot be retried: %s", message_id, reason)
+        RETRIED.labels("sent").inc(len(window.sent))
+        RETRIED.labels("dropped").inc(len(window.dropped))
+        RETRIED.labels("unsendable").inc(len(unsendable))
+
+    def _finish_batch(self, batch_id: str) -> None:
+        now = self._clock()
+        with begin_write(self._engine) as conn:
+            request_id = conn.execute(
+                sa.select(rb.request_id).where(rb.id == batch_id)
+            ).scalar_one()
+            conn.execute(
+                sa.update(retry_batches)
+                .where(rb.id == batch_id, rb.status == str(BatchStatus.FORWARDING))
+                .values(status=str(BatchStatus.DONE), completed_at=now, last_modified=now)
+            )
+            complete_operation_if_finished(conn, request_id, now)
+        log.info("retry batch %s forwarded", batch_id)
+
+    def _close_abandoned_preparations(self) -> None:
+        """Close operations whose request died before it created all its batches."""
+        now = self._clock()
+        with begin_write(self._engine) as conn:
+            abandoned = list(
+                conn.scalars(
+                    sa.select(ro.id).where(
+                        ro.prepared_at.is_(None), ro.last_modified < now - ABANDONED_PREPARATION
+                    )
+                )
+            )
+            for operation_id in abandoned:
+                conn.execute(
+                    sa.update(retry_operations)
+                    .where(ro.id == operation_id)
+                    .values(prepared_at=now, last_modified=now)
+                )
+                complete_operation_if_finished(conn, operation_id, now)
+
+
+# --- helpers ------------------------------------------------------------------------------
+def _stored_headers(headers_json: str | None) -> dict[str, str | None]:
+    """The stored headers; raises ``UnsendableMessage`` unless they are a JSON object of
+    strings (or nulls)."""
+    try:
+        value: Any = json.loads(headers_json or "")
+    except ValueError as exc:
+        raise UnsendableMessage(f"the stored headers are not JSON: {exc}") from exc
+    if not isinstance(value, dict) or not all(
+        isinstance(item, str | None) for item in value.values()
+    ):
+        raise UnsendableMessage("the stored headers are not an object of strings")
+    return value
+
+
+def _destination(headers_json: str | None, queue_address: str | None) -> str | None:
+    """``ServiceControl.RetryTo`` of the stored headers, else ``queue_address``; ``None``
+    when neither is known (readable headers are checked again when sending)."""
+    try:
+        headers = _stored_headers(headers_json)
+    except UnsendableMessage:
+        return queue_address or None
+    return retry_wire.retry_destination(headers, queue_address or "") or None
+
+
+def _delete_claims(conn: sa.Connection, batch_id: str, ids: Sequence[str]) -> None:
+    for start in range(0, len(ids), 500):
+        conn.execute(
+            sa.delete(failed_message_retries).where(
+                fmr.retry_batch_id == batch_id,
+                fmr.failed_message_id.in_(list(ids[start : start + 500])),
+            )
+        )
+
+
+def _count(
+    conn: sa.Connection,
+    operation_id: str,
+    now: datetime,
+    *,
+    forwarded: int = 0,
+    skipped: int = 0,
+    failed: bool = False,
+) -> None:
+    values: dict[str, Any] = {
+        "forwarded_count": ro.forwarded_count + forwarded,
+        "skipped_count": ro.skipped_count + skipped,
+        "last_modified": now,
+    }
+    if failed:
+        values["failed"] = True
+    conn.execute(sa.update(retry_operations).where(ro.id == operation_id).values(values))
