@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from fastapi import FastAPI
 
 from controlroom import __version__
-from controlroom.api import errors, health
+from controlroom.api import errors, health, retries
 from controlroom.config import Settings
 from controlroom.errors.bodies import BodyStore
+from controlroom.transport.base import Transport
+
+if TYPE_CHECKING:
+    from controlroom.errors.retry_processor import RetryProcessor
 
 
 def create_app(
@@ -19,21 +24,28 @@ def create_app(
     body_store: BodyStore,
     *,
     health_checks: Mapping[str, health.HealthCheck] | None = None,
+    transport: Transport | None = None,
+    retry_processor: RetryProcessor | None = None,
 ) -> FastAPI:
     """The HTTP API over a migrated store ``engine`` and its ``body_store``.
 
     ``health_checks`` maps each part ``GET /api/health`` reports (``"database"``,
     ``"broker"``) to its check; by default only the database is checked. The process
     that serves the app owns ``engine`` and ``body_store`` and closes them; routers find
-    them, and ``settings``, on ``app.state``.
+    them, and ``settings``, on ``app.state``. ``transport`` sends edited messages (edit
+    and retry answers 503 without one); ``retry_processor``, when given, is woken as soon
+    as a retry request created batches.
     """
     app = FastAPI(title="Controlroom", version=__version__)
     app.state.settings = settings
     app.state.engine = engine
     app.state.body_store = body_store
+    app.state.transport = transport
+    app.state.retry_processor = retry_processor
     app.state.health_checks = dict(
         health_checks if health_checks is not None else {"database": health.database_check(engine)}
     )
     app.include_router(errors.router, prefix="/api")
     app.include_router(health.router, prefix="/api")
+    app.include_router(retries.router, prefix="/api")
     return app

@@ -1,0 +1,329 @@
+"""The retry API, in ServiceControl's routes: retry by id, selection, queue, endpoint,
+group or everything; pending retries; edit and retry; the retry history.
+
+Every retry route answers 202 with the operation and the retry batches it created (the
+retry processor sends them in the background); 404 names unknown ids or groups, 409
+names messages that cannot be retried (archived, resolved) or are being retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated, Any
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Body, HTTPException, Path, Request
+from pydantic import BaseModel
+
+from controlroom.api.errors import UtcTimestamp
+from controlroom.errors import retries, retry_wire
+from controlroom.transport.base import Transport, TransportError
+
+router = APIRouter(tags=["retries"])
+
+_ERRORS = {
+    404: {"description": "An id or group names nothing."},
+    409: {"description": "A message is archived or resolved, or being retried."},
+}
+
+
+# --- response models ----------------------------------------------------------------------
+class RetryBatchModel(BaseModel):
+    id: str
+    message_count: int
+    status: str  # marking, staging, forwarding, done
+
+
+class RetryAccepted(BaseModel):
+    """What a retry request created. ``operation_id`` is ``null`` when it claimed nothing
+    (every selected message was already in a retry, or none matched); ``request_id`` is
+    ServiceControl's RequestId (group id, queue address, endpoint, message id, else
+    ``operation_id``)."""
+
+    operation_id: str | None
+    request_id: str | None
+    retry_type: str
+    message_count: int  # messages claimed by this request's batches
+    skipped_count: int  # selected messages another retry already holds
+    batches: list[RetryBatchModel]
+
+
+class RetryOperationModel(BaseModel):
+    """One retry operation and its progress."""
+
+    id: str
+    request_id: str
+    retry_type: str
+    originator: str | None
+    classifier: str | None
+    message_count: int
+    forwarded_count: int
+    skipped_count: int
+    failed: bool
+    acknowledged: bool
+    start_time: UtcTimestamp
+    last_modified: UtcTimestamp
+    prepared_time: UtcTimestamp | None
+    completion_time: UtcTimestamp | None
+    batches: list[RetryBatchModel]
+
+
+class HistoricOperation(BaseModel):
+    """A completed retry operation (ServiceControl's ``HistoricRetryOperation``)."""
+
+    request_id: str
+    retry_type: str
+    start_time: UtcTimestamp
+    completion_time: UtcTimestamp
+    originator: str | None
+    failed: bool
+    number_of_messages_processed: int
+
+
+class UnacknowledgedOperation(HistoricOperation):
+    """A completed operation the operator has not dismissed yet."""
+
+    last: UtcTimestamp
+    classifier: str | None
+
+
+class RetryHistoryModel(BaseModel):
+    historic_operations: list[HistoricOperation]
+    unacknowledged_operations: list[UnacknowledgedOperation]
+
+
+class EditConfiguration(BaseModel):
+    enabled: bool
+    sensitive_headers: list[str]
+    locked_headers: list[str]
+
+
+class HeaderItem(BaseModel):
+    key: str
+    value: str | None
+
+
+class EditRequest(BaseModel):
+    """An edited message: the new body (text) and the full header set to send.
+    ``message_headers`` is an object, or a list of ``{"key", "value"}``."""
+
+    message_body: str
+    message_headers: dict[str, str | None] | list[HeaderItem]
+
+    def headers(self) -> dict[str, str | None]:
+        if isinstance(self.message_headers, dict):
+            return self.message_headers
+        return {item.key: item.value for item in self.message_headers}
+
+
+class EditAccepted(BaseModel):
+    edit_ignored: bool  # ServiceControl's field; always false when 202
+    edit_id: str
+    message_id: str  # NServiceBus.MessageId of the edited copy
+    destination: str
+
+
+# --- retry routes -------------------------------------------------------------------------
+@router.post("/errors/{id}/retry", status_code=202, responses=_ERRORS)
+def retry_one(
+    request: Request, failed_message_id: Annotated[str, Path(alias="id")]
+) -> RetryAccepted:
+    """Retry one failed message."""
+    return _accepted(request, retries.retry_message, failed_message_id)
+
+
+@router.post("/errors/retry", status_code=202, responses=_ERRORS)
+def retry_selection(request: Request, ids: Annotated[list[str], Body()]) -> RetryAccepted:
+    """Retry the failed messages whose ids the body lists (a JSON array)."""
+    _check_ids(ids)
+    return _accepted(request, retries.retry_messages, ids)
+
+
+@router.post("/errors/queues/{queueaddress}/retry", status_code=202)
+def retry_queue(
+    request: Request, queue_address: Annotated[str, Path(alias="queueaddress")]
+) -> RetryAccepted:
+    """Retry every Unresolved message that failed in this queue address."""
+    return _accepted(request, retries.retry_queue, queue_address)
+
+
+@router.post("/errors/retry/all", status_code=202)
+def retry_everything(request: Request) -> RetryAccepted:
+    """Retry every Unresolved message."""
+    return _accepted(request, retries.retry_all)
+
+
+@router.post("/errors/{endpointname}/retry/all", status_code=202)
+def retry_endpoint(
+    request: Request, endpoint_name: Annotated[str, Path(alias="endpointname")]
+) -> RetryAccepted:
+    """Retry every Unresolved message of this receiving endpoint."""
+    return _accepted(request, retries.retry_endpoint, endpoint_name)
+
+
+@router.post("/recoverability/groups/{groupId}/errors/retry", status_code=202, responses=_ERRORS)
+def retry_group(request: Request, group_id: Annotated[str, Path(alias="groupId")]) -> RetryAccepted:
+    """Retry the Unresolved messages of a failure group."""
+    return _accepted(request, retries.retry_group, group_id)
+
+
+@router.post("/pendingretries/retry", status_code=202, responses=_ERRORS)
+def retry_pending(request: Request, ids: Annotated[list[str], Body()]) -> RetryAccepted:
+    """Retry again messages whose retry was sent but never confirmed (a JSON array)."""
+    _check_ids(ids)
+    return _accepted(request, retries.retry_pending_messages, ids)
+
+
+@router.get("/retries/{operation_id}", responses={404: {"description": "No such operation."}})
+def get_retry_operation(request: Request, operation_id: str) -> RetryOperationModel:
+    """One retry operation with its batches and counts."""
+    with _engine(request).connect() as conn:
+        operation = retries.get_operation(conn, operation_id)
+    if operation is None:
+        raise HTTPException(404, f"no retry operation with id {operation_id}")
+    return RetryOperationModel(
+        id=operation.id,
+        request_id=operation.request_id,
+        retry_type=str(operation.retry_type),
+        originator=operation.originator,
+        classifier=operation.classifier,
+        message_count=operation.message_count,
+        forwarded_count=operation.forwarded_count,
+        skipped_count=operation.skipped_count,
+        failed=operation.failed,
+        acknowledged=operation.acknowledged,
+        start_time=operation.started_at,
+        last_modified=operation.last_modified,
+        prepared_time=operation.prepared_at,
+        completion_time=operation.completed_at,
+        batches=[_batch(batch) for batch in operation.batches],
+    )
+
+
+@router.get("/recoverability/history")
+def get_retry_history(request: Request) -> RetryHistoryModel:
+    """Recent completed retry operations, and those not acknowledged yet."""
+    with _engine(request).connect() as conn:
+        history = retries.get_history(conn)
+    return RetryHistoryModel(
+        historic_operations=[
+            HistoricOperation(**_historic_fields(item)) for item in history.historic
+        ],
+        unacknowledged_operations=[
+            UnacknowledgedOperation(
+                **_historic_fields(item), last=item.last_modified, classifier=item.classifier
+            )
+            for item in history.unacknowledged
+        ],
+    )
+
+
+# --- edit and retry -----------------------------------------------------------------------
+@router.get("/edit/config")
+def get_edit_configuration() -> EditConfiguration:
+    """Whether editing is on, and the headers an edit may not change or should not."""
+    return EditConfiguration(
+        enabled=True,
+        sensitive_headers=list(retry_wire.SENSITIVE_HEADERS),
+        locked_headers=list(retry_wire.LOCKED_HEADERS),
+    )
+
+
+@router.post(
+    "/edit/{id}",
+    status_code=202,
+    responses={
+        400: {"description": "A locked header changed, or the body is empty."},
+        **_ERRORS,
+        503: {"description": "The message could not be sent; the original is unchanged."},
+    },
+)
+async def edit_and_retry(
+    request: Request,
+    failed_message_id: Annotated[str, Path(alias="id")],
+    edit: Annotated[EditRequest, Body()],
+) -> EditAccepted:
+    """Send an edited copy of an Unresolved failed message; the original becomes Resolved."""
+    transport: Transport | None = getattr(request.app.state, "transport", None)
+    if transport is None:
+        raise HTTPException(503, "no transport is configured to send the edited message")
+    try:
+        result = await retries.edit_and_retry(
+            _engine(request),
+            transport,
+            failed_message_id,
+            body=edit.message_body,
+            headers=edit.headers(),
+            acknowledgement_queue=request.app.state.settings.error_queue,
+        )
+    except retries.InvalidEdit as exc:
+        raise HTTPException(400, str(exc)) from exc
+    except retries.RetryRequestError as exc:
+        raise _http_error(exc) from exc
+    except TransportError as exc:
+        raise HTTPException(503, f"the edited message could not be sent: {exc}") from exc
+    return EditAccepted(
+        edit_ignored=False,
+        edit_id=result.edit_id,
+        message_id=result.message_id,
+        destination=result.destination,
+    )
+
+
+# --- helpers ------------------------------------------------------------------------------
+def _accepted(
+    request: Request, action: Callable[..., retries.RetryRequestResult], *args: Any
+) -> RetryAccepted:
+    try:
+        result = action(_engine(request), *args)
+    except retries.RetryRequestError as exc:
+        raise _http_error(exc) from exc
+    processor = getattr(request.app.state, "retry_processor", None)
+    if processor is not None and result.batches:
+        processor.wake()
+    operation_id = result.operation_id if result.batches else None
+    return RetryAccepted(
+        operation_id=operation_id,
+        request_id=result.target or operation_id,
+        retry_type=str(result.retry_type),
+        message_count=result.message_count,
+        skipped_count=result.skipped_count,
+        batches=[_batch(batch) for batch in result.batches],
+    )
+
+
+def _http_error(exc: retries.RetryRequestError) -> HTTPException:
+    if isinstance(exc, retries.UnknownFailedMessages | retries.UnknownGroup):
+        return HTTPException(404, str(exc))
+    return HTTPException(409, str(exc))
+
+
+def _check_ids(ids: list[str]) -> None:
+    if any(not item.strip() for item in ids):
+        raise HTTPException(400, "the body (a JSON array of failed message ids) has an empty id")
+
+
+def _batch(batch: retries.RetryBatchInfo) -> RetryBatchModel:
+    return RetryBatchModel(id=batch.id, message_count=batch.message_count, status=batch.status)
+
+
+def _historic_fields(item: retries.RetryOperation) -> dict[str, Any]:
+    completed: datetime = item.completed_at or item.last_modified
+    return {
+        "request_id": item.request_id,
+        "retry_type": str(item.retry_type),
+        "start_time": item.started_at,
+        "completion_time": completed,
+        "originator": item.originator,
+        "failed": item.failed,
+        "number_of_messages_processed": item.forwarded_count,
+    }
+
+
+def _engine(request: Request) -> sa.Engine:
+    engine: sa.Engine = request.app.state.engine
+    return engine
+
+
+__all__ = ["router"]
