@@ -15,16 +15,24 @@ Async use, many messages over one connection::
 Sync use, one message::
 
     send_failed_message(settings, headers, body)
+
+A consumer that processed a message Controlroom retried confirms it, and the failed
+message becomes Resolved::
+
+    await confirm_successful_retry(transport, delivery.headers)
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 
 from controlroom.config import Settings
 from controlroom.errors import headers as h
+from controlroom.errors import retry_wire
 from controlroom.transport import Transport, create_transport
 
 
@@ -80,3 +88,35 @@ def send_failed_message(settings: Settings, headers: Mapping[str, str | None], b
 async def _send_one(settings: Settings, headers: Mapping[str, str | None], body: bytes) -> None:
     async with open_transport(settings) as transport:
         await publish_failed_message(transport, headers, body, error_queue=settings.error_queue)
+
+
+async def confirm_successful_retry(
+    transport: Transport,
+    headers: Mapping[str, str | None],
+    *,
+    processed_at: datetime | None = None,
+) -> bool:
+    """Tell Controlroom that a retried message was processed successfully.
+
+    ``headers`` are the headers of the message as the consumer received it. When they
+    carry ``ServiceControl.Retry.UniqueMessageId`` and ``ServiceControl.Retry.
+    AcknowledgementQueue`` (Controlroom's error queue), a control message with
+    ``ServiceControl.Retry.Successful`` (``processed_at``, default now, UTC) goes to that
+    queue, and ingestion marks the failed message Resolved. Returns ``True`` when a
+    confirmation was sent, ``False`` for a message that is not a retry (so a consumer
+    may call it after every message), as NServiceBus endpoints do. Call it after the
+    message's work is committed, before acknowledging the message.
+
+    Raises ``TransportError`` when the confirmation may not have been accepted (sending
+    it again is harmless: a second confirmation changes nothing).
+    """
+    unique_message_id = h.header_text(headers, retry_wire.RETRY_UNIQUE_MESSAGE_ID)
+    queue = h.header_text(headers, retry_wire.RETRY_ACKNOWLEDGEMENT_QUEUE)
+    if unique_message_id is None or queue is None:
+        return False
+    message_id = str(uuid.uuid4())
+    confirmation = retry_wire.confirmation_headers(
+        unique_message_id, message_id, processed_at or datetime.now(UTC)
+    )
+    await transport.publish(queue, confirmation, b"", message_id=message_id)
+    return True
