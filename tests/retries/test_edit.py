@@ -1,0 +1,179 @@
+"""Edit and retry on every provider, over the embedded queue: the edited body and headers
+are sent, locked headers are refused with 400, the original ends Resolved (issue 4)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+
+from controlroom.api import create_app
+from controlroom.config import Settings
+from controlroom.db.tables import FailedMessageStatus
+from controlroom.errors import retry_wire
+from controlroom.errors.bodies import FileSystemBodyStore
+from controlroom.errors.writer import FailedMessageBatchWriter
+from controlroom.transport.embedded import EmbeddedQueue
+from tests.nsb import failed_headers
+from tests.retries.conftest import TIMEOUT, claims, set_status, statuses, store_failed, take
+from tests.transport.helpers import Collector
+
+Scenario = Callable[[httpx.AsyncClient, EmbeddedQueue], Awaitable[Any]]
+
+
+def run_with_api(
+    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, scenario: Scenario
+) -> Any:
+    """Run ``scenario`` against the app, in one event loop with its embedded queue (the
+    edit route publishes on the app's transport)."""
+
+    async def main() -> Any:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            app = create_app(settings, engine, body_store, transport=transport)
+            api = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+            async with api, asyncio.timeout(TIMEOUT):
+                return await scenario(api, transport)
+
+    return asyncio.run(main())
+
+
+def test_edit_config_lists_locked_and_sensitive_headers(
+    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore
+) -> None:
+    async def scenario(api: httpx.AsyncClient, _: EmbeddedQueue) -> httpx.Response:
+        return await api.get("/api/edit/config")
+
+    response = run_with_api(settings, engine, body_store, scenario)
+
+    config = response.json()
+    assert config["enabled"] is True
+    assert {"NServiceBus.MessageId", "ServiceControl.Retry.UniqueMessageId"} <= set(
+        config["locked_headers"]
+    )
+    assert "NServiceBus.ReplyToAddress" in config["sensitive_headers"]
+
+
+def test_edit_sends_the_edited_copy_and_resolves_the_original(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    headers = failed_headers("order-1", endpoint="Sales")
+    headers["ServiceControl.EditOf"] = str(uuid.uuid4())  # an edit of an edit: replaced
+    original = store_failed(settings, writer, body_store, headers, b'{"qty": -1}')
+    edited_headers = {**headers, "NServiceBus.EnclosedMessageTypes": "Shop.Messages.PlaceOrderV2"}
+
+    async def scenario(api: httpx.AsyncClient, transport: EmbeddedQueue) -> tuple[Any, Any]:
+        response = await api.post(
+            f"/api/edit/{original.unique_message_id}",
+            json={"message_body": '{"qty": 1}', "message_headers": edited_headers},
+        )
+        async with Collector(transport, "Sales", prefetch=5) as collector:
+            (delivery,) = await take(collector, 1)
+        return response, delivery
+
+    response, delivery = run_with_api(settings, engine, body_store, scenario)
+
+    assert response.status_code == 202, response.text
+    answer = response.json()
+    assert delivery.body == b'{"qty": 1}'
+    sent = dict(delivery.headers)
+    assert sent["NServiceBus.EnclosedMessageTypes"] == "Shop.Messages.PlaceOrderV2"
+    assert sent["NServiceBus.MessageId"] == answer["message_id"] != headers["NServiceBus.MessageId"]
+    assert sent["ServiceControl.EditOf"] == original.unique_message_id
+    assert sent["ServiceControl.Retry.UniqueMessageId"] == answer["edit_id"]
+    assert sent["ServiceControl.Retry.AcknowledgementQueue"] == settings.error_queue
+    assert sent["ServiceControl.TargetEndpointAddress"] == "Sales"
+    assert not [name for name in sent if name.startswith(retry_wire.STRIPPED_HEADER_PREFIXES[:4])]
+    assert statuses(engine)[original.unique_message_id] == FailedMessageStatus.RESOLVED
+    assert claims(engine) == {}
+
+
+def test_edit_of_a_locked_header_is_refused_with_400_and_nothing_is_sent(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    headers = failed_headers("order-2", endpoint="Sales")
+    original = store_failed(settings, writer, body_store, headers)
+    attempts = [
+        {**headers, "NServiceBus.MessageId": "forged"},
+        {**headers, "ServiceControl.Retry.UniqueMessageId": str(uuid.uuid4())},
+        {k: v for k, v in headers.items() if k != "NServiceBus.ConversationId"},
+    ]
+
+    async def scenario(api: httpx.AsyncClient, transport: EmbeddedQueue) -> list[httpx.Response]:
+        answers = [
+            await api.post(
+                f"/api/edit/{original.unique_message_id}",
+                json={"message_body": "{}", "message_headers": edited},
+            )
+            for edited in attempts
+        ]
+        empty_body = await api.post(
+            f"/api/edit/{original.unique_message_id}",
+            json={"message_body": "  ", "message_headers": headers},
+        )
+        assert await transport.purge("Sales") == 0
+        return [*answers, empty_body]
+
+    answers = run_with_api(settings, engine, body_store, scenario)
+
+    assert [a.status_code for a in answers] == [400] * 4
+    assert "NServiceBus.MessageId" in answers[0].json()["detail"]
+    assert "ServiceControl.Retry.UniqueMessageId" in answers[1].json()["detail"]
+    assert "NServiceBus.ConversationId" in answers[2].json()["detail"]
+    assert "message_body" in answers[3].json()["detail"]
+    assert statuses(engine)[original.unique_message_id] == FailedMessageStatus.UNRESOLVED
+
+
+def test_edit_of_unknown_archived_or_retrying_messages_is_refused(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    archived = store_failed(settings, writer, body_store, failed_headers("a")).unique_message_id
+    retrying = store_failed(settings, writer, body_store, failed_headers("r")).unique_message_id
+    set_status(engine, archived, FailedMessageStatus.ARCHIVED)
+
+    async def scenario(api: httpx.AsyncClient, _: EmbeddedQueue) -> list[httpx.Response]:
+        await api.post(f"/api/errors/{retrying}/retry")
+        body = {"message_body": "{}", "message_headers": failed_headers("a")}
+        return [
+            await api.post(f"/api/edit/{target}", json=body)
+            for target in (str(uuid.uuid4()), archived, retrying)
+        ]
+
+    unknown, of_archived, of_retrying = run_with_api(settings, engine, body_store, scenario)
+
+    assert unknown.status_code == 404
+    assert of_archived.status_code == 409 and "archived" in of_archived.json()["detail"]
+    assert of_retrying.status_code == 409 and "being retried" in of_retrying.json()["detail"]
+
+
+def test_edit_without_a_transport_answers_503(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    original = store_failed(settings, writer, body_store, failed_headers("x"))
+    app = create_app(settings, engine, body_store)
+
+    async def main() -> httpx.Response:
+        transport = httpx.ASGITransport(app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as api:
+            return await api.post(
+                f"/api/edit/{original.unique_message_id}",
+                json={"message_body": "{}", "message_headers": failed_headers("x")},
+            )
+
+    assert asyncio.run(main()).status_code == 503
+    assert statuses(engine)[original.unique_message_id] == FailedMessageStatus.UNRESOLVED

@@ -1,0 +1,225 @@
+"""The retry processor on the embedded queue, every provider: the whole loop without a
+broker, destinations, what it drops and why, the history it leaves, its lease."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import httpx
+import sqlalchemy as sa
+
+from controlroom.api import create_app
+from controlroom.client import confirm_successful_retry
+from controlroom.config import Settings
+from controlroom.db.tables import FailedMessageStatus, retry_operations
+from controlroom.errors import retries, retry_wire
+from controlroom.errors.bodies import FileSystemBodyStore
+from controlroom.errors.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
+from controlroom.errors.ingestion import IngestionService
+from controlroom.errors.retry_dialects import retry_dialect
+from controlroom.errors.writer import FailedMessageBatchWriter
+from controlroom.transport.embedded import EmbeddedQueue
+from tests.nsb import failed_headers
+from tests.retries.conftest import (
+    TIMEOUT,
+    batch_statuses,
+    claims,
+    make_processor,
+    set_status,
+    statuses,
+    store_failed,
+    store_many,
+    take,
+    wait_for,
+)
+from tests.transport.helpers import Collector
+
+
+def test_embedded_queue_retry_round_trip_with_a_running_processor(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    headers = failed_headers("order-1", endpoint="Sales")
+    headers["ServiceControl.RetryTo"] = "Sales.Retries@OTHER-HOST"
+    attempt = store_failed(settings, writer, body_store, headers, b"<order id='1'/>")
+
+    async def scenario() -> dict[str, str | None]:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            processor = make_processor(
+                settings, engine, transport, body_store, poll_interval_seconds=30
+            )
+            running = asyncio.create_task(processor.run())
+            app = create_app(settings, engine, body_store, retry_processor=processor)
+            api = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+            ingestion = IngestionService(settings, engine, transport, body_store)
+            ingesting = asyncio.create_task(ingestion.run())
+            try:
+                async with api, asyncio.timeout(TIMEOUT):
+                    await asyncio.sleep(0.2)  # the processor is idle, polling only every 30 s
+                    response = await api.post(f"/api/errors/{attempt.unique_message_id}/retry")
+                    assert response.status_code == 202
+                    async with Collector(transport, "Sales.Retries", prefetch=5) as collector:
+                        (delivery,) = await take(collector, 1)  # woken by the request
+                    assert await confirm_successful_retry(transport, delivery.headers)
+                    await wait_for(
+                        lambda: (
+                            statuses(engine)[attempt.unique_message_id]
+                            == FailedMessageStatus.RESOLVED
+                        )
+                    )
+                    return dict(delivery.headers)
+            finally:
+                await ingestion.stop()
+                running.cancel()
+                await asyncio.gather(running, ingesting, return_exceptions=True)
+
+    sent = asyncio.run(scenario())
+
+    assert sent["ServiceControl.TargetEndpointAddress"] == "Sales.Retries@OTHER-HOST"
+    assert sent["ServiceControl.RetryTo"] == "Sales.Retries@OTHER-HOST"  # kept: the original's
+    assert claims(engine) == {}
+
+
+def test_messages_that_changed_or_cannot_be_sent_are_dropped_and_reported(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    fine = store_failed(settings, writer, body_store, failed_headers("fine", endpoint="Q"))
+    archived = store_failed(settings, writer, body_store, failed_headers("arch", endpoint="Q"))
+    missing = store_failed(
+        settings,
+        writer,
+        body_store,
+        failed_headers("gone", endpoint="Q", content_type="application/octet-stream"),
+        b"\x00binary",
+    )
+    request = retries.retry_all(engine)
+    set_status(engine, archived.unique_message_id, FailedMessageStatus.ARCHIVED)  # meanwhile
+    body_store.delete_message(missing.unique_message_id)  # the body store lost it
+
+    async def scenario() -> list:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            processor = make_processor(settings, engine, transport, body_store)
+            assert await processor.process_pending() == 1
+            await processor.close()
+            async with Collector(transport, "Q", prefetch=5) as collector:
+                deliveries = await take(collector, 1)
+                await collector.assert_idle(0.5)
+            return deliveries
+
+    (delivery,) = asyncio.run(scenario())
+
+    assert delivery.headers[retry_wire.RETRY_UNIQUE_MESSAGE_ID] == fine.unique_message_id
+    now = statuses(engine)
+    assert now[archived.unique_message_id] == FailedMessageStatus.ARCHIVED  # left alone
+    assert now[missing.unique_message_id] == FailedMessageStatus.UNRESOLVED  # can be seen again
+    assert now[fine.unique_message_id] == FailedMessageStatus.RETRY_ISSUED  # until confirmed
+    assert list(claims(engine)) == [fine.unique_message_id]
+    with engine.connect() as conn:
+        operation = conn.execute(
+            sa.select(retry_operations).where(retry_operations.c.id == request.operation_id)
+        ).one()
+    assert (operation.message_count, operation.forwarded_count, operation.skipped_count) == (
+        3,
+        1,
+        2,
+    )
+    assert operation.failed and operation.completed_at is not None
+    assert batch_statuses(engine) == ["done"]
+
+
+def test_history_lists_completed_operations_with_counts_and_outcome(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    attempts = [
+        store_failed(settings, writer, body_store, failed_headers(f"h-{n}", endpoint="Q"))
+        for n in range(3)
+    ]
+    (group,) = (g for g in attempts[0].groups if g.classifier == EXCEPTION_TYPE_AND_STACK_TRACE)
+    single = retries.retry_message(engine, attempts[0].unique_message_id)
+    grouped = retries.retry_group(engine, group.id)
+
+    async def scenario() -> dict:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            processor = make_processor(settings, engine, transport, body_store)
+            assert await processor.process_pending() == 2
+            await processor.close()
+            app = create_app(settings, engine, body_store)
+            api = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+            async with api:
+                operation = await api.get(f"/api/retries/{grouped.operation_id}")
+                assert operation.json()["completion_time"] is not None
+                return (await api.get("/api/recoverability/history")).json()
+
+    history = asyncio.run(scenario())
+
+    historic = {item["retry_type"]: item for item in history["historic_operations"]}
+    assert historic.keys() == {"SingleMessage", "FailureGroup"}
+    assert historic["SingleMessage"]["request_id"] == attempts[0].unique_message_id
+    assert historic["FailureGroup"] | {"start_time": None, "completion_time": None} == {
+        "request_id": group.id,
+        "retry_type": "FailureGroup",
+        "start_time": None,
+        "completion_time": None,
+        "originator": group.title,
+        "failed": False,
+        "number_of_messages_processed": 2,  # the third was already in the single retry
+    }
+    assert historic["FailureGroup"]["completion_time"].endswith("Z")
+    (unacknowledged,) = history["unacknowledged_operations"]  # group retries need an ack
+    assert unacknowledged["request_id"] == group.id
+    assert unacknowledged["classifier"] == EXCEPTION_TYPE_AND_STACK_TRACE
+    assert single.message_count == 1
+
+
+def test_only_one_processor_holds_the_lease(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    store_many(settings, writer, 2, endpoint="Q")
+    retries.retry_all(engine)
+
+    async def scenario() -> None:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            first = make_processor(settings, engine, transport, body_store, lease_seconds=60)
+            second = make_processor(settings, engine, transport, body_store, lease_seconds=60)
+            assert await asyncio.to_thread(first._lease.hold)
+            assert await second.process_pending() == 0  # the first holds the lease
+            assert batch_statuses(engine) == ["staging"]
+            await first.close()  # released: the second takes over at once
+            assert await second.process_pending() == 1
+            await second.close()
+
+    asyncio.run(scenario())
+    assert batch_statuses(engine) == ["done"]
+
+
+def test_a_lease_ends_with_a_holder_that_died(engine: sa.Engine) -> None:
+    """SQLite: the lease row expires when its holder stops renewing. PostgreSQL: the
+    advisory lock ends with the holder's session."""
+    dialect = retry_dialect(engine)
+    dead = dialect.make_lease(engine, "test-lease", str(uuid.uuid4()), 0.3)
+    alive = dialect.make_lease(engine, "test-lease", str(uuid.uuid4()), 0.3)
+    assert dead.hold() and dead.hold()  # renewing is holding
+    assert not alive.hold()
+    if engine.dialect.name == "postgresql":
+        holder: sa.Connection = dead._conn  # type: ignore[attr-defined]
+        pid = holder.execute(sa.select(sa.func.pg_backend_pid())).scalar_one()
+        with engine.connect() as conn:
+            conn.execute(sa.select(sa.func.pg_terminate_backend(pid)))
+    else:
+        asyncio.run(asyncio.sleep(0.4))  # no renewal within the lease
+    assert alive.hold()
+    assert not dead.hold()  # the dead holder learns it lost the lease
+    alive.release()
+    dead.release()

@@ -1,0 +1,226 @@
+"""Retry requests over HTTP on every provider: batches of at most 1,000, claims, RetryIssued,
+404 for unknown ids and groups, 409 for archived and resolved messages (issue 4)."""
+
+from __future__ import annotations
+
+import uuid
+
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from controlroom.config import Settings
+from controlroom.db.tables import FailedMessageStatus, failed_messages, retry_batches
+from controlroom.errors import retries
+from controlroom.errors.bodies import FileSystemBodyStore
+from controlroom.errors.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
+from controlroom.errors.writer import FailedMessageBatchWriter
+from tests.nsb import failed_headers
+from tests.retries.conftest import (
+    batch_statuses,
+    claims,
+    set_status,
+    statuses,
+    store_failed,
+    store_many,
+)
+
+RETRY_ISSUED = FailedMessageStatus.RETRY_ISSUED
+UNRESOLVED = FailedMessageStatus.UNRESOLVED
+
+
+def status_changed_at(engine: sa.Engine) -> dict[str, object]:
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(failed_messages.c.id, failed_messages.c.status_changed_at))
+        return {row.id: row.status_changed_at for row in rows}
+
+
+def test_retry_all_makes_batches_of_at_most_1000_and_marks_every_claimed_message(
+    settings: Settings, engine: sa.Engine, writer: FailedMessageBatchWriter, client: TestClient
+) -> None:
+    ids = store_many(settings, writer, 2500)
+
+    response = client.post("/api/errors/retry/all")
+
+    assert response.status_code == 202, response.text
+    answer = response.json()
+    assert answer["retry_type"] == "All"
+    assert [b["message_count"] for b in answer["batches"]] == [1000, 1000, 500]
+    assert answer["message_count"] == 2500 and answer["skipped_count"] == 0
+    assert set(statuses(engine).values()) == {RETRY_ISSUED}
+    held = claims(engine)
+    assert sorted(held) == ids
+    assert {row.retry_batch_id for row in held.values()} == {b["id"] for b in answer["batches"]}
+    assert batch_statuses(engine) == ["staging"] * 3
+    operation = client.get(f"/api/retries/{answer['operation_id']}").json()
+    assert operation["message_count"] == 2500 and operation["prepared_time"] is not None
+
+
+def test_only_messages_claimed_by_this_request_change(
+    settings: Settings, engine: sa.Engine, writer: FailedMessageBatchWriter, client: TestClient
+) -> None:
+    ids = store_many(settings, writer, 6)
+    first = client.post("/api/errors/retry", json=ids[:3]).json()
+    before = status_changed_at(engine)
+
+    second = client.post("/api/errors/retry", json=ids)
+
+    assert second.status_code == 202
+    assert second.json()["message_count"] == 3 and second.json()["skipped_count"] == 3
+    after = status_changed_at(engine)
+    assert {i: after[i] for i in ids[:3]} == {i: before[i] for i in ids[:3]}  # untouched
+    held = claims(engine)
+    assert {held[i].retry_batch_id for i in ids[:3]} == {first["batches"][0]["id"]}
+    assert {held[i].retry_batch_id for i in ids[3:]} == {second.json()["batches"][0]["id"]}
+
+
+def test_retrying_what_is_already_in_a_retry_claims_nothing(
+    settings: Settings, engine: sa.Engine, writer: FailedMessageBatchWriter, client: TestClient
+) -> None:
+    (message_id,) = store_many(settings, writer, 1)
+    assert client.post(f"/api/errors/{message_id}/retry").json()["message_count"] == 1
+
+    again = client.post(f"/api/errors/{message_id}/retry")
+
+    assert again.status_code == 202
+    assert again.json() | {"request_id": None} == {
+        "operation_id": None,
+        "request_id": None,
+        "retry_type": "SingleMessage",
+        "message_count": 0,
+        "skipped_count": 1,
+        "batches": [],
+    }
+    assert len(batch_statuses(engine)) == 1
+
+
+def test_group_retry_takes_exactly_the_groups_unresolved_messages(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+    client: TestClient,
+) -> None:
+    timeouts = [
+        store_failed(
+            settings,
+            writer,
+            body_store,
+            failed_headers(f"t-{n}", exception_type="System.TimeoutException"),
+        )
+        for n in range(5)
+    ]
+    others = [
+        store_failed(settings, writer, body_store, failed_headers(f"o-{n}")) for n in range(3)
+    ]
+    archived, resolved, in_retry = (t.unique_message_id for t in timeouts[:3])
+    set_status(engine, archived, FailedMessageStatus.ARCHIVED)
+    set_status(engine, resolved, FailedMessageStatus.RESOLVED)
+    client.post(f"/api/errors/{in_retry}/retry")
+    (group,) = (g for g in timeouts[0].groups if g.classifier == EXCEPTION_TYPE_AND_STACK_TRACE)
+
+    response = client.post(f"/api/recoverability/groups/{group.id}/errors/retry")
+
+    assert response.status_code == 202, response.text
+    answer = response.json()
+    assert answer["retry_type"] == "FailureGroup" and answer["request_id"] == group.id
+    claimed = {
+        i for i, c in claims(engine).items() if c.retry_batch_id == answer["batches"][0]["id"]
+    }
+    assert claimed == {t.unique_message_id for t in timeouts[3:]}
+    now = statuses(engine)
+    assert {now[o.unique_message_id] for o in others} == {UNRESOLVED}
+    assert (now[archived], now[resolved]) == (
+        FailedMessageStatus.ARCHIVED,
+        FailedMessageStatus.RESOLVED,
+    )
+
+
+def test_queue_and_endpoint_retries_select_by_failed_queue_and_receiving_endpoint(
+    settings: Settings, engine: sa.Engine, writer: FailedMessageBatchWriter, client: TestClient
+) -> None:
+    sales = store_many(settings, writer, 2, prefix="s", endpoint="Sales")
+    billing = store_many(settings, writer, 3, prefix="b", endpoint="Billing")
+
+    by_queue = client.post("/api/errors/queues/Sales/retry").json()
+    by_endpoint = client.post("/api/errors/Billing/retry/all").json()
+
+    assert (by_queue["retry_type"], by_queue["request_id"]) == ("ByQueueAddress", "Sales")
+    assert (by_endpoint["retry_type"], by_endpoint["request_id"]) == ("AllForEndpoint", "Billing")
+    held = claims(engine)
+    assert {held[i].retry_batch_id for i in sales} == {by_queue["batches"][0]["id"]}
+    assert {held[i].retry_batch_id for i in billing} == {by_endpoint["batches"][0]["id"]}
+
+
+def test_unknown_ids_and_groups_answer_404_naming_them(
+    settings: Settings, engine: sa.Engine, writer: FailedMessageBatchWriter, client: TestClient
+) -> None:
+    known = store_many(settings, writer, 2)
+    unknown = str(uuid.uuid4())
+
+    single = client.post(f"/api/errors/{unknown}/retry")
+    not_a_guid = client.post("/api/errors/not-a-guid/retry")
+    selection = client.post("/api/errors/retry", json=[*known, unknown])
+    group = client.post(f"/api/recoverability/groups/{unknown}/errors/retry")
+
+    assert (single.status_code, not_a_guid.status_code, selection.status_code) == (404, 404, 404)
+    assert unknown in single.json()["detail"] and unknown in selection.json()["detail"]
+    assert group.status_code == 404 and unknown in group.json()["detail"]
+    assert set(statuses(engine).values()) == {UNRESOLVED}  # nothing half done
+    assert claims(engine) == {}
+
+
+def test_archived_and_resolved_messages_answer_409_and_nothing_changes(
+    settings: Settings, engine: sa.Engine, writer: FailedMessageBatchWriter, client: TestClient
+) -> None:
+    archived, resolved, fine = store_many(settings, writer, 3)
+    set_status(engine, archived, FailedMessageStatus.ARCHIVED)
+    set_status(engine, resolved, FailedMessageStatus.RESOLVED)
+
+    single = client.post(f"/api/errors/{archived}/retry")
+    selection = client.post("/api/errors/retry", json=[fine, resolved])
+
+    assert single.status_code == 409
+    assert f"{archived} is archived" in single.json()["detail"]
+    assert "unarchive" in single.json()["detail"]
+    assert selection.status_code == 409 and f"{resolved} is resolved" in selection.json()["detail"]
+    assert statuses(engine)[fine] == UNRESOLVED and claims(engine) == {}
+
+
+def test_empty_id_in_a_selection_answers_400(
+    settings: Settings, engine: sa.Engine, client: TestClient
+) -> None:
+    response = client.post("/api/errors/retry", json=[""])
+    assert response.status_code == 400 and "empty id" in response.json()["detail"]
+
+
+def test_a_claim_left_by_a_done_batch_is_replaced_once_the_message_failed_again(
+    settings: Settings, engine: sa.Engine, writer: FailedMessageBatchWriter
+) -> None:
+    (message_id,) = store_many(settings, writer, 1)
+    first = retries.retry_message(engine, message_id)
+    with engine.begin() as conn:  # as if sent, then failed again (the writer reopens it)
+        conn.execute(sa.update(retry_batches).values(status="done"))
+    set_status(engine, message_id, UNRESOLVED)
+
+    again = retries.retry_message(engine, message_id)
+
+    assert again.message_count == 1
+    assert claims(engine)[message_id].retry_batch_id == again.batches[0].id != first.batches[0].id
+
+
+def test_pending_retry_takes_over_the_claim_of_a_sent_but_unconfirmed_retry(
+    settings: Settings, engine: sa.Engine, writer: FailedMessageBatchWriter, client: TestClient
+) -> None:
+    sent, in_flight = store_many(settings, writer, 2)
+    client.post(f"/api/errors/{sent}/retry")
+    with engine.begin() as conn:  # the first batch was sent; no confirmation came
+        conn.execute(sa.update(retry_batches).values(status="done"))
+    client.post(f"/api/errors/{in_flight}/retry")  # this one is still being sent
+
+    plain = client.post("/api/errors/retry", json=[sent, in_flight]).json()
+    pending = client.post("/api/pendingretries/retry", json=[sent, in_flight]).json()
+
+    assert (plain["message_count"], plain["skipped_count"]) == (0, 2)
+    assert (pending["message_count"], pending["skipped_count"]) == (1, 1)
+    assert claims(engine)[sent].retry_batch_id == pending["batches"][0]["id"]
+    assert statuses(engine) == {sent: RETRY_ISSUED, in_flight: RETRY_ISSUED}

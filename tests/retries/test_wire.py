@@ -1,0 +1,128 @@
+"""The retry wire contract (pure): stripped and added headers, destinations, locked
+headers, the confirmation message; and the claim SQL each provider compiles."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy.dialects import postgresql, sqlite
+
+from controlroom.client import confirm_successful_retry
+from controlroom.errors import retry_wire
+from controlroom.errors.parsing import is_retry_confirmation
+from controlroom.errors.retry_dialects import retry_dialect
+from controlroom.transport.embedded import EmbeddedQueue
+from tests.retries.conftest import take
+from tests.transport.helpers import Collector
+
+
+def test_retry_headers_strip_failure_headers_by_prefix_and_add_exactly_four() -> None:
+    stored = {
+        "NServiceBus.MessageId": "m-1",
+        "NServiceBus.Retries": "3",
+        "NServiceBus.Retries.Timestamp": "2026-01-01 00:00:00:000000 Z",
+        "NServiceBus.FailedQ": "Sales@HOST",
+        "NServiceBus.TimeOfFailure": "2026-01-01 00:00:00:000000 Z",
+        "NServiceBus.ExceptionInfo.Message": "boom",
+        "NServiceBus.ExceptionInfo.HelpLink": None,
+        "ServiceControl.EditOf": "e-1",
+        "NServiceBus.ExceptionInformation": "kept: the prefix is ExceptionInfo. with the dot",
+        "ServiceControl.Retry.Attempt.MessageId": "an older attempt",
+        "Custom": None,
+    }
+
+    headers = retry_wire.retry_headers(
+        stored,
+        unique_message_id="u-1",
+        attempt_message_id="a-2",
+        acknowledgement_queue="error",
+        destination="Sales@HOST",
+    )
+
+    assert headers == {
+        "NServiceBus.MessageId": "m-1",
+        "NServiceBus.ExceptionInformation": "kept: the prefix is ExceptionInfo. with the dot",
+        "Custom": None,
+        "ServiceControl.Retry.UniqueMessageId": "u-1",
+        "ServiceControl.Retry.Attempt.MessageId": "a-2",
+        "ServiceControl.Retry.AcknowledgementQueue": "error",
+        "ServiceControl.TargetEndpointAddress": "Sales@HOST",
+    }
+
+
+@pytest.mark.parametrize(
+    ("headers", "queue_address", "destination", "queue"),
+    [
+        ({}, "Sales@MACHINE", "Sales@MACHINE", "Sales"),
+        ({}, "Sales", "Sales", "Sales"),
+        ({"ServiceControl.RetryTo": "Sales.Retry"}, "Sales@M", "Sales.Retry", "Sales.Retry"),
+        ({"ServiceControl.RetryTo": " "}, "Sales@M", "Sales@M", "Sales"),
+    ],
+)
+def test_destination_is_retry_to_else_the_failed_queue_and_the_queue_is_before_the_at(
+    headers: dict[str, str | None], queue_address: str, destination: str, queue: str
+) -> None:
+    assert retry_wire.retry_destination(headers, queue_address) == destination
+    assert retry_wire.queue_of_address(destination) == queue
+
+
+def test_an_address_without_a_queue_is_unsendable() -> None:
+    with pytest.raises(retry_wire.UnsendableMessage, match="names no usable queue"):
+        retry_wire.queue_of_address("@MACHINE")
+
+
+def test_locked_header_changes_treat_null_and_empty_alike() -> None:
+    original = {"NServiceBus.MessageId": "m", "NServiceBus.CorrelationId": None, "X": "1"}
+    assert retry_wire.locked_header_changes(original, {**original, "X": "2"}) == []
+    assert (
+        retry_wire.locked_header_changes(original, {**original, "NServiceBus.CorrelationId": ""})
+        == []
+    )
+    assert retry_wire.locked_header_changes(original, {"X": "1", "NServiceBus.SagaId": "s"}) == [
+        "NServiceBus.MessageId",
+        "NServiceBus.SagaId",
+    ]
+
+
+def test_confirm_successful_retry_sends_what_ingestion_reads_as_a_confirmation(
+    tmp_path: Path,
+) -> None:
+    retried = {
+        "NServiceBus.MessageId": "m-1",
+        "ServiceControl.Retry.UniqueMessageId": "0d9b5a9e-3a4b-4f5c-9d8e-7f6a5b4c3d2e",
+        "ServiceControl.Retry.AcknowledgementQueue": "errors-ack",
+    }
+    when = datetime(2026, 2, 3, 4, 5, 6, 789000, tzinfo=UTC)
+
+    async def scenario() -> tuple[bool, bool, dict[str, str | None], bytes]:
+        async with EmbeddedQueue(tmp_path / "q.db") as transport:
+            not_a_retry = await confirm_successful_retry(transport, {"NServiceBus.MessageId": "x"})
+            sent = await confirm_successful_retry(transport, retried, processed_at=when)
+            async with Collector(transport, "errors-ack", prefetch=5) as collector:
+                (delivery,) = await take(collector, 1)
+                await collector.assert_idle(0.2)
+            return not_a_retry, sent, delivery.headers, delivery.body
+
+    not_a_retry, sent, headers, body = asyncio.run(asyncio.wait_for(scenario(), 30))
+
+    assert (not_a_retry, sent, body) == (False, True, b"")
+    assert headers["ServiceControl.Retry.Successful"] == "2026-02-03 04:05:06:789000 Z"
+    assert headers["NServiceBus.ControlMessage"] == "True"
+    assert is_retry_confirmation(headers) == retried["ServiceControl.Retry.UniqueMessageId"]
+
+
+@pytest.mark.parametrize(
+    ("dialect", "expected"),
+    [
+        (postgresql.dialect(), "ON CONFLICT (failed_message_id) DO NOTHING RETURNING"),
+        (sqlite.dialect(), "ON CONFLICT (failed_message_id) DO NOTHING RETURNING"),
+    ],
+)
+def test_claims_compile_to_each_providers_insert_if_absent(dialect: object, expected: str) -> None:
+    statement = retry_dialect(dialect).claim_statement("batch", ["a", "b"])  # type: ignore[arg-type]
+    sql = " ".join(str(statement.compile(dialect=dialect)).split())  # type: ignore[arg-type]
+    assert sql.startswith("INSERT INTO failed_message_retries")
+    assert expected in sql
