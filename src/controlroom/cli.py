@@ -40,6 +40,7 @@ from controlroom.errors.reimport import (
     list_failed_import_ids,
     reimport_failed_import,
 )
+from controlroom.errors.retry_processor import RetryProcessor
 from controlroom.exceptions import ConfigurationError, ControlroomError
 from controlroom.transport import Transport, create_transport
 from controlroom.transport.rabbitmq import redact_url
@@ -225,17 +226,25 @@ class _Server(uvicorn.Server):
 async def _run_parts(
     settings: Settings, engine: sa.Engine, transport: Transport, listener: socket.socket
 ) -> int:
-    """Start the HTTP server and ingestion, wait for a signal or for a part to end, then
-    stop both (ingestion first, so nothing is taken from the queue after the signal)."""
+    """Start the HTTP server, ingestion and the retry processor, wait for a signal or for
+    a part to end, then stop them (ingestion first, so nothing is taken from the queue
+    after the signal)."""
     body_store = FileSystemBodyStore(settings.body_dir)
+    retry_processor = RetryProcessor(settings, engine, transport, body_store)
     api = create_app(
         settings,
         engine,
         body_store,
         health_checks={"database": database_check(engine), "broker": transport.check},
+        transport=transport,
+        retry_processor=retry_processor,
     )
     server = _Server(uvicorn.Config(api, lifespan="off", log_level="info"))
     parts = {asyncio.create_task(server.serve(sockets=[listener]), name="http")}
+    # Sends retry batches; resumes batches a previous process left (it takes a lease, so
+    # one process sends when several serve one database).
+    retrying = asyncio.create_task(retry_processor.run(), name="retry processor")
+    parts.add(retrying)
     ingestion = None
     if settings.ingest_on_serve:
         ingestion = IngestionService(settings, engine, transport, body_store)
@@ -249,6 +258,7 @@ async def _run_parts(
     _restore_signals(signals)  # a second Ctrl+C interrupts a slow shutdown
     if ingestion is not None:
         await ingestion.stop()
+    retrying.cancel()  # an unsent batch stays persisted for the next start
     server.should_exit = True
     stopper.cancel()
     await asyncio.gather(*parts, return_exceptions=True)
