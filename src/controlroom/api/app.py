@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from fastapi import FastAPI
 
 from controlroom import __version__
-from controlroom.api import errors, health, retries
+from controlroom.api import errors, health, retries, search
 from controlroom.config import Settings
 from controlroom.errors.bodies import BodyStore
 from controlroom.transport.base import Transport
@@ -46,6 +46,7 @@ def create_app(
         health_checks if health_checks is not None else {"database": health.database_check(engine)}
     )
     app.include_router(errors.router, prefix="/api")
+    app.include_router(search.router, prefix="/api")
     app.include_router(health.router, prefix="/api")
     app.include_router(retries.router, prefix="/api")
     return app
