@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import sqlalchemy as sa
@@ -223,3 +224,30 @@ def test_a_lease_ends_with_a_holder_that_died(engine: sa.Engine) -> None:
     assert not dead.hold()  # the dead holder learns it lost the lease
     alive.release()
     dead.release()
+
+
+def test_an_operation_whose_request_died_midway_is_closed_with_the_batches_it_has(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    store_many(settings, writer, 2, endpoint="Q")
+    request = retries.retry_all(engine)
+    long_ago = datetime.now(UTC) - timedelta(hours=1)
+    with engine.begin() as conn:  # as if the request died before it finished preparing
+        conn.execute(sa.update(retry_operations).values(prepared_at=None, last_modified=long_ago))
+
+    async def scenario() -> None:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            processor = make_processor(settings, engine, transport, body_store)
+            assert await processor.process_pending() == 1
+            await processor.close()
+
+    asyncio.run(scenario())
+
+    with engine.connect() as conn:
+        operation = retries.get_operation(conn, request.operation_id)
+    assert operation is not None
+    assert operation.prepared_at is not None and operation.completed_at is not None
+    assert operation.forwarded_count == 2

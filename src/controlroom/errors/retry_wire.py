@@ -15,7 +15,6 @@ kept in ``ServiceControl.TargetEndpointAddress``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from controlroom.errors import headers as h
@@ -218,8 +217,3 @@ def format_nsb_time(instant: datetime) -> str:
     if instant.tzinfo is None:
         raise ValueError("an NServiceBus wire time needs a timezone-aware datetime")
     return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S:%f Z")
-
-
-def header_names(headers: Iterable[str]) -> str:
-    """Header names for an error message: comma-separated, each quoted."""
-    return ", ".join(repr(name) for name in headers)
