@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 
 from controlroom.db.engine import begin_write
+from controlroom.db.leases import make_lease
 from controlroom.db.tables import (
     FailedMessageStatus,
     failed_message_groups,
@@ -29,7 +30,6 @@ from controlroom.db.tables import (
     failed_messages,
 )
 from controlroom.errors.bodies import BodyStore
-from controlroom.errors.retry_dialects import retry_dialect
 from controlroom.errors.writer import Clock, utc_now
 
 log = logging.getLogger(__name__)
@@ -116,9 +116,7 @@ class RetentionSweeper:
         self._retention_period = retention_period
         self._interval = interval_seconds
         self._clock = clock
-        self._lease = retry_dialect(engine).make_lease(
-            engine, LEASE_NAME, str(uuid.uuid4()), lease_seconds
-        )
+        self._lease = make_lease(engine, LEASE_NAME, str(uuid.uuid4()), lease_seconds)
 
     async def run(self) -> None:
         """Sweep until cancelled."""

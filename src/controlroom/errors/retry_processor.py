@@ -19,7 +19,7 @@ so a process that dies at any point leaves a state the next one continues from.
   its claim, becomes Unresolved again and marks the operation failed; a transport or
   store failure leaves everything in place and the processor backs off and tries again.
 
-One process forwards at a time: the processor holds a lease (``retry_dialects``: a
+One process forwards at a time: the processor holds a lease (``controlroom.db.leases``: a
 PostgreSQL advisory lock, a lease row on SQLite) and re-checks it before every window.
 """
 
@@ -40,6 +40,7 @@ from prometheus_client import Counter
 
 from controlroom.config import Settings
 from controlroom.db.engine import begin_write
+from controlroom.db.leases import make_lease
 from controlroom.db.tables import (
     FailedMessageStatus,
     failed_message_retries,
@@ -51,7 +52,6 @@ from controlroom.errors import headers as h
 from controlroom.errors import retry_wire
 from controlroom.errors.bodies import BodyNotFoundError, BodyStore
 from controlroom.errors.retries import BatchStatus, complete_operation_if_finished
-from controlroom.errors.retry_dialects import retry_dialect
 from controlroom.errors.retry_wire import UnsendableMessage
 from controlroom.errors.writer import Clock, utc_now
 from controlroom.exceptions import ControlroomError
@@ -138,7 +138,7 @@ class RetryProcessor:
         self._max_backoff = max_backoff_seconds
         self._clock = clock
         owner = f"{uuid.uuid4()}"
-        self._lease = retry_dialect(engine).make_lease(engine, LEASE_NAME, owner, lease_seconds)
+        self._lease = make_lease(engine, LEASE_NAME, owner, lease_seconds)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
 

@@ -1,10 +1,10 @@
-"""Per-provider SQL of retry batches: the claim (insert-if-absent) and the processor lease.
+"""Per-provider SQL of retry batches: the claim (insert-if-absent).
 
 The retry-batch seam, separate from the ingestion write dialect
 (``controlroom.errors.dialects``): each provider module exposes a ``DIALECT`` with the
 same methods (see ``_base.RetryBatchDialect``), chosen here by the engine's dialect name.
-Source: STYLE.md "SQLAlchemy dialects — the provider seam"; DESIGN.md "Background
-singletons take a database lease (PostgreSQL advisory lock; a lease row elsewhere)".
+Source: STYLE.md "SQLAlchemy dialects — the provider seam". The processor's lease is
+``controlroom.db.leases``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from controlroom.errors.retry_dialects import postgresql, sqlite
-from controlroom.errors.retry_dialects._base import Lease, RetryBatchDialect
+from controlroom.errors.retry_dialects._base import RetryBatchDialect
 from controlroom.exceptions import UnsupportedProviderError
 
 _REGISTRY: dict[str, RetryBatchDialect] = {
@@ -35,4 +35,4 @@ def retry_dialect(engine_or_dialect: sa.Engine | sa.Connection | sa.Dialect) -> 
         ) from None
 
 
-__all__ = ["Lease", "RetryBatchDialect", "retry_dialect"]
+__all__ = ["RetryBatchDialect", "retry_dialect"]

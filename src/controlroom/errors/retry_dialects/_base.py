@@ -1,10 +1,10 @@
-"""What every provider's retry-batch SQL offers: claims and a singleton lease."""
+"""What every provider's retry-batch SQL offers: insert-if-absent claims."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -15,33 +15,15 @@ MAX_CLAIMS_PER_STATEMENT = 1000
 every provider's limit on bound parameters)."""
 
 
-class Lease(Protocol):
-    """A lease that lets exactly one process run a background singleton.
-
-    ``hold()`` acquires the lease, or confirms and renews it when already held, and
-    returns whether this process holds it now; a ``False`` after a ``True`` means the
-    lease was lost (the holder must stop its work). ``release()`` gives it up; idempotent.
-    Both block (database I/O): call them off the event loop. Store errors propagate.
-    """
-
-    name: str
-
-    def hold(self) -> bool: ...
-
-    def release(self) -> None: ...
-
-
 @dataclass(frozen=True)
 class RetryBatchDialect:
     """Retry-batch SQL for a provider whose ``insert()`` has ``on_conflict_do_nothing``.
 
-    ``insert`` is the provider's own construct (``sqlalchemy.dialects.<name>.insert``);
-    ``make_lease(engine, name, owner, seconds)`` builds the provider's ``Lease``.
+    ``insert`` is the provider's own construct (``sqlalchemy.dialects.<name>.insert``).
     """
 
     name: str
     insert: Callable[[sa.Table], Any]
-    make_lease: Callable[[sa.Engine, str, str, float], Lease]
 
     def claim_messages(
         self, conn: sa.Connection, retry_batch_id: str, failed_message_ids: Sequence[str]
