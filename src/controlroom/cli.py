@@ -1,4 +1,4 @@
-"""The ``controlroom`` command: serve, migrate, demo, import-failed, version.
+"""The ``controlroom`` command: serve, migrate, demo, import-failed, sweep, version.
 
 Thin by design: each command loads the settings, opens what it needs, calls the module
 that does the work and reports. Exit codes: 0 done, 1 a dependency failed (database,
@@ -40,6 +40,7 @@ from controlroom.errors.reimport import (
     list_failed_import_ids,
     reimport_failed_import,
 )
+from controlroom.errors.retention import RetentionSweeper
 from controlroom.errors.retry_processor import RetryProcessor
 from controlroom.exceptions import ConfigurationError, ControlroomError
 from controlroom.transport import Transport, create_transport
@@ -146,6 +147,32 @@ def import_failed(
 
 
 @app.command()
+def sweep(config: ConfigOption = None) -> None:
+    """Delete Resolved and Archived failed messages older than the retention period, now
+    (``serve`` also does it every hour)."""
+    settings = _load(config)
+    with _exit_on_failure():
+        engine = create_store_engine(settings.effective_database_url)
+        try:
+            upgrade_database(engine)
+            sweeper = RetentionSweeper(
+                engine,
+                FileSystemBodyStore(settings.body_dir),
+                retention_period=settings.error_retention_period,
+            )
+            result = sweeper.sweep_once()
+        finally:
+            engine.dispose()
+    if result is None:
+        console.print("Another process is sweeping right now; nothing done.")
+        return
+    console.print(
+        f"Deleted {result.deleted} Resolved or Archived failed messages last changed before "
+        f"{result.cutoff.isoformat()}."
+    )
+
+
+@app.command()
 def version() -> None:
     """Print the version."""
     console.print(f"controlroom {__version__}")
@@ -245,6 +272,9 @@ async def _run_parts(
     # one process sends when several serve one database).
     retrying = asyncio.create_task(retry_processor.run(), name="retry processor")
     parts.add(retrying)
+    sweeper = RetentionSweeper(engine, body_store, retention_period=settings.error_retention_period)
+    sweeping = asyncio.create_task(sweeper.run(), name="retention")
+    parts.add(sweeping)
     ingestion = None
     if settings.ingest_on_serve:
         ingestion = IngestionService(settings, engine, transport, body_store)
@@ -259,6 +289,7 @@ async def _run_parts(
     if ingestion is not None:
         await ingestion.stop()
     retrying.cancel()  # an unsent batch stays persisted for the next start
+    sweeping.cancel()
     server.should_exit = True
     stopper.cancel()
     await asyncio.gather(*parts, return_exceptions=True)

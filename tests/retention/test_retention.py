@@ -84,3 +84,29 @@ def test_only_the_lease_holder_sweeps(engine: sa.Engine, tmp_path: Path) -> None
     assert first.sweep_once() is not None
     assert second.sweep_once() is None
     assert remaining(engine) == set()
+
+
+def test_sweep_command_deletes_expired_rows(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from controlroom.cli import app
+    from controlroom.db.engine import create_store_engine
+    from controlroom.db.migrate import upgrade_database
+
+    data_dir = tmp_path / "data"
+    engine = create_store_engine(f"sqlite:///{data_dir / 'controlroom.db'}")
+    upgrade_database(engine)
+    store(
+        engine,
+        FileSystemBodyStore(data_dir / "bodies"),
+        "old",
+        FailedMessageStatus.ARCHIVED,
+        10_000,
+    )
+    monkeypatch.setenv("CONTROLROOM_DATA_DIR", str(data_dir))
+
+    result = CliRunner().invoke(app, ["sweep"])
+
+    assert result.exit_code == 0, result.output
+    assert "Deleted 1 " in result.output
+    assert remaining(engine) == set()
