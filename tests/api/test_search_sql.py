@@ -43,8 +43,8 @@ def test_postgresql_condition_is_parameterized_tsquery_over_the_search_vector() 
     query = compiled(postgresql.dialect(), "'; DROP TABLE failed_messages; --")
     sql = str(query)
 
-    assert "failed_messages.search_vector @@ (plainto_tsquery(" in sql
-    assert "phraseto_tsquery(" in sql and "regexp_replace(" in sql
+    assert "failed_messages.search_vector @@ plainto_tsquery(" in sql
+    assert "regexp_replace(" in sql and "phraseto_tsquery" not in sql  # no recheck
     assert "DROP" not in sql and "LIKE" not in sql.upper()
     assert "'; DROP TABLE failed_messages; --" in query.params.values()
     assert "simple" in query.params.values() and "[^[:alnum:]]+" in query.params.values()
