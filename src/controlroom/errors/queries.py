@@ -220,14 +220,21 @@ def list_failed_messages(
     Raises ``ValueError`` for a negative ``offset`` or a ``limit`` below 1.
     """
     _check_window(offset, limit)
-    conditions = filter_conditions(where)
     total = count_failed_messages(conn, where)
-    rows = conn.execute(
-        sa.select(*_SUMMARY_COLUMNS)
-        .where(*conditions)
+    # Find the page's ids first, then read only those rows: walking past ``offset`` rows
+    # then reads index entries alone (the sort keys' indexes end with the id), not rows.
+    page = (
+        sa.select(fm.id)
+        .where(*filter_conditions(where))
         .order_by(*order_by(order))
         .limit(limit)
         .offset(offset)
+        .subquery("page")
+    )
+    rows = conn.execute(
+        sa.select(*_SUMMARY_COLUMNS)
+        .join_from(failed_messages, page, fm.id == page.c.id)
+        .order_by(*order_by(order))
     ).all()
     return FailedMessagePage(total=total, items=[_summary(row) for row in rows])
 
