@@ -216,7 +216,8 @@ def test_a_lease_ends_with_a_holder_that_died(engine: sa.Engine) -> None:
         holder: sa.Connection = dead._conn  # type: ignore[attr-defined]
         pid = holder.execute(sa.select(sa.func.pg_backend_pid())).scalar_one()
         with engine.connect() as conn:
-            conn.execute(sa.select(sa.func.pg_terminate_backend(pid)))
+            # pg_terminate_backend only signals: wait (bounded) until the session is gone.
+            conn.execute(sa.select(sa.func.pg_terminate_backend(pid, 5000)))
     else:
         asyncio.run(asyncio.sleep(0.4))  # no renewal within the lease
     assert alive.hold()
