@@ -1,0 +1,180 @@
+"""Failure groups, read at query time: aggregates of ``failed_message_groups`` joined to
+``failed_messages``, plus each group's comment.
+
+A group exists while at least one failed message belongs to it (a row of
+``failed_message_groups``). Its view counts only the messages in one status: Unresolved
+for the recoverability views, Archived for the archive views. ``first`` is the earliest
+first failure and ``last`` the latest last failure of the counted messages, as
+ServiceControl's ``FailureGroupsViewIndex`` computes them. SQLAlchemy Core only; every
+function takes an open ``Connection``; times are timezone-aware UTC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from controlroom.db.tables import (
+    FailedMessageStatus,
+    failed_message_group_comments,
+    failed_message_groups,
+    failed_messages,
+)
+from controlroom.errors.dialects import error_write_dialect
+from controlroom.errors.grouping import CLASSIFIERS, EXCEPTION_TYPE_AND_STACK_TRACE
+
+fm = failed_messages.c
+fmg = failed_message_groups.c
+comments = failed_message_group_comments.c
+
+CLASSIFIER_NAMES: tuple[str, ...] = tuple(classifier.name for classifier in CLASSIFIERS)
+"""The classifiers' names, default first (ServiceControl lists them in this order)."""
+
+DEFAULT_CLASSIFIER = EXCEPTION_TYPE_AND_STACK_TRACE
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    """One failure group as the groups view shows it, counting messages of one status."""
+
+    id: str  # identity.group_id(classifier, title)
+    title: str
+    classifier: str
+    count: int  # messages of the counted status in the group
+    first: datetime | None  # earliest first failure of those messages; None when count is 0
+    last: datetime | None  # latest last failure of those messages; None when count is 0
+    comment: str | None
+
+
+def list_groups(
+    conn: sa.Connection,
+    classifier: str,
+    *,
+    status: FailedMessageStatus = FailedMessageStatus.UNRESOLVED,
+    title: str | None = None,
+) -> list[GroupSummary]:
+    """The groups of ``classifier`` that hold messages in ``status``, latest ``last``
+    first (ties by id). ``title`` keeps only the group with that exact title
+    (ServiceControl's ``classifierFilter``). An unknown classifier has no groups."""
+    aggregates = _aggregates(status).where(fmg.classifier == classifier)
+    if title is not None:
+        aggregates = aggregates.where(fmg.title == title)
+    rows = conn.execute(_with_comments(aggregates.subquery())).all()
+    return [_group(row) for row in rows]
+
+
+def get_group(
+    conn: sa.Connection,
+    group_id: str,
+    *,
+    status: FailedMessageStatus = FailedMessageStatus.UNRESOLVED,
+) -> GroupSummary | None:
+    """The group ``group_id`` counting its messages in ``status``; ``None`` when no failed
+    message belongs to the group at all. A group whose messages are all in other statuses
+    has ``count`` 0 and no ``first``/``last``."""
+    identity = conn.execute(
+        sa.select(fmg.classifier, fmg.title).where(fmg.group_id == group_id).limit(1)
+    ).one_or_none()
+    if identity is None:
+        return None
+    aggregates = _aggregates(status).where(fmg.group_id == group_id)
+    row = conn.execute(_with_comments(aggregates.subquery())).one_or_none()
+    if row is not None:
+        return _group(row)
+    return GroupSummary(
+        id=group_id,
+        title=identity.title,
+        classifier=identity.classifier,
+        count=0,
+        first=None,
+        last=None,
+        comment=get_comment(conn, group_id),
+    )
+
+
+def group_exists(conn: sa.Connection, group_id: str) -> bool:
+    """True when at least one failed message belongs to ``group_id``."""
+    found = conn.execute(
+        sa.select(fmg.group_id).where(fmg.group_id == group_id).limit(1)
+    ).one_or_none()
+    return found is not None
+
+
+# --- comments -----------------------------------------------------------------------------
+def get_comment(conn: sa.Connection, group_id: str) -> str | None:
+    """The comment on ``group_id``, ``None`` when there is none."""
+    return conn.execute(
+        sa.select(comments.comment).where(comments.group_id == group_id)
+    ).scalar_one_or_none()
+
+
+def set_comment(conn: sa.Connection, group_id: str, comment: str, now: datetime) -> None:
+    """Make ``comment`` the comment on ``group_id`` (replacing any), stamped ``now``.
+
+    Insert-if-absent then update: two writers racing the first comment both succeed and
+    the later update wins, on every provider, without a provider-specific upsert.
+    """
+    error_write_dialect(conn).insert_if_absent(
+        conn,
+        failed_message_group_comments,
+        [{"group_id": group_id, "comment": comment, "updated_at": now}],
+    )
+    conn.execute(
+        sa.update(failed_message_group_comments)
+        .where(comments.group_id == group_id)
+        .values(comment=comment, updated_at=now)
+    )
+
+
+def delete_comment(conn: sa.Connection, group_id: str) -> bool:
+    """Remove the comment on ``group_id``; False when there was none."""
+    result = conn.execute(
+        sa.delete(failed_message_group_comments).where(comments.group_id == group_id)
+    )
+    return result.rowcount > 0
+
+
+# --- helpers ------------------------------------------------------------------------------
+def _aggregates(status: FailedMessageStatus) -> sa.Select[Any]:
+    """Per group: count, first and last over its messages in ``status``."""
+    return (
+        sa.select(
+            fmg.group_id.label("id"),
+            fmg.title,
+            fmg.classifier,
+            sa.func.count().label("message_count"),  # not "count": a Row method
+            sa.func.min(fm.first_failure_at).label("first"),
+            sa.func.max(fm.last_failure_at).label("last"),
+        )
+        .select_from(failed_message_groups.join(failed_messages, fm.id == fmg.failed_message_id))
+        .where(fm.status == int(status))
+        # The id is a hash of classifier and title, so grouping by all three is by id.
+        .group_by(fmg.group_id, fmg.title, fmg.classifier)
+    )
+
+
+def _with_comments(aggregates: sa.Subquery) -> sa.Select[Any]:
+    return (
+        sa.select(aggregates, comments.comment)
+        .select_from(
+            aggregates.outerjoin(
+                failed_message_group_comments, comments.group_id == aggregates.c.id
+            )
+        )
+        .order_by(aggregates.c["last"].desc(), aggregates.c.id)
+    )
+
+
+def _group(row: sa.Row[Any]) -> GroupSummary:
+    return GroupSummary(
+        id=row.id,
+        title=row.title,
+        classifier=row.classifier,
+        count=row.message_count,
+        first=row.first,
+        last=row.last,
+        comment=row.comment,
+    )
