@@ -6,10 +6,20 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from controlroom import __version__
-from controlroom.api import errors, health, retries, search
+from controlroom.api import (
+    archive,
+    auth,
+    configuration,
+    endpoints,
+    errors,
+    health,
+    recoverability,
+    retries,
+    search,
+)
 from controlroom.config import Settings
 from controlroom.errors.bodies import BodyStore
 from controlroom.transport.base import Transport
@@ -36,7 +46,9 @@ def create_app(
     and retry answers 503 without one); ``retry_processor``, when given, is woken as soon
     as a retry request created batches.
     """
-    app = FastAPI(title="Controlroom", version=__version__)
+    # Authentication covers every route, those added later too (auth.py: open routes).
+    app = FastAPI(title="Controlroom", version=__version__, dependencies=[Depends(auth.authorize)])
+    app.state.auth = auth.token_table(settings)
     app.state.settings = settings
     app.state.engine = engine
     app.state.body_store = body_store
@@ -45,6 +57,11 @@ def create_app(
     app.state.health_checks = dict(
         health_checks if health_checks is not None else {"database": health.database_check(engine)}
     )
+    # Before errors.router: its /errors/{id} would otherwise take /errors/groups.
+    app.include_router(recoverability.router, prefix="/api")
+    app.include_router(archive.router, prefix="/api")
+    app.include_router(endpoints.router, prefix="/api")
+    app.include_router(configuration.router, prefix="/api")
     app.include_router(errors.router, prefix="/api")
     app.include_router(search.router, prefix="/api")
     app.include_router(health.router, prefix="/api")

@@ -1,0 +1,232 @@
+"""Archive, unarchive and resolve failed messages; the archived-group views.
+
+ServiceControl's routes: ``POST|PATCH /api/errors/archive`` (a JSON list of ids; also
+with a trailing slash), ``POST|PATCH /api/errors/{id}/archive``, ``PATCH
+/api/errors/unarchive``, ``PATCH /api/pendingretries/resolve``, ``GET
+/api/errors/groups/{classifier}`` and ``GET /api/archive/groups/id/{groupId}``.
+
+Each action is one set-based statement in one transaction
+(``controlroom.errors.operations``) and answers 202 (ServiceControl's code) with what it
+did: ``{"changed": n, "unchanged_ids": [...]}``, where an unchanged id names a message
+that exists but is not in the status the action applies to (archive: Unresolved;
+unarchive: Archived; resolve: RetryIssued).
+
+Unknown ids are never ignored: a single id that names no failed message is 404; a list
+with any such id is refused whole with 422 ``{"detail": ..., "unknown_ids": [...]}`` and
+changes nothing, so the caller can correct the list and send it again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Body, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import AliasChoices, BaseModel, Field, model_validator
+
+from controlroom.api.errors import FailedMessageId
+from controlroom.api.recoverability import (
+    Classifier,
+    ClassifierFilter,
+    FailureGroupView,
+    GroupId,
+    get_group_view,
+    list_groups_view,
+)
+from controlroom.db.engine import begin_write
+from controlroom.errors import groups, operations
+from controlroom.errors.writer import utc_now
+
+router = APIRouter(tags=["archive"])
+
+Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
+
+IdList = Annotated[
+    list[uuid.UUID],
+    Body(
+        max_length=operations.MAX_IDS_PER_REQUEST,
+        description="Ids of failed messages (UniqueMessageId), as a JSON list.",
+    ),
+]
+
+
+# --- models -------------------------------------------------------------------------------
+class ActionOutcome(BaseModel):
+    """What an archive, unarchive or resolve did."""
+
+    changed: int = Field(description="Messages this call moved to the action's status.")
+    unchanged_ids: list[str] = Field(
+        default_factory=list,
+        description="Ids of messages that exist but are not in the status the action "
+        "applies to; left as they were.",
+    )
+
+
+class UnknownIds(BaseModel):
+    """The answer to a list with ids that name no failed message (nothing was changed)."""
+
+    detail: str
+    unknown_ids: list[str]
+
+
+class ResolveRequest(BaseModel):
+    """Which pending retries to resolve: ``uniquemessageids`` (ServiceControl's name;
+    ``ids`` also accepted), or a ``from``/``to`` range of ``last_modified`` (ISO 8601,
+    both inclusive; a time without a zone is UTC)."""
+
+    uniquemessageids: list[uuid.UUID] | None = Field(
+        default=None,
+        max_length=operations.MAX_IDS_PER_REQUEST,
+        validation_alias=AliasChoices("uniquemessageids", "ids"),
+    )
+    from_: datetime | None = Field(default=None, alias="from")
+    to: datetime | None = None
+
+    @model_validator(mode="after")
+    def _ids_or_range(self) -> ResolveRequest:
+        has_range = self.from_ is not None or self.to is not None
+        if self.uniquemessageids is not None and has_range:
+            raise ValueError("give either 'uniquemessageids' or 'from' and 'to', not both")
+        if self.uniquemessageids is None:
+            if self.from_ is None or self.to is None:
+                raise ValueError("give 'uniquemessageids', or both 'from' and 'to'")
+            self.from_, self.to = _as_utc(self.from_), _as_utc(self.to)
+            if self.from_ > self.to:
+                raise ValueError("'from' is after 'to'")
+        return self
+
+
+REFUSED = {422: {"model": UnknownIds, "description": "Some ids name no failed message."}}
+
+
+# --- archive and unarchive ----------------------------------------------------------------
+def _route(
+    path: str, methods: Sequence[str], *, slash: bool = False, **options: Any
+) -> Callable[[Endpoint], Endpoint]:
+    """Register ``path`` once per method, each with its own operation id (one route for
+    POST and PATCH would give both the same id), and with ``slash`` also ``path + "/"``
+    out of the schema (ServicePulse sends ``errors/archive/``)."""
+
+    def register(endpoint: Endpoint) -> Endpoint:
+        for method in methods:
+            operation_id = f"{endpoint.__name__}_{method.lower()}"
+            router.add_api_route(
+                path, endpoint, methods=[method], operation_id=operation_id, **options
+            )
+            if slash:
+                router.add_api_route(
+                    path + "/", endpoint, methods=[method], include_in_schema=False, **options
+                )
+        return endpoint
+
+    return register
+
+
+# A refusal is a JSONResponse, so each by-id route names its response model explicitly.
+BY_IDS: dict[str, Any] = {"status_code": 202, "response_model": ActionOutcome, "responses": REFUSED}
+
+
+@_route("/errors/archive", ["POST", "PATCH"], slash=True, **BY_IDS)
+def archive_messages(request: Request, ids: IdList) -> ActionOutcome | JSONResponse:
+    """Archive the Unresolved messages among ``ids``."""
+    return _by_ids(request, ids, operations.archive_messages)
+
+
+@_route(
+    "/errors/{id}/archive",
+    ["POST", "PATCH"],
+    status_code=202,
+    responses={404: {"description": "No failed message has this id."}},
+)
+def archive_message(request: Request, failed_message_id: FailedMessageId) -> ActionOutcome:
+    """Archive one message (when it is Unresolved)."""
+    with begin_write(_engine(request)) as conn:
+        outcome = operations.archive_messages(conn, [str(failed_message_id)], utc_now())
+    if outcome.refused:
+        raise HTTPException(404, f"no failed message with id {failed_message_id}")
+    return ActionOutcome(changed=len(outcome.changed), unchanged_ids=outcome.unchanged)
+
+
+@_route("/errors/unarchive", ["PATCH"], slash=True, **BY_IDS)
+def unarchive_messages(request: Request, ids: IdList) -> ActionOutcome | JSONResponse:
+    """Make the Archived messages among ``ids`` Unresolved again."""
+    return _by_ids(request, ids, operations.unarchive_messages)
+
+
+# --- resolve ------------------------------------------------------------------------------
+@router.patch("/pendingretries/resolve", **BY_IDS)
+def resolve_pending_retries(request: Request, body: ResolveRequest) -> ActionOutcome | JSONResponse:
+    """Mark pending retries (RetryIssued messages) Resolved: by id, or every one whose
+    ``last_modified`` is within ``from``..``to``. Their retry claims are dropped."""
+    if body.uniquemessageids is not None:
+        return _by_ids(request, body.uniquemessageids, operations.resolve_pending_retries)
+    assert body.from_ is not None and body.to is not None  # the model's validator
+    with begin_write(_engine(request)) as conn:
+        changed = operations.resolve_pending_retries_between(conn, body.from_, body.to, utc_now())
+    return ActionOutcome(changed=changed)
+
+
+# --- archived groups ----------------------------------------------------------------------
+@router.get("/errors/groups", response_model_exclude_none=True)
+@router.get("/errors/groups/", response_model_exclude_none=True, include_in_schema=False)
+def list_default_archived_groups(
+    request: Request, response: Response, classifier_filter: ClassifierFilter = None
+) -> list[FailureGroupView]:
+    """Groups of the default classifier, counting their Archived messages."""
+    return list_groups_view(
+        request, response, groups.DEFAULT_CLASSIFIER, classifier_filter, archived=True
+    )
+
+
+@router.get(
+    "/errors/groups/{classifier}",
+    response_model_exclude_none=True,
+    responses={404: {"description": "No classifier has this name."}},
+)
+def list_archived_groups(
+    request: Request,
+    response: Response,
+    classifier: Classifier,
+    classifier_filter: ClassifierFilter = None,
+) -> list[FailureGroupView]:
+    """The groups of ``classifier`` that hold Archived messages, counting those."""
+    return list_groups_view(request, response, classifier, classifier_filter, archived=True)
+
+
+@router.get(
+    "/archive/groups/id/{groupId}",
+    response_model_exclude_none=True,
+    responses={404: {"description": "No failed message belongs to a group with this id."}},
+)
+def get_archived_group(request: Request, group_id: GroupId) -> FailureGroupView:
+    """One group, counting its Archived messages."""
+    return get_group_view(request, group_id, archived=True)
+
+
+# --- helpers ------------------------------------------------------------------------------
+def _by_ids(
+    request: Request, ids: list[uuid.UUID], action: operations.IdAction
+) -> ActionOutcome | JSONResponse:
+    with begin_write(_engine(request)) as conn:
+        outcome = action(conn, [str(item) for item in ids], utc_now())
+    if outcome.refused:
+        # Nothing was written (the action checks before it updates); say which ids.
+        refusal = UnknownIds(
+            detail=f"{len(outcome.unknown)} of the ids name no failed message; nothing was changed",
+            unknown_ids=outcome.unknown,
+        )
+        return JSONResponse(refusal.model_dump(), status_code=422)
+    return ActionOutcome(changed=len(outcome.changed), unchanged_ids=outcome.unchanged)
+
+
+def _as_utc(instant: datetime) -> datetime:
+    return instant.replace(tzinfo=UTC) if instant.tzinfo is None else instant.astimezone(UTC)
+
+
+def _engine(request: Request) -> sa.Engine:
+    engine: sa.Engine = request.app.state.engine
+    return engine

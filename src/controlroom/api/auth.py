@@ -1,0 +1,183 @@
+"""Bearer-token authentication and role checks, applied to every route of the app.
+
+Tokens come from the settings (``auth_tokens``: name, token, role). Roles, each with the
+rights of the ones before it:
+
+- ``reader``: ``GET``, ``HEAD`` (and ``OPTIONS``);
+- ``operator``: any other method (archive, retry, resolve, comment, edit);
+- ``admin``: routes that declare ``Depends(require_admin)`` (endpoint deletion).
+
+Answers: 401 with ``WWW-Authenticate: Bearer`` when the token is missing, malformed or
+unknown; 403 when the token's role may not do what was asked. Without any configured
+token the API is open (every caller acts as ``admin``): the embedded default, which
+``serve`` allows on a loopback address only (``ensure_serving_is_protected``).
+``/api/health`` stays open so that monitoring needs no token.
+
+Tokens are compared with ``hmac.compare_digest`` against every configured token, so the
+time taken says nothing about which token, or how much of one, matched. Tokens are never
+logged or echoed; the caller is named by its token's ``name``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from fastapi import Depends, HTTPException, Request
+
+from controlroom.config import AuthToken, Role, Settings
+from controlroom.exceptions import ConfigurationError
+
+ROLE_RANK: Final[dict[Role, int]] = {"reader": 0, "operator": 1, "admin": 2}
+READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+OPEN_PATHS: Final = frozenset({"/api/health"})
+"""Request paths (below any root path) served without a token."""
+
+_CHALLENGE = 'Bearer realm="controlroom"'
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the configured token's name and role."""
+
+    name: str
+    role: Role
+
+    def may(self, role: Role) -> bool:
+        """True when this principal has at least the rights of ``role``."""
+        return ROLE_RANK[self.role] >= ROLE_RANK[role]
+
+
+ANONYMOUS: Final = Principal(name="anonymous", role="admin")
+"""The caller of an open API (no token configured): everything is allowed."""
+
+
+class TokenTable:
+    """The configured tokens, ready for constant-time lookup."""
+
+    def __init__(self, tokens: Sequence[AuthToken]) -> None:
+        self._entries = [
+            (entry.token.get_secret_value().encode("utf-8"), Principal(entry.name, entry.role))
+            for entry in tokens
+        ]
+
+    @property
+    def open(self) -> bool:
+        """True when no token is configured: the API does not authenticate."""
+        return not self._entries
+
+    def find(self, presented: str) -> Principal | None:
+        """The principal whose token is ``presented``, ``None`` for an unknown token.
+
+        Compares against every entry, in constant time each, and does not stop at a
+        match, so the time taken does not depend on which entry matched.
+        """
+        candidate = presented.encode("utf-8")
+        found = None
+        for secret, principal in self._entries:
+            if hmac.compare_digest(secret, candidate):
+                found = principal
+        return found
+
+
+def token_table(settings: Settings) -> TokenTable:
+    """The token table of ``settings`` (``create_app`` keeps it on ``app.state.auth``)."""
+    return TokenTable(settings.auth_tokens)
+
+
+# --- dependencies -------------------------------------------------------------------------
+async def authorize(request: Request) -> Principal:
+    """The app-wide dependency: authenticate the caller, check the method's minimum role,
+    and keep the principal on ``request.state.principal``.
+
+    Raises ``HTTPException`` 401 (missing or unknown token) or 403 (role too low).
+    """
+    principal = _authenticate(request)
+    needed: Role = "reader" if request.method in READ_METHODS else "operator"
+    if not principal.may(needed):
+        raise _forbidden(principal, needed)
+    request.state.principal = principal
+    return principal
+
+
+async def require_admin(principal: Principal = Depends(authorize)) -> Principal:
+    """Route dependency of admin-only routes. Raises ``HTTPException`` 403 otherwise."""
+    if not principal.may("admin"):
+        raise _forbidden(principal, "admin")
+    return principal
+
+
+def current_principal(request: Request) -> Principal:
+    """Who made ``request`` (set by ``authorize``; ``ANONYMOUS`` on open routes)."""
+    principal: Principal = getattr(request.state, "principal", ANONYMOUS)
+    return principal
+
+
+def _authenticate(request: Request) -> Principal:
+    table: TokenTable = request.app.state.auth
+    if table.open or _app_path(request) in OPEN_PATHS:
+        return ANONYMOUS
+    scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+    presented = presented.strip()
+    if scheme.lower() != "bearer" or not presented:
+        raise HTTPException(
+            401,
+            "a bearer token is required (header 'Authorization: Bearer <token>')",
+            headers={"WWW-Authenticate": _CHALLENGE},
+        )
+    principal = table.find(presented)
+    if principal is None:
+        raise HTTPException(
+            401,
+            "the bearer token is not valid",
+            headers={"WWW-Authenticate": f'{_CHALLENGE}, error="invalid_token"'},
+        )
+    return principal
+
+
+def _app_path(request: Request) -> str:
+    """The request's path below the root path an ASGI server or proxy mounted us at."""
+    path: str = request.scope["path"]
+    root: str = request.scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
+
+
+def _forbidden(principal: Principal, needed: Role) -> HTTPException:
+    return HTTPException(
+        403,
+        f"token {principal.name!r} has role {principal.role!r}; this needs role {needed!r}",
+    )
+
+
+# --- serve guard --------------------------------------------------------------------------
+def is_loopback(host: str) -> bool:
+    """True when ``host`` is a loopback address (``127.0.0.0/8``, ``::1``) or
+    ``localhost``. Other names are not resolved: a name is trusted as loopback only when
+    it is ``localhost`` itself."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def ensure_serving_is_protected(settings: Settings) -> None:
+    """Refuse to serve an open API beyond this machine.
+
+    Raises ``ConfigurationError`` (saying why and what to do) when ``settings.host`` is
+    not a loopback address and no ``auth_tokens`` are configured: anyone who can reach
+    the port could then archive, retry and delete.
+    """
+    if settings.auth_tokens or is_loopback(settings.host):
+        return
+    raise ConfigurationError(
+        f"refusing to serve on {settings.host}:{settings.port} without authentication: "
+        "anyone who can reach it could archive, retry and delete. Configure API tokens "
+        "(auth_tokens in the TOML file, or CONTROLROOM_AUTH_TOKENS as JSON: "
+        '[{"name": "...", "token": "...", "role": "reader|operator|admin"}]) '
+        "or bind to a loopback address (--host 127.0.0.1)."
+    )

@@ -1,0 +1,304 @@
+"""Failure groups: classifiers, groups, a group's messages, comments, group archive.
+
+ServiceControl's routes and shapes (``/api/recoverability/...``): groups are query-time
+aggregates counting Unresolved messages (``controlroom.errors.groups``); every group
+carries ServiceControl's ``operation_*`` fields, idle values when no operation runs on
+it. Nulls are omitted from the JSON, as ServiceControl does. Actions answer 202, as
+ServiceControl does, although they are done when the answer is sent; an unknown group
+id is 404, a non-UUID one 422.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from typing import Annotated, Any
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Body, HTTPException, Path, Query, Request, Response
+from pydantic import BaseModel, Field, TypeAdapter
+
+from controlroom.api.errors import (
+    LIST_RESPONSES,
+    FailedMessageListItem,
+    FilterParams,
+    OrderingParams,
+    PagingParams,
+    UtcTimestamp,
+    list_item,
+    paged_response,
+)
+from controlroom.db.engine import begin_write
+from controlroom.db.tables import FailedMessageStatus
+from controlroom.errors import groups, operations, queries
+from controlroom.errors.writer import utc_now
+
+router = APIRouter(tags=["recoverability"])
+
+MAX_COMMENT_LENGTH = 4000
+"""Longest group comment, in characters."""
+
+GroupId = Annotated[
+    uuid.UUID, Path(alias="groupId", description="The failure group's id (a UUID).")
+]
+Classifier = Annotated[
+    str, Path(description="A classifier's name (see /recoverability/classifiers).")
+]
+ClassifierFilter = Annotated[
+    str | None,
+    Query(alias="classifierFilter", description="Only the group with exactly this title."),
+]
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"description": "No failed message belongs to a group with this id."}
+}
+_LIST_ADAPTER = TypeAdapter(list[FailedMessageListItem])
+
+
+# --- response models ----------------------------------------------------------------------
+class FailureGroupView(BaseModel):
+    """One failure group (ServiceControl's ``GroupOperation``).
+
+    ``count``, ``first`` and ``last`` are over the group's Unresolved messages (its
+    Archived ones in the archive views); ``first``/``last`` are omitted when ``count``
+    is 0. The ``operation_*`` fields describe an operation running on the whole group:
+    ``operation_status`` is ``"None"`` and ``need_user_acknowledgement`` false when idle.
+    """
+
+    id: str
+    title: str
+    type: str = Field(description="The classifier's name.")
+    count: int
+    first: UtcTimestamp | None = None
+    last: UtcTimestamp | None = None
+    comment: str | None = None
+    operation_status: str = "None"
+    operation_failed: bool | None = None
+    operation_progress: float = 0.0
+    operation_remaining_count: int | None = None
+    operation_start_time: UtcTimestamp | None = None
+    operation_completion_time: UtcTimestamp | None = None
+    operation_messages_completed_count: int | None = None
+    need_user_acknowledgement: bool = False
+
+
+class GroupActionOutcome(BaseModel):
+    """What a group action did."""
+
+    changed: int = Field(description="Messages of the group this call changed.")
+
+
+class CommentBody(BaseModel):
+    comment: str = Field(max_length=MAX_COMMENT_LENGTH)
+
+
+# --- classifiers and groups ---------------------------------------------------------------
+@router.get("/recoverability/classifiers")
+def list_classifiers(response: Response) -> list[str]:
+    """The classifiers' names, the default (``Exception Type and Stack Trace``) first."""
+    response.headers["Total-Count"] = str(len(groups.CLASSIFIER_NAMES))
+    return list(groups.CLASSIFIER_NAMES)
+
+
+@router.get("/recoverability/groups", response_model_exclude_none=True)
+@router.get("/recoverability/groups/", response_model_exclude_none=True, include_in_schema=False)
+def list_default_groups(
+    request: Request, response: Response, classifier_filter: ClassifierFilter = None
+) -> list[FailureGroupView]:
+    """The groups of the default classifier (``Exception Type and Stack Trace``)."""
+    return list_groups_view(
+        request, response, groups.DEFAULT_CLASSIFIER, classifier_filter, archived=False
+    )
+
+
+@router.get(
+    "/recoverability/groups/{classifier}",
+    response_model_exclude_none=True,
+    responses={404: {"description": "No classifier has this name."}},
+)
+def list_classifier_groups(
+    request: Request,
+    response: Response,
+    classifier: Classifier,
+    classifier_filter: ClassifierFilter = None,
+) -> list[FailureGroupView]:
+    """The groups of ``classifier`` that hold Unresolved messages, latest failure first."""
+    return list_groups_view(request, response, classifier, classifier_filter, archived=False)
+
+
+@router.get(
+    "/recoverability/groups/id/{groupId}", response_model_exclude_none=True, responses=NOT_FOUND
+)
+def get_group(request: Request, group_id: GroupId) -> FailureGroupView:
+    """One group, counting its Unresolved messages."""
+    return get_group_view(request, group_id, archived=False)
+
+
+def list_group_errors(
+    request: Request,
+    group_id: GroupId,
+    page: PagingParams,
+    order: OrderingParams,
+    where: FilterParams,
+) -> Response:
+    """The group's failed messages (every status unless ``status`` says otherwise), paged,
+    sorted and filtered like ``/api/errors`` (``Total-Count``, ``ETag``, ``Link``)."""
+    with _engine(request).connect() as conn:
+        if not groups.group_exists(conn, str(group_id)):
+            raise _unknown_group(group_id)
+        result = queries.list_failed_messages(
+            conn,
+            offset=page.offset,
+            limit=page.per_page,
+            where=replace(where, group_id=str(group_id)),
+            order=order,
+        )
+    items = [list_item(summary) for summary in result.items]
+    return paged_response(request, items, _LIST_ADAPTER, page, result.total)
+
+
+_GROUP_ERRORS = "/recoverability/groups/{groupId}/errors"
+_GROUP_ERRORS_RESPONSES = {**LIST_RESPONSES, **NOT_FOUND}
+router.add_api_route(
+    _GROUP_ERRORS,
+    list_group_errors,
+    methods=["GET"],
+    response_model=list[FailedMessageListItem],
+    responses=_GROUP_ERRORS_RESPONSES,
+)
+router.add_api_route(
+    _GROUP_ERRORS, list_group_errors, methods=["HEAD"], responses=_GROUP_ERRORS_RESPONSES
+)
+
+
+# --- comments -----------------------------------------------------------------------------
+@router.post(
+    "/recoverability/groups/{groupId}/comment",
+    status_code=202,
+    response_class=Response,
+    responses={**NOT_FOUND, 422: {"description": "No comment given, or it is too long."}},
+)
+def edit_comment(
+    request: Request,
+    group_id: GroupId,
+    comment: Annotated[
+        str | None,
+        Query(max_length=MAX_COMMENT_LENGTH, description="The comment (ServiceControl's way)."),
+    ] = None,
+    body: Annotated[CommentBody | None, Body(description="Or the comment in a JSON body.")] = None,
+) -> Response:
+    """Set the group's comment, from the ``comment`` query parameter (as ServicePulse
+    sends it) or a JSON body ``{"comment": "..."}``; replaces any earlier comment."""
+    text = comment if comment is not None else body.comment if body is not None else None
+    if text is None:
+        raise HTTPException(
+            422, "give the comment as query parameter 'comment' or JSON body {\"comment\": ...}"
+        )
+    with begin_write(_engine(request)) as conn:
+        if not groups.group_exists(conn, str(group_id)):
+            raise _unknown_group(group_id)
+        groups.set_comment(conn, str(group_id), text, utc_now())
+    return Response(status_code=202)
+
+
+@router.delete(
+    "/recoverability/groups/{groupId}/comment",
+    status_code=202,
+    response_class=Response,
+    responses=NOT_FOUND,
+)
+def delete_comment(request: Request, group_id: GroupId) -> Response:
+    """Remove the group's comment (a group without one stays without one)."""
+    with begin_write(_engine(request)) as conn:
+        if not groups.group_exists(conn, str(group_id)):
+            raise _unknown_group(group_id)
+        groups.delete_comment(conn, str(group_id))
+    return Response(status_code=202)
+
+
+# --- group actions ------------------------------------------------------------------------
+@router.post(
+    "/recoverability/groups/{groupId}/errors/archive", status_code=202, responses=NOT_FOUND
+)
+def archive_group(request: Request, group_id: GroupId) -> GroupActionOutcome:
+    """Archive every Unresolved message of the group, in one statement."""
+    return _group_action(request, group_id, operations.archive_group)
+
+
+@router.post(
+    "/recoverability/groups/{groupId}/errors/unarchive", status_code=202, responses=NOT_FOUND
+)
+def unarchive_group(request: Request, group_id: GroupId) -> GroupActionOutcome:
+    """Make every Archived message of the group Unresolved again, in one statement."""
+    return _group_action(request, group_id, operations.unarchive_group)
+
+
+# --- shared with the archive views --------------------------------------------------------
+def list_groups_view(
+    request: Request,
+    response: Response,
+    classifier: str,
+    classifier_filter: str | None,
+    *,
+    archived: bool,
+) -> list[FailureGroupView]:
+    """The groups of ``classifier`` counting Unresolved (or, ``archived``, Archived)
+    messages, with ``Total-Count``. 404 for an unknown classifier."""
+    if classifier not in groups.CLASSIFIER_NAMES:
+        raise HTTPException(
+            404,
+            f"no classifier named {classifier!r}; "
+            f"the classifiers are {', '.join(groups.CLASSIFIER_NAMES)}",
+        )
+    if classifier_filter == "undefined":  # what ServicePulse sends for "no filter"
+        classifier_filter = None
+    with _engine(request).connect() as conn:
+        found = groups.list_groups(
+            conn, classifier, status=_counted(archived), title=classifier_filter
+        )
+    response.headers["Total-Count"] = str(len(found))
+    return [group_view(group) for group in found]
+
+
+def get_group_view(request: Request, group_id: uuid.UUID, *, archived: bool) -> FailureGroupView:
+    """One group counting Unresolved (or Archived) messages; 404 when unknown."""
+    with _engine(request).connect() as conn:
+        group = groups.get_group(conn, str(group_id), status=_counted(archived))
+    if group is None:
+        raise _unknown_group(group_id)
+    return group_view(group)
+
+
+def group_view(group: groups.GroupSummary) -> FailureGroupView:
+    """The API shape of a group, idle (no operation runs on a group at the moment)."""
+    return FailureGroupView(
+        id=group.id,
+        title=group.title,
+        type=group.classifier,
+        count=group.count,
+        first=group.first,
+        last=group.last,
+        comment=group.comment,
+    )
+
+
+def _group_action(
+    request: Request, group_id: uuid.UUID, action: operations.GroupAction
+) -> GroupActionOutcome:
+    with begin_write(_engine(request)) as conn:
+        if not groups.group_exists(conn, str(group_id)):
+            raise _unknown_group(group_id)
+        changed = action(conn, str(group_id), utc_now())
+    return GroupActionOutcome(changed=changed)
+
+
+def _counted(archived: bool) -> FailedMessageStatus:
+    return FailedMessageStatus.ARCHIVED if archived else FailedMessageStatus.UNRESOLVED
+
+
+def _unknown_group(group_id: uuid.UUID) -> HTTPException:
+    return HTTPException(404, f"no failed message belongs to a group with id {group_id}")
+
+
+def _engine(request: Request) -> sa.Engine:
+    engine: sa.Engine = request.app.state.engine
+    return engine
