@@ -28,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from controlroom import __version__
 from controlroom.api import create_app, database_check
+from controlroom.api.auth import ensure_serving_is_protected
 from controlroom.client import open_transport, publish_failed_message
 from controlroom.config import Settings, load_settings
 from controlroom.db.engine import create_store_engine
@@ -77,6 +78,11 @@ def serve(
 ) -> None:
     """Serve the API and ingest the error queue, in one process, until Ctrl+C/SIGTERM."""
     settings = _load(config, host=host, port=port)
+    try:
+        ensure_serving_is_protected(settings)
+    except ConfigurationError as exc:  # a settings problem: exit 2, before anything starts
+        err_console.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from exc
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

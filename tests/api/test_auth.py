@@ -3,6 +3,8 @@ the open embedded default, and the refusal to serve an open API beyond loopback.
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,9 @@ import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
+from controlroom import cli
 from controlroom.api import create_app
 from controlroom.api.auth import (
     ensure_serving_is_protected,
@@ -224,3 +228,41 @@ def test_bad_token_settings_are_refused_without_echoing_them(tokens: list[dict[s
     assert "auth_tokens" in str(refused.value)
     for entry in tokens:
         assert entry["token"] not in str(refused.value)
+
+
+# --- serve refuses before starting anything -----------------------------------------------
+def isolate_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in list(os.environ):
+        if name.startswith("CONTROLROOM_"):
+            monkeypatch.delenv(name)
+    data_dir = tmp_path / "data"
+    monkeypatch.setenv("CONTROLROOM_DATA_DIR", str(data_dir))
+    return data_dir
+
+
+def test_serve_refuses_an_open_api_on_a_non_loopback_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data_dir = isolate_settings(tmp_path, monkeypatch)
+    result = CliRunner().invoke(cli.app, ["serve", "--host", "0.0.0.0", "--port", "0"])
+    assert result.exit_code == 2
+    assert "refusing to serve on 0.0.0.0" in result.output
+    assert "auth_tokens" in result.output
+    assert not data_dir.exists(), "nothing was started: no store, no queue"
+
+
+def test_serve_with_tokens_gets_past_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolate_settings(tmp_path, monkeypatch)
+    monkeypatch.setenv(
+        "CONTROLROOM_AUTH_TOKENS",
+        f'[{{"name": "ops", "token": "{TOKENS["admin"]}", "role": "admin"}}]',
+    )
+    # A taken port stops serve right after the check, at the bind, without serving.
+    with socket.create_server(("0.0.0.0", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli.app, ["serve", "--host", "0.0.0.0", "--port", str(port)])
+    assert result.exit_code == 1
+    assert f"cannot listen on 0.0.0.0:{port}" in result.output
+    assert TOKENS["admin"] not in result.output
