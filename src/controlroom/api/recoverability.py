@@ -1,9 +1,12 @@
-"""Failure groups: classifiers, groups, a group's messages, comments, group archive.
+"""Failure groups: classifiers, groups, a group's messages, comments, group archive,
+acknowledging a group retry.
 
 ServiceControl's routes and shapes (``/api/recoverability/...``): groups are query-time
 aggregates counting Unresolved messages (``controlroom.errors.groups``); every group
-carries ServiceControl's ``operation_*`` fields, idle values when no operation runs on
-it. Nulls are omitted from the JSON, as ServiceControl does. Actions answer 202, as
+carries ServiceControl's ``operation_*`` fields, from the group's retry when there is one
+to show (running, or completed and not acknowledged), idle values otherwise (a group
+archive is one statement, never in progress). Nulls are omitted from the JSON, as
+ServiceControl does. Actions answer 202, as
 ServiceControl does, although they are done when the answer is sent; an unknown group
 id is 404, a non-UUID one 422.
 """
@@ -60,8 +63,9 @@ class FailureGroupView(BaseModel):
 
     ``count``, ``first`` and ``last`` are over the group's Unresolved messages (its
     Archived ones in the archive views); ``first``/``last`` are omitted when ``count``
-    is 0. The ``operation_*`` fields describe an operation running on the whole group:
-    ``operation_status`` is ``"None"`` and ``need_user_acknowledgement`` false when idle.
+    is 0. The ``operation_*`` fields describe a retry of the whole group
+    (``operation_fields``): ``operation_status`` is ``"None"`` and
+    ``need_user_acknowledgement`` false when idle.
     """
 
     id: str
@@ -232,6 +236,21 @@ def unarchive_group(request: Request, group_id: GroupId) -> GroupActionOutcome:
     return _group_action(request, group_id, operations.unarchive_group)
 
 
+@router.delete(
+    "/recoverability/unacknowledgedgroups/{groupId}",
+    response_class=Response,
+    responses={404: {"description": "No completed retry of this group awaits acknowledgement."}},
+)
+def acknowledge_group_retry(request: Request, group_id: GroupId) -> Response:
+    """Dismiss the group's completed retry: its group view no longer asks for
+    acknowledgement (ServiceControl's route)."""
+    with begin_write(_engine(request)) as conn:
+        acknowledged = groups.acknowledge_group_retry(conn, str(group_id))
+    if not acknowledged:
+        raise HTTPException(404, f"no completed retry of group {group_id} awaits acknowledgement")
+    return Response(status_code=200)
+
+
 # --- shared with the archive views --------------------------------------------------------
 def list_groups_view(
     request: Request,
@@ -242,7 +261,13 @@ def list_groups_view(
     archived: bool,
 ) -> list[FailureGroupView]:
     """The groups of ``classifier`` counting Unresolved (or, ``archived``, Archived)
-    messages, with ``Total-Count``. 404 for an unknown classifier."""
+    messages, with ``Total-Count``. 404 for an unknown classifier.
+
+    The Unresolved view shows each group's retry (``group_view``) and, first, the groups
+    that hold no Unresolved message any more but have a retry to show: one running (its
+    messages are RetryIssued now) or one completed and not acknowledged (ServiceControl's
+    "closed" groups), so the operator follows it and dismisses its outcome.
+    """
     if classifier not in groups.CLASSIFIER_NAMES:
         raise HTTPException(
             404,
@@ -255,22 +280,36 @@ def list_groups_view(
         found = groups.list_groups(
             conn, classifier, status=_counted(archived), title=classifier_filter
         )
-    response.headers["Total-Count"] = str(len(found))
-    return [group_view(group) for group in found]
+        retries = {} if archived else groups.group_retries(conn)
+    open_ids = {group.id for group in found}
+    closed = [
+        closed_group_view(retry)
+        for retry in retries.values()
+        if retry.group_id not in open_ids
+        and retry.classifier == classifier
+        and classifier_filter in (None, retry.title)
+    ]
+    views = closed + [group_view(group, retries.get(group.id)) for group in found]
+    response.headers["Total-Count"] = str(len(views))
+    return views
 
 
 def get_group_view(request: Request, group_id: uuid.UUID, *, archived: bool) -> FailureGroupView:
     """One group counting Unresolved (or Archived) messages; 404 when unknown."""
     with _engine(request).connect() as conn:
         group = groups.get_group(conn, str(group_id), status=_counted(archived))
+        retry = None if archived else groups.group_retries(conn).get(str(group_id))
     if group is None:
         raise _unknown_group(group_id)
-    return group_view(group)
+    return group_view(group, retry)
 
 
-def group_view(group: groups.GroupSummary) -> FailureGroupView:
-    """The API shape of a group, idle (no operation runs on a group at the moment)."""
-    return FailureGroupView(
+def group_view(
+    group: groups.GroupSummary, retry: groups.GroupRetry | None = None
+) -> FailureGroupView:
+    """The API shape of a group, with its retry's ``operation_*`` fields (idle values
+    without one)."""
+    view = FailureGroupView(
         id=group.id,
         title=group.title,
         type=group.classifier,
@@ -279,6 +318,47 @@ def group_view(group: groups.GroupSummary) -> FailureGroupView:
         last=group.last,
         comment=group.comment,
     )
+    return view if retry is None else view.model_copy(update=operation_fields(retry))
+
+
+def closed_group_view(retry: groups.GroupRetry) -> FailureGroupView:
+    """A group without Unresolved messages, shown for its retry: ``count`` is 0 while
+    the retry runs and the messages it sent once it completed (ServiceControl's)."""
+    completed = retry.completed_at is not None
+    view = FailureGroupView(
+        id=retry.group_id,
+        title=retry.title or "",
+        type=retry.classifier or "",
+        count=retry.forwarded_count if completed else 0,
+        last=retry.completed_at,
+    )
+    return view.model_copy(update=operation_fields(retry))
+
+
+def operation_fields(retry: groups.GroupRetry) -> dict[str, Any]:
+    """ServiceControl's ``operation_*`` fields of a group retry: ``Preparing`` (claiming
+    messages, progress 0), ``Forwarding`` (progress = sent or skipped / claimed, 0..1),
+    ``Completed`` (progress 1, awaiting ``need_user_acknowledgement``)."""
+    fields: dict[str, Any] = {
+        "operation_failed": retry.failed,
+        "operation_start_time": retry.started_at,
+    }
+    if retry.completed_at is not None:
+        return fields | {
+            "operation_status": "Completed",
+            "operation_progress": 1.0,
+            "operation_remaining_count": 0,
+            "operation_completion_time": retry.completed_at,
+            "need_user_acknowledgement": True,
+        }
+    done = retry.forwarded_count + retry.skipped_count
+    if retry.prepared_at is None or retry.message_count == 0:
+        return fields | {"operation_status": "Preparing", "operation_progress": 0.0}
+    return fields | {
+        "operation_status": "Forwarding",
+        "operation_progress": min(done / retry.message_count, 1.0),
+        "operation_remaining_count": max(retry.message_count - done, 0),
+    }
 
 
 def _group_action(

@@ -22,6 +22,7 @@ from controlroom.db.tables import (
     failed_message_group_comments,
     failed_message_groups,
     failed_messages,
+    retry_operations,
 )
 from controlroom.errors.dialects import error_write_dialect
 from controlroom.errors.grouping import CLASSIFIERS, EXCEPTION_TYPE_AND_STACK_TRACE
@@ -29,6 +30,10 @@ from controlroom.errors.grouping import CLASSIFIERS, EXCEPTION_TYPE_AND_STACK_TR
 fm = failed_messages.c
 fmg = failed_message_groups.c
 comments = failed_message_group_comments.c
+ro = retry_operations.c
+
+FAILURE_GROUP_RETRY = "FailureGroup"
+"""``retry_operations.retry_type`` of a retry of a whole group (ServiceControl's name)."""
 
 CLASSIFIER_NAMES: tuple[str, ...] = tuple(classifier.name for classifier in CLASSIFIERS)
 """The classifiers' names, default first (ServiceControl lists them in this order)."""
@@ -133,6 +138,87 @@ def delete_comment(conn: sa.Connection, group_id: str) -> bool:
     """Remove the comment on ``group_id``; False when there was none."""
     result = conn.execute(
         sa.delete(failed_message_group_comments).where(comments.group_id == group_id)
+    )
+    return result.rowcount > 0
+
+
+# --- group retries ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class GroupRetry:
+    """A retry of a whole group (a ``retry_operations`` row of type ``FailureGroup``) as
+    the group views show it. Counts are messages; times UTC."""
+
+    group_id: str
+    title: str | None  # the group's title when the retry was requested
+    classifier: str | None
+    message_count: int  # claimed so far (final once prepared)
+    forwarded_count: int
+    skipped_count: int
+    failed: bool  # a message could not be sent
+    started_at: datetime
+    prepared_at: datetime | None
+    completed_at: datetime | None
+
+
+def group_retries(conn: sa.Connection) -> dict[str, GroupRetry]:
+    """Per group id, the group retry its views show: the running one, else the latest
+    completed one the operator has not acknowledged. Acknowledged ones are history.
+
+    Reads only running and unacknowledged operations: few, whatever the store's size.
+    """
+    rows = conn.execute(
+        sa.select(
+            ro.target,
+            ro.originator,
+            ro.classifier,
+            ro.message_count,
+            ro.forwarded_count,
+            ro.skipped_count,
+            ro.failed,
+            ro.started_at,
+            ro.prepared_at,
+            ro.completed_at,
+        )
+        .where(
+            ro.retry_type == FAILURE_GROUP_RETRY,
+            ro.target.is_not(None),
+            sa.or_(ro.completed_at.is_(None), ro.acknowledged.is_(False)),
+        )
+        .order_by(ro.started_at, ro.id)
+    ).all()
+    shown: dict[str, GroupRetry] = {}
+    for row in rows:  # oldest first: a later operation replaces an earlier one...
+        retry = GroupRetry(
+            group_id=row.target,
+            title=row.originator,
+            classifier=row.classifier,
+            message_count=row.message_count,
+            forwarded_count=row.forwarded_count,
+            skipped_count=row.skipped_count,
+            failed=row.failed,
+            started_at=row.started_at,
+            prepared_at=row.prepared_at,
+            completed_at=row.completed_at,
+        )
+        earlier = shown.get(retry.group_id)
+        # ...except that a running one is never hidden by a completed one.
+        if earlier is None or earlier.completed_at is not None or retry.completed_at is None:
+            shown[retry.group_id] = retry
+    return shown
+
+
+def acknowledge_group_retry(conn: sa.Connection, group_id: str) -> bool:
+    """Mark the completed retries of ``group_id`` acknowledged (the operator dismissed
+    them); False when none was waiting for it."""
+    result = conn.execute(
+        sa.update(retry_operations)
+        .where(
+            ro.retry_type == FAILURE_GROUP_RETRY,
+            ro.target == group_id,
+            ro.completed_at.is_not(None),
+            ro.acknowledged.is_(False),
+        )
+        .values(acknowledged=True)
     )
     return result.rowcount > 0
 
