@@ -7,10 +7,14 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from fastapi.testclient import TestClient
 
+from controlroom.api import create_app
 from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
+from controlroom.errors.bodies import FileSystemBodyStore
+from controlroom.errors.writer import FailedMessageBatchWriter
 from tests import servers
 
 PROVIDERS = ("sqlite", "postgresql")
@@ -64,3 +68,23 @@ def rabbitmq_url() -> Iterator[str]:
 def settings(tmp_path: Path, database_url: str) -> Settings:
     """Settings on the embedded queue with a fresh data dir, on each provider."""
     return Settings(data_dir=tmp_path / "data", database_url=database_url)
+
+
+@pytest.fixture
+def body_store(settings: Settings) -> FileSystemBodyStore:
+    return FileSystemBodyStore(settings.body_dir)
+
+
+@pytest.fixture
+def writer(engine: sa.Engine) -> FailedMessageBatchWriter:
+    return FailedMessageBatchWriter(engine)
+
+
+@pytest.fixture
+def client(
+    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore
+) -> Iterator[TestClient]:
+    """A client of the API over ``engine`` (each provider) and ``body_store``; no transport,
+    so retries wait for a processor the test runs itself."""
+    with TestClient(create_app(settings, engine, body_store)) as test_client:
+        yield test_client

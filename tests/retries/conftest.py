@@ -6,14 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import pytest
 import sqlalchemy as sa
-from fastapi.testclient import TestClient
 
-from controlroom.api import create_app
 from controlroom.config import Settings
 from controlroom.db.tables import (
     FailedMessageStatus,
@@ -31,25 +28,6 @@ from tests.nsb import failed_headers
 from tests.transport.helpers import Collector
 
 TIMEOUT = 60  # seconds: every wait in these tests gives up after this
-
-
-@pytest.fixture
-def body_store(settings: Settings) -> FileSystemBodyStore:
-    return FileSystemBodyStore(settings.body_dir)
-
-
-@pytest.fixture
-def writer(engine: sa.Engine) -> FailedMessageBatchWriter:
-    return FailedMessageBatchWriter(engine)
-
-
-@pytest.fixture
-def client(
-    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore
-) -> Iterator[TestClient]:
-    """The HTTP API over the store (no transport: retries are sent by a processor)."""
-    with TestClient(create_app(settings, engine, body_store)) as test_client:
-        yield test_client
 
 
 def store_failed(
