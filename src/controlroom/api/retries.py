@@ -36,13 +36,13 @@ class RetryBatchModel(BaseModel):
 
 
 class RetryAccepted(BaseModel):
-    """What a retry request created. ``operation_id`` is ``null`` when it claimed nothing
+    """What a retry request created. ``operation_id`` is left out when it claimed nothing
     (every selected message was already in a retry, or none matched); ``request_id`` is
     ServiceControl's RequestId (group id, queue address, endpoint, message id, else
-    ``operation_id``)."""
+    ``operation_id``). Null fields are left out of every answer, as ServiceControl does."""
 
-    operation_id: str | None
-    request_id: str | None
+    operation_id: str | None = None
+    request_id: str | None = None
     retry_type: str
     message_count: int  # messages claimed by this request's batches
     skipped_count: int  # selected messages another retry already holds
@@ -55,8 +55,8 @@ class RetryOperationModel(BaseModel):
     id: str
     request_id: str
     retry_type: str
-    originator: str | None
-    classifier: str | None
+    originator: str | None = None
+    classifier: str | None = None
     message_count: int
     forwarded_count: int
     skipped_count: int
@@ -64,8 +64,8 @@ class RetryOperationModel(BaseModel):
     acknowledged: bool
     start_time: UtcTimestamp
     last_modified: UtcTimestamp
-    prepared_time: UtcTimestamp | None
-    completion_time: UtcTimestamp | None
+    prepared_time: UtcTimestamp | None = None
+    completion_time: UtcTimestamp | None = None
     batches: list[RetryBatchModel]
 
 
@@ -76,7 +76,7 @@ class HistoricOperation(BaseModel):
     retry_type: str
     start_time: UtcTimestamp
     completion_time: UtcTimestamp
-    originator: str | None
+    originator: str | None = None
     failed: bool
     number_of_messages_processed: int
 
@@ -85,7 +85,7 @@ class UnacknowledgedOperation(HistoricOperation):
     """A completed operation the operator has not dismissed yet."""
 
     last: UtcTimestamp
-    classifier: str | None
+    classifier: str | None = None
 
 
 class RetryHistoryModel(BaseModel):
@@ -125,7 +125,9 @@ class EditAccepted(BaseModel):
 
 
 # --- retry routes -------------------------------------------------------------------------
-@router.post("/errors/{id}/retry", status_code=202, responses=_ERRORS)
+@router.post(
+    "/errors/{id}/retry", status_code=202, responses=_ERRORS, response_model_exclude_none=True
+)
 def retry_one(
     request: Request, failed_message_id: Annotated[str, Path(alias="id")]
 ) -> RetryAccepted:
@@ -133,14 +135,16 @@ def retry_one(
     return _accepted(request, retries.retry_message, failed_message_id)
 
 
-@router.post("/errors/retry", status_code=202, responses=_ERRORS)
+@router.post("/errors/retry", status_code=202, responses=_ERRORS, response_model_exclude_none=True)
 def retry_selection(request: Request, ids: Annotated[list[str], Body()]) -> RetryAccepted:
     """Retry the failed messages whose ids the body lists (a JSON array)."""
     _check_ids(ids)
     return _accepted(request, retries.retry_messages, ids)
 
 
-@router.post("/errors/queues/{queueaddress}/retry", status_code=202)
+@router.post(
+    "/errors/queues/{queueaddress}/retry", status_code=202, response_model_exclude_none=True
+)
 def retry_queue(
     request: Request, queue_address: Annotated[str, Path(alias="queueaddress")]
 ) -> RetryAccepted:
@@ -148,13 +152,13 @@ def retry_queue(
     return _accepted(request, retries.retry_queue, queue_address)
 
 
-@router.post("/errors/retry/all", status_code=202)
+@router.post("/errors/retry/all", status_code=202, response_model_exclude_none=True)
 def retry_everything(request: Request) -> RetryAccepted:
     """Retry every Unresolved message."""
     return _accepted(request, retries.retry_all)
 
 
-@router.post("/errors/{endpointname}/retry/all", status_code=202)
+@router.post("/errors/{endpointname}/retry/all", status_code=202, response_model_exclude_none=True)
 def retry_endpoint(
     request: Request, endpoint_name: Annotated[str, Path(alias="endpointname")]
 ) -> RetryAccepted:
@@ -162,20 +166,31 @@ def retry_endpoint(
     return _accepted(request, retries.retry_endpoint, endpoint_name)
 
 
-@router.post("/recoverability/groups/{groupId}/errors/retry", status_code=202, responses=_ERRORS)
+@router.post(
+    "/recoverability/groups/{groupId}/errors/retry",
+    status_code=202,
+    responses=_ERRORS,
+    response_model_exclude_none=True,
+)
 def retry_group(request: Request, group_id: Annotated[str, Path(alias="groupId")]) -> RetryAccepted:
     """Retry the Unresolved messages of a failure group."""
     return _accepted(request, retries.retry_group, group_id)
 
 
-@router.post("/pendingretries/retry", status_code=202, responses=_ERRORS)
+@router.post(
+    "/pendingretries/retry", status_code=202, responses=_ERRORS, response_model_exclude_none=True
+)
 def retry_pending(request: Request, ids: Annotated[list[str], Body()]) -> RetryAccepted:
     """Retry again messages whose retry was sent but never confirmed (a JSON array)."""
     _check_ids(ids)
     return _accepted(request, retries.retry_pending_messages, ids)
 
 
-@router.get("/retries/{operation_id}", responses={404: {"description": "No such operation."}})
+@router.get(
+    "/retries/{operation_id}",
+    responses={404: {"description": "No such operation."}},
+    response_model_exclude_none=True,
+)
 def get_retry_operation(request: Request, operation_id: str) -> RetryOperationModel:
     """One retry operation with its batches and counts."""
     with _engine(request).connect() as conn:
@@ -201,7 +216,7 @@ def get_retry_operation(request: Request, operation_id: str) -> RetryOperationMo
     )
 
 
-@router.get("/recoverability/history")
+@router.get("/recoverability/history", response_model_exclude_none=True)
 def get_retry_history(request: Request) -> RetryHistoryModel:
     """Recent completed retry operations, and those not acknowledged yet."""
     with _engine(request).connect() as conn:
