@@ -8,6 +8,7 @@ names and defaults: DESIGN.md "Operational contract".
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Literal
@@ -40,6 +41,8 @@ class IngestionSettings(BaseModel):
     def effective_prefetch(self) -> int:
         return self.prefetch or self.batch_size * self.concurrent_batches
 
+
+_ORIGIN = re.compile(r"https?://[^/\s:]+(:\d{1,5})?")
 
 Role = Literal["reader", "operator", "admin"]
 """What a bearer token may do: ``reader`` GET/HEAD; ``operator`` also archive, retry and
@@ -87,6 +90,19 @@ class Settings(BaseSettings):
         description="Bearer tokens of the API, each with a name and a role. None: the API "
         "is open, which serve allows on a loopback address only.",
     )
+    cors_allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="Origins (scheme://host[:port], or '*') whose web pages may call the "
+        "API from a browser, e.g. a ServicePulse on another host. None by default: only "
+        "same-origin pages.",
+    )
+    servicecontrol_api_version: str = Field(
+        "6.6.0",
+        pattern=r"^\d+\.\d+\.\d+$",
+        description="The ServiceControl API version Controlroom implements, sent as "
+        "X-Particular-Version on every /api response; clients such as ServicePulse "
+        "enable features by it.",
+    )
 
     @field_validator("auth_tokens")
     @classmethod
@@ -99,6 +115,17 @@ class Settings(BaseSettings):
         if len(set(names)) != len(names):
             raise ValueError("two entries share a name; each name must be distinct")
         return tokens
+
+    @field_validator("cors_allowed_origins")
+    @classmethod
+    def _origins(cls, origins: list[str]) -> list[str]:
+        """A browser sends ``Origin`` as scheme://host[:port]; anything else never matches."""
+        for origin in origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    "each origin must be scheme://host[:port] (no path, no trailing slash) or '*'"
+                )
+        return origins
 
     @classmethod
     def settings_customise_sources(

@@ -12,6 +12,7 @@ from controlroom import __version__
 from controlroom.api import (
     archive,
     auth,
+    compat,
     configuration,
     endpoints,
     errors,
@@ -66,4 +67,6 @@ def create_app(
     app.include_router(search.router, prefix="/api")
     app.include_router(health.router, prefix="/api")
     app.include_router(retries.router, prefix="/api")
+    app.include_router(compat.router, prefix="/api")
+    compat.install_middleware(app, settings)
     return app
