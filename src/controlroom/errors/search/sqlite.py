@@ -31,6 +31,10 @@ def fts_query(text: str) -> str:
     return " ".join('"' + word.replace('"', '""') + '"' for word in words)
 
 
+def prepare(conn: sa.Connection) -> None:
+    """Nothing to set: SQLite's planner takes the FTS5 index for ``MATCH`` by itself."""
+
+
 def matches(text: str) -> sa.ColumnElement[bool]:
     """True for rows whose headers or body text contain ``text``.
 
