@@ -126,6 +126,14 @@ def test_queue_addresses_are_paged(client: TestClient, three_queues: None) -> No
     assert second.headers["Total-Count"] == "3"
     assert '<errors/queues/addresses?per_page=2&page=2>; rel="next"' in first.headers["Link"]
     assert first.headers["ETag"] != second.headers["ETag"]
+    beyond = client.get("/api/errors/queues/addresses", params={"per_page": 2, "page": 3})
+    assert beyond.json() == [] and beyond.headers["Total-Count"] == "3"
+
+
+def test_queue_addresses_of_an_empty_store(client: TestClient) -> None:
+    response = client.get("/api/errors/queues/addresses")
+
+    assert response.json() == [] and response.headers["Total-Count"] == "0"
 
 
 # --- OpenAPI ------------------------------------------------------------------------------
