@@ -325,6 +325,12 @@ def _count_outcomes(parsed: Sequence[_Parsed]) -> None:
     for item in parsed:
         if item.failed_import is not None:
             INGESTED.labels("failed_import").inc()
+            # Operators learn of it here; `controlroom import-failed` re-imports it.
+            log.warning(
+                "kept message as failed import %s: %s",
+                item.failed_import.id,
+                item.failed_import.reason,
+            )
         elif item.confirmed_retry is not None:
             INGESTED.labels("retry_confirmation").inc()
         else:
