@@ -1,0 +1,597 @@
+"""Query benchmark: the error instance's read API on PostgreSQL with a million failed
+messages.
+
+What it does (see ``benchmarks/README.md`` for the figures and how to read them):
+
+1. Creates a scratch database next to the admin URL and applies the migrations.
+2. Loads ``--messages`` (default 1,000,000) realistic failed messages, fast: a pool of
+   templates from ``controlroom.demo`` (NServiceBus 5-10 and Python header sets, JSON and
+   XML bodies, .NET and Python stack traces), each in ``VARIANTS`` renamed copies so that
+   there are some hundreds of message types and failure groups, parsed once with
+   ``parse_failed_message``; every row then gets its own UniqueMessageId, message id,
+   times within the last 30 days, status (70 % unresolved, 10 % resolved, 5 % retry
+   issued, 15 % archived) and attempt count, written into its headers too. Rows and their
+   group rows go in with ``COPY`` from ``--workers`` processes; the secondary indexes,
+   the full-text GIN index and the foreign key are dropped for the load and rebuilt after
+   (the generated ``search_vector`` is computed by the server during ``COPY``), then
+   ``VACUUM ANALYZE``.
+3. Measures, through the HTTP app (``fastapi.testclient``, the whole request path), the
+   latency of each scenario ``--repeat`` times after ``WARM_UP`` unmeasured calls, and
+   prints p50 / p95 in milliseconds: the first page of ``/api/errors``, a deep page, status
+   filtered pages, other sort keys, full-text searches (one hit, a selective term, a
+   broad term), the summary, queue addresses, and the groups view of every classifier
+   (``/api/recoverability/groups/{classifier}`` when the app has it, else
+   ``controlroom.errors.groups.list_groups``).
+4. With ``--explain``, prints ``EXPLAIN (ANALYZE, BUFFERS)`` of every statement a scenario
+   runs (``--only`` picks scenarios by name), which is how the indexes of migration 0004
+   and the shape of the search query were chosen.
+
+Run: ``.venv/bin/python benchmarks/query.py``: about 15 minutes on 2 cores, 12 of them the
+load, and of those most in the server computing each row's generated ``search_vector``
+(about 0.9 ms of CPU per row; generating the rows in Python is about 45 s of CPU per
+million). ``--keep`` leaves the database for more runs with ``--reuse NAME`` (which also
+applies newer migrations to it first). ``--messages 100000`` loads in about a minute.
+Server:
+``CONTROLROOM_BENCH_POSTGRESQL_URL`` (an admin URL), default
+``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import psycopg
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from controlroom.api import create_app
+from controlroom.config import Settings
+from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
+from controlroom.db.tables import FailedMessageStatus
+from controlroom.demo import format_nsb_time, generate_demo_messages
+from controlroom.errors import headers as h
+from controlroom.errors.bodies import FileSystemBodyStore
+from controlroom.errors.grouping import CLASSIFIERS
+from controlroom.errors.model import FailedAttempt
+from controlroom.errors.parsing import parse_failed_message
+from controlroom.exceptions import MessageRejected
+
+try:  # written alongside this benchmark; measured through its function when no route serves it
+    from controlroom.errors import groups
+except ImportError:
+    groups = None  # type: ignore[assignment]
+
+DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+ADMIN_URL_ENV = "CONTROLROOM_BENCH_POSTGRESQL_URL"
+DEFAULT_MESSAGES = 1_000_000
+NOW = datetime(2026, 11, 1, tzinfo=UTC)
+WINDOW = timedelta(days=30)  # failures spread over the 30 days before NOW
+BASE_MESSAGES = 600  # demo messages the templates are made from
+VARIANTS = 40  # renamed copies of each message type (and of its handler frames)
+TEMPLATES = 4_000
+WARM_UP = 3
+MAX_BODY_SIZE_TO_STORE = 102_400
+
+STATUS_WEIGHTS = (
+    (FailedMessageStatus.UNRESOLVED, 70),
+    (FailedMessageStatus.RESOLVED, 10),
+    (FailedMessageStatus.RETRY_ISSUED, 5),
+    (FailedMessageStatus.ARCHIVED, 15),
+)
+ATTEMPT_WEIGHTS = ((1, 80), (2, 15), (3, 5))
+
+MESSAGE_COLUMNS = (
+    "id",
+    "message_id",
+    "status",
+    "status_changed_at",
+    "last_modified",
+    "number_of_processing_attempts",
+    "first_failure_at",
+    "last_failure_at",
+    "message_type",
+    "time_sent",
+    "is_system_message",
+    "conversation_id",
+    "exception_type",
+    "exception_message",
+    "exception_source",
+    "stack_trace",
+    "queue_address",
+    "receiving_endpoint",
+    "receiving_host_id",
+    "receiving_host",
+    "sending_endpoint",
+    "sending_host_id",
+    "sending_host",
+    "headers_json",
+    "content_type",
+    "body_size",
+    "body_text",
+    "body_stored_externally",
+    "body_key",
+)
+GROUP_COLUMNS = ("failed_message_id", "group_id", "classifier", "title")
+LOADED_TABLES = ("failed_messages", "failed_message_groups")
+
+
+# --- templates ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A parsed failure whose per-message values get replaced in every row made from it."""
+
+    attempt: FailedAttempt
+    time_of_failure_text: str  # as written in its headers
+    time_sent_text: str | None
+
+
+def renamed(headers: dict[str, str | None], variant: int) -> dict[str, str | None]:
+    """``headers`` with the message type's short name numbered (``PlaceOrder`` ->
+    ``PlaceOrder07``) in every value: the type, its handler's frames, the exception data."""
+    message_type = h.message_type(headers) or ""
+    short = message_type.rpartition(".")[2]
+    if not short:
+        return dict(headers)
+    new = f"{short}{variant:02}"
+    return {
+        key: None if value is None else value.replace(short, new) for key, value in headers.items()
+    }
+
+
+def make_templates(count: int = TEMPLATES, seed: int = 7) -> list[Template]:
+    """``count`` parsed templates: demo messages in ``VARIANTS`` renamed copies."""
+    rng = random.Random(seed)
+    base = generate_demo_messages(BASE_MESSAGES, seed=seed, now=NOW)
+    templates: list[Template] = []
+    while len(templates) < count:
+        message = rng.choice(base)
+        headers = renamed(message.headers, rng.randrange(VARIANTS))
+        try:
+            attempt = parse_failed_message(
+                headers, message.body, max_body_size_to_store=MAX_BODY_SIZE_TO_STORE
+            )
+        except MessageRejected:
+            continue  # the demo's one deliberately broken message
+        if attempt.body_placement.external:
+            continue  # keep the load free of body-store writes
+        templates.append(
+            Template(attempt, headers[h.TIME_OF_FAILURE] or "", headers.get(h.TIME_SENT))
+        )
+    return templates
+
+
+# --- rows ---------------------------------------------------------------------------------
+def _weighted(rng: random.Random, weights: Sequence[tuple[Any, int]]) -> Any:
+    return rng.choices([value for value, _ in weights], [weight for _, weight in weights])[0]
+
+
+def _naive(instant: datetime) -> datetime:
+    return instant.astimezone(UTC).replace(tzinfo=None)
+
+
+def make_rows(
+    templates: Sequence[Template], rng: random.Random
+) -> tuple[tuple[Any, ...], list[tuple[str, str, str, str]]]:
+    """One failed-message row (``MESSAGE_COLUMNS``) and its group rows."""
+    template = rng.choice(templates)
+    attempt = template.attempt
+    unique_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    message_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    failed_at = NOW - WINDOW * rng.random()
+    sent_at = failed_at - timedelta(seconds=rng.uniform(0.05, 30))
+    attempts = _weighted(rng, ATTEMPT_WEIGHTS)
+    first_failed_at = failed_at - timedelta(minutes=rng.uniform(1, 600) * (attempts - 1))
+    status = _weighted(rng, STATUS_WEIGHTS)
+    modified = failed_at
+    if status is not FailedMessageStatus.UNRESOLVED:
+        modified = min(NOW, failed_at + timedelta(hours=rng.uniform(0.1, 48)))
+    headers_json = attempt.headers_json.replace(attempt.message_id, message_id).replace(
+        template.time_of_failure_text, format_nsb_time(failed_at)
+    )
+    if template.time_sent_text:
+        headers_json = headers_json.replace(template.time_sent_text, format_nsb_time(sent_at))
+    row = (
+        unique_id,
+        message_id,
+        int(status),
+        _naive(modified),
+        _naive(modified),
+        attempts,
+        _naive(first_failed_at),
+        _naive(failed_at),
+        attempt.message_type,
+        _naive(sent_at) if template.time_sent_text else None,
+        attempt.is_system_message,
+        attempt.conversation_id,
+        attempt.exception_type,
+        attempt.exception_message,
+        attempt.exception_source,
+        attempt.stack_trace,
+        attempt.queue_address,
+        attempt.receiving_endpoint,
+        attempt.receiving_host_id,
+        attempt.receiving_host,
+        attempt.sending_endpoint,
+        attempt.sending_host_id,
+        attempt.sending_host,
+        headers_json,
+        attempt.content_type,
+        attempt.body_placement.size,
+        attempt.body_placement.text,
+        False,
+        None,
+    )
+    groups = [(unique_id, group.id, group.classifier, group.title) for group in attempt.groups]
+    return row, groups
+
+
+_TEMPLATES: list[Template] = []  # built in the parent, inherited by forked loaders
+
+
+def load_part(args: tuple[str, int, int]) -> int:
+    """Load ``count`` rows (seeded by ``part``) into the database at ``url`` with COPY."""
+    url, part, count = args
+    rng = random.Random(1_000 + part)
+    with psycopg.connect(url) as conn, conn.cursor() as cursor:
+        conn.execute("SET synchronous_commit = off")
+        groups: list[tuple[str, str, str, str]] = []
+        columns = ", ".join(MESSAGE_COLUMNS)
+        with cursor.copy(f"COPY failed_messages ({columns}) FROM STDIN") as copy:
+            for _ in range(count):
+                row, row_groups = make_rows(_TEMPLATES, rng)
+                copy.write_row(row)
+                groups.extend(row_groups)
+        with cursor.copy(
+            f"COPY failed_message_groups ({', '.join(GROUP_COLUMNS)}) FROM STDIN"
+        ) as copy:
+            for group_row in groups:
+                copy.write_row(group_row)
+    return count
+
+
+@dataclass
+class SchemaObjects:
+    """Indexes and foreign keys dropped for the load, with the SQL that recreates them."""
+
+    drop: list[str]
+    create: list[str]
+
+
+def secondary_objects(conn: psycopg.Connection[Any]) -> SchemaObjects:
+    """Every non-primary-key index and foreign key of the loaded tables."""
+    indexes = conn.execute(
+        "SELECT i.indexname, i.indexdef FROM pg_indexes i "
+        "JOIN pg_class c ON c.relname = i.indexname JOIN pg_index x ON x.indexrelid = c.oid "
+        "WHERE i.tablename = ANY(%s) AND NOT x.indisprimary",
+        (list(LOADED_TABLES),),
+    ).fetchall()
+    keys = conn.execute(
+        "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint "
+        "WHERE contype = 'f' AND conrelid::regclass::text = ANY(%s)",
+        (list(LOADED_TABLES),),
+    ).fetchall()
+    drop = [f'ALTER TABLE {table} DROP CONSTRAINT "{name}"' for table, name, _ in keys]
+    drop += [f'DROP INDEX "{name}"' for name, _ in indexes]
+    create = [definition for _, definition in indexes]
+    create += [f'ALTER TABLE {table} ADD CONSTRAINT "{name}" {spec}' for table, name, spec in keys]
+    return SchemaObjects(drop, create)
+
+
+def load(url: str, messages: int, workers: int) -> dict[str, float]:
+    """Fill the empty store at ``url``; seconds per phase."""
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    _TEMPLATES[:] = make_templates()
+    timings["templates"] = time.perf_counter() - started
+    with psycopg.connect(url, autocommit=True) as conn:
+        objects = secondary_objects(conn)
+        for statement in objects.drop:
+            conn.execute(statement)
+    started = time.perf_counter()
+    parts = [
+        (url, part, messages // workers + (part < messages % workers)) for part in range(workers)
+    ]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        loaded = sum(pool.map(load_part, parts))
+    assert loaded == messages
+    timings["copy"] = time.perf_counter() - started
+    started = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET maintenance_work_mem = '1GB'")
+        conn.execute("SET max_parallel_maintenance_workers = 2")
+        for statement in objects.create:
+            conn.execute(statement)
+    timings["indexes"] = time.perf_counter() - started
+    started = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        for table in LOADED_TABLES:
+            conn.execute(f"VACUUM ANALYZE {table}")
+    timings["vacuum analyze"] = time.perf_counter() - started
+    return timings
+
+
+# --- measuring ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    run: Callable[[], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    name: str
+    p50_ms: float
+    p95_ms: float
+    detail: str
+
+
+def measure(scenario: Scenario, repeat: int) -> Result:
+    detail = ""
+    for _ in range(WARM_UP):
+        detail = scenario.run()
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        scenario.run()
+        samples.append((time.perf_counter() - started) * 1000)
+    cut = statistics.quantiles(samples, n=20, method="inclusive")
+    return Result(scenario.name, statistics.median(samples), cut[18], str(detail))
+
+
+class StatementLog:
+    """The SQL statements (with parameters) an engine runs while ``capture`` is active."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.statements: list[tuple[str, Any]] = []
+        self.active = False
+        sa.event.listen(engine, "before_cursor_execute", self._record)
+
+    def _record(self, _conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if self.active:
+            self.statements.append((statement, parameters))
+
+    @contextmanager
+    def capture(self) -> Iterator[list[tuple[str, Any]]]:
+        self.statements = []
+        self.active = True
+        try:
+            yield self.statements
+        finally:
+            self.active = False
+
+
+def explain(url: str, statements: Sequence[tuple[str, Any]]) -> str:
+    lines = []
+    with psycopg.connect(url) as conn:
+        for statement, parameters in statements:
+            if not statement.lstrip().upper().startswith("SELECT"):
+                conn.execute(statement, parameters or None)  # SET LOCAL: in effect for the rest
+                lines.append(statement)
+                continue
+            plan = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS) {statement}", parameters).fetchall()
+            lines.append(statement.strip().splitlines()[0][:120])
+            lines += ["    " + row[0] for row in plan]
+    return "\n".join(lines)
+
+
+def scenarios(client: TestClient, url: str, messages: int) -> list[Scenario]:
+    """The measured requests; each returns a short description of its answer."""
+
+    def get(path: str, **params: Any) -> Callable[[], str]:
+        def run() -> str:
+            response = client.get(path, params=params)
+            if response.status_code != 200:
+                raise RuntimeError(f"{path} {params}: {response.status_code} {response.text[:200]}")
+            total = response.headers.get("Total-Count")
+            size = len(response.json())
+            return f"{size} items" + (f" of {total}" if total else "")
+
+        return run
+
+    with psycopg.connect(url) as conn:
+        [(known_message_id,)] = conn.execute(
+            "SELECT message_id FROM failed_messages ORDER BY id OFFSET %s LIMIT 1",
+            (messages // 3,),
+        ).fetchall()
+    deep_page = max(1, messages // 50 // 2)
+    found: list[Scenario] = [
+        Scenario("errors: first page (default sort time_sent desc)", get("/api/errors")),
+        Scenario(
+            f"errors: deep page {deep_page:,} (offset {(deep_page - 1) * 50:,})",
+            get("/api/errors", page=deep_page),
+        ),
+        Scenario("errors: status=unresolved, first page", get("/api/errors", status="unresolved")),
+        Scenario("errors: status=archived, first page", get("/api/errors", status="archived")),
+        Scenario("errors: status=-archived, first page", get("/api/errors", status="-archived")),
+        Scenario(
+            "errors: status=unresolved, sort=time_of_failure",
+            get("/api/errors", status="unresolved", sort="time_of_failure"),
+        ),
+        Scenario(
+            "errors: sort=modified asc, first page",
+            get("/api/errors", sort="modified", direction="asc"),
+        ),
+        Scenario(
+            "errors: sort=message_type asc, first page",
+            get("/api/errors", sort="message_type", direction="asc"),
+        ),
+        Scenario("errors: sort=status, first page", get("/api/errors", sort="status")),
+        Scenario(
+            "errors: modified range (one day), first page",
+            get(
+                "/api/errors",
+                modified=f"{NOW - timedelta(days=3):%Y-%m-%dT%H:%M:%SZ}..."
+                f"{NOW - timedelta(days=2):%Y-%m-%dT%H:%M:%SZ}",
+            ),
+        ),
+        Scenario("errors: endpoint Sales, first page", get("/api/endpoints/Sales/errors")),
+        Scenario(
+            "errors: HEAD (count only)", lambda: client.head("/api/errors").headers["Total-Count"]
+        ),
+        Scenario("errors/summary", get("/api/errors/summary")),
+        Scenario("errors/queues/addresses", get("/api/errors/queues/addresses")),
+        Scenario("search: a message id (1 hit)", get(f"/api/messages/search/{known_message_id}")),
+        Scenario(
+            "search: 'ChargeCreditCard07' (selective)",
+            get("/api/messages/search/ChargeCreditCard07"),
+        ),
+        Scenario(
+            "search: 'System.InvalidOperationException' (broad)",
+            get("/api/messages/search/System.InvalidOperationException"),
+        ),
+        Scenario(
+            "search: 'HttpRequestException 503' (two words)",
+            get("/api/messages/search", q="HttpRequestException 503"),
+        ),
+    ]
+    routes = client.get("/openapi.json").json()["paths"]
+    if "/api/recoverability/groups/{classifier}" in routes:
+        for classifier in CLASSIFIERS:
+            found.append(
+                Scenario(
+                    f"groups: {classifier.name}",
+                    get(f"/api/recoverability/groups/{quote(classifier.name)}"),
+                )
+            )
+    else:
+        found += group_function_scenarios(client)
+    return found
+
+
+def group_function_scenarios(client: TestClient) -> list[Scenario]:
+    """The groups view through ``errors.groups.list_groups`` when no route serves it."""
+    if groups is None:
+        print("no controlroom.errors.groups: the groups view is not measured", file=sys.stderr)
+        return []
+    engine: sa.Engine = client.app.state.engine
+
+    def run(name: str) -> Callable[[], str]:
+        def call() -> str:
+            with engine.connect() as conn:
+                return f"{len(groups.list_groups(conn, name))} groups"
+
+        return call
+
+    return [Scenario(f"groups (function): {c.name}", run(c.name)) for c in CLASSIFIERS]
+
+
+# --- running ------------------------------------------------------------------------------
+@contextmanager
+def scratch_database(admin_url: str, reuse: str | None, keep: bool) -> Iterator[tuple[str, bool]]:
+    """(SQLAlchemy URL of the benchmark database, whether it is new)."""
+    admin = sa.make_url(admin_url)
+    name = reuse or f"controlroom_bench_query_{uuid.uuid4().hex[:8]}"
+    url = admin.set(database=name).render_as_string(hide_password=False)
+    if not reuse:
+        engine = sa.create_engine(admin, isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        engine.dispose()
+    try:
+        yield url, not reuse
+    finally:
+        if not keep and not reuse:
+            engine = sa.create_engine(admin, isolation_level="AUTOCOMMIT")
+            with engine.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            engine.dispose()
+        elif not reuse:
+            print(f"kept database {name} (--reuse {name})")
+
+
+def libpq_url(url: str) -> str:
+    return sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def environment(url: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        buffers = conn.execute("SHOW shared_buffers").fetchone()[0]  # type: ignore[index]
+        work_mem = conn.execute("SHOW work_mem").fetchone()[0]  # type: ignore[index]
+        size = conn.execute(
+            "SELECT pg_size_pretty(pg_database_size(current_database()))"
+        ).fetchone()[0]  # type: ignore[index]
+        rows = conn.execute("SELECT count(*) FROM failed_messages").fetchone()[0]  # type: ignore[index]
+        groups = conn.execute("SELECT count(*) FROM failed_message_groups").fetchone()[0]  # type: ignore[index]
+    return [
+        f"PostgreSQL {version} (shared_buffers {buffers}, work_mem {work_mem}), database {size}",
+        f"{rows:,} failed messages, {groups:,} group rows",
+        f"{platform.python_implementation()} {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs, {platform.machine()}, {load_average()}",
+    ]
+
+
+def load_average() -> str:
+    """The machine's 1/5/15-minute load: client and server share its CPUs."""
+    return "load average " + " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=DEFAULT_MESSAGES)
+    parser.add_argument("--repeat", type=int, default=30, help="measured calls per scenario")
+    parser.add_argument("--workers", type=int, default=2, help="loading processes")
+    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    parser.add_argument("--reuse", metavar="NAME", help="measure an already loaded database")
+    parser.add_argument("--explain", action="store_true", help="print the plans too")
+    parser.add_argument("--only", help="measure only scenarios whose name contains this")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    admin_url = os.environ.get(ADMIN_URL_ENV, DEFAULT_ADMIN_URL)
+    with scratch_database(admin_url, args.reuse, args.keep) as (url, new):
+        engine = create_store_engine(url)
+        upgrade_database(engine)  # also brings a reused database to the newest indexes
+        if new:
+            timings = load(libpq_url(url), args.messages, args.workers)
+            print(
+                "load: "
+                + ", ".join(f"{phase} {seconds:.0f} s" for phase, seconds in timings.items())
+            )
+        print("\n".join(environment(libpq_url(url))))
+        log = StatementLog(engine)
+        with tempfile.TemporaryDirectory() as scratch:
+            settings = Settings(data_dir=Path(scratch), database_url=url)
+            app = create_app(settings, engine, FileSystemBodyStore(Path(scratch) / "bodies"))
+            with TestClient(app) as client:
+                results = []
+                for scenario in scenarios(client, libpq_url(url), args.messages):
+                    if args.only and args.only not in scenario.name:
+                        continue
+                    results.append(measure(scenario, args.repeat))
+                    result = results[-1]
+                    figures = f"{result.p50_ms:9.1f} {result.p95_ms:9.1f}"
+                    print(f"{figures}  {result.name} ({result.detail})", flush=True)
+                    if args.explain:
+                        with log.capture() as statements:
+                            scenario.run()
+                        print(explain(libpq_url(url), statements), flush=True)
+        engine.dispose()
+    print(f"\nafter measuring: {load_average()}")
+    print("\n| scenario | p50 ms | p95 ms | answer |\n| --- | ---: | ---: | --- |")
+    for result in results:
+        print(f"| {result.name} | {result.p50_ms:.1f} | {result.p95_ms:.1f} | {result.detail} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
