@@ -53,7 +53,9 @@ class ErrorKind(enum.Enum):
 # failure, deadlock, lock timeouts, admin shutdown, too many connections.
 _TRANSIENT_SQLSTATE_PREFIXES = ("08", "40", "57P", "53")
 _TRANSIENT_SQLSTATE_CODES = {"55P03", "57014"}
-_DATA_SQLSTATE_PREFIXES = ("22",)  # data exception: value too long, bad encoding, NUL
+# Data exceptions (value too long, bad encoding, NUL) and program limits the input hit
+# (a tsvector over 1 MB): the input is at fault, not the store.
+_DATA_SQLSTATE_PREFIXES = ("22", "54")
 _TRANSIENT_SQLITE_MARKERS = ("database is locked", "database is busy", "disk i/o error")
 
 
@@ -67,6 +69,8 @@ def classify_store_error(exc: BaseException) -> ErrorKind:
         return classify_store_error(exc.orig) if exc.orig is not None else ErrorKind.FATAL
     if isinstance(exc, sqlalchemy.exc.TimeoutError):  # connection pool exhausted
         return ErrorKind.TRANSIENT
+    if isinstance(exc, psycopg.DataError) and exc.sqlstate is None:
+        return ErrorKind.DATA  # refused by psycopg itself, e.g. a NUL in a text parameter
     if isinstance(exc, psycopg.Error):
         return _classify_sqlstate(exc.sqlstate, isinstance(exc, psycopg.OperationalError))
     if isinstance(exc, sqlite3.Error):

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 
 from controlroom import __version__
 from controlroom.api import (
@@ -23,6 +24,7 @@ from controlroom.api import (
 )
 from controlroom.config import Settings
 from controlroom.errors.bodies import BodyStore
+from controlroom.exceptions import ErrorKind, classify_store_error
 from controlroom.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -69,4 +71,26 @@ def create_app(
     app.include_router(retries.router, prefix="/api")
     app.include_router(compat.router, prefix="/api")
     compat.install_middleware(app, settings)
+    app.add_exception_handler(sa.exc.DBAPIError, _store_error)
     return app
+
+
+async def _store_error(request: Request, exc: Exception) -> Response:
+    """A store error no route handled: the request's own bad value is a 400, a busy or
+    unreachable database a 503 (try again); anything else stays a 500."""
+    kind = classify_store_error(exc)
+    if kind is ErrorKind.DATA:
+        return JSONResponse(
+            {
+                "detail": "the database refused a value of this request (e.g. a NUL character "
+                "or a value longer than its field)"
+            },
+            status_code=400,
+        )
+    if kind is ErrorKind.TRANSIENT:
+        return JSONResponse(
+            {"detail": "the database is busy or unreachable; try again"},
+            status_code=503,
+            headers={"Retry-After": "1"},
+        )
+    raise exc

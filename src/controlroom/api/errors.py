@@ -566,8 +566,27 @@ def get_body(request: Request, failed_message_id: FailedMessageId) -> Response:
     if stored is None:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
     data = _body_bytes(request.app.state.body_store, stored, failed_message_id)
-    # Set the header as stored: Starlette's media_type would append "; charset=utf-8".
-    return Response(content=data, headers={"content-type": stored.content_type})
+    return Response(content=data, headers=body_response_headers(stored.content_type))
+
+
+# The body is attacker-controlled: a browser must never run it as a page of the API's
+# origin (text/html, SVG), so it is sandboxed, never sniffed, and offered as a download.
+_BODY_SAFETY_HEADERS = {
+    "x-content-type-options": "nosniff",
+    "content-security-policy": "sandbox; default-src 'none'",
+    "content-disposition": "attachment",
+}
+
+
+def body_response_headers(content_type: str) -> dict[str, str]:
+    """Headers of a body answer: the stored content type as stored (Starlette's
+    ``media_type`` would append a charset), when it is a legal header value, else
+    ``application/octet-stream``; plus the safety headers."""
+    legal = content_type.isprintable() and content_type.isascii()
+    return {
+        "content-type": content_type if legal else "application/octet-stream",
+        **_BODY_SAFETY_HEADERS,
+    }
 
 
 def _body_bytes(store: BodyStore, stored: queries.StoredBody, message_id: uuid.UUID) -> bytes:

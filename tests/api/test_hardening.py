@@ -1,0 +1,71 @@
+"""Findings of the break-it pass, each pinned: hostile bodies, bad values, migration races."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.synchronize
+
+import psycopg
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
+from controlroom.errors.parsing import parse_failed_message
+from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.exceptions import ErrorKind, classify_store_error
+from tests.nsb import failed_headers
+
+
+def test_a_html_body_is_never_served_as_a_page_of_the_api(
+    client: TestClient, writer: FailedMessageBatchWriter
+) -> None:
+    attempt = parse_failed_message(
+        failed_headers("xss", content_type="text/html"),
+        b"<script>fetch('/api/errors/retry/all', {method: 'POST'})</script>",
+        max_body_size_to_store=102_400,
+    )
+    writer.write(IngestionBatch(attempts=[attempt]))
+
+    response = client.get(f"/api/messages/{attempt.unique_message_id}/body")
+
+    assert response.status_code == 200
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert response.headers["content-disposition"] == "attachment"
+    assert "sandbox" in response.headers["content-security-policy"]
+
+
+def test_a_nul_in_a_parameter_is_a_client_error_not_a_500(client: TestClient) -> None:
+    response = client.get("/api/recoverability/groups", params={"classifierFilter": "a\x00b"})
+
+    assert response.status_code < 500, response.text
+
+
+def test_a_tsvector_over_the_limit_is_the_message_s_fault() -> None:
+    class ProgramLimit(psycopg.errors.ProgramLimitExceeded):
+        sqlstate = "54000"
+
+    assert classify_store_error(ProgramLimit("string is too long for tsvector")) is ErrorKind.DATA
+
+
+def _migrate(url: str, barrier: multiprocessing.synchronize.Barrier) -> None:
+    engine = create_store_engine(url)
+    barrier.wait(timeout=60)
+    upgrade_database(engine)
+    engine.dispose()
+
+
+def test_processes_starting_together_migrate_one_after_the_other(postgresql_url: str) -> None:
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(3)
+    processes = [context.Process(target=_migrate, args=(postgresql_url, barrier)) for _ in range(3)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+
+    assert [process.exitcode for process in processes] == [0, 0, 0]
+    engine = create_store_engine(postgresql_url)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM alembic_version")).scalar_one() == 1
+    engine.dispose()
