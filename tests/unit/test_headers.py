@@ -286,3 +286,11 @@ def test_sanitize_text_replaces_nul_and_lone_surrogates_only() -> None:
 )
 def test_parse_guid_takes_only_dotnet_spellings(text: str, expected: str | None) -> None:
     assert h.parse_guid(text) == expected
+
+
+def test_a_time_beyond_the_last_utc_instant_is_rejected_naming_the_header() -> None:
+    from controlroom.errors.headers import parse_nsb_time
+    from controlroom.exceptions import MessageRejected
+
+    with pytest.raises(MessageRejected, match=r"NServiceBus\.TimeSent"):
+        parse_nsb_time("9999-12-31T23:59:59-05:00", header="NServiceBus.TimeSent")

@@ -161,8 +161,8 @@ def parse_nsb_time(text: str, *, header: str = "timestamp") -> datetime:
             if match is not None:
                 return _wire_time(match)
             return _iso_time(value)
-        except ValueError:
-            pass  # out-of-range field (month 13) or not ISO 8601 either
+        except (ValueError, OverflowError):
+            pass  # out-of-range field (month 13, year 9999 west of UTC) or not ISO 8601
     raise MessageRejected(f"header {header} is not a timestamp: {text[:100]!r}")
 
 
