@@ -69,3 +69,12 @@ def test_processes_starting_together_migrate_one_after_the_other(postgresql_url:
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM alembic_version")).scalar_one() == 1
     engine.dispose()
+
+
+def test_a_time_past_the_last_utc_instant_is_a_client_error(client: TestClient) -> None:
+    response = client.patch(
+        "/api/pendingretries/resolve",
+        json={"from": "2020-01-01T00:00:00", "to": "9999-12-31T23:59:59-14:00"},
+    )
+
+    assert 400 <= response.status_code < 500, response.text

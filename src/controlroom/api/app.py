@@ -72,7 +72,13 @@ def create_app(
     app.include_router(compat.router, prefix="/api")
     compat.install_middleware(app, settings)
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)
+    app.add_exception_handler(OverflowError, _out_of_range)
     return app
+
+
+async def _out_of_range(request: Request, exc: Exception) -> Response:
+    """A value past what the store can hold (a time beyond year 9999 in UTC) is a 400."""
+    return JSONResponse({"detail": f"a value of this request is out of range: {exc}"}, 400)
 
 
 async def _store_error(request: Request, exc: Exception) -> Response:
