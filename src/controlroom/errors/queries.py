@@ -377,7 +377,7 @@ def search_failed_messages(
     else:  # past the last page, or no match: the window had no row to ride on
         count = sa.select(sa.func.count()).select_from(failed_messages).where(condition)
         total = int(conn.execute(count).scalar_one())
-    hits = [
+    found = [
         SearchHit(
             summary=_summary(row),
             conversation_id=row.conversation_id,
@@ -386,7 +386,7 @@ def search_failed_messages(
         )
         for row in rows
     ]
-    return SearchPage(total=total, items=hits)
+    return SearchPage(total=total, items=found)
 
 
 def search_condition(dialect: sa.Dialect, text: str) -> sa.ColumnElement[bool]:
