@@ -185,3 +185,26 @@ def test_groups_follow_the_stored_attempt(engine: sa.Engine) -> None:
     with engine.connect() as conn:
         titles = conn.execute(sa.select(failed_message_groups.c.title)).scalars().all()
     assert titles == ["latest"]
+
+
+def test_upsert_is_one_set_based_statement_per_chunk_of_at_most_50_rows(
+    engine: sa.Engine,
+) -> None:
+    statements: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        if statement.lstrip().upper().startswith("INSERT INTO FAILED_MESSAGES "):
+            statements.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        FailedMessageBatchWriter(engine).write(
+            IngestionBatch(attempts=[attempt(n, at(n)) for n in range(173)])
+        )
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+
+    # One multi-row VALUES statement per chunk: 50 + 50 + 50 + 23 rows.
+    assert [sql.count("), (") + 1 for sql in statements] == [50, 50, 50, 23]
+    assert all("ON CONFLICT" in sql for sql in statements)
+    assert row_count(engine, failed_messages) == 173

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import sqlalchemy as sa
@@ -106,26 +107,40 @@ class ErrorWriteDialect:
     insert: Callable[[sa.Table], Any]
     max_rows_per_statement: int = MAX_ROWS_PER_STATEMENT
 
+    @cached_property
+    def upsert_statement(self) -> Any:
+        """The conditional upsert of ``failed_messages``, built once: with one shape for
+        every chunk, SQLAlchemy compiles it once and caches it."""
+        statement = self.insert(failed_messages)
+        return statement.on_conflict_do_update(
+            index_elements=[failed_messages.c.id],
+            set_=conditional_upsert_assignments(statement.excluded),
+        ).returning(failed_messages.c.id, failed_messages.c.last_failure_at)
+
     def upsert_failed_messages(self, conn: sa.Connection, rows: Sequence[Row]) -> list[sa.Row[Any]]:
         """Conditionally upsert ``rows`` (sorted by id), one statement per chunk.
 
-        Returns ``(id, last_failure_at)`` of every row as it stands after the statement,
-        so the caller knows whose stored attempt is now the batch's, without a read before
-        the write.
+        SQLAlchemy's "insertmanyvalues" renders the parameter list as multi-row
+        ``INSERT ... VALUES (...), (...) ON CONFLICT ...`` statements of at most
+        ``max_rows_per_statement`` rows each. Returns ``(id, last_failure_at)`` of every
+        row as it stands after its statement, so the caller knows whose stored attempt is
+        now the batch's, without a read before the write.
         """
-        stored_after: list[sa.Row[Any]] = []
-        for chunk in chunked(rows, self.max_rows_per_statement):
-            statement = self.insert(failed_messages).values(list(chunk))
-            statement = statement.on_conflict_do_update(
-                index_elements=[failed_messages.c.id],
-                set_=conditional_upsert_assignments(statement.excluded),
-            ).returning(failed_messages.c.id, failed_messages.c.last_failure_at)
-            stored_after.extend(conn.execute(statement).all())
-        return stored_after
+        if not rows:
+            return []
+        return conn.execute(
+            self.upsert_statement,
+            list(rows),
+            execution_options={"insertmanyvalues_page_size": self.max_rows_per_statement},
+        ).all()
 
     def insert_if_absent(self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]) -> None:
         """Insert ``rows`` into ``table``, leaving rows whose primary key exists untouched."""
+        if not rows:
+            return
         key = list(table.primary_key.columns)
-        for chunk in chunked(rows, self.max_rows_per_statement):
-            statement = self.insert(table).values(list(chunk))
-            conn.execute(statement.on_conflict_do_nothing(index_elements=key))
+        conn.execute(
+            self.insert(table).on_conflict_do_nothing(index_elements=key),
+            list(rows),
+            execution_options={"insertmanyvalues_page_size": self.max_rows_per_statement},
+        )
