@@ -78,3 +78,31 @@ def test_a_time_past_the_last_utc_instant_is_a_client_error(client: TestClient) 
     )
 
     assert 400 <= response.status_code < 500, response.text
+
+
+def test_concurrent_overlapping_archive_and_unarchive_never_fail(
+    client: TestClient, writer: FailedMessageBatchWriter
+) -> None:
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    attempts = [
+        parse_failed_message(failed_headers(f"storm-{n}"), b"{}", max_body_size_to_store=10)
+        for n in range(100)
+    ]
+    writer.write(IngestionBatch(attempts=attempts))
+    ids = [a.unique_message_id for a in attempts]
+
+    def storm(worker: int) -> list[int]:
+        rng = random.Random(worker)
+        codes = []
+        for request in range(15):
+            chosen = rng.sample(ids, 50)
+            path = "/api/errors/archive" if (worker + request) % 2 else "/api/errors/unarchive"
+            codes.append(client.patch(path, json=chosen).status_code)
+        return codes
+
+    with ThreadPoolExecutor(8) as pool:
+        codes = [code for worker_codes in pool.map(storm, range(8)) for code in worker_codes]
+
+    assert set(codes) == {202}

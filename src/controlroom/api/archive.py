@@ -37,7 +37,7 @@ from controlroom.api.recoverability import (
     get_group_view,
     list_groups_view,
 )
-from controlroom.db.engine import begin_write
+from controlroom.db.engine import begin_write, run_write_transaction
 from controlroom.errors import groups, operations
 from controlroom.errors.writer import utc_now
 
@@ -211,8 +211,10 @@ def get_archived_group(request: Request, group_id: GroupId) -> FailureGroupView:
 def _by_ids(
     request: Request, ids: list[uuid.UUID], action: operations.IdAction
 ) -> ActionOutcome | JSONResponse:
-    with begin_write(_engine(request)) as conn:
-        outcome = action(conn, [str(item) for item in ids], utc_now())
+    # Overlapping bulk actions can deadlock on PostgreSQL: the transaction is replayed.
+    outcome = run_write_transaction(
+        _engine(request), lambda conn: action(conn, [str(item) for item in ids], utc_now())
+    )
     if outcome.refused:
         # Nothing was written (the action checks before it updates); say which ids.
         refusal = UnknownIds(

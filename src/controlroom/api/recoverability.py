@@ -31,7 +31,7 @@ from controlroom.api.errors import (
     list_item,
     paged_response,
 )
-from controlroom.db.engine import begin_write
+from controlroom.db.engine import begin_write, run_write_transaction
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors import groups, operations, queries
 from controlroom.errors.writer import utc_now
@@ -364,11 +364,14 @@ def operation_fields(retry: groups.GroupRetry) -> dict[str, Any]:
 def _group_action(
     request: Request, group_id: uuid.UUID, action: operations.GroupAction
 ) -> GroupActionOutcome:
-    with begin_write(_engine(request)) as conn:
+
+    def archive_or_unarchive(conn: sa.Connection) -> int:
         if not groups.group_exists(conn, str(group_id)):
             raise _unknown_group(group_id)
-        changed = action(conn, str(group_id), utc_now())
-    return GroupActionOutcome(changed=changed)
+        return action(conn, str(group_id), utc_now())
+
+    # Overlapping bulk actions can deadlock on PostgreSQL: the transaction is replayed.
+    return GroupActionOutcome(changed=run_write_transaction(_engine(request), archive_or_unarchive))
 
 
 def _counted(archived: bool) -> FailedMessageStatus:

@@ -7,17 +7,20 @@ on upgrade. PostgreSQL: psycopg 3, pre-ping so a restarted server costs one retr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import sqlalchemy as sa
+import tenacity
 from sqlalchemy.engine import make_url
 
-from controlroom.exceptions import UnsupportedProviderError
+from controlroom.exceptions import UnsupportedProviderError, is_transient
 
 SUPPORTED_PROVIDERS = ("sqlite", "postgresql")
 _WRITE_OPTION = "controlroom_write"
+T = TypeVar("T")
 SQLITE_BUSY_TIMEOUT_SECONDS = 30
 
 
@@ -78,3 +81,20 @@ def begin_write(engine: sa.Engine) -> Iterator[sa.Connection]:
     """
     with engine.connect().execution_options(**{_WRITE_OPTION: True}) as conn, conn.begin():
         yield conn
+
+
+def run_write_transaction(engine: sa.Engine, work: Callable[[sa.Connection], T]) -> T:
+    """``work(conn)`` in a write transaction, replayed whole (up to 3 times, short waits)
+    when the store reports a transient error such as a deadlock or a serialization
+    failure (DESIGN.md "Transient failures"). ``work`` must be safe to replay: it runs
+    again from scratch on a fresh transaction. Other errors propagate at once.
+    """
+    for attempt in tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_transient),
+        wait=tenacity.wait_random_exponential(multiplier=0.05, max=1.0),
+        stop=tenacity.stop_after_attempt(3),
+        reraise=True,
+    ):
+        with attempt, begin_write(engine) as conn:
+            return work(conn)
+    raise AssertionError("unreachable: tenacity either returns or reraises")
