@@ -64,7 +64,7 @@ from controlroom.api import create_app
 from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
-from controlroom.db.tables import FailedMessageStatus
+from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
 from controlroom.demo import format_nsb_time, generate_demo_messages
 from controlroom.errors import headers as h
 from controlroom.errors.bodies import FileSystemBodyStore
@@ -97,38 +97,9 @@ STATUS_WEIGHTS = (
 )
 ATTEMPT_WEIGHTS = ((1, 80), (2, 15), (3, 5))
 
-MESSAGE_COLUMNS = (
-    "id",
-    "message_id",
-    "status",
-    "status_changed_at",
-    "last_modified",
-    "number_of_processing_attempts",
-    "first_failure_at",
-    "last_failure_at",
-    "message_type",
-    "time_sent",
-    "is_system_message",
-    "conversation_id",
-    "exception_type",
-    "exception_message",
-    "exception_source",
-    "stack_trace",
-    "queue_address",
-    "receiving_endpoint",
-    "receiving_host_id",
-    "receiving_host",
-    "sending_endpoint",
-    "sending_host_id",
-    "sending_host",
-    "headers_json",
-    "content_type",
-    "body_size",
-    "body_text",
-    "body_stored_externally",
-    "body_key",
-)
-GROUP_COLUMNS = ("failed_message_id", "group_id", "classifier", "title")
+# COPY column lists in the tables' own order; message_row builds its tuple in that order.
+MESSAGE_COLUMNS = tuple(failed_messages.c.keys())
+GROUP_COLUMNS = tuple(failed_message_groups.c.keys())
 LOADED_TABLES = ("failed_messages", "failed_message_groups")
 
 
