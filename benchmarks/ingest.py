@@ -1,0 +1,1000 @@
+"""Ingestion benchmark: the error instance's write path on PostgreSQL, beside a naive
+baseline and the COPY ceiling, measured in one run on the same machine and database.
+
+What it does (see ``benchmarks/README.md`` for how to read the figures):
+
+1. Generates ``--messages`` (default 20,000) realistic NServiceBus failed messages: header
+   sets shaped like ``../shared/samples/nsb_error_headers.json`` (NServiceBus 7-10 and a
+   Python service; several endpoints, hosts, message types, exception types and multi-line
+   stack traces), a ~1 KB compact JSON body each, and ``--repeat-share`` (default 10%) of
+   them later attempts of an earlier message (same ``NServiceBus.MessageId`` and
+   processing endpoint, so the same UniqueMessageId).
+2. Parses them with ``parse_failed_message`` (timed on its own: messages/s of parsing).
+3. Creates a scratch database, applies the migrations, and times on an emptied table:
+
+   * **write path**: ``FailedMessageBatchWriter.write`` over batches of the production
+     batch size (``IngestionSettings().batch_size``), one batch at a time, then with
+     ``concurrent_batches`` threads writing batches at once, as the service does;
+   * **naive baseline**: one SQLAlchemy ORM ``Session.merge(obj)`` + ``commit()`` per
+     message onto the same ``failed_messages`` table (no guards, no groups, no endpoints),
+     over the first ``--naive-messages`` (default 5,000) messages only: its rate is per
+     message and flat, and the whole set would take minutes;
+   * **ceiling**: psycopg 3 ``COPY failed_messages (...) FROM STDIN`` of the same final
+     rows (one per UniqueMessageId, folded beforehand), with every index and the generated
+     ``tsvector`` column in place.
+
+4. Prints the environment and a table of messages/s with ratios, then drops the database.
+
+Run: ``make bench`` or ``.venv/bin/python benchmarks/ingest.py [--messages N]``.
+Server: ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (an admin URL; the scratch database is created
+next to it), default ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import hashlib
+import json
+import os
+import platform
+import random
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import orm
+
+from controlroom.config import IngestionSettings, Settings
+from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
+from controlroom.db.tables import (
+    failed_message_groups,
+    failed_messages,
+    known_endpoints,
+)
+from controlroom.errors import headers as h
+from controlroom.errors.fold import FoldedMessage, fold_attempts
+from controlroom.errors.model import FailedAttempt
+from controlroom.errors.parsing import parse_failed_message
+from controlroom.errors.writer import (
+    FailedMessageBatchWriter,
+    IngestionBatch,
+    failed_message_row,
+)
+
+DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+ADMIN_URL_ENV = "CONTROLROOM_BENCH_POSTGRESQL_URL"
+DEFAULT_MESSAGES = 20_000
+DEFAULT_REPEAT_SHARE = 0.10
+DEFAULT_NAIVE_MESSAGES = 5_000  # the naive baseline's sample: ~20-30 s at its rate
+BODY_BYTES = 1024
+WARM_UP_MESSAGES = 200  # written (and thrown away) before each timed run
+MAX_BODY_SIZE_TO_STORE: int = Settings.model_fields["max_body_size_to_store"].default
+
+
+# --- realistic failed messages ------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message as it sits in the error queue."""
+
+    headers: dict[str, str | None]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Endpoint:
+    name: str
+    hosts: tuple[str, ...]
+    version: str | None  # NServiceBus version; None for a Python service
+    handlers: tuple[str, ...]  # message types (short names) it handles
+    namespace: str
+
+
+_ENDPOINTS = (
+    _Endpoint(
+        "Sales",
+        ("SALES-VM01", "SALES-VM02", "SALES-VM03"),
+        "9.2.3",
+        ("PlaceOrder", "CancelOrder", "ImportPriceList"),
+        "Sales",
+    ),
+    _Endpoint(
+        "Billing",
+        ("BILLING-VM01", "BILLING-VM02"),
+        "7.8.4",
+        ("ChargeCreditCard", "RefundPayment", "OrderPlaced"),
+        "Billing",
+    ),
+    _Endpoint(
+        "Shipping",
+        ("SHIP-VM01", "SHIP-VM02"),
+        "10.2.0",
+        ("ShipOrder", "OrderPlaced", "OrderBilled"),
+        "Shipping",
+    ),
+    _Endpoint(
+        "Warehouse", ("wh-py-01", "wh-py-02"), None, ("ReserveStock", "ReleaseStock"), "warehouse"
+    ),
+    _Endpoint(
+        "Notifications",
+        ("NOTIFY-01",),
+        "8.1.6",
+        ("SendOrderConfirmation", "SendShippingNotice"),
+        "Notifications",
+    ),
+    _Endpoint(
+        "CustomerCare", ("CARE-VM01",), "9.2.3", ("OpenTicket", "EscalateTicket"), "CustomerCare"
+    ),
+    _Endpoint(
+        "Loyalty", ("LOYALTY-01", "LOYALTY-02"), "10.2.0", ("AwardPoints", "OrderPlaced"), "Loyalty"
+    ),
+    _Endpoint("Reporting", ("REPORT-01",), "8.1.6", ("RecordSale", "RecordRefund"), "Reporting"),
+)
+_SENDERS = ("ClientUI", "Sales", "Billing", "Shipping", "Backoffice")
+_SENDER_HOSTS = ("WEB-01", "WEB-02", "SALES-VM01", "BILLING-VM01", "SHIP-VM01", "BO-01")
+
+# .NET exceptions: type, source, message template, throw-site frames (class.method).
+_DOTNET_EXCEPTIONS = (
+    (
+        "System.InvalidOperationException",
+        "{ns}",
+        "Order {order} is in state {state}; the operation is not valid.",
+        ("{ns}.Domain.Order.Apply(OrderEvent e)",),
+    ),
+    (
+        "System.NullReferenceException",
+        "{ns}",
+        "Object reference not set to an instance of an object.",
+        ("{ns}.Mapping.AddressMapper.Map(Address source)",),
+    ),
+    (
+        "System.TimeoutException",
+        "System.Net.Http",
+        "The operation was canceled after {ms} ms waiting for https://gateway.internal/v2/{op}.",
+        (
+            "System.Net.Http.HttpClient.HandleFailure(Exception e, Boolean telemetryStarted, "
+            "HttpResponseMessage response, CancellationTokenSource cts, CancellationToken "
+            "cancellationToken, CancellationTokenSource pendingRequestsCts)",
+            "{ns}.Integration.GatewayClient.SendAsync(HttpRequestMessage request)",
+        ),
+    ),
+    (
+        "System.Net.Http.HttpRequestException",
+        "System.Net.Http",
+        "Response status code does not indicate success: {status} (Service Unavailable).",
+        (
+            "System.Net.Http.HttpResponseMessage.EnsureSuccessStatusCode()",
+            "{ns}.Integration.GatewayClient.PostAsync(String path, Object payload)",
+        ),
+    ),
+    (
+        "Microsoft.Data.SqlClient.SqlException",
+        "Core Microsoft SqlClient Data Provider",
+        "Transaction (Process ID {pid}) was deadlocked on lock resources with another process "
+        "and has been chosen as the deadlock victim. Rerun the transaction.",
+        (
+            "Microsoft.Data.SqlClient.SqlConnection.OnError(SqlException exception, Boolean "
+            "breakConnection, Action`1 wrapCloseInAction)",
+            "Microsoft.Data.SqlClient.SqlCommand.EndExecuteNonQueryAsync(IAsyncResult asyncResult)",
+            "{ns}.Data.OrderRepository.SaveAsync(Order order, CancellationToken token)",
+        ),
+    ),
+    (
+        "System.Collections.Generic.KeyNotFoundException",
+        "System.Private.CoreLib",
+        "The given key '{key}' was not present in the dictionary.",
+        (
+            "System.Collections.Generic.Dictionary`2.get_Item(TKey key)",
+            "{ns}.Tax.RateTable.RateFor(String code)",
+        ),
+    ),
+    (
+        "System.Text.Json.JsonException",
+        "System.Text.Json",
+        "The JSON value could not be "
+        "converted to {ns}.Address. Path: $.ShippingAddress | LineNumber: 0 | "
+        "BytePositionInLine: {pos}.",
+        (
+            "System.Text.Json.ThrowHelper.ThrowJsonException(String message)",
+            "{ns}.AddressBook.Resolve(JsonElement element)",
+        ),
+    ),
+    (
+        "System.ArgumentOutOfRangeException",
+        "{ns}",
+        "Quantity must be between 1 and 99. (Parameter 'quantity')\nActual value was {qty}.",
+        ("{ns}.Domain.OrderLine..ctor(String sku, Int32 quantity)",),
+    ),
+    (
+        "NServiceBus.MessageDeserializationException",
+        "NServiceBus.Core",
+        "An error occurred while attempting to extract logical messages from incoming physical "
+        "message {mid}",
+        (
+            "NServiceBus.DeserializeMessageConnector.ExtractWithExceptionHandling("
+            "IncomingMessage message)",
+        ),
+    ),
+    (
+        "System.Data.DataException",
+        "{ns}",
+        "Saving {entity} {order} failed.",
+        ("{ns}.Data.UnitOfWork.CommitAsync(CancellationToken token)",),
+    ),
+)
+
+# Python exceptions (the Warehouse endpoint): type, message template, frames.
+_PYTHON_EXCEPTIONS = (
+    (
+        "warehouse.stock.OutOfStockError",
+        "SKU {sku!r} has {qty} left, {more} requested",
+        (
+            ("handlers.py", "handle", "reservation = stock.reserve(msg['Sku'], msg['Quantity'])"),
+            ("stock.py", "reserve", "raise OutOfStockError(sku, requested=quantity)"),
+        ),
+    ),
+    (
+        "psycopg.errors.SerializationFailure",
+        "could not serialize access due to concurrent update",
+        (
+            ("handlers.py", "handle", "repo.save(reservation)"),
+            ("repository.py", "save", "cur.execute(SQL_UPSERT, params)"),
+        ),
+    ),
+    ("KeyError", "'Quantity'", (("handlers.py", "handle", "qty = msg['Quantity']"),)),
+    (
+        "ValueError",
+        "invalid literal for int() with base 10: '{qty}x'",
+        (("handlers.py", "handle", "qty = int(msg['Quantity'])"),),
+    ),
+)
+
+_PIPELINE = (
+    "NServiceBus.InvokeHandlerTerminator.Terminate(IInvokeHandlerContext context)",
+    "NServiceBus.LoadHandlersConnector.Invoke(IIncomingLogicalMessageContext context, "
+    "Func`2 stage)",
+    "NServiceBus.DeserializeMessageConnector.Invoke(IIncomingPhysicalMessageContext context, "
+    "Func`2 stage)",
+    "NServiceBus.ProcessingStatisticsBehavior.Invoke(IIncomingPhysicalMessageContext context, "
+    "Func`2 next)",
+    "NServiceBus.TransportReceiveToPhysicalMessageConnector.Invoke(ITransportReceiveContext "
+    "context, Func`2 next)",
+    "NServiceBus.RetryAcknowledgementBehavior.Invoke(ITransportReceiveContext context, "
+    "Func`2 next)",
+    "NServiceBus.MainPipelineExecutor.Invoke(MessageContext messageContext, "
+    "CancellationToken cancellationToken)",
+    "NServiceBus.Transport.RabbitMQ.MessagePump.Process(AsyncEventingBasicConsumer consumer, "
+    "BasicDeliverEventArgs message, CancellationToken messageProcessingCancellationToken)",
+)
+_PRODUCTS = (
+    "BLU-CHAIR-04",
+    "OAK-TABLE-12",
+    "CAFE-CUP-02",
+    "LAMP-GRN-07",
+    "RUG-WOOL-33",
+    "DESK-WAL-01",
+    "SOFA-GRY-03",
+    "SHELF-BIR-09",
+)
+_STATES = ("Cancelled", "Shipped", "Draft", "OnHold")
+_WORDS = (
+    "Café crème",
+    "Grüne Lampe",
+    "Tapis tissé",
+    "gift wrap",
+    "leave at door",
+    "call before delivery",
+    "fragile",
+    "second floor",
+    "side entrance",
+)
+
+
+def _nsb_time(instant: datetime) -> str:
+    return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S:%f Z")
+
+
+def _compact_json(value: object) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _host_id(host: str) -> str:
+    return hashlib.md5(f"controlroom-bench/{host}".encode(), usedforsecurity=False).hexdigest()
+
+
+class _Generator:
+    """Deterministic (one seeded random stream) factory of failed messages."""
+
+    def __init__(self, seed: int, now: datetime) -> None:
+        self._rng = random.Random(seed)
+        self._now = now
+
+    def guid(self) -> str:
+        return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+
+    def body(self, order: str) -> bytes:
+        """Compact UTF-8 JSON of ``BODY_BYTES`` bytes (NServiceBus SystemJsonSerializer)."""
+        rng = self._rng
+        lines = [
+            {
+                "Sku": rng.choice(_PRODUCTS),
+                "Quantity": rng.randrange(1, 9),
+                "UnitPrice": f"{rng.randrange(500, 50_000) / 100:.2f}",
+            }
+            for _ in range(rng.randrange(2, 7))
+        ]
+        value: dict[str, Any] = {
+            "OrderId": order,
+            "CustomerId": f"CUST-{rng.randrange(10_000, 99_999)}",
+            "Currency": "EUR",
+            "Lines": lines,
+            "ShippingAddress": {
+                "Street": f"{rng.randrange(1, 300)} Rue de la Paix",
+                "City": "Paris",
+                "PostalCode": f"750{rng.randrange(10, 99)}",
+                "Country": "FR",
+            },
+            "Notes": "",
+        }
+        room = BODY_BYTES - len(_compact_json(value))  # bytes left for the notes
+        notes = ""
+        while len(notes.encode()) < room:
+            notes += rng.choice(_WORDS) + "; "
+        while len(notes.encode()) > room:  # cut whole characters, then pad to the byte
+            notes = notes[:-1]
+        value["Notes"] = notes + "." * (room - len(notes.encode()))
+        return _compact_json(value)
+
+    def exception(
+        self, endpoint: _Endpoint, message_type: str, mid: str, order: str
+    ) -> tuple[str, str, str, str]:
+        """(type, message, source, stack trace) as the endpoint's runtime prints them."""
+        rng = self._rng
+        values = {
+            "ns": endpoint.namespace,
+            "order": order,
+            "state": rng.choice(_STATES),
+            "ms": rng.randrange(5_000, 100_000),
+            "op": rng.choice(("charge", "label")),
+            "status": rng.choice((502, 503, 504)),
+            "pid": rng.randrange(50, 400),
+            "key": f"EUR-{rng.choice(('DE', 'FR', 'NL'))}-REDUCED",
+            "mid": mid,
+            "pos": rng.randrange(10, 200),
+            "qty": rng.randrange(0, 200),
+            "more": rng.randrange(1, 20),
+            "entity": "order",
+            "sku": rng.choice(_PRODUCTS),
+        }
+        handler = f"{endpoint.namespace}.{message_type}Handler"
+        if endpoint.version is None:
+            kind, template, frames = rng.choice(_PYTHON_EXCEPTIONS)
+            message = template.format(**values)
+            lines = ["Traceback (most recent call last):"]
+            for file, function, code in frames:
+                lines += [
+                    f'  File "/srv/warehouse/warehouse/{file}", line '
+                    f"{rng.randrange(20, 400)}, in {function}",
+                    f"    {code}",
+                ]
+            lines.append(f"{kind}: {message}")
+            return kind, message, kind.partition(".")[0], "\n".join(lines)
+        kind, source, template, frames = rng.choice(_DOTNET_EXCEPTIONS)
+        message = template.format(**values)
+        throw_site = [frame.format(**values) for frame in frames]
+        throw_site.append(
+            f"{handler}.Handle({message_type} message, IMessageHandlerContext context) in "
+            f"/src/{endpoint.namespace}/{message_type}Handler.cs:line {rng.randrange(15, 90)}"
+        )
+        trace = [f"{kind}: {message}"]
+        trace += [f"   at {frame}" for frame in throw_site]
+        trace.append("--- End of stack trace from previous location ---")
+        trace += [f"   at {frame}" for frame in _PIPELINE]
+        return kind, message, source.format(**values), "\n".join(trace)
+
+    def first_attempt(self, window: timedelta) -> tuple[dict[str, str | None], datetime]:
+        rng = self._rng
+        endpoint = rng.choice(_ENDPOINTS)
+        host = rng.choice(endpoint.hosts)
+        sender = rng.choice(_SENDERS)
+        sender_host = rng.choice(_SENDER_HOSTS)
+        short_type = rng.choice(endpoint.handlers)
+        namespace = "Sales" if short_type in ("OrderPlaced", "PlaceOrder") else endpoint.namespace
+        message_type = f"{namespace}.Messages.{short_type}"
+        mid = self.guid()
+        order = f"ORD-{rng.randrange(100_000, 999_999)}"
+        failed_at = self._now - window + timedelta(seconds=rng.uniform(0, window.total_seconds()))
+        kind, message, source, trace = self.exception(endpoint, short_type, mid, order)
+        headers: dict[str, str | None] = {
+            h.HOST_DISPLAY_NAME: host,
+            h.HOST_ID: _host_id(host),
+            h.ORIGINATING_HOST_ID: _host_id(sender_host),
+            h.CONTENT_TYPE: "application/json",
+            h.CONVERSATION_ID: self.guid(),
+            "NServiceBus.CorrelationId": mid,
+            h.ENCLOSED_MESSAGE_TYPES: f"{message_type}, {namespace}.Messages, Version=1.0.0.0, "
+            "Culture=neutral, PublicKeyToken=null",
+            h.EXCEPTION_TYPE: kind,
+            h.EXCEPTION_MESSAGE: message,
+            h.EXCEPTION_SOURCE: source,
+            h.EXCEPTION_STACK_TRACE: trace,
+            h.FAILED_Q: endpoint.name,
+            h.MESSAGE_ID: mid,
+            h.MESSAGE_INTENT: "Publish" if short_type.startswith("Order") else "Send",
+            h.ORIGINATING_ENDPOINT: sender,
+            h.ORIGINATING_MACHINE: sender_host,
+            h.PROCESSING_ENDPOINT: endpoint.name,
+            h.PROCESSING_MACHINE: host,
+            h.REPLY_TO_ADDRESS: sender,
+            h.TIME_SENT: _nsb_time(failed_at - timedelta(seconds=rng.uniform(0.05, 30))),
+            "NServiceBus.ExceptionInfo.Data.Message ID": mid,
+            "NServiceBus.ExceptionInfo.Data.Message type": message_type,
+            "NServiceBus.ExceptionInfo.Data.Handler type": f"{namespace}.{short_type}Handler",
+            "NServiceBus.ExceptionInfo.Data.Transport message ID": self.guid(),
+        }
+        if endpoint.version is not None:
+            headers["NServiceBus.Version"] = endpoint.version
+            if not endpoint.version.startswith("10."):
+                headers["NServiceBus.ExceptionInfo.HelpLink"] = None
+        headers = self.at(headers, failed_at)
+        headers["$body"] = order  # removed by ``messages``; keeps the order id for the body
+        return headers, failed_at
+
+    def at(self, headers: dict[str, str | None], failed_at: datetime) -> dict[str, str | None]:
+        """``headers`` of an attempt that failed at ``failed_at``."""
+        headers = dict(headers)
+        headers[h.TIME_OF_FAILURE] = _nsb_time(failed_at)
+        headers["NServiceBus.ExceptionInfo.Data.Handler start time"] = _nsb_time(
+            failed_at - timedelta(milliseconds=self._rng.randrange(2, 900))
+        )
+        headers["NServiceBus.ExceptionInfo.Data.Handler failure time"] = _nsb_time(failed_at)
+        return headers
+
+    def messages(self, count: int, repeat_share: float) -> list[Message]:
+        """``count`` messages, ``round(count * repeat_share)`` of them later attempts of an
+        earlier message, sorted by time of failure (the order an error queue holds)."""
+        rng = self._rng
+        repeats = round(count * repeat_share)
+        window = timedelta(hours=6)
+        firsts = [self.first_attempt(window) for _ in range(count - repeats)]
+        attempts = list(firsts)
+        for _ in range(repeats):
+            headers, failed_at = rng.choice(firsts)
+            later = failed_at + timedelta(seconds=rng.uniform(1, 1800))
+            attempts.append((self.at(headers, later), later))
+        attempts.sort(key=lambda attempt: attempt[1])
+        out = []
+        for headers, _ in attempts:
+            headers = dict(sorted(headers.items()))
+            order = headers.pop("$body")
+            assert order is not None
+            out.append(Message(headers, self.body(order)))
+        return out
+
+
+def generate_messages(
+    count: int, *, repeat_share: float = DEFAULT_REPEAT_SHARE, seed: int = 2, now: datetime
+) -> list[Message]:
+    """``count`` realistic failed messages (deterministic for a seed and ``now``)."""
+    return _Generator(seed, now).messages(count, repeat_share)
+
+
+# --- the three ways to load -----------------------------------------------------------------
+def chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+def ingestion_batch(attempts: Sequence[FailedAttempt]) -> IngestionBatch:
+    """The batch the service's unit of work hands the writer for these attempts."""
+    return IngestionBatch(
+        attempts=list(attempts),
+        endpoints=[endpoint for attempt in attempts for endpoint in attempt.endpoints],
+    )
+
+
+def write_path(
+    engine: sa.Engine, attempts: Sequence[FailedAttempt], batch_size: int, threads: int
+) -> None:
+    """The Controlroom write path: one ``write`` per batch, ``threads`` batches at once."""
+    writer = FailedMessageBatchWriter(engine)
+    batches = [ingestion_batch(batch) for batch in chunks(attempts, batch_size)]
+    if threads == 1:
+        for batch in batches:
+            writer.write(batch)
+        return
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        for _ in pool.map(writer.write, batches):
+            pass
+
+
+class _NaiveBase(orm.DeclarativeBase):
+    pass
+
+
+class NaiveFailedMessage(_NaiveBase):
+    """A minimal ORM mapping over the existing ``failed_messages`` table (no guards)."""
+
+    __table__ = failed_messages
+
+
+def naive_row(attempt: FailedAttempt, now: datetime) -> dict[str, Any]:
+    """The row of one attempt on its own: count 1, window of one instant."""
+    single = FoldedMessage(attempt, 1, attempt.time_of_failure, attempt.time_of_failure)
+    return failed_message_row(single, now)
+
+
+def naive_merge(engine: sa.Engine, attempts: Sequence[FailedAttempt]) -> None:
+    """The naive baseline: ``merge`` + ``commit`` per message (a SELECT, then INSERT or
+    UPDATE of every column, then a commit)."""
+    with orm.Session(engine) as session:
+        for attempt in attempts:
+            session.merge(NaiveFailedMessage(**naive_row(attempt, datetime.now(UTC))))
+            session.commit()
+
+
+def copy_rows(attempts: Sequence[FailedAttempt]) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """The final rows (one per UniqueMessageId, folded over every attempt), as COPY tuples.
+
+    Times go naive UTC: the columns are ``timestamp without time zone`` (``UtcDateTime``).
+    """
+    now = datetime.now(UTC)
+    rows = [failed_message_row(message, now) for message in fold_attempts(attempts)]
+    columns = list(rows[0])
+
+    def value(item: Any) -> Any:
+        if isinstance(item, datetime):
+            return item.astimezone(UTC).replace(tzinfo=None)
+        return item
+
+    return columns, [tuple(value(row[name]) for name in columns) for row in rows]
+
+
+def copy_load(engine: sa.Engine, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> None:
+    """The ceiling: one psycopg 3 ``COPY ... FROM STDIN`` in one transaction."""
+    names = ", ".join(columns)
+    raw = engine.raw_connection()
+    try:
+        connection = raw.driver_connection
+        assert connection is not None
+        statement = f"COPY failed_messages ({names}) FROM STDIN"
+        with connection.cursor() as cursor, cursor.copy(statement) as copy:
+            for row in rows:
+                copy.write_row(row)
+        connection.commit()
+    finally:
+        raw.close()
+
+
+# --- measuring ----------------------------------------------------------------------------
+@dataclass
+class Result:
+    name: str
+    seconds: float
+    messages: int  # input messages the run turned into the end state
+    rows: int = 0  # failed_messages rows after the run
+    attempts: int = 0  # sum of number_of_processing_attempts after the run
+    groups: int = 0
+    endpoints: int = 0
+    note: str = ""
+    cache: Counter[str] = field(default_factory=Counter)
+    cursor_seconds: float = 0.0  # inside cursor calls (all threads); 0 when not via SQLAlchemy
+    cpu_seconds: float = 0.0  # CPU time of this (client) process, all threads
+
+    @property
+    def per_second(self) -> float:
+        return self.messages / self.seconds
+
+
+def empty_tables(engine: sa.Engine) -> None:
+    """Empty the written tables and flush dirty pages, so every run starts alike."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "TRUNCATE failed_message_groups, failed_message_retries, failed_messages, "
+            "known_endpoints, failed_error_imports"
+        )
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("VACUUM ANALYZE")
+        with contextlib.suppress(sa.exc.DBAPIError):  # needs a superuser or pg_checkpoint
+            conn.exec_driver_sql("CHECKPOINT")
+
+
+def table_state(engine: sa.Engine) -> tuple[int, int, int, int]:
+    """(rows, total attempts, group rows, known endpoints) as stored."""
+    with engine.connect() as conn:
+        rows, attempts = conn.execute(
+            sa.select(
+                sa.func.count(),
+                sa.func.coalesce(sa.func.sum(failed_messages.c.number_of_processing_attempts), 0),
+            )
+        ).one()
+        groups = conn.execute(sa.select(sa.func.count()).select_from(failed_message_groups))
+        endpoints = conn.execute(sa.select(sa.func.count()).select_from(known_endpoints))
+        return int(rows), int(attempts), int(groups.scalar_one()), int(endpoints.scalar_one())
+
+
+class Instruments:
+    """While ``active``: SQLAlchemy compiled-cache outcomes per statement kind, and the time
+    spent inside ``cursor.execute``/``executemany`` (driver + network + server), summed over
+    threads. Compilation happens before the cursor call, so it is not in that time."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.cache: Counter[str] = Counter()
+        self.cursor_seconds = 0.0
+        self.active = False
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        sa.event.listen(engine, "before_cursor_execute", self._before)
+        sa.event.listen(engine, "after_cursor_execute", self._after)
+
+    def reset(self) -> None:
+        self.cache.clear()
+        self.cursor_seconds = 0.0
+
+    def _before(self, *_: Any) -> None:
+        self._local.started = time.perf_counter()
+
+    def _after(
+        self,
+        conn: Any,
+        cursor: Any,
+        statement: str,
+        parameters: Any,
+        context: Any,
+        executemany: bool,
+    ) -> None:
+        if not self.active:
+            return
+        seconds = time.perf_counter() - getattr(self._local, "started", time.perf_counter())
+        # SQLAlchemy's own words (its SQL log): "cached since ..." (hit), "generated in ..."
+        # (miss: compiled, then cached), "no key ..." (uncacheable: compiled every time).
+        stats = context._get_cache_stats() if context is not None else "raw sql"
+        outcome = {"cached": "hit", "generated": "miss", "no": "no cache key"}.get(
+            stats.split(None, 1)[0], stats
+        )
+        kind = " ".join(statement.split(None, 3)[:3]).lower()
+        with self._lock:
+            self.cursor_seconds += seconds
+            self.cache[f"{kind}: {outcome}"] += 1
+
+
+def measure(
+    name: str,
+    engine: sa.Engine,
+    run: Callable[[], None],
+    *,
+    warm_up: Callable[[], None],
+    messages: int,
+    instruments: Instruments,
+    note: str = "",
+) -> Result:
+    """Warm up, empty the tables, then time ``run`` alone (GC off: no collection pauses)."""
+    empty_tables(engine)
+    warm_up()
+    empty_tables(engine)
+    gc.collect()
+    gc.disable()
+    instruments.reset()
+    instruments.active = True
+    try:
+        cpu_started = time.process_time()
+        started = time.perf_counter()
+        run()
+        seconds = time.perf_counter() - started
+        cpu_seconds = time.process_time() - cpu_started
+    finally:
+        instruments.active = False
+        gc.enable()
+    rows, attempts, groups, endpoints = table_state(engine)
+    return Result(
+        name,
+        seconds,
+        messages,
+        rows,
+        attempts,
+        groups,
+        endpoints,
+        note,
+        Counter(instruments.cache),
+        instruments.cursor_seconds,
+        cpu_seconds,
+    )
+
+
+def timed_parse(messages: Sequence[Message]) -> tuple[list[FailedAttempt], float]:
+    gc.collect()
+    gc.disable()
+    try:
+        started = time.perf_counter()
+        attempts = [
+            parse_failed_message(m.headers, m.body, max_body_size_to_store=MAX_BODY_SIZE_TO_STORE)
+            for m in messages
+        ]
+        return attempts, time.perf_counter() - started
+    finally:
+        gc.enable()
+
+
+@contextlib.contextmanager
+def scratch_database(admin_url: str) -> Iterator[str]:
+    """A new empty database next to ``admin_url``'s; dropped on the way out."""
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    name = f"controlroom_bench_{uuid.uuid4().hex[:12]}"
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        try:
+            yield sa.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()
+
+
+def environment(engine: sa.Engine) -> dict[str, str]:
+    with engine.connect() as conn:
+        version = conn.exec_driver_sql("SHOW server_version").scalar_one()
+        settings = {
+            name: conn.exec_driver_sql(f"SHOW {name}").scalar_one()
+            for name in ("shared_buffers", "synchronous_commit", "fsync", "max_wal_size")
+        }
+    import psycopg
+
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    return {
+        "Load average": f"{load} (1, 5, 15 min) before the runs",
+        "PostgreSQL": f"{version} ("
+        + ", ".join(f"{key}={value}" for key, value in settings.items())
+        + ")",
+        "Python": f"{platform.python_version()} ({platform.python_implementation()})",
+        "SQLAlchemy / psycopg": f"{sa.__version__} / {psycopg.__version__} "
+        f"(libpq {psycopg.pq.version()}, {psycopg.pq.__impl__})",
+        "CPUs": f"{os.cpu_count()} ({platform.machine()}, {platform.platform(terse=True)})",
+    }
+
+
+def drop_search_vector(engine: sa.Engine) -> None:
+    """Drop the generated ``tsvector`` column and its GIN index (``--without-search-vector``:
+    shows what full-text search costs each method; never the default)."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP INDEX IF EXISTS ix_failed_messages_search_vector")
+        conn.exec_driver_sql("ALTER TABLE failed_messages DROP COLUMN IF EXISTS search_vector")
+
+
+# --- report -------------------------------------------------------------------------------
+def report(
+    console: Console,
+    env: dict[str, str],
+    results: Sequence[Result],
+    *,
+    parse_seconds: float,
+    messages: int,
+    unique: int,
+    batch_size: int,
+) -> None:
+    info = Table.grid(padding=(0, 2))
+    for key, value in env.items():
+        info.add_row(f"[bold]{key}[/]", value)
+    info.add_row(
+        "[bold]Workload[/]",
+        f"{messages:,} failed messages: {unique:,} distinct ids + {messages - unique:,} later "
+        f"attempts of them; {BODY_BYTES} B JSON bodies; batch size {batch_size}",
+    )
+    console.print(info)
+
+    naive = next(r for r in results if r.name.startswith("naive"))
+    ceiling = next(r for r in results if r.name.startswith("COPY"))
+    table = Table(title="Ingestion into PostgreSQL: messages/s = input messages / wall seconds")
+    for name, justify in (
+        ("method", "left"),
+        ("seconds", "right"),
+        ("messages/s", "right"),
+        ("x naive", "right"),
+        ("of COPY", "right"),
+        ("client CPU", "right"),
+        ("in cursor calls", "right"),
+        ("rows", "right"),
+        ("attempts", "right"),
+        ("groups", "right"),
+        ("endpoints", "right"),
+    ):
+        table.add_column(
+            name,
+            justify=justify,  # type: ignore[arg-type]
+            min_width=44 if name == "method" else None,
+        )
+    table.add_row(
+        "parse_failed_message (CPU only, no database)",
+        f"{parse_seconds:.2f}",
+        f"{messages / parse_seconds:,.0f}",
+        "",
+        "",
+        f"{parse_seconds:.1f} s",
+        *[""] * 5,
+    )
+    for result in results:
+        in_cursor = (
+            f"{result.cursor_seconds:.1f} s ({result.cursor_seconds / result.seconds:.0%})"
+            if result.cursor_seconds
+            else "-"
+        )
+        table.add_row(
+            result.name + (f"\n[dim]{result.note}[/]" if result.note else ""),
+            f"{result.seconds:.2f}",
+            f"{result.per_second:,.0f}",
+            f"{result.per_second / naive.per_second:.2f}x",
+            f"{result.per_second / ceiling.per_second:.0%}",
+            f"{result.cpu_seconds:.1f} s",
+            in_cursor,
+            f"{result.rows:,}",
+            f"{result.attempts:,}",
+            f"{result.groups:,}",
+            f"{result.endpoints:,}",
+        )
+    console.print(table)
+    console.print(
+        f"Expected end state: {unique:,} rows holding {messages:,} attempts. The naive "
+        "baseline counts each message as one attempt and writes no groups or endpoints (and may "
+        "write a sample only, see its note); COPY "
+        "loads rows folded beforehand. 'in cursor calls' is time inside cursor.execute (driver "
+        "+ server), summed over threads; 'client CPU' is this process's CPU time (Python: fold, "
+        "rows, SQL compilation, driver). Client and server share this machine's CPUs; other "
+        "load on it (see the load averages) slows every figure."
+    )
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    console.print(f"Load average after the runs: {load} (1, 5, 15 min)")
+    for result in results:
+        if result.cache:
+            outcomes = ", ".join(f"{key} x{count}" for key, count in sorted(result.cache.items()))
+            console.print(f"[dim]SQLAlchemy compiled cache, {result.name}: {outcomes}[/]")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument(
+        "--messages",
+        type=int,
+        default=DEFAULT_MESSAGES,
+        help="failed messages to generate (default %(default)s)",
+    )
+    parser.add_argument(
+        "--repeat-share",
+        type=float,
+        default=DEFAULT_REPEAT_SHARE,
+        help="share of messages that are later attempts of an earlier one (default %(default)s)",
+    )
+    parser.add_argument(
+        "--naive-messages",
+        type=int,
+        default=DEFAULT_NAIVE_MESSAGES,
+        help="messages the naive baseline writes, from the start (default %(default)s; "
+        "0: all of them)",
+    )
+    parser.add_argument("--seed", type=int, default=2, help="generator seed (default 2)")
+    parser.add_argument(
+        "--without-search-vector",
+        action="store_true",
+        help="drop the generated tsvector column and its GIN index first (a probe of what "
+        "full-text search costs; not the production schema)",
+    )
+    args = parser.parse_args(argv)
+    if args.messages < 2 * WARM_UP_MESSAGES:
+        parser.error(f"--messages must be at least {2 * WARM_UP_MESSAGES}")
+    if not 0 <= args.repeat_share < 1:
+        parser.error("--repeat-share must be at least 0 and below 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=170)
+    admin_url = os.environ.get(ADMIN_URL_ENV) or DEFAULT_ADMIN_URL
+    ingestion = IngestionSettings()
+    batch_size, concurrent = ingestion.batch_size, ingestion.concurrent_batches
+
+    with console.status("generating messages"):
+        messages = generate_messages(
+            args.messages, repeat_share=args.repeat_share, seed=args.seed, now=datetime.now(UTC)
+        )
+    with console.status("parsing"):
+        attempts, parse_seconds = timed_parse(messages)
+    del messages
+    unique = len({attempt.unique_message_id for attempt in attempts})
+    columns, final_rows = copy_rows(attempts)
+    warm = attempts[:WARM_UP_MESSAGES]
+    warm_columns, warm_rows = copy_rows(warm)
+    count = len(attempts)
+    naive_count = min(args.naive_messages or count, count)
+    naive_sample = attempts[:naive_count]
+
+    Load = Callable[[sa.Engine], None]
+    # (name, timed load, warm-up load, input messages of the timed load, note)
+    runs: list[tuple[str, Load, Load, int, str]] = [
+        (
+            "Controlroom write path, 1 batch at a time",
+            lambda engine: write_path(engine, attempts, batch_size, 1),
+            lambda engine: write_path(engine, warm, batch_size, 1),
+            count,
+            "fold, conditional upsert, groups, endpoints; 1 transaction per batch",
+        ),
+        (
+            f"Controlroom write path, {concurrent} batches at once",
+            lambda engine: write_path(engine, attempts, batch_size, concurrent),
+            lambda engine: write_path(engine, warm, batch_size, concurrent),
+            count,
+            f"{concurrent} writer threads (concurrent_batches), as the service runs",
+        ),
+        (
+            "naive: ORM merge + commit per message",
+            lambda engine: naive_merge(engine, naive_sample),
+            lambda engine: naive_merge(engine, warm),
+            naive_count,
+            "SELECT, then INSERT or UPDATE, then COMMIT, per message"
+            + (f"; first {naive_count:,} messages only" if naive_count < count else ""),
+        ),
+        (
+            "COPY ceiling (psycopg 3 COPY FROM STDIN)",
+            lambda engine: copy_load(engine, columns, final_rows),
+            lambda engine: copy_load(engine, warm_columns, warm_rows),
+            count,
+            f"{len(final_rows):,} folded rows, 1 transaction",
+        ),
+    ]
+
+    results: list[Result] = []
+    with scratch_database(admin_url) as url:
+        engine = create_store_engine(url, pool_size=max(2, concurrent))
+        try:
+            upgrade_database(engine)
+            if args.without_search_vector:
+                drop_search_vector(engine)
+            env = environment(engine)
+            env["Schema"] = (
+                "migrated, WITHOUT the search tsvector column and its GIN index (probe)"
+                if args.without_search_vector
+                else "as migrated: 7 b-tree indexes + generated tsvector column + GIN index"
+            )
+            instruments = Instruments(engine)
+            for name, run, warm_up, messages_in_run, note in runs:
+                with console.status(name):
+                    results.append(
+                        measure(
+                            name,
+                            engine,
+                            lambda run=run: run(engine),
+                            warm_up=lambda warm_up=warm_up: warm_up(engine),
+                            messages=messages_in_run,
+                            instruments=instruments,
+                            note=note,
+                        )
+                    )
+        finally:
+            engine.dispose()
+    report(
+        console,
+        env,
+        results,
+        parse_seconds=parse_seconds,
+        messages=count,
+        unique=unique,
+        batch_size=batch_size,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
