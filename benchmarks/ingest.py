@@ -64,6 +64,7 @@ from controlroom.db.tables import (
     failed_messages,
     known_endpoints,
 )
+from controlroom.demo import NSB_RECEIVE_PIPELINE
 from controlroom.errors import headers as h
 from controlroom.errors.fold import FoldedMessage, fold_attempts
 from controlroom.errors.model import FailedAttempt
@@ -261,23 +262,6 @@ _PYTHON_EXCEPTIONS = (
     ),
 )
 
-_PIPELINE = (
-    "NServiceBus.InvokeHandlerTerminator.Terminate(IInvokeHandlerContext context)",
-    "NServiceBus.LoadHandlersConnector.Invoke(IIncomingLogicalMessageContext context, "
-    "Func`2 stage)",
-    "NServiceBus.DeserializeMessageConnector.Invoke(IIncomingPhysicalMessageContext context, "
-    "Func`2 stage)",
-    "NServiceBus.ProcessingStatisticsBehavior.Invoke(IIncomingPhysicalMessageContext context, "
-    "Func`2 next)",
-    "NServiceBus.TransportReceiveToPhysicalMessageConnector.Invoke(ITransportReceiveContext "
-    "context, Func`2 next)",
-    "NServiceBus.RetryAcknowledgementBehavior.Invoke(ITransportReceiveContext context, "
-    "Func`2 next)",
-    "NServiceBus.MainPipelineExecutor.Invoke(MessageContext messageContext, "
-    "CancellationToken cancellationToken)",
-    "NServiceBus.Transport.RabbitMQ.MessagePump.Process(AsyncEventingBasicConsumer consumer, "
-    "BasicDeliverEventArgs message, CancellationToken messageProcessingCancellationToken)",
-)
 _PRODUCTS = (
     "BLU-CHAIR-04",
     "OAK-TABLE-12",
@@ -401,7 +385,7 @@ class _Generator:
         trace = [f"{kind}: {message}"]
         trace += [f"   at {frame}" for frame in throw_site]
         trace.append("--- End of stack trace from previous location ---")
-        trace += [f"   at {frame}" for frame in _PIPELINE]
+        trace += [f"   at {frame}" for frame in NSB_RECEIVE_PIPELINE]
         return kind, message, source.format(**values), "\n".join(trace)
 
     def first_attempt(self, window: timedelta) -> tuple[dict[str, str | None], datetime]:

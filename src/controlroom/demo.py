@@ -123,8 +123,9 @@ class _Exception:
     stack_trace: str
 
 
-# The receive pipeline below a handler, as NServiceBus 8-10 on RabbitMQ print it.
-_PIPELINE = (
+# The receive pipeline below a handler, as NServiceBus 8-10 on RabbitMQ print it (also
+# used by the benchmarks to shape their stack traces).
+NSB_RECEIVE_PIPELINE = (
     "NServiceBus.InvokeHandlerTerminator.Terminate(IInvokeHandlerContext context)",
     "NServiceBus.LoadHandlersConnector.Invoke(IIncomingLogicalMessageContext context, "
     "Func`2 stage)",
@@ -180,7 +181,7 @@ def _dotnet_exception(
         inner_kind, inner_message, inner_frames = inner
         head += f" ---> {inner_kind}: {inner_message}"
         parts += [_at(inner_frames), "   --- End of inner exception stack trace ---"]
-    pipeline = [*frames, *_PIPELINE_V5] if v5 else [*frames, _ASYNC_BOUNDARY, *_PIPELINE]
+    pipeline = [*frames, *_PIPELINE_V5] if v5 else [*frames, _ASYNC_BOUNDARY, *NSB_RECEIVE_PIPELINE]
     parts.append(_at(pipeline))
     return _Exception(kind, message, source, "\n".join([head, *parts]))
 
