@@ -65,15 +65,15 @@ from controlroom.db.tables import (
     known_endpoints,
 )
 from controlroom.demo import NSB_RECEIVE_PIPELINE
-from controlroom.errors import headers as h
-from controlroom.errors.fold import FoldedMessage, fold_attempts
-from controlroom.errors.model import FailedAttempt
-from controlroom.errors.parsing import parse_failed_message
-from controlroom.errors.writer import (
+from controlroom.errors.ingest import headers as h
+from controlroom.errors.ingest.fold import FoldedMessage, fold_attempts
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.writer import (
     FailedMessageBatchWriter,
     IngestionBatch,
     failed_message_row,
 )
+from controlroom.errors.model import FailedAttempt
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 ADMIN_URL_ENV = "CONTROLROOM_BENCH_POSTGRESQL_URL"

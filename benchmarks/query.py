@@ -21,7 +21,7 @@ What it does (see ``benchmarks/README.md`` for the figures and how to read them)
    filtered pages, other sort keys, full-text searches (one hit, a selective term, a
    broad term), the summary, queue addresses, and the groups view of every classifier
    (``/api/recoverability/groups/{classifier}`` when the app has it, else
-   ``controlroom.errors.groups.list_groups``).
+   ``controlroom.errors.read.groups.list_groups``).
 4. With ``--explain``, prints ``EXPLAIN (ANALYZE, BUFFERS)`` of every statement a scenario
    runs (``--only`` picks scenarios by name), which is how the indexes of migration 0004
    and the shape of the search query were chosen.
@@ -66,15 +66,15 @@ from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
 from controlroom.demo import format_nsb_time, generate_demo_messages
-from controlroom.errors import headers as h
-from controlroom.errors.bodies import FileSystemBodyStore
-from controlroom.errors.grouping import CLASSIFIERS
+from controlroom.errors.ingest import headers as h
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.grouping import CLASSIFIERS
+from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.errors.model import FailedAttempt
-from controlroom.errors.parsing import parse_failed_message
 from controlroom.exceptions import MessageRejected
 
 try:  # written alongside this benchmark; measured through its function when no route serves it
-    from controlroom.errors import groups
+    from controlroom.errors.read import groups
 except ImportError:
     groups = None  # type: ignore[assignment]
 
@@ -449,7 +449,7 @@ def scenarios(client: TestClient, url: str, messages: int) -> list[Scenario]:
 def group_function_scenarios(client: TestClient) -> list[Scenario]:
     """The groups view through ``errors.groups.list_groups`` when no route serves it."""
     if groups is None:
-        print("no controlroom.errors.groups: the groups view is not measured", file=sys.stderr)
+        print("no controlroom.errors.read.groups: the groups view is not measured", file=sys.stderr)
         return []
     engine: sa.Engine = client.app.state.engine
 

@@ -13,8 +13,8 @@ from controlroom.api import create_app
 from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
-from controlroom.errors.bodies import FileSystemBodyStore
-from controlroom.errors.writer import FailedMessageBatchWriter
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter
 from tests import servers
 
 PROVIDERS = ("sqlite", "postgresql")

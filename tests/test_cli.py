@@ -26,11 +26,11 @@ from controlroom.cli import app
 from controlroom.db.engine import create_store_engine
 from controlroom.db.tables import failed_error_imports
 from controlroom.demo import generate_demo_messages
-from controlroom.errors import headers as h
+from controlroom.errors.ingest import headers as h
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.reimport import ReimportOutcome, reimport_failed_import
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedImport
-from controlroom.errors.parsing import parse_failed_message
-from controlroom.errors.reimport import ReimportOutcome, reimport_failed_import
-from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.exceptions import MessageRejected
 from controlroom.transport import Delivery, EmbeddedQueue, TransportError
 from tests.factories import at

@@ -34,15 +34,15 @@ from controlroom.config import Settings, load_settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
 from controlroom.demo import DEFAULT_COUNT, MIN_COUNT, DemoMessage, generate_demo_messages
-from controlroom.errors.bodies import FileSystemBodyStore
-from controlroom.errors.ingestion import IngestionService
-from controlroom.errors.reimport import (
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.pipeline import IngestionService
+from controlroom.errors.ingest.reimport import (
     ReimportOutcome,
     list_failed_import_ids,
     reimport_failed_import,
 )
 from controlroom.errors.retention import RetentionSweeper
-from controlroom.errors.retry_processor import RetryProcessor
+from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.exceptions import ConfigurationError, ControlroomError
 from controlroom.transport import Transport, create_transport
 from controlroom.transport.rabbitmq import redact_url

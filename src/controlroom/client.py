@@ -2,7 +2,7 @@
 
 A producer that is not NServiceBus (a Python service, a bridge, ``controlroom demo``)
 puts a failed message on the error queue with NServiceBus headers (see
-``controlroom.errors.headers`` and DESIGN.md "Wire contract"); Controlroom ingests it
+``controlroom.errors.ingest.headers`` and DESIGN.md "Wire contract"); Controlroom ingests it
 like one NServiceBus moved there. Nothing here validates the headers: a message missing
 a required header is kept by ingestion as a failed import, which is the point of sending
 it rather than refusing it at the door.
@@ -31,8 +31,8 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
 from controlroom.config import Settings
-from controlroom.errors import headers as h
-from controlroom.errors import retry_wire
+from controlroom.errors.ingest import headers as h
+from controlroom.errors.retries import wire as retry_wire
 from controlroom.transport import Transport, create_transport
 
 

@@ -21,6 +21,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from controlroom.db.providers import EMBEDDED
+
 
 class IngestionSettings(BaseModel):
     """How the error queue is drained into the store."""
@@ -146,10 +148,10 @@ class Settings(BaseSettings):
 
     @property
     def effective_database_url(self) -> str:
-        """The SQLAlchemy URL; the embedded SQLite file in ``data_dir`` when none is set."""
+        """The SQLAlchemy URL; the embedded database file in ``data_dir`` when none is set."""
         if self.database_url:
             return self.database_url
-        return f"sqlite:///{(self.data_dir / 'controlroom.db').resolve()}"
+        return EMBEDDED.file_url(self.data_dir / "controlroom.db")
 
     @property
     def body_dir(self) -> Path:

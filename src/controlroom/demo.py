@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
-from controlroom.errors import headers as h
+from controlroom.errors.ingest import headers as h
 
 DEFAULT_COUNT = 50
 MIN_COUNT = 12

@@ -7,9 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt
-from controlroom.errors.parsing import parse_failed_message
-from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
 from tests.factories import at
 from tests.nsb import failed_headers
 

@@ -18,8 +18,8 @@ from controlroom.db.tables import (
     failed_messages,
     retry_batches,
 )
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter
 from controlroom.errors.model import FailedAttempt
-from controlroom.errors.writer import FailedMessageBatchWriter
 from tests.api.failure_fixture import ingest_fixture
 
 UNKNOWN = "00000000-0000-4000-8000-000000000000"

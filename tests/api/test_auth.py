@@ -22,7 +22,7 @@ from controlroom.api.auth import (
     is_loopback,
 )
 from controlroom.config import AuthToken, Settings
-from controlroom.errors.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.exceptions import ConfigurationError
 
 UNKNOWN = "00000000-0000-4000-8000-000000000000"

@@ -18,10 +18,10 @@ from fastapi.testclient import TestClient
 from controlroom.api import create_app
 from controlroom.config import AuthToken, Settings
 from controlroom.db.tables import FailedMessageStatus
-from controlroom.errors.bodies import FileSystemBodyStore
-from controlroom.errors.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter
 from controlroom.errors.model import FailedAttempt
-from controlroom.errors.writer import FailedMessageBatchWriter
 from controlroom.transport.embedded import EmbeddedQueue
 from tests.factories import at
 from tests.nsb import failed_headers

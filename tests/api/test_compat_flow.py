@@ -23,10 +23,10 @@ import sqlalchemy as sa
 from controlroom.api import create_app
 from controlroom.client import publish_failed_message
 from controlroom.config import Settings
-from controlroom.errors import retry_wire
-from controlroom.errors.bodies import FileSystemBodyStore
-from controlroom.errors.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
-from controlroom.errors.ingestion import IngestionService
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
+from controlroom.errors.ingest.pipeline import IngestionService
+from controlroom.errors.retries import wire as retry_wire
 from controlroom.transport.embedded import EmbeddedQueue
 from tests.nsb import failed_headers
 from tests.retries.conftest import TIMEOUT, make_processor

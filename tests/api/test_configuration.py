@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from controlroom.api import create_app
 from controlroom.api.configuration import dotnet_timespan
 from controlroom.config import AuthToken, IngestionSettings, Settings
-from controlroom.errors.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
 
 TOKEN = "a-very-secret-token-0123456789"
 BROKER_PASSWORD = "broker-pass-s3cret"

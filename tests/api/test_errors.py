@@ -13,11 +13,11 @@ from fastapi.testclient import TestClient
 
 from controlroom.config import Settings
 from controlroom.db.tables import FailedMessageStatus, failed_messages
-from controlroom.errors import headers as h
-from controlroom.errors.bodies import FileSystemBodyStore, body_key
+from controlroom.errors.ingest import headers as h
+from controlroom.errors.ingest.bodies import FileSystemBodyStore, body_key
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import BodyPlacement, FailedAttempt
-from controlroom.errors.parsing import parse_failed_message
-from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
 from tests.factories import at, attempt, message_uuid
 
 HOST_ID = "7f787fc8e0611a3fab8a93c8767f6639"

@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 
 from controlroom.config import Settings
 from controlroom.db.tables import FailedMessageStatus, failed_messages
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt
-from controlroom.errors.parsing import parse_failed_message
-from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
 from tests.factories import at, attempt, message_uuid
 from tests.nsb import failed_headers, nsb_time
 

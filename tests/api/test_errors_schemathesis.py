@@ -28,8 +28,8 @@ from controlroom.api import create_app
 from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
-from controlroom.errors.bodies import FileSystemBodyStore
-from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from tests import servers
 from tests.conftest import PROVIDERS
 from tests.factories import at, attempt

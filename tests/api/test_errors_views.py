@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from controlroom.db.tables import failed_messages
-from controlroom.errors.parsing import parse_failed_message
-from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from tests.factories import at, attempt, message_uuid
 from tests.nsb import failed_headers
 

@@ -11,9 +11,9 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from controlroom.db.tables import FailedMessageStatus, failed_messages
-from controlroom.errors.grouping import CLASSIFIERS, EXCEPTION_TYPE_AND_STACK_TRACE
+from controlroom.errors.ingest.grouping import CLASSIFIERS, EXCEPTION_TYPE_AND_STACK_TRACE
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter
 from controlroom.errors.model import FailedAttempt
-from controlroom.errors.writer import FailedMessageBatchWriter
 from tests.api.failure_fixture import TIMEOUT, ExpectedGroup, expected_groups, ingest_fixture
 from tests.api.failure_fixture import parse_utc as utc
 

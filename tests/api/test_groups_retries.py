@@ -13,9 +13,9 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from controlroom.db.tables import retry_operations
-from controlroom.errors.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
+from controlroom.errors.ingest.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter
 from controlroom.errors.model import FailedAttempt
-from controlroom.errors.writer import FailedMessageBatchWriter
 from tests.api.failure_fixture import TIMEOUT, expected_groups, ingest_fixture
 from tests.api.failure_fixture import parse_utc as utc
 

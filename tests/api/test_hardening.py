@@ -10,10 +10,11 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from controlroom.db.engine import create_store_engine
+from controlroom.db.errors import classify_store_error
 from controlroom.db.migrate import upgrade_database
-from controlroom.errors.parsing import parse_failed_message
-from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
-from controlroom.exceptions import ErrorKind, classify_store_error
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.exceptions import ErrorKind
 from tests.nsb import failed_headers
 
 

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from controlroom.api import create_app, database_check, health
 from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
-from controlroom.errors.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.transport import TransportError
 
 

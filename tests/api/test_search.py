@@ -12,10 +12,10 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from controlroom.db.tables import FailedMessageStatus, failed_messages
-from controlroom.errors import queries
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt
-from controlroom.errors.parsing import parse_failed_message
-from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.errors.read import queries
 from tests.factories import at
 from tests.nsb import failed_headers
 

@@ -7,8 +7,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
-from controlroom.errors.search import search_clause
-from controlroom.errors.search.sqlite import fts_query
+from controlroom.db.providers import provider_for
+from controlroom.db.providers.sqlite import fts_query
 from controlroom.exceptions import UnsupportedProviderError
 
 
@@ -34,7 +34,7 @@ def test_fts_query_quotes_every_word_as_a_phrase(text: str, expected: str) -> No
 def compiled(dialect: sa.Dialect, text: str) -> sa.engine.Compiled:
     return (
         sa.select(sa.literal_column("1"))
-        .where(search_clause(dialect)(text))
+        .where(provider_for(dialect).search_matches(text))
         .compile(dialect=dialect)
     )
 
@@ -73,4 +73,4 @@ def test_sqlite_condition_of_no_words_matches_nothing_without_asking_fts5() -> N
 
 def test_a_provider_without_full_text_search_is_refused() -> None:
     with pytest.raises(UnsupportedProviderError, match="mysql"):
-        search_clause(mysql.dialect())
+        provider_for(mysql.dialect())

@@ -15,10 +15,10 @@ from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.tables import FailedMessageStatus, failed_error_imports, failed_messages
-from controlroom.errors.bodies import FileSystemBodyStore
-from controlroom.errors.ingestion import IngestionService, IngestionUnitOfWork
-from controlroom.errors.parsing import parse_failed_message
-from controlroom.errors.writer import FailedMessageBatchWriter
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.pipeline import IngestionService, IngestionUnitOfWork
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter
 from controlroom.exceptions import BodyStoreError
 from controlroom.transport.base import Transport
 from controlroom.transport.embedded import EmbeddedQueue
@@ -148,9 +148,9 @@ def test_failed_external_body_write_commits_nothing(settings: Settings, engine: 
     unit = IngestionUnitOfWork(FailedMessageBatchWriter(engine), BrokenBodyStore(settings.body_dir))
 
     async def scenario() -> None:
-        await unit.record_failed_processing_attempt(attempt)
+        unit.record_failed_processing_attempt(attempt)
         for endpoint in attempt.endpoints:
-            await unit.record_known_endpoint(endpoint)
+            unit.record_known_endpoint(endpoint)
         await unit.complete()
 
     with pytest.raises(BodyStoreError):

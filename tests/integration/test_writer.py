@@ -14,7 +14,7 @@ from controlroom.db.tables import (
     known_endpoints,
     retry_batches,
 )
-from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from tests.factories import at, attempt, endpoint, message_uuid
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from controlroom.db.engine import begin_write
 from controlroom.db.tables import failed_message_groups, failed_messages
-from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from tests.factories import at, attempt
 
 attempt_keys = st.sets(st.tuples(st.integers(0, 4), st.integers(0, 40)), min_size=1, max_size=25)

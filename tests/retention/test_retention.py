@@ -8,10 +8,10 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
-from controlroom.errors.bodies import FileSystemBodyStore
-from controlroom.errors.parsing import parse_failed_message
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.retention import RetentionSweeper
-from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
 from tests.factories import at
 from tests.nsb import failed_headers
 

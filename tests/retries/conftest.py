@@ -18,11 +18,11 @@ from controlroom.db.tables import (
     failed_messages,
     retry_batches,
 )
-from controlroom.errors.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt
-from controlroom.errors.parsing import parse_failed_message
-from controlroom.errors.retry_processor import RetryProcessor
-from controlroom.errors.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.transport.base import Delivery, Transport
 from tests.nsb import failed_headers
 from tests.transport.helpers import Collector

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
-from controlroom.errors.bodies import FileSystemBodyStore
-from controlroom.errors.retry_processor import RetryProcessor
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.transport import create_transport
 
 

@@ -14,9 +14,9 @@ import sqlalchemy as sa
 from controlroom.api import create_app
 from controlroom.config import Settings
 from controlroom.db.tables import FailedMessageStatus
-from controlroom.errors import retry_wire
-from controlroom.errors.bodies import FileSystemBodyStore
-from controlroom.errors.writer import FailedMessageBatchWriter
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter
+from controlroom.errors.retries import wire as retry_wire
 from controlroom.transport.embedded import EmbeddedQueue
 from tests.nsb import failed_headers
 from tests.retries.conftest import TIMEOUT, claims, set_status, statuses, store_failed, take

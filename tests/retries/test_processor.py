@@ -13,13 +13,14 @@ import sqlalchemy as sa
 from controlroom.api import create_app
 from controlroom.client import confirm_successful_retry
 from controlroom.config import Settings
-from controlroom.db.leases import make_lease
+from controlroom.db.providers import provider_for
 from controlroom.db.tables import FailedMessageStatus, retry_operations
-from controlroom.errors import retries, retry_wire
-from controlroom.errors.bodies import FileSystemBodyStore
-from controlroom.errors.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
-from controlroom.errors.ingestion import IngestionService
-from controlroom.errors.writer import FailedMessageBatchWriter
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
+from controlroom.errors.ingest.pipeline import IngestionService
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter
+from controlroom.errors.retries import requests as retries
+from controlroom.errors.retries import wire as retry_wire
 from controlroom.transport.embedded import EmbeddedQueue
 from tests.nsb import failed_headers
 from tests.retries.conftest import (
@@ -208,8 +209,8 @@ def test_only_one_processor_holds_the_lease(
 def test_a_lease_ends_with_a_holder_that_died(engine: sa.Engine) -> None:
     """SQLite: the lease row expires when its holder stops renewing. PostgreSQL: the
     advisory lock ends with the holder's session."""
-    dead = make_lease(engine, "test-lease", str(uuid.uuid4()), 0.3)
-    alive = make_lease(engine, "test-lease", str(uuid.uuid4()), 0.3)
+    dead = provider_for(engine).make_lease(engine, "test-lease", str(uuid.uuid4()), 0.3)
+    alive = provider_for(engine).make_lease(engine, "test-lease", str(uuid.uuid4()), 0.3)
     assert dead.hold() and dead.hold()  # renewing is holding
     assert not alive.hold()
     if engine.dialect.name == "postgresql":

@@ -10,10 +10,10 @@ from fastapi.testclient import TestClient
 
 from controlroom.config import Settings
 from controlroom.db.tables import FailedMessageStatus, failed_messages, retry_batches
-from controlroom.errors import retries
-from controlroom.errors.bodies import FileSystemBodyStore
-from controlroom.errors.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
-from controlroom.errors.writer import FailedMessageBatchWriter
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter
+from controlroom.errors.retries import requests as retries
 from tests.nsb import failed_headers
 from tests.retries.conftest import (
     batch_statuses,

@@ -20,11 +20,12 @@ import sqlalchemy as sa
 from controlroom.client import confirm_successful_retry
 from controlroom.config import Settings
 from controlroom.db.tables import FailedMessageStatus, retry_operations
-from controlroom.errors import retries, retry_wire
-from controlroom.errors.bodies import FileSystemBodyStore
-from controlroom.errors.ingestion import IngestionService
-from controlroom.errors.retry_processor import RetryProcessor
-from controlroom.errors.writer import FailedMessageBatchWriter
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.pipeline import IngestionService
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter
+from controlroom.errors.retries import requests as retries
+from controlroom.errors.retries import wire as retry_wire
+from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.transport.base import Transport, TransportError
 from controlroom.transport.embedded import EmbeddedQueue
 from controlroom.transport.rabbitmq import RabbitMQTransport

@@ -19,11 +19,11 @@ from fastapi.testclient import TestClient
 from controlroom.api import create_app
 from controlroom.config import Settings
 from controlroom.db.tables import FailedMessageStatus, failed_messages
-from controlroom.errors import retry_wire
-from controlroom.errors.bodies import FileSystemBodyStore
-from controlroom.errors.identity import deterministic_id
-from controlroom.errors.ingestion import IngestionService
-from controlroom.errors.writer import FailedMessageBatchWriter
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.identity import deterministic_id
+from controlroom.errors.ingest.pipeline import IngestionService
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter
+from controlroom.errors.retries import wire as retry_wire
 from controlroom.transport.base import Transport
 from controlroom.transport.rabbitmq import RabbitMQTransport
 from tests.retries.conftest import (

@@ -11,9 +11,10 @@ import pytest
 from sqlalchemy.dialects import postgresql, sqlite
 
 from controlroom.client import confirm_successful_retry
-from controlroom.errors import retry_wire
-from controlroom.errors.parsing import is_retry_confirmation
-from controlroom.errors.retry_dialects import retry_dialect
+from controlroom.db.providers import provider_for
+from controlroom.errors.ingest.parsing import is_retry_confirmation
+from controlroom.errors.retries import wire as retry_wire
+from controlroom.errors.retries.claims import claim_statement
 from controlroom.transport.embedded import EmbeddedQueue
 from tests.retries.conftest import take
 from tests.transport.helpers import Collector
@@ -122,7 +123,7 @@ def test_confirm_successful_retry_sends_what_ingestion_reads_as_a_confirmation(
     ],
 )
 def test_claims_compile_to_each_providers_insert_if_absent(dialect: object, expected: str) -> None:
-    statement = retry_dialect(dialect).claim_statement("batch", ["a", "b"])  # type: ignore[arg-type]
+    statement = claim_statement(provider_for(dialect), "batch", ["a", "b"])  # type: ignore[arg-type]
     sql = " ".join(str(statement.compile(dialect=dialect)).split())  # type: ignore[arg-type]
     assert sql.startswith("INSERT INTO failed_message_retries")
     assert expected in sql

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlroom.errors import bodies
-from controlroom.errors.bodies import (
+from controlroom.errors.ingest import bodies
+from controlroom.errors.ingest.bodies import (
     BodyNotFoundError,
     FileSystemBodyStore,
     body_key,

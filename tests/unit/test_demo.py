@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from controlroom.demo import MIN_COUNT, DemoMessage, generate_demo_messages
-from controlroom.errors import headers as h
-from controlroom.errors.parsing import parse_failed_message
+from controlroom.errors.ingest import headers as h
+from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.exceptions import MessageRejected
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controlroom.errors.fold import fold_attempts, unique_endpoints
+from controlroom.errors.ingest.fold import fold_attempts, unique_endpoints
 from tests.factories import at, attempt, endpoint, message_uuid
 
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlroom.errors import grouping as g
-from controlroom.errors.identity import group_id
+from controlroom.errors.ingest import grouping as g
+from controlroom.errors.ingest.identity import group_id
 from tests.unit import V5, V6, V8, V10, sample_headers
 
 DOTNET_HANDLER = (

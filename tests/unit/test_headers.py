@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlroom.errors import headers as h
+from controlroom.errors.ingest import headers as h
 from controlroom.exceptions import MessageRejected
 from tests.unit import V5, V6, V8, V10, sample_entries, sample_headers
 
@@ -289,7 +289,7 @@ def test_parse_guid_takes_only_dotnet_spellings(text: str, expected: str | None)
 
 
 def test_a_time_beyond_the_last_utc_instant_is_rejected_naming_the_header() -> None:
-    from controlroom.errors.headers import parse_nsb_time
+    from controlroom.errors.ingest.headers import parse_nsb_time
     from controlroom.exceptions import MessageRejected
 
     with pytest.raises(MessageRejected, match=r"NServiceBus\.TimeSent"):

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlroom.errors.headers import is_canonical_guid
-from controlroom.errors.identity import (
+from controlroom.errors.ingest.headers import is_canonical_guid
+from controlroom.errors.ingest.identity import (
     deterministic_id,
     group_id,
     known_endpoint_id,

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from controlroom.errors.bodies import body_key
-from controlroom.errors.grouping import classify
-from controlroom.errors.identity import known_endpoint_id
+from controlroom.errors.ingest.bodies import body_key
+from controlroom.errors.ingest.grouping import classify
+from controlroom.errors.ingest.identity import known_endpoint_id
+from controlroom.errors.ingest.parsing import is_retry_confirmation, parse_failed_message
 from controlroom.errors.model import FailedAttempt
-from controlroom.errors.parsing import is_retry_confirmation, parse_failed_message
 from controlroom.exceptions import MessageRejected
 from tests.unit import SAMPLE_UNIQUE_IDS, V5, V6, V8, V10, sample_headers
 

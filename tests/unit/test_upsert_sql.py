@@ -6,9 +6,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from controlroom.db.providers import provider_for
+from controlroom.db.providers._base import MAX_ROWS_PER_STATEMENT
 from controlroom.db.tables import failed_messages
-from controlroom.errors.dialects import error_write_dialect
-from controlroom.errors.dialects._base import MAX_ROWS_PER_STATEMENT, conditional_upsert_assignments
+from controlroom.errors.ingest.upsert import conditional_upsert_assignments
 from controlroom.exceptions import UnsupportedProviderError
 
 
@@ -16,7 +17,7 @@ from controlroom.exceptions import UnsupportedProviderError
 def test_upsert_is_one_on_conflict_statement_whose_guards_read_the_stored_row(
     dialect: sa.Dialect,
 ) -> None:
-    write = error_write_dialect(dialect)
+    write = provider_for(dialect)
     statement = write.insert(failed_messages).values([{"id": "a"}, {"id": "b"}])
     statement = statement.on_conflict_do_update(
         index_elements=[failed_messages.c.id],
@@ -32,4 +33,4 @@ def test_upsert_is_one_on_conflict_statement_whose_guards_read_the_stored_row(
 
 def test_unknown_provider_is_refused() -> None:
     with pytest.raises(UnsupportedProviderError):
-        error_write_dialect(sa.create_mock_engine("mssql+pyodbc://", executor=None).dialect)
+        provider_for(sa.create_mock_engine("mssql+pyodbc://", executor=None).dialect)

@@ -23,12 +23,13 @@ from controlroom.api import (
     search,
 )
 from controlroom.config import Settings
-from controlroom.errors.bodies import BodyStore
-from controlroom.exceptions import ErrorKind, classify_store_error
+from controlroom.db.errors import classify_store_error
+from controlroom.errors.ingest.bodies import BodyStore
+from controlroom.exceptions import ErrorKind
 from controlroom.transport.base import Transport
 
 if TYPE_CHECKING:
-    from controlroom.errors.retry_processor import RetryProcessor
+    from controlroom.errors.retries.processor import RetryProcessor
 
 
 def create_app(

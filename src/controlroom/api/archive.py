@@ -6,7 +6,7 @@ with a trailing slash), ``POST|PATCH /api/errors/{id}/archive``, ``PATCH
 /api/errors/groups/{classifier}`` and ``GET /api/archive/groups/id/{groupId}``.
 
 Each action is one set-based statement in one transaction
-(``controlroom.errors.operations``) and answers 202 (ServiceControl's code) with what it
+(``controlroom.errors.read.operations``) and answers 202 (ServiceControl's code) with what it
 did: ``{"changed": n, "unchanged_ids": [...]}``, where an unchanged id names a message
 that exists but is not in the status the action applies to (archive: Unresolved;
 unarchive: Archived; resolve: RetryIssued).
@@ -38,8 +38,8 @@ from controlroom.api.recoverability import (
     list_groups_view,
 )
 from controlroom.db.engine import begin_write, run_write_transaction
-from controlroom.errors import groups, operations
-from controlroom.errors.writer import utc_now
+from controlroom.errors.ingest.writer import utc_now
+from controlroom.errors.read import groups, operations
 
 router = APIRouter(tags=["archive"])
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter
 from controlroom.api.auth import require_admin
 from controlroom.api.errors import LIST_RESPONSES, PagingParams, paged_response
 from controlroom.db.engine import begin_write
-from controlroom.errors import endpoints
+from controlroom.errors.read import endpoints
 
 router = APIRouter(tags=["endpoints"])
 

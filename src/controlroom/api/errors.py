@@ -33,8 +33,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, PlainSerializer, TypeAdapter
 
 from controlroom.db.tables import FailedMessageStatus
-from controlroom.errors import queries
-from controlroom.errors.bodies import BodyNotFoundError, BodyStore
+from controlroom.errors.ingest.bodies import BodyNotFoundError, BodyStore
+from controlroom.errors.read import queries
 from controlroom.exceptions import BodyStoreError
 
 DEFAULT_PAGE_SIZE = 50

@@ -2,7 +2,7 @@
 acknowledging a group retry.
 
 ServiceControl's routes and shapes (``/api/recoverability/...``): groups are query-time
-aggregates counting Unresolved messages (``controlroom.errors.groups``); every group
+aggregates counting Unresolved messages (``controlroom.errors.read.groups``); every group
 carries ServiceControl's ``operation_*`` fields, from the group's retry when there is one
 to show (running, or completed and not acknowledged), idle values otherwise (a group
 archive is one statement, never in progress). Nulls are omitted from the JSON, as
@@ -33,8 +33,8 @@ from controlroom.api.errors import (
 )
 from controlroom.db.engine import begin_write, run_write_transaction
 from controlroom.db.tables import FailedMessageStatus
-from controlroom.errors import groups, operations, queries
-from controlroom.errors.writer import utc_now
+from controlroom.errors.ingest.writer import utc_now
+from controlroom.errors.read import groups, operations, queries
 
 router = APIRouter(tags=["recoverability"])
 

@@ -17,7 +17,8 @@ from fastapi import APIRouter, Body, HTTPException, Path, Request
 from pydantic import BaseModel
 
 from controlroom.api.errors import UtcTimestamp
-from controlroom.errors import retries, retry_wire
+from controlroom.errors.retries import requests as retries
+from controlroom.errors.retries import wire as retry_wire
 from controlroom.transport.base import Transport, TransportError
 
 router = APIRouter(tags=["retries"])

@@ -30,7 +30,7 @@ from controlroom.api.errors import (
     sending_endpoint,
 )
 from controlroom.db.tables import FailedMessageStatus
-from controlroom.errors import queries
+from controlroom.errors.read import queries
 
 MAX_SEARCH_LENGTH = 1000
 """Longest search text, in characters."""

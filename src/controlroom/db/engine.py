@@ -1,86 +1,41 @@
-"""Engines for every supported provider, with each provider's connection rules.
+"""Engines for every supported provider, and write transactions replayed on transient
+errors.
 
-SQLite: WAL, a busy timeout, foreign keys on, and ``BEGIN IMMEDIATE`` for write
-transactions (DESIGN.md "Stores"), so a writer takes the lock up front instead of failing
-on upgrade. PostgreSQL: psycopg 3, pre-ping so a restarted server costs one retry.
+The provider applies its own connection rules (``Provider.create_engine``); see
+``controlroom.db.providers``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable
 from typing import TypeVar
 
 import sqlalchemy as sa
 import tenacity
 from sqlalchemy.engine import make_url
 
-from controlroom.exceptions import UnsupportedProviderError, is_transient
+from controlroom.db.errors import is_transient
+from controlroom.db.providers import provider_named
+from controlroom.db.transactions import begin_write
 
-SUPPORTED_PROVIDERS = ("sqlite", "postgresql")
-_WRITE_OPTION = "controlroom_write"
 T = TypeVar("T")
-SQLITE_BUSY_TIMEOUT_SECONDS = 30
+
+__all__ = ["begin_write", "create_store_engine", "normalize_database_url", "run_write_transaction"]
 
 
 def normalize_database_url(url: str) -> sa.URL:
-    """Parse ``url``, choosing psycopg 3 for PostgreSQL when no driver is named.
+    """Parse ``url``, choosing the provider's default driver when none is named.
 
     Raises ``UnsupportedProviderError`` for a provider Controlroom does not support.
     """
     parsed = make_url(url)
-    if parsed.get_backend_name() not in SUPPORTED_PROVIDERS:
-        raise UnsupportedProviderError(
-            f"database provider {parsed.get_backend_name()!r} is not supported; "
-            f"use one of {', '.join(SUPPORTED_PROVIDERS)}"
-        )
-    if parsed.drivername in ("postgresql", "postgres"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    return parsed
+    return provider_named(parsed.get_backend_name()).normalize_url(parsed)
 
 
 def create_store_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
     """Create the engine for ``url`` with the provider's connection rules applied."""
     parsed = normalize_database_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        return _create_sqlite_engine(parsed)
-    return sa.create_engine(parsed, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size)
-
-
-def _create_sqlite_engine(url: sa.URL) -> sa.Engine:
-    if url.database and url.database != ":memory:":
-        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = sa.create_engine(
-        url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS, "check_same_thread": False}
-    )
-
-    @sa.event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
-        # Take over transaction control from the sqlite3 module so BEGIN is ours.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.close()
-
-    @sa.event.listens_for(engine, "begin")
-    def _on_begin(conn: sa.Connection) -> None:
-        immediate = conn.get_execution_options().get(_WRITE_OPTION, False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
-
-    return engine
-
-
-@contextmanager
-def begin_write(engine: sa.Engine) -> Iterator[sa.Connection]:
-    """A write transaction: committed on success, rolled back on an exception.
-
-    On SQLite it starts with ``BEGIN IMMEDIATE``; elsewhere it is a plain transaction.
-    """
-    with engine.connect().execution_options(**{_WRITE_OPTION: True}) as conn, conn.begin():
-        yield conn
+    return provider_named(parsed.get_backend_name()).create_engine(parsed, pool_size=pool_size)
 
 
 def run_write_transaction(engine: sa.Engine, work: Callable[[sa.Connection], T]) -> T:

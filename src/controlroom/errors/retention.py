@@ -22,15 +22,15 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 
 from controlroom.db.engine import begin_write
-from controlroom.db.leases import make_lease
+from controlroom.db.providers import provider_for
 from controlroom.db.tables import (
     FailedMessageStatus,
     failed_message_groups,
     failed_message_retries,
     failed_messages,
 )
-from controlroom.errors.bodies import BodyStore
-from controlroom.errors.writer import Clock, utc_now
+from controlroom.errors.ingest.bodies import BodyStore
+from controlroom.errors.ingest.writer import Clock, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,9 @@ class RetentionSweeper:
         self._retention_period = retention_period
         self._interval = interval_seconds
         self._clock = clock
-        self._lease = make_lease(engine, LEASE_NAME, str(uuid.uuid4()), lease_seconds)
+        self._lease = provider_for(engine).make_lease(
+            engine, LEASE_NAME, str(uuid.uuid4()), lease_seconds
+        )
 
     async def run(self) -> None:
         """Sweep until cancelled."""

@@ -20,6 +20,10 @@ from controlroom.exceptions import ControlroomError
 # puts the id both here and in the AMQP ``message_id`` property; the header wins.
 MESSAGE_ID_HEADER = "NServiceBus.MessageId"
 
+# A transport that sees a compressed body (the AMQP ``content_encoding`` property) hands
+# it to consumers under this header.
+CONTENT_ENCODING_HEADER = "Content-Encoding"
+
 # RabbitMQ limits queue names to 255 bytes of UTF-8; the embedded queue follows suit so
 # that a name valid on one transport is valid on the other.
 MAX_QUEUE_NAME_BYTES = 255

@@ -39,8 +39,8 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from controlroom.errors.headers import CONTENT_ENCODING as CONTENT_ENCODING_HEADER
 from controlroom.transport.base import (
+    CONTENT_ENCODING_HEADER,
     Delivery,
     DeliveryLostError,
     Headers,

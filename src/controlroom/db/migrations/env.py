@@ -2,28 +2,23 @@
 
 from __future__ import annotations
 
-import sqlalchemy as sa
 from alembic import context
 
 from controlroom.db.engine import begin_write, create_store_engine
-from controlroom.db.leases import advisory_lock_key
+from controlroom.db.providers import provider_for
 from controlroom.db.tables import metadata
 
 config = context.config
 engine = config.attributes.get("engine") or create_store_engine(
     config.get_main_option("sqlalchemy.url") or ""
 )
+provider = provider_for(engine)
 
 with begin_write(engine) as connection:
-    if connection.dialect.name == "postgresql":
-        # Processes starting together against a fresh database migrate one after the
-        # other; the lock ends with this transaction.
-        connection.execute(
-            sa.select(sa.func.pg_advisory_xact_lock(advisory_lock_key("controlroom-migrations")))
-        )
+    provider.migration_lock(connection)
     context.configure(
         connection=connection,
         target_metadata=metadata,
-        render_as_batch=connection.dialect.name == "sqlite",
+        render_as_batch=provider.alters_tables_in_batch,
     )
     context.run_migrations()

@@ -22,6 +22,8 @@ import sqlalchemy as sa
 import tenacity
 
 from controlroom.db.engine import begin_write
+from controlroom.db.errors import is_transient
+from controlroom.db.providers import chunked, provider_for
 from controlroom.db.tables import (
     FailedMessageStatus,
     failed_error_imports,
@@ -30,11 +32,9 @@ from controlroom.db.tables import (
     failed_messages,
     known_endpoints,
 )
-from controlroom.errors.dialects import error_write_dialect
-from controlroom.errors.dialects._base import PAYLOAD_COLUMNS, chunked
-from controlroom.errors.fold import FoldedMessage, fold_attempts, unique_endpoints
+from controlroom.errors.ingest.fold import FoldedMessage, fold_attempts, unique_endpoints
+from controlroom.errors.ingest.upsert import PAYLOAD_COLUMNS, upsert_failed_messages
 from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
-from controlroom.exceptions import is_transient
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class FailedMessageBatchWriter:
         clock: Clock = utc_now,
     ) -> None:
         self._engine = engine
-        self._dialect = error_write_dialect(engine)
+        self._provider = provider_for(engine)
         self._retrying = retrying or retry_transient()
         self._clock = clock
 
@@ -104,7 +104,7 @@ class FailedMessageBatchWriter:
         """Write ``batch`` in one transaction, retrying the whole batch on transient errors.
 
         Raises the store's exception when it is not transient (see
-        ``controlroom.exceptions.classify_store_error``) or when retrying is stopped.
+        ``controlroom.db.errors.classify_store_error``) or when retrying is stopped.
         """
         folded = fold_attempts(batch.attempts)
         self._retrying(self._write_once, batch, folded)
@@ -112,17 +112,17 @@ class FailedMessageBatchWriter:
     def _write_once(self, batch: IngestionBatch, folded: list[FoldedMessage]) -> None:
         now = self._clock()
         with begin_write(self._engine) as conn:
-            stored = self._dialect.upsert_failed_messages(
-                conn, [failed_message_row(message, now) for message in folded]
+            stored = upsert_failed_messages(
+                conn, self._provider, [failed_message_row(message, now) for message in folded]
             )
             self._replace_groups(conn, folded, stored)
-            self._dialect.insert_if_absent(
+            self._provider.insert_rows_if_absent(
                 conn,
                 known_endpoints,
                 [known_endpoint_row(e, now) for e in unique_endpoints(batch.endpoints)],
             )
             self._resolve_confirmed_retries(conn, batch.confirmed_retries, now)
-            self._dialect.insert_if_absent(
+            self._provider.insert_rows_if_absent(
                 conn,
                 failed_error_imports,
                 [failed_import_row(item) for item in _unique_imports(batch.failed_imports)],
@@ -144,7 +144,7 @@ class FailedMessageBatchWriter:
         if not winners:
             return
         ids = [message.unique_message_id for message in winners]
-        for id_chunk in chunked(ids, 500):
+        for id_chunk in chunked(ids, self._provider.max_ids_per_in_list):
             conn.execute(
                 sa.delete(failed_message_groups).where(
                     failed_message_groups.c.failed_message_id.in_(id_chunk)
@@ -168,7 +168,7 @@ class FailedMessageBatchWriter:
     ) -> None:
         """Step 4: confirmed retries become Resolved; their retry claims go away."""
         ids = sorted(set(unique_message_ids))
-        for id_chunk in chunked(ids, 500):
+        for id_chunk in chunked(ids, self._provider.max_ids_per_in_list):
             conn.execute(
                 sa.update(failed_messages)
                 .where(failed_messages.c.id.in_(id_chunk))

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 
 from controlroom.errors.model import Headers
 from controlroom.exceptions import MessageRejected
+from controlroom.transport.base import CONTENT_ENCODING_HEADER
 
 # --- header names (NServiceBus) -----------------------------------------------------------
 MESSAGE_ID = "NServiceBus.MessageId"
@@ -57,7 +58,7 @@ RETRY_SUCCESSFUL = "ServiceControl.Retry.Successful"
 # NServiceBus has no standard body-encoding header. A transport that sees a compressed body
 # (AMQP ``content_encoding``, HTTP-style bridges) must put it under CONTENT_ENCODING;
 # NSB_CONTENT_ENCODING is honoured too for producers that namespace it.
-CONTENT_ENCODING = "Content-Encoding"
+CONTENT_ENCODING = CONTENT_ENCODING_HEADER
 NSB_CONTENT_ENCODING = "NServiceBus.ContentEncoding"
 
 DEFAULT_CONTENT_TYPE = "text/plain"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from controlroom.errors import headers as h
+from controlroom.errors.ingest import headers as h
 from controlroom.errors.model import Headers
 from controlroom.transport.base import check_queue_name
 

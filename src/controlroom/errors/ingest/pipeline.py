@@ -30,21 +30,17 @@ import sqlalchemy as sa
 from prometheus_client import Counter, Histogram
 
 from controlroom.config import Settings
-from controlroom.errors.bodies import BodyStore
-from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
-from controlroom.errors.parsing import is_retry_confirmation, parse_failed_message
-from controlroom.errors.writer import (
+from controlroom.db.errors import classify_store_error
+from controlroom.errors.ingest.bodies import BodyStore
+from controlroom.errors.ingest.parsing import is_retry_confirmation, parse_failed_message
+from controlroom.errors.ingest.writer import (
     FailedMessageBatchWriter,
     IngestionBatch,
     retry_transient,
     utc_now,
 )
-from controlroom.exceptions import (
-    ControlroomError,
-    ErrorKind,
-    MessageRejected,
-    classify_store_error,
-)
+from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
+from controlroom.exceptions import ControlroomError, ErrorKind, MessageRejected
 from controlroom.transport.base import Delivery, DeliveryLostError, Transport
 
 log = logging.getLogger(__name__)
@@ -93,7 +89,7 @@ class IngestionUnitOfWork:
         self._batch = IngestionBatch()
         self._body_writes: dict[str, asyncio.Task[None]] = {}
 
-    async def record_failed_processing_attempt(self, attempt: FailedAttempt) -> None:
+    def record_failed_processing_attempt(self, attempt: FailedAttempt) -> None:
         """Enqueue an attempt; starts its external body write when it has one."""
         self._batch.attempts.append(attempt)
         key = attempt.body_key
@@ -102,13 +98,13 @@ class IngestionUnitOfWork:
                 asyncio.to_thread(self._body_store.put, key, attempt.body)
             )
 
-    async def record_known_endpoint(self, endpoint: KnownEndpoint) -> None:
+    def record_known_endpoint(self, endpoint: KnownEndpoint) -> None:
         self._batch.endpoints.append(endpoint)
 
-    async def record_successful_retry(self, unique_message_id: str) -> None:
+    def record_successful_retry(self, unique_message_id: str) -> None:
         self._batch.confirmed_retries.append(unique_message_id)
 
-    async def record_failed_import(self, failed_import: FailedImport) -> None:
+    def record_failed_import(self, failed_import: FailedImport) -> None:
         self._batch.failed_imports.append(failed_import)
 
     async def complete(self) -> None:
@@ -246,13 +242,13 @@ class IngestionService:
         unit = IngestionUnitOfWork(self._writer, self._body_store)
         for item in parsed:
             if item.attempt is not None:
-                await unit.record_failed_processing_attempt(item.attempt)
+                unit.record_failed_processing_attempt(item.attempt)
                 for endpoint in item.attempt.endpoints:
-                    await unit.record_known_endpoint(endpoint)
+                    unit.record_known_endpoint(endpoint)
             if item.confirmed_retry is not None:
-                await unit.record_successful_retry(item.confirmed_retry)
+                unit.record_successful_retry(item.confirmed_retry)
             if item.failed_import is not None:
-                await unit.record_failed_import(item.failed_import)
+                unit.record_failed_import(item.failed_import)
         await unit.complete()
 
     async def _write_one_by_one(

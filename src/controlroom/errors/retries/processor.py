@@ -40,7 +40,7 @@ from prometheus_client import Counter
 
 from controlroom.config import Settings
 from controlroom.db.engine import begin_write
-from controlroom.db.leases import make_lease
+from controlroom.db.providers import provider_for
 from controlroom.db.tables import (
     FailedMessageStatus,
     failed_message_retries,
@@ -48,12 +48,12 @@ from controlroom.db.tables import (
     retry_batches,
     retry_operations,
 )
-from controlroom.errors import headers as h
-from controlroom.errors import retry_wire
-from controlroom.errors.bodies import BodyNotFoundError, BodyStore
-from controlroom.errors.retries import BatchStatus, complete_operation_if_finished
-from controlroom.errors.retry_wire import UnsendableMessage
-from controlroom.errors.writer import Clock, utc_now
+from controlroom.errors.ingest import headers as h
+from controlroom.errors.ingest.bodies import BodyNotFoundError, BodyStore
+from controlroom.errors.ingest.writer import Clock, utc_now
+from controlroom.errors.retries import wire as retry_wire
+from controlroom.errors.retries.requests import BatchStatus, complete_operation_if_finished
+from controlroom.errors.retries.wire import UnsendableMessage
 from controlroom.exceptions import ControlroomError
 from controlroom.transport.base import Transport
 
@@ -138,7 +138,7 @@ class RetryProcessor:
         self._max_backoff = max_backoff_seconds
         self._clock = clock
         owner = f"{uuid.uuid4()}"
-        self._lease = make_lease(engine, LEASE_NAME, owner, lease_seconds)
+        self._lease = provider_for(engine).make_lease(engine, LEASE_NAME, owner, lease_seconds)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 
-from controlroom.errors import headers as h
+from controlroom.errors.ingest import headers as h
 from controlroom.errors.model import Headers
 from controlroom.exceptions import MessageRejected
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from controlroom.db.providers import provider_for
 from controlroom.db.tables import (
     FailedMessageStatus,
     failed_message_group_comments,
@@ -24,8 +25,7 @@ from controlroom.db.tables import (
     failed_messages,
     retry_operations,
 )
-from controlroom.errors.dialects import error_write_dialect
-from controlroom.errors.grouping import CLASSIFIERS, EXCEPTION_TYPE_AND_STACK_TRACE
+from controlroom.errors.ingest.grouping import CLASSIFIERS, EXCEPTION_TYPE_AND_STACK_TRACE
 
 fm = failed_messages.c
 fmg = failed_message_groups.c
@@ -122,7 +122,7 @@ def set_comment(conn: sa.Connection, group_id: str, comment: str, now: datetime)
     Insert-if-absent then update: two writers racing the first comment both succeed and
     the later update wins, on every provider, without a provider-specific upsert.
     """
-    error_write_dialect(conn).insert_if_absent(
+    provider_for(conn).insert_rows_if_absent(
         conn,
         failed_message_group_comments,
         [{"group_id": group_id, "comment": comment, "updated_at": now}],

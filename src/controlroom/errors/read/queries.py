@@ -20,9 +20,9 @@ from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
 
+from controlroom.db.providers import provider_for
 from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
 from controlroom.errors.model import FailureGroup
-from controlroom.errors.search import prepare_search, search_clause
 
 fm = failed_messages.c
 
@@ -350,7 +350,7 @@ def search_failed_messages(
     """
     _check_window(offset, limit)
     condition = search_condition(conn.dialect, text)
-    prepare_search(conn)
+    provider_for(conn).prepare_search(conn)
     # One pass over the matches, fenced off in a materialized CTE: the planner would
     # otherwise walk a sort key's index and test the full-text condition row by row
     # (detoasting every search_vector on PostgreSQL: 15 s for a term in 7,000 of
@@ -396,7 +396,7 @@ def search_condition(dialect: sa.Dialect, text: str) -> sa.ColumnElement[bool]:
     is found by its id even where its headers are longer than the indexed prefix.
     """
     stripped = text.strip().replace("\x00", "")
-    alternatives = [search_clause(dialect)(text)]
+    alternatives = [provider_for(dialect).search_matches(text)]
     if stripped:
         alternatives.append(fm.message_id == stripped)
         unique_id = _as_uuid(stripped)

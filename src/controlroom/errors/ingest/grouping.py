@@ -19,8 +19,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controlroom.errors import headers as h
-from controlroom.errors.identity import group_id
+from controlroom.errors.ingest import headers as h
+from controlroom.errors.ingest.identity import group_id
 from controlroom.errors.model import FailureGroup, Headers
 
 EXCEPTION_TYPE_AND_STACK_TRACE = "Exception Type and Stack Trace"

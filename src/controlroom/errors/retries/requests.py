@@ -7,12 +7,12 @@ A retry request (one ``retry_operations`` row) becomes ``retry_batches`` of at m
 
 1. creates the batch (status ``marking``),
 2. claims its messages in ``failed_message_retries`` with a set-based insert-if-absent
-   (``retry_dialects``): a message already claimed by another batch is skipped, so a
+   (``claims``): a message already claimed by another batch is skipped, so a
    message is in at most one batch at a time even when two operators retry overlapping
    sets at once,
 3. marks exactly the messages this batch claimed RetryIssued,
 4. moves the batch to ``staging``, where the retry processor
-   (``controlroom.errors.retry_processor``) takes it up.
+   (``controlroom.errors.retries.processor``) takes it up.
 
 A crash anywhere in that transaction rolls all of it back: no claim without its batch, no
 RetryIssued without its claim.
@@ -39,6 +39,8 @@ import sqlalchemy as sa
 import tenacity
 
 from controlroom.db.engine import begin_write
+from controlroom.db.errors import is_transient
+from controlroom.db.providers import chunked, provider_for
 from controlroom.db.tables import (
     FailedMessageStatus,
     failed_message_groups,
@@ -47,11 +49,11 @@ from controlroom.db.tables import (
     retry_batches,
     retry_operations,
 )
-from controlroom.errors import retry_wire
-from controlroom.errors.headers import CONTENT_TYPE, header_text, parse_guid
-from controlroom.errors.retry_dialects import retry_dialect
-from controlroom.errors.writer import Clock, utc_now
-from controlroom.exceptions import ControlroomError, is_transient
+from controlroom.errors.ingest.headers import CONTENT_TYPE, header_text, parse_guid
+from controlroom.errors.ingest.writer import Clock, utc_now
+from controlroom.errors.retries import wire as retry_wire
+from controlroom.errors.retries.claims import claim_messages
+from controlroom.exceptions import ControlroomError
 from controlroom.transport.base import Transport
 
 fm = failed_messages.c
@@ -65,7 +67,6 @@ BATCH_SIZE = 1000
 HISTORY_DEPTH = 10
 """Completed operations listed in the history (ServiceControl's default history depth)."""
 
-_IN_CHUNK = 500  # ids per IN (...) list
 
 
 class RetryType(enum.StrEnum):
@@ -281,7 +282,7 @@ def _validated_ids(engine: sa.Engine, requested: Sequence[str]) -> list[str]:
     ids = sorted({value for value in canonical.values() if value is not None})
     statuses: dict[str, FailedMessageStatus] = {}
     with engine.connect() as conn:
-        for chunk in _chunks(ids, _IN_CHUNK):
+        for chunk in chunked(ids, provider_for(conn).max_ids_per_in_list):
             rows = conn.execute(sa.select(fm.id, fm.status).where(fm.id.in_(chunk)))
             statuses.update({row.id: FailedMessageStatus(row.status) for row in rows})
     unknown = [raw for raw, value in canonical.items() if value not in statuses]
@@ -323,7 +324,7 @@ def _candidate_chunks(engine: sa.Engine, selection: _Selection) -> Iterator[list
     request runs are picked up and nothing is read twice.
     """
     if selection.condition is None:
-        yield from _chunks(list(selection.ids), BATCH_SIZE)
+        yield from chunked(list(selection.ids), BATCH_SIZE)
         return
     after = ""
     while True:
@@ -375,7 +376,7 @@ def _claim_batch(
                 last_modified=now,
             )
         )
-        claimed = retry_dialect(conn).claim_messages(conn, batch_id, candidates)
+        claimed = claim_messages(conn, batch_id, candidates)
         if not claimed:
             conn.execute(sa.delete(retry_batches).where(rb.id == batch_id))
             return None, len(candidates)
@@ -407,7 +408,7 @@ def _release_claims(conn: sa.Connection, ids: Sequence[str], *, pending_too: boo
 
 
 def _mark_retry_issued(conn: sa.Connection, claimed: Sequence[str], now: datetime) -> None:
-    for chunk in _chunks(list(claimed), _IN_CHUNK):
+    for chunk in chunked(list(claimed), provider_for(conn).max_ids_per_in_list):
         conn.execute(
             sa.update(failed_messages)
             .where(fm.id.in_(chunk), fm.status.in_([int(s) for s in RETRYABLE]))
@@ -717,11 +718,6 @@ def _operation(row: sa.Row[Any], batches: tuple[RetryBatchInfo, ...] = ()) -> Re
 
 
 # --- helpers ------------------------------------------------------------------------------
-def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
 def _retrying() -> tenacity.Retrying:
     """Transient store errors (deadlock, serialization failure, lost connection) retry
     the one transaction; each is idempotent or starts afresh with new ids."""

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Protocol
 
-from controlroom.errors.headers import parse_guid
+from controlroom.errors.ingest.headers import parse_guid
 from controlroom.errors.model import BodyPlacement
 from controlroom.exceptions import BodyStoreError, ControlroomError
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from controlroom.db.tables import failed_messages
-from controlroom.errors import headers as h
-from controlroom.errors.bodies import body_key, place_body
-from controlroom.errors.grouping import classify
-from controlroom.errors.identity import known_endpoint_id, unique_message_id
+from controlroom.errors.ingest import headers as h
+from controlroom.errors.ingest.bodies import body_key, place_body
+from controlroom.errors.ingest.grouping import classify
+from controlroom.errors.ingest.identity import known_endpoint_id, unique_message_id
 from controlroom.errors.model import FailedAttempt, Headers, KnownEndpoint
 from controlroom.exceptions import MessageRejected
 

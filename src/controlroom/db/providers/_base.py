@@ -1,0 +1,163 @@
+"""What every provider offers: the hooks feature code calls, and the shared ``ON CONFLICT``
+constructs of providers whose ``insert()`` has them.
+
+A provider is a frozen object with capability flags and limits as attributes and the
+statements that genuinely differ between databases as methods. Feature code builds its
+own guards and assignments (the rules are ours, not the database's) and asks the provider
+only for the construct that carries them. Source: STYLE.md "SQLAlchemy dialects".
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Protocol
+
+import sqlalchemy as sa
+
+from controlroom.exceptions import ErrorKind
+
+Row = Mapping[str, Any]
+
+MAX_ROWS_PER_STATEMENT = 50
+"""Rows per set-based write statement (DESIGN.md: one statement per chunk of at most 50)."""
+
+Assignments = Callable[[Any], Mapping[str, sa.ColumnElement[Any]]]
+"""``SET`` clause builder: given the incoming row (``excluded``), the column assignments.
+Inside them the table's own columns read the stored, pre-update row."""
+
+Guard = Callable[[Any], sa.ColumnElement[bool]]
+"""Given the incoming row, the condition under which a conflicting row is updated."""
+
+
+def chunked(rows: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    """Consecutive slices of ``rows`` of at most ``size`` items, order kept."""
+    for start in range(0, len(rows), size):
+        yield rows[start : start + size]
+
+
+class Lease(Protocol):
+    """A lease that lets exactly one process run a background singleton.
+
+    ``hold()`` acquires the lease, or confirms and renews it when already held, and
+    returns whether this process holds it now; a ``False`` after a ``True`` means the
+    lease was lost (the holder must stop its work). ``release()`` gives it up; idempotent.
+    Both block (database I/O): call them off the event loop. Store errors propagate.
+    """
+
+    name: str
+
+    def hold(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+class Provider(ABC):
+    """One database's differences. Subclasses are singletons (``PROVIDER``)."""
+
+    name: ClassVar[str]
+    """SQLAlchemy's backend name, the registry key."""
+
+    max_rows_per_statement: ClassVar[int] = MAX_ROWS_PER_STATEMENT
+    max_bound_parameters: ClassVar[int]
+    """Bound parameters one statement may carry."""
+
+    max_ids_per_in_list: ClassVar[int] = 500
+    """Keys in one ``IN (...)`` list (a short statement each, far under every limit)."""
+
+    alters_tables_in_batch: ClassVar[bool] = False
+    """Alembic must rebuild a table to alter it (``render_as_batch``)."""
+
+    @abstractmethod
+    def insert(self, table: sa.Table) -> Any:
+        """The provider's own ``INSERT`` construct for ``table``."""
+
+    @abstractmethod
+    def upsert(
+        self,
+        table: sa.Table,
+        *,
+        key: Sequence[sa.Column[Any]],
+        set_: Assignments,
+        where: Guard | None = None,
+    ) -> Any:
+        """``INSERT`` into ``table`` that, on a conflict on ``key``, applies ``set_`` —
+        only where ``where`` holds, when given — in the same statement. Concurrent
+        inserters of one key never fault: the loser's row becomes the update."""
+
+    @abstractmethod
+    def insert_if_absent(self, table: sa.Table, *, key: Sequence[sa.Column[Any]]) -> Any:
+        """``INSERT`` into ``table`` that leaves rows whose ``key`` exists untouched."""
+
+    @abstractmethod
+    def search_matches(self, text: str) -> sa.ColumnElement[bool]:
+        """True for failed messages whose headers or body text contain the user's
+        ``text``, answered from the provider's full-text index; the text is only ever a
+        bound parameter read literally. An empty ``text`` matches nothing."""
+
+    def prepare_search(self, conn: sa.Connection) -> None:  # noqa: B027 - optional hook
+        """Settings for the search statements of ``conn``'s current transaction."""
+
+    @abstractmethod
+    def make_lease(self, engine: sa.Engine, name: str, owner: str, seconds: float) -> Lease:
+        """The lease ``name`` for ``owner``; ``seconds`` is how long a lease outlives an
+        owner that stopped renewing it, where the provider needs to know."""
+
+    @abstractmethod
+    def create_engine(self, url: sa.URL, *, pool_size: int) -> sa.Engine:
+        """An engine for ``url`` with the provider's connection rules applied."""
+
+    def normalize_url(self, url: sa.URL) -> sa.URL:
+        """``url`` with the provider's default driver chosen when none is named."""
+        return url
+
+    @abstractmethod
+    def classify_error(self, exc: BaseException) -> ErrorKind | None:
+        """The kind of a driver exception of this provider; ``None`` for any other."""
+
+    def migration_lock(self, conn: sa.Connection) -> None:  # noqa: B027 - optional hook
+        """Serialize migrations of processes starting together, for ``conn``'s
+        transaction (nothing to do where the write transaction already serializes)."""
+
+    def insert_rows_if_absent(
+        self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]
+    ) -> None:
+        """Insert ``rows`` into ``table``, leaving rows whose primary key exists untouched;
+        multi-row statements of at most ``max_rows_per_statement`` rows."""
+        if not rows:
+            return
+        key = list(table.primary_key.columns)
+        conn.execute(
+            self.insert_if_absent(table, key=key),
+            list(rows),
+            execution_options=self.executemany_options(),
+        )
+
+    def executemany_options(self) -> dict[str, Any]:
+        """Execution options that send a row list as multi-row statements of at most
+        ``max_rows_per_statement`` rows ("insertmanyvalues")."""
+        return {"insertmanyvalues_page_size": self.max_rows_per_statement}
+
+
+class OnConflictProvider(Provider):
+    """A provider whose ``insert()`` has ``on_conflict_do_update``/``do_nothing``
+    (``INSERT ... ON CONFLICT``: SQLite and PostgreSQL)."""
+
+    def upsert(
+        self,
+        table: sa.Table,
+        *,
+        key: Sequence[sa.Column[Any]],
+        set_: Assignments,
+        where: Guard | None = None,
+    ) -> Any:
+        statement = self.insert(table)
+        incoming = statement.excluded
+        return statement.on_conflict_do_update(
+            index_elements=list(key),
+            set_=dict(set_(incoming)),
+            where=where(incoming) if where is not None else None,
+        )
+
+    def insert_if_absent(self, table: sa.Table, *, key: Sequence[sa.Column[Any]]) -> Any:
+        return self.insert(table).on_conflict_do_nothing(index_elements=list(key))
