@@ -82,7 +82,7 @@ def create_app(
     compat.install_middleware(app, settings)
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)
     app.add_exception_handler(OverflowError, _out_of_range)
-    # Last: the console is mounted at "/" and takes every path no API route took.
+    # The console answers every path no API route takes (/, /messages, /docs, /static).
     install_console(app)
     return app
 

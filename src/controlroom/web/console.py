@@ -1,9 +1,9 @@
 """The operator console: server-rendered pages (Jinja2) with htmx, served at ``/``.
 
-``install_console(app)`` mounts the console under the API app, after every API route,
-as its own ASGI app: the API's bearer-token dependency does not apply to it, and the
-console authenticates by its session cookie instead (``session.py``), with the same
-tokens and roles. Nothing here weakens the API: ``/api/...`` stays the API's, and an
+``install_console(app)`` makes the console the API app's fallback, an ASGI app of its own
+that answers every path no API route matched: the API's bearer-token dependency does not
+apply to it, and the console authenticates by its session cookie instead (``session.py``),
+with the same tokens and roles. Nothing here weakens the API: ``/api/...`` stays the API's, and an
 ``/api/...`` path the API does not know still answers the API's JSON 404.
 
 Safety (issue 12): every value from a message is rendered as text (Jinja2 autoescape,
@@ -67,7 +67,7 @@ class SignInRequired(Exception):
 
 
 def install_console(app: FastAPI) -> None:
-    """Mount the console on ``app`` (call after every API route is added)."""
+    """Serve the console from ``app`` for every path no route of ``app`` matches."""
     from controlroom.web import actions, pages  # the routes need this module's helpers
 
     console = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
@@ -80,7 +80,9 @@ def install_console(app: FastAPI) -> None:
     console.add_exception_handler(SignInRequired, _to_sign_in)
     console.add_exception_handler(HTTPException, _error_page)
     console.add_exception_handler(404, _not_found)
-    app.mount("/", console)
+    # The console answers what no route of ``app`` matched (Starlette's ``Router.default``,
+    # its 404 otherwise): API routes added later still come first, and still need tokens.
+    app.router.default = console
 
 
 # --- who is asking ------------------------------------------------------------------------
