@@ -1,12 +1,15 @@
 """Screenshots of each console page at a desktop (1280x800) and a phone (390x844) size,
-over the demo's failed messages, saved under ``docs/screenshots/`` for the README.
+over the demo's failed messages.
 
-The test checks each page rendered (its heading, no request off 127.0.0.1, no dialog)
-and writes the images; it asserts nothing about pixels.
+The test checks each page renders at both sizes (its heading, no request off 127.0.0.1,
+no dialog); it asserts nothing about pixels. The images go to a scratch directory, or,
+with ``CONTROLROOM_UPDATE_SCREENSHOTS=1``, to ``docs/screenshots/`` (shown in the README),
+so an ordinary test run leaves the repository as it was.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +27,8 @@ from tests.web.conftest import ConsoleServer
 
 expect.set_options(timeout=TIMEOUT * 1000)
 
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+DOCS_SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+UPDATE = os.environ.get("CONTROLROOM_UPDATE_SCREENSHOTS") == "1"
 SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
 
 
@@ -35,8 +39,9 @@ def database_url(tmp_path: Path) -> Iterator[str]:
 
 
 def test_screenshots_of_every_console_page(
-    console_server: ConsoleServer, browser_context: Any
+    console_server: ConsoleServer, browser_context: Any, tmp_path: Path
 ) -> None:
+    screenshots = DOCS_SCREENSHOTS if UPDATE else tmp_path
     messages = generate_demo_messages(40, seed=12, now=datetime(2026, 12, 1, 9, 30, tzinfo=UTC))
     for message in messages:
         console_server.publish(message.headers, message.body)
@@ -64,7 +69,7 @@ def test_screenshots_of_every_console_page(
         "endpoints": "/endpoints",
         "api-docs": "/docs",
     }
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    screenshots.mkdir(parents=True, exist_ok=True)
     page = browser_context.new_page()
     for size, (width, height) in SIZES.items():
         page.set_viewport_size({"width": width, "height": height})
@@ -76,6 +81,6 @@ def test_screenshots_of_every_console_page(
                 expect(page.locator("main h1")).to_be_visible()
             if name == "failed-message":
                 expect(page.get_by_test_id("body")).to_be_visible()
-            target = SCREENSHOTS / f"{name}-{width}x{height}.png"
+            target = screenshots / f"{name}-{width}x{height}.png"
             page.screenshot(path=str(target))
             assert target.stat().st_size > 0, f"{size} screenshot of {name} is empty"
