@@ -10,8 +10,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import sqlalchemy as sa
 from playwright.sync_api import expect
 
+from controlroom.db.tables import FailedMessageStatus, failed_messages
 from controlroom.errors.retries import wire as retry_wire
 from tests.nsb import failed_headers
 from tests.retries.conftest import TIMEOUT
@@ -91,3 +93,20 @@ def test_archiving_three_selected_messages_drops_the_group_count_and_unarchiving
 
     page.goto(base + "/groups")
     expect(page.get_by_test_id("group-count")).to_have_text("4")
+
+
+def test_a_group_retry_shows_its_progress_until_every_message_is_sent(
+    console_server: ConsoleServer, page: Any
+) -> None:
+    for n in range(5):
+        console_server.publish(failed_headers(f"order-{n}"), b'{"n": %d}' % n)
+    console_server.wait_until_stored(5)
+
+    page.goto(console_server.base_url + "/groups")
+    expect(page.get_by_test_id("group-count")).to_have_text("5")
+    page.get_by_role("button", name="Retry group").click()
+    # The table polls while the retry runs, and ends on its outcome.
+    expect(page.get_by_role("status").filter(has_text="Last retry: 5 of 5 sent")).to_be_visible()
+    with console_server.engine.connect() as conn:
+        statuses = conn.execute(sa.select(failed_messages.c.status)).scalars().all()
+    assert statuses == [int(FailedMessageStatus.RETRY_ISSUED)] * 5

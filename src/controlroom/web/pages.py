@@ -204,8 +204,17 @@ def group_list(
     with _engine(request).connect() as conn:
         found = groups.list_groups(conn, classifier)
         running = groups.group_retries(conn)
+    shown = {group.id for group in found}
+    # A group whose messages are all being retried has no Unresolved message left; its
+    # retry is shown until the operator's next look after it completed (as the API does).
+    closed = [
+        retry
+        for retry in running.values()
+        if retry.group_id not in shown and retry.classifier == classifier
+    ]
     context = {
         "groups": found,
+        "closed": closed,
         "retries": running,
         "classifier": classifier,
         "classifiers": groups.CLASSIFIER_NAMES,
