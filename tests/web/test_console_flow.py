@@ -7,6 +7,7 @@ fence every page runs in (no request off 127.0.0.1, no dialog).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -110,3 +111,30 @@ def test_a_group_retry_shows_its_progress_until_every_message_is_sent(
     with console_server.engine.connect() as conn:
         statuses = conn.execute(sa.select(failed_messages.c.status)).scalars().all()
     assert statuses == [int(FailedMessageStatus.RETRY_ISSUED)] * 5
+
+
+def test_edit_and_retry_sends_the_edited_body_and_resolves_the_original(
+    console_server: ConsoleServer, page: Any
+) -> None:
+    console_server.publish(failed_headers("order-1"), b'{"sku": "fig", "quantity": -1}')
+    console_server.wait_until_stored(1)
+
+    page.goto(console_server.base_url + "/messages")
+    page.locator("table.messages tbody a").first.click()
+    page.get_by_role("link", name="Edit and retry").click()
+    page.get_by_label("Body").fill('{"sku": "fig", "quantity": 1}')
+    page.get_by_role("button", name="Send the edited copy").click()
+    expect(page.get_by_test_id("status")).to_have_text("Resolved")
+    expect(
+        page.get_by_role("status").filter(has_text="The edited message was sent")
+    ).to_be_visible()
+
+    consumer = console_server.start_consumer("Sales")
+    console_server.run(_until(lambda: bool(consumer.processed)))
+    (delivery,) = consumer.processed
+    assert delivery.body == b'{"sku": "fig", "quantity": 1}'
+
+
+async def _until(condition: Any) -> None:
+    while not condition():
+        await asyncio.sleep(0.05)
