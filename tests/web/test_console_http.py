@@ -17,9 +17,9 @@ from controlroom.api import create_app
 from controlroom.config import AuthToken, Settings
 from controlroom.db.tables import FailedMessageStatus, failed_messages
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
-from controlroom.errors.ingest.writer import FailedMessageBatchWriter
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.web.pages import safe_next
-from tests.factories import at
+from tests.factories import at, endpoint
 from tests.nsb import failed_headers
 from tests.retries.conftest import store_failed
 
@@ -265,3 +265,18 @@ def test_no_page_has_inline_script_and_each_carries_the_csp(
         assert INLINE_SCRIPT.search(answer.text) is None, path
         policy = answer.headers["content-security-policy"]
         assert "script-src 'self'" in policy and "unsafe-inline" not in policy.split("style-src")[0]
+
+
+def test_the_monitored_switch_turns_an_endpoint_on_and_off(
+    console: TestClient, writer: FailedMessageBatchWriter
+) -> None:
+    writer.write(IngestionBatch(endpoints=[endpoint("Sales")]))
+    page = console.get("/endpoints")
+    endpoint_id = re.search(r'action="/endpoints/([0-9a-f-]+)/monitored"', page.text)
+    assert endpoint_id is not None and 'aria-checked="false"' in page.text
+    switched = console.post(
+        f"/endpoints/{endpoint_id.group(1)}/monitored",
+        data={"monitored": "true", "csrf_token": csrf_of(page.text)},
+    )
+    assert switched.status_code == 303
+    assert 'aria-checked="true"' in console.get("/endpoints").text
