@@ -280,3 +280,13 @@ def test_the_monitored_switch_turns_an_endpoint_on_and_off(
     )
     assert switched.status_code == 303
     assert 'aria-checked="true"' in console.get("/endpoints").text
+
+
+def test_signing_out_needs_the_csrf_token_and_ends_the_session(secured: TestClient) -> None:
+    secured.post("/signin", data={"token": OPERATOR})
+    page = secured.get("/")
+    assert secured.post("/signout", data={}).status_code == 403
+    assert secured.get("/").status_code == 200  # still signed in
+    out = secured.post("/signout", data={"csrf_token": csrf_of(page.text)})
+    assert out.status_code == 303 and out.headers["location"] == "/signin"
+    assert secured.get("/").status_code == 303
