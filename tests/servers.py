@@ -32,6 +32,14 @@ def missing_server(what: str, why: object) -> None:
     pytest.skip(message)
 
 
+def missing_browser(why: str) -> None:
+    """Skip (or, when servers are required, fail) because the browser cannot be started."""
+    message = f"the browser tests need Debian's Chromium: {why}"
+    if REQUIRE_SERVERS:
+        pytest.fail(f"CONTROLROOM_REQUIRE_SERVERS=1 but {message}", pytrace=False)
+    pytest.skip(message)
+
+
 def create_postgresql_database() -> str:
     """Create an empty scratch database; returns its URL."""
     admin = sa.create_engine(POSTGRESQL_ADMIN_URL, isolation_level="AUTOCOMMIT")

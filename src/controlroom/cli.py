@@ -335,7 +335,10 @@ def _report_early_exit(ended: set[asyncio.Task[None]]) -> int:
 def _announce(settings: Settings, listener: socket.socket, *, ingesting: bool) -> None:
     host, port = listener.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-    console.print(f"Controlroom is serving {url}  (API {url}/api/errors, health {url}/api/health)")
+    console.print(
+        f"Controlroom is serving {url}  (console {url}/, API {url}/api/errors, "
+        f"docs {url}/docs, health {url}/api/health)"
+    )
     console.print(f"Store: {_describe_database(settings)}")
     if ingesting:
         console.print(

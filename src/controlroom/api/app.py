@@ -27,6 +27,7 @@ from controlroom.db.errors import classify_store_error
 from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.exceptions import ErrorKind
 from controlroom.transport.base import Transport
+from controlroom.web import install_console
 
 if TYPE_CHECKING:
     from controlroom.errors.retries.processor import RetryProcessor
@@ -51,7 +52,14 @@ def create_app(
     as a retry request created batches.
     """
     # Authentication covers every route, those added later too (auth.py: open routes).
-    app = FastAPI(title="Controlroom", version=__version__, dependencies=[Depends(auth.authorize)])
+    # /docs is the console's (Swagger UI from the package, offline); no CDN-based ReDoc.
+    app = FastAPI(
+        title="Controlroom",
+        version=__version__,
+        dependencies=[Depends(auth.authorize)],
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.auth = auth.token_table(settings)
     app.state.settings = settings
     app.state.engine = engine
@@ -74,6 +82,8 @@ def create_app(
     compat.install_middleware(app, settings)
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)
     app.add_exception_handler(OverflowError, _out_of_range)
+    # The console answers every path no API route takes (/, /messages, /docs, /static).
+    install_console(app)
     return app
 
 

@@ -82,6 +82,14 @@ class TokenTable:
                 found = principal
         return found
 
+    def named(self, name: str) -> tuple[Principal, bytes] | None:
+        """The principal called ``name`` and its token (the console derives the key that
+        signs that principal's session from it), ``None`` when no token has this name."""
+        for secret, principal in self._entries:
+            if principal.name == name:
+                return principal, secret
+        return None
+
 
 def token_table(settings: Settings) -> TokenTable:
     """The token table of ``settings`` (``create_app`` keeps it on ``app.state.auth``)."""

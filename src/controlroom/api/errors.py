@@ -565,7 +565,7 @@ def get_body(request: Request, failed_message_id: FailedMessageId) -> Response:
         stored = queries.get_stored_body(conn, str(failed_message_id))
     if stored is None:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
-    data = _body_bytes(request.app.state.body_store, stored, failed_message_id)
+    data = read_body_bytes(request.app.state.body_store, stored, failed_message_id)
     return Response(content=data, headers=body_response_headers(stored.content_type))
 
 
@@ -589,7 +589,9 @@ def body_response_headers(content_type: str) -> dict[str, str]:
     }
 
 
-def _body_bytes(store: BodyStore, stored: queries.StoredBody, message_id: uuid.UUID) -> bytes:
+def read_body_bytes(store: BodyStore, stored: queries.StoredBody, message_id: uuid.UUID) -> bytes:
+    """The exact bytes of a stored body (see ``get_body``); raises ``HTTPException`` 404 or
+    503 as that route answers."""
     if stored.stored_externally:
         if stored.key is None:
             raise HTTPException(404, f"the body of failed message {message_id} has no store key")

@@ -21,7 +21,12 @@ from typing import Any, Literal, get_args
 import sqlalchemy as sa
 
 from controlroom.db.providers import provider_for
-from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
+from controlroom.db.tables import (
+    FailedMessageStatus,
+    failed_error_imports,
+    failed_message_groups,
+    failed_messages,
+)
 from controlroom.errors.model import FailureGroup
 
 fm = failed_messages.c
@@ -61,14 +66,17 @@ class FailedMessageFilter:
 
     ``statuses``: only these (empty: any); ``excluded_statuses``: none of these;
     ``modified_from`` / ``modified_to``: ``last_modified`` within, both bounds inclusive;
-    ``queue_address``, ``receiving_endpoint``: exact match; ``group_id``: member of that
-    failure group.
+    ``failed_from`` / ``failed_to``: the stored attempt's time of failure
+    (``last_failure_at``) within, both bounds inclusive; ``queue_address``,
+    ``receiving_endpoint``: exact match; ``group_id``: member of that failure group.
     """
 
     statuses: frozenset[FailedMessageStatus] = frozenset()
     excluded_statuses: frozenset[FailedMessageStatus] = frozenset()
     modified_from: datetime | None = None
     modified_to: datetime | None = None
+    failed_from: datetime | None = None
+    failed_to: datetime | None = None
     queue_address: str | None = None
     receiving_endpoint: str | None = None
     group_id: str | None = None
@@ -256,6 +264,10 @@ def filter_conditions(where: FailedMessageFilter) -> list[sa.ColumnElement[bool]
         conditions.append(fm.last_modified >= where.modified_from)
     if where.modified_to is not None:
         conditions.append(fm.last_modified <= where.modified_to)
+    if where.failed_from is not None:
+        conditions.append(fm.last_failure_at >= where.failed_from)
+    if where.failed_to is not None:
+        conditions.append(fm.last_failure_at <= where.failed_to)
     if where.queue_address is not None:
         conditions.append(fm.queue_address == where.queue_address)
     if where.receiving_endpoint is not None:
@@ -305,6 +317,24 @@ def count_by_status(conn: sa.Connection) -> dict[FailedMessageStatus, int]:
     return counts
 
 
+def count_unresolved_by_endpoint(conn: sa.Connection) -> dict[str, int]:
+    """How many Unresolved failed messages each receiving endpoint has; endpoints with
+    none are absent. Ordered by count, largest first, then by name."""
+    rows = conn.execute(
+        sa.select(fm.receiving_endpoint, sa.func.count().label("failures"))
+        .where(fm.status == int(FailedMessageStatus.UNRESOLVED))
+        .group_by(fm.receiving_endpoint)
+        .order_by(sa.desc("failures"), fm.receiving_endpoint)
+    ).all()
+    return {row.receiving_endpoint: int(row.failures) for row in rows}
+
+
+def count_failed_imports(conn: sa.Connection) -> int:
+    """How many messages are kept as failed imports (waiting to be re-imported)."""
+    query = sa.select(sa.func.count()).select_from(failed_error_imports)
+    return int(conn.execute(query).scalar_one())
+
+
 def list_queue_addresses(conn: sa.Connection, *, offset: int, limit: int) -> QueueAddressPage:
     """The distinct queue addresses (``NServiceBus.FailedQ``) of failed messages, each with
     its count of failed messages in any status, by address; ``limit`` from ``offset``.
@@ -341,15 +371,17 @@ def search_failed_messages(
     offset: int,
     limit: int,
     order: Ordering = Ordering(),
+    where: FailedMessageFilter = EVERY_MESSAGE,
 ) -> SearchPage:
     """Failed messages whose headers or body text contain ``text`` (the provider's
     full-text index; see ``errors.search``), or whose message id is ``text``, or whose id
-    (UniqueMessageId) is ``text`` when it is a UUID; in ``order``, with the total.
+    (UniqueMessageId) is ``text`` when it is a UUID; of those, the ones matching
+    ``where``; in ``order``, with the total.
 
     Raises ``ValueError`` for a negative ``offset`` or a ``limit`` below 1.
     """
     _check_window(offset, limit)
-    condition = search_condition(conn.dialect, text)
+    condition = sa.and_(search_condition(conn.dialect, text), *filter_conditions(where))
     provider_for(conn).prepare_search(conn)
     # One pass over the matches, fenced off in a materialized CTE: the planner would
     # otherwise walk a sort key's index and test the full-text condition row by row

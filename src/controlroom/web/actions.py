@@ -1,0 +1,252 @@
+"""The console's actions (POST): retry, archive, unarchive (one message or a selection),
+edit and retry, retry or archive a group, the monitored switch, sign-in and sign-out.
+
+Every action but sign-in depends on ``actor``: a valid session, its CSRF token and the
+``operator`` role, else 403 and nothing changes. Each calls the same operation the API
+calls (``errors/read/operations``, ``errors/retries/requests``, ``errors/read/endpoints``)
+and answers 303 to the page that shows the outcome (with a retry operation's id, whose
+progress that page polls).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Depends, Form, HTTPException, Request
+from fastapi.responses import Response
+
+from controlroom.db.engine import begin_write, run_write_transaction
+from controlroom.errors.ingest.writer import utc_now
+from controlroom.errors.read import endpoints, operations
+from controlroom.errors.retries import requests as retries
+from controlroom.transport.base import TransportError
+from controlroom.web.console import actor, api_state, redirect, render
+from controlroom.web.pages import safe_next
+from controlroom.web.session import (
+    COOKIE_NAME,
+    CSRF_FIELD,
+    Session,
+    clear_session_cookie,
+    csrf_matches,
+    set_session_cookie,
+)
+
+router = APIRouter(include_in_schema=False)
+Actor = Annotated[Session, Depends(actor)]
+BULK_ACTIONS = ("retry", "archive", "unarchive")
+
+
+# --- one message --------------------------------------------------------------------------
+@router.post("/messages/{failed_message_id}/retry")
+def retry_message(request: Request, session: Actor, failed_message_id: uuid.UUID) -> Response:
+    result = _retry(request, retries.retry_message, str(failed_message_id))
+    return redirect(_with(f"/messages/{failed_message_id}", operation=_operation_id(result)))
+
+
+@router.post("/messages/{failed_message_id}/archive")
+def archive_message(request: Request, session: Actor, failed_message_id: uuid.UUID) -> Response:
+    change = _by_ids(request, operations.archive_messages, [str(failed_message_id)])
+    return redirect(_with(f"/messages/{failed_message_id}", done="archived", n=len(change)))
+
+
+@router.post("/messages/{failed_message_id}/unarchive")
+def unarchive_message(request: Request, session: Actor, failed_message_id: uuid.UUID) -> Response:
+    change = _by_ids(request, operations.unarchive_messages, [str(failed_message_id)])
+    return redirect(_with(f"/messages/{failed_message_id}", done="unarchived", n=len(change)))
+
+
+@router.post("/messages/{failed_message_id}/edit")
+async def edit_and_retry(
+    request: Request,
+    session: Actor,
+    failed_message_id: uuid.UUID,
+    body: Annotated[str, Form(max_length=16 * 1024 * 1024)],
+    headers: Annotated[str, Form(max_length=4 * 1024 * 1024)],
+) -> Response:
+    """Send an edited copy (``retries.edit_and_retry``); the original becomes Resolved."""
+    try:
+        parsed: Any = json.loads(headers)
+    except ValueError as exc:
+        raise HTTPException(400, f"headers: not JSON ({exc})") from None
+    if not isinstance(parsed, dict) or not all(
+        isinstance(value, str | None) for value in parsed.values()
+    ):
+        raise HTTPException(400, "headers: must be a JSON object of text values")
+    state = api_state(request)
+    if state.transport is None:
+        raise HTTPException(503, "no transport is configured to send the edited message")
+    try:
+        await retries.edit_and_retry(
+            state.engine,
+            state.transport,
+            str(failed_message_id),
+            body=body,
+            headers=parsed,
+            acknowledgement_queue=state.settings.error_queue,
+        )
+    except retries.InvalidEdit as exc:
+        raise HTTPException(400, str(exc)) from exc
+    except retries.RetryRequestError as exc:
+        raise HTTPException(409, str(exc)) from exc
+    except TransportError as exc:
+        raise HTTPException(503, f"the edited message could not be sent: {exc}") from exc
+    return redirect(_with(f"/messages/{failed_message_id}", done="edited"))
+
+
+# --- a selection --------------------------------------------------------------------------
+@router.post("/messages/bulk")
+async def bulk(request: Request, session: Actor) -> Response:
+    """Retry, archive or unarchive the selected messages (form fields ``ids`` and
+    ``action``), then back to the list the form came from (``back``)."""
+    form = await request.form()
+    action = form.get("action")
+    if action not in BULK_ACTIONS:
+        raise HTTPException(400, f"action must be one of {', '.join(BULK_ACTIONS)}")
+    ids = [str(_uuid(value)) for value in form.getlist("ids")]
+    back_field = form.get("back")
+    back = safe_next(back_field if isinstance(back_field, str) else "/messages")
+    if not ids:
+        return redirect(_with(back, done="nothing"))
+    if len(ids) > operations.MAX_IDS_PER_REQUEST:
+        raise HTTPException(400, f"ids: at most {operations.MAX_IDS_PER_REQUEST} at once")
+    if action == "retry":
+        result = _retry(request, retries.retry_messages, ids)
+        return redirect(
+            _with(back, done="retried", n=result.message_count, operation=_operation_id(result))
+        )
+    change = _by_ids(
+        request,
+        operations.archive_messages if action == "archive" else operations.unarchive_messages,
+        ids,
+    )
+    return redirect(_with(back, done=f"{action}d", n=len(change)))
+
+
+# --- groups -------------------------------------------------------------------------------
+@router.post("/groups/{group_id}/retry")
+def retry_group(
+    request: Request,
+    session: Actor,
+    group_id: uuid.UUID,
+    classifier: Annotated[str, Form(max_length=200)] = "",
+) -> Response:
+    _retry(request, retries.retry_group, str(group_id))
+    return redirect(_with("/groups", classifier=classifier))
+
+
+@router.post("/groups/{group_id}/archive")
+def archive_group(
+    request: Request,
+    session: Actor,
+    group_id: uuid.UUID,
+    classifier: Annotated[str, Form(max_length=200)] = "",
+) -> Response:
+    changed = run_write_transaction(
+        _engine(request), lambda conn: operations.archive_group(conn, str(group_id), utc_now())
+    )
+    return redirect(_with("/groups", classifier=classifier, done="group-archived", n=changed))
+
+
+# --- endpoints ----------------------------------------------------------------------------
+@router.post("/endpoints/{endpoint_id}/monitored")
+def set_monitored(
+    request: Request,
+    session: Actor,
+    endpoint_id: uuid.UUID,
+    monitored: Annotated[str, Form(pattern="^(true|false)$")],
+) -> Response:
+    with begin_write(_engine(request)) as conn:
+        found = endpoints.set_monitored(conn, str(endpoint_id), monitored == "true")
+    if not found:
+        raise HTTPException(404, f"no known endpoint with id {endpoint_id}")
+    return redirect("/endpoints")
+
+
+# --- sign-in ------------------------------------------------------------------------------
+@router.post("/signin")
+def sign_in(
+    request: Request,
+    token: Annotated[str, Form(max_length=4096)],
+    next: Annotated[str, Form(max_length=2000)] = "/",
+) -> Response:
+    """Exchange an API token for a session cookie. Only a same-origin form may sign in
+    (a cross-site ``Origin`` is refused), so no other site can sign a browser in."""
+    origin = request.headers.get("origin")
+    if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+        raise HTTPException(403, "sign-in from another site is refused")
+    signer = request.app.state.signer
+    principal = api_state(request).auth.find(token.strip()) if token.strip() else None
+    if principal is None:
+        request.state.session = None
+        return render(
+            request,
+            "signin.html",
+            {"next": safe_next(next), "error": "That token is not valid."},
+            status=401,
+        )
+    response = redirect(safe_next(next))
+    set_session_cookie(response, request, signer, signer.new_session(principal))
+    return response
+
+
+@router.post("/signout")
+async def sign_out(request: Request) -> Response:
+    """End the session (CSRF-checked, so no other site can sign the operator out)."""
+    session = request.app.state.signer.decode(request.cookies.get(COOKIE_NAME))
+    form = await request.form()
+    token = form.get(CSRF_FIELD)
+    if session is None or not csrf_matches(session, token if isinstance(token, str) else None):
+        raise HTTPException(403, "the form's CSRF token is missing or wrong: reload the page")
+    response = redirect("/signin")
+    clear_session_cookie(response)
+    return response
+
+
+# --- helpers ------------------------------------------------------------------------------
+def _retry(request: Request, action: Any, *args: Any) -> retries.RetryRequestResult:
+    try:
+        result: retries.RetryRequestResult = action(_engine(request), *args)
+    except (retries.UnknownFailedMessages, retries.UnknownGroup) as exc:
+        raise HTTPException(404, str(exc)) from exc
+    except retries.RetryRequestError as exc:
+        raise HTTPException(409, str(exc)) from exc
+    processor = api_state(request).retry_processor
+    if processor is not None and result.batches:
+        processor.wake()
+    return result
+
+
+def _operation_id(result: retries.RetryRequestResult) -> str | None:
+    """The operation whose progress to show; none when the request claimed nothing."""
+    return result.operation_id if result.batches else None
+
+
+def _by_ids(request: Request, action: operations.IdAction, ids: list[str]) -> list[str]:
+    change = run_write_transaction(_engine(request), lambda conn: action(conn, ids, utc_now()))
+    if change.refused:
+        raise HTTPException(404, f"no failed message with id {', '.join(change.unknown[:20])}")
+    return change.changed
+
+
+def _with(path: str, **params: Any) -> str:
+    kept = {key: value for key, value in params.items() if value not in (None, "")}
+    if not kept:
+        return path
+    joiner = "&" if "?" in path else "?"
+    return path + joiner + urlencode(kept)
+
+
+def _uuid(value: object) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise HTTPException(400, "ids: each must be a failed message id (a UUID)") from None
+
+
+def _engine(request: Request) -> sa.Engine:
+    engine: sa.Engine = api_state(request).engine
+    return engine

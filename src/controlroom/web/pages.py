@@ -1,0 +1,333 @@
+"""The console's pages (GET): dashboard, failed messages, a message, groups, endpoints,
+the progress fragments htmx polls, sign-in and the offline API docs.
+
+Reads go through ``controlroom.errors.read`` and ``errors.retries.requests`` (no SQL
+here). Query parameters that cannot be read answer 400 naming the parameter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import replace
+from typing import Annotated, Any
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import Response
+
+from controlroom.api.errors import (
+    body_response_headers,
+    parse_modified_range,
+    parse_status_filter,
+    read_body_bytes,
+)
+from controlroom.db.tables import FailedMessageStatus
+from controlroom.errors.ingest.headers import content_encoding
+from controlroom.errors.read import endpoints, groups, queries
+from controlroom.errors.retries import requests as retries
+from controlroom.web.bodies import view_body
+from controlroom.web.console import api_state, render, viewer
+from controlroom.web.session import Session
+
+router = APIRouter(include_in_schema=False)
+
+PAGE_SIZE = 50
+STATUS_CHOICES = ("unresolved", "retryissued", "resolved", "archived")
+SORTABLE = ("time_of_failure", "message_type", "status", "time_sent", "modified")
+Viewer = Annotated[Session, Depends(viewer)]
+
+
+# --- dashboard ----------------------------------------------------------------------------
+@router.get("/")
+def dashboard(request: Request, session: Viewer) -> Response:
+    with _engine(request).connect() as conn:
+        counts = queries.count_by_status(conn)
+        top_groups = groups.list_groups(conn, groups.DEFAULT_CLASSIFIER)
+        by_endpoint = queries.count_unresolved_by_endpoint(conn)
+        failed_imports = queries.count_failed_imports(conn)
+    return render(
+        request,
+        "dashboard.html",
+        {
+            "counts": counts,
+            "groups": top_groups[:8],
+            "group_count": len(top_groups),
+            "endpoints": list(by_endpoint.items())[:10],
+            "endpoint_count": len(by_endpoint),
+            "failed_imports": failed_imports,
+            "Status": FailedMessageStatus,
+        },
+    )
+
+
+# --- failed messages ----------------------------------------------------------------------
+@router.get("/messages")
+def message_list(
+    request: Request,
+    session: Viewer,
+    status: Annotated[str, Query(max_length=40)] = "unresolved",
+    q: Annotated[str, Query(max_length=400)] = "",
+    sort: Annotated[str, Query(max_length=40)] = "time_of_failure",
+    direction: Annotated[str, Query(max_length=4)] = "desc",
+    failed_from: Annotated[str, Query(alias="from", max_length=40)] = "",
+    failed_to: Annotated[str, Query(alias="to", max_length=40)] = "",
+    group: Annotated[str, Query(max_length=40)] = "",
+    endpoint: Annotated[str, Query(max_length=400)] = "",
+    page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+) -> Response:
+    where = _message_filter(status, failed_from, failed_to, group, endpoint)
+    if sort not in SORTABLE:
+        raise HTTPException(400, f"sort must be one of {', '.join(SORTABLE)}")
+    if direction not in ("asc", "desc"):
+        raise HTTPException(400, "direction must be asc or desc")
+    order = queries.Ordering(key=sort, descending=direction == "desc")  # type: ignore[arg-type]
+    offset = (page - 1) * PAGE_SIZE
+    with _engine(request).connect() as conn:
+        if q.strip():
+            found = queries.search_failed_messages(
+                conn, q, offset=offset, limit=PAGE_SIZE, order=order, where=where
+            )
+            total, items = found.total, [hit.summary for hit in found.items]
+        else:
+            listed = queries.list_failed_messages(
+                conn, offset=offset, limit=PAGE_SIZE, where=where, order=order
+            )
+            total, items = listed.total, listed.items
+        group_info = groups.get_group(conn, group) if group else None
+    params = {
+        "status": status,
+        "q": q,
+        "sort": sort,
+        "direction": direction,
+        "from": failed_from,
+        "to": failed_to,
+        "group": group,
+        "endpoint": endpoint,
+    }
+    return render(
+        request,
+        "messages.html",
+        {
+            "items": items,
+            "total": total,
+            "page": page,
+            "pages": max(1, math.ceil(total / PAGE_SIZE)),
+            "params": params,
+            "status_choices": STATUS_CHOICES,
+            "group_info": group_info,
+            "operation_id": request.query_params.get("operation", ""),
+            "notice": _notice(request),
+        },
+    )
+
+
+@router.get("/messages/{failed_message_id}")
+def message_page(request: Request, session: Viewer, failed_message_id: uuid.UUID) -> Response:
+    context = _message_context(request, failed_message_id)
+    context["operation_id"] = request.query_params.get("operation", "")
+    context["notice"] = _notice(request)
+    return render(request, "message.html", context)
+
+
+@router.get("/messages/{failed_message_id}/state")
+def message_state(request: Request, session: Viewer, failed_message_id: uuid.UUID) -> Response:
+    """The status panel alone; htmx polls it while a retry is pending."""
+    return render(request, "_message_state.html", _message_context(request, failed_message_id))
+
+
+@router.get("/messages/{failed_message_id}/body/view")
+def body_view(request: Request, session: Viewer, failed_message_id: uuid.UUID) -> Response:
+    """The body, decoded and pretty-printed (fetched on demand when stored externally)."""
+    with _engine(request).connect() as conn:
+        details = queries.get_failed_message(conn, str(failed_message_id))
+        stored = queries.get_stored_body(conn, str(failed_message_id))
+    if details is None or stored is None:
+        raise HTTPException(404, f"no failed message with id {failed_message_id}")
+    data = read_body_bytes(api_state(request).body_store, stored, failed_message_id)
+    headers = json.loads(details.headers_json)
+    view = view_body(data, stored.content_type, content_encoding(headers))
+    return render(request, "_body.html", {"body": view, "id": str(failed_message_id)})
+
+
+@router.get("/messages/{failed_message_id}/body")
+def body_download(request: Request, session: Viewer, failed_message_id: uuid.UUID) -> Response:
+    """The exact stored bytes, as a download (never rendered by the browser)."""
+    with _engine(request).connect() as conn:
+        stored = queries.get_stored_body(conn, str(failed_message_id))
+    if stored is None:
+        raise HTTPException(404, f"no failed message with id {failed_message_id}")
+    data = read_body_bytes(api_state(request).body_store, stored, failed_message_id)
+    headers = body_response_headers(stored.content_type)
+    headers["content-disposition"] = f'attachment; filename="{failed_message_id}.body"'
+    return Response(content=data, headers=headers)
+
+
+@router.get("/messages/{failed_message_id}/edit")
+def edit_page(request: Request, session: Viewer, failed_message_id: uuid.UUID) -> Response:
+    context = _message_context(request, failed_message_id)
+    with _engine(request).connect() as conn:
+        stored = queries.get_stored_body(conn, str(failed_message_id))
+    assert stored is not None
+    data = read_body_bytes(api_state(request).body_store, stored, failed_message_id)
+    try:
+        context["body_text"] = data.decode("utf-8")
+    except UnicodeDecodeError:
+        context["body_text"] = None  # binary bodies cannot be edited as text
+    context["headers_text"] = json.dumps(context["headers"], indent=2, ensure_ascii=False)
+    context["can_send"] = api_state(request).transport is not None
+    return render(request, "edit.html", context)
+
+
+# --- retry operations ---------------------------------------------------------------------
+@router.get("/operations/{operation_id}")
+def operation_progress(request: Request, session: Viewer, operation_id: uuid.UUID) -> Response:
+    """A retry operation's progress; the fragment polls itself until it is complete."""
+    with _engine(request).connect() as conn:
+        operation = retries.get_operation(conn, str(operation_id))
+    if operation is None:
+        raise HTTPException(404, f"no retry operation with id {operation_id}")
+    return render(request, "_operation.html", {"operation": operation})
+
+
+# --- groups -------------------------------------------------------------------------------
+@router.get("/groups")
+def group_list(
+    request: Request,
+    session: Viewer,
+    classifier: Annotated[str, Query(max_length=200)] = groups.DEFAULT_CLASSIFIER,
+    fragment: bool = False,
+) -> Response:
+    if classifier not in groups.CLASSIFIER_NAMES:
+        raise HTTPException(400, f"classifier must be one of {', '.join(groups.CLASSIFIER_NAMES)}")
+    with _engine(request).connect() as conn:
+        found = groups.list_groups(conn, classifier)
+        running = groups.group_retries(conn)
+    shown = {group.id for group in found}
+    # A group whose messages are all being retried has no Unresolved message left; its
+    # retry is shown until the operator's next look after it completed (as the API does).
+    closed = [
+        retry
+        for retry in running.values()
+        if retry.group_id not in shown and retry.classifier == classifier
+    ]
+    context = {
+        "groups": found,
+        "closed": closed,
+        "retries": running,
+        "classifier": classifier,
+        "classifiers": groups.CLASSIFIER_NAMES,
+        "busy": any(retry.completed_at is None for retry in running.values()),
+        "notice": _notice(request),
+    }
+    return render(request, "_groups_table.html" if fragment else "groups.html", context)
+
+
+# --- endpoints ----------------------------------------------------------------------------
+@router.get("/endpoints")
+def endpoint_list(
+    request: Request, session: Viewer, page: Annotated[int, Query(ge=1, le=1_000_000)] = 1
+) -> Response:
+    with _engine(request).connect() as conn:
+        known = endpoints.list_known_endpoints(conn, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE)
+        failures = queries.count_unresolved_by_endpoint(conn)
+    return render(
+        request,
+        "endpoints.html",
+        {
+            "endpoints": known.items,
+            "total": known.total,
+            "page": page,
+            "pages": max(1, math.ceil(known.total / PAGE_SIZE)),
+            "failures": failures,
+        },
+    )
+
+
+# --- sign-in and docs ---------------------------------------------------------------------
+@router.get("/signin")
+def sign_in_page(request: Request, next: Annotated[str, Query(max_length=2000)] = "/") -> Response:
+    return render(request, "signin.html", {"next": safe_next(next), "error": None})
+
+
+@router.get("/docs")
+def docs(request: Request) -> Response:
+    """Swagger UI over ``/openapi.json``, every asset from the package (works offline)."""
+    return render(request, "docs.html", {"openapi_url": "/openapi.json"})
+
+
+# --- helpers ------------------------------------------------------------------------------
+def safe_next(target: str) -> str:
+    """A console path to return to after signing in; anything else (another site,
+    ``//host``, a scheme) becomes ``/``."""
+    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return "/"
+
+
+def _message_filter(
+    status: str, failed_from: str, failed_to: str, group: str, endpoint: str
+) -> queries.FailedMessageFilter:
+    where = queries.FailedMessageFilter()
+    if status:
+        try:
+            included, excluded = parse_status_filter(status)
+        except ValueError as exc:
+            raise HTTPException(400, f"status: {exc}") from None
+        where = replace(where, statuses=included, excluded_statuses=excluded)
+    if failed_from or failed_to:
+        try:
+            start, end = parse_modified_range(f"{failed_from}...{failed_to}")
+        except ValueError as exc:
+            raise HTTPException(400, f"time of failure (from/to): {exc}") from None
+        where = replace(where, failed_from=start, failed_to=end)
+    if group:
+        try:
+            where = replace(where, group_id=str(uuid.UUID(group)))
+        except ValueError:
+            raise HTTPException(400, "group must be a group id (a UUID)") from None
+    if endpoint:
+        where = replace(where, receiving_endpoint=endpoint)
+    return where
+
+
+def _message_context(request: Request, failed_message_id: uuid.UUID) -> dict[str, Any]:
+    with _engine(request).connect() as conn:
+        details = queries.get_failed_message(conn, str(failed_message_id))
+    if details is None:
+        raise HTTPException(404, f"no failed message with id {failed_message_id}")
+    headers = json.loads(details.headers_json)
+    return {
+        "message": details,
+        "summary": details.summary,
+        "headers": headers,
+        "Status": FailedMessageStatus,
+        "inline_body": details.body_size <= 64 * 1024,
+    }
+
+
+_NOTICES = {
+    "archived": "Archived {n} message(s).",
+    "unarchived": "Unarchived {n} message(s).",
+    "retried": "Retry requested for {n} message(s).",
+    "edited": "The edited message was sent; the original is Resolved.",
+    "group-archived": "Archived {n} message(s) of the group.",
+    "monitored": "Endpoint updated.",
+    "nothing": "Nothing was selected.",
+}
+
+
+def _notice(request: Request) -> str | None:
+    """The outcome of the action that redirected here: fixed texts, only a count from
+    the URL (no text from a link is ever shown)."""
+    template = _NOTICES.get(request.query_params.get("done", ""))
+    if template is None:
+        return None
+    count = request.query_params.get("n", "0")
+    return template.format(n=int(count) if count.isdigit() else 0)
+
+
+def _engine(request: Request) -> sa.Engine:
+    engine: sa.Engine = api_state(request).engine
+    return engine

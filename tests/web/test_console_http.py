@@ -1,0 +1,292 @@
+"""The console over HTTP (no browser), on every provider: body views, sign-in and its
+cookie, CSRF and roles, the API left as it was, and no inline script on any page."""
+
+from __future__ import annotations
+
+import gzip
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from controlroom.api import create_app
+from controlroom.config import AuthToken, Settings
+from controlroom.db.tables import FailedMessageStatus, failed_messages
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.web.pages import safe_next
+from tests.factories import at, endpoint
+from tests.nsb import failed_headers
+from tests.retries.conftest import store_failed
+
+READER = "reader-token-0123456789"
+OPERATOR = "operator-token-0123456789"
+TOKENS = [
+    AuthToken(name="rita", token=SecretStr(READER), role="reader"),
+    AuthToken(name="oscar", token=SecretStr(OPERATOR), role="operator"),
+]
+
+
+@pytest.fixture
+def store(
+    settings: Settings, writer: FailedMessageBatchWriter, body_store: FileSystemBodyStore
+) -> Any:
+    """``store(message_id, body, **headers)`` -> its UniqueMessageId."""
+
+    def put(
+        message_id: str, body: bytes, extra: dict[str, str] | None = None, **options: Any
+    ) -> str:
+        headers = {**failed_headers(message_id, **options), **(extra or {})}
+        return store_failed(settings, writer, body_store, headers, body).unique_message_id
+
+    return put
+
+
+@pytest.fixture
+def console(
+    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore
+) -> Iterator[TestClient]:
+    """The open console (no tokens)."""
+    with TestClient(create_app(settings, engine, body_store), follow_redirects=False) as client:
+        yield client
+
+
+@pytest.fixture
+def secured(
+    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore
+) -> Iterator[TestClient]:
+    secured_settings = settings.model_copy(update={"auth_tokens": TOKENS})
+    app = create_app(secured_settings, engine, body_store)
+    with TestClient(app, follow_redirects=False, base_url="http://127.0.0.1") as client:
+        yield client
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf_token" value="([^"]+)"', html) or re.search(
+        r'"X-CSRF-Token": "([^"]+)"', html
+    )
+    assert found, "the page carries no CSRF token"
+    return found.group(1)
+
+
+def status_of(engine: sa.Engine, message_id: str) -> FailedMessageStatus:
+    with engine.connect() as conn:
+        value = conn.execute(
+            sa.select(failed_messages.c.status).where(failed_messages.c.id == message_id)
+        ).scalar_one()
+    return FailedMessageStatus(value)
+
+
+# --- bodies -------------------------------------------------------------------------------
+def test_a_json_body_is_pretty_printed(console: TestClient, store: Any) -> None:
+    message_id = store("order-1", b'{"sku":"fig","lines":[1,2]}')
+    view = console.get(f"/messages/{message_id}/body/view")
+    assert view.status_code == 200
+    assert "{\n  &#34;sku&#34;: &#34;fig&#34;,\n  &#34;lines&#34;: [\n    1," in view.text
+
+
+def test_an_xml_body_is_pretty_printed(console: TestClient, store: Any) -> None:
+    message_id = store("order-1", b"<Order><Sku>fig</Sku></Order>", content_type="text/xml")
+    view = console.get(f"/messages/{message_id}/body/view")
+    assert "&lt;Order&gt;\n  &lt;Sku&gt;fig&lt;/Sku&gt;\n&lt;/Order&gt;" in view.text
+
+
+def test_a_gzip_body_is_shown_decompressed(console: TestClient, store: Any) -> None:
+    compressed = gzip.compress(b'{"sku": "fig"}')
+    message_id = store("order-1", compressed, extra={"Content-Encoding": "gzip"})
+    view = console.get(f"/messages/{message_id}/body/view")
+    assert "gzip-compressed" in view.text
+    assert "&#34;sku&#34;: &#34;fig&#34;" in view.text
+    # The download is the body as stored.
+    assert console.get(f"/messages/{message_id}/body").content == compressed
+
+
+def test_a_binary_body_gets_a_hex_view_and_an_exact_download(
+    console: TestClient, store: Any
+) -> None:
+    data = bytes(range(256))
+    message_id = store("order-1", data, content_type="application/octet-stream")
+    view = console.get(f"/messages/{message_id}/body/view")
+    assert "BINARY" in view.text
+    assert (
+        "00000000  00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f  ................" in view.text
+    )
+    download = console.get(f"/messages/{message_id}/body")
+    assert download.content == data
+    assert download.headers["content-disposition"].startswith("attachment")
+    assert download.headers["x-content-type-options"] == "nosniff"
+
+
+def test_an_externally_stored_body_is_fetched_on_demand(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    small_cap = settings.model_copy(update={"max_body_size_to_store": 16})
+    body = b'{"note": "' + b"x" * 70_000 + b'"}'  # over the cap and over the inline view
+    message_id = store_failed(
+        small_cap, writer, body_store, failed_headers("order-1"), body
+    ).unique_message_id
+    with TestClient(create_app(small_cap, engine, body_store)) as client:
+        page = client.get(f"/messages/{message_id}")
+        assert "Show the body" in page.text and "x" * 100 not in page.text
+        view = client.get(f"/messages/{message_id}/body/view")
+        assert "x" * 70_000 in view.text
+
+
+# --- filters ------------------------------------------------------------------------------
+def test_the_list_filters_by_time_of_failure_and_search_by_status(
+    console: TestClient, store: Any, engine: sa.Engine
+) -> None:
+    early = store("order-1", b'{"sku": "fig"}', failed_at=at(10))
+    late = store("order-2", b'{"sku": "fig"}', failed_at=at(100))
+    window = {"from": at(50).strftime("%Y-%m-%dT%H:%M:%S"), "status": ""}
+    listed = console.get("/messages", params=window)
+    assert late in listed.text and early not in listed.text
+    console.post(
+        "/messages/bulk",
+        data={"action": "archive", "ids": [late], "csrf_token": csrf_of(listed.text)},
+    )
+    assert status_of(engine, late) is FailedMessageStatus.ARCHIVED
+    found = console.get("/messages", params={"q": "fig", "status": "unresolved"})
+    assert early in found.text and late not in found.text
+    bad = console.get("/messages", params={"from": "yesterday"})
+    assert bad.status_code == 400 and "time of failure" in bad.text
+
+
+# --- sessions, CSRF, roles ----------------------------------------------------------------
+def test_signing_in_sets_an_httponly_samesite_strict_session(secured: TestClient) -> None:
+    assert secured.get("/").headers["location"] == "/signin?next=%2F"
+    signed = secured.post("/signin", data={"token": OPERATOR, "next": "/groups"})
+    assert signed.status_code == 303 and signed.headers["location"] == "/groups"
+    cookie = signed.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie and "path=/" in cookie
+    assert secured.get("/groups").status_code == 200
+
+
+def test_a_tampered_session_cookie_is_no_session(secured: TestClient) -> None:
+    signed = secured.post("/signin", data={"token": READER})
+    value = signed.cookies["controlroom_session"]
+    payload, _, signature = value.partition(".")
+    forged = payload[:-2] + ("AA" if payload[-2:] != "AA" else "BB") + "." + signature
+    secured.cookies.clear()
+    secured.cookies.set("controlroom_session", forged)
+    assert secured.get("/").status_code == 303  # back to the sign-in page
+
+
+def test_sign_in_from_another_site_is_refused(secured: TestClient) -> None:
+    answer = secured.post(
+        "/signin", data={"token": OPERATOR}, headers={"Origin": "https://evil.example"}
+    )
+    assert answer.status_code == 403 and "set-cookie" not in answer.headers
+
+
+@pytest.mark.parametrize(
+    ("target", "safe"),
+    [
+        ("/messages?page=2", "/messages?page=2"),
+        ("//evil.example/", "/"),
+        ("https://evil.example/", "/"),
+        ("/\\evil.example", "/"),
+    ],
+)
+def test_sign_in_returns_only_to_a_console_path(target: str, safe: str) -> None:
+    assert safe_next(target) == safe
+
+
+def test_a_reader_gets_no_action_and_its_posts_are_refused(
+    secured: TestClient, store: Any, engine: sa.Engine
+) -> None:
+    message_id = store("order-1", b"{}")
+    secured.post("/signin", data={"token": READER})
+    page = secured.get(f"/messages/{message_id}")
+    assert page.status_code == 200
+    assert "/retry" not in page.text and "/archive" not in page.text
+    token = csrf_of(page.text)
+    for path in [f"/messages/{message_id}/retry", f"/messages/{message_id}/archive"]:
+        refused = secured.post(path, data={"csrf_token": token})
+        assert refused.status_code == 403, path
+    assert status_of(engine, message_id) is FailedMessageStatus.UNRESOLVED
+
+
+def test_every_console_post_needs_the_csrf_token(
+    console: TestClient, store: Any, engine: sa.Engine
+) -> None:
+    message_id = store("order-1", b"{}")
+    page = console.get(f"/messages/{message_id}")  # gets the open console's session
+    for path, data in [
+        (f"/messages/{message_id}/archive", {}),
+        (f"/messages/{message_id}/retry", {}),
+        ("/messages/bulk", {"action": "archive", "ids": [message_id]}),
+    ]:
+        assert console.post(path, data=data).status_code == 403, path
+        wrong = {**data, "csrf_token": "x" * 43}
+        assert console.post(path, data=wrong).status_code == 403, path
+    assert status_of(engine, message_id) is FailedMessageStatus.UNRESOLVED
+    done = console.post(f"/messages/{message_id}/archive", data={"csrf_token": csrf_of(page.text)})
+    assert done.status_code == 303
+    assert status_of(engine, message_id) is FailedMessageStatus.ARCHIVED
+
+
+# --- the API is left as it was ------------------------------------------------------------
+def test_a_session_is_not_an_api_credential_and_api_404s_stay_json(secured: TestClient) -> None:
+    secured.post("/signin", data={"token": OPERATOR})
+    assert secured.get("/api/errors").status_code == 401
+    unknown = secured.get("/api/no-such-route", headers={"Authorization": f"Bearer {OPERATOR}"})
+    assert unknown.status_code == 404 and unknown.json() == {"detail": "Not Found"}
+
+
+# --- no inline script ---------------------------------------------------------------------
+INLINE_SCRIPT = re.compile(r"<script(?![^>]*\bsrc=)[^>]*>|\son[a-z]+\s*=", re.IGNORECASE)
+
+
+def test_no_page_has_inline_script_and_each_carries_the_csp(
+    console: TestClient, store: Any
+) -> None:
+    message_id = store("order-1", b'{"sku": "fig"}')
+    for path in [
+        "/",
+        "/messages",
+        f"/messages/{message_id}",
+        f"/messages/{message_id}/edit",
+        f"/messages/{message_id}/body/view",
+        "/groups",
+        "/endpoints",
+        "/docs",
+        "/signin",
+    ]:
+        answer = console.get(path)
+        assert answer.status_code == 200, path
+        assert INLINE_SCRIPT.search(answer.text) is None, path
+        policy = answer.headers["content-security-policy"]
+        assert "script-src 'self'" in policy and "unsafe-inline" not in policy.split("style-src")[0]
+
+
+def test_the_monitored_switch_turns_an_endpoint_on_and_off(
+    console: TestClient, writer: FailedMessageBatchWriter
+) -> None:
+    writer.write(IngestionBatch(endpoints=[endpoint("Sales")]))
+    page = console.get("/endpoints")
+    endpoint_id = re.search(r'action="/endpoints/([0-9a-f-]+)/monitored"', page.text)
+    assert endpoint_id is not None and 'aria-checked="false"' in page.text
+    switched = console.post(
+        f"/endpoints/{endpoint_id.group(1)}/monitored",
+        data={"monitored": "true", "csrf_token": csrf_of(page.text)},
+    )
+    assert switched.status_code == 303
+    assert 'aria-checked="true"' in console.get("/endpoints").text
+
+
+def test_signing_out_needs_the_csrf_token_and_ends_the_session(secured: TestClient) -> None:
+    secured.post("/signin", data={"token": OPERATOR})
+    page = secured.get("/")
+    assert secured.post("/signout", data={}).status_code == 403
+    assert secured.get("/").status_code == 200  # still signed in
+    out = secured.post("/signout", data={"csrf_token": csrf_of(page.text)})
+    assert out.status_code == 303 and out.headers["location"] == "/signin"
+    assert secured.get("/").status_code == 303
