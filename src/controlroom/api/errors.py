@@ -173,22 +173,18 @@ def parse_status_filter(
 ) -> tuple[frozenset[FailedMessageStatus], frozenset[FailedMessageStatus]]:
     """``"unresolved,-archived"`` -> (statuses to include, statuses to exclude).
 
-    Comma-separated names, case-insensitive, spaces ignored; a ``-`` prefix excludes.
-    Source: ServiceControl ``FilterByStatusWhere``. Raises ``ValueError`` naming an
-    unknown status.
+    Comma-separated names, case-insensitive, spaces ignored; a ``-`` prefix excludes. An
+    unknown name is ignored, as ServiceControl ignores it (``FilterByStatusWhere``): a
+    filter of unknown names only is no filter.
     """
     include: set[FailedMessageStatus] = set()
     exclude: set[FailedMessageStatus] = set()
     for part in text.replace(" ", "").split(","):
-        if not part:
-            continue
         excluded = part.startswith("-")
         name = part[1:] if excluded else part
         status = _STATUS_BY_NAME.get(name.lower())
-        if status is None:
-            known = ", ".join(STATUS_NAMES.values())
-            raise ValueError(f"unknown status {name[:50]!r}; use {known}, each maybe with '-'")
-        (exclude if excluded else include).add(status)
+        if status is not None:
+            (exclude if excluded else include).add(status)
     return frozenset(include), frozenset(exclude)
 
 
@@ -273,13 +269,23 @@ Direction = Literal["asc", "desc"]
 
 def ordering(
     sort: Annotated[
-        queries.SortKey,
-        Query(description="Sort key; ties are broken by id in the same direction."),
-    ] = queries.DEFAULT_SORT,
-    direction: Annotated[Direction, Query(description="Sort direction.")] = "desc",
+        str | None,
+        Query(
+            max_length=200,
+            description="Sort key: " + ", ".join(queries.SORT_KEYS) + f"; empty or any other "
+            f"value sorts by {queries.DEFAULT_SORT} (ServiceControl's leniency). Ties are "
+            "broken by id in the same direction.",
+        ),
+    ] = None,
+    direction: Annotated[
+        str | None,
+        Query(max_length=200, description="asc or desc; any other value reads as desc."),
+    ] = None,
 ) -> queries.Ordering:
-    """The ``sort`` and ``direction`` query parameters (a FastAPI dependency)."""
-    return queries.Ordering(key=sort, descending=direction == "desc")
+    """The ``sort`` and ``direction`` query parameters (a FastAPI dependency). Unknown
+    values are the defaults, never a refusal: ServiceControl's ``GetSortInfo``."""
+    key = sort if sort in queries.SORT_KEYS else queries.DEFAULT_SORT
+    return queries.Ordering(key=key, descending=direction != "asc")  # type: ignore[arg-type]
 
 
 def message_filter(
@@ -302,21 +308,28 @@ def message_filter(
     ] = None,
     queueaddress: Annotated[
         str | None,
-        Query(max_length=400, description="Only failures from this queue (exact match)."),
+        Query(
+            max_length=400,
+            description="Only failures from this queue (any case); empty: no filter.",
+        ),
+    ] = None,
+    queue_address_camel: Annotated[
+        str | None,
+        Query(alias="queueAddress", max_length=400, description="Same as queueaddress."),
     ] = None,
 ) -> queries.FailedMessageFilter:
     """The ``status``, ``modified`` and ``queueaddress`` query parameters (a dependency).
 
-    Raises a 422 naming ``status`` or ``modified`` when it cannot be read.
+    ServiceControl's leniency: unknown statuses are ignored, an empty queue address is no
+    filter, and the address is also read as ``queueAddress``. Raises a 422 naming
+    ``modified`` when it cannot be read.
     """
+    address = queueaddress if queueaddress is not None else queue_address_camel
     where = queries.FailedMessageFilter(
-        queue_address=_no_nul("query", "queueaddress", queueaddress)
+        queue_address=_no_nul("query", "queueaddress", address) or None
     )
     if status is not None:
-        try:
-            included, excluded = parse_status_filter(status)
-        except ValueError as exc:
-            raise invalid_parameter("query", "status", status, str(exc)) from None
+        included, excluded = parse_status_filter(status)
         where = replace(where, statuses=included, excluded_statuses=excluded)
     if modified is not None:
         try:

@@ -30,7 +30,14 @@ EDIT_OF_HEADER = "ServiceControl.EditOf"
 """Header naming the failed message an edited-and-retried message was made from."""
 
 SortKey = Literal[
-    "id", "message_id", "message_type", "status", "time_sent", "modified", "time_of_failure"
+    "id",
+    "message_id",
+    "message_type",
+    "status",
+    "time_sent",
+    "modified",
+    "time_of_failure",
+    "time_of_retry_request",
 ]
 SORT_KEYS: tuple[SortKey, ...] = get_args(SortKey)
 DEFAULT_SORT: SortKey = "time_sent"
@@ -44,6 +51,9 @@ _SORT_COLUMNS: dict[SortKey, sa.Column[Any]] = {
     "time_sent": fm.time_sent,
     "modified": fm.last_modified,
     "time_of_failure": fm.last_failure_at,
+    # ServicePulse's Pending Retries view: a retry request sets the status, which stamps
+    # last_modified, so a RetryIssued message's last_modified is when its retry was asked.
+    "time_of_retry_request": fm.last_modified,
 }
 
 
@@ -61,8 +71,8 @@ class FailedMessageFilter:
 
     ``statuses``: only these (empty: any); ``excluded_statuses``: none of these;
     ``modified_from`` / ``modified_to``: ``last_modified`` within, both bounds inclusive;
-    ``queue_address``, ``receiving_endpoint``: exact match; ``group_id``: member of that
-    failure group.
+    ``queue_address``: case-insensitive match (ServiceControl's); ``receiving_endpoint``:
+    exact match; ``group_id``: member of that failure group.
     """
 
     statuses: frozenset[FailedMessageStatus] = frozenset()
@@ -257,7 +267,10 @@ def filter_conditions(where: FailedMessageFilter) -> list[sa.ColumnElement[bool]
     if where.modified_to is not None:
         conditions.append(fm.last_modified <= where.modified_to)
     if where.queue_address is not None:
-        conditions.append(fm.queue_address == where.queue_address)
+        # Both sides folded by the database, so they fold alike (SQLite folds ASCII only).
+        conditions.append(
+            sa.func.lower(fm.queue_address) == sa.func.lower(sa.literal(where.queue_address))
+        )
     if where.receiving_endpoint is not None:
         conditions.append(fm.receiving_endpoint == where.receiving_endpoint)
     if where.group_id is not None:
