@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -558,28 +559,51 @@ def get_error(request: Request, failed_message_id: FailedMessageId) -> Response:
     return json_response(detail(details))
 
 
+BodyMessageId = Annotated[
+    str,
+    Path(
+        alias="id",
+        min_length=1,
+        max_length=400,
+        description="The failed message's id (UniqueMessageId), or its native "
+        "NServiceBus.MessageId (then the latest failure of that message).",
+    ),
+]
+
+
 @router.get(
     "/messages/{id}/body",
     response_class=Response,
     responses={
         200: {"content": {"application/octet-stream": {}}, "description": "The exact body."},
+        204: {"description": "The body is empty."},
         404: {"description": "No such failed message, or its body is missing."},
         503: {"description": "The body store cannot be read."},
     },
 )
-def get_body(request: Request, failed_message_id: FailedMessageId) -> Response:
+def get_body(request: Request, message_id: BodyMessageId) -> Response:
     """The exact bytes of a failed message's body, with its original content type.
 
-    The body store's copy when the body is stored externally (it is authoritative: the
-    inline text is then only a searchable prefix), else the inline text as UTF-8. 404
-    when there is no such message or its body is missing; 503 when the body store fails.
+    ``id`` is the failed message's id or its native message id (ServiceControl takes
+    either). The body store's copy when the body is stored externally (it is
+    authoritative: the inline text is then only a searchable prefix), else the inline text
+    as UTF-8. A body with a content encoding (gzip) is served as stored, labelled with
+    its ``Content-Encoding``, so a browser decodes it. 204 for an empty body (stored
+    nowhere, as in ServiceControl); 404 when there is no such message or its body is
+    missing; 503 when the body store fails.
     """
+    _no_nul("path", "id", message_id)
     with _engine(request).connect() as conn:
-        stored = queries.get_stored_body(conn, str(failed_message_id))
+        stored = queries.find_stored_body(conn, message_id)
     if stored is None:
-        raise HTTPException(404, f"no failed message with id {failed_message_id}")
-    data = _body_bytes(request.app.state.body_store, stored, failed_message_id)
-    return Response(content=data, headers=body_response_headers(stored.content_type))
+        raise HTTPException(404, f"no failed message with id {message_id[:100]!r}")
+    if stored.size == 0:
+        return Response(status_code=204)
+    data = _body_bytes(request.app.state.body_store, stored, message_id)
+    return Response(
+        content=data,
+        headers=body_response_headers(stored.content_type, stored.content_encoding),
+    )
 
 
 # The body is attacker-controlled: a browser must never run it as a page of the API's
@@ -589,20 +613,26 @@ _BODY_SAFETY_HEADERS = {
     "content-security-policy": "sandbox; default-src 'none'",
     "content-disposition": "attachment",
 }
+# An HTTP content coding (RFC 9110 token, or a list of them): only such a value is sent.
+_CONTENT_CODING = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+(\s*,\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*")
 
 
-def body_response_headers(content_type: str) -> dict[str, str]:
+def body_response_headers(content_type: str, content_encoding: str | None = None) -> dict[str, str]:
     """Headers of a body answer: the stored content type as stored (Starlette's
     ``media_type`` would append a charset), when it is a legal header value, else
-    ``application/octet-stream``; plus the safety headers."""
+    ``application/octet-stream``; the body's ``Content-Encoding`` when it has a legal one
+    (the bytes are sent as stored, so the client decodes them); plus the safety headers."""
     legal = content_type.isprintable() and content_type.isascii()
-    return {
+    headers = {
         "content-type": content_type if legal else "application/octet-stream",
         **_BODY_SAFETY_HEADERS,
     }
+    if content_encoding is not None and _CONTENT_CODING.fullmatch(content_encoding.strip()):
+        headers["content-encoding"] = content_encoding.strip()
+    return headers
 
 
-def _body_bytes(store: BodyStore, stored: queries.StoredBody, message_id: uuid.UUID) -> bytes:
+def _body_bytes(store: BodyStore, stored: queries.StoredBody, message_id: str) -> bytes:
     if stored.stored_externally:
         if stored.key is None:
             raise HTTPException(404, f"the body of failed message {message_id} has no store key")

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
+from controlroom.errors.ingest.headers import content_encoding
 from controlroom.errors.model import FailureGroup
 
 fm = failed_messages.c
@@ -157,6 +158,7 @@ class StoredBody:
     text: str | None
     stored_externally: bool
     key: str | None
+    content_encoding: str | None = None  # the body's encoding (gzip, ...), None when plain
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,6 +462,25 @@ def get_last_failed_message(
 
 def get_stored_body(conn: sa.Connection, failed_message_id: str) -> StoredBody | None:
     """Where the body of ``failed_message_id`` is kept, ``None`` if there is no such message."""
+    return _stored_body(conn, fm.id == failed_message_id)
+
+
+def find_stored_body(conn: sa.Connection, message_id: str) -> StoredBody | None:
+    """The body of the failed message whose id (UniqueMessageId) is ``message_id``, else of
+    the latest failure whose native ``NServiceBus.MessageId`` is ``message_id`` (one
+    message id can fail in several endpoints); ``None`` when neither exists.
+
+    ServiceControl's ``messages/{id}/body`` takes either id.
+    """
+    unique_id = _as_uuid(message_id)
+    if unique_id is not None:
+        found = _stored_body(conn, fm.id == unique_id)
+        if found is not None:
+            return found
+    return _stored_body(conn, fm.message_id == message_id)
+
+
+def _stored_body(conn: sa.Connection, condition: sa.ColumnElement[bool]) -> StoredBody | None:
     row = conn.execute(
         sa.select(
             fm.content_type,
@@ -467,7 +488,11 @@ def get_stored_body(conn: sa.Connection, failed_message_id: str) -> StoredBody |
             fm.body_text,
             fm.body_stored_externally,
             fm.body_key,
-        ).where(fm.id == failed_message_id)
+            fm.headers_json,
+        )
+        .where(condition)
+        .order_by(fm.last_failure_at.desc(), fm.id)
+        .limit(1)
     ).one_or_none()
     if row is None:
         return None
@@ -477,6 +502,7 @@ def get_stored_body(conn: sa.Connection, failed_message_id: str) -> StoredBody |
         text=row.body_text,
         stored_externally=row.body_stored_externally,
         key=row.body_key,
+        content_encoding=content_encoding(json.loads(row.headers_json)),
     )
 
 
