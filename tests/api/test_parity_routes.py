@@ -110,3 +110,10 @@ def test_patch_takes_service_controls_monitor_heartbeat(
     client.patch(f"/api/endpoints/{sales['id']}", json={"monitor_heartbeat": False})
     after = next(v for v in client.get("/api/endpoints").json() if v["name"] == "Sales")
     assert after["monitored"] is False
+
+
+def test_the_version_header_is_the_servicecontrol_whose_behaviour_is_implemented(
+    client: TestClient,
+) -> None:
+    # 6.15: the exception classifier's "No stacktrace" titles and localized frames.
+    assert client.get("/api/").headers["X-Particular-Version"] == "6.15.0"
