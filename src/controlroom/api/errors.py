@@ -128,13 +128,39 @@ class FailureGroupRef(BaseModel):
     type: str  # the classifier's name
 
 
+class FailureDetails(BaseModel):
+    """Why an attempt failed (ServiceControl's ``FailureDetails``)."""
+
+    address_of_failing_endpoint: str
+    time_of_failure: UtcTimestamp
+    exception: ExceptionDetails
+
+
+class ProcessingAttempt(BaseModel):
+    """One processing attempt (ServiceControl's ``FailedMessage.ProcessingAttempt``).
+
+    Only the stored (newest) attempt is kept whole; an earlier one is counted, not kept,
+    so it carries its message id and, for the first, the time it failed."""
+
+    attempted_at: UtcTimestamp | None = None
+    message_id: str
+    headers: dict[str, str] | None = None
+    message_metadata: dict[str, Any] | None = None
+    failure_details: FailureDetails | None = None
+
+
 class FailedMessageDetail(FailedMessageListItem):
-    """One failed message in full: headers, failure window, groups, where its body is.
+    """One failed message in full, in ServiceControl's ``FailedMessage`` shape
+    (``unique_message_id``, ``status``, ``processing_attempts``, ``failure_groups``) with
+    the list's flat fields beside it: headers, failure window, groups, where its body is.
 
     ``body_url`` is relative to the API root (``/messages/{id}/body``), as in search
     results; ``body_size`` is the true size in bytes.
     """
 
+    unique_message_id: str
+    processing_attempts: list[ProcessingAttempt]
+    failure_groups: list[FailureGroupRef]
     headers: dict[str, str | None]
     first_failure_at: UtcTimestamp
     last_failure_at: UtcTimestamp
@@ -664,19 +690,72 @@ def list_item(summary: queries.FailedMessageSummary) -> FailedMessageListItem:
 def detail(details: queries.FailedMessageDetails) -> FailedMessageDetail:
     """The full shape of a stored failed message."""
     summary = details.summary
+    headers = json.loads(details.headers_json)
+    groups = [
+        FailureGroupRef(id=group.id, title=group.title, type=group.classifier)
+        for group in details.groups
+    ]
     return FailedMessageDetail(
         **_list_fields(summary),
-        headers=json.loads(details.headers_json),
+        unique_message_id=summary.id,
+        processing_attempts=processing_attempts(details, headers),
+        failure_groups=groups,
+        headers=headers,
         first_failure_at=details.first_failure_at,
         last_failure_at=summary.last_failure_at,
-        groups=[
-            FailureGroupRef(id=group.id, title=group.title, type=group.classifier)
-            for group in details.groups
-        ],
+        groups=groups,
         body_url=body_url(summary.id),
         body_size=details.body_size,
         content_type=details.content_type,
     )
+
+
+def processing_attempts(
+    details: queries.FailedMessageDetails, headers: dict[str, str | None]
+) -> list[ProcessingAttempt]:
+    """ServiceControl's ``processing_attempts``: one entry per counted attempt, oldest
+    first, the stored attempt last and whole (``failure_details``, ``headers`` without
+    null values, ``message_metadata`` keyed as ServiceControl keys it)."""
+    summary = details.summary
+    newest = ProcessingAttempt(
+        attempted_at=summary.last_failure_at,
+        message_id=summary.message_id,
+        headers={name: value for name, value in headers.items() if value is not None},
+        message_metadata=message_metadata(details),
+        failure_details=FailureDetails(
+            address_of_failing_endpoint=summary.queue_address,
+            time_of_failure=summary.last_failure_at,
+            exception=exception_details(summary),
+        ),
+    )
+    earlier = [
+        ProcessingAttempt(
+            attempted_at=details.first_failure_at if index == 0 else None,
+            message_id=summary.message_id,
+        )
+        for index in range(max(summary.number_of_processing_attempts - 1, 0))
+    ]
+    return [*earlier, newest]
+
+
+def message_metadata(details: queries.FailedMessageDetails) -> dict[str, Any]:
+    """The stored attempt's ``message_metadata``, with ServiceControl's (PascalCase) keys
+    for what Controlroom derives; absent values are left out."""
+    summary = details.summary
+    sending = sending_endpoint(summary)
+    metadata: dict[str, Any] = {
+        "MessageId": summary.message_id,
+        "MessageType": summary.message_type,
+        "IsSystemMessage": summary.is_system_message,
+        "TimeSent": format_utc(summary.time_sent) if summary.time_sent else None,
+        "ConversationId": details.conversation_id,
+        "ContentType": details.content_type,
+        "BodySize": details.body_size,
+        "BodyUrl": body_url(summary.id),
+        "ReceivingEndpoint": receiving_endpoint(summary).model_dump(exclude_none=True),
+        "SendingEndpoint": sending.model_dump(exclude_none=True) if sending else None,
+    }
+    return {key: value for key, value in metadata.items() if value is not None}
 
 
 def sending_endpoint(summary: queries.FailedMessageSummary) -> EndpointDetails | None:
@@ -697,6 +776,16 @@ def receiving_endpoint(summary: queries.FailedMessageSummary) -> EndpointDetails
     )
 
 
+def exception_details(summary: queries.FailedMessageSummary) -> ExceptionDetails:
+    """The stored attempt's exception, as its headers tell it."""
+    return ExceptionDetails(
+        exception_type=summary.exception_type,
+        message=summary.exception_message,
+        source=summary.exception_source,
+        stack_trace=summary.stack_trace,
+    )
+
+
 def _list_fields(summary: queries.FailedMessageSummary) -> dict[str, object]:
     return {
         "id": summary.id,
@@ -704,12 +793,7 @@ def _list_fields(summary: queries.FailedMessageSummary) -> dict[str, object]:
         "message_type": summary.message_type,
         "time_sent": summary.time_sent,
         "is_system_message": summary.is_system_message,
-        "exception": ExceptionDetails(
-            exception_type=summary.exception_type,
-            message=summary.exception_message,
-            source=summary.exception_source,
-            stack_trace=summary.stack_trace,
-        ),
+        "exception": exception_details(summary),
         "number_of_processing_attempts": summary.number_of_processing_attempts,
         "status": STATUS_NAMES[summary.status],
         "sending_endpoint": sending_endpoint(summary),

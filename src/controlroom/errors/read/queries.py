@@ -121,6 +121,7 @@ class FailedMessageDetails:
     summary: FailedMessageSummary
     headers_json: str  # the stored source of truth, a JSON object
     first_failure_at: datetime
+    conversation_id: str | None
     content_type: str
     body_size: int  # true size in bytes, wherever the body is kept
     groups: tuple[FailureGroup, ...]  # ordered by classifier, then title
@@ -428,6 +429,7 @@ def get_failed_message(conn: sa.Connection, failed_message_id: str) -> FailedMes
             *_SUMMARY_COLUMNS,
             fm.headers_json,
             fm.first_failure_at,
+            fm.conversation_id,
             fm.content_type,
             fm.body_size,
         ).where(fm.id == failed_message_id)
@@ -438,6 +440,7 @@ def get_failed_message(conn: sa.Connection, failed_message_id: str) -> FailedMes
         summary=_summary(row),
         headers_json=row.headers_json,
         first_failure_at=row.first_failure_at,
+        conversation_id=row.conversation_id,
         content_type=row.content_type,
         body_size=row.body_size,
         groups=_groups(conn, failed_message_id),
