@@ -421,6 +421,26 @@ def search_condition(dialect: sa.Dialect, text: str) -> sa.ColumnElement[bool]:
     return sa.or_(*alternatives)
 
 
+# --- pending retries ----------------------------------------------------------------------
+def pending_retry_ids(
+    conn: sa.Connection, queue_address: str, start: datetime, end: datetime
+) -> list[str]:
+    """Ids of the pending retries (RetryIssued) that failed in ``queue_address`` and whose
+    ``last_modified`` (when the retry was asked) is within ``start`` .. ``end`` (both
+    inclusive, UTC), sorted. Source: ServiceControl ``RetryPendingMessages``."""
+    return list(
+        conn.scalars(
+            sa.select(fm.id)
+            .where(
+                fm.status == int(FailedMessageStatus.RETRY_ISSUED),
+                fm.queue_address == queue_address,
+                fm.last_modified.between(start, end),
+            )
+            .order_by(fm.id)
+        )
+    )
+
+
 # --- one message --------------------------------------------------------------------------
 def get_failed_message(conn: sa.Connection, failed_message_id: str) -> FailedMessageDetails | None:
     """The failed message ``failed_message_id`` (lower-case "D" UUID), ``None`` if absent."""
