@@ -16,7 +16,9 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Body, HTTPException, Path, Request
 from pydantic import BaseModel
 
+from controlroom.api.archive import QueueWindow
 from controlroom.api.errors import UtcTimestamp
+from controlroom.errors.read import queries
 from controlroom.errors.retries import requests as retries
 from controlroom.errors.retries import wire as retry_wire
 from controlroom.transport.base import Transport, TransportError
@@ -184,6 +186,28 @@ def retry_group(request: Request, group_id: Annotated[str, Path(alias="groupId")
 def retry_pending(request: Request, ids: Annotated[list[str], Body()]) -> RetryAccepted:
     """Retry again messages whose retry was sent but never confirmed (a JSON array)."""
     _check_ids(ids)
+    return _accepted(request, retries.retry_pending_messages, ids)
+
+
+@router.post(
+    "/pendingretries/queues/retry",
+    status_code=202,
+    responses={400: {"description": "queueaddress blank, or from/to unreadable."}},
+    response_model_exclude_none=True,
+)
+def retry_queue_pending(request: Request, body: QueueWindow) -> RetryAccepted:
+    """Retry again the pending retries that failed in ``queueaddress`` and whose retry was
+    asked within ``from``..``to`` (ServiceControl's ``RetryPendingMessages``)."""
+    queue_address, start, end = body.window()
+    with _engine(request).connect() as conn:
+        ids = queries.pending_retry_ids(conn, queue_address, start, end)
+    if not ids:
+        return RetryAccepted(
+            retry_type=str(retries.RetryType.MULTIPLE_MESSAGES),
+            message_count=0,
+            skipped_count=0,
+            batches=[],
+        )
     return _accepted(request, retries.retry_pending_messages, ids)
 
 
