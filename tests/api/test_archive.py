@@ -48,7 +48,7 @@ def counts(engine: sa.Engine) -> Counter[FailedMessageStatus]:
 
 
 def summary(client: TestClient) -> Any:
-    response = client.get("/api/errors/summary")
+    response = client.get("/api/errors/counts")
     assert response.status_code == 200
     return response.json()
 

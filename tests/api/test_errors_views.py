@@ -1,4 +1,4 @@
-"""``/api/errors/summary``, ``/api/errors/last/{id}`` and ``/api/errors/queues/addresses``
+"""``/api/errors/counts``, ``/api/errors/last/{id}`` and ``/api/errors/queues/addresses``
 on every provider: shapes, counts, paging, errors."""
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ def test_summary_counts_every_status(
                 .values(status=status)
             )
 
-    response = client.get("/api/errors/summary")
+    response = client.get("/api/errors/counts")
 
     assert response.status_code == 200
     assert response.json() == {"unresolved": 3, "resolved": 1, "retryIssued": 0, "archived": 2}
-    assert client.get("/api/errors/summary/").json() == response.json()
+    assert client.get("/api/errors/counts/").json() == response.json()
 
 
 def test_summary_of_an_empty_store_is_all_zero(client: TestClient) -> None:
-    assert client.get("/api/errors/summary").json() == {
+    assert client.get("/api/errors/counts").json() == {
         "unresolved": 0,
         "resolved": 0,
         "retryIssued": 0,

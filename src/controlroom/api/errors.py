@@ -2,7 +2,8 @@
 
 Routes (each also answers with a trailing slash, as ServiceControl's clients sometimes
 send it): ``GET|HEAD /api/errors``, ``GET /api/endpoints/{endpointname}/errors``,
-``GET /api/errors/summary``, ``GET /api/errors/queues/addresses``,
+``GET /api/errors/summary`` (ServiceControl's facets), ``GET /api/errors/counts``
+(counts per status), ``GET /api/errors/queues/addresses``,
 ``GET /api/errors/last/{id}``, ``GET /api/errors/{id}`` and ``GET /api/messages/{id}/body``.
 
 JSON is snake_case with null values left out (as ServiceControl writes it); times are ISO
@@ -31,7 +32,7 @@ from urllib.parse import quote, urlencode
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, PlainSerializer, TypeAdapter
+from pydantic import BaseModel, Field, PlainSerializer, TypeAdapter
 
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors.ingest.bodies import BodyNotFoundError, BodyStore
@@ -168,6 +169,27 @@ class FailedMessageDetail(FailedMessageListItem):
     body_url: str
     body_size: int
     content_type: str
+
+
+class FacetValue(BaseModel):
+    range: str  # the value (RavenDB's facet term)
+    count: int
+
+
+class Facet(BaseModel):
+    name: str
+    values: list[FacetValue]
+
+
+class ErrorsFacets(BaseModel):
+    """ServiceControl's ``errors/summary``: the Unresolved failed messages counted by
+    receiving endpoint, host and message type (``FailedMessageFacetsIndex``)."""
+
+    model_config = {"populate_by_name": True}
+
+    endpoints: Facet = Field(alias="Endpoints")
+    hosts: Facet = Field(alias="Hosts")
+    message_types: Facet = Field(alias="Message types")
 
 
 class ErrorsSummary(BaseModel):
@@ -532,9 +554,32 @@ def list_endpoint_errors(
     return _list_page(request, page, order, replace(where, receiving_endpoint=endpoint))
 
 
-@_route("/errors/summary", response_model=ErrorsSummary)
+@_route("/errors/summary", response_model=ErrorsFacets)
 def errors_summary(request: Request) -> Response:
-    """How many failed messages there are in each status."""
+    """ServiceControl's summary: the Unresolved failed messages counted by endpoint
+    (``Endpoints``), host (``Hosts``) and message type (``Message types``), each most
+    frequent first."""
+    with _engine(request).connect() as conn:
+        facets = queries.unresolved_facets(conn)
+
+    def facet(name: str, key: str) -> Facet:
+        values = [FacetValue(range=item.value, count=item.count) for item in facets[key]]
+        return Facet(name=name, values=values)
+
+    summary = ErrorsFacets(
+        endpoints=facet("Endpoints", "endpoint"),
+        hosts=facet("Hosts", "host"),
+        message_types=facet("Message types", "message_type"),
+    )
+    return Response(
+        TypeAdapter(ErrorsFacets).dump_json(summary, by_alias=True),
+        media_type="application/json",
+    )
+
+
+@_route("/errors/counts", response_model=ErrorsSummary)
+def errors_counts(request: Request) -> Response:
+    """How many failed messages there are in each status (Controlroom's own route)."""
     with _engine(request).connect() as conn:
         counts = queries.count_by_status(conn)
     return json_response(

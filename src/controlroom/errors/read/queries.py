@@ -73,7 +73,8 @@ class FailedMessageFilter:
     ``statuses``: only these (empty: any); ``excluded_statuses``: none of these;
     ``modified_from`` / ``modified_to``: ``last_modified`` within, both bounds inclusive;
     ``queue_address``: case-insensitive match (ServiceControl's); ``receiving_endpoint``:
-    exact match; ``group_id``: member of that failure group.
+    exact match; ``group_id``: member of that failure group; ``conversation_id``: exact
+    match; ``include_system_messages`` false: no system messages.
     """
 
     statuses: frozenset[FailedMessageStatus] = frozenset()
@@ -83,6 +84,8 @@ class FailedMessageFilter:
     queue_address: str | None = None
     receiving_endpoint: str | None = None
     group_id: str | None = None
+    conversation_id: str | None = None
+    include_system_messages: bool = True
 
 
 EVERY_MESSAGE = FailedMessageFilter()
@@ -258,6 +261,67 @@ def count_failed_messages(conn: sa.Connection, where: FailedMessageFilter = EVER
     return int(conn.execute(query).scalar_one())
 
 
+def list_message_hits(
+    conn: sa.Connection,
+    *,
+    offset: int,
+    limit: int,
+    where: FailedMessageFilter = EVERY_MESSAGE,
+    order: Ordering = Ordering(),
+) -> SearchPage:
+    """``list_failed_messages`` with what ServiceControl's message views show besides
+    (conversation, headers, body size): the rows of ``/api/messages`` and its kin.
+
+    Raises ``ValueError`` for a negative ``offset`` or a ``limit`` below 1.
+    """
+    _check_window(offset, limit)
+    total = count_failed_messages(conn, where)
+    page = (
+        sa.select(fm.id)
+        .where(*filter_conditions(where))
+        .order_by(*order_by(order))
+        .limit(limit)
+        .offset(offset)
+        .subquery("page")
+    )
+    rows = conn.execute(
+        sa.select(*_SUMMARY_COLUMNS, fm.conversation_id, fm.headers_json, fm.body_size)
+        .join_from(failed_messages, page, fm.id == page.c.id)
+        .order_by(*order_by(order))
+    ).all()
+    return SearchPage(total=total, items=[_hit(row) for row in rows])
+
+
+@dataclass(frozen=True, slots=True)
+class FacetValue:
+    """One value of a facet and how many failed messages have it."""
+
+    value: str
+    count: int
+
+
+def unresolved_facets(conn: sa.Connection) -> dict[str, list[FacetValue]]:
+    """The Unresolved failed messages counted by receiving endpoint (``"endpoint"``), its
+    host (``"host"``) and message type (``"message_type"``), most frequent first, then by
+    value; messages without the value are not counted. Source: ServiceControl
+    ``FailedMessageFacetsIndex``."""
+    facets: dict[str, list[FacetValue]] = {}
+    for name, column in (
+        ("endpoint", fm.receiving_endpoint),
+        ("host", fm.receiving_host),
+        ("message_type", fm.message_type),
+    ):
+        count = sa.func.count().label("n")
+        rows = conn.execute(
+            sa.select(column, count)
+            .where(fm.status == int(FailedMessageStatus.UNRESOLVED), column.is_not(None))
+            .group_by(column)
+            .order_by(count.desc(), column)
+        ).all()
+        facets[name] = [FacetValue(value=row[0], count=int(row[1])) for row in rows]
+    return facets
+
+
 def filter_conditions(where: FailedMessageFilter) -> list[sa.ColumnElement[bool]]:
     """The WHERE conditions of ``where`` over ``failed_messages`` (to be ANDed)."""
     conditions: list[sa.ColumnElement[bool]] = []
@@ -276,6 +340,10 @@ def filter_conditions(where: FailedMessageFilter) -> list[sa.ColumnElement[bool]
         )
     if where.receiving_endpoint is not None:
         conditions.append(fm.receiving_endpoint == where.receiving_endpoint)
+    if where.conversation_id is not None:
+        conditions.append(fm.conversation_id == where.conversation_id)
+    if not where.include_system_messages:
+        conditions.append(fm.is_system_message.is_(False))
     if where.group_id is not None:
         groups = failed_message_groups.c
         conditions.append(
@@ -357,15 +425,17 @@ def search_failed_messages(
     offset: int,
     limit: int,
     order: Ordering = Ordering(),
+    where: FailedMessageFilter = EVERY_MESSAGE,
 ) -> SearchPage:
     """Failed messages whose headers or body text contain ``text`` (the provider's
     full-text index; see ``errors.search``), or whose message id is ``text``, or whose id
-    (UniqueMessageId) is ``text`` when it is a UUID; in ``order``, with the total.
+    (UniqueMessageId) is ``text`` when it is a UUID, among those matching ``where``; in
+    ``order``, with the total.
 
     Raises ``ValueError`` for a negative ``offset`` or a ``limit`` below 1.
     """
     _check_window(offset, limit)
-    condition = search_condition(conn.dialect, text)
+    condition = sa.and_(search_condition(conn.dialect, text), *filter_conditions(where))
     provider_for(conn).prepare_search(conn)
     # One pass over the matches, fenced off in a materialized CTE: the planner would
     # otherwise walk a sort key's index and test the full-text condition row by row
@@ -393,16 +463,7 @@ def search_failed_messages(
     else:  # past the last page, or no match: the window had no row to ride on
         count = sa.select(sa.func.count()).select_from(failed_messages).where(condition)
         total = int(conn.execute(count).scalar_one())
-    found = [
-        SearchHit(
-            summary=_summary(row),
-            conversation_id=row.conversation_id,
-            headers_json=row.headers_json,
-            body_size=row.body_size,
-        )
-        for row in rows
-    ]
-    return SearchPage(total=total, items=found)
+    return SearchPage(total=total, items=[_hit(row) for row in rows])
 
 
 def search_condition(dialect: sa.Dialect, text: str) -> sa.ColumnElement[bool]:
@@ -551,6 +612,15 @@ def _groups(conn: sa.Connection, failed_message_id: str) -> tuple[FailureGroup, 
     ).all()
     return tuple(
         FailureGroup(id=row.group_id, classifier=row.classifier, title=row.title) for row in rows
+    )
+
+
+def _hit(row: sa.Row[Any]) -> SearchHit:
+    return SearchHit(
+        summary=_summary(row),
+        conversation_id=row.conversation_id,
+        headers_json=row.headers_json,
+        body_size=row.body_size,
     )
 
 
