@@ -192,16 +192,13 @@ def edited_message_headers(
 
 
 def locked_header_changes(original: Headers, edited: Headers) -> list[str]:
-    """The locked headers whose value an edit changes, added or removes, sorted.
-
-    ``None`` and ``""`` count as the same (absent) value, as ServiceControl's
-    ``LockedHeaderModificationValidator`` treats them; unlike it, adding a locked header
-    the original did not have is a change too.
-    """
+    """The locked headers the original has (not empty) whose value an edit changes or
+    removes, sorted. Adding a locked header the original lacked is no change: ServiceControl's
+    ``LockedHeaderModificationValidator`` (``None`` and ``""`` count as absent)."""
     return sorted(
         name
         for name in LOCKED_HEADERS
-        if (original.get(name) or None) != (edited.get(name) or None)
+        if original.get(name) and original.get(name) != (edited.get(name) or None)
     )
 
 
