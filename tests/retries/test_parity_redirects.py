@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
@@ -134,3 +135,40 @@ def test_a_retry_honours_the_redirect_of_its_queue(
     assert "ServiceControl.TargetEndpointAddress" not in sent
     assert "ServiceControl.Retry.Attempt.MessageId" not in sent
     assert statuses(engine)[failed.unique_message_id] == FailedMessageStatus.RETRY_ISSUED
+
+
+def test_an_edit_honours_the_redirect_and_a_retry_to_proxy_gets_the_target(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    headers = failed_headers("order-10", endpoint="Sales") | {
+        "ServiceControl.RetryTo": "Proxy@HOST"
+    }
+    failed = store_failed(settings, writer, body_store, headers, b"{}")
+    edited = {name: value for name, value in headers.items() if value is not None}
+
+    async def edit() -> tuple[int, dict[str, str | None]]:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            app = create_app(settings, engine, body_store, transport=transport)
+            api = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+            async with api, Collector(transport, "Proxy", prefetch=5) as collector:
+                async with asyncio.timeout(TIMEOUT):
+                    created = await api.post(
+                        "/api/redirects",
+                        json={"fromphysicaladdress": "Sales", "tophysicaladdress": "Sales.V2"},
+                    )
+                    assert created.status_code == 201
+                    answer = await api.post(
+                        f"/api/edit/{failed.unique_message_id}",
+                        json={"message_body": "{}", "message_headers": edited},
+                    )
+                    (delivery,) = await take(collector, 1)
+            return answer.status_code, dict(delivery.headers)
+
+    status, sent = asyncio.run(edit())
+
+    assert status == 202
+    # Through the proxy, which forwards to the redirect's queue.
+    assert sent["ServiceControl.TargetEndpointAddress"] == "Sales.V2"

@@ -574,16 +574,15 @@ def _stored_message(engine: sa.Engine, failed_message_id: str) -> tuple[dict[str
                 fm.id == failed_message_id
             )
         ).one_or_none()
-        target = None if row is None else redirect_targets(conn, [row.queue_address])
-    if row is None:
-        raise UnknownFailedMessages([failed_message_id])
+        if row is None:
+            raise UnknownFailedMessages([failed_message_id])
+        redirected = redirect_targets(conn, [row.queue_address])
     status = FailedMessageStatus(row.status)
     if status is FailedMessageStatus.RETRY_ISSUED:
         raise MessageBeingRetried(failed_message_id)
     if status is not FailedMessageStatus.UNRESOLVED:
         raise NotRetryable({failed_message_id: status})
-    assert target is not None
-    return json.loads(row.headers_json), target.get(row.queue_address, row.queue_address)
+    return json.loads(row.headers_json), redirected.get(row.queue_address, row.queue_address)
 
 
 def _check_edit(stored: Mapping[str, Any], edited: Mapping[str, str | None], body: str) -> None:
