@@ -333,8 +333,8 @@ def ordering(
 ) -> queries.Ordering:
     """The ``sort`` and ``direction`` query parameters (a FastAPI dependency). Unknown
     values are the defaults, never a refusal: ServiceControl's ``GetSortInfo``."""
-    key = sort if sort in queries.SORT_KEYS else queries.DEFAULT_SORT
-    return queries.Ordering(key=key, descending=direction != "asc")  # type: ignore[arg-type]
+    key = next((known for known in queries.SORT_KEYS if known == sort), queries.DEFAULT_SORT)
+    return queries.Ordering(key=key, descending=direction != "asc")
 
 
 def message_filter(
