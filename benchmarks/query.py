@@ -416,7 +416,7 @@ def scenarios(client: TestClient, url: str, messages: int) -> list[Scenario]:
         Scenario(
             "errors: HEAD (count only)", lambda: client.head("/api/errors").headers["Total-Count"]
         ),
-        Scenario("errors/summary", get("/api/errors/summary")),
+        Scenario("errors/counts", get("/api/errors/counts")),
         Scenario("errors/queues/addresses", get("/api/errors/queues/addresses")),
         Scenario("search: a message id (1 hit)", get(f"/api/messages/search/{known_message_id}")),
         Scenario(

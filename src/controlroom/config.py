@@ -99,9 +99,9 @@ class Settings(BaseSettings):
         "same-origin pages.",
     )
     servicecontrol_api_version: str = Field(
-        "6.6.0",
+        "6.15.0",
         pattern=r"^\d+\.\d+\.\d+$",
-        description="The ServiceControl API version Controlroom implements, sent as "
+        description="The ServiceControl version whose behaviour Controlroom implements, sent as "
         "X-Particular-Version on every /api response; clients such as ServicePulse "
         "enable features by it.",
     )

@@ -48,7 +48,7 @@ def counts(engine: sa.Engine) -> Counter[FailedMessageStatus]:
 
 
 def summary(client: TestClient) -> Any:
-    response = client.get("/api/errors/summary")
+    response = client.get("/api/errors/counts")
     assert response.status_code == 200
     return response.json()
 
@@ -208,11 +208,16 @@ def test_resolve_pending_retries_by_id(
     client: TestClient, engine: sa.Engine, ids: list[str], key: str
 ) -> None:
     issue_retries(engine, *ids[:3])
-    response = client.patch("/api/pendingretries/resolve", json={key: [ids[0], ids[1], ids[5]]})
+    set_status(engine, FailedMessageStatus.ARCHIVED, ids[5])
+    response = client.patch(
+        "/api/pendingretries/resolve", json={key: [ids[0], ids[1], ids[4], ids[5]]}
+    )
     assert response.status_code == 202
-    assert response.json() == {"changed": 2, "unchanged_ids": [ids[5]]}
+    # ids[4] was never retried: resolved too (issue 9); an archived message is not.
+    assert response.json() == {"changed": 3, "unchanged_ids": [ids[5]]}
     assert stored(engine, ids[0]).status == FailedMessageStatus.RESOLVED
-    assert stored(engine, ids[5]).status == FailedMessageStatus.UNRESOLVED
+    assert stored(engine, ids[4]).status == FailedMessageStatus.RESOLVED
+    assert stored(engine, ids[5]).status == FailedMessageStatus.ARCHIVED
     assert claims(engine) == {ids[2]}
 
     response = client.patch("/api/pendingretries/resolve", json={key: [ids[2], UNKNOWN]})

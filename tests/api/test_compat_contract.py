@@ -110,7 +110,7 @@ def get_json(client: TestClient, url: str) -> Any:
     response = client.get(url)
     assert response.status_code == 200, f"{url}: {response.status_code} {response.text}"
     assert response.headers["content-type"].startswith("application/json")
-    assert response.headers["X-Particular-Version"] == "6.6.0"
+    assert response.headers["X-Particular-Version"] == "6.15.0"
     body = response.json()
     assert_service_control_json(body)
     return body
@@ -544,7 +544,7 @@ def test_preflight_from_an_allowed_origin(cors_client: TestClient, method: str) 
     assert allowed_methods == {"GET", "POST", "PATCH", "DELETE", "PUT"}
     allowed_headers = response.headers["Access-Control-Allow-Headers"].lower()
     assert "content-type" in {h.strip() for h in allowed_headers.split(",")}
-    assert response.headers["X-Particular-Version"] == "6.6.0"
+    assert response.headers["X-Particular-Version"] == "6.15.0"
 
 
 def test_preflight_from_another_origin_is_refused(cors_client: TestClient) -> None:

@@ -62,7 +62,7 @@ async def client_flow(
     # The UI checks which ServiceControl it talks to.
     root = await api.get("/api/")
     assert root.status_code == 200
-    assert root.headers["X-Particular-Version"] == "6.6.0"
+    assert root.headers["X-Particular-Version"] == "6.15.0"
     assert (await api.get("/api/license")).json()["license_status"] == "Valid"
 
     # Groups view (the default classifier), refreshed until ingestion stored both.

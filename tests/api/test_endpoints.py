@@ -1,5 +1,6 @@
 """Known endpoints on every provider: paged list, the user's ``monitored`` flag (which
-ingestion never overrides), deletion, and ServiceControl's empty ``/api/endpoints``."""
+ingestion never overrides), deletion, and ``/api/endpoints`` of an empty store
+(test_parity_routes.py covers it with endpoints)."""
 
 from __future__ import annotations
 
@@ -120,7 +121,7 @@ def test_delete_forgets_the_endpoint_until_it_fails_again(
     assert again[sales_id]["monitored"] is False
 
 
-def test_monitored_endpoints_list_is_empty(client: TestClient) -> None:
+def test_endpoints_of_an_empty_store_is_an_empty_list(client: TestClient) -> None:
     response = client.get("/api/endpoints")
     assert response.status_code == 200
     assert response.json() == []

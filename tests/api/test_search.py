@@ -360,7 +360,7 @@ def test_results_are_paged_and_sorted_like_errors(
     )
     assert first.headers["ETag"] != second.headers["ETag"]
     assert [item["message_id"] for item in ascending.json()] == [f"bulk-{n:03}" for n in range(5)]
-    assert search(client, "walrus", sort="nonsense").status_code == 422
+    assert search(client, "walrus", sort="nonsense").status_code == 200  # the default sort
     beyond = search(client, "walrus", page=3)
     assert beyond.json() == [] and beyond.headers["Total-Count"] == "60"
 

@@ -25,6 +25,11 @@ from tests.transport.helpers import Collector
 Scenario = Callable[[httpx.AsyncClient, EmbeddedQueue], Awaitable[Any]]
 
 
+def editable(headers: dict[str, str | None]) -> dict[str, str | None]:
+    """The headers as a client sends them back: without null values (a null is a 400)."""
+    return {name: value for name, value in headers.items() if value is not None}
+
+
 def run_with_api(
     settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, scenario: Scenario
 ) -> Any:
@@ -66,7 +71,9 @@ def test_edit_sends_the_edited_copy_and_resolves_the_original(
     headers = failed_headers("order-1", endpoint="Sales")
     headers["ServiceControl.EditOf"] = str(uuid.uuid4())  # an edit of an edit: replaced
     original = store_failed(settings, writer, body_store, headers, b'{"qty": -1}')
-    edited_headers = {**headers, "NServiceBus.EnclosedMessageTypes": "Shop.Messages.PlaceOrderV2"}
+    edited_headers = editable(headers) | {
+        "NServiceBus.EnclosedMessageTypes": "Shop.Messages.PlaceOrderV2"
+    }
 
     async def scenario(api: httpx.AsyncClient, transport: EmbeddedQueue) -> tuple[Any, Any]:
         response = await api.post(
@@ -88,7 +95,7 @@ def test_edit_sends_the_edited_copy_and_resolves_the_original(
     assert sent["ServiceControl.EditOf"] == original.unique_message_id
     assert sent["ServiceControl.Retry.UniqueMessageId"] == answer["edit_id"]
     assert sent["ServiceControl.Retry.AcknowledgementQueue"] == settings.error_queue
-    assert sent["ServiceControl.TargetEndpointAddress"] == "Sales"
+    assert "ServiceControl.TargetEndpointAddress" not in sent  # sent straight to Sales
     assert not [name for name in sent if name.startswith(retry_wire.STRIPPED_HEADER_PREFIXES[:4])]
     assert statuses(engine)[original.unique_message_id] == FailedMessageStatus.RESOLVED
     assert claims(engine) == {}
@@ -103,9 +110,9 @@ def test_edit_of_a_locked_header_is_refused_with_400_and_nothing_is_sent(
     headers = failed_headers("order-2", endpoint="Sales")
     original = store_failed(settings, writer, body_store, headers)
     attempts = [
-        {**headers, "NServiceBus.MessageId": "forged"},
-        {**headers, "ServiceControl.Retry.UniqueMessageId": str(uuid.uuid4())},
-        {k: v for k, v in headers.items() if k != "NServiceBus.ConversationId"},
+        editable(headers) | {"NServiceBus.MessageId": "forged"},
+        editable(headers) | {"NServiceBus.ConversationId": str(uuid.uuid4())},
+        {k: v for k, v in editable(headers).items() if k != "NServiceBus.ConversationId"},
     ]
 
     async def scenario(api: httpx.AsyncClient, transport: EmbeddedQueue) -> list[httpx.Response]:
@@ -118,7 +125,7 @@ def test_edit_of_a_locked_header_is_refused_with_400_and_nothing_is_sent(
         ]
         empty_body = await api.post(
             f"/api/edit/{original.unique_message_id}",
-            json={"message_body": "  ", "message_headers": headers},
+            json={"message_body": "  ", "message_headers": editable(headers)},
         )
         assert await transport.purge("Sales") == 0
         return [*answers, empty_body]
@@ -127,13 +134,13 @@ def test_edit_of_a_locked_header_is_refused_with_400_and_nothing_is_sent(
 
     assert [a.status_code for a in answers] == [400] * 4
     assert "NServiceBus.MessageId" in answers[0].json()["detail"]
-    assert "ServiceControl.Retry.UniqueMessageId" in answers[1].json()["detail"]
+    assert "NServiceBus.ConversationId" in answers[1].json()["detail"]
     assert "NServiceBus.ConversationId" in answers[2].json()["detail"]
     assert "message_body" in answers[3].json()["detail"]
     assert statuses(engine)[original.unique_message_id] == FailedMessageStatus.UNRESOLVED
 
 
-def test_edit_of_unknown_archived_or_retrying_messages_is_refused(
+def test_edit_of_unknown_or_archived_messages_is_refused_and_of_retrying_ignored(
     settings: Settings,
     engine: sa.Engine,
     writer: FailedMessageBatchWriter,
@@ -145,7 +152,7 @@ def test_edit_of_unknown_archived_or_retrying_messages_is_refused(
 
     async def scenario(api: httpx.AsyncClient, _: EmbeddedQueue) -> list[httpx.Response]:
         await api.post(f"/api/errors/{retrying}/retry")
-        body = {"message_body": "{}", "message_headers": failed_headers("a")}
+        body = {"message_body": "{}", "message_headers": editable(failed_headers("a"))}
         return [
             await api.post(f"/api/edit/{target}", json=body)
             for target in (str(uuid.uuid4()), archived, retrying)
@@ -155,7 +162,8 @@ def test_edit_of_unknown_archived_or_retrying_messages_is_refused(
 
     assert unknown.status_code == 404
     assert of_archived.status_code == 409 and "archived" in of_archived.json()["detail"]
-    assert of_retrying.status_code == 409 and "being retried" in of_retrying.json()["detail"]
+    # ServiceControl ignores an edit while the message is taken (issue 9).
+    assert of_retrying.status_code == 200 and of_retrying.json() == {"edit_ignored": True}
 
 
 def test_edit_without_a_transport_answers_503(
@@ -172,8 +180,81 @@ def test_edit_without_a_transport_answers_503(
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as api:
             return await api.post(
                 f"/api/edit/{original.unique_message_id}",
-                json={"message_body": "{}", "message_headers": failed_headers("x")},
+                json={"message_body": "{}", "message_headers": editable(failed_headers("x"))},
             )
 
     assert asyncio.run(main()).status_code == 503
     assert statuses(engine)[original.unique_message_id] == FailedMessageStatus.UNRESOLVED
+
+
+def test_a_repeated_edit_is_ignored_with_200(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    headers = failed_headers("order-3", endpoint="Sales")
+    original = store_failed(settings, writer, body_store, headers)
+    edit = {"message_body": '{"qty": 2}', "message_headers": editable(headers)}
+
+    async def scenario(api: httpx.AsyncClient, transport: EmbeddedQueue) -> list[httpx.Response]:
+        first = await api.post(f"/api/edit/{original.unique_message_id}", json=edit)
+        again = await api.post(f"/api/edit/{original.unique_message_id}", json=edit)
+        assert await transport.purge("Sales") == 1  # one copy sent, not two
+        return [first, again]
+
+    first, again = run_with_api(settings, engine, body_store, scenario)
+
+    assert first.status_code == 202 and first.json()["edit_ignored"] is False
+    assert again.status_code == 200
+    assert again.json() == {"edit_ignored": True}
+
+
+def test_a_null_header_value_is_400_naming_it(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    headers = failed_headers("order-4", endpoint="Sales")
+    original = store_failed(settings, writer, body_store, headers)
+    edited = editable(headers) | {"Custom.Header": None}
+
+    async def scenario(api: httpx.AsyncClient, transport: EmbeddedQueue) -> httpx.Response:
+        answer = await api.post(
+            f"/api/edit/{original.unique_message_id}",
+            json={"message_body": "{}", "message_headers": edited},
+        )
+        assert await transport.purge("Sales") == 0
+        return answer
+
+    answer = run_with_api(settings, engine, body_store, scenario)
+
+    assert answer.status_code == 400
+    assert "Custom.Header" in answer.json()["detail"]
+    assert statuses(engine)[original.unique_message_id] == FailedMessageStatus.UNRESOLVED
+
+
+def test_adding_a_locked_header_the_original_lacked_is_allowed(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    headers = editable(failed_headers("order-5", endpoint="Sales"))
+    original = store_failed(settings, writer, body_store, headers)
+    edited = headers | {"NServiceBus.CorrelationId": "added-by-the-operator"}
+
+    async def scenario(api: httpx.AsyncClient, transport: EmbeddedQueue) -> Any:
+        async with Collector(transport, "Sales", prefetch=5) as collector:
+            answer = await api.post(
+                f"/api/edit/{original.unique_message_id}",
+                json={"message_body": "{}", "message_headers": edited},
+            )
+            (delivery,) = await take(collector, 1)
+        return answer, delivery
+
+    answer, delivery = run_with_api(settings, engine, body_store, scenario)
+
+    assert answer.status_code == 202, answer.text
+    assert delivery.headers["NServiceBus.CorrelationId"] == "added-by-the-operator"

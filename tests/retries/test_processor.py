@@ -80,8 +80,10 @@ def test_embedded_queue_retry_round_trip_with_a_running_processor(
 
     sent = asyncio.run(scenario())
 
-    assert sent["ServiceControl.TargetEndpointAddress"] == "Sales.Retries@OTHER-HOST"
+    # Sent to the RetryTo proxy, which reads the real destination from the header.
+    assert sent["ServiceControl.TargetEndpointAddress"] == "Sales"
     assert sent["ServiceControl.RetryTo"] == "Sales.Retries@OTHER-HOST"  # kept: the original's
+    assert "ServiceControl.Retry.Attempt.MessageId" not in sent
     assert claims(engine) == {}
 
 

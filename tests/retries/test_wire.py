@@ -20,7 +20,7 @@ from tests.retries.conftest import take
 from tests.transport.helpers import Collector
 
 
-def test_retry_headers_strip_failure_headers_by_prefix_and_add_exactly_four() -> None:
+def test_retry_headers_strip_failure_headers_by_prefix_and_add_the_two_retry_headers() -> None:
     stored = {
         "NServiceBus.MessageId": "m-1",
         "NServiceBus.Retries": "3",
@@ -32,42 +32,53 @@ def test_retry_headers_strip_failure_headers_by_prefix_and_add_exactly_four() ->
         "ServiceControl.EditOf": "e-1",
         "NServiceBus.ExceptionInformation": "kept: the prefix is ExceptionInfo. with the dot",
         "ServiceControl.Retry.Attempt.MessageId": "an older attempt",
+        "ServiceControl.TargetEndpointAddress": "an older target",
         "Custom": None,
     }
 
     headers = retry_wire.retry_headers(
-        stored,
-        unique_message_id="u-1",
-        attempt_message_id="a-2",
-        acknowledgement_queue="error",
-        destination="Sales@HOST",
+        stored, unique_message_id="u-1", acknowledgement_queue="error", target_endpoint_address=None
     )
 
+    # What ServiceControl's return-to-sender delivers: no attempt id, no target address.
     assert headers == {
         "NServiceBus.MessageId": "m-1",
         "NServiceBus.ExceptionInformation": "kept: the prefix is ExceptionInfo. with the dot",
         "Custom": None,
         "ServiceControl.Retry.UniqueMessageId": "u-1",
-        "ServiceControl.Retry.Attempt.MessageId": "a-2",
         "ServiceControl.Retry.AcknowledgementQueue": "error",
-        "ServiceControl.TargetEndpointAddress": "Sales@HOST",
     }
 
 
+def test_through_a_retry_to_proxy_the_target_address_rides_along() -> None:
+    headers = retry_wire.retry_headers(
+        {"NServiceBus.MessageId": "m-1"},
+        unique_message_id="u-1",
+        acknowledgement_queue="error",
+        target_endpoint_address="Sales@HOST",
+    )
+    assert headers["ServiceControl.TargetEndpointAddress"] == "Sales@HOST"
+
+
 @pytest.mark.parametrize(
-    ("headers", "queue_address", "destination", "queue"),
+    ("headers", "target", "route", "queue"),
     [
-        ({}, "Sales@MACHINE", "Sales@MACHINE", "Sales"),
-        ({}, "Sales", "Sales", "Sales"),
-        ({"ServiceControl.RetryTo": "Sales.Retry"}, "Sales@M", "Sales.Retry", "Sales.Retry"),
-        ({"ServiceControl.RetryTo": " "}, "Sales@M", "Sales@M", "Sales"),
+        ({}, "Sales@MACHINE", ("Sales@MACHINE", None), "Sales"),
+        ({}, "Sales", ("Sales", None), "Sales"),
+        (
+            {"ServiceControl.RetryTo": "Sales.Retry"},
+            "Sales@M",
+            ("Sales.Retry", "Sales@M"),
+            "Sales.Retry",
+        ),
+        ({"ServiceControl.RetryTo": " "}, "Sales@M", ("Sales@M", None), "Sales"),
     ],
 )
-def test_destination_is_retry_to_else_the_failed_queue_and_the_queue_is_before_the_at(
-    headers: dict[str, str | None], queue_address: str, destination: str, queue: str
+def test_route_is_the_retry_to_proxy_carrying_the_target_else_the_target(
+    headers: dict[str, str | None], target: str, route: tuple[str, str | None], queue: str
 ) -> None:
-    assert retry_wire.retry_destination(headers, queue_address) == destination
-    assert retry_wire.queue_of_address(destination) == queue
+    assert retry_wire.retry_route(headers, target) == route
+    assert retry_wire.queue_of_address(route[0]) == queue
 
 
 def test_an_address_without_a_queue_is_unsendable() -> None:
@@ -82,9 +93,9 @@ def test_locked_header_changes_treat_null_and_empty_alike() -> None:
         retry_wire.locked_header_changes(original, {**original, "NServiceBus.CorrelationId": ""})
         == []
     )
+    # Removing one the original has is a change; adding one it lacked is not (issue 9).
     assert retry_wire.locked_header_changes(original, {"X": "1", "NServiceBus.SagaId": "s"}) == [
-        "NServiceBus.MessageId",
-        "NServiceBus.SagaId",
+        "NServiceBus.MessageId"
     ]
 
 

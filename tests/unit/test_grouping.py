@@ -127,20 +127,22 @@ def test_a_frame_like_line_inside_the_message_is_skipped() -> None:
 
 def test_prose_starting_with_at_is_not_a_frame() -> None:
     trace = "System.Exception: x\nat least one (1) item is required\n   at Real.Type.Method()"
-    assert g.exception_classification("System.Exception", "y", trace) == (
+    assert g.exception_classification("System.Exception", "other message", trace) == (
         "System.Exception: Real.Type.Method()"
     )
 
 
 @pytest.mark.parametrize("trace", [None, "", "   ", "something other than a normal stack trace"])
 def test_no_frame_groups_by_exception_type_with_servicecontrols_suffix(trace: str | None) -> None:
-    assert g.classify_exception_type_and_stack_trace(_exception(trace)) == "System.Exception: 0"
+    assert g.classify_exception_type_and_stack_trace(_exception(trace)) == (
+        "System.Exception: No stacktrace"
+    )
 
 
-def test_no_exception_type_means_no_exception_group() -> None:
-    assert g.classify_exception_type_and_stack_trace({}) is None
+def test_no_exception_type_is_still_an_exception_group() -> None:
+    assert g.classify_exception_type_and_stack_trace({}) == ": No stacktrace"
     headers = _exception("   at A.B()", exception_type="")
-    assert g.classify_exception_type_and_stack_trace(headers) is None
+    assert g.classify_exception_type_and_stack_trace(headers) == ": A.B()"
 
 
 # --- Python tracebacks --------------------------------------------------------------------
@@ -206,8 +208,8 @@ def test_endpoint_instance_is_the_host_id_in_n_form(
     assert g.classify_endpoint_instance({"$.diagnostics.hostid": host_id}) == expected
 
 
-def test_no_headers_no_groups() -> None:
-    assert g.classify({}) == ()
+def test_no_headers_only_the_exception_group() -> None:
+    assert [group.title for group in g.classify({})] == [": No stacktrace"]
 
 
 # --- bounded titles and linear time -------------------------------------------------------
@@ -223,7 +225,7 @@ def test_long_titles_are_cut_and_the_id_hashes_the_cut_title() -> None:
 def test_titles_are_storable() -> None:
     headers = {"NServiceBus.FailedQ": "q\x00ueue", "NServiceBus.EnclosedMessageTypes": "T\udc80"}
     titles = [group.title for group in g.classify(headers)]
-    assert titles == ["T\ufffd", "q\ufffdueue", "q\ufffdueue"]
+    assert titles == [": No stacktrace", "T\ufffd", "q\ufffdueue", "q\ufffdueue"]
 
 
 XML_MB = "<order><line>" + "<item a='1'>x</item>" * 52_000 + "</line></order>"

@@ -218,9 +218,9 @@ def test_is_system_message_follows_servicecontrol(
 
 
 # --- body description ---------------------------------------------------------------------
-def test_content_type_defaults_to_text_plain() -> None:
-    assert h.content_type({}) == "text/plain"
-    assert h.content_type({h.CONTENT_TYPE: ""}) == "text/plain"
+def test_content_type_defaults_to_binary() -> None:
+    assert h.content_type({}) == "application/octet-stream"
+    assert h.content_type({h.CONTENT_TYPE: ""}) == "application/octet-stream"
     assert h.content_type(sample_headers(V10)) == "application/json"
     assert h.content_type(sample_headers(V8)) == "text/xml"
 

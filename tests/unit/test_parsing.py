@@ -91,9 +91,7 @@ def test_endpoints_without_host_ids_are_not_known_endpoints() -> None:
     assert _parse(headers).endpoints == ()
 
 
-@pytest.mark.parametrize(
-    "missing", ["NServiceBus.FailedQ", "NServiceBus.MessageId", "NServiceBus.TimeOfFailure"]
-)
+@pytest.mark.parametrize("missing", ["NServiceBus.FailedQ", "NServiceBus.MessageId"])
 def test_missing_required_header_is_rejected_naming_it(missing: str) -> None:
     headers = sample_headers(V10)
     del headers[missing]
@@ -123,12 +121,12 @@ def test_a_value_longer_than_its_column_is_rejected_naming_the_header() -> None:
         _parse(headers)
 
 
-def test_content_type_defaults_to_text_plain() -> None:
+def test_content_type_defaults_to_binary() -> None:
     headers = sample_headers(V10)
     del headers["NServiceBus.ContentType"]
     attempt = _parse(headers, b"hello")
-    assert attempt.content_type == "text/plain"
-    assert attempt.body_placement.text == "hello"
+    assert attempt.content_type == "application/octet-stream"
+    assert attempt.body_placement.text is None and attempt.body_placement.external
 
 
 def test_an_external_body_gets_its_key() -> None:

@@ -19,6 +19,7 @@ from controlroom.api import (
     errors,
     health,
     recoverability,
+    redirects,
     retries,
     search,
 )
@@ -78,6 +79,7 @@ def create_app(
     app.include_router(search.router, prefix="/api")
     app.include_router(health.router, prefix="/api")
     app.include_router(retries.router, prefix="/api")
+    app.include_router(redirects.router, prefix="/api")
     app.include_router(compat.router, prefix="/api")
     compat.install_middleware(app, settings)
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)

@@ -2,14 +2,15 @@
 
 ServiceControl's routes: ``POST|PATCH /api/errors/archive`` (a JSON list of ids; also
 with a trailing slash), ``POST|PATCH /api/errors/{id}/archive``, ``PATCH
-/api/errors/unarchive``, ``PATCH /api/pendingretries/resolve``, ``GET
+/api/errors/unarchive``, ``PATCH /api/errors/{from}...{to}/unarchive``, ``PATCH
+/api/pendingretries/resolve``, ``PATCH /api/pendingretries/queues/resolve``, ``GET
 /api/errors/groups/{classifier}`` and ``GET /api/archive/groups/id/{groupId}``.
 
 Each action is one set-based statement in one transaction
 (``controlroom.errors.read.operations``) and answers 202 (ServiceControl's code) with what it
 did: ``{"changed": n, "unchanged_ids": [...]}``, where an unchanged id names a message
 that exists but is not in the status the action applies to (archive: Unresolved;
-unarchive: Archived; resolve: RetryIssued).
+unarchive: Archived; resolve: RetryIssued or Unresolved).
 
 Unknown ids are never ignored: a single id that names no failed message is 404; a list
 with any such id is refused whole with 422 ``{"detail": ..., "unknown_ids": [...]}`` and
@@ -24,11 +25,11 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Body, HTTPException, Request, Response
+from fastapi import APIRouter, Body, HTTPException, Path, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import AliasChoices, BaseModel, Field, model_validator
 
-from controlroom.api.errors import FailedMessageId
+from controlroom.api.errors import FailedMessageId, parse_modified_range
 from controlroom.api.recoverability import (
     Classifier,
     ClassifierFilter,
@@ -100,6 +101,28 @@ class ResolveRequest(BaseModel):
         return self
 
 
+class QueueWindow(BaseModel):
+    """ServiceControl's ``PendingRetryRequest`` / ``QueueModel``: a queue address and a
+    ``from``/``to`` range of ``last_modified`` (ISO 8601, both inclusive; a time without a
+    zone is UTC). Read leniently, as ServiceControl reads it; checked by ``window``."""
+
+    queueaddress: str | None = None
+    from_: str | None = Field(default=None, alias="from")
+    to: str | None = None
+
+    def window(self) -> tuple[str, datetime, datetime]:
+        """``(queue address, from, to)``; raises ``HTTPException`` 400 naming the field."""
+        if self.queueaddress is None or not self.queueaddress.strip():
+            raise HTTPException(400, "queueaddress must not be blank")
+        try:
+            start, end = parse_modified_range(f"{self.from_ or ''}...{self.to or ''}")
+        except ValueError as exc:
+            raise HTTPException(400, f"from/to: {exc}") from None
+        if start is None or end is None:
+            raise HTTPException(400, "from/to: both times are needed")
+        return self.queueaddress, start, end
+
+
 REFUSED = {422: {"model": UnknownIds, "description": "Some ids name no failed message."}}
 
 
@@ -157,16 +180,61 @@ def unarchive_messages(request: Request, ids: IdList) -> ActionOutcome | JSONRes
     return _by_ids(request, ids, operations.unarchive_messages)
 
 
+@router.patch(
+    "/errors/{range}/unarchive",
+    status_code=202,
+    response_model=ActionOutcome,
+    responses={400: {"description": "The range is not '<ISO from>...<ISO to>'."}},
+)
+def unarchive_between(
+    request: Request,
+    time_range: Annotated[
+        str,
+        Path(
+            alias="range",
+            max_length=200,
+            description="'<ISO from>...<ISO to>' of last_modified, both inclusive.",
+        ),
+    ],
+) -> ActionOutcome:
+    """Make the Archived messages last modified within the range Unresolved again
+    (ServiceControl's ``PATCH errors/{from}...{to}/unarchive``)."""
+    try:
+        start, end = parse_modified_range(time_range)
+    except ValueError as exc:
+        raise HTTPException(400, f"range: {exc}") from None
+    if start is None or end is None:
+        raise HTTPException(400, "range: both times are needed")
+    changed = run_write_transaction(
+        _engine(request), lambda conn: operations.unarchive_between(conn, start, end, utc_now())
+    )
+    return ActionOutcome(changed=changed)
+
+
 # --- resolve ------------------------------------------------------------------------------
 @router.patch("/pendingretries/resolve", **BY_IDS)
 def resolve_pending_retries(request: Request, body: ResolveRequest) -> ActionOutcome | JSONResponse:
-    """Mark pending retries (RetryIssued messages) Resolved: by id, or every one whose
-    ``last_modified`` is within ``from``..``to``. Their retry claims are dropped."""
+    """Mark pending retries (RetryIssued messages, and Unresolved ones never retried)
+    Resolved: by id, or every one whose ``last_modified`` is within ``from``..``to``.
+    Their retry claims are dropped."""
     if body.uniquemessageids is not None:
         return _by_ids(request, body.uniquemessageids, operations.resolve_pending_retries)
     assert body.from_ is not None and body.to is not None  # the model's validator
     with begin_write(_engine(request)) as conn:
         changed = operations.resolve_pending_retries_between(conn, body.from_, body.to, utc_now())
+    return ActionOutcome(changed=changed)
+
+
+@router.patch("/pendingretries/queues/resolve", status_code=202, response_model=ActionOutcome)
+def resolve_queue_pending_retries(request: Request, body: QueueWindow) -> ActionOutcome:
+    """Resolve the pending retries (and never-retried Unresolved messages) that failed in
+    ``queueaddress`` and were last modified within ``from``..``to``. 400 naming the field
+    when the queue is blank or a time cannot be read."""
+    queue_address, start, end = body.window()
+    with begin_write(_engine(request)) as conn:
+        changed = operations.resolve_pending_retries_between(
+            conn, start, end, utc_now(), queue_address=queue_address
+        )
     return ActionOutcome(changed=changed)
 
 

@@ -11,7 +11,8 @@ Answers: 401 with ``WWW-Authenticate: Bearer`` when the token is missing, malfor
 unknown; 403 when the token's role may not do what was asked. Without any configured
 token the API is open (every caller acts as ``admin``): the embedded default, which
 ``serve`` allows on a loopback address only (``ensure_serving_is_protected``).
-``/api/health`` stays open so that monitoring needs no token.
+``/api/health`` stays open so that monitoring needs no token, and
+``/api/authentication/configuration`` so that a client can learn whether it needs one.
 
 Tokens are compared with ``hmac.compare_digest`` against every configured token, so the
 time taken says nothing about which token, or how much of one, matched. Tokens are never
@@ -33,7 +34,7 @@ from controlroom.exceptions import ConfigurationError
 
 ROLE_RANK: Final[dict[Role, int]] = {"reader": 0, "operator": 1, "admin": 2}
 READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
-OPEN_PATHS: Final = frozenset({"/api/health"})
+OPEN_PATHS: Final = frozenset({"/api/health", "/api/authentication/configuration"})
 """Request paths (below any root path) served without a token."""
 
 _CHALLENGE = 'Bearer realm="controlroom"'

@@ -10,6 +10,8 @@ HTTP API, at ``/api/``; these answers keep them working (ServiceControl's public
   Controlroom does not serve (sagas, audit, event log) are left out, not invented.
 - ``GET /api/license``: ServiceControl's license shape. Controlroom needs no license, so
   it is ``Valid`` and no trial, and the other fields say there is none.
+- ``GET /api/license/details``: the same; ``GET /api/configuration/remotes``: ``[]``
+  (a single instance); ``GET /api/authentication/configuration``: ``{"enabled": bool}``.
 - ``GET /api/customchecks``: ``[]`` with ``Total-Count: 0`` (Controlroom runs no custom
   checks), so a client shows "none" rather than an error.
 - ``X-Particular-Version`` on every ``/api`` response: the ServiceControl API version
@@ -123,9 +125,31 @@ def get_root(request: Request) -> RootUrls:
 
 
 @router.get("/license")
+@router.get("/license/details")
 def get_license() -> LicenseInfo:
     """ServiceControl's license shape, saying that Controlroom needs no license."""
     return NO_LICENSE
+
+
+@router.get("/configuration/remotes")
+def list_remotes() -> list[dict[str, Any]]:
+    """Remote instances (ServiceControl's audit instances it queries): none, Controlroom
+    is a single instance."""
+    return []
+
+
+class AuthenticationConfiguration(BaseModel):
+    """Whether the API asks for a bearer token. Controlroom's tokens are configured
+    secrets, not OpenID Connect, so there is no authority or client to name."""
+
+    enabled: bool
+
+
+@router.get("/authentication/configuration")
+def get_authentication_configuration(request: Request) -> AuthenticationConfiguration:
+    """Whether authentication is on (tokens configured); served without a token, as a
+    client asks it before it can sign in."""
+    return AuthenticationConfiguration(enabled=not request.app.state.auth.open)
 
 
 @router.get("/customchecks", responses=LIST_RESPONSES)

@@ -1,20 +1,23 @@
 """Known endpoints: list them, switch the user's ``monitored`` flag, forget one.
 
-ServiceControl's routes and shapes: ``GET /api/endpoints/known`` (paged like
-``/api/errors``), ``PATCH /api/endpoints/{id}`` with ``{"monitoring_enabled": bool}``
-(202), ``DELETE /api/endpoints/{id}`` (204; role ``admin``). ``GET /api/endpoints``
-(ServiceControl's heartbeat-monitored endpoints) answers ``[]`` with ``Total-Count: 0``:
-Controlroom has no heartbeats, and an empty list keeps existing clients working.
+ServiceControl's routes and shapes: ``GET /api/endpoints`` (every endpoint instance
+known from failures, ServiceControl's ``EndpointsView``; ``monitored`` and
+``monitor_heartbeat`` are the user's flag, false until set; Controlroom receives no
+heartbeats, so ``is_sending_heartbeats`` is false and there is no
+``heartbeat_information``), ``GET /api/endpoints/known`` (paged like ``/api/errors``),
+``PATCH /api/endpoints/{id}`` with ServiceControl's ``{"monitor_heartbeat": bool}`` (or
+``{"monitoring_enabled": bool}``) answering 202, ``DELETE /api/endpoints/{id}`` (204;
+role ``admin``), and ``GET /api/endpointssettings``.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
-from pydantic import BaseModel, ConfigDict, TypeAdapter
+from pydantic import BaseModel, ConfigDict, TypeAdapter, model_validator
 
 from controlroom.api.auth import require_admin
 from controlroom.api.errors import LIST_RESPONSES, PagingParams, paged_response
@@ -42,19 +45,71 @@ class KnownEndpointView(BaseModel):
     monitored: bool
 
 
+class EndpointView(BaseModel):
+    """One endpoint instance as ``GET /api/endpoints`` shows it (ServiceControl's
+    ``EndpointsView`` without ``heartbeat_information``: Controlroom has no heartbeats)."""
+
+    id: str
+    name: str
+    host_display_name: str | None = None
+    monitored: bool
+    monitor_heartbeat: bool
+    is_sending_heartbeats: bool = False
+
+
 class EndpointUpdate(BaseModel):
-    """``PATCH /api/endpoints/{id}``: the user's monitoring choice."""
+    """``PATCH /api/endpoints/{id}``: the user's monitoring choice, under ServiceControl's
+    name ``monitor_heartbeat`` or Controlroom's ``monitoring_enabled`` (exactly one)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    monitoring_enabled: bool
+    monitor_heartbeat: bool | None = None
+    monitoring_enabled: bool | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EndpointUpdate:
+        if (self.monitor_heartbeat is None) == (self.monitoring_enabled is None):
+            raise ValueError("give exactly one of 'monitor_heartbeat' and 'monitoring_enabled'")
+        return self
+
+    @property
+    def monitored(self) -> bool:
+        chosen = self.monitor_heartbeat
+        return chosen if chosen is not None else bool(self.monitoring_enabled)
 
 
-@router.get("/endpoints")
-def list_monitored_endpoints(response: Response) -> list[dict[str, Any]]:
-    """Heartbeat-monitored endpoints: always empty (Controlroom has no heartbeats)."""
-    response.headers["Total-Count"] = "0"
-    return []
+class EndpointSettingsView(BaseModel):
+    """ServiceControl's ``SettingsData``: whether instances of ``name`` are tracked; the
+    entry named ``""`` is the default for every endpoint."""
+
+    name: str
+    track_instances: bool
+
+
+@router.get("/endpoints", response_model_exclude_none=True)
+def list_endpoints(request: Request, response: Response) -> list[EndpointView]:
+    """Every endpoint instance seen on failed messages, by name then host, with the
+    user's monitoring flag; ``Total-Count`` is their number."""
+    with _engine(request).connect() as conn:
+        rows = endpoints.all_known_endpoints(conn)
+    response.headers["Total-Count"] = str(len(rows))
+    return [
+        EndpointView(
+            id=row.id,
+            name=row.name,
+            host_display_name=row.host,
+            monitored=row.monitored,
+            monitor_heartbeat=row.monitored,
+        )
+        for row in rows
+    ]
+
+
+@router.get("/endpointssettings")
+def list_endpoint_settings() -> list[EndpointSettingsView]:
+    """ServiceControl's endpoint settings: Controlroom keeps none per endpoint, so this
+    is ServiceControl's answer for that case, the default entry (instances tracked)."""
+    return [EndpointSettingsView(name="", track_instances=True)]
 
 
 @router.get("/endpoints/known", response_model=list[KnownEndpointView], responses=LIST_RESPONSES)
@@ -71,7 +126,7 @@ def list_known_endpoints(request: Request, page: PagingParams) -> Response:
 def update_endpoint(request: Request, endpoint_id: EndpointId, update: EndpointUpdate) -> Response:
     """Set whether the endpoint is monitored. Ingestion never changes it back."""
     with begin_write(_engine(request)) as conn:
-        found = endpoints.set_monitored(conn, str(endpoint_id), update.monitoring_enabled)
+        found = endpoints.set_monitored(conn, str(endpoint_id), update.monitored)
     if not found:
         raise HTTPException(404, f"no known endpoint with id {endpoint_id}")
     return Response(status_code=202)

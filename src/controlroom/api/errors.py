@@ -2,7 +2,8 @@
 
 Routes (each also answers with a trailing slash, as ServiceControl's clients sometimes
 send it): ``GET|HEAD /api/errors``, ``GET /api/endpoints/{endpointname}/errors``,
-``GET /api/errors/summary``, ``GET /api/errors/queues/addresses``,
+``GET /api/errors/summary`` (ServiceControl's facets), ``GET /api/errors/counts``
+(counts per status), ``GET /api/errors/queues/addresses``,
 ``GET /api/errors/last/{id}``, ``GET /api/errors/{id}`` and ``GET /api/messages/{id}/body``.
 
 JSON is snake_case with null values left out (as ServiceControl writes it); times are ISO
@@ -20,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -30,7 +32,7 @@ from urllib.parse import quote, urlencode
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, PlainSerializer, TypeAdapter
+from pydantic import BaseModel, Field, PlainSerializer, TypeAdapter
 
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors.ingest.bodies import BodyNotFoundError, BodyStore
@@ -127,13 +129,39 @@ class FailureGroupRef(BaseModel):
     type: str  # the classifier's name
 
 
+class FailureDetails(BaseModel):
+    """Why an attempt failed (ServiceControl's ``FailureDetails``)."""
+
+    address_of_failing_endpoint: str
+    time_of_failure: UtcTimestamp
+    exception: ExceptionDetails
+
+
+class ProcessingAttempt(BaseModel):
+    """One processing attempt (ServiceControl's ``FailedMessage.ProcessingAttempt``).
+
+    Only the stored (newest) attempt is kept whole; an earlier one is counted, not kept,
+    so it carries its message id and, for the first, the time it failed."""
+
+    attempted_at: UtcTimestamp | None = None
+    message_id: str
+    headers: dict[str, str] | None = None
+    message_metadata: dict[str, Any] | None = None
+    failure_details: FailureDetails | None = None
+
+
 class FailedMessageDetail(FailedMessageListItem):
-    """One failed message in full: headers, failure window, groups, where its body is.
+    """One failed message in full, in ServiceControl's ``FailedMessage`` shape
+    (``unique_message_id``, ``status``, ``processing_attempts``, ``failure_groups``) with
+    the list's flat fields beside it: headers, failure window, groups, where its body is.
 
     ``body_url`` is relative to the API root (``/messages/{id}/body``), as in search
     results; ``body_size`` is the true size in bytes.
     """
 
+    unique_message_id: str
+    processing_attempts: list[ProcessingAttempt]
+    failure_groups: list[FailureGroupRef]
     headers: dict[str, str | None]
     first_failure_at: UtcTimestamp
     last_failure_at: UtcTimestamp
@@ -141,6 +169,27 @@ class FailedMessageDetail(FailedMessageListItem):
     body_url: str
     body_size: int
     content_type: str
+
+
+class FacetValue(BaseModel):
+    range: str  # the value (RavenDB's facet term)
+    count: int
+
+
+class Facet(BaseModel):
+    name: str
+    values: list[FacetValue]
+
+
+class ErrorsFacets(BaseModel):
+    """ServiceControl's ``errors/summary``: the Unresolved failed messages counted by
+    receiving endpoint, host and message type (``FailedMessageFacetsIndex``)."""
+
+    model_config = {"populate_by_name": True}
+
+    endpoints: Facet = Field(alias="Endpoints")
+    hosts: Facet = Field(alias="Hosts")
+    message_types: Facet = Field(alias="Message types")
 
 
 class ErrorsSummary(BaseModel):
@@ -173,22 +222,18 @@ def parse_status_filter(
 ) -> tuple[frozenset[FailedMessageStatus], frozenset[FailedMessageStatus]]:
     """``"unresolved,-archived"`` -> (statuses to include, statuses to exclude).
 
-    Comma-separated names, case-insensitive, spaces ignored; a ``-`` prefix excludes.
-    Source: ServiceControl ``FilterByStatusWhere``. Raises ``ValueError`` naming an
-    unknown status.
+    Comma-separated names, case-insensitive, spaces ignored; a ``-`` prefix excludes. An
+    unknown name is ignored, as ServiceControl ignores it (``FilterByStatusWhere``): a
+    filter of unknown names only is no filter.
     """
     include: set[FailedMessageStatus] = set()
     exclude: set[FailedMessageStatus] = set()
     for part in text.replace(" ", "").split(","):
-        if not part:
-            continue
         excluded = part.startswith("-")
         name = part[1:] if excluded else part
         status = _STATUS_BY_NAME.get(name.lower())
-        if status is None:
-            known = ", ".join(STATUS_NAMES.values())
-            raise ValueError(f"unknown status {name[:50]!r}; use {known}, each maybe with '-'")
-        (exclude if excluded else include).add(status)
+        if status is not None:
+            (exclude if excluded else include).add(status)
     return frozenset(include), frozenset(exclude)
 
 
@@ -273,13 +318,23 @@ Direction = Literal["asc", "desc"]
 
 def ordering(
     sort: Annotated[
-        queries.SortKey,
-        Query(description="Sort key; ties are broken by id in the same direction."),
-    ] = queries.DEFAULT_SORT,
-    direction: Annotated[Direction, Query(description="Sort direction.")] = "desc",
+        str | None,
+        Query(
+            max_length=200,
+            description="Sort key: " + ", ".join(queries.SORT_KEYS) + f"; empty or any other "
+            f"value sorts by {queries.DEFAULT_SORT} (ServiceControl's leniency). Ties are "
+            "broken by id in the same direction.",
+        ),
+    ] = None,
+    direction: Annotated[
+        str | None,
+        Query(max_length=200, description="asc or desc; any other value reads as desc."),
+    ] = None,
 ) -> queries.Ordering:
-    """The ``sort`` and ``direction`` query parameters (a FastAPI dependency)."""
-    return queries.Ordering(key=sort, descending=direction == "desc")
+    """The ``sort`` and ``direction`` query parameters (a FastAPI dependency). Unknown
+    values are the defaults, never a refusal: ServiceControl's ``GetSortInfo``."""
+    key = next((known for known in queries.SORT_KEYS if known == sort), queries.DEFAULT_SORT)
+    return queries.Ordering(key=key, descending=direction != "asc")
 
 
 def message_filter(
@@ -302,21 +357,28 @@ def message_filter(
     ] = None,
     queueaddress: Annotated[
         str | None,
-        Query(max_length=400, description="Only failures from this queue (exact match)."),
+        Query(
+            max_length=400,
+            description="Only failures from this queue (any case); empty: no filter.",
+        ),
+    ] = None,
+    queue_address_camel: Annotated[
+        str | None,
+        Query(alias="queueAddress", max_length=400, description="Same as queueaddress."),
     ] = None,
 ) -> queries.FailedMessageFilter:
     """The ``status``, ``modified`` and ``queueaddress`` query parameters (a dependency).
 
-    Raises a 422 naming ``status`` or ``modified`` when it cannot be read.
+    ServiceControl's leniency: unknown statuses are ignored, an empty queue address is no
+    filter, and the address is also read as ``queueAddress``. Raises a 422 naming
+    ``modified`` when it cannot be read.
     """
+    address = queueaddress if queueaddress is not None else queue_address_camel
     where = queries.FailedMessageFilter(
-        queue_address=_no_nul("query", "queueaddress", queueaddress)
+        queue_address=_no_nul("query", "queueaddress", address) or None
     )
     if status is not None:
-        try:
-            included, excluded = parse_status_filter(status)
-        except ValueError as exc:
-            raise invalid_parameter("query", "status", status, str(exc)) from None
+        included, excluded = parse_status_filter(status)
         where = replace(where, statuses=included, excluded_statuses=excluded)
     if modified is not None:
         try:
@@ -492,9 +554,32 @@ def list_endpoint_errors(
     return _list_page(request, page, order, replace(where, receiving_endpoint=endpoint))
 
 
-@_route("/errors/summary", response_model=ErrorsSummary)
+@_route("/errors/summary", response_model=ErrorsFacets)
 def errors_summary(request: Request) -> Response:
-    """How many failed messages there are in each status."""
+    """ServiceControl's summary: the Unresolved failed messages counted by endpoint
+    (``Endpoints``), host (``Hosts``) and message type (``Message types``), each most
+    frequent first."""
+    with _engine(request).connect() as conn:
+        facets = queries.unresolved_facets(conn)
+
+    def facet(name: str, key: str) -> Facet:
+        values = [FacetValue(range=item.value, count=item.count) for item in facets[key]]
+        return Facet(name=name, values=values)
+
+    summary = ErrorsFacets(
+        endpoints=facet("Endpoints", "endpoint"),
+        hosts=facet("Hosts", "host"),
+        message_types=facet("Message types", "message_type"),
+    )
+    return Response(
+        TypeAdapter(ErrorsFacets).dump_json(summary, by_alias=True),
+        media_type="application/json",
+    )
+
+
+@_route("/errors/counts", response_model=ErrorsSummary)
+def errors_counts(request: Request) -> Response:
+    """How many failed messages there are in each status (Controlroom's own route)."""
     with _engine(request).connect() as conn:
         counts = queries.count_by_status(conn)
     return json_response(
@@ -545,28 +630,51 @@ def get_error(request: Request, failed_message_id: FailedMessageId) -> Response:
     return json_response(detail(details))
 
 
+BodyMessageId = Annotated[
+    str,
+    Path(
+        alias="id",
+        min_length=1,
+        max_length=400,
+        description="The failed message's id (UniqueMessageId), or its native "
+        "NServiceBus.MessageId (then the latest failure of that message).",
+    ),
+]
+
+
 @router.get(
     "/messages/{id}/body",
     response_class=Response,
     responses={
         200: {"content": {"application/octet-stream": {}}, "description": "The exact body."},
+        204: {"description": "The body is empty."},
         404: {"description": "No such failed message, or its body is missing."},
         503: {"description": "The body store cannot be read."},
     },
 )
-def get_body(request: Request, failed_message_id: FailedMessageId) -> Response:
+def get_body(request: Request, message_id: BodyMessageId) -> Response:
     """The exact bytes of a failed message's body, with its original content type.
 
-    The body store's copy when the body is stored externally (it is authoritative: the
-    inline text is then only a searchable prefix), else the inline text as UTF-8. 404
-    when there is no such message or its body is missing; 503 when the body store fails.
+    ``id`` is the failed message's id or its native message id (ServiceControl takes
+    either). The body store's copy when the body is stored externally (it is
+    authoritative: the inline text is then only a searchable prefix), else the inline text
+    as UTF-8. A body with a content encoding (gzip) is served as stored, labelled with
+    its ``Content-Encoding``, so a browser decodes it. 204 for an empty body (stored
+    nowhere, as in ServiceControl); 404 when there is no such message or its body is
+    missing; 503 when the body store fails.
     """
+    _no_nul("path", "id", message_id)
     with _engine(request).connect() as conn:
-        stored = queries.get_stored_body(conn, str(failed_message_id))
+        stored = queries.find_stored_body(conn, message_id)
     if stored is None:
-        raise HTTPException(404, f"no failed message with id {failed_message_id}")
-    data = read_body_bytes(request.app.state.body_store, stored, failed_message_id)
-    return Response(content=data, headers=body_response_headers(stored.content_type))
+        raise HTTPException(404, f"no failed message with id {message_id[:100]!r}")
+    if stored.size == 0:
+        return Response(status_code=204)
+    data = read_body_bytes(request.app.state.body_store, stored, message_id)
+    return Response(
+        content=data,
+        headers=body_response_headers(stored.content_type, stored.content_encoding),
+    )
 
 
 # The body is attacker-controlled: a browser must never run it as a page of the API's
@@ -576,22 +684,31 @@ _BODY_SAFETY_HEADERS = {
     "content-security-policy": "sandbox; default-src 'none'",
     "content-disposition": "attachment",
 }
+# An HTTP content coding (RFC 9110 token, or a list of them): only such a value is sent.
+_CONTENT_CODING = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+(\s*,\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*")
 
 
-def body_response_headers(content_type: str) -> dict[str, str]:
+def body_response_headers(content_type: str, content_encoding: str | None = None) -> dict[str, str]:
     """Headers of a body answer: the stored content type as stored (Starlette's
     ``media_type`` would append a charset), when it is a legal header value, else
-    ``application/octet-stream``; plus the safety headers."""
+    ``application/octet-stream``; the body's ``Content-Encoding`` when it has a legal one
+    (the bytes are sent as stored, so the client decodes them); plus the safety headers."""
     legal = content_type.isprintable() and content_type.isascii()
-    return {
+    headers = {
         "content-type": content_type if legal else "application/octet-stream",
         **_BODY_SAFETY_HEADERS,
     }
+    if content_encoding is not None and _CONTENT_CODING.fullmatch(content_encoding.strip()):
+        headers["content-encoding"] = content_encoding.strip()
+    return headers
 
 
-def read_body_bytes(store: BodyStore, stored: queries.StoredBody, message_id: uuid.UUID) -> bytes:
-    """The exact bytes of a stored body (see ``get_body``); raises ``HTTPException`` 404 or
-    503 as that route answers."""
+def read_body_bytes(store: BodyStore, stored: queries.StoredBody, message_id: object) -> bytes:
+    """The exact bytes of a stored body (see ``get_body``; empty for an empty body);
+    raises ``HTTPException`` 404 or 503 as that route answers. ``message_id`` only names
+    the message in those answers."""
+    if stored.size == 0:
+        return b""
     if stored.stored_externally:
         if stored.key is None:
             raise HTTPException(404, f"the body of failed message {message_id} has no store key")
@@ -623,19 +740,72 @@ def list_item(summary: queries.FailedMessageSummary) -> FailedMessageListItem:
 def detail(details: queries.FailedMessageDetails) -> FailedMessageDetail:
     """The full shape of a stored failed message."""
     summary = details.summary
+    headers = json.loads(details.headers_json)
+    groups = [
+        FailureGroupRef(id=group.id, title=group.title, type=group.classifier)
+        for group in details.groups
+    ]
     return FailedMessageDetail(
         **_list_fields(summary),
-        headers=json.loads(details.headers_json),
+        unique_message_id=summary.id,
+        processing_attempts=processing_attempts(details, headers),
+        failure_groups=groups,
+        headers=headers,
         first_failure_at=details.first_failure_at,
         last_failure_at=summary.last_failure_at,
-        groups=[
-            FailureGroupRef(id=group.id, title=group.title, type=group.classifier)
-            for group in details.groups
-        ],
+        groups=groups,
         body_url=body_url(summary.id),
         body_size=details.body_size,
         content_type=details.content_type,
     )
+
+
+def processing_attempts(
+    details: queries.FailedMessageDetails, headers: dict[str, str | None]
+) -> list[ProcessingAttempt]:
+    """ServiceControl's ``processing_attempts``: one entry per counted attempt, oldest
+    first, the stored attempt last and whole (``failure_details``, ``headers`` without
+    null values, ``message_metadata`` keyed as ServiceControl keys it)."""
+    summary = details.summary
+    newest = ProcessingAttempt(
+        attempted_at=summary.last_failure_at,
+        message_id=summary.message_id,
+        headers={name: value for name, value in headers.items() if value is not None},
+        message_metadata=message_metadata(details),
+        failure_details=FailureDetails(
+            address_of_failing_endpoint=summary.queue_address,
+            time_of_failure=summary.last_failure_at,
+            exception=exception_details(summary),
+        ),
+    )
+    earlier = [
+        ProcessingAttempt(
+            attempted_at=details.first_failure_at if index == 0 else None,
+            message_id=summary.message_id,
+        )
+        for index in range(max(summary.number_of_processing_attempts - 1, 0))
+    ]
+    return [*earlier, newest]
+
+
+def message_metadata(details: queries.FailedMessageDetails) -> dict[str, Any]:
+    """The stored attempt's ``message_metadata``, with ServiceControl's (PascalCase) keys
+    for what Controlroom derives; absent values are left out."""
+    summary = details.summary
+    sending = sending_endpoint(summary)
+    metadata: dict[str, Any] = {
+        "MessageId": summary.message_id,
+        "MessageType": summary.message_type,
+        "IsSystemMessage": summary.is_system_message,
+        "TimeSent": format_utc(summary.time_sent) if summary.time_sent else None,
+        "ConversationId": details.conversation_id,
+        "ContentType": details.content_type,
+        "BodySize": details.body_size,
+        "BodyUrl": body_url(summary.id),
+        "ReceivingEndpoint": receiving_endpoint(summary).model_dump(exclude_none=True),
+        "SendingEndpoint": sending.model_dump(exclude_none=True) if sending else None,
+    }
+    return {key: value for key, value in metadata.items() if value is not None}
 
 
 def sending_endpoint(summary: queries.FailedMessageSummary) -> EndpointDetails | None:
@@ -656,6 +826,16 @@ def receiving_endpoint(summary: queries.FailedMessageSummary) -> EndpointDetails
     )
 
 
+def exception_details(summary: queries.FailedMessageSummary) -> ExceptionDetails:
+    """The stored attempt's exception, as its headers tell it."""
+    return ExceptionDetails(
+        exception_type=summary.exception_type,
+        message=summary.exception_message,
+        source=summary.exception_source,
+        stack_trace=summary.stack_trace,
+    )
+
+
 def _list_fields(summary: queries.FailedMessageSummary) -> dict[str, object]:
     return {
         "id": summary.id,
@@ -663,12 +843,7 @@ def _list_fields(summary: queries.FailedMessageSummary) -> dict[str, object]:
         "message_type": summary.message_type,
         "time_sent": summary.time_sent,
         "is_system_message": summary.is_system_message,
-        "exception": ExceptionDetails(
-            exception_type=summary.exception_type,
-            message=summary.exception_message,
-            source=summary.exception_source,
-            stack_trace=summary.stack_trace,
-        ),
+        "exception": exception_details(summary),
         "number_of_processing_attempts": summary.number_of_processing_attempts,
         "status": STATUS_NAMES[summary.status],
         "sending_endpoint": sending_endpoint(summary),

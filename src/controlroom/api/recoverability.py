@@ -289,7 +289,9 @@ def list_groups_view(
         and retry.classifier == classifier
         and classifier_filter in (None, retry.title)
     ]
-    views = closed + [group_view(group, retries.get(group.id)) for group in found]
+    views = closed + [
+        group_view(group, retries.get(group.id), archived=archived) for group in found
+    ]
     response.headers["Total-Count"] = str(len(views))
     return views
 
@@ -301,14 +303,15 @@ def get_group_view(request: Request, group_id: uuid.UUID, *, archived: bool) -> 
         retry = None if archived else groups.group_retries(conn).get(str(group_id))
     if group is None:
         raise _unknown_group(group_id)
-    return group_view(group, retry)
+    return group_view(group, retry, archived=archived)
 
 
 def group_view(
-    group: groups.GroupSummary, retry: groups.GroupRetry | None = None
+    group: groups.GroupSummary, retry: groups.GroupRetry | None = None, *, archived: bool = False
 ) -> FailureGroupView:
     """The API shape of a group, with its retry's ``operation_*`` fields (idle values
-    without one)."""
+    without one). An ``archived`` view shows no comment: ServiceControl's archived group
+    views carry none."""
     view = FailureGroupView(
         id=group.id,
         title=group.title,
@@ -316,7 +319,7 @@ def group_view(
         count=group.count,
         first=group.first,
         last=group.last,
-        comment=group.comment,
+        comment=None if archived else group.comment,
     )
     return view if retry is None else view.model_copy(update=operation_fields(retry))
 

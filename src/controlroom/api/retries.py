@@ -14,9 +14,13 @@ from typing import Annotated, Any
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Body, HTTPException, Path, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from controlroom.api.archive import QueueWindow
 from controlroom.api.errors import UtcTimestamp
+from controlroom.db.tables import FailedMessageStatus
+from controlroom.errors.read import queries
 from controlroom.errors.retries import requests as retries
 from controlroom.errors.retries import wire as retry_wire
 from controlroom.transport.base import Transport, TransportError
@@ -119,10 +123,17 @@ class EditRequest(BaseModel):
 
 
 class EditAccepted(BaseModel):
-    edit_ignored: bool  # ServiceControl's field; always false when 202
+    edit_ignored: bool  # ServiceControl's field; false when 202
     edit_id: str
     message_id: str  # NServiceBus.MessageId of the edited copy
     destination: str
+
+
+class EditIgnored(BaseModel):
+    """ServiceControl's 200 answer to an edit of a message already edited (or being
+    edited): nothing was sent."""
+
+    edit_ignored: bool = True
 
 
 # --- retry routes -------------------------------------------------------------------------
@@ -184,6 +195,28 @@ def retry_group(request: Request, group_id: Annotated[str, Path(alias="groupId")
 def retry_pending(request: Request, ids: Annotated[list[str], Body()]) -> RetryAccepted:
     """Retry again messages whose retry was sent but never confirmed (a JSON array)."""
     _check_ids(ids)
+    return _accepted(request, retries.retry_pending_messages, ids)
+
+
+@router.post(
+    "/pendingretries/queues/retry",
+    status_code=202,
+    responses={400: {"description": "queueaddress blank, or from/to unreadable."}},
+    response_model_exclude_none=True,
+)
+def retry_queue_pending(request: Request, body: QueueWindow) -> RetryAccepted:
+    """Retry again the pending retries that failed in ``queueaddress`` and whose retry was
+    asked within ``from``..``to`` (ServiceControl's ``RetryPendingMessages``)."""
+    queue_address, start, end = body.window()
+    with _engine(request).connect() as conn:
+        ids = queries.pending_retry_ids(conn, queue_address, start, end)
+    if not ids:
+        return RetryAccepted(
+            retry_type=str(retries.RetryType.MULTIPLE_MESSAGES),
+            message_count=0,
+            skipped_count=0,
+            batches=[],
+        )
     return _accepted(request, retries.retry_pending_messages, ids)
 
 
@@ -249,8 +282,10 @@ def get_edit_configuration() -> EditConfiguration:
 @router.post(
     "/edit/{id}",
     status_code=202,
+    response_model=EditAccepted,
     responses={
-        400: {"description": "A locked header changed, or the body is empty."},
+        200: {"model": EditIgnored, "description": "Already edited (or being edited)."},
+        400: {"description": "A locked header changed, a header is null, the body is empty."},
         **_ERRORS,
         503: {"description": "The message could not be sent; the original is unchanged."},
     },
@@ -259,8 +294,17 @@ async def edit_and_retry(
     request: Request,
     failed_message_id: Annotated[str, Path(alias="id")],
     edit: Annotated[EditRequest, Body()],
-) -> EditAccepted:
-    """Send an edited copy of an Unresolved failed message; the original becomes Resolved."""
+) -> EditAccepted | JSONResponse:
+    """Send an edited copy of an Unresolved failed message; the original becomes Resolved.
+
+    A repeated edit (the message was edited already, so it is Resolved, or an edit of it
+    is being sent) answers 200 ``{"edit_ignored": true}`` and sends nothing, as
+    ServiceControl answers it; a null header value is a 400 naming the header.
+    """
+    headers = edit.headers()
+    nulls = sorted(name for name, value in headers.items() if value is None)
+    if nulls:
+        raise HTTPException(400, f"message_headers: null value of {', '.join(nulls)[:500]}")
     transport: Transport | None = getattr(request.app.state, "transport", None)
     if transport is None:
         raise HTTPException(503, "no transport is configured to send the edited message")
@@ -270,11 +314,17 @@ async def edit_and_retry(
             transport,
             failed_message_id,
             body=edit.message_body,
-            headers=edit.headers(),
+            headers=headers,
             acknowledgement_queue=request.app.state.settings.error_queue,
         )
     except retries.InvalidEdit as exc:
         raise HTTPException(400, str(exc)) from exc
+    except retries.MessageBeingRetried:
+        return JSONResponse(EditIgnored().model_dump(), status_code=200)
+    except retries.NotRetryable as exc:
+        if set(exc.statuses.values()) == {FailedMessageStatus.RESOLVED}:
+            return JSONResponse(EditIgnored().model_dump(), status_code=200)
+        raise _http_error(exc) from exc
     except retries.RetryRequestError as exc:
         raise _http_error(exc) from exc
     except TransportError as exc:

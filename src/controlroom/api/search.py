@@ -1,12 +1,17 @@
-"""Full-text search of failed messages: ``GET /api/messages/search/{keyword}`` and
-``GET /api/messages/search?q=``.
+"""ServiceControl's message views over failed messages, and full-text search.
 
-The text is looked up in the provider's full-text index over headers and body text
+Routes: ``GET /api/messages``, ``GET /api/endpoints/{endpoint}/messages``,
+``GET /api/conversations/{conversationid}`` (``include_system_messages``, default false,
+as ServiceControl), ``GET /api/messages/search/{keyword}``, ``GET /api/messages/search?q=``
+and the same two below ``/api/endpoints/{endpoint}/``.
+
+Search looks the text up in the provider's full-text index over headers and body text
 (``controlroom.errors.search``), and as an exact message id or UniqueMessageId. Answers
-are paged and sorted like ``/api/errors`` (``Total-Count``, ``ETag``, ``Link``) and shaped
-as ServiceControl's message list (``MessagesView``) so that its clients can open a message
-found by id: ``status`` is one of ``failed``, ``repeatedFailure``, ``resolvedSuccessfully``,
-``archivedFailure``, ``retryIssued``; ``processed_at`` is the time of failure; ``headers``
+are paged and sorted like ``/api/errors`` (``Total-Count``, ``ETag``, ``Link``; ``sort``
+also ``processed_at``, the time of failure) and shaped as ServiceControl's message list
+(``MessagesView``) so that its clients can open a message found by id: ``status`` is
+one of ``failed``, ``repeatedFailure``, ``resolvedSuccessfully``, ``archivedFailure``,
+``retryIssued``; ``processed_at`` is the time of failure; ``headers``
 is a list of ``{"key", "value"}``; ``body_url`` is relative to the API root.
 """
 
@@ -15,16 +20,16 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, TypeAdapter
 
 from controlroom.api.errors import (
     LIST_RESPONSES,
     EndpointDetails,
-    OrderingParams,
     PagingParams,
     UtcTimestamp,
     body_url,
+    ordering,
     paged_response,
     receiving_endpoint,
     sending_endpoint,
@@ -109,10 +114,56 @@ _TEXT_DESCRIPTION = (
 )
 
 
-def _search(request: Request, text: str, page: PagingParams, order: queries.Ordering) -> Response:
+def message_ordering(
+    sort: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description="processed_at (the time of failure), or a key of /api/errors; any "
+            "other value sorts by time_sent.",
+        ),
+    ] = None,
+    direction: Annotated[
+        str | None, Query(max_length=200, description="asc or desc (any other value).")
+    ] = None,
+) -> queries.Ordering:
+    """``sort``/``direction`` of ServiceControl's message views (a FastAPI dependency)."""
+    return ordering("time_of_failure" if sort == "processed_at" else sort, direction)
+
+
+MessageOrdering = Annotated[queries.Ordering, Depends(message_ordering)]
+IncludeSystemMessages = Annotated[
+    bool, Query(description="Include system (control) messages; ServiceControl's default: no.")
+]
+EndpointName = Annotated[
+    str, Path(max_length=400, description="The receiving endpoint's name (exact).")
+]
+
+
+def _search(
+    request: Request,
+    text: str,
+    page: PagingParams,
+    order: queries.Ordering,
+    where: queries.FailedMessageFilter = queries.EVERY_MESSAGE,
+) -> Response:
     with request.app.state.engine.connect() as conn:
         result = queries.search_failed_messages(
-            conn, text, offset=page.offset, limit=page.per_page, order=order
+            conn, text, offset=page.offset, limit=page.per_page, order=order, where=where
+        )
+    items = [search_item(hit) for hit in result.items]
+    return paged_response(request, items, _ADAPTER, page, result.total)
+
+
+def _messages(
+    request: Request,
+    page: PagingParams,
+    order: queries.Ordering,
+    where: queries.FailedMessageFilter,
+) -> Response:
+    with request.app.state.engine.connect() as conn:
+        result = queries.list_message_hits(
+            conn, offset=page.offset, limit=page.per_page, order=order, where=where
         )
     items = [search_item(hit) for hit in result.items]
     return paged_response(request, items, _ADAPTER, page, result.total)
@@ -136,7 +187,7 @@ def search_by_query(
         str, Query(min_length=1, max_length=MAX_SEARCH_LENGTH, description=_TEXT_DESCRIPTION)
     ],
     page: PagingParams,
-    order: OrderingParams,
+    order: MessageOrdering,
 ) -> Response:
     """Failed messages containing ``q``, paged and sorted like ``/api/errors``."""
     return _search(request, q, page, order)
@@ -148,11 +199,85 @@ def search_by_keyword(
         str, Path(min_length=1, max_length=MAX_SEARCH_LENGTH, description=_TEXT_DESCRIPTION)
     ],
     page: PagingParams,
-    order: OrderingParams,
+    order: MessageOrdering,
 ) -> Response:
     """Failed messages containing ``keyword``, paged and sorted like ``/api/errors``."""
     return _search(request, keyword, page, order)
 
 
+def endpoint_search_by_query(
+    request: Request,
+    endpoint: EndpointName,
+    q: Annotated[
+        str, Query(min_length=1, max_length=MAX_SEARCH_LENGTH, description=_TEXT_DESCRIPTION)
+    ],
+    page: PagingParams,
+    order: MessageOrdering,
+) -> Response:
+    """Failed messages of the receiving ``endpoint`` containing ``q``."""
+    where = queries.FailedMessageFilter(receiving_endpoint=endpoint)
+    return _search(request, q, page, order, where)
+
+
+def endpoint_search_by_keyword(
+    request: Request,
+    endpoint: EndpointName,
+    keyword: Annotated[
+        str, Path(min_length=1, max_length=MAX_SEARCH_LENGTH, description=_TEXT_DESCRIPTION)
+    ],
+    page: PagingParams,
+    order: MessageOrdering,
+) -> Response:
+    """Failed messages of the receiving ``endpoint`` containing ``keyword``."""
+    where = queries.FailedMessageFilter(receiving_endpoint=endpoint)
+    return _search(request, keyword, page, order, where)
+
+
+def list_messages(
+    request: Request,
+    page: PagingParams,
+    order: MessageOrdering,
+    include_system_messages: IncludeSystemMessages = False,
+) -> Response:
+    """Every failed message, in ServiceControl's message shape, paged and sorted."""
+    where = queries.FailedMessageFilter(include_system_messages=include_system_messages)
+    return _messages(request, page, order, where)
+
+
+def list_endpoint_messages(
+    request: Request,
+    endpoint: EndpointName,
+    page: PagingParams,
+    order: MessageOrdering,
+    include_system_messages: IncludeSystemMessages = False,
+) -> Response:
+    """The failed messages of the receiving ``endpoint``, paged and sorted."""
+    where = queries.FailedMessageFilter(
+        receiving_endpoint=endpoint, include_system_messages=include_system_messages
+    )
+    return _messages(request, page, order, where)
+
+
+def list_conversation(
+    request: Request,
+    conversation_id: Annotated[
+        str, Path(alias="conversationid", max_length=400, description="NServiceBus.ConversationId")
+    ],
+    page: PagingParams,
+    order: MessageOrdering,
+    include_system_messages: IncludeSystemMessages = False,
+) -> Response:
+    """The failed messages of one conversation (``NServiceBus.ConversationId``)."""
+    where = queries.FailedMessageFilter(
+        conversation_id=conversation_id, include_system_messages=include_system_messages
+    )
+    return _messages(request, page, order, where)
+
+
+_register("/messages", list_messages)
 _register("/messages/search", search_by_query)
 _register("/messages/search/{keyword}", search_by_keyword)
+_register("/endpoints/{endpoint}/messages", list_endpoint_messages)
+_register("/endpoints/{endpoint}/messages/search", endpoint_search_by_query)
+_register("/endpoints/{endpoint}/messages/search/{keyword}", endpoint_search_by_keyword)
+_register("/conversations/{conversationid}", list_conversation)

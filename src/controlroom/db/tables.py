@@ -73,6 +73,8 @@ failed_messages = sa.Table(
     sa.Index("ix_failed_messages_queue_address", "queue_address"),
     sa.Index("ix_failed_messages_receiving_endpoint", "receiving_endpoint"),
     sa.Index("ix_failed_messages_message_id", "message_id"),
+    sa.Index("ix_failed_messages_queue_address_lower", sa.func.lower(sa.column("queue_address"))),
+    sa.Index("ix_failed_messages_conversation_id", "conversation_id"),
 )
 
 # The list's sort keys, each followed by the id (migration 0004): a page in either
@@ -111,6 +113,18 @@ failed_message_group_comments = sa.Table(
     sa.Column("group_id", sa.String(UUID_LEN), primary_key=True),
     sa.Column("comment", sa.Text, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
+)
+
+# ServiceControl's message redirects (migration 0007): retries of messages that failed in
+# from_physical_address are sent to to_physical_address. id = the deterministic id of the
+# from-address (ServiceControl's MessageRedirectId).
+message_redirects = sa.Table(
+    "message_redirects",
+    metadata,
+    sa.Column("id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("from_physical_address", sa.String(400), nullable=False, unique=True),
+    sa.Column("to_physical_address", sa.String(400), nullable=False),
+    sa.Column("last_modified", UtcDateTime, nullable=False),
 )
 
 known_endpoints = sa.Table(

@@ -41,8 +41,8 @@ def is_text_body(content_type: str | None, content_encoding: str | None) -> bool
 
     Text when the content type (case-insensitive) starts with ``text/`` or contains ``xml``
     or ``json``, and there is no content encoding (a gzip'd JSON body is bytes, not text).
-    A missing content type is not text here; the wire default ``text/plain`` is applied
-    by ``headers.content_type`` before this is asked. Source: DESIGN.md "Body placement".
+    A missing content type is not text (ServiceControl: a body of no named type is
+    binary). Source: DESIGN.md "Body placement".
     """
     if content_encoding or not content_type:
         return False
@@ -55,8 +55,9 @@ def place_body(
 ) -> BodyPlacement:
     """Decide where ``body`` is kept; ``cap`` is ``max_body_size_to_store`` in bytes (>= 0).
 
-    * text, ``len(body) <= cap``: inline whole (``external=False``, ``text`` = the body; an
-      empty text body is inline ``""``);
+    * an empty body: nowhere (``external=False``, ``text=None``; ServiceControl stores no
+      empty body and serves it as 204 No Content);
+    * text, ``len(body) <= cap``: inline whole (``external=False``, ``text`` = the body);
     * text, ``len(body) > cap``: ``external=True`` and ``text`` = the longest prefix of at
       most ``cap`` bytes that ends on a UTF-8 character boundary;
     * not text (``is_text_body``), not strictly UTF-8, or containing NUL: ``external=True``,
@@ -69,6 +70,8 @@ def place_body(
         raise ValueError(f"cap must be >= 0 bytes, got {cap}")
     data = bytes(body)
     size = len(data)
+    if size == 0:
+        return BodyPlacement(size=0, text=None, external=False)
     text = _strict_text(data) if is_text_body(content_type, content_encoding) else None
     if text is None:
         return BodyPlacement(size=size, text=None, external=True)

@@ -7,10 +7,11 @@ headers returning the classification (the group title) or ``None`` (no group). G
 ``identity.group_id(classifier name, title)``. Source: ServiceControl
 ``Recoverability/Grouping/Groupers`` and DESIGN.md "Identity".
 
-Every classifier is linear in the size of the headers: the stack trace is scanned line by
-line with ``str.find``, never with a regular expression over the whole trace, and a .NET
-trace stops at its first frame. Titles are cut to ``MAX_TITLE_LENGTH`` code points (Python
-``str`` slicing never splits a code point; it can split a grapheme of several code points).
+Every classifier is linear in the size of the headers: the exception message is removed
+with one ``str.replace``, the stack trace is scanned line by line with ``str.find``, never
+with a regular expression over the whole trace, and a .NET trace stops at its first frame.
+Titles are cut to ``MAX_TITLE_LENGTH`` code points (Python ``str`` slicing never splits a
+code point; it can split a grapheme of several code points).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ ENDPOINT_NAME = "Endpoint Name"
 MAX_TITLE_LENGTH = 1000
 """Longest group title, in code points. Longer classifications are cut (ids hash the cut title)."""
 
-_NO_FRAME = "0"  # ServiceControl's title suffix when no stack frame is found: "Type: 0"
+_NO_FRAME = "No stacktrace"  # ServiceControl's (6.15 and later) title suffix without a frame
 _PYTHON_TRACEBACK = "Traceback (most recent call last):"
 # One Python frame line, applied only to a single stripped line that starts with 'File "'.
 # [^"]* cannot cross the closing quote, so matching is linear in the line.
@@ -49,10 +50,11 @@ class Classifier:
 
 
 # --- Exception Type and Stack Trace -------------------------------------------------------
-def classify_exception_type_and_stack_trace(headers: Headers) -> str | None:
-    """``"<exception type>: <first stack frame>"``, ``"<exception type>: 0"`` without a frame.
-
-    ``None`` when there is no ``NServiceBus.ExceptionInfo.ExceptionType``. See
+def classify_exception_type_and_stack_trace(headers: Headers) -> str:
+    """``"<exception type>: <first stack frame>"``, ``"<exception type>: No stacktrace"``
+    without a frame. A message without ``NServiceBus.ExceptionInfo.ExceptionType`` is
+    grouped too, with an empty type (``": No stacktrace"`` for a message with no
+    exception headers at all), as ServiceControl groups it. See
     ``exception_classification`` for the frame rules.
     """
     return exception_classification(
@@ -64,61 +66,42 @@ def classify_exception_type_and_stack_trace(headers: Headers) -> str | None:
 
 def exception_classification(
     exception_type: str | None, message: str | None, stack_trace: str | None
-) -> str | None:
+) -> str:
     """The ``Exception Type and Stack Trace`` title from the three exception headers.
 
     ``exception_type + ": " + frame`` where ``frame`` is ``first_frame(stack_trace)``;
-    ``exception_type + ": 0"`` when the trace is empty or has no recognisable frame (the
-    ``: 0`` is ServiceControl's, kept so titles and group ids match its own). ``None``
-    without an exception type.
+    ``exception_type + ": No stacktrace"`` when the trace is empty or has no recognisable
+    frame; a missing type reads as empty. Source: ServiceControl 6.15
+    ``ExceptionTypeAndStackTraceFailureClassifier`` (titles, and so group ids, match).
     """
-    if exception_type is None:
-        return None
     frame = first_frame(stack_trace, exception_type, message) if stack_trace else None
-    return f"{exception_type}: {frame if frame is not None else _NO_FRAME}"
+    return f"{exception_type or ''}: {frame if frame is not None else _NO_FRAME}"
 
 
 def first_frame(stack_trace: str, exception_type: str | None, message: str | None) -> str | None:
     """The frame that identifies where the exception was thrown, or ``None``.
 
-    * .NET (``Exception.ToString()``): the first line that, stripped, starts with ``at ``
-      and reads ``at Namespace.Type.Method(params)``, optionally followed by
-      `` in file:line N``; the frame is ``Namespace.Type.Method(params)`` exactly as
-      written, as in ServiceControl. .NET lists the throw site first (and, with inner
-      exceptions, the innermost exception's frames first). Scanning stops at that line.
-    * Python (the trace starts with ``Traceback (most recent call last):``): Python lists
-      the throw site *last*, so the equivalent is the last ``File "path", line N, in func``
-      line (with chained exceptions: of the exception that escaped); the frame is
-      ``"path in func"``. The line number is left out (it moves with every edit, which
-      would split one failure into many groups), as ServiceControl leaves out .NET's.
+    Every occurrence of the exception ``message`` is removed from the trace first (as
+    ServiceControl does), so message text that happens to look like a frame is not taken
+    for one. Then:
 
-    The exception message is skipped first when the trace begins (.NET) or ends (Python)
-    with it, so message text that happens to look like a frame is not taken for one.
-    Only English .NET traces (``at``) are recognised.
+    * .NET (``Exception.ToString()``): the first line that, stripped, is a word (``at``, or
+      its translation in a localized trace: ``bei``, ``à``, ``en``, ...), white space, and
+      ``Namespace.Type.Method(params)``, optionally followed by `` in file:line N``; the
+      frame is ``Namespace.Type.Method(params)`` exactly as written, as in ServiceControl.
+      .NET lists the throw site first (and, with inner exceptions, the innermost
+      exception's frames first). Scanning stops at that line.
+    * Python (the trace starts with ``Traceback (most recent call last):``; Controlroom's
+      own extension): Python lists the throw site *last*, so the equivalent is the last
+      ``File "path", line N, in func`` line (with chained exceptions: of the exception
+      that escaped); the frame is ``"path in func"``. The line number is left out (it
+      moves with every edit, which would split one failure into many groups), as
+      ServiceControl leaves out .NET's.
     """
-    start = _skip_leading_message(stack_trace, exception_type, message)
-    if stack_trace.startswith(_PYTHON_TRACEBACK, len(stack_trace) - len(stack_trace.lstrip())):
-        end = _cut_trailing_message(stack_trace, message)
-        return _last_python_frame(stack_trace, end)
-    return _first_dotnet_frame(stack_trace, start)
-
-
-def _skip_leading_message(trace: str, exception_type: str | None, message: str | None) -> int:
-    """Index just past a leading ``"<type>: <message>"`` (.NET ToString), else 0."""
-    if not exception_type or not message or not trace.startswith(exception_type):
-        return 0
-    after_type = len(exception_type)
-    if trace.startswith(": ", after_type) and trace.startswith(message, after_type + 2):
-        return after_type + 2 + len(message)
-    return 0
-
-
-def _cut_trailing_message(trace: str, message: str | None) -> int:
-    """Index where a trailing ``message`` (Python's last line) begins, else the end."""
-    end = len(trace.rstrip(_TRAILING_SPACE))
-    if message and trace.endswith(message, 0, end):
-        return end - len(message)
-    return end
+    trace = stack_trace.replace(message, "") if message else stack_trace
+    if trace.startswith(_PYTHON_TRACEBACK, len(trace) - len(trace.lstrip())):
+        return _last_python_frame(trace, len(trace.rstrip(_TRAILING_SPACE)))
+    return _first_dotnet_frame(trace, 0)
 
 
 def _first_dotnet_frame(trace: str, start: int) -> str | None:
@@ -135,11 +118,17 @@ def _first_dotnet_frame(trace: str, start: int) -> str | None:
 
 
 def _dotnet_frame(line: str) -> str | None:
-    """``Type.Method(params)`` of one ``at ...`` line, or ``None`` if it is not a frame."""
+    """``Type.Method(params)`` of one ``<word> ...`` line, or ``None`` if it is not a frame.
+
+    The word is any run of word characters (StackTraceParser's ``\\w+``: .NET writes
+    ``at`` in its UI culture's language) followed by white space."""
     text = line.strip()
-    if not text.startswith("at "):
+    word_end = 0
+    while word_end < len(text) and (text[word_end].isalnum() or text[word_end] == "_"):
+        word_end += 1
+    if word_end == 0 or word_end == len(text) or not text[word_end].isspace():
         return None
-    text = text[3:].lstrip()
+    text = text[word_end:].lstrip()
     open_paren = text.find("(")
     if open_paren == -1:
         return None

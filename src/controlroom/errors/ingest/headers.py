@@ -61,7 +61,9 @@ RETRY_SUCCESSFUL = "ServiceControl.Retry.Successful"
 CONTENT_ENCODING = CONTENT_ENCODING_HEADER
 NSB_CONTENT_ENCODING = "NServiceBus.ContentEncoding"
 
-DEFAULT_CONTENT_TYPE = "text/plain"
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+"""The content type of a body whose message names none: binary, as ServiceControl treats
+it (DESIGN.md "Wire contract")."""
 
 # Wire time format "yyyy-MM-dd HH:mm:ss:ffffff Z" (UTC). Fewer (or a 7th, .NET tick)
 # fraction digits and no fraction are tolerated. ASCII digits only.
@@ -69,6 +71,10 @@ _NSB_TIME_RE = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2}) ([0-9]{2}):([0-9]{2}):([0-9]{2})(?::([0-9]{1,7}))? Z"
 )
 _MAX_TIME_LEN = 64  # longer than any sane timestamp: refuse before any parsing work
+# NServiceBus's own reading (DateTimeOffsetHelper.ToDateTimeOffset): a value exactly as long
+# as the format, an ASCII digit wherever the format has a digit letter, any character
+# elsewhere. Each letter names the field the digit belongs to.
+_NSB_WIRE_FORMAT = "yyyy-MM-dd HH:mm:ss:ffffff Z"
 
 # The GUID spellings .NET writes: "D" (8-4-4-4-12), "N" (32 hex), "B" ({D}), "P" ((D)).
 # Stricter than uuid.UUID(), which also takes "urn:uuid:" prefixes and hyphens anywhere.
@@ -148,23 +154,48 @@ def retry_unique_message_id(headers: Headers) -> str | None:
 def parse_nsb_time(text: str, *, header: str = "timestamp") -> datetime:
     """Parse an NServiceBus wire timestamp into an aware UTC ``datetime``.
 
-    Format ``yyyy-MM-dd HH:mm:ss:ffffff Z`` (UTC; DESIGN.md "Wire contract"), with 0-7
-    fraction digits (a 7th digit, a .NET tick, is truncated). ISO 8601 is accepted as a
-    lenient fallback (``datetime.fromisoformat``; a value without an offset is read as UTC,
-    one with an offset is converted to UTC).
+    Format ``yyyy-MM-dd HH:mm:ss:ffffff Z`` (UTC; DESIGN.md "Wire contract"). A value of
+    the format's length (28) is read as NServiceBus reads it: digits at the format's digit
+    positions, any other character ignored (``2020-10-31 13,59,25,359877 Z`` is valid).
+    Other lengths: 0-7 fraction digits (a 7th digit, a .NET tick, is truncated), or ISO
+    8601 as a lenient fallback (``datetime.fromisoformat``; a value without an offset is
+    read as UTC, one with an offset is converted to UTC).
 
-    Raises ``MessageRejected`` naming ``header`` when the value is neither.
+    Raises ``MessageRejected`` naming ``header`` when the value is none of these.
     """
     value = text.strip()
     if len(value) <= _MAX_TIME_LEN:
         match = _NSB_TIME_RE.fullmatch(value)
         try:
+            if len(value) == len(_NSB_WIRE_FORMAT):
+                return _nservicebus_time(value)
             if match is not None:
                 return _wire_time(match)
             return _iso_time(value)
         except (ValueError, OverflowError):
             pass  # out-of-range field (month 13, year 9999 west of UTC) or not ISO 8601
     raise MessageRejected(f"header {header} is not a timestamp: {text[:100]!r}")
+
+
+def _nservicebus_time(value: str) -> datetime:
+    """``value`` (28 characters) read as NServiceBus reads it; ``ValueError`` when a digit
+    position holds something else or a field is out of range."""
+    fields = dict.fromkeys("yMdHmsf", 0)
+    for letter, char in zip(_NSB_WIRE_FORMAT, value, strict=True):
+        if letter in fields:
+            if not "0" <= char <= "9":
+                raise ValueError(f"not a digit: {char!r}")
+            fields[letter] = fields[letter] * 10 + ord(char) - ord("0")
+    return datetime(
+        fields["y"],
+        fields["M"],
+        fields["d"],
+        fields["H"],
+        fields["m"],
+        fields["s"],
+        fields["f"],
+        tzinfo=UTC,
+    )
 
 
 def _wire_time(match: re.Match[str]) -> datetime:
@@ -301,7 +332,8 @@ def _is_control_message(headers: Headers) -> bool:
 
 # --- body description ---------------------------------------------------------------------
 def content_type(headers: Headers) -> str:
-    """``NServiceBus.ContentType``, default ``text/plain`` (DESIGN.md "Wire contract")."""
+    """``NServiceBus.ContentType``, default ``application/octet-stream``: a body of no
+    named type is binary, as in ServiceControl (DESIGN.md "Wire contract")."""
     return header_text(headers, CONTENT_TYPE) or DEFAULT_CONTENT_TYPE
 
 

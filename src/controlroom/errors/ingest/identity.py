@@ -67,3 +67,18 @@ def known_endpoint_id(name: str, host_id: str) -> str:
     header value.
     """
     return deterministic_id(name + host_id)
+
+
+def failed_import_id(headers: Headers, headers_json: str, body: bytes) -> str:
+    """The identity of a failed import: the same message failing to import twice is one row.
+
+    ``deterministic_id(message_id + endpoint)`` when the message names its
+    ``NServiceBus.MessageId`` (the endpoint: ``headers.processing_endpoint``, empty when
+    none can be told), so a redelivery with changed headers is the same import; else the
+    SHA-256 of ``headers_json`` and ``body`` as a UUID (the content is all there is).
+    """
+    message_id = h.header_text(headers, h.MESSAGE_ID)
+    if message_id is not None:
+        return deterministic_id(message_id + (h.processing_endpoint(headers) or ""))
+    digest = hashlib.sha256(headers_json.encode() + b"\0" + body).digest()
+    return str(uuid.UUID(bytes=digest[:16]))

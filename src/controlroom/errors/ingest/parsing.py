@@ -12,7 +12,7 @@ surrogates become U+FFFD) while ``headers_json`` keeps every value exactly.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from controlroom.db.tables import failed_messages
 from controlroom.errors.ingest import headers as h
@@ -72,7 +72,11 @@ def is_retry_confirmation(headers: Headers) -> str | None:
 
 
 def parse_failed_message(
-    headers: Headers, body: bytes, *, max_body_size_to_store: int
+    headers: Headers,
+    body: bytes,
+    *,
+    max_body_size_to_store: int,
+    received_at: datetime | None = None,
 ) -> FailedAttempt:
     """Parse one failed message into its ``FailedAttempt`` (every derived column, groups,
     endpoints, body placement).
@@ -84,17 +88,23 @@ def parse_failed_message(
     (``NServiceBus.OriginatingEndpoint``, ``$.diagnostics.originating.hostid``), each only
     when its host id is known, without duplicates.
 
+    ``NServiceBus.FailedQ`` and ``NServiceBus.MessageId`` alone make a failed message
+    (ServiceControl's rule): without ``NServiceBus.TimeOfFailure`` the time of failure is
+    ``received_at`` (when it was ingested; now, UTC, when not given).
+
     Raises ``MessageRejected`` naming the header when ``NServiceBus.FailedQ`` is missing,
-    ``NServiceBus.MessageId`` is missing, ``NServiceBus.TimeOfFailure`` is missing or not
-    a timestamp, ``ServiceControl.Retry.UniqueMessageId`` is not a GUID, or a value is
+    ``NServiceBus.MessageId`` is missing, ``NServiceBus.TimeOfFailure`` is not a
+    timestamp, ``ServiceControl.Retry.UniqueMessageId`` is not a GUID, or a value is
     longer than its column. An unparseable optional ``NServiceBus.TimeSent`` only leaves
     ``time_sent`` empty (the header itself is kept in ``headers_json``).
     """
     queue_address = _required(headers, h.FAILED_Q)
     message_id = _required(headers, h.MESSAGE_ID)
-    time_of_failure = h.parse_nsb_time(
-        _required(headers, h.TIME_OF_FAILURE), header=h.TIME_OF_FAILURE
-    )
+    failed_at = h.header_text(headers, h.TIME_OF_FAILURE)
+    if failed_at is not None:
+        time_of_failure = h.parse_nsb_time(failed_at, header=h.TIME_OF_FAILURE)
+    else:
+        time_of_failure = received_at if received_at is not None else datetime.now(UTC)
     receiving_endpoint = h.processing_endpoint(headers)
     if receiving_endpoint is None:  # FailedQ is present, so only an address like "@machine"
         raise MessageRejected(f"header {h.FAILED_Q} names no queue: {queue_address[:100]!r}")

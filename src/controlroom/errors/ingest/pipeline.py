@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,6 +30,7 @@ from prometheus_client import Counter, Histogram
 from controlroom.config import Settings
 from controlroom.db.errors import classify_store_error
 from controlroom.errors.ingest.bodies import BodyStore
+from controlroom.errors.ingest.identity import failed_import_id
 from controlroom.errors.ingest.parsing import is_retry_confirmation, parse_failed_message
 from controlroom.errors.ingest.writer import (
     FailedMessageBatchWriter,
@@ -59,19 +58,13 @@ class IntakeClosed(ControlroomError):
     """The transport stopped delivering messages (closed or failed)."""
 
 
-def failed_import_id(headers_json: str, body: bytes) -> str:
-    """Deterministic id of a failed import: the same message always gets the same id."""
-    digest = hashlib.sha256(headers_json.encode() + b"\0" + body).digest()
-    return str(uuid.UUID(bytes=digest[:16]))
-
-
 def make_failed_import(
     headers: Mapping[str, str | None], body: bytes, *, queue: str, reason: str
 ) -> FailedImport:
     """Keep a message whole: headers as ASCII-escaped JSON (storable anywhere), raw body."""
     headers_json = json.dumps(dict(headers), sort_keys=True, ensure_ascii=True, default=str)
     return FailedImport(
-        id=failed_import_id(headers_json, body),
+        id=failed_import_id(headers, headers_json, body),
         queue=queue,
         headers_json=headers_json,
         body=body,

@@ -53,6 +53,17 @@ def list_known_endpoints(conn: sa.Connection, *, offset: int, limit: int) -> Kno
     return KnownEndpointPage(total=total, items=[KnownEndpointRow(**row._asdict()) for row in rows])
 
 
+def all_known_endpoints(conn: sa.Connection) -> list[KnownEndpointRow]:
+    """Every known endpoint, by name, then host id, then id (one row per endpoint
+    instance; a system has tens to hundreds, so no paging, as in ServiceControl)."""
+    rows = conn.execute(
+        sa.select(ke.id, ke.name, ke.host_id, ke.host, ke.monitored, ke.first_seen_at).order_by(
+            ke.name, ke.host_id, ke.id
+        )
+    ).all()
+    return [KnownEndpointRow(**row._asdict()) for row in rows]
+
+
 def set_monitored(conn: sa.Connection, endpoint_id: str, monitored: bool) -> bool:
     """Set the user's ``monitored`` flag of ``endpoint_id``; False when there is no such
     endpoint."""

@@ -10,7 +10,8 @@ outcome):
 
 - archive: Unresolved -> Archived;
 - unarchive: Archived -> Unresolved;
-- resolve a pending retry: RetryIssued -> Resolved, and its retry claim
+- resolve (the pending-retries routes): RetryIssued or Unresolved -> Resolved (a message
+  never retried is resolved too, as ServiceControl resolves it), and a retry claim
   (``failed_message_retries``) is removed, as the writer does for a confirmed retry.
 
 A message in any other status is left as it is and reported as unchanged.
@@ -45,6 +46,7 @@ UNRESOLVED = int(FailedMessageStatus.UNRESOLVED)
 RESOLVED = int(FailedMessageStatus.RESOLVED)
 RETRY_ISSUED = int(FailedMessageStatus.RETRY_ISSUED)
 ARCHIVED = int(FailedMessageStatus.ARCHIVED)
+RESOLVABLE = (UNRESOLVED, RETRY_ISSUED)
 
 IdAction = Callable[[sa.Connection, Iterable[str], datetime], "StatusChange"]
 """``(conn, ids, now) -> StatusChange``: the by-id actions below."""
@@ -87,13 +89,14 @@ def unarchive_messages(conn: sa.Connection, ids: Iterable[str], now: datetime) -
 
 
 def resolve_pending_retries(conn: sa.Connection, ids: Iterable[str], now: datetime) -> StatusChange:
-    """Mark the RetryIssued messages among ``ids`` Resolved and drop their retry claims.
+    """Mark the RetryIssued and Unresolved messages among ``ids`` Resolved and drop their
+    retry claims.
 
-    For an operator who knows a retried message succeeded although no confirmation came
-    back. Raises ``ValueError`` for more than ``MAX_IDS_PER_REQUEST`` distinct ids.
+    For an operator who knows a message succeeded although no confirmation came back (or
+    needs no retry). Raises ``ValueError`` for more than ``MAX_IDS_PER_REQUEST`` ids.
     """
     return _change_by_id(
-        conn, ids, from_status=RETRY_ISSUED, to_status=RESOLVED, now=now, drop_claims=True
+        conn, ids, from_status=RESOLVABLE, to_status=RESOLVED, now=now, drop_claims=True
     )
 
 
@@ -109,16 +112,31 @@ def unarchive_group(conn: sa.Connection, group_id: str, now: datetime) -> int:
 
 
 def resolve_pending_retries_between(
-    conn: sa.Connection, start: datetime, end: datetime, now: datetime
+    conn: sa.Connection,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    *,
+    queue_address: str | None = None,
 ) -> int:
-    """Resolve every RetryIssued message whose ``last_modified`` is within ``start`` ..
-    ``end`` (both inclusive, UTC), dropping their retry claims; returns how many.
+    """Resolve every RetryIssued or Unresolved message whose ``last_modified`` is within
+    ``start`` .. ``end`` (both inclusive, UTC), and that failed in ``queue_address`` when
+    given, dropping their retry claims; returns how many.
 
-    ServiceControl's ``MarkPendingRetriesAsResolved`` selects by the same range.
+    ServiceControl's ``MarkPendingRetriesAsResolved`` selects by the same range and queue.
     """
-    in_range = fm.last_modified.between(start, end)
-    _drop_retry_claims(conn, in_range)
-    return _count(conn, _update(in_range, RETRY_ISSUED, RESOLVED, now))
+    selected = fm.last_modified.between(start, end)
+    if queue_address is not None:
+        selected = sa.and_(selected, fm.queue_address == queue_address)
+    _drop_retry_claims(conn, selected)
+    return _count(conn, _update(selected, RESOLVABLE, RESOLVED, now))
+
+
+def unarchive_between(conn: sa.Connection, start: datetime, end: datetime, now: datetime) -> int:
+    """Make every Archived message whose ``last_modified`` is within ``start`` .. ``end``
+    (both inclusive, UTC) Unresolved; returns how many. Source: ServiceControl's
+    ``PATCH errors/{from}...{to}/unarchive``."""
+    return _count(conn, _update(fm.last_modified.between(start, end), ARCHIVED, UNRESOLVED, now))
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -126,7 +144,7 @@ def _change_by_id(
     conn: sa.Connection,
     ids: Iterable[str],
     *,
-    from_status: int,
+    from_status: int | tuple[int, ...],
     to_status: int,
     now: datetime,
     drop_claims: bool = False,
@@ -161,13 +179,17 @@ def _unknown_ids(conn: sa.Connection, wanted: list[str]) -> list[str]:
 
 
 def _update(
-    where: sa.ColumnElement[bool], from_status: int, to_status: int, now: datetime
+    where: sa.ColumnElement[bool],
+    from_status: int | tuple[int, ...],
+    to_status: int,
+    now: datetime,
 ) -> sa.Update:
-    """The one statement of an action: rows matching ``where`` and in ``from_status`` move
-    to ``to_status``, stamped ``now``."""
+    """The one statement of an action: rows matching ``where`` and in ``from_status`` (one
+    status or several) move to ``to_status``, stamped ``now``."""
+    statuses = from_status if isinstance(from_status, tuple) else (from_status,)
     return (
         sa.update(failed_messages)
-        .where(where, fm.status == from_status)
+        .where(where, fm.status.in_(statuses))
         .values(status=to_status, status_changed_at=now, last_modified=now)
     )
 

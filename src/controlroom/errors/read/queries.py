@@ -27,6 +27,7 @@ from controlroom.db.tables import (
     failed_message_groups,
     failed_messages,
 )
+from controlroom.errors.ingest.headers import content_encoding
 from controlroom.errors.model import FailureGroup
 
 fm = failed_messages.c
@@ -35,7 +36,14 @@ EDIT_OF_HEADER = "ServiceControl.EditOf"
 """Header naming the failed message an edited-and-retried message was made from."""
 
 SortKey = Literal[
-    "id", "message_id", "message_type", "status", "time_sent", "modified", "time_of_failure"
+    "id",
+    "message_id",
+    "message_type",
+    "status",
+    "time_sent",
+    "modified",
+    "time_of_failure",
+    "time_of_retry_request",
 ]
 SORT_KEYS: tuple[SortKey, ...] = get_args(SortKey)
 DEFAULT_SORT: SortKey = "time_sent"
@@ -49,6 +57,9 @@ _SORT_COLUMNS: dict[SortKey, sa.Column[Any]] = {
     "time_sent": fm.time_sent,
     "modified": fm.last_modified,
     "time_of_failure": fm.last_failure_at,
+    # ServicePulse's Pending Retries view: a retry request sets the status, which stamps
+    # last_modified, so a RetryIssued message's last_modified is when its retry was asked.
+    "time_of_retry_request": fm.last_modified,
 }
 
 
@@ -67,8 +78,10 @@ class FailedMessageFilter:
     ``statuses``: only these (empty: any); ``excluded_statuses``: none of these;
     ``modified_from`` / ``modified_to``: ``last_modified`` within, both bounds inclusive;
     ``failed_from`` / ``failed_to``: the stored attempt's time of failure
-    (``last_failure_at``) within, both bounds inclusive; ``queue_address``,
-    ``receiving_endpoint``: exact match; ``group_id``: member of that failure group.
+    (``last_failure_at``) within, both bounds inclusive; ``queue_address``:
+    case-insensitive match (ServiceControl's); ``receiving_endpoint``: exact match;
+    ``group_id``: member of that failure group; ``conversation_id``: exact match;
+    ``include_system_messages`` false: no system messages.
     """
 
     statuses: frozenset[FailedMessageStatus] = frozenset()
@@ -80,6 +93,8 @@ class FailedMessageFilter:
     queue_address: str | None = None
     receiving_endpoint: str | None = None
     group_id: str | None = None
+    conversation_id: str | None = None
+    include_system_messages: bool = True
 
 
 EVERY_MESSAGE = FailedMessageFilter()
@@ -118,6 +133,7 @@ class FailedMessageDetails:
     summary: FailedMessageSummary
     headers_json: str  # the stored source of truth, a JSON object
     first_failure_at: datetime
+    conversation_id: str | None
     content_type: str
     body_size: int  # true size in bytes, wherever the body is kept
     groups: tuple[FailureGroup, ...]  # ordered by classifier, then title
@@ -155,6 +171,7 @@ class StoredBody:
     text: str | None
     stored_externally: bool
     key: str | None
+    content_encoding: str | None = None  # the body's encoding (gzip, ...), None when plain
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +270,67 @@ def count_failed_messages(conn: sa.Connection, where: FailedMessageFilter = EVER
     return int(conn.execute(query).scalar_one())
 
 
+def list_message_hits(
+    conn: sa.Connection,
+    *,
+    offset: int,
+    limit: int,
+    where: FailedMessageFilter = EVERY_MESSAGE,
+    order: Ordering = Ordering(),
+) -> SearchPage:
+    """``list_failed_messages`` with what ServiceControl's message views show besides
+    (conversation, headers, body size): the rows of ``/api/messages`` and its kin.
+
+    Raises ``ValueError`` for a negative ``offset`` or a ``limit`` below 1.
+    """
+    _check_window(offset, limit)
+    total = count_failed_messages(conn, where)
+    page = (
+        sa.select(fm.id)
+        .where(*filter_conditions(where))
+        .order_by(*order_by(order))
+        .limit(limit)
+        .offset(offset)
+        .subquery("page")
+    )
+    rows = conn.execute(
+        sa.select(*_SUMMARY_COLUMNS, fm.conversation_id, fm.headers_json, fm.body_size)
+        .join_from(failed_messages, page, fm.id == page.c.id)
+        .order_by(*order_by(order))
+    ).all()
+    return SearchPage(total=total, items=[_hit(row) for row in rows])
+
+
+@dataclass(frozen=True, slots=True)
+class FacetValue:
+    """One value of a facet and how many failed messages have it."""
+
+    value: str
+    count: int
+
+
+def unresolved_facets(conn: sa.Connection) -> dict[str, list[FacetValue]]:
+    """The Unresolved failed messages counted by receiving endpoint (``"endpoint"``), its
+    host (``"host"``) and message type (``"message_type"``), most frequent first, then by
+    value; messages without the value are not counted. Source: ServiceControl
+    ``FailedMessageFacetsIndex``."""
+    facets: dict[str, list[FacetValue]] = {}
+    for name, column in (
+        ("endpoint", fm.receiving_endpoint),
+        ("host", fm.receiving_host),
+        ("message_type", fm.message_type),
+    ):
+        count = sa.func.count().label("n")
+        rows = conn.execute(
+            sa.select(column, count)
+            .where(fm.status == int(FailedMessageStatus.UNRESOLVED), column.is_not(None))
+            .group_by(column)
+            .order_by(count.desc(), column)
+        ).all()
+        facets[name] = [FacetValue(value=row[0], count=int(row[1])) for row in rows]
+    return facets
+
+
 def filter_conditions(where: FailedMessageFilter) -> list[sa.ColumnElement[bool]]:
     """The WHERE conditions of ``where`` over ``failed_messages`` (to be ANDed)."""
     conditions: list[sa.ColumnElement[bool]] = []
@@ -269,9 +347,16 @@ def filter_conditions(where: FailedMessageFilter) -> list[sa.ColumnElement[bool]
     if where.failed_to is not None:
         conditions.append(fm.last_failure_at <= where.failed_to)
     if where.queue_address is not None:
-        conditions.append(fm.queue_address == where.queue_address)
+        # Both sides folded by the database, so they fold alike (SQLite folds ASCII only).
+        conditions.append(
+            sa.func.lower(fm.queue_address) == sa.func.lower(sa.literal(where.queue_address))
+        )
     if where.receiving_endpoint is not None:
         conditions.append(fm.receiving_endpoint == where.receiving_endpoint)
+    if where.conversation_id is not None:
+        conditions.append(fm.conversation_id == where.conversation_id)
+    if not where.include_system_messages:
+        conditions.append(fm.is_system_message.is_(False))
     if where.group_id is not None:
         groups = failed_message_groups.c
         conditions.append(
@@ -375,8 +460,8 @@ def search_failed_messages(
 ) -> SearchPage:
     """Failed messages whose headers or body text contain ``text`` (the provider's
     full-text index; see ``errors.search``), or whose message id is ``text``, or whose id
-    (UniqueMessageId) is ``text`` when it is a UUID; of those, the ones matching
-    ``where``; in ``order``, with the total.
+    (UniqueMessageId) is ``text`` when it is a UUID, among those matching ``where``; in
+    ``order``, with the total.
 
     Raises ``ValueError`` for a negative ``offset`` or a ``limit`` below 1.
     """
@@ -409,16 +494,7 @@ def search_failed_messages(
     else:  # past the last page, or no match: the window had no row to ride on
         count = sa.select(sa.func.count()).select_from(failed_messages).where(condition)
         total = int(conn.execute(count).scalar_one())
-    found = [
-        SearchHit(
-            summary=_summary(row),
-            conversation_id=row.conversation_id,
-            headers_json=row.headers_json,
-            body_size=row.body_size,
-        )
-        for row in rows
-    ]
-    return SearchPage(total=total, items=found)
+    return SearchPage(total=total, items=[_hit(row) for row in rows])
 
 
 def search_condition(dialect: sa.Dialect, text: str) -> sa.ColumnElement[bool]:
@@ -437,6 +513,26 @@ def search_condition(dialect: sa.Dialect, text: str) -> sa.ColumnElement[bool]:
     return sa.or_(*alternatives)
 
 
+# --- pending retries ----------------------------------------------------------------------
+def pending_retry_ids(
+    conn: sa.Connection, queue_address: str, start: datetime, end: datetime
+) -> list[str]:
+    """Ids of the pending retries (RetryIssued) that failed in ``queue_address`` and whose
+    ``last_modified`` (when the retry was asked) is within ``start`` .. ``end`` (both
+    inclusive, UTC), sorted. Source: ServiceControl ``RetryPendingMessages``."""
+    return list(
+        conn.scalars(
+            sa.select(fm.id)
+            .where(
+                fm.status == int(FailedMessageStatus.RETRY_ISSUED),
+                fm.queue_address == queue_address,
+                fm.last_modified.between(start, end),
+            )
+            .order_by(fm.id)
+        )
+    )
+
+
 # --- one message --------------------------------------------------------------------------
 def get_failed_message(conn: sa.Connection, failed_message_id: str) -> FailedMessageDetails | None:
     """The failed message ``failed_message_id`` (lower-case "D" UUID), ``None`` if absent."""
@@ -445,6 +541,7 @@ def get_failed_message(conn: sa.Connection, failed_message_id: str) -> FailedMes
             *_SUMMARY_COLUMNS,
             fm.headers_json,
             fm.first_failure_at,
+            fm.conversation_id,
             fm.content_type,
             fm.body_size,
         ).where(fm.id == failed_message_id)
@@ -455,6 +552,7 @@ def get_failed_message(conn: sa.Connection, failed_message_id: str) -> FailedMes
         summary=_summary(row),
         headers_json=row.headers_json,
         first_failure_at=row.first_failure_at,
+        conversation_id=row.conversation_id,
         content_type=row.content_type,
         body_size=row.body_size,
         groups=_groups(conn, failed_message_id),
@@ -479,6 +577,25 @@ def get_last_failed_message(
 
 def get_stored_body(conn: sa.Connection, failed_message_id: str) -> StoredBody | None:
     """Where the body of ``failed_message_id`` is kept, ``None`` if there is no such message."""
+    return _stored_body(conn, fm.id == failed_message_id)
+
+
+def find_stored_body(conn: sa.Connection, message_id: str) -> StoredBody | None:
+    """The body of the failed message whose id (UniqueMessageId) is ``message_id``, else of
+    the latest failure whose native ``NServiceBus.MessageId`` is ``message_id`` (one
+    message id can fail in several endpoints); ``None`` when neither exists.
+
+    ServiceControl's ``messages/{id}/body`` takes either id.
+    """
+    unique_id = _as_uuid(message_id)
+    if unique_id is not None:
+        found = _stored_body(conn, fm.id == unique_id)
+        if found is not None:
+            return found
+    return _stored_body(conn, fm.message_id == message_id)
+
+
+def _stored_body(conn: sa.Connection, condition: sa.ColumnElement[bool]) -> StoredBody | None:
     row = conn.execute(
         sa.select(
             fm.content_type,
@@ -486,7 +603,11 @@ def get_stored_body(conn: sa.Connection, failed_message_id: str) -> StoredBody |
             fm.body_text,
             fm.body_stored_externally,
             fm.body_key,
-        ).where(fm.id == failed_message_id)
+            fm.headers_json,
+        )
+        .where(condition)
+        .order_by(fm.last_failure_at.desc(), fm.id)
+        .limit(1)
     ).one_or_none()
     if row is None:
         return None
@@ -496,6 +617,7 @@ def get_stored_body(conn: sa.Connection, failed_message_id: str) -> StoredBody |
         text=row.body_text,
         stored_externally=row.body_stored_externally,
         key=row.body_key,
+        content_encoding=content_encoding(json.loads(row.headers_json)),
     )
 
 
@@ -521,6 +643,15 @@ def _groups(conn: sa.Connection, failed_message_id: str) -> tuple[FailureGroup, 
     ).all()
     return tuple(
         FailureGroup(id=row.group_id, classifier=row.classifier, title=row.title) for row in rows
+    )
+
+
+def _hit(row: sa.Row[Any]) -> SearchHit:
+    return SearchHit(
+        summary=_summary(row),
+        conversation_id=row.conversation_id,
+        headers_json=row.headers_json,
+        body_size=row.body_size,
     )
 
 

@@ -5,10 +5,11 @@ a relational store: the stage of every batch and the send state of every claim a
 so a process that dies at any point leaves a state the next one continues from.
 
 - **Staging** (one transaction): claims whose message is no longer RetryIssued (archived,
-  resolved or failed again since the request) are dropped; every other claim gets the
-  ``ServiceControl.Retry.Attempt.MessageId`` of this attempt and its destination; the
-  batch moves to ``forwarding``. The attempt id is persisted so that a message re-sent
-  after a crash carries the same id (a receiver can deduplicate on it).
+  resolved or failed again since the request) are dropped; every other claim gets an
+  attempt id (ServiceControl's ``Retry.Attempt.MessageId``, kept as bookkeeping and, as
+  in ServiceControl, not sent to the endpoint) and its target: the queue it failed in,
+  or that queue's redirect in force now (``/api/redirects``); the batch moves to
+  ``forwarding``.
 - **Forwarding**: the unsent claims, ``FORWARD_WINDOW`` at a time, are sent through the
   transport, which returns only once the broker confirmed the message (publisher
   confirms on RabbitMQ, a durable commit on the embedded queue); a claim is marked sent
@@ -51,6 +52,7 @@ from controlroom.db.tables import (
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.ingest.bodies import BodyNotFoundError, BodyStore
 from controlroom.errors.ingest.writer import Clock, utc_now
+from controlroom.errors.read.redirects import redirect_targets
 from controlroom.errors.retries import wire as retry_wire
 from controlroom.errors.retries.requests import BatchStatus, complete_operation_if_finished
 from controlroom.errors.retries.wire import UnsendableMessage
@@ -233,11 +235,13 @@ class RetryProcessor:
             ).all()
             waiting = int(FailedMessageStatus.RETRY_ISSUED)
             dropped = [row.failed_message_id for row in rows if row.status != waiting]
+            # A redirect in force when the batch is staged decides the target.
+            targets = redirect_targets(conn, [r.queue_address for r in rows if r.queue_address])
             staged = [
                 {
                     "b_id": row.failed_message_id,
                     "b_attempt": str(uuid.uuid4()),
-                    "b_destination": _destination(row.headers_json, row.queue_address),
+                    "b_destination": targets.get(row.queue_address, row.queue_address),
                 }
                 for row in rows
                 if row.status == waiting
@@ -334,17 +338,16 @@ class RetryProcessor:
         if claim.status != int(FailedMessageStatus.RETRY_ISSUED):
             return False
         stored = _stored_headers(claim.headers_json)
-        destination = claim.destination or _destination(claim.headers_json, "")
-        if not destination:
+        if not claim.destination:
             raise UnsendableMessage("the message names no queue to send it to")
-        queue = retry_wire.queue_of_address(destination)
+        address, target_header = retry_wire.retry_route(stored, claim.destination)
+        queue = retry_wire.queue_of_address(address)
         body = await asyncio.to_thread(self._read_body, claim)
         headers = retry_wire.retry_headers(
             stored,
             unique_message_id=claim.failed_message_id,
-            attempt_message_id=claim.attempt_message_id or str(uuid.uuid4()),
             acknowledgement_queue=self._settings.error_queue,
-            destination=destination,
+            target_endpoint_address=target_header,
         )
         try:
             await self._transport.publish(
@@ -466,16 +469,6 @@ def _stored_headers(headers_json: str | None) -> dict[str, str | None]:
     ):
         raise UnsendableMessage("the stored headers are not an object of strings")
     return value
-
-
-def _destination(headers_json: str | None, queue_address: str | None) -> str | None:
-    """``ServiceControl.RetryTo`` of the stored headers, else ``queue_address``; ``None``
-    when neither is known (readable headers are checked again when sending)."""
-    try:
-        headers = _stored_headers(headers_json)
-    except UnsendableMessage:
-        return queue_address or None
-    return retry_wire.retry_destination(headers, queue_address or "") or None
 
 
 def _delete_claims(conn: sa.Connection, batch_id: str, ids: Sequence[str]) -> None:

@@ -51,6 +51,7 @@ from controlroom.db.tables import (
 )
 from controlroom.errors.ingest.headers import CONTENT_TYPE, header_text, parse_guid
 from controlroom.errors.ingest.writer import Clock, utc_now
+from controlroom.errors.read.redirects import redirect_targets
 from controlroom.errors.retries import wire as retry_wire
 from controlroom.errors.retries.claims import claim_messages
 from controlroom.exceptions import ControlroomError
@@ -525,9 +526,9 @@ async def edit_and_retry(
     queue), or the transport's error (the original is Unresolved again).
     """
     original_id = _canonical_id(failed_message_id)
-    stored, queue_address = await asyncio.to_thread(_stored_message, engine, original_id)
+    stored, target = await asyncio.to_thread(_stored_message, engine, original_id)
     _check_edit(stored, headers, body)
-    destination = retry_wire.retry_destination(headers, queue_address)
+    destination, target_header = retry_wire.retry_route(headers, target)
     try:
         queue = retry_wire.queue_of_address(destination)
     except retry_wire.UnsendableMessage as exc:
@@ -540,7 +541,7 @@ async def edit_and_retry(
         new_message_id=result.message_id,
         edit_id=result.edit_id,
         acknowledgement_queue=acknowledgement_queue,
-        destination=destination,
+        target_endpoint_address=target_header,
     )
     try:
         await transport.publish(
@@ -565,21 +566,23 @@ def _canonical_id(failed_message_id: str) -> str:
 
 
 def _stored_message(engine: sa.Engine, failed_message_id: str) -> tuple[dict[str, Any], str]:
-    """The stored headers and queue address of an editable (Unresolved) message."""
+    """The stored headers and retry target (the queue it failed in, or that queue's
+    redirect) of an editable (Unresolved) message."""
     with engine.connect() as conn:
         row = conn.execute(
             sa.select(fm.status, fm.headers_json, fm.queue_address).where(
                 fm.id == failed_message_id
             )
         ).one_or_none()
-    if row is None:
-        raise UnknownFailedMessages([failed_message_id])
+        if row is None:
+            raise UnknownFailedMessages([failed_message_id])
+        redirected = redirect_targets(conn, [row.queue_address])
     status = FailedMessageStatus(row.status)
     if status is FailedMessageStatus.RETRY_ISSUED:
         raise MessageBeingRetried(failed_message_id)
     if status is not FailedMessageStatus.UNRESOLVED:
         raise NotRetryable({failed_message_id: status})
-    return json.loads(row.headers_json), row.queue_address
+    return json.loads(row.headers_json), redirected.get(row.queue_address, row.queue_address)
 
 
 def _check_edit(stored: Mapping[str, Any], edited: Mapping[str, str | None], body: str) -> None:

@@ -1,11 +1,15 @@
 """The retry wire contract: what a retried or edited message carries (pure, no I/O).
 
-Source: issue 4 and ServiceControl's ``HeaderFilter`` / ``RetryProcessor`` /
-``EditHandler``. A retry sends the stored headers minus the failure headers (prefix
-match, ``STRIPPED_HEADER_PREFIXES``) plus exactly the four retry headers
-(``retry_headers``); nothing else is added. The retried message goes to
-``ServiceControl.RetryTo`` when the original names one, else to the queue it failed in
-(``NServiceBus.FailedQ``).
+Source: issue 4, issue 9 and ServiceControl's ``HeaderFilter`` / ``RetryProcessor`` /
+``ReturnToSender`` / ``EditHandler``. A retry sends the stored headers minus the failure
+headers (prefix match, ``STRIPPED_HEADER_PREFIXES``) plus the retry headers the endpoint
+receives from ServiceControl's return-to-sender (``retry_headers``): the failed message's
+``ServiceControl.Retry.UniqueMessageId`` and ``ServiceControl.Retry.AcknowledgementQueue``;
+never ``ServiceControl.Retry.Attempt.MessageId`` (ServiceControl's staging bookkeeping).
+The message's target is the queue it failed in (``NServiceBus.FailedQ``), or that queue's
+redirect (``/api/redirects``). It goes to the target, or, when the original names
+``ServiceControl.RetryTo`` (a proxy), to that address with
+``ServiceControl.TargetEndpointAddress`` carrying the target (``retry_route``).
 
 Addresses: NServiceBus addresses have the form ``queue@machine`` (MSMQ) or just ``queue``
 (RabbitMQ, SQL transports). A broker queue has no machine, so the broker queue of an
@@ -112,10 +116,15 @@ def queue_of_address(address: str) -> str:
     return queue
 
 
-def retry_destination(headers: Headers, queue_address: str) -> str:
-    """Where a retry goes: ``ServiceControl.RetryTo`` when set (not blank), else the
-    address the message failed in (``queue_address``, from ``NServiceBus.FailedQ``)."""
-    return h.header_text(headers, RETRY_TO) or queue_address
+def retry_route(headers: Headers, target: str) -> tuple[str, str | None]:
+    """``(address to send to, ServiceControl.TargetEndpointAddress or None)`` of a retry
+    whose target (failed queue, or its redirect) is ``target``: through the proxy named by
+    ``ServiceControl.RetryTo`` (not blank) with the target in the header, else straight to
+    the target without it. Source: ServiceControl ``ReturnToSender``."""
+    retry_to = h.header_text(headers, RETRY_TO)
+    if retry_to is not None:
+        return retry_to, target
+    return target, None
 
 
 def strip_failure_headers(headers: Headers) -> dict[str, str | None]:
@@ -131,24 +140,27 @@ def retry_headers(
     stored: Headers,
     *,
     unique_message_id: str,
-    attempt_message_id: str,
     acknowledgement_queue: str,
-    destination: str,
+    target_endpoint_address: str | None,
 ) -> dict[str, str | None]:
-    """The headers of a retried message.
+    """The headers of a retried message, as the endpoint receives it.
 
-    The stored headers without the failure headers, plus ``ServiceControl.Retry.
-    UniqueMessageId`` (the failed message's id: a new failure lands on the same row),
-    ``ServiceControl.Retry.Attempt.MessageId`` (new per retry attempt),
+    The stored headers without the failure headers and without
+    ``ServiceControl.Retry.Attempt.MessageId`` / ``ServiceControl.TargetEndpointAddress``
+    of an earlier retry, plus ``ServiceControl.Retry.UniqueMessageId`` (the failed
+    message's id: a new failure lands on the same row) and
     ``ServiceControl.Retry.AcknowledgementQueue`` (where the endpoint confirms success:
-    Controlroom's error queue) and ``ServiceControl.TargetEndpointAddress``
-    (``destination``, the full address). Source: issue 4, ServiceControl ``RetryProcessor``.
+    Controlroom's error queue); ``ServiceControl.TargetEndpointAddress`` only when the
+    retry goes through a ``RetryTo`` proxy (``retry_route``). Source: ServiceControl
+    ``ReturnToSender``.
     """
     headers = strip_failure_headers(stored)
+    headers.pop(RETRY_ATTEMPT_MESSAGE_ID, None)
+    headers.pop(TARGET_ENDPOINT_ADDRESS, None)
     headers[RETRY_UNIQUE_MESSAGE_ID] = unique_message_id
-    headers[RETRY_ATTEMPT_MESSAGE_ID] = attempt_message_id
     headers[RETRY_ACKNOWLEDGEMENT_QUEUE] = acknowledgement_queue
-    headers[TARGET_ENDPOINT_ADDRESS] = destination
+    if target_endpoint_address is not None:
+        headers[TARGET_ENDPOINT_ADDRESS] = target_endpoint_address
     return headers
 
 
@@ -159,7 +171,7 @@ def edited_message_headers(
     new_message_id: str,
     edit_id: str,
     acknowledgement_queue: str,
-    destination: str,
+    target_endpoint_address: str | None,
 ) -> dict[str, str | None]:
     """The headers of an edited copy of failed message ``original_id``.
 
@@ -168,26 +180,25 @@ def edited_message_headers(
     under the edit's own id (``edit_id``): a failure of the copy is a new failed message,
     linked to the original by ``EditOf``. Source: ServiceControl ``EditHandler``.
     """
-    headers = strip_failure_headers(edited)
+    headers = retry_headers(
+        edited,
+        unique_message_id=edit_id,
+        acknowledgement_queue=acknowledgement_queue,
+        target_endpoint_address=target_endpoint_address,
+    )
     headers[h.MESSAGE_ID] = new_message_id
     headers[EDIT_OF] = original_id
-    headers[RETRY_UNIQUE_MESSAGE_ID] = edit_id
-    headers[RETRY_ACKNOWLEDGEMENT_QUEUE] = acknowledgement_queue
-    headers[TARGET_ENDPOINT_ADDRESS] = destination
     return headers
 
 
 def locked_header_changes(original: Headers, edited: Headers) -> list[str]:
-    """The locked headers whose value an edit changes, added or removes, sorted.
-
-    ``None`` and ``""`` count as the same (absent) value, as ServiceControl's
-    ``LockedHeaderModificationValidator`` treats them; unlike it, adding a locked header
-    the original did not have is a change too.
-    """
+    """The locked headers the original has (not empty) whose value an edit changes or
+    removes, sorted. Adding a locked header the original lacked is no change: ServiceControl's
+    ``LockedHeaderModificationValidator`` (``None`` and ``""`` count as absent)."""
     return sorted(
         name
         for name in LOCKED_HEADERS
-        if (original.get(name) or None) != (edited.get(name) or None)
+        if original.get(name) and original.get(name) != (edited.get(name) or None)
     )
 
 

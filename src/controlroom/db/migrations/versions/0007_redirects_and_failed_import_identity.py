@@ -1,0 +1,100 @@
+"""message redirects; failed-import identity; indexes of ServiceControl's filters
+
+Revision ID: 0007
+Revises: 0004
+Create Date: 2026-12-01 13:50:00.000000
+
+- ``message_redirects``: ServiceControl's redirects (``/api/redirects``): retries of
+  messages that failed in ``from_physical_address`` go to ``to_physical_address``. The id
+  is ServiceControl's, the deterministic id of the from-address, so one redirect per
+  address.
+- ``failed_error_imports`` ids become the failed import's identity (issue 9): the
+  deterministic id of message id + endpoint when the message names them, else the content
+  hash as before (``errors.ingest.identity.failed_import_id``). Existing rows are re-keyed;
+  of rows that now share an id the latest failure is kept.
+- ``lower(queue_address)``: the list's queue-address filter matches in any case.
+- ``conversation_id``: ``/api/conversations/{id}``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import sqlalchemy as sa
+from alembic import op
+
+import controlroom.db.types
+from controlroom.errors.ingest.identity import failed_import_id
+
+revision = "0007"
+down_revision = "0004"
+branch_labels = None
+depends_on = None
+
+_IMPORTS = sa.table(
+    "failed_error_imports",
+    sa.column("id", sa.String),
+    sa.column("headers_json", sa.Text),
+    sa.column("body", sa.LargeBinary),
+    sa.column("failed_at", controlroom.db.types.UtcDateTime()),
+)
+
+
+def upgrade() -> None:
+    op.create_table(
+        "message_redirects",
+        sa.Column("id", sa.String(length=36), nullable=False),
+        sa.Column("from_physical_address", sa.String(length=400), nullable=False),
+        sa.Column("to_physical_address", sa.String(length=400), nullable=False),
+        sa.Column("last_modified", controlroom.db.types.UtcDateTime(), nullable=False),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_message_redirects")),
+        sa.UniqueConstraint(
+            "from_physical_address", name=op.f("uq_message_redirects_from_physical_address")
+        ),
+    )
+    op.create_index(
+        "ix_failed_messages_queue_address_lower",
+        "failed_messages",
+        [sa.text("lower(queue_address)")],
+    )
+    op.create_index("ix_failed_messages_conversation_id", "failed_messages", ["conversation_id"])
+    _rekey_failed_imports()
+
+
+def _rekey_failed_imports() -> None:
+    """Give every failed import its identity id; of rows sharing one, keep the latest."""
+    conn = op.get_bind()
+    rows = conn.execute(
+        sa.select(_IMPORTS.c.id, _IMPORTS.c.headers_json, _IMPORTS.c.body, _IMPORTS.c.failed_at)
+    ).all()
+    keep: dict[str, tuple[str, object]] = {}  # new id -> (old id, failed_at)
+    renames: dict[str, str] = {}
+    for row in rows:
+        headers = json.loads(row.headers_json)
+        new_id = failed_import_id(headers, row.headers_json, bytes(row.body))
+        renames[row.id] = new_id
+        kept = keep.get(new_id)
+        if kept is None or (row.failed_at, row.id) > (kept[1], kept[0]):
+            keep[new_id] = (row.id, row.failed_at)
+    survivors = {old for old, _ in keep.values()}
+    for old_id in renames:
+        if old_id not in survivors:
+            conn.execute(sa.delete(_IMPORTS).where(_IMPORTS.c.id == old_id))
+    # Two passes through temporary ids, so a new id never meets an old one still in place.
+    for old_id, new_id in renames.items():
+        if old_id in survivors and old_id != new_id:
+            conn.execute(
+                sa.update(_IMPORTS).where(_IMPORTS.c.id == old_id).values(id=f"~{new_id[1:]}")
+            )
+    for old_id, new_id in renames.items():
+        if old_id in survivors and old_id != new_id:
+            conn.execute(
+                sa.update(_IMPORTS).where(_IMPORTS.c.id == f"~{new_id[1:]}").values(id=new_id)
+            )
+
+
+def downgrade() -> None:
+    # Failed-import ids stay as they are: any id is a valid key for the old code.
+    op.drop_index("ix_failed_messages_conversation_id", table_name="failed_messages")
+    op.drop_index("ix_failed_messages_queue_address_lower", table_name="failed_messages")
+    op.drop_table("message_redirects")
