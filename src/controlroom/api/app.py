@@ -21,6 +21,7 @@ from controlroom.api import (
     recoverability,
     retries,
     search,
+    sitecalls,
 )
 from controlroom.config import Settings
 from controlroom.db.errors import classify_store_error
@@ -71,6 +72,7 @@ def create_app(
     app.include_router(health.router, prefix="/api")
     app.include_router(retries.router, prefix="/api")
     app.include_router(compat.router, prefix="/api")
+    app.include_router(sitecalls.router, prefix="/api")
     compat.install_middleware(app, settings)
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)
     app.add_exception_handler(OverflowError, _out_of_range)
