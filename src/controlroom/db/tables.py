@@ -2,8 +2,9 @@
 
 Source: DESIGN.md "Data model". The stored source of truth of a failed message is
 ``headers_json`` plus its body; every other column is a derived extraction for indexing.
-Provider-specific search objects (PostgreSQL ``tsvector``, SQLite FTS5) are created in
-the migrations with raw SQL and are not modelled here.
+Objects whose DDL differs between providers — the full-text index and the partial
+retention index — are created by the migrations' per-provider branches and are not
+modelled here.
 """
 
 from __future__ import annotations
@@ -72,30 +73,20 @@ failed_messages = sa.Table(
     sa.Index("ix_failed_messages_queue_address", "queue_address"),
     sa.Index("ix_failed_messages_receiving_endpoint", "receiving_endpoint"),
     sa.Index("ix_failed_messages_message_id", "message_id"),
-    sa.Index(
-        "ix_failed_messages_retention",
-        "status_changed_at",
-        sqlite_where=sa.text("status IN (2, 4)"),
-        postgresql_where=sa.text("status IN (2, 4)"),
-    ),
 )
 
 # The list's sort keys, each followed by the id (migration 0004): a page in either
 # direction reads the index in order. Empty values sort smallest (errors.queries.order_by);
-# PostgreSQL must be told NULLS FIRST, SQLite's order is that already and refuses the words.
+# Nullable keys are indexed NULLS FIRST, the order of the queries.
 for _name, _column in (
     ("ix_failed_messages_time_sent_id", failed_messages.c.time_sent),
     ("ix_failed_messages_last_failure_at_id", failed_messages.c.last_failure_at),
     ("ix_failed_messages_last_modified_id", failed_messages.c.last_modified),
     ("ix_failed_messages_message_type_id", failed_messages.c.message_type),
 ):
-    if _column.nullable:
-        sa.Index(_name, _column.asc().nulls_first(), failed_messages.c.id).ddl_if(
-            dialect="postgresql"
-        )
-        sa.Index(_name, _column, failed_messages.c.id).ddl_if(dialect="sqlite")
-    else:
-        sa.Index(_name, _column, failed_messages.c.id)
+    sa.Index(
+        _name, _column.asc().nulls_first() if _column.nullable else _column, failed_messages.c.id
+    )
 
 failed_message_groups = sa.Table(
     "failed_message_groups",
@@ -194,8 +185,8 @@ retry_operations = sa.Table(
     sa.Index("ix_retry_operations_completed_at", "completed_at"),
 )
 
-# A time-limited lease of a background singleton where the provider has no advisory
-# locks (SQLite); migration 0002. PostgreSQL uses pg_try_advisory_lock instead.
+# A time-limited lease of a background singleton, for providers without server-side
+# locks (db.leases.LeaseRow); migration 0002.
 service_leases = sa.Table(
     "service_leases",
     metadata,

@@ -39,7 +39,7 @@ fm = failed_messages.c
 
 MAX_IDS_PER_REQUEST = 10_000
 """Most ids one by-id action takes: one ``IN`` list stays within every provider's bound
-parameter limit (SQLite 32,766; PostgreSQL 65,535), so the action is one statement."""
+parameter limit (``Provider.max_bound_parameters``), so the action is one statement."""
 
 UNRESOLVED = int(FailedMessageStatus.UNRESOLVED)
 RESOLVED = int(FailedMessageStatus.RESOLVED)
