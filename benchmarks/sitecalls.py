@@ -139,7 +139,7 @@ def generate(
 def reset(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         conn.exec_driver_sql("ALTER TABLE audit_log DISABLE TRIGGER audit_log_no_truncate")
-        conn.exec_driver_sql("TRUNCATE site_calls, audit_log, rejected_telemetry")
+        conn.exec_driver_sql("TRUNCATE site_calls, audit_log, audit_event_ids, rejected_telemetry")
         conn.exec_driver_sql("ALTER TABLE audit_log ENABLE TRIGGER audit_log_no_truncate")
 
 
