@@ -22,6 +22,7 @@ from controlroom.api import (
     redirects,
     retries,
     search,
+    sitecalls,
 )
 from controlroom.config import Settings
 from controlroom.db.errors import classify_store_error
@@ -81,6 +82,7 @@ def create_app(
     app.include_router(retries.router, prefix="/api")
     app.include_router(redirects.router, prefix="/api")
     app.include_router(compat.router, prefix="/api")
+    app.include_router(sitecalls.router, prefix="/api")
     compat.install_middleware(app, settings)
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)
     app.add_exception_handler(OverflowError, _out_of_range)
