@@ -1,4 +1,5 @@
-"""The ``controlroom`` command: serve, migrate, demo, import-failed, sweep, version.
+"""The ``controlroom`` command: serve, migrate, demo, import-failed, sweep, version, and
+``site serve`` (the site agent).
 
 Thin by design: each command loads the settings, opens what it needs, calls the module
 that does the work and reports. Exit codes: 0 done, 1 a dependency failed (database,
@@ -44,6 +45,8 @@ from controlroom.errors.ingest.reimport import (
 from controlroom.errors.retention import RetentionSweeper
 from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.exceptions import ConfigurationError, ControlroomError
+from controlroom.site import SiteAgent, SiteService, load_site_settings
+from controlroom.site.service import ensure_agent_is_protected
 from controlroom.transport import Transport, create_transport
 from controlroom.transport.rabbitmq import redact_url
 
@@ -402,3 +405,62 @@ def _report_reimport(
     )
     if ReimportOutcome.UNREADABLE in outcomes:
         raise typer.Exit(1)
+
+
+# --- the site agent -----------------------------------------------------------------------
+site_app = typer.Typer(
+    help="The site agent: a site's store-and-forward buffer of cached calls.",
+    no_args_is_help=True,
+)
+app.add_typer(site_app, name="site")
+
+
+@site_app.command("serve")
+def site_serve(
+    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on.", min=0, max=65535)] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="TOML settings of the agent (also CONTROLROOM_SITE_CONFIG).",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+) -> None:
+    """Serve a site agent (pull contract, Retry/Discard, cached HTTP calls), attempt its
+    buffered calls and deliver its telemetry to central, until Ctrl+C/SIGTERM."""
+    given = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    try:
+        settings = load_site_settings(config, **given)
+    except pydantic.ValidationError as exc:
+        err_console.print(f"[red]error:[/] invalid settings:\n{escape(str(exc))}")
+        raise typer.Exit(2) from exc
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    with _exit_on_failure():
+        listener = _listen(settings.host, settings.port)
+        agent = SiteAgent(settings)
+        try:
+            ensure_agent_is_protected(agent)
+            service = SiteService(agent)
+            bound_host, bound_port = listener.getsockname()[:2]
+            console.print(
+                f"Site agent [bold]{escape(settings.site_id)}[/] serving "
+                f"http://{bound_host}:{bound_port}/site/tracking/changes; store "
+                f"{settings.store_path}; telemetry to {settings.central_url or '(nowhere yet)'}"
+            )
+            asyncio.run(_run_site(service, listener))
+        finally:
+            agent.close()
+            listener.close()
+
+
+async def _run_site(service: SiteService, listener: socket.socket) -> None:
+    signals = _route_signals(service.stop)
+    try:
+        await service.run(listener)
+    finally:
+        _restore_signals(signals)
