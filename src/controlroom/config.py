@@ -44,6 +44,50 @@ class IngestionSettings(BaseModel):
         return self.prefetch or self.batch_size * self.concurrent_batches
 
 
+class SiteCallSettings(BaseModel):
+    """The site-call mirror (DESIGN.md "Site call audit")."""
+
+    retention_days: int = Field(
+        365, ge=1, description="Terminal site calls older than this many days are purged."
+    )
+    purge_interval_seconds: float = Field(
+        86_400.0, gt=0, description="How often the site-call and audit-log purge runs."
+    )
+
+
+class AuditSettings(BaseModel):
+    """The append-only audit log and the ingest of telemetry into it."""
+
+    ingest_budget: float = Field(
+        20.0, gt=0, description="Seconds one chunk of telemetry may take to write."
+    )
+    row_budget: float = Field(
+        5.0,
+        gt=0,
+        description="Fresh seconds each packet gets when a failed chunk is written row by row.",
+    )
+    retention_days: int = Field(
+        365, ge=1, description="Audit events older than this many days are purged."
+    )
+
+
+class KpiSettings(BaseModel):
+    """Site-call KPIs and their history."""
+
+    interval: timedelta = Field(
+        timedelta(hours=1),
+        gt=timedelta(0),
+        description="Window of failed_last_interval and delivered_last_interval.",
+    )
+    stuck_threshold: timedelta = Field(
+        timedelta(minutes=10),
+        gt=timedelta(0),
+        description="A buffered call created longer ago than this is stuck.",
+    )
+    sample_seconds: float = Field(60.0, gt=0, description="How often KPIs are sampled.")
+    history_days: int = Field(90, ge=1, description="How long KPI samples are kept.")
+
+
 _ORIGIN = re.compile(r"https?://[^/\s:]+(:\d{1,5})?")
 
 Role = Literal["reader", "operator", "admin"]
@@ -81,12 +125,16 @@ class Settings(BaseSettings):
     database_url: str = ""
     broker_url: str = ""
     error_queue: str = "error"
+    telemetry_queue: str = "site-call-telemetry"
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_size_to_store: int = Field(102_400, ge=0)
     error_retention_period: timedelta = timedelta(days=15)
     ingest_on_serve: bool = True
     ingestion: IngestionSettings = IngestionSettings()
+    sitecalls: SiteCallSettings = SiteCallSettings()
+    audit: AuditSettings = AuditSettings()
+    kpi: KpiSettings = KpiSettings()
     auth_tokens: list[AuthToken] = Field(
         default_factory=list,
         description="Bearer tokens of the API, each with a name and a role. None: the API "

@@ -205,3 +205,68 @@ failed_error_imports = sa.Table(
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("failed_at", UtcDateTime, nullable=False),
 )
+
+
+# --- site call audit (migration 0005) ------------------------------------------------------
+# Widths are characters (DESIGN.md "Site call audit" and issue 10); the telemetry contract
+# (``controlroom.sitecalls.contract``) reads them from these columns, so a value longer
+# than its column is refused before it reaches the store, on every provider.
+
+site_calls = sa.Table(
+    "site_calls",
+    metadata,
+    sa.Column("tracked_operation_id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("channel", sa.String(32), nullable=False, comment="ApiOutbound | DbOutbound"),
+    sa.Column("target", sa.String(256), nullable=False),
+    sa.Column("source_site", sa.String(64), nullable=False),
+    sa.Column("source_node", sa.String(64)),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("retry_count", sa.Integer, nullable=False),
+    sa.Column("last_error", sa.String(1024)),
+    sa.Column("http_status", sa.Integer),
+    sa.Column("created_at_utc", UtcDateTime, nullable=False),
+    sa.Column("updated_at_utc", UtcDateTime, nullable=False),
+    sa.Column("terminal_at_utc", UtcDateTime),
+    sa.Column("ingested_at_utc", UtcDateTime, nullable=False),
+    sa.Column("epoch", sa.Integer, nullable=False),
+)
+
+audit_log = sa.Table(
+    "audit_log",
+    metadata,
+    sa.Column("event_id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("occurred_at_utc", UtcDateTime, nullable=False),
+    sa.Column("ingested_at_utc", UtcDateTime, nullable=False),
+    sa.Column("actor", sa.String(256), nullable=False),
+    sa.Column("action", sa.String(64), nullable=False),
+    sa.Column("outcome", sa.String(16), nullable=False, comment="Success | Failure | Denied"),
+    sa.Column("category", sa.String(32), nullable=False),
+    sa.Column("target", sa.String(256)),
+    sa.Column("source_site", sa.String(64)),
+    sa.Column("source_node", sa.String(64)),
+    sa.Column("correlation_id", sa.String(UUID_LEN)),
+    sa.Column("details_json", sa.Text),
+    sa.Column("payload_truncated", sa.Boolean, nullable=False),
+)
+
+# A packet the contract or the store refused, kept whole (the bytes as received).
+rejected_telemetry = sa.Table(
+    "rejected_telemetry",
+    metadata,
+    sa.Column("id", sa.String(UUID_LEN), primary_key=True, comment="hash of the packet"),
+    sa.Column("source", sa.String(300), nullable=False, comment="queue name or 'http'"),
+    sa.Column("packet", sa.LargeBinary, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("rejected_at_utc", UtcDateTime, nullable=False),
+)
+
+kpi_samples = sa.Table(
+    "kpi_samples",
+    metadata,
+    sa.Column("source", sa.String(32), primary_key=True),
+    sa.Column("metric", sa.String(64), primary_key=True),
+    sa.Column("scope", sa.String(16), primary_key=True, comment="global | site | node"),
+    sa.Column("scope_key", sa.String(200), primary_key=True, comment="'' | site | site/node"),
+    sa.Column("captured_at_utc", UtcDateTime, primary_key=True),
+    sa.Column("value", sa.Float, nullable=False),
+)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Protocol
 
 import sqlalchemy as sa
@@ -118,6 +119,21 @@ class Provider(ABC):
     def migration_lock(self, conn: sa.Connection) -> None:  # noqa: B027 - optional hook
         """Serialize migrations of processes starting together, for ``conn``'s
         transaction (nothing to do where the write transaction already serializes)."""
+
+    @abstractmethod
+    def permit_audit_purge(self, conn: sa.Connection) -> AbstractContextManager[None]:
+        """Inside the block, ``conn``'s transaction may DELETE ``audit_log`` rows, which
+        the append-only trigger of migration 0005 refuses to everyone else; the permit
+        never outlives the block nor the transaction. Only the retention purge uses it."""
+
+    @abstractmethod
+    def limit_statement_time(
+        self, conn: sa.Connection, seconds: float
+    ) -> AbstractContextManager[None]:
+        """Inside the block, a statement of ``conn`` that runs past ``seconds`` from the
+        block's start (SQLite) or from its own start (PostgreSQL, ``statement_timeout``)
+        is cancelled with the driver's error; the caller decides what the overrun means.
+        Use inside a transaction."""
 
     def insert_rows_if_absent(
         self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]

@@ -8,6 +8,8 @@ Full-text search through the ``search_vector`` column and its GIN index (migrati
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import psycopg
@@ -170,6 +172,23 @@ class PostgreSQLProvider(OnConflictProvider):
         if sqlstate.startswith(_DATA_SQLSTATE_PREFIXES):
             return ErrorKind.DATA
         return ErrorKind.FATAL
+
+    @contextmanager
+    def permit_audit_purge(self, conn: sa.Connection) -> Iterator[None]:
+        # The trigger of migration 0005 lets a DELETE through only while this
+        # transaction-local setting is on; SET LOCAL ends with the transaction anyway.
+        conn.exec_driver_sql("SET LOCAL controlroom.audit_purge = 'on'")
+        try:
+            yield
+        finally:
+            if conn.in_transaction() and not conn.invalidated:
+                conn.exec_driver_sql("SET LOCAL controlroom.audit_purge = 'off'")
+
+    @contextmanager
+    def limit_statement_time(self, conn: sa.Connection, seconds: float) -> Iterator[None]:
+        milliseconds = max(1, int(seconds * 1000))  # 0 would mean "no limit"
+        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {milliseconds}")
+        yield  # SET LOCAL ends with the transaction
 
     def migration_lock(self, conn: sa.Connection) -> None:
         # Processes starting together against a fresh database migrate one after the

@@ -8,6 +8,9 @@ external-content table ``failed_messages_fts`` (migration 0001); leases as rows.
 from __future__ import annotations
 
 import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -26,6 +29,11 @@ _TRANSIENT_MARKERS = ("database is locked", "database is busy", "disk i/o error"
 _FTS_TABLE = sa.table("failed_messages_fts", sa.column("rowid"))
 _FTS_TABLE_NAME = sa.literal_column("failed_messages_fts")  # MATCH against the whole table
 _ROWID = sa.literal_column("failed_messages.rowid")
+
+# Created by migration 0005 on SQLite only: the audit purge's permit (see permit_audit_purge).
+_AUDIT_PURGE_PERMITS = sa.table("audit_purge_permits", sa.column("id"))
+# SQLite calls the progress handler every this many virtual machine instructions.
+_PROGRESS_STEPS = 1000
 
 
 def fts_query(text: str) -> str:
@@ -86,6 +94,31 @@ class SQLiteProvider(OnConflictProvider):
             conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
+
+    @contextmanager
+    def permit_audit_purge(self, conn: sa.Connection) -> Iterator[None]:
+        # The append-only trigger lets a DELETE through while a permit row exists. Write
+        # transactions are serialized (BEGIN IMMEDIATE) and the row is gone before the
+        # commit, so no other connection ever sees one.
+        conn.execute(sa.insert(_AUDIT_PURGE_PERMITS).values(id=1))
+        try:
+            yield
+        finally:
+            if conn.in_transaction() and not conn.invalidated:
+                conn.execute(sa.delete(_AUDIT_PURGE_PERMITS))
+
+    @contextmanager
+    def limit_statement_time(self, conn: sa.Connection, seconds: float) -> Iterator[None]:
+        # SQLite has no statement timeout: a progress handler that answers "stop" past
+        # the deadline makes the running statement fail with "interrupted".
+        deadline = time.monotonic() + seconds
+        dbapi_connection = conn.connection.dbapi_connection
+        assert dbapi_connection is not None
+        dbapi_connection.set_progress_handler(lambda: time.monotonic() > deadline, _PROGRESS_STEPS)
+        try:
+            yield
+        finally:
+            dbapi_connection.set_progress_handler(None, _PROGRESS_STEPS)
 
     def classify_error(self, exc: BaseException) -> ErrorKind | None:
         if not isinstance(exc, sqlite3.Error):

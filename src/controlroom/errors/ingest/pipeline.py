@@ -40,10 +40,18 @@ from controlroom.errors.ingest.writer import (
     utc_now,
 )
 from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
-from controlroom.exceptions import ControlroomError, ErrorKind, MessageRejected
-from controlroom.transport.base import Delivery, DeliveryLostError, Transport
+from controlroom.exceptions import ErrorKind, MessageRejected
+from controlroom.transport.base import Delivery, Transport
+from controlroom.transport.batching import (  # IntakeClosed: raised by run()
+    DeliveryBatcher,
+    IntakeClosed,
+    ack_all,
+    reject_all,
+)
 
 log = logging.getLogger(__name__)
+
+__all__ = ["IngestionService", "IngestionUnitOfWork", "IntakeClosed"]
 
 INGESTED = Counter(
     "controlroom_ingested_messages_total",
@@ -53,10 +61,6 @@ INGESTED = Counter(
 BATCH_SECONDS = Histogram(
     "controlroom_ingestion_batch_seconds", "Time to parse, write and acknowledge one batch"
 )
-
-
-class IntakeClosed(ControlroomError):
-    """The transport stopped delivering messages (closed or failed)."""
 
 
 def failed_import_id(headers_json: str, body: bytes) -> str:
@@ -155,26 +159,13 @@ class IngestionService:
     async def run(self) -> None:
         """Consume, batch and write until ``stop()`` or cancellation."""
         self._run_task = asyncio.current_task()
-        ingestion = self._settings.ingestion
-        # Unbounded here: the transport's prefetch already bounds unacknowledged deliveries.
-        inbox: asyncio.Queue[Delivery | None] = asyncio.Queue()
-        slots = asyncio.Semaphore(ingestion.concurrent_batches)
-        writes: set[asyncio.Task[None]] = set()
-        feeder = asyncio.create_task(self._feed(inbox))
-        try:
-            while not self._stopping.is_set():
-                deliveries = await self._next_batch(inbox)
-                await slots.acquire()
-                task = asyncio.create_task(self._ingest_batch(deliveries))
-                writes.add(task)
-                task.add_done_callback(writes.discard)
-                task.add_done_callback(lambda _: slots.release())
-        finally:
-            feeder.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await feeder
-            if writes:
-                await asyncio.gather(*writes, return_exceptions=True)
+        batcher = DeliveryBatcher(
+            self._transport,
+            self._settings.error_queue,
+            self._settings.ingestion,
+            self._ingest_batch,
+        )
+        await batcher.run(self._stopping.is_set)
 
     async def stop(self) -> None:
         """Stop taking messages; unacknowledged ones stay in the queue."""
@@ -184,57 +175,20 @@ class IngestionService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._run_task
 
-    async def _feed(self, inbox: asyncio.Queue[Delivery | None]) -> None:
-        ingestion = self._settings.ingestion
-        stream = self._transport.consume(self._settings.error_queue, ingestion.effective_prefetch)
-        try:
-            async with contextlib.aclosing(stream):
-                async for delivery in stream:
-                    await inbox.put(delivery)
-        finally:
-            # Wake the batcher: the intake ended (closed, cancelled or failed).
-            inbox.put_nowait(None)
-
-    async def _next_batch(self, inbox: asyncio.Queue[Delivery | None]) -> list[Delivery]:
-        """Up to ``batch_size`` deliveries; a partial batch waits ``linger_seconds``.
-
-        Raises ``IntakeClosed`` when the transport stopped delivering.
-        """
-        ingestion = self._settings.ingestion
-        first = await inbox.get()
-        if first is None:
-            raise IntakeClosed(f"the intake of {self._settings.error_queue!r} stopped")
-        batch = [first]
-        deadline = time.monotonic() + ingestion.linger_seconds
-        while len(batch) < ingestion.batch_size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                item = await asyncio.wait_for(inbox.get(), remaining)
-            except TimeoutError:
-                break
-            if item is None:
-                inbox.put_nowait(None)  # seen again by the next call, which raises
-                break
-            batch.append(item)
-        return batch
-
     async def _ingest_batch(self, deliveries: list[Delivery]) -> None:
         started = time.monotonic()
         parsed = [self._parse(delivery) for delivery in deliveries]
         try:
             await self._write(parsed)
         except asyncio.CancelledError:
-            await _reject_all(deliveries)
+            await reject_all(deliveries)
             raise
         except Exception as exc:
             if classify_store_error(exc) is not ErrorKind.DATA:
                 await self._give_back(deliveries, exc)
                 return
             parsed = await self._write_one_by_one(deliveries, parsed)
-        for delivery in deliveries:
-            await _ack(delivery)
+        await ack_all(deliveries)
         _count_outcomes(parsed)
         BATCH_SECONDS.observe(time.monotonic() - started)
 
@@ -276,7 +230,7 @@ class IngestionService:
             )
             INGESTED.labels("returned").inc(len(deliveries))
             await asyncio.sleep(self._settings.ingestion.max_backoff_seconds)
-        await _reject_all(deliveries)
+        await reject_all(deliveries)
 
     def _parse(self, delivery: Delivery) -> _Parsed:
         try:
@@ -301,20 +255,6 @@ class IngestionService:
         return make_failed_import(
             delivery.headers, delivery.body, queue=self._settings.error_queue, reason=reason
         )
-
-
-async def _ack(delivery: Delivery) -> None:
-    try:
-        await delivery.ack()
-    except DeliveryLostError:
-        # Committed, but the transport will deliver it again; the replay changes nothing.
-        log.warning("acknowledgement lost for a message of %s", delivery.queue)
-
-
-async def _reject_all(deliveries: Sequence[Delivery]) -> None:
-    for delivery in deliveries:
-        with contextlib.suppress(Exception):  # the broker may be gone; it redelivers anyway
-            await delivery.reject(requeue=True)
 
 
 def _count_outcomes(parsed: Sequence[_Parsed]) -> None:

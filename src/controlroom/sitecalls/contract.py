@@ -1,0 +1,178 @@
+"""The telemetry contract: what a site sends about one cached call, validated whole.
+
+Source: issue 10 "Telemetry contract", DESIGN.md "Site call audit". A packet is a JSON
+object (example in README "Site call telemetry"). Every text value is bounded by the width
+of the column it lands in (characters, read from ``controlroom.db.tables`` so the two
+cannot drift); a longer value rejects the packet — never truncated (seed change log F1).
+Times must carry a zone and are kept in UTC. Unknown fields are refused by name, so
+nothing a site sends is dropped silently. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from controlroom.db.tables import audit_log, site_calls
+from controlroom.exceptions import ControlroomError
+from controlroom.sitecalls.ordering import TERMINAL, Channel, SiteCallStatus
+
+_GUID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
+
+
+class TelemetryRejected(ControlroomError):
+    """A packet breaks the contract; ``reason`` names the field(s) at fault."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _storable(value: str) -> str:
+    """Refuse what no provider stores as text: NUL and unpaired surrogates."""
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (an unpaired surrogate)") from None
+    return value
+
+
+def _guid(value: str) -> str:
+    if not _GUID.fullmatch(value):
+        raise ValueError("must be a GUID in 'D' format (8-4-4-4-12 hex digits)")
+    return value.lower()
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+def _width(column: Any) -> int:
+    return int(column.type.length)
+
+
+def _text(column: Any, *, min_length: int = 0) -> Any:
+    return Annotated[
+        str,
+        Field(min_length=min_length, max_length=_width(column)),
+        AfterValidator(_storable),
+    ]
+
+
+Guid = Annotated[str, AfterValidator(_guid)]
+UtcInstant = Annotated[AwareDatetime, AfterValidator(_utc)]
+sc = site_calls.c
+al = audit_log.c
+
+
+def _json_text(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            json.loads(value)
+        except ValueError:
+            raise ValueError("must be JSON text") from None
+    return value
+
+
+class AuditEvent(BaseModel):
+    """One audit event a packet carries; ``event_id`` makes it idempotent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_id: Guid
+    occurred_at_utc: UtcInstant
+    actor: _text(al.actor, min_length=1)  # type: ignore[valid-type]
+    action: _text(al.action, min_length=1)  # type: ignore[valid-type]
+    outcome: Literal["Success", "Failure", "Denied"]
+    category: _text(al.category, min_length=1)  # type: ignore[valid-type]
+    target: _text(al.target) | None = None  # type: ignore[valid-type]
+    source_node: _text(al.source_node) | None = None  # type: ignore[valid-type]
+    correlation_id: _text(al.correlation_id) | None = None  # type: ignore[valid-type]
+    details_json: Annotated[str | None, AfterValidator(_json_text)] = None
+    payload_truncated: bool = False
+
+
+class TelemetryPacket(BaseModel):
+    """One lifecycle report of one cached call (``tracked_operation_id``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tracked_operation_id: Guid
+    channel: Channel
+    target: _text(sc.target, min_length=1)  # type: ignore[valid-type]
+    source_site: _text(sc.source_site, min_length=1)  # type: ignore[valid-type]
+    source_node: _text(sc.source_node) | None = None  # type: ignore[valid-type]
+    status: SiteCallStatus
+    retry_count: int = Field(0, ge=0, le=2**31 - 1)
+    last_error: _text(sc.last_error) | None = None  # type: ignore[valid-type]
+    http_status: int | None = Field(None, ge=100, le=599)
+    created_at_utc: UtcInstant
+    updated_at_utc: UtcInstant
+    terminal_at_utc: UtcInstant | None = None
+    epoch: int = Field(0, ge=0, le=2**31 - 1, description="absent means 0")
+    audit_event: AuditEvent | None = None
+
+    @model_validator(mode="after")
+    def _terminal_time(self) -> TelemetryPacket:
+        terminal = self.status in TERMINAL
+        if terminal and self.terminal_at_utc is None:
+            raise ValueError(f"terminal_at_utc is required for status {self.status.value}")
+        if not terminal and self.terminal_at_utc is not None:
+            raise ValueError(f"terminal_at_utc must be null for status {self.status.value}")
+        return self
+
+
+def describe_errors(error: ValidationError) -> str:
+    """One line per problem, each naming its field (``audit_event.actor: ...``)."""
+    parts = []
+    for item in error.errors(include_url=False, include_input=False):
+        where = ".".join(str(part) for part in item["loc"]) or "packet"
+        parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def validate_packet(data: Any) -> TelemetryPacket:
+    """The packet in ``data`` (a decoded JSON value). Raises ``TelemetryRejected``."""
+    if not isinstance(data, dict):
+        raise TelemetryRejected(f"a packet must be a JSON object, not {type(data).__name__}")
+    try:
+        return TelemetryPacket.model_validate(data)
+    except ValidationError as error:
+        raise TelemetryRejected(describe_errors(error)) from None
+
+
+def parse_packet(body: bytes) -> TelemetryPacket:
+    """The packet in ``body`` (UTF-8 JSON). Raises ``TelemetryRejected``."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as error:
+        raise TelemetryRejected(f"the packet is not UTF-8 JSON: {error}") from None
+    return validate_packet(data)
+
+
+def rejection_id(packet: bytes) -> str:
+    """Deterministic id of a rejected packet: the same bytes always get the same id."""
+    return str(uuid.UUID(bytes=hashlib.sha256(packet).digest()[:16]))
+
+
+def packet_bytes(data: Any) -> bytes:
+    """A decoded packet as JSON bytes, to keep it whole when it is rejected."""
+    return json.dumps(data, ensure_ascii=False, sort_keys=True, default=str).encode(
+        "utf-8", "backslashreplace"
+    )

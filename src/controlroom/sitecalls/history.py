@@ -1,0 +1,186 @@
+"""KPI history: a sampler writes every KPI of every scope into ``kpi_samples``; a series
+reads one back, downsampled.
+
+Source: issue 10 "KPI history", DESIGN.md "Site call audit" (sampled every 60 s, kept 90
+days) and "Background singletons" (one process samples, under a lease). Scopes:
+``global`` (key ``""``), ``site`` (key: the site), ``node`` (key: ``site/node``; a call
+without a node counts under ``site/``). A scope with nothing pending and nothing
+finished in the interval has no sample at that instant (read it as zero).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from controlroom.config import Settings
+from controlroom.db.providers import provider_for
+from controlroom.db.tables import kpi_samples
+from controlroom.db.transactions import begin_write
+from controlroom.errors.ingest.writer import Clock, utc_now
+from controlroom.sitecalls.kpis import KpiReport, measure_kpis
+
+log = logging.getLogger(__name__)
+
+SOURCE = "sitecalls"
+LEASE_NAME = "sitecall-kpi-sampler"
+SCOPES = ("global", "site", "node")
+ks = kpi_samples.c
+
+
+def node_scope_key(site: str, node: str | None) -> str:
+    return f"{site}/{node or ''}"
+
+
+def sample_rows(report: KpiReport) -> list[dict[str, Any]]:
+    """One ``kpi_samples`` row per metric and scope of ``report`` (a missing age is not
+    sampled: there is no pending call to be old)."""
+    scopes: list[tuple[str, str, dict[str, float | int | None]]] = [
+        ("global", "", report.total().as_dict(report.now))
+    ]
+    scopes += [("site", site, f.as_dict(report.now)) for site, f in report.sites().items()]
+    scopes += [
+        ("node", node_scope_key(site, node), f.as_dict(report.now))
+        for (site, node), f in report.by_node.items()
+    ]
+    return [
+        {
+            "source": SOURCE,
+            "metric": metric,
+            "scope": scope,
+            "scope_key": key,
+            "captured_at_utc": report.now,
+            "value": float(value),
+        }
+        for scope, key, values in scopes
+        for metric, value in values.items()
+        if value is not None
+    ]
+
+
+def take_sample(engine: sa.Engine, settings: Settings, now: datetime) -> int:
+    """Measure every scope at ``now``, store the samples, drop samples older than
+    ``kpi.history_days``. Returns the number of samples written."""
+    with engine.connect() as conn:
+        report = measure_kpis(
+            conn,
+            now=now,
+            interval=settings.kpi.interval,
+            stuck_threshold=settings.kpi.stuck_threshold,
+        )
+    rows = sample_rows(report)
+    with begin_write(engine) as conn:
+        provider_for(engine).insert_rows_if_absent(conn, kpi_samples, rows)
+        conn.execute(
+            sa.delete(kpi_samples).where(
+                ks.captured_at_utc < now - timedelta(days=settings.kpi.history_days)
+            )
+        )
+    return len(rows)
+
+
+class KpiSampler:
+    """Background task: a sample every ``kpi.sample_seconds`` while holding the lease. A
+    failed sample is logged and the schedule goes on."""
+
+    def __init__(self, engine: sa.Engine, settings: Settings, *, clock: Clock = utc_now) -> None:
+        self._engine = engine
+        self._settings = settings
+        self._clock = clock
+        seconds = settings.kpi.sample_seconds
+        self._lease = provider_for(engine).make_lease(
+            engine, LEASE_NAME, str(uuid.uuid4()), seconds * 3
+        )
+
+    def sample_once(self) -> int | None:
+        """One sample when this process holds the lease; ``None`` when another does."""
+        if not self._lease.hold():
+            return None
+        return take_sample(self._engine, self._settings, self._clock())
+
+    async def run(self) -> None:
+        """Sample until cancelled."""
+        interval = self._settings.kpi.sample_seconds
+        try:
+            while True:
+                try:
+                    await asyncio.to_thread(self.sample_once)
+                except Exception:
+                    log.warning("KPI sample failed; next in %.0f s", interval, exc_info=True)
+                await asyncio.sleep(interval)
+        finally:
+            await asyncio.shield(asyncio.to_thread(self._lease.release))
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesPoint:
+    """One point of a series: the bucket's start (UTC), the mean of its samples, their
+    minimum and maximum, and how many there were (1 when not downsampled)."""
+
+    captured_at_utc: datetime
+    value: float
+    min: float
+    max: float
+    samples: int
+
+
+def downsample(
+    samples: list[tuple[datetime, float]], start: datetime, end: datetime, max_points: int
+) -> list[SeriesPoint]:
+    """At most ``max_points`` points for ``samples`` (sorted, all in ``[start, end]``).
+
+    With no more samples than ``max_points`` each is its own point. Otherwise
+    ``[start, end]`` is cut into ``max_points`` equal buckets and each non-empty bucket
+    becomes one point at its start. Pure.
+    """
+    if len(samples) <= max_points:
+        return [SeriesPoint(t, v, v, v, 1) for t, v in samples]
+    width = (end - start) / max_points
+    if width <= timedelta(0):  # every sample at one instant: one bucket
+        values = [value for _, value in samples]
+        return [
+            SeriesPoint(start, sum(values) / len(values), min(values), max(values), len(values))
+        ]
+    buckets: dict[int, list[float]] = {}
+    for captured, value in samples:
+        index = min(int((captured - start) / width), max_points - 1)
+        buckets.setdefault(index, []).append(value)
+    return [
+        SeriesPoint(
+            start + width * index, sum(values) / len(values), min(values), max(values), len(values)
+        )
+        for index, values in sorted(buckets.items())
+    ]
+
+
+def read_series(
+    conn: sa.Connection,
+    *,
+    metric: str,
+    scope: str,
+    scope_key: str,
+    start: datetime,
+    end: datetime,
+    max_points: int,
+) -> list[SeriesPoint]:
+    """The samples of one metric and scope in ``[start, end]``, downsampled (read along
+    the primary key of ``kpi_samples``)."""
+    rows = conn.execute(
+        sa.select(ks.captured_at_utc, ks.value)
+        .where(
+            ks.source == SOURCE,
+            ks.metric == metric,
+            ks.scope == scope,
+            ks.scope_key == scope_key,
+            ks.captured_at_utc >= start,
+            ks.captured_at_utc <= end,
+        )
+        .order_by(ks.captured_at_utc)
+    ).all()
+    return downsample([(row.captured_at_utc, row.value) for row in rows], start, end, max_points)

@@ -1,0 +1,116 @@
+"""Telemetry intake: the site-call telemetry queue -> batcher -> writer -> acknowledgements.
+
+Source: issue 10 "Intake", DESIGN.md "Process shape". One packet per message (UTF-8 JSON
+body, ``README`` "Site call telemetry"). Deliveries are acknowledged only after the
+commit of every chunk of their batch; a packet the contract or the store refuses is kept
+whole in ``rejected_telemetry`` and acknowledged; any other failure gives the whole batch
+back to the queue (replaying it is harmless: the upsert is monotonic, the audit insert
+idempotent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from typing import Any
+
+import sqlalchemy as sa
+
+from controlroom.config import Settings
+from controlroom.errors.ingest.writer import retry_transient
+from controlroom.sitecalls.contract import (
+    TelemetryRejected,
+    packet_bytes,
+    parse_packet,
+    validate_packet,
+)
+from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
+from controlroom.transport.base import Delivery, Transport
+from controlroom.transport.batching import DeliveryBatcher, ack_all, reject_all
+
+log = logging.getLogger(__name__)
+
+
+def receive_bytes(body: bytes, source: str) -> ReceivedPacket:
+    """A packet as received from a queue: parsed, or with the contract's reason."""
+    try:
+        return ReceivedPacket(raw=body, source=source, packet=parse_packet(body))
+    except TelemetryRejected as rejected:
+        return ReceivedPacket(raw=body, source=source, rejected_because=rejected.reason)
+
+
+def receive_json(data: Any, source: str) -> ReceivedPacket:
+    """A packet as received decoded (an element of the HTTP body's list)."""
+    raw = packet_bytes(data)
+    try:
+        return ReceivedPacket(raw=raw, source=source, packet=validate_packet(data))
+    except TelemetryRejected as rejected:
+        return ReceivedPacket(raw=raw, source=source, rejected_because=rejected.reason)
+
+
+def make_writer(
+    settings: Settings, engine: sa.Engine, stop_event: threading.Event | None = None
+) -> SiteCallWriter:
+    """The writer with the settings' budgets and the batch retry policy."""
+    return SiteCallWriter(
+        engine,
+        chunk_budget=settings.audit.ingest_budget,
+        row_budget=settings.audit.row_budget,
+        retrying=retry_transient(
+            max_backoff_seconds=settings.ingestion.max_backoff_seconds, stop_event=stop_event
+        ),
+    )
+
+
+class TelemetryIngestionService:
+    """Drains the telemetry queue (``settings.telemetry_queue``) into the store until
+    stopped."""
+
+    def __init__(self, settings: Settings, engine: sa.Engine, transport: Transport) -> None:
+        self._settings = settings
+        self._transport = transport
+        self._stopping = threading.Event()
+        self._writer = make_writer(settings, engine, self._stopping)
+        self._run_task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        """Consume, batch and write until ``stop()`` or cancellation. Raises
+        ``IntakeClosed`` when the transport stops delivering."""
+        self._run_task = asyncio.current_task()
+        batcher = DeliveryBatcher(
+            self._transport,
+            self._settings.telemetry_queue,
+            self._settings.ingestion,
+            self._ingest_batch,
+        )
+        await batcher.run(self._stopping.is_set)
+
+    async def stop(self) -> None:
+        """Stop taking packets; unacknowledged ones stay in the queue."""
+        self._stopping.set()
+        if self._run_task is not None and not self._run_task.done():
+            self._run_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._run_task
+
+    async def _ingest_batch(self, deliveries: list[Delivery]) -> None:
+        received = [receive_bytes(delivery.body, delivery.queue) for delivery in deliveries]
+        try:
+            reasons = await asyncio.to_thread(self._writer.write, received)
+        except asyncio.CancelledError:
+            await reject_all(deliveries)
+            raise
+        except Exception:
+            if not self._stopping.is_set():
+                log.exception(
+                    "telemetry batch of %d not written; returned to the queue", len(deliveries)
+                )
+                await asyncio.sleep(self._settings.ingestion.max_backoff_seconds)
+            await reject_all(deliveries)
+            return
+        await ack_all(deliveries)
+        for reason in reasons:
+            if reason is not None:
+                log.warning("kept a telemetry packet in rejected_telemetry: %s", reason)

@@ -1,0 +1,144 @@
+"""Retention of the site-call half: terminal site calls and old audit events are purged.
+
+Source: issue 10 "Retention", DESIGN.md "Site call audit" (a daily purge of terminal rows
+older than 365 days, settable). At each run the cutoffs are now minus
+``sitecalls.retention_days`` (terminal ``site_calls`` by ``terminal_at_utc``, along
+``ix_site_calls_terminal``; non-terminal rows, Parked included, are never purged) and now
+minus ``audit.retention_days`` (``audit_log`` by ``occurred_at_utc``, along its keyset
+index). The audit log's DELETEs run under the provider's purge permit, the one way past
+its append-only trigger. On PostgreSQL this is a plain indexed delete in chunks, not a
+dropped monthly partition: a partitioned ``audit_log`` cannot keep ``event_id`` unique on
+its own (its primary key would have to include the month), which insert-if-absent on
+``event_id`` needs. One process purges at a time (a lease); a failed purge is logged and
+tried again at the next run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+
+from controlroom.config import Settings
+from controlroom.db.providers import provider_for
+from controlroom.db.tables import audit_log, site_calls
+from controlroom.db.transactions import begin_write
+from controlroom.errors.ingest.writer import Clock, utc_now
+from controlroom.sitecalls.ordering import TERMINAL
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "sitecall-retention"
+PURGE_CHUNK = 500  # rows deleted per transaction: short write locks on SQLite
+sc = site_calls.c
+al = audit_log.c
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeResult:
+    """Rows deleted and the cutoffs used (UTC)."""
+
+    site_calls: int
+    audit_events: int
+    site_call_cutoff: datetime
+    audit_cutoff: datetime
+
+
+def purge_site_call_history(
+    engine: sa.Engine,
+    *,
+    now: datetime,
+    site_call_days: int,
+    audit_days: int,
+    chunk: int = PURGE_CHUNK,
+) -> PurgeResult:
+    """Delete terminal site calls whose ``terminal_at_utc`` is before ``now -
+    site_call_days`` and audit events that occurred before ``now - audit_days``, in
+    chunks of ``chunk`` rows, each its own transaction."""
+    provider = provider_for(engine)
+    call_cutoff = now - timedelta(days=site_call_days)
+    audit_cutoff = now - timedelta(days=audit_days)
+    expired_call = sa.and_(
+        sc.terminal_at_utc < call_cutoff, sc.status.in_([s.value for s in TERMINAL])
+    )
+    calls = 0
+    while True:
+        with begin_write(engine) as conn:
+            ids = (
+                conn.execute(sa.select(sc.tracked_operation_id).where(expired_call).limit(chunk))
+                .scalars()
+                .all()
+            )
+            if ids:
+                conn.execute(
+                    sa.delete(site_calls).where(sc.tracked_operation_id.in_(ids), expired_call)
+                )
+        calls += len(ids)
+        if len(ids) < chunk:
+            break
+    events = 0
+    while True:
+        with begin_write(engine) as conn:
+            ids = (
+                conn.execute(
+                    sa.select(al.event_id).where(al.occurred_at_utc < audit_cutoff).limit(chunk)
+                )
+                .scalars()
+                .all()
+            )
+            if ids:
+                with provider.permit_audit_purge(conn):
+                    conn.execute(sa.delete(audit_log).where(al.event_id.in_(ids)))
+        events += len(ids)
+        if len(ids) < chunk:
+            break
+    return PurgeResult(calls, events, call_cutoff, audit_cutoff)
+
+
+class SiteCallRetention:
+    """Background task: purge every ``sitecalls.purge_interval_seconds`` (daily) while
+    holding the lease; a failed purge is logged and the schedule goes on."""
+
+    def __init__(self, engine: sa.Engine, settings: Settings, *, clock: Clock = utc_now) -> None:
+        self._engine = engine
+        self._settings = settings
+        self._clock = clock
+        interval = settings.sitecalls.purge_interval_seconds
+        self._lease = provider_for(engine).make_lease(
+            engine, LEASE_NAME, str(uuid.uuid4()), interval * 2
+        )
+
+    def purge_once(self) -> PurgeResult | None:
+        """One purge when this process holds the lease; ``None`` when another does."""
+        if not self._lease.hold():
+            return None
+        result = purge_site_call_history(
+            self._engine,
+            now=self._clock(),
+            site_call_days=self._settings.sitecalls.retention_days,
+            audit_days=self._settings.audit.retention_days,
+        )
+        if result.site_calls or result.audit_events:
+            log.info(
+                "purged %d terminal site calls and %d audit events",
+                result.site_calls,
+                result.audit_events,
+            )
+        return result
+
+    async def run(self) -> None:
+        """Purge until cancelled."""
+        interval = self._settings.sitecalls.purge_interval_seconds
+        try:
+            while True:
+                try:
+                    await asyncio.to_thread(self.purge_once)
+                except Exception:
+                    log.warning("site-call purge failed; next in %.0f s", interval, exc_info=True)
+                await asyncio.sleep(interval)
+        finally:
+            await asyncio.shield(asyncio.to_thread(self._lease.release))

@@ -1,0 +1,252 @@
+"""SiteCallWriter: telemetry packets into ``site_calls``, ``audit_log`` and
+``rejected_telemetry``, chunk by chunk, each chunk one transaction with a time budget.
+
+Source: issue 10 "Audit log ingest", DESIGN.md "Site call audit", seed change log F1/F5.
+
+- Packets are grouped by ``tracked_operation_id``; a chunk holds at most
+  ``max_rows_per_statement`` ids (sorted, so concurrent writers lock in one order). Its
+  transaction upserts each id's surviving state (``ordering.fold_states``) in one
+  statement and inserts every audit event of its packets if absent (first write wins).
+- A chunk has ``chunk_budget`` seconds. When it blows the budget or the store refuses its
+  data, each of its packets is written alone, each with a fresh ``row_budget``, so one bad
+  packet does not sink its neighbours; a blown chunk budget counts one failure
+  (``BUDGET_EXCEEDED``), not one per row. A packet the store refuses alone is kept whole
+  in ``rejected_telemetry`` with the store's reason.
+- Transient store errors replay the chunk (``retrying``); a packet that blows its own
+  fresh budget raises ``IngestBudgetExceeded`` so the caller gives the batch back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+import tenacity
+from prometheus_client import Counter
+
+from controlroom.db.errors import classify_store_error
+from controlroom.db.providers import Provider, chunked, provider_for
+from controlroom.db.tables import audit_log, rejected_telemetry
+from controlroom.db.transactions import begin_write
+from controlroom.errors.ingest.writer import Clock, retry_transient, utc_now
+from controlroom.exceptions import ControlroomError, ErrorKind
+from controlroom.sitecalls.contract import TelemetryPacket, rejection_id
+from controlroom.sitecalls.ordering import fold_states
+from controlroom.sitecalls.upsert import upsert_site_calls
+
+log = logging.getLogger(__name__)
+
+BUDGET_EXCEEDED = Counter(
+    "controlroom_sitecall_ingest_budget_exceeded_total",
+    "Telemetry chunks (or lone packets) that ran past their time budget",
+)
+PACKETS = Counter(
+    "controlroom_sitecall_packets_total", "Telemetry packets taken in, by outcome", ["outcome"]
+)
+
+
+class IngestBudgetExceeded(ControlroomError):
+    """A packet written alone ran past its fresh budget; nothing of it was committed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedPacket:
+    """One packet as received: its bytes (kept whole when rejected), where it came from
+    (a queue name or ``"http"``), and the validated packet or the contract's reason."""
+
+    raw: bytes
+    source: str
+    packet: TelemetryPacket | None = None
+    rejected_because: str | None = None
+
+
+def site_call_row(packet: TelemetryPacket, now: datetime) -> dict[str, Any]:
+    """The ``site_calls`` row ``packet`` would be if it won."""
+    return {
+        "tracked_operation_id": packet.tracked_operation_id,
+        "channel": packet.channel.value,
+        "target": packet.target,
+        "source_site": packet.source_site,
+        "source_node": packet.source_node,
+        "status": packet.status.value,
+        "retry_count": packet.retry_count,
+        "last_error": packet.last_error,
+        "http_status": packet.http_status,
+        "created_at_utc": packet.created_at_utc,
+        "updated_at_utc": packet.updated_at_utc,
+        "terminal_at_utc": packet.terminal_at_utc,
+        "ingested_at_utc": now,
+        "epoch": packet.epoch,
+    }
+
+
+def audit_row(packet: TelemetryPacket, now: datetime) -> dict[str, Any] | None:
+    """The ``audit_log`` row of ``packet``'s audit event, ``None`` without one. The event
+    names its own node when it says; its correlation id defaults to the packet's
+    ``tracked_operation_id``."""
+    event = packet.audit_event
+    if event is None:
+        return None
+    return {
+        "event_id": event.event_id,
+        "occurred_at_utc": event.occurred_at_utc,
+        "ingested_at_utc": now,
+        "actor": event.actor,
+        "action": event.action,
+        "outcome": event.outcome,
+        "category": event.category,
+        "target": event.target,
+        "source_site": packet.source_site,
+        "source_node": event.source_node if event.source_node is not None else packet.source_node,
+        "correlation_id": event.correlation_id or packet.tracked_operation_id,
+        "details_json": event.details_json,
+        "payload_truncated": event.payload_truncated,
+    }
+
+
+class _BudgetBlown(Exception):
+    """Internal: the running chunk or packet passed its deadline."""
+
+
+class SiteCallWriter:
+    """Writes received telemetry; safe to use from several threads."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        *,
+        chunk_budget: float = 20.0,
+        row_budget: float = 5.0,
+        retrying: tenacity.Retrying | None = None,
+        clock: Clock = utc_now,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._engine = engine
+        self._provider: Provider = provider_for(engine)
+        self._chunk_budget = chunk_budget
+        self._row_budget = row_budget
+        self._retrying = retrying or retry_transient()
+        self._clock = clock
+        self._monotonic = monotonic
+
+    def write(self, received: Sequence[ReceivedPacket]) -> list[str | None]:
+        """Write ``received``; returns, per packet in order, ``None`` when it was taken
+        (stored, or a no-op under the monotonic rule) or the reason it was rejected (it
+        is then in ``rejected_telemetry``).
+
+        Raises ``IngestBudgetExceeded`` or a store error that is neither transient nor
+        the data's fault; some chunks may be committed by then (replaying is harmless).
+        """
+        reasons: list[str | None] = [item.rejected_because for item in received]
+        by_id: dict[str, list[int]] = {}
+        for index, item in enumerate(received):
+            if item.packet is not None and item.rejected_because is None:
+                by_id.setdefault(item.packet.tracked_operation_id, []).append(index)
+        ids = sorted(by_id)
+        for id_chunk in chunked(ids, self._provider.max_rows_per_statement):
+            indexes = [index for key in id_chunk for index in by_id[key]]
+            packets = [received[index].packet for index in indexes]
+            try:
+                self._retrying(self._write_chunk, packets, self._chunk_budget)
+            except _BudgetBlown:
+                BUDGET_EXCEEDED.inc()  # once for the chunk, whatever its rows do next
+                log.warning("a telemetry chunk of %d packets ran past its budget", len(packets))
+                self._write_alone(received, indexes, reasons)
+            except Exception as exc:
+                if classify_store_error(exc) is not ErrorKind.DATA:
+                    raise
+                self._write_alone(received, indexes, reasons)
+        rejected = [
+            (received[index], reason) for index, reason in enumerate(reasons) if reason is not None
+        ]
+        if rejected:
+            self._retrying(self._keep_rejected, rejected)
+        PACKETS.labels("rejected").inc(len(rejected))
+        PACKETS.labels("accepted").inc(len(received) - len(rejected))
+        return reasons
+
+    def _write_alone(
+        self, received: Sequence[ReceivedPacket], indexes: Sequence[int], reasons: list[str | None]
+    ) -> None:
+        """Per-row fallback: each packet its own transaction with a fresh budget."""
+        for index in indexes:
+            packet = received[index].packet
+            try:
+                self._retrying(self._write_chunk, [packet], self._row_budget)
+            except _BudgetBlown:
+                BUDGET_EXCEEDED.inc()
+                raise IngestBudgetExceeded(
+                    f"packet {index} ran past its fresh budget of {self._row_budget} s"
+                ) from None
+            except Exception as exc:
+                if classify_store_error(exc) is not ErrorKind.DATA:
+                    raise
+                reasons[index] = f"the store refused the packet: {type(exc).__name__}: {exc}"
+
+    def _write_chunk(self, packets: Sequence[TelemetryPacket], budget: float) -> None:
+        now = self._clock()
+        by_id: dict[str, list[TelemetryPacket]] = {}
+        for packet in packets:
+            by_id.setdefault(packet.tracked_operation_id, []).append(packet)
+        rows = [site_call_row(fold_states(by_id[key]), now) for key in sorted(by_id)]
+        events: dict[str, dict[str, Any]] = {}
+        for packet in packets:
+            row = audit_row(packet, now)
+            if row is not None:
+                events.setdefault(row["event_id"], row)  # the first of a batch wins too
+        deadline = self._monotonic() + budget
+        with begin_write(self._engine) as conn, self._within(conn, deadline):
+            self._check(deadline)
+            upsert_site_calls(conn, self._provider, rows)
+            self._check(deadline)
+            self._provider.insert_rows_if_absent(
+                conn, audit_log, [events[key] for key in sorted(events)]
+            )
+            self._check(deadline)
+
+    @contextmanager
+    def _within(self, conn: sa.Connection, deadline: float) -> Iterator[None]:
+        remaining = deadline - self._monotonic()
+        if remaining <= 0:
+            raise _BudgetBlown
+        try:
+            with self._provider.limit_statement_time(conn, remaining):
+                yield
+        except _BudgetBlown:
+            raise
+        except Exception as exc:
+            # A statement the provider cancelled at the deadline shows as its driver's
+            # error; past the deadline it means the budget, whatever the error says.
+            if self._monotonic() >= deadline:
+                raise _BudgetBlown from exc
+            raise
+
+    def _check(self, deadline: float) -> None:
+        if self._monotonic() >= deadline:
+            raise _BudgetBlown
+
+    def _keep_rejected(self, rejected: Sequence[tuple[ReceivedPacket, str]]) -> None:
+        now = self._clock()
+        rows = {}
+        for item, reason in rejected:
+            key = rejection_id(item.raw)
+            rows.setdefault(
+                key,
+                {
+                    "id": key,
+                    "source": item.source,
+                    "packet": item.raw,
+                    "reason": reason,
+                    "rejected_at_utc": now,
+                },
+            )
+        with begin_write(self._engine) as conn:
+            self._provider.insert_rows_if_absent(
+                conn, rejected_telemetry, [rows[key] for key in sorted(rows)]
+            )

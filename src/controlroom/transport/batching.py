@@ -1,0 +1,116 @@
+"""Batches of deliveries from one queue, handed to a writer, acknowledged after its commit.
+
+Shared by every intake (the error queue, the site-call telemetry queue). Source: DESIGN.md
+"Process shape" (intake -> batcher -> unit of work -> writer, ack only after commit).
+The batcher only groups deliveries; the handler decides, per batch, to ``ack_all`` after
+its commit or ``reject_all`` to give the batch back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from controlroom.config import IngestionSettings
+from controlroom.exceptions import ControlroomError
+from controlroom.transport.base import Delivery, DeliveryLostError, Transport
+
+log = logging.getLogger(__name__)
+
+BatchHandler = Callable[[list[Delivery]], Awaitable[None]]
+
+
+class IntakeClosed(ControlroomError):
+    """The transport stopped delivering messages (closed or failed)."""
+
+
+class DeliveryBatcher:
+    """Drains ``queue`` into ``handle`` in batches of up to ``batch_size`` deliveries, at
+    most ``concurrent_batches`` being handled at once. Not thread-safe: one event loop."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        queue: str,
+        settings: IngestionSettings,
+        handle: BatchHandler,
+    ) -> None:
+        self._transport = transport
+        self._queue = queue
+        self._settings = settings
+        self._handle = handle
+
+    async def run(self, stopping: Callable[[], bool]) -> None:
+        """Consume and hand over batches until ``stopping()`` or cancellation; waits for
+        the batches in hand before returning. Raises ``IntakeClosed`` when the transport
+        stops delivering."""
+        # Unbounded here: the transport's prefetch already bounds unacknowledged deliveries.
+        inbox: asyncio.Queue[Delivery | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(self._settings.concurrent_batches)
+        handling: set[asyncio.Task[None]] = set()
+        feeder = asyncio.create_task(self._feed(inbox))
+        try:
+            while not stopping():
+                deliveries = await self._next_batch(inbox)
+                await slots.acquire()
+                task = asyncio.create_task(self._handle(deliveries))
+                handling.add(task)
+                task.add_done_callback(handling.discard)
+                task.add_done_callback(lambda _: slots.release())
+        finally:
+            feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feeder
+            if handling:
+                await asyncio.gather(*handling, return_exceptions=True)
+
+    async def _feed(self, inbox: asyncio.Queue[Delivery | None]) -> None:
+        stream = self._transport.consume(self._queue, self._settings.effective_prefetch)
+        try:
+            async with contextlib.aclosing(stream):
+                async for delivery in stream:
+                    await inbox.put(delivery)
+        finally:
+            # Wake the batcher: the intake ended (closed, cancelled or failed).
+            inbox.put_nowait(None)
+
+    async def _next_batch(self, inbox: asyncio.Queue[Delivery | None]) -> list[Delivery]:
+        """Up to ``batch_size`` deliveries; a partial batch waits ``linger_seconds``."""
+        first = await inbox.get()
+        if first is None:
+            raise IntakeClosed(f"the intake of {self._queue!r} stopped")
+        batch = [first]
+        deadline = time.monotonic() + self._settings.linger_seconds
+        while len(batch) < self._settings.batch_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                item = await asyncio.wait_for(inbox.get(), remaining)
+            except TimeoutError:
+                break
+            if item is None:
+                inbox.put_nowait(None)  # seen again by the next call, which raises
+                break
+            batch.append(item)
+        return batch
+
+
+async def ack_all(deliveries: Sequence[Delivery]) -> None:
+    """Acknowledge ``deliveries`` (after the commit that made them safe)."""
+    for delivery in deliveries:
+        try:
+            await delivery.ack()
+        except DeliveryLostError:
+            # Committed, but the transport will deliver it again; the replay changes nothing.
+            log.warning("acknowledgement lost for a message of %s", delivery.queue)
+
+
+async def reject_all(deliveries: Sequence[Delivery]) -> None:
+    """Give ``deliveries`` back to their queue, to be delivered again."""
+    for delivery in deliveries:
+        with contextlib.suppress(Exception):  # the broker may be gone; it redelivers anyway
+            await delivery.reject(requeue=True)

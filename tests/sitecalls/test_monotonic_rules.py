@@ -1,0 +1,81 @@
+"""The monotonic upsert's rules, on every provider (issue 10 "Tests")."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from controlroom.sitecalls.writer import SiteCallWriter
+from tests.sitecalls.packets import T0, packet, stored, write
+
+
+@pytest.fixture
+def site_writer(engine: sa.Engine) -> SiteCallWriter:
+    return SiteCallWriter(engine)
+
+
+def at(seconds: int) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def test_first_packet_inserts_the_row(engine, site_writer) -> None:
+    assert write(site_writer, packet("Submitted", at=at(1))) == [None]
+    row = stored(engine)
+    assert (row.status, row.epoch, row.updated_at_utc) == ("Submitted", 0, at(1))
+
+
+def test_delivered_after_failed_is_a_no_op(engine, site_writer) -> None:
+    write(site_writer, packet("Failed", at=at(5), last_error="boom"))
+    write(site_writer, packet("Delivered", at=at(9)))
+    row = stored(engine)
+    assert (row.status, row.last_error, row.updated_at_utc) == ("Failed", "boom", at(5))
+
+
+def test_discarded_after_parked_applies(engine, site_writer) -> None:
+    write(site_writer, packet("Parked", at=at(5)))
+    write(site_writer, packet("Discarded", at=at(6)))
+    assert stored(engine).status == "Discarded"
+
+
+def test_a_lower_rank_is_a_no_op(engine, site_writer) -> None:
+    write(site_writer, packet("Attempted", at=at(5), retry_count=2))
+    write(site_writer, packet("Forwarded", at=at(9)))
+    row = stored(engine)
+    assert (row.status, row.retry_count) == ("Attempted", 2)
+
+
+def test_equal_stamps_are_a_no_op(engine, site_writer) -> None:
+    write(site_writer, packet("Attempted", at=at(5), retry_count=1, last_error="first"))
+    write(site_writer, packet("Attempted", at=at(5), retry_count=9, last_error="second"))
+    row = stored(engine)
+    assert (row.retry_count, row.last_error) == (1, "first")
+
+
+def test_newer_equal_non_terminal_rank_stays_live(engine, site_writer) -> None:
+    write(site_writer, packet("Attempted", at=at(5), retry_count=1, http_status=503))
+    write(site_writer, packet("Skipped", at=at(6), retry_count=2, http_status=429))
+    row = stored(engine)
+    assert (row.status, row.retry_count, row.http_status) == ("Skipped", 2, 429)
+
+
+def test_a_new_epochs_submitted_after_parked_applies(engine, site_writer) -> None:
+    write(site_writer, packet("Parked", at=at(5)))
+    write(site_writer, packet("Submitted", at=at(7), epoch=1))
+    row = stored(engine)
+    assert (row.status, row.epoch) == ("Submitted", 1)
+    # A stale packet of the older epoch is still rejected.
+    write(site_writer, packet("Delivered", at=at(8), epoch=0))
+    assert stored(engine).status == "Submitted"
+
+
+def test_duplicates_in_one_batch_fold_to_the_survivor(engine, site_writer) -> None:
+    write(
+        site_writer,
+        packet("Forwarded", at=at(2)),
+        packet("Delivered", at=at(4)),
+        packet("Attempted", at=at(3)),
+        packet("Failed", at=at(5)),
+    )
+    assert stored(engine).status == "Delivered"
