@@ -14,6 +14,7 @@ import logging
 import random
 import signal
 import socket
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,6 +48,7 @@ from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.exceptions import ConfigurationError, ControlroomError
 from controlroom.site import SiteAgent, SiteService, load_site_settings
 from controlroom.site.service import ensure_agent_is_protected
+from controlroom.sitecalls.reconciliation import ReconciliationService
 from controlroom.transport import Transport, create_transport
 from controlroom.transport.rabbitmq import redact_url
 
@@ -267,6 +269,7 @@ async def _run_parts(
     after the signal)."""
     body_store = FileSystemBodyStore(settings.body_dir)
     retry_processor = RetryProcessor(settings, engine, transport, body_store)
+    reconciliation = ReconciliationService(settings, engine, owner=str(uuid.uuid4()))
     api = create_app(
         settings,
         engine,
@@ -274,6 +277,7 @@ async def _run_parts(
         health_checks={"database": database_check(engine), "broker": transport.check},
         transport=transport,
         retry_processor=retry_processor,
+        reconciliation=reconciliation,
     )
     server = _Server(uvicorn.Config(api, lifespan="off", log_level="info"))
     parts = {asyncio.create_task(server.serve(sockets=[listener]), name="http")}
@@ -284,6 +288,9 @@ async def _run_parts(
     sweeper = RetentionSweeper(engine, body_store, retention_period=settings.error_retention_period)
     sweeping = asyncio.create_task(sweeper.run(), name="retention")
     parts.add(sweeping)
+    # Pulls from the configured sites (a lease: one process when several serve).
+    reconciling = asyncio.create_task(reconciliation.run(), name="reconciliation")
+    parts.add(reconciling)
     ingestion = None
     if settings.ingest_on_serve:
         ingestion = IngestionService(settings, engine, transport, body_store)
@@ -299,6 +306,7 @@ async def _run_parts(
         await ingestion.stop()
     retrying.cancel()  # an unsent batch stays persisted for the next start
     sweeping.cancel()
+    reconciling.cancel()
     server.should_exit = True
     stopper.cancel()
     await asyncio.gather(*parts, return_exceptions=True)
