@@ -83,14 +83,17 @@ def add_telemetry_route(app: FastAPI, settings: Settings, engine: sa.Engine) -> 
 
 
 @contextlib.contextmanager
-def running_central(settings: Settings) -> Iterator[tuple[str, FastAPI, sa.Engine]]:
-    """Central's API over a migrated store, on a free loopback port."""
+def running_central(
+    settings: Settings, listener: Any = None
+) -> Iterator[tuple[str, FastAPI, sa.Engine]]:
+    """Central's API over a migrated store, on ``listener`` (a free loopback port by
+    default)."""
     engine = create_store_engine(settings.effective_database_url)
     upgrade_database(engine)
     app = create_app(settings, engine, FileSystemBodyStore(settings.body_dir))
     add_telemetry_route(app, settings, engine)
     try:
-        with serving(app) as url:
+        with serving(app, listener) as url:
             yield url, app, engine
     finally:
         engine.dispose()

@@ -3,6 +3,7 @@ and flaky HTTP targets for cached calls to call."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -59,18 +60,26 @@ class FlakyTargets:
     - ``/always-503/{name}``: 503 until ``fixed`` holds ``name``;
     - ``/reject/{name}``: 400.
 
-    ``hits`` counts the requests per path.
+    ``hits`` counts the requests per path. After ``hold_after[name]`` requests, the next
+    ones wait for ``release`` (``holding`` is set while one waits): a caller caught in the
+    middle of an attempt.
     """
 
     def __init__(self) -> None:
         self.hits: Counter[str] = Counter()
         self.fail_times: dict[str, int] = {}
         self.fixed: set[str] = set()
+        self.hold_after: dict[str, int] = {}
+        self.holding = threading.Event()
+        self.release = threading.Event()
         self.app = FastAPI()
         self.app.add_api_route("/{kind}/{name}", self._handle, methods=["POST", "PUT", "GET"])
 
     async def _handle(self, kind: str, name: str, request: Request) -> JSONResponse:
         self.hits[f"/{kind}/{name}"] += 1
+        if self.hits[f"/{kind}/{name}"] > self.hold_after.get(name, 10**9):
+            self.holding.set()
+            await asyncio.to_thread(self.release.wait, 60)
         if kind == "reject":
             return JSONResponse({"error": "the invoice number is malformed"}, 400)
         failures_left = self.fail_times.get(name, 10**9) - (self.hits[f"/{kind}/{name}"] - 1)
