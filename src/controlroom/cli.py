@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import signal
@@ -18,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import pydantic
 import sqlalchemy as sa
@@ -48,7 +49,11 @@ from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.exceptions import ConfigurationError, ControlroomError
 from controlroom.site import SiteAgent, SiteService, load_site_settings
 from controlroom.site.service import ensure_agent_is_protected
+from controlroom.sitecalls.demo import DEFAULT_CALLS, MIN_CALLS, generate_demo_telemetry
+from controlroom.sitecalls.history import KpiSampler
+from controlroom.sitecalls.intake import TelemetryIngestionService
 from controlroom.sitecalls.reconciliation import ReconciliationService
+from controlroom.sitecalls.retention import SiteCallRetention
 from controlroom.transport import Transport, create_transport
 from controlroom.transport.rabbitmq import redact_url
 
@@ -81,7 +86,8 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Port to listen on.", min=0, max=65535)] = None,
     config: ConfigOption = None,
 ) -> None:
-    """Serve the API and ingest the error queue, in one process, until Ctrl+C/SIGTERM."""
+    """Serve the API and ingest the error and site-call telemetry queues, in one process,
+    until Ctrl+C/SIGTERM."""
     settings = _load(config, host=host, port=port)
     try:
         ensure_serving_is_protected(settings)
@@ -117,20 +123,32 @@ def demo(
     seed: Annotated[
         int | None, typer.Option(help="Seed of the generator; random when not given.")
     ] = None,
+    site_calls: Annotated[
+        int,
+        typer.Option(
+            help="Cached calls whose telemetry to publish (one of each scenario first).",
+            min=MIN_CALLS,
+        ),
+    ] = DEFAULT_CALLS,
     config: ConfigOption = None,
 ) -> None:
-    """Publish realistic NServiceBus failed messages to the configured error queue."""
+    """Publish realistic NServiceBus failed messages to the configured error queue, and
+    site-call telemetry to the telemetry queue."""
     settings = _load(config)
     seed = seed if seed is not None else random.SystemRandom().randrange(1_000_000)
-    messages = generate_demo_messages(count, seed=seed, now=datetime.now(UTC))
+    now = datetime.now(UTC)
+    messages = generate_demo_messages(count, seed=seed, now=now)
+    telemetry = generate_demo_telemetry(site_calls, seed=seed, now=now)
     with _exit_on_failure():
-        asyncio.run(_publish_demo(settings, messages))
+        asyncio.run(_publish_demo(settings, messages, telemetry))
     console.print(
         f"Published {len(messages)} failed messages (seed {seed}) to queue "
         f"[bold]{settings.error_queue}[/] on {_describe_transport(settings)}.\n"
         "Some are the same message failing again (one row, several attempts); one is "
         "deliberately broken (no NServiceBus.FailedQ) and becomes a failed import, which "
         "`controlroom import-failed` re-imports.\n"
+        f"Published {len(telemetry)} telemetry packets of {site_calls} site calls (three "
+        f"sites, two nodes each) to queue [bold]{settings.telemetry_queue}[/].\n"
         "Run `controlroom serve` to ingest them, then open "
         f"http://{settings.host}:{settings.port}/api/errors"
     )
@@ -264,8 +282,9 @@ class _Server(uvicorn.Server):
 async def _run_parts(
     settings: Settings, engine: sa.Engine, transport: Transport, listener: socket.socket
 ) -> int:
-    """Start the HTTP server, ingestion and the retry processor, wait for a signal or for
-    a part to end, then stop them (ingestion first, so nothing is taken from the queue
+    """Start the HTTP server, ingestion (error and telemetry queues), the retry processor
+    and the background singletons (retention sweeps, KPI sampler), wait for a signal or
+    for a part to end, then stop them (ingestion first, so nothing is taken from a queue
     after the signal)."""
     body_store = FileSystemBodyStore(settings.body_dir)
     retry_processor = RetryProcessor(settings, engine, transport, body_store)
@@ -288,25 +307,34 @@ async def _run_parts(
     sweeper = RetentionSweeper(engine, body_store, retention_period=settings.error_retention_period)
     sweeping = asyncio.create_task(sweeper.run(), name="retention")
     parts.add(sweeping)
-    # Pulls from the configured sites (a lease: one process when several serve).
-    reconciling = asyncio.create_task(reconciliation.run(), name="reconciliation")
-    parts.add(reconciling)
-    ingestion = None
+    # Each takes a lease, so one process samples, purges and reconciles when several serve.
+    background = [
+        asyncio.create_task(KpiSampler(engine, settings).run(), name="KPI sampler"),
+        asyncio.create_task(SiteCallRetention(engine, settings).run(), name="site-call purge"),
+        asyncio.create_task(reconciliation.run(), name="reconciliation"),
+    ]
+    parts.update(background)
+    intakes: list[IngestionService | TelemetryIngestionService] = []
     if settings.ingest_on_serve:
-        ingestion = IngestionService(settings, engine, transport, body_store)
-        parts.add(asyncio.create_task(ingestion.run(), name="ingestion"))
+        intakes = [
+            IngestionService(settings, engine, transport, body_store),
+            TelemetryIngestionService(settings, engine, transport),
+        ]
+        for intake, name in zip(intakes, ("ingestion", "telemetry ingestion"), strict=True):
+            parts.add(asyncio.create_task(intake.run(), name=name))
     stop = asyncio.Event()
     signals = _route_signals(stop.set)
-    _announce(settings, listener, ingesting=ingestion is not None)
+    _announce(settings, listener, ingesting=bool(intakes))
 
     stopper = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({*parts, stopper}, return_when=asyncio.FIRST_COMPLETED)
     _restore_signals(signals)  # a second Ctrl+C interrupts a slow shutdown
-    if ingestion is not None:
-        await ingestion.stop()
+    for intake in intakes:
+        await intake.stop()
     retrying.cancel()  # an unsent batch stays persisted for the next start
     sweeping.cancel()
-    reconciling.cancel()
+    for task in background:
+        task.cancel()
     server.should_exit = True
     stopper.cancel()
     await asyncio.gather(*parts, return_exceptions=True)
@@ -350,7 +378,8 @@ def _announce(settings: Settings, listener: socket.socket, *, ingesting: bool) -
     console.print(f"Store: {_describe_database(settings)}")
     if ingesting:
         console.print(
-            f"Ingesting queue [bold]{settings.error_queue}[/] on {_describe_transport(settings)}"
+            f"Ingesting queues [bold]{settings.error_queue}[/] and "
+            f"[bold]{settings.telemetry_queue}[/] on {_describe_transport(settings)}"
         )
     console.print("Press Ctrl+C to stop.")
 
@@ -366,13 +395,24 @@ def _progress() -> Progress:
     )
 
 
-async def _publish_demo(settings: Settings, messages: list[DemoMessage]) -> None:
+async def _publish_demo(
+    settings: Settings, messages: list[DemoMessage], telemetry: list[dict[str, Any]]
+) -> None:
     async with open_transport(settings) as transport:
         with _progress() as progress:
             task = progress.add_task("Publishing failed messages", total=len(messages))
             for message in messages:
                 await publish_failed_message(
                     transport, message.headers, message.body, error_queue=settings.error_queue
+                )
+                progress.advance(task)
+            task = progress.add_task("Publishing site-call telemetry", total=len(telemetry))
+            for packet in telemetry:
+                await transport.publish(
+                    settings.telemetry_queue,
+                    {},
+                    json.dumps(packet).encode(),
+                    content_type="application/json",
                 )
                 progress.advance(task)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from fastapi import Body, FastAPI
+from fastapi import FastAPI
 from pydantic import AwareDatetime
 
 from controlroom.api import create_app
@@ -27,7 +27,6 @@ from controlroom.site import SiteAgent, SiteService, SiteSettings
 from controlroom.site.lifecycle import CallState
 from controlroom.site.store import tracked_operations
 from controlroom.site.telemetry import state_document
-from controlroom.sitecalls.intake import make_writer, receive_json
 from tests.site.http import loopback_listener, serving, url_of
 
 OPERATOR_TOKEN = "operator-token-0123456789"
@@ -69,19 +68,6 @@ def site_entry(site_id: str, url: str, *, token: str | None = SITE_TOKEN) -> Con
     return ConfiguredSite(id=site_id, base_url=url, token=token)
 
 
-def add_telemetry_route(app: FastAPI, settings: Settings, engine: sa.Engine) -> None:
-    """``POST /api/site-calls/telemetry`` through issue 10's intake and writer, unless the
-    app already serves it (issue 10's own route, once merged)."""
-    if any(getattr(route, "path", None) == "/api/site-calls/telemetry" for route in app.routes):
-        return
-    writer = make_writer(settings, engine)
-
-    @app.post("/api/site-calls/telemetry")
-    def telemetry(packets: list[Any] = Body(...)) -> dict[str, Any]:
-        reasons = writer.write([receive_json(packet, "http") for packet in packets])
-        return {"accepted": sum(r is None for r in reasons), "rejected": [r for r in reasons if r]}
-
-
 @contextlib.contextmanager
 def running_central(
     settings: Settings, listener: Any = None
@@ -91,7 +77,6 @@ def running_central(
     engine = create_store_engine(settings.effective_database_url)
     upgrade_database(engine)
     app = create_app(settings, engine, FileSystemBodyStore(settings.body_dir))
-    add_telemetry_route(app, settings, engine)
     try:
         with serving(app, listener) as url:
             yield url, app, engine

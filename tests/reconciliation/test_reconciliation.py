@@ -243,6 +243,8 @@ def test_the_api_answers_during_a_slow_pass_and_a_second_trigger_starts_nothing(
             # The pass waits on the site; the API, and telemetry ingest, answer meanwhile.
             assert httpx.get(f"{central_url}/api/sites", headers=READER).status_code == 200
             assert httpx.get(f"{central_url}/api/errors", headers=READER).status_code == 200
+            kpis = httpx.get(f"{central_url}/api/site-calls/kpis", headers=READER)
+            assert kpis.status_code == 200
             packet = _packet()
             ingest = httpx.post(
                 f"{central_url}/api/site-calls/telemetry", json=[packet], headers=OPERATOR

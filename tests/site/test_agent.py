@@ -20,6 +20,7 @@ from controlroom.site import (
     lifecycle,
 )
 from controlroom.site.lifecycle import PermanentFailure
+from controlroom.sitecalls.contract import validate_packet
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -216,7 +217,30 @@ def test_the_store_pages_as_the_reference_rule(agent: SiteAgent, clock: Clock) -
             ), (since, after_id, limit)
 
 
-def test_packets_are_json_of_the_contract(agent: SiteAgent) -> None:
+def test_every_packet_meets_centrals_contract(agent: SiteAgent, clock: Clock) -> None:
+    agent.register("ok", Target())
+    agent.register("rejected", Target(permanent=True))
+    agent.register("down", Target(fail_times=100))
+    agent.cached_call("erp/invoices", "ok", {})
+    with pytest.raises(CachedCallFailed):
+        agent.cached_call("erp/invoices", "rejected", {})
+    parked = agent.cached_call("erp/invoices" * 18, "down", {}).tracked_operation_id
+    for _ in range(2):
+        clock.advance(10)
+        agent.attempt_due()
+    assert agent.retry(parked, "alice") is CommandOutcome.APPLIED
+    for _ in range(3):  # the new epoch parks again
+        agent.attempt_due()
+        clock.advance(10)
+    assert agent.discard(parked, "alice") is CommandOutcome.APPLIED
+    sent = packets(agent)
+    statuses = {p["status"] for p in sent}
+    assert statuses == {"Submitted", "Attempted", "Parked", "Delivered", "Failed", "Discarded"}
+    for packet in sent:
+        validate_packet(json.loads(json.dumps(packet)))  # raises TelemetryRejected
+
+
+def test_a_failed_packet_carries_the_whole_error(agent: SiteAgent) -> None:
     agent.register("post-invoice", Target(permanent=True))
     with pytest.raises(CachedCallFailed):
         agent.cached_call("erp/invoices", "post-invoice", {})

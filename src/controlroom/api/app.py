@@ -22,6 +22,7 @@ from controlroom.api import (
     recoverability,
     retries,
     search,
+    sitecalls,
     sites,
 )
 from controlroom.config import Settings
@@ -77,6 +78,7 @@ def create_app(
     app.include_router(health.router, prefix="/api")
     app.include_router(retries.router, prefix="/api")
     app.include_router(compat.router, prefix="/api")
+    app.include_router(sitecalls.router, prefix="/api")
     app.include_router(sites.router, prefix="/api")
     compat.install_middleware(app, settings)
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)

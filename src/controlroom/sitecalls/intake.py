@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 import sqlalchemy as sa
+import tenacity
 
 from controlroom.config import Settings
 from controlroom.errors.ingest.writer import retry_transient
@@ -51,16 +52,28 @@ def receive_json(data: Any, source: str) -> ReceivedPacket:
 
 
 def make_writer(
-    settings: Settings, engine: sa.Engine, stop_event: threading.Event | None = None
+    settings: Settings,
+    engine: sa.Engine,
+    stop_event: threading.Event | None = None,
+    *,
+    attempts: int | None = None,
 ) -> SiteCallWriter:
-    """The writer with the settings' budgets and the batch retry policy."""
+    """The writer with the settings' budgets. Transient store errors replay a chunk until
+    ``stop_event`` is set (the queue: forever without one), or at most ``attempts``
+    times in all (an HTTP request, which must answer)."""
+    retrying = retry_transient(
+        max_backoff_seconds=settings.ingestion.max_backoff_seconds, stop_event=stop_event
+    )
+    if attempts is not None:
+        retrying = retrying.copy(
+            stop=tenacity.stop_after_attempt(attempts),
+            wait=tenacity.wait_random_exponential(multiplier=0.05, max=1.0),
+        )
     return SiteCallWriter(
         engine,
         chunk_budget=settings.audit.ingest_budget,
         row_budget=settings.audit.row_budget,
-        retrying=retry_transient(
-            max_backoff_seconds=settings.ingestion.max_backoff_seconds, stop_event=stop_event
-        ),
+        retrying=retrying,
     )
 
 

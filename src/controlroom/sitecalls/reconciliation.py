@@ -45,6 +45,7 @@ from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
 log = logging.getLogger(__name__)
 
 CHANGES_PATH = "/site/tracking/changes"
+WRITE_ATTEMPTS = 3
 sr = site_reconciliation.c
 
 
@@ -136,7 +137,9 @@ class Reconciler:
         self._config = settings.reconciliation
         self._engine = engine
         self._provider = provider_for(engine)
-        self._writer = writer or make_writer(settings, engine)
+        # A store that keeps failing fails this site's pass (retried next pass), rather
+        # than holding the pass forever.
+        self._writer = writer or make_writer(settings, engine, attempts=WRITE_ATTEMPTS)
         self._clock = clock
 
     def run_pass(self, sites: Sequence[ConfiguredSite] | None = None) -> list[SitePassResult]:

@@ -1,0 +1,335 @@
+"""The site-call half of the API: telemetry intake, site calls, KPIs and their history,
+the audit log, rejected telemetry.
+
+Source: issue 10 "Intake", "Queries", "KPIs", "KPI history". Lists are newest first with
+keyset paging: ``limit`` rows and ``next_cursor``, passed back as ``after`` for the next
+page (``controlroom.sitecalls.queries``). Roles as everywhere (``api.auth``): reading
+needs ``reader``, posting telemetry ``operator``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Literal
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
+from pydantic import AwareDatetime, BaseModel
+
+from controlroom.config import Settings
+from controlroom.sitecalls import queries
+from controlroom.sitecalls.history import SCOPES, read_series
+from controlroom.sitecalls.intake import make_writer, receive_json
+from controlroom.sitecalls.kpis import METRICS, measure_kpis
+from controlroom.sitecalls.writer import IngestBudgetExceeded
+
+router = APIRouter(tags=["site calls"])
+
+MAX_PACKETS_PER_POST = 1000
+HTTP_ATTEMPTS = 3
+Limit = Annotated[int, Query(ge=1, le=500, description="Rows per page.")]
+After = Annotated[
+    str | None, Query(max_length=500, description="next_cursor of the previous page.")
+]
+Text = Annotated[str | None, Query(max_length=1024)]
+Instant = Annotated[AwareDatetime | None, Query(description="ISO 8601 with a zone.")]
+BAD_REQUEST = {400: {"description": "A parameter is malformed (named in detail)."}}
+BUSY = {503: {"description": "The store is busy or a write ran past its budget; try again."}}
+
+
+class SiteCallView(BaseModel):
+    tracked_operation_id: str
+    channel: str
+    target: str
+    source_site: str
+    source_node: str | None
+    status: str
+    retry_count: int
+    last_error: str | None
+    http_status: int | None
+    created_at_utc: datetime
+    updated_at_utc: datetime
+    terminal_at_utc: datetime | None
+    ingested_at_utc: datetime
+    epoch: int
+
+
+class AuditEventView(BaseModel):
+    event_id: str
+    occurred_at_utc: datetime
+    ingested_at_utc: datetime
+    actor: str
+    action: str
+    outcome: str
+    category: str
+    target: str | None
+    source_site: str | None
+    source_node: str | None
+    correlation_id: str | None
+    details_json: str | None
+    payload_truncated: bool
+
+
+class SiteCallPage(BaseModel):
+    items: list[SiteCallView]
+    next_cursor: str | None
+
+
+class SiteCallDetails(SiteCallView):
+    audit_events: list[AuditEventView]
+
+
+class AuditPage(BaseModel):
+    items: list[AuditEventView]
+    next_cursor: str | None
+
+
+class RejectedPacketView(BaseModel):
+    id: str
+    source: str
+    packet: str
+    """The packet as received (UTF-8; undecodable bytes shown as U+FFFD)."""
+    reason: str
+    rejected_at_utc: datetime
+
+
+class RejectedPage(BaseModel):
+    items: list[RejectedPacketView]
+    next_cursor: str | None
+
+
+class PacketRejection(BaseModel):
+    index: int
+    """Position of the packet in the posted list."""
+    tracked_operation_id: str | None
+    reason: str
+
+
+class TelemetryAnswer(BaseModel):
+    accepted: list[int]
+    """Positions of the packets taken (stored, or a no-op under the monotonic rule)."""
+    rejected: list[PacketRejection]
+
+
+class Kpis(BaseModel):
+    at_utc: datetime
+    scope: Literal["global", "site", "node"]
+    scope_key: str
+    interval_seconds: float
+    stuck_threshold_seconds: float
+    buffered: int
+    parked: int
+    failed_last_interval: int
+    delivered_last_interval: int
+    oldest_pending_age_seconds: float | None
+    stuck: int
+
+
+class SeriesPointView(BaseModel):
+    captured_at_utc: datetime
+    value: float
+    min: float
+    max: float
+    samples: int
+
+
+class KpiSeries(BaseModel):
+    metric: str
+    scope: str
+    scope_key: str
+    from_utc: datetime
+    to_utc: datetime
+    points: list[SeriesPointView]
+
+
+def _engine(request: Request) -> sa.Engine:
+    return request.app.state.engine  # type: ignore[no-any-return]
+
+
+def _settings(request: Request) -> Settings:
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+def _paged(page: queries.Page) -> dict[str, Any]:
+    return {"items": [row._asdict() for row in page.rows], "next_cursor": page.next_cursor}
+
+
+def _bad_cursor(exc: queries.BadCursor) -> HTTPException:
+    return HTTPException(400, f"after: {exc}")
+
+
+@router.post("/site-calls/telemetry", response_model=TelemetryAnswer, responses={**BUSY, 413: {}})
+def post_telemetry(
+    request: Request,
+    packets: Annotated[list[Any], Body(description="Telemetry packets (README).")],
+) -> dict[str, Any]:
+    """Take a list of telemetry packets; answers which were accepted and which rejected,
+    and why. A rejected packet is kept whole and listed by ``/api/site-calls/rejected``."""
+    if len(packets) > MAX_PACKETS_PER_POST:
+        raise HTTPException(413, f"at most {MAX_PACKETS_PER_POST} packets per request")
+    received = [receive_json(item, "http") for item in packets]
+    writer = make_writer(_settings(request), _engine(request), attempts=HTTP_ATTEMPTS)
+    try:
+        reasons = writer.write(received)
+    except IngestBudgetExceeded as exc:
+        raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from exc
+    rejected = []
+    for index, (item, reason) in enumerate(zip(packets, reasons, strict=True)):
+        if reason is not None:
+            op_id = item.get("tracked_operation_id") if isinstance(item, dict) else None
+            rejected.append(
+                {
+                    "index": index,
+                    "tracked_operation_id": op_id if isinstance(op_id, str) else None,
+                    "reason": reason,
+                }
+            )
+    accepted = [index for index, reason in enumerate(reasons) if reason is None]
+    return {"accepted": accepted, "rejected": rejected}
+
+
+@router.get("/site-calls", response_model=SiteCallPage, responses=BAD_REQUEST)
+def list_site_calls(
+    request: Request,
+    site: Text = None,
+    node: Text = None,
+    status: Text = None,
+    channel: Text = None,
+    target: Text = None,
+    created_from: Instant = None,
+    created_to: Instant = None,
+    limit: Limit = 50,
+    after: After = None,
+) -> dict[str, Any]:
+    """Site calls, newest created first; filters combine with AND."""
+    filters = queries.SiteCallFilter(site, node, status, channel, target, created_from, created_to)
+    try:
+        with _engine(request).connect() as conn:
+            return _paged(queries.list_site_calls(conn, filters, limit=limit, after=after))
+    except queries.BadCursor as exc:
+        raise _bad_cursor(exc) from None
+
+
+@router.get("/site-calls/kpis", response_model=Kpis, responses=BAD_REQUEST)
+def site_call_kpis(request: Request, site: Text = None, node: Text = None) -> dict[str, Any]:
+    """The KPIs now: globally, of one source ``site``, or of one ``node`` of a site."""
+    if node is not None and site is None:
+        raise HTTPException(400, "node: give the site too (a node is named within its site)")
+    settings = _settings(request)
+    now = datetime.now(UTC)
+    with _engine(request).connect() as conn:
+        report = measure_kpis(
+            conn,
+            now=now,
+            interval=settings.kpi.interval,
+            stuck_threshold=settings.kpi.stuck_threshold,
+            site=site,
+            node=node,
+        )
+    scope = "node" if node is not None else "site" if site is not None else "global"
+    key = f"{site}/{node}" if node is not None else site or ""
+    return {
+        "at_utc": now,
+        "scope": scope,
+        "scope_key": key,
+        "interval_seconds": settings.kpi.interval.total_seconds(),
+        "stuck_threshold_seconds": settings.kpi.stuck_threshold.total_seconds(),
+        **report.total().as_dict(now),
+    }
+
+
+@router.get("/site-calls/rejected", response_model=RejectedPage, responses=BAD_REQUEST)
+def list_rejected(request: Request, limit: Limit = 50, after: After = None) -> dict[str, Any]:
+    """Telemetry packets the contract or the store refused, newest first, kept whole."""
+    try:
+        with _engine(request).connect() as conn:
+            page = queries.list_rejected_telemetry(conn, limit=limit, after=after)
+    except queries.BadCursor as exc:
+        raise _bad_cursor(exc) from None
+    items = [
+        {**row._asdict(), "packet": row.packet.decode("utf-8", "replace")} for row in page.rows
+    ]
+    return {"items": items, "next_cursor": page.next_cursor}
+
+
+@router.get(
+    "/site-calls/{id}",
+    response_model=SiteCallDetails,
+    responses={404: {"description": "No site call has this id."}},
+)
+def get_site_call(
+    request: Request,
+    tracked_operation_id: Annotated[uuid.UUID, Path(alias="id")],
+) -> dict[str, Any]:
+    """One site call with its audit events (by correlation id), oldest event first."""
+    key = str(tracked_operation_id)
+    with _engine(request).connect() as conn:
+        row = queries.get_site_call(conn, key)
+        if row is None:
+            raise HTTPException(404, f"no site call with tracked_operation_id {key}")
+        events = queries.audit_events_of(conn, key)
+    return {**row._asdict(), "audit_events": [event._asdict() for event in events]}
+
+
+@router.get("/audit-log", response_model=AuditPage, responses=BAD_REQUEST)
+def list_audit_log(
+    request: Request,
+    actor: Text = None,
+    action: Text = None,
+    outcome: Text = None,
+    category: Text = None,
+    target: Text = None,
+    correlation_id: Text = None,
+    occurred_from: Instant = None,
+    occurred_to: Instant = None,
+    limit: Limit = 50,
+    after: After = None,
+) -> dict[str, Any]:
+    """Audit events, newest first; filters combine with AND."""
+    filters = queries.AuditFilter(
+        actor, action, outcome, category, target, correlation_id, occurred_from, occurred_to
+    )
+    try:
+        with _engine(request).connect() as conn:
+            return _paged(queries.list_audit_events(conn, filters, limit=limit, after=after))
+    except queries.BadCursor as exc:
+        raise _bad_cursor(exc) from None
+
+
+@router.get("/kpi-history", response_model=KpiSeries, responses=BAD_REQUEST)
+def kpi_history(
+    request: Request,
+    metric: Annotated[Literal[METRICS], Query()],  # type: ignore[valid-type]
+    scope: Annotated[Literal[SCOPES], Query()] = "global",  # type: ignore[valid-type]
+    scope_key: Annotated[str, Query(max_length=200)] = "",
+    from_: Annotated[AwareDatetime | None, Query(alias="from")] = None,
+    to: Instant = None,
+    max_points: Annotated[int, Query(ge=1, le=10_000)] = 200,
+) -> dict[str, Any]:
+    """One KPI's samples of one scope (``global``; ``site`` keyed by the site; ``node``
+    keyed ``site/node``) in ``[from, to]`` (default: the last 24 hours), downsampled to
+    at most ``max_points`` points (the mean, minimum and maximum of each equal slice)."""
+    end = to or datetime.now(UTC)
+    start = from_ or end - timedelta(hours=24)
+    if start > end:
+        raise HTTPException(400, "from: must not be after to")
+    with _engine(request).connect() as conn:
+        points = read_series(
+            conn,
+            metric=metric,
+            scope=scope,
+            scope_key=scope_key,
+            start=start,
+            end=end,
+            max_points=max_points,
+        )
+    return {
+        "metric": metric,
+        "scope": scope,
+        "scope_key": scope_key,
+        "from_utc": start,
+        "to_utc": end,
+        "points": [dataclasses.asdict(point) for point in points],
+    }

@@ -1,0 +1,187 @@
+"""Reading the site-call half: site calls, one call with its audit events, the audit log,
+rejected telemetry — each newest first with keyset paging.
+
+Source: issue 10 "Queries". A page ends with a cursor naming its last row's sort key
+(``(created_at_utc, tracked_operation_id)``, ``(occurred_at_utc, event_id)`` or
+``(rejected_at_utc, id)``); the next page is the rows strictly after it in the same
+order, so rows sharing one instant are neither repeated nor skipped. Each order has an
+index of migration 0005. Filter values are only ever bound parameters.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from controlroom.db.tables import audit_log, rejected_telemetry, site_calls
+from controlroom.exceptions import ControlroomError
+
+sc = site_calls.c
+al = audit_log.c
+rt = rejected_telemetry.c
+
+
+class BadCursor(ControlroomError):
+    """A paging cursor this service did not hand out."""
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """Rows of one page, and the cursor of the next (``None`` on the last page)."""
+
+    rows: list[sa.Row[Any]]
+    next_cursor: str | None
+
+
+def encode_cursor(instant: datetime, key: str) -> str:
+    text = json.dumps([instant.isoformat(), key])
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The ``(instant, key)`` in ``cursor``. Raises ``BadCursor``."""
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        instant, key = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        parsed = datetime.fromisoformat(instant)
+        if parsed.tzinfo is None or not isinstance(key, str):
+            raise ValueError
+        return parsed, key
+    except (ValueError, TypeError, UnicodeDecodeError):
+        raise BadCursor("the cursor is not one this service handed out") from None
+
+
+def _page(
+    conn: sa.Connection,
+    table: sa.Table,
+    instant: sa.Column[Any],
+    key: sa.Column[Any],
+    conditions: Sequence[sa.ColumnElement[bool]],
+    *,
+    limit: int,
+    after: str | None,
+) -> Page:
+    where = list(conditions)
+    if after is not None:
+        at, last_key = decode_cursor(after)
+        where.append(sa.tuple_(instant, key) < sa.tuple_(sa.literal(at, instant.type), last_key))
+    rows = conn.execute(
+        sa.select(table).where(*where).order_by(instant.desc(), key.desc()).limit(limit + 1)
+    ).all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    cursor = None
+    if more and rows:
+        last = rows[-1]
+        cursor = encode_cursor(getattr(last, instant.name), getattr(last, key.name))
+    return Page(rows, cursor)
+
+
+@dataclass(frozen=True, slots=True)
+class SiteCallFilter:
+    """Filters of ``GET /api/site-calls``; ``None`` means any. Times are UTC."""
+
+    site: str | None = None
+    node: str | None = None
+    status: str | None = None
+    channel: str | None = None
+    target: str | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+
+
+def list_site_calls(
+    conn: sa.Connection, filters: SiteCallFilter, *, limit: int, after: str | None
+) -> Page:
+    """Site calls newest created first, ``limit`` per page. Raises ``BadCursor``."""
+    conditions = [
+        column == value
+        for column, value in (
+            (sc.source_site, filters.site),
+            (sc.source_node, filters.node),
+            (sc.status, filters.status),
+            (sc.channel, filters.channel),
+            (sc.target, filters.target),
+        )
+        if value is not None
+    ]
+    if filters.created_from is not None:
+        conditions.append(sc.created_at_utc >= filters.created_from)
+    if filters.created_to is not None:
+        conditions.append(sc.created_at_utc < filters.created_to)
+    return _page(
+        conn,
+        site_calls,
+        sc.created_at_utc,
+        sc.tracked_operation_id,
+        conditions,
+        limit=limit,
+        after=after,
+    )
+
+
+def get_site_call(conn: sa.Connection, tracked_operation_id: str) -> sa.Row[Any] | None:
+    return conn.execute(
+        sa.select(site_calls).where(sc.tracked_operation_id == tracked_operation_id)
+    ).one_or_none()
+
+
+def audit_events_of(conn: sa.Connection, tracked_operation_id: str) -> list[sa.Row[Any]]:
+    """The audit events correlated with a site call, oldest first."""
+    return list(
+        conn.execute(
+            sa.select(audit_log)
+            .where(al.correlation_id == tracked_operation_id)
+            .order_by(al.occurred_at_utc, al.event_id)
+        ).all()
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AuditFilter:
+    """Filters of ``GET /api/audit-log``; ``None`` means any. Times are UTC."""
+
+    actor: str | None = None
+    action: str | None = None
+    outcome: str | None = None
+    category: str | None = None
+    target: str | None = None
+    correlation_id: str | None = None
+    occurred_from: datetime | None = None
+    occurred_to: datetime | None = None
+
+
+def list_audit_events(
+    conn: sa.Connection, filters: AuditFilter, *, limit: int, after: str | None
+) -> Page:
+    """Audit events newest first, ``limit`` per page. Raises ``BadCursor``."""
+    conditions = [
+        column == value
+        for column, value in (
+            (al.actor, filters.actor),
+            (al.action, filters.action),
+            (al.outcome, filters.outcome),
+            (al.category, filters.category),
+            (al.target, filters.target),
+            (al.correlation_id, filters.correlation_id),
+        )
+        if value is not None
+    ]
+    if filters.occurred_from is not None:
+        conditions.append(al.occurred_at_utc >= filters.occurred_from)
+    if filters.occurred_to is not None:
+        conditions.append(al.occurred_at_utc < filters.occurred_to)
+    return _page(
+        conn, audit_log, al.occurred_at_utc, al.event_id, conditions, limit=limit, after=after
+    )
+
+
+def list_rejected_telemetry(conn: sa.Connection, *, limit: int, after: str | None) -> Page:
+    """Rejected packets newest first. Raises ``BadCursor``."""
+    return _page(conn, rejected_telemetry, rt.rejected_at_utc, rt.id, [], limit=limit, after=after)

@@ -1,0 +1,146 @@
+"""The site-call API over each provider: telemetry intake, lists with keyset paging, one
+call with its audit events, KPIs, history, rejected packets (issue 10)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from controlroom.config import Settings
+from controlroom.sitecalls.history import take_sample
+from controlroom.sitecalls.writer import SiteCallWriter
+from tests.sitecalls.packets import T0, packet, write
+
+
+def all_pages(
+    client: TestClient, path: str, limit: int, **params: Any
+) -> list[list[dict[str, Any]]]:
+    pages, after = [], None
+    while True:
+        query = {**params, "limit": limit, **({"after": after} if after else {})}
+        answer = client.get(path, params=query)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        pages.append(body["items"])
+        after = body["next_cursor"]
+        if after is None:
+            return pages
+
+
+def test_post_telemetry_answers_accepted_and_rejected(client: TestClient) -> None:
+    op_id = str(uuid.uuid4())
+    event_id = str(uuid.uuid4())
+    answer = client.post(
+        "/api/site-calls/telemetry",
+        json=[
+            packet("Submitted", op_id=op_id, event_id=event_id),
+            packet("Submitted", op_id=str(uuid.uuid4()), source_site="s" * 65),
+            "not a packet",
+            packet("Forwarded", op_id=op_id, at=T0 + timedelta(seconds=1), surprise=1),
+        ],
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["accepted"] == [0]
+    reasons = {item["index"]: item["reason"] for item in body["rejected"]}
+    assert reasons[1].startswith("source_site:")
+    assert "JSON object" in reasons[2]
+    assert reasons[3].startswith("surprise:")
+
+    details = client.get(f"/api/site-calls/{op_id.upper()}").json()
+    assert details["status"] == "Submitted"
+    assert [event["event_id"] for event in details["audit_events"]] == [event_id]
+
+    rejected = client.get("/api/site-calls/rejected").json()["items"]
+    assert len(rejected) == 3
+    assert any("s" * 65 in item["packet"] for item in rejected)
+
+
+def test_unknown_site_call_is_404_and_a_bad_cursor_400(client: TestClient) -> None:
+    assert client.get(f"/api/site-calls/{uuid.uuid4()}").status_code == 404
+    assert client.get("/api/audit-log", params={"after": "garbage"}).status_code == 400
+    assert client.get("/api/site-calls/kpis", params={"node": "n"}).status_code == 400
+
+
+def test_audit_log_keyset_paging_with_one_shared_instant(
+    client: TestClient, engine: sa.Engine
+) -> None:
+    # 23 events at one occurred_at_utc, 4 at another: pages of 5 must cover each once.
+    writer = SiteCallWriter(engine)
+    shared, other = T0 + timedelta(minutes=5), T0 + timedelta(minutes=1)
+    events = []
+    for n in range(27):
+        event_id = str(uuid.uuid4())
+        events.append(event_id)
+        data = packet("Submitted", op_id=str(uuid.uuid4()), event_id=event_id)
+        data["audit_event"]["occurred_at_utc"] = (shared if n < 23 else other).isoformat()
+        write(writer, data)
+    pages = all_pages(client, "/api/audit-log", 5)
+    seen = [item["event_id"] for page in pages for item in page]
+    assert len(seen) == len(set(seen)) == 27  # no overlap
+    assert set(seen) == set(events)  # no gap
+    assert [len(page) for page in pages] == [5, 5, 5, 5, 5, 2]
+    # newest first, ties by event_id descending
+    keys = [(item["occurred_at_utc"], item["event_id"]) for page in pages for item in page]
+    assert keys == sorted(keys, reverse=True)
+
+
+def test_site_call_list_filters_and_pages(client: TestClient, engine: sa.Engine) -> None:
+    writer = SiteCallWriter(engine)
+    for n in range(12):
+        write(
+            writer,
+            packet(
+                "Delivered" if n % 3 == 0 else "Attempted",
+                op_id=str(uuid.uuid4()),
+                at=T0 + timedelta(minutes=n),
+                source_site="site-a" if n % 2 else "site-b",
+            ),
+        )
+    pages = all_pages(client, "/api/site-calls", 4, site="site-a")
+    items = [item for page in pages for item in page]
+    assert len(items) == 6 and {item["source_site"] for item in items} == {"site-a"}
+    delivered = client.get("/api/site-calls", params={"status": "Delivered"}).json()["items"]
+    assert len(delivered) == 4
+
+
+def test_kpis_and_history_over_http(
+    client: TestClient, engine: sa.Engine, settings: Settings
+) -> None:
+    client.post("/api/site-calls/telemetry", json=[packet("Parked", op_id=str(uuid.uuid4()))])
+    kpis = client.get("/api/site-calls/kpis", params={"site": "site-a"}).json()
+    assert (kpis["scope"], kpis["scope_key"], kpis["parked"]) == ("site", "site-a", 1)
+    take_sample(engine, settings, T0)
+    series = client.get(
+        "/api/kpi-history",
+        params={
+            "metric": "parked",
+            "scope": "node",
+            "scope_key": "site-a/node-1",
+            "from": (T0 - timedelta(hours=1)).isoformat(),
+            "to": (T0 + timedelta(hours=1)).isoformat(),
+        },
+    ).json()
+    assert [(p["value"], p["samples"]) for p in series["points"]] == [(1.0, 1)]
+
+
+def test_posting_telemetry_needs_the_operator_role(
+    tmp_path, engine: sa.Engine, database_url: str
+) -> None:
+    from controlroom.api import create_app
+    from controlroom.errors.ingest.bodies import FileSystemBodyStore
+
+    settings = Settings(
+        data_dir=tmp_path,
+        database_url=database_url,
+        auth_tokens=[{"name": "viewer", "token": "r" * 20, "role": "reader"}],
+    )
+    with TestClient(create_app(settings, engine, FileSystemBodyStore(tmp_path))) as client:
+        headers = {"Authorization": "Bearer " + "r" * 20}
+        assert client.get("/api/site-calls", headers=headers).status_code == 200
+        answer = client.post("/api/site-calls/telemetry", json=[], headers=headers)
+        assert answer.status_code == 403

@@ -1,0 +1,56 @@
+"""The site-call purge (issue 10 "Tests", "Retention"), on every provider."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import sqlalchemy as sa
+
+from controlroom.config import Settings
+from controlroom.db.tables import audit_log
+from controlroom.sitecalls.retention import SiteCallRetention
+from controlroom.sitecalls.writer import SiteCallWriter
+from tests.sitecalls.packets import T0, packet, stored, write
+
+NOW = T0 + timedelta(days=400)
+
+
+def test_purge_deletes_terminal_old_calls_and_old_audit_events_only(
+    engine: sa.Engine, tmp_path
+) -> None:
+    old = T0  # 400 days before NOW
+    recent = NOW - timedelta(days=10)
+    cases = {
+        "delivered-old": ("Delivered", old, False),
+        "failed-old": ("Failed", old, False),
+        "discarded-old": ("Discarded", old, False),
+        "parked-old": ("Parked", old, True),
+        "attempted-old": ("Attempted", old, True),
+        "delivered-recent": ("Delivered", recent, True),
+    }
+    ids = {name: str(uuid.uuid4()) for name in cases}
+    old_event, recent_event = str(uuid.uuid4()), str(uuid.uuid4())
+    writer = SiteCallWriter(engine)
+    write(
+        writer, *(packet(status, op_id=ids[name], at=at) for name, (status, at, _) in cases.items())
+    )
+    write(writer, packet("Submitted", op_id=str(uuid.uuid4()), at=old, event_id=old_event))
+    write(writer, packet("Submitted", op_id=str(uuid.uuid4()), at=recent, event_id=recent_event))
+
+    settings = Settings(data_dir=tmp_path)  # 365 days for both, the defaults
+    result = SiteCallRetention(engine, settings, clock=lambda: NOW).purge_once()
+
+    assert result is not None and (result.site_calls, result.audit_events) == (3, 1)
+    for name, (_, _, kept) in cases.items():
+        assert (stored(engine, ids[name]) is not None) == kept, name
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(audit_log.c.event_id)).scalars().all() == [recent_event]
+
+
+def test_a_shorter_audit_retention_is_honoured(engine: sa.Engine, tmp_path) -> None:
+    event = str(uuid.uuid4())
+    write(SiteCallWriter(engine), packet("Submitted", at=NOW - timedelta(days=40), event_id=event))
+    settings = Settings(data_dir=tmp_path, audit={"retention_days": 30})
+    result = SiteCallRetention(engine, settings, clock=lambda: NOW).purge_once()
+    assert result is not None and result.audit_events == 1
