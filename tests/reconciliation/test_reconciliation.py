@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import random
@@ -17,11 +18,14 @@ import sqlalchemy as sa
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
 from controlroom.db.tables import site_reconciliation
 from controlroom.site import SiteAgent, SiteSettings
 from controlroom.site.lifecycle import PermanentFailure
 from controlroom.site.store import tracked_operations
 from controlroom.site.telemetry import state_document
+from controlroom.sitecalls.reconciliation import ReconciliationService
 from tests.reconciliation.harness import (
     OPERATOR,
     READER,
@@ -306,3 +310,44 @@ def test_reconcile_on_demand_needs_a_known_site_and_an_operator(
             httpx.post(f"{central_url}/api/sites/plant-7/reconcile", headers=READER).status_code
             == 403
         )
+
+
+def test_of_two_central_processes_one_runs_the_scheduled_passes(
+    database_url: str, tmp_path: Path
+) -> None:
+    closed = loopback_listener()
+    sites = [site_entry("plant-7", url_of(closed))]
+    closed.close()
+    settings = central_settings(
+        database_url,
+        tmp_path / "central",
+        sites,
+        interval=timedelta(milliseconds=20),
+        probe_interval=timedelta(milliseconds=20),
+    )
+    engine = create_store_engine(settings.effective_database_url)
+    upgrade_database(engine)
+    services = [ReconciliationService(settings, engine, owner=o) for o in ("one", "two")]
+    passes = {"one": 0, "two": 0}
+    for owner, service in zip(("one", "two"), services, strict=True):
+        original = service.reconciler.run_pass
+
+        def counted(sites=None, owner=owner, original=original):  # type: ignore[no-untyped-def]
+            passes[owner] += 1
+            return original(sites)
+
+        service.reconciler.run_pass = counted  # type: ignore[method-assign]
+
+    async def both() -> None:
+        tasks = [asyncio.create_task(service.run()) for service in services]
+        while passes["one"] + passes["two"] < 5:
+            await asyncio.sleep(0.01)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        asyncio.run(both())
+        assert sorted(passes.values())[0] == 0  # the one without the lease never ran one
+    finally:
+        engine.dispose()
