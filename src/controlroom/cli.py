@@ -48,6 +48,7 @@ from controlroom.errors.retention import RetentionSweeper
 from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.exceptions import ConfigurationError, ControlroomError
 from controlroom.site import SiteAgent, SiteService, load_site_settings
+from controlroom.site.demo import demo_sites, run_site_demo
 from controlroom.site.service import ensure_agent_is_protected
 from controlroom.sitecalls.demo import DEFAULT_CALLS, MIN_CALLS, generate_demo_telemetry
 from controlroom.sitecalls.history import KpiSampler
@@ -512,3 +513,34 @@ async def _run_site(service: SiteService, listener: socket.socket) -> None:
         await service.run(listener)
     finally:
         _restore_signals(signals)
+
+
+@site_app.command("demo")
+def site_demo(
+    central_url: Annotated[
+        str, typer.Option(help="Central's base URL, where telemetry goes.")
+    ] = "http://127.0.0.1:8080",
+    data_dir: Annotated[
+        Path, typer.Option(help="Where the agents keep their tracking stores.")
+    ] = Path("./controlroom-data"),
+    every: Annotated[
+        float, typer.Option(help="Seconds between two calls of one agent (about).", min=0.1)
+    ] = 3.0,
+) -> None:
+    """Two local site agents (north, south) making live cached calls to flaky HTTP
+    targets (one recovers, one parks until an operator retries it, one answers 400),
+    until Ctrl+C. Central needs them as sites: see `make demo`."""
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    console.print(
+        "Site agents north and south are calling flaky targets; telemetry goes to "
+        f"{escape(central_url)}. Central reconciles and relays with\n"
+        f"  CONTROLROOM_SITES='{json.dumps(demo_sites(), separators=(',', ':'))}'\n"
+        "Press Ctrl+C to stop."
+    )
+    with _exit_on_failure(), contextlib.suppress(KeyboardInterrupt):
+        try:
+            asyncio.run(run_site_demo(data_dir, central_url, every=every))
+        except OSError as exc:
+            raise ConfigurationError(f"the site demo cannot listen: {exc}") from exc

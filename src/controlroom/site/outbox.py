@@ -36,6 +36,7 @@ class OutboxSender:
     def __init__(self, store: TrackingStore, settings: SiteSettings) -> None:
         self._store = store
         self._settings = settings
+        self._down = False
         headers = {}
         if settings.central_token is not None:
             headers["Authorization"] = f"Bearer {settings.central_token.get_secret_value()}"
@@ -67,13 +68,23 @@ class OutboxSender:
         retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(CentralUnavailable),
             wait=tenacity.wait_exponential(multiplier=0.5, max=self._settings.outbox_backoff_cap),
-            before_sleep=lambda state: log.warning(
-                "telemetry not delivered (%s); trying again", state.outcome.exception()
-            ),
+            before_sleep=self._report_outage,
         )
         while True:
             async for attempt in retrying:
                 with attempt:
                     sent = await asyncio.to_thread(self.deliver_once)
+            if self._down:
+                log.warning("telemetry delivered again; central is back")
+                self._down = False
             if sent < self._settings.outbox_batch:
                 await asyncio.sleep(self._settings.outbox_poll)
+
+    def _report_outage(self, state: tenacity.RetryCallState) -> None:
+        """Warn once per outage, not once per attempt."""
+        if not self._down:
+            log.warning(
+                "telemetry not delivered (%s); keeping it and trying again",
+                state.outcome.exception() if state.outcome else "?",
+            )
+            self._down = True

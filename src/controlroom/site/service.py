@@ -33,6 +33,12 @@ class _Server(uvicorn.Server):
         yield
 
 
+def make_server(app: object) -> uvicorn.Server:
+    """A uvicorn server of ``app`` that leaves signals to its caller; ``serve(sockets=)``
+    runs it, ``should_exit = True`` stops it."""
+    return _Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
+
+
 def ensure_agent_is_protected(agent: SiteAgent) -> None:
     """Raises ``ConfigurationError`` for an agent without a token on a non-loopback
     address: anyone who could reach it could read its calls and retry or discard them."""
@@ -48,9 +54,7 @@ class SiteService:
 
     def __init__(self, agent: SiteAgent) -> None:
         self.agent = agent
-        self.server = _Server(
-            uvicorn.Config(create_site_app(agent), lifespan="off", log_level="warning")
-        )
+        self.server = make_server(create_site_app(agent))
 
     async def run(self, listener: socket.socket) -> None:
         """Serve on ``listener`` and run the loops until cancelled or ``stop()``."""
