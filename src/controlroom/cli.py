@@ -486,14 +486,22 @@ def site_serve(
     except pydantic.ValidationError as exc:
         err_console.print(f"[red]error:[/] invalid settings:\n{escape(str(exc))}")
         raise typer.Exit(2) from exc
+    try:
+        ensure_agent_is_protected(settings)
+    except ConfigurationError as exc:  # a settings problem: exit 2, before anything starts
+        err_console.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from exc
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     with _exit_on_failure():
         listener = _listen(settings.host, settings.port)
-        agent = SiteAgent(settings)
         try:
-            ensure_agent_is_protected(agent)
+            agent = SiteAgent(settings)
+        except ControlroomError:
+            listener.close()
+            raise
+        try:
             service = SiteService(agent)
             bound_host, bound_port = listener.getsockname()[:2]
             console.print(

@@ -247,3 +247,13 @@ def test_a_failed_packet_carries_the_whole_error(agent: SiteAgent) -> None:
     failed = packets(agent)[-1]
     assert json.loads(failed["audit_event"]["details_json"])["error"].startswith("PermanentFailure")
     assert failed["http_status"] == 422 and failed["terminal_at_utc"] is not None
+
+
+def test_a_function_can_be_the_operation(agent: SiteAgent) -> None:
+    seen = []
+
+    def post_invoice(payload: object) -> None:
+        seen.append(payload)
+
+    assert agent.cached_call("erp/invoices", post_invoice, {"n": 1}).status is Status.DELIVERED
+    assert seen == [{"n": 1}]

@@ -87,18 +87,24 @@ class SiteAgent:
     def cached_call(
         self,
         target: str,
-        operation: str,
+        operation: str | Operation,
         payload: Any = None,
         *,
         channel: str = "ApiOutbound",
         tracked_operation_id: str | None = None,
     ) -> CallResult:
-        """Record and attempt a cached call of the registered ``operation`` with
-        ``payload`` (JSON-serializable) to ``target`` (≤ 256 characters).
+        """Record and attempt a cached call of ``operation`` with ``payload``
+        (JSON-serializable) to ``target`` (≤ 256 characters). ``operation`` is a registered
+        name, or a function, registered here under its qualified name (register it at
+        start-up too, so a restarted process can resume its buffered calls).
 
         Raises ``CachedCallFailed`` on a permanent failure, ``KeyError`` for an operation
         never registered, ``ValueError`` for a bad channel or target.
         """
+        if callable(operation):
+            name = f"{operation.__module__}.{operation.__qualname__}"
+            self.register(name, operation)
+            operation = name
         if operation not in self._operations:
             raise KeyError(f"no operation registered as {operation!r}")
         call_id = tracked_operation_id or str(uuid.uuid4())

@@ -19,6 +19,7 @@ import uvicorn
 from controlroom.api.auth import is_loopback
 from controlroom.exceptions import ConfigurationError
 from controlroom.site.agent import SiteAgent
+from controlroom.site.config import SiteSettings
 from controlroom.site.outbox import OutboxSender
 from controlroom.site.server import create_site_app
 
@@ -39,12 +40,12 @@ def make_server(app: object) -> uvicorn.Server:
     return _Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
 
 
-def ensure_agent_is_protected(agent: SiteAgent) -> None:
+def ensure_agent_is_protected(settings: SiteSettings) -> None:
     """Raises ``ConfigurationError`` for an agent without a token on a non-loopback
     address: anyone who could reach it could read its calls and retry or discard them."""
-    if agent.settings.token is None and not is_loopback(agent.settings.host):
+    if settings.token is None and not is_loopback(settings.host):
         raise ConfigurationError(
-            f"refusing to serve the site agent on {agent.settings.host} without a token "
+            f"refusing to serve the site agent on {settings.host} without a token "
             "(set CONTROLROOM_SITE_TOKEN, at least 16 characters) or bind to 127.0.0.1"
         )
 

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 CHANGES_PATH = "/site/tracking/changes"
 WRITE_ATTEMPTS = 3
+MAX_CONCURRENT_SITES = 8
 sr = site_reconciliation.c
 
 
@@ -147,7 +148,8 @@ class Reconciler:
         sites = list(self._settings.sites if sites is None else sites)
         if not sites:
             return []
-        with ThreadPoolExecutor(len(sites), thread_name_prefix="reconcile") as pool:
+        workers = min(len(sites), MAX_CONCURRENT_SITES)
+        with ThreadPoolExecutor(workers, thread_name_prefix="reconcile") as pool:
             return list(pool.map(self.reconcile_site, sites))
 
     def reconcile_site(self, site: ConfiguredSite) -> SitePassResult:
