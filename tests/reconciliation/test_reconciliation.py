@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -351,3 +352,44 @@ def test_of_two_central_processes_one_runs_the_scheduled_passes(
         assert sorted(passes.values())[0] == 0  # the one without the lease never ran one
     finally:
         engine.dispose()
+
+
+def test_a_site_coming_back_is_reconciled_before_the_next_interval(
+    database_url: str, tmp_path: Path
+) -> None:
+    port_holder = loopback_listener()
+    port = port_holder.getsockname()[1]
+    port_holder.close()  # the site is down: nothing listens on its port
+    settings = central_settings(
+        database_url,
+        tmp_path / "central",
+        [site_entry("plant-7", f"http://127.0.0.1:{port}")],
+        interval=timedelta(hours=1),
+        probe_interval=timedelta(milliseconds=50),
+    )
+    with running_central(settings) as (_url, app, engine):
+        service = app.state.reconciliation
+        stop = threading.Event()
+
+        async def scheduled() -> None:
+            task = asyncio.create_task(service.run())
+            await asyncio.to_thread(stop.wait)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+        runner = threading.Thread(target=asyncio.run, args=(scheduled(),), daemon=True)
+        runner.start()
+        try:
+            eventually(
+                lambda: any(r.error for r in service.last_results), what="a failed first pass"
+            )
+            listener = socket.create_server(("127.0.0.1", port))
+            with running_agent(agent_settings(tmp_path), listener) as agent:
+                ids = seed_site_rows(agent, 3, T)
+                eventually(
+                    lambda: set(central_rows(engine)) == set(ids), what="the site reconciled"
+                )
+                assert site_state(engine, "plant-7").reachable is True
+        finally:
+            stop.set()
+            runner.join(30)
