@@ -383,9 +383,11 @@ def test_a_site_coming_back_is_reconciled_before_the_next_interval(
             eventually(
                 lambda: any(r.error for r in service.last_results), what="a failed first pass"
             )
+            offline = SiteAgent(agent_settings(tmp_path))  # calls made while it was down
+            ids = seed_site_rows(offline, 3, T)
+            offline.close()
             listener = socket.create_server(("127.0.0.1", port))
-            with running_agent(agent_settings(tmp_path), listener) as agent:
-                ids = seed_site_rows(agent, 3, T)
+            with running_agent(agent_settings(tmp_path), listener):
                 eventually(
                     lambda: set(central_rows(engine)) == set(ids), what="the site reconciled"
                 )
