@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +46,7 @@ class Switch:
 
 @contextlib.contextmanager
 def parked_call(
-    database_url: str, tmp_path: Path, site_url: str | None = None
+    database_url: str, tmp_path: Path, site_url: str | None = None, **reconciliation: object
 ) -> Iterator[tuple[SiteAgent, Switch, str, str, Any, sa.Engine]]:
     """A site agent with one Parked call that central mirrors; the sites entry points at
     ``site_url`` when given (a broken site), else at the agent."""
@@ -59,7 +60,7 @@ def parked_call(
         backoff_base=3600,
     )
     sites = [site_entry("plant-7", site_url or url_of(listener))]
-    central = central_settings(database_url, tmp_path / "central", sites)
+    central = central_settings(database_url, tmp_path / "central", sites, **reconciliation)
     switch = Switch()
     with (
         running_agent(settings, listener) as agent,
@@ -136,6 +137,35 @@ def test_an_unreachable_site(database_url: str, tmp_path: Path) -> None:
         answer = relay(url, call_id, "retry", OPERATOR)
         assert (answer.status_code, answer.json()["outcome"]) == (503, "SiteUnreachable")
         assert "could not be reached" in answer.json()["message"]
+        assert audit_events(engine, action="CachedResolve") == []
+
+
+def test_a_site_that_does_not_answer_in_time(database_url: str, tmp_path: Path) -> None:
+    release = threading.Event()
+    hanging = FastAPI()
+
+    def hang(call: str, command: str) -> JSONResponse:
+        release.wait(30)
+        return JSONResponse({"outcome": "Applied"})
+
+    hanging.add_api_route("/site/tracking/{call}/{command}", hang, methods=["POST"])
+    with (
+        serving(hanging) as hanging_url,
+        parked_call(database_url, tmp_path, hanging_url, request_timeout=0.5) as (
+            _a,
+            _s,
+            call_id,
+            url,
+            _app,
+            engine,
+        ),
+    ):
+        try:
+            answer = relay(url, call_id, "retry", OPERATOR)
+        finally:
+            release.set()
+        assert (answer.status_code, answer.json()["outcome"]) == (503, "SiteUnreachable")
+        assert "may have been applied" in answer.json()["message"]
         assert audit_events(engine, action="CachedResolve") == []
 
 

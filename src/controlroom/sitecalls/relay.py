@@ -99,11 +99,18 @@ def relay_command(
             headers=site_headers(site),
             timeout=settings.reconciliation.request_timeout,
         )
-    except httpx.HTTPError as exc:
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         return RelayResult(
             RelayOutcome.SITE_UNREACHABLE,
             f"site {site.id} could not be reached ({type(exc).__name__}); nothing was "
             "changed, try again when it is back",
+        )
+    except httpx.HTTPError as exc:
+        # The command left: the site may have applied it without answering in time.
+        return RelayResult(
+            RelayOutcome.SITE_UNREACHABLE,
+            f"site {site.id} did not answer in time ({type(exc).__name__}); the command "
+            "may have been applied: the call's status will tell once its telemetry arrives",
         )
     result = _interpret(site.id, response)
     if result.outcome is RelayOutcome.APPLIED:
