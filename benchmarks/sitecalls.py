@@ -61,7 +61,7 @@ DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 ADMIN_URL_ENV = "CONTROLROOM_BENCH_POSTGRESQL_URL"
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 SITES = [f"site-{n:02d}" for n in range(30)]
-console = Console()
+console = Console(width=130)
 
 
 # --- packets ------------------------------------------------------------------------------
@@ -139,7 +139,7 @@ def generate(
 def reset(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         conn.exec_driver_sql("ALTER TABLE audit_log DISABLE TRIGGER audit_log_no_truncate")
-        conn.exec_driver_sql("TRUNCATE site_calls, audit_log, rejected_telemetry")
+        conn.exec_driver_sql("TRUNCATE site_calls, audit_log, audit_event_ids, rejected_telemetry")
         conn.exec_driver_sql("ALTER TABLE audit_log ENABLE TRIGGER audit_log_no_truncate")
 
 
@@ -221,7 +221,7 @@ SELECT md5(n::text)::uuid::text, 'ApiOutbound', 'https://erp.example.com/api/ord
     CASE WHEN s.status IN ('Delivered', 'Failed', 'Discarded')
          THEN s.created + interval '30 seconds' END,
     s.created + interval '31 seconds', 0
-FROM generate_series(1, :rows) AS n,
+FROM generate_series(1::bigint, :rows) AS n,
 LATERAL (SELECT
     CASE WHEN (n / 60) % 100 < 2
               THEN (ARRAY['Submitted', 'Forwarded', 'Attempted', 'Skipped'])[1 + (n / 7) % 4]

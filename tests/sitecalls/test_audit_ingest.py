@@ -123,3 +123,32 @@ def test_a_chunk_past_its_budget_falls_back_to_rows_with_a_fresh_budget(engine: 
     assert all(stored(engine, i).status == "Forwarded" for i in op_ids)
     with engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(audit_log)).scalar() == 3
+
+
+@pytest.mark.postgresql
+def test_a_statement_blocked_past_the_budget_is_cancelled_and_counted_once(
+    postgresql_url: str,
+) -> None:
+    # Another transaction holds the row: the upsert waits until PostgreSQL cancels it at
+    # the budget (statement_timeout), the fallback's fresh budget expires the same way,
+    # and the writer gives up without committing anything.
+    from controlroom.db.engine import create_store_engine
+    from controlroom.db.migrate import upgrade_database
+    from controlroom.db.tables import site_calls
+    from controlroom.sitecalls.writer import IngestBudgetExceeded
+
+    engine = create_store_engine(postgresql_url)
+    try:
+        upgrade_database(engine)
+        write(SiteCallWriter(engine), packet("Submitted"))
+        writer = SiteCallWriter(engine, chunk_budget=0.3, row_budget=0.3)
+        before = budget_failures()
+        with engine.connect() as holder:
+            holder.execute(sa.select(site_calls).with_for_update())
+            with pytest.raises(IngestBudgetExceeded):
+                write(writer, packet("Forwarded", at=T0 + timedelta(seconds=1)))
+            holder.rollback()
+        assert budget_failures() == before + 2  # the chunk once, the lone packet once
+        assert stored(engine).status == "Submitted"
+    finally:
+        engine.dispose()

@@ -90,7 +90,7 @@ def insert_first_steps(packet_data: dict[str, Any]) -> list[Step]:
         upsert_site_calls(conn, provider_for(conn), [row])
 
     def audit(conn: sa.Connection) -> None:
-        provider_for(conn).insert_rows_if_absent(conn, audit_log, [event])
+        provider_for(conn).insert_audit_events(conn, [event])
 
     return [upsert, audit, lambda conn: conn.commit()]
 

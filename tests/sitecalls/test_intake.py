@@ -112,3 +112,30 @@ def test_the_demo_covers_every_scenario_with_valid_packets() -> None:
     assert any(p.epoch == 1 for p in packets)  # an operator retried a parked call
     assert {p.source_site for p in packets} <= {"plant-north", "plant-south", "depot-east"}
     assert all(p.updated_at_utc <= NOW for p in packets)
+
+
+def test_a_batch_the_store_cannot_take_goes_back_to_the_queue(
+    settings: Settings, engine: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The store fails for a reason that is neither the packet's nor transient (the table
+    # is gone): nothing is acknowledged, the packet is still queued afterwards.
+    settings = settings.model_copy(
+        update={"ingestion": settings.ingestion.model_copy(update={"max_backoff_seconds": 0.01})}
+    )
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE site_calls")
+    body = json.dumps(generate_demo_telemetry(8, seed=1, now=NOW)[0]).encode()
+
+    def returned() -> bool:
+        return any("returned to the queue" in r.getMessage() for r in caplog.records)
+
+    async def scenario() -> int:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            await transport.publish(settings.telemetry_queue, {}, body)
+            await ingest_until(settings, engine, transport, returned)
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            return await transport.purge(settings.telemetry_queue)
+
+    with caplog.at_level("ERROR", logger="controlroom.sitecalls.intake"):
+        assert asyncio.run(scenario()) == 1
+    assert count(engine, rejected_telemetry) == 0

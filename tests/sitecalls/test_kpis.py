@@ -159,3 +159,17 @@ def test_downsampling_averages_equal_slices() -> None:
         [*samples, (start + timedelta(minutes=10), 10.0)], start, start + timedelta(minutes=10), 2
     )
     assert [(p.samples, p.max) for p in edge] == [(5, 4.0), (6, 10.0)]
+
+
+def test_one_sampler_of_several_samples(engine: sa.Engine, tmp_path) -> None:
+    from controlroom.sitecalls.history import KpiSampler
+
+    settings = Settings(data_dir=tmp_path)
+    first = KpiSampler(engine, settings, clock=lambda: NOW)
+    second = KpiSampler(engine, settings, clock=lambda: NOW + timedelta(minutes=1))
+    try:
+        assert first.sample_once() is not None
+        assert second.sample_once() is None  # the first holds the lease
+    finally:
+        first._lease.release()
+        second._lease.release()

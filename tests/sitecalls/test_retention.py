@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
+import pytest
 import sqlalchemy as sa
 
 from controlroom.config import Settings
@@ -54,3 +55,49 @@ def test_a_shorter_audit_retention_is_honoured(engine: sa.Engine, tmp_path) -> N
     settings = Settings(data_dir=tmp_path, audit={"retention_days": 30})
     result = SiteCallRetention(engine, settings, clock=lambda: NOW).purge_once()
     assert result is not None and result.audit_events == 1
+
+
+@pytest.mark.postgresql
+def test_postgresql_drops_whole_month_partitions(postgresql_url: str, tmp_path) -> None:
+    from controlroom.db.engine import create_store_engine
+    from controlroom.db.migrate import upgrade_database
+    from controlroom.db.providers import provider_for
+
+    january, february, march = (datetime(2025, m, 15, tzinfo=UTC) for m in (1, 2, 3))
+    now = datetime(2025, 3, 25, tzinfo=UTC)  # 30 days: the cutoff is 2025-02-23
+    engine = create_store_engine(postgresql_url)
+    try:
+        upgrade_database(engine)
+        provider_for(engine).prepare_audit_log(engine, january)  # January to March
+        events = {at: str(uuid.uuid4()) for at in (january, february, march)}
+        writer = SiteCallWriter(engine)
+        for at, event in events.items():
+            write(writer, packet("Submitted", op_id=str(uuid.uuid4()), at=at, event_id=event))
+        with engine.connect() as conn:
+            placed = dict(
+                conn.exec_driver_sql(
+                    "SELECT event_id, tableoid::regclass::text FROM audit_log"
+                ).all()
+            )
+        assert placed[events[january]] == "audit_log_p202501"
+
+        settings = Settings(data_dir=tmp_path, audit={"retention_days": 30})
+        result = SiteCallRetention(engine, settings, clock=lambda: now).purge_once()
+
+        assert result is not None and result.audit_events == 1
+        with engine.connect() as conn:
+            kept = set(conn.execute(sa.select(audit_log.c.event_id)).scalars())
+            claims = set(conn.exec_driver_sql("SELECT event_id FROM audit_event_ids").scalars())
+            partitions = set(
+                conn.exec_driver_sql(
+                    "SELECT relname FROM pg_class WHERE relname LIKE 'audit_log_p2025%%'"
+                ).scalars()
+            )
+        # February's event is older than the cutoff but its month is not over by then: a
+        # month is dropped whole, so an event is kept up to a month past its retention.
+        assert kept == claims == {events[february], events[march]}
+        assert "audit_log_p202501" not in partitions and "audit_log_p202502" in partitions
+        # The purge made the partitions of the months ahead of its clock.
+        assert {"audit_log_p202504", "audit_log_p202505"} <= partitions
+    finally:
+        engine.dispose()

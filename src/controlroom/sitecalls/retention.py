@@ -4,13 +4,13 @@ Source: issue 10 "Retention", DESIGN.md "Site call audit" (a daily purge of term
 older than 365 days, settable). At each run the cutoffs are now minus
 ``sitecalls.retention_days`` (terminal ``site_calls`` by ``terminal_at_utc``, along
 ``ix_site_calls_terminal``; non-terminal rows, Parked included, are never purged) and now
-minus ``audit.retention_days`` (``audit_log`` by ``occurred_at_utc``, along its keyset
-index). The audit log's DELETEs run under the provider's purge permit, the one way past
-its append-only trigger. On PostgreSQL this is a plain indexed delete in chunks, not a
-dropped monthly partition: a partitioned ``audit_log`` cannot keep ``event_id`` unique on
-its own (its primary key would have to include the month), which insert-if-absent on
-``event_id`` needs. One process purges at a time (a lease); a failed purge is logged and
-tried again at the next run.
+minus ``audit.retention_days`` (``audit_log`` by ``occurred_at_utc``;
+``Provider.purge_audit_log``: on PostgreSQL whole month partitions are dropped once their
+month is past the cutoff, so an event may be kept up to a month longer, and the default
+partition is deleted from row by row; elsewhere an indexed delete in chunks under the
+purge permit, the one way past the append-only trigger). Each run first makes the audit
+log's partitions for the months ahead (``Provider.prepare_audit_log``). One process
+purges at a time (a lease); a failed purge is logged and tried again at the next run.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 from controlroom.config import Settings
 from controlroom.db.providers import provider_for
-from controlroom.db.tables import audit_log, site_calls
+from controlroom.db.tables import site_calls
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.writer import Clock, utc_now
 from controlroom.sitecalls.ordering import TERMINAL
@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 LEASE_NAME = "sitecall-retention"
 PURGE_CHUNK = 500  # rows deleted per transaction: short write locks on SQLite
 sc = site_calls.c
-al = audit_log.c
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,22 +79,7 @@ def purge_site_call_history(
         calls += len(ids)
         if len(ids) < chunk:
             break
-    events = 0
-    while True:
-        with begin_write(engine) as conn:
-            ids = (
-                conn.execute(
-                    sa.select(al.event_id).where(al.occurred_at_utc < audit_cutoff).limit(chunk)
-                )
-                .scalars()
-                .all()
-            )
-            if ids:
-                with provider.permit_audit_purge(conn):
-                    conn.execute(sa.delete(audit_log).where(al.event_id.in_(ids)))
-        events += len(ids)
-        if len(ids) < chunk:
-            break
+    events = provider.purge_audit_log(engine, audit_cutoff, chunk=chunk)
     return PurgeResult(calls, events, call_cutoff, audit_cutoff)
 
 
@@ -116,9 +100,11 @@ class SiteCallRetention:
         """One purge when this process holds the lease; ``None`` when another does."""
         if not self._lease.hold():
             return None
+        now = self._clock()
+        provider_for(self._engine).prepare_audit_log(self._engine, now)
         result = purge_site_call_history(
             self._engine,
-            now=self._clock(),
+            now=now,
             site_call_days=self._settings.sitecalls.retention_days,
             audit_days=self._settings.audit.retention_days,
         )

@@ -32,7 +32,7 @@ from prometheus_client import Counter
 
 from controlroom.db.errors import classify_store_error
 from controlroom.db.providers import Provider, chunked, provider_for
-from controlroom.db.tables import audit_log, rejected_telemetry
+from controlroom.db.tables import rejected_telemetry
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.writer import Clock, retry_transient, utc_now
 from controlroom.exceptions import ControlroomError, ErrorKind
@@ -205,9 +205,7 @@ class SiteCallWriter:
             self._check(deadline)
             upsert_site_calls(conn, self._provider, rows)
             self._check(deadline)
-            self._provider.insert_rows_if_absent(
-                conn, audit_log, [events[key] for key in sorted(events)]
-            )
+            self._provider.insert_audit_events(conn, [events[key] for key in sorted(events)])
             self._check(deadline)
 
     @contextmanager

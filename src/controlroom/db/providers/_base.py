@@ -12,15 +12,20 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import Any, ClassVar, Protocol
 
 import sqlalchemy as sa
 
+from controlroom.db.tables import audit_log
+from controlroom.db.transactions import begin_write
 from controlroom.exceptions import ErrorKind
 
 Row = Mapping[str, Any]
 
 MAX_ROWS_PER_STATEMENT = 50
+AUDIT_PURGE_CHUNK = 500
+"""Audit rows deleted per transaction by the row-by-row purge (short write locks)."""
 """Rows per set-based write statement (DESIGN.md: one statement per chunk of at most 50)."""
 
 Assignments = Callable[[Any], Mapping[str, sa.ColumnElement[Any]]]
@@ -134,6 +139,36 @@ class Provider(ABC):
         block's start (SQLite) or from its own start (PostgreSQL, ``statement_timeout``)
         is cancelled with the driver's error; the caller decides what the overrun means.
         Use inside a transaction."""
+
+    def insert_audit_events(self, conn: sa.Connection, rows: Sequence[Row]) -> None:
+        """Insert ``audit_log`` rows whose ``event_id`` is absent; an existing event is left
+        as it is (the first write wins). Rows sorted by ``event_id``."""
+        self.insert_rows_if_absent(conn, audit_log, rows)
+
+    def prepare_audit_log(self, engine: sa.Engine, now: datetime) -> None:  # noqa: B027
+        """Storage the audit log needs ahead of ``now`` (optional; PostgreSQL: monthly
+        partitions). Failures are the caller's to log; ingest works without it."""
+
+    def purge_audit_log(
+        self, engine: sa.Engine, cutoff: datetime, *, chunk: int = AUDIT_PURGE_CHUNK
+    ) -> int:
+        """Delete audit events that occurred before ``cutoff``, ``chunk`` rows per
+        transaction under the purge permit; returns how many."""
+        deleted = 0
+        old = audit_log.c.occurred_at_utc < cutoff
+        while True:
+            with begin_write(engine) as conn:
+                ids = (
+                    conn.execute(sa.select(audit_log.c.event_id).where(old).limit(chunk))
+                    .scalars()
+                    .all()
+                )
+                if ids:
+                    with self.permit_audit_purge(conn):
+                        conn.execute(sa.delete(audit_log).where(audit_log.c.event_id.in_(ids)))
+            deleted += len(ids)
+            if len(ids) < chunk:
+                return deleted
 
     def insert_rows_if_absent(
         self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]

@@ -9,6 +9,11 @@ Source: DESIGN.md "Site call audit", issue 10. Widths are characters. PostgreSQL
 carries a ``CHECK (length(col) <= n)`` there (``length`` counts characters on both), and a
 value longer than its column is refused by the store too, never truncated.
 
+On PostgreSQL ``audit_log`` is partitioned by month of ``occurred_at_utc`` (a partition per
+month, the current one and two ahead made here, later ones by the purge; a default
+partition for the rest), so the purge drops whole months; ``audit_event_ids`` keeps
+``event_id`` unique across partitions.
+
 The audit log is append-only in the database: a trigger refuses every UPDATE, and every
 DELETE unless the purge permits it in its own transaction (PostgreSQL: the
 transaction-local setting ``controlroom.audit_purge = 'on'``; SQLite: a row in
@@ -23,10 +28,13 @@ terminal rows by terminal time (also the retention purge); the audit log's keyse
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import sqlalchemy as sa
 from alembic import op
 
 import controlroom.db.types
+from controlroom.db.providers.postgresql import AUDIT_DEFAULT_PARTITION, audit_partition_ddl
 
 revision = "0005"
 down_revision = "0004"
@@ -117,6 +125,11 @@ def upgrade() -> None:
         sqlite_where=terminal,
     )
 
+    postgresql = op.get_bind().dialect.name == "postgresql"
+    # PostgreSQL: partitioned by month (the purge drops whole months); a partitioned
+    # table's primary key must hold the partition key, and audit_event_ids keeps
+    # event_id unique across months (Provider.insert_audit_events).
+    audit_key = ("event_id", "occurred_at_utc") if postgresql else ("event_id",)
     op.create_table(
         "audit_log",
         sa.Column("event_id", sa.String(36), nullable=False),
@@ -132,9 +145,12 @@ def upgrade() -> None:
         sa.Column("correlation_id", sa.String(36), nullable=True),
         sa.Column("details_json", sa.Text(), nullable=True),
         sa.Column("payload_truncated", sa.Boolean(), nullable=False),
-        sa.PrimaryKeyConstraint("event_id", name=op.f("pk_audit_log")),
+        sa.PrimaryKeyConstraint(*audit_key, name=op.f("pk_audit_log")),
         *_checks("audit_log"),
+        **({"postgresql_partition_by": "RANGE (occurred_at_utc)"} if postgresql else {}),
     )
+    if postgresql:
+        _create_audit_partitions()
     op.create_index("ix_audit_log_occurred_at_utc_id", "audit_log", ["occurred_at_utc", "event_id"])
     for column in ("actor", "target", "correlation_id"):
         op.create_index(
@@ -180,6 +196,19 @@ def downgrade() -> None:
     op.drop_table("site_calls")
 
 
+def _create_audit_partitions() -> None:
+    op.execute(f"CREATE TABLE {AUDIT_DEFAULT_PARTITION} PARTITION OF audit_log DEFAULT")
+    for statement in audit_partition_ddl(datetime.now(UTC)):
+        op.execute(statement)
+    op.create_table(
+        "audit_event_ids",
+        sa.Column("event_id", sa.String(36), nullable=False),
+        sa.Column("occurred_at_utc", controlroom.db.types.UtcDateTime(), nullable=False),
+        sa.PrimaryKeyConstraint("event_id", name=op.f("pk_audit_event_ids")),
+    )
+    op.create_index("ix_audit_event_ids_occurred_at_utc", "audit_event_ids", ["occurred_at_utc"])
+
+
 def _create_append_only_guard() -> None:
     dialect = op.get_bind().dialect.name
     if dialect == "postgresql":
@@ -216,6 +245,7 @@ def _create_append_only_guard() -> None:
 def _drop_append_only_guard() -> None:
     dialect = op.get_bind().dialect.name
     if dialect == "postgresql":
+        op.execute("DROP TABLE IF EXISTS audit_event_ids")
         op.execute("DROP TRIGGER IF EXISTS audit_log_no_truncate ON audit_log")
         op.execute("DROP TRIGGER IF EXISTS audit_log_append_only ON audit_log")
         op.execute("DROP FUNCTION IF EXISTS audit_log_append_only()")
