@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 from controlroom.config import Settings
 from controlroom.db.providers import provider_for
-from controlroom.db.tables import audit_log, site_calls
+from controlroom.db.tables import site_calls
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.writer import Clock, utc_now
 from controlroom.sitecalls.ordering import SiteCallStatus
@@ -169,7 +169,7 @@ def _audit(engine: sa.Engine, row: Any, command: Command, operator: str, clock: 
     }
     try:
         with begin_write(engine) as conn:
-            provider_for(engine).insert_rows_if_absent(conn, audit_log, [event])
+            provider_for(engine).insert_audit_events(conn, [event])
     except Exception:
         log.exception(
             "the audit event of %s on %s by %s was not written (the command was applied)",
