@@ -66,7 +66,8 @@ class OutboxSender:
         """Deliver until cancelled: batch after batch while packets wait, a short sleep
         when the outbox is empty, a growing one while central is down."""
         retrying = tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_exception_type(CentralUnavailable),
+            # Central down, or the store busy: keep the packets, back off, never stop.
+            retry=tenacity.retry_if_exception_type(Exception),
             wait=tenacity.wait_exponential(multiplier=0.5, max=self._settings.outbox_backoff_cap),
             before_sleep=self._report_outage,
         )

@@ -150,7 +150,16 @@ class Reconciler:
             return []
         workers = min(len(sites), MAX_CONCURRENT_SITES)
         with ThreadPoolExecutor(workers, thread_name_prefix="reconcile") as pool:
-            return list(pool.map(self.reconcile_site, sites))
+            return list(pool.map(self._reconcile_alone, sites))
+
+    def _reconcile_alone(self, site: ConfiguredSite) -> SitePassResult:
+        """``reconcile_site``, whose unexpected failure (its store state unreadable or
+        unwritable) is this site's result and never the other sites'."""
+        try:
+            return self.reconcile_site(site)
+        except Exception as exc:
+            log.exception("reconciliation of site %s failed", site.id)
+            return SitePassResult(site.id, 0, 0, f"{type(exc).__name__}: {exc}", False)
 
     def reconcile_site(self, site: ConfiguredSite) -> SitePassResult:
         """Pull ``site`` from its stored cursor up to the page ceiling; never raises for
