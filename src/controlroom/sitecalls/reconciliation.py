@@ -16,7 +16,8 @@ never move it back.
 
 The pinned latch's transitions are recorded in ``site_reconciliation``
 (``pinned``, ``pinned_changed_at_utc``) and logged (a warning when latched). The event log
-is built on another branch; ``_record_pin_change`` is the one place to write it there.
+is built on another branch; ``_record_pin_change`` (given the recording transaction) is
+the one place to write it there.
 """
 
 from __future__ import annotations
@@ -201,9 +202,7 @@ class Reconciler:
             log.warning("reconciliation: %s", error)
         change = None if error else pin_change(state["pinned"], stuck=stuck, progressed=progressed)
         pinned = state["pinned"] if change is None else change is PinChange.LATCHED
-        self._record_pass(site.id, rows, error, pinned, change)
-        if change is not None:
-            _record_pin_change(site, change, cursor)
+        self._record_pass(site.id, rows, error, pinned, change, cursor)
         return SitePassResult(site.id, pages, rows, error, pinned)
 
     # --- the site's stored state ----------------------------------------------------------
@@ -252,7 +251,9 @@ class Reconciler:
         error: str | None,
         pinned: bool,
         change: PinChange | None,
+        cursor: Cursor | None,
     ) -> None:
+        """The pass's outcome, and the pin change's event with it (one transaction)."""
         now = self._clock()
         values: dict[str, Any] = {
             "last_pull_at_utc": now,
@@ -274,21 +275,28 @@ class Reconciler:
         ).values(site_id=site_id, rows_pulled=rows, **values)
         with begin_write(self._engine) as conn:
             conn.execute(statement)
+            if change is not None:
+                _record_pin_change(conn, site_id, change, cursor)
 
 
-def _record_pin_change(site: ConfiguredSite, change: PinChange, cursor: Cursor | None) -> None:
-    """Raise the event of a pinned latch's transition (once per transition)."""
+def _record_pin_change(
+    conn: sa.Connection, site_id: str, change: PinChange, cursor: Cursor | None
+) -> None:
+    """Raise the event of a pinned latch's transition (once per transition), in the
+    transaction that records it. The event log (``events.record_event``) lives on another
+    branch; until it is merged the event is this log line and ``site_reconciliation``'s
+    ``pinned``/``pinned_changed_at_utc``."""
     at = f"{cursor[0].isoformat()} / {cursor[1]}" if cursor else "the start"
     if change is PinChange.LATCHED:
         log.warning(
             "site %s is pinned: it keeps reporting more rows at cursor %s but none past it "
             "(a site without after_id support, with more rows sharing one updated_at_utc "
             "than a page of reconciliation.batch_size holds)",
-            site.id,
+            site_id,
             at,
         )
     else:
-        log.info("site %s is no longer pinned: reconciliation advanced to %s", site.id, at)
+        log.info("site %s is no longer pinned: reconciliation advanced to %s", site_id, at)
 
 
 class ReconciliationService:
