@@ -47,7 +47,6 @@ class Status(enum.StrEnum):
     DISCARDED = "Discarded"
 
 
-TERMINAL = frozenset({Status.DELIVERED, Status.FAILED, Status.DISCARDED})
 DUE_STATUSES = (Status.SUBMITTED, Status.ATTEMPTED)
 """Statuses whose call the engine still attempts on its own."""
 

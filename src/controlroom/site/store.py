@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -106,8 +106,6 @@ def _state_values(state: CallState) -> dict[str, Any]:
     values["status"] = str(state.status)
     return values
 
-
-PacketFor = Callable[[Transition], dict[str, Any]]
 
 
 class TrackingStore:

@@ -12,7 +12,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from controlroom.site.lifecycle import CallState, Status, Transition
+from controlroom.site.lifecycle import CallState, Transition
 
 AUDIT_CATEGORY = "CachedCall"
 _FAILURE_ACTIONS = frozenset({"CachedCallAttempted", "CachedCallParked", "CachedCallFailed"})
@@ -70,26 +70,3 @@ def telemetry_packet(transition: Transition, *, event_id: str, actor: str) -> di
     }
     return packet
 
-
-def call_state_from_document(document: dict[str, Any]) -> CallState:
-    """The inverse of ``state_document`` (a pulled row back into a state)."""
-
-    def instant(name: str) -> datetime | None:
-        value = document.get(name)
-        return None if value is None else datetime.fromisoformat(value)
-
-    return CallState(
-        tracked_operation_id=document["tracked_operation_id"],
-        channel=document["channel"],
-        target=document["target"],
-        source_site=document["source_site"],
-        source_node=document.get("source_node"),
-        status=Status(document["status"]),
-        retry_count=document["retry_count"],
-        last_error=document.get("last_error"),
-        http_status=document.get("http_status"),
-        created_at_utc=instant("created_at_utc"),  # type: ignore[arg-type]
-        updated_at_utc=instant("updated_at_utc"),  # type: ignore[arg-type]
-        terminal_at_utc=instant("terminal_at_utc"),
-        epoch=document.get("epoch", 0),
-    )
