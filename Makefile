@@ -13,9 +13,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Publish realistic failed messages to the embedded error queue, then serve them.
+# Two live site agents (controlroom site demo) call flaky targets beside the server.
+DEMO_SITES := [{"id":"north","base_url":"http://127.0.0.1:8091"},{"id":"south","base_url":"http://127.0.0.1:8092"}]
+
 demo: $(STAMP)
 	$(BIN)/controlroom demo
-	$(BIN)/controlroom serve
+	$(BIN)/controlroom site demo & trap 'kill $$!' EXIT; \
+	CONTROLROOM_SITES='$(DEMO_SITES)' $(BIN)/controlroom serve
 
 serve: $(STAMP)
 	$(BIN)/controlroom serve

@@ -1,4 +1,5 @@
-"""The ``controlroom`` command: serve, migrate, demo, import-failed, sweep, version.
+"""The ``controlroom`` command: serve, migrate, demo, import-failed, sweep, version, and
+``site serve`` (the site agent).
 
 Thin by design: each command loads the settings, opens what it needs, calls the module
 that does the work and reports. Exit codes: 0 done, 1 a dependency failed (database,
@@ -14,6 +15,7 @@ import logging
 import random
 import signal
 import socket
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,9 +47,13 @@ from controlroom.errors.ingest.reimport import (
 from controlroom.errors.retention import RetentionSweeper
 from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.exceptions import ConfigurationError, ControlroomError
+from controlroom.site import SiteAgent, SiteService, load_site_settings
+from controlroom.site.demo import demo_sites, run_site_demo
+from controlroom.site.service import ensure_agent_is_protected
 from controlroom.sitecalls.demo import DEFAULT_CALLS, MIN_CALLS, generate_demo_telemetry
 from controlroom.sitecalls.history import KpiSampler
 from controlroom.sitecalls.intake import TelemetryIngestionService
+from controlroom.sitecalls.reconciliation import ReconciliationService
 from controlroom.sitecalls.retention import SiteCallRetention
 from controlroom.transport import Transport, create_transport
 from controlroom.transport.rabbitmq import redact_url
@@ -283,6 +289,7 @@ async def _run_parts(
     after the signal)."""
     body_store = FileSystemBodyStore(settings.body_dir)
     retry_processor = RetryProcessor(settings, engine, transport, body_store)
+    reconciliation = ReconciliationService(settings, engine, owner=str(uuid.uuid4()))
     api = create_app(
         settings,
         engine,
@@ -290,6 +297,7 @@ async def _run_parts(
         health_checks={"database": database_check(engine), "broker": transport.check},
         transport=transport,
         retry_processor=retry_processor,
+        reconciliation=reconciliation,
     )
     server = _Server(uvicorn.Config(api, lifespan="off", log_level="info"))
     parts = {asyncio.create_task(server.serve(sockets=[listener]), name="http")}
@@ -300,10 +308,11 @@ async def _run_parts(
     sweeper = RetentionSweeper(engine, body_store, retention_period=settings.error_retention_period)
     sweeping = asyncio.create_task(sweeper.run(), name="retention")
     parts.add(sweeping)
-    # Each takes a lease, so one process samples and purges when several serve.
+    # Each takes a lease, so one process samples, purges and reconciles when several serve.
     background = [
         asyncio.create_task(KpiSampler(engine, settings).run(), name="KPI sampler"),
         asyncio.create_task(SiteCallRetention(engine, settings).run(), name="site-call purge"),
+        asyncio.create_task(reconciliation.run(), name="reconciliation"),
     ]
     parts.update(background)
     intakes: list[IngestionService | TelemetryIngestionService] = []
@@ -448,3 +457,101 @@ def _report_reimport(
     )
     if ReimportOutcome.UNREADABLE in outcomes:
         raise typer.Exit(1)
+
+
+# --- the site agent -----------------------------------------------------------------------
+site_app = typer.Typer(
+    help="The site agent: a site's store-and-forward buffer of cached calls.",
+    no_args_is_help=True,
+)
+app.add_typer(site_app, name="site")
+
+
+@site_app.command("serve")
+def site_serve(
+    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on.", min=0, max=65535)] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="TOML settings of the agent (also CONTROLROOM_SITE_CONFIG).",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+) -> None:
+    """Serve a site agent (pull contract, Retry/Discard, cached HTTP calls), attempt its
+    buffered calls and deliver its telemetry to central, until Ctrl+C/SIGTERM."""
+    given = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    try:
+        settings = load_site_settings(config, **given)
+    except pydantic.ValidationError as exc:
+        err_console.print(f"[red]error:[/] invalid settings:\n{escape(str(exc))}")
+        raise typer.Exit(2) from exc
+    try:
+        ensure_agent_is_protected(settings)
+    except ConfigurationError as exc:  # a settings problem: exit 2, before anything starts
+        err_console.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from exc
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    with _exit_on_failure():
+        listener = _listen(settings.host, settings.port)
+        try:
+            agent = SiteAgent(settings)
+        except ControlroomError:
+            listener.close()
+            raise
+        try:
+            service = SiteService(agent)
+            bound_host, bound_port = listener.getsockname()[:2]
+            console.print(
+                f"Site agent [bold]{escape(settings.site_id)}[/] serving "
+                f"http://{bound_host}:{bound_port}/site/tracking/changes; store "
+                f"{settings.store_path}; telemetry to {settings.central_url or '(nowhere yet)'}"
+            )
+            asyncio.run(_run_site(service, listener))
+        finally:
+            agent.close()
+            listener.close()
+
+
+async def _run_site(service: SiteService, listener: socket.socket) -> None:
+    signals = _route_signals(service.stop)
+    try:
+        await service.run(listener)
+    finally:
+        _restore_signals(signals)
+
+
+@site_app.command("demo")
+def site_demo(
+    central_url: Annotated[
+        str, typer.Option(help="Central's base URL, where telemetry goes.")
+    ] = "http://127.0.0.1:8080",
+    data_dir: Annotated[
+        Path, typer.Option(help="Where the agents keep their tracking stores.")
+    ] = Path("./controlroom-data"),
+    every: Annotated[
+        float, typer.Option(help="Seconds between two calls of one agent (about).", min=0.1)
+    ] = 3.0,
+) -> None:
+    """Two local site agents (north, south) making live cached calls to flaky HTTP
+    targets (one recovers, one parks until an operator retries it, one answers 400),
+    until Ctrl+C. Central needs them as sites: see `make demo`."""
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    console.print(
+        "Site agents north and south are calling flaky targets; telemetry goes to "
+        f"{escape(central_url)}. Central reconciles and relays with\n"
+        f"  CONTROLROOM_SITES='{json.dumps(demo_sites(), separators=(',', ':'))}'\n"
+        "Press Ctrl+C to stop."
+    )
+    with _exit_on_failure(), contextlib.suppress(KeyboardInterrupt):
+        try:
+            asyncio.run(run_site_demo(data_dir, central_url, every=every))
+        except OSError as exc:
+            raise ConfigurationError(f"the site demo cannot listen: {exc}") from exc

@@ -88,6 +88,46 @@ class KpiSettings(BaseModel):
     history_days: int = Field(90, ge=1, description="How long KPI samples are kept.")
 
 
+class ConfiguredSite(BaseModel):
+    """A site whose agent central pulls and relays commands to (issue 11)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(
+        min_length=1, max_length=64, description="The site's source_site in its telemetry."
+    )
+    base_url: str = Field(
+        pattern=r"^https?://[^/\s]+(/[^\s]*)?$", description="The agent's base URL."
+    )
+    token: SecretStr | None = Field(
+        None, min_length=16, description="Bearer token the agent expects (secret)."
+    )
+
+
+class ReconciliationSettings(BaseModel):
+    """Reconciliation pulls from the sites and the Retry/Discard relay (issue 11)."""
+
+    interval: timedelta = Field(
+        timedelta(minutes=5), gt=timedelta(0), description="Time between two passes."
+    )
+    probe_interval: timedelta = Field(
+        timedelta(seconds=30),
+        gt=timedelta(0),
+        description="Time between pulls of a site the last pass could not reach (a site "
+        "coming back is reconciled within this).",
+    )
+    batch_size: int = Field(500, ge=1, le=5000, description="Rows per page of a pull.")
+    max_pages_per_pass: int = Field(
+        20, ge=1, description="Pages pulled from one site in one pass at most."
+    )
+    request_timeout: float = Field(
+        10.0, gt=0, description="Seconds a site may take to answer one page or command."
+    )
+    lease_seconds: float = Field(
+        600.0, gt=0, description="How long the lease of the periodic passes outlives its holder."
+    )
+
+
 _ORIGIN = re.compile(r"https?://[^/\s:]+(:\d{1,5})?")
 
 Role = Literal["reader", "operator", "admin"]
@@ -134,6 +174,10 @@ class Settings(BaseSettings):
     ingestion: IngestionSettings = IngestionSettings()
     sitecalls: SiteCallSettings = SiteCallSettings()
     audit: AuditSettings = AuditSettings()
+    sites: list[ConfiguredSite] = Field(
+        default_factory=list, description="Site agents to reconcile from and relay to."
+    )
+    reconciliation: ReconciliationSettings = ReconciliationSettings()
     kpi: KpiSettings = KpiSettings()
     auth_tokens: list[AuthToken] = Field(
         default_factory=list,
@@ -165,6 +209,16 @@ class Settings(BaseSettings):
         if len(set(names)) != len(names):
             raise ValueError("two entries share a name; each name must be distinct")
         return tokens
+
+    @field_validator("sites")
+    @classmethod
+    def _distinct_sites(cls, sites: list[ConfiguredSite]) -> list[ConfiguredSite]:
+        """Telemetry and commands find a site by its id: two entries with one id would
+        make that ambiguous."""
+        ids = [site.id for site in sites]
+        if len(set(ids)) != len(ids):
+            raise ValueError("two sites share an id; each site id must be distinct")
+        return sites
 
     @field_validator("cors_allowed_origins")
     @classmethod

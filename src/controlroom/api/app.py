@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -23,11 +24,13 @@ from controlroom.api import (
     retries,
     search,
     sitecalls,
+    sites,
 )
 from controlroom.config import Settings
 from controlroom.db.errors import classify_store_error
 from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.exceptions import ErrorKind
+from controlroom.sitecalls.reconciliation import ReconciliationService
 from controlroom.transport.base import Transport
 from controlroom.web import install_console
 
@@ -43,6 +46,7 @@ def create_app(
     health_checks: Mapping[str, health.HealthCheck] | None = None,
     transport: Transport | None = None,
     retry_processor: RetryProcessor | None = None,
+    reconciliation: ReconciliationService | None = None,
 ) -> FastAPI:
     """The HTTP API over a migrated store ``engine`` and its ``body_store``.
 
@@ -51,7 +55,8 @@ def create_app(
     that serves the app owns ``engine`` and ``body_store`` and closes them; routers find
     them, and ``settings``, on ``app.state``. ``transport`` sends edited messages (edit
     and retry answers 503 without one); ``retry_processor``, when given, is woken as soon
-    as a retry request created batches.
+    as a retry request created batches. ``reconciliation`` runs on-demand passes (a
+    fresh one, without its schedule, by default).
     """
     # Authentication covers every route, those added later too (auth.py: open routes).
     # /docs is the console's (Swagger UI from the package, offline); no CDN-based ReDoc.
@@ -68,6 +73,7 @@ def create_app(
     app.state.body_store = body_store
     app.state.transport = transport
     app.state.retry_processor = retry_processor
+    app.state.reconciliation = reconciliation or _reconciliation(settings, engine)
     app.state.health_checks = dict(
         health_checks if health_checks is not None else {"database": health.database_check(engine)}
     )
@@ -83,12 +89,17 @@ def create_app(
     app.include_router(redirects.router, prefix="/api")
     app.include_router(compat.router, prefix="/api")
     app.include_router(sitecalls.router, prefix="/api")
+    app.include_router(sites.router, prefix="/api")
     compat.install_middleware(app, settings)
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)
     app.add_exception_handler(OverflowError, _out_of_range)
     # The console answers every path no API route takes (/, /messages, /docs, /static).
     install_console(app)
     return app
+
+
+def _reconciliation(settings: Settings, engine: sa.Engine) -> ReconciliationService:
+    return ReconciliationService(settings, engine, owner=str(uuid.uuid4()))
 
 
 async def _out_of_range(request: Request, exc: Exception) -> Response:

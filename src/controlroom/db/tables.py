@@ -284,3 +284,22 @@ kpi_samples = sa.Table(
     sa.Column("captured_at_utc", UtcDateTime, primary_key=True),
     sa.Column("value", sa.Float, nullable=False),
 )
+
+
+# --- site reconciliation (migration 0010) --------------------------------------------------
+# One row per configured site: its persisted composite pull cursor and what the last pass
+# saw (DESIGN.md "Reconciliation"). Rows are created on a site's first pass.
+site_reconciliation = sa.Table(
+    "site_reconciliation",
+    metadata,
+    sa.Column("site_id", sa.String(64), primary_key=True),
+    sa.Column("cursor_updated_at_utc", UtcDateTime, comment="last row pulled: its stamp"),
+    sa.Column("cursor_tracked_operation_id", sa.String(UUID_LEN), comment="and its id"),
+    sa.Column("last_pull_at_utc", UtcDateTime, comment="when the last pass ended"),
+    sa.Column("last_success_at_utc", UtcDateTime),
+    sa.Column("last_error", sa.Text, comment="null after a pass that succeeded"),
+    sa.Column("reachable", sa.Boolean, nullable=False, comment="its last pass succeeded"),
+    sa.Column("pinned", sa.Boolean, nullable=False),
+    sa.Column("pinned_changed_at_utc", UtcDateTime, comment="last latch or unlatch"),
+    sa.Column("rows_pulled", sa.BigInteger, nullable=False, comment="over every pass"),
+)

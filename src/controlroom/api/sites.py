@@ -1,0 +1,109 @@
+"""Sites and the relay: ``GET /api/sites``, ``POST /api/sites/{id}/reconcile``,
+``POST /api/site-calls/{id}/retry`` and ``/discard`` (issue 11).
+
+- ``GET /api/sites``: each configured site (id, base URL; never its token) with its
+  reconciliation state: last pull, last success, cursor, pinned, last error, reachable.
+- ``POST /api/sites/{id}/reconcile`` (operator): 202 when a pass of that site started,
+  409 when a pass is already running (single-flight), 404 for an unknown site.
+- ``POST /api/site-calls/{id}/retry|discard`` (operator): the relay's outcome as
+  ``{"outcome", "message"}``: Applied 200, NotParked 409, SiteUnreachable 503,
+  OperationFailed 502; 404 "site call not found" for an id central does not have.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from controlroom.api.auth import current_principal
+from controlroom.db.tables import site_reconciliation
+from controlroom.sitecalls.reconciliation import ReconciliationService
+from controlroom.sitecalls.relay import Command, RelayOutcome, relay_command
+
+router = APIRouter(tags=["sites"])
+
+_STATUS = {
+    RelayOutcome.APPLIED: 200,
+    RelayOutcome.NOT_PARKED: 409,
+    RelayOutcome.SITE_UNREACHABLE: 503,
+    RelayOutcome.OPERATION_FAILED: 502,
+}
+
+
+def _iso(value: Any) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+@router.get("/sites")
+def list_sites(request: Request) -> list[dict[str, Any]]:
+    """The configured sites and their reconciliation state."""
+    settings = request.app.state.settings
+    engine: sa.Engine = request.app.state.engine
+    with engine.connect() as conn:
+        states = {row.site_id: row for row in conn.execute(sa.select(site_reconciliation))}
+    answer = []
+    for site in settings.sites:
+        state = states.get(site.id)
+        cursor = None
+        if state is not None and state.cursor_updated_at_utc is not None:
+            cursor = {
+                "updated_at_utc": _iso(state.cursor_updated_at_utc),
+                "tracked_operation_id": state.cursor_tracked_operation_id,
+            }
+        answer.append(
+            {
+                "id": site.id,
+                "base_url": site.base_url,
+                "last_pull_at_utc": _iso(state.last_pull_at_utc) if state else None,
+                "last_success_at_utc": _iso(state.last_success_at_utc) if state else None,
+                "cursor": cursor,
+                "pinned": bool(state.pinned) if state else False,
+                "pinned_changed_at_utc": _iso(state.pinned_changed_at_utc) if state else None,
+                "last_error": state.last_error if state else None,
+                "reachable": bool(state.reachable) if state else None,
+                "rows_pulled": state.rows_pulled if state else 0,
+            }
+        )
+    return answer
+
+
+@router.post("/sites/{site_id}/reconcile", status_code=202)
+def reconcile_site(site_id: str, request: Request) -> dict[str, Any]:
+    """Start a reconciliation pass of one site, off the request path."""
+    service: ReconciliationService = request.app.state.reconciliation
+    site = service.site(site_id)
+    if site is None:
+        raise HTTPException(404, f"site {site_id!r} is not configured")
+    if not service.trigger([site]):
+        raise HTTPException(409, "a reconciliation pass is running; ask again when it ends")
+    return {"started": True, "site": site_id}
+
+
+def _relay(tracked_operation_id: str, command: Command, request: Request) -> JSONResponse:
+    result = relay_command(
+        request.app.state.settings,
+        request.app.state.engine,
+        tracked_operation_id,
+        command,
+        current_principal(request).name,
+    )
+    if result is None:
+        raise HTTPException(404, "site call not found")
+    return JSONResponse(
+        {"outcome": str(result.outcome), "message": result.message}, _STATUS[result.outcome]
+    )
+
+
+@router.post("/site-calls/{tracked_operation_id}/retry")
+def retry_site_call(tracked_operation_id: str, request: Request) -> JSONResponse:
+    """Relay an operator's Retry of a Parked call to its site."""
+    return _relay(tracked_operation_id, Command.RETRY, request)
+
+
+@router.post("/site-calls/{tracked_operation_id}/discard")
+def discard_site_call(tracked_operation_id: str, request: Request) -> JSONResponse:
+    """Relay an operator's Discard of a Parked call to its site."""
+    return _relay(tracked_operation_id, Command.DISCARD, request)

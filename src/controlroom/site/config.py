@@ -1,0 +1,88 @@
+"""Settings of a site agent: environment (``CONTROLROOM_SITE_*``, nested with ``__``), an
+optional TOML file, defaults. Separate from central's ``controlroom.config``: a site
+process configures only its agent."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+class SiteSettings(BaseSettings):
+    """Everything a site agent can be told. Durations are seconds."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CONTROLROOM_SITE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        hide_input_in_errors=True,
+    )
+
+    site_id: str = Field(min_length=1, max_length=64, description="source_site of its calls.")
+    node: str | None = Field(None, max_length=64, description="source_node of its calls.")
+    store_path: Path = Field(
+        Path("./controlroom-site/tracking.db"), description="The tracking store (SQLite)."
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(8090, ge=0, le=65535)
+    token: SecretStr | None = Field(
+        None,
+        min_length=16,
+        description="Bearer token central presents to pull and to relay commands. None: "
+        "the agent's HTTP API is open, which it allows on a loopback address only.",
+    )
+    central_url: str = Field(
+        "", description="Central's base URL (http://host:8080); empty: telemetry stays queued."
+    )
+    central_token: SecretStr | None = Field(
+        None, description="Bearer token (operator role) the agent presents to central."
+    )
+    max_retries: int = Field(5, ge=1, le=10_000, description="Transient failures before Parked.")
+    backoff_base: float = Field(1.0, gt=0, description="Wait after the first failure (s).")
+    backoff_cap: float = Field(300.0, gt=0, description="Longest wait between attempts (s).")
+    attempt_timeout: float = Field(30.0, gt=0, description="HTTP timeout of one attempt (s).")
+    retry_poll: float = Field(1.0, gt=0, description="Longest sleep of the retry loop (s).")
+    outbox_batch: int = Field(100, ge=1, le=1000, description="Packets per POST to central.")
+    outbox_poll: float = Field(1.0, gt=0, description="Sleep of an empty outbox (s).")
+    outbox_backoff_cap: float = Field(
+        30.0, gt=0, description="Longest wait between deliveries while central is down (s)."
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        toml_file = settings_cls.model_config.get("toml_file") or os.environ.get(
+            "CONTROLROOM_SITE_CONFIG"
+        )
+        if toml_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+        return tuple(sources)
+
+
+def load_site_settings(config_file: Path | None = None, **overrides: object) -> SiteSettings:
+    """The agent's settings, reading ``config_file`` (TOML) when given. Raises
+    ``pydantic.ValidationError`` naming the offending setting."""
+    if config_file is None:
+        return SiteSettings(**overrides)  # type: ignore[arg-type]
+
+    class FileSettings(SiteSettings):
+        model_config = SettingsConfigDict(
+            **{**SiteSettings.model_config, "toml_file": config_file}  # type: ignore[typeddict-item]
+        )
+
+    return FileSettings(**overrides)  # type: ignore[arg-type]

@@ -1,0 +1,109 @@
+"""Live site calls for ``make demo``: two local site agents calling flaky HTTP targets.
+
+``run_site_demo`` serves, in one process, a set of HTTP targets and two site agents
+(``north`` and ``south``) that keep making cached calls to them and send their telemetry
+to central:
+
+- ``/recovers/{call}`` fails twice (503), then accepts: the call is Delivered after two
+  Attempted;
+- ``/maintenance/{call}`` fails every attempt until the call has Parked, then accepts:
+  an operator's Retry (through central) delivers it;
+- ``/rejects/{call}`` answers 400: the call is Failed at once.
+
+Central must list the agents as sites (``demo_sites`` gives the entries) to reconcile
+them and relay Retry/Discard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from controlroom.site.agent import CachedCallFailed, SiteAgent
+from controlroom.site.config import SiteSettings
+from controlroom.site.service import SiteService, make_server
+
+log = logging.getLogger(__name__)
+
+DEMO_SITES = (("north", 8091), ("south", 8092))
+TARGETS_PORT = 8093
+MAX_RETRIES = 3
+SCENARIOS = ("recovers", "recovers", "maintenance", "rejects")
+
+
+def demo_sites(host: str = "127.0.0.1") -> list[dict[str, str]]:
+    """The ``sites`` entries central needs for the demo agents."""
+    return [{"id": site, "base_url": f"http://{host}:{port}"} for site, port in DEMO_SITES]
+
+
+def flaky_targets() -> FastAPI:
+    """The demo's HTTP targets (module doc); attempts are counted per call."""
+    attempts: Counter[str] = Counter()
+    app = FastAPI(title="Controlroom demo targets")
+
+    @app.post("/{behaviour}/{call}")
+    def target(behaviour: str, call: str) -> JSONResponse:
+        attempts[call] += 1
+        if behaviour == "rejects":
+            return JSONResponse({"error": "the order number is malformed"}, 400)
+        failing = 2 if behaviour == "recovers" else MAX_RETRIES
+        if attempts[call] <= failing:
+            return JSONResponse({"error": "the upstream service is unavailable"}, 503)
+        return JSONResponse({"accepted": call})
+
+    return app
+
+
+async def _make_calls(agent: SiteAgent, targets_url: str, every: float, rng: random.Random) -> None:
+    while True:
+        behaviour = rng.choice(SCENARIOS)
+        url = f"{targets_url}/{behaviour}/{uuid.uuid4()}"
+        with contextlib.suppress(CachedCallFailed):
+            await asyncio.to_thread(agent.http_call, "POST", url, json={"demo": True})
+        await asyncio.sleep(every * rng.uniform(0.5, 1.5))
+
+
+async def run_site_demo(data_dir: Path, central_url: str, *, every: float = 3.0) -> None:
+    """Serve the targets and the two agents, making a call per agent about every
+    ``every`` seconds, until cancelled. Raises ``OSError`` when a port is taken."""
+    targets_listener = socket.create_server(("127.0.0.1", TARGETS_PORT))
+    targets_url = f"http://127.0.0.1:{TARGETS_PORT}"
+    targets = make_server(flaky_targets())
+    tasks = [asyncio.create_task(targets.serve(sockets=[targets_listener]))]
+    agents = []
+    rng = random.Random()
+    try:
+        for site, port in DEMO_SITES:
+            listener = socket.create_server(("127.0.0.1", port))
+            agent = SiteAgent(
+                SiteSettings(
+                    site_id=site,
+                    node=f"{site}-1",
+                    store_path=data_dir / "sites" / site / "tracking.db",
+                    port=port,
+                    central_url=central_url,
+                    max_retries=MAX_RETRIES,
+                    backoff_base=2.0,
+                    backoff_cap=10.0,
+                )
+            )
+            agents.append(agent)
+            tasks.append(asyncio.create_task(SiteService(agent).run(listener)))
+            tasks.append(asyncio.create_task(_make_calls(agent, targets_url, every, rng)))
+        await asyncio.gather(*tasks)
+    finally:
+        targets.should_exit = True
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for agent in agents:
+            agent.close()

@@ -1,0 +1,123 @@
+"""The agent's HTTP API: the pull contract, the operator commands, and cached HTTP calls.
+
+Source: issue 11 "Pull contract" and "Relay". Routes (all under ``/site``, all needing
+``Authorization: Bearer <token>`` when the agent has a token):
+
+- ``GET /site/tracking/changes?since=&after_id=&limit=``: ``{"rows": [...],
+  "more_available": bool}``; rows in the telemetry contract's shape (no audit event),
+  ordered by ``(updated_at_utc, tracked_operation_id)``, strictly after the pair, or at or
+  after ``since`` when ``after_id`` is absent. ``limit`` 1..5000, default 500.
+- ``POST /site/tracking/{id}/retry`` and ``/discard`` with ``{"operator": "name"}``:
+  200 ``{"outcome": "Applied"}``, 409 ``{"outcome": "NotParked", "status": ...}``, 404
+  ``{"outcome": "NotFound"}``.
+- ``POST /site/calls`` with ``{"method", "url", "json"?, "target"?}``: a cached HTTP call
+  made by the agent for a process that is not Python; 200 with the call's id and status,
+  422 with them when it failed permanently.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from controlroom.site.agent import CachedCallFailed, SiteAgent
+from controlroom.site.lifecycle import CommandOutcome
+from controlroom.site.telemetry import state_document
+
+MAX_PAGE = 5000
+
+
+def _authorize(request: Request) -> None:
+    token = request.app.state.token
+    if token is None:
+        return
+    scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        presented.strip().encode(), token.encode()
+    ):
+        raise HTTPException(
+            401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"}
+        )
+
+
+class Command(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    operator: str = Field(min_length=1, max_length=256, description="Who asked (audit actor).")
+
+
+class HttpCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    method: str = Field("POST", pattern=r"^[A-Z]{3,7}$")
+    url: str = Field(pattern=r"^https?://")
+    json_body: Any = Field(None, alias="json")
+    target: str | None = Field(None, min_length=1, max_length=256)
+
+
+def create_site_app(agent: SiteAgent) -> FastAPI:
+    """The agent's API over ``agent`` (module doc)."""
+    app = FastAPI(title="Controlroom site agent", dependencies=[Depends(_authorize)])
+    token = agent.settings.token
+    app.state.token = token.get_secret_value() if token is not None else None
+
+    @app.get("/site/tracking/changes")
+    def changes(
+        since: Annotated[AwareDatetime | None, Query()] = None,
+        after_id: Annotated[str | None, Query(min_length=1, max_length=36)] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 500,
+    ) -> dict[str, Any]:
+        if after_id is not None and since is None:
+            raise HTTPException(400, "after_id needs since (the cursor is the pair)")
+        rows, more = agent.store.changes(since, after_id, limit)
+        return {"rows": [state_document(row) for row in rows], "more_available": more}
+
+    @app.post("/site/tracking/{tracked_operation_id}/retry")
+    def retry(tracked_operation_id: str, command: Command) -> JSONResponse:
+        outcome = agent.retry(tracked_operation_id, command.operator)
+        return _answer(agent, tracked_operation_id, outcome)
+
+    @app.post("/site/tracking/{tracked_operation_id}/discard")
+    def discard(tracked_operation_id: str, command: Command) -> JSONResponse:
+        outcome = agent.discard(tracked_operation_id, command.operator)
+        return _answer(agent, tracked_operation_id, outcome)
+
+    @app.post("/site/calls")
+    def call(request: HttpCall) -> JSONResponse:
+        try:
+            result = agent.http_call(
+                request.method, request.url, json=request.json_body, target=request.target
+            )
+        except CachedCallFailed as failed:
+            return JSONResponse(
+                {
+                    "tracked_operation_id": failed.state.tracked_operation_id,
+                    "status": str(failed.state.status),
+                    "last_error": failed.state.last_error,
+                },
+                422,
+            )
+        return JSONResponse(
+            {"tracked_operation_id": result.tracked_operation_id, "status": str(result.status)}
+        )
+
+    return app
+
+
+_CODES = {
+    CommandOutcome.APPLIED: 200,
+    CommandOutcome.NOT_PARKED: 409,
+    CommandOutcome.NOT_FOUND: 404,
+}
+
+
+def _answer(agent: SiteAgent, tracked_operation_id: str, outcome: CommandOutcome) -> JSONResponse:
+    body: dict[str, Any] = {"outcome": str(outcome)}
+    if outcome is CommandOutcome.NOT_PARKED:
+        state = agent.store.state(tracked_operation_id)
+        body["status"] = str(state.status) if state is not None else None
+    return JSONResponse(body, _CODES[outcome])

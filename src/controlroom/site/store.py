@@ -1,0 +1,294 @@
+"""The site's tracking store: a local SQLite file, the source of truth of its cached calls.
+
+Two tables: ``tracked_operations`` (one row per cached call: its state, the operation and
+payload to attempt it again after a restart, when it is due, and which process has it in
+hand) and ``telemetry_outbox`` (packets not yet delivered to central). Every transition
+writes the row and its packet in one ``BEGIN IMMEDIATE`` transaction, so a packet exists
+exactly when its transition committed, and stamps taken inside that transaction
+(``lifecycle.next_stamp``) strictly increase in commit order.
+
+The schema is created on open (``PRAGMA user_version`` says which); one agent process
+owns a store at a time (``TrackingStore.open`` takes an exclusive lock on a file beside it).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import sqlalchemy as sa
+
+from controlroom.db.engine import create_store_engine
+from controlroom.db.transactions import begin_write
+from controlroom.db.types import UtcDateTime
+from controlroom.exceptions import ConfigurationError
+from controlroom.site.lifecycle import DUE_STATUSES, CallState, Status, Transition, next_stamp
+
+SCHEMA_VERSION = 1
+
+metadata = sa.MetaData()
+
+tracked_operations = sa.Table(
+    "tracked_operations",
+    metadata,
+    sa.Column("tracked_operation_id", sa.String(36), primary_key=True),
+    sa.Column("channel", sa.String(32), nullable=False),
+    sa.Column("target", sa.String(256), nullable=False),
+    sa.Column("source_site", sa.String(64), nullable=False),
+    sa.Column("source_node", sa.String(64)),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("retry_count", sa.Integer, nullable=False),
+    sa.Column("last_error", sa.String(1024)),
+    sa.Column("http_status", sa.Integer),
+    sa.Column("created_at_utc", UtcDateTime, nullable=False),
+    sa.Column("updated_at_utc", UtcDateTime, nullable=False),
+    sa.Column("terminal_at_utc", UtcDateTime),
+    sa.Column("epoch", sa.Integer, nullable=False),
+    sa.Column("operation", sa.String(200), nullable=False),
+    sa.Column("payload_json", sa.Text, nullable=False),
+    sa.Column("next_attempt_at_utc", UtcDateTime),
+    sa.Column("claimed_by", sa.String(36), comment="agent instance attempting it now"),
+    # The pull contract's order, and the retry loop's scan of due calls.
+    sa.Index("ix_tracked_operations_changes", "updated_at_utc", "tracked_operation_id"),
+    sa.Index("ix_tracked_operations_due", "status", "next_attempt_at_utc"),
+)
+
+telemetry_outbox = sa.Table(
+    "telemetry_outbox",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("packet_json", sa.Text, nullable=False),
+    sqlite_autoincrement=True,
+)
+
+to = tracked_operations.c
+_STATE_COLUMNS = (
+    "tracked_operation_id",
+    "channel",
+    "target",
+    "source_site",
+    "source_node",
+    "status",
+    "retry_count",
+    "last_error",
+    "http_status",
+    "created_at_utc",
+    "updated_at_utc",
+    "terminal_at_utc",
+    "epoch",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DueCall:
+    """A call the engine should attempt: its state and how to make it."""
+
+    state: CallState
+    operation: str
+    payload: Any
+
+
+def state_from_row(row: sa.Row[Any]) -> CallState:
+    """The call state a ``tracked_operations`` row holds."""
+    values = {name: getattr(row, name) for name in _STATE_COLUMNS}
+    values["status"] = Status(values["status"])
+    return CallState(**values)
+
+
+def _state_values(state: CallState) -> dict[str, Any]:
+    values = {name: getattr(state, name) for name in _STATE_COLUMNS}
+    values["status"] = str(state.status)
+    return values
+
+
+
+class TrackingStore:
+    """The tracking store at ``path``; see the module doc. Blocking (SQLite) calls."""
+
+    def __init__(self, engine: sa.Engine, lock: TextIO) -> None:
+        self.engine = engine
+        self._lock = lock
+
+    @classmethod
+    def open(cls, path: Path) -> TrackingStore:
+        """Open (creating when absent) the store at ``path``.
+
+        Raises ``ConfigurationError`` when another process has it open, or when it was
+        written by a newer schema.
+        """
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "w")  # noqa: SIM115 - held until close
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise ConfigurationError(
+                f"the tracking store {path} is in use by another site agent process"
+            ) from None
+        engine = create_store_engine(f"sqlite:///{path.resolve()}", pool_size=2)
+        with begin_write(engine) as conn:
+            version = conn.exec_driver_sql("PRAGMA user_version").scalar_one()
+            if version > SCHEMA_VERSION:
+                engine.dispose()
+                lock.close()
+                raise ConfigurationError(
+                    f"the tracking store {path} has schema {version}; this agent knows "
+                    f"{SCHEMA_VERSION}: upgrade controlroom"
+                )
+            metadata.create_all(conn)
+            conn.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        return cls(engine, lock)
+
+    def close(self) -> None:
+        self.engine.dispose()
+        self._lock.close()
+
+    # --- transitions ------------------------------------------------------------------
+    @contextmanager
+    def transition(self, now: datetime) -> Iterator[tuple[sa.Connection, datetime]]:
+        """A write transaction and the stamp its transition takes (module doc)."""
+        with begin_write(self.engine) as conn:
+            latest = conn.execute(sa.select(sa.func.max(to.updated_at_utc))).scalar_one()
+            yield conn, next_stamp(now, latest)
+
+    def record(
+        self,
+        conn: sa.Connection,
+        transition: Transition,
+        packet: dict[str, Any],
+        **extra: Any,
+    ) -> None:
+        """Write ``transition`` (insert or update its row) and queue ``packet``, in
+        ``conn``'s transaction; ``extra`` sets the other columns (operation, payload,
+        claim)."""
+        values = {
+            **_state_values(transition.state),
+            "next_attempt_at_utc": transition.next_attempt_at_utc,
+            **extra,
+        }
+        updated = conn.execute(
+            sa.update(tracked_operations)
+            .where(to.tracked_operation_id == transition.state.tracked_operation_id)
+            .values(values)
+        ).rowcount
+        if not updated:
+            conn.execute(sa.insert(tracked_operations).values(values))
+        conn.execute(
+            sa.insert(telemetry_outbox).values(packet_json=json.dumps(packet, sort_keys=True))
+        )
+
+    def read(self, conn: sa.Connection, tracked_operation_id: str) -> sa.Row[Any] | None:
+        return conn.execute(
+            sa.select(tracked_operations).where(to.tracked_operation_id == tracked_operation_id)
+        ).first()
+
+    # --- reads --------------------------------------------------------------------------
+    def state(self, tracked_operation_id: str) -> CallState | None:
+        """The stored state of one call; ``None`` when the store has no such call."""
+        with self.engine.connect() as conn:
+            row = self.read(conn, tracked_operation_id)
+        return None if row is None else state_from_row(row)
+
+    def states(self) -> list[CallState]:
+        """Every tracked call's state (for tests and tooling; not paged)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(tracked_operations)).all()
+        return [state_from_row(row) for row in rows]
+
+    def changes(
+        self, since: datetime | None, after_id: str | None, limit: int
+    ) -> tuple[list[CallState], bool]:
+        """The pull contract (``lifecycle.changes_after`` is its reference): up to
+        ``limit`` rows ordered by ``(updated_at_utc, tracked_operation_id)`` strictly after
+        ``(since, after_id)``, or at or after ``since`` without ``after_id``, and whether
+        more follow."""
+        query = sa.select(tracked_operations).order_by(to.updated_at_utc, to.tracked_operation_id)
+        if since is not None and after_id is None:
+            query = query.where(to.updated_at_utc >= since)
+        elif since is not None:
+            query = query.where(
+                sa.or_(
+                    to.updated_at_utc > since,
+                    sa.and_(to.updated_at_utc == since, to.tracked_operation_id > after_id),
+                )
+            )
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.limit(limit + 1)).all()
+        return [state_from_row(row) for row in rows[:limit]], len(rows) > limit
+
+    def due(self, now: datetime, limit: int) -> list[DueCall]:
+        """Calls the engine should attempt now, oldest due first, not in anyone's hands."""
+        query = (
+            sa.select(tracked_operations)
+            .where(
+                to.status.in_([str(s) for s in DUE_STATUSES]),
+                to.next_attempt_at_utc <= now,
+                to.claimed_by.is_(None),
+            )
+            .order_by(to.next_attempt_at_utc)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [DueCall(state_from_row(r), r.operation, json.loads(r.payload_json)) for r in rows]
+
+    def next_due_at(self) -> datetime | None:
+        """When the earliest unclaimed call falls due; ``None`` when none waits."""
+        query = sa.select(sa.func.min(to.next_attempt_at_utc)).where(
+            to.status.in_([str(s) for s in DUE_STATUSES]), to.claimed_by.is_(None)
+        )
+        with self.engine.connect() as conn:
+            return conn.execute(query).scalar_one()
+
+    # --- claims -------------------------------------------------------------------------
+    def claim(self, state: CallState, owner: str) -> bool:
+        """Take ``state``'s call in hand for an attempt by ``owner``; False when it moved
+        on or someone else has it."""
+        with begin_write(self.engine) as conn:
+            return bool(
+                conn.execute(
+                    sa.update(tracked_operations)
+                    .where(
+                        to.tracked_operation_id == state.tracked_operation_id,
+                        to.epoch == state.epoch,
+                        to.status == str(state.status),
+                        to.claimed_by.is_(None),
+                    )
+                    .values(claimed_by=owner)
+                ).rowcount
+            )
+
+    def release_claims_of_others(self, owner: str) -> int:
+        """Free the calls a previous process had in hand when it stopped (it cannot be
+        running: the store is locked to one process); they are attempted again."""
+        with begin_write(self.engine) as conn:
+            return conn.execute(
+                sa.update(tracked_operations)
+                .where(to.claimed_by.is_not(None), to.claimed_by != owner)
+                .values(claimed_by=None)
+            ).rowcount
+
+    # --- outbox -------------------------------------------------------------------------
+    def pending_packets(self, limit: int) -> list[tuple[int, dict[str, Any]]]:
+        """Up to ``limit`` undelivered packets, oldest first, with their sequence numbers."""
+        query = sa.select(telemetry_outbox).order_by(telemetry_outbox.c.seq).limit(limit)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [(row.seq, json.loads(row.packet_json)) for row in rows]
+
+    def forget_packets(self, seqs: Sequence[int]) -> None:
+        """Drop delivered packets."""
+        with begin_write(self.engine) as conn:
+            conn.execute(sa.delete(telemetry_outbox).where(telemetry_outbox.c.seq.in_(seqs)))
+
+    def outbox_size(self) -> int:
+        with self.engine.connect() as conn:
+            return conn.execute(
+                sa.select(sa.func.count()).select_from(telemetry_outbox)
+            ).scalar_one()

@@ -1,0 +1,386 @@
+"""Reconciliation: central pulls what changed at each site and converges its mirror to it.
+
+Source: DESIGN.md "Reconciliation", issue 11. The site is the source of truth and
+telemetry is best effort, so a pass pulls each configured site's rows changed since its
+persisted cursor (``site_reconciliation``), in pages of ``reconciliation.batch_size`` up
+to ``max_pages_per_pass``, and writes every row through the same writer and monotonic
+upsert as telemetry (a row the contract refuses is kept in ``rejected_telemetry``). The
+cursor rules, and when a site is pinned, are ``controlroom.sitecalls.cursor``.
+
+A pass pulls its sites concurrently, one thread each; a site that errs or times out ends
+its own part with ``last_error`` and leaves the others alone. Each page's write is its own
+transaction on its own pooled connection, and nothing is held open while a site is slow,
+so the API and ingest keep answering during a long pass. The cursor only moves forward
+(a guarded upsert), so passes of two processes (an on-demand one beside the leader's)
+never move it back.
+
+The pinned latch's transitions are recorded in ``site_reconciliation``
+(``pinned``, ``pinned_changed_at_utc``) and logged (a warning when latched). The event log
+is built on another branch; ``_record_pin_change`` (given the recording transaction) is
+the one place to write it there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+
+from controlroom.config import ConfiguredSite, Settings
+from controlroom.db.providers import provider_for
+from controlroom.db.tables import site_reconciliation
+from controlroom.db.transactions import begin_write
+from controlroom.errors.ingest.writer import Clock, utc_now
+from controlroom.sitecalls.cursor import Cursor, PinChange, judge_page, pin_change
+from controlroom.sitecalls.intake import make_writer, receive_json
+from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
+
+log = logging.getLogger(__name__)
+
+CHANGES_PATH = "/site/tracking/changes"
+WRITE_ATTEMPTS = 3
+MAX_CONCURRENT_SITES = 8
+sr = site_reconciliation.c
+
+
+class SitePullError(Exception):
+    """A site did not answer a page usably (unreachable, timeout, an error answer, or a
+    body that is not the pull contract)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SitePassResult:
+    """What a pass did for one site."""
+
+    site_id: str
+    pages: int
+    rows: int
+    error: str | None
+    pinned: bool
+
+
+def site_headers(site: ConfiguredSite) -> dict[str, str]:
+    """The headers central presents to ``site``'s agent."""
+    if site.token is None:
+        return {}
+    return {"Authorization": f"Bearer {site.token.get_secret_value()}"}
+
+
+def pull_page(
+    client: httpx.Client, cursor: Cursor | None, limit: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """One page of the pull contract from ``cursor``. Raises ``SitePullError``."""
+    params: dict[str, Any] = {"limit": limit}
+    if cursor is not None:
+        params["since"] = cursor[0].isoformat()
+        params["after_id"] = cursor[1]
+    try:
+        response = client.get(CHANGES_PATH, params=params)
+    except httpx.HTTPError as exc:
+        raise SitePullError(f"unreachable: {type(exc).__name__}: {exc}") from exc
+    if not response.is_success:
+        raise SitePullError(f"answered HTTP {response.status_code}: {response.text[:200]}")
+    try:
+        body = response.json()
+        rows, more = body["rows"], body["more_available"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SitePullError(f"answered something that is not the pull contract: {exc}") from exc
+    if not isinstance(rows, list) or not isinstance(more, bool):
+        raise SitePullError("answered something that is not the pull contract")
+    return rows, more
+
+
+def _key(row: Any) -> Cursor | None:
+    """A row's place in the site's order, ``None`` when it does not say."""
+    try:
+        stamp = datetime.fromisoformat(row["updated_at_utc"])
+        ident = row["tracked_operation_id"]
+    except (TypeError, KeyError, ValueError):
+        return None
+    if stamp.tzinfo is None or not isinstance(ident, str):
+        return None
+    return stamp, ident
+
+
+def receive_row(row: Any, site: ConfiguredSite) -> ReceivedPacket:
+    """A pulled row as a packet of the contract, refused when it names another site."""
+    received = receive_json(row, f"reconciliation:{site.id}")
+    packet = received.packet
+    if packet is not None and packet.source_site != site.id:
+        return ReceivedPacket(
+            raw=received.raw,
+            source=received.source,
+            rejected_because=f"pulled from site {site.id!r} but names source_site "
+            f"{packet.source_site!r}",
+        )
+    return received
+
+
+class Reconciler:
+    """Runs passes over the configured sites (blocking; see the module doc)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: sa.Engine,
+        *,
+        writer: SiteCallWriter | None = None,
+        clock: Clock = utc_now,
+    ) -> None:
+        self._settings = settings
+        self._config = settings.reconciliation
+        self._engine = engine
+        self._provider = provider_for(engine)
+        # A store that keeps failing fails this site's pass (retried next pass), rather
+        # than holding the pass forever.
+        self._writer = writer or make_writer(settings, engine, attempts=WRITE_ATTEMPTS)
+        self._clock = clock
+
+    def run_pass(self, sites: Sequence[ConfiguredSite] | None = None) -> list[SitePassResult]:
+        """Reconcile ``sites`` (all configured ones by default), concurrently."""
+        sites = list(self._settings.sites if sites is None else sites)
+        if not sites:
+            return []
+        workers = min(len(sites), MAX_CONCURRENT_SITES)
+        with ThreadPoolExecutor(workers, thread_name_prefix="reconcile") as pool:
+            return list(pool.map(self._reconcile_alone, sites))
+
+    def _reconcile_alone(self, site: ConfiguredSite) -> SitePassResult:
+        """``reconcile_site``, whose unexpected failure (its store state unreadable or
+        unwritable) is this site's result and never the other sites'."""
+        try:
+            return self.reconcile_site(site)
+        except Exception as exc:
+            log.exception("reconciliation of site %s failed", site.id)
+            return SitePassResult(site.id, 0, 0, f"{type(exc).__name__}: {exc}", False)
+
+    def reconcile_site(self, site: ConfiguredSite) -> SitePassResult:
+        """Pull ``site`` from its stored cursor up to the page ceiling; never raises for
+        the site's own failures (they are its ``last_error``)."""
+        state = self._load(site.id)
+        cursor = state["cursor"]
+        pages = rows = 0
+        stuck = progressed = False
+        error = None
+        try:
+            with httpx.Client(
+                base_url=site.base_url,
+                headers=site_headers(site),
+                timeout=self._config.request_timeout,
+            ) as client:
+                while pages < self._config.max_pages_per_pass:
+                    page, more = pull_page(client, cursor, self._config.batch_size)
+                    pages += 1
+                    rows += len(page)
+                    self._writer.write([receive_row(row, site) for row in page])
+                    keys = [key for key in map(_key, page) if key is not None]
+                    verdict = judge_page(cursor, keys, more)
+                    if verdict.advanced:
+                        cursor = verdict.cursor
+                        self._advance_cursor(site.id, cursor)
+                        progressed = True
+                    if verdict.stuck:
+                        stuck = True
+                        break
+                    if not more:
+                        progressed = True
+                        break
+        except SitePullError as exc:
+            error = f"site {site.id} {exc}"
+        except Exception as exc:  # the store or a bug: this site's pass only
+            log.exception("reconciliation of site %s failed", site.id)
+            error = f"reconciling site {site.id} failed: {type(exc).__name__}: {exc}"
+        if error is not None:
+            log.warning("reconciliation: %s", error)
+        change = None if error else pin_change(state["pinned"], stuck=stuck, progressed=progressed)
+        pinned = state["pinned"] if change is None else change is PinChange.LATCHED
+        self._record_pass(site.id, rows, error, pinned, change, cursor)
+        return SitePassResult(site.id, pages, rows, error, pinned)
+
+    # --- the site's stored state ----------------------------------------------------------
+    def _load(self, site_id: str) -> dict[str, Any]:
+        with self._engine.connect() as conn:
+            row = conn.execute(sa.select(site_reconciliation).where(sr.site_id == site_id)).first()
+        if row is None or row.cursor_updated_at_utc is None:
+            cursor = None
+        else:
+            cursor = (row.cursor_updated_at_utc, row.cursor_tracked_operation_id)
+        return {"cursor": cursor, "pinned": bool(row.pinned) if row is not None else False}
+
+    def _advance_cursor(self, site_id: str, cursor: Cursor) -> None:
+        """Store ``cursor`` unless the stored one is already past it."""
+        stamp, ident = cursor
+        statement = self._provider.upsert(
+            site_reconciliation,
+            key=[sr.site_id],
+            set_=lambda incoming: {
+                "cursor_updated_at_utc": incoming.cursor_updated_at_utc,
+                "cursor_tracked_operation_id": incoming.cursor_tracked_operation_id,
+            },
+            where=lambda incoming: sa.or_(
+                sr.cursor_updated_at_utc.is_(None),
+                incoming.cursor_updated_at_utc > sr.cursor_updated_at_utc,
+                sa.and_(
+                    incoming.cursor_updated_at_utc == sr.cursor_updated_at_utc,
+                    incoming.cursor_tracked_operation_id > sr.cursor_tracked_operation_id,
+                ),
+            ),
+        ).values(
+            site_id=site_id,
+            cursor_updated_at_utc=stamp,
+            cursor_tracked_operation_id=ident,
+            reachable=True,
+            pinned=False,
+            rows_pulled=0,
+        )
+        with begin_write(self._engine) as conn:
+            conn.execute(statement)
+
+    def _record_pass(
+        self,
+        site_id: str,
+        rows: int,
+        error: str | None,
+        pinned: bool,
+        change: PinChange | None,
+        cursor: Cursor | None,
+    ) -> None:
+        """The pass's outcome, and the pin change's event with it (one transaction)."""
+        now = self._clock()
+        values: dict[str, Any] = {
+            "last_pull_at_utc": now,
+            "last_error": error,
+            "reachable": error is None,
+            "pinned": pinned,
+        }
+        if error is None:
+            values["last_success_at_utc"] = now
+        if change is not None:
+            values["pinned_changed_at_utc"] = now
+        statement = self._provider.upsert(
+            site_reconciliation,
+            key=[sr.site_id],
+            set_=lambda incoming: {
+                **{name: getattr(incoming, name) for name in values},
+                "rows_pulled": sr.rows_pulled + incoming.rows_pulled,
+            },
+        ).values(site_id=site_id, rows_pulled=rows, **values)
+        with begin_write(self._engine) as conn:
+            conn.execute(statement)
+            if change is not None:
+                _record_pin_change(conn, site_id, change, cursor)
+
+
+def _record_pin_change(
+    conn: sa.Connection, site_id: str, change: PinChange, cursor: Cursor | None
+) -> None:
+    """Raise the event of a pinned latch's transition (once per transition), in the
+    transaction that records it. The event log (``events.record_event``) lives on another
+    branch; until it is merged the event is this log line and ``site_reconciliation``'s
+    ``pinned``/``pinned_changed_at_utc``."""
+    at = f"{cursor[0].isoformat()} / {cursor[1]}" if cursor else "the start"
+    if change is PinChange.LATCHED:
+        log.warning(
+            "site %s is pinned: it keeps reporting more rows at cursor %s but none past it "
+            "(a site without after_id support, with more rows sharing one updated_at_utc "
+            "than a page of reconciliation.batch_size holds)",
+            site_id,
+            at,
+        )
+    else:
+        log.info("site %s is no longer pinned: reconciliation advanced to %s", site_id, at)
+
+
+class ReconciliationService:
+    """Schedules passes off the request path, one at a time (single-flight):
+
+    - every ``reconciliation.interval``, all sites, by the process holding the lease;
+    - every ``probe_interval``, the sites whose last pass failed (unreachable, timed out
+      or erring: a site coming back is reconciled then);
+    - on demand (``trigger``), in whichever process is asked.
+    """
+
+    LEASE_NAME = "site-reconciliation"
+
+    def __init__(self, settings: Settings, engine: sa.Engine, *, owner: str) -> None:
+        self.settings = settings
+        self.reconciler = Reconciler(settings, engine)
+        self._engine = engine
+        self._running = threading.Lock()
+        self._lease = provider_for(engine).make_lease(
+            engine, self.LEASE_NAME, owner, settings.reconciliation.lease_seconds
+        )
+        self.last_results: list[SitePassResult] = []
+
+    @property
+    def running(self) -> bool:
+        return self._running.locked()
+
+    def site(self, site_id: str) -> ConfiguredSite | None:
+        return next((site for site in self.settings.sites if site.id == site_id), None)
+
+    def trigger(self, sites: Sequence[ConfiguredSite] | None = None) -> bool:
+        """Start a pass of ``sites`` (all by default) in a thread, unless one is running;
+        returns whether it started."""
+        if not self._running.acquire(blocking=False):
+            return False
+        thread = threading.Thread(
+            target=self._pass_and_release, args=(sites,), name="reconciliation", daemon=True
+        )
+        thread.start()
+        return True
+
+    def run_pass_now(self, sites: Sequence[ConfiguredSite] | None = None) -> list[SitePassResult]:
+        """Run a pass in this thread and wait for it (``None`` sites: all); an empty list
+        when a pass is already running."""
+        if not self._running.acquire(blocking=False):
+            return []
+        return self._pass_and_release(sites)
+
+    def _pass_and_release(self, sites: Sequence[ConfiguredSite] | None) -> list[SitePassResult]:
+        try:
+            self.last_results = self.reconciler.run_pass(sites)
+            return self.last_results
+        except Exception:
+            log.exception("a reconciliation pass failed")
+            return []
+        finally:
+            self._running.release()
+
+    def unreachable_sites(self) -> list[ConfiguredSite]:
+        with self._engine.connect() as conn:
+            down = set(conn.execute(sa.select(sr.site_id).where(sr.reachable.is_(False))).scalars())
+        return [site for site in self.settings.sites if site.id in down]
+
+    async def run(self) -> None:
+        """The schedule, until cancelled; a failed tick is logged and the schedule goes on."""
+        config = self.settings.reconciliation
+        tick = min(config.interval, config.probe_interval).total_seconds()
+        since_full = float("inf")
+        try:
+            while True:
+                try:
+                    if self.settings.sites and await asyncio.to_thread(self._lease.hold):
+                        if since_full >= config.interval.total_seconds():
+                            if self.trigger():
+                                since_full = 0.0
+                        else:
+                            down = await asyncio.to_thread(self.unreachable_sites)
+                            if down:
+                                self.trigger(down)
+                except Exception:
+                    log.warning(
+                        "reconciliation schedule failed; next tick in %.0f s", tick, exc_info=True
+                    )
+                await asyncio.sleep(tick)
+                since_full += tick
+        finally:
+            await asyncio.shield(asyncio.to_thread(self._lease.release))

@@ -1,0 +1,179 @@
+"""The Retry/Discard relay: an operator's command on a Parked site call, sent to its site.
+
+Source: DESIGN.md "Retry/Discard relay", issue 11, seed change log F6. Only Parked rows
+are actionable (a Failed call failed permanently and would fail again). Central reads its
+mirror, sends the command to the owning site's agent with a timeout, and reports one of
+four outcomes; it never edits the ``site_calls`` row: the site applies the command and
+its telemetry (a new ``epoch`` for Retry) updates the mirror. An applied command writes
+one audit event (action ``CachedResolve``, the operator as actor, the tracked operation id
+as correlation id, channel and target in the details); a failed audit write is logged and
+never changes the outcome. An id central no longer has (purged) is ``None``: not found,
+and no audit event.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+
+from controlroom.config import Settings
+from controlroom.db.providers import provider_for
+from controlroom.db.tables import site_calls
+from controlroom.db.transactions import begin_write
+from controlroom.errors.ingest.writer import Clock, utc_now
+from controlroom.sitecalls.ordering import SiteCallStatus
+from controlroom.sitecalls.reconciliation import site_headers
+
+log = logging.getLogger(__name__)
+
+AUDIT_ACTION = "CachedResolve"
+AUDIT_CATEGORY = "CachedCall"
+
+
+class Command(enum.StrEnum):
+    """What an operator asks of a Parked call."""
+
+    RETRY = "retry"
+    DISCARD = "discard"
+
+
+class RelayOutcome(enum.StrEnum):
+    """DESIGN.md "Retry/Discard relay" outcomes."""
+
+    APPLIED = "Applied"
+    NOT_PARKED = "NotParked"
+    SITE_UNREACHABLE = "SiteUnreachable"
+    OPERATION_FAILED = "OperationFailed"
+
+
+@dataclass(frozen=True, slots=True)
+class RelayResult:
+    """The outcome and a sentence an operator understands."""
+
+    outcome: RelayOutcome
+    message: str
+
+
+def relay_command(
+    settings: Settings,
+    engine: sa.Engine,
+    tracked_operation_id: str,
+    command: Command,
+    operator: str,
+    *,
+    clock: Clock = utc_now,
+) -> RelayResult | None:
+    """Relay ``command`` on the call ``tracked_operation_id`` for ``operator``; ``None``
+    when central has no such call. Blocking (the store and one HTTP request)."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.select(site_calls).where(site_calls.c.tracked_operation_id == tracked_operation_id)
+        ).first()
+    if row is None:
+        return None
+    if row.status != SiteCallStatus.PARKED:
+        return RelayResult(
+            RelayOutcome.NOT_PARKED,
+            f"the call is {row.status}, not Parked: only a Parked call can be retried or "
+            "discarded",
+        )
+    site = next((s for s in settings.sites if s.id == row.source_site), None)
+    if site is None:
+        return RelayResult(
+            RelayOutcome.OPERATION_FAILED,
+            f"site {row.source_site!r} is not configured at central (sites), so the "
+            "command cannot be sent to it",
+        )
+    url = f"{site.base_url.rstrip('/')}/site/tracking/{tracked_operation_id}/{command}"
+    try:
+        response = httpx.post(
+            url,
+            json={"operator": operator},
+            headers=site_headers(site),
+            timeout=settings.reconciliation.request_timeout,
+        )
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        return RelayResult(
+            RelayOutcome.SITE_UNREACHABLE,
+            f"site {site.id} could not be reached ({type(exc).__name__}); nothing was "
+            "changed, try again when it is back",
+        )
+    except httpx.HTTPError as exc:
+        # The command left: the site may have applied it without answering in time.
+        return RelayResult(
+            RelayOutcome.SITE_UNREACHABLE,
+            f"site {site.id} did not answer in time ({type(exc).__name__}); the command "
+            "may have been applied: the call's status will tell once its telemetry arrives",
+        )
+    result = _interpret(site.id, response)
+    if result.outcome is RelayOutcome.APPLIED:
+        _audit(engine, row, command, operator, clock)
+    return result
+
+
+def _interpret(site_id: str, response: httpx.Response) -> RelayResult:
+    try:
+        outcome = response.json().get("outcome")
+    except (ValueError, AttributeError):
+        outcome = None
+    if response.status_code == 200 and outcome == "Applied":
+        return RelayResult(
+            RelayOutcome.APPLIED,
+            f"site {site_id} applied the command; the call's new state arrives with its "
+            "telemetry",
+        )
+    if response.status_code == 409 and outcome == "NotParked":
+        status = response.json().get("status")
+        return RelayResult(
+            RelayOutcome.NOT_PARKED,
+            f"site {site_id} says the call is {status}, not Parked (central's copy is behind)",
+        )
+    if response.status_code == 404 and outcome == "NotFound":
+        return RelayResult(
+            RelayOutcome.OPERATION_FAILED, f"site {site_id} does not know this call"
+        )
+    return RelayResult(
+        RelayOutcome.OPERATION_FAILED,
+        f"site {site_id} answered HTTP {response.status_code} to the command; it may not "
+        "have been applied",
+    )
+
+
+def _audit(engine: sa.Engine, row: Any, command: Command, operator: str, clock: Clock) -> None:
+    """One audit event for an applied command; a failure is logged, never raised."""
+    now = clock()
+    event = {
+        "event_id": str(uuid.uuid4()),
+        "occurred_at_utc": now,
+        "ingested_at_utc": now,
+        "actor": operator,
+        "action": AUDIT_ACTION,
+        "outcome": "Success",
+        "category": AUDIT_CATEGORY,
+        "target": row.target,
+        "source_site": row.source_site,
+        "source_node": row.source_node,
+        "correlation_id": row.tracked_operation_id,
+        "details_json": json.dumps(
+            {"command": command.title(), "channel": row.channel, "target": row.target},
+            sort_keys=True,
+        ),
+        "payload_truncated": False,
+    }
+    try:
+        with begin_write(engine) as conn:
+            provider_for(engine).insert_audit_events(conn, [event])
+    except Exception:
+        log.exception(
+            "the audit event of %s on %s by %s was not written (the command was applied)",
+            command,
+            row.tracked_operation_id,
+            operator,
+        )

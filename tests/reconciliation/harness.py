@@ -1,0 +1,203 @@
+"""Central and site agents on loopback for the reconciliation and relay tests: real HTTP
+between them (uvicorn on free ports), central on the provider under test."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi import FastAPI
+from pydantic import AwareDatetime
+
+from controlroom.api import create_app
+from controlroom.config import ConfiguredSite, Settings
+from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
+from controlroom.db.tables import audit_log, rejected_telemetry, site_calls
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.site import SiteAgent, SiteService, SiteSettings
+from controlroom.site.lifecycle import CallState
+from controlroom.site.store import tracked_operations
+from controlroom.site.telemetry import state_document
+from tests.site.http import loopback_listener, serving, url_of
+
+OPERATOR_TOKEN = "operator-token-0123456789"
+READER_TOKEN = "reader-token-0123456789ab"
+SITE_TOKEN = "site-agent-token-0123456789"
+OPERATOR = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+READER = {"Authorization": f"Bearer {READER_TOKEN}"}
+
+
+def eventually(check: Callable[[], Any], *, timeout: float = 60.0, what: str = "") -> Any:
+    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds
+    (a bound on a hang, not an assertion about speed)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what or check}")
+        time.sleep(0.05)
+
+
+def central_settings(
+    database_url: str, data_dir: Path, sites: list[ConfiguredSite], **reconciliation: Any
+) -> Settings:
+    return Settings(
+        data_dir=data_dir,
+        database_url=database_url,
+        auth_tokens=[
+            {"name": "alice", "token": OPERATOR_TOKEN, "role": "operator"},
+            {"name": "rita", "token": READER_TOKEN, "role": "reader"},
+        ],
+        sites=sites,
+        reconciliation=reconciliation,
+    )
+
+
+def site_entry(site_id: str, url: str, *, token: str | None = SITE_TOKEN) -> ConfiguredSite:
+    return ConfiguredSite(id=site_id, base_url=url, token=token)
+
+
+@contextlib.contextmanager
+def running_central(
+    settings: Settings, listener: Any = None
+) -> Iterator[tuple[str, FastAPI, sa.Engine]]:
+    """Central's API over a migrated store, on ``listener`` (a free loopback port by
+    default)."""
+    engine = create_store_engine(settings.effective_database_url)
+    upgrade_database(engine)
+    app = create_app(settings, engine, FileSystemBodyStore(settings.body_dir))
+    try:
+        with serving(app, listener) as url:
+            yield url, app, engine
+    finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def running_agent(settings: SiteSettings, listener: Any = None) -> Iterator[SiteAgent]:
+    """A site agent (API, retry loop, outbox) in a thread on ``listener``."""
+    listener = listener or loopback_listener()
+    agent = SiteAgent(settings)
+    service = SiteService(agent)
+    thread = threading.Thread(target=asyncio.run, args=(service.run(listener),), daemon=True)
+    thread.start()
+    try:
+        eventually(lambda: service.server.started or not thread.is_alive(), what="agent start")
+        assert thread.is_alive(), "the agent stopped at start"
+        agent.url = url_of(listener)  # type: ignore[attr-defined]
+        yield agent
+    finally:
+        service.stop()
+        thread.join(30)
+        agent.close()
+        listener.close()
+
+
+def central_rows(engine: sa.Engine) -> dict[str, dict[str, Any]]:
+    """Central's mirror, by id, in the fields a site reports."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(site_calls)).mappings().all()
+    return {row["tracked_operation_id"]: _comparable(dict(row)) for row in rows}
+
+
+def site_rows(agent: SiteAgent) -> dict[str, dict[str, Any]]:
+    """The site's tracking store, by id, in the same fields."""
+    return {
+        state.tracked_operation_id: _comparable(_fields(state)) for state in agent.store.states()
+    }
+
+
+def _fields(state: CallState) -> dict[str, Any]:
+    return {
+        name: getattr(state, name)
+        for name in (
+            "tracked_operation_id",
+            "channel",
+            "target",
+            "source_site",
+            "source_node",
+            "status",
+            "retry_count",
+            "last_error",
+            "http_status",
+            "created_at_utc",
+            "updated_at_utc",
+            "terminal_at_utc",
+            "epoch",
+        )
+    }
+
+
+def _comparable(row: dict[str, Any]) -> dict[str, Any]:
+    row.pop("ingested_at_utc", None)
+    row["status"] = str(row["status"])
+    return row
+
+
+def audit_events(engine: sa.Engine, **where: Any) -> list[dict[str, Any]]:
+    query = sa.select(audit_log)
+    for name, value in where.items():
+        query = query.where(audit_log.c[name] == value)
+    with engine.connect() as conn:
+        return [dict(row) for row in conn.execute(query).mappings()]
+
+
+def rejected_packets(engine: sa.Engine) -> list[tuple[str, str]]:
+    with engine.connect() as conn:
+        query = sa.select(rejected_telemetry.c.source, rejected_telemetry.c.reason)
+        return [tuple(row) for row in conn.execute(query)]
+
+
+def seed_site_rows(agent: SiteAgent, count: int, stamp: datetime, *, start: int = 0) -> list[str]:
+    """``count`` Delivered calls in the site's store sharing ``stamp`` (a burst, or a legacy
+    clock), written as the store writes them; returns their ids."""
+    ids = [str(uuid.UUID(int=start + n + 1)) for n in range(count)]
+    rows = [
+        {
+            "tracked_operation_id": ident,
+            "channel": "DbOutbound",
+            "target": "erp.stock",
+            "source_site": agent.settings.site_id,
+            "source_node": agent.settings.node,
+            "status": "Delivered",
+            "retry_count": 0,
+            "last_error": None,
+            "http_status": None,
+            "created_at_utc": stamp,
+            "updated_at_utc": stamp,
+            "terminal_at_utc": stamp,
+            "epoch": 0,
+            "operation": "http",
+            "payload_json": "null",
+            "next_attempt_at_utc": None,
+            "claimed_by": None,
+        }
+        for ident in ids
+    ]
+    with agent.store.engine.begin() as conn:
+        conn.execute(sa.insert(tracked_operations), rows)
+    return ids
+
+
+def legacy_site_app(agent: SiteAgent) -> FastAPI:
+    """A site agent that predates ``after_id``: it ignores it and answers from ``since``
+    inclusive."""
+    app = FastAPI()
+
+    @app.get("/site/tracking/changes")
+    def changes(since: AwareDatetime | None = None, limit: int = 500) -> dict[str, Any]:
+        rows, more = agent.store.changes(since, None, limit)
+        return {"rows": [state_document(row) for row in rows], "more_available": more}
+
+    return app

@@ -1,0 +1,217 @@
+"""The Retry/Discard relay: each outcome, its HTTP answer, and the audit event it writes
+(one on Applied, none otherwise). Central on every provider; the site agent on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from controlroom.db.tables import site_calls
+from controlroom.site import SiteAgent, SiteSettings
+from tests.reconciliation.harness import (
+    OPERATOR,
+    READER,
+    SITE_TOKEN,
+    audit_events,
+    central_rows,
+    central_settings,
+    running_agent,
+    running_central,
+    site_entry,
+)
+from tests.site.http import loopback_listener, serving, url_of
+
+
+class Switch:
+    """An operation that fails transiently until it is turned on."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def __call__(self, _payload: object) -> None:
+        if not self.on:
+            raise ConnectionError("target unreachable")
+
+
+@contextlib.contextmanager
+def parked_call(
+    database_url: str, tmp_path: Path, site_url: str | None = None, **reconciliation: object
+) -> Iterator[tuple[SiteAgent, Switch, str, str, Any, sa.Engine]]:
+    """A site agent with one Parked call that central mirrors; the sites entry points at
+    ``site_url`` when given (a broken site), else at the agent."""
+    listener = loopback_listener()
+    settings = SiteSettings(
+        site_id="plant-7",
+        node="node-a",
+        store_path=tmp_path / "site" / "tracking.db",
+        token=SITE_TOKEN,
+        max_retries=1,
+        backoff_base=3600,
+    )
+    sites = [site_entry("plant-7", site_url or url_of(listener))]
+    central = central_settings(database_url, tmp_path / "central", sites, **reconciliation)
+    switch = Switch()
+    with (
+        running_agent(settings, listener) as agent,
+        running_central(central) as (central_url, app, engine),
+    ):
+        agent.register("switch", switch)
+        call_id = agent.cached_call("erp/stock", "switch", {}).tracked_operation_id
+        packets = [packet for _, packet in agent.store.pending_packets(100)]
+        httpx.post(f"{central_url}/api/site-calls/telemetry", json=packets, headers=OPERATOR)
+        assert central_rows(engine)[call_id]["status"] == "Parked"
+        yield agent, switch, call_id, central_url, app, engine
+
+
+def relay(central_url: str, call_id: str, command: str, headers: dict) -> httpx.Response:
+    return httpx.post(f"{central_url}/api/site-calls/{call_id}/{command}", headers=headers)
+
+
+@pytest.mark.parametrize("command", ["retry", "discard"])
+def test_applied_writes_one_audit_event_naming_the_operator(
+    database_url: str, tmp_path: Path, command: str
+) -> None:
+    with parked_call(database_url, tmp_path) as (agent, _switch, call_id, url, _app, engine):
+        answer = relay(url, call_id, command, OPERATOR)
+        assert (answer.status_code, answer.json()["outcome"]) == (200, "Applied")
+        expected = "Submitted" if command == "retry" else "Discarded"
+        assert str(agent.store.state(call_id).status) == expected
+        assert central_rows(engine)[call_id]["status"] == "Parked"  # central never edits it
+        (event,) = audit_events(engine, action="CachedResolve")
+        assert (event["actor"], event["correlation_id"], event["outcome"]) == (
+            "alice",
+            call_id,
+            "Success",
+        )
+        assert json.loads(event["details_json"]) == {
+            "command": command.title(),
+            "channel": "ApiOutbound",
+            "target": "erp/stock",
+        }
+
+
+def test_a_call_not_parked_at_central_is_refused_without_asking_the_site(
+    database_url: str, tmp_path: Path
+) -> None:
+    with parked_call(database_url, tmp_path) as (agent, switch, call_id, url, app, engine):
+        switch.on = True
+        agent.retry(call_id, "bob")
+        agent.attempt_due()
+        app.state.reconciliation.run_pass_now()
+        assert central_rows(engine)[call_id]["status"] == "Delivered"
+        answer = relay(url, call_id, "retry", OPERATOR)
+        assert (answer.status_code, answer.json()["outcome"]) == (409, "NotParked")
+        assert "Delivered" in answer.json()["message"]
+        assert audit_events(engine, action="CachedResolve") == []
+
+
+def test_a_call_the_site_no_longer_has_parked_is_not_parked(
+    database_url: str, tmp_path: Path
+) -> None:
+    with parked_call(database_url, tmp_path) as (agent, switch, call_id, url, _app, engine):
+        switch.on = True
+        agent.retry(call_id, "bob")
+        agent.attempt_due()  # delivered at the site; central's copy is still Parked
+        answer = relay(url, call_id, "discard", OPERATOR)
+        assert (answer.status_code, answer.json()["outcome"]) == (409, "NotParked")
+        assert "central's copy is behind" in answer.json()["message"]
+        assert audit_events(engine, action="CachedResolve") == []
+
+
+def test_an_unreachable_site(database_url: str, tmp_path: Path) -> None:
+    closed = loopback_listener()
+    closed_url = url_of(closed)
+    closed.close()  # nothing listens there any more
+    with parked_call(database_url, tmp_path, closed_url) as (_a, _s, call_id, url, _app, engine):
+        answer = relay(url, call_id, "retry", OPERATOR)
+        assert (answer.status_code, answer.json()["outcome"]) == (503, "SiteUnreachable")
+        assert "could not be reached" in answer.json()["message"]
+        assert audit_events(engine, action="CachedResolve") == []
+
+
+def test_a_site_that_does_not_answer_in_time(database_url: str, tmp_path: Path) -> None:
+    release = threading.Event()
+    hanging = FastAPI()
+
+    def hang(call: str, command: str) -> JSONResponse:
+        release.wait(30)
+        return JSONResponse({"outcome": "Applied"})
+
+    hanging.add_api_route("/site/tracking/{call}/{command}", hang, methods=["POST"])
+    with (
+        serving(hanging) as hanging_url,
+        parked_call(database_url, tmp_path, hanging_url, request_timeout=0.5) as (
+            _a,
+            _s,
+            call_id,
+            url,
+            _app,
+            engine,
+        ),
+    ):
+        try:
+            answer = relay(url, call_id, "retry", OPERATOR)
+        finally:
+            release.set()
+        assert (answer.status_code, answer.json()["outcome"]) == (503, "SiteUnreachable")
+        assert "may have been applied" in answer.json()["message"]
+        assert audit_events(engine, action="CachedResolve") == []
+
+
+def test_a_site_that_fails_the_operation(database_url: str, tmp_path: Path) -> None:
+    erring = FastAPI()
+    erring.add_api_route(
+        "/site/tracking/{call}/{command}",
+        lambda call, command: JSONResponse({"detail": "disk full"}, 500),
+        methods=["POST"],
+    )
+    with (
+        serving(erring) as erring_url,
+        parked_call(database_url, tmp_path, erring_url) as (_a, _s, call_id, url, _app, engine),
+    ):
+        answer = relay(url, call_id, "retry", OPERATOR)
+        assert (answer.status_code, answer.json()["outcome"]) == (502, "OperationFailed")
+        assert "HTTP 500" in answer.json()["message"]
+        assert audit_events(engine, action="CachedResolve") == []
+
+
+def test_a_purged_call_is_not_found_and_audits_nothing(database_url: str, tmp_path: Path) -> None:
+    with parked_call(database_url, tmp_path) as (_agent, _switch, call_id, url, _app, engine):
+        with engine.begin() as conn:  # what the retention purge does to an old row
+            conn.execute(sa.delete(site_calls).where(site_calls.c.tracked_operation_id == call_id))
+        for command in ("retry", "discard"):
+            answer = relay(url, call_id, command, OPERATOR)
+            assert (answer.status_code, answer.json()["detail"]) == (404, "site call not found")
+        answer = relay(url, str(uuid.uuid4()), "retry", OPERATOR)
+        assert answer.status_code == 404
+        assert audit_events(engine, action="CachedResolve") == []
+
+
+def test_a_reader_may_not_relay(database_url: str, tmp_path: Path) -> None:
+    with parked_call(database_url, tmp_path) as (agent, _switch, call_id, url, _app, engine):
+        for command in ("retry", "discard"):
+            assert relay(url, call_id, command, READER).status_code == 403
+        assert str(agent.store.state(call_id).status) == "Parked"
+        assert audit_events(engine, action="CachedResolve") == []
+
+
+def test_a_failed_audit_write_does_not_change_the_outcome(
+    database_url: str, tmp_path: Path
+) -> None:
+    with parked_call(database_url, tmp_path) as (agent, _switch, call_id, url, _app, engine):
+        with engine.begin() as conn:  # the audit log cannot be written
+            conn.exec_driver_sql("ALTER TABLE audit_log RENAME TO audit_log_away")
+        answer = relay(url, call_id, "retry", OPERATOR)
+        assert (answer.status_code, answer.json()["outcome"]) == (200, "Applied")
+        assert str(agent.store.state(call_id).status) == "Submitted"

@@ -1,0 +1,173 @@
+"""The site's pure rules: transitions, backoff, stamps, failure classes, the pull order."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controlroom.site import lifecycle
+from controlroom.site.lifecycle import Failure, PermanentFailure, Status
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+TRANSIENT = Failure(False, "ConnectError: refused", None)
+
+
+def submitted(stamp: datetime = T0) -> lifecycle.CallState:
+    return lifecycle.submitted(
+        tracked_operation_id=str(uuid.uuid4()),
+        channel="ApiOutbound",
+        target="https://erp.example/invoices",
+        source_site="plant-7",
+        source_node="node-a",
+        stamp=stamp,
+    ).state
+
+
+def fail(state: lifecycle.CallState, failure: Failure, stamp: datetime, max_retries: int = 3):
+    return lifecycle.attempt_failed(
+        state, failure, stamp, max_retries=max_retries, backoff_base=1.0, backoff_cap=10.0
+    )
+
+
+def test_transient_failures_are_attempted_again_with_backoff_then_parked() -> None:
+    state = submitted()
+    first = fail(state, TRANSIENT, T0 + timedelta(seconds=1))
+    assert first.state.status is Status.ATTEMPTED and first.state.retry_count == 1
+    assert first.next_attempt_at_utc == T0 + timedelta(seconds=2)
+    second = fail(first.state, TRANSIENT, T0 + timedelta(seconds=3))
+    assert second.state.retry_count == 2
+    assert second.next_attempt_at_utc == T0 + timedelta(seconds=5)  # 2 s after the 2nd failure
+    third = fail(second.state, TRANSIENT, T0 + timedelta(seconds=6))
+    assert third.state.status is Status.PARKED and third.state.retry_count == 3
+    assert third.next_attempt_at_utc is None
+    assert third.state.terminal_at_utc is None  # Parked awaits an operator
+
+
+def test_a_permanent_failure_is_terminal_at_once() -> None:
+    failed = fail(submitted(), Failure(True, "HTTP 400", 400), T0 + timedelta(seconds=1))
+    assert failed.state.status is Status.FAILED
+    assert failed.state.http_status == 400
+    assert failed.state.terminal_at_utc == T0 + timedelta(seconds=1)
+    assert failed.next_attempt_at_utc is None
+
+
+def test_backoff_doubles_up_to_the_cap() -> None:
+    waits = [lifecycle.backoff_seconds(n, base=1.0, cap=10.0) for n in range(1, 7)]
+    assert waits == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+
+
+def _http_error(code: int) -> httpx.HTTPStatusError:
+    request = httpx.Request("POST", "http://target.example/x")
+    return httpx.HTTPStatusError(
+        "x", request=request, response=httpx.Response(code, request=request)
+    )
+
+
+@pytest.mark.parametrize(
+    ("exc", "permanent", "http_status"),
+    [
+        (_http_error(400), True, 400),
+        (_http_error(404), True, 404),
+        (_http_error(408), False, 408),
+        (_http_error(429), False, 429),
+        (_http_error(503), False, 503),
+        (httpx.ConnectError("refused"), False, None),
+        (PermanentFailure("duplicate key", http_status=None), True, None),
+        (RuntimeError("bug"), False, None),
+    ],
+)
+def test_failure_classes(exc: BaseException, permanent: bool, http_status: int | None) -> None:
+    failure = lifecycle.classify_failure(exc)
+    assert (failure.permanent, failure.http_status) == (permanent, http_status)
+
+
+def test_a_long_error_is_bounded_and_marked() -> None:
+    failed = fail(submitted(), Failure(False, "x" * 5000, None), T0 + timedelta(seconds=1))
+    assert len(failed.state.last_error) == 1024
+    assert failed.state.last_error.endswith("\u2026")
+    assert failed.error_detail == "x" * 5000  # the whole text goes to the audit details
+
+
+def test_operator_retry_starts_a_new_epoch_of_a_parked_call_only() -> None:
+    parked = fail(submitted(), TRANSIENT, T0 + timedelta(seconds=1), max_retries=1).state
+    retried = lifecycle.operator_retry(parked, T0 + timedelta(seconds=2))
+    assert retried is not None
+    assert (retried.state.status, retried.state.epoch, retried.state.retry_count) == (
+        Status.SUBMITTED,
+        1,
+        0,
+    )
+    assert retried.next_attempt_at_utc <= T0 + timedelta(seconds=2)  # due at once
+    assert lifecycle.operator_retry(retried.state, T0 + timedelta(seconds=3)) is None
+    assert lifecycle.operator_discard(retried.state, T0 + timedelta(seconds=3)) is None
+    discarded = lifecycle.operator_discard(parked, T0 + timedelta(seconds=3))
+    assert discarded is not None and discarded.state.status is Status.DISCARDED
+    assert discarded.state.terminal_at_utc == T0 + timedelta(seconds=3)
+
+
+def test_a_bad_channel_or_target_is_refused() -> None:
+    with pytest.raises(ValueError, match="channel"):
+        lifecycle.submitted(
+            tracked_operation_id="x",
+            channel="Email",
+            target="t",
+            source_site="s",
+            source_node=None,
+            stamp=T0,
+        )
+    with pytest.raises(ValueError, match="target"):
+        lifecycle.submitted(
+            tracked_operation_id="x",
+            channel="DbOutbound",
+            target="t" * 257,
+            source_site="s",
+            source_node=None,
+            stamp=T0,
+        )
+
+
+def test_stamps_strictly_increase_even_when_the_clock_stalls_or_goes_back() -> None:
+    assert lifecycle.next_stamp(T0, None) == T0
+    assert lifecycle.next_stamp(T0, T0) == T0 + lifecycle.STAMP_RESOLUTION
+    assert lifecycle.next_stamp(T0 - timedelta(hours=1), T0) == T0 + lifecycle.STAMP_RESOLUTION
+    assert lifecycle.next_stamp(T0 + timedelta(seconds=1), T0) == T0 + timedelta(seconds=1)
+
+
+# --- the pull order -------------------------------------------------------------------------
+stamps = st.integers(min_value=0, max_value=5).map(lambda n: T0 + timedelta(seconds=n))
+states = st.lists(
+    st.tuples(stamps, st.uuids().map(str)), min_size=0, max_size=40, unique_by=lambda t: t[1]
+).map(
+    lambda rows: [
+        submitted(stamp).replace(tracked_operation_id=i, updated_at_utc=stamp) for stamp, i in rows
+    ]
+)
+
+
+@given(states, st.integers(min_value=1, max_value=7))
+def test_paging_with_the_composite_cursor_sees_every_row_once(rows, limit) -> None:
+    seen: list[str] = []
+    page, more = lifecycle.changes_after(rows, None, None, limit)
+    while True:
+        seen += [row.tracked_operation_id for row in page]
+        if not more:
+            break
+        last = page[-1]
+        page, more = lifecycle.changes_after(
+            rows, last.updated_at_utc, last.tracked_operation_id, limit
+        )
+    assert sorted(seen) == sorted(row.tracked_operation_id for row in rows)
+    assert len(seen) == len(set(seen))
+
+
+def test_without_after_id_the_timestamp_is_inclusive() -> None:
+    rows = [submitted(T0).replace(tracked_operation_id=f"id-{n}") for n in range(3)]
+    page, more = lifecycle.changes_after(rows, T0, None, 10)
+    assert len(page) == 3 and not more
+    page, _ = lifecycle.changes_after(rows, T0, "id-1", 10)
+    assert [row.tracked_operation_id for row in page] == ["id-2"]

@@ -1,0 +1,47 @@
+"""``controlroom site serve``: bad settings exit 2 naming the setting, a busy store exits 1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from controlroom.cli import app
+from controlroom.site import SiteAgent, SiteSettings
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("SITE_ID", "TOKEN", "HOST", "STORE_PATH", "CONFIG"):
+        monkeypatch.delenv(f"CONTROLROOM_SITE_{name}", raising=False)
+
+
+def test_a_site_id_is_required() -> None:
+    result = runner.invoke(app, ["site", "serve"])
+    assert result.exit_code == 2
+    assert "site_id" in result.output
+
+
+def test_a_non_loopback_agent_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONTROLROOM_SITE_SITE_ID", "plant-7")
+    result = runner.invoke(app, ["site", "serve", "--host", "0.0.0.0"])
+    assert result.exit_code == 2
+    assert "without a token" in result.output
+
+
+def test_a_store_another_agent_holds_exits_1(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    store = tmp_path / "tracking.db"
+    holder = SiteAgent(SiteSettings(site_id="plant-7", store_path=store))
+    try:
+        monkeypatch.setenv("CONTROLROOM_SITE_SITE_ID", "plant-7")
+        monkeypatch.setenv("CONTROLROOM_SITE_STORE_PATH", str(store))
+        result = runner.invoke(app, ["site", "serve", "--port", "0"])
+        assert result.exit_code == 1
+        assert "in use by another site agent" in result.output
+    finally:
+        holder.close()
