@@ -515,7 +515,9 @@ class NaiveFailedMessage(_NaiveBase):
 
 def naive_row(attempt: FailedAttempt, now: datetime) -> dict[str, Any]:
     """The row of one attempt on its own: count 1, window of one instant."""
-    single = FoldedMessage(attempt, 1, attempt.time_of_failure, attempt.time_of_failure)
+    single = FoldedMessage(
+        attempt, (attempt.time_of_failure,), attempt.time_of_failure, attempt.time_of_failure
+    )
     return failed_message_row(single, now)
 
 

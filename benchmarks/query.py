@@ -70,6 +70,7 @@ from controlroom.errors.ingest import headers as h
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.grouping import CLASSIFIERS
 from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.upsert import failure_time_value
 from controlroom.errors.model import FailedAttempt
 from controlroom.exceptions import MessageRejected
 
@@ -187,6 +188,8 @@ def make_rows(
         attempts,
         _naive(first_failed_at),
         _naive(failed_at),
+        # Only the last time is known: the earlier attempts follow the seed's rule.
+        [failure_time_value(failed_at)],
         attempt.message_type,
         _naive(sent_at) if template.time_sent_text else None,
         attempt.is_system_message,

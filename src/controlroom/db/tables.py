@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from controlroom.db.types import UtcDateTime
 
@@ -46,6 +47,16 @@ failed_messages = sa.Table(
     sa.Column("number_of_processing_attempts", sa.Integer, nullable=False),
     sa.Column("first_failure_at", UtcDateTime, nullable=False),
     sa.Column("last_failure_at", UtcDateTime, nullable=False, comment="the stored attempt's"),
+    # The distinct times of failure already counted, newest first, at most
+    # errors.ingest.upsert.COUNTED_FAILURE_TIMES of them (migration 0009): what lets a
+    # redelivered attempt be told from a new one. Integers, microseconds since the Unix
+    # epoch (UTC); a JSON array on SQLite, a bigint[] on PostgreSQL. Empty for rows
+    # stored before migration 0009 (their earlier attempts follow the seed's rule).
+    sa.Column(
+        "counted_failure_times",
+        sa.JSON().with_variant(ARRAY(sa.BigInteger), "postgresql"),
+        nullable=False,
+    ),
     # Payload of the stored (newest) attempt; everything below is taken together.
     sa.Column("message_type", sa.Text),
     sa.Column("time_sent", UtcDateTime),

@@ -90,6 +90,21 @@ class Provider(ABC):
         """``INSERT`` into ``table`` that leaves rows whose ``key`` exists untouched."""
 
     @abstractmethod
+    def list_elements(self, values: sa.ColumnElement[Any]) -> Any:
+        """The elements of the stored list ``values`` (a list column, or the incoming
+        row's) as a table-valued ``FROM`` with one column, ``value``; each call is a new
+        alias, so one statement may read several lists."""
+
+    @abstractmethod
+    def list_length(self, values: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
+        """The number of elements of the list ``values``."""
+
+    @abstractmethod
+    def aggregate_list(self, values: sa.Select[Any]) -> sa.ColumnElement[Any]:
+        """The rows of the one-column ``values`` as a list the provider's list columns
+        store, in the select's order."""
+
+    @abstractmethod
     def search_matches(self, text: str) -> sa.ColumnElement[bool]:
         """True for failed messages whose headers or body text contain the user's
         ``text``, answered from the provider's full-text index; the text is only ever a

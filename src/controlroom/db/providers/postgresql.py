@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import psycopg
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import REGCONFIG, TSVECTOR, insert
+from sqlalchemy.dialects.postgresql import ARRAY, REGCONFIG, TSVECTOR, insert
 
 from controlroom.db.leases import lease_key
 from controlroom.db.providers._base import Lease, OnConflictProvider
@@ -108,6 +108,16 @@ class PostgreSQLProvider(OnConflictProvider):
 
     def insert(self, table: sa.Table) -> Any:
         return insert(table)
+
+    def list_elements(self, values: sa.ColumnElement[Any]) -> Any:
+        return sa.func.unnest(values).table_valued("value").render_derived()
+
+    def list_length(self, values: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
+        return sa.func.cardinality(values, type_=sa.Integer)
+
+    def aggregate_list(self, values: sa.Select[Any]) -> sa.ColumnElement[Any]:
+        # ARRAY(subquery): the subquery's rows, in its order, as an array.
+        return sa.func.array(values.scalar_subquery(), type_=ARRAY(sa.BigInteger))
 
     def search_matches(self, text: str) -> sa.ColumnElement[bool]:
         """Every part of ``text`` (split at non-alphanumerics, as the index was) must occur.

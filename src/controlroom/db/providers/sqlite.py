@@ -50,6 +50,22 @@ class SQLiteProvider(OnConflictProvider):
     def insert(self, table: sa.Table) -> Any:
         return insert(table)
 
+    def list_elements(self, values: sa.ColumnElement[Any]) -> Any:
+        return sa.func.json_each(values).table_valued("value")
+
+    def list_length(self, values: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
+        return sa.func.json_array_length(values, type_=sa.Integer)
+
+    def aggregate_list(self, values: sa.Select[Any]) -> sa.ColumnElement[Any]:
+        # json_group_array takes the rows in the order the subquery yields them.
+        ordered = values.subquery()
+        column = next(iter(ordered.c))
+        return (
+            sa.select(sa.func.json_group_array(column, type_=sa.JSON))
+            .select_from(ordered)
+            .scalar_subquery()
+        )
+
     def search_matches(self, text: str) -> sa.ColumnElement[bool]:
         query = fts_query(text)
         if not query:

@@ -33,7 +33,11 @@ from controlroom.db.tables import (
     known_endpoints,
 )
 from controlroom.errors.ingest.fold import FoldedMessage, fold_attempts, unique_endpoints
-from controlroom.errors.ingest.upsert import PAYLOAD_COLUMNS, upsert_failed_messages
+from controlroom.errors.ingest.upsert import (
+    PAYLOAD_COLUMNS,
+    counted_failure_times,
+    upsert_failed_messages,
+)
 from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
 
 log = logging.getLogger(__name__)
@@ -134,7 +138,8 @@ class FailedMessageBatchWriter:
         folded: Sequence[FoldedMessage],
         stored: Sequence[sa.Row[Any]],
     ) -> None:
-        """Step 2: messages whose stored attempt is now this batch's get its groups."""
+        """Step 2: messages whose stored attempt is now this batch's get its groups (a row
+        the upsert skipped, bringing nothing new, is not in ``stored``)."""
         stored_attempt = {row.id: row.last_failure_at for row in stored}
         winners = [
             message
@@ -196,6 +201,7 @@ def failed_message_row(message: FoldedMessage, now: datetime) -> dict[str, Any]:
         "status_changed_at": now,
         "last_modified": now,
         "number_of_processing_attempts": message.attempt_count,
+        "counted_failure_times": counted_failure_times(message.failure_times),
         "first_failure_at": message.first_failure_at,
         "last_failure_at": message.last_failure_at,
         "body_size": placement.size,
