@@ -2,8 +2,9 @@
 
 Source: DESIGN.md "Data model". The stored source of truth of a failed message is
 ``headers_json`` plus its body; every other column is a derived extraction for indexing.
-Provider-specific search objects (PostgreSQL ``tsvector``, SQLite FTS5) are created in
-the migrations with raw SQL and are not modelled here.
+``failed_messages.search_vector`` holds the message's search terms (computed by
+``errors.ingest.search_terms``): a ``tsvector`` on PostgreSQL, their text on SQLite; its
+GIN index and the SQLite FTS5 table over it are created in the migrations with raw SQL.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import enum
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from controlroom.db.types import UtcDateTime
+from controlroom.db.types import SearchTermsText, SearchTermsVector, UtcDateTime
 
 metadata = sa.MetaData(
     naming_convention={
@@ -79,6 +80,13 @@ failed_messages = sa.Table(
     sa.Column("body_text", sa.Text, comment="inline text, or the searchable prefix"),
     sa.Column("body_stored_externally", sa.Boolean, nullable=False),
     sa.Column("body_key", sa.String(200), comment="key in the body store"),
+    # NULL only for rows stored before migration 0009 until their terms are written
+    # (errors.ingest.search_backfill); ix_failed_messages_search_pending finds those.
+    sa.Column(
+        "search_vector",
+        SearchTermsText().with_variant(SearchTermsVector(), "postgresql"),
+        comment="the search terms of headers and body text",
+    ),
     sa.Index("ix_failed_messages_status_last_modified", "status", "last_modified"),
     sa.Index("ix_failed_messages_queue_address", "queue_address"),
     sa.Index("ix_failed_messages_receiving_endpoint", "receiving_endpoint"),
@@ -88,6 +96,12 @@ failed_messages = sa.Table(
         "status_changed_at",
         sqlite_where=sa.text("status IN (2, 4)"),
         postgresql_where=sa.text("status IN (2, 4)"),
+    ),
+    sa.Index(
+        "ix_failed_messages_search_pending",
+        "id",
+        sqlite_where=sa.text("search_vector IS NULL"),
+        postgresql_where=sa.text("search_vector IS NULL"),
     ),
 )
 

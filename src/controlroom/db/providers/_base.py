@@ -105,10 +105,11 @@ class Provider(ABC):
         store, in the select's order."""
 
     @abstractmethod
-    def search_matches(self, text: str) -> sa.ColumnElement[bool]:
-        """True for failed messages whose headers or body text contain the user's
-        ``text``, answered from the provider's full-text index; the text is only ever a
-        bound parameter read literally. An empty ``text`` matches nothing."""
+    def search_matches(self, terms: Sequence[str]) -> sa.ColumnElement[bool]:
+        """True for failed messages whose search terms (``failed_messages.search_vector``)
+        hold every one of ``terms`` (``errors.ingest.search_terms``), answered from the
+        provider's full-text index; each term is only ever a bound parameter, read as a
+        whole. No ``terms`` match nothing."""
 
     def prepare_search(self, conn: sa.Connection) -> None:  # noqa: B027 - optional hook
         """Settings for the search statements of ``conn``'s current transaction."""

@@ -1,28 +1,25 @@
 """PostgreSQL, the production provider: psycopg 3, ``INSERT ... ON CONFLICT``.
 
-Full-text search through the ``search_vector`` column and its GIN index (migration
-0001); leases as session-level advisory locks; SQLSTATE classification of errors
-(DESIGN.md "Stores", "Transient failures").
+Full-text search through the ``search_vector`` column (the terms the process computed,
+as a ``tsvector``) and its GIN index (migration 0009); leases as session-level advisory
+locks; SQLSTATE classification of errors (DESIGN.md "Stores", "Transient failures").
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import psycopg
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY, REGCONFIG, TSVECTOR, insert
+from sqlalchemy.dialects.postgresql import ARRAY, TSQUERY, TSVECTOR, insert
 
 from controlroom.db.leases import lease_key
 from controlroom.db.providers._base import Lease, OnConflictProvider
 from controlroom.exceptions import ErrorKind
 
 log = logging.getLogger(__name__)
-
-# Must equal the configuration and the split pattern of migration 0001's search_vector.
-TEXT_SEARCH_CONFIG = "simple"
-SPLIT_PATTERN = "[^[:alnum:]]+"
 
 # Memory for a search's bitmap of matching rows: at the default 4 MB, a term in 285,000
 # of 1,000,000 rows made the bitmap lossy, and every row of a lossy page is rechecked
@@ -39,6 +36,12 @@ _TRANSIENT_SQLSTATE_CODES = {"55P03", "57014"}
 # Data exceptions (value too long, bad encoding, NUL) and program limits the input hit
 # (a tsvector over 1 MB): the input is at fault, not the store.
 _DATA_SQLSTATE_PREFIXES = ("22", "54")
+
+
+def _term_query(term: str) -> sa.ColumnElement[Any]:
+    """The ``tsquery`` of the one lexeme ``term``, quoted by the server."""
+    lexeme = sa.func.array_to_tsvector(sa.literal([term], ARRAY(sa.Text)))
+    return sa.cast(sa.cast(lexeme, sa.Text), TSQUERY)
 
 
 class AdvisoryLockLease:
@@ -119,20 +122,20 @@ class PostgreSQLProvider(OnConflictProvider):
         # ARRAY(subquery): the subquery's rows, in its order, as an array.
         return sa.func.array(values.scalar_subquery(), type_=ARRAY(sa.BigInteger))
 
-    def search_matches(self, text: str) -> sa.ColumnElement[bool]:
-        """Every part of ``text`` (split at non-alphanumerics, as the index was) must occur.
-
-        Migration 0001 indexes headers and body text as written and with every run of
-        non-alphanumeric characters replaced by a space. The query asks for the parts
-        (``plainto_tsquery``: ANDed, read as plain words, a bound parameter), so a dotted
-        name is found whole and by any part. Not a phrase: a phrase makes PostgreSQL
-        recheck every candidate against its detoasted vector (seconds for a common term,
-        ``benchmarks/query.py``); the parts alone are answered from the GIN index.
-        """
-        # Split in SQL, with the index's own pattern, so "alphanumeric" means the same.
-        without_nul = text.replace("\x00", " ")  # text cannot hold NUL; changes no term
-        parts = sa.func.regexp_replace(sa.literal(without_nul, sa.Text), SPLIT_PATTERN, " ", "g")
-        query = sa.func.plainto_tsquery(sa.cast(TEXT_SEARCH_CONFIG, REGCONFIG), parts)
+    def search_matches(self, terms: Sequence[str]) -> sa.ColumnElement[bool]:
+        """``search_vector @@ (t1 && t2 && ...)``, each ``t`` the ``tsquery`` of one bound
+        term. The server quotes it: a one-lexeme ``tsvector`` (``array_to_tsvector``, no
+        parser) printed as text is that lexeme in ``tsquery`` input form, so no term is
+        ever read as ``tsquery`` syntax (``&``, ``|``, ``!``, ``:*``, quotes, backslashes).
+        Only the terms: a phrase would make PostgreSQL recheck every candidate against
+        its detoasted vector (``benchmarks/query.py``); terms alone are answered from the
+        GIN index."""
+        if not terms:
+            return sa.false()
+        queries = [_term_query(term) for term in terms]
+        query = queries[0]
+        for other in queries[1:]:
+            query = query.op("&&", return_type=TSQUERY)(other)
         return _SEARCH_VECTOR.bool_op("@@")(query)
 
     def prepare_search(self, conn: sa.Connection) -> None:

@@ -2,12 +2,14 @@
 
 ``INSERT ... ON CONFLICT`` inside ``BEGIN IMMEDIATE`` write transactions, WAL, a busy
 timeout, foreign keys on (DESIGN.md "Stores"); full-text search through the FTS5
-external-content table ``failed_messages_fts`` (migration 0001); leases as rows.
+external-content table ``failed_messages_fts`` over the terms the process wrote in
+``failed_messages.search_vector`` (migration 0009); leases as rows.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,24 +24,23 @@ from controlroom.exceptions import ErrorKind
 BUSY_TIMEOUT_SECONDS = 30
 _TRANSIENT_MARKERS = ("database is locked", "database is busy", "disk i/o error")
 
-# The FTS table's rowid is failed_messages.rowid (content_rowid in migration 0001).
+FTS_TOKENIZER = "unicode61 remove_diacritics 0 categories 'L* M* N* P* S* Co'"
+"""The tokenizer of ``failed_messages_fts`` (migration 0009): every character of a term
+(letters, marks, digits, punctuation, symbols) is a token character, so the terms the
+process wrote, space separated, are indexed as they are; only white space separates."""
+
+# The FTS table's rowid is failed_messages.rowid (content_rowid in migration 0009).
 _FTS_TABLE = sa.table("failed_messages_fts", sa.column("rowid"))
 _FTS_TABLE_NAME = sa.literal_column("failed_messages_fts")  # MATCH against the whole table
 _ROWID = sa.literal_column("failed_messages.rowid")
 
 
-def fts_query(text: str) -> str:
-    """The FTS5 query for the user's ``text``: each word a quoted phrase, implicitly ANDed.
-
-    FTS5's ``unicode61`` tokenizer splits at every character that is not a letter or
-    digit, so ``System.InvalidOperationException`` is indexed as two adjacent terms; as a
-    quoted phrase it is found whole, and a part alone is found too. Inside a quoted phrase
-    FTS5 reads nothing as syntax (``AND``, ``NEAR``, ``*``, ``^``, ``col:``, parentheses);
-    the only special character, ``"``, is doubled. Words are split at whitespace (NUL
-    counts as whitespace). Empty when ``text`` has no word.
-    """
-    words = text.replace("\x00", " ").split()
-    return " ".join('"' + word.replace('"', '""') + '"' for word in words)
+def fts_query(terms: Sequence[str]) -> str:
+    """The FTS5 query asking for every one of ``terms``: each a quoted string (inside
+    quotes FTS5 reads nothing as syntax: ``AND``, ``NEAR``, ``*``, ``^``, ``col:``,
+    parentheses; the only special character, ``"``, is doubled), implicitly ANDed. The
+    index's tokenizer keeps each term whole (``FTS_TOKENIZER``), so each is one token."""
+    return " ".join('"' + term.replace('"', '""') + '"' for term in terms)
 
 
 class SQLiteProvider(OnConflictProvider):
@@ -66,8 +67,8 @@ class SQLiteProvider(OnConflictProvider):
             .scalar_subquery()
         )
 
-    def search_matches(self, text: str) -> sa.ColumnElement[bool]:
-        query = fts_query(text)
+    def search_matches(self, terms: Sequence[str]) -> sa.ColumnElement[bool]:
+        query = fts_query(terms)
         if not query:
             return sa.false()  # FTS5 refuses an empty query string
         hits = sa.select(_FTS_TABLE.c.rowid).where(

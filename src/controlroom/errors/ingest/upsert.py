@@ -89,6 +89,7 @@ PAYLOAD_COLUMNS: tuple[str, ...] = (
     "body_text",
     "body_stored_externally",
     "body_key",
+    "search_vector",  # the terms of the headers and body text above
 )
 
 

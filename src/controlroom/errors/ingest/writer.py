@@ -33,6 +33,7 @@ from controlroom.db.tables import (
     known_endpoints,
 )
 from controlroom.errors.ingest.fold import FoldedMessage, fold_attempts, unique_endpoints
+from controlroom.errors.ingest.search_terms import message_search_terms
 from controlroom.errors.ingest.upsert import (
     PAYLOAD_COLUMNS,
     counted_failure_times,
@@ -111,14 +112,20 @@ class FailedMessageBatchWriter:
         ``controlroom.db.errors.classify_store_error``) or when retrying is stopped.
         """
         folded = fold_attempts(batch.attempts)
-        self._retrying(self._write_once, batch, folded)
+        # Computed once per batch, not per try: the terms are the costly part of a row.
+        terms = [winner_search_terms(message) for message in folded]
+        self._retrying(self._write_once, batch, folded, terms)
 
-    def _write_once(self, batch: IngestionBatch, folded: list[FoldedMessage]) -> None:
+    def _write_once(
+        self, batch: IngestionBatch, folded: list[FoldedMessage], terms: list[list[str]]
+    ) -> None:
         now = self._clock()
         with begin_write(self._engine) as conn:
-            stored = upsert_failed_messages(
-                conn, self._provider, [failed_message_row(message, now) for message in folded]
-            )
+            rows = [
+                failed_message_row(message, now, search_terms)
+                for message, search_terms in zip(folded, terms, strict=True)
+            ]
+            stored = upsert_failed_messages(conn, self._provider, rows)
             self._replace_groups(conn, folded, stored)
             self._provider.insert_rows_if_absent(
                 conn,
@@ -191,8 +198,18 @@ class FailedMessageBatchWriter:
             )
 
 
-def failed_message_row(message: FoldedMessage, now: datetime) -> dict[str, Any]:
-    """The row a folded message would be if it were new (the upsert guards do the rest)."""
+def winner_search_terms(message: FoldedMessage) -> list[str]:
+    """The search terms of the attempt a folded message stores (its headers' values and
+    body text; ``search_terms.message_search_terms``)."""
+    winner = message.winner
+    return message_search_terms(winner.headers, winner.body_placement.text)
+
+
+def failed_message_row(
+    message: FoldedMessage, now: datetime, search_terms: list[str] | None = None
+) -> dict[str, Any]:
+    """The row a folded message would be if it were new (the upsert guards do the rest);
+    ``search_terms`` defaults to ``winner_search_terms(message)``."""
     winner = message.winner
     placement = winner.body_placement
     row: dict[str, Any] = {
@@ -207,6 +224,9 @@ def failed_message_row(message: FoldedMessage, now: datetime) -> dict[str, Any]:
         "body_size": placement.size,
         "body_text": placement.text,
         "body_stored_externally": placement.external,
+        "search_vector": (
+            search_terms if search_terms is not None else winner_search_terms(message)
+        ),
     }
     for name in PAYLOAD_COLUMNS:
         if name not in row:

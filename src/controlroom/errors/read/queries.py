@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
+from controlroom.errors.ingest.search_terms import query_search_terms
 from controlroom.errors.model import FailureGroup
 
 fm = failed_messages.c
@@ -343,7 +344,8 @@ def search_failed_messages(
     order: Ordering = Ordering(),
 ) -> SearchPage:
     """Failed messages whose headers or body text contain ``text`` (the provider's
-    full-text index; see ``errors.search``), or whose message id is ``text``, or whose id
+    full-text index over the terms of ``errors.ingest.search_terms``: every term of
+    ``text`` must occur), or whose message id is ``text``, or whose id
     (UniqueMessageId) is ``text`` when it is a UUID; in ``order``, with the total.
 
     Raises ``ValueError`` for a negative ``offset`` or a ``limit`` below 1.
@@ -396,7 +398,7 @@ def search_condition(dialect: sa.Dialect, text: str) -> sa.ColumnElement[bool]:
     is found by its id even where its headers are longer than the indexed prefix.
     """
     stripped = text.strip().replace("\x00", "")
-    alternatives = [provider_for(dialect).search_matches(text)]
+    alternatives = [provider_for(dialect).search_matches(query_search_terms(text))]
     if stripped:
         alternatives.append(fm.message_id == stripped)
         unique_id = _as_uuid(stripped)
