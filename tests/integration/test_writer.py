@@ -313,3 +313,29 @@ def test_the_row_keeps_the_most_recent_counted_times_and_past_them_the_seed_rule
     assert stored_row(engine)["number_of_processing_attempts"] == 42
     writer.write(IngestionBatch(attempts=[attempt(0, at(101)), attempt(0, at(139))]))
     assert stored_row(engine)["number_of_processing_attempts"] == 42
+
+
+def test_group_rows_of_a_batch_are_one_statement_of_a_fixed_text(engine: sa.Engine) -> None:
+    statements: list[tuple[str, bool]] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        if "failed_message_groups" in statement.split("(")[0].lower():
+            statements.append((statement, executemany))
+
+    writer = FailedMessageBatchWriter(engine)
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        writer.write(IngestionBatch(attempts=[attempt(n, at(n)) for n in range(3)]))
+        writer.write(IngestionBatch(attempts=[attempt(n, at(1000 + n)) for n in range(173)]))
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+
+    # Per batch: one DELETE of the winners' old rows, one INSERT of every new row, the
+    # same two texts for 3 messages and for 173.
+    assert [executemany for _, executemany in statements] == [False] * 4
+    assert statements[0][0] == statements[2][0] and statements[1][0] == statements[3][0]
+    with engine.connect() as conn:
+        assert (
+            conn.execute(sa.select(sa.func.count()).select_from(failed_message_groups)).scalar_one()
+            == 173
+        )

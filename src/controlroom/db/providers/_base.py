@@ -90,6 +90,23 @@ class Provider(ABC):
         """``INSERT`` into ``table`` that leaves rows whose ``key`` exists untouched."""
 
     @abstractmethod
+    def insert_rows_in_one_statement(
+        self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]
+    ) -> None:
+        """Insert ``rows`` (dicts of the same columns) into ``table`` in one statement
+        whose text is the same whatever the number of rows, so the driver and the server
+        can prepare it once: the rows travel as a few bound values (one per column, or
+        one in all), not as one parameter per value. Values must be text, integers or
+        ``None``."""
+
+    @abstractmethod
+    def is_one_of(
+        self, column: sa.ColumnElement[Any], values: Sequence[Any]
+    ) -> sa.ColumnElement[bool]:
+        """``column`` equals one of ``values``, with ``values`` bound as one parameter
+        (a statement of one text for any number of values, with no limit on them)."""
+
+    @abstractmethod
     def list_elements(self, values: sa.ColumnElement[Any]) -> Any:
         """The elements of the stored list ``values`` (a list column, or the incoming
         row's) as a table-valued ``FROM`` with one column, ``value``; each call is a new

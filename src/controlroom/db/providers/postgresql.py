@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY, TSQUERY, TSVECTOR, insert
 
 from controlroom.db.leases import lease_key
-from controlroom.db.providers._base import Lease, OnConflictProvider
+from controlroom.db.providers._base import Lease, OnConflictProvider, Row
 from controlroom.exceptions import ErrorKind
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,23 @@ class PostgreSQLProvider(OnConflictProvider):
 
     def insert(self, table: sa.Table) -> Any:
         return insert(table)
+
+    def insert_rows_in_one_statement(
+        self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]
+    ) -> None:
+        # INSERT ... SELECT * FROM unnest(:a, :b, ...): one array per column.
+        if not rows:
+            return
+        names = list(rows[0])
+        arrays = [sa.bindparam(f"{name}_values", type_=ARRAY(table.c[name].type)) for name in names]
+        each = sa.func.unnest(*arrays).table_valued(*names).render_derived()
+        statement = sa.insert(table).from_select(names, sa.select(*(each.c[n] for n in names)))
+        conn.execute(statement, {f"{n}_values": [row[n] for row in rows] for n in names})
+
+    def is_one_of(
+        self, column: sa.ColumnElement[Any], values: Sequence[Any]
+    ) -> sa.ColumnElement[bool]:
+        return column == sa.any_(sa.literal(list(values), ARRAY(column.type)))
 
     def list_elements(self, values: sa.ColumnElement[Any]) -> Any:
         return sa.func.unnest(values).table_valued("value").render_derived()

@@ -8,6 +8,7 @@ external-content table ``failed_messages_fts`` over the terms the process wrote 
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.sqlite import insert
 
 from controlroom.db.leases import LeaseRow
-from controlroom.db.providers._base import Lease, OnConflictProvider
+from controlroom.db.providers._base import Lease, OnConflictProvider, Row
 from controlroom.db.transactions import WRITE_OPTION
 from controlroom.exceptions import ErrorKind
 
@@ -50,6 +51,30 @@ class SQLiteProvider(OnConflictProvider):
 
     def insert(self, table: sa.Table) -> Any:
         return insert(table)
+
+    def insert_rows_in_one_statement(
+        self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]
+    ) -> None:
+        # INSERT ... SELECT json_extract(value, '$[i]') ... FROM json_each(:rows): the
+        # rows as one JSON array of arrays.
+        if not rows:
+            return
+        names = list(rows[0])
+        each = sa.func.json_each(sa.bindparam("rows", type_=sa.Text)).table_valued("value")
+        values = [
+            sa.func.json_extract(each.c.value, sa.literal_column(f"'$[{index}]'"))
+            for index in range(len(names))
+        ]
+        statement = sa.insert(table).from_select(names, sa.select(*values))
+        conn.execute(statement, {"rows": json.dumps([[row[n] for n in names] for row in rows])})
+
+    def is_one_of(
+        self, column: sa.ColumnElement[Any], values: Sequence[Any]
+    ) -> sa.ColumnElement[bool]:
+        each = sa.func.json_each(sa.literal(json.dumps(list(values)), sa.Text)).table_valued(
+            "value"
+        )
+        return column.in_(sa.select(each.c.value))
 
     def list_elements(self, values: sa.ColumnElement[Any]) -> Any:
         return sa.func.json_each(values).table_valued("value")

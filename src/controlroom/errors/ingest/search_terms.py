@@ -15,7 +15,7 @@ backtick). Each token gives
 - the token *as written*, without leading and trailing punctuation, when it has more than
   one part (``system.invalidoperationexception``),
 
-each lower-cased. A search asks for the parts of every word of the user's text, so
+all of it lower-cased first. A search asks for the parts of every word of the user's text, so
 ``System.InvalidOperationException``, ``InvalidOperationException``, a message id and
 ``{guid}\\16389`` are each found, whole or by any part, and nothing in the user's text is
 ever read as syntax: terms are only ever bound values.
@@ -36,7 +36,7 @@ searchability of what lies past it is.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 
 MAX_TEXT_CHARS = 100_000
 """Characters read from the header values (together), and as many from the body text."""
@@ -57,50 +57,35 @@ _PART = re.compile(r"[^\W_]+")
 _TRIMMED = re.compile(r"[^\W_](?:.*[^\W_])?", re.DOTALL)
 
 
-def _token_terms(text: str) -> Iterator[str]:
-    """Every term of ``text`` in order of occurrence, duplicates included."""
-    for match in _TOKEN.finditer(text):
-        token = match.group()
+def _add_terms(text: str, terms: dict[str, None]) -> None:
+    """Add the terms of ``text`` to ``terms`` in order of occurrence."""
+    for token in _TOKEN.findall(text.lower()):
+        if token.isalnum():  # one part, nothing around it: the common case, made cheap
+            terms[token[:MAX_TERM_CHARS]] = None
+            continue
         parts = _PART.findall(token)
         if len(parts) > 1:
             trimmed = _TRIMMED.search(token)
             if trimmed is not None:
-                yield trimmed.group()[:MAX_TERM_CHARS].lower()
+                terms[trimmed.group()[:MAX_TERM_CHARS]] = None
         for part in parts:
-            yield part[:MAX_TERM_CHARS].lower()
-
-
-def _bounded(texts: Iterable[str], budget: int) -> Iterator[str]:
-    """``texts`` one after the other, cut off once ``budget`` characters were read."""
-    for text in texts:
-        if budget <= 0:
-            return
-        yield text[:budget]
-        budget -= len(text)
+            terms[part[:MAX_TERM_CHARS]] = None
 
 
 def message_search_terms(headers: Mapping[str, str | None], body_text: str | None) -> list[str]:
     """The search terms of a failed message with ``headers`` and ``body_text`` (``None``
     for a body without text): distinct, lower-cased, non-empty, at most ``MAX_TERMS`` of
     at most ``MAX_TERM_CHARS`` characters each, in order of first occurrence."""
-    values = (value for value in headers.values() if value)
-    sources = [*_bounded(values, MAX_TEXT_CHARS)]
-    if body_text:
-        sources.append(body_text[:MAX_TEXT_CHARS])
     terms: dict[str, None] = {}
-    for source in sources:
-        for term in _token_terms(source):
-            terms.setdefault(term)
-            if len(terms) >= MAX_TERMS:
-                return list(terms)
-    return list(terms)
+    values = "\n".join(value for value in headers.values() if value)
+    _add_terms(values[:MAX_TEXT_CHARS], terms)
+    if body_text and len(terms) < MAX_TERMS:
+        _add_terms(body_text[:MAX_TEXT_CHARS], terms)
+    return list(terms)[:MAX_TERMS]
 
 
 def query_search_terms(text: str) -> list[str]:
     """The terms a search for the user's ``text`` requires, every one of them: the parts
     of its words, lower-cased and cut as the index cuts them, distinct, in order. Empty
     when ``text`` has no letter or digit (such a search matches nothing by its terms)."""
-    terms: dict[str, None] = {}
-    for part in _PART.findall(text):
-        terms.setdefault(part[:MAX_TERM_CHARS].lower())
-    return list(terms)
+    return list(dict.fromkeys(part[:MAX_TERM_CHARS] for part in _PART.findall(text.lower())))

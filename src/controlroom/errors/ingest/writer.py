@@ -155,13 +155,15 @@ class FailedMessageBatchWriter:
         ]
         if not winners:
             return
-        ids = [message.unique_message_id for message in winners]
-        for id_chunk in chunked(ids, self._provider.max_ids_per_in_list):
-            conn.execute(
-                sa.delete(failed_message_groups).where(
-                    failed_message_groups.c.failed_message_id.in_(id_chunk)
+        # Two statements of a fixed text whatever the number of rows (prepared once).
+        conn.execute(
+            sa.delete(failed_message_groups).where(
+                self._provider.is_one_of(
+                    failed_message_groups.c.failed_message_id,
+                    [message.unique_message_id for message in winners],
                 )
             )
+        )
         group_rows = [
             {
                 "failed_message_id": message.unique_message_id,
@@ -172,8 +174,7 @@ class FailedMessageBatchWriter:
             for message in winners
             for group in message.winner.groups
         ]
-        if group_rows:
-            conn.execute(sa.insert(failed_message_groups), group_rows)
+        self._provider.insert_rows_in_one_statement(conn, failed_message_groups, group_rows)
 
     def _resolve_confirmed_retries(
         self, conn: sa.Connection, unique_message_ids: Sequence[str], now: datetime
