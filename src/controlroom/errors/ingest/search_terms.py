@@ -6,16 +6,16 @@ indexes them. One function for both sides, so the index and the query cannot dis
 
 What is indexed: the *values* of the headers (not their names, which every message
 shares) and ``body_text`` (the inline text, or the searchable prefix of an external
-body). The text is cut into tokens at white space, control characters and the
-characters that delimit rather than join (quotes, brackets, braces, ``,;=|<>`` and the
-backtick). Each token gives
+body). The text, lower-cased, is cut into tokens at white space, control characters,
+lone surrogates and the characters that delimit rather than join (quotes, brackets,
+braces, ``,;=|<>`` and the backtick). Each token gives
 
 - its *parts*: the runs of letters and digits (``[^\\W_]``: ``_`` and punctuation separate
   parts, as they did for the server-side index this replaces), and
 - the token *as written*, without leading and trailing punctuation, when it has more than
-  one part (``system.invalidoperationexception``),
+  one part (``system.invalidoperationexception``).
 
-all of it lower-cased first. A search asks for the parts of every word of the user's text, so
+A search asks for the parts of every word of the user's text, so
 ``System.InvalidOperationException``, ``InvalidOperationException``, a message id and
 ``{guid}\\16389`` are each found, whole or by any part, and nothing in the user's text is
 ever read as syntax: terms are only ever bound values.
@@ -27,7 +27,8 @@ amount and a huge body never stalls ingestion:
   from the body text;
 - a term keeps its first ``MAX_TERM_CHARS`` characters (a longer query word is cut the
   same way, so it still finds it);
-- at most ``MAX_TERMS`` distinct terms, header values first, in the order they occur.
+- at most ``MAX_TERMS`` distinct terms: the header values' first (their parts, then
+  their tokens as written), then the body text's.
 
 Beyond a bound nothing stored is lost (the headers and the body stay whole); only the
 searchability of what lies past it is.
@@ -48,34 +49,37 @@ MAX_TERMS = 3_000
 """Distinct terms per message. With ``MAX_TERM_CHARS`` (at most 4 UTF-8 bytes a
 character) a message's terms stay under PostgreSQL's 1 MB limit of a ``tsvector``."""
 
-# A token: a run of anything but white space, control characters, delimiters and lone
+# Characters that end a token: white space, control characters, delimiters and lone
 # surrogates (which no database can store; parsing keeps them in headers_json only).
-_TOKEN = re.compile(r"[^\s\x00-\x1f\x7f\"'()\[\]{}<>,;=|`\ud800-\udfff]+")
+_SEPARATORS = r"\s\x00-\x1f\x7f\"'()\[\]{}<>,;=|`\ud800-\udfff"
 # A part: a run of letters and digits (Unicode), underscore excluded.
 _PART = re.compile(r"[^\W_]+")
-# A token as written, from its first to its last letter or digit.
-_TRIMMED = re.compile(r"[^\W_](?:.*[^\W_])?", re.DOTALL)
+# A token as written, from its first to its last letter or digit, when it has more than
+# one part: parts joined by runs of what is neither a part nor a separator. Found
+# directly; the look-behind and the possessive quantifiers keep it linear in the text.
+_COMPOUND = re.compile(rf"(?<![^\W_])[^\W_]++(?:(?:[^\w{_SEPARATORS}]|_)++[^\W_]++)+")
+
+
+def _cut(terms: list[str]) -> list[str]:
+    if terms and max(map(len, terms)) > MAX_TERM_CHARS:
+        return [term[:MAX_TERM_CHARS] for term in terms]
+    return terms
 
 
 def _add_terms(text: str, terms: dict[str, None]) -> None:
-    """Add the terms of ``text`` to ``terms`` in order of occurrence."""
-    for token in _TOKEN.findall(text.lower()):
-        if token.isalnum():  # one part, nothing around it: the common case, made cheap
-            terms[token[:MAX_TERM_CHARS]] = None
-            continue
-        parts = _PART.findall(token)
-        if len(parts) > 1:
-            trimmed = _TRIMMED.search(token)
-            if trimmed is not None:
-                terms[trimmed.group()[:MAX_TERM_CHARS]] = None
-        for part in parts:
-            terms[part[:MAX_TERM_CHARS]] = None
+    """Add the terms of ``text`` to ``terms``: its parts in order of occurrence, then its
+    tokens as written. Two passes of a regular expression over the whole text, none per
+    token: about 0.12 ms of CPU for a message of 3 KB of headers and a 1 KB body."""
+    lowered = text.lower()
+    terms.update(dict.fromkeys(_cut(_PART.findall(lowered))))
+    terms.update(dict.fromkeys(_cut(_COMPOUND.findall(lowered))))
 
 
 def message_search_terms(headers: Mapping[str, str | None], body_text: str | None) -> list[str]:
     """The search terms of a failed message with ``headers`` and ``body_text`` (``None``
     for a body without text): distinct, lower-cased, non-empty, at most ``MAX_TERMS`` of
-    at most ``MAX_TERM_CHARS`` characters each, in order of first occurrence."""
+    at most ``MAX_TERM_CHARS`` characters each; the header values' parts, then their
+    tokens as written, then the body text's likewise, each in order of occurrence."""
     terms: dict[str, None] = {}
     values = "\n".join(value for value in headers.values() if value)
     _add_terms(values[:MAX_TEXT_CHARS], terms)
