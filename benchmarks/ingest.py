@@ -28,8 +28,8 @@ What it does (see ``benchmarks/README.md`` for how to read the figures):
      database migrated to 0004 only: the server computes the generated ``tsvector``, the
      writer is the one before migration 0009 (``benchmarks/previous_write_path.py``).
 
-   Each run reports wall time, this process's CPU and the PostgreSQL processes' CPU (read
-   from ``/proc``: meaningful when the server runs on this machine).
+   Each run reports wall time, this process's CPU and the CPU of the PostgreSQL backends
+   serving its connections (read from ``/proc``: the server must run on this machine).
 
 4. Prints the environment, a table of messages/s with ratios, and the issue-15 ratios
    (write path / previous schema's, with search / without), then drops the databases.
@@ -596,33 +596,44 @@ class Result:
     cache: Counter[str] = field(default_factory=Counter)
     cursor_seconds: float = 0.0  # inside cursor calls (all threads); 0 when not via SQLAlchemy
     cpu_seconds: float = 0.0  # CPU time of this (client) process, all threads
-    server_cpu_seconds: float = 0.0  # CPU time of the postgres processes (/proc)
+    server_cpu_seconds: float = 0.0  # CPU time of this run's PostgreSQL backends (/proc)
 
     @property
     def per_second(self) -> float:
         return self.messages / self.seconds
 
 
-def postgresql_cpu_seconds() -> float:
-    """CPU seconds (user + system) of every ``postgres`` process on this machine, from
-    ``/proc``: the server's work, comparable across runs when wall time is noisy. Only
-    meaningful when the server runs here; 0 when no such process is visible."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as file:
-                stat = file.read()
-        except OSError:  # the process ended meanwhile
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if name != "postgres":
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
-    return total / ticks
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` from ``/proc``; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
+            stat = file.read()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+class ServerBackends:
+    """The PostgreSQL backend processes serving ``engine``'s connections (their pids, from
+    ``pg_backend_pid()`` as each connection opens), and their CPU time: the server's work
+    for this benchmark alone, even on a server other sessions use at the same time (a sum
+    over every ``postgres`` process would count theirs). Background processes (WAL
+    writer, checkpointer) are not included. Needs the server on this machine."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self._pids: set[int] = set()
+        sa.event.listen(engine, "connect", self._on_connect)
+
+    def _on_connect(self, dbapi_connection: Any, _record: Any) -> None:
+        self._pids.add(dbapi_connection.info.backend_pid)
+
+    def cpu_seconds(self) -> dict[int, float]:
+        return {pid: process_cpu_seconds(pid) for pid in self._pids}
+
+    def since(self, before: dict[int, float]) -> float:
+        now = self.cpu_seconds()
+        return sum(seconds - before.get(pid, 0.0) for pid, seconds in now.items())
 
 
 def empty_tables(engine: sa.Engine) -> None:
@@ -658,6 +669,7 @@ class Instruments:
     threads. Compilation happens before the cursor call, so it is not in that time."""
 
     def __init__(self, engine: sa.Engine) -> None:
+        self.backends = ServerBackends(engine)
         self.cache: Counter[str] = Counter()
         self.cursor_seconds = 0.0
         self.active = False
@@ -716,13 +728,13 @@ def measure(
     instruments.reset()
     instruments.active = True
     try:
-        server_started = postgresql_cpu_seconds()
+        server_started = instruments.backends.cpu_seconds()
         cpu_started = time.process_time()
         started = time.perf_counter()
         run()
         seconds = time.perf_counter() - started
         cpu_seconds = time.process_time() - cpu_started
-        server_cpu_seconds = postgresql_cpu_seconds() - server_started
+        server_cpu_seconds = instruments.backends.since(server_started)
     finally:
         instruments.active = False
         gc.enable()
@@ -1061,6 +1073,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "as migrated: 7 b-tree indexes + tsvector column written by the process + GIN "
                 f"index; the baseline on a second database migrated to {PREVIOUS_REVISION}"
             )
+            engine.dispose()  # every connection from here on is one ServerBackends sees
             instruments = Instruments(engine)
             for name, run, warm_up, messages_in_run, note in runs:
                 with console.status(name):
@@ -1094,6 +1107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine = create_store_engine(url, pool_size=max(2, concurrent))
         try:
             upgrade_database(engine, PREVIOUS_REVISION)
+            engine.dispose()  # every connection from here on is one ServerBackends sees
             instruments = Instruments(engine)
             for name, run, warm_up, messages_in_run, note in previous_runs:
                 with console.status(name):
