@@ -20,10 +20,19 @@ What it does (see ``benchmarks/README.md`` for how to read the figures):
      over the first ``--naive-messages`` (default 5,000) messages only: its rate is per
      message and flat, and the whole set would take minutes;
    * **ceiling**: psycopg 3 ``COPY failed_messages (...) FROM STDIN`` of the same final
-     rows (one per UniqueMessageId, folded beforehand), with every index and the generated
-     ``tsvector`` column in place.
+     rows (one per UniqueMessageId, folded beforehand, with their search terms), with
+     every index in place;
+   * **without search (probe)**: the write path with no terms computed and the GIN index
+     dropped, for what full-text search costs it;
+   * **previous schema's write path** (the baseline of issue 15), on a second scratch
+     database migrated to 0004 only: the server computes the generated ``tsvector``, the
+     writer is the one before migration 0009 (``benchmarks/previous_write_path.py``).
 
-4. Prints the environment and a table of messages/s with ratios, then drops the database.
+   Each run reports wall time, this process's CPU and the CPU of the PostgreSQL backends
+   serving its connections (read from ``/proc``: the server must run on this machine).
+
+4. Prints the environment, a table of messages/s with ratios, and the issue-15 ratios
+   (write path / previous schema's, with search / without), then drops the databases.
 
 Run: ``make bench`` or ``.venv/bin/python benchmarks/ingest.py [--messages N]``.
 Server: ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (an admin URL; the scratch database is created
@@ -52,6 +61,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from previous_write_path import PREVIOUS_REVISION, PreviousWriter
+from query import tsvector_text
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import orm
@@ -66,6 +77,7 @@ from controlroom.db.tables import (
 )
 from controlroom.demo import NSB_RECEIVE_PIPELINE
 from controlroom.errors.ingest import headers as h
+from controlroom.errors.ingest import writer as writer_module
 from controlroom.errors.ingest.fold import FoldedMessage, fold_attempts
 from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.errors.ingest.writer import (
@@ -489,10 +501,15 @@ def ingestion_batch(attempts: Sequence[FailedAttempt]) -> IngestionBatch:
 
 
 def write_path(
-    engine: sa.Engine, attempts: Sequence[FailedAttempt], batch_size: int, threads: int
+    engine: sa.Engine,
+    attempts: Sequence[FailedAttempt],
+    batch_size: int,
+    threads: int,
+    writer_class: Callable[[sa.Engine], Any] = FailedMessageBatchWriter,
 ) -> None:
-    """The Controlroom write path: one ``write`` per batch, ``threads`` batches at once."""
-    writer = FailedMessageBatchWriter(engine)
+    """The Controlroom write path: one ``write`` per batch, ``threads`` batches at once
+    (``writer_class``: the service's writer, or ``PreviousWriter``)."""
+    writer = writer_class(engine)
     batches = [ingestion_batch(batch) for batch in chunks(attempts, batch_size)]
     if threads == 1:
         for batch in batches:
@@ -515,7 +532,9 @@ class NaiveFailedMessage(_NaiveBase):
 
 def naive_row(attempt: FailedAttempt, now: datetime) -> dict[str, Any]:
     """The row of one attempt on its own: count 1, window of one instant."""
-    single = FoldedMessage(attempt, 1, attempt.time_of_failure, attempt.time_of_failure)
+    single = FoldedMessage(
+        attempt, (attempt.time_of_failure,), attempt.time_of_failure, attempt.time_of_failure
+    )
     return failed_message_row(single, now)
 
 
@@ -537,12 +556,14 @@ def copy_rows(attempts: Sequence[FailedAttempt]) -> tuple[list[str], list[tuple[
     rows = [failed_message_row(message, now) for message in fold_attempts(attempts)]
     columns = list(rows[0])
 
-    def value(item: Any) -> Any:
+    def value(name: str, item: Any) -> Any:
         if isinstance(item, datetime):
             return item.astimezone(UTC).replace(tzinfo=None)
+        if name == "search_vector":  # COPY reads a tsvector's text form
+            return tsvector_text(item)
         return item
 
-    return columns, [tuple(value(row[name]) for name in columns) for row in rows]
+    return columns, [tuple(value(name, row[name]) for name in columns) for row in rows]
 
 
 def copy_load(engine: sa.Engine, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> None:
@@ -575,10 +596,44 @@ class Result:
     cache: Counter[str] = field(default_factory=Counter)
     cursor_seconds: float = 0.0  # inside cursor calls (all threads); 0 when not via SQLAlchemy
     cpu_seconds: float = 0.0  # CPU time of this (client) process, all threads
+    server_cpu_seconds: float = 0.0  # CPU time of this run's PostgreSQL backends (/proc)
 
     @property
     def per_second(self) -> float:
         return self.messages / self.seconds
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` from ``/proc``; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
+            stat = file.read()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+class ServerBackends:
+    """The PostgreSQL backend processes serving ``engine``'s connections (their pids, from
+    ``pg_backend_pid()`` as each connection opens), and their CPU time: the server's work
+    for this benchmark alone, even on a server other sessions use at the same time (a sum
+    over every ``postgres`` process would count theirs). Background processes (WAL
+    writer, checkpointer) are not included. Needs the server on this machine."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self._pids: set[int] = set()
+        sa.event.listen(engine, "connect", self._on_connect)
+
+    def _on_connect(self, dbapi_connection: Any, _record: Any) -> None:
+        self._pids.add(dbapi_connection.info.backend_pid)
+
+    def cpu_seconds(self) -> dict[int, float]:
+        return {pid: process_cpu_seconds(pid) for pid in self._pids}
+
+    def since(self, before: dict[int, float]) -> float:
+        now = self.cpu_seconds()
+        return sum(seconds - before.get(pid, 0.0) for pid, seconds in now.items())
 
 
 def empty_tables(engine: sa.Engine) -> None:
@@ -614,6 +669,7 @@ class Instruments:
     threads. Compilation happens before the cursor call, so it is not in that time."""
 
     def __init__(self, engine: sa.Engine) -> None:
+        self.backends = ServerBackends(engine)
         self.cache: Counter[str] = Counter()
         self.cursor_seconds = 0.0
         self.active = False
@@ -672,11 +728,13 @@ def measure(
     instruments.reset()
     instruments.active = True
     try:
+        server_started = instruments.backends.cpu_seconds()
         cpu_started = time.process_time()
         started = time.perf_counter()
         run()
         seconds = time.perf_counter() - started
         cpu_seconds = time.process_time() - cpu_started
+        server_cpu_seconds = instruments.backends.since(server_started)
     finally:
         instruments.active = False
         gc.enable()
@@ -693,6 +751,7 @@ def measure(
         Counter(instruments.cache),
         instruments.cursor_seconds,
         cpu_seconds,
+        server_cpu_seconds,
     )
 
 
@@ -749,12 +808,25 @@ def environment(engine: sa.Engine) -> dict[str, str]:
     }
 
 
-def drop_search_vector(engine: sa.Engine) -> None:
-    """Drop the generated ``tsvector`` column and its GIN index (``--without-search-vector``:
-    shows what full-text search costs each method; never the default)."""
+@contextlib.contextmanager
+def without_search(engine: sa.Engine) -> Iterator[None]:
+    """A probe of what full-text search costs the write path: no terms computed (every
+    row gets an empty ``tsvector``) and no GIN index, for the duration; never the
+    service's configuration."""
     with engine.begin() as conn:
-        conn.exec_driver_sql("DROP INDEX IF EXISTS ix_failed_messages_search_vector")
-        conn.exec_driver_sql("ALTER TABLE failed_messages DROP COLUMN IF EXISTS search_vector")
+        conn.exec_driver_sql("DROP INDEX ix_failed_messages_search_vector")
+    terms = writer_module.winner_search_terms
+    writer_module.winner_search_terms = lambda message: []
+    try:
+        yield
+    finally:
+        writer_module.winner_search_terms = terms
+        with engine.begin() as conn:
+            conn.exec_driver_sql("TRUNCATE failed_messages CASCADE")
+            conn.exec_driver_sql(
+                "CREATE INDEX ix_failed_messages_search_vector ON failed_messages "
+                "USING gin (search_vector) WITH (fastupdate = on)"
+            )
 
 
 # --- report -------------------------------------------------------------------------------
@@ -788,6 +860,8 @@ def report(
         ("x naive", "right"),
         ("of COPY", "right"),
         ("client CPU", "right"),
+        ("PG CPU", "right"),
+        ("ms CPU/msg client, PG", "right"),
         ("in cursor calls", "right"),
         ("rows", "right"),
         ("attempts", "right"),
@@ -806,6 +880,8 @@ def report(
         "",
         "",
         f"{parse_seconds:.1f} s",
+        "",
+        f"{1000 * parse_seconds / messages:.2f}, -",
         *[""] * 5,
     )
     for result in results:
@@ -821,6 +897,9 @@ def report(
             f"{result.per_second / naive.per_second:.2f}x",
             f"{result.per_second / ceiling.per_second:.0%}",
             f"{result.cpu_seconds:.1f} s",
+            f"{result.server_cpu_seconds:.1f} s",
+            f"{1000 * result.cpu_seconds / result.messages:.2f}, "
+            f"{1000 * result.server_cpu_seconds / result.messages:.2f}",
             in_cursor,
             f"{result.rows:,}",
             f"{result.attempts:,}",
@@ -837,12 +916,45 @@ def report(
         "rows, SQL compilation, driver). Client and server share this machine's CPUs; other "
         "load on it (see the load averages) slows every figure."
     )
+    print_ratios(console, results)
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     console.print(f"Load average after the runs: {load} (1, 5, 15 min)")
     for result in results:
         if result.cache:
             outcomes = ", ".join(f"{key} x{count}" for key, count in sorted(result.cache.items()))
             console.print(f"[dim]SQLAlchemy compiled cache, {result.name}: {outcomes}[/]")
+
+
+def _ms(seconds: float, result: Result) -> str:
+    return f"{1000 * seconds / result.messages:.2f}"
+
+
+def print_ratios(console: Console, results: Sequence[Result]) -> None:
+    """The issue-15 figures, as ratios of runs of this one run (rates are noisy on a
+    shared machine; ratios and CPU per message much less)."""
+    by_start = {result.name.split(",")[0]: result for result in results}
+    concurrent = next(
+        r for r in results if r.name.startswith("Controlroom write path") and "at once" in r.name
+    )
+    previous = by_start.get("previous schema's write path")
+    probe = next((r for r in results if "WITHOUT search" in r.name), None)
+    lines = []
+    if previous is not None:
+        lines.append(
+            f"write path / previous schema's write path (both {concurrent.name.split(', ')[1]}): "
+            f"{concurrent.per_second / previous.per_second:.2f}x "
+            f"({concurrent.per_second:,.0f} vs {previous.per_second:,.0f} messages/s); "
+            f"PostgreSQL CPU per message {_ms(concurrent.server_cpu_seconds, concurrent)} vs "
+            f"{_ms(previous.server_cpu_seconds, previous)} ms; client CPU "
+            f"{_ms(concurrent.cpu_seconds, concurrent)} vs {_ms(previous.cpu_seconds, previous)} ms"
+        )
+    if probe is not None:
+        lines.append(
+            "write path with search / without search (probe): "
+            f"{concurrent.per_second / probe.per_second:.2f}x"
+        )
+    for line in lines:
+        console.print(f"[bold]{line}[/]")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -867,12 +979,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "0: all of them)",
     )
     parser.add_argument("--seed", type=int, default=2, help="generator seed (default 2)")
-    parser.add_argument(
-        "--without-search-vector",
-        action="store_true",
-        help="drop the generated tsvector column and its GIN index first (a probe of what "
-        "full-text search costs; not the production schema)",
-    )
     args = parser.parse_args(argv)
     if args.messages < 2 * WARM_UP_MESSAGES:
         parser.error(f"--messages must be at least {2 * WARM_UP_MESSAGES}")
@@ -939,21 +1045,71 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
     ]
 
+    previous_runs: list[tuple[str, Load, Load, int, str]] = [
+        (
+            f"previous schema's write path, {concurrent} batches at once",
+            lambda engine: write_path(engine, attempts, batch_size, concurrent, PreviousWriter),
+            lambda engine: write_path(engine, warm, batch_size, concurrent, PreviousWriter),
+            count,
+            f"baseline: migration {PREVIOUS_REVISION}'s schema (tsvector generated by the "
+            "server) and its writer (benchmarks/previous_write_path.py)",
+        ),
+    ]
+    probe_run: tuple[str, Load, Load, int, str] = (
+        f"write path WITHOUT search, {concurrent} batches at once (probe)",
+        lambda engine: write_path(engine, attempts, batch_size, concurrent),
+        lambda engine: write_path(engine, warm, batch_size, concurrent),
+        count,
+        "no terms computed, empty tsvector, GIN index dropped: what search costs",
+    )
+
     results: list[Result] = []
     with scratch_database(admin_url) as url:
         engine = create_store_engine(url, pool_size=max(2, concurrent))
         try:
             upgrade_database(engine)
-            if args.without_search_vector:
-                drop_search_vector(engine)
             env = environment(engine)
             env["Schema"] = (
-                "migrated, WITHOUT the search tsvector column and its GIN index (probe)"
-                if args.without_search_vector
-                else "as migrated: 7 b-tree indexes + generated tsvector column + GIN index"
+                "as migrated: 7 b-tree indexes + tsvector column written by the process + GIN "
+                f"index; the baseline on a second database migrated to {PREVIOUS_REVISION}"
             )
+            engine.dispose()  # every connection from here on is one ServerBackends sees
             instruments = Instruments(engine)
             for name, run, warm_up, messages_in_run, note in runs:
+                with console.status(name):
+                    results.append(
+                        measure(
+                            name,
+                            engine,
+                            lambda run=run: run(engine),
+                            warm_up=lambda warm_up=warm_up: warm_up(engine),
+                            messages=messages_in_run,
+                            instruments=instruments,
+                            note=note,
+                        )
+                    )
+            with console.status(probe_run[0]), without_search(engine):
+                name, run, warm_up, messages_in_run, note = probe_run
+                results.append(
+                    measure(
+                        name,
+                        engine,
+                        lambda: run(engine),
+                        warm_up=lambda: warm_up(engine),
+                        messages=messages_in_run,
+                        instruments=instruments,
+                        note=note,
+                    )
+                )
+        finally:
+            engine.dispose()
+    with scratch_database(admin_url) as url:
+        engine = create_store_engine(url, pool_size=max(2, concurrent))
+        try:
+            upgrade_database(engine, PREVIOUS_REVISION)
+            engine.dispose()  # every connection from here on is one ServerBackends sees
+            instruments = Instruments(engine)
+            for name, run, warm_up, messages_in_run, note in previous_runs:
                 with console.status(name):
                     results.append(
                         measure(

@@ -97,6 +97,40 @@ def test_migrate_creates_the_schema_in_a_fresh_data_dir(data_dir: Path) -> None:
     assert invoke("migrate")[0] == 0  # idempotent
 
 
+def test_migrate_writes_the_search_terms_of_rows_stored_before_0009(data_dir: Path) -> None:
+    from controlroom.db.migrate import upgrade_database
+    from controlroom.errors.read.queries import search_failed_messages
+
+    engine = create_store_engine(f"sqlite:///{data_dir / 'controlroom.db'}")
+    try:
+        upgrade_database(engine, "0004")
+        with engine.begin() as conn:  # a row as the previous schema stored it
+            conn.exec_driver_sql(
+                "INSERT INTO failed_messages (id, message_id, status, status_changed_at, "
+                "last_modified, number_of_processing_attempts, first_failure_at, "
+                "last_failure_at, is_system_message, queue_address, receiving_endpoint, "
+                "headers_json, content_type, body_size, body_text, body_stored_externally) "
+                "VALUES ('00000000-0000-0000-0000-000000000001', 'm-1', 1, "
+                "'2026-01-01 00:00:00.000000', '2026-01-01 00:00:00.000000', 1, "
+                "'2026-01-01 00:00:00.000000', '2026-01-01 00:00:00.000000', 0, 'Sales', "
+                "'Sales', '{\"Shop.Tenant\":\"blueberry\"}', 'text/plain', 8, "
+                "'zanzibar', 0)"
+            )
+
+        code, output = invoke("migrate")
+
+        assert code == 0, output
+        assert "Writing search terms of stored messages" in output
+        with engine.connect() as conn:
+            for text in ("blueberry", "zanzibar"):
+                page = search_failed_messages(conn, text, offset=0, limit=10)
+                assert [hit.summary.id for hit in page.items] == [
+                    "00000000-0000-0000-0000-000000000001"
+                ]
+    finally:
+        engine.dispose()
+
+
 def test_migrate_reports_an_unreachable_database_in_one_line(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -44,6 +44,10 @@ from controlroom.errors.ingest.reimport import (
     list_failed_import_ids,
     reimport_failed_import,
 )
+from controlroom.errors.ingest.search_backfill import (
+    count_rows_without_search_terms,
+    write_missing_search_terms,
+)
 from controlroom.errors.retention import RetentionSweeper
 from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.exceptions import ConfigurationError, ControlroomError
@@ -111,6 +115,7 @@ def migrate(config: ConfigOption = None) -> None:
         engine = create_store_engine(settings.effective_database_url)
         try:
             upgrade_database(engine)
+            _write_missing_search_terms(engine)
         finally:
             engine.dispose()
     console.print(f"Schema of {_describe_database(settings)} is up to date.")
@@ -249,6 +254,7 @@ async def _serve(settings: Settings) -> int:
     engine = create_store_engine(settings.effective_database_url)
     try:
         upgrade_database(engine)
+        write_missing_search_terms(engine, progress=_log_search_terms_progress)
         transport = create_transport(settings)
         await transport.start()
         try:
@@ -397,6 +403,22 @@ def _progress() -> Progress:
         TimeElapsedColumn(),
         console=console,
     )
+
+
+def _write_missing_search_terms(engine: sa.Engine) -> None:
+    """Search terms for rows stored before migration 0009, with a progress bar."""
+    pending = count_rows_without_search_terms(engine)
+    if not pending:
+        return
+    with _progress() as progress:
+        task = progress.add_task("Writing search terms of stored messages", total=pending)
+        write_missing_search_terms(
+            engine, progress=lambda done, total: progress.update(task, completed=done, total=total)
+        )
+
+
+def _log_search_terms_progress(done: int, total: int) -> None:
+    log.info("search terms written for %d of %d stored failed messages", done, total)
 
 
 async def _publish_demo(

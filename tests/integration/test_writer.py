@@ -14,6 +14,7 @@ from controlroom.db.tables import (
     known_endpoints,
     retry_batches,
 )
+from controlroom.errors.ingest.upsert import COUNTED_FAILURE_TIMES
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from tests.factories import at, attempt, endpoint, message_uuid
 
@@ -208,3 +209,133 @@ def test_upsert_is_one_set_based_statement_per_chunk_of_at_most_50_rows(
     assert [sql.count("), (") + 1 for sql in statements] == [50, 50, 50, 23]
     assert all("ON CONFLICT" in sql for sql in statements)
     assert row_count(engine, failed_messages) == 173
+
+
+# --- exact attempt counts (issue 15) ------------------------------------------------------
+def attempts_after(engine: sa.Engine, *batches: list[int]) -> int:
+    writer = FailedMessageBatchWriter(engine)
+    for seconds in batches:
+        writer.write(IngestionBatch(attempts=[attempt(0, at(s)) for s in seconds]))
+    return stored_row(engine)["number_of_processing_attempts"]
+
+
+def test_an_older_attempt_replayed_is_counted_once(engine: sa.Engine) -> None:
+    # The seed's rule counted the replayed t5 again: 3.
+    assert attempts_after(engine, [10], [5], [5]) == 2
+
+
+def test_a_redelivered_stored_attempt_beside_a_new_one_is_counted_once(engine: sa.Engine) -> None:
+    # The seed's rule added the batch's whole count: 3.
+    assert attempts_after(engine, [10], [10, 20]) == 2
+
+
+def test_a_new_older_attempt_beside_the_redelivered_stored_one_is_counted(
+    engine: sa.Engine,
+) -> None:
+    # The seed's rule saw the batch's last attempt equal the stored one and added nothing: 1.
+    assert attempts_after(engine, [10], [5, 10]) == 2
+
+
+def test_an_archived_message_whose_older_attempt_is_redelivered_stays_archived(
+    engine: sa.Engine,
+) -> None:
+    writer = FailedMessageBatchWriter(engine, clock=lambda: at(500))
+    writer.write(IngestionBatch(attempts=[attempt(0, at(5)), attempt(0, at(10))]))
+    set_status(engine, FailedMessageStatus.ARCHIVED)
+    before = stored_row(engine)
+
+    writer.write(IngestionBatch(attempts=[attempt(0, at(5))]))
+
+    after = stored_row(engine)
+    assert after["status"] == FailedMessageStatus.ARCHIVED
+    assert after["number_of_processing_attempts"] == 2
+    assert after == before
+
+
+def test_a_replayed_batch_leaves_every_row_as_it_was(engine: sa.Engine) -> None:
+    clock_now = [at(100)]
+    writer = FailedMessageBatchWriter(engine, clock=lambda: clock_now[0])
+    writer.write(IngestionBatch(attempts=[attempt(n, at(50 + n)) for n in range(3)]))
+    batch = IngestionBatch(
+        attempts=[attempt(0, at(10)), attempt(1, at(60)), attempt(2, at(20)), attempt(2, at(52))]
+    )
+    writer.write(batch)
+    before = [stored_row(engine, n) for n in range(3)]
+    versions = row_versions(engine)
+
+    clock_now[0] = at(200)
+    writer.write(batch)
+
+    assert [stored_row(engine, n) for n in range(3)] == before
+    assert row_versions(engine) == versions
+
+
+def row_versions(engine: sa.Engine) -> list[Any]:
+    """PostgreSQL's ``xmin`` of each row (a new row version has a new one); elsewhere the
+    rows themselves."""
+    with engine.connect() as conn:
+        if engine.dialect.name != "postgresql":
+            return conn.execute(sa.select(failed_messages).order_by(failed_messages.c.id)).all()
+        return conn.execute(sa.text("SELECT id, xmin::text FROM failed_messages ORDER BY id")).all()
+
+
+def test_a_batch_bringing_nothing_new_leaves_the_groups_alone(engine: sa.Engine) -> None:
+    writer = FailedMessageBatchWriter(engine)
+    writer.write(IngestionBatch(attempts=[attempt(0, at(10), exception_message="first")]))
+    with engine.begin() as conn:
+        conn.execute(sa.update(failed_message_groups).values(title="kept as it was"))
+
+    # The same attempt again, with other content: a redelivery changes nothing.
+    writer.write(IngestionBatch(attempts=[attempt(0, at(10), exception_message="other")]))
+
+    with engine.connect() as conn:
+        titles = conn.execute(sa.select(failed_message_groups.c.title)).scalars().all()
+    assert titles == ["kept as it was"]
+
+
+def test_the_row_keeps_the_most_recent_counted_times_and_past_them_the_seed_rule(
+    engine: sa.Engine,
+) -> None:
+    writer = FailedMessageBatchWriter(engine)
+    writer.write(IngestionBatch(attempts=[attempt(0, at(100 + s)) for s in range(40)]))
+    row = stored_row(engine)
+    assert row["number_of_processing_attempts"] == 40
+    assert len(row["counted_failure_times"]) == COUNTED_FAILURE_TIMES == 32
+
+    # Within the kept times: exact.
+    writer.write(IngestionBatch(attempts=[attempt(0, at(139)), attempt(0, at(120))]))
+    assert stored_row(engine)["number_of_processing_attempts"] == 40
+    writer.write(IngestionBatch(attempts=[attempt(0, at(120.5))]))
+    assert stored_row(engine)["number_of_processing_attempts"] == 41
+    # Older than every kept time: the seed's rule (a lone old attempt counts, a batch
+    # whose last attempt is the stored one adds nothing).
+    writer.write(IngestionBatch(attempts=[attempt(0, at(100))]))
+    assert stored_row(engine)["number_of_processing_attempts"] == 42
+    writer.write(IngestionBatch(attempts=[attempt(0, at(101)), attempt(0, at(139))]))
+    assert stored_row(engine)["number_of_processing_attempts"] == 42
+
+
+def test_group_rows_of_a_batch_are_one_statement_of_a_fixed_text(engine: sa.Engine) -> None:
+    statements: list[tuple[str, bool]] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        if "failed_message_groups" in statement.split("(")[0].lower():
+            statements.append((statement, executemany))
+
+    writer = FailedMessageBatchWriter(engine)
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        writer.write(IngestionBatch(attempts=[attempt(n, at(n)) for n in range(3)]))
+        writer.write(IngestionBatch(attempts=[attempt(n, at(1000 + n)) for n in range(173)]))
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+
+    # Per batch: one DELETE of the winners' old rows, one INSERT of every new row, the
+    # same two texts for 3 messages and for 173.
+    assert [executemany for _, executemany in statements] == [False] * 4
+    assert statements[0][0] == statements[2][0] and statements[1][0] == statements[3][0]
+    with engine.connect() as conn:
+        assert (
+            conn.execute(sa.select(sa.func.count()).select_from(failed_message_groups)).scalar_one()
+            == 173
+        )

@@ -8,8 +8,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from controlroom.db.providers import provider_for
 from controlroom.db.providers._base import MAX_ROWS_PER_STATEMENT
-from controlroom.db.tables import failed_messages
-from controlroom.errors.ingest.upsert import conditional_upsert_assignments
+from controlroom.errors.ingest.upsert import upsert_statement
 from controlroom.exceptions import UnsupportedProviderError
 
 
@@ -18,16 +17,15 @@ def test_upsert_is_one_on_conflict_statement_whose_guards_read_the_stored_row(
     dialect: sa.Dialect,
 ) -> None:
     write = provider_for(dialect)
-    statement = write.insert(failed_messages).values([{"id": "a"}, {"id": "b"}])
-    statement = statement.on_conflict_do_update(
-        index_elements=[failed_messages.c.id],
-        set_=conditional_upsert_assignments(statement.excluded),
-    )
-    sql = str(statement.compile(dialect=dialect))
+    sql = str(upsert_statement(write).compile(dialect=dialect))
+    update = sql.split("ON CONFLICT (id) DO UPDATE SET", 1)[1]
+    where = update.rsplit(" WHERE ", 1)[1]
 
-    assert "ON CONFLICT (id) DO UPDATE SET" in sql
-    assert "excluded.last_failure_at != failed_messages.last_failure_at" in sql
-    assert "excluded.last_failure_at >= failed_messages.last_failure_at" in sql
+    assert "excluded.last_failure_at != failed_messages.last_failure_at" in where
+    assert "excluded.counted_failure_times" in where  # only uncounted attempts update
+    assert "failed_messages.counted_failure_times" in where
+    assert "excluded.last_failure_at >= failed_messages.last_failure_at" in update
+    assert "FROM failed_messages" not in sql  # every subquery reads the conflicting row
     assert write.max_rows_per_statement == MAX_ROWS_PER_STATEMENT == 50
 
 

@@ -2,9 +2,11 @@
 
 Source: DESIGN.md "Data model". The stored source of truth of a failed message is
 ``headers_json`` plus its body; every other column is a derived extraction for indexing.
-Objects whose DDL differs between providers — the full-text index and the partial
-retention index — are created by the migrations' per-provider branches and are not
-modelled here.
+``failed_messages.search_vector`` holds the message's search terms (computed by
+``errors.ingest.search_terms``): a ``tsvector`` on PostgreSQL, their text on SQLite.
+Objects whose DDL differs between providers — the full-text index over it, the partial
+retention and search-pending indexes — are created by the migrations' per-provider
+branches and are not modelled here.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from __future__ import annotations
 import enum
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
 
-from controlroom.db.types import UtcDateTime
+from controlroom.db.types import SearchTermsText, SearchTermsVector, UtcDateTime
 
 metadata = sa.MetaData(
     naming_convention={
@@ -47,6 +50,16 @@ failed_messages = sa.Table(
     sa.Column("number_of_processing_attempts", sa.Integer, nullable=False),
     sa.Column("first_failure_at", UtcDateTime, nullable=False),
     sa.Column("last_failure_at", UtcDateTime, nullable=False, comment="the stored attempt's"),
+    # The distinct times of failure already counted, newest first, at most
+    # errors.ingest.upsert.COUNTED_FAILURE_TIMES of them (migration 0009): what lets a
+    # redelivered attempt be told from a new one. Integers, microseconds since the Unix
+    # epoch (UTC); a JSON array on SQLite, a bigint[] on PostgreSQL. Empty for rows
+    # stored before migration 0009 (their earlier attempts follow the seed's rule).
+    sa.Column(
+        "counted_failure_times",
+        sa.JSON().with_variant(ARRAY(sa.BigInteger), "postgresql"),
+        nullable=False,
+    ),
     # Payload of the stored (newest) attempt; everything below is taken together.
     sa.Column("message_type", sa.Text),
     sa.Column("time_sent", UtcDateTime),
@@ -69,6 +82,13 @@ failed_messages = sa.Table(
     sa.Column("body_text", sa.Text, comment="inline text, or the searchable prefix"),
     sa.Column("body_stored_externally", sa.Boolean, nullable=False),
     sa.Column("body_key", sa.String(200), comment="key in the body store"),
+    # NULL only for rows stored before migration 0009 until their terms are written
+    # (errors.ingest.search_backfill); ix_failed_messages_search_pending finds those.
+    sa.Column(
+        "search_vector",
+        SearchTermsText().with_variant(SearchTermsVector(), "postgresql"),
+        comment="the search terms of headers and body text",
+    ),
     sa.Index("ix_failed_messages_status_last_modified", "status", "last_modified"),
     sa.Index("ix_failed_messages_queue_address", "queue_address"),
     sa.Index("ix_failed_messages_receiving_endpoint", "receiving_endpoint"),

@@ -96,10 +96,43 @@ class Provider(ABC):
         """``INSERT`` into ``table`` that leaves rows whose ``key`` exists untouched."""
 
     @abstractmethod
-    def search_matches(self, text: str) -> sa.ColumnElement[bool]:
-        """True for failed messages whose headers or body text contain the user's
-        ``text``, answered from the provider's full-text index; the text is only ever a
-        bound parameter read literally. An empty ``text`` matches nothing."""
+    def insert_rows_in_one_statement(
+        self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]
+    ) -> None:
+        """Insert ``rows`` (dicts of the same columns) into ``table`` in one statement
+        whose text is the same whatever the number of rows, so the driver and the server
+        can prepare it once: the rows travel as a few bound values (one per column, or
+        one in all), not as one parameter per value. Values must be text, integers or
+        ``None``."""
+
+    @abstractmethod
+    def is_one_of(
+        self, column: sa.ColumnElement[Any], values: Sequence[Any]
+    ) -> sa.ColumnElement[bool]:
+        """``column`` equals one of ``values``, with ``values`` bound as one parameter
+        (a statement of one text for any number of values, with no limit on them)."""
+
+    @abstractmethod
+    def list_elements(self, values: sa.ColumnElement[Any]) -> Any:
+        """The elements of the stored list ``values`` (a list column, or the incoming
+        row's) as a table-valued ``FROM`` with one column, ``value``; each call is a new
+        alias, so one statement may read several lists."""
+
+    @abstractmethod
+    def list_length(self, values: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
+        """The number of elements of the list ``values``."""
+
+    @abstractmethod
+    def aggregate_list(self, values: sa.Select[Any]) -> sa.ColumnElement[Any]:
+        """The rows of the one-column ``values`` as a list the provider's list columns
+        store, in the select's order."""
+
+    @abstractmethod
+    def search_matches(self, terms: Sequence[str]) -> sa.ColumnElement[bool]:
+        """True for failed messages whose search terms (``failed_messages.search_vector``)
+        hold every one of ``terms`` (``errors.ingest.search_terms``), answered from the
+        provider's full-text index; each term is only ever a bound parameter, read as a
+        whole. No ``terms`` match nothing."""
 
     def prepare_search(self, conn: sa.Connection) -> None:  # noqa: B027 - optional hook
         """Settings for the search statements of ``conn``'s current transaction."""

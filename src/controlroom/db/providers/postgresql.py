@@ -1,8 +1,8 @@
 """PostgreSQL, the production provider: psycopg 3, ``INSERT ... ON CONFLICT``.
 
-Full-text search through the ``search_vector`` column and its GIN index (migration
-0001); leases as session-level advisory locks; SQLSTATE classification of errors
-(DESIGN.md "Stores", "Transient failures").
+Full-text search through the ``search_vector`` column (the terms the process computed,
+as a ``tsvector``) and its GIN index (migration 0009); leases as session-level advisory
+locks; SQLSTATE classification of errors (DESIGN.md "Stores", "Transient failures").
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import psycopg
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import REGCONFIG, TSVECTOR, insert
+from sqlalchemy.dialects.postgresql import ARRAY, TSQUERY, TSVECTOR, insert
 
 from controlroom.db.leases import lease_key
 from controlroom.db.providers._base import AUDIT_PURGE_CHUNK, Lease, OnConflictProvider, Row
@@ -26,10 +26,6 @@ from controlroom.db.types import UtcDateTime
 from controlroom.exceptions import ErrorKind
 
 log = logging.getLogger(__name__)
-
-# Must equal the configuration and the split pattern of migration 0001's search_vector.
-TEXT_SEARCH_CONFIG = "simple"
-SPLIT_PATTERN = "[^[:alnum:]]+"
 
 # Memory for a search's bitmap of matching rows: at the default 4 MB, a term in 285,000
 # of 1,000,000 rows made the bitmap lossy, and every row of a lossy page is rechecked
@@ -86,6 +82,12 @@ def audit_partition_ddl(now: datetime) -> list[str]:
             f"FOR VALUES FROM ('{start:%Y-%m-%d}') TO ('{end:%Y-%m-%d}')"
         )
     return statements
+
+
+def _term_query(term: str) -> sa.ColumnElement[Any]:
+    """The ``tsquery`` of the one lexeme ``term``, quoted by the server."""
+    lexeme = sa.func.array_to_tsvector(sa.literal([term], ARRAY(sa.Text)))
+    return sa.cast(sa.cast(lexeme, sa.Text), TSQUERY)
 
 
 class AdvisoryLockLease:
@@ -156,20 +158,47 @@ class PostgreSQLProvider(OnConflictProvider):
     def insert(self, table: sa.Table) -> Any:
         return insert(table)
 
-    def search_matches(self, text: str) -> sa.ColumnElement[bool]:
-        """Every part of ``text`` (split at non-alphanumerics, as the index was) must occur.
+    def insert_rows_in_one_statement(
+        self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]
+    ) -> None:
+        # INSERT ... SELECT * FROM unnest(:a, :b, ...): one array per column.
+        if not rows:
+            return
+        names = list(rows[0])
+        arrays = [sa.bindparam(f"{name}_values", type_=ARRAY(table.c[name].type)) for name in names]
+        each = sa.func.unnest(*arrays).table_valued(*names).render_derived()
+        statement = sa.insert(table).from_select(names, sa.select(*(each.c[n] for n in names)))
+        conn.execute(statement, {f"{n}_values": [row[n] for row in rows] for n in names})
 
-        Migration 0001 indexes headers and body text as written and with every run of
-        non-alphanumeric characters replaced by a space. The query asks for the parts
-        (``plainto_tsquery``: ANDed, read as plain words, a bound parameter), so a dotted
-        name is found whole and by any part. Not a phrase: a phrase makes PostgreSQL
-        recheck every candidate against its detoasted vector (seconds for a common term,
-        ``benchmarks/query.py``); the parts alone are answered from the GIN index.
-        """
-        # Split in SQL, with the index's own pattern, so "alphanumeric" means the same.
-        without_nul = text.replace("\x00", " ")  # text cannot hold NUL; changes no term
-        parts = sa.func.regexp_replace(sa.literal(without_nul, sa.Text), SPLIT_PATTERN, " ", "g")
-        query = sa.func.plainto_tsquery(sa.cast(TEXT_SEARCH_CONFIG, REGCONFIG), parts)
+    def is_one_of(
+        self, column: sa.ColumnElement[Any], values: Sequence[Any]
+    ) -> sa.ColumnElement[bool]:
+        return column == sa.any_(sa.literal(list(values), ARRAY(column.type)))
+
+    def list_elements(self, values: sa.ColumnElement[Any]) -> Any:
+        return sa.func.unnest(values).table_valued("value").render_derived()
+
+    def list_length(self, values: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
+        return sa.func.cardinality(values, type_=sa.Integer)
+
+    def aggregate_list(self, values: sa.Select[Any]) -> sa.ColumnElement[Any]:
+        # ARRAY(subquery): the subquery's rows, in its order, as an array.
+        return sa.func.array(values.scalar_subquery(), type_=ARRAY(sa.BigInteger))
+
+    def search_matches(self, terms: Sequence[str]) -> sa.ColumnElement[bool]:
+        """``search_vector @@ (t1 && t2 && ...)``, each ``t`` the ``tsquery`` of one bound
+        term. The server quotes it: a one-lexeme ``tsvector`` (``array_to_tsvector``, no
+        parser) printed as text is that lexeme in ``tsquery`` input form, so no term is
+        ever read as ``tsquery`` syntax (``&``, ``|``, ``!``, ``:*``, quotes, backslashes).
+        Only the terms: a phrase would make PostgreSQL recheck every candidate against
+        its detoasted vector (``benchmarks/query.py``); terms alone are answered from the
+        GIN index."""
+        if not terms:
+            return sa.false()
+        queries = [_term_query(term) for term in terms]
+        query = queries[0]
+        for other in queries[1:]:
+            query = query.op("&&", return_type=TSQUERY)(other)
         return _SEARCH_VECTOR.bool_op("@@")(query)
 
     def prepare_search(self, conn: sa.Connection) -> None:

@@ -2,14 +2,16 @@
 
 ``INSERT ... ON CONFLICT`` inside ``BEGIN IMMEDIATE`` write transactions, WAL, a busy
 timeout, foreign keys on (DESIGN.md "Stores"); full-text search through the FTS5
-external-content table ``failed_messages_fts`` (migration 0001); leases as rows.
+external-content table ``failed_messages_fts`` over the terms the process wrote in
+``failed_messages.search_vector`` (migration 0009); leases as rows.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
@@ -18,14 +20,19 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.sqlite import insert
 
 from controlroom.db.leases import LeaseRow
-from controlroom.db.providers._base import Lease, OnConflictProvider
+from controlroom.db.providers._base import Lease, OnConflictProvider, Row
 from controlroom.db.transactions import WRITE_OPTION
 from controlroom.exceptions import ErrorKind
 
 BUSY_TIMEOUT_SECONDS = 30
 _TRANSIENT_MARKERS = ("database is locked", "database is busy", "disk i/o error")
 
-# The FTS table's rowid is failed_messages.rowid (content_rowid in migration 0001).
+FTS_TOKENIZER = "unicode61 remove_diacritics 0 categories 'L* M* N* P* S* Co'"
+"""The tokenizer of ``failed_messages_fts`` (migration 0009): every character of a term
+(letters, marks, digits, punctuation, symbols) is a token character, so the terms the
+process wrote, space separated, are indexed as they are; only white space separates."""
+
+# The FTS table's rowid is failed_messages.rowid (content_rowid in migration 0009).
 _FTS_TABLE = sa.table("failed_messages_fts", sa.column("rowid"))
 _FTS_TABLE_NAME = sa.literal_column("failed_messages_fts")  # MATCH against the whole table
 _ROWID = sa.literal_column("failed_messages.rowid")
@@ -36,18 +43,12 @@ _AUDIT_PURGE_PERMITS = sa.table("audit_purge_permits", sa.column("id"))
 _PROGRESS_STEPS = 1000
 
 
-def fts_query(text: str) -> str:
-    """The FTS5 query for the user's ``text``: each word a quoted phrase, implicitly ANDed.
-
-    FTS5's ``unicode61`` tokenizer splits at every character that is not a letter or
-    digit, so ``System.InvalidOperationException`` is indexed as two adjacent terms; as a
-    quoted phrase it is found whole, and a part alone is found too. Inside a quoted phrase
-    FTS5 reads nothing as syntax (``AND``, ``NEAR``, ``*``, ``^``, ``col:``, parentheses);
-    the only special character, ``"``, is doubled. Words are split at whitespace (NUL
-    counts as whitespace). Empty when ``text`` has no word.
-    """
-    words = text.replace("\x00", " ").split()
-    return " ".join('"' + word.replace('"', '""') + '"' for word in words)
+def fts_query(terms: Sequence[str]) -> str:
+    """The FTS5 query asking for every one of ``terms``: each a quoted string (inside
+    quotes FTS5 reads nothing as syntax: ``AND``, ``NEAR``, ``*``, ``^``, ``col:``,
+    parentheses; the only special character, ``"``, is doubled), implicitly ANDed. The
+    index's tokenizer keeps each term whole (``FTS_TOKENIZER``), so each is one token."""
+    return " ".join('"' + term.replace('"', '""') + '"' for term in terms)
 
 
 class SQLiteProvider(OnConflictProvider):
@@ -58,8 +59,48 @@ class SQLiteProvider(OnConflictProvider):
     def insert(self, table: sa.Table) -> Any:
         return insert(table)
 
-    def search_matches(self, text: str) -> sa.ColumnElement[bool]:
-        query = fts_query(text)
+    def insert_rows_in_one_statement(
+        self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]
+    ) -> None:
+        # INSERT ... SELECT json_extract(value, '$[i]') ... FROM json_each(:rows): the
+        # rows as one JSON array of arrays.
+        if not rows:
+            return
+        names = list(rows[0])
+        each = sa.func.json_each(sa.bindparam("rows", type_=sa.Text)).table_valued("value")
+        values = [
+            sa.func.json_extract(each.c.value, sa.literal_column(f"'$[{index}]'"))
+            for index in range(len(names))
+        ]
+        statement = sa.insert(table).from_select(names, sa.select(*values))
+        conn.execute(statement, {"rows": json.dumps([[row[n] for n in names] for row in rows])})
+
+    def is_one_of(
+        self, column: sa.ColumnElement[Any], values: Sequence[Any]
+    ) -> sa.ColumnElement[bool]:
+        each = sa.func.json_each(sa.literal(json.dumps(list(values)), sa.Text)).table_valued(
+            "value"
+        )
+        return column.in_(sa.select(each.c.value))
+
+    def list_elements(self, values: sa.ColumnElement[Any]) -> Any:
+        return sa.func.json_each(values).table_valued("value")
+
+    def list_length(self, values: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
+        return sa.func.json_array_length(values, type_=sa.Integer)
+
+    def aggregate_list(self, values: sa.Select[Any]) -> sa.ColumnElement[Any]:
+        # json_group_array takes the rows in the order the subquery yields them.
+        ordered = values.subquery()
+        column = next(iter(ordered.c))
+        return (
+            sa.select(sa.func.json_group_array(column, type_=sa.JSON))
+            .select_from(ordered)
+            .scalar_subquery()
+        )
+
+    def search_matches(self, terms: Sequence[str]) -> sa.ColumnElement[bool]:
+        query = fts_query(terms)
         if not query:
             return sa.false()  # FTS5 refuses an empty query string
         hits = sa.select(_FTS_TABLE.c.rowid).where(

@@ -1,8 +1,9 @@
 """Fold a batch's failed attempts into one row per failed message (pure, no I/O).
 
 Source: DESIGN.md "Writer": per message, attempts sorted by time of failure; the winner is
-the last; the count is the number of distinct attempt timestamps; the failure window is
-their min and max. Rows come out sorted by UniqueMessageId, the stable lock order that
+the last; the count is the number of distinct attempt timestamps, which are kept (newest
+first) for the upsert to tell new attempts from counted ones; the failure window is their
+min and max. Rows come out sorted by UniqueMessageId, the stable lock order that
 keeps concurrent writers from deadlocking on each other.
 """
 
@@ -21,13 +22,18 @@ class FoldedMessage:
     """What one batch knows about one failed message."""
 
     winner: FailedAttempt  # the newest attempt: its payload is the row's payload
-    attempt_count: int  # distinct attempt timestamps in this batch
+    failure_times: tuple[datetime, ...]  # distinct attempt timestamps, UTC, newest first
     first_failure_at: datetime  # UTC
     last_failure_at: datetime  # UTC, equals winner.time_of_failure
 
     @property
     def unique_message_id(self) -> str:
         return self.winner.unique_message_id
+
+    @property
+    def attempt_count(self) -> int:
+        """Distinct attempt timestamps in this batch."""
+        return len(self.failure_times)
 
 
 def fold_attempts(attempts: Iterable[FailedAttempt]) -> list[FoldedMessage]:
@@ -46,7 +52,7 @@ def _fold_one(attempts: list[FailedAttempt]) -> FoldedMessage:
     ordered = sorted(attempts, key=lambda attempt: attempt.time_of_failure)
     return FoldedMessage(
         winner=ordered[-1],
-        attempt_count=len({attempt.time_of_failure for attempt in ordered}),
+        failure_times=tuple(sorted({attempt.time_of_failure for attempt in ordered}, reverse=True)),
         first_failure_at=ordered[0].time_of_failure,
         last_failure_at=ordered[-1].time_of_failure,
     )

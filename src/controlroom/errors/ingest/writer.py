@@ -33,7 +33,12 @@ from controlroom.db.tables import (
     known_endpoints,
 )
 from controlroom.errors.ingest.fold import FoldedMessage, fold_attempts, unique_endpoints
-from controlroom.errors.ingest.upsert import PAYLOAD_COLUMNS, upsert_failed_messages
+from controlroom.errors.ingest.search_terms import message_search_terms
+from controlroom.errors.ingest.upsert import (
+    PAYLOAD_COLUMNS,
+    counted_failure_times,
+    upsert_failed_messages,
+)
 from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
 
 log = logging.getLogger(__name__)
@@ -107,14 +112,20 @@ class FailedMessageBatchWriter:
         ``controlroom.db.errors.classify_store_error``) or when retrying is stopped.
         """
         folded = fold_attempts(batch.attempts)
-        self._retrying(self._write_once, batch, folded)
+        # Computed once per batch, not per try: the terms are the costly part of a row.
+        terms = [winner_search_terms(message) for message in folded]
+        self._retrying(self._write_once, batch, folded, terms)
 
-    def _write_once(self, batch: IngestionBatch, folded: list[FoldedMessage]) -> None:
+    def _write_once(
+        self, batch: IngestionBatch, folded: list[FoldedMessage], terms: list[list[str]]
+    ) -> None:
         now = self._clock()
         with begin_write(self._engine) as conn:
-            stored = upsert_failed_messages(
-                conn, self._provider, [failed_message_row(message, now) for message in folded]
-            )
+            rows = [
+                failed_message_row(message, now, search_terms)
+                for message, search_terms in zip(folded, terms, strict=True)
+            ]
+            stored = upsert_failed_messages(conn, self._provider, rows)
             self._replace_groups(conn, folded, stored)
             self._provider.insert_rows_if_absent(
                 conn,
@@ -134,7 +145,8 @@ class FailedMessageBatchWriter:
         folded: Sequence[FoldedMessage],
         stored: Sequence[sa.Row[Any]],
     ) -> None:
-        """Step 2: messages whose stored attempt is now this batch's get its groups."""
+        """Step 2: messages whose stored attempt is now this batch's get its groups (a row
+        the upsert skipped, bringing nothing new, is not in ``stored``)."""
         stored_attempt = {row.id: row.last_failure_at for row in stored}
         winners = [
             message
@@ -143,13 +155,15 @@ class FailedMessageBatchWriter:
         ]
         if not winners:
             return
-        ids = [message.unique_message_id for message in winners]
-        for id_chunk in chunked(ids, self._provider.max_ids_per_in_list):
-            conn.execute(
-                sa.delete(failed_message_groups).where(
-                    failed_message_groups.c.failed_message_id.in_(id_chunk)
+        # Two statements of a fixed text whatever the number of rows (prepared once).
+        conn.execute(
+            sa.delete(failed_message_groups).where(
+                self._provider.is_one_of(
+                    failed_message_groups.c.failed_message_id,
+                    [message.unique_message_id for message in winners],
                 )
             )
+        )
         group_rows = [
             {
                 "failed_message_id": message.unique_message_id,
@@ -160,8 +174,7 @@ class FailedMessageBatchWriter:
             for message in winners
             for group in message.winner.groups
         ]
-        if group_rows:
-            conn.execute(sa.insert(failed_message_groups), group_rows)
+        self._provider.insert_rows_in_one_statement(conn, failed_message_groups, group_rows)
 
     def _resolve_confirmed_retries(
         self, conn: sa.Connection, unique_message_ids: Sequence[str], now: datetime
@@ -186,8 +199,18 @@ class FailedMessageBatchWriter:
             )
 
 
-def failed_message_row(message: FoldedMessage, now: datetime) -> dict[str, Any]:
-    """The row a folded message would be if it were new (the upsert guards do the rest)."""
+def winner_search_terms(message: FoldedMessage) -> list[str]:
+    """The search terms of the attempt a folded message stores (its headers' values and
+    body text; ``search_terms.message_search_terms``)."""
+    winner = message.winner
+    return message_search_terms(winner.headers, winner.body_placement.text)
+
+
+def failed_message_row(
+    message: FoldedMessage, now: datetime, search_terms: list[str] | None = None
+) -> dict[str, Any]:
+    """The row a folded message would be if it were new (the upsert guards do the rest);
+    ``search_terms`` defaults to ``winner_search_terms(message)``."""
     winner = message.winner
     placement = winner.body_placement
     row: dict[str, Any] = {
@@ -196,11 +219,15 @@ def failed_message_row(message: FoldedMessage, now: datetime) -> dict[str, Any]:
         "status_changed_at": now,
         "last_modified": now,
         "number_of_processing_attempts": message.attempt_count,
+        "counted_failure_times": counted_failure_times(message.failure_times),
         "first_failure_at": message.first_failure_at,
         "last_failure_at": message.last_failure_at,
         "body_size": placement.size,
         "body_text": placement.text,
         "body_stored_externally": placement.external,
+        "search_vector": (
+            search_terms if search_terms is not None else winner_search_terms(message)
+        ),
     }
     for name in PAYLOAD_COLUMNS:
         if name not in row:

@@ -28,6 +28,7 @@ from controlroom.db.tables import (
     failed_messages,
 )
 from controlroom.errors.ingest.headers import content_encoding
+from controlroom.errors.ingest.search_terms import query_search_terms
 from controlroom.errors.model import FailureGroup
 
 fm = failed_messages.c
@@ -459,7 +460,8 @@ def search_failed_messages(
     where: FailedMessageFilter = EVERY_MESSAGE,
 ) -> SearchPage:
     """Failed messages whose headers or body text contain ``text`` (the provider's
-    full-text index; see ``errors.search``), or whose message id is ``text``, or whose id
+    full-text index over the terms of ``errors.ingest.search_terms``: every term of
+    ``text`` must occur), or whose message id is ``text``, or whose id
     (UniqueMessageId) is ``text`` when it is a UUID, among those matching ``where``; in
     ``order``, with the total.
 
@@ -504,7 +506,7 @@ def search_condition(dialect: sa.Dialect, text: str) -> sa.ColumnElement[bool]:
     is found by its id even where its headers are longer than the indexed prefix.
     """
     stripped = text.strip().replace("\x00", "")
-    alternatives = [provider_for(dialect).search_matches(text)]
+    alternatives = [provider_for(dialect).search_matches(query_search_terms(text))]
     if stripped:
         alternatives.append(fm.message_id == stripped)
         unique_id = _as_uuid(stripped)
