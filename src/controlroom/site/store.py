@@ -107,7 +107,6 @@ def _state_values(state: CallState) -> dict[str, Any]:
     return values
 
 
-
 class TrackingStore:
     """The tracking store at ``path``; see the module doc. Blocking (SQLite) calls."""
 

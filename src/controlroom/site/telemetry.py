@@ -69,4 +69,3 @@ def telemetry_packet(transition: Transition, *, event_id: str, actor: str) -> di
         "payload_truncated": False,
     }
     return packet
-

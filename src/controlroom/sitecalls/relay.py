@@ -81,8 +81,7 @@ def relay_command(
     if row.status != SiteCallStatus.PARKED:
         return RelayResult(
             RelayOutcome.NOT_PARKED,
-            f"the call is {row.status}, not Parked: only a Parked call can be retried or "
-            "discarded",
+            f"the call is {row.status}, not Parked: only a Parked call can be retried or discarded",
         )
     site = next((s for s in settings.sites if s.id == row.source_site), None)
     if site is None:
@@ -126,8 +125,7 @@ def _interpret(site_id: str, response: httpx.Response) -> RelayResult:
     if response.status_code == 200 and outcome == "Applied":
         return RelayResult(
             RelayOutcome.APPLIED,
-            f"site {site_id} applied the command; the call's new state arrives with its "
-            "telemetry",
+            f"site {site_id} applied the command; the call's new state arrives with its telemetry",
         )
     if response.status_code == 409 and outcome == "NotParked":
         status = response.json().get("status")
@@ -136,9 +134,7 @@ def _interpret(site_id: str, response: httpx.Response) -> RelayResult:
             f"site {site_id} says the call is {status}, not Parked (central's copy is behind)",
         )
     if response.status_code == 404 and outcome == "NotFound":
-        return RelayResult(
-            RelayOutcome.OPERATION_FAILED, f"site {site_id} does not know this call"
-        )
+        return RelayResult(RelayOutcome.OPERATION_FAILED, f"site {site_id} does not know this call")
     return RelayResult(
         RelayOutcome.OPERATION_FAILED,
         f"site {site_id} answered HTTP {response.status_code} to the command; it may not "

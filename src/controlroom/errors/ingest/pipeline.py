@@ -62,8 +62,6 @@ BATCH_SECONDS = Histogram(
 )
 
 
-
-
 def make_failed_import(
     headers: Mapping[str, str | None], body: bytes, *, queue: str, reason: str
 ) -> FailedImport:
