@@ -170,12 +170,20 @@ def sweep(config: ConfigOption = None) -> None:
         finally:
             engine.dispose()
     if result is None:
-        console.print("Another process is sweeping right now; nothing done.")
-        return
+        err_console.print(
+            "[red]error:[/] another process holds the retention lease and is sweeping right "
+            "now; nothing done (try again when it has finished)."
+        )
+        raise typer.Exit(1)
     console.print(
         f"Deleted {result.deleted} Resolved or Archived failed messages last changed before "
         f"{result.cutoff.isoformat()}."
     )
+    if result.body_failures:
+        err_console.print(
+            f"[yellow]warning:[/] the bodies of {result.body_failures} deleted messages could "
+            "not be deleted (see the log); the next sweep tries again."
+        )
 
 
 @app.command()

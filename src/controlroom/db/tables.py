@@ -214,3 +214,29 @@ failed_error_imports = sa.Table(
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("failed_at", UtcDateTime, nullable=False),
 )
+
+# Messages whose external bodies wait to be deleted (migration 0006). The sweeper adds one
+# row per failed message it deletes, in the same transaction; the body collector deletes
+# the files while it holds the row, and the writer deletes the row of every message it
+# stores an external body for, so the two never act on one message at the same time.
+body_deletions = sa.Table(
+    "body_deletions",
+    metadata,
+    sa.Column("failed_message_id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("requested_at", UtcDateTime, nullable=False),
+)
+
+# What happened, for operators (migration 0006): ServiceControl's event log items.
+# ``related_to`` is a JSON list of ServiceControl-style paths ("/message/<id>").
+event_log_items = sa.Table(
+    "event_log_items",
+    metadata,
+    sa.Column("id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("description", sa.Text, nullable=False),
+    sa.Column("severity", sa.String(20), nullable=False, comment="info | warning | error"),
+    sa.Column("category", sa.String(100), nullable=False),
+    sa.Column("event_type", sa.String(100), nullable=False),
+    sa.Column("related_to_json", sa.Text, nullable=False, comment="JSON list of strings"),
+    sa.Column("raised_at", UtcDateTime, nullable=False),
+    sa.Index("ix_event_log_items_raised_at", "raised_at"),
+)

@@ -149,6 +149,7 @@ class IngestionService:
                 max_backoff_seconds=settings.ingestion.max_backoff_seconds,
                 stop_event=self._stopping,
             ),
+            body_store=body_store,
         )
         self._run_task: asyncio.Task[None] | None = None
 

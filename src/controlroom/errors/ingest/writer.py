@@ -5,7 +5,9 @@ Source: DESIGN.md "Writer". Fold in memory, then in one transaction, in this ord
 whose stored attempt is now this batch's, (3) insert-if-absent known endpoints (never
 update one: ``monitored`` is the user's), (4) resolve confirmed retries, (5) commit.
 Failed imports of the batch are kept in the same transaction, so one commit decides the
-fate of every message the batch acknowledges.
+fate of every message the batch acknowledges. Before the commit, the batch's external
+bodies are made sure of against the retention sweep's body collector
+(``errors.retention``: no committed row ever points at a missing body).
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from controlroom.db.errors import is_transient
 from controlroom.db.providers import chunked, provider_for
 from controlroom.db.tables import (
     FailedMessageStatus,
+    body_deletions,
     failed_error_imports,
     failed_message_groups,
     failed_message_retries,
     failed_messages,
     known_endpoints,
 )
+from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.errors.ingest.fold import FoldedMessage, fold_attempts, unique_endpoints
 from controlroom.errors.ingest.upsert import PAYLOAD_COLUMNS, upsert_failed_messages
 from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
@@ -94,8 +98,12 @@ class FailedMessageBatchWriter:
         *,
         retrying: tenacity.Retrying | None = None,
         clock: Clock = utc_now,
+        body_store: BodyStore | None = None,
     ) -> None:
+        """``body_store``: where the batch's external bodies were put; without one the
+        writer cannot guard them against the body collector (tests that never sweep)."""
         self._engine = engine
+        self._body_store = body_store
         self._provider = provider_for(engine)
         self._retrying = retrying or retry_transient()
         self._clock = clock
@@ -127,6 +135,34 @@ class FailedMessageBatchWriter:
                 failed_error_imports,
                 [failed_import_row(item) for item in _unique_imports(batch.failed_imports)],
             )
+            self._keep_external_bodies(conn, batch.attempts)
+
+    def _keep_external_bodies(self, conn: sa.Connection, attempts: Sequence[FailedAttempt]) -> None:
+        """Cancel pending body deletions of the batch's messages, then write again any of
+        the batch's external bodies the collector took before that (issue 14, item 1).
+
+        Deleting the ``body_deletions`` rows waits for a collector that holds one, so once
+        it returns no collector can act on these messages until this transaction ends.
+        Raises ``BodyStoreError`` when a body cannot be written (nothing commits).
+        """
+        if self._body_store is None:
+            return
+        external = {
+            attempt.body_key: attempt
+            for attempt in attempts
+            if attempt.body_placement.external and attempt.body_key
+        }
+        if not external:
+            return
+        ids = sorted({attempt.unique_message_id for attempt in external.values()})
+        for id_chunk in chunked(ids, self._provider.max_ids_per_in_list):
+            conn.execute(
+                sa.delete(body_deletions).where(body_deletions.c.failed_message_id.in_(id_chunk))
+            )
+        for key, attempt in external.items():
+            if not self._body_store.exists(key):
+                log.info("body %s was collected before its row committed; writing it again", key)
+                self._body_store.put(key, attempt.body)
 
     def _replace_groups(
         self,
