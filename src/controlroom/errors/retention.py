@@ -248,9 +248,7 @@ class RetentionSweeper:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.warning(
-                    "retention sweep failed; next in %.0f s", self._interval, exc_info=True
-                )
+                log.warning("retention sweep failed; next in %.0f s", self._interval, exc_info=True)
             await asyncio.sleep(self._interval)
 
     def sweep_once(self) -> SweepResult | None:

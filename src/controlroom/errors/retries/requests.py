@@ -68,7 +68,6 @@ HISTORY_DEPTH = 10
 """Completed operations listed in the history (ServiceControl's default history depth)."""
 
 
-
 class RetryType(enum.StrEnum):
     """What a retry operation selected (ServiceControl's ``RetryType`` names)."""
 
