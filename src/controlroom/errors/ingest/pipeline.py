@@ -222,20 +222,27 @@ class IngestionService:
         return batch
 
     async def _ingest_batch(self, deliveries: list[Delivery]) -> None:
+        """Ingest one batch; every exit settles every delivery exactly once (issue 14,
+        item 2): committed and acknowledged, failed import and acknowledged, or given
+        back for redelivery. Any exception other than a data error of the whole batch
+        gives the batch back, including one raised by the one-by-one fallback (messages
+        it already committed come back and replay harmlessly)."""
         started = time.monotonic()
-        parsed = [self._parse(delivery) for delivery in deliveries]
         try:
-            await self._write(parsed)
+            parsed = [self._parse(delivery) for delivery in deliveries]
+            try:
+                await self._write(parsed)
+            except Exception as exc:
+                if classify_store_error(exc) is not ErrorKind.DATA:
+                    raise
+                parsed = await self._write_one_by_one(deliveries, parsed)
         except asyncio.CancelledError:
             await _reject_all(deliveries)
             raise
         except Exception as exc:
-            if classify_store_error(exc) is not ErrorKind.DATA:
-                await self._give_back(deliveries, exc)
-                return
-            parsed = await self._write_one_by_one(deliveries, parsed)
-        for delivery in deliveries:
-            await _ack(delivery)
+            await self._give_back(deliveries, exc)
+            return
+        await _ack_all(deliveries)
         _count_outcomes(parsed)
         BATCH_SECONDS.observe(time.monotonic() - started)
 
@@ -312,8 +319,26 @@ async def _ack(delivery: Delivery) -> None:
         log.warning("acknowledgement lost for a message of %s", delivery.queue)
 
 
+async def _ack_all(deliveries: Sequence[Delivery]) -> None:
+    """Acknowledge a committed batch. When the transport fails mid-way the rest is given
+    back: the commit makes their redelivery harmless."""
+    for delivery in deliveries:
+        try:
+            await _ack(delivery)
+        except Exception:
+            log.warning(
+                "could not acknowledge a message of %s; giving the rest back",
+                delivery.queue,
+                exc_info=True,
+            )
+            await _reject_all(deliveries)
+            return
+
+
 async def _reject_all(deliveries: Sequence[Delivery]) -> None:
     for delivery in deliveries:
+        if delivery.settled:
+            continue
         with contextlib.suppress(Exception):  # the broker may be gone; it redelivers anyway
             await delivery.reject(requeue=True)
 
