@@ -123,6 +123,7 @@ class FailedMessageBatchWriter:
             stored = upsert_failed_messages(
                 conn, self._provider, [failed_message_row(message, now) for message in folded]
             )
+            self._release_claims_of_new_failures(conn, stored)
             self._replace_groups(conn, folded, stored)
             self._provider.insert_rows_if_absent(
                 conn,
@@ -163,6 +164,24 @@ class FailedMessageBatchWriter:
             if not self._body_store.exists(key):
                 log.info("body %s was collected before its row committed; writing it again", key)
                 self._body_store.put(key, attempt.body)
+
+    def _release_claims_of_new_failures(
+        self, conn: sa.Connection, stored: Sequence[sa.Row[Any]]
+    ) -> None:
+        """A message this batch made Unresolved again (a new failure while RetryIssued)
+        loses its retry claim with the new failure, so a new retry request takes it.
+        Source: ServiceControl's retry cleaner; issue 14, item 4."""
+        ids = sorted(row.id for row in stored)
+        for id_chunk in chunked(ids, self._provider.max_ids_per_in_list):
+            reopened = sa.select(failed_messages.c.id).where(
+                failed_messages.c.id.in_(id_chunk),
+                failed_messages.c.status == int(FailedMessageStatus.UNRESOLVED),
+            )
+            conn.execute(
+                sa.delete(failed_message_retries).where(
+                    failed_message_retries.c.failed_message_id.in_(reopened)
+                )
+            )
 
     def _replace_groups(
         self,
