@@ -165,6 +165,7 @@ def sweep(config: ConfigOption = None) -> None:
                 engine,
                 FileSystemBodyStore(settings.body_dir),
                 retention_period=settings.error_retention_period,
+                event_retention_period=settings.event_log_retention_period,
             )
             result = sweeper.sweep_once()
         finally:
@@ -286,7 +287,12 @@ async def _run_parts(
     # one process sends when several serve one database).
     retrying = asyncio.create_task(retry_processor.run(), name="retry processor")
     parts.add(retrying)
-    sweeper = RetentionSweeper(engine, body_store, retention_period=settings.error_retention_period)
+    sweeper = RetentionSweeper(
+        engine,
+        body_store,
+        retention_period=settings.error_retention_period,
+        event_retention_period=settings.event_log_retention_period,
+    )
     sweeping = asyncio.create_task(sweeper.run(), name="retention")
     parts.add(sweeping)
     ingestion = None

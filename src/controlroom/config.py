@@ -85,6 +85,11 @@ class Settings(BaseSettings):
     port: int = 8080
     max_body_size_to_store: int = Field(102_400, ge=0)
     error_retention_period: timedelta = timedelta(days=15)
+    event_log_retention_period: timedelta = Field(
+        timedelta(days=14),
+        description="How long event log items are kept (ServiceControl's default: 14 days); "
+        "the retention sweep purges older ones.",
+    )
     ingest_on_serve: bool = True
     ingestion: IngestionSettings = IngestionSettings()
     auth_tokens: list[AuthToken] = Field(

@@ -17,6 +17,7 @@ from controlroom.api import (
     configuration,
     endpoints,
     errors,
+    eventlog,
     health,
     recoverability,
     retries,
@@ -70,6 +71,7 @@ def create_app(
     app.include_router(search.router, prefix="/api")
     app.include_router(health.router, prefix="/api")
     app.include_router(retries.router, prefix="/api")
+    app.include_router(eventlog.router, prefix="/api")
     app.include_router(compat.router, prefix="/api")
     compat.install_middleware(app, settings)
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)

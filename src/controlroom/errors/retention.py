@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
+from controlroom import events
 from controlroom.db.engine import begin_write
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import (
@@ -37,6 +38,7 @@ from controlroom.db.tables import (
     failed_message_retries,
     failed_messages,
 )
+from controlroom.errors import activity
 from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.errors.ingest.writer import Clock, utc_now
 from controlroom.exceptions import BodyStoreError
@@ -74,13 +76,16 @@ def sweep_expired_failed_messages(
     retention_period: timedelta,
     now: datetime,
     chunk: int = SWEEP_CHUNK,
+    event_retention_period: timedelta | None = None,
 ) -> SweepResult:
     """Delete Resolved/Archived rows whose ``status_changed_at`` is before now - period.
 
     Works in chunks of ``chunk`` rows, each its own transaction; a row that changed status
     since it was selected is left alone (the DELETE re-checks the condition). The deleted
     messages' bodies are then deleted by ``collect_deleted_bodies``; a body that cannot be
-    deleted is logged and left for the next sweep, and the sweep goes on.
+    deleted is logged and left for the next sweep, and the sweep goes on. Event log items
+    older than ``event_retention_period`` (when given) are purged in the sweep's last
+    transaction, which also logs the sweep when it deleted anything.
     """
     cutoff = now - retention_period
     expired = sa.and_(
@@ -96,6 +101,13 @@ def sweep_expired_failed_messages(
                 .all()
             )
             if not ids:
+                purged = 0
+                if event_retention_period is not None:
+                    purged = events.purge_events(conn, older_than=now - event_retention_period)
+                if deleted or purged:
+                    activity.retention_swept(
+                        conn, deleted, cutoff=cutoff, events_purged=purged, now=now
+                    )
                 break
             group_ids = (
                 conn.execute(
@@ -227,6 +239,7 @@ class RetentionSweeper:
         body_store: BodyStore,
         *,
         retention_period: timedelta,
+        event_retention_period: timedelta | None = None,
         interval_seconds: float = 3600.0,
         lease_seconds: float = 7200.0,
         clock: Clock = utc_now,
@@ -234,6 +247,7 @@ class RetentionSweeper:
         self._engine = engine
         self._body_store = body_store
         self._retention_period = retention_period
+        self._event_retention_period = event_retention_period
         self._interval = interval_seconds
         self._clock = clock
         self._lease = provider_for(engine).make_lease(
@@ -262,6 +276,7 @@ class RetentionSweeper:
                 self._body_store,
                 retention_period=self._retention_period,
                 now=self._clock(),
+                event_retention_period=self._event_retention_period,
             )
         finally:
             self._lease.release()

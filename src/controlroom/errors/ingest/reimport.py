@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import enum
 import json
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
 from controlroom.db.engine import begin_write
 from controlroom.db.tables import failed_error_imports
+from controlroom.errors import activity
 from controlroom.transport import Transport
 
 fi = failed_error_imports.c
@@ -42,7 +44,12 @@ def list_failed_import_ids(engine: sa.Engine) -> list[str]:
 
 
 async def reimport_failed_import(
-    engine: sa.Engine, transport: Transport, failed_import_id: str, *, error_queue: str
+    engine: sa.Engine,
+    transport: Transport,
+    failed_import_id: str,
+    *,
+    error_queue: str,
+    by: str = "controlroom import-failed",
 ) -> ReimportOutcome:
     """Republish the headers and exact body of failed import ``failed_import_id`` to
     ``error_queue``, deleting its row only once the publish is confirmed (module docstring).
@@ -50,7 +57,7 @@ async def reimport_failed_import(
     Blocks the event loop for the short statements of the transaction (the caller is a
     command-line tool, not a server). Raises ``TransportError`` when the publish may
     have failed (the row stays), the store's error when the database fails (the row
-    stays; the message may be queued as well).
+    stays; the message may be queued as well). ``by`` names who asked, in the event log.
     """
     with begin_write(engine) as conn:
         # FOR UPDATE: a second re-importer of the same row waits, then finds it gone.
@@ -63,6 +70,9 @@ async def reimport_failed_import(
         if headers is None:
             return ReimportOutcome.UNREADABLE
         conn.execute(sa.delete(failed_error_imports).where(fi.id == failed_import_id))
+        activity.failed_imports_reimported(
+            conn, [failed_import_id], queue=error_queue, by=by, now=datetime.now(UTC)
+        )
         await transport.publish(error_queue, headers, bytes(row.body))
     return ReimportOutcome.REPUBLISHED
 

@@ -35,6 +35,7 @@ from controlroom.db.tables import (
     failed_messages,
     known_endpoints,
 )
+from controlroom.errors import activity
 from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.errors.ingest.fold import FoldedMessage, fold_attempts, unique_endpoints
 from controlroom.errors.ingest.upsert import PAYLOAD_COLUMNS, upsert_failed_messages
@@ -131,11 +132,14 @@ class FailedMessageBatchWriter:
                 [known_endpoint_row(e, now) for e in unique_endpoints(batch.endpoints)],
             )
             self._resolve_confirmed_retries(conn, batch.confirmed_retries, now)
+            imports = _unique_imports(batch.failed_imports)
             self._provider.insert_rows_if_absent(
-                conn,
-                failed_error_imports,
-                [failed_import_row(item) for item in _unique_imports(batch.failed_imports)],
+                conn, failed_error_imports, [failed_import_row(item) for item in imports]
             )
+            for item in imports:
+                activity.failed_imports_kept(
+                    conn, [(item.id, item.reason)], queue=item.queue, now=now
+                )
             self._keep_external_bodies(conn, batch.attempts)
 
     def _keep_external_bodies(self, conn: sa.Connection, attempts: Sequence[FailedAttempt]) -> None:
