@@ -190,6 +190,7 @@ retry_operations = sa.Table(
     sa.Column("last_modified", UtcDateTime, nullable=False),
     sa.Column("prepared_at", UtcDateTime, comment="every batch of the request exists"),
     sa.Column("completed_at", UtcDateTime),
+    sa.Column("failure_reason", sa.Text, comment="why messages were given up (migration 0006)"),
     sa.Index("ix_retry_operations_target_retry_type", "target", "retry_type"),
     sa.Index("ix_retry_operations_completed_at", "completed_at"),
 )

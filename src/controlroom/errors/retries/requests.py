@@ -676,6 +676,7 @@ class RetryOperation:
     last_modified: datetime
     prepared_at: datetime | None
     completed_at: datetime | None
+    failure_reason: str | None = None  # why messages were given up (issue 14, item 3)
     batches: tuple[RetryBatchInfo, ...] = ()
 
     @property

@@ -6,7 +6,8 @@ Create Date: 2026-12-01 13:40:00.000000
 
 ``body_deletions`` names the messages whose external bodies the retention sweep left to
 the body collector (issue 14, item 1); ``event_log_items`` is the operators' event log
-(``GET /api/eventlogitems``).
+(``GET /api/eventlogitems``); ``retry_operations.failure_reason`` says why a retry gave
+messages up (item 3).
 """
 
 from __future__ import annotations
@@ -41,9 +42,13 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_event_log_items")),
     )
     op.create_index("ix_event_log_items_raised_at", "event_log_items", ["raised_at"])
+    with op.batch_alter_table("retry_operations") as batch:
+        batch.add_column(sa.Column("failure_reason", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("retry_operations") as batch:
+        batch.drop_column("failure_reason")
     op.drop_index("ix_event_log_items_raised_at", table_name="event_log_items")
     op.drop_table("event_log_items")
     op.drop_table("body_deletions")
