@@ -192,6 +192,22 @@ def test_import_failed_with_an_id_republishes_only_that_one(
     assert queued.body == imports[1].body
 
 
+def test_import_failed_list_shows_each_import_and_sends_nothing(
+    store_env: Path, engine: sa.Engine
+) -> None:
+    imports = [failed_import(n) for n in range(2)]
+    FailedMessageBatchWriter(engine).write(IngestionBatch(failed_imports=imports))
+
+    code, output = invoke("import-failed", "--list")
+
+    assert code == 0, output
+    for item in imports:
+        assert item.id in output and item.failed_at.isoformat() in output
+    assert f"header {h.FAILED_Q} is missing or empty" in output
+    assert "2 failed imports" in output
+    assert stored_import_ids(engine) == sorted(item.id for item in imports)
+
+
 def test_import_failed_with_an_unknown_id_exits_1(store_env: Path, engine: sa.Engine) -> None:
     code, output = invoke("import-failed", "--id", "no-such-import")
 

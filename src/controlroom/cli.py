@@ -38,7 +38,9 @@ from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.ingest.reimport import (
     ReimportOutcome,
+    count_failed_imports,
     list_failed_import_ids,
+    list_failed_imports,
     reimport_failed_import,
 )
 from controlroom.errors.retention import RetentionSweeper
@@ -136,15 +138,22 @@ def import_failed(
     failed_import_id: Annotated[
         str | None, typer.Option("--id", help="Re-import only this failed import.")
     ] = None,
+    list_only: Annotated[
+        bool,
+        typer.Option("--list", help="List the failed imports (id, time, reason); send nothing."),
+    ] = False,
     config: ConfigOption = None,
 ) -> None:
     """Put failed imports back on the error queue, to be ingested again (applies pending
-    migrations first)."""
+    migrations first); with --list, show them instead."""
     settings = _load(config)
     with _exit_on_failure():
         engine = create_store_engine(settings.effective_database_url)
         try:
             upgrade_database(engine)
+            if list_only:
+                _print_failed_imports(engine)
+                return
             ids = [failed_import_id] if failed_import_id else list_failed_import_ids(engine)
             outcomes = asyncio.run(_reimport(settings, engine, ids)) if ids else []
         finally:
@@ -397,6 +406,22 @@ async def _reimport(settings: Settings, engine: sa.Engine, ids: list[str]) -> li
                 outcomes.append(outcome)
                 progress.advance(task)
     return outcomes
+
+
+def _print_failed_imports(engine: sa.Engine) -> None:
+    """Every failed import, newest first, one line each: id, time (UTC), queue, reason."""
+    with engine.connect() as conn:
+        page = list_failed_imports(conn, offset=0, limit=count_failed_imports(conn) or 1)
+    if not page.items:
+        console.print("No failed imports.")
+        return
+    for item in page.items:
+        console.print(
+            f"{item.id}  {item.failed_at.isoformat()}  {escape(item.queue)}  {escape(item.reason)}",
+            markup=True,
+            highlight=False,
+        )
+    console.print(f"{page.total} failed imports; `controlroom import-failed` re-imports them.")
 
 
 def _report_reimport(

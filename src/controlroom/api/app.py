@@ -18,6 +18,7 @@ from controlroom.api import (
     endpoints,
     errors,
     eventlog,
+    failed_imports,
     health,
     recoverability,
     retries,
@@ -72,6 +73,7 @@ def create_app(
     app.include_router(health.router, prefix="/api")
     app.include_router(retries.router, prefix="/api")
     app.include_router(eventlog.router, prefix="/api")
+    app.include_router(failed_imports.router, prefix="/api")
     app.include_router(compat.router, prefix="/api")
     compat.install_middleware(app, settings)
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)
