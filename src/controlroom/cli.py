@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from controlroom import __version__
 from controlroom.api import create_app, database_check
 from controlroom.api.auth import ensure_serving_is_protected
+from controlroom.api.guard import HostGuard
 from controlroom.client import open_transport, publish_failed_message
 from controlroom.config import Settings, load_settings
 from controlroom.db.engine import create_store_engine
@@ -290,7 +291,11 @@ async def _run_parts(
         transport=transport,
         retry_processor=retry_processor,
     )
-    server = _Server(uvicorn.Config(api, lifespan="off", log_level="info"))
+    # The Host check needs the bound address, which only serve knows (api/guard.py).
+    guarded = HostGuard(
+        api, bound_host=settings.host, port=settings.port, allowed_hosts=settings.allowed_hosts
+    )
+    server = _Server(uvicorn.Config(guarded, lifespan="off", log_level="info"))
     parts = {asyncio.create_task(server.serve(sockets=[listener]), name="http")}
     # Sends retry batches; resumes batches a previous process left (it takes a lease, so
     # one process sends when several serve one database).

@@ -103,6 +103,12 @@ class Settings(BaseSettings):
         "API from a browser, e.g. a ServicePulse on another host. None by default: only "
         "same-origin pages.",
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Names this server answers to besides its bound address and "
+        "localhost/127.0.0.1/[::1] at its port (e.g. the name a reverse proxy forwards); "
+        "any other Host header is refused (DNS rebinding).",
+    )
     servicecontrol_api_version: str = Field(
         "6.6.0",
         pattern=r"^\d+\.\d+\.\d+$",

@@ -19,6 +19,7 @@ from controlroom.api import (
     errors,
     eventlog,
     failed_imports,
+    guard,
     health,
     recoverability,
     retries,
@@ -75,6 +76,8 @@ def create_app(
     app.include_router(eventlog.router, prefix="/api")
     app.include_router(failed_imports.router, prefix="/api")
     app.include_router(compat.router, prefix="/api")
+    # Inside CORS: a refused cross-site request gets no CORS headers either.
+    app.add_middleware(guard.CrossSiteGuard, allowed_origins=settings.cors_allowed_origins)
     compat.install_middleware(app, settings)
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)
     app.add_exception_handler(OverflowError, _out_of_range)
