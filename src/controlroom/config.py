@@ -103,6 +103,12 @@ class Settings(BaseSettings):
         "API from a browser, e.g. a ServicePulse on another host. None by default: only "
         "same-origin pages.",
     )
+    max_request_body_size: int = Field(
+        10 * 1024 * 1024,
+        ge=1024,
+        description="Largest HTTP request body accepted, in bytes; larger ones are "
+        "answered 413 before they are read.",
+    )
     allowed_hosts: list[str] = Field(
         default_factory=list,
         description="Names this server answers to besides its bound address and "

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from controlroom import __version__
@@ -21,6 +22,8 @@ from controlroom.api import (
     failed_imports,
     guard,
     health,
+    limits,
+    metrics,
     recoverability,
     retries,
     search,
@@ -75,10 +78,16 @@ def create_app(
     app.include_router(retries.router, prefix="/api")
     app.include_router(eventlog.router, prefix="/api")
     app.include_router(failed_imports.router, prefix="/api")
+    app.include_router(metrics.router)
     app.include_router(compat.router, prefix="/api")
-    # Inside CORS: a refused cross-site request gets no CORS headers either.
+    # Inside CORS: a refused cross-site request gets no CORS headers either. Outermost of
+    # these three: the size limit, then authentication, both before a body is read.
     app.add_middleware(guard.CrossSiteGuard, allowed_origins=settings.cors_allowed_origins)
+    app.add_middleware(limits.AuthenticateFirst)
+    app.add_middleware(limits.BodySizeLimit, max_bytes=settings.max_request_body_size)
     compat.install_middleware(app, settings)
+    app.add_middleware(metrics.RequestMetrics)
+    app.add_exception_handler(RequestValidationError, limits.validation_error)
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)
     app.add_exception_handler(OverflowError, _out_of_range)
     return app

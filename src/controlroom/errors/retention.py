@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
+from prometheus_client import Counter
 
 from controlroom import events
 from controlroom.db.engine import begin_write
@@ -44,6 +45,11 @@ from controlroom.errors.ingest.writer import Clock, utc_now
 from controlroom.exceptions import BodyStoreError
 
 log = logging.getLogger(__name__)
+
+SWEPT = Counter(
+    "controlroom_retention_deleted_total",
+    "Failed messages deleted by the retention sweep",
+)
 
 LEASE_NAME = "error-retention"
 SWEEP_CHUNK = 500  # rows deleted per transaction: short write locks on SQLite
@@ -146,6 +152,7 @@ def sweep_expired_failed_messages(
             )
             _delete_comments_of_emptied_groups(conn, group_ids)
         deleted += len(gone)
+        SWEPT.inc(len(gone))
     bodies = collect_deleted_bodies(engine, body_store, chunk=chunk)
     return SweepResult(
         deleted=deleted,
