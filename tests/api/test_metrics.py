@@ -8,8 +8,8 @@ import uuid
 from fastapi.testclient import TestClient
 
 # Importing them registers their metrics, as serve does.
-import controlroom.errors.ingest.pipeline  # noqa: F401
-import controlroom.errors.retention  # noqa: F401
+import controlroom.errors.ingest.pipeline
+import controlroom.errors.retention
 import controlroom.errors.retries.processor  # noqa: F401
 
 

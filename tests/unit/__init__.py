@@ -1,8 +1,8 @@
 """Unit tests: pure functions and the file-system body store; no servers.
 
-``sample_entries`` and ``sample_headers`` read the real NServiceBus header sets from the
-shared samples (``../shared/samples/nsb_error_headers.json``, next to the repository; no
-copy is kept here); tests that need them are skipped with the reason when it is absent.
+``sample_entries`` and ``sample_headers`` read the real NServiceBus header sets kept in
+the repository (``tests/data/nsb_error_headers.json``, see ``tests/data/README.md``), so a
+fresh clone runs every test.
 """
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-SAMPLES_PATH = Path(__file__).parents[2].parent / "shared/samples/nsb_error_headers.json"
+SAMPLES_PATH = Path(__file__).parents[1] / "data" / "nsb_error_headers.json"
 
 # Index of each NServiceBus version's entry in the samples file, and the UniqueMessageId
 # its notes give (derived from ServiceControl's source).
@@ -27,9 +25,7 @@ SAMPLE_UNIQUE_IDS = {
 
 
 def sample_entries() -> list[dict[str, Any]]:
-    """The sample entries (``source``, ``headers``, ``body``, ``notes``); skips if absent."""
-    if not SAMPLES_PATH.is_file():
-        pytest.skip(f"shared samples not found at {SAMPLES_PATH}")
+    """The sample entries (``source``, ``headers``, ``body``, ``notes``)."""
     return json.loads(SAMPLES_PATH.read_text(encoding="utf-8"))
 
 
