@@ -363,12 +363,17 @@ def _report_early_exit(ended: set[asyncio.Task[None]]) -> int:
 def _announce(settings: Settings, listener: socket.socket, *, ingesting: bool) -> None:
     host, port = listener.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-    console.print(f"Controlroom is serving {url}  (API {url}/api/errors, health {url}/api/health)")
+    console.print(
+        f"Controlroom is serving {url}  (console {url}/, API docs {url}/docs, "
+        f"health {url}/api/health, metrics {url}/metrics)"
+    )
     console.print(f"Store: {_describe_database(settings)}")
-    if ingesting:
-        console.print(
-            f"Ingesting queue [bold]{settings.error_queue}[/] on {_describe_transport(settings)}"
-        )
+    doing = "Ingesting" if ingesting else "Not ingesting (ingest_on_serve is off);"
+    console.print(
+        f"{doing} queue [bold]{settings.error_queue}[/] on {_describe_transport(settings)}; "
+        f"what ingestion does is logged every "
+        f"{settings.ingestion.report_interval_seconds:g} s while it has work"
+    )
     console.print("Press Ctrl+C to stop.")
 
 

@@ -38,6 +38,9 @@ class IngestionSettings(BaseModel):
     max_backoff_seconds: float = Field(
         30.0, gt=0, description="Cap of the back-off while the database is unreachable."
     )
+    report_interval_seconds: float = Field(
+        10.0, gt=0, description="How often serve logs what ingestion did, while it has work."
+    )
 
     @property
     def effective_prefetch(self) -> int:

@@ -152,6 +152,7 @@ class IngestionService:
             body_store=body_store,
         )
         self._run_task: asyncio.Task[None] | None = None
+        self._done = {"failed_message": 0, "failed_import": 0, "retry_confirmation": 0}
 
     async def run(self) -> None:
         """Consume, batch and write until ``stop()`` or cancellation."""
@@ -162,6 +163,7 @@ class IngestionService:
         slots = asyncio.Semaphore(ingestion.concurrent_batches)
         writes: set[asyncio.Task[None]] = set()
         feeder = asyncio.create_task(self._feed(inbox))
+        reporter = asyncio.create_task(self._report())
         try:
             while not self._stopping.is_set():
                 deliveries = await self._next_batch(inbox)
@@ -171,6 +173,7 @@ class IngestionService:
                 task.add_done_callback(writes.discard)
                 task.add_done_callback(lambda _: slots.release())
         finally:
+            reporter.cancel()
             feeder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await feeder
@@ -184,6 +187,25 @@ class IngestionService:
             self._run_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._run_task
+
+    async def _report(self) -> None:
+        """Every ``report_interval_seconds``, while there was work, one log line: messages
+        stored per second, failed imports and retry confirmations (issue 14, item 15)."""
+        interval = self._settings.ingestion.report_interval_seconds
+        while True:
+            await asyncio.sleep(interval)
+            done, self._done = self._done, dict.fromkeys(self._done, 0)
+            if any(done.values()):
+                log.info(
+                    "ingested %d failed messages (%.1f/s), %d failed imports, %d retry "
+                    "confirmations from %s in the last %.0f s",
+                    done["failed_message"],
+                    done["failed_message"] / interval,
+                    done["failed_import"],
+                    done["retry_confirmation"],
+                    self._settings.error_queue,
+                    interval,
+                )
 
     async def _feed(self, inbox: asyncio.Queue[Delivery | None]) -> None:
         ingestion = self._settings.ingestion
@@ -243,7 +265,8 @@ class IngestionService:
             await self._give_back(deliveries, exc)
             return
         await _ack_all(deliveries)
-        _count_outcomes(parsed)
+        for outcome in _count_outcomes(parsed):
+            self._done[outcome] += 1
         BATCH_SECONDS.observe(time.monotonic() - started)
 
     async def _write(self, parsed: Sequence[_Parsed]) -> None:
@@ -343,9 +366,12 @@ async def _reject_all(deliveries: Sequence[Delivery]) -> None:
             await delivery.reject(requeue=True)
 
 
-def _count_outcomes(parsed: Sequence[_Parsed]) -> None:
+def _count_outcomes(parsed: Sequence[_Parsed]) -> list[str]:
+    """Count each item's outcome (``INGESTED``); returns the outcome names, in order."""
+    outcomes = []
     for item in parsed:
         if item.failed_import is not None:
+            outcomes.append("failed_import")
             INGESTED.labels("failed_import").inc()
             # Operators learn of it here; `controlroom import-failed` re-imports it.
             log.warning(
@@ -354,6 +380,9 @@ def _count_outcomes(parsed: Sequence[_Parsed]) -> None:
                 item.failed_import.reason,
             )
         elif item.confirmed_retry is not None:
+            outcomes.append("retry_confirmation")
             INGESTED.labels("retry_confirmation").inc()
         else:
+            outcomes.append("failed_message")
             INGESTED.labels("failed_message").inc()
+    return outcomes
