@@ -201,3 +201,58 @@ def test_sweep_command_fails_saying_why_while_another_process_sweeps(
 
     assert result.exit_code == 1
     assert "another process" in result.output and "sweeping" in result.output
+
+
+def test_retry_operations_completed_before_the_cutoff_are_purged_with_their_batches(
+    engine: sa.Engine, tmp_path: Path
+) -> None:
+    from controlroom.db.tables import failed_message_retries, retry_batches, retry_operations
+
+    def operation(op_id: str, completed_days_ago: float | None) -> None:
+        completed = None if completed_days_ago is None else at(0) - completed_days_ago * DAY
+        with engine.begin() as conn:
+            conn.execute(
+                sa.insert(retry_operations).values(
+                    id=op_id,
+                    retry_type="All",
+                    message_count=1,
+                    forwarded_count=1,
+                    skipped_count=0,
+                    failed=False,
+                    acknowledged=False,
+                    started_at=at(0) - 30 * DAY,
+                    last_modified=at(0) - 30 * DAY,
+                    completed_at=completed,
+                )
+            )
+            conn.execute(
+                sa.insert(retry_batches).values(
+                    id=f"batch-{op_id}",
+                    request_id=op_id,
+                    retry_type="All",
+                    status="done" if completed else "forwarding",
+                    initial_batch_size=1,
+                    started_at=at(0) - 30 * DAY,
+                    last_modified=at(0) - 30 * DAY,
+                )
+            )
+            conn.execute(
+                sa.insert(failed_message_retries).values(
+                    failed_message_id=f"message-{op_id}", retry_batch_id=f"batch-{op_id}"
+                )
+            )
+
+    operation("old", 20)
+    operation("young", 1)
+    operation("unfinished", None)
+    sweeper = RetentionSweeper(
+        engine, FileSystemBodyStore(tmp_path / "b"), retention_period=PERIOD, clock=lambda: at(0)
+    )
+
+    sweeper.sweep_once()
+
+    with engine.connect() as conn:
+        assert set(conn.scalars(sa.select(retry_operations.c.id))) == {"young", "unfinished"}
+        assert set(conn.scalars(sa.select(retry_batches.c.request_id))) == {"young", "unfinished"}
+        claims = set(conn.scalars(sa.select(failed_message_retries.c.failed_message_id)))
+    assert claims == {"message-young", "message-unfinished"}

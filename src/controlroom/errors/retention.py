@@ -38,6 +38,8 @@ from controlroom.db.tables import (
     failed_message_groups,
     failed_message_retries,
     failed_messages,
+    retry_batches,
+    retry_operations,
 )
 from controlroom.errors import activity
 from controlroom.errors.ingest.bodies import BodyStore
@@ -107,6 +109,7 @@ def sweep_expired_failed_messages(
                 .all()
             )
             if not ids:
+                _purge_retry_operations(conn, completed_before=cutoff)
                 purged = 0
                 if event_retention_period is not None:
                     purged = events.purge_events(conn, older_than=now - event_retention_period)
@@ -159,6 +162,24 @@ def sweep_expired_failed_messages(
         cutoff=cutoff,
         bodies_collected=bodies.collected,
         body_failures=bodies.failed,
+    )
+
+
+def _purge_retry_operations(conn: sa.Connection, *, completed_before: datetime) -> None:
+    """Retry operations completed before the cutoff go, with their batches and the claims
+    those (done) batches still hold (issue 14, item 18). Unfinished ones stay."""
+    old = sa.select(retry_operations.c.id).where(
+        retry_operations.c.completed_at < completed_before
+    )
+    batches = sa.select(retry_batches.c.id).where(retry_batches.c.request_id.in_(old))
+    conn.execute(
+        sa.delete(failed_message_retries).where(
+            failed_message_retries.c.retry_batch_id.in_(batches)
+        )
+    )
+    conn.execute(sa.delete(retry_batches).where(retry_batches.c.request_id.in_(old)))
+    conn.execute(
+        sa.delete(retry_operations).where(retry_operations.c.completed_at < completed_before)
     )
 
 

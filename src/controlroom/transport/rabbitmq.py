@@ -28,7 +28,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aio_pika
 import aiormq
@@ -131,6 +131,8 @@ class RabbitMQTransport:
                 self._url, client_properties={"connection_name": CONNECTION_NAME}
             )
         except (aiormq.exceptions.AMQPError, OSError) as exc:
+            if _refused_open(exc):
+                raise TransportError(_vhost_refusal(self._url)) from exc
             raise TransportError(f"cannot connect to {redact_url(self._url)}: {exc!r}") from exc
         try:
             # on_return_raises: a message the broker cannot route (queue deleted) fails
@@ -361,6 +363,25 @@ class RabbitMQTransport:
         self._require_connection()
         assert self._publish_channel is not None
         return self._publish_channel
+
+
+def _refused_open(exc: BaseException) -> bool:
+    """True when the broker answered ``connection.open`` with ``connection.close``: the
+    login worked but the virtual host is missing or the user may not use it (aiormq
+    reports it as an unexpected frame and drops the reply text)."""
+    return isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(
+        exc
+    )
+
+
+def _vhost_refusal(url: str) -> str:
+    parts = urlsplit(url)
+    vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+    return (
+        f"RabbitMQ at {parts.hostname}:{parts.port or 5672} refused virtual host {vhost!r}: "
+        f"it does not exist or user {parts.username!r} may not use it (rabbitmqctl "
+        "add_vhost / set_permissions, or fix the broker URL)"
+    )
 
 
 async def _start_consumer(session: _Session, queue: str, prefetch: int) -> None:
