@@ -29,3 +29,20 @@ def test_a_missing_virtual_host_is_named_in_one_line(rabbitmq_url: str) -> None:
     assert "\n" not in message
     assert f"virtual host '{vhost}'" in message and "does not exist" in message
     assert "guest:guest" not in message
+
+
+def test_concurrent_publishes_to_new_queues_all_arrive_on_one_connection(
+    rabbitmq_url: str,
+) -> None:
+    """Item 9: publishes racing to declare queues that do not exist yet."""
+    queues = [f"new-{uuid.uuid4().hex[:10]}" for _ in range(24)]
+
+    async def scenario() -> list[int]:
+        async with RabbitMQTransport(rabbitmq_url) as transport:
+            await asyncio.gather(
+                *(transport.publish(queue, {"n": str(n)}, b"x") for n, queue in enumerate(queues))
+            )
+            await transport.check()  # the connection survived
+            return [await transport.purge(queue) for queue in queues]
+
+    assert asyncio.run(scenario()) == [1] * len(queues)

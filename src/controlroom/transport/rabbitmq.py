@@ -102,6 +102,10 @@ class RabbitMQTransport:
         self._publish_channel: AbstractChannel | None = None
         self._sessions: set[_Session] = set()
         self._known_queues: set[str] = set()  # declared on this connection
+        # One queue declaration at a time: probe channels opened concurrently race for a
+        # channel number and the broker closes the whole connection ("second
+        # 'channel.open' seen"; issue 14, item 9).
+        self._declaring = asyncio.Lock()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -218,7 +222,8 @@ class RabbitMQTransport:
                 f"no publisher confirm for {queue!r} within {self._publish_timeout} s; "
                 "outcome unknown"
             ) from exc
-        except _CONNECTION_ERRORS as exc:
+        except (*_CONNECTION_ERRORS, RuntimeError) as exc:
+            # RuntimeError: aio-pika's word for a channel or connection it has closed.
             raise TransportError(f"publish to {queue!r} failed, outcome unknown: {exc!r}") from exc
 
     async def _publish_confirmed(
@@ -320,6 +325,11 @@ class RabbitMQTransport:
         """Make sure ``queue`` exists: passive declare, else declare it durable."""
         if queue in self._known_queues:
             return
+        async with self._declaring:
+            if queue not in self._known_queues:
+                await self._declare_queue(queue)
+
+    async def _declare_queue(self, queue: str) -> None:
         try:
             if not await self._queue_exists(queue):
                 try:
