@@ -39,6 +39,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from controlroom.transport import _amqp_names
 from controlroom.transport.base import (
     CONTENT_ENCODING_HEADER,
     Delivery,
@@ -82,6 +83,12 @@ class _Session:
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
         self.buffer.put_nowait(message)
+
+
+MAX_FIELD_NAME_BYTES = 128
+"""Longest header name AMQP carries whole (pamqp truncates longer ones when encoding)."""
+
+_amqp_names.install()  # non-UTF-8 names become failed imports, not dropped connections
 
 
 class RabbitMQTransport:
@@ -196,6 +203,13 @@ class RabbitMQTransport:
         if not isinstance(body, bytes | bytearray | memoryview):
             raise ValueError(f"body must be bytes, not {type(body).__name__}")
         valid = validate_headers(headers)
+        for name in valid:
+            size = len(name.encode("utf-8"))
+            if size > MAX_FIELD_NAME_BYTES:
+                raise ValueError(
+                    f"header name {name[:60]!r}... is {size} bytes of UTF-8; AMQP field names "
+                    f"hold at most {MAX_FIELD_NAME_BYTES} (it would be cut short)"
+                )
         message = aio_pika.Message(
             bytes(body),
             headers=dict(valid),

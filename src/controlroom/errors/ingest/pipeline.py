@@ -310,6 +310,11 @@ class IngestionService:
         await _reject_all(deliveries)
 
     def _parse(self, delivery: Delivery) -> _Parsed:
+        broken = _first_not_utf8(delivery.headers)
+        if broken is not None:
+            # A transport hands over bytes that were not UTF-8 as lone surrogates; the
+            # message is kept whole (escaped in the headers JSON), never ingested half.
+            return _Parsed(failed_import=self._failed_import(delivery, broken))
         try:
             confirmed = is_retry_confirmation(delivery.headers)
             if confirmed is not None:
@@ -332,6 +337,25 @@ class IngestionService:
         return make_failed_import(
             delivery.headers, delivery.body, queue=self._settings.error_queue, reason=reason
         )
+
+
+def _first_not_utf8(headers: Mapping[str, str | None]) -> str | None:
+    """The reason to keep a message whose header names or values are not UTF-8, else
+    ``None`` (issue 14, item 5)."""
+    for name, value in headers.items():
+        if not _is_utf8(name):
+            return f"header name {name.encode('utf-8', 'backslashreplace')!r} is not UTF-8"
+        if value is not None and not _is_utf8(value):
+            return f"the value of header {name!r} is not UTF-8"
+    return None
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def _ack(delivery: Delivery) -> None:
