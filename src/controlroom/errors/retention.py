@@ -168,9 +168,7 @@ def sweep_expired_failed_messages(
 def _purge_retry_operations(conn: sa.Connection, *, completed_before: datetime) -> None:
     """Retry operations completed before the cutoff go, with their batches and the claims
     those (done) batches still hold (issue 14, item 18). Unfinished ones stay."""
-    old = sa.select(retry_operations.c.id).where(
-        retry_operations.c.completed_at < completed_before
-    )
+    old = sa.select(retry_operations.c.id).where(retry_operations.c.completed_at < completed_before)
     batches = sa.select(retry_batches.c.id).where(retry_batches.c.request_id.in_(old))
     conn.execute(
         sa.delete(failed_message_retries).where(

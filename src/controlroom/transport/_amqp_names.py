@@ -65,4 +65,3 @@ def install() -> None:
     decode.short_str = _short_str  # type: ignore[assignment]
     decode.field_table = _field_table  # type: ignore[assignment]
     _installed = True
-

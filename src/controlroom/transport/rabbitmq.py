@@ -393,9 +393,7 @@ def _refused_open(exc: BaseException) -> bool:
     """True when the broker answered ``connection.open`` with ``connection.close``: the
     login worked but the virtual host is missing or the user may not use it (aiormq
     reports it as an unexpected frame and drops the reply text)."""
-    return isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(
-        exc
-    )
+    return isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(exc)
 
 
 def _vhost_refusal(url: str) -> str:
