@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from starlette.types import Message, Receive, Scope, Send
 
 from controlroom.api import create_app
 from controlroom.config import Settings
@@ -19,14 +21,19 @@ TOKEN = "operator-token-0123456789"
 
 
 @pytest.fixture
-def limited(tmp_path: Path, database_url: str, engine: sa.Engine) -> Iterator[TestClient]:
+def limited_app(tmp_path: Path, database_url: str, engine: sa.Engine) -> FastAPI:
     settings = Settings(
         data_dir=tmp_path / "data",
         database_url=database_url,
         max_request_body_size=LIMIT,
         auth_tokens=[{"name": "ops", "token": TOKEN, "role": "operator"}],
     )
-    with TestClient(create_app(settings, engine, FileSystemBodyStore(tmp_path / "b"))) as client:
+    return create_app(settings, engine, FileSystemBodyStore(tmp_path / "b"))
+
+
+@pytest.fixture
+def limited(limited_app: FastAPI) -> Iterator[TestClient]:
+    with TestClient(limited_app) as client:
         yield client
 
 
@@ -54,12 +61,26 @@ def test_a_streamed_body_over_the_limit_is_413(limited: TestClient) -> None:
     assert response.status_code == 413
 
 
-def test_a_large_body_without_a_token_is_401_before_it_is_parsed(limited: TestClient) -> None:
-    # Not even valid JSON: a parse before the auth check would make it a 422.
-    response = limited.patch("/api/errors/archive", content=b"{not json" * 1000)
+def test_a_body_without_a_token_is_refused_before_a_byte_of_it_is_read(
+    limited_app: FastAPI,
+) -> None:
+    pulled = 0
+
+    async def counting(scope: Scope, receive: Receive, send: Send) -> None:
+        async def counted() -> Message:
+            nonlocal pulled
+            message = await receive()
+            pulled += len(message.get("body", b""))
+            return message
+
+        await limited_app(scope, counted, send)
+
+    with TestClient(counting) as client:
+        response = client.patch("/api/errors/archive", content=b"[" + b" " * (LIMIT // 2) + b"]")
 
     assert response.status_code == 401
     assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    assert pulled == 0
 
 
 def test_a_422_names_the_field_without_echoing_the_input(limited: TestClient) -> None:
