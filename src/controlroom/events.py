@@ -41,6 +41,7 @@ class Category(enum.StrEnum):
     ENDPOINTS = "Endpoints"
     RETENTION = "Retention"
     FAILED_IMPORTS = "FailedImports"
+    SITE_CALLS = "SiteCalls"
 
 
 MAX_DESCRIPTION = 4000

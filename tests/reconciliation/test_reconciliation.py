@@ -136,6 +136,7 @@ def test_a_legacy_site_is_pinned_once_and_unpinned_on_progress(
                     (result,) = app.state.reconciliation.run_pass_now()
                     assert result.pinned
                 assert _pin_events(caplog) == ["pinned"]
+                assert _pin_event_log(central_url) == ["SitePinned"]
                 listed = httpx.get(f"{central_url}/api/sites", headers=READER).json()
                 assert listed[0]["pinned"] is True
 
@@ -150,10 +151,22 @@ def test_a_legacy_site_is_pinned_once_and_unpinned_on_progress(
                 (again,) = app.state.reconciliation.run_pass_now()
                 assert not result.pinned and not again.pinned
                 assert _pin_events(caplog) == ["pinned", "no longer pinned"]
+                assert _pin_event_log(central_url) == ["SitePinned", "SiteUnpinned"]
                 assert site_state(engine, "plant-7").pinned is False
                 assert set(central_rows(engine)) == set(ids)
     finally:
         agent.close()
+
+
+def _pin_event_log(central_url: str) -> list[str]:
+    """The pinned latch's event log items, oldest first."""
+    items = httpx.get(f"{central_url}/api/eventlogitems", headers=READER).json()
+    return [
+        item["event_type"]
+        for item in reversed(items)
+        if item["event_type"] in ("SitePinned", "SiteUnpinned")
+        and item["related_to"] == ["/site/plant-7"]
+    ]
 
 
 def _pin_events(caplog: pytest.LogCaptureFixture) -> list[str]:

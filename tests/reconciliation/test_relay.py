@@ -99,6 +99,9 @@ def test_applied_writes_one_audit_event_naming_the_operator(
             "channel": "ApiOutbound",
             "target": "erp/stock",
         }
+        items = httpx.get(f"{url}/api/eventlogitems", headers=OPERATOR).json()
+        relayed = [i for i in items if i["event_type"] == f"SiteCall{command.title()}Relayed"]
+        assert [i["related_to"][0] for i in relayed] == [f"/site-call/{call_id}"]
 
 
 def test_a_call_not_parked_at_central_is_refused_without_asking_the_site(

@@ -15,9 +15,8 @@ so the API and ingest keep answering during a long pass. The cursor only moves f
 never move it back.
 
 The pinned latch's transitions are recorded in ``site_reconciliation``
-(``pinned``, ``pinned_changed_at_utc``) and logged (a warning when latched). The event log
-is built on another branch; ``_record_pin_change`` (given the recording transaction) is
-the one place to write it there.
+(``pinned``, ``pinned_changed_at_utc``), raised once per transition as an event log item
+(``SitePinned``, ``SiteUnpinned``) in the same transaction, and logged.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from controlroom.db.providers import provider_for
 from controlroom.db.tables import site_reconciliation
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.writer import Clock, utc_now
+from controlroom.events import Category, Severity, record_event
 from controlroom.sitecalls.cursor import Cursor, PinChange, judge_page, pin_change
 from controlroom.sitecalls.intake import make_writer, receive_json
 from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
@@ -276,27 +276,37 @@ class Reconciler:
         with begin_write(self._engine) as conn:
             conn.execute(statement)
             if change is not None:
-                _record_pin_change(conn, site_id, change, cursor)
+                _record_pin_change(conn, site_id, change, cursor, now)
 
 
 def _record_pin_change(
-    conn: sa.Connection, site_id: str, change: PinChange, cursor: Cursor | None
+    conn: sa.Connection, site_id: str, change: PinChange, cursor: Cursor | None, now: datetime
 ) -> None:
-    """Raise the event of a pinned latch's transition (once per transition), in the
-    transaction that records it. The event log (``events.record_event``) lives on another
-    branch; until it is merged the event is this log line and ``site_reconciliation``'s
-    ``pinned``/``pinned_changed_at_utc``."""
+    """Raise the event of a pinned latch's transition (once per transition) in the
+    transaction that records it: an event log item (``SitePinned`` / ``SiteUnpinned``)
+    and a log line."""
     at = f"{cursor[0].isoformat()} / {cursor[1]}" if cursor else "the start"
     if change is PinChange.LATCHED:
-        log.warning(
-            "site %s is pinned: it keeps reporting more rows at cursor %s but none past it "
-            "(a site without after_id support, with more rows sharing one updated_at_utc "
-            "than a page of reconciliation.batch_size holds)",
-            site_id,
-            at,
+        description = (
+            f"Site {site_id} is pinned: it keeps reporting more rows at cursor {at} but none "
+            "past it (a site without after_id support, with more rows sharing one "
+            "updated_at_utc than a page of reconciliation.batch_size holds)"
         )
+        log.warning("%s", description)
+        severity, event_type = Severity.WARNING, "SitePinned"
     else:
-        log.info("site %s is no longer pinned: reconciliation advanced to %s", site_id, at)
+        description = f"Site {site_id} is no longer pinned: reconciliation advanced to {at}"
+        log.info("%s", description)
+        severity, event_type = Severity.INFO, "SiteUnpinned"
+    record_event(
+        conn,
+        description=description,
+        severity=severity,
+        category=Category.SITE_CALLS,
+        event_type=event_type,
+        raised_at=now,
+        related_to=[f"/site/{site_id}"],
+    )
 
 
 class ReconciliationService:

@@ -27,6 +27,7 @@ from controlroom.config import Settings
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import site_calls
 from controlroom.db.transactions import begin_write
+from controlroom.events import Category, Severity, record_event
 from controlroom.errors.ingest.writer import Clock, utc_now
 from controlroom.sitecalls.ordering import SiteCallStatus
 from controlroom.sitecalls.reconciliation import site_headers
@@ -143,7 +144,8 @@ def _interpret(site_id: str, response: httpx.Response) -> RelayResult:
 
 
 def _audit(engine: sa.Engine, row: Any, command: Command, operator: str, clock: Clock) -> None:
-    """One audit event for an applied command; a failure is logged, never raised."""
+    """One audit event for an applied command, and its event log item in the same
+    transaction; a failure is logged, never raised."""
     now = clock()
     event = {
         "event_id": str(uuid.uuid4()),
@@ -166,6 +168,18 @@ def _audit(engine: sa.Engine, row: Any, command: Command, operator: str, clock: 
     try:
         with begin_write(engine) as conn:
             provider_for(engine).insert_audit_events(conn, [event])
+            record_event(
+                conn,
+                description=(
+                    f"{operator} relayed {command.title()} of site call "
+                    f"{row.tracked_operation_id} to site {row.source_site}: applied"
+                ),
+                severity=Severity.INFO,
+                category=Category.SITE_CALLS,
+                event_type=f"SiteCall{command.title()}Relayed",
+                raised_at=now,
+                related_to=[f"/site-call/{row.tracked_operation_id}", f"/site/{row.source_site}"],
+            )
     except Exception:
         log.exception(
             "the audit event of %s on %s by %s was not written (the command was applied)",
