@@ -4,9 +4,14 @@ huge body, and the index is left alone when a row's terms do not change."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import sqlalchemy as sa
 
+from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
 from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.errors.ingest.search_terms import MAX_TERMS
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
@@ -105,11 +110,20 @@ def test_a_1_mb_body_is_stored_whole_and_searchable_up_to_the_bound(
     assert stored == body.decode()
 
 
-def test_an_older_attempt_leaves_the_full_text_index_alone(
-    engine: sa.Engine, writer: FailedMessageBatchWriter
-) -> None:
-    if engine.dialect.name != "sqlite":
-        pytest.skip("the trigger guard is SQLite's; PostgreSQL writes the same tsvector")
+@pytest.fixture
+def sqlite_engine(tmp_path: Path) -> Iterator[sa.Engine]:
+    """A migrated SQLite store: the FTS5 trigger's guard is SQLite's alone (PostgreSQL
+    writes the same tsvector, and no new row version at all, see test_writer)."""
+    eng = create_store_engine(f"sqlite:///{tmp_path / 'controlroom.db'}")
+    upgrade_database(eng)
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+
+
+def test_an_older_attempt_leaves_the_full_text_index_alone(sqlite_engine: sa.Engine) -> None:
+    engine, writer = sqlite_engine, FailedMessageBatchWriter(sqlite_engine)
     newest = parse_failed_message(
         failed_headers("m-1", failed_at=at(20)), b"{}", max_body_size_to_store=100
     )
