@@ -7,21 +7,18 @@ names and defaults: DESIGN.md "Operational contract".
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
 )
 
 from controlroom.db.providers import EMBEDDED
+from controlroom.settings_sources import EnvThenTomlSettings
 
 
 class IngestionSettings(BaseModel):
@@ -152,8 +149,10 @@ class AuthToken(BaseModel):
     role: Role
 
 
-class Settings(BaseSettings):
+class Settings(EnvThenTomlSettings):
     """Everything Controlroom can be told. Sizes are bytes, periods are ``timedelta``."""
+
+    config_file_variable: ClassVar[str] = "CONTROLROOM_CONFIG"
 
     # Validation errors name the setting but never echo its value: values include bearer
     # tokens and URLs with passwords, and the CLI prints these errors.
@@ -250,23 +249,6 @@ class Settings(BaseSettings):
                     "each origin must be scheme://host[:port] (no path, no trailing slash) or '*'"
                 )
         return origins
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        toml_file = settings_cls.model_config.get("toml_file") or os.environ.get(
-            "CONTROLROOM_CONFIG"
-        )
-        if toml_file:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
-        return tuple(sources)
 
     @property
     def effective_database_url(self) -> str:

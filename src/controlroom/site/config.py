@@ -4,20 +4,21 @@ process configures only its agent."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field, SecretStr
 from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
 )
 
+from controlroom.settings_sources import EnvThenTomlSettings
 
-class SiteSettings(BaseSettings):
+
+class SiteSettings(EnvThenTomlSettings):
     """Everything a site agent can be told. Durations are seconds."""
+
+    config_file_variable: ClassVar[str] = "CONTROLROOM_SITE_CONFIG"
 
     model_config = SettingsConfigDict(
         env_prefix="CONTROLROOM_SITE_",
@@ -55,23 +56,6 @@ class SiteSettings(BaseSettings):
     outbox_backoff_cap: float = Field(
         30.0, gt=0, description="Longest wait between deliveries while central is down (s)."
     )
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        toml_file = settings_cls.model_config.get("toml_file") or os.environ.get(
-            "CONTROLROOM_SITE_CONFIG"
-        )
-        if toml_file:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
-        return tuple(sources)
 
 
 def load_site_settings(config_file: Path | None = None, **overrides: object) -> SiteSettings:
