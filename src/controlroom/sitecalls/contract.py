@@ -60,7 +60,12 @@ def _guid(value: str) -> str:
 
 
 def _utc(value: datetime) -> datetime:
-    return value.astimezone(UTC)
+    # A zone can carry a time past year 9999 (or before year 1) once in UTC; no store
+    # holds it, so it is the packet's fault, named like any other invalid value.
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("must be a time within years 1 to 9999 once converted to UTC") from None
 
 
 def _width(column: Any) -> int:
@@ -83,9 +88,10 @@ al = audit_log.c
 
 def _json_text(value: str | None) -> str | None:
     if value is not None:
+        _storable(value)
         try:
             json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past what the parser reads
             raise ValueError("must be JSON text") from None
     return value
 
