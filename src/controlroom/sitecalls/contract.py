@@ -59,9 +59,10 @@ def _guid(value: str) -> str:
     return value.lower()
 
 
-def _utc(value: datetime) -> datetime:
-    # A zone can carry a time past year 9999 (or before year 1) once in UTC; no store
-    # holds it, so it is the packet's fault, named like any other invalid value.
+def as_utc(value: datetime) -> datetime:
+    """``value`` (zone-aware) in UTC. Raises ``ValueError`` when that leaves years 1-9999
+    (a zone can carry such a time, no store holds it): the value's fault, so a validator
+    using this names its field."""
     try:
         return value.astimezone(UTC)
     except OverflowError:
@@ -81,7 +82,7 @@ def _text(column: Any, *, min_length: int = 0) -> Any:
 
 
 Guid = Annotated[str, AfterValidator(_guid)]
-UtcInstant = Annotated[AwareDatetime, AfterValidator(_utc)]
+UtcInstant = Annotated[AwareDatetime, AfterValidator(as_utc)]
 sc = site_calls.c
 al = audit_log.c
 

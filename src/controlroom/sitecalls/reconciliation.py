@@ -39,6 +39,7 @@ from controlroom.db.providers import provider_for
 from controlroom.db.tables import site_reconciliation
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.writer import Clock, utc_now
+from controlroom.sitecalls.contract import as_utc
 from controlroom.sitecalls.cursor import Cursor, PinChange, judge_page, pin_change
 from controlroom.sitecalls.intake import make_writer, receive_json
 from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
@@ -103,11 +104,11 @@ def _key(row: Any) -> Cursor | None:
     try:
         stamp = datetime.fromisoformat(row["updated_at_utc"])
         ident = row["tracked_operation_id"]
+        if stamp.tzinfo is None or not isinstance(ident, str):
+            return None
+        return as_utc(stamp), ident  # a time no store holds says nothing usable either
     except (TypeError, KeyError, ValueError):
         return None
-    if stamp.tzinfo is None or not isinstance(ident, str):
-        return None
-    return stamp, ident
 
 
 def receive_row(row: Any, site: ConfiguredSite) -> ReceivedPacket:
