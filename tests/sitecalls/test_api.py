@@ -144,3 +144,25 @@ def test_posting_telemetry_needs_the_operator_role(
         assert client.get("/api/site-calls", headers=headers).status_code == 200
         answer = client.post("/api/site-calls/telemetry", json=[], headers=headers)
         assert answer.status_code == 403
+
+
+def test_packets_no_store_can_hold_are_rejected_by_name_beside_accepted_ones(
+    client: TestClient,
+) -> None:
+    deep = packet("Attempted", op_id=str(uuid.uuid4()), event_id=str(uuid.uuid4()))
+    deep["audit_event"]["details_json"] = "[" * 5000
+    late = packet("Attempted", op_id=str(uuid.uuid4()), updated_at_utc="9999-12-31T23:59:59-01:00")
+    early_event = packet("Attempted", op_id=str(uuid.uuid4()), event_id=str(uuid.uuid4()))
+    early_event["audit_event"]["occurred_at_utc"] = "0001-01-01T00:00:00+05:00"
+    good = packet("Attempted", op_id=str(uuid.uuid4()))
+    answer = client.post("/api/site-calls/telemetry", json=[late, good, deep, early_event])
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["accepted"] == [1]
+    reasons = {item["index"]: item["reason"] for item in body["rejected"]}
+    assert reasons[0].startswith("updated_at_utc:")
+    assert reasons[2].startswith("audit_event.details_json:")
+    assert reasons[3].startswith("audit_event.occurred_at_utc:")
+    kept = client.get("/api/site-calls/rejected").json()["items"]
+    assert any("[" * 5000 in item["packet"] for item in kept)
+    assert client.get(f"/api/site-calls/{good['tracked_operation_id']}").status_code == 200
