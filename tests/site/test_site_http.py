@@ -64,6 +64,8 @@ def test_the_pull_contract_pages_strictly_after_the_cursor(tmp_path: Path) -> No
         ({"limit": 0}, "limit"),
         ({"since": "2026-03-01T12:00:00"}, "since"),
         ({"after_id": "x"}, "after_id"),
+        ({"since": "0001-01-01T00:00:00+05:00"}, "since"),
+        ({"since": "9999-12-31T23:59:59-00:01"}, "since"),
     ],
 )
 def test_bad_pull_parameters_are_refused_by_name(tmp_path: Path, params: dict, field: str) -> None:

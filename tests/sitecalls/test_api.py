@@ -3,10 +3,13 @@ call with its audit events, KPIs, history, rejected packets (issue 10)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
@@ -166,3 +169,36 @@ def test_packets_no_store_can_hold_are_rejected_by_name_beside_accepted_ones(
     kept = client.get("/api/site-calls/rejected").json()["items"]
     assert any("[" * 5000 in item["packet"] for item in kept)
     assert client.get(f"/api/site-calls/{good['tracked_operation_id']}").status_code == 200
+
+
+FIRST_DAY_EAST = "0001-01-01T00:00:00+05:00"  # before year 1 in UTC
+LAST_DAY_WEST = "9999-12-31T23:59:59-00:01"  # after year 9999 in UTC
+
+
+def forged_cursor(instant: str) -> str:
+    text = json.dumps([instant, "3f2b8c4e-5d1a-4e7b-9c60-2a8f1d3e4b5c"])
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "named"),
+    [
+        ("/api/site-calls", {"created_from": FIRST_DAY_EAST}, "created_from"),
+        ("/api/site-calls", {"created_to": LAST_DAY_WEST}, "created_to"),
+        ("/api/audit-log", {"occurred_from": FIRST_DAY_EAST}, "occurred_from"),
+        ("/api/audit-log", {"occurred_to": LAST_DAY_WEST}, "occurred_to"),
+        ("/api/kpi-history", {"metric": "buffered", "from": FIRST_DAY_EAST}, "from"),
+        ("/api/kpi-history", {"metric": "buffered", "to": LAST_DAY_WEST}, "to"),
+        ("/api/site-calls", {"after": forged_cursor(LAST_DAY_WEST)}, "after"),
+        ("/api/audit-log", {"after": forged_cursor(FIRST_DAY_EAST)}, "after"),
+        ("/api/site-calls/rejected", {"after": forged_cursor(LAST_DAY_WEST)}, "after"),
+    ],
+)
+def test_a_time_outside_the_utc_range_is_a_4xx_naming_the_parameter(
+    client: TestClient, path: str, params: dict[str, str], named: str
+) -> None:
+    seeded = [packet("Attempted", event_id=str(uuid.uuid4())), "not a packet"]
+    assert client.post("/api/site-calls/telemetry", json=seeded).status_code == 200
+    answer = client.get(path, params=params)
+    assert 400 <= answer.status_code < 500, answer.text
+    assert named in answer.text

@@ -22,11 +22,12 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from controlroom.site.agent import CachedCallFailed, SiteAgent
 from controlroom.site.lifecycle import CommandOutcome
 from controlroom.site.telemetry import state_document
+from controlroom.sitecalls.contract import UtcInstant
 
 MAX_PAGE = 5000
 
@@ -67,7 +68,7 @@ def create_site_app(agent: SiteAgent) -> FastAPI:
 
     @app.get("/site/tracking/changes")
     def changes(
-        since: Annotated[AwareDatetime | None, Query()] = None,
+        since: Annotated[UtcInstant | None, Query()] = None,
         after_id: Annotated[str | None, Query(min_length=1, max_length=36)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 500,
     ) -> dict[str, Any]:
