@@ -202,3 +202,48 @@ def test_a_time_outside_the_utc_range_is_a_4xx_naming_the_parameter(
     answer = client.get(path, params=params)
     assert 400 <= answer.status_code < 500, answer.text
     assert named in answer.text
+
+
+def test_a_packet_naming_another_site_than_its_call_is_rejected_whole(
+    client: TestClient,
+) -> None:
+    # Any operator token may post telemetry; it must not take over another site's call.
+    known, fresh = str(uuid.uuid4()), str(uuid.uuid4())
+    first = client.post("/api/site-calls/telemetry", json=[packet("Attempted", op_id=known)])
+    assert first.json()["accepted"] == [0]
+    takeover = packet(
+        "Parked", op_id=known, epoch=2**31 - 1, source_site="intruder", event_id=str(uuid.uuid4())
+    )
+    answer = client.post(
+        "/api/site-calls/telemetry",
+        json=[
+            takeover,
+            packet("Submitted", op_id=fresh),
+            packet("Parked", op_id=fresh, epoch=5, source_site="intruder"),
+        ],
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["accepted"] == [1]
+    reasons = {item["index"]: item["reason"] for item in body["rejected"]}
+    assert set(reasons) == {0, 2}
+    assert all(reason.startswith("source_site:") for reason in reasons.values())
+    assert "site-a" in reasons[0]
+    for op_id, status in ((known, "Attempted"), (fresh, "Submitted")):
+        details = client.get(f"/api/site-calls/{op_id}").json()
+        assert (details["source_site"], details["status"], details["epoch"]) == (
+            "site-a",
+            status,
+            0,
+        )
+    assert client.get(f"/api/site-calls/{known}").json()["audit_events"] == []
+    kept = client.get("/api/site-calls/rejected").json()["items"]
+    assert sum("intruder" in item["packet"] for item in kept) == 2
+
+
+def test_an_audit_correlation_id_must_be_a_guid(client: TestClient) -> None:
+    data = packet("Attempted", op_id=str(uuid.uuid4()), event_id=str(uuid.uuid4()))
+    data["audit_event"]["correlation_id"] = "' OR 1=1 --"
+    answer = client.post("/api/site-calls/telemetry", json=[data])
+    (rejected,) = answer.json()["rejected"]
+    assert rejected["reason"].startswith("audit_event.correlation_id:")

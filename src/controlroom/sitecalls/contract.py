@@ -110,7 +110,7 @@ class AuditEvent(BaseModel):
     category: _text(al.category, min_length=1)  # type: ignore[valid-type]
     target: _text(al.target) | None = None  # type: ignore[valid-type]
     source_node: _text(al.source_node) | None = None  # type: ignore[valid-type]
-    correlation_id: _text(al.correlation_id) | None = None  # type: ignore[valid-type]
+    correlation_id: Guid | None = None
     details_json: Annotated[str | None, AfterValidator(_json_text)] = None
     payload_truncated: bool = False
 
@@ -143,6 +143,15 @@ class TelemetryPacket(BaseModel):
         if not terminal and self.terminal_at_utc is not None:
             raise ValueError(f"terminal_at_utc must be null for status {self.status.value}")
         return self
+
+
+def foreign_source(source_site: str, owner: str) -> str | None:
+    """Why a packet naming ``source_site`` must not touch a call owned by ``owner`` (the
+    site that reported it first, or the site it was pulled from); ``None`` when it may.
+    A call belongs to one site for life: no packet moves it to another (issue 11 review)."""
+    if source_site == owner:
+        return None
+    return f"source_site: the call belongs to site {owner!r}, not {source_site!r}"
 
 
 def describe_errors(error: ValidationError) -> str:

@@ -39,7 +39,7 @@ from controlroom.db.providers import provider_for
 from controlroom.db.tables import site_reconciliation
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.writer import Clock, utc_now
-from controlroom.sitecalls.contract import as_utc
+from controlroom.sitecalls.contract import as_utc, foreign_source
 from controlroom.sitecalls.cursor import Cursor, PinChange, judge_page, pin_change
 from controlroom.sitecalls.intake import make_writer, receive_json
 from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
@@ -115,13 +115,9 @@ def receive_row(row: Any, site: ConfiguredSite) -> ReceivedPacket:
     """A pulled row as a packet of the contract, refused when it names another site."""
     received = receive_json(row, f"reconciliation:{site.id}")
     packet = received.packet
-    if packet is not None and packet.source_site != site.id:
-        return ReceivedPacket(
-            raw=received.raw,
-            source=received.source,
-            rejected_because=f"pulled from site {site.id!r} but names source_site "
-            f"{packet.source_site!r}",
-        )
+    reason = None if packet is None else foreign_source(packet.source_site, site.id)
+    if reason is not None:
+        return ReceivedPacket(raw=received.raw, source=received.source, rejected_because=reason)
     return received
 
 
