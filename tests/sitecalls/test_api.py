@@ -247,3 +247,25 @@ def test_an_audit_correlation_id_must_be_a_guid(client: TestClient) -> None:
     answer = client.post("/api/site-calls/telemetry", json=[data])
     (rejected,) = answer.json()["rejected"]
     assert rejected["reason"].startswith("audit_event.correlation_id:")
+
+
+def test_a_refused_body_is_named_never_echoed(client: TestClient) -> None:
+    # The value holds an unpaired surrogate: echoing it back could not even be encoded.
+    answer = client.post(
+        "/api/site-calls/telemetry",
+        content=b'{"\\ud800": "\\udfff"}',
+        headers={"content-type": "application/json"},
+    )
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"][0]["loc"] == ["body"]
+    assert "input" not in answer.json()["detail"][0]
+
+
+@pytest.mark.parametrize(("name", "value"), [("status", "Parked\x00"), ("channel", "Smoke")])
+def test_an_unknown_status_or_channel_filter_is_a_422_naming_it(
+    client: TestClient, name: str, value: str
+) -> None:
+    answer = client.get("/api/site-calls", params={name: value})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"][0]["loc"] == ["query", name]
+    assert client.get("/api/site-calls", params={"status": "Parked"}).status_code == 200

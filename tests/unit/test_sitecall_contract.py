@@ -44,3 +44,31 @@ def test_unreadable_details_json_is_refused_by_name(details: str) -> None:
 def test_a_deeply_nested_body_is_refused() -> None:
     with pytest.raises(TelemetryRejected):
         parse_packet(b"[" * 100_000)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("retry_count", "7"),
+        ("retry_count", True),
+        ("retry_count", 2.0),
+        ("epoch", True),
+        ("http_status", 200.0),
+        ("created_at_utc", 0),
+        ("updated_at_utc", -1e10),
+        ("updated_at_utc", "1764580000"),
+    ],
+)
+def test_values_are_taken_as_sent_never_coerced(field: str, value: object) -> None:
+    # README: integers are JSON integers, times ISO 8601 text with a zone.
+    with pytest.raises(TelemetryRejected) as refused:
+        validate_packet(packet("Attempted", **{field: value}))
+    assert refused.value.reason.startswith(f"{field}:")
+
+
+def test_payload_truncated_is_a_json_boolean() -> None:
+    data = packet("Attempted", event_id=EVENT_ID)
+    data["audit_event"]["payload_truncated"] = "yes"
+    with pytest.raises(TelemetryRejected) as refused:
+        validate_packet(data)
+    assert refused.value.reason.startswith("audit_event.payload_truncated:")

@@ -32,6 +32,7 @@ from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.exceptions import ErrorKind
 from controlroom.sitecalls.reconciliation import ReconciliationService
 from controlroom.transport.base import Transport
+from controlroom.validation_answers import install_validation_answer
 from controlroom.web import install_console
 
 if TYPE_CHECKING:
@@ -94,6 +95,7 @@ def create_app(
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)
     app.add_exception_handler(OverflowError, _out_of_range)
     app.add_exception_handler(sa.exc.StatementError, _unbindable)
+    install_validation_answer(app)
     # The console answers every path no API route takes (/, /messages, /docs, /static).
     install_console(app)
     return app

@@ -24,6 +24,7 @@ from controlroom.sitecalls.contract import UtcInstant
 from controlroom.sitecalls.history import SCOPES, read_series
 from controlroom.sitecalls.intake import make_writer, receive_json
 from controlroom.sitecalls.kpis import METRICS, measure_kpis
+from controlroom.sitecalls.ordering import Channel, SiteCallStatus
 from controlroom.sitecalls.writer import IngestBudgetExceeded
 
 router = APIRouter(tags=["site calls"])
@@ -198,8 +199,8 @@ def list_site_calls(
     request: Request,
     site: Text = None,
     node: Text = None,
-    status: Text = None,
-    channel: Text = None,
+    status: Annotated[SiteCallStatus | None, Query()] = None,
+    channel: Annotated[Channel | None, Query()] = None,
     target: Text = None,
     created_from: Instant = None,
     created_to: Instant = None,
@@ -207,7 +208,15 @@ def list_site_calls(
     after: After = None,
 ) -> dict[str, Any]:
     """Site calls, newest created first; filters combine with AND."""
-    filters = queries.SiteCallFilter(site, node, status, channel, target, created_from, created_to)
+    filters = queries.SiteCallFilter(
+        site,
+        node,
+        status and status.value,
+        channel and channel.value,
+        target,
+        created_from,
+        created_to,
+    )
     try:
         with _engine(request).connect() as conn:
             return _paged(queries.list_site_calls(conn, filters, limit=limit, after=after))

@@ -21,8 +21,10 @@ from pydantic import (
     AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     ValidationError,
     model_validator,
 )
@@ -59,6 +61,18 @@ def _guid(value: str) -> str:
     return value.lower()
 
 
+def _iso_text(value: Any) -> Any:
+    # Lax parsing would take a number as Unix seconds and "1764580000" likewise; the
+    # contract says ISO 8601 text.
+    if not isinstance(value, str):
+        raise ValueError("must be ISO 8601 text with a zone")
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("must be ISO 8601 text with a zone") from None
+    return value
+
+
 def as_utc(value: datetime) -> datetime:
     """``value`` (zone-aware) in UTC. Raises ``ValueError`` when that leaves years 1-9999
     (a zone can carry such a time, no store holds it): the value's fault, so a validator
@@ -82,9 +96,17 @@ def _text(column: Any, *, min_length: int = 0) -> Any:
 
 
 Guid = Annotated[str, AfterValidator(_guid)]
-UtcInstant = Annotated[AwareDatetime, AfterValidator(as_utc)]
+UtcInstant = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(as_utc)]
+# JSON integers and booleans as sent: no "7" for 7, no true for 1, no 2.0 for 2.
+Integer = Annotated[int, Strict()]
+StorableText = Annotated[str, AfterValidator(_storable)]
 sc = site_calls.c
 al = audit_log.c
+# The rules of the values a site agent takes from its callers and later reports (a call's
+# target, an operator as an audit actor): the agent refuses what central would.
+TARGET_WIDTH = _width(sc.target)
+CallTarget = _text(sc.target, min_length=1)
+AuditActor = _text(al.actor, min_length=1)
 
 
 def _json_text(value: str | None) -> str | None:
@@ -104,7 +126,7 @@ class AuditEvent(BaseModel):
 
     event_id: Guid
     occurred_at_utc: UtcInstant
-    actor: _text(al.actor, min_length=1)  # type: ignore[valid-type]
+    actor: AuditActor  # type: ignore[valid-type]
     action: _text(al.action, min_length=1)  # type: ignore[valid-type]
     outcome: Literal["Success", "Failure", "Denied"]
     category: _text(al.category, min_length=1)  # type: ignore[valid-type]
@@ -112,7 +134,7 @@ class AuditEvent(BaseModel):
     source_node: _text(al.source_node) | None = None  # type: ignore[valid-type]
     correlation_id: Guid | None = None
     details_json: Annotated[str | None, AfterValidator(_json_text)] = None
-    payload_truncated: bool = False
+    payload_truncated: Annotated[bool, Strict()] = False
 
 
 class TelemetryPacket(BaseModel):
@@ -122,17 +144,17 @@ class TelemetryPacket(BaseModel):
 
     tracked_operation_id: Guid
     channel: Channel
-    target: _text(sc.target, min_length=1)  # type: ignore[valid-type]
+    target: CallTarget  # type: ignore[valid-type]
     source_site: _text(sc.source_site, min_length=1)  # type: ignore[valid-type]
     source_node: _text(sc.source_node) | None = None  # type: ignore[valid-type]
     status: SiteCallStatus
-    retry_count: int = Field(0, ge=0, le=2**31 - 1)
+    retry_count: Integer = Field(0, ge=0, le=2**31 - 1)
     last_error: _text(sc.last_error) | None = None  # type: ignore[valid-type]
-    http_status: int | None = Field(None, ge=100, le=599)
+    http_status: Integer | None = Field(None, ge=100, le=599)
     created_at_utc: UtcInstant
     updated_at_utc: UtcInstant
     terminal_at_utc: UtcInstant | None = None
-    epoch: int = Field(0, ge=0, le=2**31 - 1, description="absent means 0")
+    epoch: Integer = Field(0, ge=0, le=2**31 - 1, description="absent means 0")
     audit_event: AuditEvent | None = None
 
     @model_validator(mode="after")
