@@ -269,3 +269,23 @@ def test_an_unknown_status_or_channel_filter_is_a_422_naming_it(
     assert answer.status_code == 422, answer.text
     assert answer.json()["detail"][0]["loc"] == ["query", name]
     assert client.get("/api/site-calls", params={"status": "Parked"}).status_code == 200
+
+
+def test_a_reason_quoting_an_unstorable_field_name_is_kept_and_answered(
+    client: TestClient,
+) -> None:
+    # The unknown field's name is the sender's text: a NUL or an unpaired surrogate in it
+    # must not stop the packet being kept, nor the answer being rendered.
+    bad = {**packet("Attempted", op_id=str(uuid.uuid4())), "a\x00": 1}
+    body = json.dumps([bad, packet("Attempted", op_id=str(uuid.uuid4()))])
+    answer = client.post(
+        "/api/site-calls/telemetry",
+        content=body.encode(),
+        headers={"content-type": "application/json"},
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["accepted"] == [1]
+    (rejected,) = answer.json()["rejected"]
+    assert rejected["reason"].startswith("a\\x00")
+    (kept,) = client.get("/api/site-calls/rejected").json()["items"]
+    assert kept["reason"] == rejected["reason"]

@@ -114,6 +114,14 @@ def audit_row(packet: TelemetryPacket, now: datetime) -> dict[str, Any] | None:
     }
 
 
+def _storable_reason(reason: str) -> str:
+    """``reason`` as text every store keeps and every answer renders: a reason may quote
+    the sender's text (an unknown field's name), which may hold a NUL or an unpaired
+    surrogate; those are written as escapes (``\\x00``, ``\\ud800``)."""
+    escaped = reason.encode("utf-8", "backslashreplace").decode("utf-8")
+    return escaped.replace("\x00", "\\x00")
+
+
 class _BudgetBlown(Exception):
     """Internal: the running chunk or packet passed its deadline."""
 
@@ -169,6 +177,7 @@ class SiteCallWriter:
             else:
                 for index, reason in zip(indexes, refused, strict=True):
                     reasons[index] = reason
+        reasons = [None if reason is None else _storable_reason(reason) for reason in reasons]
         rejected = [
             (received[index], reason) for index, reason in enumerate(reasons) if reason is not None
         ]
