@@ -25,6 +25,7 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
+    TypeAdapter,
     ValidationError,
     model_validator,
 )
@@ -107,6 +108,28 @@ al = audit_log.c
 TARGET_WIDTH = _width(sc.target)
 CallTarget = _text(sc.target, min_length=1)
 AuditActor = _text(al.actor, min_length=1)
+_TARGET_RULE: TypeAdapter[str] = TypeAdapter(CallTarget)
+_ACTOR_RULE: TypeAdapter[str] = TypeAdapter(AuditActor)
+
+
+def _checked(rule: TypeAdapter[str], field: str, value: str) -> str:
+    try:
+        return rule.validate_python(value)
+    except ValidationError as error:
+        problems = "; ".join(item["msg"] for item in error.errors(include_url=False))
+        raise ValueError(f"{field}: {problems}") from None
+
+
+def check_target(value: str) -> str:
+    """``value`` if central takes it as a call's ``target``. Raises ``ValueError`` naming
+    ``target`` (empty, longer than the column, a NUL or an unpaired surrogate)."""
+    return _checked(_TARGET_RULE, "target", value)
+
+
+def check_actor(value: str, field: str = "actor") -> str:
+    """``value`` if central takes it as an audit event's actor. Raises ``ValueError``
+    naming ``field``."""
+    return _checked(_ACTOR_RULE, field, value)
 
 
 def _json_text(value: str | None) -> str | None:
