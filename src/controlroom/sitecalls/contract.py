@@ -4,8 +4,11 @@ Source: issue 10 "Telemetry contract", DESIGN.md "Site call audit". A packet is 
 object (example in README "Site call telemetry"). Every text value is bounded by the width
 of the column it lands in (characters, read from ``controlroom.db.tables`` so the two
 cannot drift); a longer value rejects the packet — never truncated (seed change log F1).
-Times must carry a zone and are kept in UTC. Unknown fields are refused by name, so
-nothing a site sends is dropped silently. Pure: no I/O.
+Times are ISO 8601 text with a zone, kept in UTC, so they must stay within years 1-9999
+once converted; integers and booleans are taken as sent (strict, never coerced from text).
+Unknown fields are refused by name, so nothing a site sends is dropped silently. The
+site agent checks what it will report with the same rules (``check_target``,
+``check_actor``). Pure: no I/O.
 """
 
 from __future__ import annotations
