@@ -35,6 +35,7 @@ from tests.reconciliation.harness import (
     central_settings,
     eventually,
     legacy_site_app,
+    rejected_packets,
     running_agent,
     running_central,
     seed_site_rows,
@@ -410,3 +411,56 @@ def test_a_site_coming_back_is_reconciled_before_the_next_interval(
         finally:
             stop.set()
             runner.join(30)
+
+
+def test_rows_no_store_can_hold_are_kept_as_rejected_and_the_pass_goes_on(
+    database_url: str, tmp_path: Path
+) -> None:
+    # A page holding rows whose times leave years 1-9999 in UTC or whose details_json is
+    # nested past any parser: each is kept whole, its neighbours land, the cursor moves.
+    def row(n: int, **fields: object) -> dict:
+        data = {
+            "tracked_operation_id": str(uuid.UUID(int=n)),
+            "channel": "DbOutbound",
+            "target": "erp.stock",
+            "source_site": "odd",
+            "status": "Attempted",
+            "created_at_utc": T.isoformat(),
+            "updated_at_utc": (T + timedelta(seconds=n)).isoformat(),
+        }
+        return {**data, **fields}
+
+    deep = row(3)
+    deep["audit_event"] = {
+        "event_id": str(uuid.UUID(int=99)),
+        "occurred_at_utc": T.isoformat(),
+        "actor": "a",
+        "action": "b",
+        "outcome": "Success",
+        "category": "c",
+        "details_json": "[" * 5000,
+    }
+    page = [
+        row(1),
+        row(2, created_at_utc="0001-01-01T00:00:00+01:00"),
+        deep,
+        row(4, updated_at_utc="9999-12-31T23:59:59-01:00"),
+        row(5),
+    ]
+    odd = FastAPI()
+
+    @odd.get("/site/tracking/changes")
+    def changes(limit: int = 500) -> JSONResponse:
+        return JSONResponse({"rows": page, "more_available": False})
+
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(serving(odd))
+        settings = central_settings(database_url, tmp_path / "central", [site_entry("odd", url)])
+        _central, app, engine = stack.enter_context(running_central(settings))
+        (result,) = app.state.reconciliation.run_pass_now()
+        assert result.error is None
+        assert set(central_rows(engine)) == {str(uuid.UUID(int=1)), str(uuid.UUID(int=5))}
+        reasons = sorted(reason.split(":")[0] for _, reason in rejected_packets(engine))
+        assert reasons == ["audit_event.details_json", "created_at_utc", "updated_at_utc"]
+        state = site_state(engine, "odd")
+        assert state.cursor_tracked_operation_id == str(uuid.UUID(int=5))

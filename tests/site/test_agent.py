@@ -257,3 +257,29 @@ def test_a_function_can_be_the_operation(agent: SiteAgent) -> None:
 
     assert agent.cached_call("erp/invoices", post_invoice, {"n": 1}).status is Status.DELIVERED
     assert seen == [{"n": 1}]
+
+
+@pytest.mark.parametrize("operator", ["ali\x00ce", "\ud800", "o" * 257, ""])
+def test_a_command_by_an_operator_central_would_refuse_is_not_applied(
+    agent: SiteAgent, clock: Clock, operator: str
+) -> None:
+    # The operator is the audit event's actor: refused at central, its record would be lost.
+    agent.register("post-invoice", Target(fail_times=100))
+    call_id = agent.cached_call("erp/invoices", "post-invoice", {}).tracked_operation_id
+    for _ in range(2):
+        clock.advance(10)
+        agent.attempt_due()
+    for command in (agent.retry, agent.discard):
+        with pytest.raises(ValueError, match="operator"):
+            command(call_id, operator)
+    assert agent.store.state(call_id).status is Status.PARKED
+
+
+@pytest.mark.parametrize("target", ["erp\x00", "\udc00", "t" * 257, ""])
+def test_a_target_central_would_refuse_is_refused_before_the_call(
+    agent: SiteAgent, target: str
+) -> None:
+    agent.register("post-invoice", Target())
+    with pytest.raises(ValueError, match="target"):
+        agent.cached_call(target, "post-invoice", {})
+    assert agent.store.states() == []

@@ -4,6 +4,7 @@ the outbox riding out a central outage."""
 from __future__ import annotations
 
 import socket
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -64,6 +65,8 @@ def test_the_pull_contract_pages_strictly_after_the_cursor(tmp_path: Path) -> No
         ({"limit": 0}, "limit"),
         ({"since": "2026-03-01T12:00:00"}, "since"),
         ({"after_id": "x"}, "after_id"),
+        ({"since": "0001-01-01T00:00:00+05:00"}, "since"),
+        ({"since": "9999-12-31T23:59:59-00:01"}, "since"),
     ],
 )
 def test_bad_pull_parameters_are_refused_by_name(tmp_path: Path, params: dict, field: str) -> None:
@@ -116,3 +119,31 @@ def test_the_outbox_delivers_once_central_is_back(database_url: str, tmp_path: P
             eventually(lambda: agent.store.outbox_size() == 0, what="the outbox drains")
             rows = central_rows(engine)
             assert {rows[i]["status"] for i in ids} == {"Delivered"}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("retry", '{"operator": "ali\\u0000ce"}', "operator"),
+        ("discard", '{"operator": "\\ud800"}', "operator"),
+        ("retry", '{"operator": "' + "o" * 257 + '"}', "operator"),
+        ("calls", '{"url": "http://erp.example/' + "a" * 300 + '"}', "url"),
+        ("calls", '{"url": "http://erp.example/a\\u0000"}', "url"),
+        ("calls", '{"url": "http://erp.example/a", "target": "t\\u0000"}', "target"),
+        ("calls", '{"url": "http://erp.example/a", "target": "\\udc00"}', "target"),
+    ],
+)
+def test_the_agent_refuses_what_centrals_contract_would_by_name(
+    tmp_path: Path, path: str, body: str, field: str
+) -> None:
+    # Applied here but refused at central, the audit record of the change would be lost.
+    route = "calls" if path == "calls" else f"tracking/{uuid.uuid4()}/{path}"
+    with running_agent(settings(tmp_path)) as agent:
+        answer = httpx.post(
+            f"{agent.url}/site/{route}",
+            content=body.encode(),
+            headers={**AUTH, "content-type": "application/json"},
+        )
+        assert answer.status_code == 422, answer.text
+        assert field in answer.text
+        assert agent.store.states() == []

@@ -3,10 +3,13 @@ call with its audit events, KPIs, history, rejected packets (issue 10)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
@@ -144,3 +147,145 @@ def test_posting_telemetry_needs_the_operator_role(
         assert client.get("/api/site-calls", headers=headers).status_code == 200
         answer = client.post("/api/site-calls/telemetry", json=[], headers=headers)
         assert answer.status_code == 403
+
+
+def test_packets_no_store_can_hold_are_rejected_by_name_beside_accepted_ones(
+    client: TestClient,
+) -> None:
+    deep = packet("Attempted", op_id=str(uuid.uuid4()), event_id=str(uuid.uuid4()))
+    deep["audit_event"]["details_json"] = "[" * 5000
+    late = packet("Attempted", op_id=str(uuid.uuid4()), updated_at_utc="9999-12-31T23:59:59-01:00")
+    early_event = packet("Attempted", op_id=str(uuid.uuid4()), event_id=str(uuid.uuid4()))
+    early_event["audit_event"]["occurred_at_utc"] = "0001-01-01T00:00:00+05:00"
+    good = packet("Attempted", op_id=str(uuid.uuid4()))
+    answer = client.post("/api/site-calls/telemetry", json=[late, good, deep, early_event])
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["accepted"] == [1]
+    reasons = {item["index"]: item["reason"] for item in body["rejected"]}
+    assert reasons[0].startswith("updated_at_utc:")
+    assert reasons[2].startswith("audit_event.details_json:")
+    assert reasons[3].startswith("audit_event.occurred_at_utc:")
+    kept = client.get("/api/site-calls/rejected").json()["items"]
+    assert any("[" * 5000 in item["packet"] for item in kept)
+    assert client.get(f"/api/site-calls/{good['tracked_operation_id']}").status_code == 200
+
+
+FIRST_DAY_EAST = "0001-01-01T00:00:00+05:00"  # before year 1 in UTC
+LAST_DAY_WEST = "9999-12-31T23:59:59-00:01"  # after year 9999 in UTC
+
+
+def forged_cursor(instant: str) -> str:
+    text = json.dumps([instant, "3f2b8c4e-5d1a-4e7b-9c60-2a8f1d3e4b5c"])
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "named"),
+    [
+        ("/api/site-calls", {"created_from": FIRST_DAY_EAST}, "created_from"),
+        ("/api/site-calls", {"created_to": LAST_DAY_WEST}, "created_to"),
+        ("/api/audit-log", {"occurred_from": FIRST_DAY_EAST}, "occurred_from"),
+        ("/api/audit-log", {"occurred_to": LAST_DAY_WEST}, "occurred_to"),
+        ("/api/kpi-history", {"metric": "buffered", "from": FIRST_DAY_EAST}, "from"),
+        ("/api/kpi-history", {"metric": "buffered", "to": LAST_DAY_WEST}, "to"),
+        ("/api/site-calls", {"after": forged_cursor(LAST_DAY_WEST)}, "after"),
+        ("/api/audit-log", {"after": forged_cursor(FIRST_DAY_EAST)}, "after"),
+        ("/api/site-calls/rejected", {"after": forged_cursor(LAST_DAY_WEST)}, "after"),
+    ],
+)
+def test_a_time_outside_the_utc_range_is_a_4xx_naming_the_parameter(
+    client: TestClient, path: str, params: dict[str, str], named: str
+) -> None:
+    seeded = [packet("Attempted", event_id=str(uuid.uuid4())), "not a packet"]
+    assert client.post("/api/site-calls/telemetry", json=seeded).status_code == 200
+    answer = client.get(path, params=params)
+    assert 400 <= answer.status_code < 500, answer.text
+    assert named in answer.text
+
+
+def test_a_packet_naming_another_site_than_its_call_is_rejected_whole(
+    client: TestClient,
+) -> None:
+    # Any operator token may post telemetry; it must not take over another site's call.
+    known, fresh = str(uuid.uuid4()), str(uuid.uuid4())
+    first = client.post("/api/site-calls/telemetry", json=[packet("Attempted", op_id=known)])
+    assert first.json()["accepted"] == [0]
+    takeover = packet(
+        "Parked", op_id=known, epoch=2**31 - 1, source_site="intruder", event_id=str(uuid.uuid4())
+    )
+    answer = client.post(
+        "/api/site-calls/telemetry",
+        json=[
+            takeover,
+            packet("Submitted", op_id=fresh),
+            packet("Parked", op_id=fresh, epoch=5, source_site="intruder"),
+        ],
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["accepted"] == [1]
+    reasons = {item["index"]: item["reason"] for item in body["rejected"]}
+    assert set(reasons) == {0, 2}
+    assert all(reason.startswith("source_site:") for reason in reasons.values())
+    assert "site-a" in reasons[0]
+    for op_id, status in ((known, "Attempted"), (fresh, "Submitted")):
+        details = client.get(f"/api/site-calls/{op_id}").json()
+        assert (details["source_site"], details["status"], details["epoch"]) == (
+            "site-a",
+            status,
+            0,
+        )
+    assert client.get(f"/api/site-calls/{known}").json()["audit_events"] == []
+    kept = client.get("/api/site-calls/rejected").json()["items"]
+    assert sum("intruder" in item["packet"] for item in kept) == 2
+
+
+def test_an_audit_correlation_id_must_be_a_guid(client: TestClient) -> None:
+    data = packet("Attempted", op_id=str(uuid.uuid4()), event_id=str(uuid.uuid4()))
+    data["audit_event"]["correlation_id"] = "' OR 1=1 --"
+    answer = client.post("/api/site-calls/telemetry", json=[data])
+    (rejected,) = answer.json()["rejected"]
+    assert rejected["reason"].startswith("audit_event.correlation_id:")
+
+
+def test_a_refused_body_is_named_never_echoed(client: TestClient) -> None:
+    # The value holds an unpaired surrogate: echoing it back could not even be encoded.
+    answer = client.post(
+        "/api/site-calls/telemetry",
+        content=b'{"\\ud800": "\\udfff"}',
+        headers={"content-type": "application/json"},
+    )
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"][0]["loc"] == ["body"]
+    assert "input" not in answer.json()["detail"][0]
+
+
+@pytest.mark.parametrize(("name", "value"), [("status", "Parked\x00"), ("channel", "Smoke")])
+def test_an_unknown_status_or_channel_filter_is_a_422_naming_it(
+    client: TestClient, name: str, value: str
+) -> None:
+    answer = client.get("/api/site-calls", params={name: value})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"][0]["loc"] == ["query", name]
+    assert client.get("/api/site-calls", params={"status": "Parked"}).status_code == 200
+
+
+def test_a_reason_quoting_an_unstorable_field_name_is_kept_and_answered(
+    client: TestClient,
+) -> None:
+    # The unknown field's name is the sender's text: a NUL or an unpaired surrogate in it
+    # must not stop the packet being kept, nor the answer being rendered.
+    bad = {**packet("Attempted", op_id=str(uuid.uuid4())), "a\x00": 1}
+    body = json.dumps([bad, packet("Attempted", op_id=str(uuid.uuid4()))])
+    answer = client.post(
+        "/api/site-calls/telemetry",
+        content=body.encode(),
+        headers={"content-type": "application/json"},
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["accepted"] == [1]
+    (rejected,) = answer.json()["rejected"]
+    assert rejected["reason"].startswith("a\\x00")
+    (kept,) = client.get("/api/site-calls/rejected").json()["items"]
+    assert kept["reason"] == rejected["reason"]

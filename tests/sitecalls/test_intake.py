@@ -19,6 +19,7 @@ from controlroom.sitecalls.demo import generate_demo_telemetry
 from controlroom.sitecalls.intake import TelemetryIngestionService
 from controlroom.transport import EmbeddedQueue, RabbitMQTransport, Transport
 from tests.integration.test_ingestion import TIMEOUT, count
+from tests.sitecalls import packets as factory
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -139,3 +140,111 @@ def test_a_batch_the_store_cannot_take_goes_back_to_the_queue(
     with caplog.at_level("ERROR", logger="controlroom.sitecalls.intake"):
         assert asyncio.run(scenario()) == 1
     assert count(engine, rejected_telemetry) == 0
+
+
+def poison_bodies() -> tuple[list[bytes], list[str]]:
+    """Packets whose values no store holds, between good ones; the good ones' ids."""
+    goods = [factory.packet("Attempted", op_id=str(uuid.uuid4()), at=NOW) for _ in range(4)]
+    deep = factory.packet("Attempted", op_id=str(uuid.uuid4()), event_id=str(uuid.uuid4()))
+    deep["audit_event"]["details_json"] = "[" * 5000
+    poisons = [
+        factory.packet(
+            "Attempted", op_id=str(uuid.uuid4()), created_at_utc="0001-01-01T00:30:00+01:00"
+        ),
+        factory.packet(
+            "Attempted", op_id=str(uuid.uuid4()), updated_at_utc="9999-12-31T23:59:59-01:00"
+        ),
+        deep,
+    ]
+    bodies = [json.dumps(p).encode() for p in goods[:2] + poisons + goods[2:]]
+    return bodies, [g["tracked_operation_id"] for g in goods]
+
+
+async def run_poison(settings: Settings, engine: sa.Engine, transport: Transport) -> None:
+    bodies, goods = poison_bodies()
+    for body in bodies:
+        await transport.publish(settings.telemetry_queue, {}, body)
+    await ingest_until(
+        settings,
+        engine,
+        transport,
+        lambda: count(engine, rejected_telemetry) == 3 and count(engine, site_calls) == len(goods),
+    )
+
+
+def assert_poison_kept_whole(engine: sa.Engine) -> None:
+    with engine.connect() as conn:
+        reasons = sorted(conn.execute(sa.select(rejected_telemetry.c.reason)).scalars())
+    assert [reason.split(":")[0] for reason in reasons] == [
+        "audit_event.details_json",
+        "created_at_utc",
+        "updated_at_utc",
+    ]
+
+
+def test_out_of_range_packets_are_kept_and_the_embedded_queue_drains(
+    settings: Settings, engine: sa.Engine
+) -> None:
+    async def scenario() -> int:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            await run_poison(settings, engine, transport)
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            return await transport.purge(settings.telemetry_queue)
+
+    assert asyncio.run(scenario()) == 0
+    assert_poison_kept_whole(engine)
+
+
+@pytest.mark.rabbitmq
+def test_out_of_range_packets_are_kept_and_the_rabbitmq_queue_drains(
+    settings: Settings, engine: sa.Engine, rabbitmq_url: str
+) -> None:
+    settings = settings.model_copy(
+        update={"broker_url": rabbitmq_url, "telemetry_queue": f"telemetry-{uuid.uuid4().hex[:8]}"}
+    )
+
+    async def scenario() -> int:
+        async with RabbitMQTransport(rabbitmq_url) as transport:
+            await run_poison(settings, engine, transport)
+        async with RabbitMQTransport(rabbitmq_url) as transport:
+            return await transport.purge(settings.telemetry_queue)
+
+    assert asyncio.run(scenario()) == 0
+    assert_poison_kept_whole(engine)
+
+
+def test_a_packet_that_breaks_validation_unexpectedly_is_kept_not_stranded(
+    settings: Settings, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whatever escapes the contract for one packet (a bug of ours) is that packet's:
+    # it is kept as rejected, its neighbours are written, every delivery acknowledged.
+    from controlroom.sitecalls import intake
+
+    real = intake.parse_packet
+
+    def parse(body: bytes):  # type: ignore[no-untyped-def]
+        if b"explode" in body:
+            raise RuntimeError("a bug in validation")
+        return real(body)
+
+    monkeypatch.setattr(intake, "parse_packet", parse)
+    good = factory.packet("Attempted", op_id=str(uuid.uuid4()), at=NOW)
+    bad = factory.packet("Attempted", op_id=str(uuid.uuid4()), target="explode")
+
+    async def scenario() -> int:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            for data in (bad, good):
+                await transport.publish(settings.telemetry_queue, {}, json.dumps(data).encode())
+            await ingest_until(
+                settings,
+                engine,
+                transport,
+                lambda: count(engine, rejected_telemetry) == 1 and count(engine, site_calls) == 1,
+            )
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            return await transport.purge(settings.telemetry_queue)
+
+    assert asyncio.run(scenario()) == 0
+    with engine.connect() as conn:
+        reason = conn.execute(sa.select(rejected_telemetry.c.reason)).scalar_one()
+    assert "RuntimeError: a bug in validation" in reason

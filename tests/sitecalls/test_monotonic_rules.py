@@ -79,3 +79,20 @@ def test_duplicates_in_one_batch_fold_to_the_survivor(engine, site_writer) -> No
         packet("Failed", at=at(5)),
     )
     assert stored(engine).status == "Delivered"
+
+
+def test_the_upsert_guard_never_moves_a_call_to_another_site(engine, site_writer) -> None:
+    # The statement itself holds the owner, so a writer racing past the owner check (it
+    # read no row yet) still cannot take the call over.
+    from controlroom.db.providers import provider_for
+    from controlroom.sitecalls.contract import validate_packet
+    from controlroom.sitecalls.upsert import upsert_site_calls
+    from controlroom.sitecalls.writer import site_call_row
+
+    write(site_writer, packet("Attempted", at=at(1)))
+    foreign = validate_packet(packet("Parked", at=at(9), epoch=7, source_site="intruder"))
+    with engine.begin() as conn:
+        written = upsert_site_calls(conn, provider_for(engine), [site_call_row(foreign, T0)])
+    assert written == set()
+    row = stored(engine)
+    assert (row.source_site, row.status, row.epoch) == ("site-a", "Attempted", 0)

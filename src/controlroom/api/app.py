@@ -38,6 +38,7 @@ from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.exceptions import ErrorKind
 from controlroom.sitecalls.reconciliation import ReconciliationService
 from controlroom.transport.base import Transport
+from controlroom.validation_answers import install_validation_answer
 from controlroom.web import install_console
 
 if TYPE_CHECKING:
@@ -109,6 +110,8 @@ def create_app(
     app.add_exception_handler(RequestValidationError, limits.validation_error)
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)
     app.add_exception_handler(OverflowError, _out_of_range)
+    app.add_exception_handler(sa.exc.StatementError, _unbindable)
+    install_validation_answer(app)
     # The console answers every path no API route takes (/, /messages, /docs, /static).
     install_console(app)
     return app
@@ -121,6 +124,16 @@ def _reconciliation(settings: Settings, engine: sa.Engine) -> ReconciliationServ
 async def _out_of_range(request: Request, exc: Exception) -> Response:
     """A value past what the store can hold (a time beyond year 9999 in UTC) is a 400."""
     return JSONResponse({"detail": f"a value of this request is out of range: {exc}"}, 400)
+
+
+async def _unbindable(request: Request, exc: Exception) -> Response:
+    """A value SQLAlchemy could not bind: it wraps the error (an ``OverflowError`` for a
+    time past year 9999 in UTC) in a ``StatementError``, which the handlers keyed on the
+    error itself never see. A parameter type should have refused it by name first."""
+    orig = getattr(exc, "orig", None)
+    if isinstance(orig, OverflowError):
+        return await _out_of_range(request, orig)
+    raise exc
 
 
 async def _store_error(request: Request, exc: Exception) -> Response:

@@ -16,13 +16,15 @@ from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
-from pydantic import AwareDatetime, BaseModel
+from pydantic import BaseModel
 
 from controlroom.config import Settings
 from controlroom.sitecalls import queries
+from controlroom.sitecalls.contract import UtcInstant
 from controlroom.sitecalls.history import SCOPES, read_series
 from controlroom.sitecalls.intake import make_writer, receive_json
 from controlroom.sitecalls.kpis import METRICS, measure_kpis
+from controlroom.sitecalls.ordering import Channel, SiteCallStatus
 from controlroom.sitecalls.writer import IngestBudgetExceeded
 
 router = APIRouter(tags=["site calls"])
@@ -34,7 +36,9 @@ After = Annotated[
     str | None, Query(max_length=500, description="next_cursor of the previous page.")
 ]
 Text = Annotated[str | None, Query(max_length=1024)]
-Instant = Annotated[AwareDatetime | None, Query(description="ISO 8601 with a zone.")]
+# One type for every time parameter: a zone-aware time that stays within years 1-9999 in
+# UTC (the contract's rule), so an out-of-range one is a 422 naming the parameter.
+Instant = Annotated[UtcInstant | None, Query(description="ISO 8601 with a zone.")]
 BAD_REQUEST = {400: {"description": "A parameter is malformed (named in detail)."}}
 BUSY = {503: {"description": "The store is busy or a write ran past its budget; try again."}}
 
@@ -195,8 +199,8 @@ def list_site_calls(
     request: Request,
     site: Text = None,
     node: Text = None,
-    status: Text = None,
-    channel: Text = None,
+    status: Annotated[SiteCallStatus | None, Query()] = None,
+    channel: Annotated[Channel | None, Query()] = None,
     target: Text = None,
     created_from: Instant = None,
     created_to: Instant = None,
@@ -204,7 +208,15 @@ def list_site_calls(
     after: After = None,
 ) -> dict[str, Any]:
     """Site calls, newest created first; filters combine with AND."""
-    filters = queries.SiteCallFilter(site, node, status, channel, target, created_from, created_to)
+    filters = queries.SiteCallFilter(
+        site,
+        node,
+        status and status.value,
+        channel and channel.value,
+        target,
+        created_from,
+        created_to,
+    )
     try:
         with _engine(request).connect() as conn:
             return _paged(queries.list_site_calls(conn, filters, limit=limit, after=after))
@@ -304,7 +316,7 @@ def kpi_history(
     metric: Annotated[Literal[METRICS], Query()],  # type: ignore[valid-type]
     scope: Annotated[Literal[SCOPES], Query()] = "global",  # type: ignore[valid-type]
     scope_key: Annotated[str, Query(max_length=200)] = "",
-    from_: Annotated[AwareDatetime | None, Query(alias="from")] = None,
+    from_: Annotated[UtcInstant | None, Query(alias="from")] = None,
     to: Instant = None,
     max_points: Annotated[int, Query(ge=1, le=10_000)] = 200,
 ) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from controlroom.site.config import SiteSettings
 from controlroom.site.lifecycle import CallState, CommandOutcome, Status, Transition
 from controlroom.site.store import DueCall, TrackingStore, state_from_row
 from controlroom.site.telemetry import telemetry_packet
+from controlroom.sitecalls.contract import check_actor
 
 Operation = Callable[[Any], object]
 """Makes one attempt of a call from its JSON payload; raises on failure
@@ -94,9 +95,10 @@ class SiteAgent:
         tracked_operation_id: str | None = None,
     ) -> CallResult:
         """Record and attempt a cached call of ``operation`` with ``payload``
-        (JSON-serializable) to ``target`` (≤ 256 characters). ``operation`` is a registered
-        name, or a function, registered here under its qualified name (register it at
-        start-up too, so a restarted process can resume its buffered calls).
+        (JSON-serializable) to ``target`` (as central's contract takes it:
+        ``sitecalls.contract.check_target``). ``operation`` is a registered name, or a
+        function, registered here under its qualified name (register it at start-up too,
+        so a restarted process can resume its buffered calls).
 
         Raises ``CachedCallFailed`` on a permanent failure, ``KeyError`` for an operation
         never registered, ``ValueError`` for a bad channel or target.
@@ -161,11 +163,12 @@ class SiteAgent:
     # --- operator commands ----------------------------------------------------------------
     def retry(self, tracked_operation_id: str, operator: str) -> CommandOutcome:
         """An operator's Retry of a Parked call: a new lifecycle (``epoch`` + 1), attempted
-        by the retry loop. ``NotParked`` for a call in any other status."""
+        by the retry loop. ``NotParked`` for a call in any other status. Raises
+        ``ValueError`` naming ``operator`` when central would refuse it as an actor."""
         return self._command(tracked_operation_id, operator, lifecycle.operator_retry)
 
     def discard(self, tracked_operation_id: str, operator: str) -> CommandOutcome:
-        """An operator's Discard of a Parked call (``Discarded``)."""
+        """An operator's Discard of a Parked call (``Discarded``). Raises as ``retry``."""
         return self._command(tracked_operation_id, operator, lifecycle.operator_discard)
 
     def _command(
@@ -174,6 +177,9 @@ class SiteAgent:
         operator: str,
         decide: Callable[[CallState, datetime], Transition | None],
     ) -> CommandOutcome:
+        # The operator is the audit event's actor: a name central refuses is refused here,
+        # before the command is applied and its audit record could be lost.
+        check_actor(operator, "operator")
         with self.store.transition(self._clock()) as (conn, stamp):
             row = self.store.read(conn, tracked_operation_id)
             if row is None:

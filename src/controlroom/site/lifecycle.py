@@ -28,10 +28,11 @@ from datetime import datetime, timedelta
 
 import httpx
 
+from controlroom.sitecalls.contract import check_target
+
 STAMP_RESOLUTION = timedelta(microseconds=1)
 LAST_ERROR_WIDTH = 1024
 """Characters of ``last_error`` central stores (DESIGN.md ``site_calls``)."""
-TARGET_WIDTH = 256
 CHANNELS = ("ApiOutbound", "DbOutbound")
 _TRANSIENT_HTTP = frozenset({408, 425, 429})
 
@@ -149,12 +150,11 @@ def submitted(
     stamp: datetime,
 ) -> Transition:
     """The first state of a new cached call. Raises ``ValueError`` for a channel that is
-    not ``ApiOutbound``/``DbOutbound`` or a target that is empty or longer than 256
-    characters (central would refuse every packet of it)."""
+    not ``ApiOutbound``/``DbOutbound`` or a target central's contract refuses
+    (``sitecalls.contract.check_target``: it would refuse every packet of the call)."""
     if channel not in CHANNELS:
         raise ValueError(f"channel must be one of {', '.join(CHANNELS)}, not {channel!r}")
-    if not 1 <= len(target) <= TARGET_WIDTH:
-        raise ValueError(f"target must have 1 to {TARGET_WIDTH} characters")
+    check_target(target)
     state = CallState(
         tracked_operation_id=tracked_operation_id,
         channel=channel,

@@ -9,10 +9,12 @@ Source: issue 11 "Pull contract" and "Relay". Routes (all under ``/site``, all n
   after ``since`` when ``after_id`` is absent. ``limit`` 1..5000, default 500.
 - ``POST /site/tracking/{id}/retry`` and ``/discard`` with ``{"operator": "name"}``:
   200 ``{"outcome": "Applied"}``, 409 ``{"outcome": "NotParked", "status": ...}``, 404
-  ``{"outcome": "NotFound"}``.
+  ``{"outcome": "NotFound"}``; 422 naming ``operator`` when central's contract would
+  refuse it as an audit actor (the command is then not applied).
 - ``POST /site/calls`` with ``{"method", "url", "json"?, "target"?}``: a cached HTTP call
   made by the agent for a process that is not Python; 200 with the call's id and status,
-  422 with them when it failed permanently.
+  422 with them when it failed permanently. A ``target`` (or, without one, a ``url``)
+  central's contract would refuse is a 422 naming it, before any call is made.
 """
 
 from __future__ import annotations
@@ -22,11 +24,19 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controlroom.site.agent import CachedCallFailed, SiteAgent
 from controlroom.site.lifecycle import CommandOutcome
 from controlroom.site.telemetry import state_document
+from controlroom.sitecalls.contract import (
+    TARGET_WIDTH,
+    AuditActor,
+    CallTarget,
+    StorableText,
+    UtcInstant,
+)
+from controlroom.validation_answers import install_validation_answer
 
 MAX_PAGE = 5000
 
@@ -45,18 +55,34 @@ def _authorize(request: Request) -> None:
 
 
 class Command(BaseModel):
+    """An operator's command. ``operator`` becomes the audit event's actor, so it follows
+    central's contract (``sitecalls.contract``): what central would refuse is never applied
+    here, where its audit record would then be lost."""
+
     model_config = ConfigDict(extra="forbid")
 
-    operator: str = Field(min_length=1, max_length=256, description="Who asked (audit actor).")
+    operator: AuditActor = Field(description="Who asked (audit actor).")  # type: ignore[valid-type]
 
 
 class HttpCall(BaseModel):
+    """A cached HTTP call; its ``target`` (the ``url`` when absent) follows central's
+    contract, like ``Command``."""
+
     model_config = ConfigDict(extra="forbid")
 
     method: str = Field("POST", pattern=r"^[A-Z]{3,7}$")
-    url: str = Field(pattern=r"^https?://")
+    url: StorableText = Field(pattern=r"^https?://")  # type: ignore[valid-type]
     json_body: Any = Field(None, alias="json")
-    target: str | None = Field(None, min_length=1, max_length=256)
+    target: CallTarget | None = None  # type: ignore[valid-type]
+
+    @model_validator(mode="after")
+    def _url_as_target(self) -> HttpCall:
+        if self.target is None and len(self.url) > TARGET_WIDTH:
+            raise ValueError(
+                f"url: it is the call's target when no target is given, so at most "
+                f"{TARGET_WIDTH} characters"
+            )
+        return self
 
 
 def create_site_app(agent: SiteAgent) -> FastAPI:
@@ -64,10 +90,11 @@ def create_site_app(agent: SiteAgent) -> FastAPI:
     app = FastAPI(title="Controlroom site agent", dependencies=[Depends(_authorize)])
     token = agent.settings.token
     app.state.token = token.get_secret_value() if token is not None else None
+    install_validation_answer(app)
 
     @app.get("/site/tracking/changes")
     def changes(
-        since: Annotated[AwareDatetime | None, Query()] = None,
+        since: Annotated[UtcInstant | None, Query()] = None,
         after_id: Annotated[str | None, Query(min_length=1, max_length=36)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 500,
     ) -> dict[str, Any]:

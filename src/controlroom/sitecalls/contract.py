@@ -4,8 +4,11 @@ Source: issue 10 "Telemetry contract", DESIGN.md "Site call audit". A packet is 
 object (example in README "Site call telemetry"). Every text value is bounded by the width
 of the column it lands in (characters, read from ``controlroom.db.tables`` so the two
 cannot drift); a longer value rejects the packet — never truncated (seed change log F1).
-Times must carry a zone and are kept in UTC. Unknown fields are refused by name, so
-nothing a site sends is dropped silently. Pure: no I/O.
+Times are ISO 8601 text with a zone, kept in UTC, so they must stay within years 1-9999
+once converted; integers and booleans are taken as sent (strict, never coerced from text).
+Unknown fields are refused by name, so nothing a site sends is dropped silently. The
+site agent checks what it will report with the same rules (``check_target``,
+``check_actor``). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ from pydantic import (
     AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
+    TypeAdapter,
     ValidationError,
     model_validator,
 )
@@ -59,8 +65,26 @@ def _guid(value: str) -> str:
     return value.lower()
 
 
-def _utc(value: datetime) -> datetime:
-    return value.astimezone(UTC)
+def _iso_text(value: Any) -> Any:
+    # Lax parsing would take a number as Unix seconds and "1764580000" likewise; the
+    # contract says ISO 8601 text.
+    if not isinstance(value, str):
+        raise ValueError("must be ISO 8601 text with a zone")
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("must be ISO 8601 text with a zone") from None
+    return value
+
+
+def as_utc(value: datetime) -> datetime:
+    """``value`` (zone-aware) in UTC. Raises ``ValueError`` when that leaves years 1-9999
+    (a zone can carry such a time, no store holds it): the value's fault, so a validator
+    using this names its field."""
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("must be a time within years 1 to 9999 once converted to UTC") from None
 
 
 def _width(column: Any) -> int:
@@ -76,16 +100,47 @@ def _text(column: Any, *, min_length: int = 0) -> Any:
 
 
 Guid = Annotated[str, AfterValidator(_guid)]
-UtcInstant = Annotated[AwareDatetime, AfterValidator(_utc)]
+UtcInstant = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(as_utc)]
+# JSON integers and booleans as sent: no "7" for 7, no true for 1, no 2.0 for 2.
+Integer = Annotated[int, Strict()]
+StorableText = Annotated[str, AfterValidator(_storable)]
 sc = site_calls.c
 al = audit_log.c
+# The rules of the values a site agent takes from its callers and later reports (a call's
+# target, an operator as an audit actor): the agent refuses what central would.
+TARGET_WIDTH = _width(sc.target)
+CallTarget = _text(sc.target, min_length=1)
+AuditActor = _text(al.actor, min_length=1)
+_TARGET_RULE: TypeAdapter[str] = TypeAdapter(CallTarget)
+_ACTOR_RULE: TypeAdapter[str] = TypeAdapter(AuditActor)
+
+
+def _checked(rule: TypeAdapter[str], field: str, value: str) -> str:
+    try:
+        return rule.validate_python(value)
+    except ValidationError as error:
+        problems = "; ".join(item["msg"] for item in error.errors(include_url=False))
+        raise ValueError(f"{field}: {problems}") from None
+
+
+def check_target(value: str) -> str:
+    """``value`` if central takes it as a call's ``target``. Raises ``ValueError`` naming
+    ``target`` (empty, longer than the column, a NUL or an unpaired surrogate)."""
+    return _checked(_TARGET_RULE, "target", value)
+
+
+def check_actor(value: str, field: str = "actor") -> str:
+    """``value`` if central takes it as an audit event's actor. Raises ``ValueError``
+    naming ``field``."""
+    return _checked(_ACTOR_RULE, field, value)
 
 
 def _json_text(value: str | None) -> str | None:
     if value is not None:
+        _storable(value)
         try:
             json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past what the parser reads
             raise ValueError("must be JSON text") from None
     return value
 
@@ -97,15 +152,15 @@ class AuditEvent(BaseModel):
 
     event_id: Guid
     occurred_at_utc: UtcInstant
-    actor: _text(al.actor, min_length=1)  # type: ignore[valid-type]
+    actor: AuditActor  # type: ignore[valid-type]
     action: _text(al.action, min_length=1)  # type: ignore[valid-type]
     outcome: Literal["Success", "Failure", "Denied"]
     category: _text(al.category, min_length=1)  # type: ignore[valid-type]
     target: _text(al.target) | None = None  # type: ignore[valid-type]
     source_node: _text(al.source_node) | None = None  # type: ignore[valid-type]
-    correlation_id: _text(al.correlation_id) | None = None  # type: ignore[valid-type]
+    correlation_id: Guid | None = None
     details_json: Annotated[str | None, AfterValidator(_json_text)] = None
-    payload_truncated: bool = False
+    payload_truncated: Annotated[bool, Strict()] = False
 
 
 class TelemetryPacket(BaseModel):
@@ -115,17 +170,17 @@ class TelemetryPacket(BaseModel):
 
     tracked_operation_id: Guid
     channel: Channel
-    target: _text(sc.target, min_length=1)  # type: ignore[valid-type]
+    target: CallTarget  # type: ignore[valid-type]
     source_site: _text(sc.source_site, min_length=1)  # type: ignore[valid-type]
     source_node: _text(sc.source_node) | None = None  # type: ignore[valid-type]
     status: SiteCallStatus
-    retry_count: int = Field(0, ge=0, le=2**31 - 1)
+    retry_count: Integer = Field(0, ge=0, le=2**31 - 1)
     last_error: _text(sc.last_error) | None = None  # type: ignore[valid-type]
-    http_status: int | None = Field(None, ge=100, le=599)
+    http_status: Integer | None = Field(None, ge=100, le=599)
     created_at_utc: UtcInstant
     updated_at_utc: UtcInstant
     terminal_at_utc: UtcInstant | None = None
-    epoch: int = Field(0, ge=0, le=2**31 - 1, description="absent means 0")
+    epoch: Integer = Field(0, ge=0, le=2**31 - 1, description="absent means 0")
     audit_event: AuditEvent | None = None
 
     @model_validator(mode="after")
@@ -136,6 +191,15 @@ class TelemetryPacket(BaseModel):
         if not terminal and self.terminal_at_utc is not None:
             raise ValueError(f"terminal_at_utc must be null for status {self.status.value}")
         return self
+
+
+def foreign_source(source_site: str, owner: str) -> str | None:
+    """Why a packet naming ``source_site`` must not touch a call owned by ``owner`` (the
+    site that reported it first, or the site it was pulled from); ``None`` when it may.
+    A call belongs to one site for life: no packet moves it to another (issue 11 review)."""
+    if source_site == owner:
+        return None
+    return f"source_site: the call belongs to site {owner!r}, not {source_site!r}"
 
 
 def describe_errors(error: ValidationError) -> str:

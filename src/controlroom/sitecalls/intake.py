@@ -2,10 +2,10 @@
 
 Source: issue 10 "Intake", DESIGN.md "Process shape". One packet per message (UTF-8 JSON
 body, ``README`` "Site call telemetry"). Deliveries are acknowledged only after the
-commit of every chunk of their batch; a packet the contract or the store refuses is kept
-whole in ``rejected_telemetry`` and acknowledged; any other failure gives the whole batch
-back to the queue (replaying it is harmless: the upsert is monotonic, the audit insert
-idempotent).
+commit of every chunk of their batch; a packet the contract or the store refuses (or whose
+validation fails unexpectedly) is kept whole in ``rejected_telemetry`` and acknowledged;
+any other failure gives the whole batch back to the queue (replaying it is harmless: the
+upsert is monotonic, the audit insert idempotent).
 """
 
 from __future__ import annotations
@@ -34,12 +34,21 @@ from controlroom.transport.batching import DeliveryBatcher, ack_all, reject_all
 log = logging.getLogger(__name__)
 
 
+def _unreadable(error: Exception) -> str:
+    # Validation is pure: what escapes the contract for a packet (a bug) escapes it on
+    # every replay too, so the packet is kept as rejected rather than given back forever.
+    log.error("validating a telemetry packet failed unexpectedly", exc_info=error)
+    return f"the packet could not be validated: {type(error).__name__}: {error}"
+
+
 def receive_bytes(body: bytes, source: str) -> ReceivedPacket:
     """A packet as received from a queue: parsed, or with the contract's reason."""
     try:
         return ReceivedPacket(raw=body, source=source, packet=parse_packet(body))
     except TelemetryRejected as rejected:
         return ReceivedPacket(raw=body, source=source, rejected_because=rejected.reason)
+    except Exception as error:
+        return ReceivedPacket(raw=body, source=source, rejected_because=_unreadable(error))
 
 
 def receive_json(data: Any, source: str) -> ReceivedPacket:
@@ -49,6 +58,8 @@ def receive_json(data: Any, source: str) -> ReceivedPacket:
         return ReceivedPacket(raw=raw, source=source, packet=validate_packet(data))
     except TelemetryRejected as rejected:
         return ReceivedPacket(raw=raw, source=source, rejected_because=rejected.reason)
+    except Exception as error:
+        return ReceivedPacket(raw=raw, source=source, rejected_because=_unreadable(error))
 
 
 def make_writer(
@@ -109,8 +120,10 @@ class TelemetryIngestionService:
                 await self._run_task
 
     async def _ingest_batch(self, deliveries: list[Delivery]) -> None:
-        received = [receive_bytes(delivery.body, delivery.queue) for delivery in deliveries]
+        # Every delivery ends acknowledged after the commit, or given back: an exception
+        # escaping this task would strand the batch unacknowledged and stall the intake.
         try:
+            received = [receive_bytes(delivery.body, delivery.queue) for delivery in deliveries]
             reasons = await asyncio.to_thread(self._writer.write, received)
         except asyncio.CancelledError:
             await reject_all(deliveries)

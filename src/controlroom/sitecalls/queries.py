@@ -21,6 +21,7 @@ import sqlalchemy as sa
 
 from controlroom.db.tables import audit_log, rejected_telemetry, site_calls
 from controlroom.exceptions import ControlroomError
+from controlroom.sitecalls.contract import as_utc
 
 sc = site_calls.c
 al = audit_log.c
@@ -52,7 +53,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         parsed = datetime.fromisoformat(instant)
         if parsed.tzinfo is None or not isinstance(key, str):
             raise ValueError
-        return parsed, key
+        return as_utc(parsed), key  # a forged time past what the store holds is refused
     except (ValueError, TypeError, UnicodeDecodeError):
         raise BadCursor("the cursor is not one this service handed out") from None
 

@@ -39,6 +39,7 @@ from controlroom.db.tables import site_reconciliation
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.writer import Clock, utc_now
 from controlroom.events import Category, Severity, record_event
+from controlroom.sitecalls.contract import as_utc, foreign_source
 from controlroom.sitecalls.cursor import Cursor, PinChange, judge_page, pin_change
 from controlroom.sitecalls.intake import make_writer, receive_json
 from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
@@ -103,24 +104,20 @@ def _key(row: Any) -> Cursor | None:
     try:
         stamp = datetime.fromisoformat(row["updated_at_utc"])
         ident = row["tracked_operation_id"]
+        if stamp.tzinfo is None or not isinstance(ident, str):
+            return None
+        return as_utc(stamp), ident  # a time no store holds says nothing usable either
     except (TypeError, KeyError, ValueError):
         return None
-    if stamp.tzinfo is None or not isinstance(ident, str):
-        return None
-    return stamp, ident
 
 
 def receive_row(row: Any, site: ConfiguredSite) -> ReceivedPacket:
     """A pulled row as a packet of the contract, refused when it names another site."""
     received = receive_json(row, f"reconciliation:{site.id}")
     packet = received.packet
-    if packet is not None and packet.source_site != site.id:
-        return ReceivedPacket(
-            raw=received.raw,
-            source=received.source,
-            rejected_because=f"pulled from site {site.id!r} but names source_site "
-            f"{packet.source_site!r}",
-        )
+    reason = None if packet is None else foreign_source(packet.source_site, site.id)
+    if reason is not None:
+        return ReceivedPacket(raw=received.raw, source=received.source, rejected_because=reason)
     return received
 
 

@@ -8,7 +8,9 @@ one new id never fault: the database turns the loser's insert into the guarded u
 (``ON CONFLICT ... DO UPDATE ... WHERE``), which reads the row the winner committed.
 
 The guard is ``controlroom.sitecalls.ordering.supersedes`` in SQL; it reads the stored,
-pre-update row (the table's columns) against the incoming one.
+pre-update row (the table's columns) against the incoming one. It also holds a call to the
+site that reported it first (``contract.foreign_source``): a packet naming another
+``source_site`` never updates the row, even one racing past the writer's owner check.
 """
 
 from __future__ import annotations
@@ -52,6 +54,22 @@ def supersedes_stored(incoming: Any) -> sa.ColumnElement[bool]:
     )
 
 
+def same_source(incoming: Any) -> sa.ColumnElement[bool]:
+    """True where the incoming row names the stored row's site (``contract.foreign_source``)."""
+    return incoming.source_site == stored.source_site
+
+
+def stored_owners(conn: sa.Connection, ids: Sequence[str]) -> dict[str, str]:
+    """The ``source_site`` of each stored call among ``ids`` (at most
+    ``max_ids_per_in_list``); absent ids are not in the answer."""
+    if not ids:
+        return {}
+    query = sa.select(stored.tracked_operation_id, stored.source_site).where(
+        stored.tracked_operation_id.in_(list(ids))
+    )
+    return {row.tracked_operation_id: row.source_site for row in conn.execute(query)}
+
+
 def _assignments(incoming: Any) -> dict[str, sa.ColumnElement[Any]]:
     return {name: getattr(incoming, name) for name in UPDATED_COLUMNS}
 
@@ -65,7 +83,7 @@ def upsert_statement(provider: Provider) -> Any:
         site_calls,
         key=[stored.tracked_operation_id],
         set_=_assignments,
-        where=supersedes_stored,
+        where=lambda incoming: sa.and_(same_source(incoming), supersedes_stored(incoming)),
     )
     return statement.returning(stored.tracked_operation_id)
 

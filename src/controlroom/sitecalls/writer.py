@@ -12,6 +12,10 @@ Source: issue 10 "Audit log ingest", DESIGN.md "Site call audit", seed change lo
   packet does not sink its neighbours; a blown chunk budget counts one failure
   (``BUDGET_EXCEEDED``), not one per row. A packet the store refuses alone is kept whole
   in ``rejected_telemetry`` with the store's reason.
+- A call belongs to the site that reported it first: a packet naming another
+  ``source_site`` than the stored row's (or, for a new call, than the chunk's first
+  packet of it) is kept in ``rejected_telemetry`` with the reason
+  (``contract.foreign_source``); the upsert's guard holds the same rule.
 - Transient store errors replay the chunk (``retrying``); a packet that blows its own
   fresh budget raises ``IngestBudgetExceeded`` so the caller gives the batch back.
 """
@@ -36,9 +40,9 @@ from controlroom.db.tables import rejected_telemetry
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.writer import Clock, retry_transient, utc_now
 from controlroom.exceptions import ControlroomError, ErrorKind
-from controlroom.sitecalls.contract import TelemetryPacket, rejection_id
+from controlroom.sitecalls.contract import TelemetryPacket, foreign_source, rejection_id
 from controlroom.sitecalls.ordering import fold_states
-from controlroom.sitecalls.upsert import upsert_site_calls
+from controlroom.sitecalls.upsert import stored_owners, upsert_site_calls
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +114,14 @@ def audit_row(packet: TelemetryPacket, now: datetime) -> dict[str, Any] | None:
     }
 
 
+def _storable_reason(reason: str) -> str:
+    """``reason`` as text every store keeps and every answer renders: a reason may quote
+    the sender's text (an unknown field's name), which may hold a NUL or an unpaired
+    surrogate; those are written as escapes (``\\x00``, ``\\ud800``)."""
+    escaped = reason.encode("utf-8", "backslashreplace").decode("utf-8")
+    return escaped.replace("\x00", "\\x00")
+
+
 class _BudgetBlown(Exception):
     """Internal: the running chunk or packet passed its deadline."""
 
@@ -153,7 +165,7 @@ class SiteCallWriter:
             indexes = [index for key in id_chunk for index in by_id[key]]
             packets = [received[index].packet for index in indexes]
             try:
-                self._retrying(self._write_chunk, packets, self._chunk_budget)
+                refused = self._retrying(self._write_chunk, packets, self._chunk_budget)
             except _BudgetBlown:
                 BUDGET_EXCEEDED.inc()  # once for the chunk, whatever its rows do next
                 log.warning("a telemetry chunk of %d packets ran past its budget", len(packets))
@@ -162,6 +174,10 @@ class SiteCallWriter:
                 if classify_store_error(exc) is not ErrorKind.DATA:
                     raise
                 self._write_alone(received, indexes, reasons)
+            else:
+                for index, reason in zip(indexes, refused, strict=True):
+                    reasons[index] = reason
+        reasons = [None if reason is None else _storable_reason(reason) for reason in reasons]
         rejected = [
             (received[index], reason) for index, reason in enumerate(reasons) if reason is not None
         ]
@@ -178,7 +194,7 @@ class SiteCallWriter:
         for index in indexes:
             packet = received[index].packet
             try:
-                self._retrying(self._write_chunk, [packet], self._row_budget)
+                (reasons[index],) = self._retrying(self._write_chunk, [packet], self._row_budget)
             except _BudgetBlown:
                 BUDGET_EXCEEDED.inc()
                 raise IngestBudgetExceeded(
@@ -189,24 +205,38 @@ class SiteCallWriter:
                     raise
                 reasons[index] = f"the store refused the packet: {type(exc).__name__}: {exc}"
 
-    def _write_chunk(self, packets: Sequence[TelemetryPacket], budget: float) -> None:
+    def _write_chunk(self, packets: Sequence[TelemetryPacket], budget: float) -> list[str | None]:
+        """Write ``packets`` in one transaction; returns, per packet, ``None`` or why it
+        was refused (it names another site than its call's: ``contract.foreign_source``)."""
         now = self._clock()
-        by_id: dict[str, list[TelemetryPacket]] = {}
-        for packet in packets:
-            by_id.setdefault(packet.tracked_operation_id, []).append(packet)
-        rows = [site_call_row(fold_states(by_id[key]), now) for key in sorted(by_id)]
-        events: dict[str, dict[str, Any]] = {}
-        for packet in packets:
-            row = audit_row(packet, now)
-            if row is not None:
-                events.setdefault(row["event_id"], row)  # the first of a batch wins too
         deadline = self._monotonic() + budget
         with begin_write(self._engine) as conn, self._within(conn, deadline):
+            self._check(deadline)
+            # A call's owner is its stored site, else the first packet's of this chunk.
+            owners = stored_owners(conn, sorted({p.tracked_operation_id for p in packets}))
+            refused = [
+                foreign_source(
+                    packet.source_site,
+                    owners.setdefault(packet.tracked_operation_id, packet.source_site),
+                )
+                for packet in packets
+            ]
+            kept = [packet for packet, reason in zip(packets, refused, strict=True) if not reason]
+            by_id: dict[str, list[TelemetryPacket]] = {}
+            for packet in kept:
+                by_id.setdefault(packet.tracked_operation_id, []).append(packet)
+            rows = [site_call_row(fold_states(by_id[key]), now) for key in sorted(by_id)]
+            events: dict[str, dict[str, Any]] = {}
+            for packet in kept:
+                row = audit_row(packet, now)
+                if row is not None:
+                    events.setdefault(row["event_id"], row)  # the first of a batch wins too
             self._check(deadline)
             upsert_site_calls(conn, self._provider, rows)
             self._check(deadline)
             self._provider.insert_audit_events(conn, [events[key] for key in sorted(events)])
             self._check(deadline)
+        return refused
 
     @contextmanager
     def _within(self, conn: sa.Connection, deadline: float) -> Iterator[None]:
