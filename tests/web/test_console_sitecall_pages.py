@@ -148,7 +148,7 @@ def test_a_charts_axes_scale_to_its_values_and_label_utc_times() -> None:
         SeriesPoint(start + timedelta(hours=18), 7.0, 7.0, 7.0, 1),
     ]
     chart = charts.build_chart("parked", series, start=start, end=end)
-    assert [tick.label for tick in chart.y_ticks] == ["0", "2.5", "5", "7.5", "10"]
+    assert [tick.label for tick in chart.y_ticks] == ["0", "2", "4", "6", "8", "10"]
     assert [tick.label for tick in chart.x_ticks] == [
         "00:00 UTC",
         "06:00 UTC",
@@ -163,6 +163,11 @@ def test_a_charts_axes_scale_to_its_values_and_label_utc_times() -> None:
     assert chart.latest == "7 calls at 18:00 UTC"
     age = charts.build_chart("oldest_pending_age_seconds", series[:1], start=start, end=end)
     assert age.unit == "seconds" and age.latest == "3 s at 06:00 UTC"
+    assert [tick.label for tick in age.y_ticks] == ["0 s", "1 s", "2 s", "3 s", "4 s", "5 s"]
+    hours = [SeriesPoint(start + timedelta(hours=20), 3 * 3600.0, 0, 0, 1)]
+    long_age = charts.build_chart("oldest_pending_age_seconds", hours, start=start, end=end)
+    assert [tick.label for tick in long_age.y_ticks] == ["0 h", "1 h", "2 h", "3 h", "4 h", "5 h"]
+    assert long_age.latest == "3.0 h at 20:00 UTC"
 
 
 @pytest.mark.parametrize(

@@ -106,7 +106,10 @@ def build_chart(
 ) -> TrendChart:
     """The geometry of ``series`` (sorted by time, all in ``[start, end]``). Pure."""
     title, unit = LABELS[metric]
-    top_value = nice_ceiling(max((point.value for point in series), default=0.0))
+    largest = max((point.value for point in series), default=0.0)
+    # The axis counts in one unit: calls, or seconds, minutes or hours for an age.
+    scale, suffix = axis_unit(unit, largest)
+    top_value = nice_ceiling(largest / scale) * scale
     span = max((end - start).total_seconds(), 1.0)
     plot_width = WIDTH - RIGHT - LEFT
     plot_height = HEIGHT - BOTTOM - TOP
@@ -125,9 +128,10 @@ def build_chart(
         )
         for point in series
     ]
+    parts = tick_parts(top_value / scale)
     y_ticks = [
-        Tick(y_of(top_value * n / 4), format_value(top_value * n / 4, unit, short=True))
-        for n in range(5)
+        Tick(y_of(top_value * n / parts), f"{_number(top_value / scale * n / parts)}{suffix}")
+        for n in range(parts + 1)
     ]
     x_ticks = [
         Tick(x_of(start + (end - start) * n / 4), clock(start + (end - start) * n / 4))
@@ -164,16 +168,34 @@ def nice_ceiling(value: float) -> float:
     return float(10 * power)  # pragma: no cover - the loop always returns
 
 
-def format_value(value: float, unit: str, *, short: bool = False) -> str:
-    """``12 calls``, ``95 s``/``1.5 min``/``2.0 h`` for ages; ``short`` drops ``calls``."""
+def axis_unit(unit: str, largest: float) -> tuple[float, str]:
+    """The divisor and label suffix of a value axis: counts as they are; an age in
+    seconds, minutes or hours by its largest value."""
+    if unit != "seconds" or largest < 120:
+        return (1.0, " s") if unit == "seconds" else (1.0, "")
+    return (60.0, " min") if largest < 7200 else (3600.0, " h")
+
+
+def tick_parts(top: float) -> int:
+    """How many equal steps the axis up to ``top`` (``nice_ceiling``) is cut into, so
+    each label is a round number (1 → 0, 1; 2 → 0.5 steps; 5 → 1 steps)."""
+    mantissa = top / 10 ** math.floor(math.log10(top))
+    return {1.0: 1 if top == 1 else 5, 2.0: 4, 2.5: 5, 5.0: 5}.get(round(mantissa, 3), 4)
+
+
+def format_value(value: float, unit: str) -> str:
+    """``12 calls``; an age as ``95 s``, ``1.5 min`` or ``2.0 h``."""
     if unit == "seconds":
         if value < 120:
             return f"{value:.0f} s"
         if value < 7200:
             return f"{value / 60:.1f} min"
         return f"{value / 3600:.1f} h"
-    number = f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
-    return number if short else f"{number} calls"
+    return f"{_number(value)} calls"
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
 
 
 def clock(instant: datetime) -> str:
