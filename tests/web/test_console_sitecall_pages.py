@@ -5,6 +5,7 @@ geometry, the sites' reconciliation state."""
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -18,6 +19,7 @@ from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.sitecalls.history import SeriesPoint, take_sample
 from controlroom.web import charts
 from tests.reconciliation.harness import site_entry
+from tests.web.test_console_http import csrf_of
 from tests.web.test_console_sitecalls import packet
 
 CALL_LINK = re.compile(r'href="/site-calls/([0-9a-f-]{36})"')
@@ -178,3 +180,28 @@ def test_the_axis_top_is_a_round_number_at_least_the_largest_value(
     value: float, ceiling: float
 ) -> None:
     assert charts.nice_ceiling(value) == ceiling
+
+
+def test_relaying_a_call_central_does_not_have_says_not_found(console: TestClient) -> None:
+    page = console.get("/site-calls")  # the open console's session
+    token = csrf_of(page.text)
+    unknown = uuid.uuid4()
+    for command in ("retry", "discard"):
+        answer = console.post(f"/site-calls/{unknown}/{command}", data={"csrf_token": token})
+        assert answer.status_code == 404
+        assert f"Not found: central has no site call {unknown}" in answer.text
+
+
+def test_relaying_a_call_that_is_not_parked_says_not_parked_and_sends_nothing(
+    console: TestClient,
+) -> None:
+    delivered = packet(
+        "Delivered", created=datetime.now(UTC) - timedelta(minutes=2), terminal=datetime.now(UTC)
+    )
+    post(console, [delivered])
+    call = f"/site-calls/{delivered['tracked_operation_id']}"
+    page = console.get(call)
+    assert "/retry" not in page.text and "/discard" not in page.text  # no buttons
+    answer = console.post(f"{call}/retry", data={"csrf_token": csrf_of(page.text)})
+    assert answer.status_code == 409
+    assert 'data-testid="relay-outcome-name">NotParked<' in answer.text

@@ -285,11 +285,12 @@ def _relay(
         state.settings, state.engine, tracked_operation_id, command, session.principal.name
     )
     if result is None:
-        raise HTTPException(
-            404,
+        # Rendered here: the console's 404 handler would replace the detail with its own.
+        detail = (
             f"Not found: central has no site call {tracked_operation_id} (it may have been "
-            "purged); nothing was sent.",
+            "purged); nothing was sent."
         )
+        return render(request, "error.html", {"status": 404, "detail": detail}, status=404)
     outcome = {
         "name": str(result.outcome),
         "summary": OUTCOME_TEXT[result.outcome],
