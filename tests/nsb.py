@@ -1,4 +1,4 @@
-"""NServiceBus-format failed messages for tests, shaped like ../shared/samples."""
+"""NServiceBus-format failed messages for tests, shaped like the samples in tests/data."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -226,6 +227,22 @@ def test_import_failed_with_an_id_republishes_only_that_one(
     assert queued.body == imports[1].body
 
 
+def test_import_failed_list_shows_each_import_and_sends_nothing(
+    store_env: Path, engine: sa.Engine
+) -> None:
+    imports = [failed_import(n) for n in range(2)]
+    FailedMessageBatchWriter(engine).write(IngestionBatch(failed_imports=imports))
+
+    code, output = invoke("import-failed", "--list")
+
+    assert code == 0, output
+    for item in imports:
+        assert item.id in output and item.failed_at.isoformat() in output
+    assert f"header {h.FAILED_Q} is missing or empty" in output
+    assert "2 failed imports" in output
+    assert stored_import_ids(engine) == sorted(item.id for item in imports)
+
+
 def test_import_failed_with_an_unknown_id_exits_1(store_env: Path, engine: sa.Engine) -> None:
     code, output = invoke("import-failed", "--id", "no-such-import")
 
@@ -369,7 +386,10 @@ def serve_env(
 
 
 @pytest.mark.timeout(180)
-def test_demo_then_serve_lists_what_was_sent(serve_env: sa.Engine, tmp_path: Path) -> None:
+def test_demo_then_serve_lists_what_was_sent(
+    serve_env: sa.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTROLROOM_INGESTION__REPORT_INTERVAL_SECONDS", "0.5")
     code, output = invoke("demo", "--count", "20", "--seed", "3")
     assert code == 0, output
     rows = expected_rows(seed=3, count=20)
@@ -381,13 +401,19 @@ def test_demo_then_serve_lists_what_was_sent(serve_env: sa.Engine, tmp_path: Pat
         health = httpx.get(f"{base}/api/health", timeout=10)
         binary = next(i for i in items if i["message_type"].endswith("ArchiveInvoice"))
         body = httpx.get(f"{base}/api/messages/{binary['id']}/body", timeout=10)
+        time.sleep(1)  # one report interval after the last batch (set to 0.5 s above)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0, (tmp_path / "serve.log").read_text()
 
     assert {item["id"] for item in items} == rows
     assert max(item["number_of_processing_attempts"] for item in items) >= 3
     assert health.status_code == 200
-    assert health.json() == {"database": "ok", "broker": "ok"}
+    assert health.json() == {"database": "ok", "broker": "ok", "details": {"failed_imports": 1}}
+    log = (tmp_path / "serve.log").read_text()
+    # Issue 14 item 15: what serve is doing, said at startup and while it ingests.
+    assert f"{base}/docs" in log and f"console {base}/" in log
+    assert "Store: " in log and "Ingesting queue " in log
+    assert re.search(r"ingested \d+ failed messages \([\d.]+/s\), 1 failed imports", log), log
     demo_binary = next(
         m.body
         for m in generate_demo_messages(20, seed=3, now=datetime.now(UTC))

@@ -32,6 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from controlroom import __version__
 from controlroom.api import create_app, database_check
 from controlroom.api.auth import ensure_serving_is_protected
+from controlroom.api.guard import HostGuard
 from controlroom.client import open_transport, publish_failed_message
 from controlroom.config import Settings, load_settings
 from controlroom.db.engine import create_store_engine
@@ -41,7 +42,9 @@ from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.ingest.reimport import (
     ReimportOutcome,
+    count_failed_imports,
     list_failed_import_ids,
+    list_failed_imports,
     reimport_failed_import,
 )
 from controlroom.errors.ingest.search_backfill import (
@@ -165,15 +168,22 @@ def import_failed(
     failed_import_id: Annotated[
         str | None, typer.Option("--id", help="Re-import only this failed import.")
     ] = None,
+    list_only: Annotated[
+        bool,
+        typer.Option("--list", help="List the failed imports (id, time, reason); send nothing."),
+    ] = False,
     config: ConfigOption = None,
 ) -> None:
     """Put failed imports back on the error queue, to be ingested again (applies pending
-    migrations first)."""
+    migrations first); with --list, show them instead."""
     settings = _load(config)
     with _exit_on_failure():
         engine = create_store_engine(settings.effective_database_url)
         try:
             upgrade_database(engine)
+            if list_only:
+                _print_failed_imports(engine)
+                return
             ids = [failed_import_id] if failed_import_id else list_failed_import_ids(engine)
             outcomes = asyncio.run(_reimport(settings, engine, ids)) if ids else []
         finally:
@@ -194,17 +204,26 @@ def sweep(config: ConfigOption = None) -> None:
                 engine,
                 FileSystemBodyStore(settings.body_dir),
                 retention_period=settings.error_retention_period,
+                event_retention_period=settings.event_log_retention_period,
             )
             result = sweeper.sweep_once()
         finally:
             engine.dispose()
     if result is None:
-        console.print("Another process is sweeping right now; nothing done.")
-        return
+        err_console.print(
+            "[red]error:[/] another process holds the retention lease and is sweeping right "
+            "now; nothing done (try again when it has finished)."
+        )
+        raise typer.Exit(1)
     console.print(
         f"Deleted {result.deleted} Resolved or Archived failed messages last changed before "
         f"{result.cutoff.isoformat()}."
     )
+    if result.body_failures:
+        err_console.print(
+            f"[yellow]warning:[/] the bodies of {result.body_failures} deleted messages could "
+            "not be deleted (see the log); the next sweep tries again."
+        )
 
 
 @app.command()
@@ -305,13 +324,22 @@ async def _run_parts(
         retry_processor=retry_processor,
         reconciliation=reconciliation,
     )
-    server = _Server(uvicorn.Config(api, lifespan="off", log_level="info"))
+    # The Host check needs the bound address, which only serve knows (api/guard.py).
+    guarded = HostGuard(
+        api, bound_host=settings.host, port=settings.port, allowed_hosts=settings.allowed_hosts
+    )
+    server = _Server(uvicorn.Config(guarded, lifespan="off", log_level="info"))
     parts = {asyncio.create_task(server.serve(sockets=[listener]), name="http")}
     # Sends retry batches; resumes batches a previous process left (it takes a lease, so
     # one process sends when several serve one database).
     retrying = asyncio.create_task(retry_processor.run(), name="retry processor")
     parts.add(retrying)
-    sweeper = RetentionSweeper(engine, body_store, retention_period=settings.error_retention_period)
+    sweeper = RetentionSweeper(
+        engine,
+        body_store,
+        retention_period=settings.error_retention_period,
+        event_retention_period=settings.event_log_retention_period,
+    )
     sweeping = asyncio.create_task(sweeper.run(), name="retention")
     parts.add(sweeping)
     # Each takes a lease, so one process samples, purges and reconciles when several serve.
@@ -382,15 +410,17 @@ def _announce(settings: Settings, listener: socket.socket, *, ingesting: bool) -
     host, port = listener.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     console.print(
-        f"Controlroom is serving {url}  (console {url}/, API {url}/api/errors, "
-        f"docs {url}/docs, health {url}/api/health)"
+        f"Controlroom is serving {url}  (console {url}/, API docs {url}/docs, "
+        f"health {url}/api/health, metrics {url}/metrics)"
     )
     console.print(f"Store: {_describe_database(settings)}")
-    if ingesting:
-        console.print(
-            f"Ingesting queues [bold]{settings.error_queue}[/] and "
-            f"[bold]{settings.telemetry_queue}[/] on {_describe_transport(settings)}"
-        )
+    doing = "Ingesting" if ingesting else "Not ingesting (ingest_on_serve is off);"
+    console.print(
+        f"{doing} queues [bold]{settings.error_queue}[/] and "
+        f"[bold]{settings.telemetry_queue}[/] on {_describe_transport(settings)}; "
+        f"what ingestion does is logged every "
+        f"{settings.ingestion.report_interval_seconds:g} s while it has work"
+    )
     console.print("Press Ctrl+C to stop.")
 
 
@@ -460,6 +490,22 @@ async def _reimport(settings: Settings, engine: sa.Engine, ids: list[str]) -> li
                 outcomes.append(outcome)
                 progress.advance(task)
     return outcomes
+
+
+def _print_failed_imports(engine: sa.Engine) -> None:
+    """Every failed import, newest first, one line each: id, time (UTC), queue, reason."""
+    with engine.connect() as conn:
+        page = list_failed_imports(conn, offset=0, limit=count_failed_imports(conn) or 1)
+    if not page.items:
+        console.print("No failed imports.")
+        return
+    for item in page.items:
+        console.print(
+            f"{item.id}  {item.failed_at.isoformat()}  {escape(item.queue)}  {escape(item.reason)}",
+            markup=True,
+            highlight=False,
+        )
+    console.print(f"{page.total} failed imports; `controlroom import-failed` re-imports them.")
 
 
 def _report_reimport(

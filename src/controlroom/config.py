@@ -38,6 +38,9 @@ class IngestionSettings(BaseModel):
     max_backoff_seconds: float = Field(
         30.0, gt=0, description="Cap of the back-off while the database is unreachable."
     )
+    report_interval_seconds: float = Field(
+        10.0, gt=0, description="How often serve logs what ingestion did, while it has work."
+    )
 
     @property
     def effective_prefetch(self) -> int:
@@ -170,6 +173,11 @@ class Settings(BaseSettings):
     port: int = 8080
     max_body_size_to_store: int = Field(102_400, ge=0)
     error_retention_period: timedelta = timedelta(days=15)
+    event_log_retention_period: timedelta = Field(
+        timedelta(days=14),
+        description="How long event log items are kept (ServiceControl's default: 14 days); "
+        "the retention sweep purges older ones.",
+    )
     ingest_on_serve: bool = True
     ingestion: IngestionSettings = IngestionSettings()
     sitecalls: SiteCallSettings = SiteCallSettings()
@@ -189,6 +197,18 @@ class Settings(BaseSettings):
         description="Origins (scheme://host[:port], or '*') whose web pages may call the "
         "API from a browser, e.g. a ServicePulse on another host. None by default: only "
         "same-origin pages.",
+    )
+    max_request_body_size: int = Field(
+        10 * 1024 * 1024,
+        ge=1024,
+        description="Largest HTTP request body accepted, in bytes; larger ones are "
+        "answered 413 before they are read.",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Names this server answers to besides its bound address and "
+        "localhost/127.0.0.1/[::1] at its port (e.g. the name a reverse proxy forwards); "
+        "any other Host header is refused (DNS rebinding).",
     )
     servicecontrol_api_version: str = Field(
         "6.15.0",

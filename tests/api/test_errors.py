@@ -25,7 +25,7 @@ ORIGINATING_HOST_ID = "daaf5ebc8d6a51b7b0dccdd8b15c3626"
 
 
 def failed_headers(**overrides: str | None) -> dict[str, str | None]:
-    """A v8 header set like ``../shared/samples`` (XML body), with ``overrides`` applied."""
+    """A v8 header set like ``tests/data`` samples (XML body), with ``overrides`` applied."""
     headers: dict[str, str | None] = {
         h.HOST_DISPLAY_NAME: "BILLING-VM01",
         h.HOST_ID: HOST_ID,

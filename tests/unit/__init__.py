@@ -1,8 +1,8 @@
 """Unit tests: pure functions and the file-system body store; no servers.
 
-``sample_entries`` and ``sample_headers`` read the real NServiceBus header sets from
-``tests/data/nsb_error_headers.json`` (a copy of the shared samples, so the tests need
-nothing outside the repository).
+``sample_entries`` and ``sample_headers`` read the real NServiceBus header sets kept in
+the repository (``tests/data/nsb_error_headers.json``, see ``tests/data/README.md``), so a
+fresh clone runs every test.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-SAMPLES_PATH = Path(__file__).parents[1] / "data/nsb_error_headers.json"
+SAMPLES_PATH = Path(__file__).parents[1] / "data" / "nsb_error_headers.json"
 
 # Index of each NServiceBus version's entry in the samples file, and the UniqueMessageId
 # its notes give (derived from ServiceControl's source).

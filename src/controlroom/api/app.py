@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from controlroom import __version__
@@ -18,7 +19,12 @@ from controlroom.api import (
     configuration,
     endpoints,
     errors,
+    eventlog,
+    failed_imports,
+    guard,
     health,
+    limits,
+    metrics,
     recoverability,
     redirects,
     retries,
@@ -87,10 +93,20 @@ def create_app(
     app.include_router(health.router, prefix="/api")
     app.include_router(retries.router, prefix="/api")
     app.include_router(redirects.router, prefix="/api")
+    app.include_router(eventlog.router, prefix="/api")
+    app.include_router(failed_imports.router, prefix="/api")
+    app.include_router(metrics.router)
     app.include_router(compat.router, prefix="/api")
     app.include_router(sitecalls.router, prefix="/api")
     app.include_router(sites.router, prefix="/api")
+    # Inside CORS: a refused cross-site request gets no CORS headers either. Outermost of
+    # these three: the size limit, then authentication, both before a body is read.
+    app.add_middleware(guard.CrossSiteGuard, allowed_origins=settings.cors_allowed_origins)
+    app.add_middleware(limits.AuthenticateFirst)
+    app.add_middleware(limits.BodySizeLimit, max_bytes=settings.max_request_body_size)
     compat.install_middleware(app, settings)
+    app.add_middleware(metrics.RequestMetrics)
+    app.add_exception_handler(RequestValidationError, limits.validation_error)
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)
     app.add_exception_handler(OverflowError, _out_of_range)
     # The console answers every path no API route takes (/, /messages, /docs, /static).

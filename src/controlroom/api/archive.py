@@ -29,6 +29,7 @@ from fastapi import APIRouter, Body, HTTPException, Path, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import AliasChoices, BaseModel, Field, model_validator
 
+from controlroom.api.auth import current_principal
 from controlroom.api.errors import FailedMessageId, parse_modified_range
 from controlroom.api.recoverability import (
     Classifier,
@@ -39,6 +40,7 @@ from controlroom.api.recoverability import (
     list_groups_view,
 )
 from controlroom.db.engine import begin_write, run_write_transaction
+from controlroom.errors import activity
 from controlroom.errors.ingest.writer import utc_now
 from controlroom.errors.read import groups, operations
 
@@ -156,7 +158,7 @@ BY_IDS: dict[str, Any] = {"status_code": 202, "response_model": ActionOutcome, "
 @_route("/errors/archive", ["POST", "PATCH"], slash=True, **BY_IDS)
 def archive_messages(request: Request, ids: IdList) -> ActionOutcome | JSONResponse:
     """Archive the Unresolved messages among ``ids``."""
-    return _by_ids(request, ids, operations.archive_messages)
+    return _by_ids(request, ids, operations.archive_messages, archived=True)
 
 
 @_route(
@@ -167,8 +169,12 @@ def archive_messages(request: Request, ids: IdList) -> ActionOutcome | JSONRespo
 )
 def archive_message(request: Request, failed_message_id: FailedMessageId) -> ActionOutcome:
     """Archive one message (when it is Unresolved)."""
+    now = utc_now()
     with begin_write(_engine(request)) as conn:
-        outcome = operations.archive_messages(conn, [str(failed_message_id)], utc_now())
+        outcome = operations.archive_messages(conn, [str(failed_message_id)], now)
+        activity.messages_archived(
+            conn, outcome.changed, by=_caller(request), now=now, archived=True
+        )
     if outcome.refused:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
     return ActionOutcome(changed=len(outcome.changed), unchanged_ids=outcome.unchanged)
@@ -177,7 +183,7 @@ def archive_message(request: Request, failed_message_id: FailedMessageId) -> Act
 @_route("/errors/unarchive", ["PATCH"], slash=True, **BY_IDS)
 def unarchive_messages(request: Request, ids: IdList) -> ActionOutcome | JSONResponse:
     """Make the Archived messages among ``ids`` Unresolved again."""
-    return _by_ids(request, ids, operations.unarchive_messages)
+    return _by_ids(request, ids, operations.unarchive_messages, archived=False)
 
 
 @router.patch(
@@ -277,12 +283,24 @@ def get_archived_group(request: Request, group_id: GroupId) -> FailureGroupView:
 
 # --- helpers ------------------------------------------------------------------------------
 def _by_ids(
-    request: Request, ids: list[uuid.UUID], action: operations.IdAction
+    request: Request,
+    ids: list[uuid.UUID],
+    action: operations.IdAction,
+    *,
+    archived: bool | None = None,
 ) -> ActionOutcome | JSONResponse:
+    """``archived``: log an archive (True) or unarchive (False) in the event log."""
+    by = _caller(request)
+
+    def act(conn: sa.Connection) -> operations.StatusChange:
+        now = utc_now()
+        outcome = action(conn, [str(item) for item in ids], now)
+        if archived is not None:
+            activity.messages_archived(conn, outcome.changed, by=by, now=now, archived=archived)
+        return outcome
+
     # Overlapping bulk actions can deadlock on PostgreSQL: the transaction is replayed.
-    outcome = run_write_transaction(
-        _engine(request), lambda conn: action(conn, [str(item) for item in ids], utc_now())
-    )
+    outcome = run_write_transaction(_engine(request), act)
     if outcome.refused:
         # Nothing was written (the action checks before it updates); say which ids.
         refusal = UnknownIds(
@@ -295,6 +313,10 @@ def _by_ids(
 
 def _as_utc(instant: datetime) -> datetime:
     return instant.replace(tzinfo=UTC) if instant.tzinfo is None else instant.astimezone(UTC)
+
+
+def _caller(request: Request) -> str:
+    return current_principal(request).name
 
 
 def _engine(request: Request) -> sa.Engine:

@@ -19,9 +19,11 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, TypeAdapter, model_validator
 
-from controlroom.api.auth import require_admin
+from controlroom.api.auth import current_principal, require_admin
 from controlroom.api.errors import LIST_RESPONSES, PagingParams, paged_response
 from controlroom.db.engine import begin_write
+from controlroom.errors import activity
+from controlroom.errors.ingest.writer import utc_now
 from controlroom.errors.read import endpoints
 
 router = APIRouter(tags=["endpoints"])
@@ -127,6 +129,14 @@ def update_endpoint(request: Request, endpoint_id: EndpointId, update: EndpointU
     """Set whether the endpoint is monitored. Ingestion never changes it back."""
     with begin_write(_engine(request)) as conn:
         found = endpoints.set_monitored(conn, str(endpoint_id), update.monitored)
+        if found:
+            activity.endpoint_monitoring_changed(
+                conn,
+                str(endpoint_id),
+                update.monitored,
+                by=current_principal(request).name,
+                now=utc_now(),
+            )
     if not found:
         raise HTTPException(404, f"no known endpoint with id {endpoint_id}")
     return Response(status_code=202)

@@ -2,19 +2,29 @@
 
 Each part (``database``, ``broker``, ...) is an injected ``HealthCheck``: an async
 callable that returns when the part is healthy and raises otherwise. The answer is 200
-with every part ``"ok"``, or 503 naming the failing part and why (DESIGN.md "Operational
-contract": 200 with the state of the database and broker connections once ready).
+with every part ``"ok"``, or 503 naming the failing part and the kind of failure
+(DESIGN.md "Operational contract": 200 with the state of the database and broker
+connections once ready). The route is open (monitoring polls it without a token), so a
+failure shows its exception type only; its text, which names hosts, ports and users,
+goes to the log (issue 14, item 10). ``details`` holds counts an operator watches:
+``failed_imports`` (messages kept whole because they could not be ingested; absent when
+the database cannot be read).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
+
+from controlroom.errors.ingest.reimport import count_failed_imports
+
+log = logging.getLogger(__name__)
 
 HealthCheck = Callable[[], Awaitable[None]]
 """Returns when the part is healthy; raises (any exception) when it is not."""
@@ -44,11 +54,11 @@ def database_check(engine: sa.Engine) -> HealthCheck:
 async def check_health(checks: Mapping[str, HealthCheck]) -> dict[str, str]:
     """Run every check concurrently; ``{part: "ok" | "failing: <reason>"}``."""
     names = list(checks)
-    results = await asyncio.gather(*(_run_check(checks[name]) for name in names))
+    results = await asyncio.gather(*(_run_check(checks[name], name) for name in names))
     return dict(zip(names, results, strict=True))
 
 
-async def _run_check(check: HealthCheck) -> str:
+async def _run_check(check: HealthCheck, name: str = "part") -> str:
     try:
         async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):
             await check()
@@ -56,7 +66,8 @@ async def _run_check(check: HealthCheck) -> str:
         return f"failing: no answer within {CHECK_TIMEOUT_SECONDS:g} s"
     # Whatever a dependency raises means "unhealthy"; reporting it is this endpoint's job.
     except Exception as exc:
-        return f"failing: {type(exc).__name__}: {exc}"
+        log.warning("health check of the %s failed: %s: %s", name, type(exc).__name__, exc)
+        return f"failing: {type(exc).__name__}"
     return OK
 
 
@@ -65,8 +76,23 @@ async def _run_check(check: HealthCheck) -> str:
     responses={503: {"description": "A part is failing; its value says why."}},
 )
 async def get_health(request: Request) -> JSONResponse:
-    """200 ``{"database": "ok", "broker": "ok"}`` when every part is healthy, else 503
-    with the same object, the failing parts' values reading ``"failing: <reason>"``."""
+    """200 ``{"database": "ok", "broker": "ok", "details": {"failed_imports": 0}}`` when
+    every part is healthy, else 503 with the same object, the failing parts' values
+    reading ``"failing: <exception type>"``."""
     states = await check_health(request.app.state.health_checks)
     healthy = all(state == OK for state in states.values())
-    return JSONResponse(states, status_code=200 if healthy else 503)
+    answer: dict[str, object] = dict(states)
+    answer["details"] = await _details(request.app.state.engine)
+    return JSONResponse(answer, status_code=200 if healthy else 503)
+
+
+async def _details(engine: sa.Engine) -> dict[str, int]:
+    def read() -> dict[str, int]:
+        with engine.connect() as conn:
+            return {"failed_imports": count_failed_imports(conn)}
+
+    try:
+        async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):
+            return await run_in_threadpool(read)
+    except Exception:  # the database check already says why; the counts are extras
+        return {}

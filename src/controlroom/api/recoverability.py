@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Body, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, Field, TypeAdapter
 
+from controlroom.api.auth import current_principal
 from controlroom.api.errors import (
     LIST_RESPONSES,
     FailedMessageListItem,
@@ -33,6 +34,7 @@ from controlroom.api.errors import (
 )
 from controlroom.db.engine import begin_write, run_write_transaction
 from controlroom.db.tables import FailedMessageStatus
+from controlroom.errors import activity
 from controlroom.errors.ingest.writer import utc_now
 from controlroom.errors.read import groups, operations, queries
 
@@ -197,10 +199,14 @@ def edit_comment(
         raise HTTPException(
             422, "give the comment as query parameter 'comment' or JSON body {\"comment\": ...}"
         )
+    now = utc_now()
     with begin_write(_engine(request)) as conn:
         if not groups.group_exists(conn, str(group_id)):
             raise _unknown_group(group_id)
-        groups.set_comment(conn, str(group_id), text, utc_now())
+        groups.set_comment(conn, str(group_id), text, now)
+        activity.group_comment_changed(
+            conn, str(group_id), by=current_principal(request).name, now=now, deleted=False
+        )
     return Response(status_code=202)
 
 
@@ -216,6 +222,9 @@ def delete_comment(request: Request, group_id: GroupId) -> Response:
         if not groups.group_exists(conn, str(group_id)):
             raise _unknown_group(group_id)
         groups.delete_comment(conn, str(group_id))
+        activity.group_comment_changed(
+            conn, str(group_id), by=current_principal(request).name, now=utc_now(), deleted=True
+        )
     return Response(status_code=202)
 
 
@@ -225,7 +234,7 @@ def delete_comment(request: Request, group_id: GroupId) -> Response:
 )
 def archive_group(request: Request, group_id: GroupId) -> GroupActionOutcome:
     """Archive every Unresolved message of the group, in one statement."""
-    return _group_action(request, group_id, operations.archive_group)
+    return _group_action(request, group_id, operations.archive_group, archived=True)
 
 
 @router.post(
@@ -233,7 +242,7 @@ def archive_group(request: Request, group_id: GroupId) -> GroupActionOutcome:
 )
 def unarchive_group(request: Request, group_id: GroupId) -> GroupActionOutcome:
     """Make every Archived message of the group Unresolved again, in one statement."""
-    return _group_action(request, group_id, operations.unarchive_group)
+    return _group_action(request, group_id, operations.unarchive_group, archived=False)
 
 
 @router.delete(
@@ -365,13 +374,17 @@ def operation_fields(retry: groups.GroupRetry) -> dict[str, Any]:
 
 
 def _group_action(
-    request: Request, group_id: uuid.UUID, action: operations.GroupAction
+    request: Request, group_id: uuid.UUID, action: operations.GroupAction, *, archived: bool
 ) -> GroupActionOutcome:
+    by = current_principal(request).name
 
     def archive_or_unarchive(conn: sa.Connection) -> int:
         if not groups.group_exists(conn, str(group_id)):
             raise _unknown_group(group_id)
-        return action(conn, str(group_id), utc_now())
+        now = utc_now()
+        changed = action(conn, str(group_id), now)
+        activity.group_archived(conn, str(group_id), changed, by=by, now=now, archived=archived)
+        return changed
 
     # Overlapping bulk actions can deadlock on PostgreSQL: the transaction is replayed.
     return GroupActionOutcome(changed=run_write_transaction(_engine(request), archive_or_unarchive))

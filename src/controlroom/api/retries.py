@@ -66,6 +66,7 @@ class RetryOperationModel(BaseModel):
     forwarded_count: int
     skipped_count: int
     failed: bool
+    failure_reason: str | None = None  # why messages were given up, when they were
     acknowledged: bool
     start_time: UtcTimestamp
     last_modified: UtcTimestamp
@@ -241,6 +242,7 @@ def get_retry_operation(request: Request, operation_id: str) -> RetryOperationMo
         forwarded_count=operation.forwarded_count,
         skipped_count=operation.skipped_count,
         failed=operation.failed,
+        failure_reason=operation.failure_reason,
         acknowledged=operation.acknowledged,
         start_time=operation.started_at,
         last_modified=operation.last_modified,

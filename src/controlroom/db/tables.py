@@ -215,6 +215,7 @@ retry_operations = sa.Table(
     sa.Column("last_modified", UtcDateTime, nullable=False),
     sa.Column("prepared_at", UtcDateTime, comment="every batch of the request exists"),
     sa.Column("completed_at", UtcDateTime),
+    sa.Column("failure_reason", sa.Text, comment="why messages were given up (migration 0006)"),
     sa.Index("ix_retry_operations_target_retry_type", "target", "retry_type"),
     sa.Index("ix_retry_operations_completed_at", "completed_at"),
 )
@@ -322,4 +323,30 @@ site_reconciliation = sa.Table(
     sa.Column("pinned", sa.Boolean, nullable=False),
     sa.Column("pinned_changed_at_utc", UtcDateTime, comment="last latch or unlatch"),
     sa.Column("rows_pulled", sa.BigInteger, nullable=False, comment="over every pass"),
+)
+
+# Messages whose external bodies wait to be deleted (migration 0006). The sweeper adds one
+# row per failed message it deletes, in the same transaction; the body collector deletes
+# the files while it holds the row, and the writer deletes the row of every message it
+# stores an external body for, so the two never act on one message at the same time.
+body_deletions = sa.Table(
+    "body_deletions",
+    metadata,
+    sa.Column("failed_message_id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("requested_at", UtcDateTime, nullable=False),
+)
+
+# What happened, for operators (migration 0006): ServiceControl's event log items.
+# ``related_to`` is a JSON list of ServiceControl-style paths ("/message/<id>").
+event_log_items = sa.Table(
+    "event_log_items",
+    metadata,
+    sa.Column("id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("description", sa.Text, nullable=False),
+    sa.Column("severity", sa.String(20), nullable=False, comment="info | warning | error"),
+    sa.Column("category", sa.String(100), nullable=False),
+    sa.Column("event_type", sa.String(100), nullable=False),
+    sa.Column("related_to_json", sa.Text, nullable=False, comment="JSON list of strings"),
+    sa.Column("raised_at", UtcDateTime, nullable=False),
+    sa.Index("ix_event_log_items_raised_at", "raised_at"),
 )

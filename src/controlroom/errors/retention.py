@@ -5,10 +5,16 @@ Source: DESIGN.md "Retention". The cutoff is recomputed on every run (now minus
 for statuses 2 and 4, and the external bodies of deleted rows are deleted too. One
 process sweeps at a time (a database lease, DESIGN.md "Background singletons").
 
-Bodies are deleted after the rows' commit, so a crash in between leaves orphan files,
-never rows that point at missing bodies. A message that fails again at the very moment
-its old row is swept may, in a narrow window, lose its new external body; its headers and
-inline prefix stay.
+No committed row ever points at a missing body, under any interleaving with ingestion
+(issue 14, item 1). The sweep does not delete files: in the transaction that deletes the
+rows it records their messages in ``body_deletions``; the body collector then deletes
+the files of each recorded message while it holds that record (the row lock of its
+DELETE, or SQLite's write lock), keeping the body the message's current row names when
+the message failed again meanwhile. The writer, in the transaction of every batch with
+external bodies, deletes the records of those messages (waiting for a collector that
+holds one) and then writes again any of its bodies that is missing, so a body the
+collector took is back before the row that names it commits. A collector that fails or
+crashes leaves the record, and the next run finishes the job.
 """
 
 from __future__ import annotations
@@ -20,19 +26,32 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
+from prometheus_client import Counter
 
+from controlroom import events
 from controlroom.db.engine import begin_write
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import (
     FailedMessageStatus,
+    body_deletions,
+    failed_message_group_comments,
     failed_message_groups,
     failed_message_retries,
     failed_messages,
+    retry_batches,
+    retry_operations,
 )
+from controlroom.errors import activity
 from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.errors.ingest.writer import Clock, utc_now
+from controlroom.exceptions import BodyStoreError
 
 log = logging.getLogger(__name__)
+
+SWEPT = Counter(
+    "controlroom_retention_deleted_total",
+    "Failed messages deleted by the retention sweep",
+)
 
 LEASE_NAME = "error-retention"
 SWEEP_CHUNK = 500  # rows deleted per transaction: short write locks on SQLite
@@ -41,10 +60,21 @@ _EXPIRING = (int(FailedMessageStatus.RESOLVED), int(FailedMessageStatus.ARCHIVED
 
 @dataclass(frozen=True, slots=True)
 class SweepResult:
-    """What one sweep did: rows deleted and the cutoff it used (UTC)."""
+    """What one sweep did: rows deleted, the cutoff it used (UTC), messages whose bodies
+    were deleted and messages whose body deletion failed (left for the next sweep)."""
 
     deleted: int
     cutoff: datetime
+    bodies_collected: int = 0
+    body_failures: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BodyCollection:
+    """What one run of the body collector did, in messages."""
+
+    collected: int
+    failed: int
 
 
 def sweep_expired_failed_messages(
@@ -54,16 +84,22 @@ def sweep_expired_failed_messages(
     retention_period: timedelta,
     now: datetime,
     chunk: int = SWEEP_CHUNK,
+    event_retention_period: timedelta | None = None,
 ) -> SweepResult:
     """Delete Resolved/Archived rows whose ``status_changed_at`` is before now - period.
 
     Works in chunks of ``chunk`` rows, each its own transaction; a row that changed status
-    since it was selected is left alone (the DELETE re-checks the condition).
+    since it was selected is left alone (the DELETE re-checks the condition). The deleted
+    messages' bodies are then deleted by ``collect_deleted_bodies``; a body that cannot be
+    deleted is logged and left for the next sweep, and the sweep goes on. Event log items
+    older than ``event_retention_period`` (when given) are purged in the sweep's last
+    transaction, which also logs the sweep when it deleted anything.
     """
     cutoff = now - retention_period
     expired = sa.and_(
         failed_messages.c.status.in_(_EXPIRING), failed_messages.c.status_changed_at < cutoff
     )
+    provider = provider_for(engine)
     deleted = 0
     while True:
         with begin_write(engine) as conn:
@@ -73,7 +109,24 @@ def sweep_expired_failed_messages(
                 .all()
             )
             if not ids:
-                return SweepResult(deleted=deleted, cutoff=cutoff)
+                _purge_retry_operations(conn, completed_before=cutoff)
+                purged = 0
+                if event_retention_period is not None:
+                    purged = events.purge_events(conn, older_than=now - event_retention_period)
+                if deleted or purged:
+                    activity.retention_swept(
+                        conn, deleted, cutoff=cutoff, events_purged=purged, now=now
+                    )
+                break
+            group_ids = (
+                conn.execute(
+                    sa.select(failed_message_groups.c.group_id)
+                    .where(failed_message_groups.c.failed_message_id.in_(ids))
+                    .distinct()
+                )
+                .scalars()
+                .all()
+            )
             conn.execute(
                 sa.delete(failed_message_groups).where(
                     failed_message_groups.c.failed_message_id.in_(ids)
@@ -84,21 +137,126 @@ def sweep_expired_failed_messages(
                     failed_message_retries.c.failed_message_id.in_(ids)
                 )
             )
-            gone = conn.execute(
-                sa.delete(failed_messages)
-                .where(failed_messages.c.id.in_(ids), expired)
-                .returning(failed_messages.c.id, failed_messages.c.body_stored_externally)
-            ).all()
-        for row in gone:
-            if row.body_stored_externally:
-                body_store.delete_message(row.id)
+            gone = (
+                conn.execute(
+                    sa.delete(failed_messages)
+                    .where(failed_messages.c.id.in_(ids), expired)
+                    .returning(failed_messages.c.id)
+                )
+                .scalars()
+                .all()
+            )
+            # Every deleted message, not only those whose current body is external: an
+            # older attempt may have left a body of its own.
+            provider.insert_rows_if_absent(
+                conn,
+                body_deletions,
+                [{"failed_message_id": id_, "requested_at": now} for id_ in gone],
+            )
+            _delete_comments_of_emptied_groups(conn, group_ids)
         deleted += len(gone)
+        SWEPT.inc(len(gone))
+    bodies = collect_deleted_bodies(engine, body_store, chunk=chunk)
+    return SweepResult(
+        deleted=deleted,
+        cutoff=cutoff,
+        bodies_collected=bodies.collected,
+        body_failures=bodies.failed,
+    )
+
+
+def _purge_retry_operations(conn: sa.Connection, *, completed_before: datetime) -> None:
+    """Retry operations completed before the cutoff go, with their batches and the claims
+    those (done) batches still hold (issue 14, item 18). Unfinished ones stay."""
+    old = sa.select(retry_operations.c.id).where(retry_operations.c.completed_at < completed_before)
+    batches = sa.select(retry_batches.c.id).where(retry_batches.c.request_id.in_(old))
+    conn.execute(
+        sa.delete(failed_message_retries).where(
+            failed_message_retries.c.retry_batch_id.in_(batches)
+        )
+    )
+    conn.execute(sa.delete(retry_batches).where(retry_batches.c.request_id.in_(old)))
+    conn.execute(
+        sa.delete(retry_operations).where(retry_operations.c.completed_at < completed_before)
+    )
+
+
+def _delete_comments_of_emptied_groups(conn: sa.Connection, group_ids: list[str]) -> None:
+    """A group exists only through its messages: once the sweep took the last one, the
+    operator's comment on it goes too (issue 14, item 14)."""
+    if not group_ids:
+        return
+    still_used = sa.exists().where(
+        failed_message_groups.c.group_id == failed_message_group_comments.c.group_id
+    )
+    conn.execute(
+        sa.delete(failed_message_group_comments).where(
+            failed_message_group_comments.c.group_id.in_(group_ids), ~still_used
+        )
+    )
+
+
+def collect_deleted_bodies(
+    engine: sa.Engine, body_store: BodyStore, *, chunk: int = SWEEP_CHUNK
+) -> BodyCollection:
+    """Delete the bodies of the messages recorded in ``body_deletions``.
+
+    Each chunk is one transaction that takes the records (DELETE ... RETURNING), deletes
+    the files while holding them, and puts back the records of the messages whose files
+    could not be deleted (``BodyStoreError``, logged). A message that failed again since
+    its row was swept keeps the body its current row names. See the module docstring for
+    why no row can end up pointing at a missing body.
+    """
+    provider = provider_for(engine)
+    pending = body_deletions.c.failed_message_id
+    collected = 0
+    failed: list[str] = []
+    while True:
+        with begin_write(engine) as conn:
+            choose = sa.select(pending).order_by(pending).limit(chunk)
+            if failed:
+                choose = choose.where(pending.not_in(failed))
+            taken = (
+                conn.execute(
+                    sa.delete(body_deletions)
+                    .where(pending.in_(choose.scalar_subquery()))
+                    .returning(pending)
+                )
+                .scalars()
+                .all()
+            )
+            if not taken:
+                return BodyCollection(collected=collected, failed=len(failed))
+            current = dict(
+                conn.execute(
+                    sa.select(failed_messages.c.id, failed_messages.c.body_key).where(
+                        failed_messages.c.id.in_(taken),
+                        failed_messages.c.body_stored_externally,
+                    )
+                ).all()
+            )
+            kept_back = []
+            for message_id in taken:
+                try:
+                    body_store.delete_message(message_id, keep=current.get(message_id))
+                except BodyStoreError:
+                    log.warning(
+                        "could not delete the bodies of %s; the next sweep tries again",
+                        message_id,
+                        exc_info=True,
+                    )
+                    kept_back.append({"failed_message_id": message_id, "requested_at": utc_now()})
+                else:
+                    collected += 1
+            provider.insert_rows_if_absent(conn, body_deletions, kept_back)
+            failed.extend(row["failed_message_id"] for row in kept_back)
 
 
 class RetentionSweeper:
-    """Background task: sweep every ``interval_seconds`` while holding the lease.
+    """Background task: sweep every ``interval_seconds``, each sweep under the lease.
 
-    A failed sweep is logged and the schedule goes on.
+    A failed sweep is logged and the schedule goes on. ``lease_seconds`` bounds how long
+    a lease row (SQLite) outlives a process that died while sweeping.
     """
 
     def __init__(
@@ -107,6 +265,7 @@ class RetentionSweeper:
         body_store: BodyStore,
         *,
         retention_period: timedelta,
+        event_retention_period: timedelta | None = None,
         interval_seconds: float = 3600.0,
         lease_seconds: float = 7200.0,
         clock: Clock = utc_now,
@@ -114,6 +273,7 @@ class RetentionSweeper:
         self._engine = engine
         self._body_store = body_store
         self._retention_period = retention_period
+        self._event_retention_period = event_retention_period
         self._interval = interval_seconds
         self._clock = clock
         self._lease = provider_for(engine).make_lease(
@@ -122,28 +282,30 @@ class RetentionSweeper:
 
     async def run(self) -> None:
         """Sweep until cancelled."""
-        try:
-            while True:
-                try:
-                    await asyncio.to_thread(self.sweep_once)
-                except Exception:
-                    log.warning(
-                        "retention sweep failed; next in %.0f s", self._interval, exc_info=True
-                    )
-                await asyncio.sleep(self._interval)
-        finally:
-            await asyncio.shield(asyncio.to_thread(self._lease.release))
+        while True:
+            try:
+                await asyncio.shield(asyncio.to_thread(self.sweep_once))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("retention sweep failed; next in %.0f s", self._interval, exc_info=True)
+            await asyncio.sleep(self._interval)
 
     def sweep_once(self) -> SweepResult | None:
-        """One sweep when this process holds the lease; ``None`` when another does."""
+        """One sweep when this process can take the lease; ``None`` when another process
+        is sweeping right now. The lease is held only while sweeping (issue 14, item 14)."""
         if not self._lease.hold():
             return None
-        result = sweep_expired_failed_messages(
-            self._engine,
-            self._body_store,
-            retention_period=self._retention_period,
-            now=self._clock(),
-        )
+        try:
+            result = sweep_expired_failed_messages(
+                self._engine,
+                self._body_store,
+                retention_period=self._retention_period,
+                now=self._clock(),
+                event_retention_period=self._event_retention_period,
+            )
+        finally:
+            self._lease.release()
         if result.deleted:
             log.info(
                 "retention deleted %d failed messages older than %s",

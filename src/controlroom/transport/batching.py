@@ -100,17 +100,30 @@ class DeliveryBatcher:
 
 
 async def ack_all(deliveries: Sequence[Delivery]) -> None:
-    """Acknowledge ``deliveries`` (after the commit that made them safe)."""
+    """Acknowledge ``deliveries`` (after the commit that made them safe). When the
+    transport fails mid-way the rest is given back: the commit makes their redelivery
+    harmless (issue 14, item 2: no delivery is left unsettled)."""
     for delivery in deliveries:
         try:
             await delivery.ack()
         except DeliveryLostError:
             # Committed, but the transport will deliver it again; the replay changes nothing.
             log.warning("acknowledgement lost for a message of %s", delivery.queue)
+        except Exception:
+            log.warning(
+                "could not acknowledge a message of %s; giving the rest back",
+                delivery.queue,
+                exc_info=True,
+            )
+            await reject_all(deliveries)
+            return
 
 
 async def reject_all(deliveries: Sequence[Delivery]) -> None:
-    """Give ``deliveries`` back to their queue, to be delivered again."""
+    """Give the unsettled ones of ``deliveries`` back to their queue, to be delivered
+    again."""
     for delivery in deliveries:
+        if delivery.settled:
+            continue
         with contextlib.suppress(Exception):  # the broker may be gone; it redelivers anyway
             await delivery.reject(requeue=True)

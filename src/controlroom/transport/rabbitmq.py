@@ -28,7 +28,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aio_pika
 import aiormq
@@ -39,6 +39,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from controlroom.transport import _amqp_names
 from controlroom.transport.base import (
     CONTENT_ENCODING_HEADER,
     Delivery,
@@ -84,6 +85,12 @@ class _Session:
         self.buffer.put_nowait(message)
 
 
+MAX_FIELD_NAME_BYTES = 128
+"""Longest header name AMQP carries whole (pamqp truncates longer ones when encoding)."""
+
+_amqp_names.install()  # non-UTF-8 names become failed imports, not dropped connections
+
+
 class RabbitMQTransport:
     """Transport over the RabbitMQ broker at ``url`` (``amqp://user:pass@host:port/vhost``).
 
@@ -102,6 +109,10 @@ class RabbitMQTransport:
         self._publish_channel: AbstractChannel | None = None
         self._sessions: set[_Session] = set()
         self._known_queues: set[str] = set()  # declared on this connection
+        # One queue declaration at a time: probe channels opened concurrently race for a
+        # channel number and the broker closes the whole connection ("second
+        # 'channel.open' seen"; issue 14, item 9).
+        self._declaring = asyncio.Lock()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -131,6 +142,8 @@ class RabbitMQTransport:
                 self._url, client_properties={"connection_name": CONNECTION_NAME}
             )
         except (aiormq.exceptions.AMQPError, OSError) as exc:
+            if _refused_open(exc):
+                raise TransportError(_vhost_refusal(self._url)) from exc
             raise TransportError(f"cannot connect to {redact_url(self._url)}: {exc!r}") from exc
         try:
             # on_return_raises: a message the broker cannot route (queue deleted) fails
@@ -190,6 +203,13 @@ class RabbitMQTransport:
         if not isinstance(body, bytes | bytearray | memoryview):
             raise ValueError(f"body must be bytes, not {type(body).__name__}")
         valid = validate_headers(headers)
+        for name in valid:
+            size = len(name.encode("utf-8"))
+            if size > MAX_FIELD_NAME_BYTES:
+                raise ValueError(
+                    f"header name {name[:60]!r}... is {size} bytes of UTF-8; AMQP field names "
+                    f"hold at most {MAX_FIELD_NAME_BYTES} (it would be cut short)"
+                )
         message = aio_pika.Message(
             bytes(body),
             headers=dict(valid),
@@ -216,7 +236,8 @@ class RabbitMQTransport:
                 f"no publisher confirm for {queue!r} within {self._publish_timeout} s; "
                 "outcome unknown"
             ) from exc
-        except _CONNECTION_ERRORS as exc:
+        except (*_CONNECTION_ERRORS, RuntimeError) as exc:
+            # RuntimeError: aio-pika's word for a channel or connection it has closed.
             raise TransportError(f"publish to {queue!r} failed, outcome unknown: {exc!r}") from exc
 
     async def _publish_confirmed(
@@ -318,6 +339,11 @@ class RabbitMQTransport:
         """Make sure ``queue`` exists: passive declare, else declare it durable."""
         if queue in self._known_queues:
             return
+        async with self._declaring:
+            if queue not in self._known_queues:
+                await self._declare_queue(queue)
+
+    async def _declare_queue(self, queue: str) -> None:
         try:
             if not await self._queue_exists(queue):
                 try:
@@ -361,6 +387,23 @@ class RabbitMQTransport:
         self._require_connection()
         assert self._publish_channel is not None
         return self._publish_channel
+
+
+def _refused_open(exc: BaseException) -> bool:
+    """True when the broker answered ``connection.open`` with ``connection.close``: the
+    login worked but the virtual host is missing or the user may not use it (aiormq
+    reports it as an unexpected frame and drops the reply text)."""
+    return isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(exc)
+
+
+def _vhost_refusal(url: str) -> str:
+    parts = urlsplit(url)
+    vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+    return (
+        f"RabbitMQ at {parts.hostname}:{parts.port or 5672} refused virtual host {vhost!r}: "
+        f"it does not exist or user {parts.username!r} may not use it (rabbitmqctl "
+        "add_vhost / set_permissions, or fix the broker URL)"
+    )
 
 
 async def _start_consumer(session: _Session, queue: str, prefetch: int) -> None:

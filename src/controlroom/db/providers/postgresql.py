@@ -215,9 +215,15 @@ class PostgreSQLProvider(OnConflictProvider):
         return AdvisoryLockLease(engine, name)
 
     def create_engine(self, url: sa.URL, *, pool_size: int) -> sa.Engine:
-        # Pre-ping: a restarted server costs one retry, not a failed batch.
+        # Pre-ping: a restarted server costs one retry, not a failed batch. hide_parameters:
+        # errors (and the retry warnings that log them) never carry the bound values,
+        # which are message bodies and headers (issue 14, item 10).
         return sa.create_engine(
-            url, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size
+            url,
+            pool_pre_ping=True,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            hide_parameters=True,
         )
 
     def normalize_url(self, url: sa.URL) -> sa.URL:

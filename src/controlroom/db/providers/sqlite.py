@@ -114,8 +114,12 @@ class SQLiteProvider(OnConflictProvider):
     def create_engine(self, url: sa.URL, *, pool_size: int) -> sa.Engine:
         if url.database and url.database != ":memory:":
             Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        # hide_parameters: errors (and the retry warnings that log them) never carry the
+        # bound values, which are message bodies and headers (issue 14, item 10).
         engine = sa.create_engine(
-            url, connect_args={"timeout": BUSY_TIMEOUT_SECONDS, "check_same_thread": False}
+            url,
+            connect_args={"timeout": BUSY_TIMEOUT_SECONDS, "check_same_thread": False},
+            hide_parameters=True,
         )
 
         @sa.event.listens_for(engine, "connect")

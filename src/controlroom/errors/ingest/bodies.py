@@ -147,7 +147,8 @@ class BodyStore(Protocol):
 
     ``put`` is durable when it returns (the row pointing at the body commits after it) and
     idempotent; ``get`` raises ``BodyNotFoundError`` when absent; ``delete_message`` removes
-    every body of one message and is a no-op when there is none. Store failures raise
+    every body of one message but the one ``keep`` names, and is a no-op when there is
+    none. Store failures raise
     ``BodyStoreError``; malformed keys or ids raise ``ValueError``.
     """
 
@@ -157,7 +158,7 @@ class BodyStore(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
-    def delete_message(self, unique_message_id: str) -> None: ...
+    def delete_message(self, unique_message_id: str, *, keep: str | None = None) -> None: ...
 
 
 class FileSystemBodyStore:
@@ -211,20 +212,32 @@ class FileSystemBodyStore:
         message_id, digest = parse_body_key(key)
         return (self.root / message_id / digest).is_file()
 
-    def delete_message(self, unique_message_id: str) -> None:
-        """Delete every body of ``unique_message_id`` (nothing to do when it has none).
+    def delete_message(self, unique_message_id: str, *, keep: str | None = None) -> None:
+        """Delete every body of ``unique_message_id`` but ``keep`` (a key of this message,
+        or ``None``: delete them all); nothing to do when it has none.
 
-        Raises ``ValueError`` when the id is not a GUID, ``BodyStoreError`` on failure.
+        Raises ``ValueError`` when the id is not a GUID or ``keep`` is not one of its keys,
+        ``BodyStoreError`` on failure.
         """
         message_dir = self.root / _message_dir_name(unique_message_id)
+        kept = None
+        if keep is not None:
+            owner, kept = parse_body_key(keep)
+            if owner != message_dir.name:
+                raise ValueError(f"body key {keep} is not one of message {message_dir.name}")
         try:
-            shutil.rmtree(message_dir)
+            if kept is None:
+                shutil.rmtree(message_dir)
+            else:
+                for entry in message_dir.iterdir():
+                    if entry.name != kept:
+                        entry.unlink(missing_ok=True)
         except FileNotFoundError:
             return
         except OSError as exc:
             raise BodyStoreError(f"cannot delete bodies in {message_dir}: {exc}") from exc
         with contextlib.suppress(OSError):  # the deletion is done; durability is best effort
-            _fsync_directory(self.root)
+            _fsync_directory(message_dir if kept is not None else self.root)
 
     def _write_atomically(self, target: Path, payload: bytes) -> None:
         directory = target.parent

@@ -146,8 +146,10 @@ class IngestionService:
                 max_backoff_seconds=settings.ingestion.max_backoff_seconds,
                 stop_event=self._stopping,
             ),
+            body_store=body_store,
         )
         self._run_task: asyncio.Task[None] | None = None
+        self._done = {"failed_message": 0, "failed_import": 0, "retry_confirmation": 0}
 
     async def run(self) -> None:
         """Consume, batch and write until ``stop()`` or cancellation."""
@@ -158,7 +160,11 @@ class IngestionService:
             self._settings.ingestion,
             self._ingest_batch,
         )
-        await batcher.run(self._stopping.is_set)
+        reporter = asyncio.create_task(self._report())
+        try:
+            await batcher.run(self._stopping.is_set)
+        finally:
+            reporter.cancel()
 
     async def stop(self) -> None:
         """Stop taking messages; unacknowledged ones stay in the queue."""
@@ -168,21 +174,49 @@ class IngestionService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._run_task
 
+    async def _report(self) -> None:
+        """Every ``report_interval_seconds``, while there was work, one log line: messages
+        stored per second, failed imports and retry confirmations (issue 14, item 15)."""
+        interval = self._settings.ingestion.report_interval_seconds
+        while True:
+            await asyncio.sleep(interval)
+            done, self._done = self._done, dict.fromkeys(self._done, 0)
+            if any(done.values()):
+                log.info(
+                    "ingested %d failed messages (%.1f/s), %d failed imports, %d retry "
+                    "confirmations from %s in the last %.0f s",
+                    done["failed_message"],
+                    done["failed_message"] / interval,
+                    done["failed_import"],
+                    done["retry_confirmation"],
+                    self._settings.error_queue,
+                    interval,
+                )
+
     async def _ingest_batch(self, deliveries: list[Delivery]) -> None:
+        """Ingest one batch; every exit settles every delivery exactly once (issue 14,
+        item 2): committed and acknowledged, failed import and acknowledged, or given
+        back for redelivery. Any exception other than a data error of the whole batch
+        gives the batch back, including one raised by the one-by-one fallback (messages
+        it already committed come back and replay harmlessly)."""
         started = time.monotonic()
-        parsed = [self._parse(delivery) for delivery in deliveries]
         try:
-            await self._write(parsed)
+            parsed = [self._parse(delivery) for delivery in deliveries]
+            try:
+                await self._write(parsed)
+            except Exception as exc:
+                if classify_store_error(exc) is not ErrorKind.DATA:
+                    raise
+                parsed = await self._write_one_by_one(deliveries, parsed)
         except asyncio.CancelledError:
             await reject_all(deliveries)
             raise
         except Exception as exc:
-            if classify_store_error(exc) is not ErrorKind.DATA:
-                await self._give_back(deliveries, exc)
-                return
-            parsed = await self._write_one_by_one(deliveries, parsed)
+            await self._give_back(deliveries, exc)
+            return
         await ack_all(deliveries)
-        _count_outcomes(parsed)
+        for outcome in _count_outcomes(parsed):
+            self._done[outcome] += 1
         BATCH_SECONDS.observe(time.monotonic() - started)
 
     async def _write(self, parsed: Sequence[_Parsed]) -> None:
@@ -226,6 +260,11 @@ class IngestionService:
         await reject_all(deliveries)
 
     def _parse(self, delivery: Delivery) -> _Parsed:
+        broken = _first_not_utf8(delivery.headers)
+        if broken is not None:
+            # A transport hands over bytes that were not UTF-8 as lone surrogates; the
+            # message is kept whole (escaped in the headers JSON), never ingested half.
+            return _Parsed(failed_import=self._failed_import(delivery, broken))
         try:
             confirmed = is_retry_confirmation(delivery.headers)
             if confirmed is not None:
@@ -250,9 +289,31 @@ class IngestionService:
         )
 
 
-def _count_outcomes(parsed: Sequence[_Parsed]) -> None:
+def _first_not_utf8(headers: Mapping[str, str | None]) -> str | None:
+    """The reason to keep a message whose header names or values are not UTF-8, else
+    ``None`` (issue 14, item 5)."""
+    for name, value in headers.items():
+        if not _is_utf8(name):
+            return f"header name {name.encode('utf-8', 'backslashreplace')!r} is not UTF-8"
+        if value is not None and not _is_utf8(value):
+            return f"the value of header {name!r} is not UTF-8"
+    return None
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _count_outcomes(parsed: Sequence[_Parsed]) -> list[str]:
+    """Count each item's outcome (``INGESTED``); returns the outcome names, in order."""
+    outcomes = []
     for item in parsed:
         if item.failed_import is not None:
+            outcomes.append("failed_import")
             INGESTED.labels("failed_import").inc()
             # Operators learn of it here; `controlroom import-failed` re-imports it.
             log.warning(
@@ -261,6 +322,9 @@ def _count_outcomes(parsed: Sequence[_Parsed]) -> None:
                 item.failed_import.reason,
             )
         elif item.confirmed_retry is not None:
+            outcomes.append("retry_confirmation")
             INGESTED.labels("retry_confirmation").inc()
         else:
+            outcomes.append("failed_message")
             INGESTED.labels("failed_message").inc()
+    return outcomes

@@ -15,13 +15,18 @@ stays too and the message is queued as well: a duplicate, never a loss.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
 from controlroom.db.engine import begin_write
 from controlroom.db.tables import failed_error_imports
+from controlroom.errors import activity
 from controlroom.transport import Transport
 
 fi = failed_error_imports.c
@@ -41,17 +46,62 @@ def list_failed_import_ids(engine: sa.Engine) -> list[str]:
         return list(conn.scalars(sa.select(fi.id).order_by(fi.failed_at, fi.id)))
 
 
-async def reimport_failed_import(
-    engine: sa.Engine, transport: Transport, failed_import_id: str, *, error_queue: str
-) -> ReimportOutcome:
-    """Republish the headers and exact body of failed import ``failed_import_id`` to
-    ``error_queue``, deleting its row only once the publish is confirmed (module docstring).
+@dataclass(frozen=True, slots=True)
+class FailedImportSummary:
+    """One failed import as operators see it: ``failed_at`` is UTC, ``body_size`` bytes,
+    ``headers_json`` the headers as kept (ASCII-escaped JSON)."""
 
-    Blocks the event loop for the short statements of the transaction (the caller is a
-    command-line tool, not a server). Raises ``TransportError`` when the publish may
-    have failed (the row stays), the store's error when the database fails (the row
-    stays; the message may be queued as well).
-    """
+    id: str
+    queue: str
+    reason: str
+    failed_at: datetime
+    headers_json: str
+    body_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class FailedImportPage:
+    items: list[FailedImportSummary]
+    total: int
+
+
+def count_failed_imports(conn: sa.Connection) -> int:
+    """How many messages are kept as failed imports."""
+    return conn.execute(sa.select(sa.func.count()).select_from(failed_error_imports)).scalar_one()
+
+
+def list_failed_imports(conn: sa.Connection, *, offset: int, limit: int) -> FailedImportPage:
+    """Failed imports, newest first (``failed_at`` descending, then id), one page."""
+    rows = conn.execute(
+        sa.select(
+            fi.id,
+            fi.queue,
+            fi.reason,
+            fi.failed_at,
+            fi.headers_json,
+            sa.func.length(fi.body).label("body_size"),
+        )
+        .order_by(fi.failed_at.desc(), fi.id)
+        .offset(offset)
+        .limit(limit)
+    ).all()
+    return FailedImportPage(
+        items=[FailedImportSummary(**row._mapping) for row in rows],
+        total=count_failed_imports(conn),
+    )
+
+
+Publish = Callable[[str, dict[str, str | None], bytes], None]
+"""``(queue, headers, body)``: publish and return once the transport confirmed it."""
+
+
+def reimport_blocking(
+    engine: sa.Engine, publish: Publish, failed_import_id: str, *, error_queue: str, by: str
+) -> ReimportOutcome:
+    """The re-import of one failed import, all in the calling thread (module docstring):
+    the row is deleted, the re-import logged, the message published with ``publish``,
+    then the transaction commits. Raises what ``publish`` or the store raises (the row
+    stays)."""
     with begin_write(engine) as conn:
         # FOR UPDATE: a second re-importer of the same row waits, then finds it gone.
         row = conn.execute(
@@ -63,8 +113,38 @@ async def reimport_failed_import(
         if headers is None:
             return ReimportOutcome.UNREADABLE
         conn.execute(sa.delete(failed_error_imports).where(fi.id == failed_import_id))
-        await transport.publish(error_queue, headers, bytes(row.body))
+        activity.failed_imports_reimported(
+            conn, [failed_import_id], queue=error_queue, by=by, now=datetime.now(UTC)
+        )
+        publish(error_queue, headers, bytes(row.body))
     return ReimportOutcome.REPUBLISHED
+
+
+async def reimport_failed_import(
+    engine: sa.Engine,
+    transport: Transport,
+    failed_import_id: str,
+    *,
+    error_queue: str,
+    by: str = "controlroom import-failed",
+) -> ReimportOutcome:
+    """Republish the headers and exact body of failed import ``failed_import_id`` to
+    ``error_queue``, deleting its row only once the publish is confirmed (module docstring).
+
+    The database work runs in a worker thread (the API calls this too); the publish runs
+    on the caller's event loop, where the transport lives. ``by`` names who asked, in the
+    event log. Raises ``TransportError`` when the publish may have failed (the row
+    stays), the store's error when the database fails (the row stays; the message may be
+    queued as well).
+    """
+    loop = asyncio.get_running_loop()
+
+    def publish(queue: str, headers: dict[str, str | None], body: bytes) -> None:
+        asyncio.run_coroutine_threadsafe(transport.publish(queue, headers, body), loop).result()
+
+    return await asyncio.to_thread(
+        reimport_blocking, engine, publish, failed_import_id, error_queue=error_queue, by=by
+    )
 
 
 def decode_headers(headers_json: str) -> dict[str, str | None] | None:

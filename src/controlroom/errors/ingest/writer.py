@@ -5,7 +5,9 @@ Source: DESIGN.md "Writer". Fold in memory, then in one transaction, in this ord
 whose stored attempt is now this batch's, (3) insert-if-absent known endpoints (never
 update one: ``monitored`` is the user's), (4) resolve confirmed retries, (5) commit.
 Failed imports of the batch are kept in the same transaction, so one commit decides the
-fate of every message the batch acknowledges.
+fate of every message the batch acknowledges. Before the commit, the batch's external
+bodies are made sure of against the retention sweep's body collector
+(``errors.retention``: no committed row ever points at a missing body).
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ from controlroom.db.errors import is_transient
 from controlroom.db.providers import chunked, provider_for
 from controlroom.db.tables import (
     FailedMessageStatus,
+    body_deletions,
     failed_error_imports,
     failed_message_groups,
     failed_message_retries,
     failed_messages,
     known_endpoints,
 )
+from controlroom.errors import activity
+from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.errors.ingest.fold import FoldedMessage, fold_attempts, unique_endpoints
 from controlroom.errors.ingest.search_terms import message_search_terms
 from controlroom.errors.ingest.upsert import (
@@ -99,8 +104,12 @@ class FailedMessageBatchWriter:
         *,
         retrying: tenacity.Retrying | None = None,
         clock: Clock = utc_now,
+        body_store: BodyStore | None = None,
     ) -> None:
+        """``body_store``: where the batch's external bodies were put; without one the
+        writer cannot guard them against the body collector (tests that never sweep)."""
         self._engine = engine
+        self._body_store = body_store
         self._provider = provider_for(engine)
         self._retrying = retrying or retry_transient()
         self._clock = clock
@@ -126,6 +135,7 @@ class FailedMessageBatchWriter:
                 for message, search_terms in zip(folded, terms, strict=True)
             ]
             stored = upsert_failed_messages(conn, self._provider, rows)
+            self._release_claims_of_new_failures(conn, stored)
             self._replace_groups(conn, folded, stored)
             self._provider.insert_rows_if_absent(
                 conn,
@@ -133,10 +143,59 @@ class FailedMessageBatchWriter:
                 [known_endpoint_row(e, now) for e in unique_endpoints(batch.endpoints)],
             )
             self._resolve_confirmed_retries(conn, batch.confirmed_retries, now)
+            imports = _unique_imports(batch.failed_imports)
             self._provider.insert_rows_if_absent(
-                conn,
-                failed_error_imports,
-                [failed_import_row(item) for item in _unique_imports(batch.failed_imports)],
+                conn, failed_error_imports, [failed_import_row(item) for item in imports]
+            )
+            for item in imports:
+                activity.failed_imports_kept(
+                    conn, [(item.id, item.reason)], queue=item.queue, now=now
+                )
+            self._keep_external_bodies(conn, batch.attempts)
+
+    def _keep_external_bodies(self, conn: sa.Connection, attempts: Sequence[FailedAttempt]) -> None:
+        """Cancel pending body deletions of the batch's messages, then write again any of
+        the batch's external bodies the collector took before that (issue 14, item 1).
+
+        Deleting the ``body_deletions`` rows waits for a collector that holds one, so once
+        it returns no collector can act on these messages until this transaction ends.
+        Raises ``BodyStoreError`` when a body cannot be written (nothing commits).
+        """
+        if self._body_store is None:
+            return
+        external = {
+            attempt.body_key: attempt
+            for attempt in attempts
+            if attempt.body_placement.external and attempt.body_key
+        }
+        if not external:
+            return
+        ids = sorted({attempt.unique_message_id for attempt in external.values()})
+        for id_chunk in chunked(ids, self._provider.max_ids_per_in_list):
+            conn.execute(
+                sa.delete(body_deletions).where(body_deletions.c.failed_message_id.in_(id_chunk))
+            )
+        for key, attempt in external.items():
+            if not self._body_store.exists(key):
+                log.info("body %s was collected before its row committed; writing it again", key)
+                self._body_store.put(key, attempt.body)
+
+    def _release_claims_of_new_failures(
+        self, conn: sa.Connection, stored: Sequence[sa.Row[Any]]
+    ) -> None:
+        """A message this batch made Unresolved again (a new failure while RetryIssued)
+        loses its retry claim with the new failure, so a new retry request takes it.
+        Source: ServiceControl's retry cleaner; issue 14, item 4."""
+        ids = sorted(row.id for row in stored)
+        for id_chunk in chunked(ids, self._provider.max_ids_per_in_list):
+            reopened = sa.select(failed_messages.c.id).where(
+                failed_messages.c.id.in_(id_chunk),
+                failed_messages.c.status == int(FailedMessageStatus.UNRESOLVED),
+            )
+            conn.execute(
+                sa.delete(failed_message_retries).where(
+                    failed_message_retries.c.failed_message_id.in_(reopened)
+                )
             )
 
     def _replace_groups(

@@ -174,7 +174,11 @@ def _distinct(ids: Iterable[str]) -> list[str]:
 
 
 def _unknown_ids(conn: sa.Connection, wanted: list[str]) -> list[str]:
-    known = set(conn.execute(sa.select(fm.id).where(fm.id.in_(wanted))).scalars())
+    """The ids that name no row. Locks the rows that exist in id order (FOR UPDATE, where
+    the provider has row locks) so that two overlapping by-id actions wait for each other
+    instead of deadlocking on rows updated in different orders."""
+    locked = sa.select(fm.id).where(fm.id.in_(wanted)).order_by(fm.id).with_for_update()
+    known = set(conn.execute(locked).scalars())
     return [item for item in wanted if item not in known]
 
 

@@ -19,6 +19,12 @@ so a process that dies at any point leaves a state the next one continues from.
   no queue in its address, unreadable headers, body missing from the body store) loses
   its claim, becomes Unresolved again and marks the operation failed; a transport or
   store failure leaves everything in place and the processor backs off and tries again.
+- A send that fails while the broker is otherwise reachable (it refuses this message or
+  queue) counts against the claim's ``stage_attempts``; after ``MAX_SEND_ATTEMPTS``
+  (ServiceControl's bound) the claim is given up: the message is Unresolved again, the
+  operation is marked failed with the reason, and the event log says so. A failing batch
+  never holds back the batches after it: each pass tries every pending batch (issue 14,
+  item 3). Failures while the broker is unreachable do not count.
 
 One process forwards at a time: the processor holds a lease (``controlroom.db.leases``: a
 PostgreSQL advisory lock, a lease row on SQLite) and re-checks it before every window.
@@ -49,6 +55,7 @@ from controlroom.db.tables import (
     retry_batches,
     retry_operations,
 )
+from controlroom.errors import activity
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.ingest.bodies import BodyNotFoundError, BodyStore
 from controlroom.errors.ingest.writer import Clock, utc_now
@@ -73,6 +80,10 @@ FORWARD_WINDOW = 32
 ABANDONED_PREPARATION = timedelta(minutes=10)
 """A request that has not finished creating its batches after this long died with its
 process; its operation is closed with the batches it has."""
+
+MAX_SEND_ATTEMPTS = 5
+"""Failed sends of one claim, with the broker reachable, before it is given up
+(ServiceControl's retry processor gives up a batch after 5 staging attempts)."""
 
 RETRIED = Counter(
     "controlroom_retried_messages_total", "Claimed retry messages, by outcome", ["outcome"]
@@ -107,6 +118,7 @@ class _Window:
     unsendable: dict[str, str]  # id -> reason
     failed: list[str]  # transient failure: stays unsent
     error: BaseException | None = None
+    counts: bool = False  # the failures count against the claims' attempts
 
 
 class RetryProcessor:
@@ -195,8 +207,17 @@ class RetryProcessor:
             return 0
         await asyncio.to_thread(self._close_abandoned_preparations)
         batch_ids = await asyncio.to_thread(self._pending_batch_ids)
+        first_error: Exception | None = None
         for batch_id in batch_ids:
-            await self.process_batch(batch_id)
+            try:
+                await self.process_batch(batch_id)
+            except LeaseLost:
+                raise
+            except Exception as exc:  # this batch waits; the later ones still go out
+                log.warning("retry batch %s not finished: %s", batch_id, exc)
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
         return len(batch_ids)
 
     async def process_batch(self, batch_id: str) -> None:
@@ -280,10 +301,21 @@ class RetryProcessor:
             if not claims:
                 break
             window = await self._send_window(claims)
-            await asyncio.to_thread(self._record_window, batch_id, window)
             if window.error is not None:
+                window.counts = await self._broker_reachable()
+            given_up = await asyncio.to_thread(self._record_window, batch_id, window)
+            if window.error is not None and set(window.failed) != set(given_up):
                 raise window.error
         await asyncio.to_thread(self._finish_batch, batch_id)
+
+    async def _broker_reachable(self) -> bool:
+        """True when the transport is connected: a failed send is then the destination's
+        refusal, which counts against the claim, not an outage, which does not."""
+        try:
+            await self._transport.check()
+        except Exception:
+            return False
+        return True
 
     def _unsent_claims(self, batch_id: str) -> list[_Claim]:
         with self._engine.connect() as conn:
@@ -374,9 +406,10 @@ class RetryProcessor:
                 raise UnsendableMessage(f"the body is missing from the body store: {exc}") from exc
         return (claim.body_text or "").encode("utf-8")
 
-    def _record_window(self, batch_id: str, window: _Window) -> None:
+    def _record_window(self, batch_id: str, window: _Window) -> list[str]:
         """Write a window's outcome in one transaction: sent marks, removed claims,
-        unsendable messages back to Unresolved, attempt counts of failed sends."""
+        unsendable messages back to Unresolved, attempt counts of failed sends, claims
+        given up (returned, sorted)."""
         now = self._clock()
         with begin_write(self._engine) as conn:
             request_id = conn.execute(
@@ -402,25 +435,75 @@ class RetryProcessor:
                         last_modified=now,
                     )
                 )
-            if window.failed:
+            given_up: list[str] = []
+            if window.failed and window.counts:
                 conn.execute(
                     sa.update(failed_message_retries)
                     .where(fmr.retry_batch_id == batch_id, fmr.failed_message_id.in_(window.failed))
                     .values(stage_attempts=fmr.stage_attempts + 1)
                 )
+                given_up = self._give_up(conn, batch_id, request_id, window, now)
             _count(
                 conn,
                 request_id,
                 now,
                 forwarded=len(window.sent),
-                skipped=len(window.dropped) + len(unsendable),
-                failed=bool(unsendable),
+                skipped=len(window.dropped) + len(unsendable) + len(given_up),
+                failed=bool(unsendable) or bool(given_up),
             )
         for message_id, reason in window.unsendable.items():
             log.warning("failed message %s cannot be retried: %s", message_id, reason)
         RETRIED.labels("sent").inc(len(window.sent))
         RETRIED.labels("dropped").inc(len(window.dropped))
         RETRIED.labels("unsendable").inc(len(unsendable))
+        return given_up
+
+    def _give_up(
+        self,
+        conn: sa.Connection,
+        batch_id: str,
+        request_id: str,
+        window: _Window,
+        now: datetime,
+    ) -> list[str]:
+        """Give up the failed claims of ``window`` that reached ``MAX_SEND_ATTEMPTS``: the
+        claims go, their messages are Unresolved again, the operation records the reason
+        and the event log says so. Returns the ids given up, sorted."""
+        given_up = sorted(
+            conn.scalars(
+                sa.select(fmr.failed_message_id).where(
+                    fmr.retry_batch_id == batch_id,
+                    fmr.failed_message_id.in_(window.failed),
+                    fmr.stage_attempts >= MAX_SEND_ATTEMPTS,
+                )
+            )
+        )
+        if not given_up:
+            return []
+        reason = f"{type(window.error).__name__}: {window.error}"[:1000]
+        _delete_claims(conn, batch_id, given_up)
+        conn.execute(
+            sa.update(failed_messages)
+            .where(fm.id.in_(given_up), fm.status == int(FailedMessageStatus.RETRY_ISSUED))
+            .values(
+                status=int(FailedMessageStatus.UNRESOLVED), status_changed_at=now, last_modified=now
+            )
+        )
+        conn.execute(
+            sa.update(retry_operations).where(ro.id == request_id).values(failure_reason=reason)
+        )
+        activity.retry_given_up(
+            conn, request_id, batch_id, given_up, reason, attempts=MAX_SEND_ATTEMPTS, now=now
+        )
+        log.error(
+            "retry batch %s gave up on %d messages after %d failed sends: %s",
+            batch_id,
+            len(given_up),
+            MAX_SEND_ATTEMPTS,
+            reason,
+        )
+        RETRIED.labels("given_up").inc(len(given_up))
+        return given_up
 
     def _finish_batch(self, batch_id: str) -> None:
         now = self._clock()

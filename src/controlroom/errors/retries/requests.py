@@ -49,6 +49,7 @@ from controlroom.db.tables import (
     retry_batches,
     retry_operations,
 )
+from controlroom.errors import activity
 from controlroom.errors.ingest.headers import CONTENT_TYPE, header_text, parse_guid
 from controlroom.errors.ingest.writer import Clock, utc_now
 from controlroom.errors.read.redirects import redirect_targets
@@ -451,20 +452,32 @@ def _finish_preparing(engine: sa.Engine, operation_id: str, clock: Clock) -> Non
         conn.execute(
             sa.delete(retry_operations).where(ro.id == operation_id, ro.message_count == 0)
         )
-        conn.execute(
+        prepared = conn.execute(
             sa.update(retry_operations)
             .where(ro.id == operation_id)
             .values(prepared_at=now, last_modified=now)
-        )
+            .returning(ro.retry_type, ro.target, ro.message_count)
+        ).one_or_none()
+        if prepared is not None:
+            activity.retry_requested(
+                conn,
+                operation_id,
+                prepared.retry_type,
+                prepared.target,
+                prepared.message_count,
+                by=None,
+                now=now,
+            )
         complete_operation_if_finished(conn, operation_id, now)
 
 
 def complete_operation_if_finished(conn: sa.Connection, operation_id: str, now: datetime) -> None:
-    """Stamp ``completed_at`` once the operation is prepared and every batch is done."""
+    """Stamp ``completed_at`` once the operation is prepared and every batch is done, and
+    log the outcome in the event log (in the same transaction)."""
     unfinished = sa.select(rb.id).where(
         rb.request_id == operation_id, rb.status != str(BatchStatus.DONE)
     )
-    conn.execute(
+    finished = conn.execute(
         sa.update(retry_operations)
         .where(
             ro.id == operation_id,
@@ -473,7 +486,18 @@ def complete_operation_if_finished(conn: sa.Connection, operation_id: str, now: 
             ~sa.exists(unfinished),
         )
         .values(completed_at=now, last_modified=now)
-    )
+        .returning(ro.message_count, ro.forwarded_count, ro.skipped_count, ro.failed)
+    ).one_or_none()
+    if finished is not None:
+        activity.retry_finished(
+            conn,
+            operation_id,
+            message_count=finished.message_count,
+            forwarded=finished.forwarded_count,
+            skipped=finished.skipped_count,
+            failed=finished.failed,
+            now=now,
+        )
 
 
 # --- edit and retry -----------------------------------------------------------------------
@@ -655,6 +679,7 @@ class RetryOperation:
     last_modified: datetime
     prepared_at: datetime | None
     completed_at: datetime | None
+    failure_reason: str | None = None  # why messages were given up (issue 14, item 3)
     batches: tuple[RetryBatchInfo, ...] = ()
 
     @property

@@ -27,7 +27,7 @@ import controlroom.db.types
 from controlroom.errors.ingest.identity import failed_import_id
 
 revision = "0007"
-down_revision = "0005"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 

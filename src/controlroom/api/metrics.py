@@ -1,0 +1,87 @@
+"""``GET /metrics``: the process's Prometheus metrics (issue 14, item 13).
+
+The counters live beside the code that counts (``controlroom_ingested_messages_total``
+and ``controlroom_ingestion_batch_seconds`` in the ingestion pipeline,
+``controlroom_retried_messages_total`` in the retry processor,
+``controlroom_retention_deleted_total`` in retention); this module serves them, and
+counts HTTP requests by method, route template (``/api/errors/{id}``, never the path
+itself, so the label stays low-cardinality) and status. The route needs role ``reader``
+when tokens are configured (Prometheus sends a bearer token).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from starlette.routing import compile_path
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+router = APIRouter(tags=["metrics"])
+
+HTTP_REQUESTS = Counter(
+    "controlroom_http_requests_total",
+    "HTTP requests answered, by method, route template and status",
+    ["method", "route", "status"],
+)
+
+UNMATCHED = "unmatched"
+"""The route label of a request no route took (404s of arbitrary paths stay one label)."""
+
+
+@router.get("/metrics", include_in_schema=False)
+def get_metrics() -> Response:
+    """Every metric of this process in the Prometheus text format."""
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+class RequestMetrics:
+    """Counts each HTTP request once its answer starts (``HTTP_REQUESTS``)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        path = scope["path"]
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                template = _template(scope, path)
+                HTTP_REQUESTS.labels(scope["method"], template, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+def _template(scope: Scope, path: str) -> str:
+    """The full template of the route that answered (``/api/errors/{id}``). Routing
+    leaves the matched route in the scope with its path relative to its router, so the
+    full template is found among the app's documented paths; a route not documented
+    keeps its own path; no route at all is ``UNMATCHED``."""
+    route = scope.get("route")
+    if route is None:
+        return UNMATCHED
+    app: Any = scope.get("app")
+    for pattern, template in _documented_paths(app):
+        if pattern.fullmatch(path):
+            return template
+    return str(getattr(route, "path", UNMATCHED))
+
+
+_TEMPLATES: dict[int, list[tuple[re.Pattern[str], str]]] = {}
+
+
+def _documented_paths(app: Any) -> list[tuple[re.Pattern[str], str]]:
+    key = id(app)
+    if key not in _TEMPLATES:
+        paths = list(app.openapi().get("paths", {})) if hasattr(app, "openapi") else []
+        # Literal paths first: /api/errors/summary before /api/errors/{id}.
+        paths.sort(key=lambda template: (template.count("{"), template))
+        _TEMPLATES[key] = [(compile_path(template)[0], template) for template in paths]
+    return _TEMPLATES[key]

@@ -1,0 +1,207 @@
+"""The error instance's entries in the event log (``controlroom.events``), one function per
+kind of event, each written on the caller's connection inside the transaction that did
+what it describes (DESIGN.md "Event log"; issue 14, item 12).
+
+``by`` is the name of the caller's token (``anonymous`` on an open API). Counts are
+messages. Descriptions quote no message content, only ids and counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+import sqlalchemy as sa
+
+from controlroom.events import Category, Severity, message_path, record_event
+
+RELATED_LIMIT = 50
+"""Ids listed in ``related_to`` at most; the description carries the full count."""
+
+
+def _messages(ids: Sequence[str]) -> list[str]:
+    return [message_path(i) for i in list(ids)[:RELATED_LIMIT]]
+
+
+def messages_archived(
+    conn: sa.Connection, ids: Sequence[str], *, by: str, now: datetime, archived: bool
+) -> None:
+    """``archived``: Unresolved -> Archived, else Archived -> Unresolved, by id."""
+    if not ids:
+        return
+    verb = "archived" if archived else "unarchived"
+    record_event(
+        conn,
+        description=f"{len(ids)} failed messages {verb} by {by}",
+        severity=Severity.INFO,
+        category=Category.MESSAGE_FAILURES,
+        event_type="FailedMessagesArchived" if archived else "FailedMessagesUnArchived",
+        raised_at=now,
+        related_to=_messages(ids),
+    )
+
+
+def group_archived(
+    conn: sa.Connection, group_id: str, count: int, *, by: str, now: datetime, archived: bool
+) -> None:
+    """A whole group archived or unarchived (``count`` messages changed)."""
+    verb = "archived" if archived else "unarchived"
+    record_event(
+        conn,
+        description=f"{count} failed messages of group {group_id} {verb} by {by}",
+        severity=Severity.INFO,
+        category=Category.RECOVERABILITY,
+        event_type="FailedMessageGroupArchived" if archived else "FailedMessageGroupUnarchived",
+        raised_at=now,
+        related_to=[f"/group/{group_id}"],
+    )
+
+
+def group_comment_changed(
+    conn: sa.Connection, group_id: str, *, by: str, now: datetime, deleted: bool
+) -> None:
+    what = "deleted" if deleted else "set"
+    record_event(
+        conn,
+        description=f"comment of group {group_id} {what} by {by}",
+        severity=Severity.INFO,
+        category=Category.RECOVERABILITY,
+        event_type="GroupCommentDeleted" if deleted else "GroupCommentChanged",
+        raised_at=now,
+        related_to=[f"/group/{group_id}"],
+    )
+
+
+def retry_requested(
+    conn: sa.Connection,
+    operation_id: str,
+    retry_type: str,
+    target: str | None,
+    count: int,
+    *,
+    by: str | None,
+    now: datetime,
+) -> None:
+    aim = f" of {target}" if target else ""
+    who = f" by {by}" if by else ""
+    record_event(
+        conn,
+        description=f"retry ({retry_type}{aim}) of {count} messages requested{who}",
+        severity=Severity.INFO,
+        category=Category.RECOVERABILITY,
+        event_type="RetryOperationRequested",
+        raised_at=now,
+        related_to=[f"/retry/{operation_id}"],
+    )
+
+
+def retry_finished(
+    conn: sa.Connection,
+    operation_id: str,
+    *,
+    message_count: int,
+    forwarded: int,
+    skipped: int,
+    failed: bool,
+    now: datetime,
+) -> None:
+    outcome = "with failures" if failed else "successfully"
+    record_event(
+        conn,
+        description=(
+            f"retry operation {operation_id} finished {outcome}: {forwarded} of "
+            f"{message_count} messages sent, {skipped} skipped"
+        ),
+        severity=Severity.WARNING if failed else Severity.INFO,
+        category=Category.RECOVERABILITY,
+        event_type="RetryOperationCompleted",
+        raised_at=now,
+        related_to=[f"/retry/{operation_id}"],
+    )
+
+
+def retry_given_up(
+    conn: sa.Connection,
+    operation_id: str,
+    batch_id: str,
+    ids: Sequence[str],
+    reason: str,
+    *,
+    attempts: int,
+    now: datetime,
+) -> None:
+    record_event(
+        conn,
+        description=(
+            f"retry batch {batch_id} gave up on {len(ids)} messages after {attempts} failed "
+            f"sends; they are Unresolved again: {reason}"
+        ),
+        severity=Severity.ERROR,
+        category=Category.RECOVERABILITY,
+        event_type="RetryBatchGivenUp",
+        raised_at=now,
+        related_to=[f"/retry/{operation_id}", *_messages(ids)],
+    )
+
+
+def failed_imports_kept(
+    conn: sa.Connection, items: Sequence[tuple[str, str]], *, queue: str, now: datetime
+) -> None:
+    """``items``: ``(failed import id, reason)`` pairs, one event each."""
+    for import_id, reason in items:
+        record_event(
+            conn,
+            description=f"a message of {queue} was kept as failed import {import_id}: {reason}",
+            severity=Severity.ERROR,
+            category=Category.FAILED_IMPORTS,
+            event_type="MessageFailedToImport",
+            raised_at=now,
+            related_to=[f"/failedimport/{import_id}"],
+        )
+
+
+def failed_imports_reimported(
+    conn: sa.Connection, ids: Sequence[str], *, queue: str, by: str, now: datetime
+) -> None:
+    if not ids:
+        return
+    record_event(
+        conn,
+        description=f"{len(ids)} failed imports put back on {queue} by {by}",
+        severity=Severity.INFO,
+        category=Category.FAILED_IMPORTS,
+        event_type="FailedImportsReimported",
+        raised_at=now,
+        related_to=[f"/failedimport/{i}" for i in list(ids)[:RELATED_LIMIT]],
+    )
+
+
+def retention_swept(
+    conn: sa.Connection, deleted: int, *, cutoff: datetime, events_purged: int, now: datetime
+) -> None:
+    record_event(
+        conn,
+        description=(
+            f"retention deleted {deleted} Resolved or Archived failed messages last changed "
+            f"before {cutoff.isoformat()} and {events_purged} old event log items"
+        ),
+        severity=Severity.INFO,
+        category=Category.RETENTION,
+        event_type="RetentionSweepCompleted",
+        raised_at=now,
+    )
+
+
+def endpoint_monitoring_changed(
+    conn: sa.Connection, endpoint_id: str, monitored: bool, *, by: str, now: datetime
+) -> None:
+    state = "enabled" if monitored else "disabled"
+    record_event(
+        conn,
+        description=f"monitoring of endpoint {endpoint_id} {state} by {by}",
+        severity=Severity.INFO,
+        category=Category.ENDPOINTS,
+        event_type="MonitoringEnabledForEndpoint" if monitored else "MonitoringDisabledForEndpoint",
+        raised_at=now,
+        related_to=[f"/endpoint/{endpoint_id}"],
+    )

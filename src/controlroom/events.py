@@ -1,0 +1,135 @@
+"""The event log: what happened, written in the transaction that did it.
+
+Source: DESIGN.md "Event log"; the shape is ServiceControl's ``EventLogItem`` (``id``,
+``description``, ``severity``, ``raised_at``, ``related_to``, ``category``,
+``event_type``), served at ``GET /api/eventlogitems``. Both halves write to it (the error
+instance now; the site-call half later): ``record_event`` takes the caller's connection,
+so an event commits or rolls back with the change it describes. Items older than
+``event_log_retention_period`` are purged by the retention sweep (``purge_events``).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+
+from controlroom.db.tables import event_log_items
+
+ev = event_log_items.c
+
+
+class Severity(enum.StrEnum):
+    """ServiceControl's severities, as its JSON writes them."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+
+
+class Category(enum.StrEnum):
+    """The categories Controlroom writes (ServiceControl's names where it has one)."""
+
+    MESSAGE_FAILURES = "MessageFailures"
+    RECOVERABILITY = "Recoverability"
+    ENDPOINTS = "Endpoints"
+    RETENTION = "Retention"
+    FAILED_IMPORTS = "FailedImports"
+
+
+MAX_DESCRIPTION = 4000
+"""Characters of a description kept; longer ones end with an ellipsis (descriptions are
+written by Controlroom and quote user text only in part)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventLogItem:
+    """One event. ``raised_at`` is UTC; ``related_to`` lists ServiceControl-style paths
+    (``/message/<id>``, ``/endpoint/<name>``, ``/group/<id>``, ``/retry/<operation id>``)."""
+
+    id: str
+    description: str
+    severity: Severity
+    raised_at: datetime
+    related_to: tuple[str, ...]
+    category: str
+    event_type: str
+
+
+def record_event(
+    conn: sa.Connection,
+    *,
+    description: str,
+    severity: Severity | str,
+    category: Category | str,
+    event_type: str,
+    raised_at: datetime,
+    related_to: Sequence[str] = (),
+) -> str:
+    """Write one event in the caller's transaction; returns its id (a new UUID).
+
+    ``event_type`` names what happened (``MessageFailed``, ``FailedMessagesArchived``, ...);
+    ``raised_at`` must be timezone-aware (UTC). Raises ``ValueError`` for an unknown
+    severity or an empty ``event_type``/``category``.
+    """
+    level = Severity(severity)
+    if not event_type or not category:
+        raise ValueError("an event needs an event_type and a category")
+    if len(description) > MAX_DESCRIPTION:
+        description = description[: MAX_DESCRIPTION - 1] + "…"
+    event_id = str(uuid.uuid4())
+    conn.execute(
+        sa.insert(event_log_items).values(
+            id=event_id,
+            description=description,
+            severity=str(level),
+            category=str(category),
+            event_type=event_type,
+            related_to_json=json.dumps(list(related_to)),
+            raised_at=raised_at,
+        )
+    )
+    return event_id
+
+
+@dataclass(frozen=True, slots=True)
+class EventPage:
+    items: list[EventLogItem]
+    total: int
+
+
+def list_events(conn: sa.Connection, *, offset: int, limit: int) -> EventPage:
+    """Events newest first (``raised_at`` descending, then id), one page, with the total."""
+    total = conn.execute(sa.select(sa.func.count()).select_from(event_log_items)).scalar_one()
+    rows = conn.execute(
+        sa.select(event_log_items).order_by(ev.raised_at.desc(), ev.id).offset(offset).limit(limit)
+    ).all()
+    return EventPage(items=[_item(row) for row in rows], total=total)
+
+
+def purge_events(conn: sa.Connection, *, older_than: datetime) -> int:
+    """Delete events raised before ``older_than`` (UTC); returns how many."""
+    return conn.execute(sa.delete(event_log_items).where(ev.raised_at < older_than)).rowcount
+
+
+def _item(row: sa.Row[object]) -> EventLogItem:
+    return EventLogItem(
+        id=row.id,
+        description=row.description,
+        severity=Severity(row.severity),
+        raised_at=row.raised_at,
+        related_to=tuple(json.loads(row.related_to_json)),
+        category=row.category,
+        event_type=row.event_type,
+    )
+
+
+def message_path(failed_message_id: str) -> str:
+    """The ``related_to`` entry of a failed message."""
+    return f"/message/{failed_message_id}"

@@ -1,0 +1,119 @@
+"""Issue 14 item 5 on a real RabbitMQ, per provider: a message whose header name (or AMQP
+``message_id``) is not UTF-8, published as a raw AMQP frame, becomes a failed import kept
+whole and the messages behind it are ingested; a header name over 128 bytes is refused
+before anything is sent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import uuid
+
+import aiormq
+import pamqp.encode
+import pytest
+import sqlalchemy as sa
+
+from controlroom.config import Settings
+from controlroom.db.tables import failed_error_imports, failed_messages
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.pipeline import IngestionService
+from controlroom.transport import RabbitMQTransport
+from tests.nsb import failed_headers
+
+pytestmark = pytest.mark.rabbitmq
+
+BAD_NAME = b"X-Legacy-\xff\xfe-Name"
+
+
+@pytest.fixture
+def raw_amqp_encoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let this test's publisher put raw bytes in header names and short strings, as a
+    producer in another language can (pamqp only encodes text)."""
+    table, short = pamqp.encode.METHODS["table"], pamqp.encode.METHODS["shortstr"]
+
+    def raw_table(value: dict) -> bytes:  # type: ignore[type-arg]
+        if not any(isinstance(key, bytes) for key in value):
+            return table(value)
+        fields = b"".join(
+            bytes([len(raw)]) + raw + pamqp.encode.encode_table_value(item)
+            for key, item in value.items()
+            for raw in [key if isinstance(key, bytes) else key.encode()]
+        )
+        return struct.pack(">I", len(fields)) + fields
+
+    def raw_short(value: str | bytes) -> bytes:
+        return bytes([len(value)]) + value if isinstance(value, bytes) else short(value)
+
+    monkeypatch.setitem(pamqp.encode.METHODS, "table", raw_table)
+    monkeypatch.setitem(pamqp.encode.METHODS, "shortstr", raw_short)
+
+
+async def publish_raw(url: str, queue: str, headers: dict, body: bytes, message_id) -> None:  # type: ignore[no-untyped-def,type-arg]
+    connection = await aiormq.connect(url)
+    try:
+        channel = await connection.channel()
+        await channel.queue_declare(queue, durable=True)
+        properties = aiormq.spec.Basic.Properties(
+            headers=headers, message_id=message_id, delivery_mode=2
+        )
+        await channel.basic_publish(body, routing_key=queue, properties=properties)
+    finally:
+        await connection.close()
+
+
+def count(engine: sa.Engine, table: sa.Table) -> int:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
+
+
+def test_a_non_utf8_header_name_becomes_a_failed_import_and_the_queue_moves_on(
+    settings: Settings, engine: sa.Engine, rabbitmq_url: str, raw_amqp_encoding: None
+) -> None:
+    settings = settings.model_copy(
+        update={"broker_url": rabbitmq_url, "error_queue": f"error-{uuid.uuid4().hex[:8]}"}
+    )
+    good = failed_headers("behind-it")
+
+    async def scenario() -> None:
+        queue = settings.error_queue
+        bad_headers = {**failed_headers("bad-name"), BAD_NAME: "value"}
+        await publish_raw(rabbitmq_url, queue, bad_headers, b"\x00raw", "id-1")
+        await publish_raw(rabbitmq_url, queue, {"a": "b"}, b"\x01raw", b"\xff\xfe-id")
+        await publish_raw(rabbitmq_url, queue, good, b"{}", "id-3")
+        async with RabbitMQTransport(rabbitmq_url) as transport:
+            service = IngestionService(
+                settings, engine, transport, FileSystemBodyStore(settings.body_dir)
+            )
+            task = asyncio.create_task(service.run())
+            try:
+                async with asyncio.timeout(30):
+                    while not (
+                        count(engine, failed_error_imports) == 2
+                        and count(engine, failed_messages) == 1
+                    ):
+                        assert not task.done(), task.exception()
+                        await asyncio.sleep(0.1)
+            finally:
+                await service.stop()
+
+    asyncio.run(scenario())
+    with engine.connect() as conn:
+        kept = conn.execute(
+            sa.select(failed_error_imports).order_by(failed_error_imports.c.body)
+        ).all()
+    headers = json.loads(kept[0].headers_json)
+    assert kept[0].body == b"\x00raw"  # whole, raw
+    assert "X-Legacy-\udcff\udcfe-Name" in headers  # the bytes, escaped
+    assert "not UTF-8" in kept[0].reason
+    assert json.loads(kept[1].headers_json)["NServiceBus.MessageId"] == "\udcff\udcfe-id"
+
+
+def test_a_header_name_over_128_bytes_is_refused_before_sending(rabbitmq_url: str) -> None:
+    async def publish() -> None:
+        async with RabbitMQTransport(rabbitmq_url) as transport:
+            await transport.publish(f"q-{uuid.uuid4().hex[:8]}", {"N" * 129: "v"}, b"x")
+
+    with pytest.raises(ValueError, match="129 bytes"):
+        asyncio.run(publish())
