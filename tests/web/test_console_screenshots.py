@@ -100,6 +100,8 @@ def test_screenshots_of_every_console_page(
         "rejected-telemetry": "/site-calls/rejected",
         "sites": "/sites",
         "audit-log": "/audit-log",
+        "failed-imports": "/failed-imports",
+        "event-log": "/event-log",
         "api-docs": "/docs",
     }
     screenshots.mkdir(parents=True, exist_ok=True)

@@ -317,9 +317,12 @@ def test_the_site_call_pages_load_with_every_request_off_loopback_blocked(
         "/site-calls/rejected",
         "/sites",
         "/audit-log",
+        "/failed-imports",
+        "/event-log",
     ]:
         page.goto(server.base_url + path)
         expect(page.locator("main h1")).to_be_visible()
         assert page.evaluate("typeof htmx") == "object"
+    page.goto(server.base_url + "/audit-log")
     expect(page.locator("main table")).to_contain_text("CallParked")
     assert fence.blocked == []  # (and the fence checks again at teardown)
