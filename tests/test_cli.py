@@ -412,7 +412,7 @@ def test_demo_then_serve_lists_what_was_sent(
     log = (tmp_path / "serve.log").read_text()
     # Issue 14 item 15: what serve is doing, said at startup and while it ingests.
     assert f"{base}/docs" in log and f"console {base}/" in log
-    assert "Store: " in log and "Ingesting queue " in log
+    assert "Store: " in log and "Ingesting queues " in log
     assert re.search(r"ingested \d+ failed messages \([\d.]+/s\), 1 failed imports", log), log
     demo_binary = next(
         m.body
