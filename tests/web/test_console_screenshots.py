@@ -1,5 +1,5 @@
 """Screenshots of each console page at a desktop (1280x800) and a phone (390x844) size,
-over the demo's failed messages.
+over the demo's failed messages and site calls (with a day of KPI history).
 
 The test checks each page renders at both sizes (its heading, no request off 127.0.0.1,
 no dialog); it asserts nothing about pixels. The images go to a scratch directory, or,
@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import sqlalchemy as sa
 from playwright.sync_api import expect
 
-from controlroom.db.tables import failed_messages
+from controlroom.config import ConfiguredSite, Settings
+from controlroom.db.tables import failed_messages, site_calls
 from controlroom.demo import generate_demo_messages
 from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.sitecalls.demo import SITES, generate_demo_telemetry
+from controlroom.sitecalls.history import take_sample
 from tests.retries.conftest import TIMEOUT
-from tests.web.conftest import ConsoleServer
+from tests.web.conftest import ConsoleServer, ServerFactory
 
 expect.set_options(timeout=TIMEOUT * 1000)
 
@@ -38,10 +42,34 @@ def database_url(tmp_path: Path) -> Iterator[str]:
     yield f"sqlite:///{tmp_path / 'controlroom.db'}"
 
 
+def seed_site_calls(server: ConsoleServer, now: datetime) -> str:
+    """The demo's site-call telemetry, one rejected packet, and a day of KPI history
+    (sampled every ten minutes as the sampler would have); returns a Parked call's id."""
+    packets = generate_demo_telemetry(seed=12, now=now)
+    rejected = {**packets[0], "status": "Lost", "tracked_operation_id": "not-a-guid"}
+    answer = httpx.post(f"{server.base_url}/api/site-calls/telemetry", json=[*packets, rejected])
+    assert answer.status_code == 200, answer.text
+    for minutes in range(0, 24 * 60, 10):
+        take_sample(server.engine, server.settings, now - timedelta(minutes=minutes))
+    with server.engine.connect() as conn:
+        return str(
+            conn.execute(
+                sa.select(site_calls.c.tracked_operation_id)
+                .where(site_calls.c.status == "Parked")
+                .order_by(site_calls.c.tracked_operation_id)
+                .limit(1)
+            ).scalar_one()
+        )
+
+
 def test_screenshots_of_every_console_page(
-    console_server: ConsoleServer, browser_context: Any, tmp_path: Path
+    start_console: ServerFactory, settings: Settings, browser_context: Any, tmp_path: Path
 ) -> None:
     screenshots = DOCS_SCREENSHOTS if UPDATE else tmp_path
+    # The demo's sites, configured at an address where no agent answers.
+    sites = [ConfiguredSite(id=site, base_url="http://127.0.0.1:9") for site in SITES]
+    console_server = start_console(settings.model_copy(update={"sites": sites}))
+    parked_call = seed_site_calls(console_server, datetime.now(UTC))
     messages = generate_demo_messages(40, seed=12, now=datetime(2026, 12, 1, 9, 30, tzinfo=UTC))
     for message in messages:
         console_server.publish(message.headers, message.body)
@@ -67,6 +95,13 @@ def test_screenshots_of_every_console_page(
         "failed-message": f"/messages/{json_message}",
         "groups": "/groups",
         "endpoints": "/endpoints",
+        "site-calls": "/site-calls",
+        "site-call": f"/site-calls/{parked_call}",
+        "rejected-telemetry": "/site-calls/rejected",
+        "sites": "/sites",
+        "audit-log": "/audit-log",
+        "failed-imports": "/failed-imports",
+        "event-log": "/event-log",
         "api-docs": "/docs",
     }
     screenshots.mkdir(parents=True, exist_ok=True)

@@ -85,8 +85,14 @@ class AuthenticateFirst:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Only methods that carry a body: reads cost nothing to refuse later, and an
-        # unmatched GET keeps its 404.
-        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH", "DELETE"):
+        # unmatched GET keeps its 404. Only the API's paths: the console (every other
+        # path, ``web/console.py``) authenticates by its session cookie, which it checks
+        # before reading a form (``console.actor``), not by a bearer token.
+        if (
+            scope["type"] == "http"
+            and scope["method"] in ("POST", "PUT", "PATCH", "DELETE")
+            and _is_api_path(scope)
+        ):
             try:
                 await auth.authorize(Request(scope))
             except HTTPException as refused:
@@ -103,6 +109,14 @@ async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         for error in exc.errors()
     ]
     return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+
+
+def _is_api_path(scope: Scope) -> bool:
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return path == "/api" or path.startswith("/api/")
 
 
 def _content_length(scope: Scope) -> int | None:

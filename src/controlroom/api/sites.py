@@ -19,8 +19,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from controlroom.api.auth import current_principal
-from controlroom.db.tables import site_reconciliation
-from controlroom.sitecalls.reconciliation import ReconciliationService
+from controlroom.sitecalls.reconciliation import ReconciliationService, site_states
 from controlroom.sitecalls.relay import Command, RelayOutcome, relay_command
 
 router = APIRouter(tags=["sites"])
@@ -40,34 +39,29 @@ def _iso(value: Any) -> str | None:
 @router.get("/sites")
 def list_sites(request: Request) -> list[dict[str, Any]]:
     """The configured sites and their reconciliation state."""
-    settings = request.app.state.settings
     engine: sa.Engine = request.app.state.engine
     with engine.connect() as conn:
-        states = {row.site_id: row for row in conn.execute(sa.select(site_reconciliation))}
-    answer = []
-    for site in settings.sites:
-        state = states.get(site.id)
-        cursor = None
-        if state is not None and state.cursor_updated_at_utc is not None:
-            cursor = {
-                "updated_at_utc": _iso(state.cursor_updated_at_utc),
-                "tracked_operation_id": state.cursor_tracked_operation_id,
-            }
-        answer.append(
-            {
-                "id": site.id,
-                "base_url": site.base_url,
-                "last_pull_at_utc": _iso(state.last_pull_at_utc) if state else None,
-                "last_success_at_utc": _iso(state.last_success_at_utc) if state else None,
-                "cursor": cursor,
-                "pinned": bool(state.pinned) if state else False,
-                "pinned_changed_at_utc": _iso(state.pinned_changed_at_utc) if state else None,
-                "last_error": state.last_error if state else None,
-                "reachable": bool(state.reachable) if state else None,
-                "rows_pulled": state.rows_pulled if state else 0,
-            }
-        )
-    return answer
+        states = site_states(conn, request.app.state.settings.sites)
+    return [
+        {
+            "id": state.id,
+            "base_url": state.base_url,
+            "last_pull_at_utc": _iso(state.last_pull_at_utc),
+            "last_success_at_utc": _iso(state.last_success_at_utc),
+            "cursor": None
+            if state.cursor is None
+            else {
+                "updated_at_utc": _iso(state.cursor[0]),
+                "tracked_operation_id": state.cursor[1],
+            },
+            "pinned": state.pinned,
+            "pinned_changed_at_utc": _iso(state.pinned_changed_at_utc),
+            "last_error": state.last_error,
+            "reachable": state.reachable,
+            "rows_pulled": state.rows_pulled,
+        }
+        for state in states
+    ]
 
 
 @router.post("/sites/{site_id}/reconcile", status_code=202)

@@ -306,6 +306,52 @@ def _record_pin_change(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class SiteState:
+    """A configured site and its reconciliation state (``site_reconciliation``): the last
+    pull and last success (UTC), the cursor (``None`` before the first row), whether it is
+    pinned and since when, the last error, whether the last pass reached it (``None``
+    before any pass) and the rows pulled so far."""
+
+    id: str
+    base_url: str
+    last_pull_at_utc: datetime | None
+    last_success_at_utc: datetime | None
+    cursor: Cursor | None
+    pinned: bool
+    pinned_changed_at_utc: datetime | None
+    last_error: str | None
+    reachable: bool | None
+    rows_pulled: int
+
+
+def site_states(conn: sa.Connection, sites: Sequence[ConfiguredSite]) -> list[SiteState]:
+    """The state of each of ``sites`` (in their order); a site never pulled has an empty
+    state. Never the site's token."""
+    states = {row.site_id: row for row in conn.execute(sa.select(site_reconciliation))}
+    answer = []
+    for site in sites:
+        state = states.get(site.id)
+        cursor = None
+        if state is not None and state.cursor_updated_at_utc is not None:
+            cursor = (state.cursor_updated_at_utc, state.cursor_tracked_operation_id)
+        answer.append(
+            SiteState(
+                id=site.id,
+                base_url=site.base_url,
+                last_pull_at_utc=state.last_pull_at_utc if state else None,
+                last_success_at_utc=state.last_success_at_utc if state else None,
+                cursor=cursor,
+                pinned=bool(state.pinned) if state else False,
+                pinned_changed_at_utc=state.pinned_changed_at_utc if state else None,
+                last_error=state.last_error if state else None,
+                reachable=bool(state.reachable) if state else None,
+                rows_pulled=state.rows_pulled if state else 0,
+            )
+        )
+    return answer
+
+
 class ReconciliationService:
     """Schedules passes off the request path, one at a time (single-flight):
 

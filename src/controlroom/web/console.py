@@ -68,7 +68,8 @@ class SignInRequired(Exception):
 
 def install_console(app: FastAPI) -> None:
     """Serve the console from ``app`` for every path no route of ``app`` matches."""
-    from controlroom.web import actions, pages  # the routes need this module's helpers
+    # (imported here: the routes need this module's helpers)
+    from controlroom.web import actions, imports_and_events, pages, sitecall_pages
 
     console = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     console.state.api = app.state
@@ -77,6 +78,8 @@ def install_console(app: FastAPI) -> None:
     console.mount("/static", StaticFiles(directory=WEB_DIR / "static"), name="static")
     console.include_router(pages.router)
     console.include_router(actions.router)
+    console.include_router(sitecall_pages.router)
+    console.include_router(imports_and_events.router)
     console.add_exception_handler(SignInRequired, _to_sign_in)
     console.add_exception_handler(HTTPException, _error_page)
     console.add_exception_handler(404, _not_found)

@@ -5,7 +5,7 @@ Every filter returns plain text (autoescaped by the template), never markup.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
 import jinja2
@@ -44,6 +44,31 @@ def size(count: int | None) -> str:
     return f"{count} B"
 
 
+def age(seconds: float | None) -> str:
+    """A duration in seconds for people: ``45 s``, ``12 min 05 s``, ``3 h 07 min``,
+    ``2 d 04 h``; an empty string for ``None``."""
+    if seconds is None:
+        return ""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    if whole < 86400:
+        return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+    return f"{whole // 86400} d {whole % 86400 // 3600:02d} h"
+
+
+def span(duration: timedelta) -> str:
+    """A configured interval for a label: ``5 min``, ``1 h``, ``90 s``."""
+    seconds = int(duration.total_seconds())
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600} h"
+    if seconds % 60 == 0:
+        return f"{seconds // 60} min"
+    return f"{seconds} s"
+
+
 def status_label(status: FailedMessageStatus | int) -> str:
     return STATUS_LABELS[FailedMessageStatus(status)]
 
@@ -56,5 +81,5 @@ def query(base: dict[str, object], **changes: object) -> str:
 
 
 def install(env: jinja2.Environment) -> None:
-    env.filters.update(utc=utc, iso=iso, size=size, status_label=status_label)
+    env.filters.update(utc=utc, iso=iso, size=size, age=age, span=span, status_label=status_label)
     env.globals.update(query=query)

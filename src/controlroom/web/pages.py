@@ -30,6 +30,7 @@ from controlroom.errors.retries import requests as retries
 from controlroom.web.bodies import view_body
 from controlroom.web.console import api_state, render, viewer
 from controlroom.web.session import Session
+from controlroom.web.sitecall_pages import kpi_context
 
 router = APIRouter(include_in_schema=False)
 
@@ -47,6 +48,7 @@ def dashboard(request: Request, session: Viewer) -> Response:
         top_groups = groups.list_groups(conn, groups.DEFAULT_CLASSIFIER)
         by_endpoint = queries.count_unresolved_by_endpoint(conn)
         failed_imports = queries.count_failed_imports(conn)
+        site_calls = kpi_context(conn, api_state(request).settings)
     return render(
         request,
         "dashboard.html",
@@ -58,6 +60,7 @@ def dashboard(request: Request, session: Viewer) -> Response:
             "endpoint_count": len(by_endpoint),
             "failed_imports": failed_imports,
             "Status": FailedMessageStatus,
+            **site_calls,
         },
     )
 

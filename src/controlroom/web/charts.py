@@ -1,0 +1,203 @@
+"""Trend charts of the site-call KPIs as server-rendered SVG geometry (``_trend.html``
+draws it): no JavaScript, every label plain text (autoescaped by the template).
+
+Source: issue 12 "Dashboard" (a trend chart of each site-call KPI from the KPI history:
+axes, units, readable time labels). The series comes from ``sitecalls.history.read_series``;
+a scope with no sample at an instant has nothing to report (read as zero), so the line is
+drawn through the samples there are.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Final
+
+import sqlalchemy as sa
+
+from controlroom.sitecalls.history import SeriesPoint, node_scope_key, read_series
+from controlroom.sitecalls.kpis import METRICS
+
+WIDTH: Final = 360
+HEIGHT: Final = 160
+LEFT: Final = 44  # room for the value labels
+RIGHT: Final = 8
+TOP: Final = 10
+BOTTOM: Final = 26  # room for the time labels
+WINDOW: Final = timedelta(hours=24)
+MAX_POINTS: Final = 144  # one point per 10 minutes over the window
+
+LABELS: Final[dict[str, tuple[str, str]]] = {
+    "buffered": ("Buffered", "calls"),
+    "parked": ("Parked", "calls"),
+    "failed_last_interval": ("Failed in the last interval", "calls"),
+    "delivered_last_interval": ("Delivered in the last interval", "calls"),
+    "oldest_pending_age_seconds": ("Oldest pending age", "seconds"),
+    "stuck": ("Stuck", "calls"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """An axis label at ``position`` (SVG units along its axis)."""
+
+    position: float
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class TrendChart:
+    """One KPI's chart: the polyline's points (SVG units), its axis ticks, and the
+    latest value as text. ``points`` is empty when the window has no sample."""
+
+    metric: str
+    title: str
+    unit: str
+    points: str
+    dots: list[tuple[float, float, str]]  # x, y, the sample as text ("12 calls at 09:30 UTC")
+    y_ticks: list[Tick]
+    x_ticks: list[Tick]
+    latest: str
+    start: datetime
+    end: datetime
+
+    width: int = WIDTH
+    height: int = HEIGHT
+    left: int = LEFT
+    right_edge: int = WIDTH - RIGHT
+    top: int = TOP
+    bottom_edge: int = HEIGHT - BOTTOM
+
+
+def kpi_charts(
+    conn: sa.Connection, *, now: datetime, site: str | None = None, node: str | None = None
+) -> list[TrendChart]:
+    """A chart of each KPI (``kpis.METRICS`` order) of one scope over the 24 hours up to
+    ``now``: global, a ``site``, or a ``node`` of a site."""
+    if node is not None and site is not None:
+        scope, key = "node", node_scope_key(site, node)
+    elif site is not None:
+        scope, key = "site", site
+    else:
+        scope, key = "global", ""
+    start = now - WINDOW
+    return [
+        build_chart(
+            metric,
+            read_series(
+                conn,
+                metric=metric,
+                scope=scope,
+                scope_key=key,
+                start=start,
+                end=now,
+                max_points=MAX_POINTS,
+            ),
+            start=start,
+            end=now,
+        )
+        for metric in METRICS
+    ]
+
+
+def build_chart(
+    metric: str, series: list[SeriesPoint], *, start: datetime, end: datetime
+) -> TrendChart:
+    """The geometry of ``series`` (sorted by time, all in ``[start, end]``). Pure."""
+    title, unit = LABELS[metric]
+    largest = max((point.value for point in series), default=0.0)
+    # The axis counts in one unit: calls, or seconds, minutes or hours for an age.
+    scale, suffix = axis_unit(unit, largest)
+    top_value = nice_ceiling(largest / scale) * scale
+    span = max((end - start).total_seconds(), 1.0)
+    plot_width = WIDTH - RIGHT - LEFT
+    plot_height = HEIGHT - BOTTOM - TOP
+
+    def x_of(instant: datetime) -> float:
+        return round(LEFT + plot_width * (instant - start).total_seconds() / span, 1)
+
+    def y_of(value: float) -> float:
+        return round(TOP + plot_height * (1 - value / top_value), 1)
+
+    dots = [
+        (
+            x_of(point.captured_at_utc),
+            y_of(point.value),
+            f"{format_value(point.value, unit)} at {clock(point.captured_at_utc)}",
+        )
+        for point in series
+    ]
+    parts = tick_parts(top_value / scale)
+    y_ticks = [
+        Tick(y_of(top_value * n / parts), f"{_number(top_value / scale * n / parts)}{suffix}")
+        for n in range(parts + 1)
+    ]
+    x_ticks = [
+        Tick(x_of(start + (end - start) * n / 4), clock(start + (end - start) * n / 4))
+        for n in range(5)
+    ]
+    latest = (
+        f"{format_value(series[-1].value, unit)} at {clock(series[-1].captured_at_utc)}"
+        if series
+        else "no samples in the last 24 hours"
+    )
+    return TrendChart(
+        metric=metric,
+        title=title,
+        unit=unit,
+        points=" ".join(f"{x},{y}" for x, y, _ in dots),
+        dots=dots,
+        y_ticks=y_ticks,
+        x_ticks=x_ticks,
+        latest=latest,
+        start=start,
+        end=end,
+    )
+
+
+def nice_ceiling(value: float) -> float:
+    """The axis top for a largest value: 1, 2, 2.5 or 5 times a power of ten, at least 1
+    (a flat-zero series still gets an axis)."""
+    if value <= 1:
+        return 1.0
+    power = 10 ** math.floor(math.log10(value))
+    for step in (1, 2, 2.5, 5, 10):
+        if value <= step * power:
+            return float(step * power)
+    return float(10 * power)  # pragma: no cover - the loop always returns
+
+
+def axis_unit(unit: str, largest: float) -> tuple[float, str]:
+    """The divisor and label suffix of a value axis: counts as they are; an age in
+    seconds, minutes or hours by its largest value."""
+    if unit != "seconds" or largest < 120:
+        return (1.0, " s") if unit == "seconds" else (1.0, "")
+    return (60.0, " min") if largest < 7200 else (3600.0, " h")
+
+
+def tick_parts(top: float) -> int:
+    """How many equal steps the axis up to ``top`` (``nice_ceiling``) is cut into, so
+    each label is a round number (1 → 0, 1; 2 → 0.5 steps; 5 → 1 steps)."""
+    mantissa = top / 10 ** math.floor(math.log10(top))
+    return {1.0: 1 if top == 1 else 5, 2.0: 4, 2.5: 5, 5.0: 5}.get(round(mantissa, 3), 4)
+
+
+def format_value(value: float, unit: str) -> str:
+    """``12 calls``; an age as ``95 s``, ``1.5 min`` or ``2.0 h``."""
+    if unit == "seconds":
+        if value < 120:
+            return f"{value:.0f} s"
+        if value < 7200:
+            return f"{value / 60:.1f} min"
+        return f"{value / 3600:.1f} h"
+    return f"{_number(value)} calls"
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+
+
+def clock(instant: datetime) -> str:
+    """``09:30 UTC``: a time label on the axis."""
+    return instant.astimezone(UTC).strftime("%H:%M UTC")

@@ -1,0 +1,164 @@
+"""The console's failed imports (the list with reasons, re-import one or all) and event
+log (what happened, newest first) pages.
+
+Source: issue 12 "Failed imports" and "Event log". Reads and re-imports call the same
+functions as ``GET /api/failed-imports``, ``POST /api/failed-imports/...`` and
+``GET /api/eventlogitems`` (``errors.ingest.reimport``, ``controlroom.events``); no SQL
+here. Headers, reasons and descriptions are rendered as text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Any
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import Response
+
+from controlroom import events
+from controlroom.errors.ingest import reimport
+from controlroom.errors.ingest.reimport import ReimportOutcome
+from controlroom.transport.base import Transport, TransportError
+from controlroom.web.console import EXTRA_NAV, actor, api_state, redirect, render, viewer
+from controlroom.web.session import Session
+
+router = APIRouter(include_in_schema=False)
+Viewer = Annotated[Session, Depends(viewer)]
+Actor = Annotated[Session, Depends(actor)]
+Page = Annotated[int, Query(ge=1, le=1_000_000)]
+PAGE_SIZE = 50
+
+EXTRA_NAV.extend([("Failed imports", "/failed-imports"), ("Event log", "/event-log")])
+
+# Fixed texts only: nothing from the URL but counts is ever shown.
+_NOTICES = {
+    "republished": "Re-imported: the message is back on the error queue, to be ingested again.",
+    "unreadable": "Not re-imported: its headers cannot go back on a queue.",
+    "gone": "Not re-imported: that failed import no longer exists.",
+    "all": "Re-imported {republished}; {unreadable} could not go back on a queue; {gone} "
+    "were gone.",
+}
+
+
+@router.get("/failed-imports")
+def failed_import_list(request: Request, session: Viewer, page: Page = 1) -> Response:
+    """Messages kept whole because they could not be ingested, newest first."""
+    with _engine(request).connect() as conn:
+        found = reimport.list_failed_imports(conn, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE)
+    items = [
+        {
+            "id": item.id,
+            "queue": item.queue,
+            "reason": item.reason,
+            "failed_at": item.failed_at,
+            "headers": _headers_text(item.headers_json),
+            "body_size": item.body_size,
+        }
+        for item in found.items
+    ]
+    return render(
+        request,
+        "failed_imports.html",
+        {
+            "items": items,
+            "total": found.total,
+            "page": page,
+            "pages": max(1, math.ceil(found.total / PAGE_SIZE)),
+            "notice": _notice(request),
+            "has_transport": api_state(request).transport is not None,
+        },
+    )
+
+
+@router.post("/failed-imports/reimport-all")
+async def reimport_all(request: Request, session: Actor) -> Response:
+    """Put every failed import back on the error queue; the counts on the list."""
+    transport = _transport(request)
+    state = api_state(request)
+    outcomes = [
+        await _reimport(state, transport, failed_import_id, session)
+        for failed_import_id in reimport.list_failed_import_ids(state.engine)
+    ]
+    counts = {outcome.name.lower(): outcomes.count(outcome) for outcome in ReimportOutcome}
+    return redirect(
+        "/failed-imports?done=all&"
+        + "&".join(f"{key}={value}" for key, value in sorted(counts.items()))
+    )
+
+
+@router.post("/failed-imports/{failed_import_id}/reimport")
+async def reimport_one(request: Request, session: Actor, failed_import_id: str) -> Response:
+    """Put one failed import back on the error queue."""
+    if len(failed_import_id) > 36:
+        raise HTTPException(400, "id: at most 36 characters")
+    outcome = await _reimport(api_state(request), _transport(request), failed_import_id, session)
+    return redirect(f"/failed-imports?done={outcome.name.lower()}")
+
+
+@router.get("/event-log")
+def event_log(request: Request, session: Viewer, page: Page = 1) -> Response:
+    """What happened, newest first."""
+    with _engine(request).connect() as conn:
+        found = events.list_events(conn, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE)
+    return render(
+        request,
+        "event_log.html",
+        {
+            "items": found.items,
+            "total": found.total,
+            "page": page,
+            "pages": max(1, math.ceil(found.total / PAGE_SIZE)),
+        },
+    )
+
+
+async def _reimport(
+    state: Any, transport: Transport, failed_import_id: str, session: Session
+) -> ReimportOutcome:
+    try:
+        return await reimport.reimport_failed_import(
+            state.engine,
+            transport,
+            failed_import_id,
+            error_queue=state.settings.error_queue,
+            by=session.principal.name,
+        )
+    except TransportError as exc:
+        raise HTTPException(503, f"the error queue could not be reached: {exc}") from exc
+
+
+def _transport(request: Request) -> Transport:
+    transport: Transport | None = api_state(request).transport
+    if transport is None:
+        raise HTTPException(503, "this process has no transport to publish with")
+    return transport
+
+
+def _headers_text(headers_json: str) -> str:
+    """The kept headers, one ``name: value`` a line (the raw text when not an object)."""
+    try:
+        value = json.loads(headers_json)
+    except ValueError:
+        return headers_json
+    if not isinstance(value, dict):
+        return headers_json
+    return "\n".join(f"{name}: {'' if text is None else text}" for name, text in value.items())
+
+
+def _notice(request: Request) -> str | None:
+    done = request.query_params.get("done", "")
+    template = _NOTICES.get(done)
+    if template is None:
+        return None
+    counts = {
+        key: int(value) if (value := request.query_params.get(key, "0")).isdigit() else 0
+        for key in ("republished", "unreadable", "gone")
+    }
+    return template.format(**counts)
+
+
+def _engine(request: Request) -> sa.Engine:
+    engine: sa.Engine = api_state(request).engine
+    return engine

@@ -1,0 +1,336 @@
+"""The console's site-call pages: site calls (KPI tiles, trends, the filterable list), one
+call with its audit events and the Retry/Discard relay, rejected telemetry, the sites'
+reconciliation state, and the audit log.
+
+Source: issue 12 "Site calls" and "Audit log". Reads call ``controlroom.sitecalls``
+(``queries``, ``kpis``, ``history`` via ``web.charts``, ``reconciliation.site_states``);
+the relay is ``sitecalls.relay.relay_command``, the same the API calls. Lists are newest
+first with keyset paging (``after`` is the previous page's cursor). Every value from a
+site (targets, errors, actors, details, packets) is rendered as text. A filter value that
+cannot be read answers 400 naming it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import Response
+
+from controlroom.config import Settings
+from controlroom.sitecalls import queries
+from controlroom.sitecalls.kpis import measure_kpis
+from controlroom.sitecalls.ordering import Channel, SiteCallStatus
+from controlroom.sitecalls.reconciliation import site_states
+from controlroom.sitecalls.relay import Command, RelayOutcome, relay_command
+from controlroom.web import charts
+from controlroom.web.console import EXTRA_NAV, actor, api_state, render, viewer
+from controlroom.web.session import Session
+
+router = APIRouter(include_in_schema=False)
+Viewer = Annotated[Session, Depends(viewer)]
+Actor = Annotated[Session, Depends(actor)]
+Text = Annotated[str, Query(max_length=1024)]
+After = Annotated[str, Query(max_length=500)]
+PAGE_SIZE = 50
+STATUSES = tuple(status.value for status in SiteCallStatus)
+CHANNELS = tuple(channel.value for channel in Channel)
+
+EXTRA_NAV.extend([("Site calls", "/site-calls"), ("Audit log", "/audit-log")])
+
+# The relay's outcome as an operator reads it (the relay's own sentence follows it).
+OUTCOME_TEXT = {
+    RelayOutcome.APPLIED: "Applied: the site applied the command.",
+    RelayOutcome.NOT_PARKED: "NotParked: the call is not Parked, so nothing was done.",
+    RelayOutcome.SITE_UNREACHABLE: "SiteUnreachable: the site could not be reached.",
+    RelayOutcome.OPERATION_FAILED: "OperationFailed: the site did not apply the command.",
+}
+_RELAY_STATUS = {
+    RelayOutcome.APPLIED: 200,
+    RelayOutcome.NOT_PARKED: 409,
+    RelayOutcome.SITE_UNREACHABLE: 503,
+    RelayOutcome.OPERATION_FAILED: 502,
+}
+
+
+# --- KPIs (the dashboard shows the global ones too) -------------------------------------
+def kpi_context(
+    conn: sa.Connection, settings: Settings, *, site: str | None = None, node: str | None = None
+) -> dict[str, Any]:
+    """The KPI tiles (``kpis``: the figures by metric name, as ``/api/site-calls/kpis``
+    answers them) and the trend charts (``charts``) of one scope, and the labels the
+    tiles need."""
+    now = datetime.now(UTC)
+    report = measure_kpis(
+        conn,
+        now=now,
+        interval=settings.kpi.interval,
+        stuck_threshold=settings.kpi.stuck_threshold,
+        site=site,
+        node=node,
+    )
+    return {
+        "kpis": report.total().as_dict(now),
+        "charts": charts.kpi_charts(conn, now=now, site=site, node=node),
+        "interval": settings.kpi.interval,
+        "stuck_threshold": settings.kpi.stuck_threshold,
+    }
+
+
+# --- site calls ---------------------------------------------------------------------------
+@router.get("/site-calls")
+def site_call_list(
+    request: Request,
+    session: Viewer,
+    site: Text = "",
+    node: Text = "",
+    status: Text = "",
+    channel: Text = "",
+    target: Text = "",
+    created_from: Annotated[str, Query(alias="from", max_length=40)] = "",
+    created_to: Annotated[str, Query(alias="to", max_length=40)] = "",
+    scope_site: Text = "",
+    scope_node: Text = "",
+    after: After = "",
+) -> Response:
+    """KPI tiles and trends of the picked scope (``scope_site``/``scope_node``: global
+    by default), and the site calls matching the filters, newest created first."""
+    if scope_node and not scope_site:
+        raise HTTPException(
+            400, "scope_node: give scope_site too (a node is named within its site)"
+        )
+    if status and status not in STATUSES:
+        raise HTTPException(400, f"status must be one of {', '.join(STATUSES)}")
+    filters = queries.SiteCallFilter(
+        site=site or None,
+        node=node or None,
+        status=status or None,
+        channel=channel or None,
+        target=target or None,
+        created_from=_instant("from", created_from),
+        created_to=_instant("to", created_to),
+    )
+    settings: Settings = api_state(request).settings
+    with _engine(request).connect() as conn:
+        try:
+            page = queries.list_site_calls(conn, filters, limit=PAGE_SIZE, after=after or None)
+        except queries.BadCursor as exc:
+            raise HTTPException(400, f"after: {exc}") from None
+        context = kpi_context(conn, settings, site=scope_site or None, node=scope_node or None)
+        scopes = _scopes(conn, settings)
+    params = {
+        "site": site,
+        "node": node,
+        "status": status,
+        "channel": channel,
+        "target": target,
+        "from": created_from,
+        "to": created_to,
+        "scope_site": scope_site,
+        "scope_node": scope_node,
+    }
+    return render(
+        request,
+        "site_calls.html",
+        {
+            **context,
+            "calls": page.rows,
+            "next_cursor": page.next_cursor,
+            "after": after,
+            "params": params,
+            "statuses": STATUSES,
+            "channels": CHANNELS,
+            "scopes": scopes,
+            "scope_site": scope_site,
+            "scope_node": scope_node,
+        },
+    )
+
+
+@router.get("/site-calls/rejected")
+def rejected_list(request: Request, session: Viewer, after: After = "") -> Response:
+    """Telemetry packets the contract or the store refused, newest first, kept whole."""
+    with _engine(request).connect() as conn:
+        try:
+            page = queries.list_rejected_telemetry(conn, limit=PAGE_SIZE, after=after or None)
+        except queries.BadCursor as exc:
+            raise HTTPException(400, f"after: {exc}") from None
+    packets = [
+        {
+            "id": row.id,
+            "source": row.source,
+            "reason": row.reason,
+            "rejected_at_utc": row.rejected_at_utc,
+            "packet": row.packet.decode("utf-8", "replace"),
+        }
+        for row in page.rows
+    ]
+    return render(
+        request,
+        "rejected.html",
+        {"packets": packets, "next_cursor": page.next_cursor, "after": after},
+    )
+
+
+@router.get("/site-calls/{tracked_operation_id}")
+def site_call_page(request: Request, session: Viewer, tracked_operation_id: uuid.UUID) -> Response:
+    return _call_page(request, str(tracked_operation_id))
+
+
+@router.post("/site-calls/{tracked_operation_id}/retry")
+def retry_call(request: Request, session: Actor, tracked_operation_id: uuid.UUID) -> Response:
+    """Relay Retry of a Parked call to its site; the call's page with the outcome."""
+    return _relay(request, session, str(tracked_operation_id), Command.RETRY)
+
+
+@router.post("/site-calls/{tracked_operation_id}/discard")
+def discard_call(request: Request, session: Actor, tracked_operation_id: uuid.UUID) -> Response:
+    """Relay Discard of a Parked call to its site; the call's page with the outcome."""
+    return _relay(request, session, str(tracked_operation_id), Command.DISCARD)
+
+
+# --- sites --------------------------------------------------------------------------------
+@router.get("/sites")
+def site_list(request: Request, session: Viewer) -> Response:
+    """The configured sites and their reconciliation state (never a site's token)."""
+    with _engine(request).connect() as conn:
+        states = site_states(conn, api_state(request).settings.sites)
+    return render(request, "sites.html", {"sites": states})
+
+
+# --- audit log ----------------------------------------------------------------------------
+@router.get("/audit-log")
+def audit_log_page(
+    request: Request,
+    session: Viewer,
+    actor: Text = "",
+    action: Text = "",
+    outcome: Text = "",
+    category: Text = "",
+    target: Text = "",
+    correlation_id: Text = "",
+    occurred_from: Annotated[str, Query(alias="from", max_length=40)] = "",
+    occurred_to: Annotated[str, Query(alias="to", max_length=40)] = "",
+    after: After = "",
+) -> Response:
+    """Audit events matching the filters (all combine with AND), newest first."""
+    filters = queries.AuditFilter(
+        actor=actor or None,
+        action=action or None,
+        outcome=outcome or None,
+        category=category or None,
+        target=target or None,
+        correlation_id=correlation_id or None,
+        occurred_from=_instant("from", occurred_from),
+        occurred_to=_instant("to", occurred_to),
+    )
+    with _engine(request).connect() as conn:
+        try:
+            page = queries.list_audit_events(conn, filters, limit=PAGE_SIZE, after=after or None)
+        except queries.BadCursor as exc:
+            raise HTTPException(400, f"after: {exc}") from None
+    params = {
+        "actor": actor,
+        "action": action,
+        "outcome": outcome,
+        "category": category,
+        "target": target,
+        "correlation_id": correlation_id,
+        "from": occurred_from,
+        "to": occurred_to,
+    }
+    return render(
+        request,
+        "audit_log.html",
+        {"events": page.rows, "next_cursor": page.next_cursor, "after": after, "params": params},
+    )
+
+
+# --- helpers ------------------------------------------------------------------------------
+def _call_page(
+    request: Request,
+    tracked_operation_id: str,
+    *,
+    outcome: dict[str, str] | None = None,
+    status: int = 200,
+) -> Response:
+    with _engine(request).connect() as conn:
+        call = queries.get_site_call(conn, tracked_operation_id)
+        if call is None:
+            raise HTTPException(
+                404, f"no site call with tracked_operation_id {tracked_operation_id}"
+            )
+        events = queries.audit_events_of(conn, tracked_operation_id)
+    return render(
+        request,
+        "site_call.html",
+        {
+            "call": call,
+            "events": events,
+            "parked": call.status == SiteCallStatus.PARKED.value,
+            "outcome": outcome,
+        },
+        status=status,
+    )
+
+
+def _relay(
+    request: Request, session: Session, tracked_operation_id: str, command: Command
+) -> Response:
+    state = api_state(request)
+    result = relay_command(
+        state.settings, state.engine, tracked_operation_id, command, session.principal.name
+    )
+    if result is None:
+        # Rendered here: the console's 404 handler would replace the detail with its own.
+        detail = (
+            f"Not found: central has no site call {tracked_operation_id} (it may have been "
+            "purged); nothing was sent."
+        )
+        return render(request, "error.html", {"status": 404, "detail": detail}, status=404)
+    outcome = {
+        "name": str(result.outcome),
+        "summary": OUTCOME_TEXT[result.outcome],
+        "message": result.message,
+        "command": command.title(),
+    }
+    return _call_page(
+        request, tracked_operation_id, outcome=outcome, status=_RELAY_STATUS[result.outcome]
+    )
+
+
+def _scopes(conn: sa.Connection, settings: Settings) -> list[tuple[str, list[str]]]:
+    """The picker's scopes: each site (configured, or with pending or recently finished
+    calls) and its nodes with such calls, sorted."""
+    now = datetime.now(UTC)
+    report = measure_kpis(
+        conn, now=now, interval=settings.kpi.interval, stuck_threshold=settings.kpi.stuck_threshold
+    )
+    nodes: dict[str, set[str]] = {site.id: set() for site in settings.sites}
+    for site, node in report.by_node:
+        found = nodes.setdefault(site, set())
+        if node is not None:
+            found.add(node)
+    return [(site, sorted(found)) for site, found in sorted(nodes.items())]
+
+
+def _instant(field: str, value: str) -> datetime | None:
+    """A ``datetime-local`` form value (read as UTC) or an ISO 8601 instant; ``None``
+    when empty. Raises ``HTTPException`` 400 naming ``field``."""
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise HTTPException(
+            400, f"{field}: not a date and time (YYYY-MM-DDTHH:MM[:SS], UTC)"
+        ) from None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def _engine(request: Request) -> sa.Engine:
+    engine: sa.Engine = api_state(request).engine
+    return engine
