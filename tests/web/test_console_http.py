@@ -296,3 +296,38 @@ def test_signing_out_needs_the_csrf_token_and_ends_the_session(secured: TestClie
     out = secured.post("/signout", data={"csrf_token": csrf_of(page.text)})
     assert out.status_code == 303 and out.headers["location"] == "/signin"
     assert secured.get("/").status_code == 303
+
+
+def test_the_dashboard_lists_the_largest_groups_first(console: TestClient, store: Any) -> None:
+    store("small-1", b"{}", exception_type="Shop.SmallException", failed_at=at(30))
+    for n in range(3):
+        store(f"big-{n}", b"{}", exception_type="Shop.BigException", failed_at=at(n))
+
+    page = console.get("/").text
+    section = page[page.index("Largest failure groups") :]
+
+    assert section.index("Shop.BigException") < section.index("Shop.SmallException")
+
+
+def test_the_endpoints_page_counts_each_instance_s_own_failures(
+    console: TestClient,
+    settings: Settings,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    hosts = {"HOST-A": "1" * 32, "HOST-B": "2" * 32}
+    for n, host in enumerate(["HOST-A", "HOST-B", "HOST-B"]):
+        headers = {
+            **failed_headers(f"m-{n}"),
+            "$.diagnostics.hostid": hosts[host],
+            "$.diagnostics.hostdisplayname": host,
+            "NServiceBus.ProcessingMachine": host,
+        }
+        attempt = store_failed(settings, writer, body_store, headers)
+        writer.write(IngestionBatch(endpoints=list(attempt.endpoints)))
+
+    page = console.get("/endpoints").text
+    row = r'data-label="Host">([^<]+)</td>\s*<td class="num" data-label="Unresolved">(\d+)<'
+    counted = dict(re.findall(row, page))
+
+    assert counted["HOST-A"] == "1" and counted["HOST-B"] == "2"

@@ -45,7 +45,10 @@ Viewer = Annotated[Session, Depends(viewer)]
 def dashboard(request: Request, session: Viewer) -> Response:
     with _engine(request).connect() as conn:
         counts = queries.count_by_status(conn)
-        top_groups = groups.list_groups(conn, groups.DEFAULT_CLASSIFIER)
+        # Largest first: the groups an operator should look at (the list is by last failure).
+        top_groups = sorted(
+            groups.list_groups(conn, groups.DEFAULT_CLASSIFIER), key=lambda group: -group.count
+        )
         by_endpoint = queries.count_unresolved_by_endpoint(conn)
         failed_imports = queries.count_failed_imports(conn)
         site_calls = kpi_context(conn, api_state(request).settings)
@@ -234,7 +237,7 @@ def endpoint_list(
 ) -> Response:
     with _engine(request).connect() as conn:
         known = endpoints.list_known_endpoints(conn, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE)
-        failures = queries.count_unresolved_by_endpoint(conn)
+        failures = queries.count_unresolved_by_endpoint_instance(conn)
     return render(
         request,
         "endpoints.html",

@@ -415,6 +415,19 @@ def count_unresolved_by_endpoint(conn: sa.Connection) -> dict[str, int]:
     return {row.receiving_endpoint: int(row.failures) for row in rows}
 
 
+def count_unresolved_by_endpoint_instance(
+    conn: sa.Connection,
+) -> dict[tuple[str, str | None], int]:
+    """How many Unresolved failed messages each endpoint instance (receiving endpoint and
+    its host id, the key of a known endpoint) has; instances with none are absent."""
+    rows = conn.execute(
+        sa.select(fm.receiving_endpoint, fm.receiving_host_id, sa.func.count().label("failures"))
+        .where(fm.status == int(FailedMessageStatus.UNRESOLVED))
+        .group_by(fm.receiving_endpoint, fm.receiving_host_id)
+    ).all()
+    return {(row.receiving_endpoint, row.receiving_host_id): int(row.failures) for row in rows}
+
+
 def count_failed_imports(conn: sa.Connection) -> int:
     """How many messages are kept as failed imports (waiting to be re-imported)."""
     query = sa.select(sa.func.count()).select_from(failed_error_imports)
