@@ -331,3 +331,14 @@ def test_the_endpoints_page_counts_each_instance_s_own_failures(
     counted = dict(re.findall(row, page))
 
     assert counted["HOST-A"] == "1" and counted["HOST-B"] == "2"
+
+
+def test_a_partly_shown_body_says_exactly_how_much_is_shown(
+    console: TestClient, store: Any
+) -> None:
+    body = bytes(range(256)) * 17  # 4,352 bytes of binary: more than the view shows
+    message_id = store("m-bin", body, content_type="application/octet-stream")
+
+    view = console.get(f"/messages/{message_id}/body/view").text
+
+    assert "Showing the first 4,096 bytes of 4,352 bytes" in view
