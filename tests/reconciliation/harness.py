@@ -25,7 +25,7 @@ from controlroom.db.tables import audit_log, rejected_telemetry, site_calls
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.site import SiteAgent, SiteService, SiteSettings
 from controlroom.site.lifecycle import CallState
-from controlroom.site.store import tracked_operations
+from controlroom.site.store import STATE_COLUMNS, tracked_operations
 from controlroom.site.telemetry import state_document
 from tests.site.http import loopback_listener, serving, url_of
 
@@ -119,24 +119,7 @@ def site_rows(agent: SiteAgent) -> dict[str, dict[str, Any]]:
 
 
 def _fields(state: CallState) -> dict[str, Any]:
-    return {
-        name: getattr(state, name)
-        for name in (
-            "tracked_operation_id",
-            "channel",
-            "target",
-            "source_site",
-            "source_node",
-            "status",
-            "retry_count",
-            "last_error",
-            "http_status",
-            "created_at_utc",
-            "updated_at_utc",
-            "terminal_at_utc",
-            "epoch",
-        )
-    }
+    return {name: getattr(state, name) for name in STATE_COLUMNS}
 
 
 def _comparable(row: dict[str, Any]) -> dict[str, Any]:

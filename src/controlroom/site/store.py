@@ -68,7 +68,8 @@ telemetry_outbox = sa.Table(
 )
 
 to = tracked_operations.c
-_STATE_COLUMNS = (
+# The columns of a call's state, in the order of ``CallState`` (the tracking store's row).
+STATE_COLUMNS = (
     "tracked_operation_id",
     "channel",
     "target",
@@ -96,13 +97,13 @@ class DueCall:
 
 def state_from_row(row: sa.Row[Any]) -> CallState:
     """The call state a ``tracked_operations`` row holds."""
-    values = {name: getattr(row, name) for name in _STATE_COLUMNS}
+    values = {name: getattr(row, name) for name in STATE_COLUMNS}
     values["status"] = Status(values["status"])
     return CallState(**values)
 
 
 def _state_values(state: CallState) -> dict[str, Any]:
-    values = {name: getattr(state, name) for name in _STATE_COLUMNS}
+    values = {name: getattr(state, name) for name in STATE_COLUMNS}
     values["status"] = str(state.status)
     return values
 
