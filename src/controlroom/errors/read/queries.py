@@ -247,9 +247,24 @@ def list_failed_messages(
     """
     _check_window(offset, limit)
     total = count_failed_messages(conn, where)
-    # Find the page's ids first, then read only those rows: walking past ``offset`` rows
-    # then reads index entries alone (the sort keys' indexes end with the id), not rows.
-    page = (
+    page = _page_ids(where, order, offset=offset, limit=limit)
+    rows = conn.execute(
+        sa.select(*_SUMMARY_COLUMNS)
+        .join_from(failed_messages, page, fm.id == page.c.id)
+        .order_by(*order_by(order))
+    ).all()
+    return FailedMessagePage(total=total, items=[_summary(row) for row in rows])
+
+
+def _page_ids(
+    where: FailedMessageFilter, order: Ordering, *, offset: int, limit: int
+) -> sa.Subquery:
+    """The ids of one page, as a subquery to join the page's rows to.
+
+    The page's ids are found first and only those rows read: walking past ``offset`` rows
+    then reads index entries alone (the sort keys' indexes end with the id), not rows.
+    """
+    return (
         sa.select(fm.id)
         .where(*filter_conditions(where))
         .order_by(*order_by(order))
@@ -257,12 +272,6 @@ def list_failed_messages(
         .offset(offset)
         .subquery("page")
     )
-    rows = conn.execute(
-        sa.select(*_SUMMARY_COLUMNS)
-        .join_from(failed_messages, page, fm.id == page.c.id)
-        .order_by(*order_by(order))
-    ).all()
-    return FailedMessagePage(total=total, items=[_summary(row) for row in rows])
 
 
 def count_failed_messages(conn: sa.Connection, where: FailedMessageFilter = EVERY_MESSAGE) -> int:
@@ -286,14 +295,7 @@ def list_message_hits(
     """
     _check_window(offset, limit)
     total = count_failed_messages(conn, where)
-    page = (
-        sa.select(fm.id)
-        .where(*filter_conditions(where))
-        .order_by(*order_by(order))
-        .limit(limit)
-        .offset(offset)
-        .subquery("page")
-    )
+    page = _page_ids(where, order, offset=offset, limit=limit)
     rows = conn.execute(
         sa.select(*_SUMMARY_COLUMNS, fm.conversation_id, fm.headers_json, fm.body_size)
         .join_from(failed_messages, page, fm.id == page.c.id)
