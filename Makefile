@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/controlroom demo --no-next-steps
 	$(BIN)/controlroom site demo & sites=$$!; \
 	$(BIN)/controlroom demo endpoints & endpoints=$$!; \
-	trap 'kill $$sites $$endpoints' EXIT; \
+	trap 'kill $$sites $$endpoints 2>/dev/null' EXIT; \
 	CONTROLROOM_SITES='$(DEMO_SITES)' $(BIN)/controlroom serve
 
 serve: $(STAMP)
