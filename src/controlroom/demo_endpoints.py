@@ -107,10 +107,6 @@ class DemoEndpoints:
         self._clock = clock
         self._deliveries: Counter[str] = Counter()  # per failed message: retries seen
 
-    @property
-    def queues(self) -> tuple[str, ...]:
-        return self._queues
-
     async def run(self) -> None:
         """Consume every queue until cancelled or the transport closes.
 
@@ -133,7 +129,7 @@ class DemoEndpoints:
         """Process one message, send its confirmation or its failure, acknowledge it.
 
         Returns what was done, or ``None`` when the acknowledgement was lost (the message
-        comes back, and a second confirmation or failure of it changes nothing).
+        comes back and is handled again, as on any at-least-once transport).
         Raises ``TransportError`` after giving the message back when a send failed.
         """
         try:
