@@ -27,6 +27,7 @@ from tests.nsb import failed_headers
 from tests.retries.conftest import TIMEOUT, make_processor, statuses, store_failed, take, wait_for
 from tests.transport.helpers import Collector
 
+EDIT_ID = "6f1c2d3e-4a5b-4c6d-8e7f-9a0b1c2d3e4f"
 LATER = datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=UTC)
 
 
@@ -44,13 +45,12 @@ def test_a_retried_message_moved_to_the_error_queue_is_a_new_attempt_of_the_same
     writer: FailedMessageBatchWriter,
     body_store: FileSystemBodyStore,
 ) -> None:
-    failed = store_failed(
-        settings,
-        writer,
-        body_store,
-        failed_headers("order-1", endpoint="Warehouse", failed_at=at(0)),
-        b'{"Sku": "CAFE-CUP-02"}',
-    )
+    # An edited copy's failure: its id is its ServiceControl.Retry.UniqueMessageId, not the
+    # one its message id and endpoint give, so only the kept retry header finds its row.
+    headers = failed_headers("order-1", endpoint="Warehouse", failed_at=at(0))
+    headers[h.RETRY_UNIQUE_MESSAGE_ID] = EDIT_ID
+    failed = store_failed(settings, writer, body_store, headers, b'{"Sku": "CAFE-CUP-02"}')
+    assert failed.unique_message_id == EDIT_ID
     retries.retry_message(engine, failed.unique_message_id)
 
     async def scenario() -> dict[str, str | None]:
