@@ -13,12 +13,16 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Publish realistic failed messages to the embedded error queue, then serve them.
-# Two live site agents (controlroom site demo) call flaky targets beside the server.
+# Beside the server: two live site agents (controlroom site demo) call flaky targets, and
+# the demo's endpoints (controlroom demo endpoints) take the messages an operator retries,
+# confirming most and failing some again.
 DEMO_SITES := [{"id":"north","base_url":"http://127.0.0.1:8091"},{"id":"south","base_url":"http://127.0.0.1:8092"}]
 
 demo: $(STAMP)
-	$(BIN)/controlroom demo
-	$(BIN)/controlroom site demo & trap 'kill $$!' EXIT; \
+	$(BIN)/controlroom demo --no-next-steps
+	$(BIN)/controlroom site demo & sites=$$!; \
+	$(BIN)/controlroom demo endpoints & endpoints=$$!; \
+	trap 'kill $$sites $$endpoints 2>/dev/null' EXIT; \
 	CONTROLROOM_SITES='$(DEMO_SITES)' $(BIN)/controlroom serve
 
 serve: $(STAMP)

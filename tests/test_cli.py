@@ -27,6 +27,7 @@ from controlroom.cli import app
 from controlroom.db.engine import create_store_engine
 from controlroom.db.tables import failed_error_imports
 from controlroom.demo import generate_demo_messages
+from controlroom.demo_endpoints import DEFAULT_FAIL_RATIO, fails_again
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.errors.ingest.reimport import ReimportOutcome, reimport_failed_import
@@ -34,6 +35,7 @@ from controlroom.errors.ingest.writer import FailedMessageBatchWriter, Ingestion
 from controlroom.errors.model import FailedImport
 from controlroom.exceptions import MessageRejected
 from controlroom.transport import Delivery, EmbeddedQueue, TransportError
+from tests import servers
 from tests.factories import at
 
 runner = CliRunner()
@@ -169,6 +171,34 @@ def test_demo_refuses_a_count_below_the_showcase(data_dir: Path) -> None:
 
     assert code == 2
     assert "--count" in output
+
+
+def test_demo_ends_with_the_commands_to_run_next_unless_make_demo_runs_them(
+    data_dir: Path,
+) -> None:
+    code, output = invoke("demo", "--count", "12", "--seed", "1")
+    assert code == 0, output
+    assert "controlroom serve" in output and "controlroom demo endpoints" in output
+
+    code, output = invoke("demo", "--count", "12", "--seed", "1", "--no-next-steps")
+    assert code == 0, output
+    assert "Published 12 failed messages" in output
+    assert "controlroom serve" not in output and "controlroom demo endpoints" not in output
+
+
+def test_demo_options_before_a_subcommand_are_refused_not_ignored(data_dir: Path) -> None:
+    code, output = invoke("demo", "--count", "20", "endpoints")
+
+    assert code == 2
+    assert "--count" in output
+    assert not (data_dir / "queue.db").exists()  # nothing published
+
+
+def test_demo_endpoints_refuses_a_fail_ratio_above_one(data_dir: Path) -> None:
+    code, output = invoke("demo", "endpoints", "--fail-ratio", "1.5")
+
+    assert code == 2
+    assert "--fail-ratio" in output
 
 
 # --- import-failed ------------------------------------------------------------------------
@@ -423,3 +453,82 @@ def test_demo_then_serve_lists_what_was_sent(
     with serve_env.connect() as conn:
         reasons = list(conn.scalars(sa.select(failed_error_imports.c.reason)))
     assert reasons == [f"header {h.FAILED_Q} is missing or empty"]
+
+
+@contextlib.contextmanager
+def running(log: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``controlroom *args`` in a child process (env as set), stopped with SIGTERM; fails
+    the test when it does not exit 0 then."""
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [str(CONTROLROOM_EXE), *args], stdout=output, stderr=subprocess.STDOUT
+        )
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=10)
+    assert process.returncode == 0, log.read_text()
+
+
+@pytest.fixture(params=["embedded", "servers"])
+def endpoints_env(
+    request: pytest.FixtureRequest, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """The embedded default, or PostgreSQL + a RabbitMQ vhost of this test's own (the demo
+    endpoints consume fixed queue names)."""
+    if request.param == "embedded":
+        yield
+        return
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", request.getfixturevalue("postgresql_url"))
+    url, vhost = servers.create_rabbitmq_vhost()
+    monkeypatch.setenv("CONTROLROOM_BROKER_URL", url)
+    try:
+        yield
+    finally:
+        servers.delete_rabbitmq_vhost(vhost)
+
+
+@pytest.mark.timeout(240)
+def test_make_demo_loop_a_retry_from_the_api_ends_resolved_or_failed_again(
+    endpoints_env: None, tmp_path: Path
+) -> None:
+    """What ``make demo`` runs (demo, then serve beside demo endpoints): retrying every
+    message from the API needs no code to end each one Resolved or failed again."""
+    code, output = invoke("demo", "--count", "20", "--seed", "3", "--no-next-steps")
+    assert code == 0, output
+    rows = expected_rows(seed=3, count=20)
+    failing = {row for row in rows if fails_again(8, row, 1, DEFAULT_FAIL_RATIO)}
+    assert 0 < len(failing) < len(rows) / 2
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+
+    with (
+        running(tmp_path / "serve.log", "serve", "--port", str(port)) as serve,
+        running(tmp_path / "endpoints.log", "demo", "endpoints", "--seed", "8"),
+    ):
+        before = {item["id"]: item for item in wait_for_rows(base, len(rows), serve)}
+        retried = httpx.post(f"{base}/api/errors/retry/all", timeout=10)
+        assert retried.status_code == 202
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            after = {item["id"]: item for item in wait_for_rows(base, len(rows), serve)}
+            if all(item["status"] in ("resolved", "unresolved") for item in after.values()) and (
+                {i for i, item in after.items() if item["status"] == "resolved"} == rows - failing
+            ):
+                break
+            time.sleep(0.5)
+
+    assert {i for i, item in after.items() if item["status"] == "resolved"} == rows - failing
+    assert {i for i, item in after.items() if item["status"] == "unresolved"} == failing
+    assert {i: after[i]["number_of_processing_attempts"] for i in failing} == {
+        i: before[i]["number_of_processing_attempts"] + 1 for i in failing
+    }
+    printed = (tmp_path / "endpoints.log").read_text().splitlines()
+    assert sum(line.endswith(" confirmed") for line in printed) == len(rows - failing)
+    assert sum(" failed again" in line for line in printed) == len(failing)

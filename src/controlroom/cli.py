@@ -1,5 +1,5 @@
-"""The ``controlroom`` command: serve, migrate, demo, import-failed, sweep, version, and
-``site serve`` (the site agent).
+"""The ``controlroom`` command: serve, migrate, demo (and ``demo endpoints``),
+import-failed, sweep, version, and ``site serve`` (the site agent).
 
 Thin by design: each command loads the settings, opens what it needs, calls the module
 that does the work and reports. Exit codes: 0 done, 1 a dependency failed (database,
@@ -37,7 +37,14 @@ from controlroom.client import open_transport, publish_failed_message
 from controlroom.config import Settings, load_settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
-from controlroom.demo import DEFAULT_COUNT, MIN_COUNT, DemoMessage, generate_demo_messages
+from controlroom.demo import (
+    DEFAULT_COUNT,
+    MIN_COUNT,
+    DemoMessage,
+    demo_endpoint_queues,
+    generate_demo_messages,
+)
+from controlroom.demo_endpoints import DEFAULT_FAIL_RATIO, DemoEndpoints, Handled, Outcome
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.ingest.reimport import (
@@ -124,8 +131,17 @@ def migrate(config: ConfigOption = None) -> None:
     console.print(f"Schema of {_describe_database(settings)} is up to date.")
 
 
-@app.command()
+demo_app = typer.Typer(
+    help="Publish realistic failed messages and site-call telemetry (no subcommand), or play "
+    "the endpoints that receive the retries (endpoints).",
+    invoke_without_command=True,
+)
+app.add_typer(demo_app, name="demo")
+
+
+@demo_app.callback()
 def demo(
+    ctx: typer.Context,
     count: Annotated[
         int, typer.Option(help="Messages to publish (one of each variety first).", min=MIN_COUNT)
     ] = DEFAULT_COUNT,
@@ -139,10 +155,18 @@ def demo(
             min=MIN_CALLS,
         ),
     ] = DEFAULT_CALLS,
+    next_steps: Annotated[
+        bool,
+        typer.Option(help="End by naming the commands to run next (make demo runs them itself)."),
+    ] = True,
     config: ConfigOption = None,
 ) -> None:
     """Publish realistic NServiceBus failed messages to the configured error queue, and
-    site-call telemetry to the telemetry queue."""
+    site-call telemetry to the telemetry queue; `controlroom demo endpoints` then plays the
+    endpoints that receive the retries."""
+    if ctx.invoked_subcommand is not None:
+        _refuse_options_given(ctx)
+        return
     settings = _load(config)
     seed = seed if seed is not None else random.SystemRandom().randrange(1_000_000)
     now = datetime.now(UTC)
@@ -157,10 +181,55 @@ def demo(
         "deliberately broken (no NServiceBus.FailedQ) and becomes a failed import, which "
         "`controlroom import-failed` re-imports.\n"
         f"Published {len(telemetry)} telemetry packets of {site_calls} site calls (three "
-        f"sites, two nodes each) to queue [bold]{settings.telemetry_queue}[/].\n"
-        "Run `controlroom serve` to ingest them, then open "
-        f"http://{settings.host}:{settings.port}/api/errors"
+        f"sites, two nodes each) to queue [bold]{settings.telemetry_queue}[/]."
     )
+    if next_steps:
+        console.print(
+            "Next: `controlroom serve` ingests them and serves the console on "
+            f"http://{settings.host}:{settings.port}/ ; `controlroom demo endpoints` beside "
+            "it plays the endpoints, so a retry from the console ends Resolved (or fails "
+            "again)."
+        )
+
+
+def _refuse_options_given(ctx: typer.Context) -> None:
+    """Exit 2 when ``controlroom demo`` got options of its own (values other than their
+    defaults) before a subcommand: they would be ignored, not applied."""
+    given = [
+        f"--{param.name.replace('_', '-')}"
+        for param in ctx.command.params
+        if param.name and ctx.params.get(param.name) != param.default
+    ]
+    if given:
+        raise typer.BadParameter(
+            f"{', '.join(given)} is an option of `controlroom demo` alone, not of "
+            f"`controlroom demo {ctx.invoked_subcommand}`"
+        )
+
+
+@demo_app.command("endpoints")
+def demo_endpoints(
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of which retries fail again; random when not given.")
+    ] = None,
+    fail_ratio: Annotated[
+        float, typer.Option(help="Share of retried messages that fail again.", min=0, max=1)
+    ] = DEFAULT_FAIL_RATIO,
+    config: ConfigOption = None,
+) -> None:
+    """Play the demo's endpoints (Sales, Billing, Shipping, Warehouse, Legacy.Fulfillment)
+    until Ctrl+C/SIGTERM: take the messages Controlroom retries to their queues, confirm
+    most and fail some again. It consumes those queues: use a demo broker only."""
+    settings = _load(config)
+    seed = seed if seed is not None else random.SystemRandom().randrange(1_000_000)
+    console.print(
+        f"Demo endpoints {', '.join(demo_endpoint_queues())} are consuming their queues on "
+        f"{_describe_transport(settings)}: of the messages retried to them, about "
+        f"{fail_ratio:.0%} fail again (seed {seed}), the rest are confirmed. "
+        "Press Ctrl+C to stop."
+    )
+    with _exit_on_failure():
+        asyncio.run(_run_demo_endpoints(settings, seed, fail_ratio))
 
 
 @app.command("import-failed")
@@ -471,6 +540,41 @@ async def _publish_demo(
                     content_type="application/json",
                 )
                 progress.advance(task)
+
+
+async def _run_demo_endpoints(settings: Settings, seed: int, fail_ratio: float) -> None:
+    """Run the demo endpoints until SIGINT/SIGTERM, printing what each message came to."""
+    async with open_transport(settings) as transport:
+        endpoints = DemoEndpoints(
+            transport,
+            error_queue=settings.error_queue,
+            seed=seed,
+            fail_ratio=fail_ratio,
+            on_handled=_print_handled,
+        )
+        running = asyncio.create_task(endpoints.run(), name="demo endpoints")
+        signals = _route_signals(running.cancel)
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+        finally:
+            _restore_signals(signals)
+
+
+_HANDLED_STYLE = {
+    Outcome.CONFIRMED: "[green]confirmed[/]",
+    Outcome.FAILED_AGAIN: "[red]failed again[/], back on the error queue",
+    Outcome.NOT_A_RETRY: "processed (not a retry: nothing to confirm)",
+}
+
+
+def _print_handled(handled: Handled) -> None:
+    message_type = (handled.message_type or "message").rpartition(".")[2]
+    console.print(
+        f"{escape(handled.queue)}: retry of {escape(message_type)} "
+        f"{handled.unique_message_id or ''} {_HANDLED_STYLE[handled.outcome]}",
+        highlight=False,
+    )
 
 
 async def _reimport(settings: Settings, engine: sa.Engine, ids: list[str]) -> list[ReimportOutcome]:

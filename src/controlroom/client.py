@@ -16,15 +16,32 @@ Sync use, one message::
 
     send_failed_message(settings, headers, body)
 
-A consumer that processed a message Controlroom retried confirms it, and the failed
-message becomes Resolved::
+The consumer side, an endpoint reading its own queue (where Controlroom sends the retries
+of the messages that failed in it), does what an NServiceBus endpoint does: after it
+processed a message it confirms the retry, and the failed message becomes Resolved; when
+processing fails it moves the message to the error queue with the failure headers, and
+the failed message (the same one: the retry headers stay) is Unresolved again with one more
+attempt. Either way it acknowledges the message afterwards::
 
-    await confirm_successful_retry(transport, delivery.headers)
+    async for delivery in transport.consume("Sales", prefetch=10):
+        try:
+            handle(delivery.body)
+        except Exception as exc:
+            await move_to_error_queue(
+                transport, delivery.headers, delivery.body, exc, failed_queue="Sales"
+            )
+        else:
+            await confirm_successful_retry(transport, delivery.headers)
+        await delivery.ack()
+
+The README has the whole program; ``controlroom demo endpoints`` plays such endpoints.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import traceback
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -120,3 +137,53 @@ async def confirm_successful_retry(
     )
     await transport.publish(queue, confirmation, b"", message_id=message_id)
     return True
+
+
+async def move_to_error_queue(
+    transport: Transport,
+    headers: Mapping[str, str | None],
+    body: bytes,
+    exception: BaseException,
+    *,
+    failed_queue: str,
+    error_queue: str = "error",
+    processing_endpoint: str | None = None,
+    time_of_failure: datetime | None = None,
+) -> dict[str, str | None]:
+    """Move a message the consumer could not process to ``error_queue``, as NServiceBus's
+    recoverability does once its own retries are spent; returns the headers sent.
+
+    ``headers`` and ``body`` are the message as received (``body`` unchanged). The
+    headers sent are those plus the failure headers: ``NServiceBus.FailedQ``
+    (``failed_queue``, where a retry goes back to), ``NServiceBus.TimeOfFailure``
+    (``time_of_failure``, default now, UTC), ``NServiceBus.ExceptionInfo.ExceptionType``
+    (the exception's module and name), ``.Message``, ``.Source`` (its module) and
+    ``.StackTrace`` (the formatted traceback), ``NServiceBus.ProcessingEndpoint``
+    (``processing_endpoint``, default ``failed_queue``) and ``NServiceBus.ProcessingMachine``
+    (this host). A retried message keeps ``ServiceControl.Retry.UniqueMessageId``, so
+    Controlroom folds the failure into the same failed message as a new attempt.
+
+    Raises ``ValueError`` for a naive ``time_of_failure``, ``TransportError`` as
+    ``publish_failed_message`` (moving it again is harmless: the same attempt is folded).
+    """
+    kind = type(exception)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    failed = dict(headers)
+    failed.update(
+        {
+            h.FAILED_Q: failed_queue,
+            h.TIME_OF_FAILURE: retry_wire.format_nsb_time(time_of_failure or datetime.now(UTC)),
+            h.EXCEPTION_TYPE: name,
+            h.EXCEPTION_MESSAGE: str(exception),
+            h.EXCEPTION_SOURCE: kind.__module__,
+            h.EXCEPTION_STACK_TRACE: "".join(traceback.format_exception(exception)),
+            h.PROCESSING_ENDPOINT: processing_endpoint or failed_queue,
+            h.PROCESSING_MACHINE: socket.gethostname(),
+        }
+    )
+    await publish_failed_message(transport, failed, body, error_queue=error_queue)
+    return failed

@@ -21,6 +21,10 @@ should see (issue 2, item 7):
 
 The rest of ``count`` are ordinary failures of the same endpoints, some failing again.
 Messages come back sorted by time of failure, the order an error queue receives them.
+
+``failed_again_headers`` is the other side, for ``controlroom demo endpoints``: the headers
+with which one of these endpoints moves a retried message back to the error queue when it
+fails again (``demo_endpoint_queues`` names the queues the retries arrive in).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import hashlib
 import json
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
@@ -112,6 +116,8 @@ _BILLING = _Endpoint("Billing", ("BILLING-VM01",), "7.8.4", msmq=True)
 _SHIPPING = _Endpoint("Shipping", ("SHIP-VM01", "SHIP-VM02"), "10.2.0")
 _WAREHOUSE = _Endpoint("Warehouse", ("wh-py-01",), None)
 _LEGACY = _Endpoint("Legacy.Fulfillment", ("LEGACY-SRV",), "5.2.14", msmq=True, v5=True)
+# The endpoints that fail messages (ClientUI only sends), so the ones retries go back to.
+_RECEIVERS = (_SALES, _BILLING, _SHIPPING, _WAREHOUSE, _LEGACY)
 
 
 # --- exceptions ---------------------------------------------------------------------------
@@ -735,3 +741,110 @@ class _FailureFactory:
             exception,
             content_encoding="gzip",
         )
+
+
+# --- failing again: what the demo's endpoints add to a retried message --------------------
+def demo_endpoint_queues() -> tuple[str, ...]:
+    """The input queues of the demo's endpoints that fail messages: where Controlroom sends
+    their retries (``NServiceBus.FailedQ`` before the ``@``)."""
+    return tuple(endpoint.name for endpoint in _RECEIVERS)
+
+
+def failed_again_headers(
+    queue: str, received: Mapping[str, str | None], *, now: datetime
+) -> dict[str, str | None]:
+    """The headers with which the demo endpoint of ``queue`` moves a message it received
+    (``received``: its headers, a retry's) to the error queue when it fails again at ``now``.
+
+    The received headers plus what NServiceBus's recoverability adds when it moves a
+    message to the error queue: ``NServiceBus.FailedQ`` (the endpoint's address),
+    ``NServiceBus.TimeOfFailure`` (``now``, a new attempt), the exception headers (the
+    endpoint's "still failing" exception), and the processing endpoint, machine and host
+    (none of the first two from the v5 endpoint, as v5 wrote them). The retry headers
+    (``ServiceControl.Retry.UniqueMessageId``) stay, so ingestion folds the new attempt
+    into the same failed message. Raises ``ValueError`` for a queue that is not a demo
+    endpoint's (``demo_endpoint_queues``) or a naive ``now``.
+    """
+    endpoint = next((e for e in _RECEIVERS if e.name == queue), None)
+    if endpoint is None:
+        raise ValueError(f"queue {queue!r} is not the input queue of a demo endpoint")
+    # The host that processed the message before, when it is one of the endpoint's.
+    previous = received.get(h.HOST_DISPLAY_NAME)
+    host = previous if previous in endpoint.hosts else endpoint.hosts[0]
+    exc = _STILL_FAILING[endpoint.name]
+    headers = dict(received)
+    headers.update(
+        {
+            h.FAILED_Q: endpoint.address(host),
+            h.TIME_OF_FAILURE: format_nsb_time(now),
+            h.EXCEPTION_TYPE: exc.type,
+            h.EXCEPTION_MESSAGE: exc.message,
+            h.EXCEPTION_SOURCE: exc.source,
+            h.EXCEPTION_STACK_TRACE: exc.stack_trace,
+            h.HOST_DISPLAY_NAME: host,
+            h.HOST_ID: host_id(host),
+        }
+    )
+    if not endpoint.v5:
+        headers[h.PROCESSING_ENDPOINT] = endpoint.name
+        headers[h.PROCESSING_MACHINE] = host
+    return dict(sorted(headers.items()))
+
+
+# What each endpoint's handlers keep failing with when an operator retries too early: the
+# database, a payment ledger or a carrier API is still not answering.
+_STILL_FAILING: dict[str, _Exception] = {
+    _SALES.name: _dotnet_exception(
+        "System.TimeoutException",
+        "The sales database did not answer within 30 seconds.",
+        "Sales",
+        [
+            "Sales.Data.SalesDbContext.SaveChangesAsync(CancellationToken cancellationToken) in "
+            "/src/Sales/Data/SalesDbContext.cs:line 41",
+        ],
+    ),
+    _BILLING.name: _dotnet_exception(
+        "System.Net.Http.HttpRequestException",
+        "Response status code does not indicate success: 503 (Service Unavailable).",
+        "System.Net.Http",
+        [
+            "System.Net.Http.HttpResponseMessage.EnsureSuccessStatusCode()",
+            "Billing.Infrastructure.LedgerClient.PostAsync(LedgerEntry entry, "
+            "CancellationToken cancellationToken) in /src/Billing/Infrastructure/"
+            "LedgerClient.cs:line 57",
+        ],
+    ),
+    _SHIPPING.name: _dotnet_exception(
+        "System.TimeoutException",
+        "The carrier API did not answer within 30 seconds.",
+        "Shipping",
+        [
+            "Shipping.Carriers.CarrierApi.BookAsync(Shipment shipment, CancellationToken "
+            "cancellationToken) in /src/Shipping/Carriers/CarrierApi.cs:line 88",
+        ],
+    ),
+    _WAREHOUSE.name: _python_exception(
+        "warehouse.db.StoreUnavailableError",
+        "the stock store refused the connection",
+        [
+            (
+                "/srv/warehouse/warehouse/db.py",
+                44,
+                "connect",
+                'raise StoreUnavailableError("the stock store refused the connection")',
+            ),
+        ],
+    ),
+    _LEGACY.name: _dotnet_exception(
+        "System.Data.SqlClient.SqlException",
+        "Timeout expired.  The timeout period elapsed prior to completion of the operation "
+        "or the server is not responding.",
+        ".Net SqlClient Data Provider",
+        [
+            "System.Data.SqlClient.SqlConnection.OnError(SqlException exception, Boolean "
+            "breakConnection, Action`1 wrapCloseInAction)",
+            "Legacy.Fulfillment.ShipmentStore.Insert(Shipment shipment)",
+        ],
+        v5=True,
+    ),
+}
