@@ -111,6 +111,16 @@ class Delivery:
         self._settled = True
 
 
+@dataclass(frozen=True, slots=True)
+class QueueDepth:
+    """What waits in a queue: ``messages`` ready to be delivered (not in flight) and, when
+    the transport can tell, ``oldest_age_seconds``, the age of the oldest of them (0 when
+    none waits; ``None``: unknown, as on RabbitMQ, which does not tell it over AMQP)."""
+
+    messages: int
+    oldest_age_seconds: float | None
+
+
 @runtime_checkable
 class Transport(Protocol):
     """What the ingestion pipeline and the retry sender need from a queue system."""
@@ -162,6 +172,11 @@ class Transport(Protocol):
 
     async def purge(self, queue: str) -> int:
         """Delete the ready (not in-flight) messages of ``queue``; returns how many."""
+        ...
+
+    async def queue_depth(self, queue: str) -> QueueDepth:
+        """How many messages wait in ``queue`` (declared when missing). Raises
+        ``TransportError`` when the broker or queue file cannot answer."""
         ...
 
     async def check(self) -> None:

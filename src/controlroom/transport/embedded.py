@@ -46,6 +46,7 @@ from controlroom.transport.base import (
     AckMany,
     Delivery,
     DeliveryLostError,
+    QueueDepth,
     TransportClosedError,
     TransportError,
     check_max_bytes,
@@ -141,6 +142,10 @@ _RELEASE_ALL = """
     WHERE lease_owner = ?
 """
 _RENEW = "UPDATE queue_messages SET lease_expires_at = ? WHERE id = ? AND lease_owner = ?"
+_DEPTH = """
+    SELECT count(*), min(enqueued_at) FROM queue_messages
+    WHERE queue = ? AND lease_expires_at <= ?
+"""
 _PURGE = "DELETE FROM queue_messages WHERE queue = ? AND lease_expires_at <= ?"
 
 
@@ -294,6 +299,19 @@ class EmbeddedQueue:
         return await self._run(
             lambda conn: _execute_in_write(conn, _PURGE, (queue, time.time())).rowcount
         )
+
+    async def queue_depth(self, queue: str) -> QueueDepth:
+        """The ready messages of ``queue`` (not leased) and the age of the oldest of them
+        in seconds (0 when none is ready)."""
+        check_queue_name(queue)
+
+        def read(conn: sqlite3.Connection) -> QueueDepth:
+            now = time.time()
+            ready, oldest = conn.execute(_DEPTH, (queue, now)).fetchone()
+            age = 0.0 if oldest is None else max(0.0, now - oldest)
+            return QueueDepth(messages=int(ready), oldest_age_seconds=age)
+
+        return await self._run(read)
 
     # -- consumer side ---------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from controlroom.transport.base import (
     CONTENT_ENCODING_HEADER,
     Delivery,
     Headers,
+    QueueDepth,
     TransportClosedError,
     TransportError,
     check_max_bytes,
@@ -234,6 +235,20 @@ class RabbitMQTransport:
         except CONNECTION_ERRORS as exc:
             raise TransportError(f"cannot purge {queue!r}: {exc!r}") from exc
         return int(result.message_count or 0)
+
+    async def queue_depth(self, queue: str) -> QueueDepth:
+        """The ready messages of ``queue`` (a passive declare's ``message_count``; the
+        unacknowledged ones are not counted); the age is unknown over AMQP. Declares the
+        queue when missing."""
+        check_queue_name(queue)
+        await self._ensure_queue(queue)
+        try:
+            async with self._probe() as channel:
+                amqp_queue = await channel.declare_queue(queue, passive=True)
+        except CONNECTION_ERRORS as exc:
+            raise TransportError(f"cannot read the depth of {queue!r}: {exc!r}") from exc
+        declared = amqp_queue.declaration_result
+        return QueueDepth(messages=int(declared.message_count or 0), oldest_age_seconds=None)
 
     # -- consumer side ---------------------------------------------------------------
 
