@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import sqlite3
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.transport import EmbeddedQueue, RabbitMQTransport, Transport
 from controlroom.transport.base import message_size
+from tests import servers
 from tests.integration.test_ingestion import publish_all
 from tests.nsb import failed_headers
 
@@ -41,28 +40,6 @@ def leased_bytes(queue_file: Path) -> tuple[int, int]:
             "FROM queue_messages WHERE lease_owner IS NOT NULL"
         ).fetchone()
     return int(count), int(size)
-
-
-def broker_unacknowledged(vhost: str, queue: str) -> int:
-    ctl = shutil.which("rabbitmqctl")
-    assert ctl is not None
-    out = subprocess.run(
-        [
-            ctl,
-            "list_queues",
-            "-q",
-            "--no-table-headers",
-            "-p",
-            vhost,
-            "name",
-            "messages_unacknowledged",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-    return int(dict(line.split("\t") for line in out.strip().splitlines())[queue])
 
 
 @pytest.mark.parametrize("kind", ["embedded", "rabbitmq"])
@@ -86,7 +63,7 @@ def test_a_database_outage_holds_at_most_the_byte_bound(
             count, size = leased_bytes(settings.embedded_queue_path)
             assert size <= BOUND + (size // max(count, 1))  # stored bytes: bound + one
             return count
-        return broker_unacknowledged(rabbitmq_url.rsplit("/", 1)[1], queue)
+        return servers.rabbitmq_queue_counts(rabbitmq_url, queue)[1]
 
     def transport() -> Transport:
         if kind == "embedded":

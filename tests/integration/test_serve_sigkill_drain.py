@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from controlroom.db.migrate import upgrade_database
 from controlroom.db.tables import failed_messages
 from tests.factories import at
 from tests.nsb import failed_headers
+from tests.servers import rabbitmq_queue_counts
 
 pytestmark = [pytest.mark.postgresql, pytest.mark.rabbitmq]
 
@@ -94,34 +94,6 @@ async def publish_fast(url: str, queue: str, messages: list[tuple[dict, bytes]])
                     for headers, body in messages[start : start + 1000]
                 )
             )
-
-
-def queue_counts(vhost: str, queue: str) -> tuple[int, int]:
-    """(ready, unacknowledged) messages of ``queue``, as the broker counts them."""
-    ctl = shutil.which("rabbitmqctl")
-    assert ctl is not None
-    out = subprocess.run(
-        [
-            ctl,
-            "list_queues",
-            "-q",
-            "--no-table-headers",
-            "-p",
-            vhost,
-            "name",
-            "messages_ready",
-            "messages_unacknowledged",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-    for line in out.strip().splitlines():
-        name, ready, unacked = line.split("\t")
-        if name == queue:
-            return int(ready), int(unacked)
-    raise AssertionError(f"queue {queue} not found in {out!r}")
 
 
 def stored(engine: sa.Engine) -> tuple[int, int]:
@@ -226,17 +198,17 @@ def test_two_servers_drain_the_queue_exactly_while_one_is_killed_again_and_again
     servers_env: dict[str, str], tmp_path: Path
 ) -> None:
     queue = servers_env["CONTROLROOM_ERROR_QUEUE"]
-    vhost = servers_env["CONTROLROOM_BROKER_URL"].rsplit("/", 1)[1]
+    broker = servers_env["CONTROLROOM_BROKER_URL"]
     engine = create_store_engine(servers_env["CONTROLROOM_DATABASE_URL"])
     try:
         upgrade_database(engine)  # once, before two processes start
         messages, distinct = plan_messages(MESSAGES, seed=15)
         asyncio.run(publish_fast(servers_env["CONTROLROOM_BROKER_URL"], queue, messages))
-        assert queue_counts(vhost, queue) == (len(messages), 0)
+        assert rabbitmq_queue_counts(broker, queue) == (len(messages), 0)
 
         logs = tmp_path / "logs"
         logs.mkdir()
-        servers = Servers(servers_env, logs, random.Random(15))
+        serving = Servers(servers_env, logs, random.Random(15))
         try:
             deadline = time.monotonic() + DRAIN_DEADLINE_SECONDS
             expected = (len(distinct), sum(distinct.values()))
@@ -247,22 +219,28 @@ def test_two_servers_drain_the_queue_exactly_while_one_is_killed_again_and_again
             while (now := stored(engine))[0] < expected[0] or now[1] < expected[1]:
                 assert time.monotonic() < deadline, (
                     f"not drained after {DRAIN_DEADLINE_SECONDS} s: {now} of "
-                    f"{expected}; queue {queue_counts(vhost, queue)}\n{servers.log_tail()}"
+                    f"{expected}; queue {rabbitmq_queue_counts(broker, queue)}\n"
+                    f"{serving.log_tail()}"
                 )
                 if time.monotonic() >= next_queue_check:
-                    if queue_counts(vhost, queue) == (0, 0) and stored(engine) == now:
+                    if rabbitmq_queue_counts(broker, queue) == (0, 0) and stored(engine) == now:
                         break
                     next_queue_check = time.monotonic() + QUEUE_CHECK_SECONDS
-                servers.step()
+                serving.step()
                 time.sleep(0.2)
             # Everything is stored; the last acknowledgements follow their commits.
-            while queue_counts(vhost, queue) != (0, 0):
-                assert time.monotonic() < deadline, f"queue left {queue_counts(vhost, queue)}"
+            while rabbitmq_queue_counts(broker, queue) != (0, 0):
+                assert time.monotonic() < deadline, (
+                    f"queue left {rabbitmq_queue_counts(broker, queue)}"
+                )
                 time.sleep(0.5)
         finally:
-            codes = servers.stop()
-        assert servers.kills >= 3, "the drain ended before the processes were killed enough"
-        assert queue_counts(vhost, queue) == (0, 0)  # nothing came back when they stopped
+            codes = serving.stop()
+        assert serving.kills >= 3, "the drain ended before the processes were killed enough"
+        assert rabbitmq_queue_counts(broker, queue) == (
+            0,
+            0,
+        )  # nothing came back when they stopped
 
         with engine.connect() as conn:
             counts = dict(

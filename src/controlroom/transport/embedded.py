@@ -353,7 +353,7 @@ class EmbeddedQueue:
         room = session.prefetch - len(session.in_flight)
         room_bytes = None if session.max_bytes is None else session.max_bytes - session.held_bytes
         session.wakeup.clear()  # before the claim, so a publish during it is not missed
-        if room <= 0 or (room_bytes is not None and room_bytes <= 0 and session.held_bytes):
+        if room <= 0 or (room_bytes is not None and room_bytes <= 0):
             await session.wakeup.wait()  # a settle or close sets it
             return []
         rows = await self._claim(session.queue, room, room_bytes, alone=not session.in_flight)
