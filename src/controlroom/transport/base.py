@@ -2,9 +2,10 @@
 
 A transport moves messages (string headers plus an opaque body) in and out of named,
 durable queues. Consumers receive ``Delivery`` objects and settle each one exactly once:
-``ack()`` after the database commit that made the message safe (DESIGN.md "Broker
-messages are acknowledged only after the commit"), or ``reject(requeue)``. Delivery is
-at least once: a delivery that is never settled comes back, to this or another consumer.
+``ack()`` (or ``ack_many()`` for a batch) after the database commit that made the message
+safe (DESIGN.md "Broker messages are acknowledged only after the commit"), or
+``reject(requeue)``. Delivery is at least once: a delivery that is never settled comes
+back, to this or another consumer.
 """
 
 from __future__ import annotations
@@ -59,10 +60,11 @@ class Delivery:
     ``headers`` maps header name to value; a value may be ``None`` (NServiceBus sends
     some headers empty-but-present). ``body`` is the exact payload bytes. ``queue`` is
     the queue the message came from. ``on_ack``, ``on_reject`` and ``on_ack_many`` are
-    bound by the transport; callers use ``ack()``, ``reject()`` and ``ack_many()``.
-    ``on_ack_many`` (optional) acknowledges deliveries that share it in one operation
-    (one transaction, one AMQP frame). ``size`` is what the message holds in memory, in
-    bytes: the body plus the UTF-8 text of the header names and values.
+    bound by the transport; callers use ``ack()``, ``reject()`` and this module's
+    ``ack_many()``. ``on_ack_many`` (optional) acknowledges the deliveries that share it
+    in one operation (one transaction, one AMQP frame). ``size`` is what the message
+    holds in memory, in bytes: the body plus the UTF-8 text of the header names and
+    values.
     """
 
     headers: Headers
@@ -276,6 +278,12 @@ async def ack_many(deliveries: Sequence[Delivery]) -> None:
     (every one is settled then: the lost ones will be delivered again). Any other error
     leaves the deliveries of the failing operation unsettled; the call may be retried
     with the unsettled ones.
+
+    On RabbitMQ an acknowledgement may go out later than the call returns: a delivery
+    behind one of the same channel that is still unsettled is acknowledged by the frame
+    that settles that one (``_amqp_consumer.AckLedger``); the broker counts it
+    unacknowledged meanwhile, and redelivers it if the connection is lost first (harmless
+    after the commit).
     """
     for delivery in deliveries:
         if delivery.settled:
