@@ -213,6 +213,10 @@ class ConsumerSession:
         tag = message.delivery_tag
         assert tag is not None  # a pushed (not no-ack) message always has one
         ledger.received(tag)
+        if not self.consuming:  # pushed before the cancel took effect: nobody will yield it
+            with contextlib.suppress(*CONNECTION_ERRORS, aiormq.exceptions.AMQPError):
+                await ledger.reject(tag, requeue=True)
+            return
         alone = not self._held
         delivery = self._delivery(message, ledger, tag)
         if not self._paused and (alone or self._fits(delivery.size)):
