@@ -86,3 +86,34 @@ def delete_rabbitmq_vhost(vhost: str) -> None:
     ctl = shutil.which("rabbitmqctl")
     if ctl:
         subprocess.run([ctl, "delete_vhost", vhost], capture_output=True, timeout=60)
+
+
+def rabbitmq_queue_counts(url: str, queue: str) -> tuple[int, int]:
+    """(ready, unacknowledged) messages of ``queue`` in the vhost of ``url``, as the broker
+    counts them (``rabbitmqctl list_queues``; the management plugin is not required)."""
+    ctl = shutil.which("rabbitmqctl")
+    if ctl is None:
+        missing_server("RabbitMQ", "rabbitmqctl not found")
+    vhost = url.rstrip("/").rsplit("/", 1)[1] if url.count("/") > 2 else "/"
+    out = subprocess.run(
+        [
+            ctl,
+            "list_queues",
+            "-q",
+            "--no-table-headers",
+            "-p",
+            vhost,
+            "name",
+            "messages_ready",
+            "messages_unacknowledged",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    for line in out.strip().splitlines():
+        name, ready, unacked = line.split("\t")
+        if name == queue:
+            return int(ready), int(unacked)
+    raise LookupError(f"queue {queue!r} not found in vhost {vhost!r}")

@@ -32,6 +32,14 @@ class IngestionSettings(BaseModel):
     prefetch: int = Field(
         0, ge=0, description="Broker prefetch; 0 means batch_size * concurrent_batches."
     )
+    max_inflight_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1,
+        description=(
+            "Bytes of messages (body plus header text) an intake holds unacknowledged at once, "
+            "besides the prefetch count; a larger message is taken alone (issue 14, item 8)."
+        ),
+    )
     max_backoff_seconds: float = Field(
         30.0, gt=0, description="Cap of the back-off while the database is unreachable."
     )

@@ -18,10 +18,13 @@ class Collector:
     iteration; waiting on this buffer does not.
     """
 
-    def __init__(self, transport: Transport, queue: str, prefetch: int) -> None:
+    def __init__(
+        self, transport: Transport, queue: str, prefetch: int, max_bytes: int | None = None
+    ) -> None:
         self._transport = transport
         self._queue = queue
         self._prefetch = prefetch
+        self._max_bytes = max_bytes
         self._buffer: asyncio.Queue[Delivery] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
 
@@ -33,7 +36,7 @@ class Collector:
         await self.stop()
 
     async def _run(self) -> None:
-        consumer = self._transport.consume(self._queue, self._prefetch)
+        consumer = self._transport.consume(self._queue, self._prefetch, max_bytes=self._max_bytes)
         async with contextlib.aclosing(consumer):  # type: ignore[type-var]
             async for delivery in consumer:
                 await self._buffer.put(delivery)

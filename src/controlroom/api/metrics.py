@@ -1,7 +1,9 @@
 """``GET /metrics``: the process's Prometheus metrics (issue 14, item 13).
 
-The counters live beside the code that counts (``controlroom_ingested_messages_total``
-and ``controlroom_ingestion_batch_seconds`` in the ingestion pipeline,
+The counters live beside the code that counts (``controlroom_ingested_messages_total``,
+``controlroom_ingestion_batch_seconds`` and the error queue's
+``controlroom_queue_depth_messages`` and ``controlroom_queue_lag_seconds`` gauges, by
+queue name, in the ingestion pipeline,
 ``controlroom_retried_messages_total`` in the retry processor,
 ``controlroom_retention_deleted_total`` in retention); this module serves them, and
 counts HTTP requests by method, route template (``/api/errors/{id}``, never the path

@@ -7,6 +7,7 @@ the delivery contract (ack only after the commit, at-least-once redelivery).
 from controlroom.transport.base import (
     Delivery,
     DeliveryLostError,
+    QueueDepth,
     Transport,
     TransportClosedError,
     TransportError,
@@ -19,6 +20,7 @@ __all__ = [
     "Delivery",
     "DeliveryLostError",
     "EmbeddedQueue",
+    "QueueDepth",
     "RabbitMQTransport",
     "Transport",
     "TransportClosedError",

@@ -2,15 +2,16 @@
 
 A transport moves messages (string headers plus an opaque body) in and out of named,
 durable queues. Consumers receive ``Delivery`` objects and settle each one exactly once:
-``ack()`` after the database commit that made the message safe (DESIGN.md "Broker
-messages are acknowledged only after the commit"), or ``reject(requeue)``. Delivery is
-at least once: a delivery that is never settled comes back, to this or another consumer.
+``ack()`` (or ``ack_many()`` for a batch) after the database commit that made the message
+safe (DESIGN.md "Broker messages are acknowledged only after the commit"), or
+``reject(requeue)``. Delivery is at least once: a delivery that is never settled comes
+back, to this or another consumer.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -48,6 +49,9 @@ class DeliveryLostError(TransportError):
 
 Headers = dict[str, str | None]
 
+AckMany = Callable[[Sequence["Delivery"]], Awaitable[None]]
+"""A transport's hook that acknowledges several of its deliveries in one operation."""
+
 
 @dataclass(eq=False)
 class Delivery:
@@ -55,8 +59,12 @@ class Delivery:
 
     ``headers`` maps header name to value; a value may be ``None`` (NServiceBus sends
     some headers empty-but-present). ``body`` is the exact payload bytes. ``queue`` is
-    the queue the message came from. ``on_ack`` and ``on_reject`` are bound by the
-    transport; callers use ``ack()`` and ``reject()``.
+    the queue the message came from. ``on_ack``, ``on_reject`` and ``on_ack_many`` are
+    bound by the transport; callers use ``ack()``, ``reject()`` and this module's
+    ``ack_many()``. ``on_ack_many`` (optional) acknowledges the deliveries that share it
+    in one operation (one transaction, one AMQP frame). ``size`` is what the message
+    holds in memory, in bytes: the body plus the UTF-8 text of the header names and
+    values.
     """
 
     headers: Headers
@@ -64,7 +72,12 @@ class Delivery:
     queue: str
     on_ack: Callable[[], Awaitable[None]] = field(repr=False)
     on_reject: Callable[[bool], Awaitable[None]] = field(repr=False)
+    on_ack_many: AckMany | None = field(default=None, repr=False)
+    size: int = field(init=False)
     _settled: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.size = message_size(self.headers, self.body)
 
     @property
     def settled(self) -> bool:
@@ -100,6 +113,16 @@ class Delivery:
         self._settled = True
 
 
+@dataclass(frozen=True, slots=True)
+class QueueDepth:
+    """What waits in a queue: ``messages`` ready to be delivered (not in flight) and, when
+    the transport can tell, ``oldest_age_seconds``, the age of the oldest of them (0 when
+    none waits; ``None``: unknown, as on RabbitMQ, which does not tell it over AMQP)."""
+
+    messages: int
+    oldest_age_seconds: float | None
+
+
 @runtime_checkable
 class Transport(Protocol):
     """What the ingestion pipeline and the retry sender need from a queue system."""
@@ -113,11 +136,17 @@ class Transport(Protocol):
         queue. Idempotent."""
         ...
 
-    def consume(self, queue: str, prefetch: int) -> AsyncIterator[Delivery]:
+    def consume(
+        self, queue: str, prefetch: int, *, max_bytes: int | None = None
+    ) -> AsyncIterator[Delivery]:
         """Yield deliveries from ``queue`` (declared durable when missing) in FIFO
         order until the transport closes or the iterator is closed/cancelled.
 
-        At most ``prefetch`` (>= 1) deliveries are unsettled at any time. Deliveries
+        At most ``prefetch`` (>= 1) deliveries are unsettled at any time and, with
+        ``max_bytes``, the messages this consumer holds (yielded and unsettled, or received
+        and not yet yielded) add up to at most ``max_bytes`` bytes (``Delivery.size``),
+        except that a message larger than that is taken when it would be held alone. A
+        delivery counts as held until it is settled. Deliveries
         already yielded stay settleable after the iterator ends, until ``close()``.
         Close the iterator explicitly (``contextlib.aclosing``); a cancelled
         ``__anext__`` ends the iteration.
@@ -147,6 +176,11 @@ class Transport(Protocol):
         """Delete the ready (not in-flight) messages of ``queue``; returns how many."""
         ...
 
+    async def queue_depth(self, queue: str) -> QueueDepth:
+        """How many messages wait in ``queue`` (declared when missing). Raises
+        ``TransportError`` when the broker or queue file cannot answer."""
+        ...
+
     async def check(self) -> None:
         """Return when the connection is healthy; raise ``TransportError`` otherwise."""
         ...
@@ -165,6 +199,14 @@ def check_prefetch(prefetch: int) -> None:
     """Raise ``ValueError`` unless ``prefetch`` is a positive int."""
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
         raise ValueError(f"prefetch must be a positive integer, got {prefetch!r}")
+
+
+def check_max_bytes(max_bytes: int | None) -> None:
+    """Raise ``ValueError`` unless ``max_bytes`` is ``None`` or a positive int."""
+    if max_bytes is None:
+        return
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise ValueError(f"max_bytes must be a positive integer or None, got {max_bytes!r}")
 
 
 def validate_headers(headers: Mapping[str, str | None]) -> Headers:
@@ -213,3 +255,56 @@ def fill_message_id(headers: Headers, message_id: str | None) -> Headers:
     if message_id is not None and MESSAGE_ID_HEADER not in headers:
         headers[MESSAGE_ID_HEADER] = message_id
     return headers
+
+
+def message_size(headers: Mapping[str, str | None], body: bytes) -> int:
+    """Bytes a message holds: ``body`` plus the UTF-8 length of every header name and
+    value (what ``Delivery.size`` and the in-flight byte bound count)."""
+    # surrogatepass: a header a transport decoded from non-UTF-8 bytes still has a size.
+    return len(body) + sum(
+        len(name.encode("utf-8", "surrogatepass"))
+        + len((value or "").encode("utf-8", "surrogatepass"))
+        for name, value in headers.items()
+    )
+
+
+async def ack_many(deliveries: Sequence[Delivery]) -> None:
+    """Acknowledge ``deliveries`` in as few operations as their transports allow: those
+    sharing an ``on_ack_many`` hook (one consumer's) together, others one by one. Call
+    only after the commit that made every one of them safe.
+
+    Raises ``RuntimeError`` (before settling anything) when one is already settled;
+    ``DeliveryLostError`` after trying them all when some could not be acknowledged
+    (every one is settled then: the lost ones will be delivered again). Any other error
+    leaves the deliveries of the failing operation unsettled; the call may be retried
+    with the unsettled ones.
+
+    On RabbitMQ an acknowledgement may go out later than the call returns: a delivery
+    behind one of the same channel that is still unsettled is acknowledged by the frame
+    that settles that one (``_amqp_consumer.AckLedger``); the broker counts it
+    unacknowledged meanwhile, and redelivers it if the connection is lost first (harmless
+    after the commit).
+    """
+    for delivery in deliveries:
+        if delivery.settled:
+            raise RuntimeError(f"delivery from queue {delivery.queue!r} was already settled")
+    groups: dict[AckMany | None, list[Delivery]] = {}
+    for delivery in deliveries:
+        groups.setdefault(delivery.on_ack_many, []).append(delivery)
+    lost: DeliveryLostError | None = None
+    for hook, members in groups.items():
+        if hook is None:
+            for delivery in members:
+                try:
+                    await delivery.ack()
+                except DeliveryLostError as exc:
+                    lost = exc
+            continue
+        try:
+            await hook(members)
+        except DeliveryLostError as exc:
+            lost = exc
+        for delivery in members:
+            delivery._settled = True
+    if lost is not None:
+        raise lost

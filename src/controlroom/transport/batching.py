@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from controlroom.config import IngestionSettings
 from controlroom.exceptions import ControlroomError
-from controlroom.transport.base import Delivery, DeliveryLostError, Transport
+from controlroom.transport.base import Delivery, DeliveryLostError, Transport, ack_many
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,8 @@ class DeliveryBatcher:
         """Consume and hand over batches until ``stopping()`` or cancellation; waits for
         the batches in hand before returning. Raises ``IntakeClosed`` when the transport
         stops delivering."""
-        # Unbounded here: the transport's prefetch already bounds unacknowledged deliveries.
+        # Unbounded here: the transport bounds unacknowledged deliveries, by count (prefetch)
+        # and by bytes (max_inflight_bytes); a delivery counts until the handler settles it.
         inbox: asyncio.Queue[Delivery | None] = asyncio.Queue()
         slots = asyncio.Semaphore(self._settings.concurrent_batches)
         handling: set[asyncio.Task[None]] = set()
@@ -68,7 +69,11 @@ class DeliveryBatcher:
                 await asyncio.gather(*handling, return_exceptions=True)
 
     async def _feed(self, inbox: asyncio.Queue[Delivery | None]) -> None:
-        stream = self._transport.consume(self._queue, self._settings.effective_prefetch)
+        stream = self._transport.consume(
+            self._queue,
+            self._settings.effective_prefetch,
+            max_bytes=self._settings.max_inflight_bytes,
+        )
         try:
             async with contextlib.aclosing(stream):
                 async for delivery in stream:
@@ -100,23 +105,26 @@ class DeliveryBatcher:
 
 
 async def ack_all(deliveries: Sequence[Delivery]) -> None:
-    """Acknowledge ``deliveries`` (after the commit that made them safe). When the
-    transport fails mid-way the rest is given back: the commit makes their redelivery
-    harmless (issue 14, item 2: no delivery is left unsettled)."""
-    for delivery in deliveries:
-        try:
-            await delivery.ack()
-        except DeliveryLostError:
-            # Committed, but the transport will deliver it again; the replay changes nothing.
-            log.warning("acknowledgement lost for a message of %s", delivery.queue)
-        except Exception:
-            log.warning(
-                "could not acknowledge a message of %s; giving the rest back",
-                delivery.queue,
-                exc_info=True,
-            )
-            await reject_all(deliveries)
-            return
+    """Acknowledge ``deliveries`` at once (``base.ack_many``: one transaction, one AMQP
+    frame) after the commit that made them safe. When the transport fails, the unsettled
+    ones are given back: the commit makes their redelivery harmless (issue 14, item 2: no
+    delivery is left unsettled)."""
+    try:
+        await ack_many(deliveries)
+    except DeliveryLostError:
+        # Committed, but the transport will deliver some again; the replay changes nothing.
+        log.warning("acknowledgements lost for messages of %s", _queues(deliveries))
+    except Exception:
+        log.warning(
+            "could not acknowledge messages of %s; giving them back",
+            _queues(deliveries),
+            exc_info=True,
+        )
+        await reject_all(deliveries)
+
+
+def _queues(deliveries: Sequence[Delivery]) -> str:
+    return ", ".join(sorted({delivery.queue for delivery in deliveries}))
 
 
 async def reject_all(deliveries: Sequence[Delivery]) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import sqlite3
@@ -42,10 +43,13 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from controlroom.transport.base import (
+    AckMany,
     Delivery,
     DeliveryLostError,
+    QueueDepth,
     TransportClosedError,
     TransportError,
+    check_max_bytes,
     check_prefetch,
     check_queue_name,
     fill_message_id,
@@ -104,7 +108,31 @@ _CLAIM = """
     )
     RETURNING id, headers_json, body, message_id
 """
+# The oldest ready messages while their stored sizes add up to at most the byte limit
+# (a running sum over id order), the first one regardless when the consumer holds nothing.
+_CLAIM_BYTES = """
+    UPDATE queue_messages
+    SET lease_owner = ?, lease_expires_at = ?, delivery_count = delivery_count + 1
+    WHERE id IN (
+        SELECT id FROM (
+            SELECT id,
+                   ROW_NUMBER() OVER (ORDER BY id) AS position,
+                   SUM(length(body) + length(headers_json)) OVER (ORDER BY id) AS running
+            FROM queue_messages
+            WHERE queue = ? AND lease_expires_at <= ?
+            ORDER BY id
+            LIMIT ?
+        )
+        WHERE running <= ? OR (position = 1 AND ?)
+    )
+    RETURNING id, headers_json, body, message_id
+"""
 _DELETE_LEASED = "DELETE FROM queue_messages WHERE id = ? AND lease_owner = ?"
+_DELETE_MANY_LEASED = """
+    DELETE FROM queue_messages
+    WHERE lease_owner = ? AND id IN (SELECT value FROM json_each(?))
+    RETURNING id
+"""
 _RELEASE_LEASED = """
     UPDATE queue_messages SET lease_owner = NULL, lease_expires_at = 0
     WHERE id = ? AND lease_owner = ?
@@ -114,6 +142,10 @@ _RELEASE_ALL = """
     WHERE lease_owner = ?
 """
 _RENEW = "UPDATE queue_messages SET lease_expires_at = ? WHERE id = ? AND lease_owner = ?"
+_DEPTH = """
+    SELECT count(*), min(enqueued_at) FROM queue_messages
+    WHERE queue = ? AND lease_expires_at <= ?
+"""
 _PURGE = "DELETE FROM queue_messages WHERE queue = ? AND lease_expires_at <= ?"
 
 
@@ -130,9 +162,13 @@ class _Session:
 
     queue: str
     prefetch: int
+    max_bytes: int | None = None
     in_flight: set[int] = field(default_factory=set)  # claimed, not yet settled
+    yielded: dict[Delivery, int] = field(default_factory=dict)  # unsettled -> row id
+    held_bytes: int = 0  # Delivery.size of the yielded, unsettled ones
     consuming: bool = True
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    ack_many: AckMany | None = None  # one hook per session: a batch's deliveries share it
 
 
 class EmbeddedQueue:
@@ -264,10 +300,28 @@ class EmbeddedQueue:
             lambda conn: _execute_in_write(conn, _PURGE, (queue, time.time())).rowcount
         )
 
+    async def queue_depth(self, queue: str) -> QueueDepth:
+        """The ready messages of ``queue`` (not leased) and the age of the oldest of them
+        in seconds (0 when none is ready)."""
+        check_queue_name(queue)
+
+        def read(conn: sqlite3.Connection) -> QueueDepth:
+            now = time.time()
+            ready, oldest = conn.execute(_DEPTH, (queue, now)).fetchone()
+            age = 0.0 if oldest is None else max(0.0, now - oldest)
+            return QueueDepth(messages=int(ready), oldest_age_seconds=age)
+
+        return await self._run(read)
+
     # -- consumer side ---------------------------------------------------------------
 
-    async def consume(self, queue: str, prefetch: int) -> AsyncIterator[Delivery]:
-        """Yield deliveries of ``queue`` in FIFO order, at most ``prefetch`` unsettled.
+    async def consume(
+        self, queue: str, prefetch: int, *, max_bytes: int | None = None
+    ) -> AsyncIterator[Delivery]:
+        """Yield deliveries of ``queue`` in FIFO order, at most ``prefetch`` unsettled
+        and, with ``max_bytes``, at most that many bytes of them (``Delivery.size``; a
+        message alone may be larger). A claim never takes more than fits: the stored
+        size it measures (body plus headers JSON) is never less than ``Delivery.size``.
 
         Runs until ``close()`` or until the iterator is closed or cancelled; claimed
         messages not yet yielded are then released, yielded ones stay settleable (and
@@ -275,8 +329,10 @@ class EmbeddedQueue:
         """
         check_queue_name(queue)
         check_prefetch(prefetch)
+        check_max_bytes(max_bytes)
         self._require_open()
-        session = _Session(queue, prefetch)
+        session = _Session(queue, prefetch, max_bytes)
+        session.ack_many = functools.partial(self._ack_many, session)
         self._sessions.add(session)
         claimed: deque[_Row] = deque()
         try:
@@ -295,11 +351,12 @@ class EmbeddedQueue:
         """Claim what the session has room for; waits (and returns []) when there is
         no room or nothing ready."""
         room = session.prefetch - len(session.in_flight)
+        room_bytes = None if session.max_bytes is None else session.max_bytes - session.held_bytes
         session.wakeup.clear()  # before the claim, so a publish during it is not missed
-        if room <= 0:
+        if room <= 0 or (room_bytes is not None and room_bytes <= 0):
             await session.wakeup.wait()  # a settle or close sets it
             return []
-        rows = await self._claim(session.queue, room)
+        rows = await self._claim(session.queue, room, room_bytes, alone=not session.in_flight)
         if self._closed:
             return []  # close() released them already (it ran after the claim)
         if not rows:
@@ -310,15 +367,20 @@ class EmbeddedQueue:
         session.in_flight.update(row.id for row in rows)
         return rows
 
-    async def _claim(self, queue: str, limit: int) -> list[_Row]:
-        """Lease up to ``limit`` ready messages, oldest first.
+    async def _claim(
+        self, queue: str, limit: int, limit_bytes: int | None, *, alone: bool
+    ) -> list[_Row]:
+        """Lease up to ``limit`` ready messages, oldest first, of at most ``limit_bytes``
+        in all (``None``: no byte limit) except that one message is always taken when
+        ``alone`` (the consumer holds nothing).
 
         The claim runs on the queue thread even if this task is cancelled; the rows
         it claimed are then released rather than left leased until expiry.
         """
         loop = asyncio.get_running_loop()
         self._require_open()
-        future = loop.run_in_executor(self._executor, self._claim_sync, queue, limit)
+        claim = functools.partial(self._claim_sync, queue, limit, limit_bytes, alone=alone)
+        future = loop.run_in_executor(self._executor, claim)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -337,33 +399,60 @@ class EmbeddedQueue:
     def _delivery(self, session: _Session, row: _Row) -> Delivery:
         headers = fill_message_id(json.loads(row.headers_json), row.message_id)
 
-        async def ack() -> None:
-            await self._settle(session, row.id, _DELETE_LEASED)
-
         async def reject(requeue: bool) -> None:
-            await self._settle(session, row.id, _RELEASE_LEASED if requeue else _DELETE_LEASED)
+            await self._settle(session, delivery, _RELEASE_LEASED if requeue else _DELETE_LEASED)
             if requeue:
                 self._wake(session.queue)
 
-        return Delivery(
-            headers=headers, body=row.body, queue=session.queue, on_ack=ack, on_reject=reject
+        delivery = Delivery(
+            headers=headers,
+            body=row.body,
+            queue=session.queue,
+            on_ack=lambda: self._settle(session, delivery, _DELETE_LEASED),
+            on_reject=reject,
+            on_ack_many=session.ack_many,
         )
+        session.yielded[delivery] = row.id
+        session.held_bytes += delivery.size
+        return delivery
 
-    async def _settle(self, session: _Session, message_id: int, sql: str) -> None:
+    async def _settle(self, session: _Session, delivery: Delivery, sql: str) -> None:
         """Delete or release one leased message, only while this transport holds it."""
+        message_id = session.yielded[delivery]
         if self._closed:
-            session.in_flight.discard(message_id)
+            self._settled(session, [delivery])
             raise DeliveryLostError("the embedded queue was closed; the message went back")
         params = (message_id, self._owner)
         changed = await self._run(lambda conn: _execute_in_write(conn, sql, params).rowcount)
-        # Whatever happened, the lease is no longer ours to renew.
-        session.in_flight.discard(message_id)
-        session.wakeup.set()
-        self._forget_if_idle(session)
+        self._settled(session, [delivery])
         if changed != 1:
             raise DeliveryLostError(
                 "the lease on this message expired and another consumer may hold it"
             )
+
+    async def _ack_many(self, session: _Session, deliveries: Sequence[Delivery]) -> None:
+        """Delete the leased messages of ``deliveries`` in one transaction (issue 15,
+        item 3); the ones whose lease this transport lost stay for their new holder."""
+        ids = [session.yielded[delivery] for delivery in deliveries]
+        if self._closed:
+            self._settled(session, deliveries)
+            raise DeliveryLostError("the embedded queue was closed; the messages went back")
+        deleted = await self._run(lambda conn: self._delete_many_sync(ids))
+        self._settled(session, deliveries)
+        if deleted != len(ids):
+            raise DeliveryLostError(
+                f"the lease on {len(ids) - deleted} of {len(ids)} messages expired and another "
+                "consumer may hold them"
+            )
+
+    def _settled(self, session: _Session, deliveries: Sequence[Delivery]) -> None:
+        """Whatever the outcome, the leases of ``deliveries`` are no longer ours to renew
+        and their bytes no longer held."""
+        for delivery in deliveries:
+            session.in_flight.discard(session.yielded.pop(delivery))
+            session.held_bytes -= delivery.size
+        session.wakeup.set()
+        self._forget_if_idle(session)
 
     async def _release_unyielded(self, session: _Session, ids: list[int]) -> None:
         """Give back claims the consumer never saw (best effort: unreleased ones are
@@ -447,7 +536,9 @@ class EmbeddedQueue:
             raise
         self._conn = conn
 
-    def _claim_sync(self, queue: str, limit: int) -> list[_Row]:
+    def _claim_sync(
+        self, queue: str, limit: int, limit_bytes: int | None, *, alone: bool
+    ) -> list[_Row]:
         conn = self._conn
         assert conn is not None
         now = time.time()
@@ -459,8 +550,12 @@ class EmbeddedQueue:
             return []
         with _write_transaction(conn):
             now = time.time()
-            params = (self._owner, now + self._lease_seconds, queue, now, limit)
-            rows = [_Row(*r) for r in conn.execute(_CLAIM, params).fetchall()]
+            params: tuple[Any, ...] = (self._owner, now + self._lease_seconds, queue, now, limit)
+            if limit_bytes is None:
+                rows = [_Row(*r) for r in conn.execute(_CLAIM, params).fetchall()]
+            else:
+                params += (limit_bytes, alone)
+                rows = [_Row(*r) for r in conn.execute(_CLAIM_BYTES, params).fetchall()]
         rows.sort(key=lambda row: row.id)  # RETURNING order is unspecified
         return rows
 
@@ -469,6 +564,13 @@ class EmbeddedQueue:
         assert conn is not None
         with _write_transaction(conn):
             conn.executemany(_RELEASE_LEASED, [(i, self._owner) for i in ids])
+
+    def _delete_many_sync(self, ids: Sequence[int]) -> int:
+        conn = self._conn
+        assert conn is not None
+        with _write_transaction(conn):
+            params = (self._owner, json.dumps(list(ids)))
+            return len(conn.execute(_DELETE_MANY_LEASED, params).fetchall())
 
     def _renew_sync(self, ids: Sequence[int]) -> None:
         conn = self._conn

@@ -25,8 +25,7 @@ import datetime
 import decimal
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -35,18 +34,19 @@ import aiormq
 from aio_pika.abc import (
     AbstractChannel,
     AbstractIncomingMessage,
-    AbstractQueue,
     AbstractRobustConnection,
 )
 
 from controlroom.transport import _amqp_names
+from controlroom.transport._amqp_consumer import CONNECTION_ERRORS, ConsumerSession
 from controlroom.transport.base import (
     CONTENT_ENCODING_HEADER,
     Delivery,
-    DeliveryLostError,
     Headers,
+    QueueDepth,
     TransportClosedError,
     TransportError,
+    check_max_bytes,
     check_prefetch,
     check_queue_name,
     fill_message_id,
@@ -57,32 +57,6 @@ from controlroom.transport.base import (
 log = logging.getLogger(__name__)
 
 CONNECTION_NAME = "controlroom"
-
-# Errors that mean "the connection or channel is gone or going": transient by nature.
-_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    aiormq.exceptions.AMQPConnectionError,
-    aiormq.exceptions.ChannelClosed,
-    aiormq.exceptions.ChannelInvalidStateError,
-    ConnectionError,
-)
-
-
-@dataclass(eq=False)
-class _Session:
-    """One ``consume()`` call: its channel and consumer, the messages the broker pushed
-    that were not yet yielded, and how many yielded deliveries are unsettled (the
-    channel must stay open until they are, or they could not be acknowledged)."""
-
-    channel: AbstractChannel
-    queue: AbstractQueue | None = None
-    consumer_tag: str | None = None
-    # None is the stop signal put by close().
-    buffer: asyncio.Queue[AbstractIncomingMessage | None] = field(default_factory=asyncio.Queue)
-    outstanding: int = 0
-    consuming: bool = True
-
-    async def on_message(self, message: AbstractIncomingMessage) -> None:
-        self.buffer.put_nowait(message)
 
 
 MAX_FIELD_NAME_BYTES = 128
@@ -107,7 +81,7 @@ class RabbitMQTransport:
         self._publish_timeout = float(publish_timeout_seconds)
         self._connection: AbstractRobustConnection | None = None
         self._publish_channel: AbstractChannel | None = None
-        self._sessions: set[_Session] = set()
+        self._sessions: set[ConsumerSession] = set()
         self._known_queues: set[str] = set()  # declared on this connection
         # One queue declaration at a time: probe channels opened concurrently race for a
         # channel number and the broker closes the whole connection ("second
@@ -163,11 +137,11 @@ class RabbitMQTransport:
             return
         self._closed = True
         for session in list(self._sessions):
-            session.buffer.put_nowait(None)  # ends the consume() loop
-            await _close_session(session)
+            session.wake_for_close()  # ends the consume() loop
+            await session.close()
         self._sessions.clear()
         if self._connection is not None:
-            with contextlib.suppress(*_CONNECTION_ERRORS):
+            with contextlib.suppress(*CONNECTION_ERRORS):
                 await self._connection.close()
 
     async def check(self) -> None:
@@ -236,7 +210,7 @@ class RabbitMQTransport:
                 f"no publisher confirm for {queue!r} within {self._publish_timeout} s; "
                 "outcome unknown"
             ) from exc
-        except (*_CONNECTION_ERRORS, RuntimeError) as exc:
+        except (*CONNECTION_ERRORS, RuntimeError) as exc:
             # RuntimeError: aio-pika's word for a channel or connection it has closed.
             raise TransportError(f"publish to {queue!r} failed, outcome unknown: {exc!r}") from exc
 
@@ -258,15 +232,33 @@ class RabbitMQTransport:
             async with self._probe() as channel:
                 amqp_queue = await channel.declare_queue(queue, passive=True)
                 result = await amqp_queue.purge()
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             raise TransportError(f"cannot purge {queue!r}: {exc!r}") from exc
         return int(result.message_count or 0)
 
+    async def queue_depth(self, queue: str) -> QueueDepth:
+        """The ready messages of ``queue`` (a passive declare's ``message_count``; the
+        unacknowledged ones are not counted); the age is unknown over AMQP. Declares the
+        queue when missing."""
+        check_queue_name(queue)
+        await self._ensure_queue(queue)
+        try:
+            async with self._probe() as channel:
+                amqp_queue = await channel.declare_queue(queue, passive=True)
+        except CONNECTION_ERRORS as exc:
+            raise TransportError(f"cannot read the depth of {queue!r}: {exc!r}") from exc
+        declared = amqp_queue.declaration_result
+        return QueueDepth(messages=int(declared.message_count or 0), oldest_age_seconds=None)
+
     # -- consumer side ---------------------------------------------------------------
 
-    async def consume(self, queue: str, prefetch: int) -> AsyncIterator[Delivery]:
+    async def consume(
+        self, queue: str, prefetch: int, *, max_bytes: int | None = None
+    ) -> AsyncIterator[Delivery]:
         """Yield deliveries of ``queue`` in broker order, at most ``prefetch``
-        unacknowledged (``basic.qos``). See ``Transport.consume``.
+        unacknowledged (``basic.qos``) and, with ``max_bytes``, at most that many bytes
+        held (``_amqp_consumer``: a message that does not fit is given back and the
+        consumer paused until there is room). See ``Transport.consume``.
 
         When the iterator ends, the consumer is cancelled and pushed-but-unyielded
         messages are requeued; the channel stays open until every yielded delivery is
@@ -274,64 +266,35 @@ class RabbitMQTransport:
         """
         check_queue_name(queue)
         check_prefetch(prefetch)
+        check_max_bytes(max_bytes)
         connection = self._require_connection()
         await self._ensure_queue(queue)
         try:
             channel = await connection.channel(publisher_confirms=False)
-        except (*_CONNECTION_ERRORS, RuntimeError) as exc:  # RuntimeError: not connected
+        except (*CONNECTION_ERRORS, RuntimeError) as exc:  # RuntimeError: not connected
             raise TransportError(f"cannot open a channel to consume {queue!r}: {exc!r}") from exc
-        session = _Session(channel)
+        session = ConsumerSession(
+            channel,
+            queue,
+            prefetch=prefetch,
+            max_bytes=max_bytes,
+            make_headers=_message_headers,
+            on_idle=self._close_idle_session,
+        )
         self._sessions.add(session)
         try:
-            await _start_consumer(session, queue, prefetch)
-            while (message := await session.buffer.get()) is not None:
-                if not _channel_alive(message):
-                    continue  # from before a reconnect: the broker redelivers it
-                session.outstanding += 1
-                yield self._delivery(session, queue, message)
+            await session.start()
+            while (delivery := await session.next_delivery()) is not None:
+                yield delivery
         finally:
-            session.consuming = False
-            await _cancel_consumer(session)
-            await self._close_session_if_idle(session)
+            await session.stop()
+            if session.idle:
+                await self._close_idle_session(session)
 
-    def _delivery(
-        self, session: _Session, queue: str, message: AbstractIncomingMessage
-    ) -> Delivery:
-        headers = fill_message_id(decode_headers(message.headers), message.message_id)
-        if message.content_encoding and CONTENT_ENCODING_HEADER not in headers:
-            # Body classification reads headers only; a compressed body must say so there.
-            headers[CONTENT_ENCODING_HEADER] = message.content_encoding
-
-        async def ack() -> None:
-            await self._settle(session, message.ack)
-
-        async def reject(requeue: bool) -> None:
-            await self._settle(session, lambda: message.reject(requeue=requeue))
-
-        return Delivery(
-            headers=headers, body=message.body, queue=queue, on_ack=ack, on_reject=reject
-        )
-
-    async def _settle(self, session: _Session, action: Callable[[], Awaitable[None]]) -> None:
-        """Run ``message.ack``/``reject``. It only writes a frame (no broker reply), so
-        it fails only when the delivering channel is gone, and then the broker has
-        already requeued the message."""
-        try:
-            await action()
-        except (*_CONNECTION_ERRORS, aio_pika.exceptions.MessageProcessError) as exc:
-            await self._settled(session)
-            raise DeliveryLostError(f"cannot settle the delivery: {exc!r}") from exc
-        await self._settled(session)
-
-    async def _settled(self, session: _Session) -> None:
-        session.outstanding -= 1
-        await self._close_session_if_idle(session)
-
-    async def _close_session_if_idle(self, session: _Session) -> None:
-        if session.consuming or session.outstanding > 0:
-            return
-        self._sessions.discard(session)
-        await _close_session(session)
+    async def _close_idle_session(self, session: ConsumerSession) -> None:
+        if session in self._sessions:
+            self._sessions.discard(session)
+            await session.close()
 
     # -- queues and channels ---------------------------------------------------------
 
@@ -351,7 +314,7 @@ class RabbitMQTransport:
                         await channel.declare_queue(queue, durable=True)
                 except aiormq.exceptions.ChannelPreconditionFailed:
                     pass  # declared meanwhile by someone else, with other arguments: fine
-        except _CONNECTION_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             raise TransportError(f"cannot declare queue {queue!r}: {exc!r}") from exc
         self._known_queues.add(queue)
 
@@ -372,7 +335,7 @@ class RabbitMQTransport:
         try:
             yield channel
         finally:
-            with contextlib.suppress(*_CONNECTION_ERRORS):
+            with contextlib.suppress(*CONNECTION_ERRORS):
                 if not channel.is_closed:
                     await channel.close()
 
@@ -406,53 +369,14 @@ def _vhost_refusal(url: str) -> str:
     )
 
 
-async def _start_consumer(session: _Session, queue: str, prefetch: int) -> None:
-    """QoS, passive declare, ``basic.consume`` on the session's channel.
-
-    Raises ``TransportError`` when the broker or connection fails meanwhile.
-    """
-    try:
-        await session.channel.set_qos(prefetch_count=prefetch)
-        # Passive: restored passively after a reconnect too, never conflicting with the
-        # arguments NServiceBus declared the queue with.
-        session.queue = await session.channel.declare_queue(queue, passive=True)
-        # A plain consumer callback rather than aio-pika's queue iterator, whose robust
-        # variant waits for a reconnect after its channel is closed on purpose; ending
-        # the iteration is ours to decide.
-        session.consumer_tag = await session.queue.consume(session.on_message)
-    except _CONNECTION_ERRORS as exc:
-        raise TransportError(f"cannot start consuming {queue!r}: {exc!r}") from exc
-
-
-async def _cancel_consumer(session: _Session) -> None:
-    """Stop the broker pushing to this session, then requeue what it pushed but the
-    iteration never yielded."""
-    tag, session.consumer_tag = session.consumer_tag, None
-    with contextlib.suppress(*_CONNECTION_ERRORS, aiormq.exceptions.AMQPError):
-        if tag is not None and session.queue is not None and not session.channel.is_closed:
-            # After CancelOk nothing more arrives, so the drain below is complete.
-            await session.queue.cancel(tag)
-    while not session.buffer.empty():
-        message = session.buffer.get_nowait()
-        if message is not None and _channel_alive(message):
-            with contextlib.suppress(*_CONNECTION_ERRORS, aiormq.exceptions.AMQPError):
-                await message.reject(requeue=True)
-
-
-async def _close_session(session: _Session) -> None:
-    """Close the session's channel: the broker requeues what is still unacknowledged."""
-    with contextlib.suppress(*_CONNECTION_ERRORS, aiormq.exceptions.AMQPError):
-        if not session.channel.is_closed:
-            await session.channel.close()
-
-
-def _channel_alive(message: AbstractIncomingMessage) -> bool:
-    """False when the channel that delivered ``message`` is closed (it can no longer
-    be settled; the broker has requeued it)."""
-    try:
-        return not message.channel.is_closed
-    except aiormq.exceptions.ChannelInvalidStateError:
-        return False
+def _message_headers(message: AbstractIncomingMessage) -> Headers:
+    """The headers a consumer sees: the message-id property fills a missing
+    ``NServiceBus.MessageId``; a compressed body says so in ``Content-Encoding`` (body
+    classification reads headers only)."""
+    headers = fill_message_id(decode_headers(message.headers), message.message_id)
+    if message.content_encoding and CONTENT_ENCODING_HEADER not in headers:
+        headers[CONTENT_ENCODING_HEADER] = message.content_encoding
+    return headers
 
 
 def decode_headers(raw: Mapping[str, Any] | None) -> Headers:

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from controlroom.config import Settings
 from controlroom.db.errors import classify_store_error
@@ -40,7 +40,7 @@ from controlroom.errors.ingest.writer import (
 )
 from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
 from controlroom.exceptions import ErrorKind, MessageRejected
-from controlroom.transport.base import Delivery, Transport
+from controlroom.transport.base import Delivery, QueueDepth, Transport, TransportError
 from controlroom.transport.batching import (  # IntakeClosed: raised by run()
     DeliveryBatcher,
     IntakeClosed,
@@ -59,6 +59,16 @@ INGESTED = Counter(
 )
 BATCH_SECONDS = Histogram(
     "controlroom_ingestion_batch_seconds", "Time to parse, write and acknowledge one batch"
+)
+QUEUE_DEPTH = Gauge(
+    "controlroom_queue_depth_messages",
+    "Messages waiting (ready, not in flight) in the error queue, sampled every report interval",
+    ["queue"],
+)
+QUEUE_LAG = Gauge(
+    "controlroom_queue_lag_seconds",
+    "Age of the oldest message waiting in the error queue, where the transport tells it",
+    ["queue"],
 )
 
 
@@ -175,23 +185,44 @@ class IngestionService:
                 await self._run_task
 
     async def _report(self) -> None:
-        """Every ``report_interval_seconds``, while there was work, one log line: messages
-        stored per second, failed imports and retry confirmations (issue 14, item 15)."""
-        interval = self._settings.ingestion.report_interval_seconds
+        """Every ``report_interval_seconds``: ``report()``, whatever it raises logged."""
         while True:
-            await asyncio.sleep(interval)
-            done, self._done = self._done, dict.fromkeys(self._done, 0)
-            if any(done.values()):
-                log.info(
-                    "ingested %d failed messages (%.1f/s), %d failed imports, %d retry "
-                    "confirmations from %s in the last %.0f s",
-                    done["failed_message"],
-                    done["failed_message"] / interval,
-                    done["failed_import"],
-                    done["retry_confirmation"],
-                    self._settings.error_queue,
-                    interval,
-                )
+            await asyncio.sleep(self._settings.ingestion.report_interval_seconds)
+            try:
+                await self.report()
+            except Exception:  # the next round tries again
+                log.warning("could not report on ingestion", exc_info=True)
+
+    async def report(self) -> None:
+        """Sample the error queue's depth into ``QUEUE_DEPTH``/``QUEUE_LAG`` and, while there
+        is work (messages done since the last report, or waiting), log one line: messages
+        stored per second, failed imports, retry confirmations and the queue's depth (issue
+        14, items 13 and 15). A transport that cannot answer leaves the depth out."""
+        interval = self._settings.ingestion.report_interval_seconds
+        queue = self._settings.error_queue
+        done, self._done = self._done, dict.fromkeys(self._done, 0)
+        try:
+            depth = await self._transport.queue_depth(queue)
+        except TransportError as exc:
+            log.warning("cannot read the depth of %s: %s", queue, exc)
+            depth = None
+        if depth is not None:
+            QUEUE_DEPTH.labels(queue).set(depth.messages)
+            if depth.oldest_age_seconds is not None:
+                QUEUE_LAG.labels(queue).set(depth.oldest_age_seconds)
+        if not any(done.values()) and not (depth and depth.messages):
+            return
+        log.info(
+            "ingested %d failed messages (%.1f/s), %d failed imports, %d retry confirmations "
+            "from %s in the last %.0f s; %s",
+            done["failed_message"],
+            done["failed_message"] / interval,
+            done["failed_import"],
+            done["retry_confirmation"],
+            queue,
+            interval,
+            _describe_depth(depth, queue),
+        )
 
     async def _ingest_batch(self, deliveries: list[Delivery]) -> None:
         """Ingest one batch; every exit settles every delivery exactly once (issue 14,
@@ -201,7 +232,9 @@ class IngestionService:
         it already committed come back and replay harmlessly)."""
         started = time.monotonic()
         try:
-            parsed = [self._parse(delivery) for delivery in deliveries]
+            # Off the event loop: parsing (headers, UTF-8 checks, body placement) is CPU work
+            # that would otherwise delay every HTTP answer while ingesting.
+            parsed = await asyncio.to_thread(self._parse_all, deliveries)
             try:
                 await self._write(parsed)
             except Exception as exc:
@@ -259,6 +292,9 @@ class IngestionService:
             await asyncio.sleep(self._settings.ingestion.max_backoff_seconds)
         await reject_all(deliveries)
 
+    def _parse_all(self, deliveries: Sequence[Delivery]) -> list[_Parsed]:
+        return [self._parse(delivery) for delivery in deliveries]
+
     def _parse(self, delivery: Delivery) -> _Parsed:
         broken = _first_not_utf8(delivery.headers)
         if broken is not None:
@@ -287,6 +323,14 @@ class IngestionService:
         return make_failed_import(
             delivery.headers, delivery.body, queue=self._settings.error_queue, reason=reason
         )
+
+
+def _describe_depth(depth: QueueDepth | None, queue: str) -> str:
+    if depth is None:
+        return f"depth of {queue} unknown"
+    if depth.oldest_age_seconds is None or not depth.messages:
+        return f"{depth.messages} waiting in {queue}"
+    return f"{depth.messages} waiting in {queue} (oldest {depth.oldest_age_seconds:.0f} s)"
 
 
 def _first_not_utf8(headers: Mapping[str, str | None]) -> str | None:

@@ -1,0 +1,72 @@
+"""Issue 14 item 8: what a consumer holds in flight is bounded by bytes as well as by
+count. With ``max_bytes`` the deliveries held (received and unsettled) never add up to
+more than the bound, except a single message larger than the bound, held alone; nothing
+is lost or held back for good: every message arrives once its turn comes.
+
+Run on each transport; on RabbitMQ the broker's own count of unacknowledged messages is
+read back too, so a message the client holds without yielding it cannot hide."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from controlroom.transport import Delivery, RabbitMQTransport
+from controlroom.transport.base import message_size
+from tests import servers
+from tests.transport.helpers import Collector, TransportFactory
+
+pytestmark = pytest.mark.anyio
+
+TIMEOUT = 90  # seconds, per test
+KIB = 1024
+BOUND = 256 * KIB
+
+
+def body(n: int, size: int) -> bytes:
+    return f"{n:06d}".encode().ljust(size, b".")
+
+
+async def receive_while_holding(consumer: Collector, idle: float = 0.7) -> list[Delivery]:
+    """Everything the consumer is given while nothing is settled."""
+    held: list[Delivery] = []
+    while True:
+        try:
+            held.append(await consumer.get(timeout=idle))
+        except TimeoutError:
+            return held
+
+
+def held_bytes(held: list[Delivery]) -> int:
+    return sum(message_size(d.headers, d.body) for d in held)
+
+
+async def test_held_bytes_never_exceed_the_bound(
+    transport_factory: TransportFactory, queue_name: str, request: pytest.FixtureRequest
+) -> None:
+    sizes = [100 * KIB] * 5 + [10 * KIB] * 12 + [700 * KIB] + [50 * KIB] * 6
+    async with asyncio.timeout(TIMEOUT), transport_factory() as transport:
+        for n, size in enumerate(sizes):
+            await transport.publish(queue_name, {"n": str(n)}, body(n, size))
+        received: list[int] = []
+        async with Collector(transport, queue_name, prefetch=100, max_bytes=BOUND) as consumer:
+            while len(received) < len(sizes):
+                held = await receive_while_holding(consumer)
+                assert held, "nothing arrived: the consumer is stuck"
+                total = held_bytes(held)
+                alone = len(held) == 1
+                assert total <= BOUND or alone, (len(held), total)
+                if any(len(d.body) > BOUND for d in held):
+                    assert alone  # larger than the bound: taken, but alone
+                # Filled up to the bound: the next message would not have fitted.
+                following = len(received) + len(held)
+                if following < len(sizes) and not alone:
+                    assert total + sizes[following] > BOUND
+                if isinstance(transport, RabbitMQTransport):  # nothing held unseen
+                    url = request.getfixturevalue("rabbitmq_url")
+                    assert servers.rabbitmq_queue_counts(url, queue_name)[1] == len(held)
+                received += [int(d.headers["n"] or "") for d in held]
+                for delivery in held:
+                    await delivery.ack()
+        assert received == list(range(len(sizes)))  # in order, each once
