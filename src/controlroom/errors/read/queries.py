@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, get_args
 
@@ -32,6 +32,10 @@ from controlroom.errors.ingest.search_terms import query_search_terms
 from controlroom.errors.model import FailureGroup
 
 fm = failed_messages.c
+
+WALK_ROWS = 5_000
+"""Rows a search page may expect to test along a sort key's index (the rows to skip and
+show, times the table's rows per match) before the matches are sorted instead."""
 
 EDIT_OF_HEADER = "ServiceControl.EditOf"
 """Header naming the failed message an edited-and-retried message was made from."""
@@ -275,9 +279,39 @@ def _page_ids(
 
 
 def count_failed_messages(conn: sa.Connection, where: FailedMessageFilter = EVERY_MESSAGE) -> int:
-    """How many failed messages match ``where``."""
-    query = sa.select(sa.func.count()).select_from(failed_messages).where(*filter_conditions(where))
+    """How many failed messages match ``where``.
+
+    A group's messages by status are counted from the group rows alone (they carry their
+    message's status, migration 0011): the index of (group id, status) holds the answer,
+    where joining 285,000 messages of a group took 0.9 s (``benchmarks/query.py``).
+    """
+    if where.group_id is not None and _status_and_group_only(where):
+        groups = failed_message_groups.c
+        conditions = [groups.group_id == where.group_id]
+        conditions += _status_conditions(groups.status, where)
+        query = sa.select(sa.func.count()).select_from(failed_message_groups).where(*conditions)
+    else:
+        query = (
+            sa.select(sa.func.count()).select_from(failed_messages).where(*filter_conditions(where))
+        )
     return int(conn.execute(query).scalar_one())
+
+
+def _status_and_group_only(where: FailedMessageFilter) -> bool:
+    """True when ``where`` filters by nothing but statuses and a group."""
+    others = replace(where, statuses=frozenset(), excluded_statuses=frozenset(), group_id=None)
+    return others == EVERY_MESSAGE
+
+
+def _status_conditions(
+    column: sa.ColumnElement[int], where: FailedMessageFilter
+) -> list[sa.ColumnElement[bool]]:
+    conditions: list[sa.ColumnElement[bool]] = []
+    if where.statuses:
+        conditions.append(column.in_(sorted(int(s) for s in where.statuses)))
+    if where.excluded_statuses:
+        conditions.append(column.not_in(sorted(int(s) for s in where.excluded_statuses)))
+    return conditions
 
 
 def list_message_hits(
@@ -336,11 +370,7 @@ def unresolved_facets(conn: sa.Connection) -> dict[str, list[FacetValue]]:
 
 def filter_conditions(where: FailedMessageFilter) -> list[sa.ColumnElement[bool]]:
     """The WHERE conditions of ``where`` over ``failed_messages`` (to be ANDed)."""
-    conditions: list[sa.ColumnElement[bool]] = []
-    if where.statuses:
-        conditions.append(fm.status.in_(sorted(int(s) for s in where.statuses)))
-    if where.excluded_statuses:
-        conditions.append(fm.status.not_in(sorted(int(s) for s in where.excluded_statuses)))
+    conditions = _status_conditions(fm.status, where)
     if where.modified_from is not None:
         conditions.append(fm.last_modified >= where.modified_from)
     if where.modified_to is not None:
