@@ -583,12 +583,12 @@ def scenarios(client: TestClient, url: str, messages: int) -> list[Scenario]:
             get("/api/messages/search", q="HttpRequestException 503"),
         ),
         Scenario(
-            "search: 'System.InvalidOperationException ChargeCreditCard07' (broad and selective)",
-            get("/api/messages/search", q="System.InvalidOperationException ChargeCreditCard07"),
+            "search: 'System.InvalidOperationException PlaceOrder00' (broad and selective)",
+            get("/api/messages/search", q="System.InvalidOperationException PlaceOrder00"),
         ),
         Scenario(
-            "search: 'Sales timeout HttpRequestException' (three words)",
-            get("/api/messages/search", q="Sales timeout HttpRequestException"),
+            "search: 'Shipping NullReferenceException ShipOrder15' (three words)",
+            get("/api/messages/search", q="Shipping NullReferenceException ShipOrder15"),
         ),
         Scenario("errors/summary", get("/api/errors/summary")),
     ]

@@ -33,10 +33,6 @@ from controlroom.errors.model import FailureGroup
 
 fm = failed_messages.c
 
-WALK_ROWS = 5_000
-"""Rows a search page may expect to test along a sort key's index (the rows to skip and
-show, times the table's rows per match) before the matches are sorted instead."""
-
 EDIT_OF_HEADER = "ServiceControl.EditOf"
 """Header naming the failed message an edited-and-retried message was made from."""
 
