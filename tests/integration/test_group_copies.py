@@ -20,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -263,3 +264,45 @@ def test_groups_views_equal_the_aggregate_under_two_concurrent_writers(
     assert errors == []
     assert_views_equal_aggregate(engine)
     engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "order",
+    [queries.Ordering(k, d) for k in queries.SORT_KEYS for d in (True, False)],
+    ids=lambda order: f"{order.key}-{'desc' if order.descending else 'asc'}",
+)
+def test_a_groups_page_is_the_same_read_from_its_ids_or_by_walking(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, order: queries.Ordering
+) -> None:
+    """``list_failed_messages`` reads a small group's page from its ids and a big one's by
+    walking the sort key's index: both give the same rows in the same order."""
+    for n in range(12):
+        ingest(engine, n, 30 - n if n % 3 else n, choice=0 if n < 9 else 1)
+    archive(engine, 2)
+    archive(engine, 5)
+    group = groups_of(0)[0].id
+    filters = [
+        queries.FailedMessageFilter(group_id=group),
+        queries.FailedMessageFilter(
+            group_id=group, statuses=frozenset({FailedMessageStatus.UNRESOLVED})
+        ),
+    ]
+
+    def pages() -> list[list[str]]:
+        with engine.connect() as conn:
+            return [
+                [
+                    item.id
+                    for item in queries.list_failed_messages(
+                        conn, offset=offset, limit=4, where=where, order=order
+                    ).items
+                ]
+                for where in filters
+                for offset in (0, 4, 8)
+            ]
+
+    from_ids = pages()
+    monkeypatch.setattr(queries, "GROUP_IDS_FIRST", -1)
+    walked = pages()
+    assert walked == from_ids
+    assert sum(map(len, from_ids)) == 9 + 7
