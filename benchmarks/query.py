@@ -12,27 +12,32 @@ What it does (see ``benchmarks/README.md`` for the figures and how to read them)
    times within the last 30 days, status (70 % unresolved, 10 % resolved, 5 % retry
    issued, 15 % archived) and attempt count, written into its headers too. Rows and their
    group rows go in with ``COPY`` from ``--workers`` processes; the secondary indexes,
-   the full-text GIN index and the foreign key are dropped for the load and rebuilt after
-   (each row's ``search_vector`` holds the terms the service would compute,
-   ``errors.ingest.search_terms``), then ``VACUUM ANALYZE``.
+   the full-text GIN index and the foreign key are dropped for the load and rebuilt after,
+   then ``VACUUM ANALYZE``. What the write path would write, from the project's own code:
+   each row's ``search_vector`` holds the terms of ``errors.ingest.search_terms`` (the
+   terms of the header values no row changes, and of the body, computed once per
+   template; those of the few values holding a per-row value, per row; ``check_terms``
+   proves the union equal to the whole message's terms for every template), and each
+   group row the copies of its message's status and failure window that migration
+   0011's triggers would give it (the load runs with triggers off,
+   ``session_replication_role = replica``).
 3. Measures, through the HTTP app (``fastapi.testclient``, the whole request path), the
    latency of each scenario ``--repeat`` times after ``WARM_UP`` unmeasured calls, and
    prints p50 / p95 in milliseconds: the first page of ``/api/errors``, a deep page, status
    filtered pages, other sort keys, full-text searches (one hit, a selective term, a
-   broad term), the summary, queue addresses, and the groups view of every classifier
-   (``/api/recoverability/groups/{classifier}`` when the app has it, else
-   ``controlroom.errors.read.groups.list_groups``).
-4. With ``--explain``, prints ``EXPLAIN (ANALYZE, BUFFERS)`` of every statement a scenario
-   runs (``--only`` picks scenarios by name), which is how the indexes of migration 0004
-   and the shape of the search query were chosen.
+   broad term, several words), the summary and counts, queue addresses, the groups view
+   of every classifier, and a group's messages and the group by id for the smallest, a
+   middle-sized and the biggest group.
+4. With ``--while-ingesting``, measures every scenario again while another process
+   writes new failed messages through the service's writer at full speed (two batches
+   of 200 at once, each message parsed as the pipeline parses it), prints both figures
+   and their ratio, then deletes what it wrote.
+5. With ``--explain``, prints ``EXPLAIN (ANALYZE, BUFFERS)`` of every statement a scenario
+   runs (``--only`` picks scenarios by name).
 
-Run: ``.venv/bin/python benchmarks/query.py``: about 15 minutes on 2 cores before
-migration 0009, 12 of them the load, and of those most in the server computing each
-row's generated ``search_vector`` (about 0.9 ms of CPU per row); since 0009 the rows
-carry their terms (computed in the loading processes) and that cost is gone (not
-re-measured yet). ``--keep`` leaves the database for more runs with ``--reuse NAME`` (which also
-applies newer migrations to it first). ``--messages 100000`` loads in about a minute.
-Server:
+Run: ``.venv/bin/python benchmarks/query.py`` (see the README for the time it takes).
+``--keep`` leaves the database for more runs with ``--reuse NAME`` (which also applies
+newer migrations to it first). ``--messages 100000`` for a quicker look. Server:
 ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (an admin URL), default
 ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``.
 """
@@ -44,9 +49,11 @@ import multiprocessing
 import os
 import platform
 import random
+import resource
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -62,7 +69,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from controlroom.api import create_app
-from controlroom.config import Settings
+from controlroom.config import IngestionSettings, Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
@@ -70,9 +77,12 @@ from controlroom.demo import format_nsb_time, generate_demo_messages
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.grouping import CLASSIFIERS
+from controlroom.errors.ingest.headers import MESSAGE_ID
 from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.errors.ingest.search_backfill import stored_search_terms
+from controlroom.errors.ingest.search_terms import message_search_terms
 from controlroom.errors.ingest.upsert import failure_time_value
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt
 from controlroom.exceptions import MessageRejected
 
@@ -109,11 +119,33 @@ LOADED_TABLES = ("failed_messages", "failed_message_groups")
 # --- templates ----------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Template:
-    """A parsed failure whose per-message values get replaced in every row made from it."""
+    """A parsed failure whose per-message values get replaced in every row made from it.
+
+    Its search terms are split for speed: ``fixed_terms`` of every header value that no
+    row changes and of the body, computed once; ``varying`` the header values that hold a
+    per-row value (message id, times), whose terms each row computes. The tokenizer cuts
+    every header value on its own (values are joined by a separator), so the union is
+    the terms of the whole message (``check_terms`` compares the two for every template).
+    """
 
     attempt: FailedAttempt
     time_of_failure_text: str  # as written in its headers
     time_sent_text: str | None
+    fixed_terms: frozenset[str]
+    fixed_text: str  # fixed_terms in tsvector input form
+    varying: tuple[str, ...]  # header values holding a per-row value
+
+
+def split_terms(
+    attempt: FailedAttempt, headers: dict[str, str | None], replaced: Sequence[str]
+) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The terms of the headers that hold none of ``replaced`` (and of the body), and the
+    header values that hold one."""
+    varying = tuple(
+        value for value in headers.values() if value and any(r in value for r in replaced)
+    )
+    fixed = {name: value for name, value in headers.items() if value not in varying}
+    return frozenset(message_search_terms(fixed, attempt.body_placement.text)), varying
 
 
 def renamed(headers: dict[str, str | None], variant: int) -> dict[str, str | None]:
@@ -145,10 +177,29 @@ def make_templates(count: int = TEMPLATES, seed: int = 7) -> list[Template]:
             continue  # the demo's one deliberately broken message
         if attempt.body_placement.external:
             continue  # keep the load free of body-store writes
-        templates.append(
-            Template(attempt, headers[h.TIME_OF_FAILURE] or "", headers.get(h.TIME_SENT))
+        failed_text = headers[h.TIME_OF_FAILURE] or ""
+        sent_text = headers.get(h.TIME_SENT)
+        replaced = [attempt.message_id, failed_text, *([sent_text] if sent_text else [])]
+        fixed, varying = split_terms(attempt, headers, replaced)
+        template = Template(
+            attempt, failed_text, sent_text, fixed, tsvector_text(sorted(fixed)), varying
         )
+        check_terms(template, rng)
+        templates.append(template)
     return templates
+
+
+def check_terms(template: Template, rng: random.Random) -> None:
+    """Fail unless a row made from ``template`` gets exactly the terms the write path
+    would compute for it (``errors.ingest.search_backfill.stored_search_terms`` over the
+    row's own headers and body)."""
+    row, _, fresh = make_row(template, rng)
+    headers_json = row[MESSAGE_COLUMNS.index("headers_json")]
+    body_text = row[MESSAGE_COLUMNS.index("body_text")]
+    expected = set(stored_search_terms(headers_json, body_text))
+    made = template.fixed_terms | set(fresh)
+    if made != expected:
+        raise AssertionError(f"terms differ: {sorted(made ^ expected)[:10]}")
 
 
 # --- rows ---------------------------------------------------------------------------------
@@ -169,9 +220,16 @@ def _naive(instant: datetime) -> datetime:
 
 def make_rows(
     templates: Sequence[Template], rng: random.Random
-) -> tuple[tuple[Any, ...], list[tuple[str, str, str, str]]]:
+) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
     """One failed-message row (``MESSAGE_COLUMNS``) and its group rows."""
-    template = rng.choice(templates)
+    row, groups, _ = make_row(rng.choice(templates), rng)
+    return row, groups
+
+
+def make_row(
+    template: Template, rng: random.Random
+) -> tuple[tuple[Any, ...], list[tuple[Any, ...]], list[str]]:
+    """A row from ``template``, its group rows, and the terms it adds to the template's."""
     attempt = template.attempt
     unique_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
     message_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
@@ -183,11 +241,19 @@ def make_rows(
     modified = failed_at
     if status is not FailedMessageStatus.UNRESOLVED:
         modified = min(NOW, failed_at + timedelta(hours=rng.uniform(0.1, 48)))
-    headers_json = attempt.headers_json.replace(attempt.message_id, message_id).replace(
-        template.time_of_failure_text, format_nsb_time(failed_at)
-    )
+    replacements = [
+        (attempt.message_id, message_id),
+        (template.time_of_failure_text, format_nsb_time(failed_at)),
+    ]
     if template.time_sent_text:
-        headers_json = headers_json.replace(template.time_sent_text, format_nsb_time(sent_at))
+        replacements.append((template.time_sent_text, format_nsb_time(sent_at)))
+    headers_json = attempt.headers_json
+    varying = list(template.varying)
+    for old, new in replacements:
+        headers_json = headers_json.replace(old, new)
+        varying = [value.replace(old, new) for value in varying]
+    terms = message_search_terms(dict(enumerate(map(str, varying))), None)
+    fresh = [term for term in terms if term not in template.fixed_terms]
     row = (
         unique_id,
         message_id,
@@ -220,10 +286,15 @@ def make_rows(
         attempt.body_placement.text,
         False,
         None,
-        tsvector_text(stored_search_terms(headers_json, attempt.body_placement.text)),
+        f"{template.fixed_text} {tsvector_text(fresh)}",
     )
-    groups = [(unique_id, group.id, group.classifier, group.title) for group in attempt.groups]
-    return row, groups
+    # The group rows with the copies of the message's columns that the database's
+    # triggers would give them (migration 0011; the load runs without triggers).
+    copies = (int(status), _naive(first_failed_at), _naive(failed_at))
+    groups = [
+        (unique_id, group.id, group.classifier, group.title, *copies) for group in attempt.groups
+    ]
+    return row, groups, fresh
 
 
 _TEMPLATES: list[Template] = []  # built in the parent, inherited by forked loaders
@@ -235,7 +306,9 @@ def load_part(args: tuple[str, int, int]) -> int:
     rng = random.Random(1_000 + part)
     with psycopg.connect(url) as conn, conn.cursor() as cursor:
         conn.execute("SET synchronous_commit = off")
-        groups: list[tuple[str, str, str, str]] = []
+        # No triggers: the rows already hold what they would write (superuser only).
+        conn.execute("SET session_replication_role = replica")
+        groups: list[tuple[Any, ...]] = []
         columns = ", ".join(MESSAGE_COLUMNS)
         with cursor.copy(f"COPY failed_messages ({columns}) FROM STDIN") as copy:
             for _ in range(count):
@@ -292,10 +365,17 @@ def load(url: str, messages: int, workers: int) -> dict[str, float]:
     parts = [
         (url, part, messages // workers + (part < messages % workers)) for part in range(workers)
     ]
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         loaded = sum(pool.map(load_part, parts))
+        pool.close()
+        pool.join()  # so that the workers' CPU time is counted below
     assert loaded == messages
     timings["copy"] = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    timings["(of which rows made, CPU of the loading processes)"] = (
+        after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    )
     started = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SET maintenance_work_mem = '1GB'")
@@ -309,6 +389,64 @@ def load(url: str, messages: int, workers: int) -> dict[str, float]:
             conn.execute(f"VACUUM ANALYZE {table}")
     timings["vacuum analyze"] = time.perf_counter() - started
     return timings
+
+
+# --- ingesting meanwhile ------------------------------------------------------------------
+def ingest_until(url: str, stop: Any, seed: int) -> tuple[int, float, list[str]]:
+    """Write new failed messages through the service's writer, ``concurrent_batches``
+    batches of ``batch_size`` at once (``IngestionSettings``' defaults, as ``serve``
+    writes them), parsing each message as the pipeline does, until ``stop`` is set.
+    Returns (messages written, seconds, their UniqueMessageIds)."""
+    settings = IngestionSettings()
+    engine = create_store_engine(url)
+    writer = FailedMessageBatchWriter(engine)
+    base = [
+        m
+        for m in generate_demo_messages(BASE_MESSAGES, seed=seed, now=NOW)
+        if MESSAGE_ID in m.headers
+    ]
+    rng = random.Random(seed)
+    lock = threading.Lock()
+    written: list[str] = []
+
+    def batch() -> None:
+        attempts = []
+        while len(attempts) < settings.batch_size:
+            message = rng.choice(base)
+            headers = dict(message.headers)
+            headers[MESSAGE_ID] = str(uuid.uuid4())
+            headers[h.TIME_OF_FAILURE] = format_nsb_time(datetime.now(UTC))
+            try:
+                attempt = parse_failed_message(
+                    headers, message.body, max_body_size_to_store=MAX_BODY_SIZE_TO_STORE
+                )
+            except MessageRejected:
+                continue
+            if not attempt.body_placement.external:
+                attempts.append(attempt)
+        writer.write(IngestionBatch(attempts=attempts))
+        with lock:
+            written.extend(a.unique_message_id for a in attempts)
+
+    def loop() -> None:
+        while not stop.is_set():
+            batch()
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=loop) for _ in range(settings.concurrent_batches)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    engine.dispose()
+    return len(written), seconds, written
+
+
+def remove_ingested(url: str, ids: Sequence[str]) -> None:
+    """Delete what ``ingest_until`` wrote, so a kept database stays as loaded."""
+    with psycopg.connect(url) as conn:
+        conn.execute("DELETE FROM failed_messages WHERE id = ANY(%s)", (list(ids),))
 
 
 # --- measuring ----------------------------------------------------------------------------
@@ -444,7 +582,34 @@ def scenarios(client: TestClient, url: str, messages: int) -> list[Scenario]:
             "search: 'HttpRequestException 503' (two words)",
             get("/api/messages/search", q="HttpRequestException 503"),
         ),
+        Scenario(
+            "search: 'System.InvalidOperationException PlaceOrder00' (broad and selective)",
+            get("/api/messages/search", q="System.InvalidOperationException PlaceOrder00"),
+        ),
+        Scenario(
+            "search: 'Shipping NullReferenceException ShipOrder15' (three words)",
+            get("/api/messages/search", q="Shipping NullReferenceException ShipOrder15"),
+        ),
+        Scenario("errors/summary", get("/api/errors/summary")),
     ]
+    for size, (group_id, count) in group_sizes(url).items():
+        found += [
+            Scenario(
+                f"group's messages: {size} group ({count:,} rows)",
+                get(f"/api/recoverability/groups/{group_id}/errors"),
+            ),
+            Scenario(
+                f"group's messages: {size} group, status=unresolved, sort=time_of_failure",
+                get(
+                    f"/api/recoverability/groups/{group_id}/errors",
+                    status="unresolved",
+                    sort="time_of_failure",
+                ),
+            ),
+            Scenario(
+                f"group by id: {size} group", get(f"/api/recoverability/groups/id/{group_id}")
+            ),
+        ]
     routes = client.get("/openapi.json").json()["paths"]
     if "/api/recoverability/groups/{classifier}" in routes:
         for classifier in CLASSIFIERS:
@@ -457,6 +622,15 @@ def scenarios(client: TestClient, url: str, messages: int) -> list[Scenario]:
     else:
         found += group_function_scenarios(client)
     return found
+
+
+def group_sizes(url: str) -> dict[str, tuple[str, int]]:
+    """The smallest, a middle-sized and the biggest group: (group id, group rows)."""
+    with psycopg.connect(url) as conn:
+        sizes = conn.execute(
+            "SELECT group_id, count(*) FROM failed_message_groups GROUP BY group_id ORDER BY 2, 1"
+        ).fetchall()
+    return {"small": sizes[0], "medium": sizes[len(sizes) // 2], "biggest": sizes[-1]}
 
 
 def group_function_scenarios(client: TestClient) -> list[Scenario]:
@@ -536,6 +710,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--reuse", metavar="NAME", help="measure an already loaded database")
     parser.add_argument("--explain", action="store_true", help="print the plans too")
     parser.add_argument("--only", help="measure only scenarios whose name contains this")
+    parser.add_argument(
+        "--while-ingesting",
+        action="store_true",
+        help="measure again while another process ingests at full speed",
+    )
     return parser.parse_args(argv)
 
 
@@ -557,24 +736,73 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings = Settings(data_dir=Path(scratch), database_url=url)
             app = create_app(settings, engine, FileSystemBodyStore(Path(scratch) / "bodies"))
             with TestClient(app) as client:
-                results = []
-                for scenario in scenarios(client, libpq_url(url), args.messages):
-                    if args.only and args.only not in scenario.name:
-                        continue
-                    results.append(measure(scenario, args.repeat))
-                    result = results[-1]
-                    figures = f"{result.p50_ms:9.1f} {result.p95_ms:9.1f}"
-                    print(f"{figures}  {result.name} ({result.detail})", flush=True)
-                    if args.explain:
-                        with log.capture() as statements:
-                            scenario.run()
-                        print(explain(libpq_url(url), statements), flush=True)
+                chosen = [
+                    scenario
+                    for scenario in scenarios(client, libpq_url(url), args.messages)
+                    if not args.only or args.only in scenario.name
+                ]
+                results = run_scenarios(chosen, args, log, libpq_url(url))
+                busy: list[Result] = []
+                if args.while_ingesting:
+                    busy = run_while_ingesting(chosen, args, log, url)
         engine.dispose()
     print(f"\nafter measuring: {load_average()}")
-    print("\n| scenario | p50 ms | p95 ms | answer |\n| --- | ---: | ---: | --- |")
-    for result in results:
-        print(f"| {result.name} | {result.p50_ms:.1f} | {result.p95_ms:.1f} | {result.detail} |")
+    report(results, busy)
     return 0
+
+
+def run_scenarios(
+    chosen: Sequence[Scenario], args: argparse.Namespace, log: StatementLog, url: str
+) -> list[Result]:
+    results = []
+    for scenario in chosen:
+        results.append(measure(scenario, args.repeat))
+        result = results[-1]
+        figures = f"{result.p50_ms:9.1f} {result.p95_ms:9.1f}"
+        print(f"{figures}  {result.name} ({result.detail})", flush=True)
+        if args.explain:
+            with log.capture() as statements:
+                scenario.run()
+            print(explain(url, statements), flush=True)
+    return results
+
+
+def run_while_ingesting(
+    chosen: Sequence[Scenario], args: argparse.Namespace, log: StatementLog, url: str
+) -> list[Result]:
+    """The scenarios again while another process ingests at full speed; what it wrote is
+    deleted afterwards."""
+    context = multiprocessing.get_context("spawn")
+    stop = context.Manager().Event()
+    with context.Pool(1) as pool:
+        ingesting = pool.apply_async(ingest_until, (url, stop, 23))
+        time.sleep(5)  # let it reach full speed
+        print(f"\nwhile ingesting ({load_average()}):", flush=True)
+        busy = run_scenarios(chosen, args, log, libpq_url(url))
+        stop.set()
+        count, seconds, ids = ingesting.get()
+    print(f"ingested meanwhile: {count:,} messages in {seconds:.0f} s ({count / seconds:.0f}/s)")
+    remove_ingested(libpq_url(url), ids)
+    return busy
+
+
+def report(results: Sequence[Result], busy: Sequence[Result]) -> None:
+    if not busy:
+        print("\n| scenario | p50 ms | p95 ms | answer |\n| --- | ---: | ---: | --- |")
+        for result in results:
+            print(
+                f"| {result.name} | {result.p50_ms:.1f} | {result.p95_ms:.1f} | {result.detail} |"
+            )
+        return
+    print(
+        "\n| scenario | p50 ms | p95 ms | ingesting p50 | ingesting p95 | p95 ratio | answer |"
+        "\n| --- | ---: | ---: | ---: | ---: | ---: | --- |"
+    )
+    for idle, loaded in zip(results, busy, strict=True):
+        print(
+            f"| {idle.name} | {idle.p50_ms:.1f} | {idle.p95_ms:.1f} | {loaded.p50_ms:.1f} | "
+            f"{loaded.p95_ms:.1f} | {loaded.p95_ms / idle.p95_ms:.2f} | {idle.detail} |"
+        )
 
 
 if __name__ == "__main__":

@@ -90,6 +90,7 @@ failed_messages = sa.Table(
         comment="the search terms of headers and body text",
     ),
     sa.Index("ix_failed_messages_status_last_modified", "status", "last_modified"),
+    sa.Index("ix_failed_messages_status_id", "status", "id"),  # the status sort (0011)
     sa.Index("ix_failed_messages_queue_address", "queue_address"),
     sa.Index("ix_failed_messages_receiving_endpoint", "receiving_endpoint"),
     sa.Index("ix_failed_messages_message_id", "message_id"),
@@ -122,7 +123,22 @@ failed_message_groups = sa.Table(
     sa.Column("group_id", sa.String(UUID_LEN), primary_key=True),
     sa.Column("classifier", sa.String(100), nullable=False),
     sa.Column("title", sa.Text, nullable=False),
-    sa.Index("ix_failed_message_groups_group_id", "group_id"),
+    # Copies of the message's columns (migration 0011), kept equal by the database's
+    # triggers in the transaction that changes the message: the groups views read the
+    # group rows alone. Never written by the application; NULL only within the statement
+    # that inserts the row on SQLite.
+    sa.Column("status", sa.SmallInteger),
+    sa.Column("first_failure_at", UtcDateTime),
+    sa.Column("last_failure_at", UtcDateTime),
+    sa.Index(
+        "ix_failed_message_groups_classifier_status_group_id",
+        "classifier",
+        "status",
+        "group_id",
+        "last_failure_at",
+        "first_failure_at",
+    ),
+    sa.Index("ix_failed_message_groups_group_id_status", "group_id", "status", "failed_message_id"),
 )
 
 # An operator's note on a failure group (migration 0003). Keyed by group id alone: groups

@@ -1,12 +1,15 @@
-"""Failure groups, read at query time: aggregates of ``failed_message_groups`` joined to
-``failed_messages``, plus each group's comment.
+"""Failure groups, read at query time: aggregates of ``failed_message_groups``, plus each
+group's comment.
 
 A group exists while at least one failed message belongs to it (a row of
 ``failed_message_groups``). Its view counts only the messages in one status: Unresolved
 for the recoverability views, Archived for the archive views. ``first`` is the earliest
 first failure and ``last`` the latest last failure of the counted messages, as
-ServiceControl's ``FailureGroupsViewIndex`` computes them. SQLAlchemy Core only; every
-function takes an open ``Connection``; times are timezone-aware UTC.
+ServiceControl's ``FailureGroupsViewIndex`` computes them. The group rows carry their
+message's status and failure window (copies the database keeps equal, migration 0011),
+so the aggregates read the group rows alone, from an index that starts with the
+classifier and the status. SQLAlchemy Core only; every function takes an open
+``Connection``; times are timezone-aware UTC.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from controlroom.db.tables import (
     failed_messages,
     retry_operations,
 )
+from controlroom.errors.ingest import identity
 from controlroom.errors.ingest.grouping import CLASSIFIERS, EXCEPTION_TYPE_AND_STACK_TRACE
 
 fm = failed_messages.c
@@ -66,8 +70,9 @@ def list_groups(
     (ServiceControl's ``classifierFilter``). An unknown classifier has no groups."""
     aggregates = _aggregates(status).where(fmg.classifier == classifier)
     if title is not None:
-        aggregates = aggregates.where(fmg.title == title)
-    rows = conn.execute(_with_comments(aggregates.subquery())).all()
+        # The id is a hash of classifier and title: the index finds it, the title may not.
+        aggregates = aggregates.where(fmg.group_id == identity.group_id(classifier, title))
+    rows = conn.execute(_with_comments(aggregates.subquery(), classifier)).all()
     return [_group(row) for row in rows]
 
 
@@ -80,19 +85,21 @@ def get_group(
     """The group ``group_id`` counting its messages in ``status``; ``None`` when no failed
     message belongs to the group at all. A group whose messages are all in other statuses
     has ``count`` 0 and no ``first``/``last``."""
-    identity = conn.execute(
+    found = conn.execute(
         sa.select(fmg.classifier, fmg.title).where(fmg.group_id == group_id).limit(1)
     ).one_or_none()
-    if identity is None:
+    if found is None:
         return None
-    aggregates = _aggregates(status).where(fmg.group_id == group_id)
-    row = conn.execute(_with_comments(aggregates.subquery())).one_or_none()
+    aggregates = _aggregates(status).where(
+        fmg.classifier == found.classifier, fmg.group_id == group_id
+    )
+    row = conn.execute(_with_comments(aggregates.subquery(), found.classifier)).one_or_none()
     if row is not None:
         return _group(row)
     return GroupSummary(
         id=group_id,
-        title=identity.title,
-        classifier=identity.classifier,
+        title=found.title,
+        classifier=found.classifier,
         count=0,
         first=None,
         last=None,
@@ -225,26 +232,36 @@ def acknowledge_group_retry(conn: sa.Connection, group_id: str) -> bool:
 
 # --- helpers ------------------------------------------------------------------------------
 def _aggregates(status: FailedMessageStatus) -> sa.Select[Any]:
-    """Per group: count, first and last over its messages in ``status``."""
+    """Per group id: count, first and last over its messages in ``status``, from the
+    group rows' copies of the message's columns (an index-only read on PostgreSQL)."""
     return (
         sa.select(
             fmg.group_id.label("id"),
-            fmg.title,
-            fmg.classifier,
             sa.func.count().label("message_count"),  # not "count": a Row method
-            sa.func.min(fm.first_failure_at).label("first"),
-            sa.func.max(fm.last_failure_at).label("last"),
+            sa.func.min(fmg.first_failure_at).label("first"),
+            sa.func.max(fmg.last_failure_at).label("last"),
         )
-        .select_from(failed_message_groups.join(failed_messages, fm.id == fmg.failed_message_id))
-        .where(fm.status == int(status))
-        # The id is a hash of classifier and title, so grouping by all three is by id.
-        .group_by(fmg.group_id, fmg.title, fmg.classifier)
+        .where(fmg.status == int(status))
+        .group_by(fmg.group_id)
     )
 
 
-def _with_comments(aggregates: sa.Subquery) -> sa.Select[Any]:
+def _with_comments(aggregates: sa.Subquery, classifier: str) -> sa.Select[Any]:
+    # A group's title is the same on all its rows (the id is a hash of it): one row's.
+    titles = failed_message_groups.alias("titles")
+    title = (
+        sa.select(titles.c.title)
+        .where(titles.c.group_id == aggregates.c.id)
+        .limit(1)
+        .scalar_subquery()
+    )
     return (
-        sa.select(aggregates, comments.comment)
+        sa.select(
+            aggregates,
+            title.label("title"),
+            sa.literal(classifier).label("classifier"),
+            comments.comment,
+        )
         .select_from(
             aggregates.outerjoin(
                 failed_message_group_comments, comments.group_id == aggregates.c.id
