@@ -408,6 +408,7 @@ def run_serve(
                     "--nonblocking",
                     "--rate",
                     "100",
+                    "--function",
                     "--format",
                     "raw",
                     "--output",
@@ -424,6 +425,7 @@ def run_serve(
                     stderr=subprocess.STDOUT,
                     cwd=data_dir,
                 )
+            serve_pid = None
             try:
                 serve_pid = child_pid(process.pid) if profile else process.pid
                 with console.status(f"{name}: serve draining {len(messages):,} messages"):
@@ -439,11 +441,11 @@ def run_serve(
                 drain = Drain(name, len(messages), samples, peak_rss_bytes(serve_pid))
                 drain.load = f"{load} before, {_load()} after"
             except BaseException:
-                _stop(process)
+                _stop(process, serve_pid)
                 console.print(f"[red]{name} failed[/]; the end of serve's log:")
                 console.print(log_path.read_text(errors="replace")[-4000:], markup=False)
                 raise
-            code = _stop(process)
+            code = _stop(process, serve_pid)
             if code not in (0, None):
                 drain.notes.append(f"serve exited with code {code} after SIGTERM")
             drain.left_in_queue = asyncio.run(queued(broker_url))
@@ -454,6 +456,7 @@ def run_serve(
                     sa.select(sa.func.count()).select_from(failed_error_imports)
                 ).scalar_one()
             engine.dispose()
+            drain.notes += log_warnings(log_path)
             if profile is not None:
                 summarize_profile(console, out)
             return drain
@@ -462,16 +465,32 @@ def run_serve(
             engine.dispose()
 
 
-def _stop(process: subprocess.Popen[bytes]) -> int | None:
-    """SIGTERM (serve's orderly stop), SIGKILL after 60 s; the exit code."""
+def _stop(process: subprocess.Popen[bytes], serve_pid: int | None = None) -> int | None:
+    """SIGTERM to serve (its orderly stop; under py-spy, ``serve_pid`` is py-spy's child
+    and py-spy writes its profile when serve has exited), SIGKILL to ``process`` after
+    60 s; returns ``process``'s exit code."""
     if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
+        os.kill(serve_pid or process.pid, signal.SIGTERM)
         try:
             process.wait(60)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
     return process.returncode
+
+
+def log_warnings(log_path: Path, shown: int = 3) -> list[str]:
+    """The first ``shown`` WARNING/ERROR lines of serve's log, and how many there were."""
+    lines = [
+        line
+        for line in log_path.read_text(errors="replace").splitlines()
+        if " WARNING " in line or " ERROR " in line
+    ]
+    if not lines:
+        return []
+    return [f"serve logged {len(lines)} warnings/errors, first: {lines[0][:200]}"] + [
+        f"  {line[:200]}" for line in lines[1:shown]
+    ]
 
 
 def _load() -> str:
@@ -485,11 +504,31 @@ def _py_spy() -> list[str]:
     return [found]
 
 
-def summarize_profile(console: Console, path: Path, top: int = 25) -> None:
-    """The functions most of serve's samples were in (inclusive) and on top of (self),
-    from py-spy's raw (collapsed) output: ``frame;frame;... count`` per line."""
+# Frames every sample passes through (threads, the event loop, the CLI): left out of the
+# inclusive table, so it shows what the work is.
+_PLUMBING = (
+    "threading.py",
+    "concurrent/",
+    "asyncio/",
+    "typer/",
+    "click/",
+    "controlroom/cli.py",
+    "<frozen",
+)
+
+
+def _frame_file(frame: str) -> str:
+    """``'function (path/file.py:line)'`` -> ``'path/file.py'``."""
+    return frame.rpartition("(")[2].rpartition(":")[0]
+
+
+def summarize_profile(console: Console, path: Path, top: int = 20) -> None:
+    """Where serve's CPU went, from py-spy's raw (collapsed) output, one ``frame;frame;...
+    count`` line per stack: self time by package, then the functions most samples were
+    in (inclusive, without the plumbing every sample passes through) and on top of."""
     inclusive: Counter[str] = Counter()
     own: Counter[str] = Counter()
+    packages: Counter[str] = Counter()
     total = 0
     for line in path.read_text(errors="replace").splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -499,24 +538,25 @@ def summarize_profile(console: Console, path: Path, top: int = 25) -> None:
         frames = stack.split(";")
         total += count
         for frame in set(frames):
-            inclusive[frame] += count
+            if not _frame_file(frame).startswith(_PLUMBING) and "<module>" not in frame:
+                inclusive[frame] += count
         own[frames[-1]] += count
+        packages[_frame_file(frames[-1]).split("/")[0].removesuffix(".py")] += count
     if not total:
         console.print(f"[yellow]{path}: no samples[/]")
         return
-    table = Table(title=f"py-spy: where serve's CPU went ({total:,} samples; {path})")
-    table.add_column("inclusive", justify="right")
-    table.add_column("self", justify="right")
-    table.add_column("function (file:line)")
-    for frame, count in inclusive.most_common(top):
-        table.add_row(f"{count / total:.1%}", f"{own[frame] / total:.1%}", frame)
-    console.print(table)
-    table = Table(title="py-spy: most self time")
-    table.add_column("self", justify="right")
-    table.add_column("function (file:line)")
-    for frame, count in own.most_common(top):
-        table.add_row(f"{count / total:.1%}", frame)
-    console.print(table)
+    console.print(f"[bold]py-spy: where serve's CPU went[/] ({total:,} samples, {path})")
+    console.print(
+        "  self time by package: "
+        + ", ".join(f"{name} {count / total:.0%}" for name, count in packages.most_common(12))
+    )
+    for title, counts in (("inclusive", inclusive), ("self", own)):
+        table = Table(title=f"py-spy: most {title} time")
+        table.add_column(title, justify="right")
+        table.add_column("function (file:first line)")
+        for frame, count in counts.most_common(top):
+            table.add_row(f"{count / total:.1%}", frame)
+        console.print(table)
 
 
 # --- report --------------------------------------------------------------------------------
