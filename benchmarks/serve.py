@@ -90,6 +90,7 @@ DEFAULT_MESSAGES = 100_000
 QUEUE = "error"
 PUBLISH_WINDOW = 1_000  # publishes in flight before waiting for their confirms
 INGESTED_METRIC = "controlroom_ingested_messages"
+BATCH_METRIC = "controlroom_ingestion_batch_seconds"  # a histogram: its _count is batches
 SETTLED_OUTCOMES = ("failed_message", "failed_import", "retry_confirmation")  # acknowledged
 
 # Issue 15 "Targets" (ratios measured in one run on this 2-core machine).
@@ -167,6 +168,8 @@ class Sample:
     settled: int  # deliveries serve acknowledged (its ingested-messages counter)
     serve_cpu: float  # CPU seconds of the serve process so far
     pg_cpu: float  # CPU seconds of the scratch database's PostgreSQL processes, so far
+    autovacuum_cpu: float  # of which its autovacuum workers
+    batches: int  # batches serve handled (its batch-seconds histogram's count)
 
 
 @dataclass
@@ -210,6 +213,13 @@ class Drain:
     def pg_ms_per_message(self) -> float:
         return 1000 * (self.end.pg_cpu - self.start.pg_cpu) / self.messages
 
+    def autovacuum_ms_per_message(self) -> float:
+        return 1000 * (self.end.autovacuum_cpu - self.start.autovacuum_cpu) / self.messages
+
+    def mean_batch(self) -> float:
+        """Messages per batch serve wrote during the drain."""
+        return self.messages / max(1, self.end.batches - self.start.batches)
+
     def time_at(self, settled: float) -> float:
         """When the counter passed ``settled`` (linear between samples)."""
         if settled <= 0:
@@ -242,43 +252,51 @@ class DatabaseProcesses:
         self._engine = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", pool_size=1)
         self._database = database
         self._latest: dict[int, float] = {}
+        self._autovacuum: set[int] = set()
 
-    def cpu_seconds(self) -> float:
+    def cpu_seconds(self) -> tuple[float, float]:
+        """(all of them, the autovacuum workers alone), CPU seconds so far."""
         with self._engine.connect() as conn:
-            pids = conn.execute(
+            rows = conn.execute(
                 sa.text(
-                    "SELECT pid FROM pg_stat_activity "
+                    "SELECT pid, backend_type FROM pg_stat_activity "
                     "WHERE datname = :database AND pid <> pg_backend_pid()"
                 ),
                 {"database": self._database},
-            ).scalars()
-            for pid in pids:
-                seconds = process_cpu_seconds(pid)
-                if seconds:
-                    self._latest[pid] = seconds
-        return sum(self._latest.values())
+            ).all()
+        for pid, backend_type in rows:
+            seconds = process_cpu_seconds(pid)
+            if seconds:
+                self._latest[pid] = seconds
+                if backend_type == "autovacuum worker":
+                    self._autovacuum.add(pid)
+        autovacuum = sum(self._latest[pid] for pid in self._autovacuum)
+        return sum(self._latest.values()), autovacuum
 
     def close(self) -> None:
         self._engine.dispose()
 
 
-def settled_count(client: httpx.Client, url: str) -> int | None:
-    """Deliveries serve has acknowledged, from its ``/metrics``; None until it answers."""
+def read_metrics(client: httpx.Client, url: str) -> tuple[int, int] | None:
+    """(deliveries acknowledged, batches handled) from serve's ``/metrics``; None until
+    it answers."""
     try:
         answer = client.get(url)
     except httpx.TransportError:
         return None
     if answer.status_code != 200:
         return None
-    total = 0.0
+    settled = batches = 0.0
     for family in text_string_to_metric_families(answer.text):
         if family.name == INGESTED_METRIC:
-            total += sum(
+            settled += sum(
                 s.value
                 for s in family.samples
                 if s.name.endswith("_total") and s.labels.get("outcome") in SETTLED_OUTCOMES
             )
-    return int(total)
+        elif family.name == BATCH_METRIC:
+            batches += sum(s.value for s in family.samples if s.name.endswith("_count"))
+    return int(settled), int(batches)
 
 
 def peak_rss_bytes(pid: int) -> int:
@@ -315,14 +333,16 @@ def follow(
             if process.poll() is not None:
                 raise DrainFailed(f"serve exited with code {process.returncode}")
             before = time.perf_counter()
-            settled = settled_count(client, metrics_url)
+            metrics = read_metrics(client, metrics_url)
             after = time.perf_counter()
-            if settled is not None:
+            if metrics is not None:
+                settled, batches = metrics
                 sample = Sample(
                     (before + after) / 2,
                     settled,
                     process_cpu_seconds(serve_pid),
-                    database.cpu_seconds(),
+                    *database.cpu_seconds(),
+                    batches,
                 )
                 if not samples or settled > samples[-1].settled:
                     progress_at = after
@@ -352,9 +372,15 @@ def child_pid(pid: int) -> int:
     raise DrainFailed("py-spy started no serve process")
 
 
-def serve_environment(database_url: str, broker_url: str, data_dir: str, port: int) -> dict:
-    """This process's environment without any ``CONTROLROOM_*`` setting, plus serve's."""
+def serve_environment(
+    database_url: str, broker_url: str, data_dir: str, port: int, settings: Sequence[str]
+) -> dict[str, str]:
+    """This process's environment without any ``CONTROLROOM_*`` setting, plus serve's and
+    ``settings`` (``NAME=VALUE``, each given to serve as ``CONTROLROOM_NAME``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLROOM_")}
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        env[f"CONTROLROOM_{name.upper()}"] = value
     env.update(
         CONTROLROOM_DATABASE_URL=database_url,
         CONTROLROOM_BROKER_URL=broker_url,
@@ -420,7 +446,9 @@ def run_serve(
             with open(log_path, "wb") as log:
                 process = subprocess.Popen(
                     command,
-                    env=serve_environment(database_url, broker_url, data_dir, port),
+                    env=serve_environment(
+                        database_url, broker_url, data_dir, port, args.serve_setting
+                    ),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     cwd=data_dir,
@@ -619,12 +647,17 @@ def report(
         f"Expected end state: {unique:,} rows holding {write.messages:,} attempts, as the write "
         "path alone; no failed imports; nothing left in the queue. serve CPU: the serve "
         "process (all threads) from the drain's first to its last sample; the write path "
-        "alone: this process's CPU. PG CPU: the backends of the run's database."
+        "alone: this process's CPU. PG CPU: the backends of the run's database (end to end: "
+        "and its autovacuum workers)."
     )
     for drain in drains:
         rates = "  ".join(f"{rate:,.0f}" for rate in drain.tenths())
         console.print(f"{drain.name}, messages/s by tenth of the drain: {rates}")
-        console.print(f"  load average (1, 5, 15 min): {drain.load}")
+        console.print(
+            f"  load average (1, 5, 15 min): {drain.load}; {drain.mean_batch():.0f} messages "
+            f"per batch on average; autovacuum {drain.autovacuum_ms_per_message():.2f} ms of "
+            "the PG CPU per message"
+        )
         for note in drain.notes:
             console.print(f"  [yellow]{note}[/]")
     print_targets(console, write, drains)
@@ -730,6 +763,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="give up when serve acknowledges nothing for this long (default %(default)s)",
     )
     parser.add_argument(
+        "--serve-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for both serves, as CONTROLROOM_NAME (e.g. INGESTION__PREFETCH=600); "
+        "repeatable; for experiments, not the target figures",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         metavar="DIR",
@@ -782,6 +823,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"starts; batch size {ingestion.batch_size}, {ingestion.concurrent_batches} batches at "
         f"once, prefetch {ingestion.effective_prefetch}"
     )
+    if args.serve_setting:
+        env["Serve settings"] = ", ".join(args.serve_setting) + " (not the defaults)"
     report(console, env, write, drains, unique=unique)
     return 0
 
