@@ -504,6 +504,8 @@ def _stop(process: subprocess.Popen[bytes], serve_pid: int | None = None) -> int
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+    if serve_pid and serve_pid != process.pid and Path(f"/proc/{serve_pid}").exists():
+        os.kill(serve_pid, signal.SIGKILL)  # py-spy gone first: never leave serve behind
     return process.returncode
 
 
