@@ -1,0 +1,835 @@
+"""End-to-end benchmark: ``controlroom serve`` draining a pre-filled RabbitMQ error queue
+into PostgreSQL, beside the write path alone and the previous schema's serve (issue 15,
+item 5). Runs after ``ingest.py`` in ``make bench``.
+
+What it does (see ``benchmarks/README.md`` for how to read the figures):
+
+1. Generates ``--messages`` (default 100,000) failed messages with ``ingest.py``'s
+   generator (about 3 KB of headers, a 1 KB JSON body, 10 % later attempts of an earlier
+   message) and parses them once, for the write path alone.
+2. **Write path alone**: ``FailedMessageBatchWriter.write`` over batches of the production
+   size, ``concurrent_batches`` threads at once, on a scratch database migrated to head
+   (``ingest.measure``: warm-up, emptied tables, client and backend CPU).
+3. **End to end**: publishes the messages to queue ``error`` of a scratch RabbitMQ vhost
+   (publisher confirms, pipelined), *then* starts ``controlroom serve`` as a subprocess on
+   a second scratch database (migrated to head beforehand) and that vhost, and follows the
+   drain until every message is acknowledged: ``controlroom_ingested_messages_total``
+   from serve's ``/metrics``, serve's CPU (``/proc/<pid>/stat``) and peak RSS
+   (``VmHWM``), and the CPU of the PostgreSQL processes connected to the scratch database
+   (``pg_stat_activity``, then ``/proc``), every ``--poll-seconds``. Then it stops serve
+   (SIGTERM), checks that the queue is empty and reads the end state.
+4. **Previous schema's end to end** (the baseline of "end to end >= 2.5x"): the same on a
+   database migrated to 0004, with serve started through ``previous_serve.py`` (the
+   writer of ``previous_write_path.py``, no migration on start).
+5. Prints each run, its rate over the drain in tenths, and every issue-15 figure as a
+   ratio beside its target; drops the databases and vhosts.
+
+Run: ``make bench`` (after ``ingest.py``) or ``.venv/bin/python benchmarks/serve.py
+[--messages N]``. Servers: ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (admin URL, as
+``ingest.py``) and ``CONTROLROOM_BENCH_RABBITMQ_URL`` (default
+``amqp://guest:guest@127.0.0.1:5672/``; the vhosts are made with ``rabbitmqctl``), both on
+this machine (CPU is read from ``/proc``). ``--profile DIR`` runs serve under ``py-spy
+record`` (``pip install py-spy``) and prints where its CPU went.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import aio_pika
+import httpx
+import sqlalchemy as sa
+from ingest import (
+    ADMIN_URL_ENV,
+    DEFAULT_ADMIN_URL,
+    DEFAULT_REPEAT_SHARE,
+    Instruments,
+    Message,
+    Result,
+    environment,
+    generate_messages,
+    measure,
+    process_cpu_seconds,
+    scratch_database,
+    table_state,
+    timed_parse,
+    write_path,
+)
+from previous_write_path import PREVIOUS_REVISION
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from rich.table import Table
+
+from controlroom.config import IngestionSettings
+from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
+from controlroom.db.tables import failed_error_imports
+from controlroom.errors.ingest import headers as h
+
+BENCHMARKS = Path(__file__).resolve().parent
+RABBITMQ_URL_ENV = "CONTROLROOM_BENCH_RABBITMQ_URL"
+DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
+DEFAULT_MESSAGES = 100_000
+QUEUE = "error"
+PUBLISH_WINDOW = 1_000  # publishes in flight before waiting for their confirms
+INGESTED_METRIC = "controlroom_ingested_messages"
+BATCH_METRIC = "controlroom_ingestion_batch_seconds"  # a histogram: its _count is batches
+SETTLED_OUTCOMES = ("failed_message", "failed_import", "retry_confirmation")  # acknowledged
+
+# Issue 15 "Targets" (ratios measured in one run on this 2-core machine).
+TARGET_VS_PREVIOUS = 2.5  # end to end / previous schema's end to end, at least
+TARGET_VS_WRITE_PATH = 0.8  # end to end / write path alone, at least
+TARGET_FLATNESS = 0.15  # last tenth's rate within 15 % of the first tenth's
+TARGET_PEAK_RSS_MB = 300.0  # while draining 100,000 messages
+TARGET_SERVE_CPU_MS = 0.7  # serve CPU per message, at most
+TARGET_PG_CPU_MS = 0.8  # PostgreSQL CPU per message, at most
+TARGET_MESSAGES = 100_000
+
+
+# --- scratch broker and publishing ---------------------------------------------------------
+@contextlib.contextmanager
+def scratch_vhost(base_url: str) -> Iterator[str]:
+    """A new RabbitMQ vhost (``rabbitmqctl``), the URL's user allowed on it; deleted with
+    its queues on the way out. Yields the vhost's AMQP URL."""
+    ctl = shutil.which("rabbitmqctl")
+    if ctl is None:
+        raise SystemExit("rabbitmqctl not found: the benchmark makes its own vhost with it")
+    vhost = f"controlroom_bench_{uuid.uuid4().hex[:12]}"
+    user = httpx.URL(base_url.replace("amqp", "http", 1)).username or "guest"
+
+    def ctl_run(*args: str) -> None:
+        subprocess.run([ctl, *args], check=True, capture_output=True, timeout=120)
+
+    ctl_run("add_vhost", vhost)
+    try:
+        ctl_run("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+        yield base_url.rstrip("/") + "/" + vhost
+    finally:
+        subprocess.run([ctl, "delete_vhost", vhost], capture_output=True, timeout=120)
+
+
+def amqp_message(message: Message) -> aio_pika.Message:
+    """As ``RabbitMQTransport.publish`` sends it (persistent, message id property)."""
+    return aio_pika.Message(
+        message.body,
+        headers=dict(message.headers),
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        message_id=message.headers[h.MESSAGE_ID],
+    )
+
+
+async def publish(url: str, messages: Sequence[Message]) -> float:
+    """Publish ``messages`` to ``QUEUE`` (declared durable), ``PUBLISH_WINDOW`` at a time
+    with publisher confirms; returns the seconds it took."""
+    started = time.perf_counter()
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.declare_queue(QUEUE, durable=True)
+        exchange = channel.default_exchange
+        for start in range(0, len(messages), PUBLISH_WINDOW):
+            window = messages[start : start + PUBLISH_WINDOW]
+            await asyncio.gather(
+                *(exchange.publish(amqp_message(m), routing_key=QUEUE) for m in window)
+            )
+    return time.perf_counter() - started
+
+
+async def queued(url: str) -> int:
+    """Messages ready in ``QUEUE`` (a passive declare: never creates it)."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(QUEUE, passive=True)
+        return int(queue.declaration_result.message_count or 0)
+
+
+# --- following serve -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Sample:
+    seconds: float  # perf_counter, midway through the /metrics request
+    settled: int  # deliveries serve acknowledged (its ingested-messages counter)
+    serve_cpu: float  # CPU seconds of the serve process so far
+    pg_cpu: float  # CPU seconds of the scratch database's PostgreSQL processes, so far
+    autovacuum_cpu: float  # of which its autovacuum workers
+    batches: int  # batches serve handled (its batch-seconds histogram's count)
+
+
+@dataclass
+class Drain:
+    """One serve run, from the last sample before its first acknowledged batch to the
+    sample that saw every message acknowledged."""
+
+    name: str
+    messages: int
+    samples: list[Sample]
+    peak_rss_bytes: int = 0
+    rows: int = 0
+    attempts: int = 0
+    groups: int = 0
+    endpoints: int = 0
+    failed_imports: int = 0
+    left_in_queue: int = -1
+    load: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def start(self) -> Sample:
+        zero = [s for s in self.samples if s.settled == 0]
+        return zero[-1] if zero else self.samples[0]
+
+    @property
+    def end(self) -> Sample:
+        return next(s for s in self.samples if s.settled >= self.messages)
+
+    @property
+    def seconds(self) -> float:
+        return self.end.seconds - self.start.seconds
+
+    @property
+    def per_second(self) -> float:
+        return self.messages / self.seconds
+
+    def serve_ms_per_message(self) -> float:
+        return 1000 * (self.end.serve_cpu - self.start.serve_cpu) / self.messages
+
+    def pg_ms_per_message(self) -> float:
+        return 1000 * (self.end.pg_cpu - self.start.pg_cpu) / self.messages
+
+    def autovacuum_ms_per_message(self) -> float:
+        return 1000 * (self.end.autovacuum_cpu - self.start.autovacuum_cpu) / self.messages
+
+    def mean_batch(self) -> float:
+        """Messages per batch serve wrote during the drain."""
+        return self.messages / max(1, self.end.batches - self.start.batches)
+
+    def time_at(self, settled: float) -> float:
+        """When the counter passed ``settled`` (linear between samples)."""
+        if settled <= 0:
+            return self.start.seconds
+        previous = self.start
+        for sample in self.samples[self.samples.index(self.start) :]:
+            if sample.settled >= settled:
+                if sample.settled == previous.settled:
+                    return sample.seconds
+                share = (settled - previous.settled) / (sample.settled - previous.settled)
+                return previous.seconds + share * (sample.seconds - previous.seconds)
+            previous = sample
+        return self.end.seconds
+
+    def tenths(self) -> list[float]:
+        """messages/s of each tenth of the drain, first to last."""
+        tenth = self.messages / 10
+        times = [self.time_at(k * tenth) for k in range(11)]
+        return [tenth / max(b - a, 1e-9) for a, b in itertools.pairwise(times)]
+
+
+class DatabaseProcesses:
+    """CPU seconds of the PostgreSQL processes connected to one database (its backends
+    and autovacuum workers, from ``pg_stat_activity``, read in ``/proc``): serve's work
+    on the server, even while other sessions use the same server. A process that ends
+    between two samples keeps its last reading; shared background processes (WAL writer,
+    checkpointer) are not counted."""
+
+    def __init__(self, admin_url: str, database: str) -> None:
+        self._engine = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", pool_size=1)
+        self._database = database
+        self._latest: dict[int, float] = {}
+        self._autovacuum: set[int] = set()
+
+    def cpu_seconds(self) -> tuple[float, float]:
+        """(all of them, the autovacuum workers alone), CPU seconds so far."""
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT pid, backend_type FROM pg_stat_activity "
+                    "WHERE datname = :database AND pid <> pg_backend_pid()"
+                ),
+                {"database": self._database},
+            ).all()
+        for pid, backend_type in rows:
+            seconds = process_cpu_seconds(pid)
+            if seconds:
+                self._latest[pid] = seconds
+                if backend_type == "autovacuum worker":
+                    self._autovacuum.add(pid)
+        autovacuum = sum(self._latest[pid] for pid in self._autovacuum)
+        return sum(self._latest.values()), autovacuum
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+
+def read_metrics(client: httpx.Client, url: str) -> tuple[int, int] | None:
+    """(deliveries acknowledged, batches handled) from serve's ``/metrics``; None until
+    it answers."""
+    try:
+        answer = client.get(url)
+    except httpx.TransportError:
+        return None
+    if answer.status_code != 200:
+        return None
+    settled = batches = 0.0
+    for family in text_string_to_metric_families(answer.text):
+        if family.name == INGESTED_METRIC:
+            settled += sum(
+                s.value
+                for s in family.samples
+                if s.name.endswith("_total") and s.labels.get("outcome") in SETTLED_OUTCOMES
+            )
+        elif family.name == BATCH_METRIC:
+            batches += sum(s.value for s in family.samples if s.name.endswith("_count"))
+    return int(settled), int(batches)
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """``VmHWM`` (peak resident set) of a live process, in bytes."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as file:
+        for line in file:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class DrainFailed(RuntimeError):
+    pass
+
+
+def follow(
+    process: subprocess.Popen[bytes],
+    serve_pid: int,
+    metrics_url: str,
+    database: DatabaseProcesses,
+    messages: int,
+    *,
+    poll_seconds: float,
+    stall_seconds: float,
+) -> list[Sample]:
+    """Sample serve every ``poll_seconds`` until it has acknowledged ``messages``.
+
+    Raises ``DrainFailed`` when serve exits, or makes no progress for ``stall_seconds``.
+    """
+    samples: list[Sample] = []
+    progress_at = time.perf_counter()
+    with httpx.Client(timeout=30) as client:
+        while True:
+            if process.poll() is not None:
+                raise DrainFailed(f"serve exited with code {process.returncode}")
+            before = time.perf_counter()
+            metrics = read_metrics(client, metrics_url)
+            after = time.perf_counter()
+            if metrics is not None:
+                settled, batches = metrics
+                sample = Sample(
+                    (before + after) / 2,
+                    settled,
+                    process_cpu_seconds(serve_pid),
+                    *database.cpu_seconds(),
+                    batches,
+                )
+                if not samples or settled > samples[-1].settled:
+                    progress_at = after
+                samples.append(sample)
+                if settled >= messages:
+                    return samples
+            if after - progress_at > stall_seconds:
+                got = samples[-1].settled if samples else "no answer"
+                raise DrainFailed(f"no progress for {stall_seconds:.0f} s ({got} of {messages})")
+            time.sleep(max(0.0, poll_seconds - (time.perf_counter() - before)))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def child_pid(pid: int) -> int:
+    """The only child of ``pid`` (serve under ``py-spy record``), waiting for it."""
+    for _ in range(200):
+        with contextlib.suppress(OSError):
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            if children:
+                return int(children[0])
+        time.sleep(0.05)
+    raise DrainFailed("py-spy started no serve process")
+
+
+def serve_environment(
+    database_url: str, broker_url: str, data_dir: str, port: int, settings: Sequence[str]
+) -> dict[str, str]:
+    """This process's environment without any ``CONTROLROOM_*`` setting, plus serve's and
+    ``settings`` (``NAME=VALUE``, each given to serve as ``CONTROLROOM_NAME``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLROOM_")}
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        env[f"CONTROLROOM_{name.upper()}"] = value
+    env.update(
+        CONTROLROOM_DATABASE_URL=database_url,
+        CONTROLROOM_BROKER_URL=broker_url,
+        CONTROLROOM_ERROR_QUEUE=QUEUE,
+        CONTROLROOM_DATA_DIR=data_dir,
+        CONTROLROOM_HOST="127.0.0.1",
+        CONTROLROOM_PORT=str(port),
+    )
+    return env
+
+
+def run_serve(
+    name: str,
+    command: list[str],
+    *,
+    admin_url: str,
+    rabbitmq_url: str,
+    revision: str,
+    messages: Sequence[Message],
+    args: argparse.Namespace,
+    console: Console,
+    profile: Path | None,
+) -> Drain:
+    """Publish ``messages`` to a scratch vhost, then let ``command`` (a serve) drain them
+    into a scratch database migrated to ``revision``; returns the followed drain."""
+    with (
+        scratch_database(admin_url) as database_url,
+        scratch_vhost(rabbitmq_url) as broker_url,
+        tempfile.TemporaryDirectory(prefix="controlroom-bench-serve-") as data_dir,
+    ):
+        engine = create_store_engine(database_url, pool_size=1)
+        database = DatabaseProcesses(admin_url, sa.make_url(database_url).database or "")
+        try:
+            with console.status(f"{name}: migrating to {revision}"):
+                upgrade_database(engine, revision)
+            engine.dispose()
+            with console.status(f"{name}: publishing {len(messages):,} messages"):
+                seconds = asyncio.run(publish(broker_url, messages))
+            console.print(
+                f"{name}: published {len(messages):,} messages in {seconds:.1f} s "
+                f"({len(messages) / seconds:,.0f}/s) before serve started"
+            )
+            port = free_port()
+            log_path = Path(data_dir) / "serve.log"
+            if profile is not None:
+                profile.mkdir(parents=True, exist_ok=True)
+                out = profile / (name.replace(" ", "-").replace("'", "") + ".txt")
+                command = [
+                    *_py_spy(),
+                    "record",
+                    "--nonblocking",
+                    "--rate",
+                    "100",
+                    "--function",
+                    "--format",
+                    "raw",
+                    "--output",
+                    str(out),
+                    "--",
+                    *command,
+                ]
+            load = _load()
+            with open(log_path, "wb") as log:
+                process = subprocess.Popen(
+                    command,
+                    env=serve_environment(
+                        database_url, broker_url, data_dir, port, args.serve_setting
+                    ),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=data_dir,
+                )
+            serve_pid = None
+            try:
+                serve_pid = child_pid(process.pid) if profile else process.pid
+                with console.status(f"{name}: serve draining {len(messages):,} messages"):
+                    samples = follow(
+                        process,
+                        serve_pid,
+                        f"http://127.0.0.1:{port}/metrics",
+                        database,
+                        len(messages),
+                        poll_seconds=args.poll_seconds,
+                        stall_seconds=args.stall_seconds,
+                    )
+                drain = Drain(name, len(messages), samples, peak_rss_bytes(serve_pid))
+                drain.load = f"{load} before, {_load()} after"
+            except BaseException:
+                _stop(process, serve_pid)
+                console.print(f"[red]{name} failed[/]; the end of serve's log:")
+                console.print(log_path.read_text(errors="replace")[-4000:], markup=False)
+                raise
+            code = _stop(process, serve_pid)
+            if code not in (0, None):
+                drain.notes.append(f"serve exited with code {code} after SIGTERM")
+            drain.left_in_queue = asyncio.run(queued(broker_url))
+            engine = create_store_engine(database_url, pool_size=1)
+            drain.rows, drain.attempts, drain.groups, drain.endpoints = table_state(engine)
+            with engine.connect() as conn:
+                drain.failed_imports = conn.execute(
+                    sa.select(sa.func.count()).select_from(failed_error_imports)
+                ).scalar_one()
+            engine.dispose()
+            drain.notes += log_warnings(log_path)
+            if profile is not None:
+                summarize_profile(console, out)
+            return drain
+        finally:
+            database.close()
+            engine.dispose()
+
+
+def _stop(process: subprocess.Popen[bytes], serve_pid: int | None = None) -> int | None:
+    """SIGTERM to serve (its orderly stop; under py-spy, ``serve_pid`` is py-spy's child
+    and py-spy writes its profile when serve has exited), SIGKILL to ``process`` after
+    60 s; returns ``process``'s exit code."""
+    if process.poll() is None:
+        os.kill(serve_pid or process.pid, signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if serve_pid and serve_pid != process.pid and Path(f"/proc/{serve_pid}").exists():
+        os.kill(serve_pid, signal.SIGKILL)  # py-spy gone first: never leave serve behind
+    return process.returncode
+
+
+def log_warnings(log_path: Path, shown: int = 3) -> list[str]:
+    """The first ``shown`` WARNING/ERROR lines of serve's log, and how many there were."""
+    lines = [
+        line
+        for line in log_path.read_text(errors="replace").splitlines()
+        if " WARNING " in line or " ERROR " in line
+    ]
+    if not lines:
+        return []
+    return [f"serve logged {len(lines)} warnings/errors, first: {lines[0][:200]}"] + [
+        f"  {line[:200]}" for line in lines[1:shown]
+    ]
+
+
+def _load() -> str:
+    return ", ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def _py_spy() -> list[str]:
+    found = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(found).exists():
+        raise SystemExit("--profile needs py-spy: .venv/bin/pip install py-spy")
+    return [found]
+
+
+# Frames every sample passes through (threads, the event loop, the CLI): left out of the
+# inclusive table, so it shows what the work is.
+_PLUMBING = (
+    "threading.py",
+    "concurrent/",
+    "asyncio/",
+    "typer/",
+    "click/",
+    "controlroom/cli.py",
+    "<frozen",
+)
+
+
+def _frame_file(frame: str) -> str:
+    """``'function (path/file.py:line)'`` -> ``'path/file.py'``."""
+    return frame.rpartition("(")[2].rpartition(":")[0]
+
+
+def summarize_profile(console: Console, path: Path, top: int = 20) -> None:
+    """Where serve's CPU went, from py-spy's raw (collapsed) output, one ``frame;frame;...
+    count`` line per stack: self time by package, then the functions most samples were
+    in (inclusive, without the plumbing every sample passes through) and on top of."""
+    inclusive: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    packages: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        total += count
+        for frame in set(frames):
+            if not _frame_file(frame).startswith(_PLUMBING) and "<module>" not in frame:
+                inclusive[frame] += count
+        own[frames[-1]] += count
+        packages[_frame_file(frames[-1]).split("/")[0].removesuffix(".py")] += count
+    if not total:
+        console.print(f"[yellow]{path}: no samples[/]")
+        return
+    console.print(f"[bold]py-spy: where serve's CPU went[/] ({total:,} samples, {path})")
+    console.print(
+        "  self time by package: "
+        + ", ".join(f"{name} {count / total:.0%}" for name, count in packages.most_common(12))
+    )
+    for title, counts in (("inclusive", inclusive), ("self", own)):
+        table = Table(title=f"py-spy: most {title} time")
+        table.add_column(title, justify="right")
+        table.add_column("function (file:first line)")
+        for frame, count in counts.most_common(top):
+            table.add_row(f"{count / total:.1%}", frame)
+        console.print(table)
+
+
+# --- report --------------------------------------------------------------------------------
+def _verdict(ok: bool) -> str:
+    return "[green]met[/]" if ok else "[red]missed[/]"
+
+
+def report(
+    console: Console,
+    env: dict[str, str],
+    write: Result,
+    drains: Sequence[Drain],
+    *,
+    unique: int,
+) -> None:
+    info = Table.grid(padding=(0, 2))
+    for key, value in env.items():
+        info.add_row(f"[bold]{key}[/]", value)
+    console.print(info)
+    table = Table(title="End to end: serve draining a pre-filled error queue (RabbitMQ -> PG)")
+    for name in (
+        "run",
+        "messages/s",
+        "first 10 %",
+        "last 10 %",
+        "peak RSS",
+        "serve/client CPU ms/msg",
+        "PG CPU ms/msg",
+        "seconds",
+        "rows / attempts / groups / endpoints / imports / left in queue",
+    ):
+        table.add_column(name, justify="left" if name == "run" else "right")
+    table.add_row(
+        f"write path alone, {write.name}",
+        f"{write.per_second:,.0f}",
+        "",
+        "",
+        "",
+        f"{1000 * write.cpu_seconds / write.messages:.2f}",
+        f"{1000 * write.server_cpu_seconds / write.messages:.2f}",
+        f"{write.seconds:.1f}",
+        f"{write.rows:,} / {write.attempts:,} / {write.groups:,} / {write.endpoints:,}",
+    )
+    for drain in drains:
+        tenths = drain.tenths()
+        table.add_row(
+            drain.name,
+            f"{drain.per_second:,.0f}",
+            f"{tenths[0]:,.0f}",
+            f"{tenths[-1]:,.0f}",
+            f"{drain.peak_rss_bytes / 2**20:,.0f} MB",
+            f"{drain.serve_ms_per_message():.2f}",
+            f"{drain.pg_ms_per_message():.2f}",
+            f"{drain.seconds:.1f}",
+            f"{drain.rows:,} / {drain.attempts:,} / {drain.groups:,} / {drain.endpoints:,} / "
+            f"{drain.failed_imports:,} / {drain.left_in_queue:,}",
+        )
+    console.print(table)
+    console.print(
+        f"Expected end state: {unique:,} rows holding {write.messages:,} attempts, as the write "
+        "path alone; no failed imports; nothing left in the queue. serve CPU: the serve "
+        "process (all threads) from the drain's first to its last sample; the write path "
+        "alone: this process's CPU. PG CPU: the backends of the run's database (end to end: "
+        "and its autovacuum workers)."
+    )
+    for drain in drains:
+        rates = "  ".join(f"{rate:,.0f}" for rate in drain.tenths())
+        console.print(f"{drain.name}, messages/s by tenth of the drain: {rates}")
+        console.print(
+            f"  load average (1, 5, 15 min): {drain.load}; {drain.mean_batch():.0f} messages "
+            f"per batch on average; autovacuum {drain.autovacuum_ms_per_message():.2f} ms of "
+            "the PG CPU per message"
+        )
+        for note in drain.notes:
+            console.print(f"  [yellow]{note}[/]")
+    print_targets(console, write, drains)
+
+
+def print_targets(console: Console, write: Result, drains: Sequence[Drain]) -> None:
+    """Every issue-15 end-to-end figure as a ratio, beside its target."""
+    current = drains[0]
+    lines = []
+    if len(drains) > 1:
+        previous = drains[1]
+        ratio = current.per_second / previous.per_second
+        lines.append(
+            f"end to end / previous schema's end to end: {ratio:.2f}x (target >= "
+            f"{TARGET_VS_PREVIOUS}x: {_verdict(ratio >= TARGET_VS_PREVIOUS)}); CPU per message, "
+            f"serve {current.serve_ms_per_message():.2f} vs {previous.serve_ms_per_message():.2f}"
+            f" ms ({current.serve_ms_per_message() / previous.serve_ms_per_message():.2f}x), "
+            f"PostgreSQL {current.pg_ms_per_message():.2f} vs {previous.pg_ms_per_message():.2f}"
+            f" ms ({current.pg_ms_per_message() / previous.pg_ms_per_message():.2f}x)"
+        )
+    ratio = current.per_second / write.per_second
+    write_client_ms = 1000 * write.cpu_seconds / write.messages
+    lines.append(
+        f"end to end / write path alone: {ratio:.2f}x (target >= {TARGET_VS_WRITE_PATH}x: "
+        f"{_verdict(ratio >= TARGET_VS_WRITE_PATH)}); serve CPU / write path client CPU per "
+        f"message: {current.serve_ms_per_message() / write_client_ms:.2f}x"
+    )
+    for drain in drains:
+        tenths = drain.tenths()
+        flat = tenths[-1] / tenths[0]
+        lines.append(
+            f"{drain.name}: last tenth / first tenth of the drain: {flat:.2f}x (target within "
+            f"{TARGET_FLATNESS:.0%}: {_verdict(abs(flat - 1) <= TARGET_FLATNESS)})"
+        )
+    rss = current.peak_rss_bytes / 2**20
+    scale = "" if current.messages == TARGET_MESSAGES else f" (measured at {current.messages:,})"
+    lines.append(
+        f"peak RSS / target: {rss / TARGET_PEAK_RSS_MB:.2f}x ({rss:,.0f} of "
+        f"{TARGET_PEAK_RSS_MB:.0f} MB{scale}: {_verdict(rss <= TARGET_PEAK_RSS_MB)})"
+    )
+    serve_ms, pg_ms = current.serve_ms_per_message(), current.pg_ms_per_message()
+    lines.append(
+        f"serve CPU per message / target: {serve_ms / TARGET_SERVE_CPU_MS:.2f}x ({serve_ms:.2f} "
+        f"of {TARGET_SERVE_CPU_MS} ms: {_verdict(serve_ms <= TARGET_SERVE_CPU_MS)})"
+    )
+    lines.append(
+        f"PostgreSQL CPU per message / target: {pg_ms / TARGET_PG_CPU_MS:.2f}x ({pg_ms:.2f} of "
+        f"{TARGET_PG_CPU_MS} ms: {_verdict(pg_ms <= TARGET_PG_CPU_MS)})"
+    )
+    for line in lines:
+        console.print(f"[bold]{line}[/]")
+
+
+# --- main ----------------------------------------------------------------------------------
+def measure_write_path(
+    admin_url: str, messages: Sequence[Message], ingestion: IngestionSettings, console: Console
+) -> tuple[Result, dict[str, str], int]:
+    """The write path alone over ``messages`` (parsed first, untimed), as ``ingest.py``
+    measures it; returns its result, the environment and the number of distinct ids."""
+    with console.status("parsing (for the write path alone)"):
+        attempts, _ = timed_parse(messages)
+    batch_size, threads = ingestion.batch_size, ingestion.concurrent_batches
+    with scratch_database(admin_url) as url:
+        engine = create_store_engine(url, pool_size=max(2, threads))
+        try:
+            upgrade_database(engine)
+            env = environment(engine)
+            engine.dispose()  # every connection from here on is one Instruments sees
+            instruments = Instruments(engine)
+            name = f"{threads} batches at once"
+            with console.status(f"write path alone, {name}"):
+                write = measure(
+                    name,
+                    engine,
+                    lambda: write_path(engine, attempts, batch_size, threads),
+                    warm_up=lambda: write_path(engine, attempts[:200], batch_size, threads),
+                    messages=len(attempts),
+                    instruments=instruments,
+                )
+        finally:
+            engine.dispose()
+    return write, env, len({attempt.unique_message_id for attempt in attempts})
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument(
+        "--messages",
+        type=int,
+        default=DEFAULT_MESSAGES,
+        help="messages queued before serve starts (default %(default)s, the target's)",
+    )
+    parser.add_argument("--repeat-share", type=float, default=DEFAULT_REPEAT_SHARE)
+    parser.add_argument("--seed", type=int, default=2, help="generator seed (default 2)")
+    parser.add_argument(
+        "--no-previous", action="store_true", help="skip the previous schema's end to end"
+    )
+    parser.add_argument("--poll-seconds", type=float, default=0.5, help="sampling interval")
+    parser.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=300.0,
+        help="give up when serve acknowledges nothing for this long (default %(default)s)",
+    )
+    parser.add_argument(
+        "--serve-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for both serves, as CONTROLROOM_NAME (e.g. INGESTION__PREFETCH=600); "
+        "repeatable; for experiments, not the target figures",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="run serve under `py-spy record` (raw stacks into DIR) and print where its CPU "
+        "went; the figures of such a run include py-spy's sampling",
+    )
+    args = parser.parse_args(argv)
+    if args.messages < 1_000:
+        parser.error("--messages must be at least 1000")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=170)
+    admin_url = os.environ.get(ADMIN_URL_ENV) or DEFAULT_ADMIN_URL
+    rabbitmq_url = os.environ.get(RABBITMQ_URL_ENV) or DEFAULT_RABBITMQ_URL
+    ingestion = IngestionSettings()
+    with console.status("generating messages"):
+        messages = generate_messages(
+            args.messages, repeat_share=args.repeat_share, seed=args.seed, now=datetime.now(UTC)
+        )
+    write, env, unique = measure_write_path(admin_url, messages, ingestion, console)
+    console.print(f"write path alone: {write.per_second:,.0f} messages/s")
+
+    serve = [str(Path(sys.executable).with_name("controlroom")), "serve"]  # the console script
+    runs = [("end to end", serve, "head")]
+    if not args.no_previous:
+        previous = [sys.executable, str(BENCHMARKS / "previous_serve.py"), "serve"]
+        runs.append(("previous schema's end to end", previous, PREVIOUS_REVISION))
+    drains = []
+    for name, command, revision in runs:
+        drain = run_serve(
+            name,
+            command,
+            admin_url=admin_url,
+            rabbitmq_url=rabbitmq_url,
+            revision=revision,
+            messages=messages,
+            args=args,
+            console=console,
+            profile=args.profile,
+        )
+        console.print(f"{name}: {drain.per_second:,.0f} messages/s")
+        drains.append(drain)
+    env["Workload"] = (
+        f"{len(messages):,} failed messages ({unique:,} distinct ids), queued before serve "
+        f"starts; batch size {ingestion.batch_size}, {ingestion.concurrent_batches} batches at "
+        f"once, prefetch {ingestion.effective_prefetch}"
+    )
+    if args.serve_setting:
+        env["Serve settings"] = ", ".join(args.serve_setting) + " (not the defaults)"
+    report(console, env, write, drains, unique=unique)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
