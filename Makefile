@@ -28,8 +28,12 @@ demo: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/controlroom serve
 
+# The tests run in parallel processes (pytest-xdist): one per core, at most 4 (they share
+# the PostgreSQL and RabbitMQ servers); `make test PYTEST_WORKERS=0` runs them in one.
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n > 4 ? 4 : n )))
+
 test: $(STAMP)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

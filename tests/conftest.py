@@ -20,13 +20,24 @@ from tests import servers
 PROVIDERS = ("sqlite", "postgresql")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _scratch_servers() -> Iterator[None]:
+    """At the end of each process's session (each xdist worker's): remove the migrated
+    templates and wait for the scratch databases dropped in the background; a drop
+    that failed fails the session here."""
+    yield
+    servers.finish()
+
+
 @pytest.fixture(params=PROVIDERS)
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database on each supported provider (the test runs once per provider)."""
+    """A database on each supported provider (the test runs once per provider): empty,
+    or already migrated to head when the test also uses ``engine`` (a copy of a
+    migrated template costs less than migrating)."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'controlroom.db'}"
         return
-    url = servers.create_postgresql_database()
+    url = servers.create_postgresql_database(migrated="engine" in request.fixturenames)
     try:
         yield url
     finally:
@@ -45,9 +56,12 @@ def postgresql_url() -> Iterator[str]:
 
 @pytest.fixture
 def engine(database_url: str) -> Iterator[sa.Engine]:
-    """A migrated store on each provider."""
+    """A store migrated to head on each provider (a copy of a migrated template where
+    ``servers.prepare_migrated`` can make one, else migrated here)."""
+    migrated = servers.prepare_migrated(database_url)
     eng = create_store_engine(database_url)
-    upgrade_database(eng)
+    if not migrated:
+        upgrade_database(eng)
     try:
         yield eng
     finally:
