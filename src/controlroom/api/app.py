@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
@@ -84,22 +84,9 @@ def create_app(
     app.state.health_checks = dict(
         health_checks if health_checks is not None else {"database": health.database_check(engine)}
     )
-    # Before errors.router: its /errors/{id} would otherwise take /errors/groups.
-    app.include_router(recoverability.router, prefix="/api")
-    app.include_router(archive.router, prefix="/api")
-    app.include_router(endpoints.router, prefix="/api")
-    app.include_router(configuration.router, prefix="/api")
-    app.include_router(errors.router, prefix="/api")
-    app.include_router(search.router, prefix="/api")
-    app.include_router(health.router, prefix="/api")
-    app.include_router(retries.router, prefix="/api")
-    app.include_router(redirects.router, prefix="/api")
-    app.include_router(eventlog.router, prefix="/api")
-    app.include_router(failed_imports.router, prefix="/api")
-    app.include_router(metrics.router)
-    app.include_router(compat.router, prefix="/api")
-    app.include_router(sitecalls.router, prefix="/api")
-    app.include_router(sites.router, prefix="/api")
+    for router, prefix in _ROUTERS:
+        app.include_router(router, prefix=prefix)
+    app.state.route_templates = metrics.route_templates(_ROUTERS)
     # Inside CORS: a refused cross-site request gets no CORS headers either. Outermost of
     # these three: the size limit, then authentication, both before a body is read.
     app.add_middleware(guard.CrossSiteGuard, allowed_origins=settings.cors_allowed_origins)
@@ -115,6 +102,27 @@ def create_app(
     # The console answers every path no API route takes (/, /messages, /docs, /static).
     install_console(app)
     return app
+
+
+# Order matters: recoverability before errors, whose /errors/{id} would otherwise take
+# /errors/groups.
+_ROUTERS: list[tuple[APIRouter, str]] = [
+    (recoverability.router, "/api"),
+    (archive.router, "/api"),
+    (endpoints.router, "/api"),
+    (configuration.router, "/api"),
+    (errors.router, "/api"),
+    (search.router, "/api"),
+    (health.router, "/api"),
+    (retries.router, "/api"),
+    (redirects.router, "/api"),
+    (eventlog.router, "/api"),
+    (failed_imports.router, "/api"),
+    (metrics.router, ""),
+    (compat.router, "/api"),
+    (sitecalls.router, "/api"),
+    (sites.router, "/api"),
+]
 
 
 def _reconciliation(settings: Settings, engine: sa.Engine) -> ReconciliationService:

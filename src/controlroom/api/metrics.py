@@ -14,6 +14,7 @@ when tokens are configured (Prometheus sends a bearer token).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -28,6 +29,9 @@ HTTP_REQUESTS = Counter(
     "HTTP requests answered, by method, route template and status",
     ["method", "route", "status"],
 )
+
+RouteTemplates = list[tuple[re.Pattern[str], str]]
+"""Compiled route patterns with the template each stands for."""
 
 UNMATCHED = "unmatched"
 """The route label of a request no route took (404s of arbitrary paths stay one label)."""
@@ -61,29 +65,30 @@ class RequestMetrics:
         await self.app(scope, receive, counting_send)
 
 
+def route_templates(routers: Iterable[tuple[APIRouter, str]]) -> RouteTemplates:
+    """The full template of every route of ``routers`` (each with the prefix it is
+    included under), literal paths first so that ``/api/errors/summary`` wins over
+    ``/api/errors/{id}``. Built once per app, from the routers themselves: FastAPI keeps
+    included routes behind a private wrapper, and its OpenAPI schema costs a quarter of a
+    second to build."""
+    templates = sorted(
+        (prefix + route.path for router, prefix in routers for route in router.routes),
+        key=lambda template: (template.count("{"), template),
+    )
+    return [(compile_path(template)[0], template) for template in dict.fromkeys(templates)]
+
+
 def _template(scope: Scope, path: str) -> str:
     """The full template of the route that answered (``/api/errors/{id}``). Routing
     leaves the matched route in the scope with its path relative to its router, so the
-    full template is found among the app's documented paths; a route not documented
-    keeps its own path; no route at all is ``UNMATCHED``."""
+    full template is looked up in the app's ``state.route_templates``; a route not listed
+    there (the console's) keeps its own path; no route at all is ``UNMATCHED``."""
     route = scope.get("route")
     if route is None:
         return UNMATCHED
     app: Any = scope.get("app")
-    for pattern, template in _documented_paths(app):
+    state = getattr(app, "state", None)
+    for pattern, template in getattr(state, "route_templates", ()):
         if pattern.fullmatch(path):
             return template
     return str(getattr(route, "path", UNMATCHED))
-
-
-_TEMPLATES: dict[int, list[tuple[re.Pattern[str], str]]] = {}
-
-
-def _documented_paths(app: Any) -> list[tuple[re.Pattern[str], str]]:
-    key = id(app)
-    if key not in _TEMPLATES:
-        paths = list(app.openapi().get("paths", {})) if hasattr(app, "openapi") else []
-        # Literal paths first: /api/errors/summary before /api/errors/{id}.
-        paths.sort(key=lambda template: (template.count("{"), template))
-        _TEMPLATES[key] = [(compile_path(template)[0], template) for template in paths]
-    return _TEMPLATES[key]
