@@ -5,6 +5,8 @@ the bounds."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from controlroom.errors.ingest.search_terms import (
     MAX_TERM_CHARS,
@@ -154,3 +156,22 @@ def test_query_syntax_characters_are_never_terms(text: str) -> None:
 
 def test_a_query_without_letters_or_digits_has_no_terms() -> None:
     assert query_search_terms(" & | ! :* ' \" \\ \x00 ") == []
+
+
+ascii_texts = st.text(
+    st.one_of(
+        st.characters(max_codepoint=127),
+        st.sampled_from(list("._-:/\\@+#$%&*!?~^\"'()[]{}<>,;=|` \t\n\x00\x7fAZaz09")),
+    ),
+    max_size=300,
+)
+
+
+@given(ascii_texts)
+def test_ascii_text_gives_the_terms_the_unicode_patterns_give(text: str) -> None:
+    # A value that is not ASCII sends the header values through the Unicode patterns;
+    # its one term, "é", comes last of the parts and is the only difference.
+    ascii_only = message_search_terms({"a": text}, text)
+    through_unicode = message_search_terms({"a": text, "b": "é"}, "é " + text)
+
+    assert [term for term in through_unicode if term != "é"] == ascii_only

@@ -24,9 +24,9 @@ from controlroom.exceptions import ErrorKind
 Row = Mapping[str, Any]
 
 MAX_ROWS_PER_STATEMENT = 50
+"""Rows per set-based write statement (DESIGN.md: one statement per chunk of at most 50)."""
 AUDIT_PURGE_CHUNK = 500
 """Audit rows deleted per transaction by the row-by-row purge (short write locks)."""
-"""Rows per set-based write statement (DESIGN.md: one statement per chunk of at most 50)."""
 
 Assignments = Callable[[Any], Mapping[str, sa.ColumnElement[Any]]]
 """``SET`` clause builder: given the incoming row (``excluded``), the column assignments.
@@ -94,6 +94,34 @@ class Provider(ABC):
     @abstractmethod
     def insert_if_absent(self, table: sa.Table, *, key: Sequence[sa.Column[Any]]) -> Any:
         """``INSERT`` into ``table`` that leaves rows whose ``key`` exists untouched."""
+
+    def upsert_rows(
+        self,
+        table: sa.Table,
+        *,
+        columns: Sequence[str],
+        key: Sequence[sa.Column[Any]],
+        set_: Assignments,
+        where: Guard | None = None,
+    ) -> Any:
+        """``upsert`` of rows given only at execution (``write_rows``), each a dict of
+        exactly ``columns``. Here the ``upsert`` construct itself, which ``write_rows``
+        sends as multi-row ``VALUES`` statements (one text per number of rows); a provider
+        that can bind each column's values as one parameter overrides both, for one
+        statement text whatever the number of rows."""
+        return self.upsert(table, key=key, set_=set_, where=where)
+
+    def write_rows(
+        self, conn: sa.Connection, statement: Any, rows: Sequence[Row]
+    ) -> list[sa.Row[Any]]:
+        """Execute ``statement`` (from ``upsert_rows``) for ``rows``, in order, as
+        statements of at most ``max_rows_per_statement`` rows each (DESIGN.md "The
+        conditional upsert": one set-based statement per chunk of at most 50 rows).
+        Returns the rows its ``RETURNING`` gave, if any, in statement order."""
+        if not rows:
+            return []
+        result = conn.execute(statement, list(rows), execution_options=self.executemany_options())
+        return result.all() if result.returns_rows else []
 
     @abstractmethod
     def insert_rows_in_one_statement(
@@ -235,13 +263,25 @@ class OnConflictProvider(Provider):
         set_: Assignments,
         where: Guard | None = None,
     ) -> Any:
-        statement = self.insert(table)
-        incoming = statement.excluded
-        return statement.on_conflict_do_update(
-            index_elements=list(key),
-            set_=dict(set_(incoming)),
-            where=where(incoming) if where is not None else None,
-        )
+        return on_conflict_update(self.insert(table), key=key, set_=set_, where=where)
 
     def insert_if_absent(self, table: sa.Table, *, key: Sequence[sa.Column[Any]]) -> Any:
         return self.insert(table).on_conflict_do_nothing(index_elements=list(key))
+
+
+def on_conflict_update(
+    statement: Any,
+    *,
+    key: Sequence[sa.Column[Any]],
+    set_: Assignments,
+    where: Guard | None = None,
+) -> Any:
+    """``statement`` (an ``INSERT`` of a provider whose ``insert()`` has
+    ``on_conflict_do_update``) with ``ON CONFLICT (key) DO UPDATE SET set_ WHERE where``;
+    ``set_`` and ``where`` get the incoming row (``excluded``)."""
+    incoming = statement.excluded
+    return statement.on_conflict_do_update(
+        index_elements=list(key),
+        set_=dict(set_(incoming)),
+        where=where(incoming) if where is not None else None,
+    )

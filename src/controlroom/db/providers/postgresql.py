@@ -9,20 +9,31 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import psycopg
 import sqlalchemy as sa
+from psycopg.types.array import ListBinaryDumper
 from sqlalchemy.dialects.postgresql import ARRAY, TSQUERY, TSVECTOR, insert
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 
 from controlroom.db.leases import lease_key
-from controlroom.db.providers._base import AUDIT_PURGE_CHUNK, Lease, OnConflictProvider, Row
+from controlroom.db.providers._base import (
+    AUDIT_PURGE_CHUNK,
+    Assignments,
+    Guard,
+    Lease,
+    OnConflictProvider,
+    Row,
+    chunked,
+    on_conflict_update,
+)
 from controlroom.db.tables import audit_log
 from controlroom.db.transactions import begin_write
-from controlroom.db.types import UtcDateTime
+from controlroom.db.types import SearchTermsText, SearchTermsVector, UtcDateTime
 from controlroom.exceptions import ErrorKind
 
 log = logging.getLogger(__name__)
@@ -82,6 +93,80 @@ def audit_partition_ddl(now: datetime) -> list[str]:
             f"FOR VALUES FROM ('{start:%Y-%m-%d}') TO ('{end:%Y-%m-%d}')"
         )
     return statements
+
+
+class _IntegerListText(sa.types.TypeDecorator[Any]):
+    """A list of integers as the text of a PostgreSQL array (``{1,2,3}``): how an array
+    column's values travel as one element of an ``unnest`` parameter (an array of
+    arrays would be one multidimensional array, which ``unnest`` flattens)."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Sequence[int] | None, dialect: sa.Dialect) -> str | None:
+        return None if value is None else "{" + ",".join(str(int(item)) for item in value) + "}"
+
+
+_DIALECT = psycopg_dialect.dialect()
+
+
+def _array_element(column: sa.Column[Any]) -> tuple[Any, Callable[[Any], Any]]:
+    """How ``column``'s values travel in one array parameter of ``unnest``: the array's
+    element type, and the SQL that turns an element back into the column's value.
+
+    Strings travel as unsized ``text``: a cast to ``varchar(n)[]`` would cut longer
+    values silently, where the insert's assignment refuses them (nothing is truncated).
+    """
+    type_ = column.type.dialect_impl(_DIALECT)
+    if isinstance(type_, SearchTermsVector):
+        return SearchTermsText(), type_.bind_expression
+    if isinstance(type_, ARRAY):
+        if not isinstance(type_.item_type, sa.Integer):
+            raise NotImplementedError(f"{column}: only integer arrays travel in an unnest")
+        return _IntegerListText(), lambda element: sa.cast(element, type_)
+    if isinstance(type_, sa.String):
+        return sa.Text(), lambda element: element
+    return column.type, lambda element: element
+
+
+def _array_parameter(name: str) -> str:
+    return f"{name}_values"
+
+
+def _rows_of_arrays(table: sa.Table, names: Sequence[str]) -> sa.Select[Any]:
+    """``SELECT ... FROM unnest(:a_values, :b_values, ...) WITH ORDINALITY ORDER BY
+    ordinality``: the rows whose values ``_column_arrays`` binds, one array per column
+    of ``names``, in the order given. The text is the same for any number of rows."""
+    elements = [_array_element(table.c[name]) for name in names]
+    arrays = [
+        # One dimension: each element is one row's value (a list value stays one element).
+        sa.bindparam(_array_parameter(name), type_=ARRAY(element_type, dimensions=1))
+        for name, (element_type, _) in zip(names, elements, strict=True)
+    ]
+    each = (
+        sa.func.unnest(*arrays)
+        .table_valued(*names, with_ordinality="ordinality")
+        .render_derived(name="incoming")
+    )
+    values = [to_value(each.c[name]) for name, (_, to_value) in zip(names, elements, strict=True)]
+    # In the given order: concurrent writers lock rows in the order the caller sorted.
+    return sa.select(*values).order_by(each.c.ordinality)
+
+
+def _column_arrays(rows: Sequence[Row]) -> dict[str, list[Any]]:
+    """The parameters of ``_rows_of_arrays`` for ``rows`` (dicts with the same keys)."""
+    return {_array_parameter(name): [row[name] for row in rows] for name in rows[0]}
+
+
+def _send_lists_in_binary(dbapi_connection: psycopg.Connection[Any], _record: Any) -> None:
+    """Bind Python lists (the arrays of ``unnest`` statements, ``is_one_of``) in
+    PostgreSQL's binary array format on this connection. psycopg's default text format
+    quotes and escapes each element in Python (a regular expression substitution per
+    quote or backslash: headers JSON and stack traces hold thousands), which cost more
+    client CPU than the statement it fed (``benchmarks/ingest.py``); the binary format
+    sends each element as its length and bytes. Lists with no element that is not
+    ``None`` still go as text (psycopg's own fallback)."""
+    dbapi_connection.adapters.register_dumper(list, ListBinaryDumper)
 
 
 def _term_query(term: str) -> sa.ColumnElement[Any]:
@@ -161,14 +246,42 @@ class PostgreSQLProvider(OnConflictProvider):
     def insert_rows_in_one_statement(
         self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]
     ) -> None:
-        # INSERT ... SELECT * FROM unnest(:a, :b, ...): one array per column.
+        # INSERT ... SELECT ... FROM unnest(:a, :b, ...): one array per column.
         if not rows:
             return
         names = list(rows[0])
-        arrays = [sa.bindparam(f"{name}_values", type_=ARRAY(table.c[name].type)) for name in names]
-        each = sa.func.unnest(*arrays).table_valued(*names).render_derived()
-        statement = sa.insert(table).from_select(names, sa.select(*(each.c[n] for n in names)))
-        conn.execute(statement, {f"{n}_values": [row[n] for row in rows] for n in names})
+        statement = sa.insert(table).from_select(names, _rows_of_arrays(table, names))
+        conn.execute(statement, _column_arrays(rows))
+
+    def upsert_rows(
+        self,
+        table: sa.Table,
+        *,
+        columns: Sequence[str],
+        key: Sequence[sa.Column[Any]],
+        set_: Assignments,
+        where: Guard | None = None,
+    ) -> Any:
+        """``INSERT ... SELECT ... FROM unnest(:col1_values, ...) WITH ORDINALITY ... ON
+        CONFLICT ... DO UPDATE ... WHERE ...``: one array parameter per column, so the
+        text is the same for 1 row and for 50. psycopg prepares a text it has run
+        ``prepare_threshold`` (5) times on a connection: the server parses and plans it
+        once per connection. The multi-row ``VALUES`` form it replaces (issue 15) had
+        a text per number of rows and about 1,700 placeholders per 50 rows, which psycopg
+        rewrote one by one and the server parsed and planned on every execution."""
+        source = _rows_of_arrays(table, columns)
+        statement = insert(table).from_select(list(columns), source)
+        return on_conflict_update(statement, key=key, set_=set_, where=where)
+
+    def write_rows(
+        self, conn: sa.Connection, statement: Any, rows: Sequence[Row]
+    ) -> list[sa.Row[Any]]:
+        returned: list[sa.Row[Any]] = []
+        for chunk in chunked(rows, self.max_rows_per_statement):
+            result = conn.execute(statement, _column_arrays(chunk))
+            if result.returns_rows:
+                returned.extend(result.all())
+        return returned
 
     def is_one_of(
         self, column: sa.ColumnElement[Any], values: Sequence[Any]
@@ -218,13 +331,15 @@ class PostgreSQLProvider(OnConflictProvider):
         # Pre-ping: a restarted server costs one retry, not a failed batch. hide_parameters:
         # errors (and the retry warnings that log them) never carry the bound values,
         # which are message bodies and headers (issue 14, item 10).
-        return sa.create_engine(
+        engine = sa.create_engine(
             url,
             pool_pre_ping=True,
             pool_size=pool_size,
             max_overflow=pool_size,
             hide_parameters=True,
         )
+        sa.event.listen(engine, "connect", _send_lists_in_binary)
+        return engine
 
     def normalize_url(self, url: sa.URL) -> sa.URL:
         if url.drivername in (self.name, "postgres"):

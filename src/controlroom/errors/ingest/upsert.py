@@ -198,14 +198,20 @@ def conditional_upsert_assignments(provider: Provider, incoming: Any) -> dict[st
     return assignments
 
 
+ROW_COLUMNS: tuple[str, ...] = tuple(column.name for column in failed_messages.columns)
+"""The columns of a row the upsert is given (``writer.failed_message_row``): all of them."""
+
+
 @cache
 def upsert_statement(provider: Provider) -> Any:
-    """The conditional upsert of ``failed_messages`` on ``provider``, built once: with one
-    shape for every chunk, SQLAlchemy compiles it once and caches it. Returns
-    ``(id, last_failure_at)`` of every row it inserted or updated, as it stands after the
+    """The conditional upsert of ``failed_messages`` on ``provider``, built once: its rows
+    are bound at execution (``Provider.upsert_rows``; on PostgreSQL one text for any
+    number of rows), so SQLAlchemy compiles it once and caches it. Returns ``(id,
+    last_failure_at)`` of every row it inserted or updated, as it stands after the
     statement (a row the guard skipped is not returned)."""
-    statement = provider.upsert(
+    statement = provider.upsert_rows(
         failed_messages,
+        columns=ROW_COLUMNS,
         key=[failed_messages.c.id],
         set_=lambda incoming: conditional_upsert_assignments(provider, incoming),
         where=lambda incoming: conditional_upsert_guard(provider, incoming),
@@ -216,16 +222,12 @@ def upsert_statement(provider: Provider) -> Any:
 def upsert_failed_messages(
     conn: sa.Connection, provider: Provider, rows: Sequence[Row]
 ) -> list[sa.Row[Any]]:
-    """Conditionally upsert ``rows`` (sorted by id), one statement per chunk.
+    """Conditionally upsert ``rows`` (dicts of ``ROW_COLUMNS``, sorted by id), one
+    statement per chunk of at most ``provider.max_rows_per_statement`` rows
+    (``Provider.write_rows``).
 
-    SQLAlchemy's "insertmanyvalues" sends the parameter list as multi-row statements of
-    at most ``provider.max_rows_per_statement`` rows each. Returns ``(id,
-    last_failure_at)`` of every row inserted or updated, as it stands after its
-    statement, so the caller knows whose stored attempt is now the batch's, without a
+    Returns ``(id, last_failure_at)`` of every row inserted or updated, as it stands after
+    its statement, so the caller knows whose stored attempt is now the batch's, without a
     read before the write; rows the guard skipped (nothing new) are left out.
     """
-    if not rows:
-        return []
-    return conn.execute(
-        upsert_statement(provider), list(rows), execution_options=provider.executemany_options()
-    ).all()
+    return provider.write_rows(conn, upsert_statement(provider), rows)

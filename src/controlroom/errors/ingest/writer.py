@@ -186,17 +186,18 @@ class FailedMessageBatchWriter:
         """A message this batch made Unresolved again (a new failure while RetryIssued)
         loses its retry claim with the new failure, so a new retry request takes it.
         Source: ServiceControl's retry cleaner; issue 14, item 4."""
-        ids = sorted(row.id for row in stored)
-        for id_chunk in chunked(ids, self._provider.max_ids_per_in_list):
-            reopened = sa.select(failed_messages.c.id).where(
-                failed_messages.c.id.in_(id_chunk),
-                failed_messages.c.status == int(FailedMessageStatus.UNRESOLVED),
+        if not stored:
+            return
+        # One statement of a fixed text whatever the number of ids (prepared once).
+        reopened = sa.select(failed_messages.c.id).where(
+            self._provider.is_one_of(failed_messages.c.id, sorted(row.id for row in stored)),
+            failed_messages.c.status == int(FailedMessageStatus.UNRESOLVED),
+        )
+        conn.execute(
+            sa.delete(failed_message_retries).where(
+                failed_message_retries.c.failed_message_id.in_(reopened)
             )
-            conn.execute(
-                sa.delete(failed_message_retries).where(
-                    failed_message_retries.c.failed_message_id.in_(reopened)
-                )
-            )
+        )
 
     def _replace_groups(
         self,
