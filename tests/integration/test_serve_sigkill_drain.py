@@ -42,6 +42,7 @@ pytestmark = [pytest.mark.postgresql, pytest.mark.rabbitmq]
 
 MESSAGES = int(os.environ.get("SIGKILL_DRAIN_MESSAGES", "4000"))
 KILL_AFTER_SECONDS = (2.0, 5.0)  # how long a victim ingests before its SIGKILL
+KILLS_PER_DRAIN = 10  # ... or a tenth of the attempts, whichever comes first
 INGESTING = b"Ingesting queues"
 QUEUE_CHECK_SECONDS = 5.0
 DRAIN_DEADLINE_SECONDS = float(os.environ.get("SIGKILL_DRAIN_DEADLINE", "240"))
@@ -112,8 +113,12 @@ class Servers:
     """Two ``controlroom serve`` processes over one database and one queue; one at a time
     (alternately) is killed a few seconds after it started ingesting, and restarted."""
 
-    def __init__(self, env: dict[str, str], logs: Path, rng: random.Random) -> None:
+    def __init__(
+        self, env: dict[str, str], logs: Path, rng: random.Random, kill_every: int
+    ) -> None:
         self._env = env
+        self._kill_every = kill_every
+        self._progress_at: int | None = None
         self._logs = logs
         self._rng = rng
         self._starts = 0
@@ -134,9 +139,11 @@ class Servers:
             )
         return process, log
 
-    def step(self) -> None:
+    def step(self, progress: int) -> None:
         """Kill the victim once it has ingested for a few seconds (measured from its
-        startup line, so a slow start on a loaded machine is not what gets killed)."""
+        startup line, so a slow start on a loaded machine is not what gets killed) or once
+        ``progress`` (attempts stored) grew by ``kill_every`` since then, so that a fast
+        drain on an idle machine is killed as often as a slow one."""
         process, log = self.processes[self._victim]
         for other, _ in self.processes:
             assert other.poll() is None, f"serve exited on its own: {other.returncode}"
@@ -144,7 +151,9 @@ class Servers:
             if INGESTING not in log.read_bytes():
                 return
             self._kill_at = time.monotonic() + self._rng.uniform(*KILL_AFTER_SECONDS)
-        if time.monotonic() < self._kill_at:
+            self._progress_at = progress
+        assert self._progress_at is not None
+        if time.monotonic() < self._kill_at and progress - self._progress_at < self._kill_every:
             return
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
@@ -189,6 +198,8 @@ def servers_env(postgresql_url: str, rabbitmq_url: str, tmp_path: Path) -> Itera
         CONTROLROOM_ERROR_QUEUE=f"error-{uuid.uuid4().hex[:8]}",
         CONTROLROOM_TELEMETRY_QUEUE=f"telemetry-{uuid.uuid4().hex[:8]}",
         CONTROLROOM_INGESTION__MAX_BACKOFF_SECONDS="1",
+        # Small batches: more commits, so more kills land between a commit and its ack.
+        CONTROLROOM_INGESTION__BATCH_SIZE="25",
         PYTHONUNBUFFERED="1",  # the startup line reaches the log at once
     )
     yield env
@@ -208,7 +219,8 @@ def test_two_servers_drain_the_queue_exactly_while_one_is_killed_again_and_again
 
         logs = tmp_path / "logs"
         logs.mkdir()
-        serving = Servers(servers_env, logs, random.Random(15))
+        kill_every = max(1, sum(distinct.values()) // KILLS_PER_DRAIN)
+        serving = Servers(servers_env, logs, random.Random(15), kill_every)
         try:
             deadline = time.monotonic() + DRAIN_DEADLINE_SECONDS
             expected = (len(distinct), sum(distinct.values()))
@@ -226,7 +238,7 @@ def test_two_servers_drain_the_queue_exactly_while_one_is_killed_again_and_again
                     if rabbitmq_queue_counts(broker, queue) == (0, 0) and stored(engine) == now:
                         break
                     next_queue_check = time.monotonic() + QUEUE_CHECK_SECONDS
-                serving.step()
+                serving.step(now[1])
                 time.sleep(0.2)
             # Everything is stored; the last acknowledgements follow their commits.
             while rabbitmq_queue_counts(broker, queue) != (0, 0):
