@@ -18,11 +18,13 @@ $(STAMP): pyproject.toml
 # confirming most and failing some again.
 DEMO_SITES := [{"id":"north","base_url":"http://127.0.0.1:8091"},{"id":"south","base_url":"http://127.0.0.1:8092"}]
 
+# The trap covers INT and TERM too: sh starts background jobs with SIGINT ignored and
+# skips an EXIT trap when SIGINT kills it, so Ctrl+C alone left the site agents running.
 demo: $(STAMP)
 	$(BIN)/controlroom demo --no-next-steps
-	$(BIN)/controlroom site demo & sites=$$!; \
+	$(BIN)/controlroom site demo --central-url http://127.0.0.1:$${CONTROLROOM_PORT:-8080} & sites=$$!; \
 	$(BIN)/controlroom demo endpoints & endpoints=$$!; \
-	trap 'kill $$sites $$endpoints 2>/dev/null' EXIT; \
+	trap 'kill $$sites $$endpoints 2>/dev/null' EXIT INT TERM; \
 	CONTROLROOM_SITES='$(DEMO_SITES)' $(BIN)/controlroom serve
 
 serve: $(STAMP)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -23,7 +24,7 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from controlroom import __version__
-from controlroom.cli import app
+from controlroom.cli import _quiet_routine_telemetry, app
 from controlroom.db.engine import create_store_engine
 from controlroom.db.tables import failed_error_imports
 from controlroom.demo import generate_demo_messages
@@ -278,6 +279,7 @@ def test_import_failed_with_an_unknown_id_exits_1(store_env: Path, engine: sa.En
 
     assert code == 1
     assert "no failed import with id no-such-import" in output
+    assert "Re-importing" not in output  # no progress bar of one for a named import
 
 
 def test_import_failed_with_nothing_to_do_says_so(store_env: Path, engine: sa.Engine) -> None:
@@ -532,3 +534,21 @@ def test_make_demo_loop_a_retry_from_the_api_ends_resolved_or_failed_again(
     printed = (tmp_path / "endpoints.log").read_text().splitlines()
     assert sum(line.endswith(" confirmed") for line in printed) == len(rows - failing)
     assert sum(" failed again" in line for line in printed) == len(failing)
+
+
+# --- serve's access log -----------------------------------------------------------------
+
+
+def access_record(method: str, path: str, status: int) -> logging.LogRecord:
+    """An access-log record as uvicorn makes it."""
+    args = ("127.0.0.1:50000", method, path, "1.1", status)
+    return logging.LogRecord(
+        "uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d', args, None
+    )
+
+
+def test_serve_leaves_accepted_telemetry_posts_out_of_the_access_log() -> None:
+    assert not _quiet_routine_telemetry(access_record("POST", "/api/site-calls/telemetry", 200))
+    assert _quiet_routine_telemetry(access_record("POST", "/api/site-calls/telemetry", 422))
+    assert _quiet_routine_telemetry(access_record("POST", "/api/errors/retry/all", 202))
+    assert _quiet_routine_telemetry(access_record("GET", "/api/site-calls/telemetry", 200))

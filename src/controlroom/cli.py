@@ -333,6 +333,18 @@ def _describe_transport(settings: Settings) -> str:
 
 
 # --- serve --------------------------------------------------------------------------------
+def _quiet_routine_telemetry(record: logging.LogRecord) -> bool:
+    """Keep an access-log line unless it is an accepted telemetry post: sites post every
+    few seconds, and those lines drowned what the service did (``/metrics`` counts them).
+    uvicorn's access record args: (client, method, path, HTTP version, status)."""
+    args = record.args
+    if isinstance(args, tuple) and len(args) == 5:
+        _client, method, path, _version, status = args
+        routine = method == "POST" and str(path).startswith("/api/site-calls/telemetry")
+        return not (routine and isinstance(status, int) and status < 400)
+    return True
+
+
 async def _serve(settings: Settings) -> int:
     """Run the API and (when ``ingest_on_serve``) ingestion until a signal or a failure.
 
@@ -398,6 +410,7 @@ async def _run_parts(
         api, bound_host=settings.host, port=settings.port, allowed_hosts=settings.allowed_hosts
     )
     server = _Server(uvicorn.Config(guarded, lifespan="off", log_level="info"))
+    logging.getLogger("uvicorn.access").addFilter(_quiet_routine_telemetry)
     parts = {asyncio.create_task(server.serve(sockets=[listener]), name="http")}
     # Sends retry batches; resumes batches a previous process left (it takes a lease, so
     # one process sends when several serve one database).
@@ -494,13 +507,14 @@ def _announce(settings: Settings, listener: socket.socket, *, ingesting: bool) -
 
 
 # --- demo and import-failed ---------------------------------------------------------------
-def _progress() -> Progress:
+def _progress(*, disable: bool = False) -> Progress:
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
+        disable=disable,
     )
 
 
@@ -580,7 +594,8 @@ def _print_handled(handled: Handled) -> None:
 async def _reimport(settings: Settings, engine: sa.Engine, ids: list[str]) -> list[ReimportOutcome]:
     outcomes = []
     async with open_transport(settings) as transport:
-        with _progress() as progress:
+        # One named import (--id) gets its answer, not a bar of one.
+        with _progress(disable=len(ids) == 1) as progress:
             task = progress.add_task("Re-importing failed imports", total=len(ids))
             for failed_import_id in ids:
                 outcome = await reimport_failed_import(
