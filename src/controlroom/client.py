@@ -163,6 +163,10 @@ async def move_to_error_queue(
     (this host). A retried message keeps ``ServiceControl.Retry.UniqueMessageId``, so
     Controlroom folds the failure into the same failed message as a new attempt.
 
+    The exception's text may hold lone surrogates (bytes that were not UTF-8, as Python
+    decodes a file name or an environment variable): they are sent as backslash escapes
+    (``\\udcff``), since a header value must be UTF-8.
+
     Raises ``ValueError`` for a naive ``time_of_failure``, ``TransportError`` as
     ``publish_failed_message`` (moving it again is harmless: the same attempt is folded).
     """
@@ -178,12 +182,17 @@ async def move_to_error_queue(
             h.FAILED_Q: failed_queue,
             h.TIME_OF_FAILURE: retry_wire.format_nsb_time(time_of_failure or datetime.now(UTC)),
             h.EXCEPTION_TYPE: name,
-            h.EXCEPTION_MESSAGE: str(exception),
+            h.EXCEPTION_MESSAGE: _header_text(str(exception)),
             h.EXCEPTION_SOURCE: kind.__module__,
-            h.EXCEPTION_STACK_TRACE: "".join(traceback.format_exception(exception)),
+            h.EXCEPTION_STACK_TRACE: _header_text("".join(traceback.format_exception(exception))),
             h.PROCESSING_ENDPOINT: processing_endpoint or failed_queue,
             h.PROCESSING_MACHINE: socket.gethostname(),
         }
     )
     await publish_failed_message(transport, failed, body, error_queue=error_queue)
     return failed
+
+
+def _header_text(text: str) -> str:
+    """``text`` as a header value can carry it: lone surrogates as backslash escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -65,7 +65,8 @@ def format_nsb_time(instant: datetime) -> str:
     """
     if instant.tzinfo is None:
         raise ValueError("an NServiceBus timestamp needs a timezone-aware datetime")
-    return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S:%f Z")
+    utc = instant.astimezone(UTC)
+    return f"{utc.year:04d}-{utc:%m-%d %H:%M:%S:%f} Z"  # not %Y: four digits always
 
 
 def host_id(host: str) -> str:

@@ -203,6 +203,32 @@ def test_list_gives_no_sending_endpoint_when_the_headers_name_none(
     assert "sending_endpoint" not in item  # nulls are left out, as ServiceControl does
 
 
+def test_times_before_the_year_1000_are_iso_8601_with_four_year_digits(
+    client: TestClient,
+    settings: Settings,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    # .NET's DateTime.MinValue (0001-01-01) is what a producer sends for a time it never
+    # set; strftime's %Y writes the year 1 as "1", which no ISO 8601 parser reads.
+    failure = parsed(
+        settings,
+        b"<x />",
+        **{
+            h.TIME_SENT: "0001-01-01 00:00:00:000000 Z",
+            h.TIME_OF_FAILURE: "0999-12-31 23:59:59:999999 Z",
+        },
+    )
+    store(writer, body_store, failure)
+
+    [item] = client.get("/api/errors").json()
+    [group] = client.get("/api/recoverability/groups").json()
+
+    assert item["time_sent"] == "0001-01-01T00:00:00.000000Z"
+    assert item["time_of_failure"] == "0999-12-31T23:59:59.999999Z"
+    assert group["first"] == group["last"] == "0999-12-31T23:59:59.999999Z"
+
+
 def test_list_names_every_status_in_camel_case(
     client: TestClient, engine: sa.Engine, writer: FailedMessageBatchWriter
 ) -> None:

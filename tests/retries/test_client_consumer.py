@@ -172,3 +172,46 @@ def test_the_readme_endpoint_confirms_what_it_processed_and_moves_what_failed(
         ).one()
     assert row.number_of_processing_attempts == 2
     assert (row.exception_type, row.exception_message) == ("ValueError", "order 2 cannot be placed")
+
+
+def test_an_exception_whose_text_is_not_utf8_is_moved_with_its_bytes_escaped(
+    settings: Settings,
+    engine: sa.Engine,
+    body_store: FileSystemBodyStore,
+) -> None:
+    # Python decodes bytes that are not UTF-8 (a file name, an environment variable) to
+    # lone surrogates; an exception naming them must still reach the error queue, not
+    # raise ValueError in the consumer's failure path (the message would never move).
+    name = b"report-\xff.csv".decode("utf-8", "surrogateescape")
+    headers = failed_headers("order-2", endpoint="Warehouse", failed_at=at(0))
+
+    async def scenario() -> dict[str, str | None]:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            try:
+                raise OutOfStockError(f"cannot read {name}")
+            except OutOfStockError as exc:
+                moved = await move_to_error_queue(
+                    transport,
+                    headers,
+                    b"{}",
+                    exc,
+                    failed_queue="Warehouse",
+                    error_queue=settings.error_queue,
+                    time_of_failure=LATER,
+                )
+            ingestion = IngestionService(settings, engine, transport, body_store)
+            ingesting = asyncio.create_task(ingestion.run())
+            try:
+                await wait_for(lambda: bool(statuses(engine)))
+            finally:
+                await ingestion.stop()
+                await asyncio.gather(ingesting, return_exceptions=True)
+            return moved
+
+    moved = asyncio.run(asyncio.wait_for(scenario(), TIMEOUT))
+
+    assert moved[h.EXCEPTION_MESSAGE] == "cannot read report-\\udcff.csv"
+    assert "cannot read report-\\udcff.csv" in (moved[h.EXCEPTION_STACK_TRACE] or "")
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(failed_messages)).one()
+    assert row.exception_message == "cannot read report-\\udcff.csv"

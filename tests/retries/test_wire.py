@@ -12,6 +12,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from controlroom.client import confirm_successful_retry
 from controlroom.db.providers import provider_for
+from controlroom.errors.ingest.headers import parse_nsb_time
 from controlroom.errors.ingest.parsing import is_retry_confirmation
 from controlroom.errors.retries import wire as retry_wire
 from controlroom.errors.retries.claims import claim_statement
@@ -84,6 +85,22 @@ def test_route_is_the_retry_to_proxy_carrying_the_target_else_the_target(
 def test_an_address_without_a_queue_is_unsendable() -> None:
     with pytest.raises(retry_wire.UnsendableMessage, match="names no usable queue"):
         retry_wire.queue_of_address("@MACHINE")
+
+
+@pytest.mark.parametrize(
+    "instant",
+    [
+        datetime(1, 1, 1, tzinfo=UTC),  # .NET's DateTime.MinValue
+        datetime(999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=UTC),
+    ],
+)
+def test_the_nsb_wire_time_has_four_year_digits_and_reads_back(instant: datetime) -> None:
+    # NServiceBus reads a wire time only at length 28; "1-01-01 ..." would be refused.
+    text = retry_wire.format_nsb_time(instant)
+
+    assert len(text) == 28
+    assert parse_nsb_time(text) == instant
 
 
 def test_locked_header_changes_treat_null_and_empty_alike() -> None:

@@ -117,3 +117,42 @@ def test_a_header_name_over_128_bytes_is_refused_before_sending(rabbitmq_url: st
 
     with pytest.raises(ValueError, match="129 bytes"):
         asyncio.run(publish())
+
+
+def test_a_message_id_over_255_bytes_is_refused_before_sending(rabbitmq_url: str) -> None:
+    # The message-id property is an AMQP short string: pamqp raised TypeError, which the
+    # retry processor counted as a failed send five times before giving up.
+    async def publish() -> None:
+        async with RabbitMQTransport(rabbitmq_url) as transport:
+            await transport.publish(
+                f"q-{uuid.uuid4().hex[:8]}", {"NServiceBus.MessageId": "m" * 256}, b"x"
+            )
+
+    with pytest.raises(ValueError, match="255 bytes"):
+        asyncio.run(publish())
+
+
+def test_a_content_type_over_255_bytes_travels_in_the_headers_only(rabbitmq_url: str) -> None:
+    # A failed message's NServiceBus.ContentType header may be longer than the AMQP
+    # content-type property holds; its retry is still sent, the header whole.
+    content_type = "application/json; profile=" + "p" * 300
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> dict[str, str | None]:
+        async with RabbitMQTransport(rabbitmq_url) as transport:
+            await transport.publish(
+                queue,
+                {"NServiceBus.MessageId": "m-1", "NServiceBus.ContentType": content_type},
+                b"{}",
+                content_type=content_type,
+            )
+            stream = transport.consume(queue, 1)
+            delivery = await anext(stream)
+            await delivery.ack()
+            await stream.aclose()
+            await transport.purge(queue)
+            return delivery.headers
+
+    headers = asyncio.run(asyncio.wait_for(scenario(), 30))
+
+    assert headers["NServiceBus.ContentType"] == content_type

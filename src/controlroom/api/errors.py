@@ -51,7 +51,9 @@ Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
 
 def format_utc(instant: datetime) -> str:
     """``2026-01-31T23:59:59.123456Z``: ISO 8601, UTC, always six fraction digits."""
-    return instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    utc = instant.astimezone(UTC)
+    # Not %Y: strftime writes the year 1 (.NET's DateTime.MinValue) as "1".
+    return f"{utc.year:04d}-{utc:%m-%dT%H:%M:%S.%f}Z"
 
 
 UtcTimestamp = Annotated[datetime, PlainSerializer(format_utc, return_type=str)]

@@ -62,6 +62,10 @@ CONNECTION_NAME = "controlroom"
 MAX_FIELD_NAME_BYTES = 128
 """Longest header name AMQP carries whole (pamqp truncates longer ones when encoding)."""
 
+MAX_SHORT_STRING_BYTES = 255
+"""Longest ``message_id`` and ``content_type`` property (AMQP short strings; pamqp raises
+``TypeError`` when encoding a longer one)."""
+
 _amqp_names.install()  # non-UTF-8 names become failed imports, not dropped connections
 
 
@@ -166,8 +170,10 @@ class RabbitMQTransport:
         """Publish persistently to ``queue`` via the default exchange; returns after
         the broker's publisher confirm (the message is on disk or replicated).
 
-        The queue is declared durable first when it does not exist. Raises
-        ``ValueError`` for bad input, ``TransportError`` when the broker nacks, cannot
+        The queue is declared durable first when it does not exist. A ``content_type``
+        longer than an AMQP short string (255 bytes) is left out of the properties (the
+        headers still carry it). Raises ``ValueError`` for bad input (among it a message
+        id over 255 bytes), ``TransportError`` when the broker nacks, cannot
         route, does not confirm within ``publish_timeout_seconds``, or the connection
         fails (the last two leave the outcome unknown: a retry may duplicate the
         message). During a connection outage it fails at once rather than waiting for
@@ -184,11 +190,19 @@ class RabbitMQTransport:
                     f"header name {name[:60]!r}... is {size} bytes of UTF-8; AMQP field names "
                     f"hold at most {MAX_FIELD_NAME_BYTES} (it would be cut short)"
                 )
+        resolved_id = resolve_message_id(valid, message_id)
+        if len(resolved_id.encode("utf-8", "surrogatepass")) > MAX_SHORT_STRING_BYTES:
+            raise ValueError(
+                f"message id {resolved_id[:60]!r}... is longer than the "
+                f"{MAX_SHORT_STRING_BYTES} bytes of the AMQP message-id property"
+            )
+        if content_type is not None and not _fits_short_string(content_type):
+            content_type = None  # the NServiceBus.ContentType header carries it whole
         message = aio_pika.Message(
             bytes(body),
             headers=dict(valid),
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            message_id=resolve_message_id(valid, message_id),
+            message_id=resolved_id,
             content_type=content_type,
         )
         channel = self._require_publish_channel()
@@ -420,3 +434,7 @@ def redact_url(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[1]
     user = parts.username or ""
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def _fits_short_string(value: str) -> bool:
+    return len(value.encode("utf-8", "surrogatepass")) <= MAX_SHORT_STRING_BYTES

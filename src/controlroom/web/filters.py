@@ -24,7 +24,8 @@ def utc(instant: datetime | None) -> str:
     """``2026-12-01 13:26:41 UTC``; an empty string for ``None``."""
     if instant is None:
         return ""
-    return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    utc = instant.astimezone(UTC)
+    return f"{utc.year:04d}-{utc:%m-%d %H:%M:%S} UTC"  # not %Y: four digits always
 
 
 def iso(instant: datetime | None) -> str:

@@ -227,4 +227,6 @@ def format_nsb_time(instant: datetime) -> str:
     """
     if instant.tzinfo is None:
         raise ValueError("an NServiceBus wire time needs a timezone-aware datetime")
-    return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S:%f Z")
+    utc = instant.astimezone(UTC)
+    # Not %Y: strftime writes a year before 1000 with fewer than four digits.
+    return f"{utc.year:04d}-{utc:%m-%d %H:%M:%S:%f} Z"
