@@ -274,6 +274,17 @@ def test_import_failed_list_shows_each_import_and_sends_nothing(
     assert stored_import_ids(engine) == sorted(item.id for item in imports)
 
 
+def test_import_failed_list_counts_one_import_in_the_singular(
+    store_env: Path, engine: sa.Engine
+) -> None:
+    FailedMessageBatchWriter(engine).write(IngestionBatch(failed_imports=[failed_import(0)]))
+
+    code, output = invoke("import-failed", "--list")
+
+    assert code == 0, output
+    assert "1 failed import; `controlroom import-failed` re-imports it." in output
+
+
 def test_import_failed_with_an_unknown_id_exits_1(store_env: Path, engine: sa.Engine) -> None:
     code, output = invoke("import-failed", "--id", "no-such-import")
 

@@ -239,7 +239,9 @@ def import_failed(
     ] = None,
     list_only: Annotated[
         bool,
-        typer.Option("--list", help="List the failed imports (id, time, reason); send nothing."),
+        typer.Option(
+            "--list", help="List the failed imports (id, time, queue, reason); send nothing."
+        ),
     ] = False,
     config: ConfigOption = None,
 ) -> None:
@@ -624,7 +626,9 @@ def _print_failed_imports(engine: sa.Engine) -> None:
             markup=True,
             highlight=False,
         )
-    console.print(f"{page.total} failed imports; `controlroom import-failed` re-imports them.")
+    noun = "failed import" if page.total == 1 else "failed imports"
+    them = "it" if page.total == 1 else "them"
+    console.print(f"{page.total} {noun}; `controlroom import-failed` re-imports {them}.")
 
 
 def _report_reimport(
