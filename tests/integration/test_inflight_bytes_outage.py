@@ -1,7 +1,9 @@
 """Issue 14 item 8: during a database outage, with large messages queued, what ingestion
 holds unacknowledged is bounded by ``ingestion.max_inflight_bytes`` (plus one message),
 not by prefetch x message size. On the embedded queue and on RabbitMQ; what is held is
-read from the queue itself (leased rows, the broker's unacknowledged count).
+read from the queue itself (leased rows, the broker's unacknowledged count). On RabbitMQ
+what the broker pushed into the process (every delivery the consumer received, including
+those it gave back) is bounded too, not only what is held once the pause settled.
 
 The outage is a PostgreSQL URL nobody listens on: every write fails as transient and the
 pipeline backs off, holding its batch."""
@@ -15,12 +17,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from aio_pika.abc import AbstractIncomingMessage
 
 from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.transport import EmbeddedQueue, RabbitMQTransport, Transport
+from controlroom.transport._amqp_consumer import ConsumerSession
 from controlroom.transport.base import message_size
 from tests import servers
 from tests.integration.test_ingestion import publish_all
@@ -44,7 +48,7 @@ def leased_bytes(queue_file: Path) -> tuple[int, int]:
 
 @pytest.mark.parametrize("kind", ["embedded", "rabbitmq"])
 def test_a_database_outage_holds_at_most_the_byte_bound(
-    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     queue = f"error-{uuid.uuid4().hex[:8]}"
     settings = Settings(
@@ -56,6 +60,14 @@ def test_a_database_outage_holds_at_most_the_byte_bound(
     messages = [(failed_headers(f"large-{n}"), b"x" * BODY) for n in range(30)]
     one = message_size(*messages[0])
     rabbitmq_url = request.getfixturevalue("rabbitmq_url") if kind == "rabbitmq" else ""
+    pushed: list[int] = []  # body sizes of what the broker pushed to the consumer
+    receive = ConsumerSession._on_message
+
+    async def counting(self: ConsumerSession, message: AbstractIncomingMessage) -> None:
+        pushed.append(len(message.body))
+        await receive(self, message)
+
+    monkeypatch.setattr(ConsumerSession, "_on_message", counting)
 
     def held() -> int:
         """Messages the consumer holds, as the queue counts them."""
@@ -95,3 +107,5 @@ def test_a_database_outage_holds_at_most_the_byte_bound(
     samples = asyncio.run(scenario())
     most = BOUND // one + 1  # what fits, plus the one message that may exceed it
     assert 0 < max(samples) <= most, (samples, most)
+    if kind == "rabbitmq":  # the prefetch (400) would let all 30 (9 MB) in at once
+        assert 0 < sum(pushed) <= 2 * BOUND + BODY, (len(pushed), sum(pushed))

@@ -18,8 +18,17 @@ from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter
 from controlroom.errors.retries import wire as retry_wire
 from controlroom.transport.embedded import EmbeddedQueue
+from controlroom.transport.rabbitmq import RabbitMQTransport
 from tests.nsb import failed_headers
-from tests.retries.conftest import TIMEOUT, claims, set_status, statuses, store_failed, take
+from tests.retries.conftest import (
+    TIMEOUT,
+    claims,
+    set_status,
+    statuses,
+    store_failed,
+    take,
+    unique_name,
+)
 from tests.transport.helpers import Collector
 
 Scenario = Callable[[httpx.AsyncClient, EmbeddedQueue], Awaitable[Any]]
@@ -258,3 +267,45 @@ def test_adding_a_locked_header_the_original_lacked_is_allowed(
 
     assert answer.status_code == 202, answer.text
     assert delivery.headers["NServiceBus.CorrelationId"] == "added-by-the-operator"
+
+
+def test_an_edit_with_headers_larger_than_a_frame_is_400_and_the_connection_stays(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+    rabbitmq_url: str,
+) -> None:
+    """On RabbitMQ a header set larger than the negotiated frame_max closed the whole
+    connection (503 "outcome unknown: FRAME_ERROR", every consumer on it dropped): the
+    edit is refused with a 400 naming the problem, nothing is sent, the original stays
+    Unresolved and a consumer on the same connection keeps receiving."""
+    endpoint, other = unique_name("Sales"), unique_name("Other")
+    headers = failed_headers("order-big", endpoint=endpoint)
+    original = store_failed(settings, writer, body_store, headers)
+
+    async def main() -> tuple[httpx.Response, list[bytes]]:
+        async with RabbitMQTransport(rabbitmq_url) as transport, asyncio.timeout(TIMEOUT):
+            app = create_app(settings, engine, body_store, transport=transport)
+            api = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+            async with api, Collector(transport, other, prefetch=5) as consumer:
+                await transport.publish(other, {}, b"before")
+                (before,) = await take(consumer, 1)
+                response = await api.post(
+                    f"/api/edit/{original.unique_message_id}",
+                    json={
+                        "message_body": "{}",
+                        "message_headers": editable(headers) | {"X-Big": "b" * 200_000},
+                    },
+                )
+                await transport.publish(other, {}, b"after")
+                (after,) = await take(consumer, 1)
+                assert await transport.purge(endpoint) == 0
+            return response, [before.body, after.body]
+
+    response, received = asyncio.run(main())
+
+    assert response.status_code == 400, response.text
+    assert "frame" in response.json()["detail"]
+    assert received == [b"before", b"after"]
+    assert statuses(engine)[original.unique_message_id] == FailedMessageStatus.UNRESOLVED

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from aio_pika.abc import AbstractIncomingMessage
 
 from controlroom.transport import Delivery, RabbitMQTransport
+from controlroom.transport._amqp_consumer import ConsumerSession
 from controlroom.transport.base import message_size
 from tests import servers
 from tests.transport.helpers import Collector, TransportFactory
@@ -59,9 +61,13 @@ async def test_held_bytes_never_exceed_the_bound(
                 assert total <= BOUND or alone, (len(held), total)
                 if any(len(d.body) > BOUND for d in held):
                     assert alone  # larger than the bound: taken, but alone
-                # Filled up to the bound: the next message would not have fitted.
+                # Filled up to the bound: the next message would not have fitted. Not on
+                # RabbitMQ: there the broker pushes as many as fit at the recent messages'
+                # mean size (prefetch count; it ignores a byte prefetch), which with mixed
+                # sizes may leave room for one more.
                 following = len(received) + len(held)
-                if following < len(sizes) and not alone:
+                exact = not isinstance(transport, RabbitMQTransport)
+                if following < len(sizes) and not alone and exact:
                     assert total + sizes[following] > BOUND
                 if isinstance(transport, RabbitMQTransport):  # nothing held unseen
                     url = request.getfixturevalue("rabbitmq_url")
@@ -70,3 +76,35 @@ async def test_held_bytes_never_exceed_the_bound(
                 for delivery in held:
                     await delivery.ack()
         assert received == list(range(len(sizes)))  # in order, each once
+
+
+async def test_the_broker_pushes_about_the_bound_not_the_prefetch(
+    rabbitmq_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RabbitMQ ignores AMQP's ``prefetch_size``: with a prefetch of 400 the broker pushed
+    every queued message into the process at each start and resume, and the consumer gave
+    back what did not fit (hundreds of MB pushed to hold 1 MB). The bytes pushed, counted
+    per delivery the consumer receives including those it gives back, stay near the bytes
+    taken."""
+    pushed: list[int] = []
+    receive = ConsumerSession._on_message
+
+    async def counting(self: ConsumerSession, message: AbstractIncomingMessage) -> None:
+        pushed.append(len(message.body))
+        await receive(self, message)
+
+    monkeypatch.setattr(ConsumerSession, "_on_message", counting)
+    count, size = 40, 100 * KIB
+    async with asyncio.timeout(TIMEOUT), RabbitMQTransport(rabbitmq_url) as transport:
+        for n in range(count):
+            await transport.publish(queue_name, {"n": str(n)}, body(n, size))
+        received: list[int] = []
+        async for delivery in transport.consume(queue_name, 400, max_bytes=BOUND):
+            received.append(int(delivery.headers["n"] or ""))
+            await asyncio.sleep(0.01)  # a consumer that takes its time: the broker pushes on
+            await delivery.ack()
+            if len(received) == count:
+                break
+    taken = count * size
+    assert sum(pushed) <= 2 * taken, (len(pushed), sum(pushed), taken)
+    assert received == list(range(count))

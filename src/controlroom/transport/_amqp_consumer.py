@@ -15,6 +15,14 @@ In-flight bytes (issue 14, item 8): RabbitMQ's prefetch counts messages, not byt
 a message that does not fit is given back (``basic.reject`` with requeue: it keeps its
 place in the queue) after the consumer is cancelled, so the broker sends nothing more,
 and consuming resumes once a settlement makes room.
+
+What the broker may push is bounded by bytes too: RabbitMQ ignores ``basic.qos``'s
+``prefetch_size``, so with ``max_bytes`` the prefetch count each ``basic.consume`` gets is
+the room left divided by the mean size of the recent messages (at least 1, at most the
+configured prefetch; 1 before any message is seen). RabbitMQ applies a new per-consumer
+prefetch only to consumers started after it, so when the room grows to twice the count
+the consumer was started with, the session re-consumes (cancel, give back what arrives
+meanwhile, consume again); when messages grow, the first that does not fit pauses it.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -42,6 +51,7 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 RESUME_RETRY_SECONDS = 1.0
+RECENT_SIZES = 16  # messages whose mean size estimates the next one's
 
 
 @dataclass(eq=False)
@@ -143,6 +153,8 @@ class ConsumerSession:
         self._given_back = 0  # size of the last message that did not fit
         self._flow = asyncio.Lock()  # one cancel or consume at a time
         self._resuming: asyncio.Task[None] | None = None
+        self._recent_sizes: deque[int] = deque(maxlen=RECENT_SIZES)
+        self._consumer_prefetch = prefetch  # basic.qos of the running consumer
 
     @property
     def idle(self) -> bool:
@@ -154,7 +166,7 @@ class ConsumerSession:
         """QoS, passive declare, ``basic.consume``. Raises ``TransportError`` when the
         broker or connection fails meanwhile."""
         try:
-            await self.channel.set_qos(prefetch_count=self._prefetch)
+            await self._apply_prefetch()
             # Passive: restored passively after a reconnect too, never conflicting with
             # the arguments NServiceBus declared the queue with.
             self._queue = await self.channel.declare_queue(self._queue_name, passive=True)
@@ -219,9 +231,11 @@ class ConsumerSession:
             return
         alone = not self._held
         delivery = self._delivery(message, ledger, tag)
+        self._recent_sizes.append(delivery.size)
         if not self._paused and (alone or self._fits(delivery.size)):
             self.held_bytes += delivery.size
             self._buffer.put_nowait(delivery)
+            await self._retune_if_room_grew()
             return
         # Given back, and so is everything after it until consuming resumes (the queue's
         # order is kept: a requeued message keeps its place).
@@ -237,6 +251,24 @@ class ConsumerSession:
 
     def _fits(self, size: int) -> bool:
         return self._max_bytes is None or self.held_bytes + size <= self._max_bytes
+
+    def _prefetch_for_room(self) -> int:
+        """The prefetch count a consumer started now gets: the messages of the recent
+        mean size that fit in the room left, at least 1, at most the configured prefetch
+        (1 before any message is seen)."""
+        if self._max_bytes is None:
+            return self._prefetch
+        if not self._recent_sizes:
+            return 1
+        mean = sum(self._recent_sizes) / len(self._recent_sizes)
+        room = self._max_bytes - self.held_bytes
+        return max(1, min(self._prefetch, int(room // max(mean, 1))))
+
+    async def _apply_prefetch(self) -> None:
+        """``basic.qos`` for the next ``basic.consume`` (per consumer, RabbitMQ's
+        default: it applies to consumers started after it)."""
+        self._consumer_prefetch = self._prefetch_for_room()
+        await self.channel.set_qos(prefetch_count=self._consumer_prefetch)
 
     def _delivery(self, message: AbstractIncomingMessage, ledger: AckLedger, tag: int) -> Delivery:
         async def ack() -> None:
@@ -291,6 +323,7 @@ class ConsumerSession:
             self._forget(delivery)
             self._outstanding -= 1
         self._schedule_resume()
+        await self._retune_if_room_grew()
         if self.idle:
             await self._on_idle(self)
 
@@ -299,6 +332,18 @@ class ConsumerSession:
         return self._held.pop(delivery)
 
     # -- flow --------------------------------------------------------------------------
+
+    async def _retune_if_room_grew(self) -> None:
+        """Re-consume when twice the running consumer's prefetch now fits: it was
+        started with less room or before the sizes were known (at most log2(prefetch)
+        times in a row; shrinking needs no re-consume: what does not fit pauses)."""
+        if self._paused or not self.consuming:
+            return
+        if self._prefetch_for_room() < 2 * self._consumer_prefetch:
+            return
+        self._paused = True
+        self._given_back = 0
+        await self._stop_pushing()
 
     async def _stop_pushing(self) -> None:
         async with self._flow:
@@ -323,9 +368,10 @@ class ConsumerSession:
                 async with self._flow:
                     if not (self.consuming and self._paused) or self._queue is None:
                         return
-                    # Before the RPC: the broker pushes right after ConsumeOk.
-                    self._paused = False
                     try:
+                        await self._apply_prefetch()
+                        # Before the RPC: the broker pushes right after ConsumeOk.
+                        self._paused = False
                         self._consumer_tag = await self._queue.consume(self._on_message)
                     except (*CONNECTION_ERRORS, RuntimeError):
                         self._paused = True

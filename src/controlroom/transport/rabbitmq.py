@@ -66,6 +66,11 @@ MAX_SHORT_STRING_BYTES = 255
 """Longest ``message_id`` and ``content_type`` property (AMQP short strings; pamqp raises
 ``TypeError`` when encoding a longer one)."""
 
+CONTENT_HEADER_OVERHEAD = 7 + 12 + 1
+"""Bytes of a content header frame besides the encoded properties: the frame header (type,
+channel, size), class id, weight and body size, and the frame end octet (AMQP 0-9-1 4.2.3,
+4.2.6)."""
+
 _amqp_names.install()  # non-UTF-8 names become failed imports, not dropped connections
 
 
@@ -173,7 +178,9 @@ class RabbitMQTransport:
         The queue is declared durable first when it does not exist. A ``content_type``
         longer than an AMQP short string (255 bytes) is left out of the properties (the
         headers still carry it). Raises ``ValueError`` for bad input (among it a message
-        id over 255 bytes), ``TransportError`` when the broker nacks, cannot
+        id over 255 bytes, and properties and headers that do not fit in one frame of the
+        connection's negotiated ``frame_max``: the broker would close the whole
+        connection), ``TransportError`` when the broker nacks, cannot
         route, does not confirm within ``publish_timeout_seconds``, or the connection
         fails (the last two leave the outcome unknown: a retry may duplicate the
         message). During a connection outage it fails at once rather than waiting for
@@ -206,6 +213,7 @@ class RabbitMQTransport:
             content_type=content_type,
         )
         channel = self._require_publish_channel()
+        self._check_header_frame(message)
         await self._ensure_queue(queue)
         try:
             try:
@@ -227,6 +235,23 @@ class RabbitMQTransport:
         except (*CONNECTION_ERRORS, RuntimeError) as exc:
             # RuntimeError: aio-pika's word for a channel or connection it has closed.
             raise TransportError(f"publish to {queue!r} failed, outcome unknown: {exc!r}") from exc
+
+    def _check_header_frame(self, message: aio_pika.Message) -> None:
+        """Raise ``ValueError`` when the content header frame of ``message`` (properties
+        and header table) is larger than the negotiated ``frame_max``: content headers
+        cannot be split across frames, and the broker answers one too large by closing
+        the connection (``FRAME_ERROR``), dropping every consumer on it."""
+        underlay = self._require_connection().transport
+        if underlay is None:
+            return  # reconnecting: the publish fails as a connection error
+        frame_max = underlay.connection.connection_tune.frame_max
+        size = CONTENT_HEADER_OVERHEAD + len(message.properties.marshal())
+        if frame_max and size > frame_max:
+            raise ValueError(
+                f"the message headers and properties encode to a {size}-byte AMQP frame; "
+                f"the connection's frame_max is {frame_max} bytes (shorten or drop large "
+                "headers)"
+            )
 
     async def _publish_confirmed(
         self, channel: AbstractChannel, message: aio_pika.Message, queue: str

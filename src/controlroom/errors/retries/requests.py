@@ -547,7 +547,8 @@ async def edit_and_retry(
 
     Raises ``UnknownFailedMessages``, ``NotRetryable`` (archived, resolved),
     ``MessageBeingRetried``, ``InvalidEdit`` (locked header changed, empty body, no
-    queue), or the transport's error (the original is Unresolved again).
+    queue, or headers the transport cannot carry: its ``ValueError``), or the transport's
+    error (the original is Unresolved again).
     """
     original_id = _canonical_id(failed_message_id)
     stored, target = await asyncio.to_thread(_stored_message, engine, original_id)
@@ -575,8 +576,10 @@ async def edit_and_retry(
             message_id=result.message_id,
             content_type=header_text(outgoing, CONTENT_TYPE),
         )
-    except BaseException:
+    except BaseException as exc:
         await asyncio.shield(asyncio.to_thread(_set_edit_state, engine, original_id, False, clock))
+        if isinstance(exc, ValueError):  # the transport cannot carry it; nothing was sent
+            raise InvalidEdit(f"message_headers: the transport refused the message: {exc}") from exc
         raise
     await asyncio.to_thread(_resolve_edited, engine, original_id, clock)
     return result
