@@ -185,6 +185,13 @@ class Settings(EnvThenTomlSettings):
         description="How long event log items are kept (ServiceControl's default: 14 days); "
         "the retention sweep purges older ones.",
     )
+    exact_count_limit: int = Field(
+        10_000,
+        ge=1,
+        description="Lists count their matches exactly up to this many; beyond it the "
+        "database's estimate is answered, marked Total-Count-Estimated: true (PostgreSQL; "
+        "SQLite has no estimate and counts exactly).",
+    )
     ingest_on_serve: bool = True
     ingestion: IngestionSettings = IngestionSettings()
     sitecalls: SiteCallSettings = SiteCallSettings()

@@ -395,6 +395,10 @@ PagingParams = Annotated[Paging, Depends(paging)]
 OrderingParams = Annotated[queries.Ordering, Depends(ordering)]
 FilterParams = Annotated[queries.FailedMessageFilter, Depends(message_filter)]
 
+TOTAL_COUNT_ESTIMATED = "Total-Count-Estimated"
+"""Response header: ``true`` when ``Total-Count`` is the database's estimate (README,
+Compatibility); absent when it is exact."""
+
 LIST_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "headers": {
@@ -428,13 +432,19 @@ def paged_response(
     adapter: TypeAdapter[Any],
     page: Paging,
     total: int,
+    *,
+    estimated: bool = False,
 ) -> Response:
     """One page as JSON with ``Total-Count``, ``ETag`` and (when there is more than one
     page) ``Link``; 304 without a body when ``If-None-Match`` names the ETag. A ``HEAD``
-    request gets the headers alone."""
+    request gets the headers alone. An ``estimated`` total (the database's estimate, past
+    the ``exact_count_limit`` setting) adds ``Total-Count-Estimated: true``; ``Total-Count``
+    stays an integer and ``Link`` follows from it, so clients page as before."""
     body = adapter.dump_json(list(items), exclude_none=True)
     etag = _etag(body, total)
     headers = {"Total-Count": str(total), "ETag": etag}
+    if estimated:
+        headers[TOTAL_COUNT_ESTIMATED] = "true"
     links = paging_links(
         api_relative_path(request), dict(request.query_params), page.page, page.per_page, total
     )
@@ -513,10 +523,17 @@ def _list_page(
 ) -> Response:
     with _engine(request).connect() as conn:
         result = queries.list_failed_messages(
-            conn, offset=page.offset, limit=page.per_page, where=where, order=order
+            conn,
+            offset=page.offset,
+            limit=page.per_page,
+            where=where,
+            order=order,
+            exact_count_limit=exact_count_limit(request),
         )
     items = [list_item(summary) for summary in result.items]
-    return paged_response(request, items, _LIST_ADAPTER, page, result.total)
+    return paged_response(
+        request, items, _LIST_ADAPTER, page, result.total, estimated=result.total_estimated
+    )
 
 
 @_route("/errors", response_model=list[FailedMessageListItem], responses=LIST_RESPONSES)
@@ -854,6 +871,12 @@ def _list_fields(summary: queries.FailedMessageSummary) -> dict[str, object]:
         "time_of_failure": summary.last_failure_at,
         "last_modified": summary.last_modified,
     }
+
+
+def exact_count_limit(request: Request) -> int:
+    """Up to how many matches lists count exactly (the ``exact_count_limit`` setting)."""
+    limit: int = request.app.state.settings.exact_count_limit
+    return limit
 
 
 def _engine(request: Request) -> sa.Engine:

@@ -29,6 +29,7 @@ from controlroom.api.errors import (
     OrderingParams,
     PagingParams,
     UtcTimestamp,
+    exact_count_limit,
     list_item,
     paged_response,
 )
@@ -157,9 +158,12 @@ def list_group_errors(
             limit=page.per_page,
             where=replace(where, group_id=str(group_id)),
             order=order,
+            exact_count_limit=exact_count_limit(request),
         )
     items = [list_item(summary) for summary in result.items]
-    return paged_response(request, items, _LIST_ADAPTER, page, result.total)
+    return paged_response(
+        request, items, _LIST_ADAPTER, page, result.total, estimated=result.total_estimated
+    )
 
 
 _GROUP_ERRORS = "/recoverability/groups/{groupId}/errors"

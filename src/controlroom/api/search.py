@@ -29,6 +29,7 @@ from controlroom.api.errors import (
     PagingParams,
     UtcTimestamp,
     body_url,
+    exact_count_limit,
     ordering,
     paged_response,
     receiving_endpoint,
@@ -149,10 +150,18 @@ def _search(
 ) -> Response:
     with request.app.state.engine.connect() as conn:
         result = queries.search_failed_messages(
-            conn, text, offset=page.offset, limit=page.per_page, order=order, where=where
+            conn,
+            text,
+            offset=page.offset,
+            limit=page.per_page,
+            order=order,
+            where=where,
+            exact_count_limit=exact_count_limit(request),
         )
     items = [search_item(hit) for hit in result.items]
-    return paged_response(request, items, _ADAPTER, page, result.total)
+    return paged_response(
+        request, items, _ADAPTER, page, result.total, estimated=result.total_estimated
+    )
 
 
 def _messages(
@@ -163,10 +172,17 @@ def _messages(
 ) -> Response:
     with request.app.state.engine.connect() as conn:
         result = queries.list_message_hits(
-            conn, offset=page.offset, limit=page.per_page, order=order, where=where
+            conn,
+            offset=page.offset,
+            limit=page.per_page,
+            order=order,
+            where=where,
+            exact_count_limit=exact_count_limit(request),
         )
     items = [search_item(hit) for hit in result.items]
-    return paged_response(request, items, _ADAPTER, page, result.total)
+    return paged_response(
+        request, items, _ADAPTER, page, result.total, estimated=result.total_estimated
+    )
 
 
 def _register(path: str, endpoint: object) -> None:

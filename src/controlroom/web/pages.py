@@ -90,17 +90,30 @@ def message_list(
         raise HTTPException(400, "direction must be asc or desc")
     order = queries.Ordering(key=sort, descending=direction == "desc")  # type: ignore[arg-type]
     offset = (page - 1) * PAGE_SIZE
+    limit = api_state(request).settings.exact_count_limit
     with _engine(request).connect() as conn:
         if q.strip():
             found = queries.search_failed_messages(
-                conn, q, offset=offset, limit=PAGE_SIZE, order=order, where=where
+                conn,
+                q,
+                offset=offset,
+                limit=PAGE_SIZE,
+                order=order,
+                where=where,
+                exact_count_limit=limit,
             )
             total, items = found.total, [hit.summary for hit in found.items]
+            estimated = found.total_estimated
         else:
             listed = queries.list_failed_messages(
-                conn, offset=offset, limit=PAGE_SIZE, where=where, order=order
+                conn,
+                offset=offset,
+                limit=PAGE_SIZE,
+                where=where,
+                order=order,
+                exact_count_limit=limit,
             )
-            total, items = listed.total, listed.items
+            total, items, estimated = listed.total, listed.items, listed.total_estimated
         group_info = groups.get_group(conn, group) if group else None
     params = {
         "status": status,
@@ -118,6 +131,7 @@ def message_list(
         {
             "items": items,
             "total": total,
+            "total_estimated": estimated,
             "page": page,
             "pages": max(1, math.ceil(total / PAGE_SIZE)),
             "params": params,

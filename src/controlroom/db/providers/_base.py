@@ -162,6 +162,11 @@ class Provider(ABC):
         provider's full-text index; each term is only ever a bound parameter, read as a
         whole. No ``terms`` match nothing."""
 
+    def estimate_rows(self, conn: sa.Connection, query: sa.Select[Any]) -> int | None:
+        """The database's own estimate of how many rows ``query`` returns, without running
+        it; ``None`` when the provider has none (then callers count exactly)."""
+        return None
+
     def prepare_search(self, conn: sa.Connection) -> None:  # noqa: B027 - optional hook
         """Settings for the search statements of ``conn``'s current transaction."""
 

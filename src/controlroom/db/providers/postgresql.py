@@ -7,6 +7,7 @@ locks; SQLSTATE classification of errors (DESIGN.md "Stores", "Transient failure
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -19,6 +20,7 @@ import sqlalchemy as sa
 from psycopg.types.array import ListBinaryDumper
 from sqlalchemy.dialects.postgresql import ARRAY, TSQUERY, TSVECTOR, insert
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
+from sqlalchemy.ext.compiler import compiles
 
 from controlroom.db.leases import lease_key
 from controlroom.db.providers._base import (
@@ -169,6 +171,20 @@ def _send_lists_in_binary(dbapi_connection: psycopg.Connection[Any], _record: An
     dbapi_connection.adapters.register_dumper(list, ListBinaryDumper)
 
 
+class _Explain(sa.sql.expression.Executable, sa.sql.expression.ClauseElement):
+    """``EXPLAIN (FORMAT JSON) <query>``, the query's parameters bound as usual."""
+
+    inherit_cache = False
+
+    def __init__(self, query: sa.Select[Any]) -> None:
+        self.query = query
+
+
+@compiles(_Explain, "postgresql")
+def _compile_explain(element: _Explain, compiler: sa.sql.compiler.SQLCompiler, **kw: Any) -> str:
+    return "EXPLAIN (FORMAT JSON) " + compiler.process(element.query, **kw)
+
+
 def _term_query(term: str) -> sa.ColumnElement[Any]:
     """The ``tsquery`` of the one lexeme ``term``, quoted by the server."""
     lexeme = sa.func.array_to_tsvector(sa.literal([term], ARRAY(sa.Text)))
@@ -313,6 +329,15 @@ class PostgreSQLProvider(OnConflictProvider):
         for other in queries[1:]:
             query = query.op("&&", return_type=TSQUERY)(other)
         return _SEARCH_VECTOR.bool_op("@@")(query)
+
+    def estimate_rows(self, conn: sa.Connection, query: sa.Select[Any]) -> int | None:
+        """The planner's row estimate of ``query``: ``EXPLAIN (FORMAT JSON)``'s top
+        ``Plan Rows``, from the table statistics ``ANALYZE`` (or autovacuum) keeps; a plan
+        costs well under a millisecond, where counting 150,000 rows read every one."""
+        plan = conn.execute(_Explain(query)).scalar_one()
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        return int(plan[0]["Plan"]["Plan Rows"])
 
     def prepare_search(self, conn: sa.Connection) -> None:
         """The planner does not know that ``@@`` detoasts each row's ``search_vector``:

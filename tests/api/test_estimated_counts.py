@@ -1,0 +1,168 @@
+"""``Total-Count`` over the exact-count limit (``exact_count_limit``): counted exactly up
+to the limit, beyond it the provider's estimate marked ``Total-Count-Estimated: true``
+(README, Compatibility); a provider without an estimate (SQLite) counts exactly and marks
+nothing. The page's rows never depend on the count."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from controlroom.api import create_app
+from controlroom.config import Settings
+from controlroom.db.tables import FailedMessageStatus, failed_messages
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from tests.factories import at, attempt, message_uuid
+
+LIMIT = 10
+MESSAGES = 40
+
+
+@pytest.fixture
+def capped(
+    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore
+) -> Iterator[TestClient]:
+    """A client whose exact counts stop at ``LIMIT``, over ``MESSAGES`` failed messages
+    (no time_sent: the default order is by id, descending), statistics up to date."""
+    FailedMessageBatchWriter(engine).write(
+        IngestionBatch(attempts=[attempt(n, at(n)) for n in range(MESSAGES)])
+    )
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE failed_messages")
+    limited = settings.model_copy(update={"exact_count_limit": LIMIT})
+    with TestClient(create_app(limited, engine, body_store)) as test_client:
+        yield test_client
+
+
+def _estimates(client: TestClient) -> bool:
+    return client.app.state.engine.dialect.name == "postgresql"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_a_count_over_the_limit_is_marked_as_an_estimate_and_the_page_is_right(
+    capped: TestClient, method: str
+) -> None:
+    response = capped.request(method, "/api/errors", params={"per_page": 5, "page": 2})
+    assert response.status_code == 200
+    total = int(response.headers["Total-Count"])
+    if _estimates(capped):
+        assert response.headers["Total-Count-Estimated"] == "true"
+        assert LIMIT + 1 <= total <= 10 * MESSAGES
+    else:
+        assert "Total-Count-Estimated" not in response.headers
+        assert total == MESSAGES
+    last = -(-total // 5)
+    assert f'page={last}>; rel="last"' in response.headers["Link"]
+    if method == "GET":
+        expected = [message_uuid(n) for n in range(MESSAGES - 6, MESSAGES - 11, -1)]
+        assert [item["id"] for item in response.json()] == expected
+
+
+def test_message_views_mark_an_estimate_too(capped: TestClient) -> None:
+    response = capped.get("/api/messages", params={"per_page": 5})
+    assert response.status_code == 200
+    marked = response.headers.get("Total-Count-Estimated") == "true"
+    assert marked == _estimates(capped)
+    assert len(response.json()) == 5
+
+
+def test_a_count_within_the_limit_stays_exact_and_unmarked(
+    capped: TestClient, engine: sa.Engine
+) -> None:
+    response = capped.get("/api/errors", params={"per_page": 5, "status": "archived"})
+    assert response.headers["Total-Count"] == "0"
+    assert "Total-Count-Estimated" not in response.headers
+    with engine.begin() as conn:  # exactly LIMIT archived: still counted, not estimated
+        conn.execute(
+            sa.update(failed_messages)
+            .where(failed_messages.c.id.in_([message_uuid(n) for n in range(LIMIT)]))
+            .values(status=int(FailedMessageStatus.ARCHIVED))
+        )
+    at_limit = capped.get("/api/errors", params={"per_page": 5, "status": "archived"})
+    assert at_limit.headers["Total-Count"] == str(LIMIT)
+    assert "Total-Count-Estimated" not in at_limit.headers
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/api/messages/search/failed", "/api/messages/search", "/api/endpoints/Sales/errors"],
+)
+@pytest.mark.parametrize("page", [1, 3])
+def test_searches_and_lists_over_the_limit_show_the_rows_an_exact_count_shows(
+    capped: TestClient, client: TestClient, path: str, page: int
+) -> None:
+    params = {"per_page": "7", "page": str(page), "q": "failed"}
+    estimated = capped.get(path, params=params)
+    exact = client.get(path, params=params)
+    assert estimated.status_code == exact.status_code == 200
+    assert exact.headers["Total-Count"] == str(MESSAGES)
+    assert "Total-Count-Estimated" not in exact.headers
+    assert [item["id"] for item in estimated.json()] == [item["id"] for item in exact.json()]
+    assert len(exact.json()) == 7
+    if _estimates(capped):
+        assert estimated.headers["Total-Count-Estimated"] == "true"
+        assert int(estimated.headers["Total-Count"]) >= LIMIT + 1
+    else:
+        for name in ("Total-Count", "Link", "ETag"):
+            assert estimated.headers[name] == exact.headers[name]
+        assert "Total-Count-Estimated" not in estimated.headers
+
+
+@pytest.mark.parametrize("query", [{}, {"q": "failed"}])
+def test_the_console_says_about_for_an_estimate(capped: TestClient, query: dict[str, str]) -> None:
+    html = capped.get("/messages", params=query).text
+    shown = re.search(r'data-testid="total">([^<]*)<', html)
+    assert shown is not None
+    if _estimates(capped):
+        assert re.fullmatch(r"about \d+ messages", shown[1])
+        assert int(shown[1].split()[1]) >= LIMIT + 1
+    else:
+        assert shown[1] == f"{MESSAGES} messages"
+
+
+def test_a_big_groups_count_is_estimated_and_its_page_is_right(
+    capped: TestClient, client: TestClient, engine: sa.Engine
+) -> None:
+    members = range(100, 100 + 2 * LIMIT)
+    FailedMessageBatchWriter(engine).write(
+        IngestionBatch(attempts=[attempt(n, at(n), exception_message="boom") for n in members])
+    )
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE")
+    group_id = uuid.uuid5(uuid.NAMESPACE_URL, "boom")
+    path = f"/api/recoverability/groups/{group_id}/errors"
+    for params in ({"per_page": "6", "page": "2"}, {"per_page": "6", "status": "unresolved"}):
+        estimated, exact = capped.get(path, params=params), client.get(path, params=params)
+        assert exact.headers["Total-Count"] == str(2 * LIMIT)
+        assert [item["id"] for item in estimated.json()] == [item["id"] for item in exact.json()]
+        assert len(exact.json()) == 6
+        if _estimates(capped):
+            assert estimated.headers["Total-Count-Estimated"] == "true"
+            assert int(estimated.headers["Total-Count"]) >= LIMIT + 1
+        else:
+            assert estimated.headers["Total-Count"] == str(2 * LIMIT)
+
+
+@pytest.mark.parametrize("path", ["/api/errors", "/api/messages/search/failed"])
+def test_an_estimate_is_never_below_the_rows_seen_so_paging_goes_on(
+    capped: TestClient, path: str
+) -> None:
+    """A planner's estimate may fall short of the matches (two words it takes for
+    independent); the last full page must still link to the next one."""
+    response = capped.get(path, params={"per_page": "5", "page": str(MESSAGES // 5)})
+    assert len(response.json()) == 5
+    if _estimates(capped):
+        assert int(response.headers["Total-Count"]) >= MESSAGES + 1
+        assert 'rel="next"' in response.headers["Link"]
+        beyond = capped.get(path, params={"per_page": "5", "page": str(MESSAGES // 5 + 1)})
+        assert beyond.json() == []
+    else:
+        assert response.headers["Total-Count"] == str(MESSAGES)
