@@ -182,10 +182,24 @@ class Servers:
             try:
                 code: int | None = process.wait(timeout=60)
             except subprocess.TimeoutExpired:
+                dump_stacks(process.pid, log)  # where it hangs, for the failure's message
                 process.kill()
                 code = None
             codes.append((code, INGESTING in log.read_bytes()))
         return codes
+
+
+def dump_stacks(pid: int, log: Path) -> None:
+    """Append the Python stacks of process ``pid`` to ``log`` (py-spy, a dev dependency;
+    nothing when it is missing or not allowed to attach)."""
+    spy = Path(sys.executable).with_name("py-spy")
+    if not spy.exists():
+        return
+    dump = subprocess.run(
+        [str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30
+    )
+    with log.open("a") as output:
+        output.write(f"--- py-spy dump\n{dump.stdout}{dump.stderr}")
 
 
 @pytest.fixture
@@ -270,6 +284,9 @@ def test_two_servers_drain_the_queue_exactly_while_one_is_killed_again_and_again
         assert counts.keys() == distinct.keys()
         # A process that was ingesting stops cleanly on SIGTERM (one still starting up
         # may die of it before its handlers are installed).
-        assert [code for code, ready in codes if ready] == [0] * sum(r for _, r in codes)
+        assert [code for code, ready in codes if ready] == [0] * sum(r for _, r in codes), (
+            f"a serve did not stop cleanly on SIGTERM (None: not within 60 s): {codes}\n"
+            f"{serving.log_tail(40)}"
+        )
     finally:
         engine.dispose()
