@@ -373,6 +373,17 @@ def expected_rows(seed: int, count: int) -> set[str]:
     return ids
 
 
+def terminate(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM ``process`` if it still runs; SIGKILL it when it has not exited in 30 s."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
 @contextlib.contextmanager
 def serving(port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """``controlroom serve`` in a child process (env as set), stopped with SIGTERM."""
@@ -386,13 +397,7 @@ def serving(port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
         try:
             yield process
         finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(timeout=10)
+            terminate(process)
 
 
 def wait_for_rows(base: str, count: int, process: subprocess.Popen[bytes]) -> list[dict]:
@@ -479,13 +484,7 @@ def running(log: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
         try:
             yield process
         finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(timeout=10)
+            terminate(process)
     assert process.returncode == 0, log.read_text()
 
 
