@@ -2,13 +2,15 @@
 
 Since migration 0011 the group rows carry copies of their message's ``status``,
 ``first_failure_at`` and ``last_failure_at``, kept by the database's triggers, and the
-groups views (``errors.read.groups``) and a group's message count read those copies
-alone. Property: after any sequence of ingest (new attempts, redeliveries, new groups),
-archive, unarchive (one message or a whole group), retry, retry confirmation, resolve and
-retention sweep, every copy equals its message's columns, and every view equals the
-aggregate of ``failed_message_groups`` joined to ``failed_messages`` (ServiceControl's
-``FailureGroupsViewIndex``, as the views computed it before 0011). On every provider,
-and on PostgreSQL under two concurrent writers.
+groups views (``errors.read.groups``) read those copies and the group counts the
+database keeps per group and status (``failed_message_group_counts``, migration 0014;
+folded by ``errors.group_counts``). Property: after any sequence of ingest (new attempts,
+redeliveries, new groups), archive, unarchive (one message or a whole group), retry,
+retry confirmation, resolve, retention sweep and folding of the counts, every copy equals
+its message's columns, every count equals the number of group rows it counts, and every
+view equals the aggregate of ``failed_message_groups`` joined to ``failed_messages``
+(ServiceControl's ``FailureGroupsViewIndex``, as the views computed it before 0011). On
+every provider, and on PostgreSQL under two concurrent writers.
 """
 
 from __future__ import annotations
@@ -27,8 +29,14 @@ from hypothesis import strategies as st
 
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
-from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
+from controlroom.db.tables import (
+    FailedMessageStatus,
+    failed_message_group_counts,
+    failed_message_groups,
+    failed_messages,
+)
 from controlroom.db.transactions import begin_write
+from controlroom.errors.group_counts import compact_group_counts
 from controlroom.errors.ingest import identity
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.writer import (
@@ -44,6 +52,7 @@ from tests.factories import at, attempt, message_uuid
 
 fm = failed_messages.c
 fmg = failed_message_groups.c
+counts = failed_message_group_counts.c
 
 MESSAGES = 6
 CLASSIFIERS = ("Kind", "Place")
@@ -108,6 +117,10 @@ def resolve(engine: sa.Engine, n: int) -> None:
         operations.resolve_pending_retries(conn, [message_uuid(n)], NOW)
 
 
+def compact(engine: sa.Engine) -> None:
+    compact_group_counts(engine)
+
+
 def sweep(engine: sa.Engine, body_store: FileSystemBodyStore) -> None:
     sweep_expired_failed_messages(
         engine, body_store, retention_period=timedelta(seconds=1), now=NOW + timedelta(days=1)
@@ -125,6 +138,7 @@ step = st.one_of(
     st.tuples(st.just("confirm"), message),
     st.tuples(st.just("resolve"), message),
     st.tuples(st.just("sweep")),
+    st.tuples(st.just("compact")),
 )
 OPERATIONS: dict[str, Any] = {
     "ingest": ingest,
@@ -135,6 +149,7 @@ OPERATIONS: dict[str, Any] = {
     "retry": retry,
     "confirm": confirm,
     "resolve": resolve,
+    "compact": compact,
 }
 
 
@@ -186,6 +201,15 @@ def assert_views_equal_aggregate(engine: sa.Engine) -> None:
             )
         ).all()
         assert copies == []
+        key = (fmg.classifier, fmg.group_id, fmg.status)
+        group_rows = conn.execute(sa.select(*key, sa.func.count()).group_by(*key)).all()
+        total = sa.func.sum(counts.n)
+        counted = conn.execute(
+            sa.select(counts.classifier, counts.group_id, counts.status, total)
+            .group_by(counts.classifier, counts.group_id, counts.status)
+            .having(total != 0)
+        ).all()
+        assert sorted(map(tuple, counted)) == sorted(map(tuple, group_rows))
         for status in (FailedMessageStatus.UNRESOLVED, FailedMessageStatus.ARCHIVED):
             expected = design_aggregate(conn, status)
             for classifier in CLASSIFIERS:
@@ -246,7 +270,7 @@ def test_groups_views_equal_the_aggregate_under_two_concurrent_writers(
                     )
                 elif operation in ("archive_group", "unarchive_group"):
                     arguments = (rng.randrange(9),)
-                elif operation == "sweep":
+                elif operation in ("sweep", "compact"):
                     arguments = ()
                 else:
                     arguments = (rng.randrange(MESSAGES),)

@@ -138,7 +138,30 @@ failed_message_groups = sa.Table(
         "last_failure_at",
         "first_failure_at",
     ),
-    sa.Index("ix_failed_message_groups_group_id_status", "group_id", "status", "failed_message_id"),
+    sa.Index(
+        "ix_failed_message_groups_group_id_status_first",
+        "group_id",
+        "status",
+        "first_failure_at",
+        "failed_message_id",
+    ),
+)
+
+# Signed counts of group rows per (classifier, group, status), written by the database's
+# triggers (migration 0014): a group's count in a status is the SUM of its rows here.
+# PostgreSQL appends a row per statement and key (never updating a shared row, so writers
+# never wait on a counter); Provider.compact_group_counts folds them, one row per key.
+failed_message_group_counts = sa.Table(
+    "failed_message_group_counts",
+    metadata,
+    sa.Column("classifier", sa.String(100), nullable=False),
+    sa.Column("group_id", sa.String(UUID_LEN), nullable=False),
+    sa.Column("status", sa.SmallInteger, nullable=False),
+    sa.Column("n", sa.BigInteger, nullable=False),
+    sa.Index(
+        "ix_failed_message_group_counts_classifier_status", "classifier", "status", "group_id"
+    ),
+    sa.Index("ix_failed_message_group_counts_group_id_status", "group_id", "status"),
 )
 
 # An operator's note on a failure group (migration 0003). Keyed by group id alone: groups

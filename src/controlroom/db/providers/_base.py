@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Protocol
 
 import sqlalchemy as sa
 
-from controlroom.db.tables import audit_log
+from controlroom.db.tables import audit_log, failed_message_group_counts
 from controlroom.db.transactions import begin_write
 from controlroom.exceptions import ErrorKind
 
@@ -235,6 +235,13 @@ class Provider(ABC):
             deleted += len(ids)
             if len(ids) < chunk:
                 return deleted
+
+    def compact_group_counts(self, conn: sa.Connection) -> None:
+        """Fold ``failed_message_group_counts`` to one row per key, dropping keys whose
+        sum is 0; the sums do not change (migration 0014). Here (SQLite: the triggers
+        keep one row per key already) only emptied keys are deleted."""
+        counts = failed_message_group_counts
+        conn.execute(sa.delete(counts).where(counts.c.n == 0))
 
     def insert_rows_if_absent(
         self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]

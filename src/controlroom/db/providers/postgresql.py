@@ -348,6 +348,19 @@ class PostgreSQLProvider(OnConflictProvider):
         conn.exec_driver_sql(f"SET LOCAL work_mem = '{SEARCH_WORK_MEM}'")
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
 
+    def compact_group_counts(self, conn: sa.Connection) -> None:
+        """Fold the rows the statement triggers appended (migration 0014) in one statement:
+        the rows it deletes are those committed when it started, and their sums go back
+        in the same transaction, so no reader sees a key counted twice or not at all. Two
+        compactions at once are safe: the later one skips the rows the earlier deleted."""
+        conn.exec_driver_sql(
+            "WITH folded AS (DELETE FROM failed_message_group_counts "
+            "RETURNING classifier, group_id, status, n) "
+            "INSERT INTO failed_message_group_counts (classifier, group_id, status, n) "
+            "SELECT classifier, group_id, status, sum(n) FROM folded "
+            "GROUP BY classifier, group_id, status HAVING sum(n) <> 0"
+        )
+
     def make_lease(self, engine: sa.Engine, name: str, owner: str, seconds: float) -> Lease:
         # owner and seconds do not apply: the server knows the holder and its liveness.
         return AdvisoryLockLease(engine, name)

@@ -5,11 +5,12 @@ A group exists while at least one failed message belongs to it (a row of
 ``failed_message_groups``). Its view counts only the messages in one status: Unresolved
 for the recoverability views, Archived for the archive views. ``first`` is the earliest
 first failure and ``last`` the latest last failure of the counted messages, as
-ServiceControl's ``FailureGroupsViewIndex`` computes them. The group rows carry their
-message's status and failure window (copies the database keeps equal, migration 0011),
-so the aggregates read the group rows alone, from an index that starts with the
-classifier and the status. SQLAlchemy Core only; every function takes an open
-``Connection``; times are timezone-aware UTC.
+ServiceControl's ``FailureGroupsViewIndex`` computes them. The database keeps what the
+views need: the group rows carry their message's status and failure window (copies,
+migration 0011), and ``failed_message_group_counts`` counts them per group and status
+(migration 0014). A view reads the counts and, per group, its first and last failure by
+two index probes: its cost follows the number of groups, not of messages. SQLAlchemy
+Core only; every function takes an open ``Connection``; times are timezone-aware UTC.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from controlroom.db.providers import provider_for
 from controlroom.db.tables import (
     FailedMessageStatus,
     failed_message_group_comments,
+    failed_message_group_counts,
     failed_message_groups,
     failed_messages,
     retry_operations,
@@ -33,6 +35,7 @@ from controlroom.errors.ingest.grouping import CLASSIFIERS, EXCEPTION_TYPE_AND_S
 
 fm = failed_messages.c
 fmg = failed_message_groups.c
+counts = failed_message_group_counts.c
 comments = failed_message_group_comments.c
 ro = retry_operations.c
 
@@ -68,11 +71,9 @@ def list_groups(
     """The groups of ``classifier`` that hold messages in ``status``, latest ``last``
     first (ties by id). ``title`` keeps only the group with that exact title
     (ServiceControl's ``classifierFilter``). An unknown classifier has no groups."""
-    aggregates = _aggregates(status).where(fmg.classifier == classifier)
-    if title is not None:
-        # The id is a hash of classifier and title: the index finds it, the title may not.
-        aggregates = aggregates.where(fmg.group_id == identity.group_id(classifier, title))
-    rows = conn.execute(_with_comments(aggregates.subquery(), classifier)).all()
+    # The id is a hash of classifier and title: the index finds it, the title may not.
+    group_id = None if title is None else identity.group_id(classifier, title)
+    rows = conn.execute(_with_comments(_aggregates(classifier, status, group_id), classifier))
     return [_group(row) for row in rows]
 
 
@@ -90,10 +91,8 @@ def get_group(
     ).one_or_none()
     if found is None:
         return None
-    aggregates = _aggregates(status).where(
-        fmg.classifier == found.classifier, fmg.group_id == group_id
-    )
-    row = conn.execute(_with_comments(aggregates.subquery(), found.classifier)).one_or_none()
+    aggregates = _aggregates(found.classifier, status, group_id)
+    row = conn.execute(_with_comments(aggregates, found.classifier)).one_or_none()
     if row is not None:
         return _group(row)
     return GroupSummary(
@@ -231,19 +230,34 @@ def acknowledge_group_retry(conn: sa.Connection, group_id: str) -> bool:
 
 
 # --- helpers ------------------------------------------------------------------------------
-def _aggregates(status: FailedMessageStatus) -> sa.Select[Any]:
-    """Per group id: count, first and last over its messages in ``status``, from the
-    group rows' copies of the message's columns (an index-only read on PostgreSQL)."""
-    return (
-        sa.select(
-            fmg.group_id.label("id"),
-            sa.func.count().label("message_count"),  # not "count": a Row method
-            sa.func.min(fmg.first_failure_at).label("first"),
-            sa.func.max(fmg.last_failure_at).label("last"),
-        )
-        .where(fmg.status == int(status))
-        .group_by(fmg.group_id)
+def _aggregates(
+    classifier: str, status: FailedMessageStatus, group_id: str | None = None
+) -> sa.Subquery:
+    """Per group id of ``classifier`` (only ``group_id`` when given) with messages in
+    ``status``: their count (the sum of the group's counts), earliest first failure and
+    latest last failure (each an index probe into the group rows' copies)."""
+    total = sa.func.sum(counts.n)
+    counted = (
+        sa.select(counts.group_id.label("id"), total.label("message_count"))
+        .where(counts.classifier == classifier, counts.status == int(status))
+        .group_by(counts.group_id)
+        .having(total > 0)
     )
+    if group_id is not None:
+        counted = counted.where(counts.group_id == group_id)
+    groups = counted.subquery("counted")
+    first = sa.select(sa.func.min(fmg.first_failure_at)).where(
+        fmg.group_id == groups.c.id, fmg.status == int(status)
+    )
+    last = sa.select(sa.func.max(fmg.last_failure_at)).where(
+        fmg.classifier == classifier, fmg.status == int(status), fmg.group_id == groups.c.id
+    )
+    return sa.select(
+        groups.c.id,
+        groups.c.message_count,
+        first.scalar_subquery().label("first"),
+        last.scalar_subquery().label("last"),
+    ).subquery("aggregates")
 
 
 def _with_comments(aggregates: sa.Subquery, classifier: str) -> sa.Select[Any]:
