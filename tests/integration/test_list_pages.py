@@ -1,11 +1,14 @@
-"""A list page is the same whichever way the store finds it, and on SQLite a page of many
-matches walks the sort key's index (``errors.read.queries.WALK_SORT_INDEX_PAST``).
+"""A list or search page is the same whichever way the store finds it, and on SQLite a
+page of many matches walks the sort key's index (``errors.read.queries.WALK_SORT_INDEX_PAST``
+for lists, the exact-count limit for searches).
 
 SQLite keeps no statistics: given an equality on an indexed column (status, endpoint,
 queue address) it reads every match from that column's index and sorts them all, 700,000
 rows for the Unresolved of 1,000,000 (``benchmarks/README.md``, SQLite at a million).
 Past ``WALK_SORT_INDEX_PAST`` matches the page keeps those columns from every index
-(``Provider.without_index``), so the sort key's index is walked and filtered instead.
+(``Provider.without_index``), so the sort key's index is walked and filtered instead. A
+search of more matches than the exact-count limit is walked the same way (it was only
+where the total is an estimate, never on SQLite, which counts exactly).
 """
 
 from __future__ import annotations
@@ -142,3 +145,52 @@ def test_sqlite_walks_the_sort_keys_index_for_many_matches(
     plan = sqlite_plan(sqlite_stored, statement, parameters)
     assert "SCAN failed_messages USING INDEX ix_failed_messages_last_failure_at_id" in plan
     assert not any("status" in line or "receiving_endpoint" in line for line in plan)
+
+
+SEARCHES = ("failed", "Sales", "msg-4", "failed Billing")
+
+
+@pytest.mark.parametrize("order", ORDERS, ids=lambda o: f"{o.key}-{o.descending}")
+def test_a_search_page_is_the_same_walked_or_collected(
+    stored: sa.Engine, order: queries.Ordering
+) -> None:
+    """Past the exact-count limit a search page is found by walking the sort key's index;
+    within it from the collected matches: the same rows in the same order, and on SQLite
+    (no estimate) the same exact total."""
+
+    def search(text: str, offset: int, exact_count_limit: int | None) -> queries.SearchPage:
+        with stored.connect() as conn:
+            return queries.search_failed_messages(
+                conn,
+                text,
+                offset=offset,
+                limit=4,
+                order=order,
+                exact_count_limit=exact_count_limit,
+            )
+
+    for text in SEARCHES:
+        for offset in (0, 4, 28):
+            collected = search(text, offset, None)
+            walked = search(text, offset, 2)
+            assert walked.items == collected.items
+            if stored.dialect.name == "sqlite":
+                assert (walked.total, walked.total_estimated) == (collected.total, False)
+    assert [search(text, 0, None).total for text in SEARCHES] == [30, 10, 1, 10]
+
+
+def test_sqlite_walks_the_sort_keys_index_for_a_search_of_many_matches(
+    sqlite_stored: sa.Engine, statements: list[tuple[str, Any]]
+) -> None:
+    """A search of more matches than the exact-count limit reads its page along the sort
+    key's index, testing each row, not from the full-text and id indexes and sorted."""
+    with sqlite_stored.connect() as conn:
+        page = queries.search_failed_messages(
+            conn, "failed", offset=0, limit=4, exact_count_limit=5
+        )
+    assert (page.total, len(page.items)) == (MESSAGES, 4)
+
+    [(statement, parameters)] = [s for s in statements if "LIMIT ? OFFSET ?) AS page" in s[0]]
+    plan = sqlite_plan(sqlite_stored, statement, parameters)
+    assert "SCAN failed_messages USING INDEX ix_failed_messages_time_sent_id" in plan
+    assert not any("MULTI-INDEX OR" in line or "TEMP B-TREE" in line for line in plan[:3])

@@ -115,7 +115,8 @@ class SQLiteProvider(OnConflictProvider):
         # documentation, "Disqualifying WHERE clause terms using unary-+"). Without
         # statistics SQLite takes any equality on an indexed column for selective: 70 %
         # of 1,000,000 rows read by their status index and sorted (benchmarks/README.md).
-        return UnaryExpression(column, operator=operators.custom_op("+"), type_=column.type)
+        operand = column.self_group()  # parenthesized when it is an expression
+        return UnaryExpression(operand, operator=operators.custom_op("+"), type_=column.type)
 
     def make_lease(self, engine: sa.Engine, name: str, owner: str, seconds: float) -> Lease:
         return LeaseRow(self, engine, name, owner, seconds)

@@ -624,7 +624,7 @@ def search_failed_messages(
     if exact_count_limit is not None:
         matching = sa.select(sa.literal(1)).select_from(failed_messages).where(condition)
         total = _count_or_estimate(conn, matching, exact_count_limit)
-        if total.estimated:
+        if total.value > exact_count_limit:
             return _search_page_of_many(conn, condition, total, offset, limit, order)
     return _search_page(conn, condition, offset, limit, order)
 
@@ -639,10 +639,12 @@ def _search_page_of_many(
 ) -> SearchPage:
     """A page of a search with more matches than the exact-count limit: walking the sort
     key's index and testing each row finds a page after about (offset + limit) x (all
-    messages / matches) rows, where collecting every match first read them all."""
+    messages / matches) rows, where collecting every match first read them all. The
+    condition is kept from every index (``Provider.without_index``): SQLite, counting
+    exactly, would otherwise collect every match by its indexes and sort them all."""
     page = (
         sa.select(fm.id)
-        .where(condition)
+        .where(provider_for(conn).without_index(condition))
         .order_by(*order_by(order))
         .limit(limit)
         .offset(offset)
@@ -654,7 +656,9 @@ def _search_page_of_many(
         .order_by(*order_by(order))
     ).all()
     total = total.at_least_seen(offset, len(rows), limit)
-    return SearchPage(total=total.value, items=[_hit(row) for row in rows], total_estimated=True)
+    return SearchPage(
+        total=total.value, items=[_hit(row) for row in rows], total_estimated=total.estimated
+    )
 
 
 def _search_page(
