@@ -50,6 +50,8 @@ import os
 import platform
 import random
 import resource
+import shutil
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -58,7 +60,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -68,11 +70,13 @@ from urllib.parse import quote
 import psycopg
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
+from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 
 from controlroom.api import create_app
 from controlroom.config import IngestionSettings, Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
+from controlroom.db.providers.sqlite import PROVIDER as SQLITE_PROVIDER
 from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
 from controlroom.demo import format_nsb_time, generate_demo_messages
 from controlroom.errors.ingest import headers as h
@@ -134,6 +138,7 @@ class Template:
     time_sent_text: str | None
     fixed_terms: frozenset[str]
     fixed_text: str  # fixed_terms in tsvector input form
+    fixed_words: str  # fixed_terms as SQLite's column holds them (space separated)
     varying: tuple[str, ...]  # header values holding a per-row value
 
 
@@ -182,8 +187,9 @@ def make_templates(count: int = TEMPLATES, seed: int = 7) -> list[Template]:
         sent_text = headers.get(h.TIME_SENT)
         replaced = [attempt.message_id, failed_text, *([sent_text] if sent_text else [])]
         fixed, varying = split_terms(attempt, headers, replaced)
+        words = sorted(fixed)
         template = Template(
-            attempt, failed_text, sent_text, fixed, tsvector_text(sorted(fixed)), varying
+            attempt, failed_text, sent_text, fixed, tsvector_text(words), " ".join(words), varying
         )
         check_terms(template, rng)
         templates.append(template)
@@ -403,6 +409,199 @@ def load(url: str, messages: int, workers: int) -> dict[str, float]:
     return timings
 
 
+# --- SQLite -------------------------------------------------------------------------------
+SQLITE_CHUNK = 10_000  # rows a loading process makes per task
+SQLITE_TRANSACTION = 100_000  # rows per load transaction
+# During the load only (the service's connections set WAL and synchronous NORMAL again):
+# no rollback journal, no fsync, foreign keys unchecked (every group row's message is in
+# the same chunk), a 2 GB page cache for the index builds.
+SQLITE_LOAD_PRAGMAS = (
+    "PRAGMA journal_mode = OFF",
+    "PRAGMA synchronous = OFF",
+    "PRAGMA foreign_keys = OFF",
+    "PRAGMA cache_size = -2000000",
+)
+
+
+def _sqlite_binders(table: sa.Table) -> list[Callable[[Any], Any] | None]:
+    """Per column of ``table``, what SQLAlchemy's SQLite dialect does to a value on its
+    way to the driver, past the column type's own ``process_bind_param`` (the rows are
+    already in its output form: naive UTC datetimes, the terms' text): ``DATETIME`` to
+    its text form, ``JSON`` to its text, ``Boolean`` to 0/1."""
+    dialect = sqlite_dialect()
+    binders = []
+    for column in table.c:
+        impl = column.type.dialect_impl(dialect)
+        if isinstance(impl, sa.types.TypeDecorator):
+            impl = impl.impl_instance.dialect_impl(dialect)
+        binders.append(impl.bind_processor(dialect))
+    return binders
+
+
+def _bound(row: Sequence[Any], binders: Sequence[Callable[[Any], Any] | None]) -> tuple[Any, ...]:
+    return tuple(v if b is None else b(v) for v, b in zip(row, binders, strict=True))
+
+
+def sqlite_rows(args: tuple[int, int]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """``count`` message rows (seeded by ``seed``) and their group rows as the service's
+    SQLite writes store them: ``make_row``'s rows with the terms' text in
+    ``search_vector`` (the same terms as PostgreSQL's ``tsvector``) and every value bound
+    as SQLAlchemy binds it."""
+    seed, count = args
+    rng = random.Random(seed)
+    message_binders = _sqlite_binders(failed_messages)
+    group_binders = _sqlite_binders(failed_message_groups)
+    terms_at = MESSAGE_COLUMNS.index("search_vector")
+    rows, groups = [], []
+    for _ in range(count):
+        template = rng.choice(_TEMPLATES)
+        row, row_groups, fresh = make_row(template, rng)
+        words = " ".join([template.fixed_words, *fresh]) if fresh else template.fixed_words
+        rows.append(_bound((*row[:terms_at], words, *row[terms_at + 1 :]), message_binders))
+        groups.extend(_bound(group, group_binders) for group in row_groups)
+    return rows, groups
+
+
+def sqlite_secondary_objects(conn: sqlite3.Connection) -> SchemaObjects:
+    """Every explicit index and every trigger of the loaded tables (the FTS5 table's
+    triggers among them), dropped for the load; the FTS5 index is rebuilt after."""
+    names = ", ".join("?" for _ in LOADED_TABLES)
+    found = conn.execute(
+        f"SELECT type, name, sql FROM sqlite_master WHERE type IN ('index', 'trigger') "
+        f"AND sql IS NOT NULL AND tbl_name IN ({names}) ORDER BY type, name",
+        LOADED_TABLES,
+    ).fetchall()
+    drop = [f'DROP {kind.upper()} "{name}"' for kind, name, _ in found]
+    create = [sql for kind, _, sql in found if kind == "index"]
+    create.append("INSERT INTO failed_messages_fts(failed_messages_fts) VALUES ('rebuild')")
+    create += [sql for kind, _, sql in found if kind == "trigger"]
+    return SchemaObjects(drop, create)
+
+
+def load_sqlite(path: Path, messages: int, workers: int) -> dict[str, float]:
+    """Fill the empty, migrated SQLite store at ``path``; seconds per phase.
+
+    ``workers`` processes make the rows, this one inserts them (``executemany``, one
+    transaction per ``SQLITE_TRANSACTION`` rows) with the secondary indexes and the
+    triggers dropped: the group rows already hold the copies migration 0011's triggers
+    would give them, and the FTS5 index is rebuilt from ``search_vector`` after the
+    load (what its insert trigger would have indexed, row by row)."""
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    _TEMPLATES[:] = make_templates()
+    timings["templates"] = time.perf_counter() - started
+    conn = sqlite3.connect(path, isolation_level=None)
+    for pragma in SQLITE_LOAD_PRAGMAS:
+        conn.execute(pragma)
+    objects = sqlite_secondary_objects(conn)
+    for statement in objects.drop:
+        conn.execute(statement)
+    insert_messages = (
+        f"INSERT INTO failed_messages ({', '.join(MESSAGE_COLUMNS)}) "
+        f"VALUES ({', '.join('?' for _ in MESSAGE_COLUMNS)})"
+    )
+    insert_groups = (
+        f"INSERT INTO failed_message_groups ({', '.join(GROUP_COLUMNS)}) "
+        f"VALUES ({', '.join('?' for _ in GROUP_COLUMNS)})"
+    )
+    started = time.perf_counter()
+    chunks = [
+        (1_000 + index, min(SQLITE_CHUNK, messages - start))
+        for index, start in enumerate(range(0, messages, SQLITE_CHUNK))
+    ]
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    loaded = 0
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        conn.execute("BEGIN")
+        for rows, groups in pool.imap(sqlite_rows, chunks):
+            conn.executemany(insert_messages, rows)
+            conn.executemany(insert_groups, groups)
+            loaded += len(rows)
+            if loaded % SQLITE_TRANSACTION == 0:
+                conn.execute("COMMIT")
+                conn.execute("BEGIN")
+        conn.execute("COMMIT")
+        pool.close()
+        pool.join()  # so that the workers' CPU time is counted below
+    assert loaded == messages
+    timings["insert"] = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    timings["(of which rows made, CPU of the loading processes)"] = (
+        after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    )
+    started = time.perf_counter()
+    for statement in objects.create:
+        conn.execute(statement)
+    timings["indexes, FTS5 rebuild, triggers"] = time.perf_counter() - started
+    conn.execute("PRAGMA journal_mode = WAL")  # the service's mode (it sets it on connect)
+    conn.close()
+    return timings
+
+
+@contextmanager
+def scratch_sqlite(parent: Path, reuse: str | None, keep: bool) -> Iterator[tuple[str, bool]]:
+    """(SQLAlchemy URL of the benchmark's SQLite file, whether it is new): a new file in a
+    scratch directory under ``parent``, deleted afterwards unless ``keep``; or ``reuse``,
+    an existing file, left in place."""
+    if reuse:
+        yield SQLITE_PROVIDER.file_url(Path(reuse)), False
+        return
+    parent.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="controlroom_bench_query_", dir=parent))
+    path = directory / "controlroom.db"
+    try:
+        yield SQLITE_PROVIDER.file_url(path), True
+    finally:
+        if keep:
+            print(f"kept database {path} (--database sqlite --reuse {path})")
+        else:
+            shutil.rmtree(directory)
+
+
+def sqlite_path(url: str) -> Path:
+    return Path(sa.make_url(url).database or "")
+
+
+def sqlite_environment(url: str) -> list[str]:
+    path = sqlite_path(url)
+    size = sum(f.stat().st_size for f in path.parent.glob(path.name + "*"))
+    with closing(sqlite3.connect(path)) as conn:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        cache_size = conn.execute("PRAGMA cache_size").fetchone()[0]
+        rows = conn.execute("SELECT count(*) FROM failed_messages").fetchone()[0]
+        groups = conn.execute("SELECT count(*) FROM failed_message_groups").fetchone()[0]
+    return [
+        f"SQLite {sqlite3.sqlite_version} (page_size {page_size}, default cache_size "
+        f"{cache_size}), file {size / 2**30:.1f} GiB",
+        f"{rows:,} failed messages, {groups:,} group rows",
+        f"{platform.python_implementation()} {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs, {platform.machine()}, {load_average()}",
+    ]
+
+
+def sqlite_explain(url: str, statements: Sequence[tuple[str, Any]]) -> str:
+    """``EXPLAIN QUERY PLAN`` of every query among ``statements`` (SQLite has no
+    ``ANALYZE`` option: the plan, not the time)."""
+    lines = []
+    with closing(sqlite3.connect(sqlite_path(url))) as conn:
+        for statement, parameters in statements:
+            if not statement.lstrip().upper().startswith(("SELECT", "WITH")):
+                continue
+            plan = conn.execute(f"EXPLAIN QUERY PLAN {statement}", parameters).fetchall()
+            lines.append(statement.strip().splitlines()[0][:120])
+            lines += ["    " + "  " * depth(row, plan) + row[3] for row in plan]
+    return "\n".join(lines)
+
+
+def depth(row: Sequence[Any], plan: Sequence[Sequence[Any]]) -> int:
+    """How deep ``row`` of an ``EXPLAIN QUERY PLAN`` answer sits (its parent chain)."""
+    parents = {node[0]: node[1] for node in plan}
+    level, parent = 0, row[1]
+    while parent in parents:
+        level, parent = level + 1, parents[parent]
+    return level
+
+
 # --- ingesting meanwhile ------------------------------------------------------------------
 def ingest_until(url: str, stop: Any, seed: int) -> tuple[int, float, list[str]]:
     """Write new failed messages through the service's writer, ``concurrent_batches``
@@ -456,8 +655,14 @@ def ingest_until(url: str, stop: Any, seed: int) -> tuple[int, float, list[str]]
 
 
 def remove_ingested(url: str, ids: Sequence[str]) -> None:
-    """Delete what ``ingest_until`` wrote, so a kept database stays as loaded."""
-    with psycopg.connect(url) as conn:
+    """Delete what ``ingest_until`` wrote (its group rows and index entries by cascade
+    and triggers), so a kept database stays as loaded."""
+    if is_sqlite(url):
+        with closing(sqlite3.connect(sqlite_path(url), timeout=60)) as conn, conn:
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.executemany("DELETE FROM failed_messages WHERE id = ?", [(i,) for i in ids])
+        return
+    with psycopg.connect(libpq_url(url)) as conn:
         conn.execute("DELETE FROM failed_messages WHERE id = ANY(%s)", (list(ids),))
 
 
@@ -512,8 +717,10 @@ class StatementLog:
 
 
 def explain(url: str, statements: Sequence[tuple[str, Any]]) -> str:
+    if is_sqlite(url):
+        return sqlite_explain(url, statements)
     lines = []
-    with psycopg.connect(url) as conn:
+    with psycopg.connect(libpq_url(url)) as conn:
         for statement, parameters in statements:
             if not statement.lstrip().upper().startswith("SELECT"):
                 conn.execute(statement, parameters or None)  # SET LOCAL: in effect for the rest
@@ -525,7 +732,7 @@ def explain(url: str, statements: Sequence[tuple[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def scenarios(client: TestClient, url: str, messages: int) -> list[Scenario]:
+def scenarios(client: TestClient, messages: int) -> list[Scenario]:
     """The measured requests; each returns a short description of its answer."""
 
     def get(path: str, **params: Any) -> Callable[[], str]:
@@ -539,11 +746,12 @@ def scenarios(client: TestClient, url: str, messages: int) -> list[Scenario]:
 
         return run
 
-    with psycopg.connect(url) as conn:
-        [(known_message_id,)] = conn.execute(
-            "SELECT message_id FROM failed_messages ORDER BY id OFFSET %s LIMIT 1",
-            (messages // 3,),
-        ).fetchall()
+    engine: sa.Engine = client.app.state.engine
+    with engine.connect() as conn:
+        known_message_id = conn.execute(
+            sa.text("SELECT message_id FROM failed_messages ORDER BY id LIMIT 1 OFFSET :n"),
+            {"n": messages // 3},
+        ).scalar_one()
     deep_page = max(1, messages // 50 // 2)
     found: list[Scenario] = [
         Scenario("errors: first page (default sort time_sent desc)", get("/api/errors")),
@@ -604,7 +812,7 @@ def scenarios(client: TestClient, url: str, messages: int) -> list[Scenario]:
         ),
         Scenario("errors/summary", get("/api/errors/summary")),
     ]
-    for size, (group_id, count) in group_sizes(url).items():
+    for size, (group_id, count) in group_sizes(engine).items():
         found += [
             Scenario(
                 f"group's messages: {size} group ({count:,} rows)",
@@ -636,12 +844,15 @@ def scenarios(client: TestClient, url: str, messages: int) -> list[Scenario]:
     return found
 
 
-def group_sizes(url: str) -> dict[str, tuple[str, int]]:
+def group_sizes(engine: sa.Engine) -> dict[str, tuple[str, int]]:
     """The smallest, a middle-sized and the biggest group: (group id, group rows)."""
-    with psycopg.connect(url) as conn:
+    with engine.connect() as conn:
         sizes = conn.execute(
-            "SELECT group_id, count(*) FROM failed_message_groups GROUP BY group_id ORDER BY 2, 1"
-        ).fetchall()
+            sa.text(
+                "SELECT group_id, count(*) FROM failed_message_groups "
+                "GROUP BY group_id ORDER BY 2, 1"
+            )
+        ).all()
     return {"small": sizes[0], "medium": sizes[len(sizes) // 2], "biggest": sizes[-1]}
 
 
@@ -690,8 +901,14 @@ def libpq_url(url: str) -> str:
     return sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def is_sqlite(url: str) -> bool:
+    return sa.make_url(url).get_backend_name() == SQLITE_PROVIDER.name
+
+
 def environment(url: str) -> list[str]:
-    with psycopg.connect(url) as conn:
+    if is_sqlite(url):
+        return sqlite_environment(url)
+    with psycopg.connect(libpq_url(url)) as conn:
         version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
         buffers = conn.execute("SHOW shared_buffers").fetchone()[0]  # type: ignore[index]
         work_mem = conn.execute("SHOW work_mem").fetchone()[0]  # type: ignore[index]
@@ -718,8 +935,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--messages", type=int, default=DEFAULT_MESSAGES)
     parser.add_argument("--repeat", type=int, default=30, help="measured calls per scenario")
     parser.add_argument("--workers", type=int, default=2, help="loading processes")
+    parser.add_argument(
+        "--database",
+        choices=("postgresql", SQLITE_PROVIDER.name),
+        default="postgresql",
+        help="the store to load and measure (sqlite: a file in a scratch directory)",
+    )
+    parser.add_argument(
+        "--sqlite-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()),
+        help="where the SQLite scratch directory is made (a million rows take ~GB)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
-    parser.add_argument("--reuse", metavar="NAME", help="measure an already loaded database")
+    parser.add_argument(
+        "--reuse",
+        metavar="NAME",
+        help="measure an already loaded database (with --database sqlite: its file)",
+    )
     parser.add_argument("--explain", action="store_true", help="print the plans too")
     parser.add_argument("--only", help="measure only scenarios whose name contains this")
     parser.add_argument(
@@ -732,17 +965,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    admin_url = os.environ.get(ADMIN_URL_ENV, DEFAULT_ADMIN_URL)
-    with scratch_database(admin_url, args.reuse, args.keep) as (url, new):
+    if args.database == SQLITE_PROVIDER.name:
+        store = scratch_sqlite(args.sqlite_dir, args.reuse, args.keep)
+    else:
+        admin_url = os.environ.get(ADMIN_URL_ENV, DEFAULT_ADMIN_URL)
+        store = scratch_database(admin_url, args.reuse, args.keep)
+    with store as (url, new):
         engine = create_store_engine(url)
         upgrade_database(engine)  # also brings a reused database to the newest indexes
         if new:
-            timings = load(libpq_url(url), args.messages, args.workers)
+            engine.dispose()  # SQLite: the load changes the journal mode, alone on the file
+            started = time.perf_counter()
+            if is_sqlite(url):
+                timings = load_sqlite(sqlite_path(url), args.messages, args.workers)
+            else:
+                timings = load(libpq_url(url), args.messages, args.workers)
+            timings["total"] = time.perf_counter() - started
             print(
                 "load: "
                 + ", ".join(f"{phase} {seconds:.0f} s" for phase, seconds in timings.items())
             )
-        print("\n".join(environment(libpq_url(url))))
+        print("\n".join(environment(url)))
         log = StatementLog(engine)
         with tempfile.TemporaryDirectory() as scratch:
             settings = Settings(data_dir=Path(scratch), database_url=url)
@@ -750,10 +993,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             with TestClient(app) as client:
                 chosen = [
                     scenario
-                    for scenario in scenarios(client, libpq_url(url), args.messages)
+                    for scenario in scenarios(client, args.messages)
                     if not args.only or args.only in scenario.name
                 ]
-                results = run_scenarios(chosen, args, log, libpq_url(url))
+                results = run_scenarios(chosen, args, log, url)
                 busy: list[Result] = []
                 if args.while_ingesting:
                     busy = run_while_ingesting(chosen, args, log, url)
@@ -790,11 +1033,11 @@ def run_while_ingesting(
         ingesting = pool.apply_async(ingest_until, (url, stop, 23))
         time.sleep(5)  # let it reach full speed
         print(f"\nwhile ingesting ({load_average()}):", flush=True)
-        busy = run_scenarios(chosen, args, log, libpq_url(url))
+        busy = run_scenarios(chosen, args, log, url)
         stop.set()
         count, seconds, ids = ingesting.get()
     print(f"ingested meanwhile: {count:,} messages in {seconds:.0f} s ({count / seconds:.0f}/s)")
-    remove_ingested(libpq_url(url), ids)
+    remove_ingested(url, ids)
     return busy
 
 

@@ -167,6 +167,14 @@ class Provider(ABC):
         it; ``None`` when the provider has none (then callers count exactly)."""
         return None
 
+    def without_index(self, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+        """``column`` as an operand whose conditions no index answers, so that a query
+        ordered by an indexed key walks that key's index and filters the rows it yields,
+        instead of reading every match from the condition's index and sorting them.
+        Here ``column`` itself: a planner with statistics (PostgreSQL) makes that choice
+        from the condition's selectivity."""
+        return column
+
     def prepare_search(self, conn: sa.Connection) -> None:  # noqa: B027 - optional hook
         """Settings for the search statements of ``conn``'s current transaction."""
 

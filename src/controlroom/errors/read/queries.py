@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, get_args
@@ -40,8 +41,17 @@ match, else by walking the sort key's index. The walk tests about (offset + limi
 (all messages / matching messages) rows, the ids cost one lookup each plus a sort:
 they cross near the square root of 50 x all messages (7,000 at 1,000,000)."""
 
+WALK_SORT_INDEX_PAST = GROUP_IDS_FIRST
+"""Past this many matching messages a list page is read by walking the sort key's index
+and filtering what it yields: the filter's equality conditions (status, endpoint, queue)
+are kept from every index (``Provider.without_index``), where a planner without
+statistics (SQLite) reads every match from the condition's index and sorts them all
+(700,000 Unresolved of 1,000,000). The same crossing as ``GROUP_IDS_FIRST``."""
+
 EDIT_OF_HEADER = "ServiceControl.EditOf"
 """Header naming the failed message an edited-and-retried message was made from."""
+
+Operand = Callable[[sa.ColumnElement[Any]], sa.ColumnElement[Any]]
 
 SortKey = Literal[
     "id",
@@ -260,7 +270,7 @@ def list_failed_messages(
     """
     _check_window(offset, limit)
     total = count_matching(conn, where, exact_count_limit)
-    page = _page_ids(where, order, offset=offset, limit=limit, total=total.value)
+    page = _page_ids(conn, where, order, offset=offset, limit=limit, total=total.value)
     rows = conn.execute(
         sa.select(*_SUMMARY_COLUMNS)
         .join_from(failed_messages, page, fm.id == page.c.id)
@@ -275,7 +285,13 @@ def list_failed_messages(
 
 
 def _page_ids(
-    where: FailedMessageFilter, order: Ordering, *, offset: int, limit: int, total: int
+    conn: sa.Connection,
+    where: FailedMessageFilter,
+    order: Ordering,
+    *,
+    offset: int,
+    limit: int,
+    total: int,
 ) -> sa.Subquery:
     """The ids of one page, as a subquery to join the page's rows to; ``total`` is how
     many messages match ``where``.
@@ -284,7 +300,8 @@ def _page_ids(
     then reads index entries alone (the sort keys' indexes end with the id), not rows. A
     group of at most ``GROUP_IDS_FIRST`` matching messages is read from its ids, so no
     provider walks a sort key's index through a million messages for a few hundred (the
-    form SQLite chooses for a membership test, having no statistics).
+    form SQLite chooses for a membership test, having no statistics); more than
+    ``WALK_SORT_INDEX_PAST`` matches are found by that walk, whatever their filter.
     """
     if where.group_id is not None and total <= GROUP_IDS_FIRST:
         # Fenced in a materialized CTE: given the same condition as a membership test,
@@ -308,9 +325,13 @@ def _page_ids(
             .offset(offset)
             .subquery("page")
         )
+    if total > WALK_SORT_INDEX_PAST:
+        conditions = filter_conditions(where, provider_for(conn).without_index)
+    else:
+        conditions = filter_conditions(where)
     return (
         sa.select(fm.id)
-        .where(*filter_conditions(where))
+        .where(*conditions)
         .order_by(*order_by(order))
         .limit(limit)
         .offset(offset)
@@ -405,7 +426,7 @@ def _status_and_group_only(where: FailedMessageFilter) -> bool:
 
 
 def _status_conditions(
-    column: sa.ColumnElement[int], where: FailedMessageFilter
+    column: sa.ColumnElement[Any], where: FailedMessageFilter
 ) -> list[sa.ColumnElement[bool]]:
     conditions: list[sa.ColumnElement[bool]] = []
     if where.statuses:
@@ -431,7 +452,7 @@ def list_message_hits(
     """
     _check_window(offset, limit)
     total = count_matching(conn, where, exact_count_limit)
-    page = _page_ids(where, order, offset=offset, limit=limit, total=total.value)
+    page = _page_ids(conn, where, order, offset=offset, limit=limit, total=total.value)
     rows = conn.execute(
         sa.select(*_SUMMARY_COLUMNS, fm.conversation_id, fm.headers_json, fm.body_size)
         .join_from(failed_messages, page, fm.id == page.c.id)
@@ -473,9 +494,13 @@ def unresolved_facets(conn: sa.Connection) -> dict[str, list[FacetValue]]:
     return facets
 
 
-def filter_conditions(where: FailedMessageFilter) -> list[sa.ColumnElement[bool]]:
-    """The WHERE conditions of ``where`` over ``failed_messages`` (to be ANDed)."""
-    conditions = _status_conditions(fm.status, where)
+def filter_conditions(
+    where: FailedMessageFilter, equality_operand: Operand = lambda column: column
+) -> list[sa.ColumnElement[bool]]:
+    """The WHERE conditions of ``where`` over ``failed_messages`` (to be ANDed); the
+    columns of its equality conditions (status, queue address, receiving endpoint) as
+    ``equality_operand`` gives them."""
+    conditions = _status_conditions(equality_operand(fm.status), where)
     if where.modified_from is not None:
         conditions.append(fm.last_modified >= where.modified_from)
     if where.modified_to is not None:
@@ -487,10 +512,11 @@ def filter_conditions(where: FailedMessageFilter) -> list[sa.ColumnElement[bool]
     if where.queue_address is not None:
         # Both sides folded by the database, so they fold alike (SQLite folds ASCII only).
         conditions.append(
-            sa.func.lower(fm.queue_address) == sa.func.lower(sa.literal(where.queue_address))
+            sa.func.lower(equality_operand(fm.queue_address))
+            == sa.func.lower(sa.literal(where.queue_address))
         )
     if where.receiving_endpoint is not None:
-        conditions.append(fm.receiving_endpoint == where.receiving_endpoint)
+        conditions.append(equality_operand(fm.receiving_endpoint) == where.receiving_endpoint)
     if where.conversation_id is not None:
         conditions.append(fm.conversation_id == where.conversation_id)
     if not where.include_system_messages:
@@ -625,7 +651,7 @@ def search_failed_messages(
     if exact_count_limit is not None:
         matching = sa.select(sa.literal(1)).select_from(failed_messages).where(condition)
         total = _count_or_estimate(conn, matching, exact_count_limit)
-        if total.estimated:
+        if total.value > exact_count_limit:
             return _search_page_of_many(conn, condition, total, offset, limit, order)
     return _search_page(conn, condition, offset, limit, order)
 
@@ -640,10 +666,12 @@ def _search_page_of_many(
 ) -> SearchPage:
     """A page of a search with more matches than the exact-count limit: walking the sort
     key's index and testing each row finds a page after about (offset + limit) x (all
-    messages / matches) rows, where collecting every match first read them all."""
+    messages / matches) rows, where collecting every match first read them all. The
+    condition is kept from every index (``Provider.without_index``): SQLite, counting
+    exactly, would otherwise collect every match by its indexes and sort them all."""
     page = (
         sa.select(fm.id)
-        .where(condition)
+        .where(provider_for(conn).without_index(condition))
         .order_by(*order_by(order))
         .limit(limit)
         .offset(offset)
@@ -655,7 +683,9 @@ def _search_page_of_many(
         .order_by(*order_by(order))
     ).all()
     total = total.at_least_seen(offset, len(rows), limit)
-    return SearchPage(total=total.value, items=[_hit(row) for row in rows], total_estimated=True)
+    return SearchPage(
+        total=total.value, items=[_hit(row) for row in rows], total_estimated=total.estimated
+    )
 
 
 def _search_page(

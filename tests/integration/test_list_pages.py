@@ -1,0 +1,196 @@
+"""A list or search page is the same whichever way the store finds it, and on SQLite a
+page of many matches walks the sort key's index (``errors.read.queries.WALK_SORT_INDEX_PAST``
+for lists, the exact-count limit for searches).
+
+SQLite keeps no statistics: given an equality on an indexed column (status, endpoint,
+queue address) it reads every match from that column's index and sorts them all, 700,000
+rows for the Unresolved of 1,000,000 (``benchmarks/README.md``, SQLite at a million).
+Past ``WALK_SORT_INDEX_PAST`` matches the page keeps those columns from every index
+(``Provider.without_index``), so the sort key's index is walked and filtered instead. A
+search of more matches than the exact-count limit is walked the same way (it was only
+where the total is an estimate, never on SQLite, which counts exactly).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
+from controlroom.db.tables import FailedMessageStatus
+from controlroom.db.transactions import begin_write
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.errors.read import operations, queries
+from tests.factories import at, attempt, message_uuid
+
+UNRESOLVED = frozenset({FailedMessageStatus.UNRESOLVED})
+ENDPOINTS = ("Sales", "Billing", "Shipping")
+MESSAGES = 30
+
+FILTERS = [
+    queries.FailedMessageFilter(statuses=UNRESOLVED),
+    queries.FailedMessageFilter(statuses=frozenset({FailedMessageStatus.ARCHIVED})),
+    queries.FailedMessageFilter(excluded_statuses=frozenset({FailedMessageStatus.ARCHIVED})),
+    queries.FailedMessageFilter(receiving_endpoint="Sales"),
+    queries.FailedMessageFilter(queue_address="BILLING"),
+    queries.FailedMessageFilter(statuses=UNRESOLVED, receiving_endpoint="Shipping"),
+]
+ORDERS = [
+    queries.Ordering(),
+    queries.Ordering("time_of_failure"),
+    queries.Ordering("modified", descending=False),
+    queries.Ordering("message_type", descending=False),
+    queries.Ordering("status"),
+]
+
+
+def fill(engine: sa.Engine) -> sa.Engine:
+    """``engine`` with ``MESSAGES`` messages over three endpoints, failing out of order,
+    every fourth archived."""
+    writer = FailedMessageBatchWriter(engine, clock=lambda: at(10_000))
+    writer.write(
+        IngestionBatch(
+            attempts=[
+                attempt(n, at((n * 7) % MESSAGES), endpoint=ENDPOINTS[n % 3])
+                for n in range(MESSAGES)
+            ]
+        )
+    )
+    with begin_write(engine) as conn:
+        archived = [message_uuid(n) for n in range(0, MESSAGES, 4)]
+        operations.archive_messages(conn, archived, at(20_000))
+    return engine
+
+
+@pytest.fixture
+def stored(engine: sa.Engine) -> sa.Engine:
+    """``fill`` on each provider."""
+    return fill(engine)
+
+
+@pytest.fixture
+def sqlite_stored(tmp_path: Path) -> Iterator[sa.Engine]:
+    """``fill`` on SQLite alone: the plan below is SQLite's (PostgreSQL chooses from
+    its statistics)."""
+    engine = create_store_engine(f"sqlite:///{tmp_path / 'controlroom.db'}")
+    upgrade_database(engine)
+    yield fill(engine)
+    engine.dispose()
+
+
+def pages(engine: sa.Engine, where: queries.FailedMessageFilter, order: queries.Ordering) -> Any:
+    with engine.connect() as conn:
+        return [
+            queries.list_failed_messages(conn, offset=offset, limit=4, where=where, order=order)
+            for offset in (0, 4, 8, 40)
+        ]
+
+
+@pytest.mark.parametrize("order", ORDERS, ids=lambda o: f"{o.key}-{o.descending}")
+def test_a_page_is_the_same_walked_or_read_from_its_filter(
+    stored: sa.Engine, monkeypatch: pytest.MonkeyPatch, order: queries.Ordering
+) -> None:
+    """Every filter's pages, read from the filter's index and sorted or found by walking
+    the sort key's index (every match counts as many): the same rows, order and totals."""
+    from_filter = [pages(stored, where, order) for where in FILTERS]
+    monkeypatch.setattr(queries, "WALK_SORT_INDEX_PAST", -1)
+    walked = [pages(stored, where, order) for where in FILTERS]
+
+    assert walked == from_filter
+    totals = [filter_pages[0].total for filter_pages in from_filter]
+    assert totals == [22, 8, 22, 10, 10, 8]
+    assert all(len(filter_pages[0].items) == 4 for filter_pages in from_filter)
+
+
+@pytest.fixture
+def statements(sqlite_stored: sa.Engine) -> Iterator[list[tuple[str, Any]]]:
+    """The statements ``sqlite_stored`` runs while the test runs, with their parameters."""
+    ran: list[tuple[str, Any]] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        ran.append((statement, parameters))
+
+    sa.event.listen(sqlite_stored, "before_cursor_execute", record)
+    yield ran
+    sa.event.remove(sqlite_stored, "before_cursor_execute", record)
+
+
+def sqlite_plan(engine: sa.Engine, statement: str, parameters: Any) -> list[str]:
+    with engine.connect() as conn:
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        rows = cursor.execute("EXPLAIN QUERY PLAN " + statement, parameters).fetchall()
+        cursor.close()
+    return [str(row[-1]) for row in rows]
+
+
+def test_sqlite_walks_the_sort_keys_index_for_many_matches(
+    sqlite_stored: sa.Engine, statements: list[tuple[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``WALK_SORT_INDEX_PAST`` matches, a page filtered by status and endpoint is
+    read along the sort key's index, not from the status or endpoint index and sorted."""
+    monkeypatch.setattr(queries, "WALK_SORT_INDEX_PAST", 5)
+    where = queries.FailedMessageFilter(statuses=UNRESOLVED, receiving_endpoint="Sales")
+    with sqlite_stored.connect() as conn:
+        page = queries.list_failed_messages(
+            conn, offset=0, limit=4, where=where, order=queries.Ordering("time_of_failure")
+        )
+    assert page.total == 7
+
+    [(statement, parameters)] = [s for s in statements if "LIMIT" in s[0]]
+    plan = sqlite_plan(sqlite_stored, statement, parameters)
+    assert "SCAN failed_messages USING INDEX ix_failed_messages_last_failure_at_id" in plan
+    assert not any("status" in line or "receiving_endpoint" in line for line in plan)
+
+
+SEARCHES = ("failed", "Sales", "msg-4", "failed Billing")
+
+
+@pytest.mark.parametrize("order", ORDERS, ids=lambda o: f"{o.key}-{o.descending}")
+def test_a_search_page_is_the_same_walked_or_collected(
+    stored: sa.Engine, order: queries.Ordering
+) -> None:
+    """Past the exact-count limit a search page is found by walking the sort key's index;
+    within it from the collected matches: the same rows in the same order, and on SQLite
+    (no estimate) the same exact total."""
+
+    def search(text: str, offset: int, exact_count_limit: int | None) -> queries.SearchPage:
+        with stored.connect() as conn:
+            return queries.search_failed_messages(
+                conn,
+                text,
+                offset=offset,
+                limit=4,
+                order=order,
+                exact_count_limit=exact_count_limit,
+            )
+
+    for text in SEARCHES:
+        for offset in (0, 4, 28):
+            collected = search(text, offset, None)
+            walked = search(text, offset, 2)
+            assert walked.items == collected.items
+            if stored.dialect.name == "sqlite":
+                assert (walked.total, walked.total_estimated) == (collected.total, False)
+    assert [search(text, 0, None).total for text in SEARCHES] == [30, 10, 1, 10]
+
+
+def test_sqlite_walks_the_sort_keys_index_for_a_search_of_many_matches(
+    sqlite_stored: sa.Engine, statements: list[tuple[str, Any]]
+) -> None:
+    """A search of more matches than the exact-count limit reads its page along the sort
+    key's index, testing each row, not from the full-text and id indexes and sorted."""
+    with sqlite_stored.connect() as conn:
+        page = queries.search_failed_messages(
+            conn, "failed", offset=0, limit=4, exact_count_limit=5
+        )
+    assert (page.total, len(page.items)) == (MESSAGES, 4)
+
+    [(statement, parameters)] = [s for s in statements if "LIMIT ? OFFSET ?) AS page" in s[0]]
+    plan = sqlite_plan(sqlite_stored, statement, parameters)
+    assert "SCAN failed_messages USING INDEX ix_failed_messages_time_sent_id" in plan
+    assert not any("MULTI-INDEX OR" in line or "TEMP B-TREE" in line for line in plan[:3])
