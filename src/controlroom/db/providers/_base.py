@@ -167,6 +167,13 @@ class Provider(ABC):
         it; ``None`` when the provider has none (then callers count exactly)."""
         return None
 
+    def compact_tallies(self, conn: sa.Connection) -> bool:
+        """Fold ``failed_message_tally_deltas`` into ``failed_message_tallies`` in
+        ``conn``'s transaction; ``False`` when another transaction is folding them (this
+        one then leaves them). Providers whose triggers write the tallies directly
+        (migration 0012) keep no deltas: nothing to do."""
+        return True
+
     def prepare_search(self, conn: sa.Connection) -> None:  # noqa: B027 - optional hook
         """Settings for the search statements of ``conn``'s current transaction."""
 
