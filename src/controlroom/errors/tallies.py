@@ -59,6 +59,8 @@ def tally_rows(where: Conditions | None = None) -> sa.CompoundSelect[Any]:
 def fold_deltas(engine: sa.Engine) -> bool:
     """Fold the committed deltas into the tallies in a transaction of their own;
     ``False`` when another process was folding them. Store errors propagate."""
+    if not provider_for(engine).keeps_tally_deltas:
+        return True
     with begin_write(engine) as conn:
         return provider_for(conn).compact_tallies(conn)
 
@@ -67,6 +69,8 @@ def fold_deltas_if_many(conn: sa.Connection) -> None:
     """Fold the deltas (``fold_deltas``, another connection of ``conn``'s engine) when
     more than ``FOLD_AFTER_DELTAS`` wait; a failure to fold is logged, the read goes on
     (the sum it reads is exact either way, only slower)."""
+    if not provider_for(conn).keeps_tally_deltas:
+        return
     waiting = sa.select(sa.literal(1)).select_from(failed_message_tally_deltas)
     count = sa.select(sa.func.count()).select_from(waiting.limit(FOLD_AFTER_DELTAS + 1).subquery())
     if conn.execute(count).scalar_one() <= FOLD_AFTER_DELTAS:

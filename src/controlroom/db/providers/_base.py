@@ -74,6 +74,10 @@ class Provider(ABC):
     alters_tables_in_batch: ClassVar[bool] = False
     """Alembic must rebuild a table to alter it (``render_as_batch``)."""
 
+    keeps_tally_deltas: ClassVar[bool] = False
+    """Its triggers append tally deltas for ``compact_tallies`` to fold (migration 0012),
+    rather than counting in the tallies themselves."""
+
     @abstractmethod
     def insert(self, table: sa.Table) -> Any:
         """The provider's own ``INSERT`` construct for ``table``."""
@@ -170,8 +174,7 @@ class Provider(ABC):
     def compact_tallies(self, conn: sa.Connection) -> bool:
         """Fold ``failed_message_tally_deltas`` into ``failed_message_tallies`` in
         ``conn``'s transaction; ``False`` when another transaction is folding them (this
-        one then leaves them). Providers whose triggers write the tallies directly
-        (migration 0012) keep no deltas: nothing to do."""
+        one then leaves them). Without ``keeps_tally_deltas`` there is nothing to do."""
         return True
 
     def prepare_search(self, conn: sa.Connection) -> None:  # noqa: B027 - optional hook

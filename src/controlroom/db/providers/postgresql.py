@@ -273,6 +273,7 @@ class AdvisoryLockLease:
 class PostgreSQLProvider(OnConflictProvider):
     name: ClassVar[str] = "postgresql"
     max_bound_parameters: ClassVar[int] = 65535  # the protocol's 16-bit parameter count
+    keeps_tally_deltas: ClassVar[bool] = True
 
     def insert(self, table: sa.Table) -> Any:
         return insert(table)
