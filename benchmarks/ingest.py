@@ -49,6 +49,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import sys
 import threading
 import time
@@ -829,6 +830,29 @@ def without_search(engine: sa.Engine) -> Iterator[None]:
             )
 
 
+TALLY_TRIGGERS = tuple(
+    f"failed_messages_tally_{operation}" for operation in ("insert", "update", "delete")
+)
+
+
+@contextlib.contextmanager
+def without_tallies(engine: sa.Engine) -> Iterator[None]:
+    """A probe of what the tallies (migration 0012, issue 13) cost the write path: their
+    statement triggers disabled for the duration (the writer's folds then find nothing
+    to fold); never the service's configuration. Afterwards the table is emptied, which
+    empties the tallies too (their TRUNCATE trigger), so they are right again."""
+    with engine.begin() as conn:
+        for trigger in TALLY_TRIGGERS:
+            conn.exec_driver_sql(f"ALTER TABLE failed_messages DISABLE TRIGGER {trigger}")
+    try:
+        yield
+    finally:
+        with engine.begin() as conn:
+            for trigger in TALLY_TRIGGERS:
+                conn.exec_driver_sql(f"ALTER TABLE failed_messages ENABLE TRIGGER {trigger}")
+            conn.exec_driver_sql("TRUNCATE failed_messages CASCADE")
+
+
 # --- report -------------------------------------------------------------------------------
 def report(
     console: Console,
@@ -953,6 +977,14 @@ def print_ratios(console: Console, results: Sequence[Result]) -> None:
             "write path with search / without search (probe): "
             f"{concurrent.per_second / probe.per_second:.2f}x"
         )
+    untallied = next((r for r in results if "WITHOUT tallies" in r.name), None)
+    if untallied is not None:
+        lines.append(
+            "write path with tallies / without tallies (probe): "
+            f"{concurrent.per_second / untallied.per_second:.2f}x; PostgreSQL CPU per message "
+            f"{_ms(concurrent.server_cpu_seconds, concurrent)} vs "
+            f"{_ms(untallied.server_cpu_seconds, untallied)} ms"
+        )
     for line in lines:
         console.print(f"[bold]{line}[/]")
 
@@ -979,6 +1011,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "0: all of them)",
     )
     parser.add_argument("--seed", type=int, default=2, help="generator seed (default 2)")
+    parser.add_argument(
+        "--tallies-rounds",
+        type=int,
+        default=0,
+        help="instead of the full run: only the write path with and without the tallies' "
+        "triggers (issue 13), 1 and concurrent_batches batches at once, this many rounds "
+        "in alternating order, and the ratios per round",
+    )
     args = parser.parse_args(argv)
     if args.messages < 2 * WARM_UP_MESSAGES:
         parser.error(f"--messages must be at least {2 * WARM_UP_MESSAGES}")
@@ -1063,6 +1103,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "no terms computed, empty tsvector, GIN index dropped: what search costs",
     )
 
+    untallied_run: tuple[str, Load, Load, int, str] = (
+        f"write path WITHOUT tallies, {concurrent} batches at once (probe)",
+        lambda engine: write_path(engine, attempts, batch_size, concurrent),
+        lambda engine: write_path(engine, warm, batch_size, concurrent),
+        count,
+        "the tallies' triggers disabled: what the tallies cost (issue 13)",
+    )
+    if args.tallies_rounds:
+        return compare_tallies(console, admin_url, runs[:2], args.tallies_rounds)
+
     results: list[Result] = []
     with scratch_database(admin_url) as url:
         engine = create_store_engine(url, pool_size=max(2, concurrent))
@@ -1088,6 +1138,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                             note=note,
                         )
                     )
+            with console.status(untallied_run[0]), without_tallies(engine):
+                name, run, warm_up, messages_in_run, note = untallied_run
+                results.append(
+                    measure(
+                        name,
+                        engine,
+                        lambda: run(engine),
+                        warm_up=lambda: warm_up(engine),
+                        messages=messages_in_run,
+                        instruments=instruments,
+                        note=note,
+                    )
+                )
             with console.status(probe_run[0]), without_search(engine):
                 name, run, warm_up, messages_in_run, note = probe_run
                 results.append(
@@ -1133,6 +1196,62 @@ def main(argv: Sequence[str] | None = None) -> int:
         unique=unique,
         batch_size=batch_size,
     )
+    return 0
+
+
+def compare_tallies(
+    console: Console,
+    admin_url: str,
+    runs: Sequence[tuple[str, Callable[[sa.Engine], None], Callable[[sa.Engine], None], int, str]],
+    rounds: int,
+) -> int:
+    """``--tallies-rounds``: each write path of ``runs`` with the tallies and without them
+    (``without_tallies``), ``rounds`` times, the order alternating between rounds so that
+    a machine getting busier or quieter favours neither; prints every run and the ratio of
+    each pair (with / without: 1.00 costs nothing, 0.90 is 10 % fewer messages/s)."""
+    table = Table(title="Write path with and without the tallies (issue 13)")
+    for name in ("round", "method", "tallies", "messages/s", "ms CPU/msg client, PG", "load"):
+        table.add_column(name, justify="left" if name == "method" else "right")
+    ratios: dict[str, list[float]] = {name: [] for name, *_ in runs}
+    with scratch_database(admin_url) as url:
+        engine = create_store_engine(url, pool_size=4)
+        try:
+            upgrade_database(engine)
+            engine.dispose()
+            instruments = Instruments(engine)
+            for round_ in range(1, rounds + 1):
+                for name, run, warm_up, messages, _note in runs:
+                    rates = {}
+                    for tallied in (True, False) if round_ % 2 else (False, True):
+                        probe = contextlib.nullcontext() if tallied else without_tallies(engine)
+                        with console.status(f"round {round_}: {name}"), probe:
+                            result = measure(
+                                name,
+                                engine,
+                                lambda run=run: run(engine),
+                                warm_up=lambda warm_up=warm_up: warm_up(engine),
+                                messages=messages,
+                                instruments=instruments,
+                            )
+                        rates[tallied] = result.per_second
+                        table.add_row(
+                            str(round_),
+                            name,
+                            "with" if tallied else "WITHOUT",
+                            f"{result.per_second:,.0f}",
+                            f"{_ms(result.cpu_seconds, result)}, "
+                            f"{_ms(result.server_cpu_seconds, result)}",
+                            f"{os.getloadavg()[0]:.1f}",
+                        )
+                    ratios[name].append(rates[True] / rates[False])
+        finally:
+            engine.dispose()
+    console.print(table)
+    for name, values in ratios.items():
+        console.print(
+            f"[bold]{name}: with / without tallies, per round "
+            f"{', '.join(f'{v:.2f}' for v in values)}; median {statistics.median(values):.2f}[/]"
+        )
     return 0
 
 

@@ -45,7 +45,6 @@ from controlroom.demo import (
     generate_demo_messages,
 )
 from controlroom.demo_endpoints import DEFAULT_FAIL_RATIO, DemoEndpoints, Handled, Outcome
-from controlroom.errors.group_counts import GroupCountCompactor
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.ingest.reimport import (
@@ -427,10 +426,8 @@ async def _run_parts(
     )
     sweeping = asyncio.create_task(sweeper.run(), name="retention")
     parts.add(sweeping)
-    # Each takes a lease, so one process samples, purges and reconciles when several serve
-    # (folding the group counts needs none).
+    # Each takes a lease, so one process samples, purges and reconciles when several serve.
     background = [
-        asyncio.create_task(GroupCountCompactor(engine).run(), name="group counts"),
         asyncio.create_task(KpiSampler(engine, settings).run(), name="KPI sampler"),
         asyncio.create_task(SiteCallRetention(engine, settings).run(), name="site-call purge"),
         asyncio.create_task(reconciliation.run(), name="reconciliation"),

@@ -4,7 +4,7 @@ Since migration 0011 the group rows carry copies of their message's ``status``,
 ``first_failure_at`` and ``last_failure_at``, kept by the database's triggers, and the
 groups views (``errors.read.groups``) read those copies and the group counts the
 database keeps per group and status (``failed_message_group_counts``, migration 0014;
-folded by ``errors.group_counts``). Property: after any sequence of ingest (new attempts,
+folded with the tallies, ``errors.tallies.fold_deltas``). Property: after any sequence of ingest (new attempts,
 redeliveries, new groups), archive, unarchive (one message or a whole group), retry,
 retry confirmation, resolve, retention sweep and folding of the counts, every copy equals
 its message's columns, every count equals the number of group rows it counts, and every
@@ -36,7 +36,7 @@ from controlroom.db.tables import (
     failed_messages,
 )
 from controlroom.db.transactions import begin_write
-from controlroom.errors.group_counts import compact_group_counts
+from controlroom.errors import tallies
 from controlroom.errors.ingest import identity
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.writer import (
@@ -118,7 +118,7 @@ def resolve(engine: sa.Engine, n: int) -> None:
 
 
 def compact(engine: sa.Engine) -> None:
-    compact_group_counts(engine)
+    tallies.fold_deltas(engine)
 
 
 def sweep(engine: sa.Engine, body_store: FileSystemBodyStore) -> None:

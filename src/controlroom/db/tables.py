@@ -164,6 +164,39 @@ failed_message_group_counts = sa.Table(
     sa.Index("ix_failed_message_group_counts_group_id_status", "group_id", "status"),
 )
 
+
+# How many failed messages share a key of the columns the summary and the counts group
+# by (migration 0012, issue 13): kept by the database's triggers on failed_messages in
+# the transaction that changes a message, never written by the application. A key's
+# count is its tally plus its deltas (errors.read.tallies). The unique key, with NULL as
+# one value, is an expression index the migration creates (not modelled here).
+def _tally_columns() -> list[sa.Column[object]]:
+    return [
+        sa.Column("status", sa.SmallInteger, nullable=False),
+        sa.Column("is_system_message", sa.Boolean, nullable=False),
+        sa.Column("receiving_endpoint", sa.String(400), nullable=False),
+        sa.Column("receiving_host_id", sa.String(100)),
+        sa.Column("receiving_host", sa.String(400)),
+        sa.Column("message_type", sa.Text),
+        sa.Column("messages", sa.BigInteger, nullable=False),
+    ]
+
+
+failed_message_tallies = sa.Table("failed_message_tallies", metadata, *_tally_columns())
+TALLY_CONFLICT_TARGET = (
+    "status, is_system_message, receiving_endpoint, "
+    "coalesce(receiving_host_id, ''), (receiving_host_id IS NULL), "
+    "coalesce(receiving_host, ''), (receiving_host IS NULL), "
+    "coalesce(message_type, ''), (message_type IS NULL)"
+)
+"""The expressions of the tallies' unique key (migration 0012's ``CONFLICT_TARGET``), as
+an ``ON CONFLICT`` target names them."""
+
+# Changes of the tallies not folded in yet: appended by PostgreSQL's statement triggers
+# (so concurrent writers share no row), folded by Provider.compact_tallies; SQLite's
+# triggers write the tallies directly and leave this table empty.
+failed_message_tally_deltas = sa.Table("failed_message_tally_deltas", metadata, *_tally_columns())
+
 # An operator's note on a failure group (migration 0003). Keyed by group id alone: groups
 # exist only as rows of failed_message_groups, so there is nothing to reference.
 failed_message_group_comments = sa.Table(

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Protocol
 
 import sqlalchemy as sa
 
-from controlroom.db.tables import audit_log, failed_message_group_counts
+from controlroom.db.tables import audit_log
 from controlroom.db.transactions import begin_write
 from controlroom.exceptions import ErrorKind
 
@@ -73,6 +73,10 @@ class Provider(ABC):
 
     alters_tables_in_batch: ClassVar[bool] = False
     """Alembic must rebuild a table to alter it (``render_as_batch``)."""
+
+    keeps_tally_deltas: ClassVar[bool] = False
+    """Its triggers append tally deltas for ``compact_tallies`` to fold (migration 0012),
+    rather than counting in the tallies themselves."""
 
     @abstractmethod
     def insert(self, table: sa.Table) -> Any:
@@ -175,6 +179,12 @@ class Provider(ABC):
         from the condition's selectivity."""
         return column
 
+    def compact_tallies(self, conn: sa.Connection) -> bool:
+        """Fold ``failed_message_tally_deltas`` into ``failed_message_tallies`` in
+        ``conn``'s transaction; ``False`` when another transaction is folding them (this
+        one then leaves them). Without ``keeps_tally_deltas`` there is nothing to do."""
+        return True
+
     def prepare_search(self, conn: sa.Connection) -> None:  # noqa: B027 - optional hook
         """Settings for the search statements of ``conn``'s current transaction."""
 
@@ -244,12 +254,10 @@ class Provider(ABC):
             if len(ids) < chunk:
                 return deleted
 
-    def compact_group_counts(self, conn: sa.Connection) -> None:
+    def compact_group_counts(self, conn: sa.Connection) -> None:  # noqa: B027 - optional
         """Fold ``failed_message_group_counts`` to one row per key, dropping keys whose
-        sum is 0; the sums do not change (migration 0014). Here (SQLite: the triggers
-        keep one row per key already) only emptied keys are deleted."""
-        counts = failed_message_group_counts
-        conn.execute(sa.delete(counts).where(counts.c.n == 0))
+        sum is 0; no sum changes (migration 0014). Nothing to do where the triggers keep
+        one row per key (SQLite)."""
 
     def insert_rows_if_absent(
         self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]

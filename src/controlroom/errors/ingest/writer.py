@@ -35,7 +35,7 @@ from controlroom.db.tables import (
     failed_messages,
     known_endpoints,
 )
-from controlroom.errors import activity
+from controlroom.errors import activity, tallies
 from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.errors.ingest.fold import FoldedMessage, fold_attempts, unique_endpoints
 from controlroom.errors.ingest.search_terms import message_search_terms
@@ -113,6 +113,7 @@ class FailedMessageBatchWriter:
         self._provider = provider_for(engine)
         self._retrying = retrying or retry_transient()
         self._clock = clock
+        self._unfolded = 0  # messages written since this writer last folded tally deltas
 
     def write(self, batch: IngestionBatch) -> None:
         """Write ``batch`` in one transaction, retrying the whole batch on transient errors.
@@ -124,6 +125,22 @@ class FailedMessageBatchWriter:
         # Computed once per batch, not per try: the terms are the costly part of a row.
         terms = [winner_search_terms(message) for message in folded]
         self._retrying(self._write_once, batch, folded, terms)
+        self._fold_tally_deltas(len(folded))
+
+    def _fold_tally_deltas(self, written: int) -> None:
+        """Fold the tally deltas (``errors.tallies``) after every
+        ``FOLD_AFTER_MESSAGES`` messages this writer wrote, after its commit, so that a
+        busy writer keeps them bounded without a reader. Unlocked: two threads may count
+        the same messages, which only folds a little earlier. A failure is logged; the
+        next fold takes what this one left."""
+        self._unfolded += written
+        if self._unfolded < tallies.FOLD_AFTER_MESSAGES:
+            return
+        self._unfolded = 0
+        try:
+            tallies.fold_deltas(self._engine)
+        except sa.exc.DBAPIError:
+            log.warning("folding the tally deltas failed; the next fold takes them", exc_info=True)
 
     def _write_once(
         self, batch: IngestionBatch, folded: list[FoldedMessage], terms: list[list[str]]

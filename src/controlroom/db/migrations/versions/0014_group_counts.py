@@ -1,7 +1,7 @@
 """group counts: each failure group's messages counted per status by the database
 
 Revision ID: 0014
-Revises: 0011
+Revises: 0012
 Create Date: 2026-12-01 20:30:00.000000
 
 Source: issue 13 (``benchmarks/query.py``). With the copies of migration 0011 the groups
@@ -18,10 +18,10 @@ in that status at every committed state:
   rows inserted (+), deleted (-, also by the cascade of a deleted message), and messages
   whose status changed (- old, + new, for each of their group rows). Appending never
   updates a shared row, so two writers never wait for each other or deadlock on a
-  counter; ``errors.read.groups.compact_group_counts`` folds the rows into one per key
-  (``Provider.compact_group_counts``), which ``serve`` runs every few seconds.
+  counter; ``Provider.compact_group_counts`` folds the rows into one per key, with the
+  tallies' deltas of migration 0012 (``errors.tallies.fold_deltas``).
 - SQLite (one writer at a time): row-level triggers keep one row per key, updated in
-  place. They count a group row when its status is set: the insert trigger of 0011 fills
+  place, deleted when it reaches 0. They count a group row when its status is set: the insert trigger of 0011 fills
   the copies by an UPDATE right after the INSERT.
 
 The groups views read the counts, and each group's first and last failure from two index
@@ -37,7 +37,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0014"
-down_revision = "0011"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
@@ -141,6 +141,7 @@ def _sqlite_add(row: str, sign: str) -> str:
     where = f"classifier = {row}.classifier AND group_id = {row}.group_id AND status = {row}.status"
     return (
         f"UPDATE {COUNTS} SET n = n {sign} 1 WHERE {where}; "
+        f"DELETE FROM {COUNTS} WHERE {where} AND n = 0; "
         f"INSERT INTO {COUNTS} ({_KEY}, n) SELECT {row}.classifier, {row}.group_id, "
         f"{row}.status, {sign}1 WHERE {row}.status IS NOT NULL "
         f"AND NOT EXISTS (SELECT 1 FROM {COUNTS} WHERE {where}); "
