@@ -4,7 +4,8 @@ Since migration 0011 the group rows carry copies of their message's ``status``,
 ``first_failure_at`` and ``last_failure_at``, kept by the database's triggers, and the
 groups views (``errors.read.groups``) read those copies and the group counts the
 database keeps per group and status (``failed_message_group_counts``, migration 0014;
-folded with the tallies, ``errors.tallies.fold_deltas``). Property: after any sequence of ingest (new attempts,
+folded with the tallies, ``errors.tallies.fold_deltas``). Property: after any sequence
+of ingest (new attempts,
 redeliveries, new groups), archive, unarchive (one message or a whole group), retry,
 retry confirmation, resolve, retention sweep and folding of the counts, every copy equals
 its message's columns, every count equals the number of group rows it counts, and every

@@ -236,7 +236,7 @@ def _aggregates(
     """Per group id of ``classifier`` (only ``group_id`` when given) with messages in
     ``status``: their count (the sum of the group's counts), earliest first failure and
     latest last failure (each an index probe into the group rows' copies)."""
-    total = sa.func.sum(counts.n)
+    total = sa.cast(sa.func.sum(counts.n), sa.BigInteger)  # PostgreSQL: numeric otherwise
     counted = (
         sa.select(counts.group_id.label("id"), total.label("message_count"))
         .where(counts.classifier == classifier, counts.status == int(status))

@@ -21,8 +21,8 @@ in that status at every committed state:
   counter; ``Provider.compact_group_counts`` folds the rows into one per key, with the
   tallies' deltas of migration 0012 (``errors.tallies.fold_deltas``).
 - SQLite (one writer at a time): row-level triggers keep one row per key, updated in
-  place, deleted when it reaches 0. They count a group row when its status is set: the insert trigger of 0011 fills
-  the copies by an UPDATE right after the INSERT.
+  place, deleted when it reaches 0. They count a group row when its status is set:
+  the insert trigger of 0011 fills the copies by an UPDATE right after the INSERT.
 
 The groups views read the counts, and each group's first and last failure from two index
 probes: ``(classifier, status, group_id, last_failure_at, ...)`` (0011) for the latest
