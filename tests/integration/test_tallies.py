@@ -259,7 +259,7 @@ def test_tallies_equal_the_aggregate_under_two_concurrent_writers(
                     )
                 elif operation in ("archive_group", "unarchive_group"):
                     arguments = (rng.randrange(9),)
-                elif operation in ("sweep", "fold"):
+                elif operation in ("sweep", "fold", "compact"):
                     arguments = ()
                 else:
                     arguments = (rng.randrange(MESSAGES),)

@@ -141,10 +141,10 @@ def _sqlite_add(row: str, sign: str) -> str:
     where = f"classifier = {row}.classifier AND group_id = {row}.group_id AND status = {row}.status"
     return (
         f"UPDATE {COUNTS} SET n = n {sign} 1 WHERE {where}; "
-        f"DELETE FROM {COUNTS} WHERE {where} AND n = 0; "
         f"INSERT INTO {COUNTS} ({_KEY}, n) SELECT {row}.classifier, {row}.group_id, "
         f"{row}.status, {sign}1 WHERE {row}.status IS NOT NULL "
         f"AND NOT EXISTS (SELECT 1 FROM {COUNTS} WHERE {where}); "
+        f"DELETE FROM {COUNTS} WHERE {where} AND n = 0; "
     )
 
 
