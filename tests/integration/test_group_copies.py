@@ -1,14 +1,16 @@
 """The groups views equal the design's query-time aggregate at every committed state.
 
 Since migration 0011 the group rows carry copies of their message's ``status``,
-``first_failure_at`` and ``last_failure_at``, kept by the database's triggers, and the
-groups views (``errors.read.groups``) and a group's message count read those copies
-alone. Property: after any sequence of ingest (new attempts, redeliveries, new groups),
-archive, unarchive (one message or a whole group), retry, retry confirmation, resolve and
-retention sweep, every copy equals its message's columns, and every view equals the
-aggregate of ``failed_message_groups`` joined to ``failed_messages`` (ServiceControl's
-``FailureGroupsViewIndex``, as the views computed it before 0011). On every provider,
-and on PostgreSQL under two concurrent writers.
+``first_failure_at`` and ``last_failure_at`` (since 0013 the writer's group-row insert
+reads them from the messages; the database's triggers fill any other inserted row and
+pass a message's changes on), and the groups views (``errors.read.groups``) and a
+group's message count read those copies alone. Property: after any sequence of ingest
+(new attempts, redeliveries, new groups), archive, unarchive (one message or a whole
+group), retry, retry confirmation, resolve and retention sweep, every copy equals its
+message's columns, and every view equals the aggregate of ``failed_message_groups``
+joined to ``failed_messages`` (ServiceControl's ``FailureGroupsViewIndex``, as the views
+computed it before 0011). On every provider, and on PostgreSQL under two concurrent
+writers.
 """
 
 from __future__ import annotations
