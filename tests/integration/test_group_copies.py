@@ -1,11 +1,12 @@
 """The groups views equal the design's query-time aggregate at every committed state.
 
 Since migration 0011 the group rows carry copies of their message's ``status``,
-``first_failure_at`` and ``last_failure_at``, kept by the database's triggers, and the
-groups views (``errors.read.groups``) read those copies and the group counts the
-database keeps per group and status (``failed_message_group_counts``, migration 0014;
-folded with the tallies, ``errors.tallies.fold_deltas``). Property: after any sequence
-of ingest (new attempts,
+``first_failure_at`` and ``last_failure_at`` (since 0013 the writer's group-row insert
+reads them from the messages; the database's triggers fill any other inserted row and
+pass a message's changes on), and the groups views (``errors.read.groups``) read those
+copies and the group counts the database keeps per group and status
+(``failed_message_group_counts``, migration 0014; folded with the tallies,
+``errors.tallies.fold_deltas``). Property: after any sequence of ingest (new attempts,
 redeliveries, new groups), archive, unarchive (one message or a whole group), retry,
 retry confirmation, resolve, retention sweep and folding of the counts, every copy equals
 its message's columns, every count equals the number of group rows it counts, and every
@@ -331,3 +332,99 @@ def test_a_groups_page_is_the_same_read_from_its_ids_or_by_walking(
     walked = pages()
     assert walked == from_ids
     assert sum(map(len, from_ids)) == 9 + 7
+
+
+# --- the writer's own copies (migration 0013: the insert trigger skips its rows) -----------
+def group_copies(engine: sa.Engine, n: int) -> list[tuple[Any, ...]]:
+    """(group id, status, first, last) of message ``n``'s group rows, and the message's
+    own (status, first, last) as the last item."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(fmg.group_id, fmg.status, fmg.first_failure_at, fmg.last_failure_at)
+            .where(fmg.failed_message_id == message_uuid(n))
+            .order_by(fmg.group_id)
+        ).all()
+        own = conn.execute(
+            sa.select(fm.status, fm.first_failure_at, fm.last_failure_at).where(
+                fm.id == message_uuid(n)
+            )
+        ).one()
+    return [tuple(row) for row in rows] + [tuple(own)]
+
+
+def test_the_writers_group_rows_carry_the_messages_values_not_the_batchs(
+    engine: sa.Engine,
+) -> None:
+    """The group rows a batch writes take the message as its upsert left it: a later
+    attempt of an archived message reopens it (Unresolved) and widens its failure window
+    from the stored first failure to the batch's; the batch's own first failure, status
+    and the stored status are all wrong copies."""
+    ingest(engine, 0, 10, choice=0)
+    archive(engine, 0)
+    writer = FailedMessageBatchWriter(engine, clock=lambda: NOW)
+    writer.write(
+        IngestionBatch(
+            attempts=[
+                attempt(0, at(20), groups=groups_of(4)),
+                attempt(0, at(30), groups=groups_of(4)),
+                attempt(1, at(25), groups=groups_of(4)),
+            ]
+        )
+    )
+    unresolved = int(FailedMessageStatus.UNRESOLVED)
+    assert group_copies(engine, 0) == [
+        *sorted((g.id, unresolved, at(10), at(30)) for g in groups_of(4)),
+        (unresolved, at(10), at(30)),
+    ]
+    assert group_copies(engine, 1) == [
+        *sorted((g.id, unresolved, at(25), at(25)) for g in groups_of(4)),
+        (unresolved, at(25), at(25)),
+    ]
+    assert_views_equal_aggregate(engine)
+
+
+def test_a_batch_that_writes_and_resolves_a_message_leaves_resolved_copies(
+    engine: sa.Engine,
+) -> None:
+    """A batch holding a new attempt of a message and its retry's confirmation: the
+    message ends Resolved, and so do the group rows the batch wrote for it."""
+    ingest(engine, 0, 10, choice=0)
+    writer = FailedMessageBatchWriter(engine, clock=lambda: NOW)
+    writer.write(
+        IngestionBatch(
+            attempts=[attempt(0, at(20), groups=groups_of(5))],
+            confirmed_retries=[message_uuid(0)],
+        )
+    )
+    resolved = int(FailedMessageStatus.RESOLVED)
+    assert group_copies(engine, 0) == [
+        *sorted((g.id, resolved, at(10), at(20)) for g in groups_of(5)),
+        (resolved, at(10), at(20)),
+    ]
+    assert_views_equal_aggregate(engine)
+
+
+def test_a_group_row_inserted_without_its_copies_gets_them_from_its_message(
+    engine: sa.Engine,
+) -> None:
+    """Any inserter but the writer may leave the copies out, all or some: the insert
+    trigger fills all three from the message."""
+    ingest(engine, 0, 10, choice=0)
+    archive(engine, 0)
+    extra = GROUPS["Kind"][2], GROUPS["Place"][2]
+    with begin_write(engine) as conn:
+        for group, given in zip(extra, ({}, {"status": 1}), strict=True):
+            conn.execute(
+                sa.insert(failed_message_groups).values(
+                    failed_message_id=message_uuid(0),
+                    group_id=group.id,
+                    classifier=group.classifier,
+                    title=group.title,
+                    **given,
+                )
+            )
+    archived = int(FailedMessageStatus.ARCHIVED)
+    assert group_copies(engine, 0) == [
+        *sorted((g.id, archived, at(10), at(10)) for g in (*groups_of(0), *extra)),
+        (archived, at(10), at(10)),
+    ]

@@ -123,10 +123,11 @@ failed_message_groups = sa.Table(
     sa.Column("group_id", sa.String(UUID_LEN), primary_key=True),
     sa.Column("classifier", sa.String(100), nullable=False),
     sa.Column("title", sa.Text, nullable=False),
-    # Copies of the message's columns (migration 0011), kept equal by the database's
-    # triggers in the transaction that changes the message: the groups views read the
-    # group rows alone. Never written by the application; NULL only within the statement
-    # that inserts the row on SQLite.
+    # Copies of the message's columns (GROUP_COPIES, migration 0011), equal to the
+    # message's in every committed state: the groups views read the group rows alone.
+    # The writer inserts them read from the message in the same statement; a row
+    # inserted without them gets them from a trigger (NULL only within that statement
+    # on SQLite); a change of the message passes them on (trigger; migrations 0011, 0013).
     sa.Column("status", sa.SmallInteger),
     sa.Column("first_failure_at", UtcDateTime),
     sa.Column("last_failure_at", UtcDateTime),
@@ -146,6 +147,9 @@ failed_message_groups = sa.Table(
         "failed_message_id",
     ),
 )
+
+GROUP_COPIES = ("status", "first_failure_at", "last_failure_at")
+"""The columns of ``failed_messages`` each group row carries a copy of (same names)."""
 
 # Signed counts of group rows per (classifier, group, status), written by the database's
 # triggers (migration 0014): a group's count in a status is the SUM of its rows here.

@@ -128,14 +128,18 @@ class Provider(ABC):
         return result.all() if result.returns_rows else []
 
     @abstractmethod
-    def insert_rows_in_one_statement(
-        self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]
-    ) -> None:
-        """Insert ``rows`` (dicts of the same columns) into ``table`` in one statement
-        whose text is the same whatever the number of rows, so the driver and the server
-        can prepare it once: the rows travel as a few bound values (one per column, or
-        one in all), not as one parameter per value. Values must be text, integers or
-        ``None``."""
+    def bound_rows(self, table: sa.Table, names: Sequence[str]) -> sa.Subquery:
+        """Rows given only at execution (``bound_rows_parameters``) as a ``FROM`` whose
+        columns are ``names``, typed as ``table``'s columns of those names. The statement
+        that reads it has the same text whatever the number of rows, so the driver and
+        the server can prepare it once: the rows travel as a few bound values (one per
+        column, or one in all), not as one parameter per value. Values must be text,
+        integers or ``None``."""
+
+    @abstractmethod
+    def bound_rows_parameters(self, names: Sequence[str], rows: Sequence[Row]) -> dict[str, Any]:
+        """The parameters of ``bound_rows(table, names)`` for ``rows`` (dicts holding at
+        least ``names``; at least one row)."""
 
     @abstractmethod
     def is_one_of(

@@ -168,14 +168,17 @@ def _rows_of_arrays(table: sa.Table, names: Sequence[str]) -> sa.Select[Any]:
         .table_valued(*names, with_ordinality="ordinality")
         .render_derived(name="incoming")
     )
-    values = [to_value(each.c[name]) for name, (_, to_value) in zip(names, elements, strict=True)]
+    values = [
+        to_value(each.c[name]).label(name)
+        for name, (_, to_value) in zip(names, elements, strict=True)
+    ]
     # In the given order: concurrent writers lock rows in the order the caller sorted.
     return sa.select(*values).order_by(each.c.ordinality)
 
 
-def _column_arrays(rows: Sequence[Row]) -> dict[str, list[Any]]:
-    """The parameters of ``_rows_of_arrays`` for ``rows`` (dicts with the same keys)."""
-    return {_array_parameter(name): [row[name] for row in rows] for name in rows[0]}
+def _column_arrays(names: Sequence[str], rows: Sequence[Row]) -> dict[str, list[Any]]:
+    """The parameters of ``_rows_of_arrays(table, names)`` for ``rows``."""
+    return {_array_parameter(name): [row[name] for row in rows] for name in names}
 
 
 def _send_lists_in_binary(dbapi_connection: psycopg.Connection[Any], _record: Any) -> None:
@@ -278,15 +281,12 @@ class PostgreSQLProvider(OnConflictProvider):
     def insert(self, table: sa.Table) -> Any:
         return insert(table)
 
-    def insert_rows_in_one_statement(
-        self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]
-    ) -> None:
-        # INSERT ... SELECT ... FROM unnest(:a, :b, ...): one array per column.
-        if not rows:
-            return
-        names = list(rows[0])
-        statement = sa.insert(table).from_select(names, _rows_of_arrays(table, names))
-        conn.execute(statement, _column_arrays(rows))
+    def bound_rows(self, table: sa.Table, names: Sequence[str]) -> sa.Subquery:
+        # SELECT ... FROM unnest(:a_values, :b_values, ...): one array per column.
+        return _rows_of_arrays(table, names).subquery("given")
+
+    def bound_rows_parameters(self, names: Sequence[str], rows: Sequence[Row]) -> dict[str, Any]:
+        return _column_arrays(names, rows)
 
     def upsert_rows(
         self,
@@ -313,7 +313,7 @@ class PostgreSQLProvider(OnConflictProvider):
     ) -> list[sa.Row[Any]]:
         returned: list[sa.Row[Any]] = []
         for chunk in chunked(rows, self.max_rows_per_statement):
-            result = conn.execute(statement, _column_arrays(chunk))
+            result = conn.execute(statement, _column_arrays(list(chunk[0]), chunk))
             if result.returns_rows:
                 returned.extend(result.all())
         return returned

@@ -61,21 +61,20 @@ class SQLiteProvider(OnConflictProvider):
     def insert(self, table: sa.Table) -> Any:
         return insert(table)
 
-    def insert_rows_in_one_statement(
-        self, conn: sa.Connection, table: sa.Table, rows: Sequence[Row]
-    ) -> None:
-        # INSERT ... SELECT json_extract(value, '$[i]') ... FROM json_each(:rows): the
-        # rows as one JSON array of arrays.
-        if not rows:
-            return
-        names = list(rows[0])
+    def bound_rows(self, table: sa.Table, names: Sequence[str]) -> sa.Subquery:
+        # SELECT json_extract(value, '$[i]') ... FROM json_each(:rows): the rows as one
+        # JSON array of arrays.
         each = sa.func.json_each(sa.bindparam("rows", type_=sa.Text)).table_valued("value")
         values = [
-            sa.func.json_extract(each.c.value, sa.literal_column(f"'$[{index}]'"))
-            for index in range(len(names))
+            sa.func.json_extract(
+                each.c.value, sa.literal_column(f"'$[{index}]'"), type_=table.c[name].type
+            ).label(name)
+            for index, name in enumerate(names)
         ]
-        statement = sa.insert(table).from_select(names, sa.select(*values))
-        conn.execute(statement, {"rows": json.dumps([[row[n] for n in names] for row in rows])})
+        return sa.select(*values).subquery("given")
+
+    def bound_rows_parameters(self, names: Sequence[str], rows: Sequence[Row]) -> dict[str, Any]:
+        return {"rows": json.dumps([[row[name] for name in names] for row in rows])}
 
     def is_one_of(
         self, column: sa.ColumnElement[Any], values: Sequence[Any]

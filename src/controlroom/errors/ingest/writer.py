@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,8 +26,9 @@ import tenacity
 
 from controlroom.db.engine import begin_write
 from controlroom.db.errors import is_transient
-from controlroom.db.providers import chunked, provider_for
+from controlroom.db.providers import Provider, chunked, provider_for
 from controlroom.db.tables import (
+    GROUP_COPIES,
     FailedMessageStatus,
     body_deletions,
     failed_error_imports,
@@ -223,7 +225,8 @@ class FailedMessageBatchWriter:
         stored: Sequence[sa.Row[Any]],
     ) -> None:
         """Step 2: messages whose stored attempt is now this batch's get its groups (a row
-        the upsert skipped, bringing nothing new, is not in ``stored``)."""
+        the upsert skipped, bringing nothing new, is not in ``stored``), each group row
+        with its copies of the message's columns (``group_rows_statement``)."""
         stored_attempt = {row.id: row.last_failure_at for row in stored}
         winners = [
             message
@@ -251,7 +254,11 @@ class FailedMessageBatchWriter:
             for message in winners
             for group in message.winner.groups
         ]
-        self._provider.insert_rows_in_one_statement(conn, failed_message_groups, group_rows)
+        if group_rows:
+            conn.execute(
+                group_rows_statement(self._provider),
+                self._provider.bound_rows_parameters(GROUP_ROW_KEYS, group_rows),
+            )
 
     def _resolve_confirmed_retries(
         self, conn: sa.Connection, unique_message_ids: Sequence[str], now: datetime
@@ -274,6 +281,32 @@ class FailedMessageBatchWriter:
                     failed_message_retries.c.failed_message_id.in_(id_chunk)
                 )
             )
+
+
+GROUP_ROW_KEYS = ("failed_message_id", "group_id", "classifier", "title")
+"""What the writer knows of a group row; the copies (``GROUP_COPIES``) come from the
+message."""
+
+
+@cache
+def group_rows_statement(provider: Provider) -> Any:
+    """``INSERT INTO failed_message_groups ... SELECT`` of the rows bound as
+    ``provider.bound_rows_parameters(GROUP_ROW_KEYS, rows)``, each joined to its message
+    for the copies (``GROUP_COPIES``), built once per provider.
+
+    The copies are read in the statement that inserts the rows, from the message as this
+    transaction sees it: the writer holds the message's row lock since its upsert, so
+    they are the values that commit, and any later change of the message in this
+    transaction passes to the rows through the update trigger (migration 0011). So the
+    insert trigger, which would look each row's message up again, is skipped for these
+    rows (its ``WHEN``, migration 0013). A row whose message does not exist is not
+    inserted (the writer only inserts rows of messages its upsert returned)."""
+    given = provider.bound_rows(failed_message_groups, GROUP_ROW_KEYS)
+    message = failed_messages.c
+    rows = sa.select(*given.c, *(message[name] for name in GROUP_COPIES)).join_from(
+        given, failed_messages, message.id == given.c.failed_message_id
+    )
+    return sa.insert(failed_message_groups).from_select([*GROUP_ROW_KEYS, *GROUP_COPIES], rows)
 
 
 def winner_search_terms(message: FoldedMessage) -> list[str]:

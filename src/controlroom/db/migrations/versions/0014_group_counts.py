@@ -1,7 +1,7 @@
 """group counts: each failure group's messages counted per status by the database
 
 Revision ID: 0014
-Revises: 0012
+Revises: 0013
 Create Date: 2026-12-01 20:30:00.000000
 
 Source: issue 13 (``benchmarks/query.py``). With the copies of migration 0011 the groups
@@ -37,7 +37,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0014"
-down_revision = "0012"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 
