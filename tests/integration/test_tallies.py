@@ -214,8 +214,8 @@ def test_tallies_equal_the_aggregate_after_any_operations(
 
 
 def test_tallies_follow_a_truncate(engine: sa.Engine, small_folds: None) -> None:
-    """Only PostgreSQL has TRUNCATE (the ingest benchmark empties tables with it); SQLite
-    runs the same test with DELETE."""
+    """The tallies and the group counts follow a TRUNCATE. Only PostgreSQL has TRUNCATE
+    (the ingest benchmark empties tables with it); SQLite runs the same test with DELETE."""
     for n in range(5):
         ingest(engine, n, n, n)
     fold(engine)
@@ -226,8 +226,10 @@ def test_tallies_follow_a_truncate(engine: sa.Engine, small_folds: None) -> None
     with engine.begin() as conn:
         conn.exec_driver_sql(statement)
     assert_tallies_equal_aggregate(engine)
+    operations.assert_views_equal_aggregate(engine)  # and the group counts (0014)
     ingest(engine, 1, 1, 1)
     assert_tallies_equal_aggregate(engine)
+    operations.assert_views_equal_aggregate(engine)
 
 
 def test_tallies_equal_the_aggregate_under_two_concurrent_writers(

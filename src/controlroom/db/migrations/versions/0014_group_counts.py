@@ -16,7 +16,8 @@ in that status at every committed state:
 - PostgreSQL: STATEMENT-level triggers append one row per (classifier, group, status)
   that a statement changed, with the statement's net change (transition tables): group
   rows inserted (+), deleted (-, also by the cascade of a deleted message), and messages
-  whose status changed (- old, + new, for each of their group rows). Appending never
+  whose status changed (- old, + new, for each of their group rows); a TRUNCATE of the
+  group rows empties the counts. Appending never
   updates a shared row, so two writers never wait for each other or deadlock on a
   counter; ``Provider.compact_group_counts`` folds the rows into one per key, with the
   tallies' deltas of migration 0012 (``errors.tallies.fold_deltas``).
@@ -80,9 +81,11 @@ def downgrade() -> None:
     if postgresql:
         op.execute(f"DROP TRIGGER failed_message_groups_count_added ON {GROUPS}")
         op.execute(f"DROP TRIGGER failed_message_groups_count_removed ON {GROUPS}")
+        op.execute(f"DROP TRIGGER failed_message_groups_count_truncate ON {GROUPS}")
         op.execute("DROP TRIGGER failed_messages_count_status ON failed_messages")
         op.execute("DROP FUNCTION failed_message_groups_count_added()")
         op.execute("DROP FUNCTION failed_message_groups_count_removed()")
+        op.execute("DROP FUNCTION failed_message_groups_count_truncate()")
         op.execute("DROP FUNCTION failed_messages_count_status()")
     else:
         for trigger in ("added", "removed", "status"):
@@ -112,6 +115,16 @@ def _create_postgresql_triggers() -> None:
         f"CREATE TRIGGER failed_message_groups_count_removed AFTER DELETE ON {GROUPS} "
         "REFERENCING OLD TABLE AS removed FOR EACH STATEMENT "
         "EXECUTE FUNCTION failed_message_groups_count_removed()"
+    )
+    # TRUNCATE fires no row or statement delete trigger: it waits for every writer of the
+    # group rows to finish, and what is left to count is nothing.
+    op.execute(
+        "CREATE FUNCTION failed_message_groups_count_truncate() RETURNS trigger "
+        f"LANGUAGE plpgsql AS $$ BEGIN DELETE FROM {COUNTS}; RETURN NULL; END $$"
+    )
+    op.execute(
+        f"CREATE TRIGGER failed_message_groups_count_truncate AFTER TRUNCATE ON {GROUPS} "
+        "FOR EACH STATEMENT EXECUTE FUNCTION failed_message_groups_count_truncate()"
     )
     # Only messages whose status changed reach the group rows; a statement that changed
     # none (most of the writer's upserts) costs a join of its own rows.
