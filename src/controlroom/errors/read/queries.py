@@ -408,15 +408,17 @@ def count_matching(
 
     An exact count reads every matching row (3-5 s for 152,000 search hits among
     1,000,000 on PostgreSQL, ``benchmarks/query.py``); a count stopped after the limit + 1
-    reads at most that many, and the estimate none. A group's messages filtered by
-    status alone are counted exactly from the group counts (migration 0014).
+    reads at most that many, and the estimate none. Exact at any size where the database
+    keeps the count: a group's messages filtered by status alone (the group counts,
+    migration 0014), and messages filtered by statuses, system messages and receiving
+    endpoint only (the tallies, migration 0012).
     """
     counted = _group_count(conn, where)
+    if counted is None:
+        counted = _tallied_count(conn, where)
     if counted is not None:
         return Total(counted)
-    return _count_or_estimate(
-        conn, _matching_rows(where), exact_count_limit, lambda: count_failed_messages(conn, where)
-    )
+    return _count_or_estimate(conn, _matching_rows(where), exact_count_limit)
 
 
 def _group_count(conn: sa.Connection, where: FailedMessageFilter) -> int | None:
@@ -433,22 +435,16 @@ def _group_count(conn: sa.Connection, where: FailedMessageFilter) -> int | None:
 
 
 def _count_or_estimate(
-    conn: sa.Connection,
-    rows: sa.Select[Any],
-    exact_count_limit: int | None,
-    count_all: Callable[[], int] | None = None,
+    conn: sa.Connection, rows: sa.Select[Any], exact_count_limit: int | None
 ) -> Total:
-    """``count_all``: the exact count of ``rows`` where there is a cheaper way than
-    counting them (the tallies), for a count past the limit without an estimate."""
-    exact = count_all or (lambda: _count(conn, rows))
     if exact_count_limit is None:
-        return Total(exact())
+        return Total(_count(conn, rows))
     counted = _count(conn, rows.limit(exact_count_limit + 1))
     if counted <= exact_count_limit:
         return Total(counted)
     estimate = provider_for(conn).estimate_rows(conn, rows)
     if estimate is None:
-        return Total(exact())
+        return Total(_count(conn, rows))
     return Total(max(estimate, exact_count_limit + 1), estimated=True)
 
 
