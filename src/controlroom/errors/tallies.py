@@ -82,5 +82,5 @@ def fold_deltas_if_many(conn: sa.Connection) -> None:
         return
     try:
         fold_deltas(conn.engine)
-    except sa.exc.DBAPIError:
+    except (sa.exc.DBAPIError, sa.exc.TimeoutError):  # TimeoutError: the pool is exhausted
         log.warning("folding the tally deltas failed; reading them unfolded", exc_info=True)

@@ -25,6 +25,9 @@ in that status at every committed state:
   place, deleted when it reaches 0. They count a group row when its status is set:
   the insert trigger of 0011 fills the copies by an UPDATE right after the INSERT.
 
+The counts of existing rows are filled in this migration's transaction, with both tables
+locked against writes (PostgreSQL) until the commit.
+
 The groups views read the counts, and each group's first and last failure from two index
 probes: ``(classifier, status, group_id, last_failure_at, ...)`` (0011) for the latest
 last failure, and ``(group_id, status, first_failure_at, failed_message_id)`` (replacing
@@ -51,6 +54,12 @@ _KEY = "classifier, group_id, status"
 
 def upgrade() -> None:
     postgresql = op.get_bind().dialect.name == "postgresql"
+    if postgresql:
+        # Writers take the messages, then their group rows; lock both in that order until
+        # the commit, so no write falls between the fill and the triggers and creating
+        # the triggers cannot deadlock with a writer (break-it pass: off-by-one counts,
+        # deadlocks, upgrading under live writers).
+        op.execute(f"LOCK TABLE failed_messages, {GROUPS} IN SHARE ROW EXCLUSIVE MODE")
     op.create_table(
         COUNTS,
         sa.Column("classifier", sa.String(100), nullable=False),
