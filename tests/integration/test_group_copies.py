@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,18 @@ def apply(engine: sa.Engine, body_store: FileSystemBodyStore, operation: tuple[A
         OPERATIONS[name](engine, *arguments)
 
 
+def random_operation(rng: random.Random, names: Sequence[str]) -> tuple[Any, ...]:
+    """One of ``names`` with random arguments, as the concurrent writers run them."""
+    operation = rng.choice(list(names))
+    if operation == "ingest":
+        return (operation, rng.randrange(MESSAGES), rng.randrange(60), rng.randrange(9))
+    if operation in ("archive_group", "unarchive_group"):
+        return (operation, rng.randrange(9))
+    if operation in ("sweep", "compact", "fold"):
+        return (operation,)
+    return (operation, rng.randrange(MESSAGES))
+
+
 # --- the comparison -----------------------------------------------------------------------
 def design_aggregate(conn: sa.Connection, status: FailedMessageStatus) -> list[tuple[Any, ...]]:
     """Per group: (id, title, classifier, count, first, last) over its messages in
@@ -263,22 +276,10 @@ def test_groups_views_equal_the_aggregate_under_two_concurrent_writers(
         try:
             barrier.wait(timeout=30)
             for _ in range(150):
-                operation = rng.choice([*OPERATIONS, "sweep"])
-                if operation == "ingest":
-                    arguments: tuple[Any, ...] = (
-                        rng.randrange(MESSAGES),
-                        rng.randrange(60),
-                        rng.randrange(9),
-                    )
-                elif operation in ("archive_group", "unarchive_group"):
-                    arguments = (rng.randrange(9),)
-                elif operation in ("sweep", "compact"):
-                    arguments = ()
-                else:
-                    arguments = (rng.randrange(MESSAGES),)
+                operation = random_operation(rng, [*OPERATIONS, "sweep"])
                 for try_ in retrying:
                     with try_:
-                        apply(engine, body_store, (operation, *arguments))
+                        apply(engine, body_store, operation)
         except BaseException as exc:  # collected, asserted after join
             errors.append(exc)
 

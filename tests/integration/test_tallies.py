@@ -252,22 +252,12 @@ def test_tallies_equal_the_aggregate_under_two_concurrent_writers(
         try:
             barrier.wait(timeout=30)
             for _ in range(150):
-                operation = rng.choice([*operations.OPERATIONS, "sweep", "fold"])
-                if operation == "ingest":
-                    arguments: tuple[Any, ...] = (
-                        rng.randrange(MESSAGES),
-                        rng.randrange(60),
-                        rng.randrange(9),
-                    )
-                elif operation in ("archive_group", "unarchive_group"):
-                    arguments = (rng.randrange(9),)
-                elif operation in ("sweep", "fold", "compact"):
-                    arguments = ()
-                else:
-                    arguments = (rng.randrange(MESSAGES),)
+                operation = operations.random_operation(
+                    rng, [*operations.OPERATIONS, "sweep", "fold"]
+                )
                 for try_ in retrying:
                     with try_:
-                        apply(engine, body_store, (operation, *arguments))
+                        apply(engine, body_store, operation)
         except BaseException as exc:  # collected, asserted after join
             errors.append(exc)
 

@@ -492,6 +492,20 @@ def list_message_hits(
     _check_window(offset, limit)
     total = count_matching(conn, where, exact_count_limit)
     page = _page_ids(conn, where, order, offset=offset, limit=limit, total=total.value)
+    return _hits_page(conn, page, order, total, offset=offset, limit=limit)
+
+
+def _hits_page(
+    conn: sa.Connection,
+    page: sa.Subquery,
+    order: Ordering,
+    total: Total,
+    *,
+    offset: int,
+    limit: int,
+) -> SearchPage:
+    """The rows of ``page`` (a subquery of ids) with what the message views show, in
+    ``order``, and ``total`` raised to what they show (``Total.at_least_seen``)."""
     rows = conn.execute(
         sa.select(*_SUMMARY_COLUMNS, fm.conversation_id, fm.headers_json, fm.body_size)
         .join_from(failed_messages, page, fm.id == page.c.id)
@@ -757,15 +771,7 @@ def _search_page_of_many(
         .offset(offset)
         .subquery("page")
     )
-    rows = conn.execute(
-        sa.select(*_SUMMARY_COLUMNS, fm.conversation_id, fm.headers_json, fm.body_size)
-        .join_from(failed_messages, page, fm.id == page.c.id)
-        .order_by(*order_by(order))
-    ).all()
-    total = total.at_least_seen(offset, len(rows), limit)
-    return SearchPage(
-        total=total.value, items=[_hit(row) for row in rows], total_estimated=total.estimated
-    )
+    return _hits_page(conn, page, order, total, offset=offset, limit=limit)
 
 
 def _search_page(
