@@ -172,8 +172,10 @@ failed_message_group_counts = sa.Table(
 # How many failed messages share a key of the columns the summary and the counts group
 # by (migration 0012, issue 13): kept by the database's triggers on failed_messages in
 # the transaction that changes a message, never written by the application. A key's
-# count is its tally plus its deltas (errors.read.tallies). The unique key, with NULL as
-# one value, is an expression index the migration creates (not modelled here).
+# count is its tally plus its deltas (errors.tallies). The key's index is an expression
+# index the migrations create (not modelled here): unique, NULL as one value, on SQLite
+# (0012); on PostgreSQL over a digest of the key (0015: a key may be longer than a btree
+# index row), its fold keeping one row per key.
 def _tally_columns() -> list[sa.Column[object]]:
     return [
         sa.Column("status", sa.SmallInteger, nullable=False),
@@ -187,14 +189,6 @@ def _tally_columns() -> list[sa.Column[object]]:
 
 
 failed_message_tallies = sa.Table("failed_message_tallies", metadata, *_tally_columns())
-TALLY_CONFLICT_TARGET = (
-    "status, is_system_message, receiving_endpoint, "
-    "coalesce(receiving_host_id, ''), (receiving_host_id IS NULL), "
-    "coalesce(receiving_host, ''), (receiving_host IS NULL), "
-    "coalesce(message_type, ''), (message_type IS NULL)"
-)
-"""The expressions of the tallies' unique key (migration 0012's ``CONFLICT_TARGET``), as
-an ``ON CONFLICT`` target names them."""
 
 # Changes of the tallies not folded in yet: appended by PostgreSQL's statement triggers
 # (so concurrent writers share no row), folded by Provider.compact_tallies; SQLite's

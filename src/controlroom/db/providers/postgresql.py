@@ -34,7 +34,6 @@ from controlroom.db.providers._base import (
     on_conflict_update,
 )
 from controlroom.db.tables import (
-    TALLY_CONFLICT_TARGET,
     audit_log,
     failed_message_tallies,
     failed_message_tally_deltas,
@@ -103,15 +102,44 @@ def audit_partition_ddl(now: datetime) -> list[str]:
 
 
 _TALLY_LOCK = lease_key("failed_message_tallies compaction")
-_TALLY_KEY = ", ".join(c.name for c in failed_message_tallies.c if c.name != "messages")
-# The conflict target names migration 0012's unique index on the key (NULL as one value).
+_TALLY_KEY = [c.name for c in failed_message_tallies.c if c.name != "messages"]
+_TALLY_COLUMNS = ", ".join(_TALLY_KEY)
+
+
+def _tally_digest(table: str) -> str:
+    """Migration 0015's index expression over ``table``'s key (the same text, so the
+    planner matches it): the md5 of the text columns, never longer than 32 characters."""
+    return (
+        f"md5({table}.receiving_endpoint || '|' || coalesce({table}.receiving_host_id, '') "
+        f"|| '|' || coalesce({table}.receiving_host, '') || '|' "
+        f"|| coalesce({table}.message_type, ''))"
+    )
+
+
+# A key's tally found by status, system flag and digest (0015's index), then compared in
+# full (NULL as one value), so keys of one digest never merge.
+_SAME_TALLY_KEY = " AND ".join(
+    [
+        f"t.{c} = s.{c}"
+        if c in ("status", "is_system_message", "receiving_endpoint")
+        else f"t.{c} IS NOT DISTINCT FROM s.{c}"
+        for c in _TALLY_KEY
+    ]
+    + [f"{_tally_digest('t')} = {_tally_digest('s')}"]
+)
+# One statement, one snapshot: the deltas it deletes are the ones it adds; a key with a
+# tally before it is added to, any other gets its row (the NOT EXISTS reads the tallies as
+# they were before the UPDATE, which adds no row).
 _FOLD_TALLY_DELTAS = (
     f"WITH moved AS (DELETE FROM {failed_message_tally_deltas.name} "
-    f"RETURNING {_TALLY_KEY}, messages) "
-    f"INSERT INTO {failed_message_tallies.name} AS t ({_TALLY_KEY}, messages) "
-    f"SELECT {_TALLY_KEY}, sum(messages) FROM moved GROUP BY {_TALLY_KEY} "
-    f"ON CONFLICT ({TALLY_CONFLICT_TARGET}) "
-    "DO UPDATE SET messages = t.messages + excluded.messages"
+    f"RETURNING {_TALLY_COLUMNS}, messages), "
+    f"s AS (SELECT {_TALLY_COLUMNS}, sum(messages) AS messages FROM moved "
+    f"GROUP BY {_TALLY_COLUMNS}), "
+    f"added AS (UPDATE {failed_message_tallies.name} AS t "
+    f"SET messages = t.messages + s.messages FROM s WHERE {_SAME_TALLY_KEY}) "
+    f"INSERT INTO {failed_message_tallies.name} ({_TALLY_COLUMNS}, messages) "
+    f"SELECT {_TALLY_COLUMNS}, messages FROM s WHERE NOT EXISTS "
+    f"(SELECT FROM {failed_message_tallies.name} AS t WHERE {_SAME_TALLY_KEY})"
 )
 
 
@@ -362,8 +390,10 @@ class PostgreSQLProvider(OnConflictProvider):
         """The deltas committed so far, deleted and added to their keys' tallies in one
         statement (the rows deleted are the rows added), then the keys counted down to
         0 deleted. Under a transaction-level advisory lock that a second compactor does
-        not wait for: two compactors would only queue on the same tally rows. Writers
-        never touch the tallies (migration 0012), so this blocks no writer."""
+        not wait for: two compactors would only queue on the same tally rows, and this
+        one being the tallies' only writer keeps one row per key (migration 0015: no
+        unique index, which a long key could not fit). Writers never touch the tallies
+        (migration 0012), so this blocks no writer."""
         if not conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(_TALLY_LOCK))).scalar():
             return False
         conn.exec_driver_sql(_FOLD_TALLY_DELTAS)
