@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from prometheus_client import Counter
 
 from controlroom import events
-from controlroom.db.engine import begin_write
+from controlroom.db.engine import run_write_transaction
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import (
     FailedMessageStatus,
@@ -101,59 +101,64 @@ def sweep_expired_failed_messages(
     )
     provider = provider_for(engine)
     deleted = 0
-    while True:
-        with begin_write(engine) as conn:
-            ids = (
-                conn.execute(sa.select(failed_messages.c.id).where(expired).limit(chunk))
-                .scalars()
-                .all()
-            )
-            if not ids:
-                _purge_retry_operations(conn, completed_before=cutoff)
-                purged = 0
-                if event_retention_period is not None:
-                    purged = events.purge_events(conn, older_than=now - event_retention_period)
-                if deleted or purged:
-                    activity.retention_swept(
-                        conn, deleted, cutoff=cutoff, events_purged=purged, now=now
-                    )
-                break
-            group_ids = (
-                conn.execute(
-                    sa.select(failed_message_groups.c.group_id)
-                    .where(failed_message_groups.c.failed_message_id.in_(ids))
-                    .distinct()
+
+    def sweep_chunk(conn: sa.Connection) -> list[str] | None:
+        """One chunk deleted (its ids), or ``None`` when none was left and the sweep's
+        last transaction ran. Safe to replay: it selects its rows again."""
+        ids = (
+            conn.execute(sa.select(failed_messages.c.id).where(expired).limit(chunk))
+            .scalars()
+            .all()
+        )
+        if not ids:
+            _purge_retry_operations(conn, completed_before=cutoff)
+            purged = 0
+            if event_retention_period is not None:
+                purged = events.purge_events(conn, older_than=now - event_retention_period)
+            if deleted or purged:
+                activity.retention_swept(
+                    conn, deleted, cutoff=cutoff, events_purged=purged, now=now
                 )
-                .scalars()
-                .all()
-            )
+            return None
+        group_ids = (
             conn.execute(
-                sa.delete(failed_message_groups).where(
-                    failed_message_groups.c.failed_message_id.in_(ids)
-                )
+                sa.select(failed_message_groups.c.group_id)
+                .where(failed_message_groups.c.failed_message_id.in_(ids))
+                .distinct()
             )
+            .scalars()
+            .all()
+        )
+        conn.execute(
+            sa.delete(failed_message_groups).where(
+                failed_message_groups.c.failed_message_id.in_(ids)
+            )
+        )
+        conn.execute(
+            sa.delete(failed_message_retries).where(
+                failed_message_retries.c.failed_message_id.in_(ids)
+            )
+        )
+        gone = list(
             conn.execute(
-                sa.delete(failed_message_retries).where(
-                    failed_message_retries.c.failed_message_id.in_(ids)
-                )
+                sa.delete(failed_messages)
+                .where(failed_messages.c.id.in_(ids), expired)
+                .returning(failed_messages.c.id)
             )
-            gone = (
-                conn.execute(
-                    sa.delete(failed_messages)
-                    .where(failed_messages.c.id.in_(ids), expired)
-                    .returning(failed_messages.c.id)
-                )
-                .scalars()
-                .all()
-            )
-            # Every deleted message, not only those whose current body is external: an
-            # older attempt may have left a body of its own.
-            provider.insert_rows_if_absent(
-                conn,
-                body_deletions,
-                [{"failed_message_id": id_, "requested_at": now} for id_ in gone],
-            )
-            _delete_comments_of_emptied_groups(conn, group_ids)
+            .scalars()
+            .all()
+        )
+        # Every deleted message, not only those whose current body is external: an older
+        # attempt may have left a body of its own.
+        provider.insert_rows_if_absent(
+            conn, body_deletions, [{"failed_message_id": id_, "requested_at": now} for id_ in gone]
+        )
+        _delete_comments_of_emptied_groups(conn, group_ids)
+        return gone
+
+    # Each chunk its own transaction, replayed on a deadlock or serialization failure
+    # (DESIGN.md "Transient failures"): the writer and operators change the same rows.
+    while (gone := run_write_transaction(engine, sweep_chunk)) is not None:
         deleted += len(gone)
         SWEPT.inc(len(gone))
     bodies = collect_deleted_bodies(engine, body_store, chunk=chunk)
@@ -211,45 +216,54 @@ def collect_deleted_bodies(
     pending = body_deletions.c.failed_message_id
     collected = 0
     failed: list[str] = []
-    while True:
-        with begin_write(engine) as conn:
-            choose = sa.select(pending).order_by(pending).limit(chunk)
-            if failed:
-                choose = choose.where(pending.not_in(failed))
-            taken = (
-                conn.execute(
-                    sa.delete(body_deletions)
-                    .where(pending.in_(choose.scalar_subquery()))
-                    .returning(pending)
+
+    def collect_chunk(conn: sa.Connection) -> tuple[int, list[str]] | None:
+        """One chunk: (bodies deleted, messages kept back), or ``None`` when no record
+        is left. Safe to replay: a rolled-back chunk leaves its records, and deleting a
+        message's files again is the next run's job done early."""
+        choose = sa.select(pending).order_by(pending).limit(chunk)
+        if failed:
+            choose = choose.where(pending.not_in(failed))
+        taken = (
+            conn.execute(
+                sa.delete(body_deletions)
+                .where(pending.in_(choose.scalar_subquery()))
+                .returning(pending)
+            )
+            .scalars()
+            .all()
+        )
+        if not taken:
+            return None
+        current = dict(
+            conn.execute(
+                sa.select(failed_messages.c.id, failed_messages.c.body_key).where(
+                    failed_messages.c.id.in_(taken), failed_messages.c.body_stored_externally
                 )
-                .scalars()
-                .all()
-            )
-            if not taken:
-                return BodyCollection(collected=collected, failed=len(failed))
-            current = dict(
-                conn.execute(
-                    sa.select(failed_messages.c.id, failed_messages.c.body_key).where(
-                        failed_messages.c.id.in_(taken),
-                        failed_messages.c.body_stored_externally,
-                    )
-                ).all()
-            )
-            kept_back = []
-            for message_id in taken:
-                try:
-                    body_store.delete_message(message_id, keep=current.get(message_id))
-                except BodyStoreError:
-                    log.warning(
-                        "could not delete the bodies of %s; the next sweep tries again",
-                        message_id,
-                        exc_info=True,
-                    )
-                    kept_back.append({"failed_message_id": message_id, "requested_at": utc_now()})
-                else:
-                    collected += 1
-            provider.insert_rows_if_absent(conn, body_deletions, kept_back)
-            failed.extend(row["failed_message_id"] for row in kept_back)
+            ).all()
+        )
+        kept_back = []
+        for message_id in taken:
+            try:
+                body_store.delete_message(message_id, keep=current.get(message_id))
+            except BodyStoreError:
+                log.warning(
+                    "could not delete the bodies of %s; the next sweep tries again",
+                    message_id,
+                    exc_info=True,
+                )
+                kept_back.append(message_id)
+        provider.insert_rows_if_absent(
+            conn,
+            body_deletions,
+            [{"failed_message_id": id_, "requested_at": utc_now()} for id_ in kept_back],
+        )
+        return len(taken) - len(kept_back), kept_back
+
+    while (done := run_write_transaction(engine, collect_chunk)) is not None:
+        collected += done[0]
+        failed.extend(done[1])
+    return BodyCollection(collected=collected, failed=len(failed))
 
 
 class RetentionSweeper:
