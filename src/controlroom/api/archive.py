@@ -273,10 +273,10 @@ def list_archived_groups(
 
 @router.get(
     "/archive/groups/id/{groupId}",
-    response_model_exclude_none=True,
+    response_model=FailureGroupView,
     responses={404: {"description": "No failed message belongs to a group with this id."}},
 )
-def get_archived_group(request: Request, group_id: GroupId) -> FailureGroupView:
+def get_archived_group(request: Request, group_id: GroupId) -> JSONResponse:
     """One group, counting its Archived messages."""
     return get_group_view(request, group_id, archived=True)
 

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Body, HTTPException, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, TypeAdapter
 
 from controlroom.api.auth import current_principal
@@ -65,10 +66,10 @@ class FailureGroupView(BaseModel):
     """One failure group (ServiceControl's ``GroupOperation``).
 
     ``count``, ``first`` and ``last`` are over the group's Unresolved messages (its
-    Archived ones in the archive views); ``first``/``last`` are omitted when ``count``
-    is 0. The ``operation_*`` fields describe a retry of the whole group
-    (``operation_fields``): ``operation_status`` is ``"None"`` and
-    ``need_user_acknowledgement`` false when idle.
+    Archived ones in the archive views); with ``count`` 0 ``first``/``last`` are omitted
+    from a list and null in a group by id (``get_group_view``). The ``operation_*``
+    fields describe a retry of the whole group (``operation_fields``):
+    ``operation_status`` is ``"None"`` and ``need_user_acknowledgement`` false when idle.
     """
 
     id: str
@@ -133,9 +134,9 @@ def list_classifier_groups(
 
 
 @router.get(
-    "/recoverability/groups/id/{groupId}", response_model_exclude_none=True, responses=NOT_FOUND
+    "/recoverability/groups/id/{groupId}", response_model=FailureGroupView, responses=NOT_FOUND
 )
-def get_group(request: Request, group_id: GroupId) -> FailureGroupView:
+def get_group(request: Request, group_id: GroupId) -> JSONResponse:
     """One group, counting its Unresolved messages."""
     return get_group_view(request, group_id, archived=False)
 
@@ -309,14 +310,22 @@ def list_groups_view(
     return views
 
 
-def get_group_view(request: Request, group_id: uuid.UUID, *, archived: bool) -> FailureGroupView:
-    """One group counting Unresolved (or Archived) messages; 404 when unknown."""
+def get_group_view(request: Request, group_id: uuid.UUID, *, archived: bool) -> JSONResponse:
+    """One group counting Unresolved (or Archived) messages; 404 when unknown.
+
+    ``first`` and ``last`` are always there, null when the group has no message in the
+    status: ServiceControl has no such answer (its view holds only groups with messages
+    in the status, and a view's ``First``/``Last`` are never empty), and a key that comes
+    and goes with the count would surprise a client more than a null. Other empty fields
+    are left out, as in every group view."""
     with _engine(request).connect() as conn:
         group = groups.get_group(conn, str(group_id), status=_counted(archived))
         retry = None if archived else groups.group_retries(conn).get(str(group_id))
     if group is None:
         raise _unknown_group(group_id)
-    return group_view(group, retry, archived=archived)
+    view = group_view(group, retry, archived=archived)
+    body = view.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return JSONResponse({"first": None, "last": None} | body)
 
 
 def group_view(
