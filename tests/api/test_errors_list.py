@@ -128,6 +128,19 @@ def test_head_answers_the_headers_of_get(client: TestClient, hundred_twenty: lis
         assert head.headers[name] == get.headers[name]
 
 
+def test_head_is_answered_where_servicecontrol_answers_it(
+    client: TestClient, hundred_twenty: list[str]
+) -> None:
+    """ServiceControl's error instance takes HEAD on ``errors`` and
+    ``recoverability/groups/{groupId}/errors`` only (``[HttpHead]`` routes); its
+    ``messages`` and ``endpoints/{endpointname}/errors`` are ``[HttpGet]`` alone, which
+    ASP.NET Core answers with 405 for HEAD. So do we."""
+    assert client.head("/api/errors").status_code == 200
+    for path in ("/api/messages", "/api/endpoints/Sales/errors"):
+        assert client.get(path).status_code == 200
+        assert client.head(path).status_code == 405
+
+
 def test_trailing_slash_is_the_same_route(client: TestClient, hundred_twenty: list[str]) -> None:
     plain = client.get("/api/errors", params={"page": 2})
     slashed = client.get("/api/errors/", params={"page": 2}, follow_redirects=False)
