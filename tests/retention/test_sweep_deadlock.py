@@ -39,14 +39,16 @@ def pg_engine() -> Iterator[sa.Engine]:
         servers.drop_postgresql_database(url)
 
 
-def wait_until_the_sweep_waits_for_the_message(conn: sa.Connection) -> None:
+def wait_until_waiting(conn: sa.Connection, statement: str) -> None:
+    """Until a session of this database waits for a lock in a statement ``LIKE
+    statement`` (at most 30 s)."""
     query = sa.text(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM failed_messages %'"
+        "AND wait_event_type = 'Lock' AND query LIKE :statement"
     )
     deadline = time.monotonic() + 30
-    while conn.execute(query).scalar_one() == 0:
-        assert time.monotonic() < deadline, "the sweep never waited for the message's row"
+    while conn.execute(query, {"statement": statement}).scalar_one() == 0:
+        assert time.monotonic() < deadline, f"no statement like {statement!r} waited"
         conn.rollback()  # pg_stat_activity is read once per transaction
         time.sleep(0.05)
 
@@ -76,7 +78,7 @@ def test_a_sweep_that_loses_a_deadlock_replays_its_chunk(
         )
         sweeper = threading.Thread(target=sweep)
         sweeper.start()
-        wait_until_the_sweep_waits_for_the_message(watcher)
+        wait_until_waiting(watcher, "DELETE FROM failed_messages %")
         other.execute(  # waits for the sweep's deleted group rows: a cycle
             sa.select(failed_message_groups.c.group_id)
             .where(failed_message_groups.c.failed_message_id == expired)

@@ -1,0 +1,81 @@
+"""Archiving a group replays its transaction when it loses a real deadlock (DESIGN.md
+"Transient failures"). PostgreSQL only: SQLite takes its one write lock up front.
+
+The deadlock: another transaction locks the group row of the group's one message; the
+archive updates the message, and its update trigger (migration 0011) waits for that group
+row; the other transaction then asks for the message's row. The other transaction's
+``deadlock_timeout`` is long, so the archive is the one PostgreSQL aborts.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from controlroom.api.app import create_app
+from controlroom.config import Settings
+from controlroom.db.engine import create_store_engine
+from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from tests import servers
+from tests.factories import at, attempt, message_uuid
+from tests.retention.test_sweep_deadlock import wait_until_waiting
+
+
+@pytest.fixture
+def pg_client(tmp_path: Path) -> Iterator[tuple[TestClient, sa.Engine]]:
+    url = servers.create_postgresql_database(migrated=True)
+    settings = Settings(data_dir=tmp_path / "data", database_url=url)
+    engine = create_store_engine(url)
+    try:
+        with TestClient(
+            create_app(settings, engine, FileSystemBodyStore(settings.body_dir))
+        ) as client:
+            yield client, engine
+    finally:
+        engine.dispose()
+        servers.drop_postgresql_database(url)
+
+
+def test_a_group_archive_that_loses_a_deadlock_replays_it(
+    pg_client: tuple[TestClient, sa.Engine],
+) -> None:
+    client, engine = pg_client
+    message = attempt(0, at(0))
+    FailedMessageBatchWriter(engine).write(IngestionBatch(attempts=[message]))
+    group_id, message_id = message.groups[0].id, message_uuid(0)
+    answers: list[Any] = []
+
+    def archive() -> None:
+        answers.append(client.post(f"/api/recoverability/groups/{group_id}/errors/archive"))
+
+    with engine.connect() as watcher, engine.connect() as other:
+        other.exec_driver_sql("SET deadlock_timeout = '60s'")  # the archive detects it
+        other.execute(
+            sa.select(failed_message_groups.c.group_id)
+            .where(failed_message_groups.c.failed_message_id == message_id)
+            .with_for_update()
+        )
+        archiver = threading.Thread(target=archive)
+        archiver.start()
+        wait_until_waiting(watcher, "UPDATE failed_messages %")
+        other.execute(  # waits for the archive's message row: a cycle
+            sa.select(failed_messages.c.id)
+            .where(failed_messages.c.id == message_id)
+            .with_for_update()
+        )
+        other.rollback()
+        archiver.join(60)
+    assert not archiver.is_alive()
+    assert answers[0].status_code == 202, answers[0].text
+    assert answers[0].json()["changed"] == 1
+    with engine.connect() as conn:
+        status = conn.execute(sa.select(failed_messages.c.status)).scalar_one()
+    assert status == int(FailedMessageStatus.ARCHIVED)
