@@ -77,8 +77,15 @@ from controlroom.config import IngestionSettings, Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.providers.sqlite import PROVIDER as SQLITE_PROVIDER
-from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
+from controlroom.db.tables import (
+    FailedMessageStatus,
+    failed_message_group_counts,
+    failed_message_groups,
+    failed_message_tallies,
+    failed_messages,
+)
 from controlroom.demo import format_nsb_time, generate_demo_messages
+from controlroom.errors import tallies
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.grouping import CLASSIFIERS
@@ -407,6 +414,31 @@ def load(url: str, messages: int, workers: int) -> dict[str, float]:
             conn.execute(f"VACUUM ANALYZE {table}")
     timings["vacuum analyze"] = time.perf_counter() - started
     return timings
+
+
+def count_loaded_rows(engine: sa.Engine) -> None:
+    """Fill the counters the loaded rows would have made, had the triggers been on: the
+    tallies (migration 0012) and the group counts (migration 0014), each as its migration
+    fills it from the rows already there. Without them the counts, the summary and the
+    groups views read 0, and a group's page takes the form of a small group."""
+    messages = [failed_messages.c[name] for name in tallies.KEY]
+    groups = failed_message_groups.c
+    group_key = [groups.classifier, groups.group_id, groups.status]
+    with engine.begin() as conn:
+        conn.execute(
+            failed_message_tallies.insert().from_select(
+                [*tallies.KEY, "messages"],
+                sa.select(*messages, sa.func.count()).group_by(*messages),
+            )
+        )
+        conn.execute(
+            failed_message_group_counts.insert().from_select(
+                [*(c.name for c in group_key), "n"],
+                sa.select(*group_key, sa.func.count())
+                .where(groups.status.is_not(None))
+                .group_by(*group_key),
+            )
+        )
 
 
 # --- SQLite -------------------------------------------------------------------------------
@@ -980,6 +1012,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timings = load_sqlite(sqlite_path(url), args.messages, args.workers)
             else:
                 timings = load(libpq_url(url), args.messages, args.workers)
+            counting = time.perf_counter()
+            count_loaded_rows(engine)
+            timings["counters"] = time.perf_counter() - counting
             timings["total"] = time.perf_counter() - started
             print(
                 "load: "

@@ -1,0 +1,135 @@
+"""A broad search (estimated at ``BROAD_SEARCH_ESTIMATE`` times the exact-count limit or
+more) finds its page among the first rows of the sort order and answers the estimate,
+marked ``Total-Count-Estimated: true``, without counting; where that window holds no full
+page (words that never occur together, matches only among old messages) it is counted as
+any search is. Either way the rows are those an exact search shows. A provider without an
+estimate (SQLite) always counts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from controlroom.api import create_app
+from controlroom.config import Settings
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.errors.read import queries
+from tests.factories import at, attempt
+
+LIMIT = 5
+MESSAGES = 300
+OLD = 60
+"""The oldest messages (the lowest ids: the default order is by id, descending) are the
+only ones that say "rare"."""
+
+
+def _text(n: int) -> str:
+    word = "alpha" if n % 2 else "beta"  # never both in one message
+    return f"failed {word} {'rare' if n < OLD else 'common'} number{n}"
+
+
+@pytest.fixture
+def clients(
+    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore
+) -> Iterator[tuple[TestClient, TestClient]]:
+    """A client whose exact counts stop at ``LIMIT``, and one that always counts, over
+    ``MESSAGES`` failed messages, statistics up to date."""
+    attempts = [attempt(n, at(n), exception_message=_text(n)) for n in range(MESSAGES)]
+    FailedMessageBatchWriter(engine).write(IngestionBatch(attempts=attempts))
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE failed_messages")
+    limited = settings.model_copy(update={"exact_count_limit": LIMIT})
+    with (
+        TestClient(create_app(limited, engine, body_store)) as capped,
+        TestClient(create_app(settings, engine, body_store)) as exact,
+    ):
+        yield capped, exact
+
+
+def _estimates(engine: sa.Engine) -> bool:
+    return engine.dialect.name == "postgresql"
+
+
+class _Counts:
+    """Counts the statements that count (``count(``) while it is active."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self.seen = 0
+
+    def _record(self, _conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        self.seen += "count(" in statement.lower()
+
+    def __enter__(self) -> _Counts:
+        sa.event.listen(self.engine, "before_cursor_execute", self._record)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        sa.event.remove(self.engine, "before_cursor_execute", self._record)
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_a_broad_search_answers_the_estimate_without_counting(
+    clients: tuple[TestClient, TestClient], engine: sa.Engine, page: int
+) -> None:
+    capped, exact = clients
+    params = {"q": "failed", "per_page": "5", "page": str(page)}
+    with _Counts(engine) as counts:
+        answer = capped.get("/api/messages/search", params=params)
+    expected = exact.get("/api/messages/search", params=params)
+    assert answer.status_code == expected.status_code == 200
+    assert [item["id"] for item in answer.json()] == [item["id"] for item in expected.json()]
+    assert expected.headers["Total-Count"] == str(MESSAGES)
+    if _estimates(engine):
+        assert counts.seen == 0
+        assert answer.headers["Total-Count-Estimated"] == "true"
+        assert BROAD_LOW <= int(answer.headers["Total-Count"]) <= 10 * MESSAGES
+        assert 'rel="next"' in answer.headers["Link"]
+    else:
+        assert counts.seen > 0
+        assert answer.headers["Total-Count"] == str(MESSAGES)
+
+
+BROAD_LOW = queries.BROAD_SEARCH_ESTIMATE * LIMIT
+"""What the planner must at least estimate for the search to count as broad."""
+
+
+def test_words_that_never_occur_together_answer_none_exactly(
+    clients: tuple[TestClient, TestClient], engine: sa.Engine
+) -> None:
+    """Taken for independent, "alpha beta" is estimated at a quarter of the messages; the
+    window holds no page, so the search is counted: 0, exact."""
+    capped, _ = clients
+    if _estimates(engine):
+        with engine.connect() as conn:
+            condition = queries.search_condition(engine.dialect, "alpha beta")
+            matching = sa.select(sa.literal(1)).select_from(queries.failed_messages)
+            estimate = queries.provider_for(conn).estimate_rows(conn, matching.where(condition))
+        assert estimate is not None and estimate >= BROAD_LOW  # the case this test is about
+    answer = capped.get("/api/messages/search", params={"q": "alpha beta", "per_page": "5"})
+    assert answer.status_code == 200
+    assert answer.json() == []
+    assert answer.headers["Total-Count"] == "0"
+    assert "Total-Count-Estimated" not in answer.headers
+
+
+def test_matches_only_among_old_messages_are_found_by_counting(
+    clients: tuple[TestClient, TestClient], engine: sa.Engine
+) -> None:
+    """The word "rare" is in the 60 oldest messages: past the window of a first page, so the
+    search is counted and its page read as any search's."""
+    capped, exact = clients
+    params = {"q": "rare", "per_page": "5"}
+    with _Counts(engine) as counts:
+        answer = capped.get("/api/messages/search", params=params)
+    expected = exact.get("/api/messages/search", params=params)
+    assert [item["id"] for item in answer.json()] == [item["id"] for item in expected.json()]
+    assert len(expected.json()) == 5
+    assert expected.headers["Total-Count"] == str(OLD)
+    assert counts.seen > 0
+    assert int(answer.headers["Total-Count"]) >= LIMIT + 1
