@@ -23,6 +23,7 @@ import sqlalchemy as sa
 
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import (
+    GROUP_COPIES,
     FailedMessageStatus,
     failed_error_imports,
     failed_message_group_counts,
@@ -322,6 +323,8 @@ def _page_ids(
         # Fenced in a materialized CTE: given the same condition as a membership test,
         # the planner may still walk the sort key's index probing each message (0.7 s
         # for a group of 5,946 among 1,000,000, benchmarks/query.py).
+        if _group_rows_hold(where, order):
+            return _page_from_group_rows(where, order, offset=offset, limit=limit)
         groups = failed_message_groups.c
         members = (
             sa.select(*sort_columns(order))
@@ -348,6 +351,42 @@ def _page_ids(
         sa.select(fm.id)
         .where(*conditions)
         .order_by(*order_by(order))
+        .limit(limit)
+        .offset(offset)
+        .subquery("page")
+    )
+
+
+def _group_rows_hold(where: FailedMessageFilter, order: Ordering) -> bool:
+    """True when the group rows alone answer a page of ``where`` in ``order``: it filters
+    by a group and statuses only, and sorts by columns the group rows hold a copy of
+    (``GROUP_COPIES``: time of failure, status)."""
+    keys = [column.name for column in sort_columns(order) if column is not fm.id]
+    return _status_and_group_only(where) and all(key in GROUP_COPIES for key in keys)
+
+
+def _page_from_group_rows(
+    where: FailedMessageFilter, order: Ordering, *, offset: int, limit: int
+) -> sa.Subquery:
+    """The ids of a group's page read from its group rows and their copies of the sort
+    key, equal to the message's in every committed state (migrations 0011, 0013): one
+    group-row read per member, where joining the messages cost a primary-key probe and
+    a message row each (the medium group's page of ServicePulse's default sort,
+    ``benchmarks/query.py``)."""
+    groups = failed_message_groups.c
+    copies = [
+        groups.failed_message_id.label("id") if column is fm.id else groups[column.name]
+        for column in sort_columns(order)
+    ]
+    members = (
+        sa.select(*copies)
+        .where(groups.group_id == where.group_id, *_status_conditions(groups.status, where))
+        .cte("members")
+        .prefix_with("MATERIALIZED")
+    )
+    return (
+        sa.select(members.c.id)
+        .order_by(*order_by(order, members.c))
         .limit(limit)
         .offset(offset)
         .subquery("page")
