@@ -1,5 +1,6 @@
-"""Archiving a group replays its transaction when it loses a real deadlock (DESIGN.md
-"Transient failures"). PostgreSQL only: SQLite takes its one write lock up front.
+"""Archiving a group, or one message, replays its transaction when it loses a real
+deadlock (DESIGN.md "Transient failures"). PostgreSQL only: SQLite takes its one write
+lock up front.
 
 The deadlock: another transaction locks the group row of the group's one message; the
 archive updates the message, and its update trigger (migration 0011) waits for that group
@@ -44,8 +45,15 @@ def pg_client(tmp_path: Path) -> Iterator[tuple[TestClient, sa.Engine]]:
         servers.drop_postgresql_database(url)
 
 
-def test_a_group_archive_that_loses_a_deadlock_replays_it(
-    pg_client: tuple[TestClient, sa.Engine],
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/recoverability/groups/{group_id}/errors/archive",
+        "/api/errors/{message_id}/archive",
+    ],
+)
+def test_an_archive_that_loses_a_deadlock_replays_it(
+    pg_client: tuple[TestClient, sa.Engine], path: str
 ) -> None:
     client, engine = pg_client
     message = attempt(0, at(0))
@@ -54,7 +62,7 @@ def test_a_group_archive_that_loses_a_deadlock_replays_it(
     answers: list[Any] = []
 
     def archive() -> None:
-        answers.append(client.post(f"/api/recoverability/groups/{group_id}/errors/archive"))
+        answers.append(client.post(path.format(group_id=group_id, message_id=message_id)))
 
     with engine.connect() as watcher, engine.connect() as other:
         other.exec_driver_sql("SET deadlock_timeout = '60s'")  # the archive detects it

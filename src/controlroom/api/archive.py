@@ -39,7 +39,7 @@ from controlroom.api.recoverability import (
     get_group_view,
     list_groups_view,
 )
-from controlroom.db.engine import begin_write, run_write_transaction
+from controlroom.db.engine import run_write_transaction
 from controlroom.errors import activity
 from controlroom.errors.ingest.writer import utc_now
 from controlroom.errors.read import groups, operations
@@ -169,12 +169,16 @@ def archive_messages(request: Request, ids: IdList) -> ActionOutcome | JSONRespo
 )
 def archive_message(request: Request, failed_message_id: FailedMessageId) -> ActionOutcome:
     """Archive one message (when it is Unresolved)."""
-    now = utc_now()
-    with begin_write(_engine(request)) as conn:
+    by = _caller(request)
+
+    def archive(conn: sa.Connection) -> operations.StatusChange:
+        now = utc_now()
         outcome = operations.archive_messages(conn, [str(failed_message_id)], now)
-        activity.messages_archived(
-            conn, outcome.changed, by=_caller(request), now=now, archived=True
-        )
+        activity.messages_archived(conn, outcome.changed, by=by, now=now, archived=True)
+        return outcome
+
+    # Replayed on a deadlock with a writer or a bulk action, as every archive is.
+    outcome = run_write_transaction(_engine(request), archive)
     if outcome.refused:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
     return ActionOutcome(changed=len(outcome.changed), unchanged_ids=outcome.unchanged)
@@ -225,9 +229,12 @@ def resolve_pending_retries(request: Request, body: ResolveRequest) -> ActionOut
     Their retry claims are dropped."""
     if body.uniquemessageids is not None:
         return _by_ids(request, body.uniquemessageids, operations.resolve_pending_retries)
-    assert body.from_ is not None and body.to is not None  # the model's validator
-    with begin_write(_engine(request)) as conn:
-        changed = operations.resolve_pending_retries_between(conn, body.from_, body.to, utc_now())
+    start, end = body.from_, body.to
+    assert start is not None and end is not None  # the model's validator
+    changed = run_write_transaction(
+        _engine(request),
+        lambda conn: operations.resolve_pending_retries_between(conn, start, end, utc_now()),
+    )
     return ActionOutcome(changed=changed)
 
 
@@ -237,10 +244,12 @@ def resolve_queue_pending_retries(request: Request, body: QueueWindow) -> Action
     ``queueaddress`` and were last modified within ``from``..``to``. 400 naming the field
     when the queue is blank or a time cannot be read."""
     queue_address, start, end = body.window()
-    with begin_write(_engine(request)) as conn:
-        changed = operations.resolve_pending_retries_between(
+    changed = run_write_transaction(
+        _engine(request),
+        lambda conn: operations.resolve_pending_retries_between(
             conn, start, end, utc_now(), queue_address=queue_address
-        )
+        ),
+    )
     return ActionOutcome(changed=changed)
 
 
