@@ -175,6 +175,23 @@ class Provider(ABC):
         it; ``None`` when the provider has none (then callers count exactly)."""
         return None
 
+    def count_search_hits(
+        self, conn: sa.Connection, terms: Sequence[str], limit: int
+    ) -> int | None:
+        """How many failed messages ``search_matches(terms)`` holds, counted in the
+        full-text index alone (no table row read), stopping past ``limit``: at most
+        ``limit + 1``. ``None`` where the index cannot count without the rows (here; on
+        PostgreSQL the GIN index needs the heap for visibility), then callers count
+        through the table."""
+        return None
+
+    def estimate_search_hits(self, conn: sa.Connection, terms: Sequence[str]) -> int | None:
+        """An estimate of how many failed messages ``search_matches(terms)`` holds, from
+        the full-text index alone and without reading every hit; ``None`` where the
+        provider has none of its own (here; PostgreSQL estimates the whole search
+        statement through ``estimate_rows``)."""
+        return None
+
     def without_index(self, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
         """``column`` as an operand whose conditions no index answers, so that a query
         ordered by an indexed key walks that key's index and filters the rows it yields,
