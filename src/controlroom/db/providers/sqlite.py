@@ -59,6 +59,12 @@ SAMPLE_FRACTION = 0.03
 estimated 57,218 hits as 56,233 and 45,547 as 45,900 (``benchmarks/query.py``), in about
 1 ms where counting every hit took 22 ms."""
 
+PROBED_ROWS = 500
+"""Rows a statement may test one by one against FTS5 (``search_matches``' lookup per row:
+0.1-0.2 ms each for two terms at 1,000,000 messages) where reading every hit into a set
+first costs about as much as 500 of them (90 ms for the 287,000 hits of a broad search's
+page; 19 ms for the 176 lookups of its first page; ``benchmarks/README.md``)."""
+
 # Created by migration 0005 on SQLite only: the audit purge's permit (see permit_audit_purge).
 _AUDIT_PURGE_PERMITS = sa.table("audit_purge_permits", sa.column("id"))
 # SQLite calls the progress handler every this many virtual machine instructions.
@@ -120,14 +126,19 @@ class SQLiteProvider(OnConflictProvider):
             .scalar_subquery()
         )
 
-    def search_matches(self, terms: Sequence[str]) -> sa.ColumnElement[bool]:
+    def search_matches(
+        self, terms: Sequence[str], *, tested_rows: int | None = None
+    ) -> sa.ColumnElement[bool]:
+        """The rowid among the hits of ``fts_query(terms)``: as a set of every hit (read
+        once per statement), or, for at most ``PROBED_ROWS`` ``tested_rows``, as a lookup
+        of each tested row's rowid in FTS5 (which answers ``rowid =`` with ``MATCH``)."""
         query = fts_query(terms)
         if not query:
             return sa.false()  # FTS5 refuses an empty query string
-        hits = sa.select(_FTS_TABLE.c.rowid).where(
-            _FTS_TABLE_NAME.op("MATCH")(sa.literal(query, sa.Text))
-        )
-        return _ROWID.in_(hits)
+        match = _FTS_TABLE_NAME.op("MATCH")(sa.literal(query, sa.Text))
+        if tested_rows is not None and tested_rows <= PROBED_ROWS:
+            return sa.exists().where(match, _FTS_TABLE.c.rowid == _ROWID)
+        return _ROWID.in_(sa.select(_FTS_TABLE.c.rowid).where(match))
 
     def count_search_hits(self, conn: sa.Connection, terms: Sequence[str], limit: int) -> int:
         """From ``failed_messages_fts`` alone: FTS5 yields hits one by one in rowid order,
@@ -156,8 +167,14 @@ class SQLiteProvider(OnConflictProvider):
         query = fts_query(terms)
         if not query:
             return 0
-        ends = sa.select(sa.func.min(_ROWID), sa.func.max(_ROWID)).select_from(failed_messages)
-        low, high = conn.execute(ends).one()  # the rowid b-tree's two ends
+        # The rowid b-tree's two ends, each its own aggregate: SQLite reads one end for a
+        # lone min() or max(), but scans the table for both in one (0.3-0.6 s at 1,000,000).
+        low, high = conn.execute(
+            sa.select(
+                sa.select(sa.func.min(_ROWID)).select_from(failed_messages).scalar_subquery(),
+                sa.select(sa.func.max(_ROWID)).select_from(failed_messages).scalar_subquery(),
+            )
+        ).one()
         if low is None:
             return 0
         span = high - low + 1

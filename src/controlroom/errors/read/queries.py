@@ -13,6 +13,7 @@ as the smallest: first ascending, last descending, on every provider.
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -745,7 +746,7 @@ def search_failed_messages(
     if exact_count_limit is not None:
         total = _total_past_limit(conn, text, condition, where, exact_count_limit)
         if total is not None:
-            return _search_page_of_many(conn, condition, total, offset, limit, order)
+            return _search_page_of_many(conn, text, where, total, offset, limit, order)
     return _search_page(conn, condition, offset, limit, order)
 
 
@@ -786,17 +787,24 @@ def _total_past_limit(
 
 def _search_page_of_many(
     conn: sa.Connection,
-    condition: sa.ColumnElement[bool],
+    text: str,
+    where: FailedMessageFilter,
     total: Total,
     offset: int,
     limit: int,
     order: Ordering,
 ) -> SearchPage:
-    """A page of a search with more matches than the exact-count limit: walking the sort
-    key's index and testing each row finds a page after about (offset + limit) x (all
-    messages / matches) rows, where collecting every match first read them all. The
-    condition is kept from every index (``Provider.without_index``): SQLite, having no
-    statistics, would otherwise collect every match by its indexes and sort them all."""
+    """A page of a search of ``text`` among ``where`` with more matches than the
+    exact-count limit: walking the sort key's index and testing each row finds a page
+    after about (offset + limit) x (all messages / matches) rows, where collecting every
+    match first read them all; the provider is told that many (``search_condition``'s
+    ``tested_rows``). The condition is kept from every index (``Provider.without_index``):
+    SQLite, having no statistics, would otherwise collect every match by its indexes and
+    sort them all."""
+    tested = math.ceil((offset + limit) * count_failed_messages(conn) / max(total.value, 1))
+    condition = sa.and_(
+        search_condition(conn.dialect, text, tested_rows=tested), *filter_conditions(where)
+    )
     page = (
         sa.select(fm.id)
         .where(provider_for(conn).without_index(condition))
@@ -844,14 +852,18 @@ def _search_page(
     return SearchPage(total=total, items=[_hit(row) for row in rows])
 
 
-def search_condition(dialect: sa.Dialect, text: str) -> sa.ColumnElement[bool]:
-    """The WHERE condition of ``search_failed_messages`` on ``dialect``'s provider.
+def search_condition(
+    dialect: sa.Dialect, text: str, *, tested_rows: int | None = None
+) -> sa.ColumnElement[bool]:
+    """The WHERE condition of ``search_failed_messages`` on ``dialect``'s provider;
+    ``tested_rows`` as ``Provider.search_matches`` takes it.
 
     The exact-id alternatives use the primary key and the message-id index, so a message
     is found by its id even where its headers are longer than the indexed prefix.
     """
     stripped = text.strip().replace("\x00", "")
-    alternatives = [provider_for(dialect).search_matches(query_search_terms(text))]
+    terms = query_search_terms(text)
+    alternatives = [provider_for(dialect).search_matches(terms, tested_rows=tested_rows)]
     if stripped:
         alternatives.append(fm.message_id == stripped)
         unique_id = _as_uuid(stripped)
