@@ -208,3 +208,18 @@ def test_sqlite_walks_the_sort_keys_index_for_a_search_of_many_matches(
     assert not any("MULTI-INDEX OR" in line or "TEMP B-TREE" in line for line in plan[:3])
     assert any("CORRELATED" in line for line in plan) == lookup
     assert any("LIST SUBQUERY" in line for line in plan) == (not lookup)
+
+
+def test_sqlite_estimates_a_search_from_fts5_without_scanning_the_table(
+    sqlite_stored: sa.Engine, statements: list[tuple[str, Any]]
+) -> None:
+    """The estimate of a search's hits samples FTS5 and reads the table's rowid range
+    from its two ends: no statement scans failed_messages (a min() and a max() in one
+    statement scanned it, 0.3-0.6 s at 1,000,000 messages)."""
+    with sqlite_stored.connect() as conn:
+        estimate = sqlite_provider.PROVIDER.estimate_search_hits(conn, ["failed"])
+        assert sqlite_provider.PROVIDER.estimate_search_hits(conn, ["nowhere"]) == 0
+    assert estimate == MESSAGES  # every message holds "failed": every sampled rowid hits
+    plans = [sqlite_plan(sqlite_stored, *ran) for ran in statements if "SELECT" in ran[0]]
+    assert plans
+    assert not any(line.startswith("SCAN failed_messages ") for plan in plans for line in plan)
