@@ -164,15 +164,37 @@ class Provider(ABC):
         store, in the select's order."""
 
     @abstractmethod
-    def search_matches(self, terms: Sequence[str]) -> sa.ColumnElement[bool]:
+    def search_matches(
+        self, terms: Sequence[str], *, tested_rows: int | None = None
+    ) -> sa.ColumnElement[bool]:
         """True for failed messages whose search terms (``failed_messages.search_vector``)
         hold every one of ``terms`` (``errors.ingest.search_terms``), answered from the
         provider's full-text index; each term is only ever a bound parameter, read as a
-        whole. No ``terms`` match nothing."""
+        whole. No ``terms`` match nothing. ``tested_rows``, when given, is about how many
+        rows the statement tests the condition on one by one (a page walking a sort
+        key's index): a provider may then shape it as a lookup per row where that costs
+        less than reading every hit first (SQLite); the rows matched are the same."""
 
     def estimate_rows(self, conn: sa.Connection, query: sa.Select[Any]) -> int | None:
         """The database's own estimate of how many rows ``query`` returns, without running
         it; ``None`` when the provider has none (then callers count exactly)."""
+        return None
+
+    def count_search_hits(
+        self, conn: sa.Connection, terms: Sequence[str], limit: int
+    ) -> int | None:
+        """How many failed messages ``search_matches(terms)`` holds, counted in the
+        full-text index alone (no table row read), stopping past ``limit``: at most
+        ``limit + 1``. ``None`` where the index cannot count without the rows (here; on
+        PostgreSQL the GIN index needs the heap for visibility), then callers count
+        through the table."""
+        return None
+
+    def estimate_search_hits(self, conn: sa.Connection, terms: Sequence[str]) -> int | None:
+        """An estimate of how many failed messages ``search_matches(terms)`` holds, from
+        the full-text index alone and without reading every hit; ``None`` where the
+        provider has none of its own (here; PostgreSQL estimates the whole search
+        statement through ``estimate_rows``)."""
         return None
 
     def without_index(self, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:

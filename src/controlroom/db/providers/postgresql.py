@@ -361,14 +361,16 @@ class PostgreSQLProvider(OnConflictProvider):
         # ARRAY(subquery): the subquery's rows, in its order, as an array.
         return sa.func.array(values.scalar_subquery(), type_=ARRAY(sa.BigInteger))
 
-    def search_matches(self, terms: Sequence[str]) -> sa.ColumnElement[bool]:
+    def search_matches(
+        self, terms: Sequence[str], *, tested_rows: int | None = None
+    ) -> sa.ColumnElement[bool]:
         """``search_vector @@ (t1 && t2 && ...)``, each ``t`` the ``tsquery`` of one bound
         term. The server quotes it: a one-lexeme ``tsvector`` (``array_to_tsvector``, no
         parser) printed as text is that lexeme in ``tsquery`` input form, so no term is
         ever read as ``tsquery`` syntax (``&``, ``|``, ``!``, ``:*``, quotes, backslashes).
         Only the terms: a phrase would make PostgreSQL recheck every candidate against
         its detoasted vector (``benchmarks/query.py``); terms alone are answered from the
-        GIN index."""
+        GIN index. The same whatever ``tested_rows``: ``@@`` tests a row by itself."""
         if not terms:
             return sa.false()
         queries = [_term_query(term) for term in terms]

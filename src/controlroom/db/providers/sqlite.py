@@ -9,6 +9,7 @@ external-content table ``failed_messages_fts`` over the terms the process wrote 
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -23,6 +24,7 @@ from sqlalchemy.sql.expression import UnaryExpression
 
 from controlroom.db.leases import LeaseRow
 from controlroom.db.providers._base import Lease, OnConflictProvider, Row
+from controlroom.db.tables import failed_messages
 from controlroom.db.transactions import WRITE_OPTION
 from controlroom.exceptions import ErrorKind
 
@@ -38,6 +40,30 @@ process wrote, space separated, are indexed as they are; only white space separa
 _FTS_TABLE = sa.table("failed_messages_fts", sa.column("rowid"))
 _FTS_TABLE_NAME = sa.literal_column("failed_messages_fts")  # MATCH against the whole table
 _ROWID = sa.literal_column("failed_messages.rowid")
+
+# The hits of one full-text query among the rowids of SAMPLE_WINDOWS windows: the
+# windows' starts a JSON array, each window ``:width`` rowids wide. CROSS JOIN keeps the
+# windows outside, so FTS5 seeks each window's rowid range (it answers rowid bounds
+# itself) instead of reading every hit and testing it against the windows.
+_SAMPLED_HITS = sa.text(
+    "SELECT count(*) FROM json_each(:starts) AS sample CROSS JOIN failed_messages_fts "
+    "WHERE failed_messages_fts MATCH :query AND failed_messages_fts.rowid >= sample.value "
+    "AND failed_messages_fts.rowid < sample.value + :width"
+)
+SAMPLE_WINDOWS = 8
+"""Windows of rowids ``estimate_search_hits`` counts hits in, spread evenly over the
+table's rowids (rowids follow insertion order: evenly spread windows see every period
+of the table's history, not only its oldest rows)."""
+SAMPLE_FRACTION = 0.03
+"""The share of the table's rowids the windows cover together: 3 % of 200,000 rowids
+estimated 57,218 hits as 56,233 and 45,547 as 45,900 (``benchmarks/query.py``), in about
+1 ms where counting every hit took 22 ms."""
+
+PROBED_ROWS = 500
+"""Rows a statement may test one by one against FTS5 (``search_matches``' lookup per row:
+0.1-0.2 ms each for two terms at 1,000,000 messages) where reading every hit into a set
+first costs about as much as 500 of them (90 ms for the 287,000 hits of a broad search's
+page; 19 ms for the 176 lookups of its first page; ``benchmarks/README.md``)."""
 
 # Created by migration 0005 on SQLite only: the audit purge's permit (see permit_audit_purge).
 _AUDIT_PURGE_PERMITS = sa.table("audit_purge_permits", sa.column("id"))
@@ -100,14 +126,67 @@ class SQLiteProvider(OnConflictProvider):
             .scalar_subquery()
         )
 
-    def search_matches(self, terms: Sequence[str]) -> sa.ColumnElement[bool]:
+    def search_matches(
+        self, terms: Sequence[str], *, tested_rows: int | None = None
+    ) -> sa.ColumnElement[bool]:
+        """The rowid among the hits of ``fts_query(terms)``: as a set of every hit (read
+        once per statement), or, for at most ``PROBED_ROWS`` ``tested_rows``, as a lookup
+        of each tested row's rowid in FTS5 (which answers ``rowid =`` with ``MATCH``)."""
         query = fts_query(terms)
         if not query:
             return sa.false()  # FTS5 refuses an empty query string
-        hits = sa.select(_FTS_TABLE.c.rowid).where(
-            _FTS_TABLE_NAME.op("MATCH")(sa.literal(query, sa.Text))
+        match = _FTS_TABLE_NAME.op("MATCH")(sa.literal(query, sa.Text))
+        if tested_rows is not None and tested_rows <= PROBED_ROWS:
+            return sa.exists().where(match, _FTS_TABLE.c.rowid == _ROWID)
+        return _ROWID.in_(sa.select(_FTS_TABLE.c.rowid).where(match))
+
+    def count_search_hits(self, conn: sa.Connection, terms: Sequence[str], limit: int) -> int:
+        """From ``failed_messages_fts`` alone: FTS5 yields hits one by one in rowid order,
+        so stopping at ``limit + 1`` reads that many doclist entries, where counting
+        through the table seeks each hit's row (10,001 random rows of a 2 GB file took
+        130 ms, the same count from FTS5 2 ms; ``benchmarks/query.py``)."""
+        query = fts_query(terms)
+        if not query:
+            return 0
+        hits = (
+            sa.select(sa.literal(1))
+            .select_from(_FTS_TABLE)
+            .where(_FTS_TABLE_NAME.op("MATCH")(sa.literal(query, sa.Text)))
+            .limit(limit + 1)
+            .subquery("hits")
         )
-        return _ROWID.in_(hits)
+        return int(conn.execute(sa.select(sa.func.count()).select_from(hits)).scalar_one())
+
+    def estimate_search_hits(self, conn: sa.Connection, terms: Sequence[str]) -> int:
+        """The hits in ``SAMPLE_WINDOWS`` windows of rowids covering ``SAMPLE_FRACTION`` of
+        the table's rowid range, scaled to the whole range. Gaps in the rowids (deleted
+        messages) are in the windows as in the range, so they cancel out. Every hit of a
+        range too small for the windows is counted. FTS5 keeps no count of a query's
+        hits, and a term's document count (``fts5vocab``) reads that term's whole doclist:
+        15 ms for a term in 150,000 of 200,000 messages, a sample of both terms 1 ms."""
+        query = fts_query(terms)
+        if not query:
+            return 0
+        # The rowid b-tree's two ends, each its own aggregate: SQLite reads one end for a
+        # lone min() or max(), but scans the table for both in one (0.3-0.6 s at 1,000,000).
+        low, high = conn.execute(
+            sa.select(
+                sa.select(sa.func.min(_ROWID)).select_from(failed_messages).scalar_subquery(),
+                sa.select(sa.func.max(_ROWID)).select_from(failed_messages).scalar_subquery(),
+            )
+        ).one()
+        if low is None:
+            return 0
+        span = high - low + 1
+        width = max(1, math.ceil(span * SAMPLE_FRACTION / SAMPLE_WINDOWS))
+        if width * SAMPLE_WINDOWS >= span:
+            starts, width = [low], span
+        else:
+            starts = [low + span * index // SAMPLE_WINDOWS for index in range(SAMPLE_WINDOWS)]
+        sampled = conn.execute(
+            _SAMPLED_HITS, {"starts": json.dumps(starts), "query": query, "width": width}
+        ).scalar_one()
+        return round(sampled * span / (len(starts) * width))
 
     def without_index(self, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
         # A unary "+" keeps a term from constraining an index (SQLite's query planner

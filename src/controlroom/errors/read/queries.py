@@ -13,6 +13,7 @@ as the smallest: first ascending, last descending, on every provider.
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -787,8 +788,8 @@ def search_failed_messages(
     full-text index over the terms of ``errors.ingest.search_terms``: every term of
     ``text`` must occur), or whose message id is ``text``, or whose id
     (UniqueMessageId) is ``text`` when it is a UUID, among those matching ``where``; in
-    ``order``, with the total: exact, or past ``exact_count_limit`` the provider's
-    estimate (as ``count_matching``).
+    ``order``, with the total: exact, or past ``exact_count_limit`` an estimate
+    (``_total_past_limit``).
 
     Raises ``ValueError`` for a negative ``offset`` or a ``limit`` below 1.
     """
@@ -802,9 +803,9 @@ def search_failed_messages(
         )
         if broad is not None:
             return broad
-        total = _count_or_estimate(conn, matching, exact_count_limit)
-        if total.value > exact_count_limit:
-            return _search_page_of_many(conn, condition, total, offset, limit, order)
+        total = _total_past_limit(conn, text, condition, where, exact_count_limit)
+        if total is not None:
+            return _search_page_of_many(conn, text, where, total, offset, limit, order)
     return _search_page(conn, condition, offset, limit, order)
 
 
@@ -860,19 +861,61 @@ def _page_of_a_broad_search(
     return found if len(found.items) == limit else None
 
 
+def _total_past_limit(
+    conn: sa.Connection,
+    text: str,
+    condition: sa.ColumnElement[bool],
+    where: FailedMessageFilter,
+    exact_count_limit: int,
+) -> Total | None:
+    """The total of a search of ``text`` (``condition``, its filter ``where``) with more
+    matches than ``exact_count_limit``, or ``None`` when it has at most that many (then
+    the collected page counts them exactly).
+
+    Where the provider counts hits in its full-text index alone
+    (``Provider.count_search_hits``, SQLite): at most the limit by the terms is "few" (the
+    id alternatives add a handful, the page still counts them); past it with no other
+    filter, the index's own estimate (``Provider.estimate_search_hits``), raised to the
+    limit + 1 and marked as ``count_matching`` marks one. Counting every match read each
+    one's table row: 5 s for 287,000 of 1,000,000 (``benchmarks/README.md``). Otherwise the
+    whole condition counted up to the limit + 1 decides, then ``_count_or_estimate``.
+    Words that never occur together have no hit, so they are counted exactly, never
+    estimated.
+    """
+    provider = provider_for(conn)
+    terms = query_search_terms(text)
+    hits = provider.count_search_hits(conn, terms, exact_count_limit)
+    if hits is not None and hits <= exact_count_limit:
+        return None
+    if hits is not None and where == EVERY_MESSAGE:
+        estimate = provider.estimate_search_hits(conn, terms)
+        if estimate is not None:
+            return Total(max(estimate, exact_count_limit + 1), estimated=True)
+    matching = sa.select(sa.literal(1)).select_from(failed_messages).where(condition)
+    total = _count_or_estimate(conn, matching, exact_count_limit)
+    return total if total.value > exact_count_limit else None
+
+
 def _search_page_of_many(
     conn: sa.Connection,
-    condition: sa.ColumnElement[bool],
+    text: str,
+    where: FailedMessageFilter,
     total: Total,
     offset: int,
     limit: int,
     order: Ordering,
 ) -> SearchPage:
-    """A page of a search with more matches than the exact-count limit: walking the sort
-    key's index and testing each row finds a page after about (offset + limit) x (all
-    messages / matches) rows, where collecting every match first read them all. The
-    condition is kept from every index (``Provider.without_index``): SQLite, counting
-    exactly, would otherwise collect every match by its indexes and sort them all."""
+    """A page of a search of ``text`` among ``where`` with more matches than the
+    exact-count limit: walking the sort key's index and testing each row finds a page
+    after about (offset + limit) x (all messages / matches) rows, where collecting every
+    match first read them all; the provider is told that many (``search_condition``'s
+    ``tested_rows``). The condition is kept from every index (``Provider.without_index``):
+    SQLite, having no statistics, would otherwise collect every match by its indexes and
+    sort them all."""
+    tested = math.ceil((offset + limit) * count_failed_messages(conn) / max(total.value, 1))
+    condition = sa.and_(
+        search_condition(conn.dialect, text, tested_rows=tested), *filter_conditions(where)
+    )
     page = (
         sa.select(fm.id)
         .where(provider_for(conn).without_index(condition))
@@ -920,14 +963,18 @@ def _search_page(
     return SearchPage(total=total, items=[_hit(row) for row in rows])
 
 
-def search_condition(dialect: sa.Dialect, text: str) -> sa.ColumnElement[bool]:
-    """The WHERE condition of ``search_failed_messages`` on ``dialect``'s provider.
+def search_condition(
+    dialect: sa.Dialect, text: str, *, tested_rows: int | None = None
+) -> sa.ColumnElement[bool]:
+    """The WHERE condition of ``search_failed_messages`` on ``dialect``'s provider;
+    ``tested_rows`` as ``Provider.search_matches`` takes it.
 
     The exact-id alternatives use the primary key and the message-id index, so a message
     is found by its id even where its headers are longer than the indexed prefix.
     """
     stripped = text.strip().replace("\x00", "")
-    alternatives = [provider_for(dialect).search_matches(query_search_terms(text))]
+    terms = query_search_terms(text)
+    alternatives = [provider_for(dialect).search_matches(terms, tested_rows=tested_rows)]
     if stripped:
         alternatives.append(fm.message_id == stripped)
         unique_id = _as_uuid(stripped)
