@@ -416,6 +416,10 @@ def load(url: str, messages: int, workers: int) -> dict[str, float]:
         after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
     )
     started = time.perf_counter()
+    # Statistics first: without them the foreign key's validation was planned as a
+    # nested loop over 5,000,000 group rows (7 minutes instead of 5 seconds).
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"ANALYZE {', '.join(LOADED_TABLES)}")
     # The GIN index is most of the rebuild and builds on one core: it gets a connection
     # of its own while the b-tree indexes and foreign keys are built on another.
     full_text = [s for s in objects.create if " USING gin " in s]
