@@ -132,7 +132,14 @@ def test_searches_and_lists_over_the_limit_show_the_rows_an_exact_count_shows(
     assert int(estimated.headers["Total-Count"]) >= LIMIT + 1
 
 
-def test_the_console_says_about_for_an_estimate(capped: TestClient) -> None:
+def test_the_console_says_about_for_an_estimate(capped: TestClient, engine: sa.Engine) -> None:
+    """More matches than the console's page (50), so its full first page keeps the
+    estimate; a short page would end the matches and count them exactly."""
+    more = [attempt(n, at(n)) for n in range(MESSAGES, MESSAGES + 20)]
+    FailedMessageBatchWriter(engine).write(IngestionBatch(attempts=more))
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE failed_messages")
     html = capped.get("/messages", params={"q": "failed"}).text
     shown = re.search(r'data-testid="total">([^<]*)<', html)
     assert shown is not None
@@ -140,9 +147,10 @@ def test_the_console_says_about_for_an_estimate(capped: TestClient) -> None:
         assert re.fullmatch(r"about \d+ messages", shown[1])
         assert int(shown[1].split()[1]) >= LIMIT + 1
     else:
-        assert shown[1] == f"{MESSAGES} messages"
+        assert shown[1] == f"{MESSAGES + 20} messages"
     every = capped.get("/messages").text  # counted by the tallies: exact
-    assert re.search(r'data-testid="total">([^<]*)<', every)[1] == f"{MESSAGES} messages"  # type: ignore[index]
+    total = re.search(r'data-testid="total">([^<]*)<', every)
+    assert total is not None and total[1] == f"{MESSAGES + 20} messages"
 
 
 def test_a_big_groups_count_is_exact_and_its_page_is_right(
@@ -239,3 +247,20 @@ def test_words_that_never_occur_together_answer_zero_exactly(
     assert response.headers["Total-Count"] == "0"
     assert "Total-Count-Estimated" not in response.headers
     assert response.json() == []
+
+
+@pytest.mark.parametrize(
+    ("path", "params"), [("/api/errors", EVERY_MODIFIED), ("/api/messages/search/failed", {})]
+)
+def test_a_short_page_answers_the_exact_total(
+    capped: TestClient, path: str, params: dict[str, str]
+) -> None:
+    """A page with fewer rows than asked for ends the matches: its total is the rows
+    before it and on it, exact and unmarked, whatever was estimated (fresh-user pass:
+    the last page of a search still said "about")."""
+    last = -(-MESSAGES // 7)
+    response = capped.get(path, params={"per_page": "7", "page": str(last), **params})
+    assert len(response.json()) == MESSAGES - 7 * (last - 1)
+    assert response.headers["Total-Count"] == str(MESSAGES)
+    assert "Total-Count-Estimated" not in response.headers
+    assert 'rel="next"' not in response.headers["Link"]

@@ -179,7 +179,9 @@ def test_a_search_page_is_the_same_walked_or_collected(
             collected = search(text, offset, None)
             walked = search(text, offset, 2)
             assert walked.items == collected.items
-            if collected.total > 2:
+            # A short page ends the matches: its total is exact (``Total.at_least_seen``).
+            short = len(collected.items) < 4 and (collected.items or offset == 0)
+            if collected.total > 2 and not short:
                 assert walked.total_estimated and walked.total >= 3
             else:
                 assert (walked.total, walked.total_estimated) == (collected.total, False)

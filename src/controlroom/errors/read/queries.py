@@ -406,9 +406,13 @@ class Total:
         """An estimate raised to what a page read from ``offset`` showed: its ``rows``,
         and one more when it was full (``limit``), so a client paging by ``Link`` always
         finds the next page even where the planner's estimate falls short (two words it
-        takes for independent). An exact total is returned as it is."""
+        takes for independent). A page with fewer rows than ``limit`` ends the matches:
+        then the total is exact (``offset`` + ``rows``), unless the page is empty past
+        the first (it may lie beyond the end). An exact total is returned as it is."""
         if not self.estimated:
             return self
+        if rows < limit and (rows > 0 or offset == 0):
+            return Total(offset + rows)
         seen = offset + rows + (1 if rows == limit else 0)
         return Total(max(self.value, seen), estimated=True)
 
