@@ -21,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
 from controlroom.db.tables import FailedMessageStatus, failed_messages
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from tests.factories import at, attempt
@@ -33,8 +34,6 @@ SCAN = re.compile(r"Named Tuplestore Scan .*\(cost=\S+ rows=(\d+) .*\(actual .*r
 @pytest.fixture
 def pg_engine(postgresql_url: str) -> Iterator[sa.Engine]:
     """A store at head on PostgreSQL (the trigger is PostgreSQL's), one pooled connection."""
-    from controlroom.db.migrate import upgrade_database
-
     engine = create_store_engine(postgresql_url, pool_size=1)
     upgrade_database(engine)
     try:
