@@ -6,7 +6,7 @@ function it was planned once per connection, on the first call, and that plan ke
 the writer's small upserts on a fresh database (an empty table of group rows, a few rows
 in the transition tables), so a later bulk status change (a retry of 1,000 messages)
 ran nested loops over both transition tables and over every group row, seconds where
-milliseconds do. Since migration 0015 the statement is planned on each call, knowing the
+milliseconds do. Since migration 0016 the statement is planned on each call, knowing the
 transition tables' sizes. Checked on the plan PostgreSQL reports (``auto_explain`` of the
 nested statement), never on a time.
 """

@@ -1,7 +1,7 @@
 """group counts planned per statement: the status trigger's query is planned on each call
 
-Revision ID: 0015
-Revises: 0014
+Revision ID: 0016
+Revises: 0015
 Create Date: 2026-12-01 23:00:00.000000
 
 Source: the test suite's doubling (a retry of 2,500 messages took 17 s instead of 8 s
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0015"
-down_revision = "0014"
+revision = "0016"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
