@@ -101,29 +101,17 @@ QUERIES = [
     "alpha beta",
     "alpha",
     "beta gamma",
-    "gamma",
     "failed",
-    "FAILED number1",
     '"',
-    'alpha"beta',
     "NEAR(alpha beta)",
     "alph*",
-    "^alpha",
     "body:alpha",
-    "exception_message:alpha",
     "alpha OR beta",
-    "NOT alpha",
-    "-alpha",
     "\x00alpha",
-    "al\x00pha",
     "alpha " + "x" * 5000,
-    "msg-7",
     "msg-7 gamma",
     message_uuid(14),
-    "",
     "   ",
-    "!!!",
-    "number299",
 ]
 FILTERS = {
     "every": queries.EVERY_MESSAGE,
@@ -131,12 +119,7 @@ FILTERS = {
     "sales": queries.FailedMessageFilter(receiving_endpoint="Sales"),
     "group": queries.FailedMessageFilter(group_id=GROUP.id),
 }
-ORDERS = [
-    queries.Ordering(),
-    queries.Ordering(key="time_of_failure", descending=False),
-    queries.Ordering(key="status", descending=True),
-    queries.Ordering(key="message_id", descending=False),
-]
+ORDERS = [queries.Ordering(), queries.Ordering(key="time_of_failure", descending=False)]
 
 
 @pytest.mark.parametrize("filter_name", list(FILTERS))
@@ -148,7 +131,7 @@ def test_capped_searches_page_as_exact_ones(store: sa.Engine, filter_name: str) 
     problems: list[str] = []
     for text in QUERIES:
         for order in ORDERS:
-            for per_page in (1, 4, 50):
+            for per_page in (1, 4):
                 exact_total = None
                 offset = 0
                 pages = 0
@@ -172,7 +155,7 @@ def test_capped_searches_page_as_exact_ones(store: sa.Engine, filter_name: str) 
                         problems.append(f"{label}: estimate {capped.total} within the limit")
                     pages += 1
                     offset += per_page
-                    if offset > exact_total or pages > 6:
+                    if offset > exact_total or pages > 3:
                         break
                 # The last page and one past it.
                 for last in (max(exact_total - 1, 0) // per_page * per_page, exact_total + 3):
