@@ -332,15 +332,11 @@ def _page_ids(
         # Fenced in a materialized CTE: given the same condition as a membership test,
         # the planner may still walk the sort key's index probing each message (0.7 s
         # for a group of 5,946 among 1,000,000, benchmarks/query.py).
-        if _group_rows_hold(where, order):
-            return _page_from_group_rows(where, order, offset=offset, limit=limit)
-        groups = failed_message_groups.c
         members = (
-            sa.select(*sort_columns(order))
-            .join_from(failed_message_groups, failed_messages, groups.failed_message_id == fm.id)
-            .where(
-                groups.group_id == where.group_id,
-                *filter_conditions(replace(where, group_id=None)),
+            (
+                _members_from_group_rows(where, order)
+                if _group_rows_hold(where, order)
+                else _members_joined(where, order)
             )
             .cte("members")
             .prefix_with("MATERIALIZED")
@@ -374,31 +370,30 @@ def _group_rows_hold(where: FailedMessageFilter, order: Ordering) -> bool:
     return _status_and_group_only(where) and all(key in GROUP_COPIES for key in keys)
 
 
-def _page_from_group_rows(
-    where: FailedMessageFilter, order: Ordering, *, offset: int, limit: int
-) -> sa.Subquery:
-    """The ids of a group's page read from its group rows and their copies of the sort
-    key, equal to the message's in every committed state (migrations 0011, 0013): one
-    group-row read per member, where joining the messages cost a primary-key probe and
-    a message row each (the medium group's page of ServicePulse's default sort,
-    ``benchmarks/query.py``)."""
+def _members_from_group_rows(where: FailedMessageFilter, order: Ordering) -> sa.Select[Any]:
+    """The ids and sort keys of a group's messages matching ``where``, read from its
+    group rows and their copies of the sort key, equal to the message's in every
+    committed state (migrations 0011, 0013): one group-row read per member, where joining
+    the messages cost a primary-key probe and a message row each (the medium group's
+    page of ServicePulse's default sort, ``benchmarks/query.py``)."""
     groups = failed_message_groups.c
     copies = [
         groups.failed_message_id.label("id") if column is fm.id else groups[column.name]
         for column in sort_columns(order)
     ]
-    members = (
-        sa.select(*copies)
-        .where(groups.group_id == where.group_id, *_status_conditions(groups.status, where))
-        .cte("members")
-        .prefix_with("MATERIALIZED")
+    return sa.select(*copies).where(
+        groups.group_id == where.group_id, *_status_conditions(groups.status, where)
     )
+
+
+def _members_joined(where: FailedMessageFilter, order: Ordering) -> sa.Select[Any]:
+    """The ids and sort keys of a group's messages matching ``where``: its group rows
+    joined to the messages."""
+    groups = failed_message_groups.c
     return (
-        sa.select(members.c.id)
-        .order_by(*order_by(order, members.c))
-        .limit(limit)
-        .offset(offset)
-        .subquery("page")
+        sa.select(*sort_columns(order))
+        .join_from(failed_message_groups, failed_messages, groups.failed_message_id == fm.id)
+        .where(groups.group_id == where.group_id, *filter_conditions(replace(where, group_id=None)))
     )
 
 
