@@ -1,6 +1,6 @@
-"""Archiving a group, or one message, replays its transaction when it loses a real
-deadlock (DESIGN.md "Transient failures"). PostgreSQL only: SQLite takes its one write
-lock up front.
+"""Archiving a group or one message, and resolving pending retries by time range,
+replay their transaction when it loses a real deadlock (DESIGN.md "Transient
+failures"). PostgreSQL only: SQLite takes its one write lock up front.
 
 The deadlock: another transaction locks the group row of the group's one message; the
 archive updates the message, and its update trigger (migration 0011) waits for that group
@@ -25,6 +25,7 @@ from controlroom.db.engine import create_store_engine
 from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.errors.retries import requests
 from tests import servers
 from tests.factories import at, attempt, message_uuid
 from tests.retention.test_sweep_deadlock import wait_until_waiting
@@ -87,3 +88,42 @@ def test_an_archive_that_loses_a_deadlock_replays_it(
     with engine.connect() as conn:
         status = conn.execute(sa.select(failed_messages.c.status)).scalar_one()
     assert status == int(FailedMessageStatus.ARCHIVED)
+
+
+def test_resolving_by_time_range_replays_a_lost_deadlock(
+    pg_client: tuple[TestClient, sa.Engine],
+) -> None:
+    """Resolving pending retries by a time range, in the same cycle (break-it pass)."""
+    client, engine = pg_client
+    FailedMessageBatchWriter(engine).write(IngestionBatch(attempts=[attempt(0, at(0))]))
+    message_id = message_uuid(0)
+    requests.retry_message(engine, message_id)
+    answers: list[Any] = []
+    body = {"from": "2000-01-01T00:00:00Z", "to": "2100-01-01T00:00:00Z"}
+
+    def resolve() -> None:
+        answers.append(client.patch("/api/pendingretries/resolve", json=body))
+
+    with engine.connect() as watcher, engine.connect() as other:
+        other.exec_driver_sql("SET deadlock_timeout = '60s'")
+        other.execute(
+            sa.select(failed_message_groups.c.group_id)
+            .where(failed_message_groups.c.failed_message_id == message_id)
+            .with_for_update()
+        )
+        resolver = threading.Thread(target=resolve)
+        resolver.start()
+        wait_until_waiting(watcher, "UPDATE failed_messages %")
+        other.execute(
+            sa.select(failed_messages.c.id)
+            .where(failed_messages.c.id == message_id)
+            .with_for_update()
+        )
+        other.rollback()
+        resolver.join(60)
+    assert not resolver.is_alive()
+    assert answers[0].status_code in (200, 202), answers[0].text
+    assert answers[0].json()["changed"] == 1
+    with engine.connect() as conn:
+        status = conn.execute(sa.select(failed_messages.c.status)).scalar_one()
+    assert status == int(FailedMessageStatus.RESOLVED)
