@@ -11,7 +11,7 @@ row; the other transaction then asks for the message's row. The other transactio
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,40 @@ def pg_client(tmp_path: Path) -> Iterator[tuple[TestClient, sa.Engine]]:
         servers.drop_postgresql_database(url)
 
 
+def answer_after_losing_a_deadlock(
+    engine: sa.Engine, message_id: str, request: Callable[[], Any]
+) -> Any:
+    """``request()``'s answer when its update of message ``message_id`` loses a deadlock:
+    another transaction holds the message's group row, waits until the request waits for
+    it, then asks for the message's row. Its ``deadlock_timeout`` is long, so PostgreSQL
+    aborts the request's transaction."""
+    answers: list[Any] = []
+    with engine.connect() as watcher, engine.connect() as other:
+        other.exec_driver_sql("SET deadlock_timeout = '60s'")  # the request detects it
+        other.execute(
+            sa.select(failed_message_groups.c.group_id)
+            .where(failed_message_groups.c.failed_message_id == message_id)
+            .with_for_update()
+        )
+        requester = threading.Thread(target=lambda: answers.append(request()))
+        requester.start()
+        wait_until_waiting(watcher, "UPDATE failed_messages %")
+        other.execute(  # waits for the request's message row: a cycle
+            sa.select(failed_messages.c.id)
+            .where(failed_messages.c.id == message_id)
+            .with_for_update()
+        )
+        other.rollback()
+        requester.join(60)
+    assert not requester.is_alive()
+    return answers[0]
+
+
+def stored_status(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.select(failed_messages.c.status)).scalar_one())
+
+
 @pytest.mark.parametrize(
     "path",
     [
@@ -60,34 +94,11 @@ def test_an_archive_that_loses_a_deadlock_replays_it(
     message = attempt(0, at(0))
     FailedMessageBatchWriter(engine).write(IngestionBatch(attempts=[message]))
     group_id, message_id = message.groups[0].id, message_uuid(0)
-    answers: list[Any] = []
-
-    def archive() -> None:
-        answers.append(client.post(path.format(group_id=group_id, message_id=message_id)))
-
-    with engine.connect() as watcher, engine.connect() as other:
-        other.exec_driver_sql("SET deadlock_timeout = '60s'")  # the archive detects it
-        other.execute(
-            sa.select(failed_message_groups.c.group_id)
-            .where(failed_message_groups.c.failed_message_id == message_id)
-            .with_for_update()
-        )
-        archiver = threading.Thread(target=archive)
-        archiver.start()
-        wait_until_waiting(watcher, "UPDATE failed_messages %")
-        other.execute(  # waits for the archive's message row: a cycle
-            sa.select(failed_messages.c.id)
-            .where(failed_messages.c.id == message_id)
-            .with_for_update()
-        )
-        other.rollback()
-        archiver.join(60)
-    assert not archiver.is_alive()
-    assert answers[0].status_code == 202, answers[0].text
-    assert answers[0].json()["changed"] == 1
-    with engine.connect() as conn:
-        status = conn.execute(sa.select(failed_messages.c.status)).scalar_one()
-    assert status == int(FailedMessageStatus.ARCHIVED)
+    url = path.format(group_id=group_id, message_id=message_id)
+    answer = answer_after_losing_a_deadlock(engine, message_id, lambda: client.post(url))
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["changed"] == 1
+    assert stored_status(engine) == int(FailedMessageStatus.ARCHIVED)
 
 
 def test_resolving_by_time_range_replays_a_lost_deadlock(
@@ -98,32 +109,10 @@ def test_resolving_by_time_range_replays_a_lost_deadlock(
     FailedMessageBatchWriter(engine).write(IngestionBatch(attempts=[attempt(0, at(0))]))
     message_id = message_uuid(0)
     requests.retry_message(engine, message_id)
-    answers: list[Any] = []
     body = {"from": "2000-01-01T00:00:00Z", "to": "2100-01-01T00:00:00Z"}
-
-    def resolve() -> None:
-        answers.append(client.patch("/api/pendingretries/resolve", json=body))
-
-    with engine.connect() as watcher, engine.connect() as other:
-        other.exec_driver_sql("SET deadlock_timeout = '60s'")
-        other.execute(
-            sa.select(failed_message_groups.c.group_id)
-            .where(failed_message_groups.c.failed_message_id == message_id)
-            .with_for_update()
-        )
-        resolver = threading.Thread(target=resolve)
-        resolver.start()
-        wait_until_waiting(watcher, "UPDATE failed_messages %")
-        other.execute(
-            sa.select(failed_messages.c.id)
-            .where(failed_messages.c.id == message_id)
-            .with_for_update()
-        )
-        other.rollback()
-        resolver.join(60)
-    assert not resolver.is_alive()
-    assert answers[0].status_code in (200, 202), answers[0].text
-    assert answers[0].json()["changed"] == 1
-    with engine.connect() as conn:
-        status = conn.execute(sa.select(failed_messages.c.status)).scalar_one()
-    assert status == int(FailedMessageStatus.RESOLVED)
+    answer = answer_after_losing_a_deadlock(
+        engine, message_id, lambda: client.patch("/api/pendingretries/resolve", json=body)
+    )
+    assert answer.status_code in (200, 202), answer.text
+    assert answer.json()["changed"] == 1
+    assert stored_status(engine) == int(FailedMessageStatus.RESOLVED)
