@@ -812,7 +812,7 @@ def search_failed_messages(
             return broad
         total = _total_past_limit(conn, text, condition, where, exact_count_limit)
         if total is not None:
-            return _search_page_of_many(conn, text, where, total, offset, limit, order)
+            return _search_page_of_many(conn, text, where, condition, total, offset, limit, order)
     return _search_page(conn, condition, offset, limit, order)
 
 
@@ -921,12 +921,14 @@ def _search_page_of_many(
     conn: sa.Connection,
     text: str,
     where: FailedMessageFilter,
+    collected: sa.ColumnElement[bool],
     total: Total,
     offset: int,
     limit: int,
     order: Ordering,
 ) -> SearchPage:
-    """A page of a search of ``text`` among ``where`` with more matches than the
+    """A page of a search of ``text`` among ``where`` (as one condition: ``collected``,
+    the form that collects every match) with more matches than the
     exact-count limit: walking the sort key's index and testing each row finds a page
     after about (offset + limit) x (all messages / matches) rows, where collecting every
     match first read them all; the provider is told that many (``search_condition``'s
@@ -949,7 +951,6 @@ def _search_page_of_many(
         found = _hits_page(conn, window, order, total, offset=offset, limit=limit)
         if len(found.items) == limit:
             return found
-        collected = sa.and_(search_condition(conn.dialect, text), *filter_conditions(where))
         return _search_page(conn, collected, offset, limit, order)
     page = (
         sa.select(fm.id)
