@@ -165,15 +165,15 @@ class Provider(ABC):
 
     @abstractmethod
     def search_matches(
-        self, terms: Sequence[str], *, tested_rows: int | None = None
+        self, terms: Sequence[str], *, among: sa.Select[Any] | None = None
     ) -> sa.ColumnElement[bool]:
         """True for failed messages whose search terms (``failed_messages.search_vector``)
         hold every one of ``terms`` (``errors.ingest.search_terms``), answered from the
         provider's full-text index; each term is only ever a bound parameter, read as a
-        whole. No ``terms`` match nothing. ``tested_rows``, when given, is about how many
-        rows the statement tests the condition on one by one (a page walking a sort
-        key's index): a provider may then shape it as a lookup per row where that costs
-        less than reading every hit first (SQLite); the rows matched are the same."""
+        whole. No ``terms`` match nothing. ``among``, when given, is a statement on
+        ``failed_messages`` (its own ORDER BY and LIMIT: a window of a sort order) that
+        yields every row the condition will be tested on: a provider may read only the
+        index's hits that can be among them (SQLite); the rows matched are the same."""
 
     def estimate_rows(self, conn: sa.Connection, query: sa.Select[Any]) -> int | None:
         """The database's own estimate of how many rows ``query`` returns, without running

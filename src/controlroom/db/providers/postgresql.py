@@ -362,7 +362,7 @@ class PostgreSQLProvider(OnConflictProvider):
         return sa.func.array(values.scalar_subquery(), type_=ARRAY(sa.BigInteger))
 
     def search_matches(
-        self, terms: Sequence[str], *, tested_rows: int | None = None
+        self, terms: Sequence[str], *, among: sa.Select[Any] | None = None
     ) -> sa.ColumnElement[bool]:
         """``search_vector @@ (t1 && t2 && ...)``, each ``t`` the ``tsquery`` of one bound
         term. The server quotes it: a one-lexeme ``tsvector`` (``array_to_tsvector``, no
@@ -370,7 +370,7 @@ class PostgreSQLProvider(OnConflictProvider):
         ever read as ``tsquery`` syntax (``&``, ``|``, ``!``, ``:*``, quotes, backslashes).
         Only the terms: a phrase would make PostgreSQL recheck every candidate against
         its detoasted vector (``benchmarks/query.py``); terms alone are answered from the
-        GIN index. The same whatever ``tested_rows``: ``@@`` tests a row by itself."""
+        GIN index. The same whatever ``among``: ``@@`` tests a row by itself."""
         if not terms:
             return sa.false()
         queries = [_term_query(term) for term in terms]

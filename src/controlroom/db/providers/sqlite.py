@@ -59,12 +59,6 @@ SAMPLE_FRACTION = 0.03
 estimated 57,218 hits as 56,233 and 45,547 as 45,900 (``benchmarks/query.py``), in about
 1 ms where counting every hit took 22 ms."""
 
-PROBED_ROWS = 500
-"""Rows a statement may test one by one against FTS5 (``search_matches``' lookup per row:
-0.1-0.2 ms each for two terms at 1,000,000 messages) where reading every hit into a set
-first costs about as much as 500 of them (90 ms for the 287,000 hits of a broad search's
-page; 19 ms for the 176 lookups of its first page; ``benchmarks/README.md``)."""
-
 # Created by migration 0005 on SQLite only: the audit purge's permit (see permit_audit_purge).
 _AUDIT_PURGE_PERMITS = sa.table("audit_purge_permits", sa.column("id"))
 # SQLite calls the progress handler every this many virtual machine instructions.
@@ -127,18 +121,30 @@ class SQLiteProvider(OnConflictProvider):
         )
 
     def search_matches(
-        self, terms: Sequence[str], *, tested_rows: int | None = None
+        self, terms: Sequence[str], *, among: sa.Select[Any] | None = None
     ) -> sa.ColumnElement[bool]:
-        """The rowid among the hits of ``fts_query(terms)``: as a set of every hit (read
-        once per statement), or, for at most ``PROBED_ROWS`` ``tested_rows``, as a lookup
-        of each tested row's rowid in FTS5 (which answers ``rowid =`` with ``MATCH``)."""
+        """The rowid among the hits of ``fts_query(terms)``, read once per statement into
+        a set; given ``among``, only the hits within the rowid range of its rows (FTS5
+        answers a rowid range from its doclists). At 1,000,000 messages, for the 490 rows
+        of a broad search's first page: the hits of their range 1 ms, every hit 54 ms,
+        a lookup in FTS5 per row 146 ms (``benchmarks/README.md``)."""
         query = fts_query(terms)
         if not query:
             return sa.false()  # FTS5 refuses an empty query string
-        match = _FTS_TABLE_NAME.op("MATCH")(sa.literal(query, sa.Text))
-        if tested_rows is not None and tested_rows <= PROBED_ROWS:
-            return sa.exists().where(match, _FTS_TABLE.c.rowid == _ROWID)
-        return _ROWID.in_(sa.select(_FTS_TABLE.c.rowid).where(match))
+        hits = sa.select(_FTS_TABLE.c.rowid).where(
+            _FTS_TABLE_NAME.op("MATCH")(sa.literal(query, sa.Text))
+        )
+        if among is not None:
+            tested = among.with_only_columns(
+                _ROWID.label("tested"), maintain_column_froms=True
+            ).subquery("tested")
+            hits = hits.where(
+                _FTS_TABLE.c.rowid.between(
+                    sa.select(sa.func.min(tested.c.tested)).scalar_subquery(),
+                    sa.select(sa.func.max(tested.c.tested)).scalar_subquery(),
+                )
+            )
+        return _ROWID.in_(hits)
 
     def count_search_hits(self, conn: sa.Connection, terms: Sequence[str], limit: int) -> int:
         """From ``failed_messages_fts`` alone: FTS5 yields hits one by one in rowid order,

@@ -855,27 +855,35 @@ def _page_of_a_broad_search(
     scaled = round(len(sampled) * messages / max(min(SEARCH_SAMPLE, messages), 1))
     if len(sampled) < SEARCH_SAMPLE_MATCHES or scaled < BROAD_SEARCH_ESTIMATE * exact_count_limit:
         return None
-    page = _window_page(condition, order, window_rows, offset=offset, limit=limit)
+    page = _window_page(condition, _window(order, window_rows), order, offset=offset, limit=limit)
     total = Total(scaled, estimated=True)
     found = _hits_page(conn, page, order, total, offset=offset, limit=limit)
     return found if len(found.items) == limit else None
 
 
+def _window(order: Ordering, rows: int) -> sa.Select[Any]:
+    """The first ``rows`` messages of the sort order (their sort keys and ids)."""
+    return sa.select(*sort_columns(order)).order_by(*order_by(order)).limit(rows)
+
+
 def _window_page(
-    condition: sa.ColumnElement[bool], order: Ordering, rows: int, *, offset: int, limit: int
+    condition: sa.ColumnElement[bool],
+    window: sa.Select[Any],
+    order: Ordering,
+    *,
+    offset: int,
+    limit: int,
 ) -> sa.Subquery:
-    """The ids of the page among the first ``rows`` messages of the sort order matching
+    """The ids of the page among the messages of ``window`` (``_window``) matching
     ``condition``: each of those rows tested in turn, until the page is full. The window
     is a subquery with its own LIMIT, so the planner keeps its order (the page stops
     early) and cannot collect every match from the condition's index instead."""
-    window = (
-        sa.select(*sort_columns(order)).order_by(*order_by(order)).limit(rows).subquery("window")
-    )
+    rows = window.subquery("window")
     return (
-        sa.select(window.c.id)
-        .join_from(window, failed_messages, fm.id == window.c.id)
+        sa.select(rows.c.id)
+        .join_from(rows, failed_messages, fm.id == rows.c.id)
         .where(condition)
-        .order_by(*order_by(order, window.c))
+        .order_by(*order_by(order, rows.c))
         .limit(limit)
         .offset(offset)
         .subquery("page")
@@ -931,36 +939,38 @@ def _search_page_of_many(
     the form that collects every match) with more matches than the
     exact-count limit: walking the sort key's index and testing each row finds a page
     after about (offset + limit) x (all messages / matches) rows, where collecting every
-    match first read them all; the provider is told that many (``search_condition``'s
-    ``tested_rows``). The condition is kept from every index (``Provider.without_index``):
-    SQLite, having no statistics, would otherwise collect every match by its indexes and
-    sort them all.
+    match first read them all. The condition is kept from every index
+    (``Provider.without_index``): SQLite, having no statistics, would otherwise collect
+    every match by its indexes and sort them all.
 
     That many assumes matches spread evenly in time; failures come in bursts. So where it
     is at most ``BROAD_SEARCH_WINDOW_MAX``, the walk stops after twice that many rows (plus
     a page), and a page not full by then is read from the collected matches instead, with
     their exact count: an old burst of 4,000 of 20,000 messages cost 1.7 s by lookups
-    walked to its end, 0.07 s collected (break-it pass)."""
+    walked to its end, 0.07 s collected (break-it pass). The bounded walk's window goes to
+    the provider with the condition (``search_condition``'s ``among``): SQLite then reads
+    only the hits within the window's rowid range."""
     tested = math.ceil((offset + limit) * count_failed_messages(conn) / max(total.value, 1))
-    condition = sa.and_(
-        search_condition(conn.dialect, text, tested_rows=tested), *filter_conditions(where)
-    )
     bound = 2 * tested + limit
     if bound <= BROAD_SEARCH_WINDOW_MAX:
-        window = _window_page(condition, order, bound, offset=offset, limit=limit)
-        found = _hits_page(conn, window, order, total, offset=offset, limit=limit)
+        window = _window(order, bound)
+        condition = sa.and_(
+            search_condition(conn.dialect, text, among=window), *filter_conditions(where)
+        )
+        page = _window_page(condition, window, order, offset=offset, limit=limit)
+        found = _hits_page(conn, page, order, total, offset=offset, limit=limit)
         if len(found.items) == limit:
             return found
         return _search_page(conn, collected, offset, limit, order)
-    page = (
+    walked = (
         sa.select(fm.id)
-        .where(provider_for(conn).without_index(condition))
+        .where(provider_for(conn).without_index(collected))
         .order_by(*order_by(order))
         .limit(limit)
         .offset(offset)
         .subquery("page")
     )
-    return _hits_page(conn, page, order, total, offset=offset, limit=limit)
+    return _hits_page(conn, walked, order, total, offset=offset, limit=limit)
 
 
 def _search_page(
@@ -1000,17 +1010,17 @@ def _search_page(
 
 
 def search_condition(
-    dialect: sa.Dialect, text: str, *, tested_rows: int | None = None
+    dialect: sa.Dialect, text: str, *, among: sa.Select[Any] | None = None
 ) -> sa.ColumnElement[bool]:
     """The WHERE condition of ``search_failed_messages`` on ``dialect``'s provider;
-    ``tested_rows`` as ``Provider.search_matches`` takes it.
+    ``among`` as ``Provider.search_matches`` takes it.
 
     The exact-id alternatives use the primary key and the message-id index, so a message
     is found by its id even where its headers are longer than the indexed prefix.
     """
     stripped = text.strip().replace("\x00", "")
     terms = query_search_terms(text)
-    alternatives = [provider_for(dialect).search_matches(terms, tested_rows=tested_rows)]
+    alternatives = [provider_for(dialect).search_matches(terms, among=among)]
     if stripped:
         alternatives.append(fm.message_id == stripped)
         unique_id = _as_uuid(stripped)
