@@ -35,7 +35,10 @@ What it does (see ``benchmarks/README.md`` for the figures and how to read them)
    writes new failed messages through the service's writer at full speed (two batches
    of 200 at once, each message parsed as the pipeline parses it), prints both figures
    and their ratio, then deletes what it wrote.
-5. With ``--explain``, prints ``EXPLAIN (ANALYZE, BUFFERS)`` of every statement a scenario
+5. With ``--while-spinning``, measures every scenario again beside one busy loop per
+   core, a neighbour that takes the CPU and touches nothing else: the control that tells
+   how much of the slowdown while ingesting is the CPU share on this machine.
+6. With ``--explain``, prints ``EXPLAIN (ANALYZE, BUFFERS)`` of every statement a scenario
    runs (``--only`` picks scenarios by name).
 
 Run: ``.venv/bin/python benchmarks/query.py`` (see the README for the time it takes).
@@ -993,6 +996,29 @@ def load_average() -> str:
     return "load average " + " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
+def _cpu_jiffies() -> tuple[int, int]:
+    """(busy, all) CPU time of the whole machine since boot, from ``/proc/stat``."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+@contextmanager
+def busy_cores(label: str) -> Iterator[None]:
+    """Print how many of the machine's cores were busy (any process) during the block:
+    whether a neighbour took the CPU. Linux only; elsewhere prints nothing."""
+    try:
+        before = _cpu_jiffies()
+    except OSError:
+        yield
+        return
+    yield
+    busy, every = (after - first for after, first in zip(_cpu_jiffies(), before, strict=True))
+    cores = os.cpu_count() or 1
+    print(f"{label}: {cores * busy / max(every, 1):.2f} of {cores} cores busy", flush=True)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=DEFAULT_MESSAGES)
@@ -1022,6 +1048,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--while-ingesting",
         action="store_true",
         help="measure again while another process ingests at full speed",
+    )
+    parser.add_argument(
+        "--while-spinning",
+        action="store_true",
+        help="measure again beside one busy loop per core (the CPU-only control)",
     )
     return parser.parse_args(argv)
 
@@ -1062,10 +1093,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for scenario in scenarios(client, args.messages)
                     if not args.only or args.only in scenario.name
                 ]
-                results = run_scenarios(chosen, args, log, url)
-                busy: list[Result] = []
+                with busy_cores("idle"):
+                    results = run_scenarios(chosen, args, log, url)
+                busy: dict[str, list[Result]] = {}
                 if args.while_ingesting:
-                    busy = run_while_ingesting(chosen, args, log, url)
+                    busy["ingesting"] = run_while_ingesting(chosen, args, log, url)
+                if args.while_spinning:
+                    busy["spinning"] = run_while_spinning(chosen, args, log, url)
         engine.dispose()
     print(f"\nafter measuring: {load_average()}")
     report(results, busy)
@@ -1099,7 +1133,8 @@ def run_while_ingesting(
         ingesting = pool.apply_async(ingest_until, (url, stop, 23))
         time.sleep(5)  # let it reach full speed
         print(f"\nwhile ingesting ({load_average()}):", flush=True)
-        busy = run_scenarios(chosen, args, log, url)
+        with busy_cores("while ingesting"):
+            busy = run_scenarios(chosen, args, log, url)
         stop.set()
         count, seconds, ids = ingesting.get()
     print(f"ingested meanwhile: {count:,} messages in {seconds:.0f} s ({count / seconds:.0f}/s)")
@@ -1107,23 +1142,57 @@ def run_while_ingesting(
     return busy
 
 
-def report(results: Sequence[Result], busy: Sequence[Result]) -> None:
-    if not busy:
-        print("\n| scenario | p50 ms | p95 ms | answer |\n| --- | ---: | ---: | --- |")
-        for result in results:
-            print(
-                f"| {result.name} | {result.p50_ms:.1f} | {result.p95_ms:.1f} | {result.detail} |"
-            )
-        return
-    print(
-        "\n| scenario | p50 ms | p95 ms | ingesting p50 | ingesting p95 | p95 ratio | answer |"
-        "\n| --- | ---: | ---: | ---: | ---: | ---: | --- |"
-    )
-    for idle, loaded in zip(results, busy, strict=True):
-        print(
-            f"| {idle.name} | {idle.p50_ms:.1f} | {idle.p95_ms:.1f} | {loaded.p50_ms:.1f} | "
-            f"{loaded.p95_ms:.1f} | {loaded.p95_ms / idle.p95_ms:.2f} | {idle.detail} |"
+def spin(stop: Any) -> None:
+    """Take a core until ``stop`` is set, and nothing else: no database, no I/O."""
+    while not stop.is_set():
+        for _ in range(200_000):  # a few ms between asking the manager
+            pass
+
+
+def run_while_spinning(
+    chosen: Sequence[Scenario], args: argparse.Namespace, log: StatementLog, url: str
+) -> list[Result]:
+    """The scenarios again beside one busy loop per core: the CPU-only control for
+    ``--while-ingesting``. On a machine whose cores the ingesting process and its
+    database backends keep busy, a reader gets its share of the CPU and no more; what
+    ingesting costs beyond this control is what the read side loses to the writes
+    themselves (locks, I/O, plans, caches)."""
+    context = multiprocessing.get_context("spawn")
+    stop = context.Manager().Event()
+    cores = os.cpu_count() or 1
+    with context.Pool(cores) as pool:
+        spinners = [pool.apply_async(spin, (stop,)) for _ in range(cores)]
+        time.sleep(1)
+        print(f"\nbeside {cores} busy loops ({load_average()}):", flush=True)
+        with busy_cores("beside the busy loops"):
+            spun = run_scenarios(chosen, args, log, url)
+        stop.set()
+        for spinner in spinners:
+            spinner.get()
+    return spun
+
+
+def report(results: Sequence[Result], busy: dict[str, list[Result]]) -> None:
+    """A Markdown table: p50 / p95 idle, then per busy run its p50 / p95 and the ratio of
+    its p95 to the idle p95; with both busy runs, the ratio of the ingesting p95 to the
+    spinning p95 (what ingesting costs past the CPU share)."""
+    runs = list(busy.values())
+    both = {"ingesting", "spinning"} <= busy.keys()
+    heads = "".join(f" {run} p50 | {run} p95 | p95 ratio |" for run in busy)
+    heads += " ingesting / spinning p95 |" if both else ""
+    print(f"\n| scenario | p50 ms | p95 ms |{heads} answer |")
+    columns = 3 * len(runs) + both
+    print("| --- | ---: | ---: |" + " ---: |" * columns + " --- |")
+    for index, idle in enumerate(results):
+        cells = "".join(
+            f" {run[index].p50_ms:.1f} | {run[index].p95_ms:.1f} | "
+            f"{run[index].p95_ms / idle.p95_ms:.2f} |"
+            for run in runs
         )
+        if both:
+            against = busy["ingesting"][index].p95_ms / busy["spinning"][index].p95_ms
+            cells += f" {against:.2f} |"
+        print(f"| {idle.name} | {idle.p50_ms:.1f} | {idle.p95_ms:.1f} |{cells} {idle.detail} |")
 
 
 if __name__ == "__main__":
