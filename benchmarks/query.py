@@ -786,7 +786,7 @@ def explain(url: str, statements: Sequence[tuple[str, Any]]) -> str:
     lines = []
     with psycopg.connect(libpq_url(url)) as conn:
         for statement, parameters in statements:
-            if not statement.lstrip().upper().startswith("SELECT"):
+            if not statement.lstrip().upper().startswith(("SELECT", "WITH")):
                 conn.execute(statement, parameters or None)  # SET LOCAL: in effect for the rest
                 lines.append(statement)
                 continue
