@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, get_args
@@ -802,18 +802,27 @@ def search_failed_messages(
     """
     _check_window(offset, limit)
     condition = sa.and_(search_condition(conn.dialect, text), *filter_conditions(where))
-    provider_for(conn).prepare_search(conn)
-    if exact_count_limit is not None:
-        matching = sa.select(sa.literal(1)).select_from(failed_messages).where(condition)
-        broad = _page_of_a_broad_search(
-            conn, condition, matching, exact_count_limit, offset, limit, order
-        )
-        if broad is not None:
-            return broad
-        total = _total_past_limit(conn, text, condition, where, exact_count_limit)
-        if total is not None:
-            return _search_page_of_many(conn, text, where, condition, total, offset, limit, order)
-    return _search_page(conn, condition, offset, limit, order)
+    provider = provider_for(conn)
+    provider.prepare_search(conn)
+    if exact_count_limit is None:
+        return _search_page(conn, condition, offset, limit, order)
+    matching = sa.select(sa.literal(1)).select_from(failed_messages).where(condition)
+    broad = _page_of_a_broad_search(
+        conn, condition, matching, exact_count_limit, offset, limit, order
+    )
+    if broad is not None:
+        return broad
+    terms = query_search_terms(text)
+    hits = provider.count_search_hits(conn, terms, exact_count_limit)
+    if hits is not None and hits <= exact_count_limit:
+        # Few by the terms; the id alternatives add a handful, which the page counts.
+        return _search_page(conn, condition, offset, limit, order)
+    if hits is None or where != EVERY_MESSAGE:
+        few = _search_page(conn, condition, offset, limit, order, cap=exact_count_limit + 1)
+        if few.total <= exact_count_limit:
+            return few
+    total = _total_past_limit(conn, terms, matching, where, exact_count_limit, hits is not None)
+    return _search_page_of_many(conn, text, where, condition, total, offset, limit, order)
 
 
 def _page_of_a_broad_search(
@@ -892,37 +901,32 @@ def _window_page(
 
 def _total_past_limit(
     conn: sa.Connection,
-    text: str,
-    condition: sa.ColumnElement[bool],
+    terms: Sequence[str],
+    matching: sa.Select[Any],
     where: FailedMessageFilter,
     exact_count_limit: int,
-) -> Total | None:
-    """The total of a search of ``text`` (``condition``, its filter ``where``) with more
-    matches than ``exact_count_limit``, or ``None`` when it has at most that many (then
-    the collected page counts them exactly).
+    counted_in_index: bool,
+) -> Total:
+    """The total of a search of ``terms`` (``matching``: a row per match, its filter
+    ``where``) known to have more matches than ``exact_count_limit``.
 
-    Where the provider counts hits in its full-text index alone
-    (``Provider.count_search_hits``, SQLite): at most the limit by the terms is "few" (the
-    id alternatives add a handful, the page still counts them); past it with no other
-    filter, the index's own estimate (``Provider.estimate_search_hits``), raised to the
-    limit + 1 and marked as ``count_matching`` marks one. Counting every match read each
-    one's table row: 5 s for 287,000 of 1,000,000 (``benchmarks/README.md``). Otherwise the
-    whole condition counted up to the limit + 1 decides, then ``_count_or_estimate``.
-    Words that never occur together have no hit, so they are counted exactly, never
-    estimated.
+    Where the provider counted the terms' hits in its full-text index alone
+    (``counted_in_index``: ``Provider.count_search_hits``, SQLite) and nothing else
+    filters, the index's own estimate (``Provider.estimate_search_hits``); otherwise the
+    provider's estimate of ``matching`` (``Provider.estimate_rows``), or, where it has
+    none, the exact count. An estimate is raised to the limit + 1 and marked, as
+    ``count_matching`` marks one. Counting every match read each one's table row: 5 s for
+    287,000 of 1,000,000 (``benchmarks/README.md``).
     """
     provider = provider_for(conn)
-    terms = query_search_terms(text)
-    hits = provider.count_search_hits(conn, terms, exact_count_limit)
-    if hits is not None and hits <= exact_count_limit:
-        return None
-    if hits is not None and where == EVERY_MESSAGE:
+    if counted_in_index and where == EVERY_MESSAGE:
         estimate = provider.estimate_search_hits(conn, terms)
         if estimate is not None:
             return Total(max(estimate, exact_count_limit + 1), estimated=True)
-    matching = sa.select(sa.literal(1)).select_from(failed_messages).where(condition)
-    total = _count_or_estimate(conn, matching, exact_count_limit)
-    return total if total.value > exact_count_limit else None
+    estimate = provider.estimate_rows(conn, matching)
+    if estimate is None:
+        return Total(_count(conn, matching))
+    return Total(max(estimate, exact_count_limit + 1), estimated=True)
 
 
 def _search_page_of_many(
@@ -979,14 +983,22 @@ def _search_page(
     offset: int,
     limit: int,
     order: Ordering,
+    *,
+    cap: int | None = None,
 ) -> SearchPage:
+    """The page of the matches of ``condition`` and their exact number, from the matches
+    collected in one pass; with ``cap``, at most that many are collected, and a total of
+    ``cap`` means "at least ``cap``" (the page is then not the page: the caller's search
+    has many matches). Counting first, up to the limit, and collecting after read the
+    same matches twice (``tests/integration/test_list_pages.py``)."""
     # One pass over the matches, fenced off in a materialized CTE: the planner would
     # otherwise walk a sort key's index and test the full-text condition row by row
     # (detoasting every search_vector on PostgreSQL: 15 s for a term in 7,000 of
     # 1,000,000 rows), as it cannot see what that test costs. From the matches (ids and
     # sort keys only) come the page's ids and their number, counted by a window before
     # LIMIT; the page's rows are read last, by id.
-    hits = sa.select(*sort_columns(order)).where(condition).cte("hits").prefix_with("MATERIALIZED")
+    matches = sa.select(*sort_columns(order)).where(condition).limit(cap)
+    hits = matches.cte("hits").prefix_with("MATERIALIZED")
     page = (
         sa.select(hits.c.id, sa.func.count().over().label("total"))
         .order_by(*order_by(order, hits.c))
@@ -1004,8 +1016,8 @@ def _search_page(
     if rows:
         total = int(rows[0].total)
     else:  # past the last page, or no match: the window had no row to ride on
-        count = sa.select(sa.func.count()).select_from(failed_messages).where(condition)
-        total = int(conn.execute(count).scalar_one())
+        matching = sa.select(sa.literal(1)).select_from(failed_messages).where(condition)
+        total = _count(conn, matching.limit(cap))
     return SearchPage(total=total, items=[_hit(row) for row in rows])
 
 
