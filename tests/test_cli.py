@@ -167,6 +167,30 @@ def test_demo_reads_settings_from_a_toml_file(data_dir: Path, tmp_path: Path) ->
     assert len(asyncio.run(drain(data_dir / "queue.db", "from-toml", 12))) == 12
 
 
+@pytest.mark.parametrize(
+    ("variable", "command"),
+    [("CONTROLROOM_CONFIG", ["migrate"]), ("CONTROLROOM_SITE_CONFIG", ["site", "serve"])],
+)
+def test_a_settings_file_named_in_the_environment_must_exist(
+    data_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+    command: list[str],
+) -> None:
+    """A missing file named by ``CONTROLROOM_CONFIG`` is refused as ``--config``'s is
+    (fresh-user pass: a typo in it started the service on the defaults, without its
+    tokens and database, and said nothing)."""
+    missing = tmp_path / "nope.toml"
+    monkeypatch.setenv(variable, str(missing))
+
+    code, output = invoke(*command)
+
+    assert code == 2, output
+    assert "nope.toml" in output and "does not exist" in output
+    assert not data_dir.exists()  # nothing started on the defaults
+
+
 def test_demo_refuses_a_count_below_the_showcase(data_dir: Path) -> None:
     code, output = invoke("demo", "--count", "3")
 

@@ -79,6 +79,7 @@ app = typer.Typer(
     help="See what failed in a message-driven system, and act on it.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode="markdown",  # docstrings: lines joined, ``code`` shown as code
 )
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
@@ -87,7 +88,8 @@ ConfigOption = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="TOML settings file (also CONTROLROOM_CONFIG).",
+        envvar="CONTROLROOM_CONFIG",  # read here too, so a missing file is refused alike
+        help="TOML settings file.",
         exists=True,
         dir_okay=False,
     ),
@@ -188,7 +190,9 @@ def demo(
             "Next: `controlroom serve` ingests them and serves the console on "
             f"http://{settings.host}:{settings.port}/ ; `controlroom demo endpoints` beside "
             "it plays the endpoints, so a retry from the console ends Resolved (or fails "
-            "again)."
+            "again); `controlroom site demo` runs two live site agents, which `serve` "
+            "relays to when started with `CONTROLROOM_SITES` set to the JSON it prints. "
+            "`make demo` runs all of them."
         )
 
 
@@ -666,7 +670,8 @@ def site_serve(
         Path | None,
         typer.Option(
             "--config",
-            help="TOML settings of the agent (also CONTROLROOM_SITE_CONFIG).",
+            envvar="CONTROLROOM_SITE_CONFIG",
+            help="TOML settings of the agent.",
             exists=True,
             dir_okay=False,
         ),
