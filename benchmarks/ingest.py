@@ -830,26 +830,37 @@ def without_search(engine: sa.Engine) -> Iterator[None]:
             )
 
 
-TALLY_TRIGGERS = tuple(
-    f"failed_messages_tally_{operation}" for operation in ("insert", "update", "delete")
+COUNTER_TRIGGERS = (
+    # The tallies (migration 0012).
+    *(("failed_messages", f"failed_messages_tally_{op}") for op in ("insert", "update", "delete")),
+    # The group counts (0014).
+    ("failed_messages", "failed_messages_count_status"),
+    ("failed_message_groups", "failed_message_groups_count_added"),
+    ("failed_message_groups", "failed_message_groups_count_removed"),
+    # The group rows' copies of their message's status and failure window (0011, 0013).
+    ("failed_messages", "failed_messages_copy_to_groups"),
+    ("failed_message_groups", "failed_message_groups_copy_message"),
 )
+"""Every trigger issue 13 added to the write path; their TRUNCATE triggers stay on."""
 
 
 @contextlib.contextmanager
-def without_tallies(engine: sa.Engine) -> Iterator[None]:
-    """A probe of what the tallies (migration 0012, issue 13) cost the write path: their
-    statement triggers disabled for the duration (the writer's folds then find nothing
-    to fold); never the service's configuration. Afterwards the table is emptied, which
-    empties the tallies too (their TRUNCATE trigger), so they are right again."""
+def without_counters(engine: sa.Engine) -> Iterator[None]:
+    """A probe of what issue 13's counters cost the write path: the triggers of the
+    tallies, the group counts and the group rows' copies (``COUNTER_TRIGGERS``) disabled
+    for the duration (the writer's folds then find nothing to fold; its group-row insert
+    still reads the copies from the messages, ``copies.py`` measures that part); never
+    the service's configuration. Afterwards the tables are emptied, which empties the
+    tallies and the group counts too (their TRUNCATE triggers), so they are right again."""
     with engine.begin() as conn:
-        for trigger in TALLY_TRIGGERS:
-            conn.exec_driver_sql(f"ALTER TABLE failed_messages DISABLE TRIGGER {trigger}")
+        for table, trigger in COUNTER_TRIGGERS:
+            conn.exec_driver_sql(f"ALTER TABLE {table} DISABLE TRIGGER {trigger}")
     try:
         yield
     finally:
         with engine.begin() as conn:
-            for trigger in TALLY_TRIGGERS:
-                conn.exec_driver_sql(f"ALTER TABLE failed_messages ENABLE TRIGGER {trigger}")
+            for table, trigger in COUNTER_TRIGGERS:
+                conn.exec_driver_sql(f"ALTER TABLE {table} ENABLE TRIGGER {trigger}")
             conn.exec_driver_sql("TRUNCATE failed_messages CASCADE")
 
 
@@ -977,13 +988,13 @@ def print_ratios(console: Console, results: Sequence[Result]) -> None:
             "write path with search / without search (probe): "
             f"{concurrent.per_second / probe.per_second:.2f}x"
         )
-    untallied = next((r for r in results if "WITHOUT tallies" in r.name), None)
-    if untallied is not None:
+    uncounted = next((r for r in results if "WITHOUT counters" in r.name), None)
+    if uncounted is not None:
         lines.append(
-            "write path with tallies / without tallies (probe): "
-            f"{concurrent.per_second / untallied.per_second:.2f}x; PostgreSQL CPU per message "
+            "write path with counters / without counters (probe): "
+            f"{concurrent.per_second / uncounted.per_second:.2f}x; PostgreSQL CPU per message "
             f"{_ms(concurrent.server_cpu_seconds, concurrent)} vs "
-            f"{_ms(untallied.server_cpu_seconds, untallied)} ms"
+            f"{_ms(uncounted.server_cpu_seconds, uncounted)} ms"
         )
     for line in lines:
         console.print(f"[bold]{line}[/]")
@@ -1012,12 +1023,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=2, help="generator seed (default 2)")
     parser.add_argument(
-        "--tallies-rounds",
+        "--counters-rounds",
         type=int,
         default=0,
-        help="instead of the full run: only the write path with and without the tallies' "
-        "triggers (issue 13), 1 and concurrent_batches batches at once, this many rounds "
-        "in alternating order, and the ratios per round",
+        help="instead of the full run: only the write path with and without the counters' "
+        "triggers (issue 13: tallies, group counts, group rows' copies), 1 and "
+        "concurrent_batches batches at once, this many rounds in alternating order, and the "
+        "ratios per round",
     )
     args = parser.parse_args(argv)
     if args.messages < 2 * WARM_UP_MESSAGES:
@@ -1103,15 +1115,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "no terms computed, empty tsvector, GIN index dropped: what search costs",
     )
 
-    untallied_run: tuple[str, Load, Load, int, str] = (
-        f"write path WITHOUT tallies, {concurrent} batches at once (probe)",
+    uncounted_run: tuple[str, Load, Load, int, str] = (
+        f"write path WITHOUT counters, {concurrent} batches at once (probe)",
         lambda engine: write_path(engine, attempts, batch_size, concurrent),
         lambda engine: write_path(engine, warm, batch_size, concurrent),
         count,
-        "the tallies' triggers disabled: what the tallies cost (issue 13)",
+        "the counters' triggers disabled: what issue 13's counters cost",
     )
-    if args.tallies_rounds:
-        return compare_tallies(console, admin_url, runs[:2], args.tallies_rounds)
+    if args.counters_rounds:
+        return compare_counters(console, admin_url, runs[:2], args.counters_rounds)
 
     results: list[Result] = []
     with scratch_database(admin_url) as url:
@@ -1138,8 +1150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             note=note,
                         )
                     )
-            with console.status(untallied_run[0]), without_tallies(engine):
-                name, run, warm_up, messages_in_run, note = untallied_run
+            with console.status(uncounted_run[0]), without_counters(engine):
+                name, run, warm_up, messages_in_run, note = uncounted_run
                 results.append(
                     measure(
                         name,
@@ -1199,18 +1211,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def compare_tallies(
+def compare_counters(
     console: Console,
     admin_url: str,
     runs: Sequence[tuple[str, Callable[[sa.Engine], None], Callable[[sa.Engine], None], int, str]],
     rounds: int,
 ) -> int:
-    """``--tallies-rounds``: each write path of ``runs`` with the tallies and without them
-    (``without_tallies``), ``rounds`` times, the order alternating between rounds so that
-    a machine getting busier or quieter favours neither; prints every run and the ratio of
-    each pair (with / without: 1.00 costs nothing, 0.90 is 10 % fewer messages/s)."""
-    table = Table(title="Write path with and without the tallies (issue 13)")
-    for name in ("round", "method", "tallies", "messages/s", "ms CPU/msg client, PG", "load"):
+    """``--counters-rounds``: each write path of ``runs`` with issue 13's counters and
+    without them (``without_counters``), ``rounds`` times, the order alternating between
+    rounds so that a machine getting busier or quieter favours neither; prints every run
+    and the ratio of each pair (with / without: 1.00 costs nothing, 0.90 is 10 % fewer
+    messages/s)."""
+    table = Table(title="Write path with and without the counters (issue 13)")
+    for name in ("round", "method", "counters", "messages/s", "ms CPU/msg client, PG", "load"):
         table.add_column(name, justify="left" if name == "method" else "right")
     ratios: dict[str, list[float]] = {name: [] for name, *_ in runs}
     with scratch_database(admin_url) as url:
@@ -1222,8 +1235,8 @@ def compare_tallies(
             for round_ in range(1, rounds + 1):
                 for name, run, warm_up, messages, _note in runs:
                     rates = {}
-                    for tallied in (True, False) if round_ % 2 else (False, True):
-                        probe = contextlib.nullcontext() if tallied else without_tallies(engine)
+                    for counted in (True, False) if round_ % 2 else (False, True):
+                        probe = contextlib.nullcontext() if counted else without_counters(engine)
                         with console.status(f"round {round_}: {name}"), probe:
                             result = measure(
                                 name,
@@ -1233,11 +1246,11 @@ def compare_tallies(
                                 messages=messages,
                                 instruments=instruments,
                             )
-                        rates[tallied] = result.per_second
+                        rates[counted] = result.per_second
                         table.add_row(
                             str(round_),
                             name,
-                            "with" if tallied else "WITHOUT",
+                            "with" if counted else "WITHOUT",
                             f"{result.per_second:,.0f}",
                             f"{_ms(result.cpu_seconds, result)}, "
                             f"{_ms(result.server_cpu_seconds, result)}",
@@ -1249,7 +1262,7 @@ def compare_tallies(
     console.print(table)
     for name, values in ratios.items():
         console.print(
-            f"[bold]{name}: with / without tallies, per round "
+            f"[bold]{name}: with / without counters, per round "
             f"{', '.join(f'{v:.2f}' for v in values)}; median {statistics.median(values):.2f}[/]"
         )
     return 0
