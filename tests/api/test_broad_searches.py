@@ -8,6 +8,7 @@ estimate (SQLite) always counts."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import sqlalchemy as sa
@@ -16,6 +17,7 @@ from fastapi.testclient import TestClient
 from controlroom.api import create_app
 from controlroom.config import Settings
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.identity import unique_message_id
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.read import queries
 from tests.factories import at, attempt
@@ -139,3 +141,41 @@ def test_matches_only_among_old_messages_are_found_by_counting(
     assert counts.collected > 0
     assert answer.headers["Total-Count"] == str(OLD)
     assert "Total-Count-Estimated" not in answer.headers
+
+
+def test_a_search_within_the_limit_is_exact_though_its_matches_are_stored_first(
+    engine: sa.Engine,
+) -> None:
+    """Ten of 5,000 messages say both "alpha" and "beta": the first stored (the first
+    pages of the table) and the newest failures; every other message says one of the two
+    words, so the planner estimates many. Ids are UniqueMessageIds, digests of the
+    message id and endpoint, unrelated to content, time or storage: the first by id are
+    a random sample, in which the ten are as rare as they are, so the search is counted
+    and exact. A sample by storage or time order would hold all ten and pass for many.
+
+    (Break-it pass: with the tests' sequential ids, the ten lowest ids holding the ten
+    matches, the sample held them all and answered 100, marked estimated: the service's
+    ids are digests, never sequential.)"""
+    messages, both = 5_000, 10
+    attempts = []
+    for n in range(messages):
+        word = "alpha beta" if n < both else ("alpha" if n % 2 else "beta")
+        made = attempt(n, at(messages - n), exception_message=f"failed {word}")
+        attempts.append(replace(made, unique_message_id=unique_message_id(made.headers)))
+    writer = FailedMessageBatchWriter(engine, clock=lambda: at(10**6))
+    for start in range(0, messages, 1_000):
+        writer.write(IngestionBatch(attempts=attempts[start : start + 1_000]))
+    if _estimates(engine):
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE failed_messages")
+    newest_first = queries.Ordering("time_of_failure")
+    with engine.connect() as conn:
+        exact = queries.search_failed_messages(
+            conn, "alpha beta", offset=0, limit=1, order=newest_first
+        )
+        capped = queries.search_failed_messages(
+            conn, "alpha beta", offset=0, limit=1, order=newest_first, exact_count_limit=both
+        )
+    assert exact.total == both
+    assert capped.items == exact.items
+    assert (capped.total, capped.total_estimated) == (both, False)

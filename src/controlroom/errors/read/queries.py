@@ -59,7 +59,9 @@ the default limit and 1,000,000 messages: 5 % of them, 25 of the sample."""
 
 SEARCH_SAMPLE = 500
 """The messages a broad search is sampled on: the first by id. Ids are UniqueMessageIds,
-spread evenly whatever the time, so a burst of recent matches does not pass for many."""
+digests of the message id and endpoint (``errors.ingest.identity``), unrelated to content,
+time or storage: a random sample, so a burst of recent matches, or matches stored first,
+do not pass for many (a store of sequential ids would have no such sample)."""
 
 SEARCH_SAMPLE_MATCHES = 10
 """The fewest matches in the sample that count as evidence (below, chance decides)."""
