@@ -221,6 +221,23 @@ def test_demo_options_before_a_subcommand_are_refused_not_ignored(data_dir: Path
     assert not (data_dir / "queue.db").exists()  # nothing published
 
 
+def test_a_settings_file_from_the_environment_is_no_option_given_to_demo(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``CONTROLROOM_CONFIG`` reaches ``controlroom demo``'s ``--config`` too, but is not
+    an option given before the subcommand: ``demo endpoints`` is not refused for it
+    (second fresh-user pass). Its own invalid option still is, so the command ends."""
+    config = tmp_path / "controlroom.toml"
+    config.write_text('error_queue = "from-toml"\n')
+    monkeypatch.setenv("CONTROLROOM_CONFIG", str(config))
+
+    code, output = invoke("demo", "endpoints", "--fail-ratio", "1.5")
+
+    assert code == 2
+    assert "is an option of `controlroom demo` alone" not in output, output
+    assert "--fail-ratio" in output
+
+
 def test_demo_endpoints_refuses_a_fail_ratio_above_one(data_dir: Path) -> None:
     code, output = invoke("demo", "endpoints", "--fail-ratio", "1.5")
 

@@ -198,17 +198,28 @@ def demo(
 
 def _refuse_options_given(ctx: typer.Context) -> None:
     """Exit 2 when ``controlroom demo`` got options of its own (values other than their
-    defaults) before a subcommand: they would be ignored, not applied."""
+    defaults, on its command line) before a subcommand: they would be ignored, not
+    applied. A value from the environment (``CONTROLROOM_CONFIG``) was not given to it."""
     given = [
         f"--{param.name.replace('_', '-')}"
         for param in ctx.command.params
-        if param.name and ctx.params.get(param.name) != param.default
+        if param.name
+        and ctx.params.get(param.name) != param.default
+        and _source(ctx, param.name) != "ENVIRONMENT"
     ]
     if given:
         raise typer.BadParameter(
             f"{', '.join(given)} is an option of `controlroom demo` alone, not of "
             f"`controlroom demo {ctx.invoked_subcommand}`"
         )
+
+
+def _source(ctx: typer.Context, name: str) -> str | None:
+    """Where ``name``'s value came from (``ParameterSource``'s name: ``COMMANDLINE``,
+    ``ENVIRONMENT``, ``DEFAULT``...), by name: typer ships its own copy of click, whose
+    enum is not public."""
+    source = ctx.get_parameter_source(name)
+    return None if source is None else source.name
 
 
 @demo_app.command("endpoints")
