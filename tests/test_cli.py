@@ -193,6 +193,21 @@ def test_a_settings_file_named_in_the_environment_must_exist(
     assert not data_dir.exists()  # nothing started on the defaults
 
 
+def test_a_settings_file_that_is_not_toml_is_refused_in_one_line(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """A file that does not parse as TOML is a settings error (exit 2, the parser's
+    message), not a traceback (second fresh-user pass: 165 lines)."""
+    config = tmp_path / "broken.toml"
+    config.write_text("database_url =\n")
+
+    code, output = invoke("migrate", "--config", str(config))
+
+    assert code == 2, output
+    assert "not valid TOML" in output and "line 1" in output
+    assert "Traceback" not in output
+
+
 def test_demo_refuses_a_count_below_the_showcase(data_dir: Path) -> None:
     code, output = invoke("demo", "--count", "3")
 

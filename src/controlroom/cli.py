@@ -15,11 +15,12 @@ import logging
 import random
 import signal
 import socket
+import tomllib
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import pydantic
 import sqlalchemy as sa
@@ -327,6 +328,14 @@ def _load(config: Path | None, **overrides: object) -> Settings:
     except pydantic.ValidationError as exc:
         err_console.print(f"[red]error:[/] invalid settings:\n{escape(str(exc))}")
         raise typer.Exit(2) from exc
+    except tomllib.TOMLDecodeError as exc:
+        _refuse_toml(config, exc)
+
+
+def _refuse_toml(config: Path | None, exc: tomllib.TOMLDecodeError) -> NoReturn:
+    """Exit 2 naming the settings file that does not parse, with the parser's place."""
+    err_console.print(f"[red]error:[/] {escape(str(config))} is not valid TOML: {escape(str(exc))}")
+    raise typer.Exit(2) from exc
 
 
 @contextlib.contextmanager
@@ -696,6 +705,8 @@ def site_serve(
     except pydantic.ValidationError as exc:
         err_console.print(f"[red]error:[/] invalid settings:\n{escape(str(exc))}")
         raise typer.Exit(2) from exc
+    except tomllib.TOMLDecodeError as exc:
+        _refuse_toml(config, exc)
     try:
         ensure_agent_is_protected(settings)
     except ConfigurationError as exc:  # a settings problem: exit 2, before anything starts
