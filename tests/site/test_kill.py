@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.reconciliation.harness import (
     OPERATOR_TOKEN,
@@ -57,13 +58,25 @@ def store_query(path: Path, sql: str) -> list[tuple]:
         return conn.execute(sql).fetchall()
 
 
+@pytest.fixture
+def central() -> Iterator[socket.socket]:
+    """Central's port, held from the start: bound but not listening, so the agent's
+    connections are refused (central is down), and no server of a test running beside
+    takes the port before central listens on it (a free port closed and bound again
+    later can be taken: a full parallel run once waited 60 s for a delivery there)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held
+
+
 def test_a_killed_agent_resumes_its_buffered_call_and_sends_its_outbox(
-    database_url: str, tmp_path: Path
+    database_url: str, tmp_path: Path, central: socket.socket
 ) -> None:
     targets = FlakyTargets()
     targets.hold_after["x"] = 5  # the 6th attempt hangs until the agent is killed
     store = tmp_path / "site" / "tracking.db"
-    port, central_port = free_port(), free_port()
+    port = free_port()
+    central_port = central.getsockname()[1]
     env = {
         "CONTROLROOM_SITE_SITE_ID": "plant-7",
         "CONTROLROOM_SITE_STORE_PATH": str(store),
@@ -103,9 +116,9 @@ def test_a_killed_agent_resumes_its_buffered_call_and_sends_its_outbox(
 
         targets.fixed.add("x")
         settings = central_settings(database_url, tmp_path / "central", [])
-        listener = socket.create_server(("127.0.0.1", central_port))
+        central.listen()
         with (
-            running_central(settings, listener) as (_url, _app, engine),
+            running_central(settings, central) as (_url, _app, engine),
             site_process(env),
         ):
             eventually(
