@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlroom.db.engine import create_store_engine
+from controlroom.db.engine import create_store_engine, retry_transient
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.tables import (
     FailedMessageStatus,
@@ -42,11 +42,7 @@ from controlroom.db.transactions import begin_write
 from controlroom.errors import tallies
 from controlroom.errors.ingest import identity
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
-from controlroom.errors.ingest.writer import (
-    FailedMessageBatchWriter,
-    IngestionBatch,
-    retry_transient,
-)
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailureGroup
 from controlroom.errors.read import groups, operations, queries
 from controlroom.errors.retention import sweep_expired_failed_messages

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlroom.db.engine import create_store_engine
+from controlroom.db.engine import create_store_engine, retry_transient
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.tables import (
     FailedMessageStatus,
@@ -33,11 +33,7 @@ from controlroom.db.tables import (
 )
 from controlroom.errors import tallies
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
-from controlroom.errors.ingest.writer import (
-    FailedMessageBatchWriter,
-    IngestionBatch,
-    retry_transient,
-)
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.read import queries
 from tests.factories import at, attempt
 from tests.integration import test_group_copies as operations

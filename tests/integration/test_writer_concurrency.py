@@ -8,14 +8,10 @@ from collections import Counter
 
 import sqlalchemy as sa
 
-from controlroom.db.engine import create_store_engine
+from controlroom.db.engine import create_store_engine, retry_transient
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.tables import failed_messages
-from controlroom.errors.ingest.writer import (
-    FailedMessageBatchWriter,
-    IngestionBatch,
-    retry_transient,
-)
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from tests.factories import at, attempt, message_uuid
 
 WRITERS = 8

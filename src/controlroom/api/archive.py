@@ -41,8 +41,8 @@ from controlroom.api.recoverability import (
 )
 from controlroom.db.engine import run_write_transaction
 from controlroom.errors import activity
-from controlroom.errors.ingest.writer import utc_now
 from controlroom.errors.read import groups, operations
+from controlroom.runtime.clock import utc_now
 
 router = APIRouter(tags=["archive"])
 

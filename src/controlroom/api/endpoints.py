@@ -23,8 +23,8 @@ from controlroom.api.auth import current_principal, require_admin
 from controlroom.api.errors import LIST_RESPONSES, PagingParams, paged_response
 from controlroom.db.engine import begin_write
 from controlroom.errors import activity
-from controlroom.errors.ingest.writer import utc_now
 from controlroom.errors.read import endpoints
+from controlroom.runtime.clock import utc_now
 
 router = APIRouter(tags=["endpoints"])
 

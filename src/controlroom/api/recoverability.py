@@ -37,8 +37,8 @@ from controlroom.api.errors import (
 from controlroom.db.engine import begin_write, run_write_transaction
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors import activity
-from controlroom.errors.ingest.writer import utc_now
 from controlroom.errors.read import groups, operations, queries
+from controlroom.runtime.clock import utc_now
 
 router = APIRouter(tags=["recoverability"])
 

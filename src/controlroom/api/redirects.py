@@ -33,9 +33,9 @@ from controlroom.api.errors import (
     paged_response,
 )
 from controlroom.db.engine import begin_write
-from controlroom.errors.ingest.writer import utc_now
 from controlroom.errors.read import queries, redirects
 from controlroom.errors.retries import requests as retries
+from controlroom.runtime.clock import utc_now
 
 router = APIRouter(tags=["redirects"])
 

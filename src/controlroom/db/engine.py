@@ -1,5 +1,5 @@
-"""Engines for every supported provider, and write transactions replayed on transient
-errors.
+"""Engines for every supported provider, write transactions replayed on transient
+errors, and the retry policy of a whole batch (``retry_transient``).
 
 The provider applies its own connection rules (``Provider.create_engine``); see
 ``controlroom.db.providers``.
@@ -7,6 +7,9 @@ The provider applies its own connection rules (``Provider.create_engine``); see
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -19,8 +22,11 @@ from controlroom.db.providers import provider_named
 from controlroom.db.transactions import begin_write
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
-__all__ = ["begin_write", "create_store_engine", "normalize_database_url", "run_write_transaction"]
+__all__ = ["begin_write", "create_store_engine", "normalize_database_url", "retry_transient",
+    "run_write_transaction",
+]
 
 
 def normalize_database_url(url: str) -> sa.URL:
@@ -53,3 +59,25 @@ def run_write_transaction(engine: sa.Engine, work: Callable[[sa.Connection], T])
         with attempt, begin_write(engine) as conn:
             return work(conn)
     raise AssertionError("unreachable: tenacity either returns or reraises")
+
+
+def retry_transient(
+    *, max_backoff_seconds: float = 30.0, stop_event: threading.Event | None = None
+) -> tenacity.Retrying:
+    """Retry policy for a whole batch: transient store errors only, capped back-off.
+
+    Retries until ``stop_event`` is set (forever without one); DESIGN.md "Transient
+    failures": the batch is idempotent, so a replay after an ambiguous commit is harmless.
+    """
+    stop: tenacity.stop.stop_base = (
+        tenacity.stop_when_event_set(stop_event) if stop_event else tenacity.stop_never
+    )
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_transient),
+        wait=tenacity.wait_exponential(multiplier=0.1, max=max_backoff_seconds),
+        stop=stop,
+        reraise=True,
+        # Sleep on the event so that stopping interrupts a long back-off at once.
+        sleep=stop_event.wait if stop_event else time.sleep,
+        before_sleep=tenacity.before_sleep_log(log, logging.WARNING),
+    )

@@ -43,8 +43,8 @@ from controlroom.db.tables import (
 )
 from controlroom.errors import activity
 from controlroom.errors.ingest.bodies import BodyStore
-from controlroom.errors.ingest.writer import Clock, utc_now
 from controlroom.exceptions import BodyStoreError
+from controlroom.runtime.clock import Clock, utc_now
 
 log = logging.getLogger(__name__)
 

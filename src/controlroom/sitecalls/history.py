@@ -23,7 +23,7 @@ from controlroom.config import Settings
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import kpi_samples
 from controlroom.db.transactions import begin_write
-from controlroom.errors.ingest.writer import Clock, utc_now
+from controlroom.runtime.clock import Clock, utc_now
 from controlroom.sitecalls.kpis import KpiReport, measure_kpis
 
 log = logging.getLogger(__name__)

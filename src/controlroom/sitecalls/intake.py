@@ -20,7 +20,7 @@ import sqlalchemy as sa
 import tenacity
 
 from controlroom.config import Settings
-from controlroom.errors.ingest.writer import retry_transient
+from controlroom.db.engine import retry_transient
 from controlroom.sitecalls.contract import (
     TelemetryRejected,
     packet_bytes,

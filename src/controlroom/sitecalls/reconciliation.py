@@ -37,8 +37,8 @@ from controlroom.config import ConfiguredSite, Settings
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import site_reconciliation
 from controlroom.db.transactions import begin_write
-from controlroom.errors.ingest.writer import Clock, utc_now
 from controlroom.events import Category, Severity, record_event
+from controlroom.runtime.clock import Clock, utc_now
 from controlroom.sitecalls.contract import as_utc, foreign_source
 from controlroom.sitecalls.cursor import Cursor, PinChange, judge_page, pin_change
 from controlroom.sitecalls.intake import make_writer, receive_json

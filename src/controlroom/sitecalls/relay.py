@@ -27,8 +27,8 @@ from controlroom.config import Settings
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import site_calls
 from controlroom.db.transactions import begin_write
-from controlroom.errors.ingest.writer import Clock, utc_now
 from controlroom.events import Category, Severity, record_event
+from controlroom.runtime.clock import Clock, utc_now
 from controlroom.sitecalls.ordering import SiteCallStatus
 from controlroom.sitecalls.reconciliation import site_headers
 

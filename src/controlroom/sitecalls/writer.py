@@ -34,12 +34,13 @@ import sqlalchemy as sa
 import tenacity
 from prometheus_client import Counter
 
+from controlroom.db.engine import retry_transient
 from controlroom.db.errors import classify_store_error
 from controlroom.db.providers import Provider, chunked, provider_for
 from controlroom.db.tables import rejected_telemetry
 from controlroom.db.transactions import begin_write
-from controlroom.errors.ingest.writer import Clock, retry_transient, utc_now
 from controlroom.exceptions import ControlroomError, ErrorKind
+from controlroom.runtime.clock import Clock, utc_now
 from controlroom.sitecalls.contract import TelemetryPacket, foreign_source, rejection_id
 from controlroom.sitecalls.ordering import fold_states
 from controlroom.sitecalls.upsert import stored_owners, upsert_site_calls

@@ -20,9 +20,9 @@ from fastapi import APIRouter, Depends, Form, HTTPException, Request
 from fastapi.responses import Response
 
 from controlroom.db.engine import begin_write, run_write_transaction
-from controlroom.errors.ingest.writer import utc_now
 from controlroom.errors.read import endpoints, operations
 from controlroom.errors.retries import requests as retries
+from controlroom.runtime.clock import utc_now
 from controlroom.transport.base import TransportError
 from controlroom.web.console import actor, api_state, redirect, render
 from controlroom.web.pages import safe_next

@@ -28,18 +28,15 @@ import sqlalchemy as sa
 from prometheus_client import Counter, Gauge, Histogram
 
 from controlroom.config import Settings
+from controlroom.db.engine import retry_transient
 from controlroom.db.errors import classify_store_error
 from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.errors.ingest.identity import failed_import_id
 from controlroom.errors.ingest.parsing import is_retry_confirmation, parse_failed_message
-from controlroom.errors.ingest.writer import (
-    FailedMessageBatchWriter,
-    IngestionBatch,
-    retry_transient,
-    utc_now,
-)
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
 from controlroom.exceptions import ErrorKind, MessageRejected
+from controlroom.runtime.clock import utc_now
 from controlroom.transport.base import Delivery, QueueDepth, Transport, TransportError
 from controlroom.transport.batching import (  # IntakeClosed: raised by run()
     DeliveryBatcher,

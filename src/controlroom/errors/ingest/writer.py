@@ -13,19 +13,16 @@ bodies are made sure of against the retention sweep's body collector
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
 import tenacity
 
-from controlroom.db.engine import begin_write
-from controlroom.db.errors import is_transient
+from controlroom.db.engine import begin_write, retry_transient
 from controlroom.db.providers import Provider, chunked, provider_for
 from controlroom.db.tables import (
     GROUP_COPIES,
@@ -47,15 +44,9 @@ from controlroom.errors.ingest.upsert import (
     upsert_failed_messages,
 )
 from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
+from controlroom.runtime.clock import Clock, utc_now
 
 log = logging.getLogger(__name__)
-
-Clock = Callable[[], datetime]
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
-
 
 @dataclass
 class IngestionBatch:
@@ -73,28 +64,6 @@ class IngestionBatch:
             + len(self.confirmed_retries)
             + len(self.failed_imports)
         )
-
-
-def retry_transient(
-    *, max_backoff_seconds: float = 30.0, stop_event: threading.Event | None = None
-) -> tenacity.Retrying:
-    """Retry policy for a whole batch: transient store errors only, capped back-off.
-
-    Retries until ``stop_event`` is set (forever without one); DESIGN.md "Transient
-    failures": the batch is idempotent, so a replay after an ambiguous commit is harmless.
-    """
-    stop: tenacity.stop.stop_base = (
-        tenacity.stop_when_event_set(stop_event) if stop_event else tenacity.stop_never
-    )
-    return tenacity.Retrying(
-        retry=tenacity.retry_if_exception(is_transient),
-        wait=tenacity.wait_exponential(multiplier=0.1, max=max_backoff_seconds),
-        stop=stop,
-        reraise=True,
-        # Sleep on the event so that stopping interrupts a long back-off at once.
-        sleep=stop_event.wait if stop_event else time.sleep,
-        before_sleep=tenacity.before_sleep_log(log, logging.WARNING),
-    )
 
 
 class FailedMessageBatchWriter:

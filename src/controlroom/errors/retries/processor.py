@@ -58,12 +58,12 @@ from controlroom.db.tables import (
 from controlroom.errors import activity
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.ingest.bodies import BodyNotFoundError, BodyStore
-from controlroom.errors.ingest.writer import Clock, utc_now
 from controlroom.errors.read.redirects import redirect_targets
 from controlroom.errors.retries import wire as retry_wire
 from controlroom.errors.retries.requests import BatchStatus, complete_operation_if_finished
 from controlroom.errors.retries.wire import UnsendableMessage
 from controlroom.exceptions import ControlroomError
+from controlroom.runtime.clock import Clock, utc_now
 from controlroom.transport.base import Transport
 
 log = logging.getLogger(__name__)

@@ -51,11 +51,11 @@ from controlroom.db.tables import (
 )
 from controlroom.errors import activity
 from controlroom.errors.ingest.headers import CONTENT_TYPE, header_text, parse_guid
-from controlroom.errors.ingest.writer import Clock, utc_now
 from controlroom.errors.read.redirects import redirect_targets
 from controlroom.errors.retries import wire as retry_wire
 from controlroom.errors.retries.claims import claim_messages
 from controlroom.exceptions import ControlroomError
+from controlroom.runtime.clock import Clock, utc_now
 from controlroom.transport.base import Transport
 
 fm = failed_messages.c

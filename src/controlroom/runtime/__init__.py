@@ -1,0 +1,1 @@
+"""What every part of the service uses at run time: the clock, periodic tasks."""
