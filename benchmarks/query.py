@@ -78,7 +78,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 
-from controlroom.api import create_app
+from controlroom.app import create_app
 from controlroom.config import IngestionSettings, Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database

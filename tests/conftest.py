@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from controlroom.api import create_app
+from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database

@@ -31,9 +31,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from controlroom import __version__
-from controlroom.api import create_app, database_check
+from controlroom.api import database_check
 from controlroom.api.auth import ensure_serving_is_protected
 from controlroom.api.guard import HostGuard
+from controlroom.app import create_app
 from controlroom.client import open_transport, publish_failed_message
 from controlroom.config import Settings, load_settings
 from controlroom.db.engine import create_store_engine

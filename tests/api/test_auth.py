@@ -16,11 +16,11 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from controlroom import cli
-from controlroom.api import create_app
 from controlroom.api.auth import (
     ensure_serving_is_protected,
     is_loopback,
 )
+from controlroom.app import create_app
 from controlroom.config import AuthToken, Settings
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.exceptions import ConfigurationError

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from controlroom.api import create_app
+from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.identity import unique_message_id

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from controlroom.api import create_app
+from controlroom.app import create_app
 from controlroom.config import AuthToken, Settings
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors.ingest.bodies import FileSystemBodyStore

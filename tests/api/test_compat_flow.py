@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
-from controlroom.api import create_app
+from controlroom.app import create_app
 from controlroom.client import publish_failed_message
 from controlroom.config import Settings
 from controlroom.errors.ingest.bodies import FileSystemBodyStore

@@ -9,8 +9,8 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from controlroom.api import create_app
 from controlroom.api.configuration import dotnet_timespan
+from controlroom.app import create_app
 from controlroom.config import AuthToken, IngestionSettings, Settings
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from schemathesis import GenerationMode
 from schemathesis.python import asgi
 
-from controlroom.api import create_app
+from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database

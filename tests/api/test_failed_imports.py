@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from controlroom import events
-from controlroom.api import create_app
+from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import make_failed_import

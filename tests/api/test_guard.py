@@ -8,8 +8,8 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from controlroom.api import create_app
 from controlroom.api.guard import HostGuard
+from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 

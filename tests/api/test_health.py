@@ -8,7 +8,8 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from controlroom.api import create_app, database_check, health
+from controlroom.api import database_check, health
+from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.errors.ingest.bodies import FileSystemBodyStore

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from starlette.types import Message, Receive, Scope, Send
 
-from controlroom.api import create_app
+from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 

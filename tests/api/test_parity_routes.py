@@ -8,7 +8,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from controlroom.api import create_app
+from controlroom.app import create_app
 from controlroom.config import AuthToken, Settings
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.parsing import parse_failed_message

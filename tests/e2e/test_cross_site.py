@@ -21,8 +21,8 @@ import pytest
 import sqlalchemy as sa
 import uvicorn
 
-from controlroom.api import create_app
 from controlroom.api.guard import HostGuard
+from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.db.tables import (
     FailedMessageStatus,

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from fastapi import FastAPI
 from pydantic import AwareDatetime
 
-from controlroom.api import create_app
+from controlroom.app import create_app
 from controlroom.config import ConfiguredSite, Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
-from controlroom.api import create_app
+from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors.ingest.bodies import FileSystemBodyStore

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import sqlalchemy as sa
 
-from controlroom.api import create_app
+from controlroom.app import create_app
 from controlroom.client import confirm_successful_retry
 from controlroom.config import Settings
 from controlroom.db.providers import provider_for

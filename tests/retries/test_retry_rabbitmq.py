@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from controlroom.api import create_app
+from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.db.tables import FailedMessageStatus, failed_messages
 from controlroom.errors.ingest.bodies import FileSystemBodyStore

@@ -134,7 +134,7 @@ def test_kpis_and_history_over_http(
 def test_posting_telemetry_needs_the_operator_role(
     tmp_path, engine: sa.Engine, database_url: str
 ) -> None:
-    from controlroom.api import create_app
+    from controlroom.app import create_app
     from controlroom.errors.ingest.bodies import FileSystemBodyStore
 
     settings = Settings(

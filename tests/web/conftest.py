@@ -27,7 +27,7 @@ import pytest
 import sqlalchemy as sa
 import uvicorn
 
-from controlroom.api import create_app
+from controlroom.app import create_app
 from controlroom.client import publish_failed_message
 from controlroom.config import Settings
 from controlroom.db.tables import failed_messages

@@ -13,12 +13,12 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from controlroom.api import create_app
+from controlroom.app import create_app
 from controlroom.config import AuthToken, Settings
 from controlroom.db.tables import FailedMessageStatus, failed_messages
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
-from controlroom.web.pages import safe_next
+from controlroom.web.common import safe_next
 from tests.factories import at, endpoint
 from tests.nsb import failed_headers
 from tests.retries.conftest import store_failed

@@ -1,7 +1,8 @@
 """The HTTP API (FastAPI), following ServiceControl's conventions: snake_case JSON,
-``Total-Count`` and ``Link`` paging headers, ISO 8601 UTC times ending in ``Z``."""
+``Total-Count`` and ``Link`` paging headers, ISO 8601 UTC times ending in ``Z``.
 
-from controlroom.api.app import create_app
+The routers live here; ``controlroom.app.create_app`` assembles them with the console."""
+
 from controlroom.api.health import HealthCheck, database_check
 
-__all__ = ["HealthCheck", "create_app", "database_check"]
+__all__ = ["HealthCheck", "database_check"]

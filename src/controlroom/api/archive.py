@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 from pydantic import AliasChoices, BaseModel, Field, model_validator
 
 from controlroom.api.auth import current_principal
-from controlroom.api.errors import FailedMessageId, parse_modified_range
+from controlroom.api.parameters import FailedMessageId
 from controlroom.api.recoverability import (
     Classifier,
     ClassifierFilter,
@@ -42,6 +42,7 @@ from controlroom.api.recoverability import (
 from controlroom.db.engine import run_write_transaction
 from controlroom.errors import activity
 from controlroom.errors.read import groups, operations
+from controlroom.errors.read.filters import parse_modified_range
 from controlroom.runtime.clock import utc_now
 
 router = APIRouter(tags=["archive"])

@@ -1,7 +1,8 @@
 """Bearer-token authentication and role checks, applied to every route of the app.
 
-Tokens come from the settings (``auth_tokens``: name, token, role). Roles, each with the
-rights of the ones before it:
+Tokens come from the settings (``auth_tokens``: name, token, role), looked up in the
+token table of ``controlroom.http.auth``. Roles, each with the rights of the ones before
+it:
 
 - ``reader``: ``GET``, ``HEAD`` (and ``OPTIONS``);
 - ``operator``: any other method (archive, retry, resolve, comment, edit);
@@ -14,87 +15,26 @@ token the API is open (every caller acts as ``admin``): the embedded default, wh
 ``/api/health`` stays open so that monitoring needs no token, and
 ``/api/authentication/configuration`` so that a client can learn whether it needs one.
 
-Tokens are compared with ``hmac.compare_digest`` against every configured token, so the
-time taken says nothing about which token, or how much of one, matched. Tokens are never
-logged or echoed; the caller is named by its token's ``name``.
+Tokens are compared in constant time (``TokenTable.find``), never logged or echoed; the
+caller is named by its token's ``name``.
 """
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final
 
 from fastapi import Depends, HTTPException, Request
 
-from controlroom.config import AuthToken, Role, Settings
+from controlroom.config import Role, Settings
 from controlroom.exceptions import ConfigurationError
+from controlroom.http.auth import ANONYMOUS, Principal, TokenTable
 
-ROLE_RANK: Final[dict[Role, int]] = {"reader": 0, "operator": 1, "admin": 2}
 READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 OPEN_PATHS: Final = frozenset({"/api/health", "/api/authentication/configuration"})
 """Request paths (below any root path) served without a token."""
 
 _CHALLENGE = 'Bearer realm="controlroom"'
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who is calling: the configured token's name and role."""
-
-    name: str
-    role: Role
-
-    def may(self, role: Role) -> bool:
-        """True when this principal has at least the rights of ``role``."""
-        return ROLE_RANK[self.role] >= ROLE_RANK[role]
-
-
-ANONYMOUS: Final = Principal(name="anonymous", role="admin")
-"""The caller of an open API (no token configured): everything is allowed."""
-
-
-class TokenTable:
-    """The configured tokens, ready for constant-time lookup."""
-
-    def __init__(self, tokens: Sequence[AuthToken]) -> None:
-        self._entries = [
-            (entry.token.get_secret_value().encode("utf-8"), Principal(entry.name, entry.role))
-            for entry in tokens
-        ]
-
-    @property
-    def open(self) -> bool:
-        """True when no token is configured: the API does not authenticate."""
-        return not self._entries
-
-    def find(self, presented: str) -> Principal | None:
-        """The principal whose token is ``presented``, ``None`` for an unknown token.
-
-        Compares against every entry, in constant time each, and does not stop at a
-        match, so the time taken does not depend on which entry matched.
-        """
-        candidate = presented.encode("utf-8")
-        found = None
-        for secret, principal in self._entries:
-            if hmac.compare_digest(secret, candidate):
-                found = principal
-        return found
-
-    def named(self, name: str) -> tuple[Principal, bytes] | None:
-        """The principal called ``name`` and its token (the console derives the key that
-        signs that principal's session from it), ``None`` when no token has this name."""
-        for secret, principal in self._entries:
-            if principal.name == name:
-                return principal, secret
-        return None
-
-
-def token_table(settings: Settings) -> TokenTable:
-    """The token table of ``settings`` (``create_app`` keeps it on ``app.state.auth``)."""
-    return TokenTable(settings.auth_tokens)
 
 
 # --- dependencies -------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from controlroom.api.errors import LIST_RESPONSES
+from controlroom.api.paging import LIST_RESPONSES
 from controlroom.config import Settings
 
 VERSION_HEADER: Final = "X-Particular-Version"

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, TypeAdapter, model_validator
 
 from controlroom.api.auth import current_principal, require_admin
-from controlroom.api.errors import LIST_RESPONSES, PagingParams, paged_response
+from controlroom.api.paging import LIST_RESPONSES, PagingParams, paged_response
 from controlroom.db.engine import begin_write
 from controlroom.errors import activity
 from controlroom.errors.read import endpoints

@@ -14,7 +14,8 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, TypeAdapter
 
 from controlroom import events
-from controlroom.api.errors import LIST_RESPONSES, PagingParams, UtcTimestamp, paged_response
+from controlroom.api.paging import LIST_RESPONSES, PagingParams, paged_response
+from controlroom.api.views import UtcTimestamp
 
 router = APIRouter(tags=["event log"])
 

@@ -23,7 +23,8 @@ from fastapi import APIRouter, HTTPException, Path, Request, Response
 from pydantic import BaseModel, TypeAdapter
 
 from controlroom.api.auth import current_principal
-from controlroom.api.errors import LIST_RESPONSES, PagingParams, UtcTimestamp, paged_response
+from controlroom.api.paging import LIST_RESPONSES, PagingParams, paged_response
+from controlroom.api.views import UtcTimestamp
 from controlroom.errors.ingest import reimport
 from controlroom.errors.ingest.reimport import ReimportOutcome
 from controlroom.transport.base import Transport

@@ -87,7 +87,7 @@ class AuthenticateFirst:
         # Only methods that carry a body: reads cost nothing to refuse later, and an
         # unmatched GET keeps its 404. Only the API's paths: the console (every other
         # path, ``web/console.py``) authenticates by its session cookie, which it checks
-        # before reading a form (``console.actor``), not by a bearer token.
+        # before reading a form (``web.common.actor``), not by a bearer token.
         if (
             scope["type"] == "http"
             and scope["method"] in ("POST", "PUT", "PATCH", "DELETE")

@@ -23,17 +23,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, TypeAdapter
 
 from controlroom.api.auth import current_principal
-from controlroom.api.errors import (
-    LIST_RESPONSES,
-    FailedMessageListItem,
-    FilterParams,
-    OrderingParams,
-    PagingParams,
-    UtcTimestamp,
-    exact_count_limit,
-    list_item,
-    paged_response,
-)
+from controlroom.api.paging import LIST_RESPONSES, PagingParams, exact_count_limit, paged_response
+from controlroom.api.parameters import FilterParams, OrderingParams
+from controlroom.api.views import FailedMessageListItem, UtcTimestamp, list_item
 from controlroom.db.engine import begin_write, run_write_transaction
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors import activity

@@ -26,12 +26,8 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, TypeAdapter
 
-from controlroom.api.errors import (
-    LIST_RESPONSES,
-    PagingParams,
-    UtcTimestamp,
-    paged_response,
-)
+from controlroom.api.paging import LIST_RESPONSES, PagingParams, paged_response
+from controlroom.api.views import UtcTimestamp
 from controlroom.db.engine import begin_write
 from controlroom.errors.read import queries, redirects
 from controlroom.errors.retries import requests as retries

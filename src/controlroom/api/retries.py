@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from controlroom.api.archive import QueueWindow
-from controlroom.api.errors import UtcTimestamp
+from controlroom.api.views import UtcTimestamp
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors.read import queries
 from controlroom.errors.retries import requests as retries

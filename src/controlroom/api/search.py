@@ -23,15 +23,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, TypeAdapter
 
-from controlroom.api.errors import (
-    LIST_RESPONSES,
+from controlroom.api.paging import LIST_RESPONSES, PagingParams, exact_count_limit, paged_response
+from controlroom.api.parameters import ordering
+from controlroom.api.views import (
     EndpointDetails,
-    PagingParams,
     UtcTimestamp,
     body_url,
-    exact_count_limit,
-    ordering,
-    paged_response,
     receiving_endpoint,
     sending_endpoint,
 )

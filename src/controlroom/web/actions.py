@@ -24,8 +24,7 @@ from controlroom.errors.read import endpoints, operations
 from controlroom.errors.retries import requests as retries
 from controlroom.runtime.clock import utc_now
 from controlroom.transport.base import TransportError
-from controlroom.web.console import actor, api_state, redirect, render
-from controlroom.web.pages import safe_next
+from controlroom.web.common import actor, api_state, redirect, render, safe_next
 from controlroom.web.session import (
     COOKIE_NAME,
     CSRF_FIELD,

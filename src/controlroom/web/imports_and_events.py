@@ -21,7 +21,7 @@ from controlroom import events
 from controlroom.errors.ingest import reimport
 from controlroom.errors.ingest.reimport import ReimportOutcome
 from controlroom.transport.base import Transport, TransportError
-from controlroom.web.console import EXTRA_NAV, actor, api_state, redirect, render, viewer
+from controlroom.web.common import EXTRA_NAV, actor, api_state, redirect, render, viewer
 from controlroom.web.session import Session
 
 router = APIRouter(include_in_schema=False)

@@ -17,18 +17,14 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response
 
-from controlroom.api.errors import (
-    body_response_headers,
-    parse_modified_range,
-    parse_status_filter,
-    read_body_bytes,
-)
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors.ingest.headers import content_encoding
 from controlroom.errors.read import endpoints, groups, queries
+from controlroom.errors.read.filters import parse_modified_range, parse_status_filter
 from controlroom.errors.retries import requests as retries
+from controlroom.http.bodies import body_response_headers, read_body_bytes
 from controlroom.web.bodies import view_body
-from controlroom.web.console import api_state, render, viewer
+from controlroom.web.common import api_state, render, safe_next, viewer
 from controlroom.web.session import Session
 from controlroom.web.sitecall_pages import kpi_context
 
@@ -278,14 +274,6 @@ def docs(request: Request) -> Response:
 
 
 # --- helpers ------------------------------------------------------------------------------
-def safe_next(target: str) -> str:
-    """A console path to return to after signing in; anything else (another site,
-    ``//host``, a scheme) becomes ``/``."""
-    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
-        return target
-    return "/"
-
-
 def _message_filter(
     status: str, failed_from: str, failed_to: str, group: str, endpoint: str
 ) -> queries.FailedMessageFilter:

@@ -29,7 +29,7 @@ from typing import Final
 from starlette.requests import Request
 from starlette.responses import Response
 
-from controlroom.api.auth import ANONYMOUS, Principal, TokenTable
+from controlroom.http.auth import ANONYMOUS, Principal, TokenTable
 
 COOKIE_NAME: Final = "controlroom_session"
 SESSION_SECONDS: Final = 12 * 3600

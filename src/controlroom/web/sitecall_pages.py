@@ -27,7 +27,7 @@ from controlroom.sitecalls.ordering import Channel, SiteCallStatus
 from controlroom.sitecalls.reconciliation import site_states
 from controlroom.sitecalls.relay import Command, RelayOutcome, relay_command
 from controlroom.web import charts
-from controlroom.web.console import EXTRA_NAV, actor, api_state, render, viewer
+from controlroom.web.common import EXTRA_NAV, actor, api_state, render, viewer
 from controlroom.web.session import Session
 
 router = APIRouter(include_in_schema=False)

@@ -1,4 +1,7 @@
-"""The FastAPI application: routers under ``/api``, dependencies on ``app.state``."""
+"""The one place the HTTP application is assembled: the API's routers under ``/api``
+(``controlroom.api``), the console as their fallback (``controlroom.web``), the
+middleware and the error handlers; dependencies on ``app.state``. Above both halves,
+so neither the API nor the console imports the other."""
 
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from controlroom.config import Settings
 from controlroom.db.errors import classify_store_error
 from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.exceptions import ErrorKind
+from controlroom.http.auth import token_table
 from controlroom.sitecalls.reconciliation import ReconciliationService
 from controlroom.transport.base import Transport
 from controlroom.validation_answers import install_validation_answer
@@ -74,7 +78,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
     )
-    app.state.auth = auth.token_table(settings)
+    app.state.auth = token_table(settings)
     app.state.settings = settings
     app.state.engine = engine
     app.state.body_store = body_store

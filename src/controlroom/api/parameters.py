@@ -1,0 +1,113 @@
+"""The failed-message query parameters of the API, read with ServiceControl's leniency:
+``sort``/``direction``, ``status``, ``modified`` and ``queueaddress``, a failed message's
+id in the path. Bad input is a 422 naming the parameter, in FastAPI's
+``{"detail": [{"loc": [...], "msg": ...}]}`` shape.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from typing import Annotated
+
+from fastapi import Depends, Path, Query
+from fastapi.exceptions import RequestValidationError
+
+from controlroom.errors.read import queries
+from controlroom.errors.read.filters import parse_modified_range, parse_status_filter
+
+FailedMessageId = Annotated[
+    uuid.UUID, Path(alias="id", description="The failed message's id (UniqueMessageId).")
+]
+
+
+def invalid_parameter(location: str, name: str, value: object, message: str) -> Exception:
+    """A 422 naming the parameter, in the shape of FastAPI's own validation errors."""
+    return RequestValidationError(
+        [{"type": "value_error", "loc": (location, name), "msg": message, "input": value}]
+    )
+
+
+def no_nul(location: str, name: str, value: str | None) -> str | None:
+    """``value`` itself; raises a 422 naming the parameter when it holds a NUL."""
+    # Stored text never holds NUL (PostgreSQL cannot), so such a value is a client error.
+    if value is not None and "\x00" in value:
+        raise invalid_parameter(location, name, value, "must not contain the NUL character")
+    return value
+
+
+def ordering(
+    sort: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description="Sort key: " + ", ".join(queries.SORT_KEYS) + f"; empty or any other "
+            f"value sorts by {queries.DEFAULT_SORT} (ServiceControl's leniency). Ties are "
+            "broken by id in the same direction.",
+        ),
+    ] = None,
+    direction: Annotated[
+        str | None,
+        Query(max_length=200, description="asc or desc; any other value reads as desc."),
+    ] = None,
+) -> queries.Ordering:
+    """The ``sort`` and ``direction`` query parameters (a FastAPI dependency). Unknown
+    values are the defaults, never a refusal: ServiceControl's ``GetSortInfo``."""
+    key = next((known for known in queries.SORT_KEYS if known == sort), queries.DEFAULT_SORT)
+    return queries.Ordering(key=key, descending=direction != "asc")
+
+
+def message_filter(
+    status: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description="Comma-separated statuses to include (unresolved, resolved, "
+            "retryIssued, archived; any case); a '-' prefix excludes one, e.g. '-archived'.",
+        ),
+    ] = None,
+    modified: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description="Last-modified range '<ISO from>...<ISO to>', both bounds inclusive; "
+            "a time without an offset is UTC; one side may be empty.",
+            examples=["2026-01-01T00:00:00Z...2026-01-31T23:59:59Z"],
+        ),
+    ] = None,
+    queueaddress: Annotated[
+        str | None,
+        Query(
+            max_length=400,
+            description="Only failures from this queue (any case); empty: no filter.",
+        ),
+    ] = None,
+    queue_address_camel: Annotated[
+        str | None,
+        Query(alias="queueAddress", max_length=400, description="Same as queueaddress."),
+    ] = None,
+) -> queries.FailedMessageFilter:
+    """The ``status``, ``modified`` and ``queueaddress`` query parameters (a dependency).
+
+    ServiceControl's leniency: unknown statuses are ignored, an empty queue address is no
+    filter, and the address is also read as ``queueAddress``. Raises a 422 naming
+    ``modified`` when it cannot be read.
+    """
+    address = queueaddress if queueaddress is not None else queue_address_camel
+    where = queries.FailedMessageFilter(
+        queue_address=no_nul("query", "queueaddress", address) or None
+    )
+    if status is not None:
+        included, excluded = parse_status_filter(status)
+        where = replace(where, statuses=included, excluded_statuses=excluded)
+    if modified is not None:
+        try:
+            start, end = parse_modified_range(modified)
+        except ValueError as exc:
+            raise invalid_parameter("query", "modified", modified, str(exc)) from None
+        where = replace(where, modified_from=start, modified_to=end)
+    return where
+
+
+OrderingParams = Annotated[queries.Ordering, Depends(ordering)]
+FilterParams = Annotated[queries.FailedMessageFilter, Depends(message_filter)]

@@ -1,0 +1,125 @@
+"""What every console page and action uses: the templates, who is asking (``viewer``,
+``actor``), rendering and redirects. The routers (``pages``, ``actions``,
+``sitecall_pages``, ``imports_and_events``) import these; ``console`` mounts the routers.
+This module imports no router, so the imports run one way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final
+
+import jinja2
+from fastapi import HTTPException, Request
+from fastapi.responses import RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from controlroom import __version__
+from controlroom.http.auth import ANONYMOUS, ROLE_RANK
+from controlroom.web import filters
+from controlroom.web.session import (
+    COOKIE_NAME,
+    CSRF_FIELD,
+    CSRF_HEADER,
+    Session,
+    SessionSigner,
+    csrf_matches,
+)
+
+WEB_DIR: Final = Path(__file__).parent
+# Autoescape everything: every value from a message is text, never markup.
+templates = Jinja2Templates(
+    env=jinja2.Environment(loader=jinja2.FileSystemLoader(WEB_DIR / "templates"), autoescape=True)
+)
+filters.install(templates.env)
+
+NavEntry = tuple[str, str]  # (label, path)
+EXTRA_NAV: list[NavEntry] = []
+"""Pages other features add to the navigation (site calls, audit log, failed imports,
+event log): each feature appends ``(label, path)`` when its page exists."""
+
+
+class SignInRequired(Exception):
+    """The page needs a session and there is none: redirect to the sign-in page."""
+
+
+# --- who is asking ------------------------------------------------------------------------
+def viewer(request: Request) -> Session:
+    """The session of a page request (a FastAPI dependency). On the open console a
+    request without one gets a new anonymous session (its cookie is set on the answer);
+    with tokens configured it is sent to the sign-in page."""
+    signer: SessionSigner = request.app.state.signer
+    session = signer.decode(request.cookies.get(COOKIE_NAME))
+    if session is None:
+        if not signer.open:
+            raise SignInRequired
+        session = signer.new_session(ANONYMOUS)
+        request.state.new_session = session
+    request.state.session = session
+    return session
+
+
+async def actor(request: Request) -> Session:
+    """The session of a state-changing request (a dependency): it must carry the
+    session's CSRF token (form field or header) and be an ``operator`` at least.
+
+    Raises ``HTTPException`` 403 (no session, a missing or wrong CSRF token, or a role
+    too low): the request changes nothing.
+    """
+    signer: SessionSigner = request.app.state.signer
+    session = signer.decode(request.cookies.get(COOKIE_NAME))
+    if session is None:
+        raise HTTPException(403, "no console session: sign in again")
+    presented = request.headers.get(CSRF_HEADER)
+    if presented is None:
+        form = await request.form()
+        field = form.get(CSRF_FIELD)
+        presented = field if isinstance(field, str) else None
+    if not csrf_matches(session, presented):
+        raise HTTPException(403, "the form's CSRF token is missing or wrong: reload the page")
+    if not session.principal.may("operator"):
+        raise HTTPException(
+            403,
+            f"{session.principal.name!r} has role {session.principal.role!r}; "
+            "this needs role 'operator'",
+        )
+    request.state.session = session
+    return session
+
+
+def api_state(request: Request) -> Any:
+    """The API app's state: ``engine``, ``body_store``, ``transport``, ``settings``..."""
+    return request.app.state.api
+
+
+# --- rendering ----------------------------------------------------------------------------
+def render(
+    request: Request, template: str, context: dict[str, Any] | None = None, status: int = 200
+) -> Response:
+    """``template`` with ``context`` plus what every page needs (the session, its CSRF
+    token, whether the viewer may act, the navigation)."""
+    session: Session | None = getattr(request.state, "session", None)
+    may_act = session is not None and ROLE_RANK[session.principal.role] >= ROLE_RANK["operator"]
+    full = {
+        "session": session,
+        "csrf_token": session.csrf_token if session else "",
+        "may_act": may_act,
+        "signed_in": session is not None and not request.app.state.signer.open,
+        "extra_nav": EXTRA_NAV,
+        "version": __version__,
+        **(context or {}),
+    }
+    return templates.TemplateResponse(request, template, full, status_code=status)
+
+
+def redirect(path: str) -> Response:
+    """303 to a console path (after a POST: the browser GETs the page again)."""
+    return RedirectResponse(path, status_code=303)
+
+
+def safe_next(target: str) -> str:
+    """A console path to return to after signing in; anything else (another site,
+    ``//host``, a scheme) becomes ``/``."""
+    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return "/"
