@@ -39,6 +39,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/ingest.py
