@@ -22,7 +22,6 @@ logged or echoed; the caller is named by its token's ``name``.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -31,6 +30,7 @@ from fastapi import Depends, HTTPException, Request
 
 from controlroom.config import AuthToken, Role, Settings
 from controlroom.exceptions import ConfigurationError
+from controlroom.runtime.addresses import is_loopback
 
 ROLE_RANK: Final[dict[Role, int]] = {"reader": 0, "operator": 1, "admin": 2}
 READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -162,18 +162,6 @@ def _forbidden(principal: Principal, needed: Role) -> HTTPException:
 
 
 # --- serve guard --------------------------------------------------------------------------
-def is_loopback(host: str) -> bool:
-    """True when ``host`` is a loopback address (``127.0.0.0/8``, ``::1``) or
-    ``localhost``. Other names are not resolved: a name is trusted as loopback only when
-    it is ``localhost`` itself."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def ensure_serving_is_protected(settings: Settings) -> None:
     """Refuse to serve an open API beyond this machine.
 
