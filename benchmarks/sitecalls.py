@@ -52,10 +52,10 @@ from controlroom.config import IngestionSettings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.tables import audit_log, site_calls
-from controlroom.sitecalls.contract import TelemetryPacket, validate_packet
 from controlroom.sitecalls.kpis import measure_kpis
-from controlroom.sitecalls.ordering import fold_states, supersedes
 from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter, audit_row, site_call_row
+from controlroom.telemetry.contract import TelemetryPacket, validate_packet
+from controlroom.telemetry.ordering import fold_states, supersedes
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 ADMIN_URL_ENV = "CONTROLROOM_BENCH_POSTGRESQL_URL"

@@ -16,14 +16,12 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from controlroom import cli
-from controlroom.api.auth import (
-    ensure_serving_is_protected,
-    is_loopback,
-)
+from controlroom.api.auth import ensure_serving_is_protected
 from controlroom.app import create_app
 from controlroom.config import AuthToken, Settings
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.exceptions import ConfigurationError
+from controlroom.runtime.addresses import is_loopback
 
 UNKNOWN = "00000000-0000-4000-8000-000000000000"
 TOKENS = {

@@ -20,7 +20,7 @@ from controlroom.site import (
     lifecycle,
 )
 from controlroom.site.lifecycle import PermanentFailure
-from controlroom.sitecalls.contract import validate_packet
+from controlroom.telemetry.contract import validate_packet
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

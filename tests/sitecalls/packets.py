@@ -9,9 +9,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from controlroom.db.tables import site_calls
-from controlroom.sitecalls.contract import validate_packet
-from controlroom.sitecalls.ordering import TERMINAL, SiteCallStatus
 from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
+from controlroom.telemetry.contract import validate_packet
+from controlroom.telemetry.ordering import TERMINAL, SiteCallStatus
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -100,8 +100,8 @@ def test_rabbitmq_telemetry_queue_is_drained_and_acknowledged(
 
 
 def test_the_demo_covers_every_scenario_with_valid_packets() -> None:
-    from controlroom.sitecalls.contract import validate_packet
-    from controlroom.sitecalls.ordering import fold_states
+    from controlroom.telemetry.contract import validate_packet
+    from controlroom.telemetry.ordering import fold_states
 
     packets = [validate_packet(p) for p in generate_demo_telemetry(8, seed=1, now=NOW)]
     by_call: dict[str, list] = {}

@@ -85,9 +85,9 @@ def test_the_upsert_guard_never_moves_a_call_to_another_site(engine, site_writer
     # The statement itself holds the owner, so a writer racing past the owner check (it
     # read no row yet) still cannot take the call over.
     from controlroom.db.providers import provider_for
-    from controlroom.sitecalls.contract import validate_packet
     from controlroom.sitecalls.upsert import upsert_site_calls
     from controlroom.sitecalls.writer import site_call_row
+    from controlroom.telemetry.contract import validate_packet
 
     write(site_writer, packet("Attempted", at=at(1)))
     foreign = validate_packet(packet("Parked", at=at(9), epoch=7, source_site="intruder"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlroom.sitecalls.contract import TelemetryRejected, parse_packet, validate_packet
+from controlroom.telemetry.contract import TelemetryRejected, parse_packet, validate_packet
 from tests.sitecalls.packets import packet
 
 EVENT_ID = "9a1c7e52-0b3d-4f8a-8e21-6d5b4c3a2f10"

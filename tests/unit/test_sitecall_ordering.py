@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from controlroom.db.providers import provider_for
-from controlroom.sitecalls.ordering import fold_states, ordering_key, supersedes
 from controlroom.sitecalls.upsert import upsert_statement
+from controlroom.telemetry.ordering import fold_states, ordering_key, supersedes
 
 T = datetime(2026, 12, 1, tzinfo=UTC)
 

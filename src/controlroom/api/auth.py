@@ -21,7 +21,6 @@ caller is named by its token's ``name``.
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Final
 
 from fastapi import Depends, HTTPException, Request
@@ -29,6 +28,7 @@ from fastapi import Depends, HTTPException, Request
 from controlroom.config import Role, Settings
 from controlroom.exceptions import ConfigurationError
 from controlroom.http.auth import ANONYMOUS, Principal, TokenTable
+from controlroom.runtime.addresses import is_loopback
 
 READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 OPEN_PATHS: Final = frozenset({"/api/health", "/api/authentication/configuration"})
@@ -102,18 +102,6 @@ def _forbidden(principal: Principal, needed: Role) -> HTTPException:
 
 
 # --- serve guard --------------------------------------------------------------------------
-def is_loopback(host: str) -> bool:
-    """True when ``host`` is a loopback address (``127.0.0.0/8``, ``::1``) or
-    ``localhost``. Other names are not resolved: a name is trusted as loopback only when
-    it is ``localhost`` itself."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def ensure_serving_is_protected(settings: Settings) -> None:
     """Refuse to serve an open API beyond this machine.
 

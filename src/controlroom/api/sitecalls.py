@@ -20,12 +20,12 @@ from pydantic import BaseModel
 
 from controlroom.config import Settings
 from controlroom.sitecalls import queries
-from controlroom.sitecalls.contract import UtcInstant
 from controlroom.sitecalls.history import SCOPES, read_series
 from controlroom.sitecalls.intake import make_writer, receive_json
 from controlroom.sitecalls.kpis import METRICS, measure_kpis
-from controlroom.sitecalls.ordering import Channel, SiteCallStatus
 from controlroom.sitecalls.writer import IngestBudgetExceeded
+from controlroom.telemetry.contract import UtcInstant
+from controlroom.telemetry.ordering import Channel, SiteCallStatus
 
 router = APIRouter(tags=["site calls"])
 

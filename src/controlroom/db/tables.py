@@ -17,6 +17,19 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from controlroom.db.types import SearchTermsText, SearchTermsVector, UtcDateTime
+from controlroom.telemetry.widths import (
+    ACTION_WIDTH,
+    ACTOR_WIDTH,
+    CATEGORY_WIDTH,
+    CHANNEL_WIDTH,
+    LAST_ERROR_WIDTH,
+    NODE_WIDTH,
+    OUTCOME_WIDTH,
+    SITE_WIDTH,
+    STATUS_WIDTH,
+    TARGET_WIDTH,
+    UUID_LEN,
+)
 
 metadata = sa.MetaData(
     naming_convention={
@@ -26,8 +39,6 @@ metadata = sa.MetaData(
         "pk": "pk_%(table_name)s",
     }
 )
-
-UUID_LEN = 36  # canonical "D" form, lower case
 
 
 class FailedMessageStatus(enum.IntEnum):
@@ -313,21 +324,23 @@ failed_error_imports = sa.Table(
 
 
 # --- site call audit (migration 0005) ------------------------------------------------------
-# Widths are characters (DESIGN.md "Site call audit" and issue 10); the telemetry contract
-# (``controlroom.sitecalls.contract``) reads them from these columns, so a value longer
-# than its column is refused before it reaches the store, on every provider.
+# Widths are characters (DESIGN.md "Site call audit" and issue 10), defined by the telemetry
+# contract (``controlroom.telemetry.widths``), which refuses a value longer than its column
+# before it reaches the store, on every provider.
 
 site_calls = sa.Table(
     "site_calls",
     metadata,
     sa.Column("tracked_operation_id", sa.String(UUID_LEN), primary_key=True),
-    sa.Column("channel", sa.String(32), nullable=False, comment="ApiOutbound | DbOutbound"),
-    sa.Column("target", sa.String(256), nullable=False),
-    sa.Column("source_site", sa.String(64), nullable=False),
-    sa.Column("source_node", sa.String(64)),
-    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column(
+        "channel", sa.String(CHANNEL_WIDTH), nullable=False, comment="ApiOutbound | DbOutbound"
+    ),
+    sa.Column("target", sa.String(TARGET_WIDTH), nullable=False),
+    sa.Column("source_site", sa.String(SITE_WIDTH), nullable=False),
+    sa.Column("source_node", sa.String(NODE_WIDTH)),
+    sa.Column("status", sa.String(STATUS_WIDTH), nullable=False),
     sa.Column("retry_count", sa.Integer, nullable=False),
-    sa.Column("last_error", sa.String(1024)),
+    sa.Column("last_error", sa.String(LAST_ERROR_WIDTH)),
     sa.Column("http_status", sa.Integer),
     sa.Column("created_at_utc", UtcDateTime, nullable=False),
     sa.Column("updated_at_utc", UtcDateTime, nullable=False),
@@ -342,13 +355,15 @@ audit_log = sa.Table(
     sa.Column("event_id", sa.String(UUID_LEN), primary_key=True),
     sa.Column("occurred_at_utc", UtcDateTime, nullable=False),
     sa.Column("ingested_at_utc", UtcDateTime, nullable=False),
-    sa.Column("actor", sa.String(256), nullable=False),
-    sa.Column("action", sa.String(64), nullable=False),
-    sa.Column("outcome", sa.String(16), nullable=False, comment="Success | Failure | Denied"),
-    sa.Column("category", sa.String(32), nullable=False),
-    sa.Column("target", sa.String(256)),
-    sa.Column("source_site", sa.String(64)),
-    sa.Column("source_node", sa.String(64)),
+    sa.Column("actor", sa.String(ACTOR_WIDTH), nullable=False),
+    sa.Column("action", sa.String(ACTION_WIDTH), nullable=False),
+    sa.Column(
+        "outcome", sa.String(OUTCOME_WIDTH), nullable=False, comment="Success | Failure | Denied"
+    ),
+    sa.Column("category", sa.String(CATEGORY_WIDTH), nullable=False),
+    sa.Column("target", sa.String(TARGET_WIDTH)),
+    sa.Column("source_site", sa.String(SITE_WIDTH)),
+    sa.Column("source_node", sa.String(NODE_WIDTH)),
     sa.Column("correlation_id", sa.String(UUID_LEN)),
     sa.Column("details_json", sa.Text),
     sa.Column("payload_truncated", sa.Boolean, nullable=False),
@@ -383,7 +398,7 @@ kpi_samples = sa.Table(
 site_reconciliation = sa.Table(
     "site_reconciliation",
     metadata,
-    sa.Column("site_id", sa.String(64), primary_key=True),
+    sa.Column("site_id", sa.String(SITE_WIDTH), primary_key=True),
     sa.Column("cursor_updated_at_utc", UtcDateTime, comment="last row pulled: its stamp"),
     sa.Column("cursor_tracked_operation_id", sa.String(UUID_LEN), comment="and its id"),
     sa.Column("last_pull_at_utc", UtcDateTime, comment="when the last pass ended"),

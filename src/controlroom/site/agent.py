@@ -30,7 +30,7 @@ from controlroom.site.config import SiteSettings
 from controlroom.site.lifecycle import CallState, CommandOutcome, Status, Transition
 from controlroom.site.store import DueCall, TrackingStore, state_from_row
 from controlroom.site.telemetry import telemetry_packet
-from controlroom.sitecalls.contract import check_actor
+from controlroom.telemetry.contract import check_actor
 
 Operation = Callable[[Any], object]
 """Makes one attempt of a call from its JSON payload; raises on failure
@@ -96,7 +96,7 @@ class SiteAgent:
     ) -> CallResult:
         """Record and attempt a cached call of ``operation`` with ``payload``
         (JSON-serializable) to ``target`` (as central's contract takes it:
-        ``sitecalls.contract.check_target``). ``operation`` is a registered name, or a
+        ``telemetry.contract.check_target``). ``operation`` is a registered name, or a
         function, registered here under its qualified name (register it at start-up too,
         so a restarted process can resume its buffered calls).
 

@@ -28,12 +28,12 @@ from datetime import datetime, timedelta
 
 import httpx
 
-from controlroom.sitecalls.contract import check_target
+from controlroom.telemetry.contract import check_target
+from controlroom.telemetry.ordering import Channel
+from controlroom.telemetry.widths import LAST_ERROR_WIDTH
 
 STAMP_RESOLUTION = timedelta(microseconds=1)
-LAST_ERROR_WIDTH = 1024
-"""Characters of ``last_error`` central stores (DESIGN.md ``site_calls``)."""
-CHANNELS = ("ApiOutbound", "DbOutbound")
+CHANNELS = tuple(channel.value for channel in Channel)
 _TRANSIENT_HTTP = frozenset({408, 425, 429})
 
 
@@ -151,7 +151,7 @@ def submitted(
 ) -> Transition:
     """The first state of a new cached call. Raises ``ValueError`` for a channel that is
     not ``ApiOutbound``/``DbOutbound`` or a target central's contract refuses
-    (``sitecalls.contract.check_target``: it would refuse every packet of the call)."""
+    (``telemetry.contract.check_target``: it would refuse every packet of the call)."""
     if channel not in CHANNELS:
         raise ValueError(f"channel must be one of {', '.join(CHANNELS)}, not {channel!r}")
     check_target(target)

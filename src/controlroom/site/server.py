@@ -29,13 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from controlroom.site.agent import CachedCallFailed, SiteAgent
 from controlroom.site.lifecycle import CommandOutcome
 from controlroom.site.telemetry import state_document
-from controlroom.sitecalls.contract import (
-    TARGET_WIDTH,
-    AuditActor,
-    CallTarget,
-    StorableText,
-    UtcInstant,
-)
+from controlroom.telemetry.contract import AuditActor, CallTarget, StorableText, UtcInstant
+from controlroom.telemetry.widths import TARGET_WIDTH
 from controlroom.validation_answers import install_validation_answer
 
 MAX_PAGE = 5000
@@ -56,7 +51,7 @@ def _authorize(request: Request) -> None:
 
 class Command(BaseModel):
     """An operator's command. ``operator`` becomes the audit event's actor, so it follows
-    central's contract (``sitecalls.contract``): what central would refuse is never applied
+    central's contract (``telemetry.contract``): what central would refuse is never applied
     here, where its audit record would then be lost."""
 
     model_config = ConfigDict(extra="forbid")

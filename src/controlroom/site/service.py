@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 
 import uvicorn
 
-from controlroom.api.auth import is_loopback
 from controlroom.exceptions import ConfigurationError
+from controlroom.runtime.addresses import is_loopback
 from controlroom.site.agent import SiteAgent
 from controlroom.site.config import SiteSettings
 from controlroom.site.outbox import OutboxSender

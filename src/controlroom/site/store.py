@@ -29,22 +29,33 @@ from controlroom.db.transactions import begin_write
 from controlroom.db.types import UtcDateTime
 from controlroom.exceptions import ConfigurationError
 from controlroom.site.lifecycle import DUE_STATUSES, CallState, Status, Transition, next_stamp
+from controlroom.telemetry.widths import (
+    CHANNEL_WIDTH,
+    LAST_ERROR_WIDTH,
+    NODE_WIDTH,
+    SITE_WIDTH,
+    STATUS_WIDTH,
+    TARGET_WIDTH,
+    UUID_LEN,
+)
 
 SCHEMA_VERSION = 1
 
 metadata = sa.MetaData()
 
+# A call's state in the telemetry contract's widths (central's ``site_calls`` has the same),
+# then what only the site keeps.
 tracked_operations = sa.Table(
     "tracked_operations",
     metadata,
-    sa.Column("tracked_operation_id", sa.String(36), primary_key=True),
-    sa.Column("channel", sa.String(32), nullable=False),
-    sa.Column("target", sa.String(256), nullable=False),
-    sa.Column("source_site", sa.String(64), nullable=False),
-    sa.Column("source_node", sa.String(64)),
-    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("tracked_operation_id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("channel", sa.String(CHANNEL_WIDTH), nullable=False),
+    sa.Column("target", sa.String(TARGET_WIDTH), nullable=False),
+    sa.Column("source_site", sa.String(SITE_WIDTH), nullable=False),
+    sa.Column("source_node", sa.String(NODE_WIDTH)),
+    sa.Column("status", sa.String(STATUS_WIDTH), nullable=False),
     sa.Column("retry_count", sa.Integer, nullable=False),
-    sa.Column("last_error", sa.String(1024)),
+    sa.Column("last_error", sa.String(LAST_ERROR_WIDTH)),
     sa.Column("http_status", sa.Integer),
     sa.Column("created_at_utc", UtcDateTime, nullable=False),
     sa.Column("updated_at_utc", UtcDateTime, nullable=False),
@@ -53,7 +64,7 @@ tracked_operations = sa.Table(
     sa.Column("operation", sa.String(200), nullable=False),
     sa.Column("payload_json", sa.Text, nullable=False),
     sa.Column("next_attempt_at_utc", UtcDateTime),
-    sa.Column("claimed_by", sa.String(36), comment="agent instance attempting it now"),
+    sa.Column("claimed_by", sa.String(UUID_LEN), comment="agent instance attempting it now"),
     # The pull contract's order, and the retry loop's scan of due calls.
     sa.Index("ix_tracked_operations_changes", "updated_at_utc", "tracked_operation_id"),
     sa.Index("ix_tracked_operations_due", "status", "next_attempt_at_utc"),

@@ -1,4 +1,5 @@
-"""The telemetry packet a site sends for each transition, in central's contract (pure).
+"""The telemetry packet a site sends for each transition, in the contract central
+validates it with (``controlroom.telemetry.contract``). Pure.
 
 Source: issue 10 "Telemetry contract": the call's whole state plus one audit event
 naming the transition. The event is idempotent at central on ``event_id``; its

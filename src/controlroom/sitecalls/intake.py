@@ -21,13 +21,13 @@ import tenacity
 
 from controlroom.config import Settings
 from controlroom.db.engine import retry_transient
-from controlroom.sitecalls.contract import (
+from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
+from controlroom.telemetry.contract import (
     TelemetryRejected,
     packet_bytes,
     parse_packet,
     validate_packet,
 )
-from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
 from controlroom.transport.base import Delivery, Transport
 from controlroom.transport.batching import DeliveryBatcher, ack_all, reject_all
 

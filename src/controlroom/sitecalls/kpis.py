@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 
 from controlroom.db.tables import site_calls
-from controlroom.sitecalls.ordering import BUFFERED, SiteCallStatus
+from controlroom.telemetry.ordering import BUFFERED, SiteCallStatus
 
 sc = site_calls.c
 

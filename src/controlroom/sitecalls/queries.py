@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from controlroom.db.tables import audit_log, rejected_telemetry, site_calls
 from controlroom.exceptions import ControlroomError
-from controlroom.sitecalls.contract import as_utc
+from controlroom.telemetry.contract import as_utc
 
 sc = site_calls.c
 al = audit_log.c

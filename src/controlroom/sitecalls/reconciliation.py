@@ -39,10 +39,10 @@ from controlroom.db.tables import site_reconciliation
 from controlroom.db.transactions import begin_write
 from controlroom.events import Category, Severity, record_event
 from controlroom.runtime.clock import Clock, utc_now
-from controlroom.sitecalls.contract import as_utc, foreign_source
 from controlroom.sitecalls.cursor import Cursor, PinChange, judge_page, pin_change
 from controlroom.sitecalls.intake import make_writer, receive_json
 from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
+from controlroom.telemetry.contract import as_utc, foreign_source
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from controlroom.db.tables import site_calls
 from controlroom.db.transactions import begin_write
 from controlroom.events import Category, Severity, record_event
 from controlroom.runtime.clock import Clock, utc_now
-from controlroom.sitecalls.ordering import SiteCallStatus
 from controlroom.sitecalls.reconciliation import site_headers
+from controlroom.telemetry.ordering import SiteCallStatus
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from controlroom.db.providers import provider_for
 from controlroom.db.tables import site_calls
 from controlroom.db.transactions import begin_write
 from controlroom.runtime.clock import Clock, utc_now
-from controlroom.sitecalls.ordering import TERMINAL
+from controlroom.telemetry.ordering import TERMINAL
 
 log = logging.getLogger(__name__)
 

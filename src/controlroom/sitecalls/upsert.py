@@ -7,7 +7,7 @@ loses the loser's state when two writers race the first packet of an id. Two ins
 one new id never fault: the database turns the loser's insert into the guarded update
 (``ON CONFLICT ... DO UPDATE ... WHERE``), which reads the row the winner committed.
 
-The guard is ``controlroom.sitecalls.ordering.supersedes`` in SQL; it reads the stored,
+The guard is ``controlroom.telemetry.ordering.supersedes`` in SQL; it reads the stored,
 pre-update row (the table's columns) against the incoming one. It also holds a call to the
 site that reported it first (``contract.foreign_source``): a packet naming another
 ``source_site`` never updates the row, even one racing past the writer's owner check.
@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from controlroom.db.providers import Provider, Row
 from controlroom.db.tables import site_calls
-from controlroom.sitecalls.ordering import RANKS, TERMINAL_RANK
+from controlroom.telemetry.ordering import RANKS, TERMINAL_RANK
 
 stored = site_calls.c
 

@@ -41,9 +41,9 @@ from controlroom.db.tables import rejected_telemetry
 from controlroom.db.transactions import begin_write
 from controlroom.exceptions import ControlroomError, ErrorKind
 from controlroom.runtime.clock import Clock, utc_now
-from controlroom.sitecalls.contract import TelemetryPacket, foreign_source, rejection_id
-from controlroom.sitecalls.ordering import fold_states
 from controlroom.sitecalls.upsert import stored_owners, upsert_site_calls
+from controlroom.telemetry.contract import TelemetryPacket, foreign_source, rejection_id
+from controlroom.telemetry.ordering import fold_states
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from fastapi.responses import Response
 from controlroom.config import Settings
 from controlroom.sitecalls import queries
 from controlroom.sitecalls.kpis import measure_kpis
-from controlroom.sitecalls.ordering import Channel, SiteCallStatus
 from controlroom.sitecalls.reconciliation import site_states
 from controlroom.sitecalls.relay import Command, RelayOutcome, relay_command
+from controlroom.telemetry.ordering import Channel, SiteCallStatus
 from controlroom.web import charts
 from controlroom.web.common import EXTRA_NAV, actor, api_state, render, viewer
 from controlroom.web.session import Session

@@ -2,8 +2,9 @@
 
 Source: issue 10 "Telemetry contract", DESIGN.md "Site call audit". A packet is a JSON
 object (example in README "Site call telemetry"). Every text value is bounded by the width
-of the column it lands in (characters, read from ``controlroom.db.tables`` so the two
-cannot drift); a longer value rejects the packet — never truncated (seed change log F1).
+of the column it lands in (characters, ``controlroom.telemetry.widths``, which central's
+tables and the site's store are declared with, so none can drift); a longer value rejects
+the packet — never truncated (seed change log F1).
 Times are ISO 8601 text with a zone, kept in UTC, so they must stay within years 1-9999
 once converted; integers and booleans are taken as sent (strict, never coerced from text).
 Unknown fields are refused by name, so nothing a site sends is dropped silently. The
@@ -33,9 +34,17 @@ from pydantic import (
     model_validator,
 )
 
-from controlroom.db.tables import audit_log, site_calls
 from controlroom.exceptions import ControlroomError
-from controlroom.sitecalls.ordering import TERMINAL, Channel, SiteCallStatus
+from controlroom.telemetry.ordering import TERMINAL, Channel, SiteCallStatus
+from controlroom.telemetry.widths import (
+    ACTION_WIDTH,
+    ACTOR_WIDTH,
+    CATEGORY_WIDTH,
+    LAST_ERROR_WIDTH,
+    NODE_WIDTH,
+    SITE_WIDTH,
+    TARGET_WIDTH,
+)
 
 _GUID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
 
@@ -87,14 +96,10 @@ def as_utc(value: datetime) -> datetime:
         raise ValueError("must be a time within years 1 to 9999 once converted to UTC") from None
 
 
-def _width(column: Any) -> int:
-    return int(column.type.length)
-
-
-def _text(column: Any, *, min_length: int = 0) -> Any:
+def _text(width: int, *, min_length: int = 0) -> Any:
     return Annotated[
         str,
-        Field(min_length=min_length, max_length=_width(column)),
+        Field(min_length=min_length, max_length=width),
         AfterValidator(_storable),
     ]
 
@@ -104,13 +109,10 @@ UtcInstant = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator
 # JSON integers and booleans as sent: no "7" for 7, no true for 1, no 2.0 for 2.
 Integer = Annotated[int, Strict()]
 StorableText = Annotated[str, AfterValidator(_storable)]
-sc = site_calls.c
-al = audit_log.c
 # The rules of the values a site agent takes from its callers and later reports (a call's
 # target, an operator as an audit actor): the agent refuses what central would.
-TARGET_WIDTH = _width(sc.target)
-CallTarget = _text(sc.target, min_length=1)
-AuditActor = _text(al.actor, min_length=1)
+CallTarget = _text(TARGET_WIDTH, min_length=1)
+AuditActor = _text(ACTOR_WIDTH, min_length=1)
 _TARGET_RULE: TypeAdapter[str] = TypeAdapter(CallTarget)
 _ACTOR_RULE: TypeAdapter[str] = TypeAdapter(AuditActor)
 
@@ -153,11 +155,11 @@ class AuditEvent(BaseModel):
     event_id: Guid
     occurred_at_utc: UtcInstant
     actor: AuditActor  # type: ignore[valid-type]
-    action: _text(al.action, min_length=1)  # type: ignore[valid-type]
+    action: _text(ACTION_WIDTH, min_length=1)  # type: ignore[valid-type]
     outcome: Literal["Success", "Failure", "Denied"]
-    category: _text(al.category, min_length=1)  # type: ignore[valid-type]
-    target: _text(al.target) | None = None  # type: ignore[valid-type]
-    source_node: _text(al.source_node) | None = None  # type: ignore[valid-type]
+    category: _text(CATEGORY_WIDTH, min_length=1)  # type: ignore[valid-type]
+    target: _text(TARGET_WIDTH) | None = None  # type: ignore[valid-type]
+    source_node: _text(NODE_WIDTH) | None = None  # type: ignore[valid-type]
     correlation_id: Guid | None = None
     details_json: Annotated[str | None, AfterValidator(_json_text)] = None
     payload_truncated: Annotated[bool, Strict()] = False
@@ -171,11 +173,11 @@ class TelemetryPacket(BaseModel):
     tracked_operation_id: Guid
     channel: Channel
     target: CallTarget  # type: ignore[valid-type]
-    source_site: _text(sc.source_site, min_length=1)  # type: ignore[valid-type]
-    source_node: _text(sc.source_node) | None = None  # type: ignore[valid-type]
+    source_site: _text(SITE_WIDTH, min_length=1)  # type: ignore[valid-type]
+    source_node: _text(NODE_WIDTH) | None = None  # type: ignore[valid-type]
     status: SiteCallStatus
     retry_count: Integer = Field(0, ge=0, le=2**31 - 1)
-    last_error: _text(sc.last_error) | None = None  # type: ignore[valid-type]
+    last_error: _text(LAST_ERROR_WIDTH) | None = None  # type: ignore[valid-type]
     http_status: Integer | None = Field(None, ge=100, le=599)
     created_at_utc: UtcInstant
     updated_at_utc: UtcInstant

@@ -1,0 +1,30 @@
+"""The widths, in characters, of the columns a reported value lands in.
+
+Source: DESIGN.md "Site call audit" (``site_calls``, ``audit_log``) and issue 10. Defined
+here once: central's tables (``controlroom.db.tables``) and the site's tracking store
+(``controlroom.site.store``) declare their columns with them, and the contract
+(``controlroom.telemetry.contract``) refuses a longer value, never truncating it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+UUID_LEN: Final = 36
+"""A GUID in its canonical "D" form, lower case: every id column."""
+
+# A call's state (central's ``site_calls``, the site's ``tracked_operations``).
+CHANNEL_WIDTH: Final = 32
+TARGET_WIDTH: Final = 256
+"""A call's target; its audit events carry the same value."""
+SITE_WIDTH: Final = 64
+"""A site's name (``source_site``), also central's name of a site it pulls from."""
+NODE_WIDTH: Final = 64
+STATUS_WIDTH: Final = 32
+LAST_ERROR_WIDTH: Final = 1024
+
+# An audit event (central's ``audit_log``); its target, site and node use the widths above.
+ACTOR_WIDTH: Final = 256
+ACTION_WIDTH: Final = 64
+OUTCOME_WIDTH: Final = 16
+CATEGORY_WIDTH: Final = 32
