@@ -9,7 +9,7 @@ patches three names of the service, and nothing else:
 - ``controlroom.errors.ingest.pipeline.FailedMessageBatchWriter`` becomes
   ``previous_write_path.PreviousWriter`` (the seed's counting rule, no ``WHERE`` on the
   update, group rows by ``executemany``), so the ingestion service builds it;
-- ``controlroom.cli.upgrade_database`` and ``write_missing_search_terms`` do nothing:
+- ``controlroom.server.upgrade_database`` and ``write_missing_search_terms`` do nothing:
   serve would otherwise migrate the database to head (and write the terms migration 0009
   introduced) before ingesting, and the baseline must keep the previous schema.
 
@@ -27,7 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 from previous_write_path import PreviousWriter
 
-from controlroom import cli
+from controlroom import cli, server
 from controlroom.errors.ingest import pipeline
 
 
@@ -43,14 +43,14 @@ def patch_service() -> None:
     ``AttributeError`` when a patched name moved (the launcher must follow it)."""
     for module, name in (
         (pipeline, "FailedMessageBatchWriter"),
-        (cli, "upgrade_database"),
-        (cli, "write_missing_search_terms"),
+        (server, "upgrade_database"),
+        (server, "write_missing_search_terms"),
     ):
         if not hasattr(module, name):
             raise AttributeError(f"{module.__name__}.{name} is gone; update {__file__}")
     pipeline.FailedMessageBatchWriter = PreviousServeWriter  # type: ignore[misc]
-    cli.upgrade_database = lambda *args, **kwargs: None  # type: ignore[assignment]
-    cli.write_missing_search_terms = lambda *args, **kwargs: 0  # type: ignore[assignment]
+    server.upgrade_database = lambda *args, **kwargs: None  # type: ignore[assignment]
+    server.write_missing_search_terms = lambda *args, **kwargs: 0  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

@@ -543,6 +543,7 @@ _PLUMBING = (
     "typer/",
     "click/",
     "controlroom/cli.py",
+    "controlroom/server.py",
     "<frozen",
 )
 

@@ -24,17 +24,19 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from controlroom import __version__
-from controlroom.cli import _quiet_routine_telemetry, app
+from controlroom.cli import app
 from controlroom.db.engine import create_store_engine
 from controlroom.db.tables import failed_error_imports
 from controlroom.demo import generate_demo_messages
-from controlroom.demo_endpoints import DEFAULT_FAIL_RATIO, fails_again
+from controlroom.demo_endpoints import fails_again
+from controlroom.demo_sizes import DEFAULT_FAIL_RATIO
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.errors.ingest.reimport import ReimportOutcome, reimport_failed_import
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedImport
 from controlroom.exceptions import MessageRejected
+from controlroom.server import _quiet_routine_telemetry
 from controlroom.transport import Delivery, EmbeddedQueue, TransportError
 from tests import servers
 from tests.factories import at

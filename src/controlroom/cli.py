@@ -2,79 +2,43 @@
 import-failed, sweep, version, and ``site serve`` (the site agent).
 
 Thin by design: each command loads the settings, opens what it needs, calls the module
-that does the work and reports. Exit codes: 0 done, 1 a dependency failed (database,
-broker, port), 2 bad usage or settings.
+that does the work and reports; ``serve`` runs ``controlroom.server``. Each command imports
+what it needs when it runs, so ``controlroom --help`` and ``version`` load no API, store or
+error instance. Exit codes: 0 done, 1 a dependency failed (database, broker, port), 2 bad
+usage or settings.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import logging
-import random
 import signal
-import socket
-import tomllib
-import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import pydantic
-import sqlalchemy as sa
 import typer
-import uvicorn
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from controlroom import __version__
-from controlroom.api import database_check
-from controlroom.api.auth import ensure_serving_is_protected
-from controlroom.api.guard import HostGuard
-from controlroom.app import create_app
-from controlroom.client import open_transport, publish_failed_message
-from controlroom.config import Settings, load_settings
-from controlroom.db.engine import create_store_engine
-from controlroom.db.migrate import upgrade_database
-from controlroom.demo import (
-    DEFAULT_COUNT,
-    MIN_COUNT,
-    DemoMessage,
-    demo_endpoint_queues,
-    generate_demo_messages,
-)
-from controlroom.demo_endpoints import DEFAULT_FAIL_RATIO, DemoEndpoints, Handled, Outcome
-from controlroom.errors.ingest.bodies import FileSystemBodyStore
-from controlroom.errors.ingest.pipeline import IngestionService
-from controlroom.errors.ingest.reimport import (
-    ReimportOutcome,
-    count_failed_imports,
-    list_failed_import_ids,
-    list_failed_imports,
-    reimport_failed_import,
-)
-from controlroom.errors.ingest.search_backfill import (
-    count_rows_without_search_terms,
-    write_missing_search_terms,
-)
-from controlroom.errors.retention import RetentionSweeper
-from controlroom.errors.retries.processor import RetryProcessor
+from controlroom.demo_sizes import DEFAULT_COUNT, DEFAULT_FAIL_RATIO, MIN_COUNT
 from controlroom.exceptions import ConfigurationError, ControlroomError
-from controlroom.site import SiteAgent, SiteService, load_site_settings
-from controlroom.site.demo import demo_sites, run_site_demo
-from controlroom.site.service import ensure_agent_is_protected
-from controlroom.sitecalls.demo import DEFAULT_CALLS, MIN_CALLS, generate_demo_telemetry
-from controlroom.sitecalls.history import KpiSampler
-from controlroom.sitecalls.intake import TelemetryIngestionService
-from controlroom.sitecalls.reconciliation import ReconciliationService
-from controlroom.sitecalls.retention import SiteCallRetention
-from controlroom.transport import Transport, create_transport
-from controlroom.transport.rabbitmq import redact_url
+from controlroom.sitecalls.demo import DEFAULT_CALLS, MIN_CALLS
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    import socket
+    import tomllib
+
+    import sqlalchemy as sa
+    from rich.progress import Progress
+
+    from controlroom.config import Settings
+    from controlroom.demo import DemoMessage
+    from controlroom.demo_endpoints import Handled
+    from controlroom.errors.ingest.reimport import ReimportOutcome
+    from controlroom.server import Serving
+    from controlroom.site import SiteService
 
 app = typer.Typer(
     name="controlroom",
@@ -107,6 +71,10 @@ def serve(
 ) -> None:
     """Serve the API and ingest the error and site-call telemetry queues, in one process,
     until Ctrl+C/SIGTERM."""
+    import asyncio
+
+    from controlroom.api.auth import ensure_serving_is_protected
+
     settings = _load(config, host=host, port=port)
     try:
         ensure_serving_is_protected(settings)
@@ -124,6 +92,9 @@ def serve(
 @app.command()
 def migrate(config: ConfigOption = None) -> None:
     """Create or upgrade the database schema (idempotent)."""
+    from controlroom.db.engine import create_store_engine
+    from controlroom.db.migrate import upgrade_database
+
     settings = _load(config)
     with _exit_on_failure():
         engine = create_store_engine(settings.effective_database_url)
@@ -168,9 +139,17 @@ def demo(
     """Publish realistic NServiceBus failed messages to the configured error queue, and
     site-call telemetry to the telemetry queue; `controlroom demo endpoints` then plays the
     endpoints that receive the retries."""
+    import asyncio
+
     if ctx.invoked_subcommand is not None:
         _refuse_options_given(ctx)
         return
+    import random
+    from datetime import UTC, datetime
+
+    from controlroom.demo import generate_demo_messages
+    from controlroom.sitecalls.demo import generate_demo_telemetry
+
     settings = _load(config)
     seed = seed if seed is not None else random.SystemRandom().randrange(1_000_000)
     now = datetime.now(UTC)
@@ -237,6 +216,11 @@ def demo_endpoints(
     """Play the demo's endpoints (Sales, Billing, Shipping, Warehouse, Legacy.Fulfillment)
     until Ctrl+C/SIGTERM: take the messages Controlroom retries to their queues, confirm
     most and fail some again. It consumes those queues: use a demo broker only."""
+    import asyncio
+    import random
+
+    from controlroom.demo import demo_endpoint_queues
+
     settings = _load(config)
     seed = seed if seed is not None else random.SystemRandom().randrange(1_000_000)
     console.print(
@@ -264,6 +248,12 @@ def import_failed(
 ) -> None:
     """Put failed imports back on the error queue, to be ingested again (applies pending
     migrations first); with --list, show them instead."""
+    import asyncio
+
+    from controlroom.db.engine import create_store_engine
+    from controlroom.db.migrate import upgrade_database
+    from controlroom.errors.ingest.reimport import list_failed_import_ids
+
     settings = _load(config)
     with _exit_on_failure():
         engine = create_store_engine(settings.effective_database_url)
@@ -283,6 +273,11 @@ def import_failed(
 def sweep(config: ConfigOption = None) -> None:
     """Delete Resolved and Archived failed messages older than the retention period, now
     (``serve`` also does it every hour)."""
+    from controlroom.db.engine import create_store_engine
+    from controlroom.db.migrate import upgrade_database
+    from controlroom.errors.ingest.bodies import FileSystemBodyStore
+    from controlroom.errors.retention import RetentionSweeper
+
     settings = _load(config)
     with _exit_on_failure():
         engine = create_store_engine(settings.effective_database_url)
@@ -323,6 +318,12 @@ def version() -> None:
 # --- settings and errors ------------------------------------------------------------------
 def _load(config: Path | None, **overrides: object) -> Settings:
     """The settings, with command-line values (those given) over every other source."""
+    import tomllib
+
+    import pydantic
+
+    from controlroom.config import load_settings
+
     given = {name: value for name, value in overrides.items() if value is not None}
     try:
         return load_settings(config, **given)
@@ -342,6 +343,8 @@ def _refuse_toml(config: Path | None, exc: tomllib.TOMLDecodeError) -> NoReturn:
 @contextlib.contextmanager
 def _exit_on_failure() -> Iterator[None]:
     """Report a failed dependency in one line and exit 1, instead of a traceback."""
+    import sqlalchemy as sa
+
     try:
         yield
     except (ControlroomError, sa.exc.SQLAlchemyError) as exc:
@@ -350,139 +353,46 @@ def _exit_on_failure() -> Iterator[None]:
 
 
 def _describe_database(settings: Settings) -> str:
+    import sqlalchemy as sa
+
     return sa.make_url(settings.effective_database_url).render_as_string(hide_password=True)
 
 
 def _describe_transport(settings: Settings) -> str:
+    from controlroom.transport.rabbitmq import redact_url
+
     if settings.broker_url:
         return f"RabbitMQ {redact_url(settings.broker_url)}"
     return f"the embedded queue {settings.embedded_queue_path}"
 
 
 # --- serve --------------------------------------------------------------------------------
-def _quiet_routine_telemetry(record: logging.LogRecord) -> bool:
-    """Keep an access-log line unless it is an accepted telemetry post: sites post every
-    few seconds, and those lines drowned what the service did (``/metrics`` counts them).
-    uvicorn's access record args: (client, method, path, HTTP version, status)."""
-    args = record.args
-    if isinstance(args, tuple) and len(args) == 5:
-        _client, method, path, _version, status = args
-        routine = method == "POST" and str(path).startswith("/api/site-calls/telemetry")
-        return not (routine and isinstance(status, int) and status < 400)
-    return True
-
-
 async def _serve(settings: Settings) -> int:
-    """Run the API and (when ``ingest_on_serve``) ingestion until a signal or a failure.
+    """Run the service (``server.run``) until SIGINT/SIGTERM. Returns the exit code: 0
+    after a signal, 1 when a part stopped on its own (the server logged which and why)."""
+    import asyncio
 
-    Returns the exit code: 0 after a signal, 1 when a part stopped on its own.
-    """
-    listener = _listen(settings.host, settings.port)
-    engine = create_store_engine(settings.effective_database_url)
-    try:
-        upgrade_database(engine)
-        write_missing_search_terms(engine, progress=_log_search_terms_progress)
-        transport = create_transport(settings)
-        await transport.start()
-        try:
-            return await _run_parts(settings, engine, transport, listener)
-        finally:
-            await transport.close()
-    finally:
-        engine.dispose()
-        listener.close()
+    from controlroom import server
 
-
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening socket, bound before anything else starts so a taken port fails fast
-    (and connections made as soon as the address is printed wait in the backlog)."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return socket.create_server((host, port), family=family)
-    except OSError as exc:
-        raise ConfigurationError(f"cannot listen on {host}:{port}: {exc}") from exc
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: ``_serve`` owns SIGINT/SIGTERM, so a
-    signal stops ingestion and the server together (uvicorn's handler would re-raise the
-    signal once the server is done, before the rest shuts down)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-async def _run_parts(
-    settings: Settings, engine: sa.Engine, transport: Transport, listener: socket.socket
-) -> int:
-    """Start the HTTP server, ingestion (error and telemetry queues), the retry processor
-    and the background singletons (retention sweeps, KPI sampler), wait for a signal or
-    for a part to end, then stop them (ingestion first, so nothing is taken from a queue
-    after the signal)."""
-    body_store = FileSystemBodyStore(settings.body_dir)
-    retry_processor = RetryProcessor(settings, engine, transport, body_store)
-    reconciliation = ReconciliationService(settings, engine, owner=str(uuid.uuid4()))
-    api = create_app(
-        settings,
-        engine,
-        body_store,
-        health_checks={"database": database_check(engine), "broker": transport.check},
-        transport=transport,
-        retry_processor=retry_processor,
-        reconciliation=reconciliation,
-    )
-    # The Host check needs the bound address, which only serve knows (api/guard.py).
-    guarded = HostGuard(
-        api, bound_host=settings.host, port=settings.port, allowed_hosts=settings.allowed_hosts
-    )
-    server = _Server(uvicorn.Config(guarded, lifespan="off", log_level="info"))
-    logging.getLogger("uvicorn.access").addFilter(_quiet_routine_telemetry)
-    parts = {asyncio.create_task(server.serve(sockets=[listener]), name="http")}
-    # Sends retry batches; resumes batches a previous process left (it takes a lease, so
-    # one process sends when several serve one database).
-    retrying = asyncio.create_task(retry_processor.run(), name="retry processor")
-    parts.add(retrying)
-    sweeper = RetentionSweeper(
-        engine,
-        body_store,
-        retention_period=settings.error_retention_period,
-        event_retention_period=settings.event_log_retention_period,
-    )
-    sweeping = asyncio.create_task(sweeper.run(), name="retention")
-    parts.add(sweeping)
-    # Each takes a lease, so one process samples, purges and reconciles when several serve.
-    background = [
-        asyncio.create_task(KpiSampler(engine, settings).run(), name="KPI sampler"),
-        asyncio.create_task(SiteCallRetention(engine, settings).run(), name="site-call purge"),
-        asyncio.create_task(reconciliation.run(), name="reconciliation"),
-    ]
-    parts.update(background)
-    intakes: list[IngestionService | TelemetryIngestionService] = []
-    if settings.ingest_on_serve:
-        intakes = [
-            IngestionService(settings, engine, transport, body_store),
-            TelemetryIngestionService(settings, engine, transport),
-        ]
-        for intake, name in zip(intakes, ("ingestion", "telemetry ingestion"), strict=True):
-            parts.add(asyncio.create_task(intake.run(), name=name))
     stop = asyncio.Event()
-    signals = _route_signals(stop.set)
-    _announce(settings, listener, ingesting=bool(intakes))
+    routed: list[signal.Signals] = []
 
-    stopper = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait({*parts, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    _restore_signals(signals)  # a second Ctrl+C interrupts a slow shutdown
-    for intake in intakes:
-        await intake.stop()
-    retrying.cancel()  # an unsent batch stays persisted for the next start
-    sweeping.cancel()
-    for task in background:
-        task.cancel()
-    server.should_exit = True
-    stopper.cancel()
-    await asyncio.gather(*parts, return_exceptions=True)
-    return 0 if stopper in done else _report_early_exit(done - {stopper})
+    def on_signal() -> None:
+        _restore_signals(routed)  # a second Ctrl+C interrupts a slow shutdown
+        routed.clear()
+        stop.set()
+
+    def on_serving(serving: Serving) -> None:
+        routed.extend(_route_signals(on_signal))
+        _announce(settings, serving)
+
+    try:
+        await server.run(settings, stop=stop, on_serving=on_serving)
+    except server.PartStopped:
+        return 1
+    finally:
+        _restore_signals(routed)
+    return 0
 
 
 def _route_signals(callback: Callable[[], None]) -> list[signal.Signals]:
@@ -491,6 +401,8 @@ def _route_signals(callback: Callable[[], None]) -> list[signal.Signals]:
     Loop signal handlers exist on POSIX only; elsewhere Ctrl+C still ends the process,
     without the orderly shutdown.
     """
+    import asyncio
+
     loop = asyncio.get_running_loop()
     routed = []
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -501,29 +413,21 @@ def _route_signals(callback: Callable[[], None]) -> list[signal.Signals]:
 
 
 def _restore_signals(routed: list[signal.Signals]) -> None:
+    import asyncio
+
     loop = asyncio.get_running_loop()
     for signum in routed:
         loop.remove_signal_handler(signum)
 
 
-def _report_early_exit(ended: set[asyncio.Task[None]]) -> int:
-    for task in ended:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("%s stopped", task.get_name(), exc_info=task.exception())
-        else:
-            log.error("%s stopped on its own", task.get_name())
-    return 1
-
-
-def _announce(settings: Settings, listener: socket.socket, *, ingesting: bool) -> None:
-    host, port = listener.getsockname()[:2]
-    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+def _announce(settings: Settings, serving: Serving) -> None:
+    url = serving.url
     console.print(
         f"Controlroom is serving {url}  (console {url}/, API docs {url}/docs, "
         f"health {url}/api/health, metrics {url}/metrics)"
     )
     console.print(f"Store: {_describe_database(settings)}")
-    doing = "Ingesting" if ingesting else "Not ingesting (ingest_on_serve is off);"
+    doing = "Ingesting" if serving.ingesting else "Not ingesting (ingest_on_serve is off);"
     console.print(
         f"{doing} queues [bold]{settings.error_queue}[/] and "
         f"[bold]{settings.telemetry_queue}[/] on {_describe_transport(settings)}; "
@@ -535,6 +439,14 @@ def _announce(settings: Settings, listener: socket.socket, *, ingesting: bool) -
 
 # --- demo and import-failed ---------------------------------------------------------------
 def _progress(*, disable: bool = False) -> Progress:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -547,6 +459,11 @@ def _progress(*, disable: bool = False) -> Progress:
 
 def _write_missing_search_terms(engine: sa.Engine) -> None:
     """Search terms for rows stored before migration 0009, with a progress bar."""
+    from controlroom.errors.ingest.search_backfill import (
+        count_rows_without_search_terms,
+        write_missing_search_terms,
+    )
+
     pending = count_rows_without_search_terms(engine)
     if not pending:
         return
@@ -557,13 +474,13 @@ def _write_missing_search_terms(engine: sa.Engine) -> None:
         )
 
 
-def _log_search_terms_progress(done: int, total: int) -> None:
-    log.info("search terms written for %d of %d stored failed messages", done, total)
-
-
 async def _publish_demo(
     settings: Settings, messages: list[DemoMessage], telemetry: list[dict[str, Any]]
 ) -> None:
+    import json
+
+    from controlroom.client import open_transport, publish_failed_message
+
     async with open_transport(settings) as transport:
         with _progress() as progress:
             task = progress.add_task("Publishing failed messages", total=len(messages))
@@ -585,6 +502,11 @@ async def _publish_demo(
 
 async def _run_demo_endpoints(settings: Settings, seed: int, fail_ratio: float) -> None:
     """Run the demo endpoints until SIGINT/SIGTERM, printing what each message came to."""
+    import asyncio
+
+    from controlroom.client import open_transport
+    from controlroom.demo_endpoints import DemoEndpoints
+
     async with open_transport(settings) as transport:
         endpoints = DemoEndpoints(
             transport,
@@ -602,10 +524,10 @@ async def _run_demo_endpoints(settings: Settings, seed: int, fail_ratio: float) 
             _restore_signals(signals)
 
 
-_HANDLED_STYLE = {
-    Outcome.CONFIRMED: "[green]confirmed[/]",
-    Outcome.FAILED_AGAIN: "[red]failed again[/], back on the error queue",
-    Outcome.NOT_A_RETRY: "processed (not a retry: nothing to confirm)",
+_HANDLED_STYLE = {  # by demo_endpoints.Outcome
+    "confirmed": "[green]confirmed[/]",
+    "failed again": "[red]failed again[/], back on the error queue",
+    "not a retry": "processed (not a retry: nothing to confirm)",
 }
 
 
@@ -619,6 +541,9 @@ def _print_handled(handled: Handled) -> None:
 
 
 async def _reimport(settings: Settings, engine: sa.Engine, ids: list[str]) -> list[ReimportOutcome]:
+    from controlroom.client import open_transport
+    from controlroom.errors.ingest.reimport import ReimportOutcome, reimport_failed_import
+
     outcomes = []
     async with open_transport(settings) as transport:
         # One named import (--id) gets its answer, not a bar of one.
@@ -640,6 +565,8 @@ async def _reimport(settings: Settings, engine: sa.Engine, ids: list[str]) -> li
 
 def _print_failed_imports(engine: sa.Engine) -> None:
     """Every failed import, newest first, one line each: id, time (UTC), queue, reason."""
+    from controlroom.errors.ingest.reimport import count_failed_imports, list_failed_imports
+
     with engine.connect() as conn:
         page = list_failed_imports(conn, offset=0, limit=count_failed_imports(conn) or 1)
     if not page.items:
@@ -660,6 +587,8 @@ def _report_reimport(
     settings: Settings, requested_id: str | None, outcomes: list[ReimportOutcome]
 ) -> None:
     """Summarise; exit 1 when the requested import does not exist or one was unreadable."""
+    from controlroom.errors.ingest.reimport import ReimportOutcome
+
     if requested_id is not None and outcomes == [ReimportOutcome.GONE]:
         err_console.print(f"[red]error:[/] no failed import with id {escape(requested_id)}")
         raise typer.Exit(1)
@@ -700,6 +629,15 @@ def site_serve(
 ) -> None:
     """Serve a site agent (pull contract, Retry/Discard, cached HTTP calls), attempt its
     buffered calls and deliver its telemetry to central, until Ctrl+C/SIGTERM."""
+    import asyncio
+    import tomllib
+
+    import pydantic
+
+    from controlroom.runtime.sockets import listen
+    from controlroom.site import SiteAgent, SiteService, load_site_settings
+    from controlroom.site.service import ensure_agent_is_protected
+
     given = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     try:
         settings = load_site_settings(config, **given)
@@ -717,7 +655,7 @@ def site_serve(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     with _exit_on_failure():
-        listener = _listen(settings.host, settings.port)
+        listener = listen(settings.host, settings.port)
         try:
             agent = SiteAgent(settings)
         except ControlroomError:
@@ -760,6 +698,11 @@ def site_demo(
     """Two local site agents (north, south) making live cached calls to flaky HTTP
     targets (one recovers, one parks until an operator retries it, one answers 400),
     until Ctrl+C. Central needs them as sites: see `make demo`."""
+    import asyncio
+    import json
+
+    from controlroom.site.demo import demo_sites, run_site_demo
+
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

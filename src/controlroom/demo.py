@@ -38,11 +38,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
+from controlroom.demo_sizes import DEFAULT_COUNT, MIN_COUNT
 from controlroom.errors.ingest import headers as h
-
-DEFAULT_COUNT = 50
-MIN_COUNT = 12
-"""Messages in the showcase: the smallest ``count`` that still holds every variety."""
 
 BIG_BODY_MIN_BYTES = 110_000
 """Size the big body exceeds: above the default ``max_body_size_to_store`` (102400)."""

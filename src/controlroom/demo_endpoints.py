@@ -33,13 +33,11 @@ from datetime import UTC, datetime
 
 from controlroom.client import confirm_successful_retry, publish_failed_message
 from controlroom.demo import demo_endpoint_queues, failed_again_headers
+from controlroom.demo_sizes import DEFAULT_FAIL_RATIO
 from controlroom.errors.ingest import headers as h
 from controlroom.transport import Delivery, DeliveryLostError, Transport, TransportError
 
 log = logging.getLogger(__name__)
-
-DEFAULT_FAIL_RATIO = 0.25
-"""Share of retried messages that fail again: most are confirmed, about one in four not."""
 
 PREFETCH = 10
 

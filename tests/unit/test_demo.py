@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controlroom.demo import MIN_COUNT, DemoMessage, generate_demo_messages
+from controlroom.demo import DemoMessage, generate_demo_messages
+from controlroom.demo_sizes import MIN_COUNT
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.exceptions import MessageRejected

@@ -19,7 +19,6 @@ crashes leaves the record, and the next run finishes the job.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from controlroom.errors import activity
 from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.exceptions import BodyStoreError
 from controlroom.runtime.clock import Clock, utc_now
+from controlroom.runtime.periodic import PeriodicTask
 
 log = logging.getLogger(__name__)
 
@@ -288,22 +288,18 @@ class RetentionSweeper:
         self._body_store = body_store
         self._retention_period = retention_period
         self._event_retention_period = event_retention_period
-        self._interval = interval_seconds
         self._clock = clock
         self._lease = provider_for(engine).make_lease(
             engine, LEASE_NAME, str(uuid.uuid4()), lease_seconds
         )
+        # No lease for the loop: each sweep takes and releases its own (sweep_once).
+        self._periodic = PeriodicTask(
+            "retention sweep", self.sweep_once, interval=interval_seconds, jitter=0.1
+        )
 
     async def run(self) -> None:
-        """Sweep until cancelled."""
-        while True:
-            try:
-                await asyncio.shield(asyncio.to_thread(self.sweep_once))
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.warning("retention sweep failed; next in %.0f s", self._interval, exc_info=True)
-            await asyncio.sleep(self._interval)
+        """Sweep until cancelled; a running sweep is waited for (``runtime.periodic``)."""
+        await self._periodic.run()
 
     def sweep_once(self) -> SweepResult | None:
         """One sweep when this process can take the lease; ``None`` when another process

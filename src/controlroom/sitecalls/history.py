@@ -10,7 +10,6 @@ finished in the interval has no sample at that instant (read it as zero).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from controlroom.db.providers import provider_for
 from controlroom.db.tables import kpi_samples
 from controlroom.db.transactions import begin_write
 from controlroom.runtime.clock import Clock, utc_now
+from controlroom.runtime.periodic import PeriodicTask
 from controlroom.sitecalls.kpis import KpiReport, measure_kpis
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,8 @@ def take_sample(engine: sa.Engine, settings: Settings, now: datetime) -> int:
 
 
 class KpiSampler:
-    """Background task: a sample every ``kpi.sample_seconds`` while holding the lease. A
-    failed sample is logged and the schedule goes on."""
+    """Background task: a sample every ``kpi.sample_seconds`` while holding the lease
+    (``runtime.periodic``: a failed sample is logged and the schedule goes on)."""
 
     def __init__(self, engine: sa.Engine, settings: Settings, *, clock: Clock = utc_now) -> None:
         self._engine = engine
@@ -97,25 +97,22 @@ class KpiSampler:
         self._lease = provider_for(engine).make_lease(
             engine, LEASE_NAME, str(uuid.uuid4()), seconds * 3
         )
+        self._periodic = PeriodicTask(
+            "KPI sampler", self._sample, interval=seconds, lease=self._lease
+        )
 
     def sample_once(self) -> int | None:
         """One sample when this process holds the lease; ``None`` when another does."""
         if not self._lease.hold():
             return None
+        return self._sample()
+
+    def _sample(self) -> int:
         return take_sample(self._engine, self._settings, self._clock())
 
     async def run(self) -> None:
-        """Sample until cancelled."""
-        interval = self._settings.kpi.sample_seconds
-        try:
-            while True:
-                try:
-                    await asyncio.to_thread(self.sample_once)
-                except Exception:
-                    log.warning("KPI sample failed; next in %.0f s", interval, exc_info=True)
-                await asyncio.sleep(interval)
-        finally:
-            await asyncio.shield(asyncio.to_thread(self._lease.release))
+        """Sample until cancelled; the lease is released once a running sample ended."""
+        await self._periodic.run()
 
 
 @dataclass(frozen=True, slots=True)

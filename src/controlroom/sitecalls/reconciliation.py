@@ -21,9 +21,9 @@ The pinned latch's transitions are recorded in ``site_reconciliation``
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,6 +39,7 @@ from controlroom.db.tables import site_reconciliation
 from controlroom.db.transactions import begin_write
 from controlroom.events import Category, Severity, record_event
 from controlroom.runtime.clock import Clock, utc_now
+from controlroom.runtime.periodic import PeriodicTask
 from controlroom.sitecalls.cursor import Cursor, PinChange, judge_page, pin_change
 from controlroom.sitecalls.intake import make_writer, receive_json
 from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
@@ -372,6 +373,15 @@ class ReconciliationService:
             engine, self.LEASE_NAME, owner, settings.reconciliation.lease_seconds
         )
         self.last_results: list[SitePassResult] = []
+        config = settings.reconciliation
+        self._full_every = config.interval.total_seconds()
+        self._last_full: float | None = None  # time.monotonic() of the last full pass
+        self._periodic = PeriodicTask(
+            "reconciliation",
+            self._tick,
+            interval=min(config.interval, config.probe_interval).total_seconds(),
+            lease=self._lease,
+        )
 
     @property
     def running(self) -> bool:
@@ -414,26 +424,21 @@ class ReconciliationService:
         return [site for site in self.settings.sites if site.id in down]
 
     async def run(self) -> None:
-        """The schedule, until cancelled; a failed tick is logged and the schedule goes on."""
-        config = self.settings.reconciliation
-        tick = min(config.interval, config.probe_interval).total_seconds()
-        since_full = float("inf")
-        try:
-            while True:
-                try:
-                    if self.settings.sites and await asyncio.to_thread(self._lease.hold):
-                        if since_full >= config.interval.total_seconds():
-                            if self.trigger():
-                                since_full = 0.0
-                        else:
-                            down = await asyncio.to_thread(self.unreachable_sites)
-                            if down:
-                                self.trigger(down)
-                except Exception:
-                    log.warning(
-                        "reconciliation schedule failed; next tick in %.0f s", tick, exc_info=True
-                    )
-                await asyncio.sleep(tick)
-                since_full += tick
-        finally:
-            await asyncio.shield(asyncio.to_thread(self._lease.release))
+        """The schedule, until cancelled (``runtime.periodic``: a failed tick is logged and
+        the schedule goes on; a running pass is waited for before the lease is released).
+        ``serve`` runs it only when sites are configured."""
+        await self._periodic.run()
+
+    def _tick(self) -> None:
+        """A full pass when ``reconciliation.interval`` has passed since the last one,
+        else a pass of the unreachable sites; nothing while another pass runs."""
+        if not self.settings.sites:
+            return
+        now = time.monotonic()
+        full = self._last_full is None or now - self._last_full >= self._full_every
+        sites = None if full else self.unreachable_sites()
+        if sites == [] or not self._running.acquire(blocking=False):
+            return
+        if full:
+            self._last_full = now
+        self._pass_and_release(sites)

@@ -15,7 +15,6 @@ purges at a time (a lease); a failed purge is logged and tried again at the next
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from controlroom.db.providers import provider_for
 from controlroom.db.tables import site_calls
 from controlroom.db.transactions import begin_write
 from controlroom.runtime.clock import Clock, utc_now
+from controlroom.runtime.periodic import PeriodicTask
 from controlroom.telemetry.ordering import TERMINAL
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,8 @@ def purge_site_call_history(
 
 class SiteCallRetention:
     """Background task: purge every ``sitecalls.purge_interval_seconds`` (daily) while
-    holding the lease; a failed purge is logged and the schedule goes on."""
+    holding the lease (``runtime.periodic``: a failed purge is logged and the schedule
+    goes on)."""
 
     def __init__(self, engine: sa.Engine, settings: Settings, *, clock: Clock = utc_now) -> None:
         self._engine = engine
@@ -95,11 +96,17 @@ class SiteCallRetention:
         self._lease = provider_for(engine).make_lease(
             engine, LEASE_NAME, str(uuid.uuid4()), interval * 2
         )
+        self._periodic = PeriodicTask(
+            "site-call purge", self._purge, interval=interval, jitter=0.1, lease=self._lease
+        )
 
     def purge_once(self) -> PurgeResult | None:
         """One purge when this process holds the lease; ``None`` when another does."""
         if not self._lease.hold():
             return None
+        return self._purge()
+
+    def _purge(self) -> PurgeResult:
         now = self._clock()
         provider_for(self._engine).prepare_audit_log(self._engine, now)
         result = purge_site_call_history(
@@ -117,14 +124,5 @@ class SiteCallRetention:
         return result
 
     async def run(self) -> None:
-        """Purge until cancelled."""
-        interval = self._settings.sitecalls.purge_interval_seconds
-        try:
-            while True:
-                try:
-                    await asyncio.to_thread(self.purge_once)
-                except Exception:
-                    log.warning("site-call purge failed; next in %.0f s", interval, exc_info=True)
-                await asyncio.sleep(interval)
-        finally:
-            await asyncio.shield(asyncio.to_thread(self._lease.release))
+        """Purge until cancelled; the lease is released once a running purge ended."""
+        await self._periodic.run()

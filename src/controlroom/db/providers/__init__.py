@@ -16,7 +16,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from controlroom.db.providers import postgresql, sqlite
-from controlroom.db.providers._base import Lease, Provider, Row, chunked
+from controlroom.db.providers._base import Provider, Row, chunked
 from controlroom.exceptions import UnsupportedProviderError
 
 PROVIDERS: dict[str, Provider] = {
@@ -53,7 +53,6 @@ def provider_for(bind: sa.Engine | sa.Connection | sa.Dialect) -> Provider:
 __all__ = [
     "EMBEDDED",
     "PROVIDERS",
-    "Lease",
     "Provider",
     "Row",
     "chunked",

@@ -13,13 +13,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
 from controlroom.db.tables import audit_log
 from controlroom.db.transactions import begin_write
 from controlroom.exceptions import ErrorKind
+from controlroom.runtime.lease import Lease
 
 Row = Mapping[str, Any]
 
@@ -40,22 +41,6 @@ def chunked(rows: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     """Consecutive slices of ``rows`` of at most ``size`` items, order kept."""
     for start in range(0, len(rows), size):
         yield rows[start : start + size]
-
-
-class Lease(Protocol):
-    """A lease that lets exactly one process run a background singleton.
-
-    ``hold()`` acquires the lease, or confirms and renews it when already held, and
-    returns whether this process holds it now; a ``False`` after a ``True`` means the
-    lease was lost (the holder must stop its work). ``release()`` gives it up; idempotent.
-    Both block (database I/O): call them off the event loop. Store errors propagate.
-    """
-
-    name: str
-
-    def hold(self) -> bool: ...
-
-    def release(self) -> None: ...
 
 
 class Provider(ABC):

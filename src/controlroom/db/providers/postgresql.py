@@ -27,7 +27,6 @@ from controlroom.db.providers._base import (
     AUDIT_PURGE_CHUNK,
     Assignments,
     Guard,
-    Lease,
     OnConflictProvider,
     Row,
     chunked,
@@ -41,6 +40,7 @@ from controlroom.db.tables import (
 from controlroom.db.transactions import begin_write
 from controlroom.db.types import SearchTermsText, SearchTermsVector, UtcDateTime
 from controlroom.exceptions import ErrorKind
+from controlroom.runtime.lease import Lease
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,11 @@ from sqlalchemy.sql import operators
 from sqlalchemy.sql.expression import UnaryExpression
 
 from controlroom.db.leases import LeaseRow
-from controlroom.db.providers._base import Lease, OnConflictProvider, Row
+from controlroom.db.providers._base import OnConflictProvider, Row
 from controlroom.db.tables import failed_messages
 from controlroom.db.transactions import WRITE_OPTION
 from controlroom.exceptions import ErrorKind
+from controlroom.runtime.lease import Lease
 
 BUSY_TIMEOUT_SECONDS = 30
 _TRANSIENT_MARKERS = ("database is locked", "database is busy", "disk i/o error")

@@ -33,7 +33,6 @@ PostgreSQL advisory lock, a lease row on SQLite) and re-checks it before every w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import uuid
@@ -64,6 +63,7 @@ from controlroom.errors.retries.requests import BatchStatus, complete_operation_
 from controlroom.errors.retries.wire import UnsendableMessage
 from controlroom.exceptions import ControlroomError
 from controlroom.runtime.clock import Clock, utc_now
+from controlroom.runtime.periodic import PeriodicTask
 from controlroom.transport.base import Transport
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,8 @@ class RetryProcessor:
     ``run()`` is the background loop (poll every ``poll_interval_seconds`` or on
     ``wake()``, back off up to ``max_backoff_seconds`` after a failure);
     ``process_pending()`` does one pass. ``lease_seconds`` is how long a lease row
-    (SQLite) outlives a process that stopped renewing it.
+    (SQLite) outlives a process that stopped renewing it. Raises ``ValueError`` for a
+    non-positive ``poll_interval_seconds`` or ``max_backoff_seconds``.
     """
 
     def __init__(
@@ -142,52 +143,40 @@ class RetryProcessor:
         max_backoff_seconds: float = 30.0,
         clock: Clock = utc_now,
     ) -> None:
-        if poll_interval_seconds <= 0 or max_backoff_seconds <= 0:
-            raise ValueError("poll_interval_seconds and max_backoff_seconds must be positive")
         self._settings = settings
         self._engine = engine
         self._transport = transport
         self._body_store = body_store
-        self._poll_interval = poll_interval_seconds
-        self._max_backoff = max_backoff_seconds
         self._clock = clock
         owner = f"{uuid.uuid4()}"
         self._lease = provider_for(engine).make_lease(engine, LEASE_NAME, owner, lease_seconds)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wakeup: asyncio.Event | None = None
+        # No lease for the loop: each pass holds it (process_pending) and close() gives
+        # it up once the loop, and so the pass it waits for, has ended.
+        self._periodic = PeriodicTask(
+            "retry processor",
+            self._process_and_continue,
+            interval=poll_interval_seconds,
+            max_backoff=max_backoff_seconds,
+        )
 
     # -- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
-        """Process pending batches until cancelled; failures are logged and retried."""
-        self._loop = asyncio.get_running_loop()
-        self._wakeup = asyncio.Event()
-        failures = 0
+        """Process pending batches until cancelled; failures are logged and retried
+        (``runtime.periodic``). On cancellation the pass ends after its current window,
+        then the lease is released; an unsent batch stays persisted for the next start."""
         try:
-            while True:
-                self._wakeup.clear()
-                try:
-                    worked = await self.process_pending()
-                except Exception:
-                    failures += 1
-                    delay = min(self._max_backoff, self._poll_interval * 2**failures)
-                    log.warning("retry processing failed; again in %.1f s", delay, exc_info=True)
-                    await asyncio.sleep(delay)
-                    continue
-                failures = 0
-                if not worked:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self._poll_interval):
-                            await self._wakeup.wait()
+            await self._periodic.run()
         finally:
-            self._wakeup = None
             await self.close()
+
+    async def _process_and_continue(self) -> None:
+        if await self.process_pending():
+            self._periodic.wake()  # batches were found: look again without waiting
 
     def wake(self) -> None:
         """Look for new batches now rather than at the next poll. Thread-safe; a no-op
         when the loop is not running."""
-        loop, event = self._loop, self._wakeup
-        if loop is not None and event is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(event.set)
+        self._periodic.wake()
 
     async def close(self) -> None:
         """Give up the lease (another process may take over at once)."""
@@ -209,6 +198,8 @@ class RetryProcessor:
         batch_ids = await asyncio.to_thread(self._pending_batch_ids)
         first_error: Exception | None = None
         for batch_id in batch_ids:
+            if self._periodic.stopping.is_set():
+                break
             try:
                 await self.process_batch(batch_id)
             except LeaseLost:
@@ -294,19 +285,21 @@ class RetryProcessor:
 
     # -- forwarding ----------------------------------------------------------------------
     async def _forward(self, batch_id: str) -> None:
-        while True:
+        """Send the batch's claims a window at a time; when the loop is stopping, stop
+        after the current window (the rest stays unsent, for the next start)."""
+        while not self._periodic.stopping.is_set():
             if not await asyncio.to_thread(self._lease.hold):
                 raise LeaseLost(f"lost the lease {LEASE_NAME!r} while forwarding {batch_id}")
             claims = await asyncio.to_thread(self._unsent_claims, batch_id)
             if not claims:
-                break
+                await asyncio.to_thread(self._finish_batch, batch_id)
+                return
             window = await self._send_window(claims)
             if window.error is not None:
                 window.counts = await self._broker_reachable()
             given_up = await asyncio.to_thread(self._record_window, batch_id, window)
             if window.error is not None and set(window.failed) != set(given_up):
                 raise window.error
-        await asyncio.to_thread(self._finish_batch, batch_id)
 
     async def _broker_reachable(self) -> bool:
         """True when the transport is connected: a failed send is then the destination's

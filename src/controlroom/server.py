@@ -1,0 +1,243 @@
+"""The composition root of central's service: ``run`` builds the process and runs it.
+
+``controlroom serve`` calls it; so can an embedder or a test, without typer or a
+subprocess. It opens the store (migrating it, and writing the search terms of rows
+stored before migration 0009), starts the transport, builds the API (``create_app``)
+behind the Host check, and runs its parts in one ``asyncio.TaskGroup``:
+
+- ``http``: uvicorn serving the API and the console on the listening socket;
+- ``ingestion`` and ``telemetry ingestion`` (when ``ingest_on_serve``);
+- the retry processor and the periodic singletons (``runtime.periodic``: retention
+  sweep, KPI sampler, site-call purge, and reconciliation when sites are configured),
+  each under its lease, so one process does each when several serve one database.
+
+Every part runs until the service stops. When ``stop`` is set the service stops in order:
+ingestion first (nothing is taken from a queue after the signal), then the HTTP server
+finishes its requests and the other parts are cancelled (each periodic part waits for
+the work it is running before it releases its lease). A part that raises, or returns
+while it should run, is logged (``"<part> stopped"``, with its traceback, or ``"<part>
+stopped on its own"``), the others are cancelled, and ``run`` raises ``PartStopped``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+import uvicorn
+
+from controlroom.api import database_check
+from controlroom.api.guard import HostGuard
+from controlroom.app import create_app
+from controlroom.config import Settings
+from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.pipeline import IngestionService
+from controlroom.errors.ingest.search_backfill import write_missing_search_terms
+from controlroom.errors.retention import RetentionSweeper
+from controlroom.errors.retries.processor import RetryProcessor
+from controlroom.exceptions import ControlroomError
+from controlroom.runtime.sockets import listen
+from controlroom.sitecalls.history import KpiSampler
+from controlroom.sitecalls.intake import TelemetryIngestionService
+from controlroom.sitecalls.reconciliation import ReconciliationService
+from controlroom.sitecalls.retention import SiteCallRetention
+from controlroom.transport import Transport, create_transport
+
+log = logging.getLogger(__name__)
+
+
+class PartStopped(ControlroomError):
+    """A part of the service (``part``: its name) ended while the service should run; its
+    exception, when it raised one, is the ``__cause__``."""
+
+    def __init__(self, part: str) -> None:
+        super().__init__(f"{part} stopped")
+        self.part = part
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """What ``run`` tells ``on_serving`` once every part has started: the base URL of the
+    bound socket (``http://host:port``) and whether it ingests the queues."""
+
+    url: str
+    ingesting: bool
+
+
+async def run(
+    settings: Settings,
+    *,
+    listener: socket.socket | None = None,
+    stop: asyncio.Event | None = None,
+    on_serving: Callable[[Serving], None] | None = None,
+) -> None:
+    """Run the service until ``stop`` is set (without one, until cancelled).
+
+    ``listener``: a listening socket to serve on (it stays the caller's to close); by
+    default one is bound to ``settings.host:settings.port``. ``on_serving`` is called
+    once, when every part has started (the socket already accepts connections).
+    Raises ``ConfigurationError`` when the address cannot be bound, the store's and
+    transport's errors when they cannot be opened, and ``PartStopped`` when a part ended
+    on its own (the module docstring).
+    """
+    own_listener = listener is None
+    listener = listener if listener is not None else listen(settings.host, settings.port)
+    try:
+        engine = create_store_engine(settings.effective_database_url)
+        try:
+            upgrade_database(engine)
+            write_missing_search_terms(engine, progress=_log_search_terms_progress)
+            transport = create_transport(settings)
+            await transport.start()
+            try:
+                service = _Service(settings, engine, transport, listener)
+                await service.run(stop or asyncio.Event(), on_serving)
+            finally:
+                await transport.close()
+        finally:
+            engine.dispose()
+    finally:
+        if own_listener:
+            listener.close()
+
+
+def _log_search_terms_progress(done: int, total: int) -> None:
+    log.info("search terms written for %d of %d stored failed messages", done, total)
+
+
+def _quiet_routine_telemetry(record: logging.LogRecord) -> bool:
+    """Keep an access-log line unless it is an accepted telemetry post: sites post every
+    few seconds, and those lines drowned what the service did (``/metrics`` counts them).
+    uvicorn's access record args: (client, method, path, HTTP version, status)."""
+    args = record.args
+    if isinstance(args, tuple) and len(args) == 5:
+        _client, method, path, _version, status = args
+        routine = method == "POST" and str(path).startswith("/api/site-calls/telemetry")
+        return not (routine and isinstance(status, int) and status < 400)
+    return True
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the caller of ``run`` owns SIGINT/SIGTERM,
+    so a signal stops ingestion and the server together (uvicorn's handler would re-raise
+    the signal once the server is done, before the rest shuts down)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class _Service:
+    """The parts of one running service over an open store, transport and socket."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: sa.Engine,
+        transport: Transport,
+        listener: socket.socket,
+    ) -> None:
+        self._settings = settings
+        self._listener = listener
+        self._stopping = False
+        body_store = FileSystemBodyStore(settings.body_dir)
+        retry_processor = RetryProcessor(settings, engine, transport, body_store)
+        reconciliation = ReconciliationService(settings, engine, owner=str(uuid.uuid4()))
+        api = create_app(
+            settings,
+            engine,
+            body_store,
+            health_checks={"database": database_check(engine), "broker": transport.check},
+            transport=transport,
+            retry_processor=retry_processor,
+            reconciliation=reconciliation,
+        )
+        # The Host check needs the bound address, which only the server knows (api/guard.py):
+        # the socket's port, which differs from settings.port when that is 0 or the caller
+        # passed its own socket.
+        guarded = HostGuard(
+            api,
+            bound_host=settings.host,
+            port=listener.getsockname()[1],
+            allowed_hosts=settings.allowed_hosts,
+        )
+        self._http = _Server(uvicorn.Config(guarded, lifespan="off", log_level="info"))
+        self._intakes: dict[str, IngestionService | TelemetryIngestionService] = {}
+        if settings.ingest_on_serve:
+            self._intakes = {
+                "ingestion": IngestionService(settings, engine, transport, body_store),
+                "telemetry ingestion": TelemetryIngestionService(settings, engine, transport),
+            }
+        sweeper = RetentionSweeper(
+            engine,
+            body_store,
+            retention_period=settings.error_retention_period,
+            event_retention_period=settings.event_log_retention_period,
+        )
+        # Cancelled at the stop; an unsent retry batch stays persisted for the next start.
+        self._cancelled: dict[str, Callable[[], Awaitable[None]]] = {
+            "retry processor": retry_processor.run,
+            "retention": sweeper.run,
+            "KPI sampler": KpiSampler(engine, settings).run,
+            "site-call purge": SiteCallRetention(engine, settings).run,
+        }
+        if settings.sites:
+            self._cancelled["reconciliation"] = reconciliation.run
+
+    async def run(self, stop: asyncio.Event, on_serving: Callable[[Serving], None] | None) -> None:
+        logging.getLogger("uvicorn.access").addFilter(_quiet_routine_telemetry)
+        stopped: BaseException | None = None
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(
+                    self._supervise("http", lambda: self._http.serve(sockets=[self._listener])),
+                    name="http",
+                )
+                for name, intake in self._intakes.items():
+                    group.create_task(self._supervise(name, intake.run), name=name)
+                cancelled = [
+                    group.create_task(self._supervise(name, part), name=name)
+                    for name, part in self._cancelled.items()
+                ]
+                if on_serving is not None:
+                    on_serving(Serving(self._url(), ingesting=bool(self._intakes)))
+                await stop.wait()
+                self._stopping = True
+                for intake in self._intakes.values():
+                    await intake.stop()
+                self._http.should_exit = True
+                for task in cancelled:
+                    task.cancel()
+        except BaseExceptionGroup as group:
+            stopped = group.exceptions[0]  # each was logged; the first one is the answer
+        finally:
+            logging.getLogger("uvicorn.access").removeFilter(_quiet_routine_telemetry)
+        if stopped is not None:
+            raise stopped  # its __cause__ is the part's own exception
+
+    async def _supervise(self, name: str, part: Callable[[], Awaitable[None]]) -> None:
+        """Run ``part``; while the service should run, its end is logged and raised as
+        ``PartStopped`` (which makes the task group cancel the others)."""
+        try:
+            await part()
+        except Exception as exc:
+            if self._stopping:
+                log.warning("%s failed while stopping", name, exc_info=exc)
+                return
+            log.error("%s stopped", name, exc_info=exc)
+            raise PartStopped(name) from exc
+        if not self._stopping:
+            log.error("%s stopped on its own", name)
+            raise PartStopped(name)
+
+    def _url(self) -> str:
+        host, port = self._listener.getsockname()[:2]
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}"

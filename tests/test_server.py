@@ -1,0 +1,104 @@
+"""The composition root (``controlroom.server.run``) run in-process, without typer or a
+subprocess: it serves until ``stop``, and a part that dies takes the service down."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+from controlroom import server
+from controlroom.config import Settings
+from controlroom.sitecalls.history import KpiSampler
+from controlroom.sitecalls.retention import SiteCallRetention
+
+TIMEOUT = 60.0
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """The embedded default (SQLite file, embedded queue) in a fresh data dir."""
+    return Settings(data_dir=tmp_path / "data")
+
+
+def test_run_serves_until_stop_is_set(settings: Settings) -> None:
+    seen: list[server.Serving] = []
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            running = asyncio.create_task(
+                server.run(settings, listener=listener, stop=stop, on_serving=seen.append)
+            )
+            async with asyncio.timeout(TIMEOUT):
+                while not seen:
+                    await asyncio.sleep(0.01)
+                async with httpx.AsyncClient(base_url=seen[0].url) as client:
+                    status = (await client.get("/api/health")).status_code
+                stop.set()
+                await running
+        return status
+
+    assert asyncio.run(main()) == 200
+    assert seen[0].ingesting
+
+
+def test_a_part_that_raises_ends_run_with_its_error_logged_and_cancels_the_others(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    cancelled: list[str] = []
+
+    async def dies(self: KpiSampler) -> None:
+        await asyncio.sleep(0.2)
+        raise RuntimeError("the sampler broke")
+
+    async def runs_until_cancelled(self: SiteCallRetention) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append("site-call purge")
+            raise
+
+    monkeypatch.setattr(KpiSampler, "run", dies)
+    monkeypatch.setattr(SiteCallRetention, "run", runs_until_cancelled)
+
+    async def main() -> None:
+        async with asyncio.timeout(TIMEOUT):
+            await server.run(settings.model_copy(update={"port": 0}))
+
+    with (
+        caplog.at_level(logging.ERROR, logger="controlroom.server"),
+        pytest.raises(server.PartStopped) as stopped,
+    ):
+        asyncio.run(main())
+
+    assert stopped.value.part == "KPI sampler"
+    assert isinstance(stopped.value.__cause__, RuntimeError)
+    assert cancelled == ["site-call purge"]
+    [record] = [r for r in caplog.records if r.name == "controlroom.server"]
+    assert record.getMessage() == "KPI sampler stopped"
+    assert record.exc_info is not None and str(record.exc_info[1]) == "the sampler broke"
+
+
+def test_a_part_that_returns_on_its_own_ends_run(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def returns(self: KpiSampler) -> None:
+        await asyncio.sleep(0.2)
+
+    monkeypatch.setattr(KpiSampler, "run", returns)
+
+    async def main() -> None:
+        async with asyncio.timeout(TIMEOUT):
+            await server.run(settings.model_copy(update={"port": 0}))
+
+    with (
+        caplog.at_level(logging.ERROR, logger="controlroom.server"),
+        pytest.raises(server.PartStopped, match="KPI sampler stopped"),
+    ):
+        asyncio.run(main())
+    assert "KPI sampler stopped on its own" in caplog.text
