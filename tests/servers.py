@@ -38,6 +38,12 @@ import sqlalchemy as sa
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
 
+TEST_CLIENT_TIMEOUT = 60.0
+"""Seconds any HTTP client of the tests waits for an answer, and the product's own request
+timeouts the tests configure (a site's answer to central, ``reconciliation.request_timeout``)
+unless a test is about that timeout: a bound on a hang, generous enough for a loaded
+two-core CI machine, not an assertion about speed (httpx's default of 5 s was not)."""
+
 REQUIRE_SERVERS = os.environ.get("CONTROLROOM_REQUIRE_SERVERS") == "1"
 POSTGRESQL_ADMIN_URL = os.environ.get(
     "CONTROLROOM_TEST_POSTGRESQL_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

@@ -40,8 +40,12 @@ from controlroom.server import _quiet_routine_telemetry
 from controlroom.transport import Delivery, EmbeddedQueue, TransportError
 from tests import servers
 from tests.factories import at
+from tests.reconciliation.harness import eventually
+from tests.servers import TEST_CLIENT_TIMEOUT
 
 runner = CliRunner()
+REPORTED = re.compile(r"ingested \d+ failed messages \([\d.]+/s\), 1 failed imports")
+"""The ingestion's periodic report of a run that kept one failed import."""
 CONTROLROOM_EXE = Path(sys.executable).parent / "controlroom"
 SETTINGS_ENV = (
     "CONTROLROOM_CONFIG",
@@ -467,7 +471,9 @@ def wait_for_rows(base: str, count: int, process: subprocess.Popen[bytes]) -> li
     while time.monotonic() < deadline:
         assert process.poll() is None, "controlroom serve exited early"
         with contextlib.suppress(httpx.TransportError):
-            response = httpx.get(f"{base}/api/errors", params={"per_page": 500}, timeout=5)
+            response = httpx.get(
+                f"{base}/api/errors", params={"per_page": 500}, timeout=TEST_CLIENT_TIMEOUT
+            )
             total = response.headers.get("Total-Count")
             if response.status_code == 200 and total == str(count):
                 return list(response.json())
@@ -504,12 +510,14 @@ def test_demo_then_serve_lists_what_was_sent(
     port = free_port()
     base = f"http://127.0.0.1:{port}"
 
-    with serving(port, tmp_path / "serve.log") as process:
+    log_file = tmp_path / "serve.log"
+    with serving(port, log_file) as process:
         items = wait_for_rows(base, len(rows), process)
-        health = httpx.get(f"{base}/api/health", timeout=10)
+        health = httpx.get(f"{base}/api/health", timeout=TEST_CLIENT_TIMEOUT)
         binary = next(i for i in items if i["message_type"].endswith("ArchiveInvoice"))
-        body = httpx.get(f"{base}/api/messages/{binary['id']}/body", timeout=10)
-        time.sleep(1)  # one report interval after the last batch (set to 0.5 s above)
+        body = httpx.get(f"{base}/api/messages/{binary['id']}/body", timeout=TEST_CLIENT_TIMEOUT)
+        # The report every 0.5 s (set above) says what was ingested, at its next interval.
+        eventually(lambda: REPORTED.search(log_file.read_text()), what="the ingestion report")
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0, (tmp_path / "serve.log").read_text()
 
@@ -521,7 +529,7 @@ def test_demo_then_serve_lists_what_was_sent(
     # Issue 14 item 15: what serve is doing, said at startup and while it ingests.
     assert f"{base}/docs" in log and f"console {base}/" in log
     assert "Store: " in log and "Ingesting queues " in log
-    assert re.search(r"ingested \d+ failed messages \([\d.]+/s\), 1 failed imports", log), log
+    assert REPORTED.search(log), log
     demo_binary = next(
         m.body
         for m in generate_demo_messages(20, seed=3, now=datetime.now(UTC))
@@ -585,7 +593,7 @@ def test_make_demo_loop_a_retry_from_the_api_ends_resolved_or_failed_again(
         running(tmp_path / "endpoints.log", "demo", "endpoints", "--seed", "8"),
     ):
         before = {item["id"]: item for item in wait_for_rows(base, len(rows), serve)}
-        retried = httpx.post(f"{base}/api/errors/retry/all", timeout=10)
+        retried = httpx.post(f"{base}/api/errors/retry/all", timeout=TEST_CLIENT_TIMEOUT)
         assert retried.status_code == 202
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

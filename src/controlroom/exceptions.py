@@ -32,6 +32,13 @@ class MessageRejected(ControlroomError):
         self.reason = reason
 
 
+class UnstorableValue(ControlroomError):
+    """The database driver could not send a value of the input (text it cannot encode, e.g.
+    an unpaired surrogate): the input's fault. Raised in place of the driver's bare
+    ``UnicodeError`` by the engine's error hook (``db.errors.name_driver_refusals``), so
+    that no ``ValueError`` of our own code can pass for bad data."""
+
+
 class BodyStoreError(ControlroomError):
     """External body storage failed; the batch must not commit."""
 

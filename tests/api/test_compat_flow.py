@@ -31,6 +31,7 @@ from controlroom.transport.embedded import EmbeddedQueue
 from tests.nsb import failed_headers
 from tests.retries.conftest import TIMEOUT, make_processor
 from tests.retries.endpoint import FlakyEndpoint
+from tests.servers import TEST_CLIENT_TIMEOUT
 
 ENDPOINT = "Sales"
 
@@ -135,7 +136,11 @@ def test_a_service_control_client_retries_one_message_and_archives_another(
             app = create_app(
                 settings, engine, body_store, transport=transport, retry_processor=processor
             )
-            api = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+            api = httpx.AsyncClient(
+                transport=httpx.ASGITransport(app),
+                base_url="http://test",
+                timeout=TEST_CLIENT_TIMEOUT,
+            )
             endpoint = FlakyEndpoint(
                 transport,
                 queue=ENDPOINT,

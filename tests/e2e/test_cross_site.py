@@ -32,6 +32,7 @@ from controlroom.db.tables import (
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter
 from tests.api.failure_fixture import ingest_fixture
+from tests.servers import TEST_CLIENT_TIMEOUT
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 playwright_sync = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
@@ -164,16 +165,27 @@ def test_a_page_on_another_origin_changes_nothing_and_a_console_origin_works(
     port = free_port()
     settings = Settings(data_dir=tmp_path / "data", database_url=database_url, port=port)
     with serving_api(settings, engine, body_store) as api:
-        group_id = httpx.get(f"{api}/api/recoverability/groups").json()[0]["id"]
+        group_id = httpx.get(
+            f"{api}/api/recoverability/groups", timeout=TEST_CLIENT_TIMEOUT
+        ).json()[0]["id"]
         with serving_page(hostile_page(api, ids, group_id)) as page:
             open_in_chromium(page, "done")
 
         assert statuses(engine) == {int(FailedMessageStatus.UNRESOLVED)}
         assert comments(engine) == 0
 
-        rebound = httpx.get(f"{api}/api/errors", headers={"Host": f"attacker.example:{port}"})
+        rebound = httpx.get(
+            f"{api}/api/errors",
+            headers={"Host": f"attacker.example:{port}"},
+            timeout=TEST_CLIENT_TIMEOUT,
+        )
         assert rebound.status_code == 421
-        assert httpx.get(f"http://localhost:{port}/api/errors").status_code == 200
+        assert (
+            httpx.get(
+                f"http://localhost:{port}/api/errors", timeout=TEST_CLIENT_TIMEOUT
+            ).status_code
+            == 200
+        )
 
     # A trusted console on another origin (cors_allowed_origins) still archives, sending
     # JSON as ServicePulse does (a CORS preflight, then the PATCH).

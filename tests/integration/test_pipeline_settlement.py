@@ -12,7 +12,7 @@ from controlroom.config import Settings
 from controlroom.db.tables import failed_error_imports, failed_messages
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import IngestionService
-from controlroom.exceptions import BodyStoreError
+from controlroom.exceptions import BodyStoreError, UnstorableValue
 from controlroom.transport.embedded import EmbeddedQueue
 from tests.integration.test_ingestion import count, publish_all
 from tests.nsb import failed_headers
@@ -22,8 +22,9 @@ REFUSED = b"\x00refused"
 
 
 class FlakyBodyStore(FileSystemBodyStore):
-    """Refuses one body as bad data (``ValueError``, a data error) and, once it did, fails
-    every other write for a while (``BodyStoreError``: the store is failing), then heals."""
+    """Refuses one body as bad data (``UnstorableValue``, as the driver's refusal of a value
+    is: a data error) and, once it did, fails every other write for a while
+    (``BodyStoreError``: the store is failing), then heals."""
 
     failures_left = 3
     refused_once = False
@@ -31,7 +32,7 @@ class FlakyBodyStore(FileSystemBodyStore):
     def put(self, key: str, data: bytes) -> None:
         if data == REFUSED:
             self.refused_once = True
-            raise ValueError("the store refuses this body")
+            raise UnstorableValue("the store refuses this body")
         if self.refused_once and self.failures_left > 0:
             self.failures_left -= 1
             raise BodyStoreError("disk unavailable")

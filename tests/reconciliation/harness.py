@@ -27,6 +27,7 @@ from controlroom.site import SiteAgent, SiteService, SiteSettings
 from controlroom.site.lifecycle import CallState
 from controlroom.site.store import STATE_COLUMNS, tracked_operations
 from controlroom.site.telemetry import state_document
+from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.site.http import loopback_listener, serving, url_of
 
 OPERATOR_TOKEN = "operator-token-0123456789"
@@ -52,6 +53,9 @@ def eventually(check: Callable[[], Any], *, timeout: float = 60.0, what: str = "
 def central_settings(
     database_url: str, data_dir: Path, sites: list[ConfiguredSite], **reconciliation: Any
 ) -> Settings:
+    """Central's settings; a site may take ``TEST_CLIENT_TIMEOUT`` to answer unless the
+    test sets ``request_timeout`` itself (a test of that timeout)."""
+    reconciliation = {"request_timeout": TEST_CLIENT_TIMEOUT, **reconciliation}
     return Settings(
         data_dir=data_dir,
         database_url=database_url,

@@ -23,6 +23,7 @@ from tests.reconciliation.harness import (
     running_central,
     site_entry,
 )
+from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.site.http import FlakyTargets, loopback_listener, serving, url_of
 
 
@@ -80,7 +81,11 @@ def test_delivered_failed_parked_then_an_operator_retry_delivers(
         assert central_rows(engine)[parked_id]["retry_count"] == 3
 
         targets.fixed.add("stock")
-        answer = httpx.post(f"{central_url}/api/site-calls/{parked_id}/retry", headers=OPERATOR)
+        answer = httpx.post(
+            f"{central_url}/api/site-calls/{parked_id}/retry",
+            headers=OPERATOR,
+            timeout=TEST_CLIENT_TIMEOUT,
+        )
         assert answer.status_code == 200, answer.text
         assert answer.json()["outcome"] == "Applied"
         eventually(

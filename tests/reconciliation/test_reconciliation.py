@@ -42,6 +42,7 @@ from tests.reconciliation.harness import (
     site_entry,
     site_rows,
 )
+from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.site.http import loopback_listener, serving, url_of
 
 T = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -97,7 +98,12 @@ def test_lost_telemetry_self_heals_in_one_pass(database_url: str, tmp_path: Path
         packets = [packet for _, packet in agent.store.pending_packets(10_000)]
         kept = [p for p in packets if random.Random(p["audit_event"]["event_id"]).random() >= 0.3]
         assert len(kept) < len(packets)
-        answer = httpx.post(f"{central_url}/api/site-calls/telemetry", json=kept, headers=OPERATOR)
+        answer = httpx.post(
+            f"{central_url}/api/site-calls/telemetry",
+            json=kept,
+            headers=OPERATOR,
+            timeout=TEST_CLIENT_TIMEOUT,
+        )
         assert answer.status_code == 200, answer.text
         assert central_rows(engine) != site_rows(agent)  # 30% of the packets were lost
 
@@ -138,7 +144,9 @@ def test_a_legacy_site_is_pinned_once_and_unpinned_on_progress(
                     assert result.pinned
                 assert _pin_events(caplog) == ["pinned"]
                 assert _pin_event_log(central_url) == ["SitePinned"]
-                listed = httpx.get(f"{central_url}/api/sites", headers=READER).json()
+                listed = httpx.get(
+                    f"{central_url}/api/sites", headers=READER, timeout=TEST_CLIENT_TIMEOUT
+                ).json()
                 assert listed[0]["pinned"] is True
 
                 # 200 of the burst move on (delivered again later): the rest fits a page.
@@ -161,7 +169,9 @@ def test_a_legacy_site_is_pinned_once_and_unpinned_on_progress(
 
 def _pin_event_log(central_url: str) -> list[str]:
     """The pinned latch's event log items, oldest first."""
-    items = httpx.get(f"{central_url}/api/eventlogitems", headers=READER).json()
+    items = httpx.get(
+        f"{central_url}/api/eventlogitems", headers=READER, timeout=TEST_CLIENT_TIMEOUT
+    ).json()
     return [
         item["event_type"]
         for item in reversed(items)
@@ -219,7 +229,12 @@ def test_a_failing_site_and_a_hanging_one_do_not_stop_a_healthy_one(
         assert set(central_rows(engine)) == set(ids)
         assert "HTTP 500" in results["erring"].error
         assert "unreachable" in results["hanging"].error  # timed out
-        listed = {s["id"]: s for s in httpx.get(f"{central_url}/api/sites", headers=READER).json()}
+        listed = {
+            s["id"]: s
+            for s in httpx.get(
+                f"{central_url}/api/sites", headers=READER, timeout=TEST_CLIENT_TIMEOUT
+            ).json()
+        }
         assert listed["erring"]["reachable"] is False and listed["erring"]["last_error"]
         assert listed["plant-7"]["reachable"] is True and listed["plant-7"]["last_error"] is None
         assert listed["plant-7"]["cursor"]["tracked_operation_id"] == max(ids)
@@ -256,21 +271,44 @@ def test_the_api_answers_during_a_slow_pass_and_a_second_trigger_starts_nothing(
                 database_url, tmp_path / "central", [site_entry("plant-7", slow_url)]
             )
             central_url, app, engine = stack.enter_context(running_central(settings))
-            started = httpx.post(f"{central_url}/api/sites/plant-7/reconcile", headers=OPERATOR)
+            started = httpx.post(
+                f"{central_url}/api/sites/plant-7/reconcile",
+                headers=OPERATOR,
+                timeout=TEST_CLIENT_TIMEOUT,
+            )
             assert started.status_code == 202
             assert slow.entered.wait(30)
             # The pass waits on the site; the API, and telemetry ingest, answer meanwhile.
-            assert httpx.get(f"{central_url}/api/sites", headers=READER).status_code == 200
-            assert httpx.get(f"{central_url}/api/errors", headers=READER).status_code == 200
-            kpis = httpx.get(f"{central_url}/api/site-calls/kpis", headers=READER)
+            assert (
+                httpx.get(
+                    f"{central_url}/api/sites", headers=READER, timeout=TEST_CLIENT_TIMEOUT
+                ).status_code
+                == 200
+            )
+            assert (
+                httpx.get(
+                    f"{central_url}/api/errors", headers=READER, timeout=TEST_CLIENT_TIMEOUT
+                ).status_code
+                == 200
+            )
+            kpis = httpx.get(
+                f"{central_url}/api/site-calls/kpis", headers=READER, timeout=TEST_CLIENT_TIMEOUT
+            )
             assert kpis.status_code == 200
             packet = _packet()
             ingest = httpx.post(
-                f"{central_url}/api/site-calls/telemetry", json=[packet], headers=OPERATOR
+                f"{central_url}/api/site-calls/telemetry",
+                json=[packet],
+                headers=OPERATOR,
+                timeout=TEST_CLIENT_TIMEOUT,
             )
             assert ingest.status_code == 200
             assert packet["tracked_operation_id"] in central_rows(engine)
-            second = httpx.post(f"{central_url}/api/sites/plant-7/reconcile", headers=OPERATOR)
+            second = httpx.post(
+                f"{central_url}/api/sites/plant-7/reconcile",
+                headers=OPERATOR,
+                timeout=TEST_CLIENT_TIMEOUT,
+            )
             assert second.status_code == 409
             assert app.state.reconciliation.running
             slow.release.set()
@@ -318,11 +356,19 @@ def test_reconcile_on_demand_needs_a_known_site_and_an_operator(
 ) -> None:
     with one_site(database_url, tmp_path) as (_agent, central_url, _app, _engine):
         assert (
-            httpx.post(f"{central_url}/api/sites/nowhere/reconcile", headers=OPERATOR).status_code
+            httpx.post(
+                f"{central_url}/api/sites/nowhere/reconcile",
+                headers=OPERATOR,
+                timeout=TEST_CLIENT_TIMEOUT,
+            ).status_code
             == 404
         )
         assert (
-            httpx.post(f"{central_url}/api/sites/plant-7/reconcile", headers=READER).status_code
+            httpx.post(
+                f"{central_url}/api/sites/plant-7/reconcile",
+                headers=READER,
+                timeout=TEST_CLIENT_TIMEOUT,
+            ).status_code
             == 403
         )
 

@@ -30,6 +30,7 @@ from tests.reconciliation.harness import (
     running_central,
     site_entry,
 )
+from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.site.http import loopback_listener, serving, url_of
 
 
@@ -69,13 +70,22 @@ def parked_call(
         agent.register("switch", switch)
         call_id = agent.cached_call("erp/stock", "switch", {}).tracked_operation_id
         packets = [packet for _, packet in agent.store.pending_packets(100)]
-        httpx.post(f"{central_url}/api/site-calls/telemetry", json=packets, headers=OPERATOR)
+        httpx.post(
+            f"{central_url}/api/site-calls/telemetry",
+            json=packets,
+            headers=OPERATOR,
+            timeout=TEST_CLIENT_TIMEOUT,
+        )
         assert central_rows(engine)[call_id]["status"] == "Parked"
         yield agent, switch, call_id, central_url, app, engine
 
 
 def relay(central_url: str, call_id: str, command: str, headers: dict) -> httpx.Response:
-    return httpx.post(f"{central_url}/api/site-calls/{call_id}/{command}", headers=headers)
+    return httpx.post(
+        f"{central_url}/api/site-calls/{call_id}/{command}",
+        headers=headers,
+        timeout=TEST_CLIENT_TIMEOUT,
+    )
 
 
 def assert_applied(agent: SiteAgent, call_id: str, command: str) -> None:
@@ -110,7 +120,9 @@ def test_applied_writes_one_audit_event_naming_the_operator(
             "channel": "ApiOutbound",
             "target": "erp/stock",
         }
-        items = httpx.get(f"{url}/api/eventlogitems", headers=OPERATOR).json()
+        items = httpx.get(
+            f"{url}/api/eventlogitems", headers=OPERATOR, timeout=TEST_CLIENT_TIMEOUT
+        ).json()
         relayed = [i for i in items if i["event_type"] == f"SiteCall{command.title()}Relayed"]
         assert [i["related_to"][0] for i in relayed] == [f"/site-call/{call_id}"]
 

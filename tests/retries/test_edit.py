@@ -29,6 +29,7 @@ from tests.retries.conftest import (
     take,
     unique_name,
 )
+from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.transport.helpers import Collector
 
 Scenario = Callable[[httpx.AsyncClient, EmbeddedQueue], Awaitable[Any]]
@@ -48,7 +49,11 @@ def run_with_api(
     async def main() -> Any:
         async with EmbeddedQueue(settings.embedded_queue_path) as transport:
             app = create_app(settings, engine, body_store, transport=transport)
-            api = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+            api = httpx.AsyncClient(
+                transport=httpx.ASGITransport(app),
+                base_url="http://test",
+                timeout=TEST_CLIENT_TIMEOUT,
+            )
             async with api, asyncio.timeout(TIMEOUT):
                 return await scenario(api, transport)
 
@@ -186,7 +191,9 @@ def test_edit_without_a_transport_answers_503(
 
     async def main() -> httpx.Response:
         transport = httpx.ASGITransport(app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as api:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://test", timeout=TEST_CLIENT_TIMEOUT
+        ) as api:
             return await api.post(
                 f"/api/edit/{original.unique_message_id}",
                 json={"message_body": "{}", "message_headers": editable(failed_headers("x"))},
@@ -287,7 +294,11 @@ def test_an_edit_with_headers_larger_than_a_frame_is_400_and_the_connection_stay
     async def main() -> tuple[httpx.Response, list[bytes]]:
         async with RabbitMQTransport(rabbitmq_url) as transport, asyncio.timeout(TIMEOUT):
             app = create_app(settings, engine, body_store, transport=transport)
-            api = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+            api = httpx.AsyncClient(
+                transport=httpx.ASGITransport(app),
+                base_url="http://test",
+                timeout=TEST_CLIENT_TIMEOUT,
+            )
             async with api, Collector(transport, other, prefetch=5) as consumer:
                 await transport.publish(other, {}, b"before")
                 (before,) = await take(consumer, 1)

@@ -20,6 +20,7 @@ from controlroom.errors.ingest.writer import FailedMessageBatchWriter
 from controlroom.transport.embedded import EmbeddedQueue
 from tests.nsb import failed_headers
 from tests.retries.conftest import TIMEOUT, make_processor, statuses, store_failed, take
+from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.transport.helpers import Collector
 
 REDIRECT_KEYS = {
@@ -152,7 +153,11 @@ def test_an_edit_honours_the_redirect_and_a_retry_to_proxy_gets_the_target(
     async def edit() -> tuple[int, dict[str, str | None]]:
         async with EmbeddedQueue(settings.embedded_queue_path) as transport:
             app = create_app(settings, engine, body_store, transport=transport)
-            api = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+            api = httpx.AsyncClient(
+                transport=httpx.ASGITransport(app),
+                base_url="http://test",
+                timeout=TEST_CLIENT_TIMEOUT,
+            )
             async with api, Collector(transport, "Proxy", prefetch=5) as collector:
                 async with asyncio.timeout(TIMEOUT):
                     created = await api.post(

@@ -35,6 +35,7 @@ from tests.retries.conftest import (
     take,
     wait_for,
 )
+from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.transport.helpers import Collector
 
 
@@ -55,7 +56,11 @@ def test_embedded_queue_retry_round_trip_with_a_running_processor(
             )
             running = asyncio.create_task(processor.run())
             app = create_app(settings, engine, body_store, retry_processor=processor)
-            api = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+            api = httpx.AsyncClient(
+                transport=httpx.ASGITransport(app),
+                base_url="http://test",
+                timeout=TEST_CLIENT_TIMEOUT,
+            )
             ingestion = IngestionService(settings, engine, transport, body_store)
             ingesting = asyncio.create_task(ingestion.run())
             try:
@@ -157,7 +162,11 @@ def test_history_lists_completed_operations_with_counts_and_outcome(
             assert await processor.process_pending() == 2
             await processor.close()
             app = create_app(settings, engine, body_store)
-            api = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+            api = httpx.AsyncClient(
+                transport=httpx.ASGITransport(app),
+                base_url="http://test",
+                timeout=TEST_CLIENT_TIMEOUT,
+            )
             async with api:
                 operation = await api.get(f"/api/retries/{grouped.operation_id}")
                 assert operation.json()["completion_time"] is not None

@@ -25,6 +25,7 @@ from tests.reconciliation.harness import (
     eventually,
     running_central,
 )
+from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.site.http import FlakyTargets, serving
 
 AUTH = {"Authorization": f"Bearer {SITE_TOKEN}"}
@@ -96,7 +97,10 @@ def test_a_killed_agent_resumes_its_buffered_call_and_sends_its_outbox(
         with site_process(env) as first:
             eventually(lambda: _up(agent_url, first), what="the agent serves")
             answer = httpx.post(
-                f"{agent_url}/site/calls", json={"url": f"{target_url}/always-503/x"}, headers=AUTH
+                f"{agent_url}/site/calls",
+                json={"url": f"{target_url}/always-503/x"},
+                headers=AUTH,
+                timeout=TEST_CLIENT_TIMEOUT,
             )
             call_id = answer.json()["tracked_operation_id"]
             assert targets.holding.wait(60), "the agent never made its 6th attempt"
@@ -138,6 +142,11 @@ def test_a_killed_agent_resumes_its_buffered_call_and_sends_its_outbox(
 def _up(url: str, process: subprocess.Popen) -> bool:
     assert process.poll() is None, process.stderr.read().decode()
     try:
-        return httpx.get(f"{url}/site/tracking/changes", headers=AUTH).status_code == 200
+        return (
+            httpx.get(
+                f"{url}/site/tracking/changes", headers=AUTH, timeout=TEST_CLIENT_TIMEOUT
+            ).status_code
+            == 200
+        )
     except httpx.HTTPError:
         return False

@@ -22,6 +22,7 @@ from tests.reconciliation.harness import (
     running_central,
     seed_site_rows,
 )
+from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.site.http import FlakyTargets, serving
 
 AUTH = {"Authorization": f"Bearer {SITE_TOKEN}"}
@@ -42,15 +43,21 @@ def test_the_pull_contract_pages_strictly_after_the_cursor(tmp_path: Path) -> No
     with running_agent(settings(tmp_path)) as agent:
         ids = seed_site_rows(agent, 5, T)
         url = f"{agent.url}/site/tracking/changes"
-        first = httpx.get(url, params={"limit": 2}, headers=AUTH).json()
+        first = httpx.get(
+            url, params={"limit": 2}, headers=AUTH, timeout=TEST_CLIENT_TIMEOUT
+        ).json()
         assert [r["tracked_operation_id"] for r in first["rows"]] == ids[:2]
         assert first["more_available"] is True
         last = first["rows"][-1]
         cursor = {"since": last["updated_at_utc"], "after_id": last["tracked_operation_id"]}
-        second = httpx.get(url, params={**cursor, "limit": 10}, headers=AUTH).json()
+        second = httpx.get(
+            url, params={**cursor, "limit": 10}, headers=AUTH, timeout=TEST_CLIENT_TIMEOUT
+        ).json()
         assert [r["tracked_operation_id"] for r in second["rows"]] == ids[2:]
         assert second["more_available"] is False
-        inclusive = httpx.get(url, params={"since": last["updated_at_utc"]}, headers=AUTH).json()
+        inclusive = httpx.get(
+            url, params={"since": last["updated_at_utc"]}, headers=AUTH, timeout=TEST_CLIENT_TIMEOUT
+        ).json()
         assert len(inclusive["rows"]) == 5  # without after_id the timestamp is inclusive
         assert set(first["rows"][0]) == {
             "tracked_operation_id", "channel", "target", "source_site", "source_node",
@@ -71,7 +78,12 @@ def test_the_pull_contract_pages_strictly_after_the_cursor(tmp_path: Path) -> No
 )
 def test_bad_pull_parameters_are_refused_by_name(tmp_path: Path, params: dict, field: str) -> None:
     with running_agent(settings(tmp_path)) as agent:
-        answer = httpx.get(f"{agent.url}/site/tracking/changes", params=params, headers=AUTH)
+        answer = httpx.get(
+            f"{agent.url}/site/tracking/changes",
+            params=params,
+            headers=AUTH,
+            timeout=TEST_CLIENT_TIMEOUT,
+        )
         assert answer.status_code in (400, 422)
         assert field in answer.text
 
@@ -79,9 +91,15 @@ def test_bad_pull_parameters_are_refused_by_name(tmp_path: Path, params: dict, f
 def test_the_agent_needs_its_token(tmp_path: Path) -> None:
     with running_agent(settings(tmp_path)) as agent:
         for headers in ({}, {"Authorization": "Bearer not-the-token-at-all"}):
-            answer = httpx.get(f"{agent.url}/site/tracking/changes", headers=headers)
+            answer = httpx.get(
+                f"{agent.url}/site/tracking/changes", headers=headers, timeout=TEST_CLIENT_TIMEOUT
+            )
             assert answer.status_code == 401
-        answer = httpx.post(f"{agent.url}/site/tracking/x/retry", json={"operator": "eve"})
+        answer = httpx.post(
+            f"{agent.url}/site/tracking/x/retry",
+            json={"operator": "eve"},
+            timeout=TEST_CLIENT_TIMEOUT,
+        )
         assert answer.status_code == 401
 
 
@@ -89,13 +107,25 @@ def test_cached_http_calls_over_the_agent_api(tmp_path: Path) -> None:
     targets = FlakyTargets()
     with serving(targets.app) as target_url, running_agent(settings(tmp_path)) as agent:
         calls = f"{agent.url}/site/calls"
-        ok = httpx.post(calls, json={"url": f"{target_url}/recovers/a"}, headers=AUTH)
+        ok = httpx.post(
+            calls,
+            json={"url": f"{target_url}/recovers/a"},
+            headers=AUTH,
+            timeout=TEST_CLIENT_TIMEOUT,
+        )
         assert ok.status_code == 200 and ok.json()["status"] == "Attempted"
-        rejected = httpx.post(calls, json={"url": f"{target_url}/reject/b"}, headers=AUTH)
+        rejected = httpx.post(
+            calls, json={"url": f"{target_url}/reject/b"}, headers=AUTH, timeout=TEST_CLIENT_TIMEOUT
+        )
         assert rejected.status_code == 422 and rejected.json()["status"] == "Failed"
         assert "HTTP 400" in rejected.json()["last_error"]
         targets.fixed.add("c")
-        delivered = httpx.post(calls, json={"url": f"{target_url}/always-503/c"}, headers=AUTH)
+        delivered = httpx.post(
+            calls,
+            json={"url": f"{target_url}/always-503/c"},
+            headers=AUTH,
+            timeout=TEST_CLIENT_TIMEOUT,
+        )
         assert delivered.json()["status"] == "Delivered"
 
 
@@ -143,6 +173,7 @@ def test_the_agent_refuses_what_centrals_contract_would_by_name(
             f"{agent.url}/site/{route}",
             content=body.encode(),
             headers={**AUTH, "content-type": "application/json"},
+            timeout=TEST_CLIENT_TIMEOUT,
         )
         assert answer.status_code == 422, answer.text
         assert field in answer.text

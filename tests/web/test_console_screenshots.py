@@ -27,6 +27,7 @@ from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.sitecalls.demo import SITES, generate_demo_telemetry
 from controlroom.sitecalls.history import take_sample
 from tests.retries.conftest import TIMEOUT
+from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.web.conftest import ConsoleServer, ServerFactory
 
 expect.set_options(timeout=TIMEOUT * 1000)
@@ -47,7 +48,11 @@ def seed_site_calls(server: ConsoleServer, now: datetime) -> str:
     (sampled every ten minutes as the sampler would have); returns a Parked call's id."""
     packets = generate_demo_telemetry(seed=12, now=now)
     rejected = {**packets[0], "status": "Lost", "tracked_operation_id": "not-a-guid"}
-    answer = httpx.post(f"{server.base_url}/api/site-calls/telemetry", json=[*packets, rejected])
+    answer = httpx.post(
+        f"{server.base_url}/api/site-calls/telemetry",
+        json=[*packets, rejected],
+        timeout=TEST_CLIENT_TIMEOUT,
+    )
     assert answer.status_code == 200, answer.text
     for minutes in range(0, 24 * 60, 10):
         take_sample(server.engine, server.settings, now - timedelta(minutes=minutes))

@@ -25,6 +25,7 @@ from controlroom.db.tables import audit_log
 from controlroom.site import SiteSettings
 from tests.reconciliation.harness import SITE_TOKEN, running_agent, site_entry
 from tests.retries.conftest import TIMEOUT
+from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.site.http import loopback_listener, url_of
 from tests.web.conftest import ConsoleServer, ServerFactory
 from tests.web.test_console_safety import (
@@ -83,7 +84,10 @@ def packet(
 
 def post_telemetry(server: ConsoleServer, packets: list[dict[str, Any]], **headers: str) -> None:
     answer = httpx.post(
-        f"{server.base_url}/api/site-calls/telemetry", json=packets, headers=headers
+        f"{server.base_url}/api/site-calls/telemetry",
+        json=packets,
+        headers=headers,
+        timeout=TEST_CLIENT_TIMEOUT,
     )
     assert answer.status_code == 200, answer.text
     assert answer.json()["rejected"] == [], answer.json()
@@ -189,9 +193,9 @@ def test_the_kpi_tiles_equal_the_kpi_api_globally_and_per_site_and_node(
     ]
     seen = []
     for path, params in scopes:
-        before = httpx.get(api, params=params).json()
+        before = httpx.get(api, params=params, timeout=TEST_CLIENT_TIMEOUT).json()
         page.goto(console_server.base_url + path)
-        after = httpx.get(api, params=params).json()
+        after = httpx.get(api, params=params, timeout=TEST_CLIENT_TIMEOUT).json()
         figures = tile_figures(page)
         assert figures == {metric: after[metric] for metric in TILES}
         # The age grows while the test runs: the tile's lies between the two answers.

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 import tenacity
 from sqlalchemy.engine import make_url
 
-from controlroom.db.errors import is_transient
+from controlroom.db.errors import is_transient, name_driver_refusals
 from controlroom.db.providers import provider_named
 from controlroom.db.transactions import begin_write
 
@@ -39,9 +39,12 @@ def normalize_database_url(url: str) -> sa.URL:
 
 
 def create_store_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
-    """Create the engine for ``url`` with the provider's connection rules applied."""
+    """Create the engine for ``url`` with the provider's connection rules applied; the
+    driver's encoding refusals raise ``UnstorableValue`` (``db.errors``)."""
     parsed = normalize_database_url(url)
-    return provider_named(parsed.get_backend_name()).create_engine(parsed, pool_size=pool_size)
+    engine = provider_named(parsed.get_backend_name()).create_engine(parsed, pool_size=pool_size)
+    sa.event.listen(engine, "handle_error", name_driver_refusals)
+    return engine
 
 
 def run_write_transaction(engine: sa.Engine, work: Callable[[sa.Connection], T]) -> T:

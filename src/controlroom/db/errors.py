@@ -4,25 +4,33 @@ Every other module lets driver errors reach ``classify_store_error``; nothing el
 what is transient. Each provider classifies its own driver's errors
 (``Provider.classify_error``); what is common to all is decided here. Rule source: STYLE.md
 (psycopg's error choke point) and DESIGN.md "Transient failures".
+
+Only what the store raised is ever the input's fault (``ErrorKind.DATA``): a driver or
+server refusal, or ``UnstorableValue``, which ``name_driver_refusals`` raises for the
+driver's text-encoding refusals. Any other exception, a ``ValueError`` of our own code
+included, is a bug (``FATAL``): a caller gives its batch back rather than keep the
+batch's messages as failed imports (DESIGN.md "Failed imports": a reason of their own).
 """
 
 from __future__ import annotations
 
-import sqlalchemy.exc
+import sqlalchemy as sa
 
 from controlroom.db.providers import PROVIDERS
-from controlroom.exceptions import BodyStoreError, ErrorKind
+from controlroom.exceptions import BodyStoreError, ErrorKind, UnstorableValue
 
 
 def classify_store_error(exc: BaseException) -> ErrorKind:
     """Classify an exception raised by the store (SQLAlchemy or driver level)."""
     if isinstance(exc, BodyStoreError):
         return ErrorKind.TRANSIENT
-    if isinstance(exc, sqlalchemy.exc.DBAPIError):
+    if isinstance(exc, UnstorableValue):
+        return ErrorKind.DATA
+    if isinstance(exc, sa.exc.DBAPIError):
         if exc.connection_invalidated:
             return ErrorKind.TRANSIENT
         return classify_store_error(exc.orig) if exc.orig is not None else ErrorKind.FATAL
-    if isinstance(exc, sqlalchemy.exc.TimeoutError):  # connection pool exhausted
+    if isinstance(exc, sa.exc.TimeoutError):  # connection pool exhausted
         return ErrorKind.TRANSIENT
     for provider in PROVIDERS.values():
         kind = provider.classify_error(exc)
@@ -30,9 +38,19 @@ def classify_store_error(exc: BaseException) -> ErrorKind:
             return kind
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return ErrorKind.TRANSIENT
-    if isinstance(exc, ValueError):  # driver-side encoding refusals, e.g. NUL in text
-        return ErrorKind.DATA
     return ErrorKind.FATAL
+
+
+def name_driver_refusals(context: sa.engine.ExceptionContext) -> BaseException | None:
+    """The engines' ``handle_error`` hook: a ``UnicodeError`` raised while a statement
+    was sent (the driver cannot encode a text parameter; neither sqlite3 nor psycopg
+    wraps it in its own error class) becomes ``UnstorableValue``, chained to it; any
+    other exception is left as it is (``None``). SQLAlchemy calls the hook only for
+    exceptions raised inside statement execution, so ours never reach it."""
+    original = context.original_exception
+    if isinstance(original, UnicodeError):
+        return UnstorableValue(f"the database driver cannot send a value: {original}")
+    return None
 
 
 def is_transient(exc: BaseException) -> bool:

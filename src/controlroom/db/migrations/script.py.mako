@@ -10,7 +10,10 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import controlroom.db.types
+## Frozen: copy any logic the migration runs into it; import no controlroom code but the
+## dialect helpers (a column type of db.types becomes its plain SQLAlchemy type). A branch
+## on the database names each dialect and ends in `else: unsupported(dialect, revision)`.
+from controlroom.db.migrations._dialects import migrating
 
 ${imports if imports else ""}
 revision = ${repr(up_revision)}
@@ -20,8 +23,10 @@ depends_on = ${repr(depends_on)}
 
 
 def upgrade() -> None:
-    ${upgrades if upgrades else "pass"}
+    migrating(revision)
+    ${upgrades if upgrades else ""}
 
 
 def downgrade() -> None:
-    ${downgrades if downgrades else "pass"}
+    migrating(revision)
+    ${downgrades if downgrades else ""}

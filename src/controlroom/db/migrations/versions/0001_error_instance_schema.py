@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import controlroom.db.types
+from controlroom.db.migrations._dialects import Dialect, migrating, unsupported
 
 revision = "0001"
 down_revision = None
@@ -19,6 +19,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    dialect = migrating(revision)
     op.create_table(
         "failed_error_imports",
         sa.Column("id", sa.String(length=36), nullable=False, comment="hash of headers + body"),
@@ -26,7 +27,7 @@ def upgrade() -> None:
         sa.Column("headers_json", sa.Text(), nullable=False),
         sa.Column("body", sa.LargeBinary(), nullable=False),
         sa.Column("reason", sa.Text(), nullable=False),
-        sa.Column("failed_at", controlroom.db.types.UtcDateTime(), nullable=False),
+        sa.Column("failed_at", sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_failed_error_imports")),
     )
     op.create_table(
@@ -34,18 +35,18 @@ def upgrade() -> None:
         sa.Column("id", sa.String(length=36), nullable=False, comment="UniqueMessageId"),
         sa.Column("message_id", sa.String(length=400), nullable=False),
         sa.Column("status", sa.SmallInteger(), nullable=False),
-        sa.Column("status_changed_at", controlroom.db.types.UtcDateTime(), nullable=False),
-        sa.Column("last_modified", controlroom.db.types.UtcDateTime(), nullable=False),
+        sa.Column("status_changed_at", sa.DateTime(), nullable=False),
+        sa.Column("last_modified", sa.DateTime(), nullable=False),
         sa.Column("number_of_processing_attempts", sa.Integer(), nullable=False),
-        sa.Column("first_failure_at", controlroom.db.types.UtcDateTime(), nullable=False),
+        sa.Column("first_failure_at", sa.DateTime(), nullable=False),
         sa.Column(
             "last_failure_at",
-            controlroom.db.types.UtcDateTime(),
+            sa.DateTime(),
             nullable=False,
             comment="the stored attempt's",
         ),
         sa.Column("message_type", sa.Text(), nullable=True),
-        sa.Column("time_sent", controlroom.db.types.UtcDateTime(), nullable=True),
+        sa.Column("time_sent", sa.DateTime(), nullable=True),
         sa.Column("is_system_message", sa.Boolean(), nullable=False),
         sa.Column("conversation_id", sa.String(length=400), nullable=True),
         sa.Column("exception_type", sa.Text(), nullable=True),
@@ -101,7 +102,7 @@ def upgrade() -> None:
         sa.Column("host_id", sa.String(length=100), nullable=False),
         sa.Column("host", sa.String(length=400), nullable=True),
         sa.Column("monitored", sa.Boolean(), nullable=False, comment="the user's choice"),
-        sa.Column("first_seen_at", controlroom.db.types.UtcDateTime(), nullable=False),
+        sa.Column("first_seen_at", sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_known_endpoints")),
     )
     op.create_table(
@@ -113,9 +114,9 @@ def upgrade() -> None:
         sa.Column("originator", sa.Text(), nullable=True),
         sa.Column("classifier", sa.String(length=100), nullable=True),
         sa.Column("initial_batch_size", sa.Integer(), nullable=False),
-        sa.Column("started_at", controlroom.db.types.UtcDateTime(), nullable=False),
-        sa.Column("last_modified", controlroom.db.types.UtcDateTime(), nullable=False),
-        sa.Column("completed_at", controlroom.db.types.UtcDateTime(), nullable=True),
+        sa.Column("started_at", sa.DateTime(), nullable=False),
+        sa.Column("last_modified", sa.DateTime(), nullable=False),
+        sa.Column("completed_at", sa.DateTime(), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_retry_batches")),
     )
     with op.batch_alter_table("retry_batches", schema=None) as batch_op:
@@ -158,11 +159,11 @@ def upgrade() -> None:
             "ix_failed_message_retries_retry_batch_id", ["retry_batch_id"], unique=False
         )
 
-    create_full_text_search()
+    create_full_text_search(dialect)
 
 
 def downgrade() -> None:
-    drop_full_text_search()
+    drop_full_text_search(migrating(revision))
     with op.batch_alter_table("failed_message_retries", schema=None) as batch_op:
         batch_op.drop_index("ix_failed_message_retries_retry_batch_id")
 
@@ -214,9 +215,8 @@ _SQLITE_FTS_NEW = "new.rowid, new.headers_json, new.body_text"
 _SQLITE_FTS_OLD = "'delete', old.rowid, old.headers_json, old.body_text"
 
 
-def create_full_text_search() -> None:
+def create_full_text_search(dialect: Dialect) -> None:
     """Provider-native full-text search over headers and body text (DESIGN.md "Search")."""
-    dialect = op.get_bind().dialect.name
     if dialect == "postgresql":
         op.execute(
             "ALTER TABLE failed_messages ADD COLUMN search_vector tsvector "
@@ -251,10 +251,11 @@ def create_full_text_search() -> None:
             f"INSERT INTO failed_messages_fts(rowid, {_SQLITE_FTS_COLUMNS}) "
             f"VALUES ({_SQLITE_FTS_NEW}); END"
         )
+    else:
+        unsupported(dialect, revision)
 
 
-def drop_full_text_search() -> None:
-    dialect = op.get_bind().dialect.name
+def drop_full_text_search(dialect: Dialect) -> None:
     if dialect == "postgresql":
         op.execute("DROP INDEX IF EXISTS ix_failed_messages_search_vector")
         op.execute("ALTER TABLE failed_messages DROP COLUMN IF EXISTS search_vector")
@@ -262,3 +263,5 @@ def drop_full_text_search() -> None:
         for trigger in ("insert", "delete", "update"):
             op.execute(f"DROP TRIGGER IF EXISTS failed_messages_fts_{trigger}")
         op.execute("DROP TABLE IF EXISTS failed_messages_fts")
+    else:
+        unsupported(dialect, revision)

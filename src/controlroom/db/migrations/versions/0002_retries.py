@@ -16,7 +16,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import controlroom.db.types
+from controlroom.db.migrations._dialects import migrating
 
 revision = "0002"
 down_revision = "0001"
@@ -25,6 +25,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    migrating(revision)
     # Plain ADD COLUMN (nullable, no constraint) works on every provider, SQLite too,
     # without recreating the table.
     op.add_column(
@@ -49,7 +50,7 @@ def upgrade() -> None:
         "failed_message_retries",
         sa.Column(
             "sent_at",
-            controlroom.db.types.UtcDateTime(),
+            sa.DateTime(),
             nullable=True,
             comment="when the broker confirmed the send",
         ),
@@ -80,15 +81,15 @@ def upgrade() -> None:
         sa.Column(
             "acknowledged", sa.Boolean(), nullable=False, comment="the operator dismissed it"
         ),
-        sa.Column("started_at", controlroom.db.types.UtcDateTime(), nullable=False),
-        sa.Column("last_modified", controlroom.db.types.UtcDateTime(), nullable=False),
+        sa.Column("started_at", sa.DateTime(), nullable=False),
+        sa.Column("last_modified", sa.DateTime(), nullable=False),
         sa.Column(
             "prepared_at",
-            controlroom.db.types.UtcDateTime(),
+            sa.DateTime(),
             nullable=True,
             comment="every batch of the request exists",
         ),
-        sa.Column("completed_at", controlroom.db.types.UtcDateTime(), nullable=True),
+        sa.Column("completed_at", sa.DateTime(), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_retry_operations")),
     )
     op.create_index(
@@ -99,12 +100,13 @@ def upgrade() -> None:
         "service_leases",
         sa.Column("name", sa.String(length=100), nullable=False),
         sa.Column("owner", sa.String(length=100), nullable=False),
-        sa.Column("expires_at", controlroom.db.types.UtcDateTime(), nullable=False),
+        sa.Column("expires_at", sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_service_leases")),
     )
 
 
 def downgrade() -> None:
+    migrating(revision)
     op.drop_table("service_leases")
     op.drop_index("ix_retry_operations_completed_at", table_name="retry_operations")
     op.drop_index("ix_retry_operations_target_retry_type", table_name="retry_operations")

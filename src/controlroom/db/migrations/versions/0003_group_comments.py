@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import controlroom.db.types
+from controlroom.db.migrations._dialects import migrating
 
 revision = "0003"
 down_revision = "0002"
@@ -22,14 +22,16 @@ depends_on = None
 
 
 def upgrade() -> None:
+    migrating(revision)
     op.create_table(
         "failed_message_group_comments",
         sa.Column("group_id", sa.String(length=36), nullable=False),
         sa.Column("comment", sa.Text(), nullable=False),
-        sa.Column("updated_at", controlroom.db.types.UtcDateTime(), nullable=False),
+        sa.Column("updated_at", sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint("group_id", name=op.f("pk_failed_message_group_comments")),
     )
 
 
 def downgrade() -> None:
+    migrating(revision)
     op.drop_table("failed_message_group_comments")

@@ -27,6 +27,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from controlroom.db.migrations._dialects import migrating, unsupported
+
 revision = "0004"
 down_revision = "0003"
 branch_labels = None
@@ -47,15 +49,21 @@ REPLACED = (
 
 
 def upgrade() -> None:
-    postgresql = op.get_bind().dialect.name == "postgresql"
+    dialect = migrating(revision)
     for name, column, nullable in SORT_INDEXES:
-        leading = sa.text(f"{column} NULLS FIRST") if postgresql and nullable else column
+        if dialect == "postgresql":
+            leading = sa.text(f"{column} NULLS FIRST") if nullable else column
+        elif dialect == "sqlite":
+            leading = column  # SQLite sorts NULLs first in ascending order already
+        else:
+            unsupported(dialect, revision)
         op.create_index(name, TABLE, [leading, "id"])
     for name, _ in REPLACED:
         op.drop_index(name, table_name=TABLE)
 
 
 def downgrade() -> None:
+    migrating(revision)
     for name, column in REPLACED:
         op.create_index(name, TABLE, [column])
     for name, _, _ in SORT_INDEXES:

@@ -29,17 +29,22 @@ terminal rows by terminal time (also the retention purge); the audit log's keyse
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
 
-import controlroom.db.types
-from controlroom.db.providers.postgresql import AUDIT_DEFAULT_PARTITION, audit_partition_ddl
+from controlroom.db.migrations._dialects import Dialect, migrating, unsupported
 
 revision = "0005"
 down_revision = "0004"
 branch_labels = None
 depends_on = None
+
+AUDIT_DEFAULT_PARTITION = "audit_log_default"
+AUDIT_MONTHS_AHEAD = 2
+"""Months after the current one whose partitions this migration makes (a copy of the
+PostgreSQL provider's rule as it was: migrations never run live code)."""
 
 NON_TERMINAL = "('Submitted', 'Forwarded', 'Attempted', 'Skipped', 'Parked')"
 
@@ -64,18 +69,22 @@ BOUNDED = (
 )
 
 
-def _checks(table: str) -> list[sa.CheckConstraint]:
-    if op.get_bind().dialect.name != "sqlite":
-        return []
-    return [
-        sa.CheckConstraint(f"length({column}) <= {width}", name=f"ck_{table}_{column}_width")
-        for name, column, width in BOUNDED
-        if name == table
-    ]
+def _checks(dialect: Dialect, table: str) -> list[sa.CheckConstraint]:
+    if dialect == "postgresql":
+        return []  # varchar(n) refuses a longer value
+    elif dialect == "sqlite":
+        return [
+            sa.CheckConstraint(f"length({column}) <= {width}", name=f"ck_{table}_{column}_width")
+            for name, column, width in BOUNDED
+            if name == table
+        ]
+    else:
+        unsupported(dialect, revision)
 
 
 def upgrade() -> None:
-    utc = controlroom.db.types.UtcDateTime
+    dialect = migrating(revision)
+    utc = sa.DateTime
     op.create_table(
         "site_calls",
         sa.Column("tracked_operation_id", sa.String(36), nullable=False),
@@ -93,7 +102,7 @@ def upgrade() -> None:
         sa.Column("ingested_at_utc", utc(), nullable=False),
         sa.Column("epoch", sa.Integer(), nullable=False),
         sa.PrimaryKeyConstraint("tracked_operation_id", name=op.f("pk_site_calls")),
-        *_checks("site_calls"),
+        *_checks(dialect, "site_calls"),
     )
     op.create_index(
         "ix_site_calls_created_at_utc_id", "site_calls", ["created_at_utc", "tracked_operation_id"]
@@ -125,11 +134,16 @@ def upgrade() -> None:
         sqlite_where=terminal,
     )
 
-    postgresql = op.get_bind().dialect.name == "postgresql"
     # PostgreSQL: partitioned by month (the purge drops whole months); a partitioned
     # table's primary key must hold the partition key, and audit_event_ids keeps
     # event_id unique across months (Provider.insert_audit_events).
-    audit_key = ("event_id", "occurred_at_utc") if postgresql else ("event_id",)
+    if dialect == "postgresql":
+        audit_key: tuple[str, ...] = ("event_id", "occurred_at_utc")
+        partitioning: dict[str, Any] = {"postgresql_partition_by": "RANGE (occurred_at_utc)"}
+    elif dialect == "sqlite":
+        audit_key, partitioning = ("event_id",), {}
+    else:
+        unsupported(dialect, revision)
     op.create_table(
         "audit_log",
         sa.Column("event_id", sa.String(36), nullable=False),
@@ -146,10 +160,10 @@ def upgrade() -> None:
         sa.Column("details_json", sa.Text(), nullable=True),
         sa.Column("payload_truncated", sa.Boolean(), nullable=False),
         sa.PrimaryKeyConstraint(*audit_key, name=op.f("pk_audit_log")),
-        *_checks("audit_log"),
-        **({"postgresql_partition_by": "RANGE (occurred_at_utc)"} if postgresql else {}),
+        *_checks(dialect, "audit_log"),
+        **partitioning,
     )
-    if postgresql:
+    if dialect == "postgresql":
         _create_audit_partitions()
     op.create_index("ix_audit_log_occurred_at_utc_id", "audit_log", ["occurred_at_utc", "event_id"])
     for column in ("actor", "target", "correlation_id"):
@@ -185,11 +199,11 @@ def upgrade() -> None:
         ),
     )
     op.create_index("ix_kpi_samples_captured_at_utc", "kpi_samples", ["captured_at_utc"])
-    _create_append_only_guard()
+    _create_append_only_guard(dialect)
 
 
 def downgrade() -> None:
-    _drop_append_only_guard()
+    _drop_append_only_guard(migrating(revision))
     op.drop_table("kpi_samples")
     op.drop_table("rejected_telemetry")
     op.drop_table("audit_log")
@@ -198,19 +212,30 @@ def downgrade() -> None:
 
 def _create_audit_partitions() -> None:
     op.execute(f"CREATE TABLE {AUDIT_DEFAULT_PARTITION} PARTITION OF audit_log DEFAULT")
-    for statement in audit_partition_ddl(datetime.now(UTC)):
-        op.execute(statement)
+    now = datetime.now(UTC).replace(tzinfo=None)
+    for ahead in range(AUDIT_MONTHS_AHEAD + 1):
+        start, end = _month(now, ahead), _month(now, ahead + 1)
+        op.execute(
+            f"CREATE TABLE IF NOT EXISTS audit_log_p{start:%Y%m} PARTITION OF audit_log "
+            f"FOR VALUES FROM ('{start:%Y-%m-%d}') TO ('{end:%Y-%m-%d}')"
+        )
     op.create_table(
         "audit_event_ids",
         sa.Column("event_id", sa.String(36), nullable=False),
-        sa.Column("occurred_at_utc", controlroom.db.types.UtcDateTime(), nullable=False),
+        sa.Column("occurred_at_utc", sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint("event_id", name=op.f("pk_audit_event_ids")),
     )
     op.create_index("ix_audit_event_ids_occurred_at_utc", "audit_event_ids", ["occurred_at_utc"])
 
 
-def _create_append_only_guard() -> None:
-    dialect = op.get_bind().dialect.name
+def _month(moment: datetime, months_after: int) -> datetime:
+    """The first instant (naive UTC) of the month ``months_after`` the one of ``moment``
+    (naive UTC)."""
+    index = moment.year * 12 + moment.month - 1 + months_after
+    return datetime(index // 12, index % 12 + 1, 1)
+
+
+def _create_append_only_guard(dialect: Dialect) -> None:
     if dialect == "postgresql":
         op.execute(
             "CREATE FUNCTION audit_log_append_only() RETURNS trigger LANGUAGE plpgsql AS $$ "
@@ -240,10 +265,11 @@ def _create_append_only_guard() -> None:
             "WHEN NOT EXISTS (SELECT 1 FROM audit_purge_permits) BEGIN "
             "SELECT RAISE(ABORT, 'audit_log is append-only: DELETE refused'); END"
         )
+    else:
+        unsupported(dialect, revision)
 
 
-def _drop_append_only_guard() -> None:
-    dialect = op.get_bind().dialect.name
+def _drop_append_only_guard(dialect: Dialect) -> None:
     if dialect == "postgresql":
         op.execute("DROP TABLE IF EXISTS audit_event_ids")
         op.execute("DROP TRIGGER IF EXISTS audit_log_no_truncate ON audit_log")
@@ -253,3 +279,5 @@ def _drop_append_only_guard() -> None:
         op.execute("DROP TRIGGER IF EXISTS audit_log_no_delete")
         op.execute("DROP TRIGGER IF EXISTS audit_log_no_update")
         op.execute("DROP TABLE IF EXISTS audit_purge_permits")
+    else:
+        unsupported(dialect, revision)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import controlroom.db.types
+from controlroom.db.migrations._dialects import migrating
 
 revision = "0006"
 down_revision = "0005"
@@ -24,10 +24,11 @@ depends_on = None
 
 
 def upgrade() -> None:
+    migrating(revision)
     op.create_table(
         "body_deletions",
         sa.Column("failed_message_id", sa.String(length=36), nullable=False),
-        sa.Column("requested_at", controlroom.db.types.UtcDateTime(), nullable=False),
+        sa.Column("requested_at", sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint("failed_message_id", name=op.f("pk_body_deletions")),
     )
     op.create_table(
@@ -38,7 +39,7 @@ def upgrade() -> None:
         sa.Column("category", sa.String(length=100), nullable=False),
         sa.Column("event_type", sa.String(length=100), nullable=False),
         sa.Column("related_to_json", sa.Text(), nullable=False),
-        sa.Column("raised_at", controlroom.db.types.UtcDateTime(), nullable=False),
+        sa.Column("raised_at", sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_event_log_items")),
     )
     op.create_index("ix_event_log_items_raised_at", "event_log_items", ["raised_at"])
@@ -47,6 +48,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    migrating(revision)
     with op.batch_alter_table("retry_operations") as batch:
         batch.drop_column("failure_reason")
     op.drop_index("ix_event_log_items_raised_at", table_name="event_log_items")

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from controlroom.db.providers.sqlite import FTS_TOKENIZER
+from controlroom.db.migrations._dialects import migrating, unsupported
 
 revision = "0009"
 down_revision = "0007"
@@ -41,24 +41,30 @@ TABLE = "failed_messages"
 PENDING_INDEX = "ix_failed_messages_search_pending"
 
 _SQLITE_FTS_TRIGGERS = ("insert", "delete", "update")
+# Every character of a term is a token character, so the terms the process wrote, space
+# separated, are indexed whole (the SQLite provider's FTS_TOKENIZER when this was written).
+_SQLITE_FTS_TOKENIZER = "unicode61 remove_diacritics 0 categories 'L* M* N* P* S* Co'"
 
 
 def upgrade() -> None:
-    postgresql = op.get_bind().dialect.name == "postgresql"
-    if postgresql:
+    dialect = migrating(revision)
+    counted: sa.Column[object]
+    if dialect == "postgresql":
         counted = sa.Column(
             "counted_failure_times",
             ARRAY(sa.BigInteger),
             nullable=False,
             server_default=sa.text("'{}'::bigint[]"),
         )
-    else:
+    elif dialect == "sqlite":
         counted = sa.Column(
             "counted_failure_times", sa.JSON, nullable=False, server_default=sa.text("'[]'")
         )
+    else:
+        unsupported(dialect, revision)
     op.add_column(TABLE, counted)
 
-    if postgresql:
+    if dialect == "postgresql":
         # Dropping the generated column drops its GIN index; neither rewrites a row.
         op.execute("ALTER TABLE failed_messages DROP COLUMN search_vector")
         op.execute("ALTER TABLE failed_messages ADD COLUMN search_vector tsvector")
@@ -66,15 +72,17 @@ def upgrade() -> None:
             "CREATE INDEX ix_failed_messages_search_vector ON failed_messages "
             "USING gin (search_vector) WITH (fastupdate = on)"
         )
-    else:
+    elif dialect == "sqlite":
         _drop_sqlite_fts()
         op.add_column(TABLE, sa.Column("search_vector", sa.Text, nullable=True))
         _create_sqlite_fts(
             columns="search_vector",
-            tokenizer=FTS_TOKENIZER,
+            tokenizer=_SQLITE_FTS_TOKENIZER,
             update_of="search_vector",
             changed="old.search_vector IS NOT new.search_vector",
         )
+    else:
+        unsupported(dialect, revision)
     op.create_index(
         PENDING_INDEX,
         TABLE,
@@ -85,9 +93,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    postgresql = op.get_bind().dialect.name == "postgresql"
+    dialect = migrating(revision)
     op.drop_index(PENDING_INDEX, table_name=TABLE)
-    if postgresql:
+    if dialect == "postgresql":
         op.execute("ALTER TABLE failed_messages DROP COLUMN search_vector")
         op.execute(f"ALTER TABLE failed_messages ADD COLUMN search_vector tsvector {_PG_0001}")
         op.execute(
@@ -95,18 +103,20 @@ def downgrade() -> None:
             "ON failed_messages USING gin (search_vector)"
         )
         op.drop_column(TABLE, "counted_failure_times")
-        return
-    _drop_sqlite_fts()
-    with op.batch_alter_table(TABLE) as batch_op:
-        batch_op.drop_column("search_vector")
-        batch_op.drop_column("counted_failure_times")
-    _create_sqlite_fts(
-        columns="headers_json, body_text",
-        tokenizer="unicode61",
-        update_of="headers_json, body_text",
-        changed=None,
-    )
-    op.execute("INSERT INTO failed_messages_fts(failed_messages_fts) VALUES ('rebuild')")
+    elif dialect == "sqlite":
+        _drop_sqlite_fts()
+        with op.batch_alter_table(TABLE) as batch_op:
+            batch_op.drop_column("search_vector")
+            batch_op.drop_column("counted_failure_times")
+        _create_sqlite_fts(
+            columns="headers_json, body_text",
+            tokenizer="unicode61",
+            update_of="headers_json, body_text",
+            changed=None,
+        )
+        op.execute("INSERT INTO failed_messages_fts(failed_messages_fts) VALUES ('rebuild')")
+    else:
+        unsupported(dialect, revision)
 
 
 def _drop_sqlite_fts() -> None:

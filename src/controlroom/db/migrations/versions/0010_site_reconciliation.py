@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import controlroom.db.types
+from controlroom.db.migrations._dialects import migrating
 
 revision = "0010"
 down_revision = "0009"
@@ -23,21 +23,23 @@ depends_on = None
 
 
 def upgrade() -> None:
+    migrating(revision)
     op.create_table(
         "site_reconciliation",
         sa.Column("site_id", sa.String(64), nullable=False),
-        sa.Column("cursor_updated_at_utc", controlroom.db.types.UtcDateTime()),
+        sa.Column("cursor_updated_at_utc", sa.DateTime()),
         sa.Column("cursor_tracked_operation_id", sa.String(36)),
-        sa.Column("last_pull_at_utc", controlroom.db.types.UtcDateTime()),
-        sa.Column("last_success_at_utc", controlroom.db.types.UtcDateTime()),
+        sa.Column("last_pull_at_utc", sa.DateTime()),
+        sa.Column("last_success_at_utc", sa.DateTime()),
         sa.Column("last_error", sa.Text()),
         sa.Column("reachable", sa.Boolean(), nullable=False),
         sa.Column("pinned", sa.Boolean(), nullable=False),
-        sa.Column("pinned_changed_at_utc", controlroom.db.types.UtcDateTime()),
+        sa.Column("pinned_changed_at_utc", sa.DateTime()),
         sa.Column("rows_pulled", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("site_id", name=op.f("pk_site_reconciliation")),
     )
 
 
 def downgrade() -> None:
+    migrating(revision)
     op.drop_table("site_reconciliation")

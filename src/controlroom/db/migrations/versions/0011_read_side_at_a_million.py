@@ -37,7 +37,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import controlroom.db.types
+from controlroom.db.migrations._dialects import migrating, unsupported
 
 revision = "0011"
 down_revision = "0010"
@@ -62,15 +62,11 @@ _COLUMNS = ", ".join(COPIED)
 
 
 def upgrade() -> None:
-    postgresql = op.get_bind().dialect.name == "postgresql"
+    dialect = migrating(revision)
     op.add_column(GROUPS, sa.Column("status", sa.SmallInteger, nullable=True))
-    op.add_column(
-        GROUPS, sa.Column("first_failure_at", controlroom.db.types.UtcDateTime(), nullable=True)
-    )
-    op.add_column(
-        GROUPS, sa.Column("last_failure_at", controlroom.db.types.UtcDateTime(), nullable=True)
-    )
-    if postgresql:
+    op.add_column(GROUPS, sa.Column("first_failure_at", sa.DateTime(), nullable=True))
+    op.add_column(GROUPS, sa.Column("last_failure_at", sa.DateTime(), nullable=True))
+    if dialect == "postgresql":
         op.execute(
             f"UPDATE {GROUPS} g SET ({_COLUMNS}) = (m.status, m.first_failure_at, "
             "m.last_failure_at) FROM failed_messages m WHERE m.id = g.failed_message_id"
@@ -79,9 +75,11 @@ def upgrade() -> None:
         op.execute(
             f"ALTER TABLE {GROUPS} ALTER COLUMN group_id SET STATISTICS {GROUP_ID_STATISTICS}"
         )
-    else:
+    elif dialect == "sqlite":
         op.execute(f"UPDATE {GROUPS} SET ({_COLUMNS}) = {_FROM_MESSAGE.format(row=GROUPS)}")
         _create_sqlite_triggers()
+    else:
+        unsupported(dialect, revision)
     op.drop_index(OLD_GROUP_INDEX, table_name=GROUPS)
     op.create_index(
         CLASSIFIER_INDEX,
@@ -90,17 +88,17 @@ def upgrade() -> None:
     )
     op.create_index(GROUP_INDEX, GROUPS, ["group_id", "status", "failed_message_id"])
     op.create_index(STATUS_INDEX, "failed_messages", ["status", "id"])
-    if postgresql:
+    if dialect == "postgresql":  # SQLite keeps no statistics to refresh
         op.execute(f"ANALYZE {GROUPS}")
 
 
 def downgrade() -> None:
-    postgresql = op.get_bind().dialect.name == "postgresql"
+    dialect = migrating(revision)
     op.drop_index(STATUS_INDEX, table_name="failed_messages")
     op.drop_index(GROUP_INDEX, table_name=GROUPS)
     op.drop_index(CLASSIFIER_INDEX, table_name=GROUPS)
     op.create_index(OLD_GROUP_INDEX, GROUPS, ["group_id"])
-    if postgresql:
+    if dialect == "postgresql":
         op.execute("DROP TRIGGER failed_messages_copy_to_groups ON failed_messages")
         op.execute(f"DROP TRIGGER failed_message_groups_copy_message ON {GROUPS}")
         op.execute("DROP FUNCTION failed_messages_copy_to_groups()")
@@ -108,12 +106,14 @@ def downgrade() -> None:
         op.execute(f"ALTER TABLE {GROUPS} ALTER COLUMN group_id SET STATISTICS -1")
         for column in COPIED:
             op.drop_column(GROUPS, column)
-        return
-    op.execute("DROP TRIGGER failed_messages_copy_to_groups")
-    op.execute("DROP TRIGGER failed_message_groups_copy_message")
-    with op.batch_alter_table(GROUPS) as batch_op:
-        for column in COPIED:
-            batch_op.drop_column(column)
+    elif dialect == "sqlite":
+        op.execute("DROP TRIGGER failed_messages_copy_to_groups")
+        op.execute("DROP TRIGGER failed_message_groups_copy_message")
+        with op.batch_alter_table(GROUPS) as batch_op:
+            for column in COPIED:
+                batch_op.drop_column(column)
+    else:
+        unsupported(dialect, revision)
 
 
 def _create_postgresql_triggers() -> None:

@@ -40,6 +40,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from controlroom.db.migrations._dialects import migrating, unsupported
+
 revision = "0012"
 down_revision = "0011"
 branch_labels = None
@@ -78,14 +80,16 @@ def _key_columns() -> list[sa.Column[object]]:
 
 
 def upgrade() -> None:
-    postgresql = op.get_bind().dialect.name == "postgresql"
+    dialect = migrating(revision)
     op.create_table(TALLIES, *_key_columns())
     op.execute(f"CREATE UNIQUE INDEX {KEY_INDEX} ON {TALLIES} ({CONFLICT_TARGET})")
     op.create_table(DELTAS, *_key_columns())
-    if postgresql:
+    if dialect == "postgresql":
         _create_postgresql_triggers()
-    else:
+    elif dialect == "sqlite":
         _create_sqlite_triggers()
+    else:
+        unsupported(dialect, revision)
     op.execute(
         f"INSERT INTO {TALLIES} ({_COLUMNS}, messages) "
         f"SELECT {_COLUMNS}, count(*) FROM failed_messages GROUP BY {_COLUMNS}"
@@ -93,13 +97,16 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
+    dialect = migrating(revision)
+    if dialect == "postgresql":
         for operation in (*_TRIGGERS, "truncate"):
             op.execute(f"DROP TRIGGER failed_messages_tally_{operation} ON failed_messages")
             op.execute(f"DROP FUNCTION failed_messages_tally_{operation}()")
-    else:
+    elif dialect == "sqlite":
         for operation in _TRIGGERS:
             op.execute(f"DROP TRIGGER failed_messages_tally_{operation}")
+    else:
+        unsupported(dialect, revision)
     op.drop_table(DELTAS)
     op.drop_table(TALLIES)
 

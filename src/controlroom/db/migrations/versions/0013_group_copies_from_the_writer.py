@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from controlroom.db.migrations._dialects import Dialect, migrating, unsupported
+
 revision = "0013"
 down_revision = "0012"
 branch_labels = None
@@ -39,27 +41,29 @@ _FROM_MESSAGE = (
 
 
 def upgrade() -> None:
-    _replace_insert_trigger(when=f"({_MISSING})")
+    _replace_insert_trigger(migrating(revision), when=f"({_MISSING})")
 
 
 def downgrade() -> None:
-    _replace_insert_trigger(when=None)
+    _replace_insert_trigger(migrating(revision), when=None)
 
 
-def _replace_insert_trigger(when: str | None) -> None:
+def _replace_insert_trigger(dialect: Dialect, when: str | None) -> None:
     """The insert trigger of 0011, invoked only ``when`` (always without one)."""
-    if op.get_bind().dialect.name == "postgresql":
+    if dialect == "postgresql":
         op.execute(f"DROP TRIGGER {TRIGGER} ON {GROUPS}")
         op.execute(
             f"CREATE TRIGGER {TRIGGER} BEFORE INSERT ON {GROUPS} FOR EACH ROW "
             + (f"WHEN {when} " if when else "")
             + f"EXECUTE FUNCTION {TRIGGER}()"
         )
-        return
-    op.execute(f"DROP TRIGGER {TRIGGER}")
-    op.execute(
-        f"CREATE TRIGGER {TRIGGER} AFTER INSERT ON {GROUPS} "
-        + (f"WHEN {when} " if when else "")
-        + f"BEGIN UPDATE {GROUPS} SET ({_COLUMNS}) = {_FROM_MESSAGE} "
-        "WHERE rowid = new.rowid; END"
-    )
+    elif dialect == "sqlite":
+        op.execute(f"DROP TRIGGER {TRIGGER}")
+        op.execute(
+            f"CREATE TRIGGER {TRIGGER} AFTER INSERT ON {GROUPS} "
+            + (f"WHEN {when} " if when else "")
+            + f"BEGIN UPDATE {GROUPS} SET ({_COLUMNS}) = {_FROM_MESSAGE} "
+            "WHERE rowid = new.rowid; END"
+        )
+    else:
+        unsupported(dialect, revision)

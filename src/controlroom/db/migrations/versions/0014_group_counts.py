@@ -40,6 +40,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from controlroom.db.migrations._dialects import migrating, unsupported
+
 revision = "0014"
 down_revision = "0013"
 branch_labels = None
@@ -53,8 +55,8 @@ _KEY = "classifier, group_id, status"
 
 
 def upgrade() -> None:
-    postgresql = op.get_bind().dialect.name == "postgresql"
-    if postgresql:
+    dialect = migrating(revision)
+    if dialect == "postgresql":
         # Writers take the messages, then their group rows; lock both in that order until
         # the commit, so no write falls between the fill and the triggers and creating
         # the triggers cannot deadlock with a writer (break-it pass: off-by-one counts,
@@ -73,10 +75,12 @@ def upgrade() -> None:
         f"INSERT INTO {COUNTS} ({_KEY}, n) SELECT {_KEY}, count(*) FROM {GROUPS} "
         f"WHERE status IS NOT NULL GROUP BY {_KEY}"
     )
-    if postgresql:
+    if dialect == "postgresql":
         _create_postgresql_triggers()
-    else:
+    elif dialect == "sqlite":
         _create_sqlite_triggers()
+    else:
+        unsupported(dialect, revision)
     op.drop_index(OLD_GROUP_INDEX, table_name=GROUPS)
     op.create_index(
         GROUP_INDEX, GROUPS, ["group_id", "status", "first_failure_at", "failed_message_id"]
@@ -84,10 +88,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    postgresql = op.get_bind().dialect.name == "postgresql"
+    dialect = migrating(revision)
     op.drop_index(GROUP_INDEX, table_name=GROUPS)
     op.create_index(OLD_GROUP_INDEX, GROUPS, ["group_id", "status", "failed_message_id"])
-    if postgresql:
+    if dialect == "postgresql":
         op.execute(f"DROP TRIGGER failed_message_groups_count_added ON {GROUPS}")
         op.execute(f"DROP TRIGGER failed_message_groups_count_removed ON {GROUPS}")
         op.execute(f"DROP TRIGGER failed_message_groups_count_truncate ON {GROUPS}")
@@ -96,9 +100,11 @@ def downgrade() -> None:
         op.execute("DROP FUNCTION failed_message_groups_count_removed()")
         op.execute("DROP FUNCTION failed_message_groups_count_truncate()")
         op.execute("DROP FUNCTION failed_messages_count_status()")
-    else:
+    elif dialect == "sqlite":
         for trigger in ("added", "removed", "status"):
             op.execute(f"DROP TRIGGER failed_message_groups_count_{trigger}")
+    else:
+        unsupported(dialect, revision)
     op.drop_table(COUNTS)
 
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from controlroom.db.migrations._dialects import migrating, unsupported
+
 revision = "0015"
 down_revision = "0014"
 branch_labels = None
@@ -62,20 +64,29 @@ _OLD_KEY = (
 
 
 def upgrade() -> None:
-    if op.get_bind().dialect.name != "postgresql":
-        return
-    op.execute(f"DROP INDEX {OLD_INDEX}")
-    op.execute(f"CREATE INDEX {INDEX} ON {TALLIES} (status, is_system_message, {KEY_DIGEST})")
+    dialect = migrating(revision)
+    if dialect == "postgresql":
+        op.execute(f"DROP INDEX {OLD_INDEX}")
+        op.execute(f"CREATE INDEX {INDEX} ON {TALLIES} (status, is_system_message, {KEY_DIGEST})")
+    elif dialect == "sqlite":
+        pass  # SQLite's unique index of 0012 holds a key of any length
+    else:
+        unsupported(dialect, revision)
 
 
 def downgrade() -> None:
-    if op.get_bind().dialect.name != "postgresql":
-        return
-    op.execute(f"DROP INDEX {INDEX}")
-    op.execute(
-        f"INSERT INTO {DELTAS} ({_COLUMNS}, messages) SELECT {_COLUMNS}, messages FROM {TALLIES}"
-    )
-    # TRUNCATE, not DELETE: an index built in the transaction that deleted rows still
-    # indexes them (others may see them), and a long key's row would not fit.
-    op.execute(f"TRUNCATE {TALLIES}")
-    op.execute(f"CREATE UNIQUE INDEX {OLD_INDEX} ON {TALLIES} ({_OLD_KEY})")
+    dialect = migrating(revision)
+    if dialect == "postgresql":
+        op.execute(f"DROP INDEX {INDEX}")
+        op.execute(
+            f"INSERT INTO {DELTAS} ({_COLUMNS}, messages) "
+            f"SELECT {_COLUMNS}, messages FROM {TALLIES}"
+        )
+        # TRUNCATE, not DELETE: an index built in the transaction that deleted rows still
+        # indexes them (others may see them), and a long key's row would not fit.
+        op.execute(f"TRUNCATE {TALLIES}")
+        op.execute(f"CREATE UNIQUE INDEX {OLD_INDEX} ON {TALLIES} ({_OLD_KEY})")
+    elif dialect == "sqlite":
+        pass
+    else:
+        unsupported(dialect, revision)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from controlroom.db.migrations._dialects import migrating, unsupported
+
 revision = "0016"
 down_revision = "0015"
 branch_labels = None
@@ -51,11 +53,21 @@ def _replace_function(body: str) -> None:
 
 
 def upgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
+    dialect = migrating(revision)
+    if dialect == "postgresql":
         # EXECUTE sees the trigger's transition tables as a static statement does.
         _replace_function(f"EXECUTE $statement$ {_COUNT_STATUS} $statement$")
+    elif dialect == "sqlite":
+        pass  # SQLite's row triggers plan no statement ahead
+    else:
+        unsupported(dialect, revision)
 
 
 def downgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
+    dialect = migrating(revision)
+    if dialect == "postgresql":
         _replace_function(_COUNT_STATUS)
+    elif dialect == "sqlite":
+        pass
+    else:
+        unsupported(dialect, revision)
