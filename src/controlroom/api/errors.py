@@ -36,7 +36,18 @@ from pydantic import BaseModel, Field, PlainSerializer, TypeAdapter
 
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors.ingest.bodies import BodyNotFoundError, BodyStore
-from controlroom.errors.read import queries
+from controlroom.errors.read.counts import count_by_status
+from controlroom.errors.read.facets import unresolved_facets
+from controlroom.errors.read.filters import DEFAULT_SORT, SORT_KEYS, FailedMessageFilter, Ordering
+from controlroom.errors.read.lists import list_failed_messages, list_queue_addresses
+from controlroom.errors.read.messages import (
+    FailedMessageDetails,
+    StoredBody,
+    find_stored_body,
+    get_failed_message,
+    get_last_failed_message,
+)
+from controlroom.errors.read.summaries import FailedMessageSummary
 from controlroom.exceptions import BodyStoreError
 
 DEFAULT_PAGE_SIZE = 50
@@ -323,8 +334,8 @@ def ordering(
         str | None,
         Query(
             max_length=200,
-            description="Sort key: " + ", ".join(queries.SORT_KEYS) + f"; empty or any other "
-            f"value sorts by {queries.DEFAULT_SORT} (ServiceControl's leniency). Ties are "
+            description="Sort key: " + ", ".join(SORT_KEYS) + f"; empty or any other "
+            f"value sorts by {DEFAULT_SORT} (ServiceControl's leniency). Ties are "
             "broken by id in the same direction.",
         ),
     ] = None,
@@ -332,11 +343,11 @@ def ordering(
         str | None,
         Query(max_length=200, description="asc or desc; any other value reads as desc."),
     ] = None,
-) -> queries.Ordering:
+) -> Ordering:
     """The ``sort`` and ``direction`` query parameters (a FastAPI dependency). Unknown
     values are the defaults, never a refusal: ServiceControl's ``GetSortInfo``."""
-    key = next((known for known in queries.SORT_KEYS if known == sort), queries.DEFAULT_SORT)
-    return queries.Ordering(key=key, descending=direction != "asc")
+    key = next((known for known in SORT_KEYS if known == sort), DEFAULT_SORT)
+    return Ordering(key=key, descending=direction != "asc")
 
 
 def message_filter(
@@ -368,7 +379,7 @@ def message_filter(
         str | None,
         Query(alias="queueAddress", max_length=400, description="Same as queueaddress."),
     ] = None,
-) -> queries.FailedMessageFilter:
+) -> FailedMessageFilter:
     """The ``status``, ``modified`` and ``queueaddress`` query parameters (a dependency).
 
     ServiceControl's leniency: unknown statuses are ignored, an empty queue address is no
@@ -376,9 +387,7 @@ def message_filter(
     ``modified`` when it cannot be read.
     """
     address = queueaddress if queueaddress is not None else queue_address_camel
-    where = queries.FailedMessageFilter(
-        queue_address=_no_nul("query", "queueaddress", address) or None
-    )
+    where = FailedMessageFilter(queue_address=_no_nul("query", "queueaddress", address) or None)
     if status is not None:
         included, excluded = parse_status_filter(status)
         where = replace(where, statuses=included, excluded_statuses=excluded)
@@ -392,8 +401,8 @@ def message_filter(
 
 
 PagingParams = Annotated[Paging, Depends(paging)]
-OrderingParams = Annotated[queries.Ordering, Depends(ordering)]
-FilterParams = Annotated[queries.FailedMessageFilter, Depends(message_filter)]
+OrderingParams = Annotated[Ordering, Depends(ordering)]
+FilterParams = Annotated[FailedMessageFilter, Depends(message_filter)]
 
 TOTAL_COUNT_ESTIMATED = "Total-Count-Estimated"
 """Response header: ``true`` when ``Total-Count`` is the database's estimate (README,
@@ -519,10 +528,10 @@ _NOT_FOUND = {404: {"description": "No failed message has this id."}}
 
 
 def _list_page(
-    request: Request, page: Paging, order: queries.Ordering, where: queries.FailedMessageFilter
+    request: Request, page: Paging, order: Ordering, where: FailedMessageFilter
 ) -> Response:
     with _engine(request).connect() as conn:
-        result = queries.list_failed_messages(
+        result = list_failed_messages(
             conn,
             offset=page.offset,
             limit=page.per_page,
@@ -579,7 +588,7 @@ def errors_summary(request: Request) -> Response:
     (``Endpoints``), host (``Hosts``) and message type (``Message types``), each most
     frequent first."""
     with _engine(request).connect() as conn:
-        facets = queries.unresolved_facets(conn)
+        facets = unresolved_facets(conn)
 
     def facet(name: str, key: str) -> Facet:
         values = [FacetValue(range=item.value, count=item.count) for item in facets[key]]
@@ -600,7 +609,7 @@ def errors_summary(request: Request) -> Response:
 def errors_counts(request: Request) -> Response:
     """How many failed messages there are in each status (Controlroom's own route)."""
     with _engine(request).connect() as conn:
-        counts = queries.count_by_status(conn)
+        counts = count_by_status(conn)
     return json_response(
         ErrorsSummary.model_validate(
             {STATUS_NAMES[status]: count for status, count in counts.items()}
@@ -616,7 +625,7 @@ def queue_addresses(request: Request, page: PagingParams) -> Response:
     """The queues failed messages came from, by address, each with its number of failed
     messages (any status), paged."""
     with _engine(request).connect() as conn:
-        result = queries.list_queue_addresses(conn, offset=page.offset, limit=page.per_page)
+        result = list_queue_addresses(conn, offset=page.offset, limit=page.per_page)
     items = [
         QueueAddress(physical_address=item.address, failed_message_count=item.failed_message_count)
         for item in result.items
@@ -629,7 +638,7 @@ def get_last_error(request: Request, failed_message_id: FailedMessageId) -> Resp
     """A failed message in the list shape, plus ``edited`` and ``edit_of``. 404 when
     unknown, 422 when ``id`` is not a UUID."""
     with _engine(request).connect() as conn:
-        last = queries.get_last_failed_message(conn, str(failed_message_id))
+        last = get_last_failed_message(conn, str(failed_message_id))
     if last is None:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
     view = FailedMessageLastView(
@@ -643,7 +652,7 @@ def get_last_error(request: Request, failed_message_id: FailedMessageId) -> Resp
 def get_error(request: Request, failed_message_id: FailedMessageId) -> Response:
     """One failed message in full. 404 when unknown, 422 when ``id`` is not a UUID."""
     with _engine(request).connect() as conn:
-        details = queries.get_failed_message(conn, str(failed_message_id))
+        details = get_failed_message(conn, str(failed_message_id))
     if details is None:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
     return json_response(detail(details))
@@ -684,7 +693,7 @@ def get_body(request: Request, message_id: BodyMessageId) -> Response:
     """
     _no_nul("path", "id", message_id)
     with _engine(request).connect() as conn:
-        stored = queries.find_stored_body(conn, message_id)
+        stored = find_stored_body(conn, message_id)
     if stored is None:
         raise HTTPException(404, f"no failed message with id {message_id[:100]!r}")
     if stored.size == 0:
@@ -722,7 +731,7 @@ def body_response_headers(content_type: str, content_encoding: str | None = None
     return headers
 
 
-def read_body_bytes(store: BodyStore, stored: queries.StoredBody, message_id: object) -> bytes:
+def read_body_bytes(store: BodyStore, stored: StoredBody, message_id: object) -> bytes:
     """The exact bytes of a stored body (see ``get_body``; empty for an empty body);
     raises ``HTTPException`` 404 or 503 as that route answers. ``message_id`` only names
     the message in those answers."""
@@ -751,12 +760,12 @@ def body_url(failed_message_id: str) -> str:
     return f"/messages/{failed_message_id}/body"
 
 
-def list_item(summary: queries.FailedMessageSummary) -> FailedMessageListItem:
+def list_item(summary: FailedMessageSummary) -> FailedMessageListItem:
     """The list shape of a stored failed message."""
     return FailedMessageListItem(**_list_fields(summary))
 
 
-def detail(details: queries.FailedMessageDetails) -> FailedMessageDetail:
+def detail(details: FailedMessageDetails) -> FailedMessageDetail:
     """The full shape of a stored failed message."""
     summary = details.summary
     headers = json.loads(details.headers_json)
@@ -780,7 +789,7 @@ def detail(details: queries.FailedMessageDetails) -> FailedMessageDetail:
 
 
 def processing_attempts(
-    details: queries.FailedMessageDetails, headers: dict[str, str | None]
+    details: FailedMessageDetails, headers: dict[str, str | None]
 ) -> list[ProcessingAttempt]:
     """ServiceControl's ``processing_attempts``: one entry per counted attempt, oldest
     first, the stored attempt last and whole (``failure_details``, ``headers`` without
@@ -807,7 +816,7 @@ def processing_attempts(
     return [*earlier, newest]
 
 
-def message_metadata(details: queries.FailedMessageDetails) -> dict[str, Any]:
+def message_metadata(details: FailedMessageDetails) -> dict[str, Any]:
     """The stored attempt's ``message_metadata``, with ServiceControl's (PascalCase) keys
     for what Controlroom derives; absent values are left out."""
     summary = details.summary
@@ -827,7 +836,7 @@ def message_metadata(details: queries.FailedMessageDetails) -> dict[str, Any]:
     return {key: value for key, value in metadata.items() if value is not None}
 
 
-def sending_endpoint(summary: queries.FailedMessageSummary) -> EndpointDetails | None:
+def sending_endpoint(summary: FailedMessageSummary) -> EndpointDetails | None:
     """The sending endpoint of the stored attempt, ``None`` when the headers name none."""
     if summary.sending_endpoint is None:
         return None
@@ -836,7 +845,7 @@ def sending_endpoint(summary: queries.FailedMessageSummary) -> EndpointDetails |
     )
 
 
-def receiving_endpoint(summary: queries.FailedMessageSummary) -> EndpointDetails:
+def receiving_endpoint(summary: FailedMessageSummary) -> EndpointDetails:
     """The endpoint instance the stored attempt failed in."""
     return EndpointDetails(
         name=summary.receiving_endpoint,
@@ -845,7 +854,7 @@ def receiving_endpoint(summary: queries.FailedMessageSummary) -> EndpointDetails
     )
 
 
-def exception_details(summary: queries.FailedMessageSummary) -> ExceptionDetails:
+def exception_details(summary: FailedMessageSummary) -> ExceptionDetails:
     """The stored attempt's exception, as its headers tell it."""
     return ExceptionDetails(
         exception_type=summary.exception_type,
@@ -855,7 +864,7 @@ def exception_details(summary: queries.FailedMessageSummary) -> ExceptionDetails
     )
 
 
-def _list_fields(summary: queries.FailedMessageSummary) -> dict[str, object]:
+def _list_fields(summary: FailedMessageSummary) -> dict[str, object]:
     return {
         "id": summary.id,
         "message_id": summary.message_id,
