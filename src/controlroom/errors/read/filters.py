@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
 
+from controlroom.db.providers import Provider
 from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
 
 fm = failed_messages.c
@@ -126,24 +127,25 @@ def filter_conditions(
 
 
 def order_by(
-    order: Ordering, columns: sa.ColumnCollection[str, Any] | None = None
+    provider: Provider, order: Ordering, columns: sa.ColumnCollection[str, Any] | None = None
 ) -> list[sa.ColumnElement[Any]]:
-    """ORDER BY clauses for ``order``: the key, then the id in the same direction.
+    """ORDER BY clauses for ``order`` on ``provider``: the key, then the id in the same
+    direction.
 
     ``columns`` are those of a subquery or CTE that selected ``sort_columns(order)``;
     by default ``failed_messages``' own. Empty values sort as the smallest on every
-    provider (PostgreSQL would put them last ascending); the PostgreSQL indexes of the
-    sort keys are built in this order (migration 0004).
+    provider (``Provider.order_nulls_smallest``: PostgreSQL would put them last
+    ascending); the PostgreSQL indexes of the sort keys are built in this order
+    (migration 0004).
     """
     source = columns if columns is not None else failed_messages.c
     ordered: list[sa.ColumnElement[Any]] = []
     for column in sort_columns(order):
         clause = source[column.name]
-        if order.descending:
-            element = clause.desc().nulls_last() if column.nullable else clause.desc()
+        if column.nullable:
+            ordered.append(provider.order_nulls_smallest(clause, descending=order.descending))
         else:
-            element = clause.asc().nulls_first() if column.nullable else clause.asc()
-        ordered.append(element)
+            ordered.append(clause.desc() if order.descending else clause.asc())
     return ordered
 
 

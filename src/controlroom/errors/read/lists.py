@@ -95,7 +95,7 @@ def list_failed_messages(
     rows = conn.execute(
         sa.select(*SUMMARY_COLUMNS)
         .join_from(failed_messages, page, fm.id == page.c.id)
-        .order_by(*order_by(order))
+        .order_by(*order_by(provider_for(conn), order))
     ).all()
     total = total.at_least_seen(offset, len(rows), limit)
     return FailedMessagePage(
@@ -124,34 +124,32 @@ def _page_ids(
     form SQLite chooses for a membership test, having no statistics); more than
     ``WALK_SORT_INDEX_PAST`` matches are found by that walk, whatever their filter.
     """
+    provider = provider_for(conn)
     if where.group_id is not None and total <= GROUP_IDS_FIRST:
         # Fenced in a materialized CTE: given the same condition as a membership test,
         # the planner may still walk the sort key's index probing each message (0.7 s
         # for a group of 5,946 among 1,000,000, benchmarks/query.py).
-        members = (
-            (
-                _members_from_group_rows(where, order)
-                if _group_rows_hold(where, order)
-                else _members_joined(where, order)
-            )
-            .cte("members")
-            .prefix_with("MATERIALIZED")
+        members = provider.materialized_cte(
+            _members_from_group_rows(where, order)
+            if _group_rows_hold(where, order)
+            else _members_joined(where, order),
+            "members",
         )
         return (
             sa.select(members.c.id)
-            .order_by(*order_by(order, members.c))
+            .order_by(*order_by(provider, order, members.c))
             .limit(limit)
             .offset(offset)
             .subquery("page")
         )
     if total > WALK_SORT_INDEX_PAST:
-        conditions = filter_conditions(where, provider_for(conn).without_index)
+        conditions = filter_conditions(where, provider.without_index)
     else:
         conditions = filter_conditions(where)
     return (
         sa.select(fm.id)
         .where(*conditions)
-        .order_by(*order_by(order))
+        .order_by(*order_by(provider, order))
         .limit(limit)
         .offset(offset)
         .subquery("page")

@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from controlroom.db.providers import provider_for
+from controlroom.db.providers import Provider, provider_for
 from controlroom.db.tables import failed_messages
 from controlroom.errors.ingest.search_terms import query_search_terms
 from controlroom.errors.read.counts import Total, count_failed_messages, count_rows
@@ -126,7 +126,8 @@ def _page_of_a_broad_search(
     planner, says "many": the planner takes words for independent (four messages
     saying both "alpha" and "beta" were estimated at 78, break-it pass)."""
     window_rows = BROAD_SEARCH_WINDOW * (offset + limit)
-    estimate = provider_for(conn).estimate_rows(conn, matching)
+    provider = provider_for(conn)
+    estimate = provider.estimate_rows(conn, matching)
     if estimate is None or estimate <= exact_count_limit or window_rows > BROAD_SEARCH_WINDOW_MAX:
         return None
     sample = sa.select(fm.id).order_by(fm.id).limit(SEARCH_SAMPLE).subquery("sample")
@@ -139,18 +140,20 @@ def _page_of_a_broad_search(
     scaled = round(len(sampled) * messages / max(min(SEARCH_SAMPLE, messages), 1))
     if len(sampled) < SEARCH_SAMPLE_MATCHES or scaled < BROAD_SEARCH_ESTIMATE * exact_count_limit:
         return None
-    page = _window_page(condition, _window(order, window_rows), order, offset=offset, limit=limit)
+    window = _window(provider, order, window_rows)
+    page = _window_page(provider, condition, window, order, offset=offset, limit=limit)
     total = Total(scaled, estimated=True)
     found = hits_page(conn, page, order, total, offset=offset, limit=limit)
     return found if len(found.items) == limit else None
 
 
-def _window(order: Ordering, rows: int) -> sa.Select[Any]:
+def _window(provider: Provider, order: Ordering, rows: int) -> sa.Select[Any]:
     """The first ``rows`` messages of the sort order (their sort keys and ids)."""
-    return sa.select(*sort_columns(order)).order_by(*order_by(order)).limit(rows)
+    return sa.select(*sort_columns(order)).order_by(*order_by(provider, order)).limit(rows)
 
 
 def _window_page(
+    provider: Provider,
     condition: sa.ColumnElement[bool],
     window: sa.Select[Any],
     order: Ordering,
@@ -167,7 +170,7 @@ def _window_page(
         sa.select(rows.c.id)
         .join_from(rows, failed_messages, fm.id == rows.c.id)
         .where(condition)
-        .order_by(*order_by(order, rows.c))
+        .order_by(*order_by(provider, order, rows.c))
         .limit(limit)
         .offset(offset)
         .subquery("page")
@@ -229,22 +232,23 @@ def _search_page_of_many(
     walked to its end, 0.07 s collected (break-it pass). The bounded walk's window goes to
     the provider with the condition (``search_condition``'s ``among``): SQLite then reads
     only the hits within the window's rowid range."""
+    provider = provider_for(conn)
     tested = math.ceil((offset + limit) * count_failed_messages(conn) / max(total.value, 1))
     bound = 2 * tested + limit
     if bound <= BROAD_SEARCH_WINDOW_MAX:
-        window = _window(order, bound)
+        window = _window(provider, order, bound)
         condition = sa.and_(
             search_condition(conn.dialect, text, among=window), *filter_conditions(where)
         )
-        page = _window_page(condition, window, order, offset=offset, limit=limit)
+        page = _window_page(provider, condition, window, order, offset=offset, limit=limit)
         found = hits_page(conn, page, order, total, offset=offset, limit=limit)
         if len(found.items) == limit:
             return found
         return _search_page(conn, collected, offset, limit, order)
     walked = (
         sa.select(fm.id)
-        .where(provider_for(conn).without_index(collected))
-        .order_by(*order_by(order))
+        .where(provider.without_index(collected))
+        .order_by(*order_by(provider, order))
         .limit(limit)
         .offset(offset)
         .subquery("page")
@@ -272,11 +276,12 @@ def _search_page(
     # 1,000,000 rows), as it cannot see what that test costs. From the matches (ids and
     # sort keys only) come the page's ids and their number, counted by a window before
     # LIMIT; the page's rows are read last, by id.
+    provider = provider_for(conn)
     matches = sa.select(*sort_columns(order)).where(condition).limit(cap)
-    hits = matches.cte("hits").prefix_with("MATERIALIZED")
+    hits = provider.materialized_cte(matches, "hits")
     page = (
         sa.select(hits.c.id, sa.func.count().over().label("total"))
-        .order_by(*order_by(order, hits.c))
+        .order_by(*order_by(provider, order, hits.c))
         .limit(limit)
         .offset(offset)
         .subquery("page")
@@ -284,7 +289,7 @@ def _search_page(
     rows = conn.execute(
         sa.select(*SUMMARY_COLUMNS, fm.conversation_id, fm.headers_json, fm.body_size, page.c.total)
         .join_from(failed_messages, page, fm.id == page.c.id)
-        .order_by(*order_by(order))
+        .order_by(*order_by(provider, order))
     ).all()
     if rows:
         total = int(rows[0].total)

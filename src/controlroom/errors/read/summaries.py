@@ -11,6 +11,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from controlroom.db.providers import provider_for
 from controlroom.db.tables import FailedMessageStatus, failed_messages
 from controlroom.errors.read.counts import Total
 from controlroom.errors.read.filters import Ordering, order_by
@@ -112,7 +113,7 @@ def hits_page(
     rows = conn.execute(
         sa.select(*SUMMARY_COLUMNS, fm.conversation_id, fm.headers_json, fm.body_size)
         .join_from(failed_messages, page, fm.id == page.c.id)
-        .order_by(*order_by(order))
+        .order_by(*order_by(provider_for(conn), order))
     ).all()
     total = total.at_least_seen(offset, len(rows), limit)
     return SearchPage(
