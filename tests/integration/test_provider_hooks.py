@@ -26,7 +26,7 @@ items = sa.Table(
 )
 c = items.c
 
-STORED = [
+STORED: list[dict[str, Any]] = [
     {"id": "a", "rank": 2, "state": "open", "version": 1},
     {"id": "b", "rank": None, "state": "open", "version": 1},
     {"id": "c", "rank": 1, "state": "open", "version": 5},

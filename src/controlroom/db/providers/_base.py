@@ -224,7 +224,9 @@ class Provider(ABC):
         table = statement.table
         assert isinstance(table, sa.Table)
         (key,) = table.primary_key.columns
-        matching = sa.select(key).where(statement.whereclause).with_for_update()
+        matching = sa.select(key).with_for_update()
+        if statement.whereclause is not None:
+            matching = matching.where(statement.whereclause)
         keys = list(conn.execute(matching).scalars())
         if not keys:
             return []
