@@ -109,7 +109,7 @@ def test_migrate_creates_the_schema_in_a_fresh_data_dir(data_dir: Path) -> None:
 
 def test_migrate_writes_the_search_terms_of_rows_stored_before_0009(data_dir: Path) -> None:
     from controlroom.db.migrate import upgrade_database
-    from controlroom.errors.read.queries import search_failed_messages
+    from controlroom.errors.read.search import search_failed_messages
 
     engine = create_store_engine(f"sqlite:///{data_dir / 'controlroom.db'}")
     try:

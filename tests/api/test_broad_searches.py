@@ -16,10 +16,17 @@ from fastapi.testclient import TestClient
 
 from controlroom.app import create_app
 from controlroom.config import Settings
+from controlroom.db.providers import provider_for
+from controlroom.db.tables import failed_messages
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.identity import unique_message_id
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
-from controlroom.errors.read import queries
+from controlroom.errors.read.filters import Ordering
+from controlroom.errors.read.search import (
+    BROAD_SEARCH_ESTIMATE,
+    search_condition,
+    search_failed_messages,
+)
 from tests.factories import at, attempt
 
 LIMIT = 5
@@ -100,7 +107,7 @@ def test_a_broad_search_answers_the_estimate_without_counting(
         assert answer.headers["Total-Count"] == str(MESSAGES)
 
 
-BROAD_LOW = queries.BROAD_SEARCH_ESTIMATE * LIMIT
+BROAD_LOW = BROAD_SEARCH_ESTIMATE * LIMIT
 """What the planner must at least estimate for the search to count as broad."""
 
 
@@ -112,9 +119,9 @@ def test_words_that_never_occur_together_answer_none_exactly(
     capped, _ = clients
     if _estimates(engine):
         with engine.connect() as conn:
-            condition = queries.search_condition(engine.dialect, "alpha beta")
-            matching = sa.select(sa.literal(1)).select_from(queries.failed_messages)
-            estimate = queries.provider_for(conn).estimate_rows(conn, matching.where(condition))
+            condition = search_condition(engine.dialect, "alpha beta")
+            matching = sa.select(sa.literal(1)).select_from(failed_messages)
+            estimate = provider_for(conn).estimate_rows(conn, matching.where(condition))
         assert estimate is not None and estimate >= BROAD_LOW  # the case this test is about
     answer = capped.get("/api/messages/search", params={"q": "alpha beta", "per_page": "5"})
     assert answer.status_code == 200
@@ -168,12 +175,10 @@ def test_a_search_within_the_limit_is_exact_though_its_matches_are_stored_first(
     if _estimates(engine):
         with engine.begin() as conn:
             conn.exec_driver_sql("ANALYZE failed_messages")
-    newest_first = queries.Ordering("time_of_failure")
+    newest_first = Ordering("time_of_failure")
     with engine.connect() as conn:
-        exact = queries.search_failed_messages(
-            conn, "alpha beta", offset=0, limit=1, order=newest_first
-        )
-        capped = queries.search_failed_messages(
+        exact = search_failed_messages(conn, "alpha beta", offset=0, limit=1, order=newest_first)
+        capped = search_failed_messages(
             conn, "alpha beta", offset=0, limit=1, order=newest_first, exact_count_limit=both
         )
     assert exact.total == both

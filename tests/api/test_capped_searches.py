@@ -16,7 +16,10 @@ import sqlalchemy as sa
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailureGroup
-from controlroom.errors.read import operations, queries
+from controlroom.errors.read import operations
+from controlroom.errors.read.filters import EVERY_MESSAGE, FailedMessageFilter, Ordering
+from controlroom.errors.read.search import search_failed_messages
+from controlroom.errors.read.summaries import SearchPage
 from tests.factories import at, attempt, message_uuid
 
 LIMIT = 5
@@ -62,12 +65,12 @@ def _search(
     *,
     offset: int,
     limit: int,
-    where: queries.FailedMessageFilter,
-    order: queries.Ordering,
+    where: FailedMessageFilter,
+    order: Ordering,
     exact_count_limit: int | None,
-) -> queries.SearchPage:
+) -> SearchPage:
     with engine.connect() as conn:
-        return queries.search_failed_messages(
+        return search_failed_messages(
             conn,
             text,
             offset=offset,
@@ -83,13 +86,13 @@ def test_few_co_occurrences_at_the_head_are_counted_exactly(store: sa.Engine) ->
     head of the default order. The planner takes the words for independent (about a
     quarter of 300 = 75 >= 5 x 5), and the window of a one-row page holds a full page;
     the sample of the messages says few, so the search is counted: 4, exact."""
-    order = queries.Ordering()
+    order = Ordering()
     capped = _search(
         store,
         "alpha beta",
         offset=0,
         limit=1,
-        where=queries.EVERY_MESSAGE,
+        where=EVERY_MESSAGE,
         order=order,
         exact_count_limit=LIMIT,
     )
@@ -114,12 +117,12 @@ QUERIES = [
     "   ",
 ]
 FILTERS = {
-    "every": queries.EVERY_MESSAGE,
-    "unresolved": queries.FailedMessageFilter(statuses=frozenset({FailedMessageStatus.UNRESOLVED})),
-    "sales": queries.FailedMessageFilter(receiving_endpoint="Sales"),
-    "group": queries.FailedMessageFilter(group_id=GROUP.id),
+    "every": EVERY_MESSAGE,
+    "unresolved": FailedMessageFilter(statuses=frozenset({FailedMessageStatus.UNRESOLVED})),
+    "sales": FailedMessageFilter(receiving_endpoint="Sales"),
+    "group": FailedMessageFilter(group_id=GROUP.id),
 }
-ORDERS = [queries.Ordering(), queries.Ordering(key="time_of_failure", descending=False)]
+ORDERS = [Ordering(), Ordering(key="time_of_failure", descending=False)]
 
 
 @pytest.mark.parametrize("filter_name", list(FILTERS))

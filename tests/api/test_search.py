@@ -15,7 +15,7 @@ from controlroom.db.tables import FailedMessageStatus, failed_messages
 from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt
-from controlroom.errors.read import queries
+from controlroom.errors.read.search import search_condition
 from tests.factories import at
 from tests.nsb import failed_headers
 
@@ -369,7 +369,7 @@ def test_results_are_paged_and_sorted_like_errors(
 def test_search_is_answered_from_the_full_text_index(
     engine: sa.Engine, corpus: dict[str, Any]
 ) -> None:
-    condition = queries.search_condition(engine.dialect, "OrderRejectedException")
+    condition = search_condition(engine.dialect, "OrderRejectedException")
     sql = sa.select(failed_messages.c.id).where(condition).compile(engine)
     with engine.connect() as conn:
         cursor = conn.connection.dbapi_connection.cursor()  # the parameters as compiled

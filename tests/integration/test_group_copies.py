@@ -44,7 +44,10 @@ from controlroom.errors.ingest import identity
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailureGroup
-from controlroom.errors.read import groups, operations, queries
+from controlroom.errors.read import groups, lists, operations
+from controlroom.errors.read.counts import count_failed_messages
+from controlroom.errors.read.filters import SORT_KEYS, FailedMessageFilter, Ordering
+from controlroom.errors.read.lists import list_failed_messages
 from controlroom.errors.retention import sweep_expired_failed_messages
 from controlroom.errors.retries import requests
 from tests.factories import at, attempt, message_uuid
@@ -229,8 +232,8 @@ def assert_views_equal_aggregate(engine: sa.Engine) -> None:
             for row in expected:
                 found = groups.get_group(conn, row[0], status=status)
                 assert found is not None and as_tuple(found) == row
-                where = queries.FailedMessageFilter(group_id=row[0], statuses=frozenset({status}))
-                assert queries.count_failed_messages(conn, where) == row[3]
+                where = FailedMessageFilter(group_id=row[0], statuses=frozenset({status}))
+                assert count_failed_messages(conn, where) == row[3]
 
 
 def clear(engine: sa.Engine) -> None:
@@ -291,11 +294,11 @@ def test_groups_views_equal_the_aggregate_under_two_concurrent_writers(
 
 @pytest.mark.parametrize(
     "order",
-    [queries.Ordering(k, d) for k in queries.SORT_KEYS for d in (True, False)],
+    [Ordering(k, d) for k in SORT_KEYS for d in (True, False)],
     ids=lambda order: f"{order.key}-{'desc' if order.descending else 'asc'}",
 )
 def test_a_groups_page_is_the_same_read_from_its_ids_or_by_walking(
-    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, order: queries.Ordering
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, order: Ordering
 ) -> None:
     """``list_failed_messages`` reads a small group's page from its group rows where they
     hold the sort key (time of failure, status), else from its ids joined to the
@@ -310,10 +313,8 @@ def test_a_groups_page_is_the_same_read_from_its_ids_or_by_walking(
     archive(engine, 5)
     group = groups_of(0)[0].id
     filters = [
-        queries.FailedMessageFilter(group_id=group),
-        queries.FailedMessageFilter(
-            group_id=group, statuses=frozenset({FailedMessageStatus.UNRESOLVED})
-        ),
+        FailedMessageFilter(group_id=group),
+        FailedMessageFilter(group_id=group, statuses=frozenset({FailedMessageStatus.UNRESOLVED})),
     ]
 
     def pages() -> list[list[str]]:
@@ -321,7 +322,7 @@ def test_a_groups_page_is_the_same_read_from_its_ids_or_by_walking(
             return [
                 [
                     item.id
-                    for item in queries.list_failed_messages(
+                    for item in list_failed_messages(
                         conn, offset=offset, limit=4, where=where, order=order
                     ).items
                 ]
@@ -330,9 +331,9 @@ def test_a_groups_page_is_the_same_read_from_its_ids_or_by_walking(
             ]
 
     from_ids = pages()
-    monkeypatch.setattr(queries, "_group_rows_hold", lambda *_: False)
+    monkeypatch.setattr(lists, "_group_rows_hold", lambda *_: False)
     joined = pages()
-    monkeypatch.setattr(queries, "GROUP_IDS_FIRST", -1)
+    monkeypatch.setattr(lists, "GROUP_IDS_FIRST", -1)
     walked = pages()
     assert joined == from_ids
     assert walked == from_ids

@@ -1,5 +1,5 @@
 """A list or search page is the same whichever way the store finds it, and on SQLite a
-page of many matches walks the sort key's index (``errors.read.queries.WALK_SORT_INDEX_PAST``
+page of many matches walks the sort key's index (``errors.read.lists.WALK_SORT_INDEX_PAST``
 for lists, the exact-count limit for searches).
 
 SQLite keeps no statistics: given an equality on an indexed column (status, endpoint,
@@ -26,7 +26,11 @@ from controlroom.db.providers import sqlite as sqlite_provider
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
-from controlroom.errors.read import operations, queries
+from controlroom.errors.read import lists, operations
+from controlroom.errors.read.filters import FailedMessageFilter, Ordering
+from controlroom.errors.read.lists import list_failed_messages
+from controlroom.errors.read.search import search_failed_messages
+from controlroom.errors.read.summaries import SearchPage
 from tests.factories import at, attempt, message_uuid
 
 UNRESOLVED = frozenset({FailedMessageStatus.UNRESOLVED})
@@ -34,19 +38,19 @@ ENDPOINTS = ("Sales", "Billing", "Shipping")
 MESSAGES = 30
 
 FILTERS = [
-    queries.FailedMessageFilter(statuses=UNRESOLVED),
-    queries.FailedMessageFilter(statuses=frozenset({FailedMessageStatus.ARCHIVED})),
-    queries.FailedMessageFilter(excluded_statuses=frozenset({FailedMessageStatus.ARCHIVED})),
-    queries.FailedMessageFilter(receiving_endpoint="Sales"),
-    queries.FailedMessageFilter(queue_address="BILLING"),
-    queries.FailedMessageFilter(statuses=UNRESOLVED, receiving_endpoint="Shipping"),
+    FailedMessageFilter(statuses=UNRESOLVED),
+    FailedMessageFilter(statuses=frozenset({FailedMessageStatus.ARCHIVED})),
+    FailedMessageFilter(excluded_statuses=frozenset({FailedMessageStatus.ARCHIVED})),
+    FailedMessageFilter(receiving_endpoint="Sales"),
+    FailedMessageFilter(queue_address="BILLING"),
+    FailedMessageFilter(statuses=UNRESOLVED, receiving_endpoint="Shipping"),
 ]
 ORDERS = [
-    queries.Ordering(),
-    queries.Ordering("time_of_failure"),
-    queries.Ordering("modified", descending=False),
-    queries.Ordering("message_type", descending=False),
-    queries.Ordering("status"),
+    Ordering(),
+    Ordering("time_of_failure"),
+    Ordering("modified", descending=False),
+    Ordering("message_type", descending=False),
+    Ordering("status"),
 ]
 
 
@@ -84,22 +88,22 @@ def sqlite_stored(tmp_path: Path) -> Iterator[sa.Engine]:
     engine.dispose()
 
 
-def pages(engine: sa.Engine, where: queries.FailedMessageFilter, order: queries.Ordering) -> Any:
+def pages(engine: sa.Engine, where: FailedMessageFilter, order: Ordering) -> Any:
     with engine.connect() as conn:
         return [
-            queries.list_failed_messages(conn, offset=offset, limit=4, where=where, order=order)
+            list_failed_messages(conn, offset=offset, limit=4, where=where, order=order)
             for offset in (0, 4, 8, 40)
         ]
 
 
 @pytest.mark.parametrize("order", ORDERS, ids=lambda o: f"{o.key}-{o.descending}")
 def test_a_page_is_the_same_walked_or_read_from_its_filter(
-    stored: sa.Engine, monkeypatch: pytest.MonkeyPatch, order: queries.Ordering
+    stored: sa.Engine, monkeypatch: pytest.MonkeyPatch, order: Ordering
 ) -> None:
     """Every filter's pages, read from the filter's index and sorted or found by walking
     the sort key's index (every match counts as many): the same rows, order and totals."""
     from_filter = [pages(stored, where, order) for where in FILTERS]
-    monkeypatch.setattr(queries, "WALK_SORT_INDEX_PAST", -1)
+    monkeypatch.setattr(lists, "WALK_SORT_INDEX_PAST", -1)
     walked = [pages(stored, where, order) for where in FILTERS]
 
     assert walked == from_filter
@@ -134,11 +138,11 @@ def test_sqlite_walks_the_sort_keys_index_for_many_matches(
 ) -> None:
     """Past ``WALK_SORT_INDEX_PAST`` matches, a page filtered by status and endpoint is
     read along the sort key's index, not from the status or endpoint index and sorted."""
-    monkeypatch.setattr(queries, "WALK_SORT_INDEX_PAST", 5)
-    where = queries.FailedMessageFilter(statuses=UNRESOLVED, receiving_endpoint="Sales")
+    monkeypatch.setattr(lists, "WALK_SORT_INDEX_PAST", 5)
+    where = FailedMessageFilter(statuses=UNRESOLVED, receiving_endpoint="Sales")
     with sqlite_stored.connect() as conn:
-        page = queries.list_failed_messages(
-            conn, offset=0, limit=4, where=where, order=queries.Ordering("time_of_failure")
+        page = list_failed_messages(
+            conn, offset=0, limit=4, where=where, order=Ordering("time_of_failure")
         )
     assert page.total == 7
 
@@ -152,17 +156,15 @@ SEARCHES = ("failed", "Sales", "msg-4", "failed Billing")
 
 
 @pytest.mark.parametrize("order", ORDERS, ids=lambda o: f"{o.key}-{o.descending}")
-def test_a_search_page_is_the_same_walked_or_collected(
-    stored: sa.Engine, order: queries.Ordering
-) -> None:
+def test_a_search_page_is_the_same_walked_or_collected(stored: sa.Engine, order: Ordering) -> None:
     """Past the exact-count limit a search page is found by walking the sort key's index
     (on SQLite against the hits within the walked rows' rowid range); within it from the
     collected matches: the same rows in the same order. The total is an estimate past
     the limit on every provider, the exact total within it."""
 
-    def search(text: str, offset: int, exact_count_limit: int | None) -> queries.SearchPage:
+    def search(text: str, offset: int, exact_count_limit: int | None) -> SearchPage:
         with stored.connect() as conn:
-            return queries.search_failed_messages(
+            return search_failed_messages(
                 conn,
                 text,
                 offset=offset,
@@ -203,9 +205,7 @@ def test_sqlite_walks_the_sort_keys_index_for_a_search_of_many_matches(
     (offset 600) the page is then read from the collected matches, with their exact
     count."""
     with sqlite_stored.connect() as conn:
-        page = queries.search_failed_messages(
-            conn, "failed", offset=offset, limit=4, exact_count_limit=5
-        )
+        page = search_failed_messages(conn, "failed", offset=offset, limit=4, exact_count_limit=5)
     assert page.total_estimated == (offset == 0)
     assert len(page.items) == (4 if offset == 0 else 0)
     assert page.total_estimated or page.total == MESSAGES
@@ -255,9 +255,7 @@ def test_a_search_within_the_limit_reads_its_matches_once(stored: sa.Engine) -> 
     sa.event.listen(stored, "before_cursor_execute", record)
     try:
         with stored.connect() as conn:
-            page = queries.search_failed_messages(
-                conn, "Sales", offset=0, limit=4, exact_count_limit=20
-            )
+            page = search_failed_messages(conn, "Sales", offset=0, limit=4, exact_count_limit=20)
     finally:
         sa.event.remove(stored, "before_cursor_execute", record)
     assert (page.total, page.total_estimated, len(page.items)) == (10, False, 4)

@@ -24,7 +24,7 @@ from controlroom.errors import tallies
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
-from controlroom.errors.read import queries
+from controlroom.errors.read.counts import count_by_status
 from tests.integration.test_tallies import NOW, full_aggregate, tallied
 
 
@@ -76,4 +76,4 @@ def test_a_key_longer_than_an_index_row_is_folded(engine: sa.Engine) -> None:
         group_rows = conn.execute(sa.select(counts.classifier, counts.group_id, counts.status))
         keys = [tuple(row) for row in group_rows]
         assert len(keys) == len(set(keys))  # one row per key: folded
-        assert queries.count_by_status(conn)[FailedMessageStatus.UNRESOLVED] == 3
+        assert count_by_status(conn)[FailedMessageStatus.UNRESOLVED] == 3

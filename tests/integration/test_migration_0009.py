@@ -25,7 +25,7 @@ from controlroom.errors.ingest.writer import (
     failed_message_row,
 )
 from controlroom.errors.model import FailedAttempt
-from controlroom.errors.read.queries import search_failed_messages
+from controlroom.errors.read.search import search_failed_messages
 from tests.factories import at
 from tests.nsb import failed_headers
 

@@ -16,7 +16,7 @@ from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.errors.ingest.search_terms import MAX_TERMS
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt
-from controlroom.errors.read.queries import search_failed_messages
+from controlroom.errors.read.search import search_failed_messages
 from tests.factories import at
 from tests.nsb import failed_headers
 

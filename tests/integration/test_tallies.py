@@ -34,7 +34,15 @@ from controlroom.db.tables import (
 from controlroom.errors import tallies
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
-from controlroom.errors.read import queries
+from controlroom.errors.read.counts import (
+    count_by_status,
+    count_failed_messages,
+    count_matching,
+    count_unresolved_by_endpoint,
+    count_unresolved_by_endpoint_instance,
+)
+from controlroom.errors.read.facets import FACETS, FacetValue, unresolved_facets
+from controlroom.errors.read.filters import EVERY_MESSAGE, FailedMessageFilter, filter_conditions
 from tests.factories import at, attempt
 from tests.integration import test_group_copies as operations
 from tests.integration.test_group_copies import MESSAGES, NOW, clear, groups_of
@@ -103,7 +111,7 @@ def views_before_0012(conn: sa.Connection) -> dict[str, Any]:
     for status, count in conn.execute(sa.select(fm.status, sa.func.count()).group_by(fm.status)):
         by_status[FailedMessageStatus(status)] = count
     facets = {}
-    for name, column in queries.FACETS.items():
+    for name, column in FACETS.items():
         count = sa.func.count().label("n")
         rows = conn.execute(
             sa.select(fm[column], count)
@@ -111,7 +119,7 @@ def views_before_0012(conn: sa.Connection) -> dict[str, Any]:
             .group_by(fm[column])
             .order_by(count.desc(), fm[column])
         ).all()
-        facets[name] = [queries.FacetValue(value=row[0], count=row[1]) for row in rows]
+        facets[name] = [FacetValue(value=row[0], count=row[1]) for row in rows]
     failures = sa.func.count().label("failures")
     by_endpoint = conn.execute(
         sa.select(fm.receiving_endpoint, failures)
@@ -133,11 +141,11 @@ def views_before_0012(conn: sa.Connection) -> dict[str, Any]:
 
 
 FILTERS = [
-    queries.EVERY_MESSAGE,
-    queries.FailedMessageFilter(statuses=frozenset({FailedMessageStatus.UNRESOLVED})),
-    queries.FailedMessageFilter(excluded_statuses=frozenset({FailedMessageStatus.ARCHIVED})),
-    queries.FailedMessageFilter(include_system_messages=False),
-    queries.FailedMessageFilter(
+    EVERY_MESSAGE,
+    FailedMessageFilter(statuses=frozenset({FailedMessageStatus.UNRESOLVED})),
+    FailedMessageFilter(excluded_statuses=frozenset({FailedMessageStatus.ARCHIVED})),
+    FailedMessageFilter(include_system_messages=False),
+    FailedMessageFilter(
         receiving_endpoint="Billing",
         statuses=frozenset({FailedMessageStatus.UNRESOLVED, FailedMessageStatus.RETRY_ISSUED}),
         include_system_messages=False,
@@ -149,9 +157,7 @@ FILTERS = [
 def counts_before_0012(conn: sa.Connection) -> list[int]:
     return [
         conn.execute(
-            sa.select(sa.func.count())
-            .select_from(failed_messages)
-            .where(*queries.filter_conditions(where))
+            sa.select(sa.func.count()).select_from(failed_messages).where(*filter_conditions(where))
         ).scalar_one()
         for where in FILTERS
     ]
@@ -160,9 +166,9 @@ def counts_before_0012(conn: sa.Connection) -> list[int]:
 def counts(conn: sa.Connection) -> list[int]:
     found = []
     for where in FILTERS:
-        exact = queries.count_failed_messages(conn, where)
+        exact = count_failed_messages(conn, where)
         # Past a limit of 0 a provider without an estimate counts exactly, by the tallies.
-        past_limit = queries.count_matching(conn, where, exact_count_limit=0)
+        past_limit = count_matching(conn, where, exact_count_limit=0)
         assert past_limit.estimated or past_limit.value == exact
         found.append(exact)
     return found
@@ -170,10 +176,10 @@ def counts(conn: sa.Connection) -> list[int]:
 
 def views(conn: sa.Connection) -> dict[str, Any]:
     return {
-        "by_status": queries.count_by_status(conn),
-        "facets": queries.unresolved_facets(conn),
-        "by_endpoint": list(queries.count_unresolved_by_endpoint(conn).items()),
-        "by_instance": queries.count_unresolved_by_endpoint_instance(conn),
+        "by_status": count_by_status(conn),
+        "facets": unresolved_facets(conn),
+        "by_endpoint": list(count_unresolved_by_endpoint(conn).items()),
+        "by_instance": count_unresolved_by_endpoint_instance(conn),
     }
 
 

@@ -15,7 +15,7 @@ from controlroom.config import Settings
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import make_failed_import
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
-from controlroom.errors.read import queries
+from controlroom.errors.read.counts import count_failed_imports
 from tests.nsb import failed_headers
 from tests.retries.conftest import TIMEOUT, wait_for_sync
 from tests.web.conftest import ConsoleServer
@@ -39,7 +39,7 @@ def keep_failed_imports(server: ConsoleServer, count: int, reason: str) -> None:
 
 def failed_imports(server: ConsoleServer) -> int:
     with server.engine.connect() as conn:
-        return queries.count_failed_imports(conn)
+        return count_failed_imports(conn)
 
 
 def test_failed_imports_are_listed_with_reasons_and_re_imported_from_the_page(
@@ -108,4 +108,4 @@ def test_a_reader_sees_no_re_import_and_its_posts_are_refused(
             assert refused.status_code == 403 and "reader" in refused.text, path
             assert client.post(path, data={}).status_code == 403, path
         with engine.connect() as conn:
-            assert queries.count_failed_imports(conn) == 1
+            assert count_failed_imports(conn) == 1

@@ -42,7 +42,7 @@ from controlroom.api.recoverability import (
 from controlroom.db.engine import run_write_transaction
 from controlroom.errors import activity
 from controlroom.errors.read import groups, operations
-from controlroom.errors.read.filters import parse_modified_range
+from controlroom.errors.read.filter_text import parse_modified_range
 from controlroom.runtime.clock import utc_now
 
 router = APIRouter(tags=["archive"])

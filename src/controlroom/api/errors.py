@@ -42,8 +42,16 @@ from controlroom.api.views import (
     list_fields,
     list_item,
 )
-from controlroom.errors.read import queries
-from controlroom.errors.read.filters import STATUS_NAMES
+from controlroom.errors.read.counts import count_by_status
+from controlroom.errors.read.facets import unresolved_facets
+from controlroom.errors.read.filter_text import STATUS_NAMES
+from controlroom.errors.read.filters import FailedMessageFilter, Ordering
+from controlroom.errors.read.lists import list_failed_messages, list_queue_addresses
+from controlroom.errors.read.messages import (
+    find_stored_body,
+    get_failed_message,
+    get_last_failed_message,
+)
 from controlroom.http.bodies import body_response_headers, read_body_bytes
 
 router = APIRouter(tags=["errors"])
@@ -69,10 +77,10 @@ _NOT_FOUND = {404: {"description": "No failed message has this id."}}
 
 
 def _list_page(
-    request: Request, page: Paging, order: queries.Ordering, where: queries.FailedMessageFilter
+    request: Request, page: Paging, order: Ordering, where: FailedMessageFilter
 ) -> Response:
     with _engine(request).connect() as conn:
-        result = queries.list_failed_messages(
+        result = list_failed_messages(
             conn,
             offset=page.offset,
             limit=page.per_page,
@@ -129,7 +137,7 @@ def errors_summary(request: Request) -> Response:
     (``Endpoints``), host (``Hosts``) and message type (``Message types``), each most
     frequent first."""
     with _engine(request).connect() as conn:
-        facets = queries.unresolved_facets(conn)
+        facets = unresolved_facets(conn)
 
     def facet(name: str, key: str) -> Facet:
         values = [FacetValue(range=item.value, count=item.count) for item in facets[key]]
@@ -150,7 +158,7 @@ def errors_summary(request: Request) -> Response:
 def errors_counts(request: Request) -> Response:
     """How many failed messages there are in each status (Controlroom's own route)."""
     with _engine(request).connect() as conn:
-        counts = queries.count_by_status(conn)
+        counts = count_by_status(conn)
     return json_response(
         ErrorsSummary.model_validate(
             {STATUS_NAMES[status]: count for status, count in counts.items()}
@@ -166,7 +174,7 @@ def queue_addresses(request: Request, page: PagingParams) -> Response:
     """The queues failed messages came from, by address, each with its number of failed
     messages (any status), paged."""
     with _engine(request).connect() as conn:
-        result = queries.list_queue_addresses(conn, offset=page.offset, limit=page.per_page)
+        result = list_queue_addresses(conn, offset=page.offset, limit=page.per_page)
     items = [
         QueueAddress(physical_address=item.address, failed_message_count=item.failed_message_count)
         for item in result.items
@@ -179,7 +187,7 @@ def get_last_error(request: Request, failed_message_id: FailedMessageId) -> Resp
     """A failed message in the list shape, plus ``edited`` and ``edit_of``. 404 when
     unknown, 422 when ``id`` is not a UUID."""
     with _engine(request).connect() as conn:
-        last = queries.get_last_failed_message(conn, str(failed_message_id))
+        last = get_last_failed_message(conn, str(failed_message_id))
     if last is None:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
     view = FailedMessageLastView(
@@ -193,7 +201,7 @@ def get_last_error(request: Request, failed_message_id: FailedMessageId) -> Resp
 def get_error(request: Request, failed_message_id: FailedMessageId) -> Response:
     """One failed message in full. 404 when unknown, 422 when ``id`` is not a UUID."""
     with _engine(request).connect() as conn:
-        details = queries.get_failed_message(conn, str(failed_message_id))
+        details = get_failed_message(conn, str(failed_message_id))
     if details is None:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
     return json_response(detail(details))
@@ -234,7 +242,7 @@ def get_body(request: Request, message_id: BodyMessageId) -> Response:
     """
     no_nul("path", "id", message_id)
     with _engine(request).connect() as conn:
-        stored = queries.find_stored_body(conn, message_id)
+        stored = find_stored_body(conn, message_id)
     if stored is None:
         raise HTTPException(404, f"no failed message with id {message_id[:100]!r}")
     if stored.size == 0:

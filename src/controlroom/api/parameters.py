@@ -13,8 +13,8 @@ from typing import Annotated
 from fastapi import Depends, Path, Query
 from fastapi.exceptions import RequestValidationError
 
-from controlroom.errors.read import queries
-from controlroom.errors.read.filters import parse_modified_range, parse_status_filter
+from controlroom.errors.read.filter_text import parse_modified_range, parse_status_filter
+from controlroom.errors.read.filters import DEFAULT_SORT, SORT_KEYS, FailedMessageFilter, Ordering
 
 FailedMessageId = Annotated[
     uuid.UUID, Path(alias="id", description="The failed message's id (UniqueMessageId).")
@@ -41,8 +41,8 @@ def ordering(
         str | None,
         Query(
             max_length=200,
-            description="Sort key: " + ", ".join(queries.SORT_KEYS) + f"; empty or any other "
-            f"value sorts by {queries.DEFAULT_SORT} (ServiceControl's leniency). Ties are "
+            description="Sort key: " + ", ".join(SORT_KEYS) + f"; empty or any other "
+            f"value sorts by {DEFAULT_SORT} (ServiceControl's leniency). Ties are "
             "broken by id in the same direction.",
         ),
     ] = None,
@@ -50,11 +50,11 @@ def ordering(
         str | None,
         Query(max_length=200, description="asc or desc; any other value reads as desc."),
     ] = None,
-) -> queries.Ordering:
+) -> Ordering:
     """The ``sort`` and ``direction`` query parameters (a FastAPI dependency). Unknown
     values are the defaults, never a refusal: ServiceControl's ``GetSortInfo``."""
-    key = next((known for known in queries.SORT_KEYS if known == sort), queries.DEFAULT_SORT)
-    return queries.Ordering(key=key, descending=direction != "asc")
+    key = next((known for known in SORT_KEYS if known == sort), DEFAULT_SORT)
+    return Ordering(key=key, descending=direction != "asc")
 
 
 def message_filter(
@@ -86,7 +86,7 @@ def message_filter(
         str | None,
         Query(alias="queueAddress", max_length=400, description="Same as queueaddress."),
     ] = None,
-) -> queries.FailedMessageFilter:
+) -> FailedMessageFilter:
     """The ``status``, ``modified`` and ``queueaddress`` query parameters (a dependency).
 
     ServiceControl's leniency: unknown statuses are ignored, an empty queue address is no
@@ -94,7 +94,7 @@ def message_filter(
     ``modified`` when it cannot be read.
     """
     address = queueaddress if queueaddress is not None else queue_address_camel
-    where = queries.FailedMessageFilter(
+    where = FailedMessageFilter(
         queue_address=no_nul("query", "queueaddress", address) or None
     )
     if status is not None:
@@ -109,5 +109,5 @@ def message_filter(
     return where
 
 
-OrderingParams = Annotated[queries.Ordering, Depends(ordering)]
-FilterParams = Annotated[queries.FailedMessageFilter, Depends(message_filter)]
+OrderingParams = Annotated[Ordering, Depends(ordering)]
+FilterParams = Annotated[FailedMessageFilter, Depends(message_filter)]

@@ -29,7 +29,8 @@ from controlroom.api.views import FailedMessageListItem, UtcTimestamp, list_item
 from controlroom.db.engine import begin_write, run_write_transaction
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors import activity
-from controlroom.errors.read import groups, operations, queries
+from controlroom.errors.read import groups, operations
+from controlroom.errors.read.lists import list_failed_messages
 from controlroom.runtime.clock import utc_now
 
 router = APIRouter(tags=["recoverability"])
@@ -145,7 +146,7 @@ def list_group_errors(
     with _engine(request).connect() as conn:
         if not groups.group_exists(conn, str(group_id)):
             raise _unknown_group(group_id)
-        result = queries.list_failed_messages(
+        result = list_failed_messages(
             conn,
             offset=page.offset,
             limit=page.per_page,

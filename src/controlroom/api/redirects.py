@@ -29,7 +29,8 @@ from pydantic import BaseModel, TypeAdapter
 from controlroom.api.paging import LIST_RESPONSES, PagingParams, paged_response
 from controlroom.api.views import UtcTimestamp
 from controlroom.db.engine import begin_write
-from controlroom.errors.read import queries, redirects
+from controlroom.errors.read import redirects
+from controlroom.errors.read.lists import pending_retry_ids
 from controlroom.errors.retries import requests as retries
 from controlroom.runtime.clock import utc_now
 
@@ -157,9 +158,7 @@ def _retry_pending_of(request: Request, queue_address: str) -> None:
     """Retry again the pending retries of ``queue_address`` (ServiceControl's
     ``RetryPendingMessages`` from the beginning of time until now)."""
     with _engine(request).connect() as conn:
-        ids = queries.pending_retry_ids(
-            conn, queue_address, datetime.min.replace(tzinfo=UTC), utc_now()
-        )
+        ids = pending_retry_ids(conn, queue_address, datetime.min.replace(tzinfo=UTC), utc_now())
     if ids:
         retries.retry_pending_messages(_engine(request), ids)
         processor = getattr(request.app.state, "retry_processor", None)

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from controlroom.api.archive import QueueWindow
 from controlroom.api.views import UtcTimestamp
 from controlroom.db.tables import FailedMessageStatus
-from controlroom.errors.read import queries
+from controlroom.errors.read.lists import pending_retry_ids
 from controlroom.errors.retries import requests as retries
 from controlroom.errors.retries import wire as retry_wire
 from controlroom.transport.base import Transport, TransportError
@@ -210,7 +210,7 @@ def retry_queue_pending(request: Request, body: QueueWindow) -> RetryAccepted:
     asked within ``from``..``to`` (ServiceControl's ``RetryPendingMessages``)."""
     queue_address, start, end = body.window()
     with _engine(request).connect() as conn:
-        ids = queries.pending_retry_ids(conn, queue_address, start, end)
+        ids = pending_retry_ids(conn, queue_address, start, end)
     if not ids:
         return RetryAccepted(
             retry_type=str(retries.RetryType.MULTIPLE_MESSAGES),

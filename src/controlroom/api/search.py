@@ -33,7 +33,10 @@ from controlroom.api.views import (
     sending_endpoint,
 )
 from controlroom.db.tables import FailedMessageStatus
-from controlroom.errors.read import queries
+from controlroom.errors.read.filters import EVERY_MESSAGE, FailedMessageFilter, Ordering
+from controlroom.errors.read.lists import list_message_hits
+from controlroom.errors.read.search import search_failed_messages
+from controlroom.errors.read.summaries import SearchHit
 
 MAX_SEARCH_LENGTH = 1000
 """Longest search text, in characters."""
@@ -83,7 +86,7 @@ def message_status(status: FailedMessageStatus, attempts: int) -> MessageStatus:
     return "failed" if attempts <= 1 else "repeatedFailure"
 
 
-def search_item(hit: queries.SearchHit) -> MessageSearchItem:
+def search_item(hit: SearchHit) -> MessageSearchItem:
     """The search-result shape of a stored failed message."""
     summary = hit.summary
     headers = json.loads(hit.headers_json)
@@ -124,12 +127,12 @@ def message_ordering(
     direction: Annotated[
         str | None, Query(max_length=200, description="asc or desc (any other value).")
     ] = None,
-) -> queries.Ordering:
+) -> Ordering:
     """``sort``/``direction`` of ServiceControl's message views (a FastAPI dependency)."""
     return ordering("time_of_failure" if sort == "processed_at" else sort, direction)
 
 
-MessageOrdering = Annotated[queries.Ordering, Depends(message_ordering)]
+MessageOrdering = Annotated[Ordering, Depends(message_ordering)]
 IncludeSystemMessages = Annotated[
     bool, Query(description="Include system (control) messages; ServiceControl's default: no.")
 ]
@@ -142,11 +145,11 @@ def _search(
     request: Request,
     text: str,
     page: PagingParams,
-    order: queries.Ordering,
-    where: queries.FailedMessageFilter = queries.EVERY_MESSAGE,
+    order: Ordering,
+    where: FailedMessageFilter = EVERY_MESSAGE,
 ) -> Response:
     with request.app.state.engine.connect() as conn:
-        result = queries.search_failed_messages(
+        result = search_failed_messages(
             conn,
             text,
             offset=page.offset,
@@ -164,11 +167,11 @@ def _search(
 def _messages(
     request: Request,
     page: PagingParams,
-    order: queries.Ordering,
-    where: queries.FailedMessageFilter,
+    order: Ordering,
+    where: FailedMessageFilter,
 ) -> Response:
     with request.app.state.engine.connect() as conn:
-        result = queries.list_message_hits(
+        result = list_message_hits(
             conn,
             offset=page.offset,
             limit=page.per_page,
@@ -228,7 +231,7 @@ def endpoint_search_by_query(
     order: MessageOrdering,
 ) -> Response:
     """Failed messages of the receiving ``endpoint`` containing ``q``."""
-    where = queries.FailedMessageFilter(receiving_endpoint=endpoint)
+    where = FailedMessageFilter(receiving_endpoint=endpoint)
     return _search(request, q, page, order, where)
 
 
@@ -242,7 +245,7 @@ def endpoint_search_by_keyword(
     order: MessageOrdering,
 ) -> Response:
     """Failed messages of the receiving ``endpoint`` containing ``keyword``."""
-    where = queries.FailedMessageFilter(receiving_endpoint=endpoint)
+    where = FailedMessageFilter(receiving_endpoint=endpoint)
     return _search(request, keyword, page, order, where)
 
 
@@ -253,7 +256,7 @@ def list_messages(
     include_system_messages: IncludeSystemMessages = False,
 ) -> Response:
     """Every failed message, in ServiceControl's message shape, paged and sorted."""
-    where = queries.FailedMessageFilter(include_system_messages=include_system_messages)
+    where = FailedMessageFilter(include_system_messages=include_system_messages)
     return _messages(request, page, order, where)
 
 
@@ -265,7 +268,7 @@ def list_endpoint_messages(
     include_system_messages: IncludeSystemMessages = False,
 ) -> Response:
     """The failed messages of the receiving ``endpoint``, paged and sorted."""
-    where = queries.FailedMessageFilter(
+    where = FailedMessageFilter(
         receiving_endpoint=endpoint, include_system_messages=include_system_messages
     )
     return _messages(request, page, order, where)
@@ -281,7 +284,7 @@ def list_conversation(
     include_system_messages: IncludeSystemMessages = False,
 ) -> Response:
     """The failed messages of one conversation (``NServiceBus.ConversationId``)."""
-    where = queries.FailedMessageFilter(
+    where = FailedMessageFilter(
         conversation_id=conversation_id, include_system_messages=include_system_messages
     )
     return _messages(request, page, order, where)

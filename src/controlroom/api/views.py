@@ -16,8 +16,9 @@ from typing import Annotated, Any
 from fastapi import Response
 from pydantic import BaseModel, Field, PlainSerializer, TypeAdapter
 
-from controlroom.errors.read import queries
-from controlroom.errors.read.filters import STATUS_NAMES, StatusName
+from controlroom.errors.read.filter_text import STATUS_NAMES, StatusName
+from controlroom.errors.read.messages import FailedMessageDetails
+from controlroom.errors.read.summaries import FailedMessageSummary
 
 
 def format_utc(instant: datetime) -> str:
@@ -177,12 +178,12 @@ def body_url(failed_message_id: str) -> str:
     return f"/messages/{failed_message_id}/body"
 
 
-def list_item(summary: queries.FailedMessageSummary) -> FailedMessageListItem:
+def list_item(summary: FailedMessageSummary) -> FailedMessageListItem:
     """The list shape of a stored failed message."""
     return FailedMessageListItem(**list_fields(summary))
 
 
-def detail(details: queries.FailedMessageDetails) -> FailedMessageDetail:
+def detail(details: FailedMessageDetails) -> FailedMessageDetail:
     """The full shape of a stored failed message."""
     summary = details.summary
     headers = json.loads(details.headers_json)
@@ -206,7 +207,7 @@ def detail(details: queries.FailedMessageDetails) -> FailedMessageDetail:
 
 
 def processing_attempts(
-    details: queries.FailedMessageDetails, headers: dict[str, str | None]
+    details: FailedMessageDetails, headers: dict[str, str | None]
 ) -> list[ProcessingAttempt]:
     """ServiceControl's ``processing_attempts``: one entry per counted attempt, oldest
     first, the stored attempt last and whole (``failure_details``, ``headers`` without
@@ -233,7 +234,7 @@ def processing_attempts(
     return [*earlier, newest]
 
 
-def message_metadata(details: queries.FailedMessageDetails) -> dict[str, Any]:
+def message_metadata(details: FailedMessageDetails) -> dict[str, Any]:
     """The stored attempt's ``message_metadata``, with ServiceControl's (PascalCase) keys
     for what Controlroom derives; absent values are left out."""
     summary = details.summary
@@ -253,7 +254,7 @@ def message_metadata(details: queries.FailedMessageDetails) -> dict[str, Any]:
     return {key: value for key, value in metadata.items() if value is not None}
 
 
-def sending_endpoint(summary: queries.FailedMessageSummary) -> EndpointDetails | None:
+def sending_endpoint(summary: FailedMessageSummary) -> EndpointDetails | None:
     """The sending endpoint of the stored attempt, ``None`` when the headers name none."""
     if summary.sending_endpoint is None:
         return None
@@ -262,7 +263,7 @@ def sending_endpoint(summary: queries.FailedMessageSummary) -> EndpointDetails |
     )
 
 
-def receiving_endpoint(summary: queries.FailedMessageSummary) -> EndpointDetails:
+def receiving_endpoint(summary: FailedMessageSummary) -> EndpointDetails:
     """The endpoint instance the stored attempt failed in."""
     return EndpointDetails(
         name=summary.receiving_endpoint,
@@ -271,7 +272,7 @@ def receiving_endpoint(summary: queries.FailedMessageSummary) -> EndpointDetails
     )
 
 
-def exception_details(summary: queries.FailedMessageSummary) -> ExceptionDetails:
+def exception_details(summary: FailedMessageSummary) -> ExceptionDetails:
     """The stored attempt's exception, as its headers tell it."""
     return ExceptionDetails(
         exception_type=summary.exception_type,
@@ -281,7 +282,7 @@ def exception_details(summary: queries.FailedMessageSummary) -> ExceptionDetails
     )
 
 
-def list_fields(summary: queries.FailedMessageSummary) -> dict[str, object]:
+def list_fields(summary: FailedMessageSummary) -> dict[str, object]:
     return {
         "id": summary.id,
         "message_id": summary.message_id,

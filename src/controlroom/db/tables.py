@@ -110,7 +110,7 @@ failed_messages = sa.Table(
 )
 
 # The list's sort keys, each followed by the id (migration 0004): a page in either
-# direction reads the index in order. Empty values sort smallest (errors.queries.order_by);
+# direction reads the index in order. Empty values sort smallest (errors.read.filters.order_by);
 # Nullable keys are indexed NULLS FIRST, the order of the queries.
 for _name, _column in (
     ("ix_failed_messages_time_sent_id", failed_messages.c.time_sent),

@@ -10,9 +10,9 @@ Three flows, one sub-package each:
 - ``retries``: an operator's retry request claims messages into batches (``requests``,
   ``claims``); the ``processor`` sends them back to the queues they failed in, in the
   shape of ``wire``.
-- ``read``: what the API serves (``queries``, ``groups``, ``endpoints``) and the
-  operator's set-based actions on stored rows (``operations``: archive, unarchive,
-  resolve).
+- ``read``: what the API serves (``lists``, ``counts``, ``search``, ``messages``,
+  ``facets``, ``groups``, ``endpoints``) and the operator's set-based actions on stored
+  rows (``operations``: archive, unarchive, resolve).
 
 ``retention`` sweeps Resolved and Archived rows past the retention period.
 """

@@ -8,7 +8,7 @@ import re
 from fastapi import HTTPException
 
 from controlroom.errors.ingest.bodies import BodyNotFoundError, BodyStore
-from controlroom.errors.read.queries import StoredBody
+from controlroom.errors.read.messages import StoredBody
 from controlroom.exceptions import BodyStoreError
 
 # The body is attacker-controlled: a browser must never run it as a page of the API's

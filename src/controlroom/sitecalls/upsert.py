@@ -79,13 +79,13 @@ def upsert_statement(provider: Provider) -> Any:
     """The monotonic upsert on ``provider``, built once (one compiled shape for every
     chunk). Returns the ids of the rows it inserted or updated; a packet the guard
     refused returns nothing."""
-    statement = provider.upsert(
+    return provider.upsert(
         site_calls,
         key=[stored.tracked_operation_id],
         set_=_assignments,
         where=lambda incoming: sa.and_(same_source(incoming), supersedes_stored(incoming)),
+        returning=[stored.tracked_operation_id],
     )
-    return statement.returning(stored.tracked_operation_id)
 
 
 def upsert_site_calls(conn: sa.Connection, provider: Provider, rows: Sequence[Row]) -> set[str]:

@@ -19,8 +19,18 @@ from fastapi.responses import Response
 
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors.ingest.headers import content_encoding
-from controlroom.errors.read import endpoints, groups, queries
-from controlroom.errors.read.filters import parse_modified_range, parse_status_filter
+from controlroom.errors.read import endpoints, groups
+from controlroom.errors.read.counts import (
+    count_by_status,
+    count_failed_imports,
+    count_unresolved_by_endpoint,
+    count_unresolved_by_endpoint_instance,
+)
+from controlroom.errors.read.filter_text import parse_modified_range, parse_status_filter
+from controlroom.errors.read.filters import FailedMessageFilter, Ordering
+from controlroom.errors.read.lists import list_failed_messages
+from controlroom.errors.read.messages import get_failed_message, get_stored_body
+from controlroom.errors.read.search import search_failed_messages
 from controlroom.errors.retries import requests as retries
 from controlroom.http.bodies import body_response_headers, read_body_bytes
 from controlroom.web.bodies import view_body
@@ -40,13 +50,13 @@ Viewer = Annotated[Session, Depends(viewer)]
 @router.get("/")
 def dashboard(request: Request, session: Viewer) -> Response:
     with _engine(request).connect() as conn:
-        counts = queries.count_by_status(conn)
+        counts = count_by_status(conn)
         # Largest first: the groups an operator should look at (the list is by last failure).
         top_groups = sorted(
             groups.list_groups(conn, groups.DEFAULT_CLASSIFIER), key=lambda group: -group.count
         )
-        by_endpoint = queries.count_unresolved_by_endpoint(conn)
-        failed_imports = queries.count_failed_imports(conn)
+        by_endpoint = count_unresolved_by_endpoint(conn)
+        failed_imports = count_failed_imports(conn)
         site_calls = kpi_context(conn, api_state(request).settings)
     return render(
         request,
@@ -84,12 +94,12 @@ def message_list(
         raise HTTPException(400, f"sort must be one of {', '.join(SORTABLE)}")
     if direction not in ("asc", "desc"):
         raise HTTPException(400, "direction must be asc or desc")
-    order = queries.Ordering(key=sort, descending=direction == "desc")  # type: ignore[arg-type]
+    order = Ordering(key=sort, descending=direction == "desc")  # type: ignore[arg-type]
     offset = (page - 1) * PAGE_SIZE
     limit = api_state(request).settings.exact_count_limit
     with _engine(request).connect() as conn:
         if q.strip():
-            found = queries.search_failed_messages(
+            found = search_failed_messages(
                 conn,
                 q,
                 offset=offset,
@@ -101,7 +111,7 @@ def message_list(
             total, items = found.total, [hit.summary for hit in found.items]
             estimated = found.total_estimated
         else:
-            listed = queries.list_failed_messages(
+            listed = list_failed_messages(
                 conn,
                 offset=offset,
                 limit=PAGE_SIZE,
@@ -157,8 +167,8 @@ def message_state(request: Request, session: Viewer, failed_message_id: uuid.UUI
 def body_view(request: Request, session: Viewer, failed_message_id: uuid.UUID) -> Response:
     """The body, decoded and pretty-printed (fetched on demand when stored externally)."""
     with _engine(request).connect() as conn:
-        details = queries.get_failed_message(conn, str(failed_message_id))
-        stored = queries.get_stored_body(conn, str(failed_message_id))
+        details = get_failed_message(conn, str(failed_message_id))
+        stored = get_stored_body(conn, str(failed_message_id))
     if details is None or stored is None:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
     data = read_body_bytes(api_state(request).body_store, stored, failed_message_id)
@@ -171,7 +181,7 @@ def body_view(request: Request, session: Viewer, failed_message_id: uuid.UUID) -
 def body_download(request: Request, session: Viewer, failed_message_id: uuid.UUID) -> Response:
     """The exact stored bytes, as a download (never rendered by the browser)."""
     with _engine(request).connect() as conn:
-        stored = queries.get_stored_body(conn, str(failed_message_id))
+        stored = get_stored_body(conn, str(failed_message_id))
     if stored is None:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
     data = read_body_bytes(api_state(request).body_store, stored, failed_message_id)
@@ -184,7 +194,7 @@ def body_download(request: Request, session: Viewer, failed_message_id: uuid.UUI
 def edit_page(request: Request, session: Viewer, failed_message_id: uuid.UUID) -> Response:
     context = _message_context(request, failed_message_id)
     with _engine(request).connect() as conn:
-        stored = queries.get_stored_body(conn, str(failed_message_id))
+        stored = get_stored_body(conn, str(failed_message_id))
     assert stored is not None
     data = read_body_bytes(api_state(request).body_store, stored, failed_message_id)
     try:
@@ -247,7 +257,7 @@ def endpoint_list(
 ) -> Response:
     with _engine(request).connect() as conn:
         known = endpoints.list_known_endpoints(conn, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE)
-        failures = queries.count_unresolved_by_endpoint_instance(conn)
+        failures = count_unresolved_by_endpoint_instance(conn)
     return render(
         request,
         "endpoints.html",
@@ -276,8 +286,8 @@ def docs(request: Request) -> Response:
 # --- helpers ------------------------------------------------------------------------------
 def _message_filter(
     status: str, failed_from: str, failed_to: str, group: str, endpoint: str
-) -> queries.FailedMessageFilter:
-    where = queries.FailedMessageFilter()
+) -> FailedMessageFilter:
+    where = FailedMessageFilter()
     if status:
         try:
             included, excluded = parse_status_filter(status)
@@ -302,7 +312,7 @@ def _message_filter(
 
 def _message_context(request: Request, failed_message_id: uuid.UUID) -> dict[str, Any]:
     with _engine(request).connect() as conn:
-        details = queries.get_failed_message(conn, str(failed_message_id))
+        details = get_failed_message(conn, str(failed_message_id))
     if details is None:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
     headers = json.loads(details.headers_json)

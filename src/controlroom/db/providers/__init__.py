@@ -7,8 +7,9 @@ insert-if-absent constructs, the full-text search clause, the lease of backgroun
 singletons, engine setup and the classification of its driver's errors. This registry
 picks one by the engine's dialect name; feature code asks the provider and never tests a
 dialect's name itself. Source: DESIGN.md "Stores", STYLE.md "SQLAlchemy dialects — the
-provider seam". Adding a database is one module here, its migration branches and a test
-parameter.
+provider seam". Adding a database is one module here, its migration branches, the
+column and index variants of ``db/tables.py`` and a test parameter: the full checklist is
+ARCHITECTURE.md "The provider seam".
 """
 
 from __future__ import annotations

@@ -36,6 +36,9 @@ Inside them the table's own columns read the stored, pre-update row."""
 Guard = Callable[[Any], sa.ColumnElement[bool]]
 """Given the incoming row, the condition under which a conflicting row is updated."""
 
+Returning = Sequence[sa.ColumnElement[Any]]
+"""Columns of the written rows a statement returns (none: it returns no rows)."""
+
 
 def chunked(rows: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     """Consecutive slices of ``rows`` of at most ``size`` items, order kept."""
@@ -63,6 +66,11 @@ class Provider(ABC):
     """Its triggers append tally deltas for ``compact_tallies`` to fold (migration 0012),
     rather than counting in the tallies themselves."""
 
+    updates_returning: ClassVar[bool] = True
+    """Its ``UPDATE`` takes ``RETURNING`` (SQLite since 3.35, PostgreSQL; not MariaDB
+    10.11): ``update_returning`` then runs one statement, else selects, updates and reads
+    back."""
+
     @abstractmethod
     def insert(self, table: sa.Table) -> Any:
         """The provider's own ``INSERT`` construct for ``table``."""
@@ -75,14 +83,23 @@ class Provider(ABC):
         key: Sequence[sa.Column[Any]],
         set_: Assignments,
         where: Guard | None = None,
+        returning: Returning = (),
     ) -> Any:
         """``INSERT`` into ``table`` that, on a conflict on ``key``, applies ``set_`` —
         only where ``where`` holds, when given — in the same statement. Concurrent
-        inserters of one key never fault: the loser's row becomes the update."""
+        inserters of one key never fault: the loser's row becomes the update.
+
+        With ``returning``, the statement returns those columns of every row it inserted
+        or updated, as they stand after it, and of no other: a conflicting row ``where``
+        refused is not returned (callers learn from it which rows they wrote)."""
 
     @abstractmethod
-    def insert_if_absent(self, table: sa.Table, *, key: Sequence[sa.Column[Any]]) -> Any:
-        """``INSERT`` into ``table`` that leaves rows whose ``key`` exists untouched."""
+    def insert_if_absent(
+        self, table: sa.Table, *, key: Sequence[sa.Column[Any]], returning: Returning = ()
+    ) -> Any:
+        """``INSERT`` into ``table`` that leaves rows whose ``key`` exists untouched; with
+        ``returning``, it returns those columns of the rows it inserted, never of a row
+        it left."""
 
     def upsert_rows(
         self,
@@ -92,13 +109,14 @@ class Provider(ABC):
         key: Sequence[sa.Column[Any]],
         set_: Assignments,
         where: Guard | None = None,
+        returning: Returning = (),
     ) -> Any:
         """``upsert`` of rows given only at execution (``write_rows``), each a dict of
-        exactly ``columns``. Here the ``upsert`` construct itself, which ``write_rows``
-        sends as multi-row ``VALUES`` statements (one text per number of rows); a provider
-        that can bind each column's values as one parameter overrides both, for one
-        statement text whatever the number of rows."""
-        return self.upsert(table, key=key, set_=set_, where=where)
+        exactly ``columns``; ``returning`` as ``upsert`` takes it. Here the ``upsert``
+        construct itself, which ``write_rows`` sends as multi-row ``VALUES`` statements
+        (one text per number of rows); a provider that can bind each column's values as
+        one parameter overrides both, for one statement text whatever the number of rows."""
+        return self.upsert(table, key=key, set_=set_, where=where, returning=returning)
 
     def write_rows(
         self, conn: sa.Connection, statement: Any, rows: Sequence[Row]
@@ -159,6 +177,46 @@ class Provider(ABC):
         ``failed_messages`` (its own ORDER BY and LIMIT: a window of a sort order) that
         yields every row the condition will be tested on: a provider may read only the
         index's hits that can be among them (SQLite); the rows matched are the same."""
+
+    @abstractmethod
+    def materialized_cte(self, query: sa.Select[Any], name: str) -> sa.CTE:
+        """``query`` as the CTE ``name`` that the planner runs once, on its own, and does
+        not merge into the statement reading it (a fence: the statement then cannot walk
+        a sort key's index testing each row against ``query``'s condition). The rows are
+        the same either way; only the plan differs."""
+
+    @abstractmethod
+    def order_nulls_smallest(
+        self, column: sa.ColumnElement[Any], *, descending: bool
+    ) -> sa.ColumnElement[Any]:
+        """``ORDER BY`` element of the nullable ``column``, descending or ascending, where
+        ``NULL`` sorts as the smallest value: first ascending, last descending, as the
+        sort keys' indexes are built (migration 0004)."""
+
+    def update_returning(
+        self, conn: sa.Connection, statement: sa.Update, returning: Returning
+    ) -> list[sa.Row[Any]]:
+        """Run ``statement`` (an ``UPDATE`` of one table with a one-column primary key)
+        and return ``returning`` (columns of that table) of every row it matched, as they
+        stand after it; order unspecified.
+
+        One ``UPDATE ... RETURNING`` where ``updates_returning``; else the matching rows'
+        keys are selected and locked (``FOR UPDATE``, where the provider has row locks),
+        those rows updated and read back, in ``conn``'s transaction: the same rows and
+        values, as no other transaction can change the locked rows in between."""
+        if self.updates_returning:
+            return list(conn.execute(statement.returning(*returning)).all())
+        table = statement.table
+        assert isinstance(table, sa.Table)
+        (key,) = table.primary_key.columns
+        matching = sa.select(key).with_for_update()
+        if statement.whereclause is not None:
+            matching = matching.where(statement.whereclause)
+        keys = list(conn.execute(matching).scalars())
+        if not keys:
+            return []
+        conn.execute(statement.where(self.is_one_of(key, keys)))
+        return list(conn.execute(sa.select(*returning).where(self.is_one_of(key, keys))).all())
 
     def estimate_rows(self, conn: sa.Connection, query: sa.Select[Any]) -> int | None:
         """The database's own estimate of how many rows ``query`` returns, without running
@@ -301,11 +359,18 @@ class OnConflictProvider(Provider):
         key: Sequence[sa.Column[Any]],
         set_: Assignments,
         where: Guard | None = None,
+        returning: Returning = (),
     ) -> Any:
-        return on_conflict_update(self.insert(table), key=key, set_=set_, where=where)
+        statement = on_conflict_update(self.insert(table), key=key, set_=set_, where=where)
+        # ON CONFLICT ... DO UPDATE ... WHERE returns no row for a conflict WHERE refused.
+        return statement.returning(*returning) if returning else statement
 
-    def insert_if_absent(self, table: sa.Table, *, key: Sequence[sa.Column[Any]]) -> Any:
-        return self.insert(table).on_conflict_do_nothing(index_elements=list(key))
+    def insert_if_absent(
+        self, table: sa.Table, *, key: Sequence[sa.Column[Any]], returning: Returning = ()
+    ) -> Any:
+        # ON CONFLICT DO NOTHING returns no row for a row it left.
+        statement = self.insert(table).on_conflict_do_nothing(index_elements=list(key))
+        return statement.returning(*returning) if returning else statement
 
 
 def on_conflict_update(

@@ -28,6 +28,7 @@ from controlroom.db.providers._base import (
     Assignments,
     Guard,
     OnConflictProvider,
+    Returning,
     Row,
     chunked,
     on_conflict_update,
@@ -324,6 +325,7 @@ class PostgreSQLProvider(OnConflictProvider):
         key: Sequence[sa.Column[Any]],
         set_: Assignments,
         where: Guard | None = None,
+        returning: Returning = (),
     ) -> Any:
         """``INSERT ... SELECT ... FROM unnest(:col1_values, ...) WITH ORDINALITY ... ON
         CONFLICT ... DO UPDATE ... WHERE ...``: one array parameter per column, so the
@@ -334,7 +336,9 @@ class PostgreSQLProvider(OnConflictProvider):
         rewrote one by one and the server parsed and planned on every execution."""
         source = _rows_of_arrays(table, columns)
         statement = insert(table).from_select(list(columns), source)
-        return on_conflict_update(statement, key=key, set_=set_, where=where)
+        statement = on_conflict_update(statement, key=key, set_=set_, where=where)
+        # ON CONFLICT ... DO UPDATE ... WHERE returns no row for a conflict WHERE refused.
+        return statement.returning(*returning) if returning else statement
 
     def write_rows(
         self, conn: sa.Connection, statement: Any, rows: Sequence[Row]
@@ -345,6 +349,16 @@ class PostgreSQLProvider(OnConflictProvider):
             if result.returns_rows:
                 returned.extend(result.all())
         return returned
+
+    def materialized_cte(self, query: sa.Select[Any], name: str) -> sa.CTE:
+        # Since PostgreSQL 12 a CTE read once is inlined unless marked MATERIALIZED.
+        return query.cte(name).prefix_with("MATERIALIZED")
+
+    def order_nulls_smallest(
+        self, column: sa.ColumnElement[Any], *, descending: bool
+    ) -> sa.ColumnElement[Any]:
+        # PostgreSQL sorts NULL as the largest value unless told otherwise.
+        return column.desc().nulls_last() if descending else column.asc().nulls_first()
 
     def is_one_of(
         self, column: sa.ColumnElement[Any], values: Sequence[Any]
@@ -501,8 +515,10 @@ class PostgreSQLProvider(OnConflictProvider):
         claimed = set(
             conn.execute(
                 self.insert_if_absent(
-                    _AUDIT_EVENT_IDS, key=[_AUDIT_EVENT_IDS.c.event_id]
-                ).returning(_AUDIT_EVENT_IDS.c.event_id),
+                    _AUDIT_EVENT_IDS,
+                    key=[_AUDIT_EVENT_IDS.c.event_id],
+                    returning=[_AUDIT_EVENT_IDS.c.event_id],
+                ),
                 claims,
                 execution_options=self.executemany_options(),
             ).scalars()

@@ -97,6 +97,17 @@ class SQLiteProvider(OnConflictProvider):
     def bound_rows_parameters(self, names: Sequence[str], rows: Sequence[Row]) -> dict[str, Any]:
         return {"rows": json.dumps([[row[name] for name in names] for row in rows])}
 
+    def materialized_cte(self, query: sa.Select[Any], name: str) -> sa.CTE:
+        # SQLite (since 3.35) may flatten a CTE into its reader unless marked MATERIALIZED.
+        return query.cte(name).prefix_with("MATERIALIZED")
+
+    def order_nulls_smallest(
+        self, column: sa.ColumnElement[Any], *, descending: bool
+    ) -> sa.ColumnElement[Any]:
+        # SQLite's own order already puts NULL smallest; said explicitly, so the statement
+        # reads the same on every provider that accepts NULLS FIRST/LAST.
+        return column.desc().nulls_last() if descending else column.asc().nulls_first()
+
     def is_one_of(
         self, column: sa.ColumnElement[Any], values: Sequence[Any]
     ) -> sa.ColumnElement[bool]:

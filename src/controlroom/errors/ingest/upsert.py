@@ -209,14 +209,14 @@ def upsert_statement(provider: Provider) -> Any:
     number of rows), so SQLAlchemy compiles it once and caches it. Returns ``(id,
     last_failure_at)`` of every row it inserted or updated, as it stands after the
     statement (a row the guard skipped is not returned)."""
-    statement = provider.upsert_rows(
+    return provider.upsert_rows(
         failed_messages,
         columns=ROW_COLUMNS,
         key=[failed_messages.c.id],
         set_=lambda incoming: conditional_upsert_assignments(provider, incoming),
         where=lambda incoming: conditional_upsert_guard(provider, incoming),
+        returning=[failed_messages.c.id, failed_messages.c.last_failure_at],
     )
-    return statement.returning(failed_messages.c.id, failed_messages.c.last_failure_at)
 
 
 def upsert_failed_messages(

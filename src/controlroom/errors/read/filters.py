@@ -1,85 +1,189 @@
-"""The failed-message filters an operator writes as text, read the way ServiceControl
-reads them: status names (``unresolved,-archived``) and time ranges (``<from>...<to>``).
+"""What a read of failed messages selects and orders by: the filter, the sort keys and
+the page window, as conditions and clauses over ``failed_messages``.
 
-The API's query parameters (``controlroom.api.parameters``) and the console's list
-filters (``controlroom.web.pages``) both read them here. Pure: no I/O.
+Lists are filtered by a ``FailedMessageFilter`` and ordered by an ``Ordering``: one of
+ServiceControl's sort keys, then the id in the same direction, so equal keys never make
+pages overlap or skip rows. An empty value (no ``message_type``, no ``time_sent``) sorts
+as the smallest: first ascending, last descending, on every provider.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Literal
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Literal, get_args
 
-from controlroom.db.tables import FailedMessageStatus
+import sqlalchemy as sa
 
-StatusName = Literal["unresolved", "resolved", "retryIssued", "archived"]
+from controlroom.db.providers import Provider
+from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
 
-STATUS_NAMES: dict[FailedMessageStatus, StatusName] = {
-    FailedMessageStatus.UNRESOLVED: "unresolved",
-    FailedMessageStatus.RESOLVED: "resolved",
-    FailedMessageStatus.RETRY_ISSUED: "retryIssued",
-    FailedMessageStatus.ARCHIVED: "archived",
+fm = failed_messages.c
+
+
+Operand = Callable[[sa.ColumnElement[Any]], sa.ColumnElement[Any]]
+
+
+SortKey = Literal[
+    "id",
+    "message_id",
+    "message_type",
+    "status",
+    "time_sent",
+    "modified",
+    "time_of_failure",
+    "time_of_retry_request",
+]
+SORT_KEYS: tuple[SortKey, ...] = get_args(SortKey)
+DEFAULT_SORT: SortKey = "time_sent"
+
+# ServiceControl's sort keys and the column each one orders by.
+_SORT_COLUMNS: dict[SortKey, sa.Column[Any]] = {
+    "id": fm.id,
+    "message_id": fm.message_id,
+    "message_type": fm.message_type,
+    "status": fm.status,
+    "time_sent": fm.time_sent,
+    "modified": fm.last_modified,
+    "time_of_failure": fm.last_failure_at,
+    # ServicePulse's Pending Retries view: a retry request sets the status, which stamps
+    # last_modified, so a RetryIssued message's last_modified is when its retry was asked.
+    "time_of_retry_request": fm.last_modified,
 }
-# The ``status`` filter reads names case-insensitively (``retryissued`` or ``retryIssued``).
-_STATUS_BY_NAME = {name.lower(): status for status, name in STATUS_NAMES.items()}
-
-RANGE_SEPARATOR = "..."
 
 
-def parse_status_filter(
-    text: str,
-) -> tuple[frozenset[FailedMessageStatus], frozenset[FailedMessageStatus]]:
-    """``"unresolved,-archived"`` -> (statuses to include, statuses to exclude).
+@dataclass(frozen=True, slots=True)
+class Ordering:
+    """Sort by ``key`` (ServiceControl's name), newest/largest first when ``descending``."""
 
-    Comma-separated names, case-insensitive, spaces ignored; a ``-`` prefix excludes. An
-    unknown name is ignored, as ServiceControl ignores it (``FilterByStatusWhere``): a
-    filter of unknown names only is no filter.
+    key: SortKey = DEFAULT_SORT
+    descending: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class FailedMessageFilter:
+    """Which failed messages a list holds; every part is optional and all parts must hold.
+
+    ``statuses``: only these (empty: any); ``excluded_statuses``: none of these;
+    ``modified_from`` / ``modified_to``: ``last_modified`` within, both bounds inclusive;
+    ``failed_from`` / ``failed_to``: the stored attempt's time of failure
+    (``last_failure_at``) within, both bounds inclusive; ``queue_address``:
+    case-insensitive match (ServiceControl's); ``receiving_endpoint``: exact match;
+    ``group_id``: member of that failure group; ``conversation_id``: exact match;
+    ``include_system_messages`` false: no system messages.
     """
-    include: set[FailedMessageStatus] = set()
-    exclude: set[FailedMessageStatus] = set()
-    for part in text.replace(" ", "").split(","):
-        excluded = part.startswith("-")
-        name = part[1:] if excluded else part
-        status = _STATUS_BY_NAME.get(name.lower())
-        if status is not None:
-            (exclude if excluded else include).add(status)
-    return frozenset(include), frozenset(exclude)
+
+    statuses: frozenset[FailedMessageStatus] = frozenset()
+    excluded_statuses: frozenset[FailedMessageStatus] = frozenset()
+    modified_from: datetime | None = None
+    modified_to: datetime | None = None
+    failed_from: datetime | None = None
+    failed_to: datetime | None = None
+    queue_address: str | None = None
+    receiving_endpoint: str | None = None
+    group_id: str | None = None
+    conversation_id: str | None = None
+    include_system_messages: bool = True
 
 
-def parse_modified_range(text: str) -> tuple[datetime | None, datetime | None]:
-    """``"<ISO from>...<ISO to>"`` -> (from, to), both inclusive, timezone-aware UTC.
+EVERY_MESSAGE = FailedMessageFilter()
 
-    A time without an offset is UTC. One side may be empty (no bound there), not both.
-    Source: ServiceControl ``FilterByLastModifiedRange``. Raises ``ValueError`` for a
-    missing ``...``, an unreadable time, two empty sides, or ``from`` after ``to``.
-    """
-    start_text, separator, end_text = text.partition(RANGE_SEPARATOR)
-    if not separator:
-        raise ValueError(
-            "expected '<from>...<to>' with ISO 8601 times, "
-            "e.g. 2026-01-01T00:00:00Z...2026-01-31T23:59:59Z"
+
+def filter_conditions(
+    where: FailedMessageFilter, equality_operand: Operand = lambda column: column
+) -> list[sa.ColumnElement[bool]]:
+    """The WHERE conditions of ``where`` over ``failed_messages`` (to be ANDed); the
+    columns of its equality conditions (status, queue address, receiving endpoint) as
+    ``equality_operand`` gives them."""
+    conditions = status_conditions(equality_operand(fm.status), where)
+    if where.modified_from is not None:
+        conditions.append(fm.last_modified >= where.modified_from)
+    if where.modified_to is not None:
+        conditions.append(fm.last_modified <= where.modified_to)
+    if where.failed_from is not None:
+        conditions.append(fm.last_failure_at >= where.failed_from)
+    if where.failed_to is not None:
+        conditions.append(fm.last_failure_at <= where.failed_to)
+    if where.queue_address is not None:
+        # Both sides folded by the database, so they fold alike (SQLite folds ASCII only).
+        conditions.append(
+            sa.func.lower(equality_operand(fm.queue_address))
+            == sa.func.lower(sa.literal(where.queue_address))
         )
-    start = _parse_instant(start_text, "from")
-    end = _parse_instant(end_text, "to")
-    if start is None and end is None:
-        raise ValueError("the range needs a 'from' or a 'to' time")
-    if start is not None and end is not None and start > end:
-        raise ValueError("'from' is after 'to'")
-    return start, end
+    if where.receiving_endpoint is not None:
+        conditions.append(equality_operand(fm.receiving_endpoint) == where.receiving_endpoint)
+    if where.conversation_id is not None:
+        conditions.append(fm.conversation_id == where.conversation_id)
+    if not where.include_system_messages:
+        conditions.append(fm.is_system_message.is_(False))
+    if where.group_id is not None:
+        groups = failed_message_groups.c
+        conditions.append(
+            sa.exists().where(groups.failed_message_id == fm.id, groups.group_id == where.group_id)
+        )
+    return conditions
 
 
-def _parse_instant(text: str, side: str) -> datetime | None:
-    text = text.strip()
-    if not text:
+def order_by(
+    provider: Provider, order: Ordering, columns: sa.ColumnCollection[str, Any] | None = None
+) -> list[sa.ColumnElement[Any]]:
+    """ORDER BY clauses for ``order`` on ``provider``: the key, then the id in the same
+    direction.
+
+    ``columns`` are those of a subquery or CTE that selected ``sort_columns(order)``;
+    by default ``failed_messages``' own. Empty values sort as the smallest on every
+    provider (``Provider.order_nulls_smallest``: PostgreSQL would put them last
+    ascending); the PostgreSQL indexes of the sort keys are built in this order
+    (migration 0004).
+    """
+    source = columns if columns is not None else failed_messages.c
+    ordered: list[sa.ColumnElement[Any]] = []
+    for column in sort_columns(order):
+        clause = source[column.name]
+        if column.nullable:
+            ordered.append(provider.order_nulls_smallest(clause, descending=order.descending))
+        else:
+            ordered.append(clause.desc() if order.descending else clause.asc())
+    return ordered
+
+
+def sort_columns(order: Ordering) -> list[sa.Column[Any]]:
+    """The ``failed_messages`` columns ``order`` sorts by: the key's, then the id."""
+    column = _SORT_COLUMNS[order.key]
+    return [column] if column is fm.id else [column, fm.id]
+
+
+def status_conditions(
+    column: sa.ColumnElement[Any], where: FailedMessageFilter
+) -> list[sa.ColumnElement[bool]]:
+    """The conditions on ``column`` (a status column: the messages', or a copy of it) of
+    ``where``'s statuses and excluded statuses (to be ANDed; none when it names none)."""
+    conditions: list[sa.ColumnElement[bool]] = []
+    if where.statuses:
+        conditions.append(column.in_(sorted(int(s) for s in where.statuses)))
+    if where.excluded_statuses:
+        conditions.append(column.not_in(sorted(int(s) for s in where.excluded_statuses)))
+    return conditions
+
+
+def status_and_group_only(where: FailedMessageFilter) -> bool:
+    """True when ``where`` filters by nothing but statuses and a group."""
+    others = replace(where, statuses=frozenset(), excluded_statuses=frozenset(), group_id=None)
+    return others == EVERY_MESSAGE
+
+
+def check_window(offset: int, limit: int) -> None:
+    """Raises ``ValueError`` for a negative ``offset`` or a ``limit`` below 1."""
+    if offset < 0 or limit < 1:
+        raise ValueError(f"offset must be >= 0 and limit >= 1, got {offset} and {limit}")
+
+
+def as_uuid(text: str) -> str | None:
+    """``text`` as a lower-case "D" UUID (the form of a UniqueMessageId), ``None`` when it
+    is not a UUID."""
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
         return None
-    # An unencoded "+" of an offset arrives as a space: read it back as "+".
-    candidates = [text] if " " not in text else [text, "+".join(text.rsplit(" ", 1))]
-    for candidate in candidates:
-        try:
-            instant = datetime.fromisoformat(candidate)
-            if instant.tzinfo is None:
-                instant = instant.replace(tzinfo=UTC)
-            return instant.astimezone(UTC)
-        except (ValueError, OverflowError):  # OverflowError: an offset past year 1 or 9999
-            continue
-    raise ValueError(f"the {side!r} time {text[:50]!r} is not an ISO 8601 time")

@@ -29,6 +29,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
+from controlroom.db.providers import provider_for
 from controlroom.db.tables import (
     FailedMessageStatus,
     failed_message_groups,
@@ -158,8 +159,9 @@ def _change_by_id(
     selected = fm.id.in_(wanted)
     if drop_claims:
         _drop_retry_claims(conn, selected)
-    statement = _update(selected, from_status, to_status, now).returning(fm.id)
-    changed = sorted(conn.execute(statement).scalars())
+    statement = _update(selected, from_status, to_status, now)
+    updated = provider_for(conn).update_returning(conn, statement, [fm.id])
+    changed = sorted(row.id for row in updated)
     done = set(changed)
     return StatusChange(
         changed=changed, unchanged=[item for item in wanted if item not in done], unknown=[]

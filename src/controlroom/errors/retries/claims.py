@@ -51,4 +51,5 @@ def claim_statement(
         {"failed_message_id": i, "retry_batch_id": retry_batch_id, "stage_attempts": 0}
         for i in failed_message_ids
     ]
-    return provider.insert_if_absent(failed_message_retries, key=[key]).values(rows).returning(key)
+    statement = provider.insert_if_absent(failed_message_retries, key=[key], returning=[key])
+    return statement.values(rows)

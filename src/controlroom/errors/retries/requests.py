@@ -452,12 +452,15 @@ def _finish_preparing(engine: sa.Engine, operation_id: str, clock: Clock) -> Non
         conn.execute(
             sa.delete(retry_operations).where(ro.id == operation_id, ro.message_count == 0)
         )
-        prepared = conn.execute(
+        prepare = (
             sa.update(retry_operations)
             .where(ro.id == operation_id)
             .values(prepared_at=now, last_modified=now)
-            .returning(ro.retry_type, ro.target, ro.message_count)
-        ).one_or_none()
+        )
+        updated = provider_for(conn).update_returning(
+            conn, prepare, [ro.retry_type, ro.target, ro.message_count]
+        )
+        prepared = updated[0] if updated else None  # by primary key: one row at most
         if prepared is not None:
             activity.retry_requested(
                 conn,
@@ -477,7 +480,7 @@ def complete_operation_if_finished(conn: sa.Connection, operation_id: str, now: 
     unfinished = sa.select(rb.id).where(
         rb.request_id == operation_id, rb.status != str(BatchStatus.DONE)
     )
-    finished = conn.execute(
+    complete = (
         sa.update(retry_operations)
         .where(
             ro.id == operation_id,
@@ -486,8 +489,11 @@ def complete_operation_if_finished(conn: sa.Connection, operation_id: str, now: 
             ~sa.exists(unfinished),
         )
         .values(completed_at=now, last_modified=now)
-        .returning(ro.message_count, ro.forwarded_count, ro.skipped_count, ro.failed)
-    ).one_or_none()
+    )
+    updated = provider_for(conn).update_returning(
+        conn, complete, [ro.message_count, ro.forwarded_count, ro.skipped_count, ro.failed]
+    )
+    finished = updated[0] if updated else None  # by primary key: one row at most
     if finished is not None:
         activity.retry_finished(
             conn,
