@@ -2,7 +2,7 @@
 
 A producer that is not NServiceBus (a Python service, a bridge, ``controlroom demo``)
 puts a failed message on the error queue with NServiceBus headers (see
-``controlroom.errors.ingest.headers`` and DESIGN.md "Wire contract"); Controlroom ingests it
+``controlroom.errors.ingest.headers`` and docs/design.md "Wire contract"); Controlroom ingests it
 like one NServiceBus moved there. Nothing here validates the headers: a message missing
 a required header is kept by ingestion as a failed import, which is the point of sending
 it rather than refusing it at the door.

@@ -2,7 +2,7 @@
 
 Precedence, highest first: keyword arguments, environment variables, the TOML file
 given with ``--config`` (or ``CONTROLROOM_CONFIG``), the defaults below. Source of the
-names and defaults: DESIGN.md "Operational contract".
+names and defaults: docs/design.md "Operational contract".
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class IngestionSettings(BaseModel):
 
 
 class SiteCallSettings(BaseModel):
-    """The site-call mirror (DESIGN.md "Site call audit")."""
+    """The site-call mirror (docs/design.md "Site call audit")."""
 
     retention_days: int = Field(
         365, ge=1, description="Terminal site calls older than this many days are purged."

@@ -1,6 +1,6 @@
 """The event log: what happened, written in the transaction that did it.
 
-Source: DESIGN.md "Event log"; the shape is ServiceControl's ``EventLogItem`` (``id``,
+Source: docs/design.md "Event log"; the shape is ServiceControl's ``EventLogItem`` (``id``,
 ``description``, ``severity``, ``raised_at``, ``related_to``, ``category``,
 ``event_type``), served at ``GET /api/eventlogitems``. Both halves write to it (the error
 instance now; the site-call half later): ``record_event`` takes the caller's connection,

@@ -1,5 +1,5 @@
 """Archiving a group or one message, and resolving pending retries by time range,
-replay their transaction when it loses a real deadlock (DESIGN.md "Transient
+replay their transaction when it loses a real deadlock (docs/design.md "Transient
 failures"). PostgreSQL only: SQLite takes its one write lock up front.
 
 The deadlock: another transaction locks the group row of the group's one message; the

@@ -1,5 +1,5 @@
 """The ingestion pipeline end to end on the embedded queue, per provider
-(DESIGN.md "Unit of work", "Failed imports", "Transient failures")."""
+(docs/design.md "Unit of work", "Failed imports", "Transient failures")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A periodic task shut down mid-run keeps its database lease until its work has ended.
 
-DESIGN.md "Background singletons take a database lease ... so that exactly one process
+docs/design.md "Background singletons take a database lease ... so that exactly one process
 runs each". The work of a periodic task runs in a worker thread, which cancellation
 cannot stop: a loop that released the lease as soon as it was cancelled (the site-call
 sampler and purge did) let a second process take the lease and start the same work while

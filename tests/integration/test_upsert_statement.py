@@ -1,6 +1,6 @@
 """The conditional upsert's statement as the providers send it (issue 15 item 3): values
 that are awkward for the way rows travel (one array per column on PostgreSQL, multi-row
-``VALUES`` on SQLite) are stored exactly and every guard of DESIGN.md "The conditional
+``VALUES`` on SQLite) are stored exactly and every guard of docs/design.md "The conditional
 upsert" holds over them; on PostgreSQL the statement has one text whatever the number of
 rows, and the server prepares it.
 """

@@ -1,4 +1,4 @@
-"""A programming error in the write path is not bad data (DESIGN.md "Failed imports": only
+"""A programming error in the write path is not bad data (docs/design.md "Failed imports": only
 a reason of the message's own makes a failed import). A bug raising ``ValueError`` inside
 the writer's transaction gives the batch back, unacknowledged, and is logged as an error
 with its traceback; it never turns the batch's messages into failed imports or rejected

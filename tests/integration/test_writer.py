@@ -1,4 +1,4 @@
-"""The batch writer's rules (DESIGN.md "Writer", "The conditional upsert"), per provider."""
+"""The batch writer's rules (docs/design.md "Writer", "The conditional upsert"), per provider."""
 
 from __future__ import annotations
 

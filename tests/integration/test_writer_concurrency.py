@@ -1,4 +1,4 @@
-"""Concurrent writers on PostgreSQL (DESIGN.md: safe against concurrent writers)."""
+"""Concurrent writers on PostgreSQL (docs/design.md: safe against concurrent writers)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Property: any split of a set of attempts into batches, applied in any order, with any
 batch replayed at any later point (at-least-once redelivery), gives exactly the rows of
 one fold of them all: the true number of distinct attempts, the newest payload, its
-groups (DESIGN.md "The conditional upsert"; a message here has at most 25 attempts, within
+groups (docs/design.md "The conditional upsert"; a message here has at most 25 attempts, within
 the bound of counted times the row keeps).
 """
 

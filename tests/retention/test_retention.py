@@ -1,4 +1,4 @@
-"""Retention of Resolved and Archived failed messages (DESIGN.md "Retention"), per provider."""
+"""Retention of Resolved and Archived failed messages (docs/design.md "Retention"), per provider."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A retention sweep that loses a real deadlock replays its chunk (DESIGN.md "Transient
+"""A retention sweep that loses a real deadlock replays its chunk (docs/design.md "Transient
 failures": deadlocks and serialization failures retry). PostgreSQL only: SQLite takes
 its one write lock up front (``BEGIN IMMEDIATE``) and cannot deadlock.
 

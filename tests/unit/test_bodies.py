@@ -1,4 +1,4 @@
-"""Body placement (every rule of DESIGN.md "Body placement") and the file-system body store."""
+"""Body placement (every rule of docs/design.md "Body placement") and the file-system body store."""
 
 from __future__ import annotations
 

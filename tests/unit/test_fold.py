@@ -1,4 +1,4 @@
-"""The fold of a batch's attempts (DESIGN.md "Writer"), without a database."""
+"""The fold of a batch's attempts (docs/design.md "Writer"), without a database."""
 
 from __future__ import annotations
 

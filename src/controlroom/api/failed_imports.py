@@ -1,5 +1,5 @@
 """Failed imports: messages of the error queue kept whole because they could not be
-ingested (DESIGN.md "Failed imports"; issue 14, item 11).
+ingested (docs/design.md "Failed imports"; issue 14, item 11).
 
 - ``GET /api/failed-imports``: newest first, paged like ``/api/errors`` (``Total-Count``,
   ``ETag``, ``Link``); each item has ``id``, ``queue``, ``reason``, ``failed_at`` (UTC),

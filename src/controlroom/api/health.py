@@ -3,7 +3,7 @@
 Each part (``database``, ``broker``, ...) is an injected ``HealthCheck``: an async
 callable that returns when the part is healthy and raises otherwise. The answer is 200
 with every part ``"ok"``, or 503 naming the failing part and the kind of failure
-(DESIGN.md "Operational contract": 200 with the state of the database and broker
+(docs/design.md "Operational contract": 200 with the state of the database and broker
 connections once ready). The route is open (monitoring polls it without a token), so a
 failure shows its exception type only; its text, which names hosts, ports and users,
 goes to the log (issue 14, item 10). ``details`` holds counts an operator watches:

@@ -50,7 +50,7 @@ def create_store_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
 def run_write_transaction(engine: sa.Engine, work: Callable[[sa.Connection], T]) -> T:
     """``work(conn)`` in a write transaction, replayed whole (up to 3 times, short waits)
     when the store reports a transient error such as a deadlock or a serialization
-    failure (DESIGN.md "Transient failures"). ``work`` must be safe to replay: it runs
+    failure (docs/design.md "Transient failures"). ``work`` must be safe to replay: it runs
     again from scratch on a fresh transaction. Other errors propagate at once.
     """
     for attempt in tenacity.Retrying(
@@ -69,7 +69,7 @@ def retry_transient(
 ) -> tenacity.Retrying:
     """Retry policy for a whole batch: transient store errors only, capped back-off.
 
-    Retries until ``stop_event`` is set (forever without one); DESIGN.md "Transient
+    Retries until ``stop_event`` is set (forever without one); docs/design.md "Transient
     failures": the batch is idempotent, so a replay after an ambiguous commit is harmless.
     """
     stop: tenacity.stop.stop_base = (

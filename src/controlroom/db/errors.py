@@ -3,13 +3,13 @@
 Every other module lets driver errors reach ``classify_store_error``; nothing else decides
 what is transient. Each provider classifies its own driver's errors
 (``Provider.classify_error``); what is common to all is decided here. Rule source: STYLE.md
-(psycopg's error choke point) and DESIGN.md "Transient failures".
+(psycopg's error choke point) and docs/design.md "Transient failures".
 
 Only what the store raised is ever the input's fault (``ErrorKind.DATA``): a driver or
 server refusal, or ``UnstorableValue``, which ``name_driver_refusals`` raises for the
 driver's text-encoding refusals. Any other exception, a ``ValueError`` of our own code
 included, is a bug (``FATAL``): a caller gives its batch back rather than keep the
-batch's messages as failed imports (DESIGN.md "Failed imports": a reason of their own).
+batch's messages as failed imports (docs/design.md "Failed imports": a reason of their own).
 """
 
 from __future__ import annotations

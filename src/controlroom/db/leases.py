@@ -1,6 +1,6 @@
 """Database leases: exactly one process runs each background singleton.
 
-Source: DESIGN.md "Background singletons take a database lease (PostgreSQL advisory
+Source: docs/design.md "Background singletons take a database lease (PostgreSQL advisory
 lock; a lease row elsewhere) so that exactly one process runs each when several are
 deployed". Each provider makes its own kind (``Provider.make_lease``); the lease row here
 serves every provider without a server-side lock.

@@ -1,6 +1,6 @@
 """SQLAlchemy Core tables: the schema the migrations create, used by every query.
 
-Source: DESIGN.md "Data model". The stored source of truth of a failed message is
+Source: docs/design.md "Data model". The stored source of truth of a failed message is
 ``headers_json`` plus its body; every other column is a derived extraction for indexing.
 ``failed_messages.search_vector`` holds the message's search terms (computed by
 ``errors.ingest.search_terms``): a ``tsvector`` on PostgreSQL, their text on SQLite.
@@ -324,7 +324,7 @@ failed_error_imports = sa.Table(
 
 
 # --- site call audit (migration 0005) ------------------------------------------------------
-# Widths are characters (DESIGN.md "Site call audit" and issue 10), defined by the telemetry
+# Widths are characters (docs/design.md "Site call audit" and issue 10), defined by the telemetry
 # contract (``controlroom.telemetry.widths``), which refuses a value longer than its column
 # before it reaches the store, on every provider.
 
@@ -394,7 +394,7 @@ kpi_samples = sa.Table(
 
 # --- site reconciliation (migration 0010) --------------------------------------------------
 # One row per configured site: its persisted composite pull cursor and what the last pass
-# saw (DESIGN.md "Reconciliation"). Rows are created on a site's first pass.
+# saw (docs/design.md "Reconciliation"). Rows are created on a site's first pass.
 site_reconciliation = sa.Table(
     "site_reconciliation",
     metadata,

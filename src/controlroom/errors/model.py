@@ -31,7 +31,7 @@ class KnownEndpoint:
 
 @dataclass(frozen=True, slots=True)
 class BodyPlacement:
-    """Where a body goes: inline text, external copy, or both (DESIGN.md "Body placement").
+    """Where a body goes: inline text, external copy, or both (docs/design.md "Body placement").
 
     ``size`` is always the true size in bytes. ``text`` is the inline text (whole, or the
     searchable prefix of at most the cap when ``external``); ``None`` for binary bodies.

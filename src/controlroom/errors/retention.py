@@ -1,9 +1,9 @@
 """Retention: Resolved and Archived failed messages older than the retention period go.
 
-Source: DESIGN.md "Retention". The cutoff is recomputed on every run (now minus
+Source: docs/design.md "Retention". The cutoff is recomputed on every run (now minus
 ``error_retention_period``), the scan rides the partial index on ``status_changed_at``
 for statuses 2 and 4, and the external bodies of deleted rows are deleted too. One
-process sweeps at a time (a database lease, DESIGN.md "Background singletons").
+process sweeps at a time (a database lease, docs/design.md "Background singletons").
 
 No committed row ever points at a missing body, under any interleaving with ingestion
 (issue 14, item 1). The sweep does not delete files: in the transaction that deletes the
@@ -157,7 +157,7 @@ def sweep_expired_failed_messages(
         return gone
 
     # Each chunk its own transaction, replayed on a deadlock or serialization failure
-    # (DESIGN.md "Transient failures"): the writer and operators change the same rows.
+    # (docs/design.md "Transient failures"): the writer and operators change the same rows.
     while (gone := run_write_transaction(engine, sweep_chunk)) is not None:
         deleted += len(gone)
         SWEPT.inc(len(gone))

@@ -1,7 +1,7 @@
 """The lease a background singleton holds: the shape ``periodic`` needs and every
 provider's lease has (``db/leases.py``, ``Provider.make_lease``).
 
-Source: DESIGN.md "Background singletons take a database lease (PostgreSQL advisory
+Source: docs/design.md "Background singletons take a database lease (PostgreSQL advisory
 lock; a lease row elsewhere) so that exactly one process runs each when several are
 deployed". Defined here, below the store, so that the runtime imports no database code.
 """

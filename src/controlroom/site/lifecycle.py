@@ -1,6 +1,6 @@
 """The site's rules for one cached call, as pure functions: no I/O, no clock of their own.
 
-Source: issue 11 "Site agent" and DESIGN.md "Site call audit". A cached call is
+Source: issue 11 "Site agent" and docs/design.md "Site call audit". A cached call is
 ``Submitted`` when recorded, then each attempt ends it:
 
 - success: ``Delivered`` (terminal);
@@ -38,7 +38,7 @@ _TRANSIENT_HTTP = frozenset({408, 425, 429})
 
 
 class Status(enum.StrEnum):
-    """The statuses a site reports (DESIGN.md ``site_calls.status``)."""
+    """The statuses a site reports (docs/design.md ``site_calls.status``)."""
 
     SUBMITTED = "Submitted"
     ATTEMPTED = "Attempted"
@@ -210,7 +210,7 @@ def attempt_failed(
 
 
 class CommandOutcome(enum.StrEnum):
-    """What a Retry or Discard command did (DESIGN.md "Retry/Discard relay")."""
+    """What a Retry or Discard command did (docs/design.md "Retry/Discard relay")."""
 
     APPLIED = "Applied"
     NOT_PARKED = "NotParked"

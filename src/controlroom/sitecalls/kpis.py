@@ -1,6 +1,6 @@
 """Site-call KPIs at an instant, globally, per source site and per source node.
 
-Source: issue 10 "KPIs", DESIGN.md "Site call audit". At ``now``:
+Source: issue 10 "KPIs", docs/design.md "Site call audit". At ``now``:
 
 - ``buffered``: non-terminal and not Parked (``ordering.BUFFERED``);
 - ``parked``: Parked (awaits an operator);

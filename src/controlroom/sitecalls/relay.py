@@ -1,6 +1,6 @@
 """The Retry/Discard relay: an operator's command on a Parked site call, sent to its site.
 
-Source: DESIGN.md "Retry/Discard relay", issue 11, seed change log F6. Only Parked rows
+Source: docs/design.md "Retry/Discard relay", issue 11, seed change log F6. Only Parked rows
 are actionable (a Failed call failed permanently and would fail again). Central reads its
 mirror, sends the command to the owning site's agent with a timeout, and reports one of
 four outcomes; it never edits the ``site_calls`` row: the site applies the command and
@@ -46,7 +46,7 @@ class Command(enum.StrEnum):
 
 
 class RelayOutcome(enum.StrEnum):
-    """DESIGN.md "Retry/Discard relay" outcomes."""
+    """docs/design.md "Retry/Discard relay" outcomes."""
 
     APPLIED = "Applied"
     NOT_PARKED = "NotParked"

@@ -1,7 +1,7 @@
 """SiteCallWriter: telemetry packets into ``site_calls``, ``audit_log`` and
 ``rejected_telemetry``, chunk by chunk, each chunk one transaction with a time budget.
 
-Source: issue 10 "Audit log ingest", DESIGN.md "Site call audit", seed change log F1/F5.
+Source: issue 10 "Audit log ingest", docs/design.md "Site call audit", seed change log F1/F5.
 
 - Packets are grouped by ``tracked_operation_id``; a chunk holds at most
   ``max_rows_per_statement`` ids (sorted, so concurrent writers lock in one order). Its

@@ -1,6 +1,6 @@
 """The telemetry contract: what a site sends about one cached call, validated whole.
 
-Source: issue 10 "Telemetry contract", DESIGN.md "Site call audit". A packet is a JSON
+Source: issue 10 "Telemetry contract", docs/design.md "Site call audit". A packet is a JSON
 object (example in README "Site call telemetry"). Every text value is bounded by the width
 of the column it lands in (characters, ``controlroom.telemetry.widths``, which central's
 tables and the site's store are declared with, so none can drift); a longer value rejects

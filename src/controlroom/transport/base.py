@@ -3,7 +3,7 @@
 A transport moves messages (string headers plus an opaque body) in and out of named,
 durable queues. Consumers receive ``Delivery`` objects and settle each one exactly once:
 ``ack()`` (or ``ack_many()`` for a batch) after the database commit that made the message
-safe (DESIGN.md "Broker messages are acknowledged only after the commit"), or
+safe (docs/design.md "Broker messages are acknowledged only after the commit"), or
 ``reject(requeue)``. Delivery is at least once: a delivery that is never settled comes
 back, to this or another consumer.
 """

@@ -1,6 +1,6 @@
 """Batches of deliveries from one queue, handed to a writer, acknowledged after its commit.
 
-Shared by every intake (the error queue, the site-call telemetry queue). Source: DESIGN.md
+Shared by every intake (the error queue, the site-call telemetry queue). Source: docs/design.md
 "Process shape" (intake -> batcher -> unit of work -> writer, ack only after commit).
 The batcher only groups deliveries; the handler decides, per batch, to ``ack_all`` after
 its commit or ``reject_all`` to give the batch back.

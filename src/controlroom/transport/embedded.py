@@ -1,6 +1,6 @@
 """The embedded durable intake queue: one SQLite file, shared by every local process.
 
-The default transport when no broker URL is set (DESIGN.md "Process shape": ``controlroom
+The default transport when no broker URL is set (docs/design.md "Process shape": ``controlroom
 serve`` with no configuration runs on an embedded durable intake queue). A ``controlroom
 demo`` process may publish while ``controlroom serve`` consumes: every claim, ack and
 publish is a SQLite transaction on the same file (WAL mode, busy timeout), so processes

@@ -10,7 +10,7 @@ from controlroom.transport.rabbitmq import RabbitMQTransport
 
 def create_transport(settings: Settings) -> Transport:
     """RabbitMQ when ``settings.broker_url`` is set, else the embedded queue file
-    ``settings.embedded_queue_path`` (DESIGN.md "Operational contract":
+    ``settings.embedded_queue_path`` (docs/design.md "Operational contract":
     ``CONTROLROOM_BROKER_URL`` empty means the embedded queue).
 
     The transport is not started: call ``await transport.start()``.

@@ -25,7 +25,7 @@ from controlroom.runtime.lease import Lease
 Row = Mapping[str, Any]
 
 MAX_ROWS_PER_STATEMENT = 50
-"""Rows per set-based write statement (DESIGN.md: one statement per chunk of at most 50)."""
+"""Rows per set-based write statement (docs/design.md: one statement per chunk of at most 50)."""
 AUDIT_PURGE_CHUNK = 500
 """Audit rows deleted per transaction by the row-by-row purge (short write locks)."""
 
@@ -122,7 +122,7 @@ class Provider(ABC):
         self, conn: sa.Connection, statement: Any, rows: Sequence[Row]
     ) -> list[sa.Row[Any]]:
         """Execute ``statement`` (from ``upsert_rows``) for ``rows``, in order, as
-        statements of at most ``max_rows_per_statement`` rows each (DESIGN.md "The
+        statements of at most ``max_rows_per_statement`` rows each (docs/design.md "The
         conditional upsert": one set-based statement per chunk of at most 50 rows).
         Returns the rows its ``RETURNING`` gave, if any, in statement order."""
         if not rows:

@@ -2,7 +2,7 @@
 
 Full-text search through the ``search_vector`` column (the terms the process computed,
 as a ``tsvector``) and its GIN index (migration 0009); leases as session-level advisory
-locks; SQLSTATE classification of errors (DESIGN.md "Stores", "Transient failures").
+locks; SQLSTATE classification of errors (docs/design.md "Stores", "Transient failures").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """SQLite, the embedded default: one database file in the data dir.
 
 ``INSERT ... ON CONFLICT`` inside ``BEGIN IMMEDIATE`` write transactions, WAL, a busy
-timeout, foreign keys on (DESIGN.md "Stores"); full-text search through the FTS5
+timeout, foreign keys on (docs/design.md "Stores"); full-text search through the FTS5
 external-content table ``failed_messages_fts`` over the terms the process wrote in
 ``failed_messages.search_vector`` (migration 0009); leases as rows.
 """

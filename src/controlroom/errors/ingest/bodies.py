@@ -1,6 +1,6 @@
 """Message bodies: where each one goes (pure) and the external body store (the only I/O).
 
-Placement rule, DESIGN.md "Body placement": ``max_body_size_to_store`` (the cap, bytes)
+Placement rule, docs/design.md "Body placement": ``max_body_size_to_store`` (the cap, bytes)
 decides *where* a body is kept, never *whether*. A text body at or under the cap is inline
 (``body_text``); a text body over it goes to the body store and keeps a searchable inline
 prefix of at most the cap, cut on a UTF-8 character boundary; a binary body, one that is
@@ -42,7 +42,7 @@ def is_text_body(content_type: str | None, content_encoding: str | None) -> bool
     Text when the content type (case-insensitive) starts with ``text/`` or contains ``xml``
     or ``json``, and there is no content encoding (a gzip'd JSON body is bytes, not text).
     A missing content type is not text (ServiceControl: a body of no named type is
-    binary). Source: DESIGN.md "Body placement".
+    binary). Source: docs/design.md "Body placement".
     """
     if content_encoding or not content_type:
         return False
@@ -64,7 +64,7 @@ def place_body(
       ``text=None``. The UTF-8 check covers the whole body, not only the prefix.
 
     ``size`` is always ``len(body)``. Raises ``ValueError`` for a negative cap.
-    Source: DESIGN.md "Body placement".
+    Source: docs/design.md "Body placement".
     """
     if cap < 0:
         raise ValueError(f"cap must be >= 0 bytes, got {cap}")

@@ -1,6 +1,6 @@
 """Fold a batch's failed attempts into one row per failed message (pure, no I/O).
 
-Source: DESIGN.md "Writer": per message, attempts sorted by time of failure; the winner is
+Source: docs/design.md "Writer": per message, attempts sorted by time of failure; the winner is
 the last; the count is the number of distinct attempt timestamps, which are kept (newest
 first) for the upsert to tell new attempts from counted ones; the failure window is their
 min and max. Rows come out sorted by UniqueMessageId, the stable lock order that

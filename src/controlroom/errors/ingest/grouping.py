@@ -5,7 +5,7 @@ part of every group id): ``Exception Type and Stack Trace``, ``Message Type``, `
 Address``, ``Endpoint Instance``, ``Endpoint Name``. Each is a function of the attempt's
 headers returning the classification (the group title) or ``None`` (no group). Group id =
 ``identity.group_id(classifier name, title)``. Source: ServiceControl
-``Recoverability/Grouping/Groupers`` and DESIGN.md "Identity".
+``Recoverability/Grouping/Groupers`` and docs/design.md "Identity".
 
 Every classifier is linear in the size of the headers: the exception message is removed
 with one ``str.replace``, the stack trace is scanned line by line with ``str.find``, never

@@ -1,6 +1,6 @@
 """The wire contract: NServiceBus header names and the pure parsing of header values.
 
-Source: DESIGN.md "Wire contract"; where DESIGN.md is silent, ServiceControl's own parsing
+Source: docs/design.md "Wire contract"; where docs/design.md is silent, ServiceControl's own parsing
 (``EndpointDetailsParser``, ``MessageTypeEnricher``, ``ErrorIngestor``), cited per function.
 Real header sets: ``../shared/samples/nsb_error_headers.json``.
 
@@ -63,7 +63,7 @@ NSB_CONTENT_ENCODING = "NServiceBus.ContentEncoding"
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 """The content type of a body whose message names none: binary, as ServiceControl treats
-it (DESIGN.md "Wire contract")."""
+it (docs/design.md "Wire contract")."""
 
 # Wire time format "yyyy-MM-dd HH:mm:ss:ffffff Z" (UTC). Fewer (or a 7th, .NET tick)
 # fraction digits and no fraction are tolerated. ASCII digits only.
@@ -154,7 +154,7 @@ def retry_unique_message_id(headers: Headers) -> str | None:
 def parse_nsb_time(text: str, *, header: str = "timestamp") -> datetime:
     """Parse an NServiceBus wire timestamp into an aware UTC ``datetime``.
 
-    Format ``yyyy-MM-dd HH:mm:ss:ffffff Z`` (UTC; DESIGN.md "Wire contract"). A value of
+    Format ``yyyy-MM-dd HH:mm:ss:ffffff Z`` (UTC; docs/design.md "Wire contract"). A value of
     the format's length (28) is read as NServiceBus reads it: digits at the format's digit
     positions, any other character ignored (``2020-10-31 13,59,25,359877 Z`` is valid).
     Other lengths: 0-7 fraction digits (a 7th digit, a .NET tick, is truncated), or ISO
@@ -236,7 +236,7 @@ def processing_endpoint(headers: Headers) -> str | None:
 
     ``NServiceBus.ProcessingEndpoint``, else ``NServiceBus.FailedQ`` before ``@`` (v5
     messages have no ProcessingEndpoint), else ``NServiceBus.ReplyToAddress`` before ``@``.
-    Source: DESIGN.md "Wire contract".
+    Source: docs/design.md "Wire contract".
     """
     return (
         header_text(headers, PROCESSING_ENDPOINT)
@@ -333,7 +333,7 @@ def _is_control_message(headers: Headers) -> bool:
 # --- body description ---------------------------------------------------------------------
 def content_type(headers: Headers) -> str:
     """``NServiceBus.ContentType``, default ``application/octet-stream``: a body of no
-    named type is binary, as in ServiceControl (DESIGN.md "Wire contract")."""
+    named type is binary, as in ServiceControl (docs/design.md "Wire contract")."""
     return header_text(headers, CONTENT_TYPE) or DEFAULT_CONTENT_TYPE
 
 

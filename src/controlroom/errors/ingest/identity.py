@@ -3,7 +3,7 @@
 Every id is ServiceControl's ``DeterministicGuid.MakeId``: the MD5 of the UTF-8 text, read as
 a .NET ``Guid`` (whose first three fields are little-endian, hence ``bytes_le``) and printed
 in the lower-case "D" form. Same input, same id, on every process and every replay, so
-ids match the ones ServiceControl computes. Source: DESIGN.md "Identity".
+ids match the ones ServiceControl computes. Source: docs/design.md "Identity".
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def unique_message_id(headers: Headers) -> str:
 
     Raises ``MessageRejected`` naming the header when the retry header is not a GUID, when
     ``NServiceBus.MessageId`` is missing or empty, or when there is no processing endpoint.
-    Source: DESIGN.md "Identity".
+    Source: docs/design.md "Identity".
     """
     retry_id = h.retry_unique_message_id(headers)
     if retry_id is not None:

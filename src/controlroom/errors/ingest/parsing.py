@@ -2,9 +2,9 @@
 
 The caller first asks ``is_retry_confirmation``; any other message is a failed message for
 ``parse_failed_message``. A ``MessageRejected`` from either is the message's own fault: the
-message is kept whole as a failed import with ``reason`` (DESIGN.md "Failed imports").
+message is kept whole as a failed import with ``reason`` (docs/design.md "Failed imports").
 
-Derived columns follow DESIGN.md "Wire contract" and ServiceControl's parsing (see
+Derived columns follow docs/design.md "Wire contract" and ServiceControl's parsing (see
 ``headers``). They are extractions for indexing; ``headers_json`` and the body are the
 stored truth, so derived text is made storable (``headers.sanitize_text``: NUL and lone
 surrogates become U+FFFD) while ``headers_json`` keeps every value exactly.

@@ -1,6 +1,6 @@
 """The ingestion pipeline: error queue -> batcher -> unit of work -> writer -> acknowledgements.
 
-Source: DESIGN.md "Process shape", "Unit of work", "Transient failures", "Failed imports".
+Source: docs/design.md "Process shape", "Unit of work", "Transient failures", "Failed imports".
 
 - ``record_*`` calls of the unit of work only enqueue; ``complete`` waits for the batch's
   external body writes, then hands the batch to the writer (one transaction).

@@ -1,6 +1,6 @@
 """Re-import failed imports: put each one back on the error queue to be ingested again.
 
-Source: DESIGN.md "Failed imports" (a message kept whole in ``failed_error_imports`` can
+Source: docs/design.md "Failed imports" (a message kept whole in ``failed_error_imports`` can
 be re-imported once the cause is fixed; nothing is ever dropped).
 
 Ordering: the row is deleted in a transaction that commits only after the transport has

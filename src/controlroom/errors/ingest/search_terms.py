@@ -1,6 +1,6 @@
 """The search terms of a failed message, and of a user's search (pure: no I/O).
 
-Source: DESIGN.md "Search": the terms are computed once, in the process, by one tokenizer
+Source: docs/design.md "Search": the terms are computed once, in the process, by one tokenizer
 that also turns a user's query into terms, and written with the row; the server only
 indexes them. One function for both sides, so the index and the query cannot disagree.
 

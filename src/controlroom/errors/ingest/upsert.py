@@ -1,6 +1,6 @@
 """The conditional upsert of failed messages: our guards, the provider's construct.
 
-Source: DESIGN.md "The conditional upsert". Every guard reads the pre-update row (in the
+Source: docs/design.md "The conditional upsert". Every guard reads the pre-update row (in the
 provider's upsert the table's columns are the stored values and ``incoming`` the row the
 batch brings).
 

@@ -1,6 +1,6 @@
 """FailedMessageBatchWriter: a batch of the error queue written in one transaction.
 
-Source: DESIGN.md "Writer". Fold in memory, then in one transaction, in this order:
+Source: docs/design.md "Writer". Fold in memory, then in one transaction, in this order:
 (1) conditional upsert of failed-message rows, (2) replace the group rows of messages
 whose stored attempt is now this batch's, (3) insert-if-absent known endpoints (never
 update one: ``monitored`` is the user's), (4) resolve confirmed retries, (5) commit.

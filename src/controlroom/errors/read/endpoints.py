@@ -1,7 +1,7 @@
 """Known endpoints: the endpoint instances seen on failed messages, and the user's
 ``monitored`` flag on each.
 
-Ingestion only ever inserts a known endpoint (DESIGN.md "Writer", step 3: never update
+Ingestion only ever inserts a known endpoint (docs/design.md "Writer", step 3: never update
 one, ``monitored`` is the user's); the functions here are the only writers of an existing
 row. SQLAlchemy Core, on the caller's ``Connection``.
 """

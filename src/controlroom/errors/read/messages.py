@@ -51,7 +51,7 @@ class StoredBody:
     """Where a failed message's body is: inline text, or a key in the body store.
 
     When ``stored_externally`` the body store holds the authoritative copy under ``key``
-    and ``text`` is only a searchable prefix (DESIGN.md "Body placement").
+    and ``text`` is only a searchable prefix (docs/design.md "Body placement").
     """
 
     content_type: str

@@ -18,7 +18,7 @@ A message in any other status is left as it is and reported as unchanged.
 
 By-id actions check the ids first: when any id names no failed message, nothing is
 changed and the unknown ids are returned, so a bad request loses nothing and hides
-nothing (DESIGN.md "Conventions").
+nothing (docs/design.md "Conventions").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Retry claims: a message is in at most one retry batch (insert-if-absent).
 
-Source: DESIGN.md "Data model" (``failed_message_retries``) and the reference design's
+Source: docs/design.md "Data model" (``failed_message_retries``) and the reference design's
 retry flow: a claim is a row keyed on the failed message's id, inserted if absent.
 """
 

@@ -388,7 +388,7 @@ class RetryProcessor:
 
     def _read_body(self, claim: _Claim) -> bytes:
         """The exact body: the body store's copy when stored externally (authoritative,
-        DESIGN.md "Body placement"), else the inline text as UTF-8 (the bytes it was
+        docs/design.md "Body placement"), else the inline text as UTF-8 (the bytes it was
         decoded from, strictly), else empty."""
         if claim.body_stored_externally:
             if claim.body_key is None:

@@ -1,6 +1,6 @@
 """Retry requests: from an operator's selection to claimed retry batches, and their history.
 
-Source: DESIGN.md "Data model" and issue 4; ServiceControl's ``RetriesGateway``.
+Source: docs/design.md "Data model" and issue 4; ServiceControl's ``RetriesGateway``.
 
 A retry request (one ``retry_operations`` row) becomes ``retry_batches`` of at most
 ``BATCH_SIZE`` messages. Each batch is written in one transaction that

@@ -216,7 +216,7 @@ _SQLITE_FTS_OLD = "'delete', old.rowid, old.headers_json, old.body_text"
 
 
 def create_full_text_search(dialect: Dialect) -> None:
-    """Provider-native full-text search over headers and body text (DESIGN.md "Search")."""
+    """Provider-native full-text search over headers and body text (docs/design.md "Search")."""
     if dialect == "postgresql":
         op.execute(
             "ALTER TABLE failed_messages ADD COLUMN search_vector tsvector "
