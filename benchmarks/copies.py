@@ -1,4 +1,5 @@
-"""What the group rows' copies of their message's columns (issue 13) cost the write path:
+"""What the group rows' copies of their message's columns cost the write path
+(docs/decisions.md "The read side may cost the write path at most a tenth"):
 the service's writer on schemas with and without them, measured back to back in one run.
 
 Each variant is a schema revision and the writer that writes it, on a scratch database

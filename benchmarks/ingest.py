@@ -24,14 +24,14 @@ What it does (see ``benchmarks/README.md`` for how to read the figures):
      every index in place;
    * **without search (probe)**: the write path with no terms computed and the GIN index
      dropped, for what full-text search costs it;
-   * **previous schema's write path** (the baseline of issue 15), on a second scratch
+   * **previous schema's write path** (the baseline of the write-path targets), on a second scratch
      database migrated to 0004 only: the server computes the generated ``tsvector``, the
      writer is the one before migration 0009 (``benchmarks/previous_write_path.py``).
 
    Each run reports wall time, this process's CPU and the CPU of the PostgreSQL backends
    serving its connections (read from ``/proc``: the server must run on this machine).
 
-4. Prints the environment, a table of messages/s with ratios, and the issue-15 ratios
+4. Prints the environment, a table of messages/s with ratios, and the write-path ratios
    (write path / previous schema's, with search / without), then drops the databases.
 
 Run: ``make bench`` or ``.venv/bin/python benchmarks/ingest.py [--messages N]``.
@@ -841,12 +841,12 @@ COUNTER_TRIGGERS = (
     ("failed_messages", "failed_messages_copy_to_groups"),
     ("failed_message_groups", "failed_message_groups_copy_message"),
 )
-"""Every trigger issue 13 added to the write path; their TRUNCATE triggers stay on."""
+"""Every trigger the read side added to the write path; their TRUNCATE triggers stay on."""
 
 
 @contextlib.contextmanager
 def without_counters(engine: sa.Engine) -> Iterator[None]:
-    """A probe of what issue 13's counters cost the write path: the triggers of the
+    """A probe of what the read side's counters cost the write path: the triggers of the
     tallies, the group counts and the group rows' copies (``COUNTER_TRIGGERS``) disabled
     for the duration (the writer's folds then find nothing to fold; its group-row insert
     still reads the copies from the messages, ``copies.py`` measures that part); never
@@ -965,7 +965,7 @@ def _ms(seconds: float, result: Result) -> str:
 
 
 def print_ratios(console: Console, results: Sequence[Result]) -> None:
-    """The issue-15 figures, as ratios of runs of this one run (rates are noisy on a
+    """The write path's target figures, as ratios of runs of this one run (rates are noisy on a
     shared machine; ratios and CPU per message much less)."""
     by_start = {result.name.split(",")[0]: result for result in results}
     concurrent = next(
@@ -1027,7 +1027,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         default=0,
         help="instead of the full run: only the write path with and without the counters' "
-        "triggers (issue 13: tallies, group counts, group rows' copies), 1 and "
+        "triggers (tallies, group counts, group rows' copies), 1 and "
         "concurrent_batches batches at once, this many rounds in alternating order, and the "
         "ratios per round",
     )
@@ -1120,7 +1120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lambda engine: write_path(engine, attempts, batch_size, concurrent),
         lambda engine: write_path(engine, warm, batch_size, concurrent),
         count,
-        "the counters' triggers disabled: what issue 13's counters cost",
+        "the counters' triggers disabled: what the read side's counters cost",
     )
     if args.counters_rounds:
         return compare_counters(console, admin_url, runs[:2], args.counters_rounds)
@@ -1217,12 +1217,12 @@ def compare_counters(
     runs: Sequence[tuple[str, Callable[[sa.Engine], None], Callable[[sa.Engine], None], int, str]],
     rounds: int,
 ) -> int:
-    """``--counters-rounds``: each write path of ``runs`` with issue 13's counters and
+    """``--counters-rounds``: each write path of ``runs`` with the read side's counters and
     without them (``without_counters``), ``rounds`` times, the order alternating between
     rounds so that a machine getting busier or quieter favours neither; prints every run
     and the ratio of each pair (with / without: 1.00 costs nothing, 0.90 is 10 % fewer
     messages/s)."""
-    table = Table(title="Write path with and without the counters (issue 13)")
+    table = Table(title="Write path with and without the counters")
     for name in ("round", "method", "counters", "messages/s", "ms CPU/msg client, PG", "load"):
         table.add_column(name, justify="left" if name == "method" else "right")
     ratios: dict[str, list[float]] = {name: [] for name, *_ in runs}

@@ -1,6 +1,6 @@
 """End-to-end benchmark: ``controlroom serve`` draining a pre-filled RabbitMQ error queue
-into PostgreSQL, beside the write path alone and the previous schema's serve (issue 15,
-item 5). Runs after ``ingest.py`` in ``make bench``.
+into PostgreSQL, beside the write path alone and the previous schema's serve
+(docs/decisions.md "Throughput is measured end to end"). Runs after ``ingest.py`` in ``make bench``.
 
 What it does (see ``benchmarks/README.md`` for how to read the figures):
 
@@ -21,7 +21,7 @@ What it does (see ``benchmarks/README.md`` for how to read the figures):
 4. **Previous schema's end to end** (the baseline of "end to end >= 2.5x"): the same on a
    database migrated to 0004, with serve started through ``previous_serve.py`` (the
    writer of ``previous_write_path.py``, no migration on start).
-5. Prints each run, its rate over the drain in tenths, and every issue-15 figure as a
+5. Prints each run, its rate over the drain in tenths, and every end-to-end figure as a
    ratio beside its target; drops the databases and vhosts.
 
 Run: ``make bench`` (after ``ingest.py``) or ``.venv/bin/python benchmarks/serve.py
@@ -93,7 +93,8 @@ INGESTED_METRIC = "controlroom_ingested_messages"
 BATCH_METRIC = "controlroom_ingestion_batch_seconds"  # a histogram: its _count is batches
 SETTLED_OUTCOMES = ("failed_message", "failed_import", "retry_confirmation")  # acknowledged
 
-# Issue 15 "Targets" (ratios measured in one run on this 2-core machine).
+# The end-to-end targets of docs/decisions.md "Throughput is measured end to end" (ratios
+# measured in one run on this 2-core machine).
 TARGET_VS_PREVIOUS = 2.5  # end to end / previous schema's end to end, at least
 TARGET_VS_WRITE_PATH = 0.8  # end to end / write path alone, at least
 TARGET_FLATNESS = 0.15  # last tenth's rate within 15 % of the first tenth's
@@ -667,7 +668,7 @@ def report(
 
 
 def print_targets(console: Console, write: Result, drains: Sequence[Drain]) -> None:
-    """Every issue-15 end-to-end figure as a ratio, beside its target."""
+    """Every end-to-end figure as a ratio, beside its target."""
     current = drains[0]
     lines = []
     if len(drains) > 1:

@@ -526,7 +526,7 @@ def test_demo_then_serve_lists_what_was_sent(
     assert health.status_code == 200
     assert health.json() == {"database": "ok", "broker": "ok", "details": {"failed_imports": 1}}
     log = (tmp_path / "serve.log").read_text()
-    # Issue 14 item 15: what serve is doing, said at startup and while it ingests.
+    # docs/decisions.md "serve says what it is doing": said at startup and while it ingests.
     assert f"{base}/docs" in log and f"console {base}/" in log
     assert "Store: " in log and "Ingesting queues " in log
     assert REPORTED.search(log), log

@@ -37,7 +37,7 @@ class IngestionSettings(BaseModel):
         ge=1,
         description=(
             "Bytes of messages (body plus header text) an intake holds unacknowledged at once, "
-            "besides the prefetch count; a larger message is taken alone (issue 14, item 8)."
+            "besides the prefetch count; a larger message is taken alone."
         ),
     )
     max_backoff_seconds: float = Field(
@@ -97,7 +97,8 @@ class KpiSettings(BaseModel):
 
 
 class ConfiguredSite(BaseModel):
-    """A site whose agent central pulls and relays commands to (issue 11)."""
+    """A site whose agent central pulls and relays commands to (docs/design.md
+    "Reconciliation", "Retry/Discard relay")."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -113,7 +114,8 @@ class ConfiguredSite(BaseModel):
 
 
 class ReconciliationSettings(BaseModel):
-    """Reconciliation pulls from the sites and the Retry/Discard relay (issue 11)."""
+    """Reconciliation pulls from the sites and the Retry/Discard relay (docs/design.md
+    "Reconciliation", "Retry/Discard relay")."""
 
     interval: timedelta = Field(
         timedelta(minutes=5), gt=timedelta(0), description="Time between two passes."

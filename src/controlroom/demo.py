@@ -3,7 +3,7 @@
 ``generate_demo_messages`` returns the messages a small shop's endpoints would leave in an
 error queue: header sets modelled on the real ones in ``../shared/samples`` (NServiceBus
 v5 to v10), generated here in code. The set always holds one of each variety an operator
-should see (issue 2, item 7):
+should see (docs/decisions.md "The demo shows every variety an operator meets"):
 
 * several endpoints (Sales, Billing, Shipping, Warehouse, a legacy v5 fulfilment endpoint)
   on several hosts, each host with a stable ``$.diagnostics.hostid`` (32 hex digits);

@@ -213,7 +213,8 @@ def test_resolve_pending_retries_by_id(
         "/api/pendingretries/resolve", json={key: [ids[0], ids[1], ids[4], ids[5]]}
     )
     assert response.status_code == 202
-    # ids[4] was never retried: resolved too (issue 9); an archived message is not.
+    # ids[4] was never retried: resolved too (docs/decisions.md
+    # "Resolving pending retries includes messages never retried"); an archived message is not.
     assert response.json() == {"changed": 3, "unchanged_ids": [ids[5]]}
     assert stored(engine, ids[0]).status == FailedMessageStatus.RESOLVED
     assert stored(engine, ids[4]).status == FailedMessageStatus.RESOLVED

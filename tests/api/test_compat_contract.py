@@ -1,6 +1,7 @@
 """ServiceControl's API contract, route by route, on every provider: the exact field names,
 types, status strings and headers that ServicePulse and ServiceControl scripts read
-(issue 5). Other tests cover the behaviour behind each route; these pin the shapes."""
+(docs/decisions.md "ServiceControl's API contract is pinned route by route"). Other tests cover the
+behaviour behind each route; these pin the shapes."""
 
 from __future__ import annotations
 

@@ -367,7 +367,8 @@ def test_body_gzip_encoded_is_served_still_encoded(
     with client.stream("GET", f"/api/messages/{failure.unique_message_id}/body") as response:
         raw = b"".join(response.iter_raw())
 
-    # The bytes as they were queued, labelled so that a client decodes them (issue 9).
+    # The bytes as they were queued, labelled so that a client decodes them
+    # (docs/decisions.md "Bodies are served as they were queued").
     assert response.headers["content-encoding"] == "gzip"
     assert raw == body
 

@@ -272,7 +272,8 @@ def test_default_sort_is_time_sent_descending_empty_last(
 def test_an_unknown_sort_or_direction_reads_as_the_default(
     client: TestClient, name: str, value: str
 ) -> None:
-    # ServiceControl's leniency (issue 9): ServicePulse sends such values.
+    # docs/decisions.md "List parameters are read leniently, as ServiceControl reads them":
+    # ServicePulse sends such values.
     default = client.get("/api/errors").json()
     response = client.get("/api/errors", params={name: value})
 
@@ -319,7 +320,7 @@ def test_status_filter_includes_and_excludes(
 
 
 def test_an_unknown_status_is_ignored(client: TestClient, two_of_each_status: None) -> None:
-    # ServiceControl's FilterByStatusWhere ignores what it cannot read (issue 9).
+    # ServiceControl's FilterByStatusWhere ignores what it cannot read.
     response = client.get("/api/errors", params={"status": "unresolved,failing"})
 
     assert response.status_code == 200

@@ -219,8 +219,9 @@ def test_a_search_of_many_matches_is_an_estimate_and_pages_by_link_to_the_end(
 ) -> None:
     """Two words each in every message, past the limit: on every provider the total is an
     estimate, marked, never below the limit + 1 nor far above; paging by ``Link`` shows
-    every match once, in the exact answer's order (issue 13: SQLite counted all 287,000
-    matches of a broad search, 5 s at 1,000,000)."""
+    every match once, in the exact answer's order (docs/decisions.md "SQLite counts
+    searches in the full-text index": SQLite counted all 287,000 matches of a broad search,
+    5 s at 1,000,000)."""
     path, params = "/api/messages/search", {"q": text, "per_page": "7"}
     first = capped.get(path, params=params)
     assert first.headers["Total-Count-Estimated"] == "true"

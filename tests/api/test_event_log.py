@@ -1,4 +1,4 @@
-"""Issue 14 item 12: the event log, written in the transaction that did each thing and
+"""docs/design.md "Event log": the event log, written in the transaction that did each thing and
 served at ``GET /api/eventlogitems`` in ServiceControl's shape, per provider."""
 
 from __future__ import annotations

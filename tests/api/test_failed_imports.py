@@ -1,5 +1,5 @@
-"""Issue 14 item 11: failed imports over the API (list, re-import one, re-import all) on
-the embedded queue, per provider."""
+"""Failed imports over the API (list, re-import one, re-import all) on the embedded queue,
+per provider (docs/decisions.md "Failed imports are served over the API")."""
 
 from __future__ import annotations
 

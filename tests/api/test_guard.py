@@ -1,4 +1,5 @@
-"""Issue 14 item 6 without a browser: which requests the cross-site and Host guards refuse."""
+"""docs/decisions.md "Browsers cannot act through the API without consent", without a
+browser: which requests the cross-site and Host guards refuse."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Issue 14 item 7: bodies over the limit are refused before they are read, auth comes
-before parsing, and a 422 never echoes the input."""
+"""docs/decisions.md "Request bodies are bounded and authenticated before they are read": bodies
+over the limit are refused before they are read, auth comes before parsing, and a 422 never echoes
+the input."""
 
 from __future__ import annotations
 

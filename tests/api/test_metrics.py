@@ -1,5 +1,5 @@
-"""Issue 14 item 13: ``GET /metrics`` serves the process's counters, with HTTP requests
-labelled by route template (low cardinality), per provider."""
+"""docs/decisions.md "Metrics are labelled by route template": ``GET /metrics`` serves the process's
+counters, with HTTP requests labelled by route template (low cardinality), per provider."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Bodies as ServiceControl serves them (issue 9), on every provider: a compressed body
+"""Bodies as ServiceControl serves them (docs/decisions.md "Bodies are served as they were
+queued"), on every provider: a compressed body
 with its ``Content-Encoding`` (byte-exact on the wire, decoded by a browser), an empty body
 as 204, a body found by the native message id; and a minimal message (``FailedQ`` and
 ``MessageId`` only) stored and served as a failed message."""

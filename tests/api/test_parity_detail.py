@@ -1,4 +1,4 @@
-"""``GET /api/errors/{id}`` in ServiceControl's ``FailedMessage`` shape (issue 9), on every
+"""``GET /api/errors/{id}`` in ServiceControl's ``FailedMessage`` shape, on every
 provider: ``unique_message_id``, ``status``, ``processing_attempts`` (the stored attempt
 last, with ``failure_details``, ``headers`` and ``message_metadata``, and one entry per
 counted attempt) and ``failure_groups``; the flat fields stay beside them."""

@@ -1,4 +1,4 @@
-"""Archived group views as ServiceControl shows them (issue 9), on every provider: a
+"""Archived group views as ServiceControl shows them, on every provider: a
 group's comment is shown in the Unresolved views, not in the archived ones."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""ServiceControl's leniency on the failed-message lists (issue 9): what ServicePulse sends
+"""ServiceControl's leniency on the failed-message lists (docs/decisions.md "List
+parameters are read leniently, as ServiceControl reads them"): what ServicePulse sends
 must never be refused. An empty or unknown ``sort`` is the default sort, an unknown
 ``direction`` the default direction, an unknown ``status`` is no filter, an empty
 ``queueaddress`` is no filter; the queue address matches case-insensitively and is also

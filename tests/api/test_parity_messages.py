@@ -1,4 +1,4 @@
-"""ServiceControl's message views over failed messages (issue 9), on every provider:
+"""ServiceControl's message views over failed messages, on every provider:
 ``/api/messages``, ``/api/endpoints/{name}/messages``, the endpoint-scoped search,
 ``/api/conversations/{id}`` (ServiceControl's ``MessagesView`` shape, paged, sortable) and
 ``/api/errors/summary`` as ServiceControl's facets; the counts per status at

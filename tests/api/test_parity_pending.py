@@ -1,4 +1,4 @@
-"""ServiceControl's pending-retry and range routes (issue 9), on every provider:
+"""ServiceControl's pending-retry and range routes, on every provider:
 ``POST /api/pendingretries/queues/retry`` and ``PATCH /api/pendingretries/queues/resolve``
 (by queue and time window), ``PATCH /api/pendingretries/resolve`` resolving a message that
 was never retried, and ``PATCH /api/errors/{from}...{to}/unarchive``."""

@@ -1,5 +1,6 @@
-"""ServiceControl routes ServicePulse calls that Controlroom answered 404 before issue 9,
-on every provider: their exact status, shapes and headers."""
+"""ServiceControl routes ServicePulse calls that Controlroom once answered 404, on every
+provider: their exact status, shapes and headers (docs/decisions.md "ServicePulse's
+requests are answered as ServiceControl answers them")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The ServicePulse requests issue 9 recorded as failing, replayed with their query
+"""The ServicePulse requests recorded as failing (docs/decisions.md "ServicePulse's requests
+are answered as ServiceControl answers them"), replayed with their query
 strings exactly as recorded, on every provider: every answer 2xx, with the fields
 ServicePulse reads. (``GET /api/eventlogitems`` belongs to the event-log work.)"""
 

@@ -1,4 +1,5 @@
-"""Issue 14 item 6 in headless Chromium: a page on another origin must not change anything
+"""docs/decisions.md "Browsers cannot act through the API without consent", in headless
+Chromium: a page on another origin must not change anything
 through the open loopback API (no-cors ``fetch``, form posts), a configured console
 origin keeps working, and a foreign ``Host`` (DNS rebinding) is refused.
 

@@ -1,6 +1,6 @@
-"""Failed-import identity (issue 9), on every provider: the same message failing to import
-twice is one row, keyed by message id and endpoint when the message names them, else by
-its content; migration 0007 re-keys the rows an older version wrote."""
+"""Failed-import identity (docs/decisions.md "Failed imports have an identity"), on every provider:
+the same message failing to import twice is one row, keyed by message id and endpoint when the
+message names them, else by its content; migration 0007 re-keys the rows an older version wrote."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""Issue 14 item 8: during a database outage, with large messages queued, what ingestion
-holds unacknowledged is bounded by ``ingestion.max_inflight_bytes`` (plus one message),
-not by prefetch x message size. On the embedded queue and on RabbitMQ; what is held is
-read from the queue itself (leased rows, the broker's unacknowledged count). On RabbitMQ
-what the broker pushed into the process (every delivery the consumer received, including
-those it gave back) is bounded too, not only what is held once the pause settled.
+"""docs/decisions.md "What ingestion holds is bounded by bytes": during a database outage, with
+large messages queued, what ingestion holds unacknowledged is bounded by
+``ingestion.max_inflight_bytes`` (plus one message), not by prefetch x message size. On the embedded
+queue and on RabbitMQ; what is held is read from the queue itself (leased rows, the broker's
+unacknowledged count). On RabbitMQ what the broker pushed into the process (every delivery the
+consumer received, including those it gave back) is bounded too, not only what is held once the
+pause settled.
 
 The outage is a PostgreSQL URL nobody listens on: every write fails as transient and the
 pipeline backs off, holding its batch."""

@@ -1,5 +1,6 @@
-"""Issue 14 item 10: store errors, and the transient-retry warnings that log them, never
-carry the statement's bound values (message bodies, headers, exception texts)."""
+"""docs/decisions.md "Store errors never carry message data": store errors, and the transient-retry
+warnings that log them, never carry the statement's bound values (message bodies, headers, exception
+texts)."""
 
 from __future__ import annotations
 

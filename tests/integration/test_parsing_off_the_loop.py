@@ -1,6 +1,7 @@
-"""Issue 15 item 3: parsing failed messages (wire contract, identity, body placement) runs
-off the event loop, so the API answers at its idle latency while ingesting. Shown by the
-thread each parse runs on, not by timing: per provider, on the embedded queue."""
+"""docs/decisions.md "Parsing runs off the event loop": parsing failed messages (wire contract,
+identity, body placement) runs off the event loop, so the API answers at its idle latency while
+ingesting. Shown by the thread each parse runs on, not by timing: per provider, on the embedded
+queue."""
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
 """A periodic task shut down mid-run keeps its database lease until its work has ended.
 
-docs/design.md "Background singletons take a database lease ... so that exactly one process
-runs each". The work of a periodic task runs in a worker thread, which cancellation
-cannot stop: a loop that released the lease as soon as it was cancelled (the site-call
-sampler and purge did) let a second process take the lease and start the same work while
-the first one's thread still ran it. Here a task group running ``runtime.periodic``
-against the provider's real lease (a lease row on SQLite, an advisory lock on
-PostgreSQL) is shut down while the work runs: a contender cannot take the lease until
-the work ends, and takes it at once after.
+docs/design.md "Background singletons": a lease makes exactly one process run each. The work of a
+periodic task runs in a worker thread, which cancellation cannot stop: a loop that released the
+lease as soon as it was cancelled (the site-call sampler and purge did) let a second process take
+the lease and start the same work while the first one's thread still ran it. Here a task group
+running ``runtime.periodic`` against the provider's real lease (a lease row on SQLite, an advisory
+lock on PostgreSQL) is shut down while the work runs: a contender cannot take the lease until the
+work ends, and takes it at once after.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Issue 14 item 2: every exception path of the ingestion pipeline settles each delivery:
-committed and acknowledged, failed import and acknowledged, or given back for redelivery.
-Per provider, on the embedded queue."""
+"""docs/decisions.md "Every delivery is settled exactly once": every exception path of the ingestion
+pipeline settles each delivery: committed and acknowledged, failed import and acknowledged, or given
+back for redelivery. Per provider, on the embedded queue."""
 
 from __future__ import annotations
 

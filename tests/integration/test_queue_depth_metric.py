@@ -1,4 +1,5 @@
-"""Issue 14 items 13 and 15: ``/metrics`` shows the error queue's depth (and its lag where
+"""docs/decisions.md "Metrics are labelled by route template" and "serve says what it is
+doing": ``/metrics`` shows the error queue's depth (and its lag where
 the transport tells it), labelled by queue name, and the periodic ingestion line says it;
 per provider, on the embedded queue and on RabbitMQ."""
 

@@ -1,17 +1,17 @@
-"""Issue 15, Tests (last bullet): two ``controlroom serve`` processes drain pre-queued
-failed messages from RabbitMQ into PostgreSQL while one of them is killed with SIGKILL
-every few seconds and restarted. Every message is stored, nothing is left unacknowledged
-(the queue ends empty with no unacknowledged message), and every attempt count equals the
-number of distinct times of failure published for that message.
+"""docs/decisions.md "Killing a serve process loses nothing": two ``controlroom serve`` processes
+drain pre-queued failed messages from RabbitMQ into PostgreSQL while one of them is killed with
+SIGKILL every few seconds and restarted. Every message is stored, nothing is left unacknowledged
+(the queue ends empty with no unacknowledged message), and every attempt count equals the number of
+distinct times of failure published for that message.
 
 The messages repeat ids (several attempts of one message) and repeat attempts (the same
 attempt published twice, as at-least-once redelivery does); a kill between a commit and
 its acknowledgement replays a batch, which must count nothing twice.
 
-Size: 4,000 messages by default, not the issue's 20,000, to keep ``make test`` within its
+Size: 4,000 messages by default, not 20,000, to keep ``make test`` within its
 budget: each restart of ``serve`` costs seconds of start-up before it ingests again, so
 the drain under kills runs far below the service's rate. ``SIGKILL_DRAIN_MESSAGES=20000``
-(with ``SIGKILL_DRAIN_DEADLINE`` in seconds) runs the issue's size."""
+(with ``SIGKILL_DRAIN_DEADLINE`` in seconds) runs the full size."""
 
 from __future__ import annotations
 

@@ -3,12 +3,12 @@
 Since migration 0012 the database keeps how many failed messages share a status,
 system-message flag, receiving endpoint, host id, host and message type
 (``errors.tallies``), and the counts by status, the summary's facets and the dashboard's
-and endpoints page's Unresolved counts read them. Property (issue 13): after any
-sequence of ingest (new attempts, redeliveries, attempts that move a message to another
-key), archive, unarchive, retry, retry confirmation, resolve, retention sweep and folds
-of the deltas, the tallies equal ``GROUP BY`` over ``failed_messages``, and each view
-equals the query it replaced. On every provider; on PostgreSQL also under two concurrent
-writers, with a reader comparing both sides in one snapshot while they write.
+and endpoints page's Unresolved counts read them. Property (docs/decisions.md "The database keeps
+the counts"): after any sequence of ingest (new attempts, redeliveries, attempts that move a message
+to another key), archive, unarchive, retry, retry confirmation, resolve, retention sweep and folds
+of the deltas, the tallies equal ``GROUP BY`` over ``failed_messages``, and each view equals the
+query it replaced. On every provider; on PostgreSQL also under two concurrent writers, with a reader
+comparing both sides in one snapshot while they write.
 """
 
 from __future__ import annotations

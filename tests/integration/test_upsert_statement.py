@@ -1,4 +1,5 @@
-"""The conditional upsert's statement as the providers send it (issue 15 item 3): values
+"""The conditional upsert's statement as the providers send it (docs/decisions.md "Write
+statements have a fixed shape"): values
 that are awkward for the way rows travel (one array per column on PostgreSQL, multi-row
 ``VALUES`` on SQLite) are stored exactly and every guard of docs/design.md "The conditional
 upsert" holds over them; on PostgreSQL the statement has one text whatever the number of

@@ -227,7 +227,7 @@ def bound_values(parameters: Any) -> list[Any]:
     return [parameters]
 
 
-# --- exact attempt counts (issue 15) ------------------------------------------------------
+# --- exact attempt counts (docs/decisions.md "Attempts are counted exactly") ---------------
 def attempts_after(engine: sa.Engine, *batches: list[int]) -> int:
     writer = FailedMessageBatchWriter(engine)
     for seconds in batches:

@@ -1,4 +1,4 @@
-"""Issue 14 item 1: no committed row ever points at a missing body, whatever the order of
+"""docs/decisions.md "No committed row points at a missing body", whatever the order of
 an ingestion of a new attempt and the retention sweep of the message's old row."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The consumer side of ``controlroom.client`` (issue 14 item 16): an endpoint that takes a
+"""The consumer side of ``controlroom.client`` (docs/decisions.md "The demo closes the retry
+loop"): an endpoint that takes a
 retried message and fails it again moves it to the error queue with
 ``move_to_error_queue``, as NServiceBus's recoverability does; ingestion makes it a new
 attempt of the same failed message. Every provider, on the embedded queue."""

@@ -1,4 +1,5 @@
-"""Issue 14 item 16: ``controlroom demo endpoints`` closes the demo's loop. Given the demo's
+"""``controlroom demo endpoints`` closes the demo's loop (docs/decisions.md "The demo closes
+the retry loop"). Given the demo's
 failed messages retried, the demo endpoints confirm most (the rows become Resolved through
 the ingestion of the confirmations) and fail some again (Unresolved, one more attempt),
 the same ones for the same seed. Every provider, on the embedded queue and RabbitMQ."""

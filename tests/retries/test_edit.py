@@ -1,5 +1,6 @@
 """Edit and retry on every provider, over the embedded queue: the edited body and headers
-are sent, locked headers are refused with 400, the original ends Resolved (issue 4)."""
+are sent, locked headers are refused with 400, the original ends Resolved
+(docs/decisions.md "Edits lock the identity and retry headers")."""
 
 from __future__ import annotations
 
@@ -176,7 +177,7 @@ def test_edit_of_unknown_or_archived_messages_is_refused_and_of_retrying_ignored
 
     assert unknown.status_code == 404
     assert of_archived.status_code == 409 and "archived" in of_archived.json()["detail"]
-    # ServiceControl ignores an edit while the message is taken (issue 9).
+    # ServiceControl ignores an edit while the message is taken.
     assert of_retrying.status_code == 200 and of_retrying.json() == {"edit_ignored": True}
 
 

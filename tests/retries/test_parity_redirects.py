@@ -1,4 +1,5 @@
-"""ServiceControl's redirects API and a retry that honours a redirect (issue 9), on every
+"""ServiceControl's redirects API and a retry that honours a redirect (docs/decisions.md
+"Redirects apply when a batch is staged"), on every
 provider: the shapes and statuses of ``/api/redirects``, and a retried message of a
 decommissioned queue arriving in the redirect's queue with the headers ServiceControl's
 return-to-sender delivers."""

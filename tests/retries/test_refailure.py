@@ -1,6 +1,6 @@
-"""Issue 14 item 4: a message in RetryIssued that fails again loses its retry claim in the
-transaction that records the new failure, so a new retry request takes it (as
-ServiceControl's retry cleaner does). Per provider."""
+"""docs/decisions.md "A new failure releases the retry claim": a message in RetryIssued that fails
+again loses its retry claim in the transaction that records the new failure, so a new retry request
+takes it (as ServiceControl's retry cleaner does). Per provider."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Issue 14 item 3 on a real RabbitMQ, per provider: a destination queue that refuses every
+"""docs/decisions.md "A refused retry is given up after five sends", on a real RabbitMQ,
+per provider: a destination queue that refuses every
 publish (``x-max-length=0``, ``x-overflow=reject-publish``) costs its retry batch at most
 ``MAX_SEND_ATTEMPTS`` sends; then the messages are Unresolved again with the reason in the
 event log and on the operation, and later batches go out meanwhile."""

@@ -1,5 +1,6 @@
 """Retry requests over HTTP on every provider: batches of at most 1,000, claims, RetryIssued,
-404 for unknown ids and groups, 409 for archived and resolved messages (issue 4)."""
+404 for unknown ids and groups, 409 for archived and resolved messages (docs/decisions.md "Retry
+requests claim messages in batches")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """A retry batch survives its process: killed after staging and before forwarding, or
 failing mid-forwarding, it completes on the next run; nothing claimed is lost or left
-RetryIssued (issue 4, "Tests"). Every provider."""
+RetryIssued (docs/decisions.md "Retries are staged, then forwarded, and survive a restart").
+Every provider."""
 
 from __future__ import annotations
 
@@ -149,7 +150,8 @@ def test_processor_killed_after_staging_completes_the_batch_on_restart(
 
     by_id = {d.headers[retry_wire.RETRY_UNIQUE_MESSAGE_ID]: d for d in deliveries}
     assert {i: d.body for i, d in by_id.items()} == stored  # nothing lost, bytes intact
-    # The attempt ids persisted at staging are bookkeeping, never sent (issue 9).
+    # The attempt ids persisted at staging are bookkeeping, never sent (docs/decisions.md
+    # "A retry sends what ServiceControl's return-to-sender sends").
     assert staged_attempts and all(
         retry_wire.RETRY_ATTEMPT_MESSAGE_ID not in d.headers for d in by_id.values()
     )

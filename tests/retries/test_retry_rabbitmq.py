@@ -1,7 +1,7 @@
 """Retries end to end on a real RabbitMQ, on every provider: a real endpoint fails a message,
 Controlroom ingests it, an operator retries it over HTTP, the processor sends it back to
 the queue it failed in, the endpoint processes it and confirms, and the failed message
-ends Resolved (issue 4, "Tests")."""
+ends Resolved (docs/design.md "Error instance: retries")."""
 
 from __future__ import annotations
 
@@ -79,8 +79,10 @@ def attempts_of(engine: sa.Engine, message_id: str) -> int:
 def expected_retry_headers(
     failed: dict[str, str | None], unique_id: str, settings: Settings, address: str
 ) -> dict[str, str | None]:
-    """The headers as issue 4 lists them: the failed message's, minus the stripped
-    prefixes, plus the retry headers ServiceControl's return-to-sender delivers (issue 9)."""
+    """The headers docs/design.md "Error instance: retries" lists: the failed message's,
+    minus the stripped prefixes, plus the retry headers ServiceControl's return-to-sender
+    delivers (docs/decisions.md "A retry sends what ServiceControl's return-to-sender
+    sends")."""
     stripped = (
         "NServiceBus.Retries",
         "NServiceBus.FailedQ",

@@ -110,7 +110,7 @@ def test_locked_header_changes_treat_null_and_empty_alike() -> None:
         retry_wire.locked_header_changes(original, {**original, "NServiceBus.CorrelationId": ""})
         == []
     )
-    # Removing one the original has is a change; adding one it lacked is not (issue 9).
+    # Removing one the original has is a change; adding one it lacked is not.
     assert retry_wire.locked_header_changes(original, {"X": "1", "NServiceBus.SagaId": "s"}) == [
         "NServiceBus.MessageId"
     ]

@@ -1,5 +1,6 @@
 """The site-call API over each provider: telemetry intake, lists with keyset paging, one
-call with its audit events, KPIs, history, rejected packets (issue 10)."""
+call with its audit events, KPIs, history, rejected packets (docs/design.md "Site call
+audit")."""
 
 from __future__ import annotations
 

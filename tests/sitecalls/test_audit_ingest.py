@@ -1,5 +1,5 @@
 """Audit log ingest: widths refused never truncated, first write wins, append-only in the
-database, budgets with a per-row fallback (issue 10 "Tests"), on every provider."""
+database, budgets with a per-row fallback (docs/design.md "Audit log"), on every provider."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Writers racing one tracked operation (issue 10 "Tests"; seed change log F2).
+"""Writers racing one tracked operation (docs/decisions.md "The site-call upsert inserts first").
 
 The first-packet race is driven step by step on two real PostgreSQL connections, in every
 interleaving of their statements; a step that blocks on the other's row lock is left
@@ -96,8 +96,8 @@ def insert_first_steps(packet_data: dict[str, Any]) -> list[Step]:
 
 
 def update_first_steps(packet_data: dict[str, Any]) -> list[Step]:
-    """The legs swapped (seed F2's bug): the guarded UPDATE first, then an insert only
-    when the update matched nothing."""
+    """The legs swapped (the bug the insert-first upsert fixed): the guarded UPDATE first, then an
+    insert only when the update matched nothing."""
     item = validated(packet_data)
     row = site_call_row(item, T0)
     matched: list[int] = []

@@ -1,6 +1,6 @@
 """The telemetry queue, on the embedded queue and on RabbitMQ, per provider: packets
 become rows, a bad packet is kept whole in rejected_telemetry, every delivery is
-acknowledged after the commit (issue 10 "Intake")."""
+acknowledged after the commit (docs/decisions.md "Telemetry intake keeps what it refuses")."""
 
 from __future__ import annotations
 

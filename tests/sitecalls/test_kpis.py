@@ -1,5 +1,5 @@
 """KPIs at a fixed clock against a hand-computed fixture, globally, per site and per node;
-the history sampler and its downsampled series (issue 10 "Tests"), on every provider."""
+the history sampler and its downsampled series (docs/design.md "KPIs"), on every provider."""
 
 from __future__ import annotations
 

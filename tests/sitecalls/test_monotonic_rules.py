@@ -1,4 +1,4 @@
-"""The monotonic upsert's rules, on every provider (issue 10 "Tests")."""
+"""The monotonic upsert's rules, on every provider (docs/design.md "Monotonic upsert")."""
 
 from __future__ import annotations
 

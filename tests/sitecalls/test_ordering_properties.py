@@ -1,6 +1,6 @@
 """Property: any permutation of a real lifecycle's packets, with duplicates, across
 epochs and split into any batches, gives the row that applying them in order gives
-(issue 10 "Tests"), on every provider."""
+(docs/decisions.md "The site-call upsert inserts first"), on every provider."""
 
 from __future__ import annotations
 

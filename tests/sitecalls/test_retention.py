@@ -1,4 +1,4 @@
-"""The site-call purge (issue 10 "Tests", "Retention"), on every provider."""
+"""The site-call purge (docs/design.md "Site call retention"), on every provider."""
 
 from __future__ import annotations
 

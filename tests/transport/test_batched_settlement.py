@@ -1,6 +1,6 @@
-"""Issue 15 item 3: a committed batch is acknowledged at once (RabbitMQ: one ``basic.ack``
-with ``multiple`` over contiguous delivery tags; the embedded queue: one transaction), and
-an acknowledgement never covers a delivery the batch does not hold.
+"""docs/decisions.md "A batch is acknowledged at once": a committed batch is acknowledged at once
+(RabbitMQ: one ``basic.ack`` with ``multiple`` over contiguous delivery tags; the embedded queue:
+one transaction), and an acknowledgement never covers a delivery the batch does not hold.
 
 Frames and transactions are counted by wrapping the client's own calls (aiormq's
 ``basic_ack``, the embedded queue's write transaction); the broker and the queue file are

@@ -1,7 +1,7 @@
-"""Issue 14 item 8: what a consumer holds in flight is bounded by bytes as well as by
-count. With ``max_bytes`` the deliveries held (received and unsettled) never add up to
-more than the bound, except a single message larger than the bound, held alone; nothing
-is lost or held back for good: every message arrives once its turn comes.
+"""docs/decisions.md "What ingestion holds is bounded by bytes": what a consumer holds in flight is
+bounded by bytes as well as by count. With ``max_bytes`` the deliveries held (received and
+unsettled) never add up to more than the bound, except a single message larger than the bound, held
+alone; nothing is lost or held back for good: every message arrives once its turn comes.
 
 Run on each transport; on RabbitMQ the broker's own count of unacknowledged messages is
 read back too, so a message the client holds without yielding it cannot hide."""

@@ -1,5 +1,5 @@
-"""Issue 14 item 13: a transport tells how many messages wait in a queue (ready, not in
-flight) and, where it can, the age of the oldest; per transport."""
+"""docs/decisions.md "Metrics are labelled by route template": a transport tells how many messages
+wait in a queue (ready, not in flight) and, where it can, the age of the oldest; per transport."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Issue 14 on a real RabbitMQ: a URL naming a missing virtual host gives a one-line error
-that says so (item 18)."""
+"""RabbitMQ's limits on a real broker: a URL naming a missing virtual host gives a one-line
+error that says so (docs/decisions.md "Configuration errors fit on one line"), and queues
+are declared one at a time."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def test_a_missing_virtual_host_is_named_in_one_line(rabbitmq_url: str) -> None:
 def test_concurrent_publishes_to_new_queues_all_arrive_on_one_connection(
     rabbitmq_url: str,
 ) -> None:
-    """Item 9: publishes racing to declare queues that do not exist yet."""
+    """docs/decisions.md "RabbitMQ queues are declared one at a time": publishes racing to declare
+    queues that do not exist yet."""
     queues = [f"new-{uuid.uuid4().hex[:10]}" for _ in range(24)]
 
     async def scenario() -> list[int]:

@@ -1,4 +1,5 @@
-"""Issue 14 item 5 on a real RabbitMQ, per provider: a message whose header name (or AMQP
+"""docs/decisions.md "Headers that are not UTF-8 make a failed import", on a real RabbitMQ,
+per provider: a message whose header name (or AMQP
 ``message_id``) is not UTF-8, published as a raw AMQP frame, becomes a failed import kept
 whole and the messages behind it are ingested; a header name over 128 bytes is refused
 before anything is sent."""

@@ -1,5 +1,6 @@
 """The five classifiers on the real NServiceBus header samples (tests/data/), with
-ServiceControl 6.15's rules for the exception classifier (issue 9): a frame line begins
+ServiceControl 6.15's rules for the exception classifier (docs/decisions.md "Classification
+follows ServiceControl 6.15"): a frame line begins
 with any word (localized .NET traces), every occurrence of the exception message is
 removed before frames are read, a trace without a frame is ``<type>: No stacktrace``, and a
 message without an exception type is still grouped (``: No stacktrace``)."""

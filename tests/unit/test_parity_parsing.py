@@ -1,4 +1,5 @@
-"""ServiceControl's reading of a failed message that issue 9 found different: minimal
+"""ServiceControl's reading of a failed message where ours once differed (docs/decisions.md
+"Parsing follows ServiceControl where the design is silent"): minimal
 messages, NServiceBus's own TimeOfFailure parser, bodies without a content type, empty
 bodies."""
 

@@ -1,4 +1,5 @@
-"""Issue 14 item 17: the header samples the tests read are in the repository."""
+"""The header samples the tests read are in the repository (docs/decisions.md "The tests
+need nothing outside the repository")."""
 
 from __future__ import annotations
 

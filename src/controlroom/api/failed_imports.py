@@ -1,5 +1,6 @@
 """Failed imports: messages of the error queue kept whole because they could not be
-ingested (docs/design.md "Failed imports"; issue 14, item 11).
+ingested (docs/design.md "Failed imports"; docs/decisions.md "Failed imports are served
+over the API").
 
 - ``GET /api/failed-imports``: newest first, paged like ``/api/errors`` (``Total-Count``,
   ``ETag``, ``Link``); each item has ``id``, ``queue``, ``reason``, ``failed_at`` (UTC),

@@ -1,4 +1,5 @@
-"""Requests a browser could send without the user's consent are refused (issue 14, item 6).
+"""Requests a browser could send without the user's consent are refused (docs/decisions.md
+"Browsers cannot act through the API without consent").
 
 Two ASGI middlewares, both pure functions of the request's headers:
 

@@ -6,9 +6,9 @@ with every part ``"ok"``, or 503 naming the failing part and the kind of failure
 (docs/design.md "Operational contract": 200 with the state of the database and broker
 connections once ready). The route is open (monitoring polls it without a token), so a
 failure shows its exception type only; its text, which names hosts, ports and users,
-goes to the log (issue 14, item 10). ``details`` holds counts an operator watches:
-``failed_imports`` (messages kept whole because they could not be ingested; absent when
-the database cannot be read).
+goes to the log (docs/decisions.md "Store errors never carry message data"). ``details`` holds
+counts an operator watches: ``failed_imports`` (messages kept whole because they could not be
+ingested; absent when the database cannot be read).
 """
 
 from __future__ import annotations

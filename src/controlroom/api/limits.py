@@ -1,5 +1,5 @@
 """Request bodies: bounded, authenticated before they are read, never echoed back
-(issue 14, item 7).
+(docs/decisions.md "Request bodies are bounded and authenticated before they are read").
 
 - ``BodySizeLimit``: a request whose ``Content-Length`` exceeds ``max_request_body_size``
   (bytes) is answered 413 before a byte of its body is read; a body sent without a length

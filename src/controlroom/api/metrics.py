@@ -1,4 +1,5 @@
-"""``GET /metrics``: the process's Prometheus metrics (issue 14, item 13).
+"""``GET /metrics``: the process's Prometheus metrics (docs/decisions.md "Metrics are
+labelled by route template").
 
 The counters live beside the code that counts (``controlroom_ingested_messages_total``,
 ``controlroom_ingestion_batch_seconds`` and the error queue's

@@ -1,7 +1,8 @@
 """The site-call half of the API: telemetry intake, site calls, KPIs and their history,
 the audit log, rejected telemetry.
 
-Source: issue 10 "Intake", "Queries", "KPIs", "KPI history". Lists are newest first with
+Source: docs/design.md "Site call audit" and "KPIs"; docs/decisions.md "Telemetry intake
+keeps what it refuses" and "Site-call lists page by keyset". Lists are newest first with
 keyset paging: ``limit`` rows and ``next_cursor``, passed back as ``after`` for the next
 page (``controlroom.sitecalls.queries``). Roles as everywhere (``api.auth``): reading
 needs ``reader``, posting telemetry ``operator``.

@@ -1,5 +1,6 @@
 """Sites and the relay: ``GET /api/sites``, ``POST /api/sites/{id}/reconcile``,
-``POST /api/site-calls/{id}/retry`` and ``/discard`` (issue 11).
+``POST /api/site-calls/{id}/retry`` and ``/discard`` (docs/design.md "Reconciliation",
+"Retry/Discard relay").
 
 - ``GET /api/sites``: each configured site (id, base URL; never its token) with its
   reconciliation state: last pull, last success, cursor, pinned, last error, reachable.

@@ -181,12 +181,12 @@ failed_message_group_counts = sa.Table(
 
 
 # How many failed messages share a key of the columns the summary and the counts group
-# by (migration 0012, issue 13): kept by the database's triggers on failed_messages in
-# the transaction that changes a message, never written by the application. A key's
-# count is its tally plus its deltas (errors.tallies). The key's index is an expression
-# index the migrations create (not modelled here): unique, NULL as one value, on SQLite
-# (0012); on PostgreSQL over a digest of the key (0015: a key may be longer than a btree
-# index row), its fold keeping one row per key.
+# by (migration 0012; docs/decisions.md "The database keeps the counts"): kept by the database's
+# triggers on failed_messages in the transaction that changes a message, never written by the
+# application. A key's count is its tally plus its deltas (errors.tallies). The key's index is an
+# expression index the migrations create (not modelled here): unique, NULL as one value, on SQLite
+# (0012); on PostgreSQL over a digest of the key (0015: a key may be longer than a btree index row),
+# its fold keeping one row per key.
 def _tally_columns() -> list[sa.Column[object]]:
     return [
         sa.Column("status", sa.SmallInteger, nullable=False),
@@ -324,7 +324,7 @@ failed_error_imports = sa.Table(
 
 
 # --- site call audit (migration 0005) ------------------------------------------------------
-# Widths are characters (docs/design.md "Site call audit" and issue 10), defined by the telemetry
+# Widths are characters (docs/design.md "site_calls"), defined by the telemetry
 # contract (``controlroom.telemetry.widths``), which refuses a value longer than its column
 # before it reaches the store, on every provider.
 

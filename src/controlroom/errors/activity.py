@@ -1,6 +1,6 @@
 """The error instance's entries in the event log (``controlroom.events``), one function per
 kind of event, each written on the caller's connection inside the transaction that did
-what it describes (docs/design.md "Event log"; issue 14, item 12).
+what it describes (docs/design.md "Event log").
 
 ``by`` is the name of the caller's token (``anonymous`` on an open API). Counts are
 messages. Descriptions quote no message content, only ids and counts.

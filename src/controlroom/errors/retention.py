@@ -6,15 +6,14 @@ for statuses 2 and 4, and the external bodies of deleted rows are deleted too. O
 process sweeps at a time (a database lease, docs/design.md "Background singletons").
 
 No committed row ever points at a missing body, under any interleaving with ingestion
-(issue 14, item 1). The sweep does not delete files: in the transaction that deletes the
-rows it records their messages in ``body_deletions``; the body collector then deletes
-the files of each recorded message while it holds that record (the row lock of its
-DELETE, or SQLite's write lock), keeping the body the message's current row names when
-the message failed again meanwhile. The writer, in the transaction of every batch with
-external bodies, deletes the records of those messages (waiting for a collector that
-holds one) and then writes again any of its bodies that is missing, so a body the
-collector took is back before the row that names it commits. A collector that fails or
-crashes leaves the record, and the next run finishes the job.
+(docs/decisions.md "No committed row points at a missing body"). The sweep does not delete files: in
+the transaction that deletes the rows it records their messages in ``body_deletions``; the body
+collector then deletes the files of each recorded message while it holds that record (the row lock
+of its DELETE, or SQLite's write lock), keeping the body the message's current row names when the
+message failed again meanwhile. The writer, in the transaction of every batch with external bodies,
+deletes the records of those messages (waiting for a collector that holds one) and then writes again
+any of its bodies that is missing, so a body the collector took is back before the row that names it
+commits. A collector that fails or crashes leaves the record, and the next run finishes the job.
 """
 
 from __future__ import annotations
@@ -172,7 +171,8 @@ def sweep_expired_failed_messages(
 
 def _purge_retry_operations(conn: sa.Connection, *, completed_before: datetime) -> None:
     """Retry operations completed before the cutoff go, with their batches and the claims
-    those (done) batches still hold (issue 14, item 18). Unfinished ones stay."""
+    those (done) batches still hold (docs/decisions.md "Completed retry operations are
+    purged"). Unfinished ones stay."""
     old = sa.select(retry_operations.c.id).where(retry_operations.c.completed_at < completed_before)
     batches = sa.select(retry_batches.c.id).where(retry_batches.c.request_id.in_(old))
     conn.execute(
@@ -188,7 +188,8 @@ def _purge_retry_operations(conn: sa.Connection, *, completed_before: datetime) 
 
 def _delete_comments_of_emptied_groups(conn: sa.Connection, group_ids: list[str]) -> None:
     """A group exists only through its messages: once the sweep took the last one, the
-    operator's comment on it goes too (issue 14, item 14)."""
+    operator's comment on it goes too (docs/decisions.md "A group's comment goes with its
+    last message")."""
     if not group_ids:
         return
     still_used = sa.exists().where(
@@ -303,7 +304,8 @@ class RetentionSweeper:
 
     def sweep_once(self) -> SweepResult | None:
         """One sweep when this process can take the lease; ``None`` when another process
-        is sweeping right now. The lease is held only while sweeping (issue 14, item 14)."""
+        is sweeping right now. The lease is held only while sweeping (docs/decisions.md
+        "The sweep holds its lease only while sweeping")."""
         if not self._lease.hold():
             return None
         try:

@@ -1,16 +1,16 @@
 """How many failed messages share a status, endpoint, host and message type: the counts
 the database keeps (migration 0012), read as one consistent sum and kept small.
 
-Source: issue 13 — the summary (ServiceControl's ``FailedMessageFacetsIndex``) and the
-counts by status must equal the query-time aggregate over ``failed_messages`` at every
-committed state. The database's triggers count every change of a message in the
-transaction that makes it, whatever code makes it. A key's count is its row in
-``failed_message_tallies`` plus its rows in ``failed_message_tally_deltas`` (PostgreSQL's
-triggers append deltas so that concurrent writers share no row); ``tally_rows`` reads
-both in one statement, so a reader sees one committed state. Deltas are folded into the
-tallies (``Provider.compact_tallies``) by the writer that made them once it has written
-``FOLD_AFTER_MESSAGES`` failed messages, and by a reader that finds more than
-``FOLD_AFTER_DELTAS`` of them, so a read sums at most a few thousand rows.
+Source: docs/decisions.md "The database keeps the counts" — the summary (ServiceControl's
+``FailedMessageFacetsIndex``) and the counts by status must equal the query-time aggregate over
+``failed_messages`` at every committed state. The database's triggers count every change of a
+message in the transaction that makes it, whatever code makes it. A key's count is its row in
+``failed_message_tallies`` plus its rows in ``failed_message_tally_deltas`` (PostgreSQL's triggers
+append deltas so that concurrent writers share no row); ``tally_rows`` reads both in one statement,
+so a reader sees one committed state. Deltas are folded into the tallies
+(``Provider.compact_tallies``) by the writer that made them once it has written
+``FOLD_AFTER_MESSAGES`` failed messages, and by a reader that finds more than ``FOLD_AFTER_DELTAS``
+of them, so a read sums at most a few thousand rows.
 """
 
 from __future__ import annotations

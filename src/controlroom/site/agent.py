@@ -1,6 +1,6 @@
 """The store-and-forward engine of a site: cached calls, their retries, operator commands.
 
-Source: issue 11 "Site agent". A site's Python process makes a cached call with
+Source: docs/design.md "The site agent". A site's Python process makes a cached call with
 ``agent.cached_call(target, operation, payload, channel=...)``: the call runs at once; a
 success is ``Delivered``; a permanent failure is ``Failed`` and raised
 (``CachedCallFailed``); a transient failure is buffered and attempted again by

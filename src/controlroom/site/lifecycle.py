@@ -1,10 +1,10 @@
 """The site's rules for one cached call, as pure functions: no I/O, no clock of their own.
 
-Source: issue 11 "Site agent" and docs/design.md "Site call audit". A cached call is
+Source: docs/design.md "The site agent" and "Site call audit". A cached call is
 ``Submitted`` when recorded, then each attempt ends it:
 
 - success: ``Delivered`` (terminal);
-- a permanent failure (an HTTP 4xx other than 408/429, or ``PermanentFailure``):
+- a permanent failure (an HTTP 4xx other than 408, 425 and 429, or ``PermanentFailure``):
   ``Failed`` (terminal; a permanent failure would fail again);
 - a transient failure (anything else): ``Attempted`` with ``retry_count`` + 1 and the
   next attempt after ``backoff_seconds``; ``Parked`` once ``retry_count`` reaches
@@ -249,7 +249,8 @@ Cursor = tuple[datetime, str]
 
 def is_after(state: CallState, since: datetime, after_id: str | None) -> bool:
     """True when ``state`` belongs to a pull from ``(since, after_id)``: strictly after
-    the pair, or, without ``after_id``, at or after ``since`` (issue 11 "Pull contract")."""
+    the pair, or, without ``after_id``, at or after ``since``
+    (docs/decisions.md "Pulls are strictly after a composite cursor")."""
     if after_id is None:
         return state.updated_at_utc >= since
     return (state.updated_at_utc, state.tracked_operation_id) > (since, after_id)

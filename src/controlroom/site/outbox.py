@@ -1,6 +1,6 @@
 """Delivery of the telemetry outbox to central, at least once.
 
-Source: issue 11 "Site agent" (telemetry survives a central outage) and issue 10's
+Source: docs/design.md "The site agent" (telemetry survives a central outage) and central's
 intake ``POST /api/site-calls/telemetry`` (a JSON list of packets). Packets leave the
 outbox only after central answered 2xx for the request that carried them: a packet central
 rejected is kept whole there (``rejected_telemetry``), so it is not sent again either. Any

@@ -1,7 +1,7 @@
 """The agent's HTTP API: the pull contract, the operator commands, and cached HTTP calls.
 
-Source: issue 11 "Pull contract" and "Relay". Routes (all under ``/site``, all needing
-``Authorization: Bearer <token>`` when the agent has a token):
+Source: docs/design.md "Reconciliation" (the pull contract) and "Retry/Discard relay". Routes (all
+under ``/site``, all needing ``Authorization: Bearer <token>`` when the agent has a token):
 
 - ``GET /site/tracking/changes?since=&after_id=&limit=``: ``{"rows": [...],
   "more_available": bool}``; rows in the telemetry contract's shape (no audit event),

@@ -1,10 +1,10 @@
 """The telemetry packet a site sends for each transition, in the contract central
 validates it with (``controlroom.telemetry.contract``). Pure.
 
-Source: issue 10 "Telemetry contract": the call's whole state plus one audit event
-naming the transition. The event is idempotent at central on ``event_id``; its
-``correlation_id`` is the tracked operation id, and its ``details_json`` keeps what the
-state's bounded columns cannot (the whole error text).
+Source: docs/decisions.md "Telemetry is refused, never truncated": the call's whole state plus one
+audit event naming the transition. The event is idempotent at central on ``event_id``; its
+``correlation_id`` is the tracked operation id, and its ``details_json`` keeps what the state's
+bounded columns cannot (the whole error text).
 """
 
 from __future__ import annotations

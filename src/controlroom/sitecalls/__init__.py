@@ -1,5 +1,5 @@
 """Site call audit: telemetry contract, monotonic upsert, audit log ingest, KPIs and their
-history, retention (docs/design.md "Site call audit", issue 10).
+history, retention (docs/design.md "Site call audit").
 
 The pure core it shares with the site agent is ``controlroom.telemetry`` (the packet's
 contract, widths, ranks and the ordering key). Here, thin I/O on top: ``upsert`` (the

@@ -1,6 +1,7 @@
 """The reconciliation cursor's rules, as pure functions (no I/O).
 
-Source: docs/design.md "Reconciliation", issue 11. A pull asks a site for its rows changed
+Source: docs/design.md "Reconciliation"; docs/decisions.md "Pulls are strictly after a
+composite cursor". A pull asks a site for its rows changed
 strictly after the composite cursor ``(updated_at_utc, tracked_operation_id)``; the
 cursor advances to the greatest pair seen and never moves back. A site that honours
 ``after_id`` always returns rows strictly after the cursor, so each page with rows

@@ -1,7 +1,7 @@
 """KPI history: a sampler writes every KPI of every scope into ``kpi_samples``; a series
 reads one back, downsampled.
 
-Source: issue 10 "KPI history", docs/design.md "Site call audit" (sampled every 60 s, kept 90
+Source: docs/design.md "KPIs" (sampled every 60 s, kept 90
 days) and "Background singletons" (one process samples, under a lease). Scopes:
 ``global`` (key ``""``), ``site`` (key: the site), ``node`` (key: ``site/node``; a call
 without a node counts under ``site/``). A scope with nothing pending and nothing

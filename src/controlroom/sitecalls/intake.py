@@ -1,6 +1,7 @@
 """Telemetry intake: the site-call telemetry queue -> batcher -> writer -> acknowledgements.
 
-Source: issue 10 "Intake", docs/design.md "Process shape". One packet per message (UTF-8 JSON
+Source: docs/design.md "Process shape"; docs/decisions.md "Telemetry intake keeps what it
+refuses". One packet per message (UTF-8 JSON
 body, ``README`` "Site call telemetry"). Deliveries are acknowledged only after the
 commit of every chunk of their batch; a packet the contract or the store refuses (or whose
 validation fails unexpectedly) is kept whole in ``rejected_telemetry`` and acknowledged;

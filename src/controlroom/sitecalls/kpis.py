@@ -1,6 +1,7 @@
 """Site-call KPIs at an instant, globally, per source site and per source node.
 
-Source: issue 10 "KPIs", docs/design.md "Site call audit". At ``now``:
+Source: docs/design.md "KPIs"; docs/decisions.md "KPIs are read from indexes and sampled
+by one process". At ``now``:
 
 - ``buffered``: non-terminal and not Parked (``ordering.BUFFERED``);
 - ``parked``: Parked (awaits an operator);

@@ -1,11 +1,11 @@
 """Reading the site-call half: site calls, one call with its audit events, the audit log,
 rejected telemetry — each newest first with keyset paging.
 
-Source: issue 10 "Queries". A page ends with a cursor naming its last row's sort key
-(``(created_at_utc, tracked_operation_id)``, ``(occurred_at_utc, event_id)`` or
-``(rejected_at_utc, id)``); the next page is the rows strictly after it in the same
-order, so rows sharing one instant are neither repeated nor skipped. Each order has an
-index of migration 0005. Filter values are only ever bound parameters.
+Source: docs/decisions.md "Site-call lists page by keyset". A page ends with a cursor naming its
+last row's sort key (``(created_at_utc, tracked_operation_id)``, ``(occurred_at_utc, event_id)`` or
+``(rejected_at_utc, id)``); the next page is the rows strictly after it in the same order, so rows
+sharing one instant are neither repeated nor skipped. Each order has an index of migration 0005.
+Filter values are only ever bound parameters.
 """
 
 from __future__ import annotations

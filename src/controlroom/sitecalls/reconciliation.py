@@ -1,6 +1,7 @@
 """Reconciliation: central pulls what changed at each site and converges its mirror to it.
 
-Source: docs/design.md "Reconciliation", issue 11. The site is the source of truth and
+Source: docs/design.md "Reconciliation"; docs/decisions.md "The site is the source of
+truth, and central pulls". The site is the source of truth and
 telemetry is best effort, so a pass pulls each configured site's rows changed since its
 persisted cursor (``site_reconciliation``), in pages of ``reconciliation.batch_size`` up
 to ``max_pages_per_pass``, and writes every row through the same writer and monotonic

@@ -1,6 +1,7 @@
 """The Retry/Discard relay: an operator's command on a Parked site call, sent to its site.
 
-Source: docs/design.md "Retry/Discard relay", issue 11, seed change log F6. Only Parked rows
+Source: docs/design.md "Retry/Discard relay"; docs/decisions.md "Central relays
+Retry/Discard and never edits the row". Only Parked rows
 are actionable (a Failed call failed permanently and would fail again). Central reads its
 mirror, sends the command to the owning site's agent with a timeout, and reports one of
 four outcomes; it never edits the ``site_calls`` row: the site applies the command and

@@ -1,6 +1,6 @@
 """Retention of the site-call half: terminal site calls and old audit events are purged.
 
-Source: issue 10 "Retention", docs/design.md "Site call audit" (a daily purge of terminal rows
+Source: docs/design.md "Site call retention" (a daily purge of terminal rows
 older than 365 days, settable). At each run the cutoffs are now minus
 ``sitecalls.retention_days`` (terminal ``site_calls`` by ``terminal_at_utc``, along
 ``ix_site_calls_terminal``; non-terminal rows, Parked included, are never purged) and now

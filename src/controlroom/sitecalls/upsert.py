@@ -1,6 +1,7 @@
 """The monotonic, INSERT-first upsert of ``site_calls``: our guard, the provider's construct.
 
-Source: docs/design.md "Site call audit", issue 10, seed change log F2. One statement inserts
+Source: docs/design.md "Monotonic upsert"; docs/decisions.md "The site-call upsert inserts
+first". One statement inserts
 the row when its id is absent and otherwise applies the monotonic update, so the insert
 is gated on the row's existence alone — never on "the update matched nothing", which
 loses the loser's state when two writers race the first packet of an id. Two inserters of

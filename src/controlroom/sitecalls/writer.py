@@ -1,7 +1,8 @@
 """SiteCallWriter: telemetry packets into ``site_calls``, ``audit_log`` and
 ``rejected_telemetry``, chunk by chunk, each chunk one transaction with a time budget.
 
-Source: issue 10 "Audit log ingest", docs/design.md "Site call audit", seed change log F1/F5.
+Source: docs/design.md "Audit log"; docs/decisions.md "Telemetry is refused, never
+truncated" and "Audit ingest has a time budget per chunk".
 
 - Packets are grouped by ``tracked_operation_id``; a chunk holds at most
   ``max_rows_per_statement`` ids (sorted, so concurrent writers lock in one order). Its

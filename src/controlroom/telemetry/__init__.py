@@ -1,6 +1,6 @@
 """The telemetry contract both halves share: what a site reports about a cached call.
 
-Source: docs/design.md "Site call audit" and issue 10 "Telemetry contract". Pure, and below
+Source: docs/design.md "Site call audit" and "site_calls" (the telemetry contract). Pure, and below
 both halves: central (``controlroom.sitecalls``) validates and orders what it receives
 with it, the site agent (``controlroom.site``) checks what it will report with the same
 rules and sizes its own store by the same widths.

@@ -1,10 +1,10 @@
 """The telemetry contract: what a site sends about one cached call, validated whole.
 
-Source: issue 10 "Telemetry contract", docs/design.md "Site call audit". A packet is a JSON
+Source: docs/design.md "site_calls" (the telemetry contract). A packet is a JSON
 object (example in README "Site call telemetry"). Every text value is bounded by the width
 of the column it lands in (characters, ``controlroom.telemetry.widths``, which central's
 tables and the site's store are declared with, so none can drift); a longer value rejects
-the packet — never truncated (seed change log F1).
+the packet — never truncated (docs/decisions.md "Telemetry is refused, never truncated").
 Times are ISO 8601 text with a zone, kept in UTC, so they must stay within years 1-9999
 once converted; integers and booleans are taken as sent (strict, never coerced from text).
 Unknown fields are refused by name, so nothing a site sends is dropped silently. The
@@ -198,7 +198,8 @@ class TelemetryPacket(BaseModel):
 def foreign_source(source_site: str, owner: str) -> str | None:
     """Why a packet naming ``source_site`` must not touch a call owned by ``owner`` (the
     site that reported it first, or the site it was pulled from); ``None`` when it may.
-    A call belongs to one site for life: no packet moves it to another (issue 11 review)."""
+    A call belongs to one site for life: no packet moves it to another
+    (docs/decisions.md "A call belongs to the site that reported it first")."""
     if source_site == owner:
         return None
     return f"source_site: the call belongs to site {owner!r}, not {source_site!r}"

@@ -1,6 +1,6 @@
 """The site-call ordering rules as pure functions: status ranks and the ordering key.
 
-Source: docs/design.md "Site call audit" (monotonic upsert, epoch) and issue 10. Ranks:
+Source: docs/design.md "Monotonic upsert" and "Epoch". Ranks:
 Submitted 0 < Forwarded 1 < Attempted = Skipped 2 < Parked 3 (non-terminal, awaits an
 operator) < Delivered = Failed = Discarded 4 (terminal). The ordering key is
 ``(epoch, rank, updated_at_utc)``. A newer state supersedes the stored one when

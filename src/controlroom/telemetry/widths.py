@@ -1,6 +1,7 @@
 """The widths, in characters, of the columns a reported value lands in.
 
-Source: docs/design.md "Site call audit" (``site_calls``, ``audit_log``) and issue 10. Defined
+Source: docs/design.md "site_calls" and "Audit log"; docs/decisions.md "Telemetry is
+refused, never truncated". Defined
 here once: central's tables (``controlroom.db.tables``) and the site's tracking store
 (``controlroom.site.store``) declare their columns with them, and the contract
 (``controlroom.telemetry.contract``) refuses a longer value, never truncating it.

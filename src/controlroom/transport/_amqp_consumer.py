@@ -1,20 +1,20 @@
 """One RabbitMQ ``consume()`` session: its channel and consumer, what it holds, and how it
 settles (used by ``rabbitmq.RabbitMQTransport``).
 
-Acknowledgements (issue 15, item 3): a ``basic.ack`` with ``multiple`` settles every
-unsettled delivery tag of the channel up to its own, so one frame can acknowledge a whole
-batch, but only when every tag below it is settled too. ``AckLedger`` keeps, per AMQP
-channel, the tags delivered and not yet settled at the broker; an acknowledged tag above
-an unsettled one waits until the tags below it are settled (the frame that settles them
-covers it) or the channel closes (then it is acknowledged alone first). Nothing the
-consumer has not acknowledged is ever covered.
+Acknowledgements (docs/decisions.md "A batch is acknowledged at once"): a ``basic.ack`` with
+``multiple`` settles every unsettled delivery tag of the channel up to its own, so one frame can
+acknowledge a whole batch, but only when every tag below it is settled too. ``AckLedger`` keeps, per
+AMQP channel, the tags delivered and not yet settled at the broker; an acknowledged tag above an
+unsettled one waits until the tags below it are settled (the frame that settles them covers it) or
+the channel closes (then it is acknowledged alone first). Nothing the consumer has not acknowledged
+is ever covered.
 
-In-flight bytes (issue 14, item 8): RabbitMQ's prefetch counts messages, not bytes. With
-``max_bytes`` the session keeps a message the broker pushes only while what it holds
-(buffered, or yielded and unsettled) stays within the bound, or when it holds nothing;
-a message that does not fit is given back (``basic.reject`` with requeue: it keeps its
-place in the queue) after the consumer is cancelled, so the broker sends nothing more,
-and consuming resumes once a settlement makes room.
+In-flight bytes (docs/decisions.md "What ingestion holds is bounded by bytes"): RabbitMQ's prefetch
+counts messages, not bytes. With ``max_bytes`` the session keeps a message the broker pushes only
+while what it holds (buffered, or yielded and unsettled) stays within the bound, or when it holds
+nothing; a message that does not fit is given back (``basic.reject`` with requeue: it keeps its
+place in the queue) after the consumer is cancelled, so the broker sends nothing more, and consuming
+resumes once a settlement makes room.
 
 What the broker may push is bounded by bytes too: RabbitMQ ignores ``basic.qos``'s
 ``prefetch_size``, so with ``max_bytes`` the prefetch count each ``basic.consume`` gets is

@@ -3,7 +3,8 @@
 pamqp decodes header-table keys and short-string properties (``message_id``, ...) as
 strict UTF-8; one producer that sends other bytes makes every frame of its message fail
 to unmarshal, and aiormq drops the connection on each delivery, so the message is never
-taken and every message behind it waits (issue 14, item 5). ``install()`` makes those two
+taken and every message behind it waits (docs/decisions.md "Headers that are not UTF-8
+make a failed import"). ``install()`` makes those two
 decoders fall back, only when strict UTF-8 fails, to UTF-8 with ``surrogateescape``: the
 original bytes survive as lone surrogates (``"\\udcff"`` for byte 0xff), which the
 ingestion pipeline recognises and keeps whole as a failed import. Values are untouched

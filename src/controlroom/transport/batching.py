@@ -112,8 +112,8 @@ class DeliveryBatcher:
 async def ack_all(deliveries: Sequence[Delivery]) -> None:
     """Acknowledge ``deliveries`` at once (``base.ack_many``: one transaction, one AMQP
     frame) after the commit that made them safe. When the transport fails, the unsettled
-    ones are given back: the commit makes their redelivery harmless (issue 14, item 2: no
-    delivery is left unsettled)."""
+    ones are given back: the commit makes their redelivery harmless, and no delivery is
+    left unsettled (docs/decisions.md "Every delivery is settled exactly once")."""
     try:
         await ack_many(deliveries)
     except DeliveryLostError:

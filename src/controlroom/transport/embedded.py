@@ -431,8 +431,9 @@ class EmbeddedQueue:
             )
 
     async def _ack_many(self, session: _Session, deliveries: Sequence[Delivery]) -> None:
-        """Delete the leased messages of ``deliveries`` in one transaction (issue 15,
-        item 3); the ones whose lease this transport lost stay for their new holder."""
+        """Delete the leased messages of ``deliveries`` in one transaction (docs/decisions.md
+        "A batch is acknowledged at once"); the ones whose lease this transport lost stay for their
+        new holder."""
         ids = [session.yielded[delivery] for delivery in deliveries]
         if self._closed:
             self._settled(session, deliveries)

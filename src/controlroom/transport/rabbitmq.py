@@ -94,7 +94,7 @@ class RabbitMQTransport:
         self._known_queues: set[str] = set()  # declared on this connection
         # One queue declaration at a time: probe channels opened concurrently race for a
         # channel number and the broker closes the whole connection ("second
-        # 'channel.open' seen"; issue 14, item 9).
+        # 'channel.open' seen"; docs/decisions.md "RabbitMQ queues are declared one at a time").
         self._declaring = asyncio.Lock()
         self._closed = False
 

@@ -1,10 +1,10 @@
 """Trend charts of the site-call KPIs as server-rendered SVG geometry (``_trend.html``
 draws it): no JavaScript, every label plain text (autoescaped by the template).
 
-Source: issue 12 "Dashboard" (a trend chart of each site-call KPI from the KPI history:
-axes, units, readable time labels). The series comes from ``sitecalls.history.read_series``;
-a scope with no sample at an instant has nothing to report (read as zero), so the line is
-drawn through the samples there are.
+Source: docs/decisions.md "KPI trends are drawn on the server as SVG" (a trend chart of each
+site-call KPI from the KPI history: axes, units, readable time labels). The series comes from
+``sitecalls.history.read_series``; a scope with no sample at an instant has nothing to report (read
+as zero), so the line is drawn through the samples there are.
 """
 
 from __future__ import annotations

@@ -6,10 +6,11 @@ apply to it, and the console authenticates by its session cookie instead (``sess
 with the same tokens and roles. Nothing here weakens the API: ``/api/...`` stays the API's, and an
 ``/api/...`` path the API does not know still answers the API's JSON 404.
 
-Safety (issue 12): every value from a message is rendered as text (Jinja2 autoescape,
-never ``|safe`` on message data); every answer carries a Content-Security-Policy without
-inline script; every state-changing request needs the session's CSRF token and the
-``operator`` role (a reader sees no action buttons, and the server refuses them anyway).
+Safety (docs/decisions.md "The console renders message data as text"): every value from a message is
+rendered as text (Jinja2 autoescape, never ``|safe`` on message data); every answer carries a
+Content-Security-Policy without inline script; every state-changing request needs the session's CSRF
+token and the ``operator`` role (a reader sees no action buttons, and the server refuses them
+anyway).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The console's failed imports (the list with reasons, re-import one or all) and event
 log (what happened, newest first) pages.
 
-Source: issue 12 "Failed imports" and "Event log". Reads and re-imports call the same
+Source: docs/design.md "Failed imports" and "Event log"; docs/decisions.md "The console
+calls the same functions as the API". Reads and re-imports call the same
 functions as ``GET /api/failed-imports``, ``POST /api/failed-imports/...`` and
 ``GET /api/eventlogitems`` (``errors.ingest.reimport``, ``controlroom.events``); no SQL
 here. Headers, reasons and descriptions are rendered as text.

@@ -2,7 +2,8 @@
 call with its audit events and the Retry/Discard relay, rejected telemetry, the sites'
 reconciliation state, and the audit log.
 
-Source: issue 12 "Site calls" and "Audit log". Reads call ``controlroom.sitecalls``
+Source: docs/design.md "Site call audit" and "Audit log"; docs/decisions.md "The console
+calls the same functions as the API". Reads call ``controlroom.sitecalls``
 (``queries``, ``kpis``, ``history`` via ``web.charts``, ``reconciliation.site_states``);
 the relay is ``sitecalls.relay.relay_command``, the same the API calls. Lists are newest
 first with keyset paging (``after`` is the previous page's cursor). Every value from a

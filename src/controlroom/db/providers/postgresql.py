@@ -331,7 +331,7 @@ class PostgreSQLProvider(OnConflictProvider):
         CONFLICT ... DO UPDATE ... WHERE ...``: one array parameter per column, so the
         text is the same for 1 row and for 50. psycopg prepares a text it has run
         ``prepare_threshold`` (5) times on a connection: the server parses and plans it
-        once per connection. The multi-row ``VALUES`` form it replaces (issue 15) had
+        once per connection. The multi-row ``VALUES`` form it replaces had
         a text per number of rows and about 1,700 placeholders per 50 rows, which psycopg
         rewrote one by one and the server parsed and planned on every execution."""
         source = _rows_of_arrays(table, columns)
@@ -448,7 +448,8 @@ class PostgreSQLProvider(OnConflictProvider):
     def create_engine(self, url: sa.URL, *, pool_size: int) -> sa.Engine:
         # Pre-ping: a restarted server costs one retry, not a failed batch. hide_parameters:
         # errors (and the retry warnings that log them) never carry the bound values,
-        # which are message bodies and headers (issue 14, item 10).
+        # which are message bodies and headers (docs/decisions.md "Store errors never carry
+        # message data").
         engine = sa.create_engine(
             url,
             pool_pre_ping=True,

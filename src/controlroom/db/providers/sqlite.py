@@ -221,7 +221,8 @@ class SQLiteProvider(OnConflictProvider):
         if url.database and url.database != ":memory:":
             Path(url.database).parent.mkdir(parents=True, exist_ok=True)
         # hide_parameters: errors (and the retry warnings that log them) never carry the
-        # bound values, which are message bodies and headers (issue 14, item 10).
+        # bound values, which are message bodies and headers (docs/decisions.md "Store errors
+        # never carry message data").
         engine = sa.create_engine(
             url,
             connect_args={"timeout": BUSY_TIMEOUT_SECONDS, "check_same_thread": False},

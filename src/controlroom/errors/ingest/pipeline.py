@@ -193,8 +193,9 @@ class IngestionService:
     async def report(self) -> None:
         """Sample the error queue's depth into ``QUEUE_DEPTH``/``QUEUE_LAG`` and, while there
         is work (messages done since the last report, or waiting), log one line: messages
-        stored per second, failed imports, retry confirmations and the queue's depth (issue
-        14, items 13 and 15). A transport that cannot answer leaves the depth out."""
+        stored per second, failed imports, retry confirmations and the queue's depth
+        (docs/decisions.md "Metrics are labelled by route template", "serve says what it is
+        doing"). A transport that cannot answer leaves the depth out."""
         interval = self._settings.ingestion.report_interval_seconds
         queue = self._settings.error_queue
         done, self._done = self._done, dict.fromkeys(self._done, 0)
@@ -222,11 +223,11 @@ class IngestionService:
         )
 
     async def _ingest_batch(self, deliveries: list[Delivery]) -> None:
-        """Ingest one batch; every exit settles every delivery exactly once (issue 14,
-        item 2): committed and acknowledged, failed import and acknowledged, or given
-        back for redelivery. Any exception other than a data error of the whole batch
-        gives the batch back, including one raised by the one-by-one fallback (messages
-        it already committed come back and replay harmlessly)."""
+        """Ingest one batch; every exit settles every delivery exactly once
+        (docs/decisions.md "Every delivery is settled exactly once"): committed and acknowledged,
+        failed import and acknowledged, or given back for redelivery. Any exception other than a
+        data error of the whole batch gives the batch back, including one raised by the one-by-one
+        fallback (messages it already committed come back and replay harmlessly)."""
         started = time.monotonic()
         try:
             # Off the event loop: parsing (headers, UTF-8 checks, body placement) is CPU work
@@ -332,7 +333,7 @@ def _describe_depth(depth: QueueDepth | None, queue: str) -> str:
 
 def _first_not_utf8(headers: Mapping[str, str | None]) -> str | None:
     """The reason to keep a message whose header names or values are not UTF-8, else
-    ``None`` (issue 14, item 5)."""
+    ``None`` (docs/decisions.md "Headers that are not UTF-8 make a failed import")."""
     for name, value in headers.items():
         if not _is_utf8(name):
             return f"header name {name.encode('utf-8', 'backslashreplace')!r} is not UTF-8"

@@ -143,7 +143,8 @@ class FailedMessageBatchWriter:
 
     def _keep_external_bodies(self, conn: sa.Connection, attempts: Sequence[FailedAttempt]) -> None:
         """Cancel pending body deletions of the batch's messages, then write again any of
-        the batch's external bodies the collector took before that (issue 14, item 1).
+        the batch's external bodies the collector took before that (docs/decisions.md "No
+        committed row points at a missing body").
 
         Deleting the ``body_deletions`` rows waits for a collector that holds one, so once
         it returns no collector can act on these messages until this transaction ends.
@@ -173,7 +174,8 @@ class FailedMessageBatchWriter:
     ) -> None:
         """A message this batch made Unresolved again (a new failure while RetryIssued)
         loses its retry claim with the new failure, so a new retry request takes it.
-        Source: ServiceControl's retry cleaner; issue 14, item 4."""
+        Source: ServiceControl's retry cleaner; docs/decisions.md "A new failure releases
+        the retry claim"."""
         if not stored:
             return
         # One statement of a fixed text whatever the number of ids (prepared once).

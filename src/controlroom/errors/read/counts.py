@@ -156,7 +156,8 @@ def count_by_status(conn: sa.Connection) -> dict[FailedMessageStatus, int]:
     """How many failed messages there are in each status (every status present, maybe 0).
 
     Read from the tallies the database keeps (``errors.tallies``, migration 0012): equal
-    to counting the messages, at the cost of a few thousand rows (issue 13)."""
+    to counting the messages, at the cost of a few thousand rows (docs/decisions.md "The
+    database keeps the counts")."""
     tallies.fold_deltas_if_many(conn)
     rows = tallies.tally_rows().subquery("tallied")
     counts = dict.fromkeys(FailedMessageStatus, 0)

@@ -35,7 +35,8 @@ def unresolved_facets(conn: sa.Connection) -> dict[str, list[FacetValue]]:
     ``FailedMessageFacetsIndex``.
 
     One statement over the tallies (``errors.tallies``), so the three facets are of one
-    committed state; grouping every Unresolved message took ~2 s at 1,000,000 (issue 13).
+    committed state; grouping every Unresolved message took ~2 s at 1,000,000
+    (docs/decisions.md "The database keeps the counts").
     """
     tallies.fold_deltas_if_many(conn)
     rows = unresolved_tally_rows().cte("unresolved")

@@ -1,7 +1,8 @@
 """Retry claims: a message is in at most one retry batch (insert-if-absent).
 
-Source: docs/design.md "Data model" (``failed_message_retries``) and the reference design's
-retry flow: a claim is a row keyed on the failed message's id, inserted if absent.
+Source: docs/design.md "Data model" (``failed_message_retries``) and "Error instance:
+retries"; docs/decisions.md "Retry requests claim messages in batches": a claim is a row keyed on
+the failed message's id, inserted if absent.
 """
 
 from __future__ import annotations

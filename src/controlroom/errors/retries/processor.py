@@ -1,6 +1,7 @@
 """The retry processor: stages and forwards retry batches, resuming where a restart left them.
 
-Source: issue 4; ServiceControl's ``RetryProcessor`` (staging, then forwarding) adapted to
+Source: docs/decisions.md "Retries are staged, then forwarded, and survive a restart";
+ServiceControl's ``RetryProcessor`` (staging, then forwarding) adapted to
 a relational store: the stage of every batch and the send state of every claim are rows,
 so a process that dies at any point leaves a state the next one continues from.
 
@@ -23,8 +24,9 @@ so a process that dies at any point leaves a state the next one continues from.
   queue) counts against the claim's ``stage_attempts``; after ``MAX_SEND_ATTEMPTS``
   (ServiceControl's bound) the claim is given up: the message is Unresolved again, the
   operation is marked failed with the reason, and the event log says so. A failing batch
-  never holds back the batches after it: each pass tries every pending batch (issue 14,
-  item 3). Failures while the broker is unreachable do not count.
+  never holds back the batches after it: each pass tries every pending batch
+  (docs/decisions.md "A refused retry is given up after five sends"). Failures while the broker is
+  unreachable do not count.
 
 One process forwards at a time: the processor holds a lease (``controlroom.db.leases``: a
 PostgreSQL advisory lock, a lease row on SQLite) and re-checks it before every window.

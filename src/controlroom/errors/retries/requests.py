@@ -1,6 +1,7 @@
 """Retry requests: from an operator's selection to claimed retry batches, and their history.
 
-Source: docs/design.md "Data model" and issue 4; ServiceControl's ``RetriesGateway``.
+Source: docs/design.md "Error instance: retries"; docs/decisions.md "Retry requests claim
+messages in batches"; ServiceControl's ``RetriesGateway``.
 
 A retry request (one ``retry_operations`` row) becomes ``retry_batches`` of at most
 ``BATCH_SIZE`` messages. Each batch is written in one transaction that
@@ -549,7 +550,8 @@ async def edit_and_retry(
     (``retry_wire.edited_message_headers``); it goes where a retry would go. The original
     is RetryIssued while the copy is sent (so no retry or second edit takes it meanwhile),
     Resolved once the transport confirmed it, Unresolved again when the send failed.
-    Source: issue 4, ServiceControl's ``EditHandler``.
+    Source: docs/decisions.md "Edits lock the identity and retry headers"; ServiceControl's
+    ``EditHandler``.
 
     Raises ``UnknownFailedMessages``, ``NotRetryable`` (archived, resolved),
     ``MessageBeingRetried``, ``InvalidEdit`` (locked header changed, empty body, no
@@ -688,7 +690,7 @@ class RetryOperation:
     last_modified: datetime
     prepared_at: datetime | None
     completed_at: datetime | None
-    failure_reason: str | None = None  # why messages were given up (issue 14, item 3)
+    failure_reason: str | None = None  # why messages were given up
     batches: tuple[RetryBatchInfo, ...] = ()
 
     @property

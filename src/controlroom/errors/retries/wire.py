@@ -1,15 +1,16 @@
 """The retry wire contract: what a retried or edited message carries (pure, no I/O).
 
-Source: issue 4, issue 9 and ServiceControl's ``HeaderFilter`` / ``RetryProcessor`` /
-``ReturnToSender`` / ``EditHandler``. A retry sends the stored headers minus the failure
-headers (prefix match, ``STRIPPED_HEADER_PREFIXES``) plus the retry headers the endpoint
-receives from ServiceControl's return-to-sender (``retry_headers``): the failed message's
-``ServiceControl.Retry.UniqueMessageId`` and ``ServiceControl.Retry.AcknowledgementQueue``;
-never ``ServiceControl.Retry.Attempt.MessageId`` (ServiceControl's staging bookkeeping).
-The message's target is the queue it failed in (``NServiceBus.FailedQ``), or that queue's
-redirect (``/api/redirects``). It goes to the target, or, when the original names
-``ServiceControl.RetryTo`` (a proxy), to that address with
-``ServiceControl.TargetEndpointAddress`` carrying the target (``retry_route``).
+Source: docs/decisions.md "A retry sends what ServiceControl's return-to-sender sends" and
+"Edits lock the identity and retry headers"; ServiceControl's ``HeaderFilter`` / ``RetryProcessor``
+/ ``ReturnToSender`` / ``EditHandler``. A retry sends the stored headers minus the failure headers
+(prefix match, ``STRIPPED_HEADER_PREFIXES``) plus the retry headers the endpoint receives from
+ServiceControl's return-to-sender (``retry_headers``): the failed message's
+``ServiceControl.Retry.UniqueMessageId`` and ``ServiceControl.Retry.AcknowledgementQueue``; never
+``ServiceControl.Retry.Attempt.MessageId`` (ServiceControl's staging bookkeeping). The message's
+target is the queue it failed in (``NServiceBus.FailedQ``), or that queue's redirect
+(``/api/redirects``). It goes to the target, or, when the original names ``ServiceControl.RetryTo``
+(a proxy), to that address with ``ServiceControl.TargetEndpointAddress`` carrying the target
+(``retry_route``).
 
 Addresses: NServiceBus addresses have the form ``queue@machine`` (MSMQ) or just ``queue``
 (RabbitMQ, SQL transports). A broker queue has no machine, so the broker queue of an
@@ -45,7 +46,7 @@ STRIPPED_HEADER_PREFIXES: tuple[str, ...] = (
 one of these (ordinal, case-sensitive, as ServiceControl's ``HeaderFilter``)."""
 
 # Headers an edit may not change. ServiceControl's ``EditFailedMessagesController`` list,
-# plus the retry headers (issue 4: "locked headers (message id, retry headers)").
+# plus the retry headers (docs/decisions.md "Edits lock the identity and retry headers").
 LOCKED_HEADERS: tuple[str, ...] = (
     "NServiceBus.MessageId",
     "NServiceBus.SagaId",

@@ -4,7 +4,7 @@ Revision ID: 0005
 Revises: 0004
 Create Date: 2026-12-01 13:40:00.000000
 
-Source: docs/design.md "Site call audit", issue 10. Widths are characters. PostgreSQL's
+Source: docs/design.md "Site call audit". Widths are characters. PostgreSQL's
 ``varchar(n)`` refuses a longer value; SQLite enforces no width, so every bounded column
 carries a ``CHECK (length(col) <= n)`` there (``length`` counts characters on both), and a
 value longer than its column is refused by the store too, never truncated.

@@ -5,9 +5,10 @@ Revises: 0004
 Create Date: 2026-12-01 13:40:00.000000
 
 ``body_deletions`` names the messages whose external bodies the retention sweep left to
-the body collector (issue 14, item 1); ``event_log_items`` is the operators' event log
+the body collector (docs/decisions.md "No committed row points at a missing body");
+``event_log_items`` is the operators' event log
 (``GET /api/eventlogitems``); ``retry_operations.failure_reason`` says why a retry gave
-messages up (item 3).
+messages up (docs/decisions.md "A refused retry is given up after five sends").
 """
 
 from __future__ import annotations

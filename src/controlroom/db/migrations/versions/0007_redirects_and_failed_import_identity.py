@@ -8,7 +8,8 @@ Create Date: 2026-12-01 13:50:00.000000
   messages that failed in ``from_physical_address`` go to ``to_physical_address``. The id
   is ServiceControl's, the deterministic id of the from-address, so one redirect per
   address.
-- ``failed_error_imports`` ids become the failed import's identity (issue 9): the
+- ``failed_error_imports`` ids become the failed import's identity (docs/decisions.md
+  "Failed imports have an identity"): the
   deterministic id of message id + endpoint when the message names them, else the content
   hash as before (``errors.ingest.identity.failed_import_id`` as it was: the migration
   keeps its own copy, ``_failed_import_id``). Existing rows are re-keyed; of rows that now

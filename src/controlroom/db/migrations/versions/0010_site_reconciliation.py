@@ -4,7 +4,7 @@ Revision ID: 0010
 Revises: 0005
 Create Date: 2026-12-01 14:00:00.000000
 
-Source: docs/design.md "Reconciliation", issue 11. One row per configured site (created on its
+Source: docs/design.md "Reconciliation". One row per configured site (created on its
 first pass): the composite cursor ``(cursor_updated_at_utc, cursor_tracked_operation_id)``
 a restart resumes from, the last pull, the last error, reachability and the pinned latch.
 """

@@ -4,7 +4,8 @@ Revision ID: 0011
 Revises: 0010
 Create Date: 2026-12-01 16:30:00.000000
 
-Source: issue 13 (``benchmarks/query.py``, ``benchmarks/README.md``). At 1,000,000 failed
+Source: docs/decisions.md "Group rows carry copies of their message" (``benchmarks/query.py``,
+``benchmarks/README.md``). At 1,000,000 failed
 messages the groups view joined 5,000,000 group rows to the messages for ``status``,
 ``first_failure_at`` and ``last_failure_at`` (2-3 s per classifier), and a group's count
 did the same join for one group (0.9 s for the biggest).

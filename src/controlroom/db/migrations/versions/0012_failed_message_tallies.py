@@ -4,11 +4,11 @@ Revision ID: 0012
 Revises: 0011
 Create Date: 2026-12-01 20:00:00.000000
 
-Source: issue 13 (``benchmarks/README.md``). At 1,000,000 failed messages the summary
-(Unresolved messages counted by endpoint, host and message type: ServiceControl's
-``FailedMessageFacetsIndex``) took about 2 s and the counts by status about 200 ms, each
-grouping every row. The issue allows counters if they equal the query-time aggregate at
-every committed state, whatever code changes a message, under concurrent writers.
+Source: docs/decisions.md "The database keeps the counts" (``benchmarks/README.md``). At 1,000,000
+failed messages the summary (Unresolved messages counted by endpoint, host and message type:
+ServiceControl's ``FailedMessageFacetsIndex``) took about 2 s and the counts by status about 200 ms,
+each grouping every row. Counters are allowed if they equal the query-time aggregate at every
+committed state, whatever code changes a message, under concurrent writers.
 
 - ``failed_message_tallies``: how many failed messages share a key (``status``,
   ``is_system_message``, ``receiving_endpoint``, ``receiving_host_id``,

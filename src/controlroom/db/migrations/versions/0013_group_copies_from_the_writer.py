@@ -4,15 +4,14 @@ Revision ID: 0013
 Revises: 0012
 Create Date: 2026-12-01 20:00:00.000000
 
-Source: issue 13 (the write path may lose at most 10 % of its throughput for the read
-side). Migration 0011's insert trigger looked a group row's message up once per row (a
-``plpgsql`` call and a primary-key probe on PostgreSQL, an ``UPDATE`` of the row just
-inserted on SQLite), five rows per message. The writer now inserts its group rows with
-the copies, read from the message in the same statement (``INSERT ... SELECT`` joining
-``failed_messages``, ``errors.ingest.writer``); the trigger gets a ``WHEN`` so the
-database skips it for those rows without calling it, and still fills any row inserted
-without a copy (any other inserter). The update trigger of 0011 is unchanged: its
-``WHEN`` already compares the old and new values before calling the function.
+Source: docs/decisions.md "The read side may cost the write path at most a tenth". Migration 0011's
+insert trigger looked a group row's message up once per row (a ``plpgsql`` call and a primary-key
+probe on PostgreSQL, an ``UPDATE`` of the row just inserted on SQLite), five rows per message. The
+writer now inserts its group rows with the copies, read from the message in the same statement
+(``INSERT ... SELECT`` joining ``failed_messages``, ``errors.ingest.writer``); the trigger gets a
+``WHEN`` so the database skips it for those rows without calling it, and still fills any row
+inserted without a copy (any other inserter). The update trigger of 0011 is unchanged: its ``WHEN``
+already compares the old and new values before calling the function.
 
 Nothing to fill: every existing copy is already its message's value.
 """

@@ -4,10 +4,10 @@ Revision ID: 0014
 Revises: 0013
 Create Date: 2026-12-01 20:30:00.000000
 
-Source: issue 13 (``benchmarks/query.py``). With the copies of migration 0011 the groups
-view still counted every group row of a classifier in the viewed status (700,000 index
-entries at 1,000,000 failed messages: 0.5-0.8 s under load); a group by id counted the
-group's rows (0.4 s for the biggest).
+Source: docs/decisions.md "The database keeps the counts" (``benchmarks/query.py``). With the copies
+of migration 0011 the groups view still counted every group row of a classifier in the viewed status
+(700,000 index entries at 1,000,000 failed messages: 0.5-0.8 s under load); a group by id counted
+the group's rows (0.4 s for the biggest).
 
 ``failed_message_group_counts`` holds signed counts per (classifier, group id, status);
 a group's count in a status is the SUM of its rows, exactly the number of its group rows

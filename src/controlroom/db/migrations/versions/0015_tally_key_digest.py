@@ -4,12 +4,11 @@ Revision ID: 0015
 Revises: 0014
 Create Date: 2026-12-01 23:00:00.000000
 
-Source: issue 13's break-it review. Migration 0012's unique index held the tallies' whole
-key. A failed message whose receiving endpoint (400 characters), host id (100), host
-(400) and message type are each within their column can together exceed a btree index
-row (2,704 bytes on PostgreSQL; 4 bytes a character in UTF-8): the fold of the deltas
-then failed on every attempt, so the counts stayed exact but the delta and group-count
-rows grew forever.
+Source: docs/decisions.md "Tally keys are indexed by a digest". Migration 0012's unique index held
+the tallies' whole key. A failed message whose receiving endpoint (400 characters), host id (100),
+host (400) and message type are each within their column can together exceed a btree index row
+(2,704 bytes on PostgreSQL; 4 bytes a character in UTF-8): the fold of the deltas then failed on
+every attempt, so the counts stayed exact but the delta and group-count rows grew forever.
 
 On PostgreSQL the unique index gives way to a plain index over the status, the system
 flag and the ``md5`` of the text columns (``KEY_DIGEST``: 32 characters whatever the
