@@ -7,7 +7,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from prometheus_client import REGISTRY
@@ -43,7 +43,31 @@ async def until(condition: Callable[[], bool], what: str) -> None:
         pytest.fail(f"no {what} within {TIMEOUT} s")
 
 
-def test_a_failure_is_logged_and_the_schedule_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def periodic_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[logging.LogRecord]]:
+    """The periodic helper's warnings, caught on its own logger: another test of the same
+    worker may have reconfigured the root logger (where caplog listens) or disabled
+    loggers that existed then."""
+    logger = logging.getLogger("controlroom.runtime.periodic")
+    monkeypatch.setattr(logger, "disabled", False)
+    handler = _Records()
+    logger.addHandler(handler)
+    yield handler.records
+    logger.removeHandler(handler)
+
+
+def test_a_failure_is_logged_and_the_schedule_goes_on(
+    periodic_log: list[logging.LogRecord],
+) -> None:
     runs: list[int] = []
 
     def work() -> None:
@@ -57,9 +81,8 @@ def test_a_failure_is_logged_and_the_schedule_goes_on(caplog: pytest.LogCaptureF
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
-    with caplog.at_level(logging.WARNING, logger="controlroom.runtime.periodic"):
-        asyncio.run(main())
-    failures = [r for r in caplog.records if "flaky failed; next run in" in r.getMessage()]
+    asyncio.run(main())
+    failures = [r for r in periodic_log if "flaky failed; next run in" in r.getMessage()]
     assert len(failures) == 1
     assert failures[0].exc_info is not None and "the store is away" in str(failures[0].exc_info[1])
 
