@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from controlroom.demo_endpoints import Handled
     from controlroom.errors.ingest.reimport import ReimportOutcome
     from controlroom.server import Serving
+    from controlroom.settings_sources import ListenOverrides
     from controlroom.site import SiteService
 
 app = typer.Typer(
@@ -316,7 +317,7 @@ def version() -> None:
 
 
 # --- settings and errors ------------------------------------------------------------------
-def _load(config: Path | None, **overrides: object) -> Settings:
+def _load(config: Path | None, host: str | None = None, port: int | None = None) -> Settings:
     """The settings, with command-line values (those given) over every other source."""
     import tomllib
 
@@ -324,14 +325,23 @@ def _load(config: Path | None, **overrides: object) -> Settings:
 
     from controlroom.config import load_settings
 
-    given = {name: value for name, value in overrides.items() if value is not None}
     try:
-        return load_settings(config, **given)
+        return load_settings(config, **_listen_overrides(host, port))
     except pydantic.ValidationError as exc:
         err_console.print(f"[red]error:[/] invalid settings:\n{escape(str(exc))}")
         raise typer.Exit(2) from exc
     except tomllib.TOMLDecodeError as exc:
         _refuse_toml(config, exc)
+
+
+def _listen_overrides(host: str | None, port: int | None) -> ListenOverrides:
+    """``host`` and ``port`` where the command line gave them (``None``: not given)."""
+    given: ListenOverrides = {}
+    if host is not None:
+        given["host"] = host
+    if port is not None:
+        given["port"] = port
+    return given
 
 
 def _refuse_toml(config: Path | None, exc: tomllib.TOMLDecodeError) -> NoReturn:
@@ -395,7 +405,7 @@ async def _serve(settings: Settings) -> int:
     return 0
 
 
-def _route_signals(callback: Callable[[], None]) -> list[signal.Signals]:
+def _route_signals(callback: Callable[[], object]) -> list[signal.Signals]:
     """Make SIGINT and SIGTERM call ``callback``; returns the signals it could route.
 
     Loop signal handlers exist on POSIX only; elsewhere Ctrl+C still ends the process,
@@ -638,9 +648,8 @@ def site_serve(
     from controlroom.site import SiteAgent, SiteService, load_site_settings
     from controlroom.site.service import ensure_agent_is_protected
 
-    given = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     try:
-        settings = load_site_settings(config, **given)
+        settings = load_site_settings(config, **_listen_overrides(host, port))
     except pydantic.ValidationError as exc:
         err_console.print(f"[red]error:[/] invalid settings:\n{escape(str(exc))}")
         raise typer.Exit(2) from exc

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import (
@@ -18,7 +18,7 @@ from pydantic_settings import (
 )
 
 from controlroom.db.providers import EMBEDDED
-from controlroom.settings_sources import EnvThenTomlSettings
+from controlroom.settings_sources import EnvThenTomlSettings, ListenOverrides
 
 
 class IngestionSettings(BaseModel):
@@ -285,7 +285,9 @@ class Settings(EnvThenTomlSettings):
         return self.data_dir / "queue.db"
 
 
-def load_settings(config_file: Path | None = None, **overrides: object) -> Settings:
+def load_settings(
+    config_file: Path | None = None, **overrides: Unpack[ListenOverrides]
+) -> Settings:
     """Build the settings, reading ``config_file`` (TOML) when given.
 
     Raises ``pydantic.ValidationError`` naming the offending setting.

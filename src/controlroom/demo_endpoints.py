@@ -117,7 +117,7 @@ class DemoEndpoints:
 
     async def _consume(self, queue: str) -> None:
         stream = self._transport.consume(queue, PREFETCH)
-        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        async with contextlib.aclosing(stream):
             async for delivery in stream:
                 handled = await self.handle(delivery)
                 if handled is not None and self._on_handled is not None:

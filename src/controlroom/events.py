@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -119,7 +120,7 @@ def purge_events(conn: sa.Connection, *, older_than: datetime) -> int:
     return conn.execute(sa.delete(event_log_items).where(ev.raised_at < older_than)).rowcount
 
 
-def _item(row: sa.Row[object]) -> EventLogItem:
+def _item(row: sa.Row[*tuple[Any, ...]]) -> EventLogItem:
     return EventLogItem(
         id=row.id,
         description=row.description,

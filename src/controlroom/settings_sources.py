@@ -5,9 +5,16 @@ variable (the environment wins over the file)."""
 from __future__ import annotations
 
 import os
-from typing import ClassVar
+from typing import ClassVar, TypedDict
 
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, TomlConfigSettingsSource
+
+
+class ListenOverrides(TypedDict, total=False):
+    """Settings the command line may give over every other source: where to listen."""
+
+    host: str
+    port: int
 
 
 class EnvThenTomlSettings(BaseSettings):

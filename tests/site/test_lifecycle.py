@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -144,7 +145,8 @@ states = st.lists(
     st.tuples(stamps, st.uuids().map(str)), min_size=0, max_size=40, unique_by=lambda t: t[1]
 ).map(
     lambda rows: [
-        submitted(stamp).replace(tracked_operation_id=i, updated_at_utc=stamp) for stamp, i in rows
+        dataclasses.replace(submitted(stamp), tracked_operation_id=i, updated_at_utc=stamp)
+        for stamp, i in rows
     ]
 )
 
@@ -166,7 +168,7 @@ def test_paging_with_the_composite_cursor_sees_every_row_once(rows, limit) -> No
 
 
 def test_without_after_id_the_timestamp_is_inclusive() -> None:
-    rows = [submitted(T0).replace(tracked_operation_id=f"id-{n}") for n in range(3)]
+    rows = [dataclasses.replace(submitted(T0), tracked_operation_id=f"id-{n}") for n in range(3)]
     page, more = lifecycle.changes_after(rows, T0, None, 10)
     assert len(page) == 3 and not more
     page, _ = lifecycle.changes_after(rows, T0, "id-1", 10)

@@ -13,7 +13,7 @@ role ``admin``), and ``GET /api/endpointssettings``.
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
+from typing import Annotated, Any
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
@@ -29,7 +29,9 @@ from controlroom.runtime.clock import utc_now
 router = APIRouter(tags=["endpoints"])
 
 EndpointId = Annotated[uuid.UUID, Path(alias="id", description="The known endpoint's id.")]
-NOT_FOUND = {404: {"description": "No known endpoint has this id."}}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"description": "No known endpoint has this id."}
+}
 
 
 class EndpointDetails(BaseModel):

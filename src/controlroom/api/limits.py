@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import HTTPException, Request
@@ -130,7 +131,7 @@ def _content_length(scope: Scope) -> int | None:
 
 
 async def _send_json(
-    send: Send, status: int, detail: object, headers: dict[str, str] | None = None
+    send: Send, status: int, detail: object, headers: Mapping[str, str] | None = None
 ) -> None:
     body = json.dumps({"detail": detail}).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

@@ -20,7 +20,7 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
-from starlette.routing import compile_path
+from starlette.routing import Route, WebSocketRoute, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 router = APIRouter(tags=["metrics"])
@@ -73,7 +73,12 @@ def route_templates(routers: Iterable[tuple[APIRouter, str]]) -> RouteTemplates:
     included routes behind a private wrapper, and its OpenAPI schema costs a quarter of a
     second to build."""
     templates = sorted(
-        (prefix + route.path for router, prefix in routers for route in router.routes),
+        (
+            prefix + route.path
+            for router, prefix in routers
+            for route in router.routes
+            if isinstance(route, Route | WebSocketRoute)
+        ),
         key=lambda template: (template.count("{"), template),
     )
     return [(compile_path(template)[0], template) for template in dict.fromkeys(templates)]
@@ -89,7 +94,8 @@ def _template(scope: Scope, path: str) -> str:
         return UNMATCHED
     app: Any = scope.get("app")
     state = getattr(app, "state", None)
-    for pattern, template in getattr(state, "route_templates", ()):
+    templates: RouteTemplates = getattr(state, "route_templates", [])
+    for pattern, template in templates:
         if pattern.fullmatch(path):
             return template
     return str(getattr(route, "path", UNMATCHED))

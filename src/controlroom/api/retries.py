@@ -27,7 +27,7 @@ from controlroom.transport.base import Transport, TransportError
 
 router = APIRouter(tags=["retries"])
 
-_ERRORS = {
+_ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"description": "An id or group names nothing."},
     409: {"description": "A message is archived or resolved, or being retried."},
 }

@@ -18,7 +18,8 @@ is a list of ``{"key", "value"}``; ``body_url`` is relative to the API root.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, TypeAdapter
@@ -185,11 +186,11 @@ def _messages(
     )
 
 
-def _register(path: str, endpoint: object) -> None:
+def _register(path: str, endpoint: Callable[..., Any]) -> None:
     for route_path, in_schema in ((path, True), (path + "/", False)):
         router.add_api_route(
             route_path,
-            endpoint,  # type: ignore[arg-type]
+            endpoint,
             methods=["GET"],
             response_model=list[MessageSearchItem],
             responses=LIST_RESPONSES,

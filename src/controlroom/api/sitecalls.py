@@ -21,9 +21,9 @@ from pydantic import BaseModel
 
 from controlroom.config import Settings
 from controlroom.sitecalls import queries
-from controlroom.sitecalls.history import SCOPES, read_series
+from controlroom.sitecalls.history import Scope, read_series
 from controlroom.sitecalls.intake import make_writer, receive_json
-from controlroom.sitecalls.kpis import METRICS, measure_kpis
+from controlroom.sitecalls.kpis import Metric, measure_kpis
 from controlroom.sitecalls.writer import IngestBudgetExceeded
 from controlroom.telemetry.contract import UtcInstant
 from controlroom.telemetry.ordering import Channel, SiteCallStatus
@@ -40,8 +40,12 @@ Text = Annotated[str | None, Query(max_length=1024)]
 # One type for every time parameter: a zone-aware time that stays within years 1-9999 in
 # UTC (the contract's rule), so an out-of-range one is a 422 naming the parameter.
 Instant = Annotated[UtcInstant | None, Query(description="ISO 8601 with a zone.")]
-BAD_REQUEST = {400: {"description": "A parameter is malformed (named in detail)."}}
-BUSY = {503: {"description": "The store is busy or a write ran past its budget; try again."}}
+BAD_REQUEST: dict[int | str, dict[str, Any]] = {
+    400: {"description": "A parameter is malformed (named in detail)."}
+}
+BUSY: dict[int | str, dict[str, Any]] = {
+    503: {"description": "The store is busy or a write ran past its budget; try again."}
+}
 
 
 class SiteCallView(BaseModel):
@@ -150,11 +154,13 @@ class KpiSeries(BaseModel):
 
 
 def _engine(request: Request) -> sa.Engine:
-    return request.app.state.engine  # type: ignore[no-any-return]
+    engine: sa.Engine = request.app.state.engine
+    return engine
 
 
 def _settings(request: Request) -> Settings:
-    return request.app.state.settings  # type: ignore[no-any-return]
+    settings: Settings = request.app.state.settings
+    return settings
 
 
 def _paged(page: queries.Page) -> dict[str, Any]:
@@ -314,8 +320,8 @@ def list_audit_log(
 @router.get("/kpi-history", response_model=KpiSeries, responses=BAD_REQUEST)
 def kpi_history(
     request: Request,
-    metric: Annotated[Literal[METRICS], Query()],  # type: ignore[valid-type]
-    scope: Annotated[Literal[SCOPES], Query()] = "global",  # type: ignore[valid-type]
+    metric: Annotated[Metric, Query()],
+    scope: Annotated[Scope, Query()] = "global",
     scope_key: Annotated[str, Query(max_length=200)] = "",
     from_: Annotated[UtcInstant | None, Query(alias="from")] = None,
     to: Instant = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 from fastapi import Response
 from pydantic import BaseModel, Field, PlainSerializer, TypeAdapter
@@ -68,6 +68,25 @@ class FailedMessageListItem(BaseModel):
     queue_address: str
     time_of_failure: UtcTimestamp
     last_modified: UtcTimestamp
+
+
+class ListItemFields(TypedDict):
+    """The keyword arguments of ``FailedMessageListItem`` (and of the models that extend
+    it), as ``list_fields`` builds them."""
+
+    id: str
+    message_id: str
+    message_type: str | None
+    time_sent: datetime | None
+    is_system_message: bool
+    exception: ExceptionDetails
+    number_of_processing_attempts: int
+    status: StatusName
+    sending_endpoint: EndpointDetails | None
+    receiving_endpoint: EndpointDetails
+    queue_address: str
+    time_of_failure: datetime
+    last_modified: datetime
 
 
 class FailedMessageLastView(FailedMessageListItem):
@@ -282,7 +301,7 @@ def exception_details(summary: FailedMessageSummary) -> ExceptionDetails:
     )
 
 
-def list_fields(summary: FailedMessageSummary) -> dict[str, object]:
+def list_fields(summary: FailedMessageSummary) -> ListItemFields:
     return {
         "id": summary.id,
         "message_id": summary.message_id,

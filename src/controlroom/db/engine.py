@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import sqlalchemy as sa
 import tenacity
@@ -81,6 +81,7 @@ def retry_transient(
         stop=stop,
         reraise=True,
         # Sleep on the event so that stopping interrupts a long back-off at once.
-        sleep=stop_event.wait if stop_event else time.sleep,
+        # cast: tenacity ignores what sleep returns, but types it None (Event.wait: bool).
+        sleep=cast(Callable[[float], None], stop_event.wait) if stop_event else time.sleep,
         before_sleep=tenacity.before_sleep_log(log, logging.WARNING),
     )

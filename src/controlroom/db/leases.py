@@ -58,7 +58,7 @@ class LeaseRow:
         ).values(name=self.name, owner=self._owner, expires_at=now + self._duration)
         with begin_write(self._engine) as conn:
             conn.execute(statement)
-            holder = conn.execute(sa.select(sl.owner).where(sl.name == self.name)).scalar_one()
+            holder: str = conn.execute(sa.select(sl.owner).where(sl.name == self.name)).scalar_one()
         return holder == self._owner
 
     def release(self) -> None:

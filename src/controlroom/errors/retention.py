@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -186,7 +187,7 @@ def _purge_retry_operations(conn: sa.Connection, *, completed_before: datetime) 
     )
 
 
-def _delete_comments_of_emptied_groups(conn: sa.Connection, group_ids: list[str]) -> None:
+def _delete_comments_of_emptied_groups(conn: sa.Connection, group_ids: Sequence[str]) -> None:
     """A group exists only through its messages: once the sweep took the last one, the
     operator's comment on it goes too (docs/decisions.md "A group's comment goes with its
     last message")."""

@@ -5,14 +5,14 @@ process configures only its agent."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Unpack
 
 from pydantic import Field, SecretStr
 from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from controlroom.settings_sources import EnvThenTomlSettings
+from controlroom.settings_sources import EnvThenTomlSettings, ListenOverrides
 
 
 class SiteSettings(EnvThenTomlSettings):
@@ -58,15 +58,15 @@ class SiteSettings(EnvThenTomlSettings):
     )
 
 
-def load_site_settings(config_file: Path | None = None, **overrides: object) -> SiteSettings:
+def load_site_settings(
+    config_file: Path | None = None, **overrides: Unpack[ListenOverrides]
+) -> SiteSettings:
     """The agent's settings, reading ``config_file`` (TOML) when given. Raises
     ``pydantic.ValidationError`` naming the offending setting."""
     if config_file is None:
-        return SiteSettings(**overrides)  # type: ignore[arg-type]
+        return SiteSettings(**overrides)
 
     class FileSettings(SiteSettings):
-        model_config = SettingsConfigDict(
-            **{**SiteSettings.model_config, "toml_file": config_file}  # type: ignore[typeddict-item]
-        )
+        model_config = SettingsConfigDict(**{**SiteSettings.model_config, "toml_file": config_file})
 
-    return FileSettings(**overrides)  # type: ignore[arg-type]
+    return FileSettings(**overrides)

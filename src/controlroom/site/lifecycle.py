@@ -96,7 +96,7 @@ def bounded_error(error: str) -> str:
 def backoff_seconds(retry_count: int, *, base: float, cap: float) -> float:
     """Wait before the attempt after the ``retry_count``-th failure: ``base`` doubling
     per failure, at most ``cap`` seconds."""
-    return min(cap, base * 2 ** max(0, retry_count - 1))
+    return min(cap, base * 2.0 ** max(0, retry_count - 1))
 
 
 def next_stamp(now: datetime, latest: datetime | None) -> datetime:
@@ -124,9 +124,6 @@ class CallState:
     updated_at_utc: datetime
     terminal_at_utc: datetime | None
     epoch: int
-
-    def replace(self, **changes: object) -> CallState:
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,8 +172,8 @@ def submitted(
 
 def delivered(state: CallState, stamp: datetime) -> Transition:
     """The attempt succeeded."""
-    new = state.replace(
-        status=Status.DELIVERED, updated_at_utc=stamp, terminal_at_utc=stamp, last_error=None
+    new = dataclasses.replace(
+        state, status=Status.DELIVERED, updated_at_utc=stamp, terminal_at_utc=stamp, last_error=None
     )
     return Transition(new, "CachedCallDelivered", None)
 
@@ -192,19 +189,20 @@ def attempt_failed(
 ) -> Transition:
     """The attempt failed: ``Failed`` when permanent; else ``Attempted`` with the next
     attempt scheduled, or ``Parked`` once ``max_retries`` transient failures are spent."""
-    common = {
-        "updated_at_utc": stamp,
-        "last_error": bounded_error(failure.error),
-        "http_status": failure.http_status,
-    }
+    failed = dataclasses.replace(
+        state,
+        updated_at_utc=stamp,
+        last_error=bounded_error(failure.error),
+        http_status=failure.http_status,
+    )
     if failure.permanent:
-        new = state.replace(status=Status.FAILED, terminal_at_utc=stamp, **common)
+        new = dataclasses.replace(failed, status=Status.FAILED, terminal_at_utc=stamp)
         return Transition(new, "CachedCallFailed", None, failure.error)
     retries = state.retry_count + 1
     if retries >= max_retries:
-        new = state.replace(status=Status.PARKED, retry_count=retries, **common)
+        new = dataclasses.replace(failed, status=Status.PARKED, retry_count=retries)
         return Transition(new, "CachedCallParked", None, failure.error)
-    new = state.replace(status=Status.ATTEMPTED, retry_count=retries, **common)
+    new = dataclasses.replace(failed, status=Status.ATTEMPTED, retry_count=retries)
     wait = backoff_seconds(retries, base=backoff_base, cap=backoff_cap)
     return Transition(new, "CachedCallAttempted", stamp + timedelta(seconds=wait), failure.error)
 
@@ -222,7 +220,8 @@ def operator_retry(state: CallState, stamp: datetime) -> Transition | None:
     ``None`` when the call is not Parked."""
     if state.status is not Status.PARKED:
         return None
-    new = state.replace(
+    new = dataclasses.replace(
+        state,
         status=Status.SUBMITTED,
         epoch=state.epoch + 1,
         retry_count=0,
@@ -238,7 +237,9 @@ def operator_discard(state: CallState, stamp: datetime) -> Transition | None:
     """A Parked call given up (``Discarded``, terminal); ``None`` when it is not Parked."""
     if state.status is not Status.PARKED:
         return None
-    new = state.replace(status=Status.DISCARDED, updated_at_utc=stamp, terminal_at_utc=stamp)
+    new = dataclasses.replace(
+        state, status=Status.DISCARDED, updated_at_utc=stamp, terminal_at_utc=stamp
+    )
     return Transition(new, "CachedCallDiscarded", None)
 
 

@@ -56,7 +56,7 @@ class Command(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    operator: AuditActor = Field(description="Who asked (audit actor).")  # type: ignore[valid-type]
+    operator: AuditActor = Field(description="Who asked (audit actor).")
 
 
 class HttpCall(BaseModel):
@@ -66,9 +66,9 @@ class HttpCall(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     method: str = Field("POST", pattern=r"^[A-Z]{3,7}$")
-    url: StorableText = Field(pattern=r"^https?://")  # type: ignore[valid-type]
+    url: StorableText = Field(pattern=r"^https?://")
     json_body: Any = Field(None, alias="json")
-    target: CallTarget | None = None  # type: ignore[valid-type]
+    target: CallTarget | None = None
 
     @model_validator(mode="after")
     def _url_as_target(self) -> HttpCall:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from controlroom.exceptions import ConfigurationError
 from controlroom.runtime.addresses import is_loopback
@@ -34,7 +35,7 @@ class _Server(uvicorn.Server):
         yield
 
 
-def make_server(app: object) -> uvicorn.Server:
+def make_server(app: ASGIApp) -> uvicorn.Server:
     """A uvicorn server of ``app`` that leaves signals to its caller; ``serve(sockets=)``
     runs it, ``should_exit = True`` stops it."""
     return _Server(uvicorn.Config(app, lifespan="off", log_level="warning"))

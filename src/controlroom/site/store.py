@@ -106,7 +106,7 @@ class DueCall:
     payload: Any
 
 
-def state_from_row(row: sa.Row[Any]) -> CallState:
+def state_from_row(row: sa.Row[*tuple[Any, ...]]) -> CallState:
     """The call state a ``tracked_operations`` row holds."""
     values = {name: getattr(row, name) for name in STATE_COLUMNS}
     values["status"] = Status(values["status"])
@@ -194,7 +194,9 @@ class TrackingStore:
             sa.insert(telemetry_outbox).values(packet_json=json.dumps(packet, sort_keys=True))
         )
 
-    def read(self, conn: sa.Connection, tracked_operation_id: str) -> sa.Row[Any] | None:
+    def read(
+        self, conn: sa.Connection, tracked_operation_id: str
+    ) -> sa.Row[*tuple[Any, ...]] | None:
         return conn.execute(
             sa.select(tracked_operations).where(to.tracked_operation_id == tracked_operation_id)
         ).first()
@@ -255,7 +257,8 @@ class TrackingStore:
             to.status.in_([str(s) for s in DUE_STATUSES]), to.claimed_by.is_(None)
         )
         with self.engine.connect() as conn:
-            return conn.execute(query).scalar_one()
+            due: datetime | None = conn.execute(query).scalar_one()
+            return due
 
     # --- claims -------------------------------------------------------------------------
     def claim(self, state: CallState, owner: str) -> bool:

@@ -14,7 +14,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
 
@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = "sitecalls"
 LEASE_NAME = "sitecall-kpi-sampler"
-SCOPES = ("global", "site", "node")
+Scope = Literal["global", "site", "node"]
+SCOPES: tuple[Scope, ...] = get_args(Scope)
 ks = kpi_samples.c
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Literal, get_args
 
 import sqlalchemy as sa
 
@@ -34,14 +35,15 @@ sc = site_calls.c
 PENDING_PREDICATE = sa.text(
     "site_calls.status IN ('Submitted', 'Forwarded', 'Attempted', 'Skipped', 'Parked')"
 )
-METRICS = (
+Metric = Literal[
     "buffered",
     "parked",
     "failed_last_interval",
     "delivered_last_interval",
     "oldest_pending_age_seconds",
     "stuck",
-)
+]
+METRICS: tuple[Metric, ...] = get_args(Metric)
 _BUFFERED = frozenset(status.value for status in BUFFERED)
 
 

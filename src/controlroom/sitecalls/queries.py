@@ -36,7 +36,7 @@ class BadCursor(ControlroomError):
 class Page:
     """Rows of one page, and the cursor of the next (``None`` on the last page)."""
 
-    rows: list[sa.Row[Any]]
+    rows: Sequence[sa.Row[*tuple[Any, ...]]]
     next_cursor: str | None
 
 
@@ -127,13 +127,17 @@ def list_site_calls(
     )
 
 
-def get_site_call(conn: sa.Connection, tracked_operation_id: str) -> sa.Row[Any] | None:
+def get_site_call(
+    conn: sa.Connection, tracked_operation_id: str
+) -> sa.Row[*tuple[Any, ...]] | None:
     return conn.execute(
         sa.select(site_calls).where(sc.tracked_operation_id == tracked_operation_id)
     ).one_or_none()
 
 
-def audit_events_of(conn: sa.Connection, tracked_operation_id: str) -> list[sa.Row[Any]]:
+def audit_events_of(
+    conn: sa.Connection, tracked_operation_id: str
+) -> list[sa.Row[*tuple[Any, ...]]]:
     """The audit events correlated with a site call, oldest first."""
     return list(
         conn.execute(

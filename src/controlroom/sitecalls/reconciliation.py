@@ -184,6 +184,7 @@ class Reconciler:
                     verdict = judge_page(cursor, keys, more)
                     if verdict.advanced:
                         cursor = verdict.cursor
+                        assert cursor is not None  # advanced: the page had a key past the old one
                         self._advance_cursor(site.id, cursor)
                         progressed = True
                     if verdict.stuck:

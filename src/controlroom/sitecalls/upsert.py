@@ -57,7 +57,8 @@ def supersedes_stored(incoming: Any) -> sa.ColumnElement[bool]:
 
 def same_source(incoming: Any) -> sa.ColumnElement[bool]:
     """True where the incoming row names the stored row's site (``contract.foreign_source``)."""
-    return incoming.source_site == stored.source_site
+    same: sa.ColumnElement[bool] = incoming.source_site == stored.source_site
+    return same
 
 
 def stored_owners(conn: sa.Connection, ids: Sequence[str]) -> dict[str, str]:

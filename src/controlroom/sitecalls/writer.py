@@ -37,7 +37,7 @@ from prometheus_client import Counter
 
 from controlroom.db.engine import retry_transient
 from controlroom.db.errors import classify_store_error
-from controlroom.db.providers import Provider, chunked, provider_for
+from controlroom.db.providers import Provider, Row, chunked, provider_for
 from controlroom.db.tables import rejected_telemetry
 from controlroom.db.transactions import begin_write
 from controlroom.exceptions import ControlroomError, ErrorKind
@@ -263,7 +263,7 @@ class SiteCallWriter:
 
     def _keep_rejected(self, rejected: Sequence[tuple[ReceivedPacket, str]]) -> None:
         now = self._clock()
-        rows = {}
+        rows: dict[str, Row] = {}
         for item, reason in rejected:
             key = rejection_id(item.raw)
             rows.setdefault(

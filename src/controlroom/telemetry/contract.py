@@ -96,14 +96,6 @@ def as_utc(value: datetime) -> datetime:
         raise ValueError("must be a time within years 1 to 9999 once converted to UTC") from None
 
 
-def _text(width: int, *, min_length: int = 0) -> Any:
-    return Annotated[
-        str,
-        Field(min_length=min_length, max_length=width),
-        AfterValidator(_storable),
-    ]
-
-
 Guid = Annotated[str, AfterValidator(_guid)]
 UtcInstant = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(as_utc)]
 # JSON integers and booleans as sent: no "7" for 7, no true for 1, no 2.0 for 2.
@@ -111,8 +103,18 @@ Integer = Annotated[int, Strict()]
 StorableText = Annotated[str, AfterValidator(_storable)]
 # The rules of the values a site agent takes from its callers and later reports (a call's
 # target, an operator as an audit actor): the agent refuses what central would.
-CallTarget = _text(TARGET_WIDTH, min_length=1)
-AuditActor = _text(ACTOR_WIDTH, min_length=1)
+CallTarget = Annotated[str, Field(min_length=1, max_length=TARGET_WIDTH), AfterValidator(_storable)]
+AuditActor = Annotated[str, Field(min_length=1, max_length=ACTOR_WIDTH), AfterValidator(_storable)]
+_Action = Annotated[str, Field(min_length=1, max_length=ACTION_WIDTH), AfterValidator(_storable)]
+_Category = Annotated[
+    str, Field(min_length=1, max_length=CATEGORY_WIDTH), AfterValidator(_storable)
+]
+_Site = Annotated[str, Field(min_length=1, max_length=SITE_WIDTH), AfterValidator(_storable)]
+_Target = Annotated[str, Field(min_length=0, max_length=TARGET_WIDTH), AfterValidator(_storable)]
+_Node = Annotated[str, Field(min_length=0, max_length=NODE_WIDTH), AfterValidator(_storable)]
+_LastError = Annotated[
+    str, Field(min_length=0, max_length=LAST_ERROR_WIDTH), AfterValidator(_storable)
+]
 _TARGET_RULE: TypeAdapter[str] = TypeAdapter(CallTarget)
 _ACTOR_RULE: TypeAdapter[str] = TypeAdapter(AuditActor)
 
@@ -154,12 +156,12 @@ class AuditEvent(BaseModel):
 
     event_id: Guid
     occurred_at_utc: UtcInstant
-    actor: AuditActor  # type: ignore[valid-type]
-    action: _text(ACTION_WIDTH, min_length=1)  # type: ignore[valid-type]
+    actor: AuditActor
+    action: _Action
     outcome: Literal["Success", "Failure", "Denied"]
-    category: _text(CATEGORY_WIDTH, min_length=1)  # type: ignore[valid-type]
-    target: _text(TARGET_WIDTH) | None = None  # type: ignore[valid-type]
-    source_node: _text(NODE_WIDTH) | None = None  # type: ignore[valid-type]
+    category: _Category
+    target: _Target | None = None
+    source_node: _Node | None = None
     correlation_id: Guid | None = None
     details_json: Annotated[str | None, AfterValidator(_json_text)] = None
     payload_truncated: Annotated[bool, Strict()] = False
@@ -172,12 +174,12 @@ class TelemetryPacket(BaseModel):
 
     tracked_operation_id: Guid
     channel: Channel
-    target: CallTarget  # type: ignore[valid-type]
-    source_site: _text(SITE_WIDTH, min_length=1)  # type: ignore[valid-type]
-    source_node: _text(NODE_WIDTH) | None = None  # type: ignore[valid-type]
+    target: CallTarget
+    source_site: _Site
+    source_node: _Node | None = None
     status: SiteCallStatus
     retry_count: Integer = Field(0, ge=0, le=2**31 - 1)
-    last_error: _text(LAST_ERROR_WIDTH) | None = None  # type: ignore[valid-type]
+    last_error: _LastError | None = None
     http_status: Integer | None = Field(None, ge=100, le=599)
     created_at_utc: UtcInstant
     updated_at_utc: UtcInstant

@@ -43,7 +43,7 @@ from controlroom.transport.base import Delivery, DeliveryLostError, Headers, Tra
 log = logging.getLogger(__name__)
 
 # Errors that mean "the connection or channel is gone or going": transient by nature.
-CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+CONNECTION_ERRORS = (
     aiormq.exceptions.AMQPConnectionError,
     aiormq.exceptions.ChannelClosed,
     aiormq.exceptions.ChannelInvalidStateError,

@@ -63,6 +63,6 @@ def install() -> None:
     decode.METHODS["shortstr"] = _short_str
     decode.METHODS["table"] = _field_table
     decode.TABLE_MAPPING[b"F"] = _field_table
-    decode.short_str = _short_str  # type: ignore[assignment]
-    decode.field_table = _field_table  # type: ignore[assignment]
+    decode.short_str = _short_str
+    decode.field_table = _field_table
     _installed = True

@@ -11,7 +11,7 @@ back, to this or another consumer.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -138,7 +138,7 @@ class Transport(Protocol):
 
     def consume(
         self, queue: str, prefetch: int, *, max_bytes: int | None = None
-    ) -> AsyncIterator[Delivery]:
+    ) -> AsyncGenerator[Delivery, None]:
         """Yield deliveries from ``queue`` (declared durable when missing) in FIFO
         order until the transport closes or the iterator is closed/cancelled.
 

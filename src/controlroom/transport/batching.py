@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from controlroom.config import IngestionSettings
 from controlroom.exceptions import ControlroomError
@@ -20,7 +21,7 @@ from controlroom.transport.base import Delivery, DeliveryLostError, Transport, a
 
 log = logging.getLogger(__name__)
 
-BatchHandler = Callable[[list[Delivery]], Awaitable[None]]
+BatchHandler = Callable[[list[Delivery]], Coroutine[Any, Any, None]]
 
 
 class IntakeClosed(ControlroomError):

@@ -36,7 +36,7 @@ import sqlite3
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -317,7 +317,7 @@ class EmbeddedQueue:
 
     async def consume(
         self, queue: str, prefetch: int, *, max_bytes: int | None = None
-    ) -> AsyncIterator[Delivery]:
+    ) -> AsyncGenerator[Delivery, None]:
         """Yield deliveries of ``queue`` in FIFO order, at most ``prefetch`` unsettled
         and, with ``max_bytes``, at most that many bytes of them (``Delivery.size``; a
         message alone may be larger). A claim never takes more than fits: the stored
@@ -494,7 +494,7 @@ class EmbeddedQueue:
             if not ids:
                 continue
             try:
-                await self._run(lambda _conn, ids=ids: self._renew_sync(ids))
+                await self._run(lambda _conn: self._renew_sync(ids))  # noqa: B023 - awaited here
             except TransportError:
                 log.warning("renewing %d embedded-queue leases failed", len(ids), exc_info=True)
 

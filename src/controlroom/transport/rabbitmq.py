@@ -25,7 +25,7 @@ import datetime
 import decimal
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -293,7 +293,7 @@ class RabbitMQTransport:
 
     async def consume(
         self, queue: str, prefetch: int, *, max_bytes: int | None = None
-    ) -> AsyncIterator[Delivery]:
+    ) -> AsyncGenerator[Delivery, None]:
         """Yield deliveries of ``queue`` in broker order, at most ``prefetch``
         unacknowledged (``basic.qos``) and, with ``max_bytes``, at most that many bytes
         held (``_amqp_consumer``: a message that does not fit is given back and the

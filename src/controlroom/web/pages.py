@@ -27,7 +27,7 @@ from controlroom.errors.read.counts import (
     count_unresolved_by_endpoint_instance,
 )
 from controlroom.errors.read.filter_text import parse_modified_range, parse_status_filter
-from controlroom.errors.read.filters import FailedMessageFilter, Ordering
+from controlroom.errors.read.filters import FailedMessageFilter, Ordering, SortKey
 from controlroom.errors.read.lists import list_failed_messages
 from controlroom.errors.read.messages import get_failed_message, get_stored_body
 from controlroom.errors.read.search import search_failed_messages
@@ -42,7 +42,13 @@ router = APIRouter(include_in_schema=False)
 
 PAGE_SIZE = 50
 STATUS_CHOICES = ("unresolved", "retryissued", "resolved", "archived")
-SORTABLE = ("time_of_failure", "message_type", "status", "time_sent", "modified")
+SORTABLE: tuple[SortKey, ...] = (
+    "time_of_failure",
+    "message_type",
+    "status",
+    "time_sent",
+    "modified",
+)
 Viewer = Annotated[Session, Depends(viewer)]
 
 
@@ -94,7 +100,7 @@ def message_list(
         raise HTTPException(400, f"sort must be one of {', '.join(SORTABLE)}")
     if direction not in ("asc", "desc"):
         raise HTTPException(400, "direction must be asc or desc")
-    order = Ordering(key=sort, descending=direction == "desc")  # type: ignore[arg-type]
+    order = Ordering(key=sort, descending=direction == "desc")
     offset = (page - 1) * PAGE_SIZE
     limit = api_state(request).settings.exact_count_limit
     with _engine(request).connect() as conn:

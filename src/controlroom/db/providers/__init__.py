@@ -47,7 +47,7 @@ def provider_for(bind: sa.Engine | sa.Connection | sa.Dialect) -> Provider:
 
     Raises ``UnsupportedProviderError`` for a database without a provider module.
     """
-    dialect = getattr(bind, "dialect", bind)
+    dialect = bind if isinstance(bind, sa.Dialect) else bind.dialect
     return provider_named(dialect.name)
 
 

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import sqlalchemy as sa
 
@@ -23,6 +23,8 @@ from controlroom.exceptions import ErrorKind
 from controlroom.runtime.lease import Lease
 
 Row = Mapping[str, Any]
+
+T = TypeVar("T")
 
 MAX_ROWS_PER_STATEMENT = 50
 """Rows per set-based write statement (docs/design.md: one statement per chunk of at most 50)."""
@@ -40,7 +42,7 @@ Returning = Sequence[sa.ColumnElement[Any]]
 """Columns of the written rows a statement returns (none: it returns no rows)."""
 
 
-def chunked(rows: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+def chunked(rows: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     """Consecutive slices of ``rows`` of at most ``size`` items, order kept."""
     for start in range(0, len(rows), size):
         yield rows[start : start + size]
@@ -120,7 +122,7 @@ class Provider(ABC):
 
     def write_rows(
         self, conn: sa.Connection, statement: Any, rows: Sequence[Row]
-    ) -> list[sa.Row[Any]]:
+    ) -> list[sa.Row[*tuple[Any, ...]]]:
         """Execute ``statement`` (from ``upsert_rows``) for ``rows``, in order, as
         statements of at most ``max_rows_per_statement`` rows each (docs/design.md "The
         conditional upsert": one set-based statement per chunk of at most 50 rows).
@@ -128,7 +130,7 @@ class Provider(ABC):
         if not rows:
             return []
         result = conn.execute(statement, list(rows), execution_options=self.executemany_options())
-        return result.all() if result.returns_rows else []
+        return list(result.all()) if result.returns_rows else []
 
     @abstractmethod
     def bound_rows(self, table: sa.Table, names: Sequence[str]) -> sa.Subquery:
@@ -195,7 +197,7 @@ class Provider(ABC):
 
     def update_returning(
         self, conn: sa.Connection, statement: sa.Update, returning: Returning
-    ) -> list[sa.Row[Any]]:
+    ) -> list[sa.Row[*tuple[Any, ...]]]:
         """Run ``statement`` (an ``UPDATE`` of one table with a one-column primary key)
         and return ``returning`` (columns of that table) of every row it matched, as they
         stand after it; order unspecified.

@@ -156,7 +156,7 @@ class _IntegerListText(sa.types.TypeDecorator[Any]):
         return None if value is None else "{" + ",".join(str(int(item)) for item in value) + "}"
 
 
-_DIALECT = psycopg_dialect.dialect()
+_DIALECT = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]  # unannotated in SQLAlchemy
 
 
 def _array_element(column: sa.Column[Any]) -> tuple[Any, Callable[[Any], Any]]:
@@ -342,8 +342,8 @@ class PostgreSQLProvider(OnConflictProvider):
 
     def write_rows(
         self, conn: sa.Connection, statement: Any, rows: Sequence[Row]
-    ) -> list[sa.Row[Any]]:
-        returned: list[sa.Row[Any]] = []
+    ) -> list[sa.Row[*tuple[Any, ...]]]:
+        returned: list[sa.Row[*tuple[Any, ...]]] = []
         for chunk in chunked(rows, self.max_rows_per_statement):
             result = conn.execute(statement, _column_arrays(list(chunk[0]), chunk))
             if result.returns_rows:

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.sqlite import insert
+from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.sql import operators
 from sqlalchemy.sql.expression import UnaryExpression
 
@@ -39,8 +40,10 @@ process wrote, space separated, are indexed as they are; only white space separa
 
 # The FTS table's rowid is failed_messages.rowid (content_rowid in migration 0009).
 _FTS_TABLE = sa.table("failed_messages_fts", sa.column("rowid"))
-_FTS_TABLE_NAME = sa.literal_column("failed_messages_fts")  # MATCH against the whole table
-_ROWID = sa.literal_column("failed_messages.rowid")
+_FTS_TABLE_NAME: sa.ColumnClause[Any] = sa.literal_column(
+    "failed_messages_fts"
+)  # MATCH against the whole table
+_ROWID: sa.ColumnClause[Any] = sa.literal_column("failed_messages.rowid")
 
 # The hits of one full-text query among the rowids of SAMPLE_WINDOWS windows: the
 # windows' starts a JSON array, each window ``:width`` rowids wide. CROSS JOIN keeps the
@@ -195,13 +198,13 @@ class SQLiteProvider(OnConflictProvider):
         ).one()
         if low is None:
             return 0
-        span = high - low + 1
+        span: int = high - low + 1
         width = max(1, math.ceil(span * SAMPLE_FRACTION / SAMPLE_WINDOWS))
         if width * SAMPLE_WINDOWS >= span:
             starts, width = [low], span
         else:
             starts = [low + span * index // SAMPLE_WINDOWS for index in range(SAMPLE_WINDOWS)]
-        sampled = conn.execute(
+        sampled: int = conn.execute(
             _SAMPLED_HITS, {"starts": json.dumps(starts), "query": query, "width": width}
         ).scalar_one()
         return round(sampled * span / (len(starts) * width))
@@ -230,7 +233,7 @@ class SQLiteProvider(OnConflictProvider):
         )
 
         @sa.event.listens_for(engine, "connect")
-        def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+        def _on_connect(dbapi_connection: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
             # Take over transaction control from the sqlite3 module so BEGIN is ours.
             dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()

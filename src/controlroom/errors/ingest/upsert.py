@@ -221,7 +221,7 @@ def upsert_statement(provider: Provider) -> Any:
 
 def upsert_failed_messages(
     conn: sa.Connection, provider: Provider, rows: Sequence[Row]
-) -> list[sa.Row[Any]]:
+) -> list[sa.Row[*tuple[Any, ...]]]:
     """Conditionally upsert ``rows`` (dicts of ``ROW_COLUMNS``, sorted by id), one
     statement per chunk of at most ``provider.max_rows_per_statement`` rows
     (``Provider.write_rows``).

@@ -170,7 +170,7 @@ class FailedMessageBatchWriter:
                 self._body_store.put(key, attempt.body)
 
     def _release_claims_of_new_failures(
-        self, conn: sa.Connection, stored: Sequence[sa.Row[Any]]
+        self, conn: sa.Connection, stored: Sequence[sa.Row[*tuple[Any, ...]]]
     ) -> None:
         """A message this batch made Unresolved again (a new failure while RetryIssued)
         loses its retry claim with the new failure, so a new retry request takes it.
@@ -193,7 +193,7 @@ class FailedMessageBatchWriter:
         self,
         conn: sa.Connection,
         folded: Sequence[FoldedMessage],
-        stored: Sequence[sa.Row[Any]],
+        stored: Sequence[sa.Row[*tuple[Any, ...]]],
     ) -> None:
         """Step 2: messages whose stored attempt is now this batch's get its groups (a row
         the upsert skipped, bringing nothing new, is not in ``stored``), each group row

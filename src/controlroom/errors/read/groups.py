@@ -285,7 +285,7 @@ def _with_comments(aggregates: sa.Subquery, classifier: str) -> sa.Select[Any]:
     )
 
 
-def _group(row: sa.Row[Any]) -> GroupSummary:
+def _group(row: sa.Row[*tuple[Any, ...]]) -> GroupSummary:
     return GroupSummary(
         id=row.id,
         title=row.title,

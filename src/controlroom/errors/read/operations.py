@@ -126,7 +126,7 @@ def resolve_pending_retries_between(
 
     ServiceControl's ``MarkPendingRetriesAsResolved`` selects by the same range and queue.
     """
-    selected = fm.last_modified.between(start, end)
+    selected: sa.ColumnElement[bool] = fm.last_modified.between(start, end)
     if queue_address is not None:
         selected = sa.and_(selected, fm.queue_address == queue_address)
     _drop_retry_claims(conn, selected)

@@ -134,7 +134,7 @@ def redirect_targets(conn: sa.Connection, addresses: Iterable[str]) -> dict[str,
     return {row.from_physical_address: row.to_physical_address for row in rows}
 
 
-def _redirect(row: sa.Row[Any]) -> Redirect:
+def _redirect(row: sa.Row[*tuple[Any, ...]]) -> Redirect:
     return Redirect(
         id=row.id,
         from_address=row.from_physical_address,

@@ -121,7 +121,7 @@ def hits_page(
     )
 
 
-def to_hit(row: sa.Row[Any]) -> SearchHit:
+def to_hit(row: sa.Row[*tuple[Any, ...]]) -> SearchHit:
     """The hit of ``row``, which holds ``SUMMARY_COLUMNS`` and the conversation id,
     headers and body size."""
     return SearchHit(
@@ -132,7 +132,7 @@ def to_hit(row: sa.Row[Any]) -> SearchHit:
     )
 
 
-def to_summary(row: sa.Row[Any]) -> FailedMessageSummary:
+def to_summary(row: sa.Row[*tuple[Any, ...]]) -> FailedMessageSummary:
     """The summary of ``row``, which holds (at least) ``SUMMARY_COLUMNS``."""
     values = {column.name: row._mapping[column.name] for column in SUMMARY_COLUMNS}
     values["status"] = FailedMessageStatus(values["status"])

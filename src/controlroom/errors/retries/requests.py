@@ -318,7 +318,7 @@ def _run_request(engine: sa.Engine, selection: _Selection, clock: Clock) -> Retr
     )
 
 
-def _candidate_chunks(engine: sa.Engine, selection: _Selection) -> Iterator[list[str]]:
+def _candidate_chunks(engine: sa.Engine, selection: _Selection) -> Iterator[Sequence[str]]:
     """Candidate ids, sorted, at most ``BATCH_SIZE`` per chunk.
 
     Id-based: the given ids. Query-based: the Unresolved messages matching the condition,
@@ -353,7 +353,7 @@ def _claim_batch(
     engine: sa.Engine,
     selection: _Selection,
     operation_id: str,
-    candidates: list[str],
+    candidates: Sequence[str],
     clock: Clock,
 ) -> tuple[RetryBatchInfo | None, int]:
     """One batch in one transaction: create it, claim, mark RetryIssued, move to staging.
@@ -749,7 +749,9 @@ def get_history(conn: sa.Connection, *, depth: int = HISTORY_DEPTH) -> RetryHist
     )
 
 
-def _operation(row: sa.Row[Any], batches: tuple[RetryBatchInfo, ...] = ()) -> RetryOperation:
+def _operation(
+    row: sa.Row[*tuple[Any, ...]], batches: tuple[RetryBatchInfo, ...] = ()
+) -> RetryOperation:
     values = dict(row._mapping)
     values["retry_type"] = RetryType(values["retry_type"])
     return RetryOperation(**values, batches=batches)
