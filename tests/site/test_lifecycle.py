@@ -62,6 +62,11 @@ def test_backoff_doubles_up_to_the_cap() -> None:
     assert waits == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
 
 
+def test_backoff_stays_at_the_cap_however_many_retries() -> None:
+    # max_retries allows 10,000: 2.0 ** 10_000 would overflow a float.
+    assert lifecycle.backoff_seconds(10_000, base=1.0, cap=10.0) == 10.0
+
+
 def _http_error(code: int) -> httpx.HTTPStatusError:
     request = httpx.Request("POST", "http://target.example/x")
     return httpx.HTTPStatusError(

@@ -96,7 +96,12 @@ def bounded_error(error: str) -> str:
 def backoff_seconds(retry_count: int, *, base: float, cap: float) -> float:
     """Wait before the attempt after the ``retry_count``-th failure: ``base`` doubling
     per failure, at most ``cap`` seconds."""
-    return min(cap, base * 2.0 ** max(0, retry_count - 1))
+    wait = base
+    for _ in range(max(0, retry_count - 1)):
+        if wait >= cap:
+            break  # doubling further only risks a float overflow (max_retries is 10,000)
+        wait *= 2.0
+    return min(cap, wait)
 
 
 def next_stamp(now: datetime, latest: datetime | None) -> datetime:
