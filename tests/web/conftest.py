@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from controlroom.config import Settings
 from controlroom.db.tables import failed_messages
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import IngestionService
+from controlroom.runtime.sockets import listen
 from controlroom.transport.embedded import EmbeddedQueue
 from tests import servers
 from tests.retries.conftest import TIMEOUT, make_processor, wait_for_sync
@@ -121,7 +121,7 @@ def console_server(start_console: ServerFactory, settings: Settings) -> ConsoleS
 
 
 def _start(settings: Settings, engine: sa.Engine) -> tuple[ConsoleServer, Callable[[], None]]:
-    listener = socket.create_server((LOOPBACK, 0))
+    listener = listen(LOOPBACK, 0)
     port = listener.getsockname()[1]
     body_store = FileSystemBodyStore(settings.body_dir)
     started = threading.Event()
