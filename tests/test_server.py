@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from controlroom import server
 from controlroom.config import Settings
+from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.history import KpiSampler
 from controlroom.sitecalls.retention import SiteCallRetention
+from tests.nodelay import accepted_with_nodelay
 
 TIMEOUT = 60.0
 
@@ -30,7 +32,7 @@ def test_run_serves_until_stop_is_set(settings: Settings) -> None:
 
     async def main() -> int:
         stop = asyncio.Event()
-        with socket.create_server(("127.0.0.1", 0)) as listener:
+        with listen("127.0.0.1", 0) as listener:
             running = asyncio.create_task(
                 server.run(settings, listener=listener, stop=stop, on_serving=seen.append)
             )
@@ -45,6 +47,28 @@ def test_run_serves_until_stop_is_set(settings: Settings) -> None:
 
     assert asyncio.run(main()) == 200
     assert seen[0].ingesting
+
+
+def test_every_connection_serve_accepts_has_tcp_nodelay(settings: Settings) -> None:
+    # run binds its own socket here, as `controlroom serve` does.
+    seen: list[server.Serving] = []
+
+    async def main() -> bool:
+        stop = asyncio.Event()
+        running = asyncio.create_task(
+            server.run(settings.model_copy(update={"port": 0}), stop=stop, on_serving=seen.append)
+        )
+        async with asyncio.timeout(TIMEOUT):
+            while not seen:
+                await asyncio.sleep(0.01)
+            address = urlsplit(seen[0].url)
+            assert address.hostname is not None and address.port is not None
+            nodelay = await asyncio.to_thread(accepted_with_nodelay, address.hostname, address.port)
+            stop.set()
+            await running
+        return nodelay
+
+    assert asyncio.run(main())
 
 
 def test_a_part_that_raises_ends_run_with_its_error_logged_and_cancels_the_others(

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette_compress import CompressMiddleware
 
 from controlroom import __version__
 from controlroom.api import (
@@ -47,6 +48,9 @@ from controlroom.web import install_console
 
 if TYPE_CHECKING:
     from controlroom.errors.retries.processor import RetryProcessor
+
+
+COMPRESS_MINIMUM_BYTES: Final = 1024
 
 
 def create_app(
@@ -98,6 +102,11 @@ def create_app(
     app.add_middleware(limits.BodySizeLimit, max_bytes=settings.max_request_body_size)
     compat.install_middleware(app, settings)
     app.add_middleware(metrics.RequestMetrics)
+    # Outermost: zstd, br or gzip, as the client asks, for JSON, HTML, CSS and JS above
+    # about a kilobyte (smaller ones gain less than the headers cost). The console's pages
+    # carry the CSRF token masked per answer for that (docs/decisions.md "Compressed
+    # answers and the CSRF token").
+    app.add_middleware(CompressMiddleware, minimum_size=COMPRESS_MINIMUM_BYTES)
     app.add_exception_handler(RequestValidationError, limits.validation_error)
     app.add_exception_handler(sa.exc.DBAPIError, _store_error)
     app.add_exception_handler(OverflowError, _out_of_range)

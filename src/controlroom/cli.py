@@ -722,7 +722,4 @@ def site_demo(
         "Press Ctrl+C to stop."
     )
     with _exit_on_failure(), contextlib.suppress(KeyboardInterrupt):
-        try:
-            asyncio.run(run_site_demo(data_dir, central_url, every=every))
-        except OSError as exc:
-            raise ConfigurationError(f"the site demo cannot listen: {exc}") from exc
+        asyncio.run(run_site_demo(data_dir, central_url, every=every))

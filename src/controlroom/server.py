@@ -81,8 +81,9 @@ async def run(
 ) -> None:
     """Run the service until ``stop`` is set (without one, until cancelled).
 
-    ``listener``: a listening socket to serve on (it stays the caller's to close); by
-    default one is bound to ``settings.host:settings.port``. ``on_serving`` is called
+    ``listener``: a listening socket to serve on (it stays the caller's to close), made by
+    ``runtime.sockets.listen`` so accepted connections get ``TCP_NODELAY``; by default
+    one is bound to ``settings.host:settings.port`` that way. ``on_serving`` is called
     once, when every part has started (the socket already accepts connections).
     Raises ``ConfigurationError`` when the address cannot be bound, the store's and
     transport's errors when they cannot be opened, and ``PartStopped`` when a part ended

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from fastapi.responses import JSONResponse
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.tables import site_reconciliation
+from controlroom.runtime.sockets import listen
 from controlroom.site import SiteAgent, SiteSettings
 from controlroom.site.lifecycle import PermanentFailure
 from controlroom.site.store import tracked_operations
@@ -446,7 +446,7 @@ def test_a_site_coming_back_is_reconciled_before_the_next_interval(
             offline = SiteAgent(agent_settings(tmp_path))  # calls made while it was down
             ids = seed_site_rows(offline, 3, T)
             offline.close()
-            listener = socket.create_server(("127.0.0.1", port))
+            listener = listen("127.0.0.1", port)
             with running_agent(agent_settings(tmp_path), listener):
                 eventually(
                     lambda: set(central_rows(engine)) == set(ids), what="the site reconciled"

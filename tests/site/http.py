@@ -15,10 +15,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from controlroom.runtime.sockets import listen
+
 
 def loopback_listener() -> socket.socket:
-    """A listening socket on a free loopback port."""
-    return socket.create_server(("127.0.0.1", 0))
+    """A listening socket on a free loopback port, made as the servers make theirs."""
+    return listen("127.0.0.1", 0)
 
 
 def url_of(listener: socket.socket) -> str:

@@ -1,10 +1,19 @@
-"""The site demo's targets behave as `make demo` promises."""
+"""The site demo's targets behave as `make demo` promises; its servers answer without
+waiting for a delayed ACK."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import socket
+from pathlib import Path
+
+import pytest
 from fastapi.testclient import TestClient
 
+from controlroom.site import demo
 from controlroom.site.demo import MAX_RETRIES, demo_sites, flaky_targets
+from tests.nodelay import accepted_with_nodelay
 
 
 def test_the_demo_targets() -> None:
@@ -19,3 +28,45 @@ def test_the_demo_sites_entries_are_valid_central_settings() -> None:
     from controlroom.config import Settings
 
     assert [site.id for site in Settings(sites=demo_sites()).sites] == ["north", "south"]
+
+
+def test_every_connection_the_demo_accepts_has_tcp_nodelay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The demo's fixed ports, moved to free ones (probed, as for a child process).
+    targets, north, south, central = (free_port() for _ in range(4))
+    monkeypatch.setattr(demo, "TARGETS_PORT", targets)
+    monkeypatch.setattr(demo, "DEMO_SITES", (("north", north), ("south", south)))
+
+    async def main() -> list[bool]:
+        running = asyncio.create_task(
+            demo.run_site_demo(tmp_path, f"http://127.0.0.1:{central}", every=60.0)
+        )
+        try:
+            async with asyncio.timeout(60):
+                for port in (targets, north, south):
+                    while not await asyncio.to_thread(_accepts, port):
+                        await asyncio.sleep(0.05)
+                return [
+                    await asyncio.to_thread(accepted_with_nodelay, "127.0.0.1", port)
+                    for port in (targets, north, south)
+                ]
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+
+    assert asyncio.run(main()) == [True, True, True]
+
+
+def free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return int(probe.getsockname()[1])
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True

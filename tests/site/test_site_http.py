@@ -11,7 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from controlroom.runtime.sockets import listen
 from controlroom.site import SiteSettings
+from tests.nodelay import accepted_with_nodelay
 from tests.reconciliation.harness import (
     OPERATOR_TOKEN,
     SITE_TOKEN,
@@ -129,6 +131,12 @@ def test_cached_http_calls_over_the_agent_api(tmp_path: Path) -> None:
         assert delivered.json()["status"] == "Delivered"
 
 
+def test_every_connection_the_agent_accepts_has_tcp_nodelay(tmp_path: Path) -> None:
+    with running_agent(settings(tmp_path)) as agent:
+        host, port = agent.url.removeprefix("http://").split(":")
+        assert accepted_with_nodelay(host, int(port))
+
+
 def test_the_outbox_delivers_once_central_is_back(database_url: str, tmp_path: Path) -> None:
     # Central's port, with nothing listening on it yet: connections are refused.
     probe = socket.create_server(("127.0.0.1", 0))
@@ -144,7 +152,7 @@ def test_the_outbox_delivers_once_central_is_back(database_url: str, tmp_path: P
         ids = [agent.cached_call("erp/x", "noop", {}).tracked_operation_id for _ in range(3)]
         assert agent.store.outbox_size() == 6  # Submitted and Delivered of each, kept
         settings_ = central_settings(database_url, tmp_path / "central", [])
-        listener = socket.create_server(("127.0.0.1", port))
+        listener = listen("127.0.0.1", port)
         with running_central(settings_, listener) as (_url, _app, engine):
             eventually(lambda: agent.store.outbox_size() == 0, what="the outbox drains")
             rows = central_rows(engine)

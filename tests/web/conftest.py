@@ -1,5 +1,6 @@
-"""Fixtures of the console tests: the whole process under uvicorn on a free loopback
-port, and Debian's Chromium (``/usr/bin/chromium``) driven by Playwright.
+"""Fixtures of the console tests: the app in-process (``console``, ``store``), the whole
+process under uvicorn on a free loopback port, and Debian's Chromium
+(``/usr/bin/chromium``) driven by Playwright.
 
 ``console_server`` runs what ``controlroom serve`` runs (HTTP, ingestion from the
 embedded error queue, the retry processor) on each provider, in a thread with its own
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +26,8 @@ from urllib.parse import urlsplit
 import pytest
 import sqlalchemy as sa
 import uvicorn
+from fastapi.testclient import TestClient
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlroom.app import create_app
 from controlroom.client import publish_failed_message
@@ -33,14 +35,28 @@ from controlroom.config import Settings
 from controlroom.db.tables import failed_messages
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import IngestionService
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter
+from controlroom.runtime.sockets import listen
 from controlroom.transport.embedded import EmbeddedQueue
 from tests import servers
-from tests.retries.conftest import TIMEOUT, make_processor, wait_for_sync
+from tests.nsb import failed_headers
+from tests.retries.conftest import TIMEOUT, make_processor, store_failed, wait_for_sync
 from tests.retries.endpoint import FlakyEndpoint
 
 CHROMIUM = Path("/usr/bin/chromium")
 LOOPBACK = "127.0.0.1"
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """One request the server answered: its path and the bytes of its answer as sent
+    (after compression): the headers, as an HTTP/1.1 status line and header lines would
+    take them, and the body."""
+
+    path: str
+    header_bytes: int
+    body_bytes: int
 
 
 @dataclass
@@ -53,6 +69,7 @@ class ConsoleServer:
     body_store: FileSystemBodyStore
     loop: asyncio.AbstractEventLoop
     transport: EmbeddedQueue
+    exchanges: list[Exchange]
     consumers: list[FlakyEndpoint] = field(default_factory=list)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -120,12 +137,38 @@ def console_server(start_console: ServerFactory, settings: Settings) -> ConsoleS
     return start_console(settings)
 
 
+# --- the app in-process (no browser) ------------------------------------------------------
+@pytest.fixture
+def store(
+    settings: Settings, writer: FailedMessageBatchWriter, body_store: FileSystemBodyStore
+) -> Any:
+    """``store(message_id, body, **headers)`` -> its UniqueMessageId."""
+
+    def put(
+        message_id: str, body: bytes, extra: dict[str, str] | None = None, **options: Any
+    ) -> str:
+        headers = {**failed_headers(message_id, **options), **(extra or {})}
+        return store_failed(settings, writer, body_store, headers, body).unique_message_id
+
+    return put
+
+
+@pytest.fixture
+def console(
+    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore
+) -> Iterator[TestClient]:
+    """The open console (no tokens) through Starlette's test client, redirects not followed."""
+    with TestClient(create_app(settings, engine, body_store), follow_redirects=False) as client:
+        yield client
+
+
 def _start(settings: Settings, engine: sa.Engine) -> tuple[ConsoleServer, Callable[[], None]]:
-    listener = socket.create_server((LOOPBACK, 0))
+    listener = listen(LOOPBACK, 0)
     port = listener.getsockname()[1]
     body_store = FileSystemBodyStore(settings.body_dir)
     started = threading.Event()
     holder: dict[str, Any] = {}
+    exchanges: list[Exchange] = []
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -135,7 +178,8 @@ def _start(settings: Settings, engine: sa.Engine) -> tuple[ConsoleServer, Callab
             app = create_app(
                 settings, engine, body_store, transport=transport, retry_processor=processor
             )
-            http = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
+            recorded = _recording(app, exchanges)
+            http = uvicorn.Server(uvicorn.Config(recorded, lifespan="off", log_level="warning"))
             tasks = [
                 asyncio.create_task(http.serve(sockets=[listener])),
                 asyncio.create_task(processor.run()),
@@ -177,6 +221,7 @@ def _start(settings: Settings, engine: sa.Engine) -> tuple[ConsoleServer, Callab
         body_store=body_store,
         loop=holder["loop"],
         transport=holder["transport"],
+        exchanges=exchanges,
     )
     holder["server"] = server
 
@@ -186,6 +231,30 @@ def _start(settings: Settings, engine: sa.Engine) -> tuple[ConsoleServer, Callab
         listener.close()
 
     return server, stop
+
+
+def _recording(app: ASGIApp, exchanges: list[Exchange]) -> ASGIApp:
+    """``app``, appending an ``Exchange`` to ``exchanges`` for each answer it finishes."""
+
+    async def recorded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        sizes = {"headers": 0, "body": 0}
+
+        async def measuring(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                lines = [len(name) + len(value) + 4 for name, value in message["headers"]]
+                sizes["headers"] = len("HTTP/1.1 200 OK\r\n\r\n") + sum(lines)
+            elif message["type"] == "http.response.body":
+                sizes["body"] += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    exchanges.append(Exchange(scope["path"], sizes["headers"], sizes["body"]))
+            await send(message)
+
+        await app(scope, receive, measuring)
+
+    return recorded
 
 
 # --- the browser --------------------------------------------------------------------------

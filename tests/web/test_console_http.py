@@ -32,30 +32,6 @@ TOKENS = [
 
 
 @pytest.fixture
-def store(
-    settings: Settings, writer: FailedMessageBatchWriter, body_store: FileSystemBodyStore
-) -> Any:
-    """``store(message_id, body, **headers)`` -> its UniqueMessageId."""
-
-    def put(
-        message_id: str, body: bytes, extra: dict[str, str] | None = None, **options: Any
-    ) -> str:
-        headers = {**failed_headers(message_id, **options), **(extra or {})}
-        return store_failed(settings, writer, body_store, headers, body).unique_message_id
-
-    return put
-
-
-@pytest.fixture
-def console(
-    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore
-) -> Iterator[TestClient]:
-    """The open console (no tokens)."""
-    with TestClient(create_app(settings, engine, body_store), follow_redirects=False) as client:
-        yield client
-
-
-@pytest.fixture
 def secured(
     settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore
 ) -> Iterator[TestClient]:

@@ -1,4 +1,5 @@
-"""The listening socket of a server (central's ``serve`` and the site agent's)."""
+"""The listening socket of every server the project runs (central's ``serve``, the site
+agent's API, the site demo's agents and targets)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ from controlroom.exceptions import ConfigurationError
 def listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (port 0: any free one), bound before anything
     else starts so a taken port fails fast (and connections made as soon as the address is
-    printed wait in the backlog). Raises ``ConfigurationError`` naming the address when it
-    cannot be bound."""
+    printed wait in the backlog). Its protocol is ``IPPROTO_TCP``, so every connection
+    asyncio accepts on it gets ``TCP_NODELAY``. Raises ``ConfigurationError`` naming the
+    address when it cannot be bound."""
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return socket.create_server((host, port), family=family)
+        bound = socket.create_server((host, port), family=family)
     except OSError as exc:
         raise ConfigurationError(f"cannot listen on {host}:{port}: {exc}") from exc
+    # create_server leaves the protocol 0, and asyncio sets TCP_NODELAY on an accepted
+    # connection only when its listener says IPPROTO_TCP: without it Nagle holds a small
+    # body written after its headers until the client's delayed ACK (40 ms and more).
+    return socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, fileno=bound.detach())

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import socket
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from controlroom.runtime.sockets import listen
 from controlroom.site.agent import CachedCallFailed, SiteAgent
 from controlroom.site.config import SiteSettings
 from controlroom.site.service import SiteService, make_server
@@ -74,16 +74,18 @@ async def _make_calls(agent: SiteAgent, targets_url: str, every: float, rng: ran
 
 async def run_site_demo(data_dir: Path, central_url: str, *, every: float = 3.0) -> None:
     """Serve the targets and the two agents, making a call per agent about every
-    ``every`` seconds, until cancelled. Raises ``OSError`` when a port is taken."""
-    targets_listener = socket.create_server(("127.0.0.1", TARGETS_PORT))
+    ``every`` seconds, until cancelled. Raises ``ConfigurationError`` naming the address
+    when a port is taken."""
+    listeners = [listen("127.0.0.1", TARGETS_PORT)]
     targets_url = f"http://127.0.0.1:{TARGETS_PORT}"
     targets = make_server(flaky_targets())
-    tasks = [asyncio.create_task(targets.serve(sockets=[targets_listener]))]
+    tasks = [asyncio.create_task(targets.serve(sockets=listeners[:1]))]
     agents = []
     rng = random.Random()
     try:
         for site, port in DEMO_SITES:
-            listener = socket.create_server(("127.0.0.1", port))
+            listener = listen("127.0.0.1", port)
+            listeners.append(listener)
             agent = SiteAgent(
                 SiteSettings(
                     site_id=site,
@@ -107,3 +109,5 @@ async def run_site_demo(data_dir: Path, central_url: str, *, every: float = 3.0)
         await asyncio.gather(*tasks, return_exceptions=True)
         for agent in agents:
             agent.close()
+        for listener in listeners:
+            listener.close()

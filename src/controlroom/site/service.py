@@ -59,7 +59,8 @@ class SiteService:
         self.server = make_server(create_site_app(agent))
 
     async def run(self, listener: socket.socket) -> None:
-        """Serve on ``listener`` and run the loops until cancelled or ``stop()``."""
+        """Serve on ``listener`` (made by ``runtime.sockets.listen``, so accepted
+        connections get ``TCP_NODELAY``) and run the loops until cancelled or ``stop()``."""
         tasks = [
             asyncio.create_task(self.server.serve(sockets=[listener]), name="site api"),
             asyncio.create_task(self._retry_loop(), name="site retries"),

@@ -17,6 +17,7 @@ from fastapi.templating import Jinja2Templates
 from controlroom import __version__
 from controlroom.http.auth import ANONYMOUS, ROLE_RANK
 from controlroom.web import filters
+from controlroom.web.assets import StaticAssets
 from controlroom.web.session import (
     COOKIE_NAME,
     CSRF_FIELD,
@@ -24,6 +25,7 @@ from controlroom.web.session import (
     Session,
     SessionSigner,
     csrf_matches,
+    mask_csrf_token,
 )
 
 WEB_DIR: Final = Path(__file__).parent
@@ -32,6 +34,9 @@ templates = Jinja2Templates(
     env=jinja2.Environment(loader=jinja2.FileSystemLoader(WEB_DIR / "templates"), autoescape=True)
 )
 filters.install(templates.env)
+# Hashed once at start: templates name static files by {{ static_url('console.css') }}.
+ASSETS: Final = StaticAssets(WEB_DIR / "static")
+templates.env.globals["static_url"] = ASSETS.url
 
 NavEntry = tuple[str, str]  # (label, path)
 EXTRA_NAV: list[NavEntry] = []
@@ -97,12 +102,12 @@ def render(
     request: Request, template: str, context: dict[str, Any] | None = None, status: int = 200
 ) -> Response:
     """``template`` with ``context`` plus what every page needs (the session, its CSRF
-    token, whether the viewer may act, the navigation)."""
+    token masked for this answer, whether the viewer may act, the navigation)."""
     session: Session | None = getattr(request.state, "session", None)
     may_act = session is not None and ROLE_RANK[session.principal.role] >= ROLE_RANK["operator"]
     full = {
         "session": session,
-        "csrf_token": session.csrf_token if session else "",
+        "csrf_token": mask_csrf_token(session.csrf_token) if session else "",
         "may_act": may_act,
         "signed_in": session is not None and not request.app.state.signer.open,
         "extra_nav": EXTRA_NAV,

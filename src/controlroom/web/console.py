@@ -20,11 +20,11 @@ from urllib.parse import urlencode
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
-from fastapi.staticfiles import StaticFiles
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 
 from controlroom.web import actions, imports_and_events, pages, sitecall_pages
-from controlroom.web.common import WEB_DIR, SignInRequired, redirect, render
+from controlroom.web.assets import HashedStaticFiles
+from controlroom.web.common import ASSETS, SignInRequired, redirect, render
 from controlroom.web.session import Session, SessionSigner, set_session_cookie
 
 CONSOLE_CSP: Final = (
@@ -45,7 +45,7 @@ def install_console(app: FastAPI) -> None:
     console.state.api = app.state
     console.state.signer = SessionSigner(app.state.auth)
     console.add_middleware(_SecurityHeaders)
-    console.mount("/static", StaticFiles(directory=WEB_DIR / "static"), name="static")
+    console.mount("/static", HashedStaticFiles(ASSETS), name="static")
     console.include_router(pages.router)
     console.include_router(actions.router)
     console.include_router(sitecall_pages.router)

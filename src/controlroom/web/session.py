@@ -13,6 +13,10 @@ and keeps a session cookie instead:
   sends it), ``Path=/``, ``Secure`` on HTTPS, and lives ``SESSION_SECONDS``.
 - ``csrf`` is random per session; every state-changing console request must echo it
   (form field ``csrf_token`` or header ``X-CSRF-Token``), compared in constant time.
+  Pages carry it masked, differently in every answer (``mask_csrf_token``): answers are
+  compressed, and a secret repeated unchanged beside text an attacker chose could be
+  read from their compressed lengths (BREACH; docs/decisions.md "Compressed answers and
+  the CSRF token").
 """
 
 from __future__ import annotations
@@ -128,11 +132,33 @@ def clear_session_cookie(response: Response) -> None:
     response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict")
 
 
+def mask_csrf_token(token: str) -> str:
+    """``token`` as one answer carries it: a fresh random pad and the token XORed with
+    that pad, base64url (twice the token's length in bytes). Every answer carries
+    different text for the same token; ``csrf_matches`` unmasks it."""
+    raw = token.encode("ascii")
+    pad = secrets.token_bytes(len(raw))
+    return _b64(pad + _xor(pad, raw))
+
+
 def csrf_matches(session: Session, presented: str | None) -> bool:
-    """True when ``presented`` is the session's CSRF token (constant-time compare)."""
+    """True when ``presented`` is the session's CSRF token as ``mask_csrf_token`` masked
+    it (constant-time compare); anything else, the unmasked token too, is False."""
     if not presented:
         return False
-    return hmac.compare_digest(session.csrf_token.encode(), presented.encode())
+    try:
+        raw = _unb64(presented)
+    except ValueError:
+        return False
+    half, odd = divmod(len(raw), 2)
+    if odd or not half:
+        return False
+    token = _xor(raw[:half], raw[half:])
+    return hmac.compare_digest(session.csrf_token.encode("ascii"), token)
+
+
+def _xor(pad: bytes, data: bytes) -> bytes:
+    return bytes(p ^ d for p, d in zip(pad, data, strict=True))
 
 
 def _mac(key: bytes, payload: bytes) -> bytes:
