@@ -17,6 +17,7 @@ from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.history import KpiSampler
 from controlroom.sitecalls.retention import SiteCallRetention
 from tests.nodelay import accepted_with_nodelay
+from tests.servers import TEST_CLIENT_TIMEOUT
 
 TIMEOUT = 60.0
 
@@ -39,7 +40,9 @@ def test_run_serves_until_stop_is_set(settings: Settings) -> None:
             async with asyncio.timeout(TIMEOUT):
                 while not seen:
                     await asyncio.sleep(0.01)
-                async with httpx.AsyncClient(base_url=seen[0].url) as client:
+                async with httpx.AsyncClient(
+                    base_url=seen[0].url, timeout=TEST_CLIENT_TIMEOUT
+                ) as client:
                     status = (await client.get("/api/health")).status_code
                 stop.set()
                 await running

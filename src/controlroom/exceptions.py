@@ -1,7 +1,7 @@
 """One exception tree with one root, and the kinds of store failure.
 
 The store's errors are classified in one place, ``controlroom.db.errors``. Rule source:
-STYLE.md (psycopg's error choke point) and docs/design.md "Transient failures".
+docs/design.md "Transient failures".
 """
 
 from __future__ import annotations

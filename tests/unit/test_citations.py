@@ -42,6 +42,7 @@ TRACKER = re.compile(
 )
 BRIEF = re.compile(
     r"(?<!docs/)\b(?i:design)\.md\b"  # the brief outside the repository
+    r"|\b(?i:style)\.md\b"  # the team's style notes, outside it too
     r"|\bseed\s+(?:change\s+log\s+)?F\d",  # the brief's change log
     re.IGNORECASE,
 )

@@ -2,8 +2,8 @@
 
 Every other module lets driver errors reach ``classify_store_error``; nothing else decides
 what is transient. Each provider classifies its own driver's errors
-(``Provider.classify_error``); what is common to all is decided here. Rule source: STYLE.md
-(psycopg's error choke point) and docs/design.md "Transient failures".
+(``Provider.classify_error``); what is common to all is decided here. Rule source:
+docs/design.md "Transient failures".
 
 Only what the store raised is ever the input's fault (``ErrorKind.DATA``): a driver or
 server refusal, or ``UnstorableValue``, which ``name_driver_refusals`` raises for the

@@ -2,8 +2,8 @@
 
 ``PeriodicTask.run()`` runs the work, then waits ``interval`` seconds (give or take
 ``jitter``, a fraction of it, drawn afresh each time, so processes started together
-spread their attempts), and again, until cancelled (STYLE.md: "background jobs as small
-task objects whose failures are logged and whose schedule survives an error"):
+spread their attempts), and again, until cancelled; a failure is logged and the schedule
+goes on (docs/design.md "Background singletons"):
 
 - With a ``lease`` (``runtime.lease.Lease``) the work runs only while this process holds
   it: each run first holds (renews) it, and a process without it skips the run. The

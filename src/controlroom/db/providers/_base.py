@@ -4,7 +4,7 @@ constructs of providers whose ``insert()`` has them.
 A provider is a frozen object with capability flags and limits as attributes and the
 statements that genuinely differ between databases as methods. Feature code builds its
 own guards and assignments (the rules are ours, not the database's) and asks the provider
-only for the construct that carries them. Source: STYLE.md "SQLAlchemy dialects".
+only for the construct that carries them. Source: docs/design.md "The provider seam".
 """
 
 from __future__ import annotations

@@ -281,7 +281,12 @@ class SQLiteProvider(OnConflictProvider):
         text = str(exc).lower()
         if any(marker in text for marker in _TRANSIENT_MARKERS):
             return ErrorKind.TRANSIENT
-        if isinstance(exc, (sqlite3.DataError, sqlite3.IntegrityError)):
+        if isinstance(exc, sqlite3.DataError):
+            return ErrorKind.DATA
+        # Of the constraints only the CHECKs are the input's: they bound text widths
+        # (migration 0005). A NOT NULL or key violation is a bug of the writing code, as on
+        # PostgreSQL (class 23 there is not data either).
+        if getattr(exc, "sqlite_errorname", None) == "SQLITE_CONSTRAINT_CHECK":
             return ErrorKind.DATA
         return ErrorKind.FATAL
 

@@ -165,6 +165,10 @@ def upgrade() -> None:
     )
     if dialect == "postgresql":
         _create_audit_partitions()
+    elif dialect == "sqlite":
+        pass  # one table: SQLite has no partitions
+    else:
+        unsupported(dialect, revision)
     op.create_index("ix_audit_log_occurred_at_utc_id", "audit_log", ["occurred_at_utc", "event_id"])
     for column in ("actor", "target", "correlation_id"):
         op.create_index(

@@ -89,8 +89,12 @@ def upgrade() -> None:
     )
     op.create_index(GROUP_INDEX, GROUPS, ["group_id", "status", "failed_message_id"])
     op.create_index(STATUS_INDEX, "failed_messages", ["status", "id"])
-    if dialect == "postgresql":  # SQLite keeps no statistics to refresh
+    if dialect == "postgresql":
         op.execute(f"ANALYZE {GROUPS}")
+    elif dialect == "sqlite":
+        pass  # SQLite keeps no statistics to refresh
+    else:
+        unsupported(dialect, revision)
 
 
 def downgrade() -> None:
