@@ -61,6 +61,14 @@ class SiteCallSettings(BaseModel):
     purge_interval_seconds: float = Field(
         86_400.0, gt=0, description="How often the site-call and audit-log purge runs."
     )
+    tombstone_days: int = Field(
+        30,
+        ge=1,
+        description=(
+            "Days beyond retention_days a purged call's tombstone is kept: its late packets "
+            "are rejected meanwhile."
+        ),
+    )
 
 
 class AuditSettings(BaseModel):

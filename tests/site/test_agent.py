@@ -21,6 +21,7 @@ from controlroom.site import (
 )
 from controlroom.site.lifecycle import PermanentFailure
 from controlroom.telemetry.contract import validate_packet
+from controlroom.telemetry.stamps import Stamp
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -198,18 +199,21 @@ def test_the_store_pages_as_the_reference_rule(agent: SiteAgent, clock: Clock) -
     agent.register("post-invoice", Target())
     for _ in range(7):
         agent.cached_call("erp/invoices", "post-invoice", {})
-    # Force a burst sharing one stamp, as a legacy clock would.
+    # Force a burst sharing one stamp, as a legacy clock would; the others share T0's
+    # microsecond (the clock stands still: 100 ns apart).
     with agent.store.engine.begin() as conn:
         conn.exec_driver_sql(
-            "UPDATE tracked_operations SET updated_at_utc = '2026-03-01 12:00:00.000000' "
-            "WHERE rowid % 2 = 0"
+            "UPDATE tracked_operations SET updated_at_utc = '2026-03-01 12:00:00.000000', "
+            "updated_at_tick = 0 WHERE rowid % 2 = 0"
         )
     states = agent.store.states()
     for since, after_id in [
         (None, None),
-        (T0, None),
-        (T0, states[0].tracked_operation_id),
-        (T0 + timedelta(microseconds=3), "0"),
+        (Stamp.of(T0), None),
+        (Stamp.of(T0), states[0].tracked_operation_id),
+        (Stamp(T0, 3), None),
+        (Stamp(T0, 3), "0"),
+        (Stamp.of(T0 + timedelta(microseconds=3)), "0"),
     ]:
         for limit in (1, 2, 3, 10):
             assert agent.store.changes(since, after_id, limit) == lifecycle.changes_after(

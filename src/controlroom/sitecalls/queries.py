@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from controlroom.db.tables import audit_log, rejected_telemetry, site_calls
 from controlroom.exceptions import ControlroomError
-from controlroom.telemetry.contract import as_utc
+from controlroom.telemetry.stamps import as_utc, stamp_of
 
 sc = site_calls.c
 al = audit_log.c
@@ -30,6 +30,21 @@ rt = rejected_telemetry.c
 
 class BadCursor(ControlroomError):
     """A paging cursor this service did not hand out."""
+
+
+SITE_CALL_STAMPS = ("created_at", "updated_at", "terminal_at")
+"""The stamps a site sends of a call, each stored as ``{name}_utc`` and ``{name}_tick``."""
+AUDIT_STAMPS = ("occurred_at",)
+
+
+def with_stamps(row: sa.Row[Any], names: Sequence[str]) -> dict[str, Any]:
+    """``row`` as a dict in which each stamp of ``names`` is one ``Stamp`` to 100 ns under
+    ``{name}_utc`` (``None`` when null), its ``{name}_tick`` folded in."""
+    values = row._asdict()
+    for name in names:
+        values[f"{name}_utc"] = stamp_of(row, name)
+        del values[f"{name}_tick"]
+    return values
 
 
 @dataclass(frozen=True, slots=True)
