@@ -65,8 +65,8 @@ class SiteCallSettings(BaseModel):
         30,
         ge=1,
         description=(
-            "Days beyond retention_days a purged call's tombstone is kept: its late packets "
-            "are rejected meanwhile."
+            "Days a purged call's tombstone is kept after the purge (so at least this long "
+            "beyond retention_days): its late packets are rejected meanwhile."
         ),
     )
 

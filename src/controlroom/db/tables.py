@@ -432,16 +432,17 @@ site_reconciliation = sa.Table(
 
 # --- purged site calls (migration 0018) ----------------------------------------------------
 # The id and terminal stamp of each site call the retention purge deleted, written in the
-# purge's transaction and kept ``sitecalls.tombstone_days`` beyond retention, so a late
-# packet of a purged call is rejected instead of bringing it back (docs/design.md "Site
-# call retention").
+# purge's transaction and kept ``sitecalls.tombstone_days`` after it (so at least that long
+# beyond retention), so a late packet of a purged call is rejected instead of bringing it
+# back (docs/design.md "Site call retention").
 site_call_tombstones = sa.Table(
     "site_call_tombstones",
     metadata,
     sa.Column("tracked_operation_id", sa.String(UUID_LEN), primary_key=True),
     sa.Column("terminal_at_utc", UtcDateTime, nullable=False),
     tick_column("terminal_at"),
-    sa.Index("ix_site_call_tombstones_terminal_at_utc", "terminal_at_utc"),
+    sa.Column("purged_at_utc", UtcDateTime, nullable=False),
+    sa.Index("ix_site_call_tombstones_purged_at_utc", "purged_at_utc"),
 )
 
 # Messages whose external bodies wait to be deleted (migration 0006). The sweeper adds one

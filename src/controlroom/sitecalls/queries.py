@@ -149,12 +149,12 @@ def get_site_call(conn: sa.Connection, tracked_operation_id: str) -> sa.Row[Any]
 
 
 def audit_events_of(conn: sa.Connection, tracked_operation_id: str) -> list[sa.Row[Any]]:
-    """The audit events correlated with a site call, oldest first."""
+    """The audit events correlated with a site call, oldest first (to the 100 ns)."""
     return list(
         conn.execute(
             sa.select(audit_log)
             .where(al.correlation_id == tracked_operation_id)
-            .order_by(al.occurred_at_utc, al.event_id)
+            .order_by(al.occurred_at_utc, al.occurred_at_tick, al.event_id)
         ).all()
     )
 

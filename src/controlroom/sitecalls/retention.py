@@ -13,9 +13,9 @@ log's partitions for the months ahead (``Provider.prepare_audit_log``). One proc
 purges at a time (a lease); a failed purge is logged and tried again at the next run.
 
 Each purged call leaves a tombstone (its id and terminal stamp) written in the
-transaction that deletes it, kept until its terminal stamp is older than now minus
-``sitecalls.retention_days`` + ``sitecalls.tombstone_days``: meanwhile a late packet of the
-call is rejected instead of re-creating it (``sitecalls.tombstones``).
+transaction that deletes it and kept ``sitecalls.tombstone_days`` after that purge (so at
+least that long beyond retention): meanwhile a late packet of the call is rejected instead
+of re-creating it (``sitecalls.tombstones``).
 """
 
 from __future__ import annotations
@@ -67,12 +67,12 @@ def purge_site_call_history(
 ) -> PurgeResult:
     """Delete terminal site calls whose ``terminal_at_utc`` is before ``now -
     site_call_days``, each leaving a tombstone in its chunk's transaction, audit events
-    that occurred before ``now - audit_days``, and tombstones whose terminal stamp is
-    before ``now - (site_call_days + tombstone_days)``; in chunks of ``chunk`` rows, each
+    that occurred before ``now - audit_days``, and tombstones a purge wrote before ``now -
+    tombstone_days``; in chunks of ``chunk`` rows, each
     its own transaction."""
     provider = provider_for(engine)
     call_cutoff = now - timedelta(days=site_call_days)
-    tombstone_cutoff = call_cutoff - timedelta(days=tombstone_days)
+    tombstone_cutoff = now - timedelta(days=tombstone_days)
     audit_cutoff = now - timedelta(days=audit_days)
     expired_call = sa.and_(
         sc.terminal_at_utc < call_cutoff, sc.status.in_([s.value for s in TERMINAL])
@@ -94,7 +94,7 @@ def purge_site_call_history(
                 .mappings()
                 .all()
             )
-            write_tombstones(conn, provider, purged)
+            write_tombstones(conn, provider, purged, now)
         calls += len(purged)
         if len(purged) < chunk:
             break

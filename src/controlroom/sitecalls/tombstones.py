@@ -6,9 +6,9 @@ and, in the same transaction, keeps its id and terminal stamp in
 a reconciliation row of that id is rejected into ``rejected_telemetry`` with
 ``tombstone_reason`` (``SiteCallWriter``), so a replay of an old packet does not
 re-create the call as a pending row that the KPIs would show stuck for ever. A tombstone
-is kept until its terminal stamp is ``sitecalls.retention_days`` +
-``sitecalls.tombstone_days`` old (``expire_tombstones``); after that a packet of the id
-is taken again, as a new call.
+is kept ``sitecalls.tombstone_days`` after the purge that wrote it (``expire_tombstones``),
+so at least ``sitecalls.retention_days`` + ``tombstone_days`` after the call ended, however
+late the purge ran; after that a packet of the id is taken again, as a new call.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ st = site_call_tombstones.c
 
 
 def write_tombstones(
-    conn: sa.Connection, provider: Provider, purged: Sequence[sa.RowMapping]
+    conn: sa.Connection, provider: Provider, purged: Sequence[sa.RowMapping], now: datetime
 ) -> None:
     """Keep a tombstone of each purged call in ``purged`` (rows with
-    ``tracked_operation_id``, ``terminal_at_utc``, ``terminal_at_tick``), in ``conn``'s
-    transaction, the purge's; a tombstone already kept stays."""
+    ``tracked_operation_id``, ``terminal_at_utc``, ``terminal_at_tick``), purged at
+    ``now``, in ``conn``'s transaction, the purge's; a tombstone already kept stays."""
     provider.insert_rows_if_absent(
         conn,
         site_call_tombstones,
@@ -40,6 +40,7 @@ def write_tombstones(
                 "tracked_operation_id": row["tracked_operation_id"],
                 "terminal_at_utc": row["terminal_at_utc"],
                 "terminal_at_tick": row["terminal_at_tick"],
+                "purged_at_utc": now,
             }
             for row in purged
         ],
@@ -76,14 +77,14 @@ def tombstone_reason(terminal: Stamp) -> str:
     return (
         f"tracked_operation_id: the call ended at {terminal.isoformat()} and was purged by "
         "retention; packets of a purged call are refused for sitecalls.tombstone_days "
-        "beyond sitecalls.retention_days"
+        "after the purge"
     )
 
 
 def expire_tombstones(engine: sa.Engine, cutoff: datetime, *, chunk: int) -> int:
-    """Delete the tombstones whose terminal stamp is before ``cutoff`` (UTC), in chunks of
+    """Delete the tombstones written by a purge before ``cutoff`` (UTC), in chunks of
     ``chunk`` rows, each its own transaction; returns how many."""
-    expired = st.terminal_at_utc < cutoff
+    expired = st.purged_at_utc < cutoff
     total = 0
     while True:
         with begin_write(engine) as conn:

@@ -6,9 +6,9 @@ Create Date: 2026-12-02 09:30:00.000000
 
 Source: docs/design.md "Site call retention". The retention purge writes a tombstone for
 every site call it deletes, in the same transaction; while it is kept
-(``sitecalls.tombstone_days`` beyond retention, by ``terminal_at_utc``, along its index)
-a late packet of that call is rejected instead of bringing it back as a live row. The
-same DDL on both databases.
+(``sitecalls.tombstone_days`` after the purge, by ``purged_at_utc``, along its index, so at
+least that long beyond retention) a late packet of that call is rejected instead of
+bringing it back as a live row. The same DDL on both databases.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ def upgrade() -> None:
         sa.Column("tracked_operation_id", sa.String(36), nullable=False),
         sa.Column("terminal_at_utc", sa.DateTime(), nullable=False),
         sa.Column("terminal_at_tick", sa.SmallInteger(), server_default="0", nullable=False),
+        sa.Column("purged_at_utc", sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint("tracked_operation_id", name=op.f("pk_site_call_tombstones")),
     )
     op.create_index(
-        "ix_site_call_tombstones_terminal_at_utc", "site_call_tombstones", ["terminal_at_utc"]
+        "ix_site_call_tombstones_purged_at_utc", "site_call_tombstones", ["purged_at_utc"]
     )
 
 
