@@ -22,6 +22,7 @@ def at(seconds: float) -> Stamp:
     """The stamp ``seconds`` after ``T0``."""
     return Stamp.of(T0 + timedelta(seconds=seconds))
 
+
 TRANSIENT = Failure(False, "ConnectError: refused", None)
 
 
