@@ -61,6 +61,14 @@ class SiteCallSettings(BaseModel):
     purge_interval_seconds: float = Field(
         86_400.0, gt=0, description="How often the site-call and audit-log purge runs."
     )
+    tombstone_days: int = Field(
+        30,
+        ge=1,
+        description=(
+            "Days a purged call's tombstone is kept after the purge (so at least this long "
+            "beyond retention_days): its late packets are rejected meanwhile."
+        ),
+    )
 
 
 class AuditSettings(BaseModel):

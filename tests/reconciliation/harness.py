@@ -15,7 +15,6 @@ from typing import Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI
-from pydantic import AwareDatetime
 
 from controlroom.app import create_app
 from controlroom.config import ConfiguredSite, Settings
@@ -27,6 +26,8 @@ from controlroom.site import SiteAgent, SiteService, SiteSettings
 from controlroom.site.lifecycle import CallState
 from controlroom.site.store import STATE_COLUMNS, tracked_operations
 from controlroom.site.telemetry import state_document
+from controlroom.sitecalls.queries import SITE_CALL_STAMPS, with_stamps
+from controlroom.telemetry.stamps import Stamp, stamp_values
 from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.site.http import loopback_listener, serving, url_of
 
@@ -111,8 +112,10 @@ def running_agent(settings: SiteSettings, listener: Any = None) -> Iterator[Site
 def central_rows(engine: sa.Engine) -> dict[str, dict[str, Any]]:
     """Central's mirror, by id, in the fields a site reports."""
     with engine.connect() as conn:
-        rows = conn.execute(sa.select(site_calls)).mappings().all()
-    return {row["tracked_operation_id"]: _comparable(dict(row)) for row in rows}
+        rows = conn.execute(sa.select(site_calls)).all()
+    return {
+        row.tracked_operation_id: _comparable(with_stamps(row, SITE_CALL_STAMPS)) for row in rows
+    }
 
 
 def site_rows(agent: SiteAgent) -> dict[str, dict[str, Any]]:
@@ -146,10 +149,15 @@ def rejected_packets(engine: sa.Engine) -> list[tuple[str, str]]:
         return [tuple(row) for row in conn.execute(query)]
 
 
-def seed_site_rows(agent: SiteAgent, count: int, stamp: datetime, *, start: int = 0) -> list[str]:
-    """``count`` Delivered calls in the site's store sharing ``stamp`` (a burst, or a legacy
-    clock), written as the store writes them; returns their ids."""
+def seed_site_rows(
+    agent: SiteAgent, count: int, stamp: datetime | Stamp, *, start: int = 0, apart: int = 0
+) -> list[str]:
+    """``count`` Delivered calls in the site's store stamped from ``stamp``, each ``apart``
+    100 ns after the one before (0: all share it, a burst or a legacy clock), written as
+    the store writes them; returns their ids."""
+    first = stamp if isinstance(stamp, Stamp) else Stamp.of(stamp)
     ids = [str(uuid.UUID(int=start + n + 1)) for n in range(count)]
+    stamps = [Stamp.from_ticks(first.ticks + n * apart) for n in range(count)]
     rows = [
         {
             "tracked_operation_id": ident,
@@ -161,16 +169,16 @@ def seed_site_rows(agent: SiteAgent, count: int, stamp: datetime, *, start: int 
             "retry_count": 0,
             "last_error": None,
             "http_status": None,
-            "created_at_utc": stamp,
-            "updated_at_utc": stamp,
-            "terminal_at_utc": stamp,
+            **stamp_values("created_at", at),
+            **stamp_values("updated_at", at),
+            **stamp_values("terminal_at", at),
             "epoch": 0,
             "operation": "http",
             "payload_json": "null",
             "next_attempt_at_utc": None,
             "claimed_by": None,
         }
-        for ident in ids
+        for ident, at in zip(ids, stamps, strict=True)
     ]
     with agent.store.engine.begin() as conn:
         conn.execute(sa.insert(tracked_operations), rows)
@@ -183,8 +191,8 @@ def legacy_site_app(agent: SiteAgent) -> FastAPI:
     app = FastAPI()
 
     @app.get("/site/tracking/changes")
-    def changes(since: AwareDatetime | None = None, limit: int = 500) -> dict[str, Any]:
-        rows, more = agent.store.changes(since, None, limit)
+    def changes(since: str | None = None, limit: int = 500) -> dict[str, Any]:
+        rows, more = agent.store.changes(since and Stamp.parse(since), None, limit)
         return {"rows": [state_document(row) for row in rows], "more_available": more}
 
     return app

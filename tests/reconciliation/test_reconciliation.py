@@ -27,6 +27,7 @@ from controlroom.site.lifecycle import PermanentFailure
 from controlroom.site.store import tracked_operations
 from controlroom.site.telemetry import state_document
 from controlroom.sitecalls.reconciliation import ReconciliationService
+from controlroom.telemetry.stamps import Stamp
 from tests.reconciliation.harness import (
     OPERATOR,
     READER,
@@ -122,6 +123,31 @@ def test_a_burst_sharing_one_timestamp_drains_through_the_id_tiebreak(
         assert set(central_rows(engine)) == set(ids)
         state = site_state(engine, "plant-7")
         assert (state.cursor_updated_at_utc, state.cursor_tracked_operation_id) == (T, max(ids))
+
+
+def test_a_site_stamping_at_100_ns_drains_rows_sharing_a_microsecond(
+    database_url: str, tmp_path: Path
+) -> None:
+    # Ten rows 100 ns apart within one microsecond, ids in the reverse order of their
+    # stamps: a cursor cut to the microsecond would ask for them again and be pinned.
+    with one_site(database_url, tmp_path, batch_size=5) as (agent, _url, app, engine):
+        first = Stamp(T, 0)
+        ids = seed_site_rows(agent, 10, first, apart=1)
+        with agent.store.engine.begin() as conn:  # reverse ids: the stamp must order
+            for n, ident in enumerate(ids):
+                conn.execute(
+                    sa.update(tracked_operations)
+                    .where(tracked_operations.c.tracked_operation_id == ident)
+                    .values(updated_at_tick=9 - n)
+                )
+        (result,) = app.state.reconciliation.run_pass_now()
+        assert (result.error, result.pinned, result.pages) == (None, False, 2)
+        assert central_rows(engine) == site_rows(agent)
+        state = site_state(engine, "plant-7")
+        cursor = (state.cursor_updated_at_utc, state.cursor_updated_at_tick)
+        assert (cursor, state.cursor_tracked_operation_id) == ((T, 9), ids[0])
+        (again,) = app.state.reconciliation.run_pass_now()  # nothing new, nothing pinned
+        assert (again.error, again.pinned, again.rows) == (None, False, 0)
 
 
 def test_a_legacy_site_is_pinned_once_and_unpinned_on_progress(

@@ -20,7 +20,9 @@ from controlroom.site import (
     lifecycle,
 )
 from controlroom.site.lifecycle import PermanentFailure
+from controlroom.site.store import TrackingStore
 from controlroom.telemetry.contract import validate_packet
+from controlroom.telemetry.stamps import Stamp
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -198,18 +200,21 @@ def test_the_store_pages_as_the_reference_rule(agent: SiteAgent, clock: Clock) -
     agent.register("post-invoice", Target())
     for _ in range(7):
         agent.cached_call("erp/invoices", "post-invoice", {})
-    # Force a burst sharing one stamp, as a legacy clock would.
+    # Force a burst sharing one stamp, as a legacy clock would; the others share T0's
+    # microsecond (the clock stands still: 100 ns apart).
     with agent.store.engine.begin() as conn:
         conn.exec_driver_sql(
-            "UPDATE tracked_operations SET updated_at_utc = '2026-03-01 12:00:00.000000' "
-            "WHERE rowid % 2 = 0"
+            "UPDATE tracked_operations SET updated_at_utc = '2026-03-01 12:00:00.000000', "
+            "updated_at_tick = 0 WHERE rowid % 2 = 0"
         )
     states = agent.store.states()
     for since, after_id in [
         (None, None),
-        (T0, None),
-        (T0, states[0].tracked_operation_id),
-        (T0 + timedelta(microseconds=3), "0"),
+        (Stamp.of(T0), None),
+        (Stamp.of(T0), states[0].tracked_operation_id),
+        (Stamp(T0, 3), None),
+        (Stamp(T0, 3), "0"),
+        (Stamp.of(T0 + timedelta(microseconds=3)), "0"),
     ]:
         for limit in (1, 2, 3, 10):
             assert agent.store.changes(since, after_id, limit) == lifecycle.changes_after(
@@ -283,3 +288,34 @@ def test_a_target_central_would_refuse_is_refused_before_the_call(
     with pytest.raises(ValueError, match="target"):
         agent.cached_call(target, "post-invoice", {})
     assert agent.store.states() == []
+
+
+def test_a_store_of_schema_1_gains_the_100_ns_columns(site_settings: SiteSettings) -> None:
+    store = TrackingStore.open(site_settings.store_path)
+    with store.engine.begin() as conn:  # back to schema 1: microsecond stamps only
+        conn.exec_driver_sql("DROP INDEX ix_tracked_operations_changes")
+        for name in ("created_at", "updated_at", "terminal_at"):
+            conn.exec_driver_sql(f"ALTER TABLE tracked_operations DROP COLUMN {name}_tick")
+        conn.exec_driver_sql(
+            "CREATE INDEX ix_tracked_operations_changes "
+            "ON tracked_operations (updated_at_utc, tracked_operation_id)"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO tracked_operations (tracked_operation_id, channel, target, "
+            "source_site, status, retry_count, created_at_utc, updated_at_utc, epoch, "
+            "operation, payload_json) VALUES ('old', 'DbOutbound', 'erp', 'plant-7', "
+            "'Submitted', 0, '2026-03-01 12:00:00.000001', '2026-03-01 12:00:00.000001', 0, "
+            "'op', 'null')"
+        )
+        conn.exec_driver_sql("PRAGMA user_version = 1")
+    store.close()
+
+    store = TrackingStore.open(site_settings.store_path)
+    try:
+        (old,) = store.states()
+        assert old.updated_at_utc == Stamp.of(T0 + timedelta(microseconds=1))
+        with store.transition(T0) as (_conn, stamp):  # the clock is behind the store
+            assert stamp == Stamp(T0 + timedelta(microseconds=1), 1)
+        assert store.changes(Stamp.of(T0), None, 10) == ([old], False)
+    finally:
+        store.close()

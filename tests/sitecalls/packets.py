@@ -12,6 +12,7 @@ from controlroom.db.tables import site_calls
 from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
 from controlroom.telemetry.contract import validate_packet
 from controlroom.telemetry.ordering import TERMINAL, SiteCallStatus
+from controlroom.telemetry.stamps import Stamp
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -20,7 +21,7 @@ def packet(
     status: str,
     *,
     op_id: str = "0f8fad5b-d9cb-469f-a165-70867728950e",
-    at: datetime = T0,
+    at: datetime | Stamp = T0,
     epoch: int = 0,
     retry_count: int = 0,
     event_id: str | None = None,

@@ -112,7 +112,7 @@ def test_the_demo_covers_every_scenario_with_valid_packets() -> None:
     assert {"Delivered", "Failed", "Parked", "Discarded", "Forwarded"} <= set(finals)
     assert any(p.epoch == 1 for p in packets)  # an operator retried a parked call
     assert {p.source_site for p in packets} <= {"plant-north", "plant-south", "depot-east"}
-    assert all(p.updated_at_utc <= NOW for p in packets)
+    assert all(p.updated_at_utc.instant <= NOW for p in packets)
 
 
 def test_a_batch_the_store_cannot_take_goes_back_to_the_queue(

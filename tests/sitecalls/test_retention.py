@@ -9,7 +9,8 @@ import pytest
 import sqlalchemy as sa
 
 from controlroom.config import Settings
-from controlroom.db.tables import audit_log
+from controlroom.db.tables import audit_log, rejected_telemetry
+from controlroom.sitecalls.kpis import measure_kpis
 from controlroom.sitecalls.retention import SiteCallRetention
 from controlroom.sitecalls.writer import SiteCallWriter
 from tests.sitecalls.packets import T0, packet, stored, write
@@ -101,3 +102,45 @@ def test_postgresql_drops_whole_month_partitions(postgresql_url: str, tmp_path) 
         assert {"audit_log_p202504", "audit_log_p202505"} <= partitions
     finally:
         engine.dispose()
+
+
+def _kpis(engine: sa.Engine) -> dict[str, float | int | None]:
+    with engine.connect() as conn:
+        report = measure_kpis(
+            conn, now=NOW, interval=timedelta(hours=1), stuck_threshold=timedelta(minutes=10)
+        )
+    return report.total().as_dict(NOW)
+
+
+def test_a_late_packet_of_a_purged_call_is_rejected_until_its_tombstone_expires(
+    engine: sa.Engine, tmp_path
+) -> None:
+    op_id = str(uuid.uuid4())
+    writer = SiteCallWriter(engine)
+    write(writer, packet("Submitted", op_id=op_id), packet("Delivered", op_id=op_id))
+    settings = Settings(data_dir=tmp_path, sitecalls={"tombstone_days": 30})
+    now = [NOW]
+    retention = SiteCallRetention(engine, settings, clock=lambda: now[0])
+    result = retention.purge_once()
+    assert result is not None and result.site_calls == 1
+    before = _kpis(engine)
+
+    late = packet(
+        "Attempted", op_id=op_id, at=T0 - timedelta(seconds=5), event_id=str(uuid.uuid4())
+    )
+    (reason,) = write(writer, late)
+    assert reason is not None and reason.startswith("tracked_operation_id:")
+    assert "purged" in reason and "sitecalls.tombstone_days" in reason
+    assert stored(engine, op_id) is None
+    assert _kpis(engine) == before
+    with engine.connect() as conn:
+        kept = conn.execute(sa.select(rejected_telemetry.c.reason)).scalars().all()
+        assert kept == [reason]
+        assert conn.execute(sa.select(audit_log.c.event_id)).scalars().all() == []
+
+    # tombstone_days after the purge, the tombstone goes and the id is taken again.
+    now[0] = NOW + timedelta(days=30, seconds=1)
+    result = retention.purge_once()
+    assert result is not None and result.tombstones == 1
+    assert write(writer, late) == [None]
+    assert stored(engine, op_id).status == "Attempted"

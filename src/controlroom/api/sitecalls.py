@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, PlainSerializer
 
 from controlroom.config import Settings
 from controlroom.sitecalls import queries
@@ -27,6 +27,7 @@ from controlroom.sitecalls.kpis import Metric, measure_kpis
 from controlroom.sitecalls.writer import IngestBudgetExceeded
 from controlroom.telemetry.contract import UtcInstant
 from controlroom.telemetry.ordering import Channel, SiteCallStatus
+from controlroom.telemetry.stamps import Stamp, round_trip
 
 router = APIRouter(tags=["site calls"])
 
@@ -40,6 +41,9 @@ Text = Annotated[str | None, Query(max_length=1024)]
 # One type for every time parameter: a zone-aware time that stays within years 1-9999 in
 # UTC (the contract's rule), so an out-of-range one is a 422 naming the parameter.
 Instant = Annotated[UtcInstant | None, Query(description="ISO 8601 with a zone.")]
+# Every time answered in one format: a site's stamps (``Stamp``) and central's own times
+# alike, UTC with seven fractional digits, the .NET round-trip format (README).
+Time = Annotated[datetime, PlainSerializer(round_trip, return_type=str, when_used="json")]
 BAD_REQUEST: dict[int | str, dict[str, Any]] = {
     400: {"description": "A parameter is malformed (named in detail)."}
 }
@@ -58,17 +62,17 @@ class SiteCallView(BaseModel):
     retry_count: int
     last_error: str | None
     http_status: int | None
-    created_at_utc: datetime
-    updated_at_utc: datetime
-    terminal_at_utc: datetime | None
-    ingested_at_utc: datetime
+    created_at_utc: Stamp
+    updated_at_utc: Stamp
+    terminal_at_utc: Stamp | None
+    ingested_at_utc: Time
     epoch: int
 
 
 class AuditEventView(BaseModel):
     event_id: str
-    occurred_at_utc: datetime
-    ingested_at_utc: datetime
+    occurred_at_utc: Stamp
+    ingested_at_utc: Time
     actor: str
     action: str
     outcome: str
@@ -101,7 +105,7 @@ class RejectedPacketView(BaseModel):
     packet: str
     """The packet as received (UTF-8; undecodable bytes shown as U+FFFD)."""
     reason: str
-    rejected_at_utc: datetime
+    rejected_at_utc: Time
 
 
 class RejectedPage(BaseModel):
@@ -123,7 +127,7 @@ class TelemetryAnswer(BaseModel):
 
 
 class Kpis(BaseModel):
-    at_utc: datetime
+    at_utc: Time
     scope: Literal["global", "site", "node"]
     scope_key: str
     interval_seconds: float
@@ -137,7 +141,7 @@ class Kpis(BaseModel):
 
 
 class SeriesPointView(BaseModel):
-    captured_at_utc: datetime
+    captured_at_utc: Time
     value: float
     min: float
     max: float
@@ -148,8 +152,8 @@ class KpiSeries(BaseModel):
     metric: str
     scope: str
     scope_key: str
-    from_utc: datetime
-    to_utc: datetime
+    from_utc: Time
+    to_utc: Time
     points: list[SeriesPointView]
 
 
@@ -163,8 +167,9 @@ def _settings(request: Request) -> Settings:
     return settings
 
 
-def _paged(page: queries.Page) -> dict[str, Any]:
-    return {"items": [row._asdict() for row in page.rows], "next_cursor": page.next_cursor}
+def _paged(page: queries.Page, stamps: tuple[str, ...]) -> dict[str, Any]:
+    items = [queries.with_stamps(row, stamps) for row in page.rows]
+    return {"items": items, "next_cursor": page.next_cursor}
 
 
 def _bad_cursor(exc: queries.BadCursor) -> HTTPException:
@@ -226,7 +231,8 @@ def list_site_calls(
     )
     try:
         with _engine(request).connect() as conn:
-            return _paged(queries.list_site_calls(conn, filters, limit=limit, after=after))
+            page = queries.list_site_calls(conn, filters, limit=limit, after=after)
+            return _paged(page, queries.SITE_CALL_STAMPS)
     except queries.BadCursor as exc:
         raise _bad_cursor(exc) from None
 
@@ -289,7 +295,10 @@ def get_site_call(
         if row is None:
             raise HTTPException(404, f"no site call with tracked_operation_id {key}")
         events = queries.audit_events_of(conn, key)
-    return {**row._asdict(), "audit_events": [event._asdict() for event in events]}
+    return {
+        **queries.with_stamps(row, queries.SITE_CALL_STAMPS),
+        "audit_events": [queries.with_stamps(event, queries.AUDIT_STAMPS) for event in events],
+    }
 
 
 @router.get("/audit-log", response_model=AuditPage, responses=BAD_REQUEST)
@@ -312,7 +321,8 @@ def list_audit_log(
     )
     try:
         with _engine(request).connect() as conn:
-            return _paged(queries.list_audit_events(conn, filters, limit=limit, after=after))
+            page = queries.list_audit_events(conn, filters, limit=limit, after=after)
+            return _paged(page, queries.AUDIT_STAMPS)
     except queries.BadCursor as exc:
         raise _bad_cursor(exc) from None
 

@@ -3,7 +3,8 @@
 "Retry/Discard relay").
 
 - ``GET /api/sites``: each configured site (id, base URL; never its token) with its
-  reconciliation state: last pull, last success, cursor, pinned, last error, reachable.
+  reconciliation state: last pull, last success, cursor, pinned, last error, reachable;
+  times in the site-call API's format (``telemetry.stamps``: the cursor's to 100 ns).
 - ``POST /api/sites/{id}/reconcile`` (operator): 202 when a pass of that site started,
   409 when a pass is already running (single-flight), 404 for an unknown site.
 - ``POST /api/site-calls/{id}/retry|discard`` (operator): the relay's outcome as
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,6 +24,7 @@ from fastapi.responses import JSONResponse
 from controlroom.api.auth import current_principal
 from controlroom.sitecalls.reconciliation import ReconciliationService, site_states
 from controlroom.sitecalls.relay import Command, RelayOutcome, relay_command
+from controlroom.telemetry.stamps import Stamp
 
 router = APIRouter(tags=["sites"])
 
@@ -33,8 +36,11 @@ _STATUS = {
 }
 
 
-def _iso(value: Any) -> str | None:
-    return None if value is None else value.isoformat()
+def _iso(value: datetime | Stamp | None) -> str | None:
+    """The site-call API's one time format (``Stamp.isoformat``: UTC, seven digits)."""
+    if value is None:
+        return None
+    return (value if isinstance(value, Stamp) else Stamp.of(value)).isoformat()
 
 
 @router.get("/sites")

@@ -327,6 +327,21 @@ failed_error_imports = sa.Table(
 # Widths are characters (docs/design.md "site_calls"), defined by the telemetry
 # contract (``controlroom.telemetry.widths``), which refuses a value longer than its column
 # before it reaches the store, on every provider.
+# A site's stamp is two columns (migration 0017, ``telemetry.stamps``): ``<name>_utc``, the
+# instant to the microsecond every index, filter and KPI reads, and ``<name>_tick``, the
+# 100 ns past it (0-9), which the ordering, the cursor and the API read with it.
+
+
+def tick_column(name: str) -> sa.Column[int]:
+    """The 100 ns part of the stamp ``{name}_utc``: ``{name}_tick``, 0-9 (0 without one)."""
+    return sa.Column(
+        f"{name}_tick",
+        sa.SmallInteger,
+        nullable=False,
+        server_default="0",
+        comment=f"100 ns past {name}_utc's microsecond, 0-9",
+    )
+
 
 site_calls = sa.Table(
     "site_calls",
@@ -347,6 +362,9 @@ site_calls = sa.Table(
     sa.Column("terminal_at_utc", UtcDateTime),
     sa.Column("ingested_at_utc", UtcDateTime, nullable=False),
     sa.Column("epoch", sa.Integer, nullable=False),
+    tick_column("created_at"),
+    tick_column("updated_at"),
+    tick_column("terminal_at"),
 )
 
 audit_log = sa.Table(
@@ -367,6 +385,7 @@ audit_log = sa.Table(
     sa.Column("correlation_id", sa.String(UUID_LEN)),
     sa.Column("details_json", sa.Text),
     sa.Column("payload_truncated", sa.Boolean, nullable=False),
+    tick_column("occurred_at"),
 )
 
 # A packet the contract or the store refused, kept whole (the bytes as received).
@@ -408,6 +427,22 @@ site_reconciliation = sa.Table(
     sa.Column("pinned", sa.Boolean, nullable=False),
     sa.Column("pinned_changed_at_utc", UtcDateTime, comment="last latch or unlatch"),
     sa.Column("rows_pulled", sa.BigInteger, nullable=False, comment="over every pass"),
+    tick_column("cursor_updated_at"),
+)
+
+# --- purged site calls (migration 0018) ----------------------------------------------------
+# The id and terminal stamp of each site call the retention purge deleted, written in the
+# purge's transaction and kept ``sitecalls.tombstone_days`` after it (so at least that long
+# beyond retention), so a late packet of a purged call is rejected instead of bringing it
+# back (docs/design.md "Site call retention").
+site_call_tombstones = sa.Table(
+    "site_call_tombstones",
+    metadata,
+    sa.Column("tracked_operation_id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("terminal_at_utc", UtcDateTime, nullable=False),
+    tick_column("terminal_at"),
+    sa.Column("purged_at_utc", UtcDateTime, nullable=False),
+    sa.Index("ix_site_call_tombstones_purged_at_utc", "purged_at_utc"),
 )
 
 # Messages whose external bodies wait to be deleted (migration 0006). The sweeper adds one

@@ -31,6 +31,7 @@ from controlroom.site.lifecycle import CallState, CommandOutcome, Status, Transi
 from controlroom.site.store import DueCall, TrackingStore, state_from_row
 from controlroom.site.telemetry import telemetry_packet
 from controlroom.telemetry.contract import check_actor
+from controlroom.telemetry.stamps import Stamp
 
 Operation = Callable[[Any], object]
 """Makes one attempt of a call from its JSON payload; raises on failure
@@ -175,7 +176,7 @@ class SiteAgent:
         self,
         tracked_operation_id: str,
         operator: str,
-        decide: Callable[[CallState, datetime], Transition | None],
+        decide: Callable[[CallState, Stamp], Transition | None],
     ) -> CommandOutcome:
         # The operator is the audit event's actor: a name central refuses is refused here,
         # before the command is applied and its audit record could be lost.
@@ -214,7 +215,7 @@ class SiteAgent:
         return self._finish(call.state, lifecycle.delivered)
 
     def _finish(
-        self, state: CallState, decide: Callable[[CallState, datetime], Transition]
+        self, state: CallState, decide: Callable[[CallState, Stamp], Transition]
     ) -> CallState:
         with self.store.transition(self._clock()) as (conn, stamp):
             transition = decide(state, stamp)

@@ -15,7 +15,9 @@ An operator acts on a ``Parked`` call only: Retry starts a new lifecycle (``epoc
 
 Every state carries ``updated_at_utc``; the store stamps each transition with
 ``next_stamp`` so stamps strictly increase across the whole store, in commit order, which
-is what makes the pull contract's keyset cursor (``changes_after``) miss nothing.
+is what makes the pull contract's keyset cursor (``changes_after``) miss nothing. Stamps
+are ``telemetry.stamps.Stamp``s, to 100 ns: transitions within one microsecond of the
+clock take its next 100 ns ticks, as a .NET ``datetime2`` site would stamp them.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ import httpx
 
 from controlroom.telemetry.contract import check_target
 from controlroom.telemetry.ordering import Channel
+from controlroom.telemetry.stamps import Stamp
 from controlroom.telemetry.widths import LAST_ERROR_WIDTH
 
-STAMP_RESOLUTION = timedelta(microseconds=1)
 CHANNELS = tuple(channel.value for channel in Channel)
 _TRANSIENT_HTTP = frozenset({408, 425, 429})
 
@@ -104,12 +106,14 @@ def backoff_seconds(retry_count: int, *, base: float, cap: float) -> float:
     return min(cap, wait)
 
 
-def next_stamp(now: datetime, latest: datetime | None) -> datetime:
-    """The stamp of a transition: ``now``, or just after ``latest`` (the newest stamp in
-    the store) when the clock has not moved past it, so stamps strictly increase."""
-    if latest is not None and now <= latest:
-        return latest + STAMP_RESOLUTION
-    return now
+def next_stamp(now: datetime, latest: Stamp | None) -> Stamp:
+    """The stamp of a transition: ``now`` (zone-aware), or 100 ns after ``latest`` (the
+    newest stamp in the store) when the clock has not moved past it, so stamps strictly
+    increase."""
+    stamp = Stamp.of(now)
+    if latest is not None and stamp <= latest:
+        return latest.next()
+    return stamp
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +129,9 @@ class CallState:
     retry_count: int
     last_error: str | None
     http_status: int | None
-    created_at_utc: datetime
-    updated_at_utc: datetime
-    terminal_at_utc: datetime | None
+    created_at_utc: Stamp
+    updated_at_utc: Stamp
+    terminal_at_utc: Stamp | None
     epoch: int
 
 
@@ -149,7 +153,7 @@ def submitted(
     target: str,
     source_site: str,
     source_node: str | None,
-    stamp: datetime,
+    stamp: Stamp,
 ) -> Transition:
     """The first state of a new cached call. Raises ``ValueError`` for a channel that is
     not ``ApiOutbound``/``DbOutbound`` or a target central's contract refuses
@@ -172,10 +176,10 @@ def submitted(
         terminal_at_utc=None,
         epoch=0,
     )
-    return Transition(state, "CachedCallSubmitted", stamp)
+    return Transition(state, "CachedCallSubmitted", stamp.instant)
 
 
-def delivered(state: CallState, stamp: datetime) -> Transition:
+def delivered(state: CallState, stamp: Stamp) -> Transition:
     """The attempt succeeded."""
     new = dataclasses.replace(
         state, status=Status.DELIVERED, updated_at_utc=stamp, terminal_at_utc=stamp, last_error=None
@@ -186,7 +190,7 @@ def delivered(state: CallState, stamp: datetime) -> Transition:
 def attempt_failed(
     state: CallState,
     failure: Failure,
-    stamp: datetime,
+    stamp: Stamp,
     *,
     max_retries: int,
     backoff_base: float,
@@ -209,7 +213,8 @@ def attempt_failed(
         return Transition(new, "CachedCallParked", None, failure.error)
     new = dataclasses.replace(failed, status=Status.ATTEMPTED, retry_count=retries)
     wait = backoff_seconds(retries, base=backoff_base, cap=backoff_cap)
-    return Transition(new, "CachedCallAttempted", stamp + timedelta(seconds=wait), failure.error)
+    due = stamp.instant + timedelta(seconds=wait)
+    return Transition(new, "CachedCallAttempted", due, failure.error)
 
 
 class CommandOutcome(enum.StrEnum):
@@ -220,7 +225,7 @@ class CommandOutcome(enum.StrEnum):
     NOT_FOUND = "NotFound"
 
 
-def operator_retry(state: CallState, stamp: datetime) -> Transition | None:
+def operator_retry(state: CallState, stamp: Stamp) -> Transition | None:
     """A new lifecycle of a Parked call (``epoch`` + 1, ``Submitted``, due at once);
     ``None`` when the call is not Parked."""
     if state.status is not Status.PARKED:
@@ -235,10 +240,10 @@ def operator_retry(state: CallState, stamp: datetime) -> Transition | None:
         updated_at_utc=stamp,
     )
     # Due at once: its creation is an instant every clock reading is past.
-    return Transition(new, "CachedCallRetried", state.created_at_utc)
+    return Transition(new, "CachedCallRetried", state.created_at_utc.instant)
 
 
-def operator_discard(state: CallState, stamp: datetime) -> Transition | None:
+def operator_discard(state: CallState, stamp: Stamp) -> Transition | None:
     """A Parked call given up (``Discarded``, terminal); ``None`` when it is not Parked."""
     if state.status is not Status.PARKED:
         return None
@@ -249,11 +254,11 @@ def operator_discard(state: CallState, stamp: datetime) -> Transition | None:
 
 
 # --- the pull contract's order ----------------------------------------------------------
-Cursor = tuple[datetime, str]
+Cursor = tuple[Stamp, str]
 """``(updated_at_utc, tracked_operation_id)`` of the last row a puller has seen."""
 
 
-def is_after(state: CallState, since: datetime, after_id: str | None) -> bool:
+def is_after(state: CallState, since: Stamp, after_id: str | None) -> bool:
     """True when ``state`` belongs to a pull from ``(since, after_id)``: strictly after
     the pair, or, without ``after_id``, at or after ``since``
     (docs/decisions.md "Pulls are strictly after a composite cursor")."""
@@ -263,7 +268,7 @@ def is_after(state: CallState, since: datetime, after_id: str | None) -> bool:
 
 
 def changes_after(
-    states: Iterable[CallState], since: datetime | None, after_id: str | None, limit: int
+    states: Iterable[CallState], since: Stamp | None, after_id: str | None, limit: int
 ) -> tuple[list[CallState], bool]:
     """The page of ``states`` a pull from the cursor returns, ordered by
     ``(updated_at_utc, tracked_operation_id)``, and whether more rows follow it. The

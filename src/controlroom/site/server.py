@@ -6,7 +6,9 @@ under ``/site``, all needing ``Authorization: Bearer <token>`` when the agent ha
 - ``GET /site/tracking/changes?since=&after_id=&limit=``: ``{"rows": [...],
   "more_available": bool}``; rows in the telemetry contract's shape (no audit event),
   ordered by ``(updated_at_utc, tracked_operation_id)``, strictly after the pair, or at or
-  after ``since`` when ``after_id`` is absent. ``limit`` 1..5000, default 500.
+  after ``since`` when ``after_id`` is absent. ``limit`` 1..5000, default 500. Stamps
+  to 100 ns (``telemetry.stamps``): rows carry seven fractional digits, and ``since``
+  takes up to seven.
 - ``POST /site/tracking/{id}/retry`` and ``/discard`` with ``{"operator": "name"}``:
   200 ``{"outcome": "Applied"}``, 409 ``{"outcome": "NotParked", "status": ...}``, 404
   ``{"outcome": "NotFound"}``; 422 naming ``operator`` when central's contract would
@@ -29,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from controlroom.site.agent import CachedCallFailed, SiteAgent
 from controlroom.site.lifecycle import CommandOutcome
 from controlroom.site.telemetry import state_document
-from controlroom.telemetry.contract import AuditActor, CallTarget, StorableText, UtcInstant
+from controlroom.telemetry.contract import AuditActor, CallTarget, StorableText
+from controlroom.telemetry.stamps import Stamp
 from controlroom.telemetry.widths import TARGET_WIDTH
 from controlroom.validation_answers import install_validation_answer
 
@@ -89,7 +92,7 @@ def create_site_app(agent: SiteAgent) -> FastAPI:
 
     @app.get("/site/tracking/changes")
     def changes(
-        since: Annotated[UtcInstant | None, Query()] = None,
+        since: Annotated[Stamp | None, Query()] = None,
         after_id: Annotated[str | None, Query(min_length=1, max_length=36)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 500,
     ) -> dict[str, Any]:

@@ -7,8 +7,12 @@ writes the row and its packet in one ``BEGIN IMMEDIATE`` transaction, so a packe
 exactly when its transition committed, and stamps taken inside that transaction
 (``lifecycle.next_stamp``) strictly increase in commit order.
 
-The schema is created on open (``PRAGMA user_version`` says which); one agent process
-owns a store at a time (``TrackingStore.open`` takes an exclusive lock on a file beside it).
+Stamps are kept to 100 ns (``telemetry.stamps``): each is ``<name>_utc`` and
+``<name>_tick``, as at central, and the pull contract orders by both.
+
+The schema is created on open (``PRAGMA user_version`` says which; a store of schema 1,
+whose stamps were microseconds, gains the tick columns, 0); one agent process owns a
+store at a time (``TrackingStore.open`` takes an exclusive lock on a file beside it).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from controlroom.db.transactions import begin_write
 from controlroom.db.types import UtcDateTime
 from controlroom.exceptions import ConfigurationError
 from controlroom.site.lifecycle import DUE_STATUSES, CallState, Status, Transition, next_stamp
+from controlroom.telemetry.stamps import Stamp, stamp_of, stamp_values
 from controlroom.telemetry.widths import (
     CHANNEL_WIDTH,
     LAST_ERROR_WIDTH,
@@ -39,7 +44,9 @@ from controlroom.telemetry.widths import (
     UUID_LEN,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+STAMPS = ("created_at", "updated_at", "terminal_at")
+"""The stamps of a call's state, each ``{name}_utc`` and ``{name}_tick`` (schema 2)."""
 
 metadata = sa.MetaData()
 
@@ -65,8 +72,17 @@ tracked_operations = sa.Table(
     sa.Column("payload_json", sa.Text, nullable=False),
     sa.Column("next_attempt_at_utc", UtcDateTime),
     sa.Column("claimed_by", sa.String(UUID_LEN), comment="agent instance attempting it now"),
+    *(
+        sa.Column(f"{name}_tick", sa.SmallInteger, nullable=False, server_default="0")
+        for name in STAMPS
+    ),
     # The pull contract's order, and the retry loop's scan of due calls.
-    sa.Index("ix_tracked_operations_changes", "updated_at_utc", "tracked_operation_id"),
+    sa.Index(
+        "ix_tracked_operations_changes",
+        "updated_at_utc",
+        "updated_at_tick",
+        "tracked_operation_id",
+    ),
     sa.Index("ix_tracked_operations_due", "status", "next_attempt_at_utc"),
 )
 
@@ -110,13 +126,31 @@ def state_from_row(row: sa.Row[*tuple[Any, ...]]) -> CallState:
     """The call state a ``tracked_operations`` row holds."""
     values = {name: getattr(row, name) for name in STATE_COLUMNS}
     values["status"] = Status(values["status"])
+    for name in STAMPS:
+        values[f"{name}_utc"] = stamp_of(row, name)
     return CallState(**values)
 
 
 def _state_values(state: CallState) -> dict[str, Any]:
     values = {name: getattr(state, name) for name in STATE_COLUMNS}
     values["status"] = str(state.status)
+    for name in STAMPS:
+        values.update(stamp_values(name, getattr(state, f"{name}_utc")))
     return values
+
+
+def _upgrade_from_1(conn: sa.Connection) -> None:
+    """Schema 1 -> 2: the stamps' 100 ns columns (0: schema 1 kept microseconds) and the
+    pull order's index over them."""
+    for name in STAMPS:
+        conn.exec_driver_sql(
+            f"ALTER TABLE tracked_operations ADD COLUMN {name}_tick SMALLINT NOT NULL DEFAULT 0"
+        )
+    conn.exec_driver_sql("DROP INDEX ix_tracked_operations_changes")
+    (changes,) = [
+        i for i in tracked_operations.indexes if i.name == "ix_tracked_operations_changes"
+    ]
+    changes.create(conn)
 
 
 class TrackingStore:
@@ -152,6 +186,8 @@ class TrackingStore:
                     f"the tracking store {path} has schema {version}; this agent knows "
                     f"{SCHEMA_VERSION}: upgrade controlroom"
                 )
+            if version == 1:
+                _upgrade_from_1(conn)
             metadata.create_all(conn)
             conn.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
         return cls(engine, lock)
@@ -162,10 +198,15 @@ class TrackingStore:
 
     # --- transitions ------------------------------------------------------------------
     @contextmanager
-    def transition(self, now: datetime) -> Iterator[tuple[sa.Connection, datetime]]:
+    def transition(self, now: datetime) -> Iterator[tuple[sa.Connection, Stamp]]:
         """A write transaction and the stamp its transition takes (module doc)."""
         with begin_write(self.engine) as conn:
-            latest = conn.execute(sa.select(sa.func.max(to.updated_at_utc))).scalar_one()
+            newest = conn.execute(
+                sa.select(to.updated_at_utc, to.updated_at_tick)
+                .order_by(to.updated_at_utc.desc(), to.updated_at_tick.desc())
+                .limit(1)
+            ).first()
+            latest = None if newest is None else stamp_of(newest, "updated_at")
             yield conn, next_stamp(now, latest)
 
     def record(
@@ -215,22 +256,25 @@ class TrackingStore:
         return [state_from_row(row) for row in rows]
 
     def changes(
-        self, since: datetime | None, after_id: str | None, limit: int
+        self, since: Stamp | None, after_id: str | None, limit: int
     ) -> tuple[list[CallState], bool]:
         """The pull contract (``lifecycle.changes_after`` is its reference): up to
         ``limit`` rows ordered by ``(updated_at_utc, tracked_operation_id)`` strictly after
         ``(since, after_id)``, or at or after ``since`` without ``after_id``, and whether
-        more follow."""
-        query = sa.select(tracked_operations).order_by(to.updated_at_utc, to.tracked_operation_id)
-        if since is not None and after_id is None:
-            query = query.where(to.updated_at_utc >= since)
-        elif since is not None:
-            query = query.where(
-                sa.or_(
-                    to.updated_at_utc > since,
-                    sa.and_(to.updated_at_utc == since, to.tracked_operation_id > after_id),
+        more follow; stamps to 100 ns."""
+        query = sa.select(tracked_operations).order_by(
+            to.updated_at_utc, to.updated_at_tick, to.tracked_operation_id
+        )
+        stamp = sa.tuple_(to.updated_at_utc, to.updated_at_tick)
+        if since is not None:
+            at = sa.tuple_(sa.literal(since.instant, UtcDateTime), since.tick)
+            if after_id is None:
+                query = query.where(stamp >= at)
+            else:
+                query = query.where(
+                    sa.tuple_(to.updated_at_utc, to.updated_at_tick, to.tracked_operation_id)
+                    > sa.tuple_(sa.literal(since.instant, UtcDateTime), since.tick, after_id)
                 )
-            )
         with self.engine.connect() as conn:
             rows = conn.execute(query.limit(limit + 1)).all()
         return [state_from_row(row) for row in rows[:limit]], len(rows) > limit

@@ -10,16 +10,17 @@ bounded columns cannot (the whole error text).
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any
 
 from controlroom.site.lifecycle import CallState, Transition
+from controlroom.telemetry.stamps import Stamp
 
 AUDIT_CATEGORY = "CachedCall"
 _FAILURE_ACTIONS = frozenset({"CachedCallAttempted", "CachedCallParked", "CachedCallFailed"})
 
 
-def _instant(value: datetime | None) -> str | None:
+def _instant(value: Stamp | None) -> str | None:
+    # Seven digits always: the 100 ns a stamp may carry travel to central.
     return None if value is None else value.isoformat()
 
 

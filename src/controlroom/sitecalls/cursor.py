@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from datetime import datetime
 
-Cursor = tuple[datetime, str]
-"""``(updated_at_utc, tracked_operation_id)`` of the last row pulled from a site."""
+from controlroom.telemetry.stamps import Stamp
+
+Cursor = tuple[Stamp, str]
+"""``(updated_at_utc, tracked_operation_id)`` of the last row pulled from a site; the
+stamp to 100 ns as the site sent it, so rows sharing a microsecond still order."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from controlroom.db.tables import audit_log, rejected_telemetry, site_calls
 from controlroom.exceptions import ControlroomError
-from controlroom.telemetry.contract import as_utc
+from controlroom.telemetry.stamps import as_utc, stamp_of
 
 sc = site_calls.c
 al = audit_log.c
@@ -30,6 +30,21 @@ rt = rejected_telemetry.c
 
 class BadCursor(ControlroomError):
     """A paging cursor this service did not hand out."""
+
+
+SITE_CALL_STAMPS = ("created_at", "updated_at", "terminal_at")
+"""The stamps a site sends of a call, each stored as ``{name}_utc`` and ``{name}_tick``."""
+AUDIT_STAMPS = ("occurred_at",)
+
+
+def with_stamps(row: sa.Row[Any], names: Sequence[str]) -> dict[str, Any]:
+    """``row`` as a dict in which each stamp of ``names`` is one ``Stamp`` to 100 ns under
+    ``{name}_utc`` (``None`` when null), its ``{name}_tick`` folded in."""
+    values = row._asdict()
+    for name in names:
+        values[f"{name}_utc"] = stamp_of(row, name)
+        del values[f"{name}_tick"]
+    return values
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +153,12 @@ def get_site_call(
 def audit_events_of(
     conn: sa.Connection, tracked_operation_id: str
 ) -> list[sa.Row[*tuple[Any, ...]]]:
-    """The audit events correlated with a site call, oldest first."""
+    """The audit events correlated with a site call, oldest first (to the 100 ns)."""
     return list(
         conn.execute(
             sa.select(audit_log)
             .where(al.correlation_id == tracked_operation_id)
-            .order_by(al.occurred_at_utc, al.event_id)
+            .order_by(al.occurred_at_utc, al.occurred_at_tick, al.event_id)
         ).all()
     )
 

@@ -44,7 +44,8 @@ from controlroom.runtime.periodic import PeriodicTask
 from controlroom.sitecalls.cursor import Cursor, PinChange, judge_page, pin_change
 from controlroom.sitecalls.intake import make_writer, receive_json
 from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
-from controlroom.telemetry.contract import as_utc, foreign_source
+from controlroom.telemetry.contract import foreign_source
+from controlroom.telemetry.stamps import Stamp, stamp_of, stamp_values
 
 log = logging.getLogger(__name__)
 
@@ -102,15 +103,15 @@ def pull_page(
 
 
 def _key(row: Any) -> Cursor | None:
-    """A row's place in the site's order, ``None`` when it does not say."""
+    """A row's place in the site's order (its stamp to 100 ns), ``None`` when it does not
+    say: no stamp, no id, or a stamp the contract refuses (no zone, finer than 100 ns, a
+    time no store holds)."""
     try:
-        stamp = datetime.fromisoformat(row["updated_at_utc"])
+        stamp = Stamp.parse(row["updated_at_utc"])
         ident = row["tracked_operation_id"]
-        if stamp.tzinfo is None or not isinstance(ident, str):
-            return None
-        return as_utc(stamp), ident  # a time no store holds says nothing usable either
     except (TypeError, KeyError, ValueError):
         return None
+    return (stamp, ident) if isinstance(ident, str) else None
 
 
 def receive_row(row: Any, site: ConfiguredSite) -> ReceivedPacket:
@@ -209,10 +210,9 @@ class Reconciler:
     def _load(self, site_id: str) -> dict[str, Any]:
         with self._engine.connect() as conn:
             row = conn.execute(sa.select(site_reconciliation).where(sr.site_id == site_id)).first()
-        if row is None or row.cursor_updated_at_utc is None:
-            cursor = None
-        else:
-            cursor = (row.cursor_updated_at_utc, row.cursor_tracked_operation_id)
+        cursor = None
+        if row is not None and (stamp := stamp_of(row, "cursor_updated_at")) is not None:
+            cursor = (stamp, row.cursor_tracked_operation_id)
         return {"cursor": cursor, "pinned": bool(row.pinned) if row is not None else False}
 
     def _advance_cursor(self, site_id: str, cursor: Cursor) -> None:
@@ -223,19 +223,25 @@ class Reconciler:
             key=[sr.site_id],
             set_=lambda incoming: {
                 "cursor_updated_at_utc": incoming.cursor_updated_at_utc,
+                "cursor_updated_at_tick": incoming.cursor_updated_at_tick,
                 "cursor_tracked_operation_id": incoming.cursor_tracked_operation_id,
             },
             where=lambda incoming: sa.or_(
                 sr.cursor_updated_at_utc.is_(None),
-                incoming.cursor_updated_at_utc > sr.cursor_updated_at_utc,
-                sa.and_(
-                    incoming.cursor_updated_at_utc == sr.cursor_updated_at_utc,
-                    incoming.cursor_tracked_operation_id > sr.cursor_tracked_operation_id,
+                sa.tuple_(
+                    incoming.cursor_updated_at_utc,
+                    incoming.cursor_updated_at_tick,
+                    incoming.cursor_tracked_operation_id,
+                )
+                > sa.tuple_(
+                    sr.cursor_updated_at_utc,
+                    sr.cursor_updated_at_tick,
+                    sr.cursor_tracked_operation_id,
                 ),
             ),
         ).values(
             site_id=site_id,
-            cursor_updated_at_utc=stamp,
+            **stamp_values("cursor_updated_at", stamp),
             cursor_tracked_operation_id=ident,
             reachable=True,
             pinned=False,
@@ -336,8 +342,8 @@ def site_states(conn: sa.Connection, sites: Sequence[ConfiguredSite]) -> list[Si
     for site in sites:
         state = states.get(site.id)
         cursor = None
-        if state is not None and state.cursor_updated_at_utc is not None:
-            cursor = (state.cursor_updated_at_utc, state.cursor_tracked_operation_id)
+        if state is not None and (stamp := stamp_of(state, "cursor_updated_at")) is not None:
+            cursor = (stamp, state.cursor_tracked_operation_id)
         answer.append(
             SiteState(
                 id=site.id,

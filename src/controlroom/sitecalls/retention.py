@@ -11,6 +11,11 @@ partition is deleted from row by row; elsewhere an indexed delete in chunks unde
 purge permit, the one way past the append-only trigger). Each run first makes the audit
 log's partitions for the months ahead (``Provider.prepare_audit_log``). One process
 purges at a time (a lease); a failed purge is logged and tried again at the next run.
+
+Each purged call leaves a tombstone (its id and terminal stamp) written in the
+transaction that deletes it and kept ``sitecalls.tombstone_days`` after that purge (so at
+least that long beyond retention): meanwhile a late packet of the call is rejected instead
+of re-creating it (``sitecalls.tombstones``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from controlroom.db.tables import site_calls
 from controlroom.db.transactions import begin_write
 from controlroom.runtime.clock import Clock, utc_now
 from controlroom.runtime.periodic import PeriodicTask
+from controlroom.sitecalls.tombstones import expire_tombstones, write_tombstones
 from controlroom.telemetry.ordering import TERMINAL
 
 log = logging.getLogger(__name__)
@@ -39,12 +45,15 @@ sc = site_calls.c
 
 @dataclass(frozen=True, slots=True)
 class PurgeResult:
-    """Rows deleted and the cutoffs used (UTC)."""
+    """Rows deleted (site calls, audit events, expired tombstones) and the cutoffs used
+    (UTC)."""
 
     site_calls: int
     audit_events: int
     site_call_cutoff: datetime
     audit_cutoff: datetime
+    tombstones: int
+    tombstone_cutoff: datetime
 
 
 def purge_site_call_history(
@@ -53,13 +62,17 @@ def purge_site_call_history(
     now: datetime,
     site_call_days: int,
     audit_days: int,
+    tombstone_days: int,
     chunk: int = PURGE_CHUNK,
 ) -> PurgeResult:
     """Delete terminal site calls whose ``terminal_at_utc`` is before ``now -
-    site_call_days`` and audit events that occurred before ``now - audit_days``, in
-    chunks of ``chunk`` rows, each its own transaction."""
+    site_call_days``, each leaving a tombstone in its chunk's transaction, audit events
+    that occurred before ``now - audit_days``, and tombstones a purge wrote before ``now -
+    tombstone_days``; in chunks of ``chunk`` rows, each
+    its own transaction."""
     provider = provider_for(engine)
     call_cutoff = now - timedelta(days=site_call_days)
+    tombstone_cutoff = now - timedelta(days=tombstone_days)
     audit_cutoff = now - timedelta(days=audit_days)
     expired_call = sa.and_(
         sc.terminal_at_utc < call_cutoff, sc.status.in_([s.value for s in TERMINAL])
@@ -67,20 +80,27 @@ def purge_site_call_history(
     calls = 0
     while True:
         with begin_write(engine) as conn:
-            ids = (
-                conn.execute(sa.select(sc.tracked_operation_id).where(expired_call).limit(chunk))
-                .scalars()
+            purged = (
+                conn.execute(
+                    sa.delete(site_calls)
+                    .where(
+                        sc.tracked_operation_id.in_(
+                            sa.select(sc.tracked_operation_id).where(expired_call).limit(chunk)
+                        ),
+                        expired_call,
+                    )
+                    .returning(sc.tracked_operation_id, sc.terminal_at_utc, sc.terminal_at_tick)
+                )
+                .mappings()
                 .all()
             )
-            if ids:
-                conn.execute(
-                    sa.delete(site_calls).where(sc.tracked_operation_id.in_(ids), expired_call)
-                )
-        calls += len(ids)
-        if len(ids) < chunk:
+            write_tombstones(conn, provider, purged, now)
+        calls += len(purged)
+        if len(purged) < chunk:
             break
     events = provider.purge_audit_log(engine, audit_cutoff, chunk=chunk)
-    return PurgeResult(calls, events, call_cutoff, audit_cutoff)
+    tombstones = expire_tombstones(engine, tombstone_cutoff, chunk=chunk)
+    return PurgeResult(calls, events, call_cutoff, audit_cutoff, tombstones, tombstone_cutoff)
 
 
 class SiteCallRetention:
@@ -114,12 +134,14 @@ class SiteCallRetention:
             now=now,
             site_call_days=self._settings.sitecalls.retention_days,
             audit_days=self._settings.audit.retention_days,
+            tombstone_days=self._settings.sitecalls.tombstone_days,
         )
-        if result.site_calls or result.audit_events:
+        if result.site_calls or result.audit_events or result.tombstones:
             log.info(
-                "purged %d terminal site calls and %d audit events",
+                "purged %d terminal site calls, %d audit events and %d expired tombstones",
                 result.site_calls,
                 result.audit_events,
+                result.tombstones,
             )
         return result
 

@@ -50,7 +50,9 @@ def supersedes_stored(incoming: Any) -> sa.ColumnElement[bool]:
             same_epoch,
             incoming_rank == stored_rank,
             stored_rank < TERMINAL_RANK,  # an equal terminal rank is immutable
-            incoming.updated_at_utc > stored.updated_at_utc,
+            # updated_at_utc, then its 100 ns (telemetry.stamps): the newer stamp wins.
+            sa.tuple_(incoming.updated_at_utc, incoming.updated_at_tick)
+            > sa.tuple_(stored.updated_at_utc, stored.updated_at_tick),
         ),
     )
 

@@ -17,6 +17,9 @@ truncated" and "Audit ingest has a time budget per chunk".
   ``source_site`` than the stored row's (or, for a new call, than the chunk's first
   packet of it) is kept in ``rejected_telemetry`` with the reason
   (``contract.foreign_source``); the upsert's guard holds the same rule.
+- A packet of a call the retention purge deleted, while its tombstone is kept, is kept in
+  ``rejected_telemetry`` with the reason (``sitecalls.tombstones``): a late replay never
+  brings a purged call back.
 - Transient store errors replay the chunk (``retrying``); a packet that blows its own
   fresh budget raises ``IngestBudgetExceeded`` so the caller gives the batch back.
 """
@@ -42,9 +45,11 @@ from controlroom.db.tables import rejected_telemetry
 from controlroom.db.transactions import begin_write
 from controlroom.exceptions import ControlroomError, ErrorKind
 from controlroom.runtime.clock import Clock, utc_now
+from controlroom.sitecalls.tombstones import bury, tombstone_reason, tombstones_of
 from controlroom.sitecalls.upsert import stored_owners, upsert_site_calls
 from controlroom.telemetry.contract import TelemetryPacket, foreign_source, rejection_id
 from controlroom.telemetry.ordering import fold_states
+from controlroom.telemetry.stamps import stamp_values
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +89,9 @@ def site_call_row(packet: TelemetryPacket, now: datetime) -> dict[str, Any]:
         "retry_count": packet.retry_count,
         "last_error": packet.last_error,
         "http_status": packet.http_status,
-        "created_at_utc": packet.created_at_utc,
-        "updated_at_utc": packet.updated_at_utc,
-        "terminal_at_utc": packet.terminal_at_utc,
+        **stamp_values("created_at", packet.created_at_utc),
+        **stamp_values("updated_at", packet.updated_at_utc),
+        **stamp_values("terminal_at", packet.terminal_at_utc),
         "ingested_at_utc": now,
         "epoch": packet.epoch,
     }
@@ -101,7 +106,7 @@ def audit_row(packet: TelemetryPacket, now: datetime) -> dict[str, Any] | None:
         return None
     return {
         "event_id": event.event_id,
-        "occurred_at_utc": event.occurred_at_utc,
+        **stamp_values("occurred_at", event.occurred_at_utc),
         "ingested_at_utc": now,
         "actor": event.actor,
         "action": event.action,
@@ -209,7 +214,8 @@ class SiteCallWriter:
 
     def _write_chunk(self, packets: Sequence[TelemetryPacket], budget: float) -> list[str | None]:
         """Write ``packets`` in one transaction; returns, per packet, ``None`` or why it
-        was refused (it names another site than its call's: ``contract.foreign_source``)."""
+        was refused (it names another site than its call's: ``contract.foreign_source``;
+        its call was purged: ``tombstones.tombstone_reason``)."""
         now = self._clock()
         deadline = self._monotonic() + budget
         with begin_write(self._engine) as conn, self._within(conn, deadline):
@@ -223,18 +229,27 @@ class SiteCallWriter:
                 )
                 for packet in packets
             ]
-            kept = [packet for packet, reason in zip(packets, refused, strict=True) if not reason]
             by_id: dict[str, list[TelemetryPacket]] = {}
-            for packet in kept:
-                by_id.setdefault(packet.tracked_operation_id, []).append(packet)
+            for packet, reason in zip(packets, refused, strict=True):
+                if reason is None:
+                    by_id.setdefault(packet.tracked_operation_id, []).append(packet)
             rows = [site_call_row(fold_states(by_id[key]), now) for key in sorted(by_id)]
-            events: dict[str, dict[str, Any]] = {}
-            for packet in kept:
-                row = audit_row(packet, now)
-                if row is not None:
-                    events.setdefault(row["event_id"], row)  # the first of a batch wins too
             self._check(deadline)
             upsert_site_calls(conn, self._provider, rows)
+            self._check(deadline)
+            # Read after the upsert: a purge that committed while the upsert waited for
+            # its row is seen (each statement sees what committed before it), and what
+            # the upsert wrote for a purged call is deleted again in this transaction.
+            purged = tombstones_of(conn, self._provider, by_id)
+            bury(conn, purged)
+            events: dict[str, dict[str, Any]] = {}
+            for index, packet in enumerate(packets):
+                terminal = purged.get(packet.tracked_operation_id)
+                if terminal is not None and refused[index] is None:
+                    refused[index] = tombstone_reason(terminal)
+                row = audit_row(packet, now) if refused[index] is None else None
+                if row is not None:
+                    events.setdefault(row["event_id"], row)  # the first of a batch wins too
             self._check(deadline)
             self._provider.insert_audit_events(conn, [events[key] for key in sorted(events)])
             self._check(deadline)

@@ -7,6 +7,7 @@ rules and sizes its own store by the same widths.
 
 - ``widths``: the characters of each column a reported value lands in;
 - ``ordering``: statuses, channels, ranks and the ordering key;
+- ``stamps``: a site's stamps to 100 ns as sent, and their two stored columns;
 - ``contract``: the packet's pydantic model and the checks of single values.
 
 Imports only the standard library, pydantic and ``controlroom.exceptions``: no database

@@ -6,7 +6,9 @@ of the column it lands in (characters, ``controlroom.telemetry.widths``, which c
 tables and the site's store are declared with, so none can drift); a longer value rejects
 the packet — never truncated (docs/decisions.md "Telemetry is refused, never truncated").
 Times are ISO 8601 text with a zone, kept in UTC, so they must stay within years 1-9999
-once converted; integers and booleans are taken as sent (strict, never coerced from text).
+once converted; a site's stamps are kept to 100 ns exactly as sent (``telemetry.stamps``:
+more than seven fractional digits are refused, naming the field); integers and booleans
+are taken as sent (strict, never coerced from text).
 Unknown fields are refused by name, so nothing a site sends is dropped silently. The
 site agent checks what it will report with the same rules (``check_target``,
 ``check_actor``). Pure: no I/O.
@@ -18,7 +20,7 @@ import hashlib
 import json
 import re
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -36,6 +38,7 @@ from pydantic import (
 
 from controlroom.exceptions import ControlroomError
 from controlroom.telemetry.ordering import TERMINAL, Channel, SiteCallStatus
+from controlroom.telemetry.stamps import Stamp, as_utc
 from controlroom.telemetry.widths import (
     ACTION_WIDTH,
     ACTOR_WIDTH,
@@ -84,16 +87,6 @@ def _iso_text(value: Any) -> Any:
     except ValueError:
         raise ValueError("must be ISO 8601 text with a zone") from None
     return value
-
-
-def as_utc(value: datetime) -> datetime:
-    """``value`` (zone-aware) in UTC. Raises ``ValueError`` when that leaves years 1-9999
-    (a zone can carry such a time, no store holds it): the value's fault, so a validator
-    using this names its field."""
-    try:
-        return value.astimezone(UTC)
-    except OverflowError:
-        raise ValueError("must be a time within years 1 to 9999 once converted to UTC") from None
 
 
 Guid = Annotated[str, AfterValidator(_guid)]
@@ -155,7 +148,7 @@ class AuditEvent(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     event_id: Guid
-    occurred_at_utc: UtcInstant
+    occurred_at_utc: Stamp
     actor: AuditActor
     action: _Action
     outcome: Literal["Success", "Failure", "Denied"]
@@ -181,9 +174,9 @@ class TelemetryPacket(BaseModel):
     retry_count: Integer = Field(0, ge=0, le=2**31 - 1)
     last_error: _LastError | None = None
     http_status: Integer | None = Field(None, ge=100, le=599)
-    created_at_utc: UtcInstant
-    updated_at_utc: UtcInstant
-    terminal_at_utc: UtcInstant | None = None
+    created_at_utc: Stamp
+    updated_at_utc: Stamp
+    terminal_at_utc: Stamp | None = None
     epoch: Integer = Field(0, ge=0, le=2**31 - 1, description="absent means 0")
     audit_event: AuditEvent | None = None
 

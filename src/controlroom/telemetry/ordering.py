@@ -7,8 +7,9 @@ operator) < Delivered = Failed = Discarded 4 (terminal). The ordering key is
 
 - its epoch is higher (the site bumps it when an operator retries a Parked call), or
 - in the same epoch its rank is higher, or
-- in the same epoch and the same non-terminal rank, its ``updated_at_utc`` is newer
-  (so ``retry_count``, ``last_error``, ``http_status`` stay live).
+- in the same epoch and the same non-terminal rank, its ``updated_at_utc`` is newer, to
+  the 100 ns (``telemetry.stamps``), so ``retry_count``, ``last_error``, ``http_status``
+  stay live.
 
 An equal terminal rank is immutable (Delivered after Failed changes nothing); equal
 stamps and lower keys are no-ops. ``controlroom.sitecalls.upsert`` states the same rule
@@ -19,8 +20,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from datetime import datetime
 from typing import Protocol, TypeVar
+
+from controlroom.telemetry.stamps import Stamp
 
 
 class SiteCallStatus(enum.StrEnum):
@@ -79,10 +81,10 @@ class State(Protocol):
     def status(self) -> str: ...
 
     @property
-    def updated_at_utc(self) -> datetime: ...
+    def updated_at_utc(self) -> Stamp: ...
 
 
-def ordering_key(state: State) -> tuple[int, int, datetime]:
+def ordering_key(state: State) -> tuple[int, int, Stamp]:
     """``(epoch, rank, updated_at_utc)`` of ``state``."""
     return (state.epoch, rank(state.status), state.updated_at_utc)
 

@@ -6,9 +6,10 @@ Each provider module (``sqlite``, ``postgresql``) exposes a ``PROVIDER``: an ins
 insert-if-absent constructs, the full-text search clause, the lease of background
 singletons, engine setup and the classification of its driver's errors. This registry
 picks one by the engine's dialect name; feature code asks the provider and never tests a
-dialect's name itself. Source: docs/design.md "The provider seam". Adding a database is one module here, its migration branches, the
-column and index variants of ``db/tables.py`` and a test parameter: the full checklist is
-ARCHITECTURE.md "The provider seam".
+dialect's name itself. Source: docs/design.md "The provider seam". Adding a database is
+one module here, its migration branches, the column and index variants of
+``db/tables.py`` and a test parameter: the full checklist is ARCHITECTURE.md "The
+provider seam".
 """
 
 from __future__ import annotations
