@@ -367,6 +367,33 @@ audit_log = sa.Table(
     sa.Column("correlation_id", sa.String(UUID_LEN)),
     sa.Column("details_json", sa.Text),
     sa.Column("payload_truncated", sa.Boolean, nullable=False),
+    # The hash chain (migration 0017, db.audit_chain): the event's month chain
+    # (yyyymm of occurred_at_utc), its place in it and its link hash (hex SHA-256).
+    sa.Column("chain_month", sa.Integer),
+    sa.Column("chain_seq", sa.BigInteger),
+    sa.Column("chain_hash", sa.String(64)),
+)
+
+# One row (id 1): the shortest audit retention the purge honours, whatever its caller asks
+# (migration 0017). Written by `controlroom migrate`; on PostgreSQL only the owner can.
+audit_log_policy = sa.Table(
+    "audit_log_policy",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("min_retention_days", sa.Integer, nullable=False),
+)
+
+# One row per `controlroom audit verify`: what it found (the console's badge).
+audit_verifications = sa.Table(
+    "audit_verifications",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("verified_at_utc", UtcDateTime, nullable=False),
+    sa.Column("intact", sa.Boolean, nullable=False),
+    sa.Column("events", sa.BigInteger, nullable=False),
+    sa.Column("chains", sa.Integer, nullable=False),
+    sa.Column("broken_event_id", sa.String(UUID_LEN)),
+    sa.Column("reason", sa.Text),
 )
 
 # A packet the contract or the store refused, kept whole (the bytes as received).
