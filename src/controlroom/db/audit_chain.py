@@ -115,7 +115,7 @@ class ChainWalk:
         self._month: int | None = None
         self._head: Head = (0, GENESIS)
 
-    def check(self, row: Mapping[str, Any]) -> Break | None:
+    def check(self, row: Mapping[Any, Any]) -> Break | None:
         """``None`` when ``row`` follows the previous row of its chain, else the break."""
         self.events += 1
         month, seq, stored = row["chain_month"], row["chain_seq"], row["chain_hash"]
