@@ -154,16 +154,21 @@ def roles() -> Iterator[tuple[sa.Engine, sa.Engine]]:
     finally:
         if service is not None:
             service.dispose()
-        # Roles outlive databases: their grants here go first, then the roles.
-        with owner.begin() as conn:
-            for role in (login, group):
-                if conn.exec_driver_sql(
-                    "SELECT 1 FROM pg_roles WHERE rolname = %(role)s", {"role": role}
-                ).first():
-                    conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
-                    conn.exec_driver_sql(f'DROP ROLE "{role}"')
+        _drop_roles(owner, login, group)
         owner.dispose()
         servers.drop_postgresql_database(url)
+
+
+def _drop_roles(owner: sa.Engine, *roles: str) -> None:
+    """Roles outlive databases: their grants in ``owner``'s database go first, then the
+    roles."""
+    with owner.begin() as conn:
+        for role in roles:
+            if conn.exec_driver_sql(
+                "SELECT 1 FROM pg_roles WHERE rolname = %(role)s", {"role": role}
+            ).first():
+                conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
+                conn.exec_driver_sql(f'DROP ROLE "{role}"')
 
 
 def _partitions(engine: sa.Engine) -> list[str]:
@@ -251,3 +256,39 @@ def test_the_service_role_writes_reads_and_purges_only_past_the_floor(
         assert provider.audit_log_exposure(conn) is None
     with owner.connect() as conn:
         assert "superuser" in (provider.audit_log_exposure(conn) or "")
+
+
+@pytest.mark.postgresql
+def test_migrate_as_the_owner_makes_serves_user_the_service_role(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    url = servers.create_postgresql_database()
+    login = servers.scratch_name("svc")
+    service_url = sa.make_url(url).set(username=login, password=uuid.uuid4().hex)
+    owner = create_store_engine(url)
+    try:
+        monkeypatch.setenv("CONTROLROOM_DATA_DIR", str(tmp_path))
+        monkeypatch.setenv("CONTROLROOM_MIGRATION_DATABASE_URL", url)
+        monkeypatch.setenv(
+            "CONTROLROOM_DATABASE_URL", service_url.render_as_string(hide_password=False)
+        )
+        runner = CliRunner()
+        for _ in range(2):  # idempotent
+            result = runner.invoke(app, ["migrate"])
+            assert result.exit_code == 0, result.output
+            assert service_group(owner.url.database or "") in result.output
+        service = create_store_engine(service_url.render_as_string(hide_password=False))
+        try:
+            _events(service, datetime.now(UTC))
+            with (
+                pytest.raises(sa.exc.ProgrammingError, match="permission denied"),
+                service.begin() as conn,
+            ):
+                conn.exec_driver_sql("DELETE FROM audit_log")
+            assert runner.invoke(app, ["audit", "verify"]).exit_code == 0
+        finally:
+            service.dispose()
+    finally:
+        _drop_roles(owner, login, service_group(owner.url.database or ""))
+        owner.dispose()
+        servers.drop_postgresql_database(url)
