@@ -77,6 +77,28 @@ def test_events_chain_per_month_and_a_change_breaks_the_walk() -> None:
     assert fresh[0]["chain_hash"] != GENESIS
 
 
+def test_a_chain_must_reach_the_head_an_earlier_walk_recorded() -> None:
+    december, january = datetime(2026, 12, 5, tzinfo=UTC), datetime(2027, 1, 5, tzinfo=UTC)
+    events = link_events([_row(str(n), december) for n in range(3)] + [_row("j", january)], {})
+    first = ChainWalk()
+    assert all(first.check(e) is None for e in events) and first.finish() is None
+
+    cut_short = ChainWalk(first.heads)  # the newest December event removed
+    assert all(cut_short.check(e) is None for e in events[:2])
+    ended = cut_short.check(events[3])
+    assert ended is not None and ended.event_id == "1" and "newest events" in ended.reason
+
+    gone = ChainWalk(first.heads)  # January removed whole, not past retention
+    assert all(gone.check(e) is None for e in events[:3])
+    vanished = gone.finish()
+    assert vanished is not None and vanished.chain_month == 202701 and "gone" in vanished.reason
+    purged = ChainWalk(first.heads, purgeable_before=202701)  # December purged, in part
+    assert all(purged.check(e) is None for e in events[2:]) and purged.finish() is None
+    not_purgeable = ChainWalk(first.heads)
+    broken = not_purgeable.check(events[2])
+    assert broken is not None and "missing" in broken.reason
+
+
 # --- every provider ------------------------------------------------------------------------
 def test_verify_names_an_event_a_privileged_hand_changed(
     engine: sa.Engine, database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path
@@ -292,3 +314,20 @@ def test_migrate_as_the_owner_makes_serves_user_the_service_role(
         _drop_roles(owner, login, service_group(owner.url.database or ""))
         owner.dispose()
         servers.drop_postgresql_database(url)
+
+
+def test_verify_names_the_newest_events_a_privileged_hand_removed(engine: sa.Engine) -> None:
+    from controlroom.sitecalls.audit_verify import record_verification
+
+    today = datetime.now(UTC)
+    ids = _events(engine, today, today, today)
+    record_verification(engine, verify_audit_log(engine))
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql("ALTER TABLE audit_log DISABLE TRIGGER audit_log_append_only")
+        else:
+            conn.exec_driver_sql("DROP TRIGGER audit_log_no_delete")
+        conn.execute(sa.delete(audit_log).where(audit_log.c.event_id == ids[2]))
+    result = verify_audit_log(engine)
+    assert result.broken is not None and result.broken.event_id == ids[1]
+    assert "newest events were removed" in result.broken.reason

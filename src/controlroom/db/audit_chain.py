@@ -97,46 +97,107 @@ def link_events(
 
 @dataclass(frozen=True, slots=True)
 class Break:
-    """Where a chain breaks: the event, its chain and place as stored, and why."""
+    """Where a chain breaks: the event (``None`` for a chain gone whole), its chain and
+    place as stored, and why."""
 
-    event_id: str
+    event_id: str | None
     chain_month: int | None
     chain_seq: int | None
     reason: str
 
 
 class ChainWalk:
-    """Checks stored events fed in chain order (``chain_month``, then ``chain_seq``) and
-    keeps the first break. Feed rows with ``check`` until it returns a ``Break``."""
+    """Checks stored events fed in chain order (``chain_month``, then ``chain_seq``) with
+    ``check``, then ``finish``; each returns the first break or ``None``.
 
-    def __init__(self) -> None:
+    ``anchors``: the chains' heads an earlier intact walk recorded (``heads``): a chain
+    must still pass through its anchor, which shows events removed from a month's end or
+    a month's chain gone whole, which the links alone cannot. ``purgeable_before``: the
+    first month (yyyymm) the purge never removes; an older month may be partly purged
+    (the purge removes a month in chain order, a chunk per transaction), so its chain
+    may start past place 1, and may be gone."""
+
+    def __init__(
+        self, anchors: Mapping[int, Head] | None = None, *, purgeable_before: int = 0
+    ) -> None:
         self.events = 0
-        self.chains = 0
+        self.heads: dict[int, Head] = {}
+        """The newest event of each chain walked so far: month -> (place, hash)."""
+        self._anchors = dict(anchors or {})
+        self._purgeable_before = purgeable_before
         self._month: int | None = None
-        self._head: Head = (0, GENESIS)
+        self._last_event: str | None = None
+
+    @property
+    def chains(self) -> int:
+        """Month chains walked so far."""
+        return len(self.heads)
 
     def check(self, row: Mapping[Any, Any]) -> Break | None:
         """``None`` when ``row`` follows the previous row of its chain, else the break."""
-        self.events += 1
         month, seq, stored = row["chain_month"], row["chain_seq"], row["chain_hash"]
 
         def broken(reason: str) -> Break:
             return Break(row["event_id"], month, seq, reason)
 
+        if month != self._month and (ended := self._end_month()) is not None:
+            return ended
+        self.events += 1
         if month is None or seq is None or stored is None:
             return broken("the event is not chained (its chain columns are empty)")
-        if month != self._month:
-            self._month, self._head = month, (0, GENESIS)
-            self.chains += 1
-        expected = self._head[0] + 1
-        if seq != expected:
+        first = month != self._month
+        self._month = month
+        place, previous = self.heads.get(month, (0, GENESIS))
+        if first and seq > 1 and month < self._purgeable_before:
+            # The purge removed this month's first events; this one's link is unprovable.
+            place, previous = seq - 1, ""
+        if seq != place + 1:
             return broken(
-                f"chain {month} goes from event {self._head[0]} to {seq}: "
-                + ("an event is missing" if seq > expected else "an event appears twice")
+                f"chain {month} goes from place {place} to {seq}: "
+                + ("an event is missing" if seq > place + 1 else "an event appears twice")
             )
         if month != chain_month(row["occurred_at_utc"]):
             return broken(f"occurred_at_utc is not in the event's chain month {month}")
-        if link_hash(self._head[1], row) != stored:
+        if previous and link_hash(previous, row) != stored:
             return broken("the hash does not match: the event or the one before it was changed")
-        self._head = (seq, stored)
+        anchor = self._anchors.get(month)
+        if anchor is not None and anchor[0] == seq and anchor[1] != stored:
+            return broken(
+                "the chain differs from the one the last intact verification saw here: "
+                "it was rewritten up to this place"
+            )
+        self.heads[month] = (seq, stored)
+        self._last_event = row["event_id"]
+        return None
+
+    def finish(self) -> Break | None:
+        """After the last row: whether the last chain reached its anchor, and every
+        anchored chain not purgeable still exists."""
+        ended = self._end_month()
+        if ended is not None:
+            return ended
+        for month, (seq, _) in sorted(self._anchors.items()):
+            if month not in self.heads and month >= self._purgeable_before:
+                return Break(
+                    None,
+                    month,
+                    None,
+                    f"chain {month} is gone ({seq} events at the last intact verification), "
+                    "though its month is not past retention",
+                )
+        return None
+
+    def _end_month(self) -> Break | None:
+        month = self._month
+        if month is None or month not in self.heads:
+            return None
+        reached, anchor = self.heads[month][0], self._anchors.get(month)
+        if anchor is not None and anchor[0] > reached:
+            return Break(
+                self._last_event,
+                month,
+                reached,
+                f"chain {month} ends at place {reached}, but the last intact verification "
+                f"saw it reach place {anchor[0]}: its newest events were removed",
+            )
         return None

@@ -383,7 +383,8 @@ audit_log_policy = sa.Table(
     sa.Column("min_retention_days", sa.Integer, nullable=False),
 )
 
-# One row per `controlroom audit verify`: what it found (the console's badge).
+# One row per `controlroom audit verify`: what it found (the console's badge), and the
+# chains' heads an intact walk saw (the next walk checks each chain still reaches them).
 audit_verifications = sa.Table(
     "audit_verifications",
     metadata,
@@ -394,6 +395,7 @@ audit_verifications = sa.Table(
     sa.Column("chains", sa.Integer, nullable=False),
     sa.Column("broken_event_id", sa.String(UUID_LEN)),
     sa.Column("reason", sa.Text),
+    sa.Column("heads_json", sa.Text, comment="month: [place, hash]"),
 )
 
 # A packet the contract or the store refused, kept whole (the bytes as received).

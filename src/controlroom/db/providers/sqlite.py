@@ -69,8 +69,10 @@ _FIRST_MONTH_KEPT = sa.text(
     "SELECT strftime('%Y-%m-01 00:00:00', 'now', '-' || max(:days, coalesce("
     "(SELECT min_retention_days FROM audit_log_policy WHERE id = 1), 1)) || ' days')"
 )
+# In chain order: a month cut short (a chunk per transaction) lacks only its first events.
 _EXPIRED_EVENTS = sa.text(
-    "SELECT event_id FROM audit_log WHERE occurred_at_utc < :kept_from LIMIT :rows"
+    "SELECT event_id FROM audit_log WHERE occurred_at_utc < :kept_from "
+    "ORDER BY chain_month, chain_seq LIMIT :rows"
 )
 # SQLite calls the progress handler every this many virtual machine instructions.
 _PROGRESS_STEPS = 1000

@@ -18,7 +18,8 @@ a purge permit.
   empty one as a break.
 - ``audit_log_policy`` holds the shortest retention any purge honours (1 day here;
   ``controlroom migrate`` writes ``audit.retention_days``).
-- ``audit_verifications`` keeps what each ``controlroom audit verify`` found.
+- ``audit_verifications`` keeps what each ``controlroom audit verify`` found, and the
+  chains' heads it saw (the next verify checks that each chain still reaches its head).
 - PostgreSQL: the trigger lets a DELETE through only for the table's owner with the
   purge setting on, which only the owner's functions set. ``audit_log_purge`` and
   ``audit_log_prepare_partitions`` run as their owner (``SECURITY DEFINER``, pinned
@@ -109,6 +110,7 @@ def upgrade() -> None:
         sa.Column("chains", sa.Integer(), nullable=False),
         sa.Column("broken_event_id", sa.String(36), nullable=True),
         sa.Column("reason", sa.Text(), nullable=True),
+        sa.Column("heads_json", sa.Text(), nullable=True, comment="month: [place, hash]"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_audit_verifications")),
     )
     if dialect == "postgresql":
@@ -250,7 +252,8 @@ def _create_postgresql_guard(schema: str) -> None:
         "END $$"
     )
     # Whole months before the first month kept: month partitions dropped, the default
-    # partition's events deleted (at most max_rows per call), with their claims.
+    # partition's events deleted in chain order (at most max_rows per call: a month cut
+    # short lacks only its first events), with their claims.
     op.execute(
         "CREATE FUNCTION audit_log_purge(retention_days integer, max_rows integer) "
         "RETURNS TABLE (purged bigint, purged_from_default bigint, kept_from timestamp) "
@@ -277,7 +280,7 @@ def _create_postgresql_guard(schema: str) -> None:
         "PERFORM set_config('controlroom.audit_purge', 'on', true); "
         "WITH gone AS (DELETE FROM audit_log_default WHERE event_id IN ("
         "SELECT event_id FROM audit_log_default WHERE occurred_at_utc < kept_from "
-        "LIMIT greatest(max_rows, 1)) RETURNING event_id), "
+        "ORDER BY chain_month, chain_seq LIMIT greatest(max_rows, 1)) RETURNING event_id), "
         "claims AS (DELETE FROM audit_event_ids WHERE event_id IN (SELECT event_id FROM gone)) "
         "SELECT count(*) INTO purged_from_default FROM gone; "
         "PERFORM set_config('controlroom.audit_purge', 'off', true); "
