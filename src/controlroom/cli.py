@@ -1,5 +1,5 @@
 """The ``controlroom`` command: serve, migrate, demo (and ``demo endpoints``),
-import-failed, sweep, version, and ``site serve`` (the site agent).
+import-failed, sweep, audit verify, version, and ``site serve`` (the site agent).
 
 Thin by design: each command loads the settings, opens what it needs, calls the module
 that does the work and reports; ``serve`` runs ``controlroom.server``. Each command imports
@@ -92,19 +92,35 @@ def serve(
 
 @app.command()
 def migrate(config: ConfigOption = None) -> None:
-    """Create or upgrade the database schema (idempotent)."""
+    """Create or upgrade the database schema (idempotent), as the owner of
+    `CONTROLROOM_MIGRATION_DATABASE_URL` when set: then `CONTROLROOM_DATABASE_URL`'s user is
+    made the service role, which may only insert into and read the audit log."""
     from controlroom.db.engine import create_store_engine
-    from controlroom.db.migrate import upgrade_database
+    from controlroom.db.migrate import secure_audit_log, upgrade_database
 
     settings = _load(config)
     with _exit_on_failure():
-        engine = create_store_engine(settings.effective_database_url)
+        engine = create_store_engine(settings.effective_migration_database_url)
         try:
             upgrade_database(engine)
             _write_missing_search_terms(engine)
+            role = secure_audit_log(
+                engine,
+                retention_days=settings.audit.retention_days,
+                service_url=settings.effective_database_url
+                if settings.migration_database_url
+                else None,
+            )
         finally:
             engine.dispose()
-    console.print(f"Schema of {_describe_database(settings)} is up to date.")
+    console.print(
+        f"Schema of {_describe_database(settings.effective_migration_database_url)} is up to date."
+    )
+    if role is not None:
+        console.print(
+            f"The user of CONTROLROOM_DATABASE_URL is in role [bold]{escape(role)}[/]: it may "
+            "only insert into and read the audit log."
+        )
 
 
 demo_app = typer.Typer(
@@ -310,6 +326,46 @@ def sweep(config: ConfigOption = None) -> None:
         )
 
 
+audit_app = typer.Typer(help="The append-only audit log of site calls.", no_args_is_help=True)
+app.add_typer(audit_app, name="audit")
+
+
+@audit_app.command("verify")
+def audit_verify(config: ConfigOption = None) -> None:
+    """Walk the audit log's hash chains: exit 0 when intact, 1 naming the first event
+    where a chain breaks. The result shows on the console's audit log page."""
+    from controlroom.db.engine import create_store_engine
+    from controlroom.sitecalls.audit_verify import (
+        count_audit_events,
+        describe_break,
+        record_verification,
+        verify_audit_log,
+    )
+
+    settings = _load(config)
+    with _exit_on_failure():
+        engine = create_store_engine(settings.effective_database_url)
+        try:
+            total = count_audit_events(engine)
+            with _progress() as progress:
+                task = progress.add_task("Verifying the audit log's hash chains", total=total)
+                result = verify_audit_log(
+                    engine, progress=lambda done: progress.update(task, completed=done)
+                )
+                progress.update(task, completed=result.events)
+            record_verification(engine, result)
+        finally:
+            engine.dispose()
+    if result.broken is not None:
+        err_console.print(
+            f"[red]broken:[/] {escape(describe_break(result.broken))}", highlight=False
+        )
+        raise typer.Exit(1)
+    console.print(
+        f"[green]intact:[/] {result.events} audit events in {result.chains} monthly chains."
+    )
+
+
 @app.command()
 def version() -> None:
     """Print the version."""
@@ -362,10 +418,10 @@ def _exit_on_failure() -> Iterator[None]:
         raise typer.Exit(1) from exc
 
 
-def _describe_database(settings: Settings) -> str:
+def _describe_database(url: str) -> str:
     import sqlalchemy as sa
 
-    return sa.make_url(settings.effective_database_url).render_as_string(hide_password=True)
+    return sa.make_url(url).render_as_string(hide_password=True)
 
 
 def _describe_transport(settings: Settings) -> str:
@@ -436,7 +492,7 @@ def _announce(settings: Settings, serving: Serving) -> None:
         f"Controlroom is serving {url}  (console {url}/, API docs {url}/docs, "
         f"health {url}/api/health, metrics {url}/metrics)"
     )
-    console.print(f"Store: {_describe_database(settings)}")
+    console.print(f"Store: {_describe_database(settings.effective_database_url)}")
     doing = "Ingesting" if serving.ingesting else "Not ingesting (ingest_on_serve is off);"
     console.print(
         f"{doing} queues [bold]{settings.error_queue}[/] and "

@@ -182,7 +182,17 @@ class Settings(EnvThenTomlSettings):
     )
 
     data_dir: Path = Path("./controlroom-data")
-    database_url: str = ""
+    database_url: str = Field(
+        "",
+        description="The store of serve and of every command but migrate (on PostgreSQL, "
+        "the service role's URL when migration_database_url is set).",
+    )
+    migration_database_url: str = Field(
+        "",
+        description="The schema owner's URL, used by migrate alone (PostgreSQL): migrate then "
+        "makes database_url's user the service role, which may only insert into and read "
+        "the audit log. Empty: migrate uses database_url.",
+    )
     broker_url: str = ""
     error_queue: str = "error"
     telemetry_queue: str = "site-call-telemetry"
@@ -281,6 +291,12 @@ class Settings(EnvThenTomlSettings):
         if self.database_url:
             return self.database_url
         return EMBEDDED.file_url(self.data_dir / "controlroom.db")
+
+    @property
+    def effective_migration_database_url(self) -> str:
+        """The URL ``controlroom migrate`` connects with: the owner's when set, else the
+        store's."""
+        return self.migration_database_url or self.effective_database_url
 
     @property
     def body_dir(self) -> Path:

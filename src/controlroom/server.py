@@ -38,6 +38,7 @@ from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
+from controlroom.db.providers import provider_for
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.ingest.search_backfill import write_missing_search_terms
@@ -96,6 +97,7 @@ async def run(
         try:
             upgrade_database(engine)
             write_missing_search_terms(engine, progress=_log_search_terms_progress)
+            _warn_of_audit_log_exposure(engine)
             transport = create_transport(settings)
             await transport.start()
             try:
@@ -108,6 +110,15 @@ async def run(
     finally:
         if own_listener:
             listener.close()
+
+
+def _warn_of_audit_log_exposure(engine: sa.Engine) -> None:
+    """Log a warning when the store's user could rewrite the audit log (docs/design.md
+    "Audit log": its guarantees need the service role that ``controlroom migrate`` makes)."""
+    with engine.connect() as conn:
+        exposure = provider_for(engine).audit_log_exposure(conn)
+    if exposure is not None:
+        log.warning("audit log: %s", exposure)
 
 
 def _log_search_terms_progress(done: int, total: int) -> None:

@@ -24,6 +24,7 @@ from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import audit_log, site_calls
+from controlroom.sitecalls.audit_verify import verify_audit_log
 from controlroom.sitecalls.upsert import supersedes_stored, upsert_site_calls
 from controlroom.sitecalls.writer import SiteCallWriter, audit_row, site_call_row
 from tests.sitecalls.packets import T0, packet, received, stored, validated
@@ -220,6 +221,9 @@ def test_fifty_concurrent_inserts_of_one_new_id_make_one_row(engine: sa.Engine) 
             == 1
         )
         assert conn.execute(sa.select(sa.func.count()).select_from(audit_log)).scalar() == 50
+    # Fifty writers at once linked their events into one chain, without a fork.
+    verification = verify_audit_log(engine)
+    assert verification.intact and verification.events == 50, verification
     # The highest key: Parked (rank 3) with the newest stamp among the Parked packets.
     row = stored(engine, op_id)
     assert (row.status, row.updated_at_utc) == ("Parked", T0 + timedelta(seconds=49))

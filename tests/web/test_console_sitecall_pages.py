@@ -205,3 +205,24 @@ def test_relaying_a_call_that_is_not_parked_says_not_parked_and_sends_nothing(
     answer = console.post(f"{call}/retry", data={"csrf_token": csrf_of(page.text)})
     assert answer.status_code == 409
     assert 'data-testid="relay-outcome-name">NotParked<' in answer.text
+
+
+def test_the_audit_log_page_shows_the_last_verification(
+    console: TestClient, engine: sa.Engine
+) -> None:
+    from controlroom.sitecalls.audit_verify import record_verification, verify_audit_log
+    from tests.sitecalls.test_audit_guarantees import tamper
+
+    assert "Hash chain not verified yet" in console.get("/audit-log").text
+    now = datetime.now(UTC)
+    event = {"actor": "node-1", "action": "CallSubmitted", "target": "t"}
+    post(console, [packet("Submitted", created=now, event=event)])
+    record_verification(engine, verify_audit_log(engine))
+    assert "Hash chain intact" in console.get("/audit-log").text
+
+    with engine.connect() as conn:
+        event_id = conn.exec_driver_sql("SELECT event_id FROM audit_log").scalar_one()
+    tamper(engine, event_id)
+    record_verification(engine, verify_audit_log(engine))
+    page = console.get("/audit-log").text
+    assert "Hash chain broken" in page and event_id in page

@@ -1,4 +1,5 @@
-"""Apply the Alembic migrations that ship inside the package."""
+"""Apply the Alembic migrations that ship inside the package, then what only the schema's
+owner may set: the audit purge's floor and the service role (``secure_audit_log``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+
+from controlroom.db.engine import normalize_database_url
+from controlroom.db.providers import provider_for
+from controlroom.db.tables import audit_log_policy
+from controlroom.db.transactions import begin_write
+from controlroom.exceptions import ConfigurationError
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -22,3 +29,33 @@ def alembic_config(engine: sa.Engine) -> Config:
 def upgrade_database(engine: sa.Engine, revision: str = "head") -> None:
     """Bring the schema of ``engine``'s database up to ``revision`` (idempotent)."""
     command.upgrade(alembic_config(engine), revision)
+
+
+def secure_audit_log(
+    engine: sa.Engine, *, retention_days: int, service_url: str | None
+) -> str | None:
+    """As the schema's owner (``engine``), after ``upgrade_database``: store
+    ``retention_days`` as the audit purge's floor (``audit_log_policy``: no purge removes
+    a month younger, whoever asks), and when ``service_url`` is given, make its user the
+    service role (``Provider.grant_service_role``). Returns the role granted, ``None``
+    without one or where the provider has no roles. Raises ``ConfigurationError`` when
+    ``service_url`` is another provider's or another database's."""
+    provider = provider_for(engine)
+    with begin_write(engine) as conn:
+        conn.execute(
+            sa.update(audit_log_policy)
+            .where(audit_log_policy.c.id == 1)
+            .values(min_retention_days=retention_days)
+        )
+        if service_url is None:
+            return None
+        service = normalize_database_url(service_url)
+        if (service.get_backend_name(), service.database) != (
+            engine.url.get_backend_name(),
+            engine.url.database,
+        ):
+            raise ConfigurationError(
+                "the database URL of serve and the migration database URL must name the "
+                "same database"
+            )
+        return provider.grant_service_role(conn, service)

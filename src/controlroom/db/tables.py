@@ -386,6 +386,35 @@ audit_log = sa.Table(
     sa.Column("details_json", sa.Text),
     sa.Column("payload_truncated", sa.Boolean, nullable=False),
     tick_column("occurred_at"),
+    # The hash chain (migration 0019, db.audit_chain): the event's month chain
+    # (yyyymm of occurred_at_utc), its place in it and its link hash (hex SHA-256).
+    sa.Column("chain_month", sa.Integer),
+    sa.Column("chain_seq", sa.BigInteger),
+    sa.Column("chain_hash", sa.String(64)),
+)
+
+# One row (id 1): the shortest audit retention the purge honours, whatever its caller asks
+# (migration 0019). Written by `controlroom migrate`; on PostgreSQL only the owner can.
+audit_log_policy = sa.Table(
+    "audit_log_policy",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("min_retention_days", sa.Integer, nullable=False),
+)
+
+# One row per `controlroom audit verify`: what it found (the console's badge), and the
+# chains' heads an intact walk saw (the next walk checks each chain still reaches them).
+audit_verifications = sa.Table(
+    "audit_verifications",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("verified_at_utc", UtcDateTime, nullable=False),
+    sa.Column("intact", sa.Boolean, nullable=False),
+    sa.Column("events", sa.BigInteger, nullable=False),
+    sa.Column("chains", sa.Integer, nullable=False),
+    sa.Column("broken_event_id", sa.String(UUID_LEN)),
+    sa.Column("reason", sa.Text),
+    sa.Column("heads_json", sa.Text, comment="month: [place, hash]"),
 )
 
 # A packet the contract or the store refused, kept whole (the bytes as received).

@@ -1,16 +1,17 @@
 """Retention of the site-call half: terminal site calls and old audit events are purged.
 
 Source: docs/design.md "Site call retention" (a daily purge of terminal rows
-older than 365 days, settable). At each run the cutoffs are now minus
-``sitecalls.retention_days`` (terminal ``site_calls`` by ``terminal_at_utc``, along
-``ix_site_calls_terminal``; non-terminal rows, Parked included, are never purged) and now
-minus ``audit.retention_days`` (``audit_log`` by ``occurred_at_utc``;
-``Provider.purge_audit_log``: on PostgreSQL whole month partitions are dropped once their
-month is past the cutoff, so an event may be kept up to a month longer, and the default
-partition is deleted from row by row; elsewhere an indexed delete in chunks under the
-purge permit, the one way past the append-only trigger). Each run first makes the audit
-log's partitions for the months ahead (``Provider.prepare_audit_log``). One process
-purges at a time (a lease); a failed purge is logged and tried again at the next run.
+older than 365 days, settable). At each run terminal ``site_calls`` whose
+``terminal_at_utc`` is before now minus ``sitecalls.retention_days`` are deleted (along
+``ix_site_calls_terminal``; non-terminal rows, Parked included, are never purged), and the
+audit log's months that ended before now minus ``audit.retention_days``
+(``Provider.purge_audit_log``). The audit purge takes no cutoff from the process: the
+database computes it from its own clock and a floor only the owner sets
+(``audit_log_policy``), and removes whole months only, so an event may be kept up to a
+month longer and every month's hash chain is whole or gone (docs/design.md "Audit log").
+Each run first makes the audit log's partitions for the months ahead
+(``Provider.prepare_audit_log``). One process purges at a time (a lease); a failed purge
+is logged and tried again at the next run.
 
 Each purged call leaves a tombstone (its id and terminal stamp) written in the
 transaction that deletes it and kept ``sitecalls.tombstone_days`` after that purge (so at
@@ -45,8 +46,9 @@ sc = site_calls.c
 
 @dataclass(frozen=True, slots=True)
 class PurgeResult:
-    """Rows deleted (site calls, audit events, expired tombstones) and the cutoffs used
-    (UTC)."""
+    """Rows deleted and the cutoffs used (UTC): terminal site calls before
+    ``site_call_cutoff``; audit events before ``audit_cutoff``, the first month the
+    database kept; tombstones a purge wrote before ``tombstone_cutoff``."""
 
     site_calls: int
     audit_events: int
@@ -66,14 +68,13 @@ def purge_site_call_history(
     chunk: int = PURGE_CHUNK,
 ) -> PurgeResult:
     """Delete terminal site calls whose ``terminal_at_utc`` is before ``now -
-    site_call_days``, each leaving a tombstone in its chunk's transaction, audit events
-    that occurred before ``now - audit_days``, and tombstones a purge wrote before ``now -
-    tombstone_days``; in chunks of ``chunk`` rows, each
-    its own transaction."""
+    site_call_days``, each leaving a tombstone in its chunk's transaction, the audit events
+    of months that ended before the database's now minus ``audit_days`` (or its floor, if
+    longer), and tombstones a purge wrote before ``now - tombstone_days``; in chunks of
+    ``chunk`` rows, each its own transaction."""
     provider = provider_for(engine)
     call_cutoff = now - timedelta(days=site_call_days)
     tombstone_cutoff = now - timedelta(days=tombstone_days)
-    audit_cutoff = now - timedelta(days=audit_days)
     expired_call = sa.and_(
         sc.terminal_at_utc < call_cutoff, sc.status.in_([s.value for s in TERMINAL])
     )
@@ -98,7 +99,7 @@ def purge_site_call_history(
         calls += len(purged)
         if len(purged) < chunk:
             break
-    events = provider.purge_audit_log(engine, audit_cutoff, chunk=chunk)
+    events, audit_cutoff = provider.purge_audit_log(engine, audit_days, chunk=chunk)
     tombstones = expire_tombstones(engine, tombstone_cutoff, chunk=chunk)
     return PurgeResult(calls, events, call_cutoff, audit_cutoff, tombstones, tombstone_cutoff)
 
@@ -128,7 +129,7 @@ class SiteCallRetention:
 
     def _purge(self) -> PurgeResult:
         now = self._clock()
-        provider_for(self._engine).prepare_audit_log(self._engine, now)
+        provider_for(self._engine).prepare_audit_log(self._engine)
         result = purge_site_call_history(
             self._engine,
             now=now,

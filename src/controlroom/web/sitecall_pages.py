@@ -23,6 +23,7 @@ from fastapi.responses import Response
 
 from controlroom.config import Settings
 from controlroom.sitecalls import queries
+from controlroom.sitecalls.audit_verify import last_verification
 from controlroom.sitecalls.kpis import measure_kpis
 from controlroom.sitecalls.reconciliation import site_states
 from controlroom.sitecalls.relay import Command, RelayOutcome, relay_command
@@ -217,7 +218,8 @@ def audit_log_page(
     occurred_to: Annotated[str, Query(alias="to", max_length=40)] = "",
     after: After = "",
 ) -> Response:
-    """Audit events matching the filters (all combine with AND), newest first."""
+    """Audit events matching the filters (all combine with AND), newest first, under the
+    badge of the last ``controlroom audit verify``."""
     filters = queries.AuditFilter(
         actor=actor or None,
         action=action or None,
@@ -233,6 +235,7 @@ def audit_log_page(
             page = queries.list_audit_events(conn, filters, limit=PAGE_SIZE, after=after or None)
         except queries.BadCursor as exc:
             raise HTTPException(400, f"after: {exc}") from None
+        verification = last_verification(conn)
     params = {
         "actor": actor,
         "action": action,
@@ -246,7 +249,13 @@ def audit_log_page(
     return render(
         request,
         "audit_log.html",
-        {"events": page.rows, "next_cursor": page.next_cursor, "after": after, "params": params},
+        {
+            "events": page.rows,
+            "next_cursor": page.next_cursor,
+            "after": after,
+            "params": params,
+            "verification": verification,
+        },
     )
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
 
 import sqlalchemy as sa
 
+from controlroom.db.audit_chain import Head, chain_month, link_events
 from controlroom.db.tables import audit_log
-from controlroom.db.transactions import begin_write
 from controlroom.exceptions import ErrorKind
 from controlroom.runtime.lease import Lease
 
@@ -40,6 +40,25 @@ Guard = Callable[[Any], sa.ColumnElement[bool]]
 
 Returning = Sequence[sa.ColumnElement[Any]]
 """Columns of the written rows a statement returns (none: it returns no rows)."""
+
+
+def _chain_head(conn: sa.Connection, month: int) -> Head | None:
+    """The newest event of ``month``'s chain (``chain_seq``, ``chain_hash``), or ``None``
+    while it has none. Bounded by the month's instants too, so that PostgreSQL reads
+    the month's partition alone."""
+    first = datetime(month // 100, month % 100, 1, tzinfo=UTC)
+    after = datetime(first.year + first.month // 12, first.month % 12 + 1, 1, tzinfo=UTC)
+    head = conn.execute(
+        sa.select(audit_log.c.chain_seq, audit_log.c.chain_hash)
+        .where(
+            audit_log.c.chain_month == month,
+            audit_log.c.occurred_at_utc >= first,
+            audit_log.c.occurred_at_utc < after,
+        )
+        .order_by(audit_log.c.chain_seq.desc())
+        .limit(1)
+    ).one_or_none()
+    return None if head is None else (head.chain_seq, head.chain_hash)
 
 
 def chunked(rows: Sequence[T], size: int) -> Iterator[Sequence[T]]:
@@ -281,12 +300,6 @@ class Provider(ABC):
         transaction (nothing to do where the write transaction already serializes)."""
 
     @abstractmethod
-    def permit_audit_purge(self, conn: sa.Connection) -> AbstractContextManager[None]:
-        """Inside the block, ``conn``'s transaction may DELETE ``audit_log`` rows, which
-        the append-only trigger of migration 0005 refuses to everyone else; the permit
-        never outlives the block nor the transaction. Only the retention purge uses it."""
-
-    @abstractmethod
     def limit_statement_time(
         self, conn: sa.Connection, seconds: float
     ) -> AbstractContextManager[None]:
@@ -296,34 +309,78 @@ class Provider(ABC):
         Use inside a transaction."""
 
     def insert_audit_events(self, conn: sa.Connection, rows: Sequence[Row]) -> None:
-        """Insert ``audit_log`` rows whose ``event_id`` is absent; an existing event is left
-        as it is (the first write wins). Rows sorted by ``event_id``."""
-        self.insert_rows_if_absent(conn, audit_log, rows)
+        """Insert ``audit_log`` rows whose ``event_id`` is absent, each linked into its
+        month's hash chain (``db.audit_chain``); an existing event is left as it is
+        (the first write wins). Rows sorted by ``event_id``; they get their chain places
+        in that order, under the chains' lock (``lock_audit_chains``) until the commit."""
+        fresh = self.claim_audit_events(conn, rows)
+        if not fresh:
+            return
+        months = sorted({chain_month(row["occurred_at_utc"]) for row in fresh})
+        self.lock_audit_chains(conn, months)
+        heads = {month: head for month in months if (head := _chain_head(conn, month))}
+        conn.execute(
+            sa.insert(audit_log),
+            link_events(fresh, heads),
+            execution_options=self.executemany_options(),
+        )
 
-    def prepare_audit_log(self, engine: sa.Engine, now: datetime) -> None:  # noqa: B027
-        """Storage the audit log needs ahead of ``now`` (optional; PostgreSQL: monthly
-        partitions). Failures are the caller's to log; ingest works without it."""
+    def claim_audit_events(self, conn: sa.Connection, rows: Sequence[Row]) -> list[Row]:
+        """Of ``rows``, the first of each ``event_id`` that no stored event has, in order:
+        the events this transaction is to insert. Here read under the write transaction,
+        which no other writer shares (SQLite's ``BEGIN IMMEDIATE``); a provider with
+        concurrent writers claims each id so that a second writer of it waits and then
+        claims nothing."""
+        ids = sorted({row["event_id"] for row in rows})
+        stored: set[str] = set()
+        for part in chunked(ids, self.max_ids_per_in_list):
+            stored.update(
+                conn.execute(
+                    sa.select(audit_log.c.event_id).where(audit_log.c.event_id.in_(part))
+                ).scalars()
+            )
+        fresh = []
+        for row in rows:
+            if row["event_id"] not in stored:
+                stored.add(row["event_id"])
+                fresh.append(row)
+        return fresh
 
+    def lock_audit_chains(  # noqa: B027 - optional hook
+        self, conn: sa.Connection, months: Sequence[int]
+    ) -> None:
+        """Hold the hash chains of ``months`` (sorted) for ``conn``'s transaction, so that
+        no other writer appends to them between reading their heads and the commit.
+        Nothing to do where write transactions are serialized (SQLite)."""
+
+    def prepare_audit_log(self, engine: sa.Engine) -> None:  # noqa: B027 - optional hook
+        """Storage the audit log needs ahead of the database's clock (optional;
+        PostgreSQL: monthly partitions). Failures are the caller's to log; ingest works
+        without it."""
+
+    @abstractmethod
     def purge_audit_log(
-        self, engine: sa.Engine, cutoff: datetime, *, chunk: int = AUDIT_PURGE_CHUNK
-    ) -> int:
-        """Delete audit events that occurred before ``cutoff``, ``chunk`` rows per
-        transaction under the purge permit; returns how many."""
-        deleted = 0
-        old = audit_log.c.occurred_at_utc < cutoff
-        while True:
-            with begin_write(engine) as conn:
-                ids = (
-                    conn.execute(sa.select(audit_log.c.event_id).where(old).limit(chunk))
-                    .scalars()
-                    .all()
-                )
-                if ids:
-                    with self.permit_audit_purge(conn):
-                        conn.execute(sa.delete(audit_log).where(audit_log.c.event_id.in_(ids)))
-            deleted += len(ids)
-            if len(ids) < chunk:
-                return deleted
+        self, engine: sa.Engine, retention_days: int, *, chunk: int = AUDIT_PURGE_CHUNK
+    ) -> tuple[int, datetime]:
+        """Delete the audit events of every month that ended before ``now - max(
+        retention_days, floor)`` — now by the database's clock, the floor from
+        ``audit_log_policy`` — whole months only, so that every chain is whole or gone;
+        at most ``chunk`` rows per transaction where rows are deleted one by one.
+        Returns how many events, and the first instant kept (aware UTC)."""
+
+    def grant_service_role(self, conn: sa.Connection, service: sa.URL) -> str | None:
+        """As the schema's owner, make ``service``'s user a role that may only insert and
+        read the audit log (and run the audit functions), with the grants the rest of
+        the service needs; idempotent. Returns the group role granted, ``None`` where
+        the provider has no roles (SQLite)."""
+        return None
+
+    def audit_log_exposure(self, conn: sa.Connection) -> str | None:
+        """Why ``conn``'s user could rewrite the audit log despite its triggers (it owns
+        the table, is a superuser, or was granted DELETE, UPDATE or TRUNCATE), ``None``
+        when it cannot or the provider has no users (SQLite: the hash chain is the
+        guarantee)."""
+        return None
 
     def compact_group_counts(self, conn: sa.Connection) -> None:  # noqa: B027 - optional
         """Fold ``failed_message_group_counts`` to one row per key, dropping keys whose

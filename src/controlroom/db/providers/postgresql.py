@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -33,11 +32,8 @@ from controlroom.db.providers._base import (
     chunked,
     on_conflict_update,
 )
-from controlroom.db.tables import (
-    audit_log,
-    failed_message_tallies,
-    failed_message_tally_deltas,
-)
+from controlroom.db.providers._postgresql_roles import audit_log_exposure, grant_service_role
+from controlroom.db.tables import failed_message_tallies, failed_message_tally_deltas
 from controlroom.db.transactions import begin_write
 from controlroom.db.types import SearchTermsText, SearchTermsVector, UtcDateTime
 from controlroom.exceptions import ErrorKind
@@ -62,44 +58,16 @@ _TRANSIENT_SQLSTATE_CODES = {"55P03", "57014"}
 _DATA_SQLSTATE_PREFIXES = ("22", "54")
 
 
-# The audit log is partitioned by month of occurred_at_utc (migration 0005): a partition
-# per month, named by it, and a default partition for events outside every month made so
-# far. A partitioned table's unique keys must include the partition key, so event_id is
-# kept unique across months by a table of its own: audit_event_ids.
-AUDIT_PARTITION = re.compile(r"audit_log_p(\d{4})(\d{2})")
-AUDIT_DEFAULT_PARTITION = "audit_log_default"
-AUDIT_MONTHS_AHEAD = 2
-"""Months after the current one whose partitions exist before any event arrives."""
-
+# The audit log is partitioned by month of occurred_at_utc (migration 0005). A partitioned
+# table's unique keys must include the partition key, so event_id is kept unique across
+# months by a table of its own: audit_event_ids. Partitions are made and dropped, and old
+# events deleted, only by the owner's functions of migration 0019.
 _AUDIT_EVENT_IDS = sa.Table(
     "audit_event_ids",
     sa.MetaData(),
     sa.Column("event_id", sa.String(36), primary_key=True),
     sa.Column("occurred_at_utc", UtcDateTime, nullable=False),
 )
-_AUDIT_DEFAULT = sa.table(
-    AUDIT_DEFAULT_PARTITION, sa.column("event_id"), sa.column("occurred_at_utc", UtcDateTime)
-)
-
-
-def _month(moment: datetime, months_after: int = 0) -> datetime:
-    """The first instant (naive UTC, as stored) of ``moment``'s month plus ``months_after``."""
-    moment = moment.astimezone(UTC) if moment.tzinfo else moment
-    index = moment.year * 12 + moment.month - 1 + months_after
-    return datetime(index // 12, index % 12 + 1, 1)
-
-
-def audit_partition_ddl(now: datetime) -> list[str]:
-    """``CREATE TABLE IF NOT EXISTS`` of the partitions of ``now``'s month and the
-    ``AUDIT_MONTHS_AHEAD`` months after it."""
-    statements = []
-    for ahead in range(AUDIT_MONTHS_AHEAD + 1):
-        start, end = _month(now, ahead), _month(now, ahead + 1)
-        statements.append(
-            f"CREATE TABLE IF NOT EXISTS audit_log_p{start:%Y%m} PARTITION OF audit_log "
-            f"FOR VALUES FROM ('{start:%Y-%m-%d}') TO ('{end:%Y-%m-%d}')"
-        )
-    return statements
 
 
 _TALLY_LOCK = lease_key("failed_message_tallies compaction")
@@ -488,28 +456,17 @@ class PostgreSQLProvider(OnConflictProvider):
         return ErrorKind.FATAL
 
     @contextmanager
-    def permit_audit_purge(self, conn: sa.Connection) -> Iterator[None]:
-        # The trigger of migration 0005 lets a DELETE through only while this
-        # transaction-local setting is on; SET LOCAL ends with the transaction anyway.
-        conn.exec_driver_sql("SET LOCAL controlroom.audit_purge = 'on'")
-        try:
-            yield
-        finally:
-            if conn.in_transaction() and not conn.invalidated:
-                conn.exec_driver_sql("SET LOCAL controlroom.audit_purge = 'off'")
-
-    @contextmanager
     def limit_statement_time(self, conn: sa.Connection, seconds: float) -> Iterator[None]:
         milliseconds = max(1, int(seconds * 1000))  # 0 would mean "no limit"
         conn.exec_driver_sql(f"SET LOCAL statement_timeout = {milliseconds}")
         yield  # SET LOCAL ends with the transaction
 
-    def insert_audit_events(self, conn: sa.Connection, rows: Sequence[Row]) -> None:
-        """Claim each ``event_id`` in ``audit_event_ids`` first (insert-if-absent); only the
-        events claimed here are inserted into the partitioned ``audit_log``. A concurrent
-        writer of the same event waits on the claim and, once it commits, claims nothing."""
+    def claim_audit_events(self, conn: sa.Connection, rows: Sequence[Row]) -> list[Row]:
+        """Claim each ``event_id`` in ``audit_event_ids`` (insert-if-absent); the rows
+        claimed here, first of each id, in order. A concurrent writer of the same event
+        waits on the claim and, once this transaction commits, claims nothing."""
         if not rows:
-            return
+            return []
         claims = [
             {"event_id": r["event_id"], "occurred_at_utc": r["occurred_at_utc"]} for r in rows
         ]
@@ -524,81 +481,52 @@ class PostgreSQLProvider(OnConflictProvider):
                 execution_options=self.executemany_options(),
             ).scalars()
         )
-        fresh = [row for row in rows if row["event_id"] in claimed]
-        if fresh:
-            conn.execute(sa.insert(audit_log), fresh, execution_options=self.executemany_options())
+        fresh = []
+        for row in rows:
+            if row["event_id"] in claimed:
+                claimed.discard(row["event_id"])
+                fresh.append(row)
+        return fresh
 
-    def prepare_audit_log(self, engine: sa.Engine, now: datetime) -> None:
-        """Create the month partitions of ``now`` and the months ahead that are missing. A
-        month whose events already sit in the default partition (clock skew, a late
-        partition) keeps them there: PostgreSQL refuses the partition, which is logged."""
-        for statement in audit_partition_ddl(now):
-            try:
-                with begin_write(engine) as conn:
-                    conn.exec_driver_sql(statement)
-            except sa.exc.DBAPIError as exc:
-                log.warning("audit log partition not created (%s): %s", statement, exc.orig)
+    def lock_audit_chains(self, conn: sa.Connection, months: Sequence[int]) -> None:
+        """A transaction-level advisory lock per month, taken in order (no two writers
+        wait on each other crosswise). Taken after the claims: a writer holding a chain
+        never waits for another's claim. Read committed: the head read after the lock
+        sees the previous holder's committed events."""
+        for month in months:
+            key = lease_key(f"audit chain {month}")
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
+
+    def prepare_audit_log(self, engine: sa.Engine) -> None:
+        """The month partitions of the server's month and the two after it, by the owner's
+        ``audit_log_prepare_partitions()`` (a month whose events already sit in the
+        default partition keeps them there: the function warns and goes on)."""
+        with begin_write(engine) as conn:
+            conn.execute(sa.select(sa.func.audit_log_prepare_partitions()))
 
     def purge_audit_log(
-        self, engine: sa.Engine, cutoff: datetime, *, chunk: int = AUDIT_PURGE_CHUNK
-    ) -> int:
-        """Drop each month partition whose whole month is before ``cutoff`` (so an event
-        is kept up to a month past its retention), with its claims in ``audit_event_ids``;
-        delete the default partition's older events row by row. Returns events deleted."""
-        limit = cutoff.astimezone(UTC).replace(tzinfo=None)  # stored times are naive UTC
+        self, engine: sa.Engine, retention_days: int, *, chunk: int = AUDIT_PURGE_CHUNK
+    ) -> tuple[int, datetime]:
+        """The owner's ``audit_log_purge``: each month partition wholly before the first
+        month kept is dropped with its claims, and the default partition's events of
+        those months deleted, ``chunk`` per call. The function computes the months from
+        the server's clock and the policy's floor; the caller can ask for no less."""
         deleted = 0
-        with engine.connect() as conn:
-            partitions = (
-                conn.execute(
-                    sa.text(
-                        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-                        "WHERE i.inhparent = 'audit_log'::regclass"
-                    )
-                )
-                .scalars()
-                .all()
-            )
-        for name in sorted(partitions):
-            match = AUDIT_PARTITION.fullmatch(name)
-            if match is None:
-                continue
-            start = datetime(int(match[1]), int(match[2]), 1)
-            end = _month(start, 1)
-            if end > limit:
-                continue
-            with begin_write(engine) as conn:
-                deleted += conn.exec_driver_sql(f'SELECT count(*) FROM "{name}"').scalar_one()
-                conn.exec_driver_sql(f'DROP TABLE "{name}"')
-                conn.execute(
-                    sa.delete(_AUDIT_EVENT_IDS).where(
-                        _AUDIT_EVENT_IDS.c.occurred_at_utc >= start.replace(tzinfo=UTC),
-                        _AUDIT_EVENT_IDS.c.occurred_at_utc < end.replace(tzinfo=UTC),
-                    )
-                )
-        old = _AUDIT_DEFAULT.c.occurred_at_utc < cutoff
         while True:
             with begin_write(engine) as conn:
-                with self.permit_audit_purge(conn):
-                    ids = (
-                        conn.execute(
-                            sa.delete(_AUDIT_DEFAULT)
-                            .where(
-                                _AUDIT_DEFAULT.c.event_id.in_(
-                                    sa.select(_AUDIT_DEFAULT.c.event_id).where(old).limit(chunk)
-                                )
-                            )
-                            .returning(_AUDIT_DEFAULT.c.event_id)
-                        )
-                        .scalars()
-                        .all()
-                    )
-                if ids:
-                    conn.execute(
-                        sa.delete(_AUDIT_EVENT_IDS).where(_AUDIT_EVENT_IDS.c.event_id.in_(ids))
-                    )
-            deleted += len(ids)
-            if len(ids) < chunk:
-                return deleted
+                purged, from_default, kept_from = conn.execute(
+                    sa.text("SELECT * FROM audit_log_purge(:days, :rows)"),
+                    {"days": retention_days, "rows": chunk},
+                ).one()
+            deleted += purged
+            if from_default < chunk:
+                return deleted, kept_from.replace(tzinfo=UTC)
+
+    def grant_service_role(self, conn: sa.Connection, service: sa.URL) -> str | None:
+        return grant_service_role(conn, service)
+
+    def audit_log_exposure(self, conn: sa.Connection) -> str | None:
+        return audit_log_exposure(conn)
 
     def migration_lock(self, conn: sa.Connection) -> None:
         # Processes starting together against a fresh database migrate one after the

@@ -14,6 +14,7 @@ import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,9 +25,9 @@ from sqlalchemy.sql import operators
 from sqlalchemy.sql.expression import UnaryExpression
 
 from controlroom.db.leases import LeaseRow
-from controlroom.db.providers._base import OnConflictProvider, Row
-from controlroom.db.tables import failed_messages
-from controlroom.db.transactions import WRITE_OPTION
+from controlroom.db.providers._base import AUDIT_PURGE_CHUNK, OnConflictProvider, Row
+from controlroom.db.tables import audit_log, failed_messages
+from controlroom.db.transactions import WRITE_OPTION, begin_write
 from controlroom.exceptions import ErrorKind
 from controlroom.runtime.lease import Lease
 
@@ -63,10 +64,35 @@ SAMPLE_FRACTION = 0.03
 estimated 57,218 hits as 56,233 and 45,547 as 45,900 (``benchmarks/query.py``), in about
 1 ms where counting every hit took 22 ms."""
 
-# Created by migration 0005 on SQLite only: the audit purge's permit (see permit_audit_purge).
+# Created by migration 0005 on SQLite only: the audit purge's permit (_purge_permit).
 _AUDIT_PURGE_PERMITS = sa.table("audit_purge_permits", sa.column("id"))
+# The first month the audit purge keeps, as stored instants' text: now (SQLite's clock)
+# minus the longer of the retention asked for and the policy's floor (migration 0019).
+_FIRST_MONTH_KEPT = sa.text(
+    "SELECT strftime('%Y-%m-01 00:00:00', 'now', '-' || max(:days, coalesce("
+    "(SELECT min_retention_days FROM audit_log_policy WHERE id = 1), 1)) || ' days')"
+)
+# In chain order: a month cut short (a chunk per transaction) lacks only its first events.
+_EXPIRED_EVENTS = sa.text(
+    "SELECT event_id FROM audit_log WHERE occurred_at_utc < :kept_from "
+    "ORDER BY chain_month, chain_seq LIMIT :rows"
+)
 # SQLite calls the progress handler every this many virtual machine instructions.
 _PROGRESS_STEPS = 1000
+
+
+@contextmanager
+def _purge_permit(conn: sa.Connection) -> Iterator[None]:
+    """Inside the block, ``conn``'s transaction may DELETE audit events of months past the
+    policy's retention (migration 0019's trigger). Write transactions are serialized
+    (BEGIN IMMEDIATE) and the permit is gone before the commit, so no other connection
+    ever sees one; a connection that inserts one itself still deletes only those months."""
+    conn.execute(sa.insert(_AUDIT_PURGE_PERMITS).values(id=1))
+    try:
+        yield
+    finally:
+        if conn.in_transaction() and not conn.invalidated:
+            conn.execute(sa.delete(_AUDIT_PURGE_PERMITS))
 
 
 def fts_query(terms: Sequence[str]) -> str:
@@ -250,17 +276,28 @@ class SQLiteProvider(OnConflictProvider):
 
         return engine
 
-    @contextmanager
-    def permit_audit_purge(self, conn: sa.Connection) -> Iterator[None]:
-        # The append-only trigger lets a DELETE through while a permit row exists. Write
-        # transactions are serialized (BEGIN IMMEDIATE) and the row is gone before the
-        # commit, so no other connection ever sees one.
-        conn.execute(sa.insert(_AUDIT_PURGE_PERMITS).values(id=1))
-        try:
-            yield
-        finally:
-            if conn.in_transaction() and not conn.invalidated:
-                conn.execute(sa.delete(_AUDIT_PURGE_PERMITS))
+    def purge_audit_log(
+        self, engine: sa.Engine, retention_days: int, *, chunk: int = AUDIT_PURGE_CHUNK
+    ) -> tuple[int, datetime]:
+        """Delete, ``chunk`` per transaction, the events before the first month kept (by
+        SQLite's clock and the policy's floor), each transaction under a purge permit:
+        migration 0019's trigger refuses any other DELETE, and any event of a month not
+        wholly past the floor even under a permit."""
+        deleted = 0
+        while True:
+            with begin_write(engine) as conn:
+                kept_from = conn.execute(_FIRST_MONTH_KEPT, {"days": retention_days}).scalar_one()
+                ids = (
+                    conn.execute(_EXPIRED_EVENTS, {"kept_from": kept_from, "rows": chunk})
+                    .scalars()
+                    .all()
+                )
+                if ids:
+                    with _purge_permit(conn):
+                        conn.execute(sa.delete(audit_log).where(audit_log.c.event_id.in_(ids)))
+            deleted += len(ids)
+            if len(ids) < chunk:
+                return deleted, datetime.fromisoformat(kept_from).replace(tzinfo=UTC)
 
     @contextmanager
     def limit_statement_time(self, conn: sa.Connection, seconds: float) -> Iterator[None]:
