@@ -17,10 +17,12 @@ from typing import Any, ClassVar, TypeVar
 
 import sqlalchemy as sa
 
-from controlroom.db.tables import audit_log
 from controlroom.db.transactions import begin_write
 from controlroom.exceptions import ErrorKind
 from controlroom.runtime.lease import Lease
+
+# Central's schema (db/tables.py) is imported by the hooks that use it, not here: the site
+# agent's own store runs on the SQLite provider and loads none of it.
 
 Row = Mapping[str, Any]
 
@@ -298,6 +300,8 @@ class Provider(ABC):
     def insert_audit_events(self, conn: sa.Connection, rows: Sequence[Row]) -> None:
         """Insert ``audit_log`` rows whose ``event_id`` is absent; an existing event is left
         as it is (the first write wins). Rows sorted by ``event_id``."""
+        from controlroom.db.tables import audit_log  # central's schema: see the imports
+
         self.insert_rows_if_absent(conn, audit_log, rows)
 
     def prepare_audit_log(self, engine: sa.Engine, now: datetime) -> None:  # noqa: B027
@@ -309,6 +313,8 @@ class Provider(ABC):
     ) -> int:
         """Delete audit events that occurred before ``cutoff``, ``chunk`` rows per
         transaction under the purge permit; returns how many."""
+        from controlroom.db.tables import audit_log  # central's schema: see the imports
+
         deleted = 0
         old = audit_log.c.occurred_at_utc < cutoff
         while True:
