@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from controlroom.db.providers import provider_for
+from controlroom.db.providers import EMBEDDED, PROVIDER_MODULES, provider_for, provider_named
 from controlroom.db.providers._base import MAX_ROWS_PER_STATEMENT
 from controlroom.errors.ingest.upsert import upsert_statement
 from controlroom.exceptions import UnsupportedProviderError
@@ -32,3 +32,9 @@ def test_upsert_is_one_on_conflict_statement_whose_guards_read_the_stored_row(
 def test_unknown_provider_is_refused() -> None:
     with pytest.raises(UnsupportedProviderError):
         provider_for(sa.create_mock_engine("mssql+pyodbc://", executor=None).dialect)
+
+
+def test_each_registered_module_holds_the_provider_of_its_backend_name() -> None:
+    for name in PROVIDER_MODULES:
+        assert provider_named(name).name == name
+    assert provider_named("sqlite") is EMBEDDED

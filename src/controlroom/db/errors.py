@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from controlroom.db.providers import PROVIDERS
+from controlroom.db.providers import loaded_providers
 from controlroom.exceptions import BodyStoreError, ErrorKind, UnstorableValue
 
 
@@ -32,7 +32,11 @@ def classify_store_error(exc: BaseException) -> ErrorKind:
         return classify_store_error(exc.orig) if exc.orig is not None else ErrorKind.FATAL
     if isinstance(exc, sa.exc.TimeoutError):  # connection pool exhausted
         return ErrorKind.TRANSIENT
-    for provider in PROVIDERS.values():
+    # Only the providers loaded so far: a driver's exception can only arise once its
+    # provider made the engine that raised it (``create_store_engine`` asks the registry
+    # for it), so a provider not yet loaded has nothing to classify, and asking every one
+    # would import each database's driver (psycopg) into processes that never use it.
+    for provider in loaded_providers():
         kind = provider.classify_error(exc)
         if kind is not None:
             return kind

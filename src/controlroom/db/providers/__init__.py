@@ -6,7 +6,9 @@ Each provider module (``sqlite``, ``postgresql``) exposes a ``PROVIDER``: an ins
 insert-if-absent constructs, the full-text search clause, the lease of background
 singletons, engine setup and the classification of its driver's errors. This registry
 picks one by the engine's dialect name; feature code asks the provider and never tests a
-dialect's name itself. Source: docs/design.md "The provider seam". Adding a database is
+dialect's name itself. A provider module is imported the first time its provider is asked
+for, so a process pays only for the databases it uses: the site agent, on SQLite alone,
+never loads psycopg. Source: docs/design.md "The provider seam". Adding a database is
 one module here, its migration branches, the column and index variants of
 ``db/tables.py`` and a test parameter: the full checklist is ARCHITECTURE.md "The
 provider seam".
@@ -14,32 +16,57 @@ provider seam".
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
+from types import MappingProxyType
+
 import sqlalchemy as sa
 
-from controlroom.db.providers import postgresql, sqlite
+from controlroom.db.providers import sqlite
 from controlroom.db.providers._base import Provider, Row, chunked
 from controlroom.exceptions import UnsupportedProviderError
 
-PROVIDERS: dict[str, Provider] = {
-    provider.name: provider for provider in (sqlite.PROVIDER, postgresql.PROVIDER)
-}
-"""Every supported provider by its SQLAlchemy backend name."""
+PROVIDER_MODULES: Mapping[str, str] = MappingProxyType(
+    {
+        "sqlite": "controlroom.db.providers.sqlite",
+        "postgresql": "controlroom.db.providers.postgresql",
+    }
+)
+"""Every supported provider's SQLAlchemy backend name, with the module whose ``PROVIDER``
+it is (imported on first use by ``provider_named``)."""
 
 EMBEDDED: sqlite.SQLiteProvider = sqlite.PROVIDER
 """The provider of the embedded default (a database file in the data dir)."""
 
+_loaded: dict[str, Provider] = {EMBEDDED.name: EMBEDDED}
+"""The providers whose module has been imported, by backend name. Filled without a lock:
+``import_module`` holds the import lock, so two threads asking at once store the one
+instance the module made."""
+
 
 def provider_named(name: str) -> Provider:
-    """The provider whose SQLAlchemy backend name is ``name``.
+    """The provider whose SQLAlchemy backend name is ``name``, its module imported on the
+    first call for that name.
 
     Raises ``UnsupportedProviderError`` naming the supported ones.
     """
-    try:
-        return PROVIDERS[name]
-    except KeyError:
-        raise UnsupportedProviderError(
-            f"database provider {name!r} is not supported; use one of {', '.join(PROVIDERS)}"
-        ) from None
+    provider = _loaded.get(name)
+    if provider is None:
+        try:
+            module = PROVIDER_MODULES[name]
+        except KeyError:
+            raise UnsupportedProviderError(
+                f"database provider {name!r} is not supported; "
+                f"use one of {', '.join(PROVIDER_MODULES)}"
+            ) from None
+        provider = _loaded[name] = importlib.import_module(module).PROVIDER
+    return provider
+
+
+def loaded_providers() -> tuple[Provider, ...]:
+    """The providers asked for so far in this process (the embedded one always), in the
+    order they were first loaded."""
+    return tuple(_loaded.values())
 
 
 def provider_for(bind: sa.Engine | sa.Connection | sa.Dialect) -> Provider:
@@ -53,10 +80,11 @@ def provider_for(bind: sa.Engine | sa.Connection | sa.Dialect) -> Provider:
 
 __all__ = [
     "EMBEDDED",
-    "PROVIDERS",
+    "PROVIDER_MODULES",
     "Provider",
     "Row",
     "chunked",
+    "loaded_providers",
     "provider_for",
     "provider_named",
 ]

@@ -18,9 +18,11 @@ from typing import Any, ClassVar, TypeVar
 import sqlalchemy as sa
 
 from controlroom.db.audit_chain import Head, chain_month, link_events
-from controlroom.db.tables import audit_log
 from controlroom.exceptions import ErrorKind
 from controlroom.runtime.lease import Lease
+
+# Central's schema (db/tables.py) is imported by the hooks that use it, not here: the site
+# agent's own store runs on the SQLite provider and loads none of it.
 
 Row = Mapping[str, Any]
 
@@ -46,6 +48,8 @@ def _chain_head(conn: sa.Connection, month: int) -> Head | None:
     """The newest event of ``month``'s chain (``chain_seq``, ``chain_hash``), or ``None``
     while it has none. Bounded by the month's instants too, so that PostgreSQL reads
     the month's partition alone."""
+    from controlroom.db.tables import audit_log  # central's schema: see the imports
+
     first = datetime(month // 100, month % 100, 1, tzinfo=UTC)
     after = datetime(first.year + first.month // 12, first.month % 12 + 1, 1, tzinfo=UTC)
     head = conn.execute(
@@ -313,6 +317,8 @@ class Provider(ABC):
         month's hash chain (``db.audit_chain``); an existing event is left as it is
         (the first write wins). Rows sorted by ``event_id``; they get their chain places
         in that order, under the chains' lock (``lock_audit_chains``) until the commit."""
+        from controlroom.db.tables import audit_log  # central's schema: see the imports
+
         fresh = self.claim_audit_events(conn, rows)
         if not fresh:
             return
@@ -331,6 +337,8 @@ class Provider(ABC):
         which no other writer shares (SQLite's ``BEGIN IMMEDIATE``); a provider with
         concurrent writers claims each id so that a second writer of it waits and then
         claims nothing."""
+        from controlroom.db.tables import audit_log  # central's schema: see the imports
+
         ids = sorted({row["event_id"] for row in rows})
         stored: set[str] = set()
         for part in chunked(ids, self.max_ids_per_in_list):

@@ -24,12 +24,13 @@ from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.sql import operators
 from sqlalchemy.sql.expression import UnaryExpression
 
-from controlroom.db.leases import LeaseRow
 from controlroom.db.providers._base import AUDIT_PURGE_CHUNK, OnConflictProvider, Row
-from controlroom.db.tables import audit_log, failed_messages
 from controlroom.db.transactions import WRITE_OPTION, begin_write
 from controlroom.exceptions import ErrorKind
 from controlroom.runtime.lease import Lease
+
+# Central's schema (db/tables.py, and db/leases.py over it) is imported by the hooks that
+# use it, not here: the site agent's own store runs on this provider and loads none of it.
 
 BUSY_TIMEOUT_SECONDS = 30
 _TRANSIENT_MARKERS = ("database is locked", "database is busy", "disk i/o error")
@@ -211,6 +212,8 @@ class SQLiteProvider(OnConflictProvider):
         range too small for the windows is counted. FTS5 keeps no count of a query's
         hits, and a term's document count (``fts5vocab``) reads that term's whole doclist:
         15 ms for a term in 150,000 of 200,000 messages, a sample of both terms 1 ms."""
+        from controlroom.db.tables import failed_messages  # central's schema: see the imports
+
         query = fts_query(terms)
         if not query:
             return 0
@@ -244,6 +247,8 @@ class SQLiteProvider(OnConflictProvider):
         return UnaryExpression(operand, operator=operators.custom_op("+"), type_=column.type)
 
     def make_lease(self, engine: sa.Engine, name: str, owner: str, seconds: float) -> Lease:
+        from controlroom.db.leases import LeaseRow  # central's schema: see the imports
+
         return LeaseRow(self, engine, name, owner, seconds)
 
     def create_engine(self, url: sa.URL, *, pool_size: int) -> sa.Engine:
@@ -283,6 +288,8 @@ class SQLiteProvider(OnConflictProvider):
         SQLite's clock and the policy's floor), each transaction under a purge permit:
         migration 0019's trigger refuses any other DELETE, and any event of a month not
         wholly past the floor even under a permit."""
+        from controlroom.db.tables import audit_log  # central's schema: see the imports
+
         deleted = 0
         while True:
             with begin_write(engine) as conn:
