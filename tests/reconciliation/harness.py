@@ -68,8 +68,20 @@ def central_settings(
     )
 
 
+def central_token_of(site_id: str) -> str:
+    """The token a test site's agent posts its telemetry with (each site its own)."""
+    return f"{site_id}-telemetry-token-0123456789"
+
+
+def as_site(site_id: str) -> dict[str, str]:
+    """The headers of a request made by ``site_id``'s agent."""
+    return {"Authorization": f"Bearer {central_token_of(site_id)}"}
+
+
 def site_entry(site_id: str, url: str, *, token: str | None = SITE_TOKEN) -> ConfiguredSite:
-    return ConfiguredSite(id=site_id, base_url=url, token=token)
+    return ConfiguredSite(
+        id=site_id, base_url=url, token=token, central_token=central_token_of(site_id)
+    )
 
 
 @contextlib.contextmanager
