@@ -78,10 +78,14 @@ def as_site(site_id: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {central_token_of(site_id)}"}
 
 
-def site_entry(site_id: str, url: str, *, token: str | None = SITE_TOKEN) -> ConfiguredSite:
-    return ConfiguredSite(
-        id=site_id, base_url=url, token=token, central_token=central_token_of(site_id)
-    )
+def site_entry(
+    site_id: str, url: str, *, token: str | None = SITE_TOKEN, telemetry_token: bool = True
+) -> ConfiguredSite:
+    """The site at ``url`` with central's secret ``token``; with its telemetry token
+    (``central_token_of``) unless ``telemetry_token`` is false (a console test on the open
+    loopback API, posting for sites it did not configure)."""
+    central_token = central_token_of(site_id) if telemetry_token else None
+    return ConfiguredSite(id=site_id, base_url=url, token=token, central_token=central_token)
 
 
 @contextlib.contextmanager
