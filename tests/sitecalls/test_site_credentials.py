@@ -62,13 +62,13 @@ def event_packet(site: str, **fields: Any) -> dict[str, Any]:
     )
 
 
-def kept_rows(engine: sa.Engine) -> tuple[int, int, int]:
+def kept_rows(engine: sa.Engine) -> list[int]:
     """Rows in site_calls, audit_log and rejected_telemetry."""
     with engine.connect() as conn:
-        return tuple(  # type: ignore[return-value]
+        return [
             conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
             for table in (site_calls, audit_log, rejected_telemetry)
-        )
+        ]
 
 
 def app_client(tmp_path: Path, database_url: str, engine: sa.Engine, **settings: Any) -> TestClient:
@@ -93,7 +93,7 @@ def test_a_site_token_posting_its_own_telemetry_is_accepted(
     assert answer.status_code == 200, answer.text
     assert answer.json()["accepted"] == [0]
     # A packet the contract refuses is kept as rejected telemetry, as without tokens.
-    assert kept_rows(engine) == (1, 1, 1)
+    assert kept_rows(engine) == [1, 1, 1]
     call = client.get(
         f"/api/site-calls/{own['tracked_operation_id']}", headers=bearer(READER_TOKEN)
     )
@@ -120,7 +120,7 @@ def test_a_site_token_posting_another_sites_telemetry_is_403_and_kept_nowhere(
     detail = answer.json()["detail"]
     assert "source_site" in detail and "at 1 " in detail and "'north'" in detail
     assert NORTH_TOKEN not in answer.text
-    assert kept_rows(engine) == (0, 0, 0)
+    assert kept_rows(engine) == [0, 0, 0]
 
 
 @pytest.mark.parametrize("token", [OPERATOR_TOKEN, ADMIN_TOKEN, READER_TOKEN])
@@ -130,7 +130,7 @@ def test_an_operators_token_may_not_post_telemetry(
     answer = client.post(TELEMETRY, json=[event_packet("north")], headers=bearer(token))
     assert answer.status_code == 403, answer.text
     assert "site's own token" in answer.json()["detail"]
-    assert kept_rows(engine) == (0, 0, 0)
+    assert kept_rows(engine) == [0, 0, 0]
 
 
 def test_telemetry_without_a_valid_token_is_401(client: TestClient, engine: sa.Engine) -> None:
@@ -138,7 +138,7 @@ def test_telemetry_without_a_valid_token_is_401(client: TestClient, engine: sa.E
         answer = client.post(TELEMETRY, json=[event_packet("north")], headers=headers)
         assert answer.status_code == 401
         assert answer.headers["www-authenticate"].startswith("Bearer")
-    assert kept_rows(engine) == (0, 0, 0)
+    assert kept_rows(engine) == [0, 0, 0]
 
 
 def test_a_site_token_may_do_nothing_else(client: TestClient) -> None:
@@ -190,7 +190,7 @@ def test_site_secrets_are_never_shown(client: TestClient, caplog: pytest.LogCapt
         client.get(path, headers=admin).text
         for path in ("/api/sites", "/api/configuration", "/openapi.json")
     ]
-    shown.append(repr(client.app.state.settings))  # type: ignore[attr-defined]
+    shown.append(repr(Settings(auth_tokens=OPERATORS, sites=SITES)))
     shown.append(caplog.text)
     for secret in (NORTH_TOKEN, SOUTH_TOKEN, NORTH_AGENT_SECRET):
         assert all(secret not in text for text in shown)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from pydantic import SecretStr
 
 from controlroom.site.agent import CachedCallFailed, SiteAgent
 from controlroom.site.config import SiteSettings
@@ -109,9 +110,9 @@ async def run_site_demo(data_dir: Path, central_url: str, *, every: float = 3.0)
                     node=f"{site}-1",
                     store_path=data_dir / "sites" / site / "tracking.db",
                     port=port,
-                    token=token,
+                    token=SecretStr(token),
                     central_url=central_url,
-                    central_token=central_token,
+                    central_token=SecretStr(central_token),
                     max_retries=MAX_RETRIES,
                     backoff_base=2.0,
                     backoff_cap=10.0,
