@@ -23,7 +23,7 @@ site's token anywhere else is a 403. Each packet must name the token's own site
 and nothing of it is kept. Only when no token of either kind is configured are these
 paths open too (the loopback dev mode, ``TokenTable.sites_open``).
 
-Tokens are compared in constant time (``TokenTable.find``), never logged or echoed; the
+Tokens are compared in constant time (``TokenTable.identify``), never logged or echoed; the
 caller is named by its token's ``name``.
 """
 
