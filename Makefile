@@ -16,7 +16,9 @@ $(STAMP): pyproject.toml
 # Beside the server: two live site agents (controlroom site demo) call flaky targets, and
 # the demo's endpoints (controlroom demo endpoints) take the messages an operator retries,
 # confirming most and failing some again.
-DEMO_SITES := [{"id":"north","base_url":"http://127.0.0.1:8091"},{"id":"south","base_url":"http://127.0.0.1:8092"}]
+# Each site has two secrets (controlroom.site.demo.demo_secrets; loopback only): the token
+# central presents to its agent, and the one its agent posts telemetry with.
+DEMO_SITES := [{"id":"north","base_url":"http://127.0.0.1:8091","token":"demo-north-agent-secret","central_token":"demo-north-telemetry-secret"},{"id":"south","base_url":"http://127.0.0.1:8092","token":"demo-south-agent-secret","central_token":"demo-south-telemetry-secret"}]
 
 # The trap covers INT and TERM too: sh starts background jobs with SIGINT ignored and
 # skips an EXIT trap when SIGINT kills it, so Ctrl+C alone left the site agents running.

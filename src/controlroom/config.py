@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import ClassVar, Literal, Unpack
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     SettingsConfigDict,
 )
@@ -117,8 +117,29 @@ class ConfiguredSite(BaseModel):
         pattern=r"^https?://[^/\s]+(/[^\s]*)?$", description="The agent's base URL."
     )
     token: SecretStr | None = Field(
-        None, min_length=16, description="Bearer token the agent expects (secret)."
+        None,
+        min_length=16,
+        description="Bearer token central presents to the agent to pull and relay (the "
+        "agent's CONTROLROOM_SITE_TOKEN; secret).",
     )
+    central_token: SecretStr | None = Field(
+        None,
+        min_length=16,
+        description="Bearer token the agent presents to central (its "
+        "CONTROLROOM_SITE_CENTRAL_TOKEN; secret): it may post this site's telemetry only.",
+    )
+
+    @model_validator(mode="after")
+    def _one_secret_per_direction(self) -> ConfiguredSite:
+        """One secret for both directions would let whoever reads central's pulls post as
+        the site, and whoever reads the site's posts pull and relay to it."""
+        if (
+            self.token is not None
+            and self.central_token is not None
+            and self.token.get_secret_value() == self.central_token.get_secret_value()
+        ):
+            raise ValueError("token and central_token must differ (one secret per direction)")
+        return self
 
 
 class ReconciliationSettings(BaseModel):
@@ -273,6 +294,23 @@ class Settings(EnvThenTomlSettings):
         if len(set(ids)) != len(ids):
             raise ValueError("two sites share an id; each site id must be distinct")
         return sites
+
+    @model_validator(mode="after")
+    def _distinct_callers(self) -> Settings:
+        """A token identifies one caller: an operator's token that is also a site's
+        ``central_token``, or two sites sharing one, would let one speak as the other."""
+        secrets = [entry.token.get_secret_value() for entry in self.auth_tokens]
+        secrets += [
+            site.central_token.get_secret_value()
+            for site in self.sites
+            if site.central_token is not None
+        ]
+        if len(set(secrets)) != len(secrets):
+            raise ValueError(
+                "a token is configured twice (auth_tokens and sites[].central_token): each "
+                "operator and each site needs a token of its own"
+            )
+        return self
 
     @field_validator("cors_allowed_origins")
     @classmethod

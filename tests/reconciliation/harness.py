@@ -69,8 +69,24 @@ def central_settings(
     )
 
 
-def site_entry(site_id: str, url: str, *, token: str | None = SITE_TOKEN) -> ConfiguredSite:
-    return ConfiguredSite(id=site_id, base_url=url, token=token)
+def central_token_of(site_id: str) -> str:
+    """The token a test site's agent posts its telemetry with (each site its own)."""
+    return f"{site_id}-telemetry-token-0123456789"
+
+
+def as_site(site_id: str) -> dict[str, str]:
+    """The headers of a request made by ``site_id``'s agent."""
+    return {"Authorization": f"Bearer {central_token_of(site_id)}"}
+
+
+def site_entry(
+    site_id: str, url: str, *, token: str | None = SITE_TOKEN, telemetry_token: bool = True
+) -> ConfiguredSite:
+    """The site at ``url`` with central's secret ``token``; with its telemetry token
+    (``central_token_of``) unless ``telemetry_token`` is false (a console test on the open
+    loopback API, posting for sites it did not configure)."""
+    central_token = central_token_of(site_id) if telemetry_token else None
+    return ConfiguredSite(id=site_id, base_url=url, token=token, central_token=central_token)
 
 
 @contextlib.contextmanager

@@ -12,11 +12,11 @@ import pytest
 from controlroom.site import CachedCallFailed, SiteSettings, Status
 from tests.reconciliation.harness import (
     OPERATOR,
-    OPERATOR_TOKEN,
     SITE_TOKEN,
     audit_events,
     central_rows,
     central_settings,
+    central_token_of,
     eventually,
     rejected_packets,
     running_agent,
@@ -34,7 +34,7 @@ def agent_settings(tmp_path: Path, central_url: str, **overrides: object) -> Sit
         "store_path": tmp_path / "site" / "tracking.db",
         "token": SITE_TOKEN,
         "central_url": central_url,
-        "central_token": OPERATOR_TOKEN,
+        "central_token": central_token_of("plant-7"),
         "max_retries": 3,
         "backoff_base": 0.05,
         "backoff_cap": 0.2,

@@ -32,6 +32,7 @@ from tests.reconciliation.harness import (
     OPERATOR,
     READER,
     SITE_TOKEN,
+    as_site,
     central_rows,
     central_settings,
     eventually,
@@ -102,7 +103,7 @@ def test_lost_telemetry_self_heals_in_one_pass(database_url: str, tmp_path: Path
         answer = httpx.post(
             f"{central_url}/api/site-calls/telemetry",
             json=kept,
-            headers=OPERATOR,
+            headers=as_site("plant-7"),
             timeout=TEST_CLIENT_TIMEOUT,
         )
         assert answer.status_code == 200, answer.text
@@ -327,7 +328,7 @@ def test_the_api_answers_during_a_slow_pass_and_a_second_trigger_starts_nothing(
             ingest = httpx.post(
                 f"{central_url}/api/site-calls/telemetry",
                 json=[packet],
-                headers=OPERATOR,
+                headers=as_site("plant-7"),
                 timeout=TEST_CLIENT_TIMEOUT,
             )
             assert ingest.status_code == 200
@@ -352,7 +353,7 @@ def _packet() -> dict:
         "tracked_operation_id": str(uuid.uuid4()),
         "channel": "ApiOutbound",
         "target": "https://erp.example/x",
-        "source_site": "elsewhere",
+        "source_site": "plant-7",
         "status": "Submitted",
         "created_at_utc": now,
         "updated_at_utc": now,

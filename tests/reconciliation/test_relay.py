@@ -23,6 +23,7 @@ from tests.reconciliation.harness import (
     OPERATOR,
     READER,
     SITE_TOKEN,
+    as_site,
     audit_events,
     central_rows,
     central_settings,
@@ -73,7 +74,7 @@ def parked_call(
         httpx.post(
             f"{central_url}/api/site-calls/telemetry",
             json=packets,
-            headers=OPERATOR,
+            headers=as_site("plant-7"),
             timeout=TEST_CLIENT_TIMEOUT,
         )
         assert central_rows(engine)[call_id]["status"] == "Parked"

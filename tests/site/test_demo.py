@@ -70,3 +70,17 @@ def _accepts(port: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def test_make_demo_configures_central_with_the_demo_agents_secrets() -> None:
+    """`make demo` gives serve the sites `controlroom site demo` runs, secrets included:
+    otherwise central refuses the agents' telemetry and the agents central's pulls."""
+    import json
+    from pathlib import Path
+
+    makefile = Path(__file__).parents[2] / "Makefile"
+    line = next(
+        line for line in makefile.read_text().splitlines() if line.startswith("DEMO_SITES :=")
+    )
+    assert json.loads(line.partition(":=")[2]) == demo_sites()
+    assert all(site["token"] and site["central_token"] for site in demo_sites())

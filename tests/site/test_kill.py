@@ -17,13 +17,14 @@ import httpx
 import pytest
 
 from tests.reconciliation.harness import (
-    OPERATOR_TOKEN,
     SITE_TOKEN,
     audit_events,
     central_rows,
     central_settings,
+    central_token_of,
     eventually,
     running_central,
+    site_entry,
 )
 from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.site.http import FlakyTargets, serving
@@ -84,7 +85,7 @@ def test_a_killed_agent_resumes_its_buffered_call_and_sends_its_outbox(
         "CONTROLROOM_SITE_PORT": str(port),
         "CONTROLROOM_SITE_TOKEN": SITE_TOKEN,
         "CONTROLROOM_SITE_CENTRAL_URL": f"http://127.0.0.1:{central_port}",  # down for now
-        "CONTROLROOM_SITE_CENTRAL_TOKEN": OPERATOR_TOKEN,
+        "CONTROLROOM_SITE_CENTRAL_TOKEN": central_token_of("plant-7"),
         "CONTROLROOM_SITE_MAX_RETRIES": "10000",
         "CONTROLROOM_SITE_BACKOFF_BASE": "0.02",
         "CONTROLROOM_SITE_BACKOFF_CAP": "0.05",
@@ -119,7 +120,9 @@ def test_a_killed_agent_resumes_its_buffered_call_and_sends_its_outbox(
         assert unsent >= 5  # central was down: nothing was delivered
 
         targets.fixed.add("x")
-        settings = central_settings(database_url, tmp_path / "central", [])
+        # The site is configured at central (its telemetry token), its agent not pulled.
+        sites = [site_entry("plant-7", "http://127.0.0.1:9")]
+        settings = central_settings(database_url, tmp_path / "central", sites)
         central.listen()
         with (
             running_central(settings, central) as (_url, _app, engine),

@@ -15,14 +15,15 @@ from controlroom.runtime.sockets import listen
 from controlroom.site import SiteSettings
 from tests.nodelay import accepted_with_nodelay
 from tests.reconciliation.harness import (
-    OPERATOR_TOKEN,
     SITE_TOKEN,
     central_rows,
     central_settings,
+    central_token_of,
     eventually,
     running_agent,
     running_central,
     seed_site_rows,
+    site_entry,
 )
 from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.site.http import FlakyTargets, serving
@@ -91,18 +92,43 @@ def test_bad_pull_parameters_are_refused_by_name(tmp_path: Path, params: dict, f
 
 
 def test_the_agent_needs_its_token(tmp_path: Path) -> None:
+    """Central's secret guards every route of the agent: the pull, Retry/Discard and the
+    cached HTTP calls; with it, each answers."""
     with running_agent(settings(tmp_path)) as agent:
         for headers in ({}, {"Authorization": "Bearer not-the-token-at-all"}):
             answer = httpx.get(
                 f"{agent.url}/site/tracking/changes", headers=headers, timeout=TEST_CLIENT_TIMEOUT
             )
             assert answer.status_code == 401
-        answer = httpx.post(
-            f"{agent.url}/site/tracking/x/retry",
-            json={"operator": "eve"},
-            timeout=TEST_CLIENT_TIMEOUT,
+            assert answer.headers["www-authenticate"] == "Bearer"
+            for command in ("retry", "discard"):
+                answer = httpx.post(
+                    f"{agent.url}/site/tracking/x/{command}",
+                    json={"operator": "eve"},
+                    headers=headers,
+                    timeout=TEST_CLIENT_TIMEOUT,
+                )
+                assert answer.status_code == 401
+            answer = httpx.post(
+                f"{agent.url}/site/calls",
+                json={"url": "http://127.0.0.1:9/x"},
+                headers=headers,
+                timeout=TEST_CLIENT_TIMEOUT,
+            )
+            assert answer.status_code == 401
+        assert agent.store.changes(None, None, 10) == ([], False)  # no call was made
+        pulled = httpx.get(
+            f"{agent.url}/site/tracking/changes", headers=AUTH, timeout=TEST_CLIENT_TIMEOUT
         )
-        assert answer.status_code == 401
+        assert pulled.status_code == 200
+        for command in ("retry", "discard"):
+            answer = httpx.post(
+                f"{agent.url}/site/tracking/x/{command}",
+                json={"operator": "eve"},
+                headers=AUTH,
+                timeout=TEST_CLIENT_TIMEOUT,
+            )
+            assert (answer.status_code, answer.json()) == (404, {"outcome": "NotFound"})
 
 
 def test_cached_http_calls_over_the_agent_api(tmp_path: Path) -> None:
@@ -144,14 +170,16 @@ def test_the_outbox_delivers_once_central_is_back(database_url: str, tmp_path: P
     probe.close()
     central_url = f"http://127.0.0.1:{port}"
     agent_settings = settings(
-        tmp_path, central_url=central_url, central_token=OPERATOR_TOKEN, outbox_poll=0.05,
-        outbox_backoff_cap=0.2,
+        tmp_path, central_url=central_url, central_token=central_token_of("plant-7"),
+        outbox_poll=0.05, outbox_backoff_cap=0.2,
     )  # fmt: skip
     with running_agent(agent_settings) as agent:
         agent.register("noop", lambda _payload: None)
         ids = [agent.cached_call("erp/x", "noop", {}).tracked_operation_id for _ in range(3)]
         assert agent.store.outbox_size() == 6  # Submitted and Delivered of each, kept
-        settings_ = central_settings(database_url, tmp_path / "central", [])
+        # The site is configured at central (its telemetry token), its agent not pulled.
+        sites = [site_entry("plant-7", "http://127.0.0.1:9")]
+        settings_ = central_settings(database_url, tmp_path / "central", sites)
         listener = listen("127.0.0.1", port)
         with running_central(settings_, listener) as (_url, _app, engine):
             eventually(lambda: agent.store.outbox_size() == 0, what="the outbox drains")

@@ -132,24 +132,6 @@ def test_kpis_and_history_over_http(
     assert [(p["value"], p["samples"]) for p in series["points"]] == [(1.0, 1)]
 
 
-def test_posting_telemetry_needs_the_operator_role(
-    tmp_path, engine: sa.Engine, database_url: str
-) -> None:
-    from controlroom.app import create_app
-    from controlroom.errors.ingest.bodies import FileSystemBodyStore
-
-    settings = Settings(
-        data_dir=tmp_path,
-        database_url=database_url,
-        auth_tokens=[{"name": "viewer", "token": "r" * 20, "role": "reader"}],
-    )
-    with TestClient(create_app(settings, engine, FileSystemBodyStore(tmp_path))) as client:
-        headers = {"Authorization": "Bearer " + "r" * 20}
-        assert client.get("/api/site-calls", headers=headers).status_code == 200
-        answer = client.post("/api/site-calls/telemetry", json=[], headers=headers)
-        assert answer.status_code == 403
-
-
 def test_packets_no_store_can_hold_are_rejected_by_name_beside_accepted_ones(
     client: TestClient,
 ) -> None:

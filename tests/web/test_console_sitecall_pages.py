@@ -30,7 +30,7 @@ def console(
     settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore
 ) -> Iterator[TestClient]:
     configured = settings.model_copy(
-        update={"sites": [site_entry("plant-7", "http://127.0.0.1:9")]}
+        update={"sites": [site_entry("plant-7", "http://127.0.0.1:9", telemetry_token=False)]}
     )
     with TestClient(create_app(configured, engine, body_store), follow_redirects=False) as client:
         yield client

@@ -23,7 +23,7 @@ from pydantic import SecretStr
 from controlroom.config import AuthToken, Settings
 from controlroom.db.tables import audit_log
 from controlroom.site import SiteSettings
-from tests.reconciliation.harness import SITE_TOKEN, running_agent, site_entry
+from tests.reconciliation.harness import SITE_TOKEN, as_site, running_agent, site_entry
 from tests.retries.conftest import TIMEOUT
 from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.site.http import loopback_listener, url_of
@@ -120,7 +120,9 @@ def test_a_parked_call_retried_from_its_page_shows_the_relays_outcome(
         )
         agent.register("erp", operation)
         call_id = agent.cached_call("erp/stock", "erp", {"sku": "fig"}).tracked_operation_id
-        post_telemetry(server, [p for _, p in agent.store.pending_packets(100)])
+        post_telemetry(
+            server, [p for _, p in agent.store.pending_packets(100)], **as_site("plant-7")
+        )
 
         page.goto(server.base_url + "/site-calls?status=Parked")
         page.get_by_role("link", name="erp/stock").click()
@@ -150,7 +152,7 @@ def test_a_retry_to_a_site_that_does_not_answer_shows_site_unreachable(
     server = start_console(settings.model_copy(update={"sites": [site_entry("plant-7", dead_url)]}))
     now = datetime.now(UTC)
     parked = packet("Parked", created=now - timedelta(minutes=5), last_error="HTTP 503")
-    post_telemetry(server, [parked])
+    post_telemetry(server, [parked], **as_site("plant-7"))
 
     page.goto(f"{server.base_url}/site-calls/{parked['tracked_operation_id']}")
     page.get_by_role("button", name="Retry", exact=True).click()
@@ -273,9 +275,10 @@ def test_a_reader_sees_no_retry_or_discard_and_its_forged_post_is_refused(
         AuthToken(name="rita", token=SecretStr(READER_TOKEN), role="reader"),
         AuthToken(name="oscar", token=SecretStr(OPERATOR_TOKEN), role="operator"),
     ]
-    server = start_console(settings.model_copy(update={"auth_tokens": tokens}))
+    sites = [site_entry("plant-7", "http://127.0.0.1:9")]
+    server = start_console(settings.model_copy(update={"auth_tokens": tokens, "sites": sites}))
     parked = packet("Parked", created=datetime.now(UTC) - timedelta(minutes=2))
-    post_telemetry(server, [parked], Authorization=f"Bearer {OPERATOR_TOKEN}")
+    post_telemetry(server, [parked], **as_site("plant-7"))
     call_page = f"{server.base_url}/site-calls/{parked['tracked_operation_id']}"
 
     page.goto(call_page)
@@ -313,7 +316,7 @@ def test_the_site_call_pages_load_with_every_request_off_loopback_blocked(
         created=now - timedelta(minutes=2),
         event={"actor": "plant-7/node-a", "action": "CallParked"},
     )
-    post_telemetry(server, [parked])
+    post_telemetry(server, [parked], **as_site("plant-7"))
     for path in [
         "/",
         "/site-calls",

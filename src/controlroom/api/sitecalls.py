@@ -4,8 +4,9 @@ the audit log, rejected telemetry.
 Source: docs/design.md "Site call audit" and "KPIs"; docs/decisions.md "Telemetry intake
 keeps what it refuses" and "Site-call lists page by keyset". Lists are newest first with
 keyset paging: ``limit`` rows and ``next_cursor``, passed back as ``after`` for the next
-page (``controlroom.sitecalls.queries``). Roles as everywhere (``api.auth``): reading
-needs ``reader``, posting telemetry ``operator``.
+page (``controlroom.sitecalls.queries``). Reading needs ``reader`` (``api.auth``); posting
+telemetry needs the posting site's own token, and each packet must name that site
+(``api.auth.refuse_foreign_packets``: a 403 for the whole request, kept nowhere).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
 from pydantic import BaseModel, PlainSerializer
 
+from controlroom.api.auth import refuse_foreign_packets
 from controlroom.config import Settings
 from controlroom.sitecalls import queries
 from controlroom.sitecalls.history import Scope, read_series
@@ -182,9 +184,12 @@ def post_telemetry(
     packets: Annotated[list[Any], Body(description="Telemetry packets (README).")],
 ) -> dict[str, Any]:
     """Take a list of telemetry packets; answers which were accepted and which rejected,
-    and why. A rejected packet is kept whole and listed by ``/api/site-calls/rejected``."""
+    and why. A rejected packet is kept whole and listed by ``/api/site-calls/rejected``.
+    A packet naming a site other than the token's makes the whole request a 403, kept
+    nowhere."""
     if len(packets) > MAX_PACKETS_PER_POST:
         raise HTTPException(413, f"at most {MAX_PACKETS_PER_POST} packets per request")
+    refuse_foreign_packets(request, packets)
     received = [receive_json(item, "http") for item in packets]
     writer = make_writer(_settings(request), _engine(request), attempts=HTTP_ATTEMPTS)
     try:

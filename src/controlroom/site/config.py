@@ -44,7 +44,9 @@ class SiteSettings(EnvThenTomlSettings):
         "", description="Central's base URL (http://host:8080); empty: telemetry stays queued."
     )
     central_token: SecretStr | None = Field(
-        None, description="Bearer token (operator role) the agent presents to central."
+        None,
+        description="Bearer token the agent posts its telemetry to central with: this "
+        "site's central_token in central's sites (an operator's token is refused).",
     )
     max_retries: int = Field(5, ge=1, le=10_000, description="Transient failures before Parked.")
     backoff_base: float = Field(1.0, gt=0, description="Wait after the first failure (s).")

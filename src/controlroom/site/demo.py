@@ -10,8 +10,8 @@ to central:
   an operator's Retry (through central) delivers it;
 - ``/rejects/{call}`` answers 400: the call is Failed at once.
 
-Central must list the agents as sites (``demo_sites`` gives the entries) to reconcile
-them and relay Retry/Discard.
+Central must list the agents as sites (``demo_sites`` gives the entries, with each
+site's two secrets) to take their telemetry, reconcile them and relay Retry/Discard.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from pydantic import SecretStr
 
 from controlroom.runtime.sockets import listen
 from controlroom.site.agent import CachedCallFailed, SiteAgent
@@ -40,9 +41,27 @@ MAX_RETRIES = 3
 SCENARIOS = ("recovers", "recovers", "maintenance", "rejects")
 
 
+def demo_secrets(site: str) -> tuple[str, str]:
+    """The demo's secrets of ``site``: the token central presents to its agent, and the
+    token its agent presents to central. Fixed and published (the Makefile holds them
+    too): the demo listens on loopback only, and a real site needs secrets of its own."""
+    return f"demo-{site}-agent-secret", f"demo-{site}-telemetry-secret"
+
+
 def demo_sites(host: str = "127.0.0.1") -> list[dict[str, str]]:
     """The ``sites`` entries central needs for the demo agents."""
-    return [{"id": site, "base_url": f"http://{host}:{port}"} for site, port in DEMO_SITES]
+    entries = []
+    for site, port in DEMO_SITES:
+        token, central_token = demo_secrets(site)
+        entries.append(
+            {
+                "id": site,
+                "base_url": f"http://{host}:{port}",
+                "token": token,
+                "central_token": central_token,
+            }
+        )
+    return entries
 
 
 def flaky_targets() -> FastAPI:
@@ -86,13 +105,16 @@ async def run_site_demo(data_dir: Path, central_url: str, *, every: float = 3.0)
         for site, port in DEMO_SITES:
             listener = listen("127.0.0.1", port)
             listeners.append(listener)
+            token, central_token = demo_secrets(site)
             agent = SiteAgent(
                 SiteSettings(
                     site_id=site,
                     node=f"{site}-1",
                     store_path=data_dir / "sites" / site / "tracking.db",
                     port=port,
+                    token=SecretStr(token),
                     central_url=central_url,
+                    central_token=SecretStr(central_token),
                     max_retries=MAX_RETRIES,
                     backoff_base=2.0,
                     backoff_cap=10.0,

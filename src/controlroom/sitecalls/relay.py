@@ -151,6 +151,7 @@ def _audit(engine: sa.Engine, row: Any, command: Command, operator: str, clock: 
     event = {
         "event_id": str(uuid.uuid4()),
         "occurred_at_utc": now,
+        "occurred_at_tick": 0,  # central's own clock reads microseconds
         "ingested_at_utc": now,
         "actor": operator,
         "action": AUDIT_ACTION,
