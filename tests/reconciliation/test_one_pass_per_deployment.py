@@ -172,9 +172,7 @@ def test_a_pin_change_is_recorded_once_when_two_passes_race_past_any_lease(
 
 def _pulled(engine: sa.Engine) -> bool:
     with engine.connect() as conn:
-        return (
-            conn.execute(sa.select(site_reconciliation.c.last_pull_at_utc)).scalar() is not None
-        )
+        return conn.execute(sa.select(site_reconciliation.c.last_pull_at_utc)).scalar() is not None
 
 
 def test_a_pass_the_store_blocks_leaves_the_site_reachable_and_names_the_store(
