@@ -61,6 +61,9 @@ class SiteCallSettings(BaseModel):
     purge_interval_seconds: float = Field(
         86_400.0, gt=0, description="How often the site-call and audit-log purge runs."
     )
+    rejected_retention_days: int = Field(
+        90, ge=1, description="Rejected telemetry older than this many days is purged."
+    )
 
 
 class AuditSettings(BaseModel):
@@ -73,6 +76,12 @@ class AuditSettings(BaseModel):
         5.0,
         gt=0,
         description="Fresh seconds each packet gets when a failed chunk is written row by row.",
+    )
+    request_budget: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds one telemetry request, queue batch or reconciliation page may "
+        "hold the writer; what is left then is answered 503 (HTTP) or given back (queue).",
     )
     retention_days: int = Field(
         365, ge=1, description="Audit events older than this many days are purged."

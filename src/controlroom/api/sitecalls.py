@@ -4,7 +4,11 @@ the audit log, rejected telemetry.
 Source: issue 10 "Intake", "Queries", "KPIs", "KPI history". Lists are newest first with
 keyset paging: ``limit`` rows and ``next_cursor``, passed back as ``after`` for the next
 page (``controlroom.sitecalls.queries``). Roles as everywhere (``api.auth``): reading
-needs ``reader``, posting telemetry ``operator``.
+needs ``reader``, posting telemetry and re-submitting a rejected packet ``operator``.
+
+A telemetry request holds the writer at most ``audit.request_budget`` seconds: what is
+left then is answered 503 with ``Retry-After``, the body saying which packets were taken,
+which rejected and which not written (``unwritten``: send those again).
 """
 
 from __future__ import annotations
@@ -16,13 +20,16 @@ from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from controlroom.api.auth import current_principal
 from controlroom.config import Settings
 from controlroom.sitecalls import queries
 from controlroom.sitecalls.history import SCOPES, read_series
 from controlroom.sitecalls.intake import make_writer, receive_json
 from controlroom.sitecalls.kpis import METRICS, measure_kpis
+from controlroom.sitecalls.rejected import ResubmitOutcome, resubmit_rejected
 from controlroom.sitecalls.writer import IngestBudgetExceeded
 from controlroom.telemetry.contract import UtcInstant
 from controlroom.telemetry.ordering import Channel, SiteCallStatus
@@ -31,6 +38,7 @@ router = APIRouter(tags=["site calls"])
 
 MAX_PACKETS_PER_POST = 1000
 HTTP_ATTEMPTS = 3
+RETRY_AFTER_SECONDS = 1
 Limit = Annotated[int, Query(ge=1, le=500, description="Rows per page.")]
 After = Annotated[
     str | None, Query(max_length=500, description="next_cursor of the previous page.")
@@ -117,6 +125,20 @@ class TelemetryAnswer(BaseModel):
     rejected: list[PacketRejection]
 
 
+class TelemetryLeftOver(TelemetryAnswer):
+    detail: str
+    unwritten: list[int]
+    """Positions of the packets not written (the budget ran out): send them again."""
+
+
+class ResubmissionView(BaseModel):
+    id: str
+    outcome: ResubmitOutcome
+    reason: str | None
+    """Why it was rejected again (``outcome`` ``Rejected``)."""
+    tracked_operation_id: str | None
+
+
 class Kpis(BaseModel):
     at_utc: datetime
     scope: Literal["global", "site", "node"]
@@ -164,11 +186,22 @@ def _bad_cursor(exc: queries.BadCursor) -> HTTPException:
     return HTTPException(400, f"after: {exc}")
 
 
-@router.post("/site-calls/telemetry", response_model=TelemetryAnswer, responses={**BUSY, 413: {}})
+@router.post(
+    "/site-calls/telemetry",
+    response_model=TelemetryAnswer,
+    responses={
+        503: {
+            "model": TelemetryLeftOver,
+            "description": "The request's budget ran out (or the store is busy): the "
+            "packets in unwritten were not written; send them again after Retry-After.",
+        },
+        413: {},
+    },
+)
 def post_telemetry(
     request: Request,
     packets: Annotated[list[Any], Body(description="Telemetry packets (README).")],
-) -> dict[str, Any]:
+) -> Any:
     """Take a list of telemetry packets; answers which were accepted and which rejected,
     and why. A rejected packet is kept whole and listed by ``/api/site-calls/rejected``."""
     if len(packets) > MAX_PACKETS_PER_POST:
@@ -177,8 +210,17 @@ def post_telemetry(
     writer = make_writer(_settings(request), _engine(request), attempts=HTTP_ATTEMPTS)
     try:
         reasons = writer.write(received)
-    except IngestBudgetExceeded as exc:
-        raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from exc
+    except IngestBudgetExceeded as stopped:
+        left = set(stopped.unwritten)
+        done = [None if index in left else reason for index, reason in enumerate(stopped.reasons)]
+        body = _answer(packets, done, skip=left)
+        body.update(detail=f"{stopped}; send the unwritten packets again", unwritten=sorted(left))
+        return JSONResponse(body, 503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    return _answer(packets, reasons, skip=set())
+
+
+def _answer(packets: list[Any], reasons: list[str | None], *, skip: set[int]) -> dict[str, Any]:
+    """The accepted and rejected positions of ``packets`` (but those in ``skip``)."""
     rejected = []
     for index, (item, reason) in enumerate(zip(packets, reasons, strict=True)):
         if reason is not None:
@@ -190,7 +232,9 @@ def post_telemetry(
                     "reason": reason,
                 }
             )
-    accepted = [index for index, reason in enumerate(reasons) if reason is None]
+    accepted = [
+        index for index, reason in enumerate(reasons) if reason is None and index not in skip
+    ]
     return {"accepted": accepted, "rejected": rejected}
 
 
@@ -264,6 +308,36 @@ def list_rejected(request: Request, limit: Limit = 50, after: After = None) -> d
         {**row._asdict(), "packet": row.packet.decode("utf-8", "replace")} for row in page.rows
     ]
     return {"items": items, "next_cursor": page.next_cursor}
+
+
+@router.post(
+    "/site-calls/rejected/{id}/resubmit",
+    response_model=ResubmissionView,
+    responses={
+        404: {"description": "No rejected packet has this id."},
+        409: {"model": ResubmissionView, "description": "Rejected again; reason says why."},
+        503: BUSY[503],
+    },
+)
+def resubmit_rejected_packet(
+    request: Request, rejected_id: Annotated[uuid.UUID, Path(alias="id")]
+) -> Any:
+    """Write a rejected packet again once its cause is fixed (operator). Accepted: 200,
+    and the rejected packet is removed; rejected again: 409 with the reason, which the
+    kept packet now shows. Either way the event log names the operator."""
+    writer = make_writer(_settings(request), _engine(request), attempts=HTTP_ATTEMPTS)
+    try:
+        result = resubmit_rejected(
+            _engine(request), writer, str(rejected_id), current_principal(request).name
+        )
+    except IngestBudgetExceeded as exc:
+        raise HTTPException(
+            503, str(exc), headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
+        ) from exc
+    if result is None:
+        raise HTTPException(404, f"no rejected packet with id {rejected_id}")
+    body = dataclasses.asdict(result)
+    return JSONResponse(body, 200 if result.outcome is ResubmitOutcome.ACCEPTED else 409)
 
 
 @router.get(

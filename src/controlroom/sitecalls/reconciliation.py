@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 CHANGES_PATH = "/site/tracking/changes"
 WRITE_ATTEMPTS = 3
 MAX_CONCURRENT_SITES = 8
+PULLED_FROM = "reconciliation:"
+"""The source of a row pulled from a site (``rejected_telemetry.source``), before the
+site's id."""
 PASS_LEASE_NAME = "site-reconciliation-pass"
 """The lease every pass holds while it runs, in whichever process runs it."""
 sr = site_reconciliation.c
@@ -129,7 +132,7 @@ def _key(row: Any) -> Cursor | None:
 
 def receive_row(row: Any, site: ConfiguredSite) -> ReceivedPacket:
     """A pulled row as a packet of the contract, refused when it names another site."""
-    received = receive_json(row, f"reconciliation:{site.id}")
+    received = receive_json(row, f"{PULLED_FROM}{site.id}")
     packet = received.packet
     reason = None if packet is None else foreign_source(packet.source_site, site.id)
     if reason is not None:

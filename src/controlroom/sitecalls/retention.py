@@ -9,8 +9,10 @@ minus ``audit.retention_days`` (``audit_log`` by ``occurred_at_utc``;
 month is past the cutoff, so an event may be kept up to a month longer, and the default
 partition is deleted from row by row; elsewhere an indexed delete in chunks under the
 purge permit, the one way past the append-only trigger). Each run first makes the audit
-log's partitions for the months ahead (``Provider.prepare_audit_log``). One process
-purges at a time (a lease); a failed purge is logged and tried again at the next run.
+log's partitions for the months ahead (``Provider.prepare_audit_log``), and last deletes
+the rejected telemetry kept longer than ``sitecalls.rejected_retention_days``
+(``rejected.purge_rejected``). One process purges at a time (a lease); a failed purge is
+logged and tried again at the next run.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from controlroom.db.tables import site_calls
 from controlroom.db.transactions import begin_write
 from controlroom.runtime.clock import Clock, utc_now
 from controlroom.runtime.periodic import PeriodicTask
+from controlroom.sitecalls.rejected import purge_rejected
 from controlroom.telemetry.ordering import TERMINAL
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,8 @@ class PurgeResult:
     audit_events: int
     site_call_cutoff: datetime
     audit_cutoff: datetime
+    rejected_packets: int = 0
+    rejected_cutoff: datetime | None = None
 
 
 def purge_site_call_history(
@@ -53,11 +58,13 @@ def purge_site_call_history(
     now: datetime,
     site_call_days: int,
     audit_days: int,
+    rejected_days: int | None = None,
     chunk: int = PURGE_CHUNK,
 ) -> PurgeResult:
     """Delete terminal site calls whose ``terminal_at_utc`` is before ``now -
-    site_call_days`` and audit events that occurred before ``now - audit_days``, in
-    chunks of ``chunk`` rows, each its own transaction."""
+    site_call_days``, audit events that occurred before ``now - audit_days`` and, when
+    ``rejected_days`` is given, rejected telemetry kept since before ``now -
+    rejected_days``, in chunks of ``chunk`` rows, each its own transaction."""
     provider = provider_for(engine)
     call_cutoff = now - timedelta(days=site_call_days)
     audit_cutoff = now - timedelta(days=audit_days)
@@ -80,7 +87,11 @@ def purge_site_call_history(
         if len(ids) < chunk:
             break
     events = provider.purge_audit_log(engine, audit_cutoff, chunk=chunk)
-    return PurgeResult(calls, events, call_cutoff, audit_cutoff)
+    if rejected_days is None:
+        return PurgeResult(calls, events, call_cutoff, audit_cutoff)
+    rejected_cutoff = now - timedelta(days=rejected_days)
+    rejected = purge_rejected(engine, cutoff=rejected_cutoff, chunk=chunk)
+    return PurgeResult(calls, events, call_cutoff, audit_cutoff, rejected, rejected_cutoff)
 
 
 class SiteCallRetention:
@@ -114,12 +125,14 @@ class SiteCallRetention:
             now=now,
             site_call_days=self._settings.sitecalls.retention_days,
             audit_days=self._settings.audit.retention_days,
+            rejected_days=self._settings.sitecalls.rejected_retention_days,
         )
-        if result.site_calls or result.audit_events:
+        if result.site_calls or result.audit_events or result.rejected_packets:
             log.info(
-                "purged %d terminal site calls and %d audit events",
+                "purged %d terminal site calls, %d audit events and %d rejected packets",
                 result.site_calls,
                 result.audit_events,
+                result.rejected_packets,
             )
         return result
 
