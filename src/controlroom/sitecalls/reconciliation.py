@@ -39,7 +39,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -364,6 +364,36 @@ class SiteState:
     last_error: str | None
     reachable: bool | None
     rows_pulled: int
+
+
+def reconciliation_lag(state: SiteState, now: datetime) -> float | None:
+    """Seconds since ``state``'s site was last reconciled with success (``None`` before
+    its first successful pass): how stale the mirror may be where telemetry was lost."""
+    if state.last_success_at_utc is None:
+        return None
+    return max(0.0, (now - state.last_success_at_utc).total_seconds())
+
+
+def site_warnings(state: SiteState, now: datetime, interval: timedelta) -> list[str]:
+    """What is wrong with a site's reconciliation, one sentence each (never the site's
+    address or error text: the health endpoint that shows them is open): pinned,
+    unreachable, or not reconciled for more than twice ``interval``."""
+    warnings = []
+    if state.pinned:
+        warnings.append(
+            f"site {state.id} is pinned: reconciliation cannot advance past one "
+            "updated_at_utc (see GET /api/sites)"
+        )
+    if state.reachable is False:
+        warnings.append(f"site {state.id} is unreachable: its last reconciliation pass failed")
+    lag = reconciliation_lag(state, now)
+    if state.last_pull_at_utc is not None and (lag is None or lag > 2 * interval.total_seconds()):
+        when = "never been reconciled" if lag is None else f"not been reconciled for {lag:.0f} s"
+        warnings.append(
+            f"site {state.id} has {when} (reconciliation.interval is "
+            f"{interval.total_seconds():g} s)"
+        )
+    return warnings
 
 
 def site_states(conn: sa.Connection, sites: Sequence[ConfiguredSite]) -> list[SiteState]:
