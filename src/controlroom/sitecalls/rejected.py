@@ -92,7 +92,7 @@ def resubmit_rejected(
             conn.execute(
                 sa.update(rejected_telemetry).where(rt.id == rejected_id).values(reason=reason)
             )
-        _record(conn, rejected_id, operator, outcome, reason, tracked_operation_id, now)
+        _record(conn, rejected_id, operator, outcome, tracked_operation_id, now)
     return Resubmission(rejected_id, outcome, reason, tracked_operation_id)
 
 
@@ -101,16 +101,13 @@ def _record(
     rejected_id: str,
     operator: str,
     outcome: ResubmitOutcome,
-    reason: str | None,
     tracked_operation_id: str | None,
     now: datetime,
 ) -> None:
-    if outcome is ResubmitOutcome.ACCEPTED:
-        description = f"{operator} re-submitted rejected telemetry {rejected_id}: accepted"
-    else:
-        description = (
-            f"{operator} re-submitted rejected telemetry {rejected_id}: rejected again: {reason}"
-        )
+    # A reason may quote the sender's text (an unknown field's name); descriptions quote
+    # ids and outcomes only, and the reason stays on the rejected packet.
+    result = "accepted" if outcome is ResubmitOutcome.ACCEPTED else "rejected again"
+    description = f"{operator} re-submitted rejected telemetry {rejected_id}: {result}"
     record_event(
         conn,
         description=description,
