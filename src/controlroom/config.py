@@ -69,6 +69,9 @@ class SiteCallSettings(BaseModel):
             "beyond retention_days): its late packets are rejected meanwhile."
         ),
     )
+    rejected_retention_days: int = Field(
+        90, ge=1, description="Rejected telemetry older than this many days is purged."
+    )
 
 
 class AuditSettings(BaseModel):
@@ -81,6 +84,12 @@ class AuditSettings(BaseModel):
         5.0,
         gt=0,
         description="Fresh seconds each packet gets when a failed chunk is written row by row.",
+    )
+    request_budget: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds one telemetry request, queue batch or reconciliation page may "
+        "hold the writer; what is left then is answered 503 (HTTP) or given back (queue).",
     )
     retention_days: int = Field(
         365, ge=1, description="Audit events older than this many days are purged."

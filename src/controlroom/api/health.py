@@ -6,9 +6,14 @@ with every part ``"ok"``, or 503 naming the failing part and the kind of failure
 (docs/design.md "Operational contract": 200 with the state of the database and broker
 connections once ready). The route is open (monitoring polls it without a token), so a
 failure shows its exception type only; its text, which names hosts, ports and users,
-goes to the log (docs/decisions.md "Store errors never carry message data"). ``details`` holds
-counts an operator watches: ``failed_imports`` (messages kept whole because they could not be
-ingested; absent when the database cannot be read).
+goes to the log (docs/decisions.md "Store errors never carry message data"). ``details``
+holds counts an operator watches: ``failed_imports`` (messages kept whole because they
+could not be ingested; absent when the database cannot be read) and, when sites are
+configured, ``sites``: per site whether it is reachable and pinned and its reconciliation
+lag (seconds since its last successful pass). What is wrong with a site (pinned,
+unreachable, lagging more than twice ``reconciliation.interval``) is listed in
+``warnings``: a warning, not a failure, so the status stays 200 (the process itself is
+healthy; ``sitecalls.reconciliation`` ``site_warnings``).
 """
 
 from __future__ import annotations
@@ -16,13 +21,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from controlroom.config import Settings
 from controlroom.errors.ingest.reimport import count_failed_imports
+from controlroom.sitecalls.reconciliation import reconciliation_lag, site_states, site_warnings
 
 log = logging.getLogger(__name__)
 
@@ -78,21 +87,40 @@ async def _run_check(check: HealthCheck, name: str = "part") -> str:
 async def get_health(request: Request) -> JSONResponse:
     """200 ``{"database": "ok", "broker": "ok", "details": {"failed_imports": 0}}`` when
     every part is healthy, else 503 with the same object, the failing parts' values
-    reading ``"failing: <exception type>"``."""
+    reading ``"failing: <exception type>"``. With sites configured, ``details.sites``
+    (``{site: {"reachable": bool | None, "pinned": bool, "reconciliation_lag_seconds":
+    float | None}}``) and, when something is wrong with one, ``warnings`` (sentences)."""
     states = await check_health(request.app.state.health_checks)
     healthy = all(state == OK for state in states.values())
     answer: dict[str, object] = dict(states)
-    answer["details"] = await _details(request.app.state.engine)
+    details, warnings = await _details(request.app.state.engine, request.app.state.settings)
+    answer["details"] = details
+    if warnings:
+        answer["warnings"] = warnings
     return JSONResponse(answer, status_code=200 if healthy else 503)
 
 
-async def _details(engine: sa.Engine) -> dict[str, int]:
-    def read() -> dict[str, int]:
+async def _details(engine: sa.Engine, settings: Settings) -> tuple[dict[str, Any], list[str]]:
+    def read() -> tuple[dict[str, Any], list[str]]:
         with engine.connect() as conn:
-            return {"failed_imports": count_failed_imports(conn)}
+            details: dict[str, Any] = {"failed_imports": count_failed_imports(conn)}
+            if not settings.sites:
+                return details, []
+            sites = site_states(conn, settings.sites)
+        now = datetime.now(UTC)
+        details["sites"] = {
+            state.id: {
+                "reachable": state.reachable,
+                "pinned": state.pinned,
+                "reconciliation_lag_seconds": reconciliation_lag(state, now),
+            }
+            for state in sites
+        }
+        interval = settings.reconciliation.interval
+        return details, [w for state in sites for w in site_warnings(state, now, interval)]
 
     try:
         async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):
             return await run_in_threadpool(read)
     except Exception:  # the database check already says why; the counts are extras
-        return {}
+        return {}, []

@@ -10,18 +10,41 @@ queue name, in the ingestion pipeline,
 counts HTTP requests by method, route template (``/api/errors/{id}``, never the path
 itself, so the label stays low-cardinality) and status. The route needs role ``reader``
 when tokens are configured (Prometheus sends a bearer token).
+
+Beside them, each scrape reads the site-call gauges from the database (a fresh registry
+per scrape, so a site that is gone leaves no stale series): per configured site
+``controlroom_site_reachable`` and ``controlroom_site_pinned`` (1 or 0; reachable absent
+before any pass) and ``controlroom_site_reconciliation_lag_seconds`` (since its last
+successful pass; absent before one), and per source site every KPI of
+``sitecalls/kpis.py`` as ``controlroom_sitecalls_<kpi>`` (sum the counts, take the max of
+the age, for the global figure). A database that cannot be read leaves them out.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import APIRouter, Response
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+import sqlalchemy as sa
+from fastapi import APIRouter, Request, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
 from starlette.routing import Route, WebSocketRoute, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from controlroom.config import Settings
+from controlroom.sitecalls.kpis import METRICS, KpiFigures, measure_kpis
+from controlroom.sitecalls.reconciliation import reconciliation_lag, site_states
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["metrics"])
 
@@ -39,9 +62,72 @@ UNMATCHED = "unmatched"
 
 
 @router.get("/metrics", include_in_schema=False)
-def get_metrics() -> Response:
-    """Every metric of this process in the Prometheus text format."""
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+def get_metrics(request: Request) -> Response:
+    """Every metric of this process, then the site-call gauges, in the Prometheus text
+    format."""
+    state = request.app.state
+    try:
+        site_calls = generate_latest(site_call_gauges(state.engine, state.settings))
+    except Exception:  # the health endpoint says why; the process's metrics still serve
+        log.warning("could not read the site-call gauges", exc_info=True)
+        site_calls = b""
+    return Response(generate_latest() + site_calls, media_type=CONTENT_TYPE_LATEST)
+
+
+def site_call_gauges(engine: sa.Engine, settings: Settings) -> CollectorRegistry:
+    """A registry holding the site-call gauges as the database has them now."""
+    registry = CollectorRegistry()
+    now = datetime.now(UTC)
+    with engine.connect() as conn:
+        states = site_states(conn, settings.sites)
+        report = measure_kpis(
+            conn,
+            now=now,
+            interval=settings.kpi.interval,
+            stuck_threshold=settings.kpi.stuck_threshold,
+        )
+    reachable = Gauge(
+        "controlroom_site_reachable",
+        "Whether the site's last reconciliation pass reached it (1) or not (0)",
+        ["site"],
+        registry=registry,
+    )
+    pinned = Gauge(
+        "controlroom_site_pinned",
+        "Whether the site is pinned: reconciliation cannot advance past one stamp",
+        ["site"],
+        registry=registry,
+    )
+    lag = Gauge(
+        "controlroom_site_reconciliation_lag_seconds",
+        "Seconds since the site's last successful reconciliation pass",
+        ["site"],
+        registry=registry,
+    )
+    for site in states:
+        pinned.labels(site.id).set(int(site.pinned))
+        if site.reachable is not None:
+            reachable.labels(site.id).set(int(site.reachable))
+        seconds = reconciliation_lag(site, now)
+        if seconds is not None:
+            lag.labels(site.id).set(seconds)
+    kpis: dict[str, Gauge] = {
+        metric: Gauge(
+            f"controlroom_sitecalls_{metric}",
+            f"Site-call KPI {metric} per source site (sitecalls/kpis.py)",
+            ["site"],
+            registry=registry,
+        )
+        for metric in METRICS
+    }
+    figures = report.sites()
+    for configured in settings.sites:
+        figures.setdefault(configured.id, KpiFigures())
+    for site_id, site_figures in sorted(figures.items()):
+        for metric, value in site_figures.as_dict(now).items():
+            if value is not None:
+                kpis[metric].labels(site_id).set(value)
+    return registry
 
 
 class RequestMetrics:

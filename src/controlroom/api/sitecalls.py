@@ -4,9 +4,14 @@ the audit log, rejected telemetry.
 Source: docs/design.md "Site call audit" and "KPIs"; docs/decisions.md "Telemetry intake
 keeps what it refuses" and "Site-call lists page by keyset". Lists are newest first with
 keyset paging: ``limit`` rows and ``next_cursor``, passed back as ``after`` for the next
-page (``controlroom.sitecalls.queries``). Reading needs ``reader`` (``api.auth``); posting
-telemetry needs the posting site's own token, and each packet must name that site
-(``api.auth.refuse_foreign_packets``: a 403 for the whole request, kept nowhere).
+page (``controlroom.sitecalls.queries``). Reading needs ``reader`` (``api.auth``),
+re-submitting a rejected packet ``operator``; posting telemetry needs the posting site's
+own token, and each packet must name that site (``api.auth.refuse_foreign_packets``: a
+403 for the whole request, kept nowhere).
+
+A telemetry request holds the writer at most ``audit.request_budget`` seconds: what is
+left then is answered 503 with ``Retry-After``, the body saying which packets were taken,
+which rejected and which not written (``unwritten``: send those again).
 """
 
 from __future__ import annotations
@@ -18,14 +23,16 @@ from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, PlainSerializer
 
-from controlroom.api.auth import refuse_foreign_packets
+from controlroom.api.auth import current_principal, refuse_foreign_packets
 from controlroom.config import Settings
 from controlroom.sitecalls import queries
 from controlroom.sitecalls.history import Scope, read_series
 from controlroom.sitecalls.intake import make_writer, receive_json
 from controlroom.sitecalls.kpis import Metric, measure_kpis
+from controlroom.sitecalls.rejected import ResubmitOutcome, resubmit_rejected
 from controlroom.sitecalls.writer import IngestBudgetExceeded
 from controlroom.telemetry.contract import UtcInstant
 from controlroom.telemetry.ordering import Channel, SiteCallStatus
@@ -35,6 +42,7 @@ router = APIRouter(tags=["site calls"])
 
 MAX_PACKETS_PER_POST = 1000
 HTTP_ATTEMPTS = 3
+RETRY_AFTER_SECONDS = 1
 Limit = Annotated[int, Query(ge=1, le=500, description="Rows per page.")]
 After = Annotated[
     str | None, Query(max_length=500, description="next_cursor of the previous page.")
@@ -128,6 +136,20 @@ class TelemetryAnswer(BaseModel):
     rejected: list[PacketRejection]
 
 
+class TelemetryLeftOver(TelemetryAnswer):
+    detail: str
+    unwritten: list[int]
+    """Positions of the packets not written (the budget ran out): send them again."""
+
+
+class ResubmissionView(BaseModel):
+    id: str
+    outcome: ResubmitOutcome
+    reason: str | None
+    """Why it was rejected again (``outcome`` ``Rejected``)."""
+    tracked_operation_id: str | None
+
+
 class Kpis(BaseModel):
     at_utc: Time
     scope: Literal["global", "site", "node"]
@@ -178,11 +200,22 @@ def _bad_cursor(exc: queries.BadCursor) -> HTTPException:
     return HTTPException(400, f"after: {exc}")
 
 
-@router.post("/site-calls/telemetry", response_model=TelemetryAnswer, responses={**BUSY, 413: {}})
+@router.post(
+    "/site-calls/telemetry",
+    response_model=TelemetryAnswer,
+    responses={
+        503: {
+            "model": TelemetryLeftOver,
+            "description": "The request's budget ran out (or the store is busy): the "
+            "packets in unwritten were not written; send them again after Retry-After.",
+        },
+        413: {},
+    },
+)
 def post_telemetry(
     request: Request,
     packets: Annotated[list[Any], Body(description="Telemetry packets (README).")],
-) -> dict[str, Any]:
+) -> Any:
     """Take a list of telemetry packets; answers which were accepted and which rejected,
     and why. A rejected packet is kept whole and listed by ``/api/site-calls/rejected``.
     A packet naming a site other than the token's makes the whole request a 403, kept
@@ -194,8 +227,17 @@ def post_telemetry(
     writer = make_writer(_settings(request), _engine(request), attempts=HTTP_ATTEMPTS)
     try:
         reasons = writer.write(received)
-    except IngestBudgetExceeded as exc:
-        raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from exc
+    except IngestBudgetExceeded as stopped:
+        left = set(stopped.unwritten)
+        done = [None if index in left else reason for index, reason in enumerate(stopped.reasons)]
+        body = _answer(packets, done, skip=left)
+        body.update(detail=f"{stopped}; send the unwritten packets again", unwritten=sorted(left))
+        return JSONResponse(body, 503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    return _answer(packets, reasons, skip=set())
+
+
+def _answer(packets: list[Any], reasons: list[str | None], *, skip: set[int]) -> dict[str, Any]:
+    """The accepted and rejected positions of ``packets`` (but those in ``skip``)."""
     rejected = []
     for index, (item, reason) in enumerate(zip(packets, reasons, strict=True)):
         if reason is not None:
@@ -207,7 +249,9 @@ def post_telemetry(
                     "reason": reason,
                 }
             )
-    accepted = [index for index, reason in enumerate(reasons) if reason is None]
+    accepted = [
+        index for index, reason in enumerate(reasons) if reason is None and index not in skip
+    ]
     return {"accepted": accepted, "rejected": rejected}
 
 
@@ -282,6 +326,36 @@ def list_rejected(request: Request, limit: Limit = 50, after: After = None) -> d
         {**row._asdict(), "packet": row.packet.decode("utf-8", "replace")} for row in page.rows
     ]
     return {"items": items, "next_cursor": page.next_cursor}
+
+
+@router.post(
+    "/site-calls/rejected/{id}/resubmit",
+    response_model=ResubmissionView,
+    responses={
+        404: {"description": "No rejected packet has this id."},
+        409: {"model": ResubmissionView, "description": "Rejected again; reason says why."},
+        503: BUSY[503],
+    },
+)
+def resubmit_rejected_packet(
+    request: Request, rejected_id: Annotated[uuid.UUID, Path(alias="id")]
+) -> Any:
+    """Write a rejected packet again once its cause is fixed (operator). Accepted: 200,
+    and the rejected packet is removed; rejected again: 409 with the reason, which the
+    kept packet now shows. Either way the event log names the operator."""
+    writer = make_writer(_settings(request), _engine(request), attempts=HTTP_ATTEMPTS)
+    try:
+        result = resubmit_rejected(
+            _engine(request), writer, str(rejected_id), current_principal(request).name
+        )
+    except IngestBudgetExceeded as exc:
+        raise HTTPException(
+            503, str(exc), headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
+        ) from exc
+    if result is None:
+        raise HTTPException(404, f"no rejected packet with id {rejected_id}")
+    body = dataclasses.asdict(result)
+    return JSONResponse(body, 200 if result.outcome is ResubmitOutcome.ACCEPTED else 409)
 
 
 @router.get(

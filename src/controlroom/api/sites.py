@@ -6,7 +6,8 @@
   reconciliation state: last pull, last success, cursor, pinned, last error, reachable;
   times in the site-call API's format (``telemetry.stamps``: the cursor's to 100 ns).
 - ``POST /api/sites/{id}/reconcile`` (operator): 202 when a pass of that site started,
-  409 when a pass is already running (single-flight), 404 for an unknown site.
+  409 when a pass is already running, in this process or in another one of the
+  deployment (every pass holds the pass lease), 404 for an unknown site.
 - ``POST /api/site-calls/{id}/retry|discard`` (operator): the relay's outcome as
   ``{"outcome", "message"}``: Applied 200, NotParked 409, SiteUnreachable 503,
   OperationFailed 502; 404 "site call not found" for an id central does not have.
@@ -22,11 +23,18 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from controlroom.api.auth import current_principal
-from controlroom.sitecalls.reconciliation import ReconciliationService, site_states
+from controlroom.sitecalls.reconciliation import PassStart, ReconciliationService, site_states
 from controlroom.sitecalls.relay import Command, RelayOutcome, relay_command
 from controlroom.telemetry.stamps import Stamp
 
 router = APIRouter(tags=["sites"])
+
+_BUSY = {
+    PassStart.RUNNING_HERE: "a reconciliation pass is running in this process; ask again when "
+    "it ends",
+    PassStart.RUNNING_ELSEWHERE: "a reconciliation pass is running in another central process "
+    "of this deployment (it holds the reconciliation lease); ask again when it ends",
+}
 
 _STATUS = {
     RelayOutcome.APPLIED: 200,
@@ -71,15 +79,20 @@ def list_sites(request: Request) -> list[dict[str, Any]]:
     ]
 
 
-@router.post("/sites/{site_id}/reconcile", status_code=202)
+@router.post(
+    "/sites/{site_id}/reconcile",
+    status_code=202,
+    responses={409: {"description": "A pass runs, here or in another central process."}},
+)
 def reconcile_site(site_id: str, request: Request) -> dict[str, Any]:
     """Start a reconciliation pass of one site, off the request path."""
     service: ReconciliationService = request.app.state.reconciliation
     site = service.site(site_id)
     if site is None:
         raise HTTPException(404, f"site {site_id!r} is not configured")
-    if not service.trigger([site]):
-        raise HTTPException(409, "a reconciliation pass is running; ask again when it ends")
+    start = service.trigger([site])
+    if start is not PassStart.STARTED:
+        raise HTTPException(409, _BUSY[start])
     return {"started": True, "site": site_id}
 
 

@@ -60,3 +60,14 @@ def name_driver_refusals(context: sa.engine.ExceptionContext) -> BaseException |
 def is_transient(exc: BaseException) -> bool:
     """True when the whole operation should be retried (tenacity predicate)."""
     return classify_store_error(exc) is ErrorKind.TRANSIENT
+
+
+def describe_store_error(exc: BaseException) -> str:
+    """``exc`` as one line an operator or a sender may read: the driver's exception type
+    and the first line of its own message. Never the statement and parameters
+    SQLAlchemy adds to the text of its wrappers, nor their documentation link; a
+    server's detail lines (which may quote a row) are left out too."""
+    inner = exc.orig if isinstance(exc, sa.exc.StatementError) and exc.orig is not None else exc
+    lines = str(inner).strip().splitlines()
+    name = type(inner).__name__
+    return f"{name}: {lines[0]}" if lines else name

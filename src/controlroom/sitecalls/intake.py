@@ -6,7 +6,9 @@ body, ``README`` "Site call telemetry"). Deliveries are acknowledged only after 
 commit of every chunk of their batch; a packet the contract or the store refuses (or whose
 validation fails unexpectedly) is kept whole in ``rejected_telemetry`` and acknowledged;
 any other failure gives the whole batch back to the queue (replaying it is harmless: the
-upsert is monotonic, the audit insert idempotent).
+upsert is monotonic, the audit insert idempotent). A batch that reaches
+``audit.request_budget`` (or one of whose packets runs past its own fresh budget) is
+settled in part: what was written or rejected is acknowledged, the rest given back.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,7 +26,7 @@ import tenacity
 
 from controlroom.config import Settings
 from controlroom.db.engine import retry_transient
-from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
+from controlroom.sitecalls.writer import IngestBudgetExceeded, ReceivedPacket, SiteCallWriter
 from controlroom.telemetry.contract import (
     TelemetryRejected,
     packet_bytes,
@@ -69,10 +73,12 @@ def make_writer(
     stop_event: threading.Event | None = None,
     *,
     attempts: int | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> SiteCallWriter:
-    """The writer with the settings' budgets. Transient store errors replay a chunk until
-    ``stop_event`` is set (the queue: forever without one), or at most ``attempts``
-    times in all (an HTTP request, which must answer)."""
+    """The writer with the settings' budgets (``audit.ingest_budget``, ``row_budget``,
+    ``request_budget``), measured with ``monotonic``. Transient store errors replay a
+    chunk until ``stop_event`` is set (the queue: forever without one), or at most
+    ``attempts`` times in all (an HTTP request, which must answer)."""
     retrying = retry_transient(
         max_backoff_seconds=settings.ingestion.max_backoff_seconds, stop_event=stop_event
     )
@@ -85,7 +91,9 @@ def make_writer(
         engine,
         chunk_budget=settings.audit.ingest_budget,
         row_budget=settings.audit.row_budget,
+        request_budget=settings.audit.request_budget,
         retrying=retrying,
+        monotonic=monotonic,
     )
 
 
@@ -126,6 +134,9 @@ class TelemetryIngestionService:
         try:
             received = [receive_bytes(delivery.body, delivery.queue) for delivery in deliveries]
             reasons = await asyncio.to_thread(self._writer.write, received)
+        except IngestBudgetExceeded as stopped:
+            await self._settle_in_part(deliveries, stopped)
+            return
         except asyncio.CancelledError:
             await reject_all(deliveries)
             raise
@@ -138,6 +149,30 @@ class TelemetryIngestionService:
             await reject_all(deliveries)
             return
         await ack_all(deliveries)
-        for reason in reasons:
-            if reason is not None:
-                log.warning("kept a telemetry packet in rejected_telemetry: %s", reason)
+        _log_rejections(reasons)
+
+    async def _settle_in_part(
+        self, deliveries: list[Delivery], stopped: IngestBudgetExceeded
+    ) -> None:
+        """Acknowledge what the stopped write did; give the unwritten rest back after the
+        usual back-off (the store is slow: redelivering at once would press it more)."""
+        left = set(stopped.unwritten)
+        done = [delivery for index, delivery in enumerate(deliveries) if index not in left]
+        await ack_all(done)
+        _log_rejections([r for index, r in enumerate(stopped.reasons) if index not in left])
+        log.warning(
+            "telemetry batch of %d stopped (%s): %d written or rejected, %d returned to the queue",
+            len(deliveries),
+            stopped,
+            len(done),
+            len(left),
+        )
+        if not self._stopping.is_set():
+            await asyncio.sleep(self._settings.ingestion.max_backoff_seconds)
+        await reject_all([deliveries[index] for index in sorted(left)])
+
+
+def _log_rejections(reasons: list[str | None]) -> None:
+    for reason in reasons:
+        if reason is not None:
+            log.warning("kept a telemetry packet in rejected_telemetry: %s", reason)

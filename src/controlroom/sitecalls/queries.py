@@ -205,3 +205,8 @@ def list_audit_events(
 def list_rejected_telemetry(conn: sa.Connection, *, limit: int, after: str | None) -> Page:
     """Rejected packets newest first. Raises ``BadCursor``."""
     return _page(conn, rejected_telemetry, rt.rejected_at_utc, rt.id, [], limit=limit, after=after)
+
+
+def rejected_reason(conn: sa.Connection, rejected_id: str) -> str | None:
+    """The reason the rejected packet ``rejected_id`` is kept for; ``None`` without one."""
+    return conn.execute(sa.select(rt.reason).where(rt.id == rejected_id)).scalar_one_or_none()

@@ -12,29 +12,42 @@ A pass pulls its sites concurrently, one thread each; a site that errs or times 
 its own part with ``last_error`` and leaves the others alone. Each page's write is its own
 transaction on its own pooled connection, and nothing is held open while a site is slow,
 so the API and ingest keep answering during a long pass. The cursor only moves forward
-(a guarded upsert), so passes of two processes (an on-demand one beside the leader's)
-never move it back.
+(a guarded upsert), so it never moves back whatever runs beside a pass.
+
+A site that failed to answer is *unreachable*; a pass that failed because central's own
+store refused or timed out (the site answered) leaves the site reachable, and its error
+names the store (``db.errors.describe_store_error``: never the statement's text).
+
+One pass at a time per deployment: every pass, scheduled or on demand, holds the pass
+lease (``PASS_LEASE_NAME``) for its duration, so a second process asked for a pass while
+one runs anywhere answers that it runs elsewhere (the API's 409). The scheduled passes
+also need the schedule lease (``ReconciliationService.LEASE_NAME``), so one process
+schedules them.
 
 The pinned latch's transitions are recorded in ``site_reconciliation``
-(``pinned``, ``pinned_changed_at_utc``), raised once per transition as an event log item
-(``SitePinned``, ``SiteUnpinned``) in the same transaction, and logged.
+(``pinned``, ``pinned_changed_at_utc``) by a conditional update from the state the pass
+read: only the pass whose update changed the row raises the transition's event log item
+(``SitePinned``, ``SiteUnpinned``, in the same transaction) and logs it, so a transition
+is recorded once across processes.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
 import sqlalchemy as sa
 
 from controlroom.config import ConfiguredSite, Settings
+from controlroom.db.errors import describe_store_error
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import site_reconciliation
 from controlroom.db.transactions import begin_write
@@ -52,6 +65,11 @@ log = logging.getLogger(__name__)
 CHANGES_PATH = "/site/tracking/changes"
 WRITE_ATTEMPTS = 3
 MAX_CONCURRENT_SITES = 8
+PULLED_FROM = "reconciliation:"
+"""The source of a row pulled from a site (``rejected_telemetry.source``), before the
+site's id."""
+PASS_LEASE_NAME = "site-reconciliation-pass"
+"""The lease every pass holds while it runs, in whichever process runs it."""
 sr = site_reconciliation.c
 
 
@@ -116,7 +134,7 @@ def _key(row: Any) -> Cursor | None:
 
 def receive_row(row: Any, site: ConfiguredSite) -> ReceivedPacket:
     """A pulled row as a packet of the contract, refused when it names another site."""
-    received = receive_json(row, f"reconciliation:{site.id}")
+    received = receive_json(row, f"{PULLED_FROM}{site.id}")
     packet = received.packet
     reason = None if packet is None else foreign_source(packet.source_site, site.id)
     if reason is not None:
@@ -164,12 +182,15 @@ class Reconciler:
 
     def reconcile_site(self, site: ConfiguredSite) -> SitePassResult:
         """Pull ``site`` from its stored cursor up to the page ceiling; never raises for
-        the site's own failures (they are its ``last_error``)."""
+        the site's own failures (they are its ``last_error``). The site is recorded
+        reachable when it answered, unreachable when it did not; a pass that central's
+        store failed after the site answered says so and leaves the site reachable."""
         state = self._load(site.id)
         cursor = state["cursor"]
         pages = rows = 0
         stuck = progressed = False
         error = None
+        reachable: bool | None = None  # unknown until the site answers or fails to
         try:
             with httpx.Client(
                 base_url=site.base_url,
@@ -178,6 +199,7 @@ class Reconciler:
             ) as client:
                 while pages < self._config.max_pages_per_pass:
                     page, more = pull_page(client, cursor, self._config.batch_size)
+                    reachable = True
                     pages += 1
                     rows += len(page)
                     self._writer.write([receive_row(row, site) for row in page])
@@ -195,15 +217,21 @@ class Reconciler:
                         progressed = True
                         break
         except SitePullError as exc:
+            reachable = False
             error = f"site {site.id} {exc}"
-        except Exception as exc:  # the store or a bug: this site's pass only
+        except Exception as exc:  # central's store or a bug: this site's pass only
             log.exception("reconciliation of site %s failed", site.id)
-            error = f"reconciling site {site.id} failed: {type(exc).__name__}: {exc}"
+            error = (
+                f"central's store failed while reconciling site {site.id} "
+                f"(the site {'answered' if reachable else 'was not asked'}): "
+                f"{describe_store_error(exc)}"
+            )
         if error is not None:
             log.warning("reconciliation: %s", error)
-        change = None if error else pin_change(state["pinned"], stuck=stuck, progressed=progressed)
-        pinned = state["pinned"] if change is None else change is PinChange.LATCHED
-        self._record_pass(site.id, rows, error, pinned, change, cursor)
+        was_pinned = state["pinned"]
+        change = None if error else pin_change(was_pinned, stuck=stuck, progressed=progressed)
+        pinned = was_pinned if change is None else change is PinChange.LATCHED
+        self._record_pass(site.id, rows, error, reachable, (was_pinned, change), cursor)
         return SitePassResult(site.id, pages, rows, error, pinned)
 
     # --- the site's stored state ----------------------------------------------------------
@@ -255,22 +283,21 @@ class Reconciler:
         site_id: str,
         rows: int,
         error: str | None,
-        pinned: bool,
-        change: PinChange | None,
+        reachable: bool | None,
+        pin: tuple[bool, PinChange | None],
         cursor: Cursor | None,
     ) -> None:
-        """The pass's outcome, and the pin change's event with it (one transaction)."""
+        """The pass's outcome (``reachable`` ``None``: as stored), and the pin change
+        from the state the pass read (``pin``: was pinned, the change) with its event,
+        in one transaction. The change is a conditional update of the stored latch: when
+        another process recorded the same transition first, it changes nothing here and
+        no second event is raised."""
         now = self._clock()
-        values: dict[str, Any] = {
-            "last_pull_at_utc": now,
-            "last_error": error,
-            "reachable": error is None,
-            "pinned": pinned,
-        }
+        values: dict[str, Any] = {"last_pull_at_utc": now, "last_error": error}
+        if reachable is not None:
+            values["reachable"] = reachable
         if error is None:
             values["last_success_at_utc"] = now
-        if change is not None:
-            values["pinned_changed_at_utc"] = now
         statement = self._provider.upsert(
             site_reconciliation,
             key=[sr.site_id],
@@ -278,10 +305,23 @@ class Reconciler:
                 **{name: getattr(incoming, name) for name in values},
                 "rows_pulled": sr.rows_pulled + incoming.rows_pulled,
             },
-        ).values(site_id=site_id, rows_pulled=rows, **values)
+        ).values(
+            site_id=site_id,
+            rows_pulled=rows,
+            pinned=False,
+            **{"reachable": bool(reachable), **values},
+        )
+        was_pinned, change = pin
         with begin_write(self._engine) as conn:
             conn.execute(statement)
-            if change is not None:
+            if change is None:
+                return
+            flipped = conn.execute(
+                sa.update(site_reconciliation)
+                .where(sr.site_id == site_id, sr.pinned == was_pinned)
+                .values(pinned=change is PinChange.LATCHED, pinned_changed_at_utc=now)
+            ).rowcount
+            if flipped:
                 _record_pin_change(conn, site_id, change, cursor, now)
 
 
@@ -334,6 +374,36 @@ class SiteState:
     rows_pulled: int
 
 
+def reconciliation_lag(state: SiteState, now: datetime) -> float | None:
+    """Seconds since ``state``'s site was last reconciled with success (``None`` before
+    its first successful pass): how stale the mirror may be where telemetry was lost."""
+    if state.last_success_at_utc is None:
+        return None
+    return max(0.0, (now - state.last_success_at_utc).total_seconds())
+
+
+def site_warnings(state: SiteState, now: datetime, interval: timedelta) -> list[str]:
+    """What is wrong with a site's reconciliation, one sentence each (never the site's
+    address or error text: the health endpoint that shows them is open): pinned,
+    unreachable, or not reconciled for more than twice ``interval``."""
+    warnings = []
+    if state.pinned:
+        warnings.append(
+            f"site {state.id} is pinned: reconciliation cannot advance past one "
+            "updated_at_utc (see GET /api/sites)"
+        )
+    if state.reachable is False:
+        warnings.append(f"site {state.id} is unreachable: its last reconciliation pass failed")
+    lag = reconciliation_lag(state, now)
+    if state.last_pull_at_utc is not None and (lag is None or lag > 2 * interval.total_seconds()):
+        when = "never been reconciled" if lag is None else f"not been reconciled for {lag:.0f} s"
+        warnings.append(
+            f"site {state.id} has {when} (reconciliation.interval is "
+            f"{interval.total_seconds():g} s)"
+        )
+    return warnings
+
+
 def site_states(conn: sa.Connection, sites: Sequence[ConfiguredSite]) -> list[SiteState]:
     """The state of each of ``sites`` (in their order); a site never pulled has an empty
     state. Never the site's token."""
@@ -361,13 +431,27 @@ def site_states(conn: sa.Connection, sites: Sequence[ConfiguredSite]) -> list[Si
     return answer
 
 
-class ReconciliationService:
-    """Schedules passes off the request path, one at a time (single-flight):
+class PassStart(enum.Enum):
+    """Whether a pass asked for started, or why not."""
 
-    - every ``reconciliation.interval``, all sites, by the process holding the lease;
+    STARTED = "started"
+    RUNNING_HERE = "running here"
+    """This process runs a pass (single-flight)."""
+    RUNNING_ELSEWHERE = "running elsewhere"
+    """Another process holds the pass lease: it runs a pass now."""
+
+
+class ReconciliationService:
+    """Schedules passes off the request path, one at a time in the deployment:
+
+    - every ``reconciliation.interval``, all sites, by the process holding the schedule
+      lease (``LEASE_NAME``);
     - every ``probe_interval``, the sites whose last pass failed (unreachable, timed out
       or erring: a site coming back is reconciled then);
     - on demand (``trigger``), in whichever process is asked.
+
+    Every pass holds the pass lease (``PASS_LEASE_NAME``) while it runs; a pass asked for
+    while one runs, here or in another process, does not start.
     """
 
     LEASE_NAME = "site-reconciliation"
@@ -377,9 +461,10 @@ class ReconciliationService:
         self.reconciler = Reconciler(settings, engine)
         self._engine = engine
         self._running = threading.Lock()
-        self._lease = provider_for(engine).make_lease(
-            engine, self.LEASE_NAME, owner, settings.reconciliation.lease_seconds
-        )
+        provider = provider_for(engine)
+        seconds = settings.reconciliation.lease_seconds
+        self._lease = provider.make_lease(engine, self.LEASE_NAME, owner, seconds)
+        self._pass_lease = provider.make_lease(engine, PASS_LEASE_NAME, owner, seconds)
         self.last_results: list[SitePassResult] = []
         config = settings.reconciliation
         self._full_every = config.interval.total_seconds()
@@ -398,25 +483,41 @@ class ReconciliationService:
     def site(self, site_id: str) -> ConfiguredSite | None:
         return next((site for site in self.settings.sites if site.id == site_id), None)
 
-    def trigger(self, sites: Sequence[ConfiguredSite] | None = None) -> bool:
-        """Start a pass of ``sites`` (all by default) in a thread, unless one is running;
-        returns whether it started."""
-        if not self._running.acquire(blocking=False):
-            return False
-        thread = threading.Thread(
-            target=self._pass_and_release, args=(sites,), name="reconciliation", daemon=True
-        )
-        thread.start()
-        return True
+    def trigger(self, sites: Sequence[ConfiguredSite] | None = None) -> PassStart:
+        """Start a pass of ``sites`` (all by default) in a thread, unless one runs here
+        or in another process; says which. Blocks while it takes the pass lease (a
+        database round trip); store errors propagate."""
+        start = self._begin()
+        if start is PassStart.STARTED:
+            thread = threading.Thread(
+                target=self._pass_and_release, args=(sites,), name="reconciliation", daemon=True
+            )
+            thread.start()
+        return start
 
     def run_pass_now(self, sites: Sequence[ConfiguredSite] | None = None) -> list[SitePassResult]:
         """Run a pass in this thread and wait for it (``None`` sites: all); an empty list
-        when a pass is already running."""
-        if not self._running.acquire(blocking=False):
+        when a pass runs already, here or in another process."""
+        if self._begin() is not PassStart.STARTED:
             return []
         return self._pass_and_release(sites)
 
+    def _begin(self) -> PassStart:
+        """Take this process's single-flight lock, then the pass lease."""
+        if not self._running.acquire(blocking=False):
+            return PassStart.RUNNING_HERE
+        try:
+            held = self._pass_lease.hold()
+        except BaseException:
+            self._running.release()
+            raise
+        if not held:
+            self._running.release()
+            return PassStart.RUNNING_ELSEWHERE
+        return PassStart.STARTED
+
     def _pass_and_release(self, sites: Sequence[ConfiguredSite] | None) -> list[SitePassResult]:
+        """The pass ``_begin`` started; gives back the lease, then the lock."""
         try:
             self.last_results = self.reconciler.run_pass(sites)
             return self.last_results
@@ -424,12 +525,20 @@ class ReconciliationService:
             log.exception("a reconciliation pass failed")
             return []
         finally:
-            self._running.release()
+            try:
+                self._pass_lease.release()
+            except Exception:
+                log.warning("could not release the reconciliation pass lease", exc_info=True)
+            finally:
+                self._running.release()
 
-    def unreachable_sites(self) -> list[ConfiguredSite]:
+    def failed_sites(self) -> list[ConfiguredSite]:
+        """The configured sites whose last pass failed (the site or central's store)."""
         with self._engine.connect() as conn:
-            down = set(conn.execute(sa.select(sr.site_id).where(sr.reachable.is_(False))).scalars())
-        return [site for site in self.settings.sites if site.id in down]
+            failed = set(
+                conn.execute(sa.select(sr.site_id).where(sr.last_error.is_not(None))).scalars()
+            )
+        return [site for site in self.settings.sites if site.id in failed]
 
     async def run(self) -> None:
         """The schedule, until cancelled (``runtime.periodic``: a failed tick is logged and
@@ -439,13 +548,14 @@ class ReconciliationService:
 
     def _tick(self) -> None:
         """A full pass when ``reconciliation.interval`` has passed since the last one,
-        else a pass of the unreachable sites; nothing while another pass runs."""
+        else a pass of the sites whose last pass failed; nothing while another pass runs
+        (here or elsewhere: the full pass is then tried at the next tick)."""
         if not self.settings.sites:
             return
         now = time.monotonic()
         full = self._last_full is None or now - self._last_full >= self._full_every
-        sites = None if full else self.unreachable_sites()
-        if sites == [] or not self._running.acquire(blocking=False):
+        sites = None if full else self.failed_sites()
+        if sites == [] or self._begin() is not PassStart.STARTED:
             return
         if full:
             self._last_full = now

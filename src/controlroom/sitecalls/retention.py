@@ -10,8 +10,9 @@ database computes it from its own clock and a floor only the owner sets
 (``audit_log_policy``), and removes whole months only, so an event may be kept up to a
 month longer and every month's hash chain is whole or gone (docs/design.md "Audit log").
 Each run first makes the audit log's partitions for the months ahead
-(``Provider.prepare_audit_log``). One process purges at a time (a lease); a failed purge
-is logged and tried again at the next run.
+(``Provider.prepare_audit_log``), and last deletes the rejected telemetry kept longer than
+``sitecalls.rejected_retention_days`` (``rejected.purge_rejected``). One process purges at
+a time (a lease); a failed purge is logged and tried again at the next run.
 
 Each purged call leaves a tombstone (its id and terminal stamp) written in the
 transaction that deletes it and kept ``sitecalls.tombstone_days`` after that purge (so at
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
@@ -34,6 +35,7 @@ from controlroom.db.tables import site_calls
 from controlroom.db.transactions import begin_write
 from controlroom.runtime.clock import Clock, utc_now
 from controlroom.runtime.periodic import PeriodicTask
+from controlroom.sitecalls.rejected import purge_rejected
 from controlroom.sitecalls.tombstones import expire_tombstones, write_tombstones
 from controlroom.telemetry.ordering import TERMINAL
 
@@ -56,6 +58,8 @@ class PurgeResult:
     audit_cutoff: datetime
     tombstones: int
     tombstone_cutoff: datetime
+    rejected_packets: int = 0
+    rejected_cutoff: datetime | None = None
 
 
 def purge_site_call_history(
@@ -65,13 +69,15 @@ def purge_site_call_history(
     site_call_days: int,
     audit_days: int,
     tombstone_days: int,
+    rejected_days: int | None = None,
     chunk: int = PURGE_CHUNK,
 ) -> PurgeResult:
     """Delete terminal site calls whose ``terminal_at_utc`` is before ``now -
     site_call_days``, each leaving a tombstone in its chunk's transaction, the audit events
     of months that ended before the database's now minus ``audit_days`` (or its floor, if
-    longer), and tombstones a purge wrote before ``now - tombstone_days``; in chunks of
-    ``chunk`` rows, each its own transaction."""
+    longer), tombstones a purge wrote before ``now - tombstone_days`` and, when
+    ``rejected_days`` is given, rejected telemetry kept since before ``now -
+    rejected_days``; in chunks of ``chunk`` rows, each its own transaction."""
     provider = provider_for(engine)
     call_cutoff = now - timedelta(days=site_call_days)
     tombstone_cutoff = now - timedelta(days=tombstone_days)
@@ -101,7 +107,12 @@ def purge_site_call_history(
             break
     events, audit_cutoff = provider.purge_audit_log(engine, audit_days, chunk=chunk)
     tombstones = expire_tombstones(engine, tombstone_cutoff, chunk=chunk)
-    return PurgeResult(calls, events, call_cutoff, audit_cutoff, tombstones, tombstone_cutoff)
+    result = PurgeResult(calls, events, call_cutoff, audit_cutoff, tombstones, tombstone_cutoff)
+    if rejected_days is None:
+        return result
+    rejected_cutoff = now - timedelta(days=rejected_days)
+    rejected = purge_rejected(engine, cutoff=rejected_cutoff, chunk=chunk)
+    return replace(result, rejected_packets=rejected, rejected_cutoff=rejected_cutoff)
 
 
 class SiteCallRetention:
@@ -136,13 +147,16 @@ class SiteCallRetention:
             site_call_days=self._settings.sitecalls.retention_days,
             audit_days=self._settings.audit.retention_days,
             tombstone_days=self._settings.sitecalls.tombstone_days,
+            rejected_days=self._settings.sitecalls.rejected_retention_days,
         )
-        if result.site_calls or result.audit_events or result.tombstones:
+        if result.site_calls or result.audit_events or result.tombstones or result.rejected_packets:
             log.info(
-                "purged %d terminal site calls, %d audit events and %d expired tombstones",
+                "purged %d terminal site calls, %d audit events, %d expired tombstones "
+                "and %d rejected packets",
                 result.site_calls,
                 result.audit_events,
                 result.tombstones,
+                result.rejected_packets,
             )
         return result
 

@@ -20,8 +20,17 @@ truncated" and "Audit ingest has a time budget per chunk".
 - A packet of a call the retention purge deleted, while its tombstone is kept, is kept in
   ``rejected_telemetry`` with the reason (``sitecalls.tombstones``): a late replay never
   brings a purged call back.
-- Transient store errors replay the chunk (``retrying``); a packet that blows its own
-  fresh budget raises ``IngestBudgetExceeded`` so the caller gives the batch back.
+- A packet the store refuses alone is rejected with a reason naming its field and the
+  rule it breaks when the packet shows which (a value longer than its column, text no
+  store holds), else the driver's own first line (``describe_store_error``): never the
+  statement's text.
+- A whole write (an HTTP request, a queue batch, a reconciliation page) has
+  ``request_budget`` seconds: no chunk or lone packet runs past it, and what is left when
+  it is spent is not written. The write then raises ``IngestBudgetExceeded`` saying what
+  was done (``reasons``) and what was not (``unwritten``), so the caller acknowledges
+  the one and gives back the other. A packet that blows its own fresh ``row_budget``
+  ends the write the same way.
+- Transient store errors replay the chunk (``retrying``).
 """
 
 from __future__ import annotations
@@ -39,9 +48,9 @@ import tenacity
 from prometheus_client import Counter
 
 from controlroom.db.engine import retry_transient
-from controlroom.db.errors import classify_store_error
+from controlroom.db.errors import classify_store_error, describe_store_error
 from controlroom.db.providers import Provider, Row, chunked, provider_for
-from controlroom.db.tables import rejected_telemetry
+from controlroom.db.tables import audit_log, rejected_telemetry, site_calls
 from controlroom.db.transactions import begin_write
 from controlroom.exceptions import ControlroomError, ErrorKind
 from controlroom.runtime.clock import Clock, utc_now
@@ -57,13 +66,28 @@ BUDGET_EXCEEDED = Counter(
     "controlroom_sitecall_ingest_budget_exceeded_total",
     "Telemetry chunks (or lone packets) that ran past their time budget",
 )
+REQUEST_BUDGET_EXCEEDED = Counter(
+    "controlroom_sitecall_request_budget_exceeded_total",
+    "Telemetry writes (a request, a queue batch, a page) that stopped at audit.request_budget "
+    "with packets left unwritten",
+)
 PACKETS = Counter(
     "controlroom_sitecall_packets_total", "Telemetry packets taken in, by outcome", ["outcome"]
 )
 
 
 class IngestBudgetExceeded(ControlroomError):
-    """A packet written alone ran past its fresh budget; nothing of it was committed."""
+    """A write stopped at a time budget (the request's, or a lone packet's fresh one).
+
+    ``unwritten`` lists the positions of the packets of which nothing was committed (in
+    ascending order; give them back or send them again). ``reasons`` holds, per packet of
+    the write, ``None`` when it was taken or why it was rejected (kept in
+    ``rejected_telemetry``); an unwritten packet's entry is ``None`` and means nothing."""
+
+    def __init__(self, message: str, *, reasons: list[str | None], unwritten: list[int]) -> None:
+        super().__init__(message)
+        self.reasons = reasons
+        self.unwritten = unwritten
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +153,36 @@ def _storable_reason(reason: str) -> str:
     return escaped.replace("\x00", "\\x00")
 
 
+def store_refusal(packet: TelemetryPacket, error: BaseException) -> str:
+    """Why the store refused ``packet`` written alone: its first value the store cannot
+    hold, by field and rule (a text longer than its column, a NUL, an unpaired
+    surrogate), else the driver's exception in one line (``describe_store_error``)."""
+    now = utc_now()
+    rows = [("", site_calls, site_call_row(packet, now))]
+    event = audit_row(packet, now)
+    if event is not None:
+        rows.append(("audit_event.", audit_log, event))
+    for prefix, table, row in rows:
+        for name, value in row.items():
+            if isinstance(value, str):
+                rule = _unstorable(value, getattr(table.c[name].type, "length", None))
+                if rule is not None:
+                    return f"{prefix}{name}: {rule} (the store refused the packet)"
+    return f"the store refused the packet: {describe_store_error(error)}"
+
+
+def _unstorable(value: str, width: int | None) -> str | None:
+    if width is not None and len(value) > width:
+        return f"longer than its column's {width} characters"
+    if "\x00" in value:
+        return "must not contain a NUL character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must be valid Unicode text (an unpaired surrogate)"
+    return None
+
+
 class _BudgetBlown(Exception):
     """Internal: the running chunk or packet passed its deadline."""
 
@@ -142,14 +196,18 @@ class SiteCallWriter:
         *,
         chunk_budget: float = 20.0,
         row_budget: float = 5.0,
+        request_budget: float | None = None,
         retrying: tenacity.Retrying | None = None,
         clock: Clock = utc_now,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """Budgets in seconds; ``request_budget`` ``None``: a write is bounded by its
+        chunks' budgets only."""
         self._engine = engine
         self._provider: Provider = provider_for(engine)
         self._chunk_budget = chunk_budget
         self._row_budget = row_budget
+        self._request_budget = request_budget
         self._retrying = retrying or retry_transient()
         self._clock = clock
         self._monotonic = monotonic
@@ -159,28 +217,39 @@ class SiteCallWriter:
         (stored, or a no-op under the monotonic rule) or the reason it was rejected (it
         is then in ``rejected_telemetry``).
 
-        Raises ``IngestBudgetExceeded`` or a store error that is neither transient nor
-        the data's fault; some chunks may be committed by then (replaying is harmless).
+        Raises ``IngestBudgetExceeded`` (what was done, what was left unwritten: the
+        rejected packets of the done part are kept first) or a store error that is
+        neither transient nor the data's fault; some chunks may be committed by then
+        (replaying is harmless).
         """
+        cap = None if self._request_budget is None else self._monotonic() + self._request_budget
         reasons: list[str | None] = [item.rejected_because for item in received]
         by_id: dict[str, list[int]] = {}
         for index, item in enumerate(received):
             if item.packet is not None and item.rejected_because is None:
                 by_id.setdefault(item.packet.tracked_operation_id, []).append(index)
-        ids = sorted(by_id)
-        for id_chunk in chunked(ids, self._provider.max_rows_per_statement):
+        unwritten: list[int] = []
+        stopped: str | None = None
+        for id_chunk in chunked(sorted(by_id), self._provider.max_rows_per_statement):
             indexes = [index for key in id_chunk for index in by_id[key]]
+            if stopped is not None:
+                unwritten.extend(indexes)
+                continue
             packets = [received[index].packet for index in indexes]
             try:
-                refused = self._retrying(self._write_chunk, packets, self._chunk_budget)
+                refused = self._retrying(self._write_chunk, packets, self._chunk_budget, cap)
             except _BudgetBlown:
+                if self._spent(cap):
+                    stopped = self._request_spent(len(received))
+                    unwritten.extend(indexes)
+                    continue
                 BUDGET_EXCEEDED.inc()  # once for the chunk, whatever its rows do next
                 log.warning("a telemetry chunk of %d packets ran past its budget", len(packets))
-                self._write_alone(received, indexes, reasons)
+                stopped = self._write_alone(received, indexes, reasons, cap, unwritten)
             except Exception as exc:
                 if classify_store_error(exc) is not ErrorKind.DATA:
                     raise
-                self._write_alone(received, indexes, reasons)
+                stopped = self._write_alone(received, indexes, reasons, cap, unwritten)
             else:
                 for index, reason in zip(indexes, refused, strict=True):
                     reasons[index] = reason
@@ -191,33 +260,71 @@ class SiteCallWriter:
         if rejected:
             self._retrying(self._keep_rejected, rejected)
         PACKETS.labels("rejected").inc(len(rejected))
-        PACKETS.labels("accepted").inc(len(received) - len(rejected))
+        PACKETS.labels("accepted").inc(len(received) - len(rejected) - len(unwritten))
+        if stopped is not None:
+            raise IngestBudgetExceeded(stopped, reasons=reasons, unwritten=sorted(unwritten))
         return reasons
 
+    def _spent(self, cap: float | None) -> bool:
+        return cap is not None and self._monotonic() >= cap
+
+    def _request_spent(self, count: int) -> str:
+        REQUEST_BUDGET_EXCEEDED.inc()
+        log.warning(
+            "a telemetry write of %d packets reached audit.request_budget (%s s); the rest "
+            "is given back",
+            count,
+            self._request_budget,
+        )
+        return (
+            f"the store did not write every packet within the request's budget of "
+            f"{self._request_budget} s"
+        )
+
     def _write_alone(
-        self, received: Sequence[ReceivedPacket], indexes: Sequence[int], reasons: list[str | None]
-    ) -> None:
-        """Per-row fallback: each packet its own transaction with a fresh budget."""
-        for index in indexes:
+        self,
+        received: Sequence[ReceivedPacket],
+        indexes: Sequence[int],
+        reasons: list[str | None],
+        cap: float | None,
+        unwritten: list[int],
+    ) -> str | None:
+        """Per-row fallback: each packet its own transaction with a fresh budget (within
+        the request's). Returns why the write must stop (the packets from the one that
+        ran out on are added to ``unwritten``), or ``None``."""
+        for position, index in enumerate(indexes):
             packet = received[index].packet
+            assert packet is not None
             try:
-                (reasons[index],) = self._retrying(self._write_chunk, [packet], self._row_budget)
+                (reasons[index],) = self._retrying(
+                    self._write_chunk, [packet], self._row_budget, cap
+                )
             except _BudgetBlown:
+                unwritten.extend(indexes[position:])
+                if self._spent(cap):
+                    return self._request_spent(len(received))
                 BUDGET_EXCEEDED.inc()
-                raise IngestBudgetExceeded(
-                    f"packet {index} ran past its fresh budget of {self._row_budget} s"
-                ) from None
+                return (
+                    f"the store did not write packet {index} within its fresh budget of "
+                    f"{self._row_budget} s"
+                )
             except Exception as exc:
                 if classify_store_error(exc) is not ErrorKind.DATA:
                     raise
-                reasons[index] = f"the store refused the packet: {type(exc).__name__}: {exc}"
+                reasons[index] = store_refusal(packet, exc)
+        return None
 
-    def _write_chunk(self, packets: Sequence[TelemetryPacket], budget: float) -> list[str | None]:
-        """Write ``packets`` in one transaction; returns, per packet, ``None`` or why it
-        was refused (it names another site than its call's: ``contract.foreign_source``;
-        its call was purged: ``tombstones.tombstone_reason``)."""
+    def _write_chunk(
+        self, packets: Sequence[TelemetryPacket], budget: float, cap: float | None
+    ) -> list[str | None]:
+        """Write ``packets`` in one transaction within ``budget`` seconds and before
+        ``cap`` (``time.monotonic`` time; ``None``: no cap); returns, per packet, ``None``
+        or why it was refused (it names another site than its call's:
+        ``contract.foreign_source``; its call was purged: ``tombstones.tombstone_reason``)."""
         now = self._clock()
         deadline = self._monotonic() + budget
+        if cap is not None:
+            deadline = min(deadline, cap)
         with begin_write(self._engine) as conn, self._within(conn, deadline):
             self._check(deadline)
             # A call's owner is its stored site, else the first packet's of this chunk.

@@ -1,5 +1,6 @@
 """The console's site-call pages: site calls (KPI tiles, trends, the filterable list), one
-call with its audit events and the Retry/Discard relay, rejected telemetry, the sites'
+call with its audit events and the Retry/Discard relay, rejected telemetry (and its
+re-submission: post, redirect, then the page shows the outcome), the sites'
 reconciliation state, and the audit log.
 
 Source: docs/design.md "Site call audit" and "Audit log"; docs/decisions.md "The console
@@ -16,6 +17,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -24,12 +26,15 @@ from fastapi.responses import Response
 from controlroom.config import Settings
 from controlroom.sitecalls import queries
 from controlroom.sitecalls.audit_verify import last_verification
+from controlroom.sitecalls.intake import make_writer
 from controlroom.sitecalls.kpis import measure_kpis
 from controlroom.sitecalls.reconciliation import site_states
+from controlroom.sitecalls.rejected import ResubmitOutcome, resubmit_rejected
 from controlroom.sitecalls.relay import Command, RelayOutcome, relay_command
+from controlroom.sitecalls.writer import IngestBudgetExceeded
 from controlroom.telemetry.ordering import Channel, SiteCallStatus
 from controlroom.web import charts
-from controlroom.web.common import EXTRA_NAV, actor, api_state, render, viewer
+from controlroom.web.common import EXTRA_NAV, actor, api_state, redirect, render, viewer
 from controlroom.web.session import Session
 
 router = APIRouter(include_in_schema=False)
@@ -38,6 +43,7 @@ Actor = Annotated[Session, Depends(actor)]
 Text = Annotated[str, Query(max_length=1024)]
 After = Annotated[str, Query(max_length=500)]
 PAGE_SIZE = 50
+WRITE_ATTEMPTS = 3  # transient store errors a re-submission rides out before it answers
 STATUSES = tuple(status.value for status in SiteCallStatus)
 CHANNELS = tuple(channel.value for channel in Channel)
 
@@ -152,14 +158,33 @@ def site_call_list(
     )
 
 
+# What a re-submission's redirect may say (``resubmitted`` names the packet).
+RESUBMIT_TEXT = {
+    "accepted": "Accepted: the packet was written and is no longer kept as rejected.",
+    "rejected": "Rejected again: the packet is still kept; its reason below is the new one.",
+    "missing": "Not found: no rejected packet has this id (re-submitted or purged already).",
+    "busy": "Not written: the store did not answer in time; nothing changed, try again.",
+}
+
+
 @router.get("/site-calls/rejected")
-def rejected_list(request: Request, session: Viewer, after: After = "") -> Response:
-    """Telemetry packets the contract or the store refused, newest first, kept whole."""
+def rejected_list(
+    request: Request,
+    session: Viewer,
+    after: After = "",
+    resubmitted: Annotated[str, Query(max_length=36)] = "",
+    outcome: Annotated[str, Query(max_length=16)] = "",
+    call: Annotated[str, Query(max_length=36)] = "",
+) -> Response:
+    """Telemetry packets the contract or the store refused, newest first, kept whole;
+    after a re-submission (``resubmitted``, ``outcome``, ``call``) its outcome first,
+    with the packet's current reason when it was rejected again."""
     with _engine(request).connect() as conn:
         try:
             page = queries.list_rejected_telemetry(conn, limit=PAGE_SIZE, after=after or None)
         except queries.BadCursor as exc:
             raise HTTPException(400, f"after: {exc}") from None
+        notice = _resubmission(conn, resubmitted, outcome, call)
     packets = [
         {
             "id": row.id,
@@ -173,8 +198,58 @@ def rejected_list(request: Request, session: Viewer, after: After = "") -> Respo
     return render(
         request,
         "rejected.html",
-        {"packets": packets, "next_cursor": page.next_cursor, "after": after},
+        {
+            "packets": packets,
+            "next_cursor": page.next_cursor,
+            "after": after,
+            "resubmission": notice,
+            "retention_days": api_state(request).settings.sitecalls.rejected_retention_days,
+        },
     )
+
+
+@router.post("/site-calls/rejected/{rejected_id}/resubmit")
+def resubmit_packet(request: Request, session: Actor, rejected_id: uuid.UUID) -> Response:
+    """Write a rejected packet again (as ``POST /api/site-calls/rejected/{id}/resubmit``);
+    redirects to the rejected list, which shows the outcome."""
+    state = api_state(request)
+    writer = make_writer(state.settings, state.engine, attempts=WRITE_ATTEMPTS)
+    params = {"resubmitted": str(rejected_id)}
+    try:
+        result = resubmit_rejected(state.engine, writer, str(rejected_id), session.principal.name)
+    except IngestBudgetExceeded:
+        result, params["outcome"] = None, "busy"
+    if result is None:
+        params.setdefault("outcome", "missing")
+    else:
+        params["outcome"] = str(result.outcome).lower()
+        if result.outcome is ResubmitOutcome.ACCEPTED and result.tracked_operation_id:
+            params["call"] = result.tracked_operation_id
+    return redirect(f"/site-calls/rejected?{urlencode(params)}")
+
+
+def _resubmission(
+    conn: sa.Connection, rejected_id: str, outcome: str, call: str
+) -> dict[str, str] | None:
+    """The outcome a re-submission's redirect names, read back: only known outcomes and
+    ids (nothing of the query string is shown as it came)."""
+    if outcome not in RESUBMIT_TEXT or not _is_uuid(rejected_id):
+        return None
+    notice = {"id": rejected_id, "outcome": outcome, "summary": RESUBMIT_TEXT[outcome]}
+    if outcome == "accepted" and _is_uuid(call):
+        notice["call"] = call
+    if outcome == "rejected":
+        reason = queries.rejected_reason(conn, rejected_id)
+        if reason is not None:
+            notice["reason"] = reason
+    return notice
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        return str(uuid.UUID(value)) == value
+    except ValueError:
+        return False
 
 
 @router.get("/site-calls/{tracked_operation_id}")
