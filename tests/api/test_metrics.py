@@ -18,6 +18,7 @@ from controlroom.config import Settings
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.sitecalls.kpis import METRICS
 from tests.api.test_health import with_troubled_sites
+from tests.reconciliation.harness import as_site
 from tests.sitecalls.packets import packet
 
 
@@ -54,7 +55,9 @@ def test_site_states_and_every_site_call_kpi_are_gauges(
         posted = client.post(
             "/api/site-calls/telemetry",
             json=[packet("Parked", op_id=str(uuid.uuid4()), source_site="plant-7")],
+            headers=as_site("plant-7"),
         )
+        assert posted.status_code == 200, posted.text
         assert posted.json()["accepted"] == [0]
         text = client.get("/metrics").text
 

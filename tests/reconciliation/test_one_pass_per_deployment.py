@@ -16,7 +16,6 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 from fastapi import FastAPI
-from pydantic import AwareDatetime
 
 from controlroom.config import AuditSettings
 from controlroom.db.engine import create_store_engine
@@ -25,6 +24,7 @@ from controlroom.db.tables import event_log_items, site_reconciliation
 from controlroom.site import SiteAgent, SiteSettings
 from controlroom.site.telemetry import state_document
 from controlroom.sitecalls.reconciliation import Reconciler
+from controlroom.telemetry.stamps import Stamp
 from tests.reconciliation.harness import (
     OPERATOR,
     SITE_TOKEN,
@@ -52,12 +52,14 @@ class GatedLegacySite:
         self.app = FastAPI()
 
         @self.app.get("/site/tracking/changes")
-        def changes(since: AwareDatetime | None = None, limit: int = 500) -> dict[str, Any]:
+        def changes(since: str | None = None, limit: int = 500) -> dict[str, Any]:
             if since is None:
                 with self._lock:
                     self.first_pages += 1
                 gate()
-            rows, more = agent.store.changes(since, None, limit)
+            # The cursor is a 100 ns stamp (seven fractional digits), read as the agent does.
+            cursor = Stamp.parse(since) if since is not None else None
+            rows, more = agent.store.changes(cursor, None, limit)
             return {"rows": [state_document(row) for row in rows], "more_available": more}
 
 
