@@ -7,6 +7,7 @@ import asyncio
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -47,6 +48,12 @@ async def ingest_until(
     service = IngestionService(
         settings, engine, transport, body_store or FileSystemBodyStore(settings.body_dir)
     )
+    await run_until(service, done)
+
+
+async def run_until(service: Any, done: Callable[[], bool]) -> None:
+    """Run ``service`` (an intake with ``run`` and ``stop``) until ``done()`` holds
+    (checked off the loop), then stop it; fails if the service ends first."""
     task = asyncio.create_task(service.run())
     try:
         async with asyncio.timeout(TIMEOUT):

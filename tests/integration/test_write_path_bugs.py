@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,7 +25,7 @@ from controlroom.sitecalls import writer as sitecall_writer
 from controlroom.sitecalls.intake import TelemetryIngestionService
 from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
 from controlroom.transport.embedded import EmbeddedQueue
-from tests.integration.test_ingestion import TIMEOUT, count, publish_all
+from tests.integration.test_ingestion import count, publish_all, run_until
 from tests.nsb import failed_headers
 from tests.sitecalls import packets as factory
 
@@ -49,17 +48,6 @@ def given_back(caplog: pytest.LogCaptureFixture, logger: str) -> list[logging.Lo
         for r in caplog.records
         if r.name == logger and r.levelno == logging.ERROR and "returned to the queue" in r.msg
     ]
-
-
-async def run_until(service: Any, done: Callable[[], bool]) -> None:
-    task = asyncio.create_task(service.run())
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            while not await asyncio.to_thread(done):
-                assert not task.done(), task.exception()
-                await asyncio.sleep(0.05)
-    finally:
-        await service.stop()
 
 
 def assert_logged_as_a_bug(records: list[logging.LogRecord]) -> None:

@@ -18,7 +18,7 @@ from controlroom.db.tables import audit_log, rejected_telemetry, site_calls
 from controlroom.sitecalls.demo import generate_demo_telemetry
 from controlroom.sitecalls.intake import TelemetryIngestionService
 from controlroom.transport import EmbeddedQueue, RabbitMQTransport, Transport
-from tests.integration.test_ingestion import TIMEOUT, count
+from tests.integration.test_ingestion import count, run_until
 from tests.sitecalls import packets as factory
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -28,14 +28,7 @@ async def ingest_until(
     settings: Settings, engine: sa.Engine, transport: Transport, done: Callable[[], bool]
 ) -> None:
     service = TelemetryIngestionService(settings, engine, transport)
-    task = asyncio.create_task(service.run())
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            while not await asyncio.to_thread(done):
-                assert not task.done(), task.exception()
-                await asyncio.sleep(0.05)
-    finally:
-        await service.stop()
+    await run_until(service, done)
 
 
 def demo_bodies() -> tuple[list[bytes], int, int]:
