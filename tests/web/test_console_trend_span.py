@@ -27,7 +27,7 @@ def test_half_an_hour_of_samples_spans_the_whole_chart(
     assert xs[0] == LEFT
     assert xs[-1] == WIDTH - RIGHT
     assert buffered.start == now - timedelta(minutes=30)
-    assert "since 08:30 UTC" in buffered.window
+    assert buffered.window == "since 08:30"
 
 
 def test_a_day_of_samples_keeps_the_24_hour_window(engine: sa.Engine, settings: Settings) -> None:

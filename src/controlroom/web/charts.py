@@ -68,7 +68,7 @@ class TrendChart:
     latest: str
     start: datetime
     end: datetime
-    window: str  # "last 24 hours", or "since 09:30 UTC" for a younger history
+    window: str  # "last 24 hours", or "since 09:30" (UTC) for a younger history
 
     width: int = WIDTH
     height: int = HEIGHT
@@ -154,7 +154,7 @@ def build_chart(
         if series
         else "no samples in the last 24 hours"
     )
-    window = "last 24 hours" if end - start >= WINDOW else f"since {clock(start)}"
+    window = "last 24 hours" if end - start >= WINDOW else f"since {clock(start)[:5]}"
     return TrendChart(
         metric=metric,
         title=title,
