@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -14,6 +15,7 @@ import pytest
 from controlroom import server
 from controlroom.config import Settings
 from controlroom.runtime.sockets import listen
+from controlroom.sitecalls.demo import generate_demo_telemetry
 from controlroom.sitecalls.history import KpiSampler
 from controlroom.sitecalls.retention import SiteCallRetention
 from tests.nodelay import accepted_with_nodelay
@@ -129,3 +131,44 @@ def test_a_part_that_returns_on_its_own_ends_run(
     ):
         asyncio.run(main())
     assert "KPI sampler stopped on its own" in caplog.text
+
+
+def test_the_kpi_sampler_samples_again_as_soon_as_the_first_telemetry_is_written(
+    settings: Settings,
+) -> None:
+    # Samples an hour apart: the one at start saw no telemetry; the next must not wait.
+    hourly = settings.model_copy(
+        update={"kpi": settings.kpi.model_copy(update={"sample_seconds": 3600.0})}
+    )
+    seen: list[server.Serving] = []
+
+    async def latest_buffered(client: httpx.AsyncClient) -> float | None:
+        answer = await client.get("/api/kpi-history", params={"metric": "buffered"})
+        assert answer.status_code == 200, answer.text
+        points = answer.json()["points"]
+        return points[-1]["value"] if points else None
+
+    async def main() -> float | None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(
+            server.run(hourly.model_copy(update={"port": 0}), stop=stop, on_serving=seen.append)
+        )
+        async with asyncio.timeout(TIMEOUT):
+            while not seen:
+                await asyncio.sleep(0.01)
+            async with httpx.AsyncClient(
+                base_url=seen[0].url, timeout=TEST_CLIENT_TIMEOUT
+            ) as client:
+                while await latest_buffered(client) is None:  # the sample at start
+                    await asyncio.sleep(0.05)
+                packets = generate_demo_telemetry(seed=5, now=datetime.now(UTC))
+                answer = await client.post("/api/site-calls/telemetry", json=packets)
+                assert answer.status_code == 200, answer.text
+                while not await latest_buffered(client):
+                    await asyncio.sleep(0.05)
+                value = await latest_buffered(client)
+            stop.set()
+            await running
+        return value
+
+    assert (asyncio.run(main()) or 0) > 0

@@ -6,7 +6,7 @@ so neither the API nor the console imports the other."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
 import sqlalchemy as sa
@@ -62,6 +62,7 @@ def create_app(
     transport: Transport | None = None,
     retry_processor: RetryProcessor | None = None,
     reconciliation: ReconciliationService | None = None,
+    on_telemetry_written: Callable[[], None] | None = None,
 ) -> FastAPI:
     """The HTTP API over a migrated store ``engine`` and its ``body_store``.
 
@@ -71,7 +72,8 @@ def create_app(
     them, and ``settings``, on ``app.state``. ``transport`` sends edited messages (edit
     and retry answers 503 without one); ``retry_processor``, when given, is woken as soon
     as a retry request created batches. ``reconciliation`` runs on-demand passes (a
-    fresh one, without its schedule, by default).
+    fresh one, without its schedule, by default). ``on_telemetry_written`` is called
+    after a telemetry request stored a packet (the KPI sampler's cue).
     """
     # Authentication covers every route, those added later too (auth.py: open routes).
     # /docs is the console's (Swagger UI from the package, offline); no CDN-based ReDoc.
@@ -89,6 +91,7 @@ def create_app(
     app.state.transport = transport
     app.state.retry_processor = retry_processor
     app.state.reconciliation = reconciliation or _reconciliation(settings, engine)
+    app.state.on_telemetry_written = on_telemetry_written
     app.state.health_checks = dict(
         health_checks if health_checks is not None else {"database": health.database_check(engine)}
     )

@@ -163,6 +163,7 @@ class _Service:
         body_store = FileSystemBodyStore(settings.body_dir)
         retry_processor = RetryProcessor(settings, engine, transport, body_store)
         reconciliation = ReconciliationService(settings, engine, owner=str(uuid.uuid4()))
+        sampler = KpiSampler(engine, settings)
         api = create_app(
             settings,
             engine,
@@ -171,6 +172,7 @@ class _Service:
             transport=transport,
             retry_processor=retry_processor,
             reconciliation=reconciliation,
+            on_telemetry_written=sampler.intake_written,
         )
         # The Host check needs the bound address, which only the server knows (api/guard.py):
         # the socket's port, which differs from settings.port when that is 0 or the caller
@@ -186,7 +188,9 @@ class _Service:
         if settings.ingest_on_serve:
             self._intakes = {
                 "ingestion": IngestionService(settings, engine, transport, body_store),
-                "telemetry ingestion": TelemetryIngestionService(settings, engine, transport),
+                "telemetry ingestion": TelemetryIngestionService(
+                    settings, engine, transport, on_written=sampler.intake_written
+                ),
             }
         sweeper = RetentionSweeper(
             engine,
@@ -198,7 +202,7 @@ class _Service:
         self._cancelled: dict[str, Callable[[], Awaitable[None]]] = {
             "retry processor": retry_processor.run,
             "retention": sweeper.run,
-            "KPI sampler": KpiSampler(engine, settings).run,
+            "KPI sampler": sampler.run,
             "site-call purge": SiteCallRetention(engine, settings).run,
         }
         if settings.sites:

@@ -241,3 +241,33 @@ def test_a_packet_that_breaks_validation_unexpectedly_is_kept_not_stranded(
     with engine.connect() as conn:
         reason = conn.execute(sa.select(rejected_telemetry.c.reason)).scalar_one()
     assert "RuntimeError: a bug in validation" in reason
+
+
+def test_the_intake_tells_its_listener_when_a_batch_stored_packets(
+    settings: Settings, engine: sa.Engine
+) -> None:
+    """The KPI sampler's cue (``KpiSampler.intake_written``): told after a batch that
+    stored packets, not after one whose every packet was rejected."""
+    told: list[int] = []
+
+    async def scenario(bodies: list[bytes], done: Callable[[], bool]) -> None:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            for body in bodies:
+                await transport.publish(settings.telemetry_queue, {}, body)
+            service = TelemetryIngestionService(
+                settings, engine, transport, on_written=lambda: told.append(1)
+            )
+            await run_until(service, done)
+
+    asyncio.run(
+        scenario(
+            [b'{"tracked_operation_id": "not a guid"}'],
+            lambda: count(engine, rejected_telemetry) == 1,
+        )
+    )
+    assert told == []
+    packets = generate_demo_telemetry(12, seed=7, now=NOW)
+    asyncio.run(
+        scenario([json.dumps(p).encode() for p in packets], lambda: count(engine, site_calls) > 0)
+    )
+    assert told != []

@@ -226,3 +226,18 @@ def test_the_audit_log_page_shows_the_last_verification(
     record_verification(engine, verify_audit_log(engine))
     page = console.get("/audit-log").text
     assert "Hash chain broken" in page and event_id in page
+
+
+def test_the_site_call_pages_kpi_tiles_poll_a_fragment_of_their_scope(console: TestClient) -> None:
+    now = datetime.now(UTC)
+    post(console, [packet("Parked", created=now), packet("Parked", created=now, site="plant-9")])
+    page = console.get("/site-calls", params={"scope_site": "plant-7"})
+    assert 'hx-get="/live/site-calls?scope_site=plant-7"' in page.text
+
+    tiles = console.get("/live/site-calls", params={"scope_site": "plant-7"})
+    assert tiles.status_code == 200
+    assert re.search(r'data-testid="kpi-parked">\s*<span class="figure">1<', tiles.text)
+    assert "<html" not in tiles.text
+    everywhere = console.get("/live/site-calls")
+    assert re.search(r'data-testid="kpi-parked">\s*<span class="figure">2<', everywhere.text)
+    assert console.get("/live/site-calls", params={"scope_node": "node-a"}).status_code == 400

@@ -224,7 +224,12 @@ def post_telemetry(
         raise HTTPException(413, f"at most {MAX_PACKETS_PER_POST} packets per request")
     refuse_foreign_packets(request, packets)
     received = [receive_json(item, "http") for item in packets]
-    writer = make_writer(_settings(request), _engine(request), attempts=HTTP_ATTEMPTS)
+    writer = make_writer(
+        _settings(request),
+        _engine(request),
+        attempts=HTTP_ATTEMPTS,
+        on_written=request.app.state.on_telemetry_written,
+    )
     try:
         reasons = writer.write(received)
     except IngestBudgetExceeded as stopped:

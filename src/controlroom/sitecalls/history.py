@@ -11,6 +11,7 @@ finished in the interval has no sample at that instant (read it as zero).
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -101,6 +102,15 @@ class KpiSampler:
         self._periodic = PeriodicTask(
             "KPI sampler", self._sample, interval=seconds, lease=self._lease
         )
+        self._intake_seen = threading.Event()
+
+    def intake_written(self) -> None:
+        """Telemetry was written. The first time since start, sample now rather than at
+        the end of the wait (docs/decisions.md "A chart spans the history that exists"):
+        the sample at start may have come before any telemetry. Thread-safe."""
+        if not self._intake_seen.is_set():
+            self._intake_seen.set()
+            self._periodic.wake()
 
     def sample_once(self) -> int | None:
         """One sample when this process holds the lease; ``None`` when another does."""
@@ -155,6 +165,19 @@ def downsample(
         )
         for index, values in sorted(buckets.items())
     ]
+
+
+def first_sample_at(conn: sa.Connection, *, scope: str, scope_key: str) -> datetime | None:
+    """When the first ``buffered`` sample (every sample takes one) of a scope kept was
+    captured; ``None`` when there is none. One seek along the primary key."""
+    return conn.execute(
+        sa.select(sa.func.min(ks.captured_at_utc)).where(
+            ks.source == SOURCE,
+            ks.metric == "buffered",
+            ks.scope == scope,
+            ks.scope_key == scope_key,
+        )
+    ).scalar_one_or_none()
 
 
 def read_series(

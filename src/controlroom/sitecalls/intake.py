@@ -74,11 +74,13 @@ def make_writer(
     *,
     attempts: int | None = None,
     monotonic: Callable[[], float] = time.monotonic,
+    on_written: Callable[[], None] | None = None,
 ) -> SiteCallWriter:
     """The writer with the settings' budgets (``audit.ingest_budget``, ``row_budget``,
     ``request_budget``), measured with ``monotonic``. Transient store errors replay a
     chunk until ``stop_event`` is set (the queue: forever without one), or at most
-    ``attempts`` times in all (an HTTP request, which must answer)."""
+    ``attempts`` times in all (an HTTP request, which must answer). ``on_written``: as
+    ``SiteCallWriter`` takes it."""
     retrying = retry_transient(
         max_backoff_seconds=settings.ingestion.max_backoff_seconds, stop_event=stop_event
     )
@@ -94,18 +96,26 @@ def make_writer(
         request_budget=settings.audit.request_budget,
         retrying=retrying,
         monotonic=monotonic,
+        on_written=on_written,
     )
 
 
 class TelemetryIngestionService:
     """Drains the telemetry queue (``settings.telemetry_queue``) into the store until
-    stopped."""
+    stopped. ``on_written`` is called after a batch stored a packet (``make_writer``)."""
 
-    def __init__(self, settings: Settings, engine: sa.Engine, transport: Transport) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: sa.Engine,
+        transport: Transport,
+        *,
+        on_written: Callable[[], None] | None = None,
+    ) -> None:
         self._settings = settings
         self._transport = transport
         self._stopping = threading.Event()
-        self._writer = make_writer(settings, engine, self._stopping)
+        self._writer = make_writer(settings, engine, self._stopping, on_written=on_written)
         self._run_task: asyncio.Task[None] | None = None
 
     async def run(self) -> None:

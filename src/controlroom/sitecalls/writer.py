@@ -200,9 +200,11 @@ class SiteCallWriter:
         retrying: tenacity.Retrying | None = None,
         clock: Clock = utc_now,
         monotonic: Callable[[], float] = time.monotonic,
+        on_written: Callable[[], None] | None = None,
     ) -> None:
         """Budgets in seconds; ``request_budget`` ``None``: a write is bounded by its
-        chunks' budgets only."""
+        chunks' budgets only. ``on_written`` is called after a write that stored at
+        least one packet (the KPI sampler's cue, ``KpiSampler.intake_written``)."""
         self._engine = engine
         self._provider: Provider = provider_for(engine)
         self._chunk_budget = chunk_budget
@@ -211,6 +213,7 @@ class SiteCallWriter:
         self._retrying = retrying or retry_transient()
         self._clock = clock
         self._monotonic = monotonic
+        self._on_written = on_written
 
     def write(self, received: Sequence[ReceivedPacket]) -> list[str | None]:
         """Write ``received``; returns, per packet in order, ``None`` when it was taken
@@ -260,7 +263,10 @@ class SiteCallWriter:
         if rejected:
             self._retrying(self._keep_rejected, rejected)
         PACKETS.labels("rejected").inc(len(rejected))
-        PACKETS.labels("accepted").inc(len(received) - len(rejected) - len(unwritten))
+        accepted = len(received) - len(rejected) - len(unwritten)
+        PACKETS.labels("accepted").inc(accepted)
+        if accepted and self._on_written is not None:
+            self._on_written()
         if stopped is not None:
             raise IngestBudgetExceeded(stopped, reasons=reasons, unwritten=sorted(unwritten))
         return reasons

@@ -16,7 +16,12 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from controlroom.sitecalls.history import SeriesPoint, node_scope_key, read_series
+from controlroom.sitecalls.history import (
+    SeriesPoint,
+    first_sample_at,
+    node_scope_key,
+    read_series,
+)
 from controlroom.sitecalls.kpis import METRICS
 
 WIDTH: Final = 360
@@ -26,6 +31,8 @@ RIGHT: Final = 8
 TOP: Final = 10
 BOTTOM: Final = 26  # room for the time labels
 WINDOW: Final = timedelta(hours=24)
+MIN_SPAN: Final = timedelta(minutes=5)
+"""The shortest time axis: a history younger than this is drawn over the last 5 minutes."""
 MAX_POINTS: Final = 144  # one point per 10 minutes over the window
 
 LABELS: Final[dict[str, tuple[str, str]]] = {
@@ -61,6 +68,7 @@ class TrendChart:
     latest: str
     start: datetime
     end: datetime
+    window: str  # "last 24 hours", or "since 09:30" (UTC) for a younger history
 
     width: int = WIDTH
     height: int = HEIGHT
@@ -74,7 +82,8 @@ def kpi_charts(
     conn: sa.Connection, *, now: datetime, site: str | None = None, node: str | None = None
 ) -> list[TrendChart]:
     """A chart of each KPI (``kpis.METRICS`` order) of one scope over the 24 hours up to
-    ``now``: global, a ``site``, or a ``node`` of a site."""
+    ``now``, or from the scope's first sample when that is later (docs/decisions.md "A
+    chart spans the history that exists"): global, a ``site``, or a ``node`` of a site."""
     if node is not None and site is not None:
         scope, key = "node", node_scope_key(site, node)
     elif site is not None:
@@ -82,6 +91,9 @@ def kpi_charts(
     else:
         scope, key = "global", ""
     start = now - WINDOW
+    first = first_sample_at(conn, scope=scope, scope_key=key)
+    if first is not None and first > start:
+        start = min(_aware(first), now - MIN_SPAN)
     return [
         build_chart(
             metric,
@@ -142,6 +154,7 @@ def build_chart(
         if series
         else "no samples in the last 24 hours"
     )
+    window = "last 24 hours" if end - start >= WINDOW else f"since {clock(start)[:5]}"
     return TrendChart(
         metric=metric,
         title=title,
@@ -153,6 +166,7 @@ def build_chart(
         latest=latest,
         start=start,
         end=end,
+        window=window,
     )
 
 
@@ -196,6 +210,11 @@ def format_value(value: float, unit: str) -> str:
 
 def _number(value: float) -> str:
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+
+
+def _aware(instant: datetime) -> datetime:
+    """``instant`` as UTC-aware (a store may hand back naive UTC)."""
+    return instant if instant.tzinfo is not None else instant.replace(tzinfo=UTC)
 
 
 def clock(instant: datetime) -> str:

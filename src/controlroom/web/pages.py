@@ -7,6 +7,7 @@ here). Query parameters that cannot be read answer 400 naming the parameter.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import uuid
@@ -33,10 +34,11 @@ from controlroom.errors.read.messages import get_failed_message, get_stored_body
 from controlroom.errors.read.search import search_failed_messages
 from controlroom.errors.retries import requests as retries
 from controlroom.http.bodies import body_response_headers, read_body_bytes
-from controlroom.web.bodies import view_body
+from controlroom.web.bodies import MAX_SHOWN_BYTES, view_body
+from controlroom.web.charts import kpi_charts
 from controlroom.web.common import api_state, render, safe_next, viewer
 from controlroom.web.session import Session
-from controlroom.web.sitecall_pages import kpi_context
+from controlroom.web.sitecall_pages import kpi_tiles_context
 
 router = APIRouter(include_in_schema=False)
 
@@ -56,28 +58,47 @@ Viewer = Annotated[Session, Depends(viewer)]
 @router.get("/")
 def dashboard(request: Request, session: Viewer) -> Response:
     with _engine(request).connect() as conn:
-        counts = count_by_status(conn)
-        # Largest first: the groups an operator should look at (the list is by last failure).
-        top_groups = sorted(
-            groups.list_groups(conn, groups.DEFAULT_CLASSIFIER), key=lambda group: -group.count
-        )
-        by_endpoint = count_unresolved_by_endpoint(conn)
-        failed_imports = count_failed_imports(conn)
-        site_calls = kpi_context(conn, api_state(request).settings)
+        figures, top_groups, by_endpoint = _dashboard_figures(conn, request)
+        trends = kpi_charts(conn, now=figures["now"])
     return render(
         request,
         "dashboard.html",
         {
-            "counts": counts,
+            **figures,
             "groups": top_groups[:8],
-            "group_count": len(top_groups),
             "endpoints": list(by_endpoint.items())[:10],
-            "endpoint_count": len(by_endpoint),
-            "failed_imports": failed_imports,
-            "Status": FailedMessageStatus,
-            **site_calls,
+            "charts": trends,
         },
     )
+
+
+@router.get("/live/dashboard")
+def dashboard_figures(request: Request, session: Viewer) -> Response:
+    """The dashboard's tiles alone; the dashboard polls them
+    (docs/decisions.md "Live figures poll, and rest while the tab is hidden")."""
+    with _engine(request).connect() as conn:
+        figures, _, _ = _dashboard_figures(conn, request)
+    return render(request, "_dashboard_live.html", figures)
+
+
+def _dashboard_figures(
+    conn: sa.Connection, request: Request
+) -> tuple[dict[str, Any], list[groups.GroupSummary], dict[str, int]]:
+    """The tiles' figures, the groups largest first and the unresolved count by endpoint."""
+    # Largest first: the groups an operator should look at (the list is by last failure).
+    top_groups = sorted(
+        groups.list_groups(conn, groups.DEFAULT_CLASSIFIER), key=lambda group: -group.count
+    )
+    by_endpoint = count_unresolved_by_endpoint(conn)
+    figures = {
+        "counts": count_by_status(conn),
+        "group_count": len(top_groups),
+        "endpoint_count": len(by_endpoint),
+        "failed_imports": count_failed_imports(conn),
+        "Status": FailedMessageStatus,
+        **kpi_tiles_context(conn, api_state(request).settings),
+    }
+    return figures, top_groups, by_endpoint
 
 
 # --- failed messages ----------------------------------------------------------------------
@@ -198,15 +219,19 @@ def body_download(request: Request, session: Viewer, failed_message_id: uuid.UUI
 
 @router.get("/messages/{failed_message_id}/edit")
 def edit_page(request: Request, session: Viewer, failed_message_id: uuid.UUID) -> Response:
+    """The edit form, or, for a body above ``MAX_SHOWN_BYTES`` (the body viewer's limit),
+    a page offering retry without edit and the download (the body is not read)."""
     context = _message_context(request, failed_message_id)
-    with _engine(request).connect() as conn:
-        stored = get_stored_body(conn, str(failed_message_id))
-    assert stored is not None
-    data = read_body_bytes(api_state(request).body_store, stored, failed_message_id)
-    try:
-        context["body_text"] = data.decode("utf-8")
-    except UnicodeDecodeError:
-        context["body_text"] = None  # binary bodies cannot be edited as text
+    context["too_large"] = context["message"].body_size > MAX_SHOWN_BYTES
+    context["limit"] = MAX_SHOWN_BYTES
+    context["body_text"] = None
+    if not context["too_large"]:
+        with _engine(request).connect() as conn:
+            stored = get_stored_body(conn, str(failed_message_id))
+        assert stored is not None
+        data = read_body_bytes(api_state(request).body_store, stored, failed_message_id)
+        with contextlib.suppress(UnicodeDecodeError):  # binary bodies are not edited as text
+            context["body_text"] = data.decode("utf-8")
     context["headers_text"] = json.dumps(context["headers"], indent=2, ensure_ascii=False)
     context["can_send"] = api_state(request).transport is not None
     return render(request, "edit.html", context)

@@ -47,7 +47,7 @@ WRITE_ATTEMPTS = 3  # transient store errors a re-submission rides out before it
 STATUSES = tuple(status.value for status in SiteCallStatus)
 CHANNELS = tuple(channel.value for channel in Channel)
 
-EXTRA_NAV.extend([("Site calls", "/site-calls"), ("Audit log", "/audit-log")])
+EXTRA_NAV.extend([("Site calls", "/site-calls"), ("Sites", "/sites"), ("Audit log", "/audit-log")])
 
 # The relay's outcome as an operator reads it (the relay's own sentence follows it).
 OUTCOME_TEXT = {
@@ -68,9 +68,17 @@ _RELAY_STATUS = {
 def kpi_context(
     conn: sa.Connection, settings: Settings, *, site: str | None = None, node: str | None = None
 ) -> dict[str, Any]:
-    """The KPI tiles (``kpis``: the figures by metric name, as ``/api/site-calls/kpis``
-    answers them) and the trend charts (``charts``) of one scope, and the labels the
-    tiles need."""
+    """The KPI tiles (``kpi_tiles_context``) and the trend charts (``charts``) of one
+    scope."""
+    tiles = kpi_tiles_context(conn, settings, site=site, node=node)
+    return {**tiles, "charts": charts.kpi_charts(conn, now=tiles["now"], site=site, node=node)}
+
+
+def kpi_tiles_context(
+    conn: sa.Connection, settings: Settings, *, site: str | None = None, node: str | None = None
+) -> dict[str, Any]:
+    """The KPI tiles of one scope (``kpis``: the figures by metric name, as
+    ``/api/site-calls/kpis`` answers them), the labels the tiles need, and ``now``."""
     now = datetime.now(UTC)
     report = measure_kpis(
         conn,
@@ -82,9 +90,9 @@ def kpi_context(
     )
     return {
         "kpis": report.total().as_dict(now),
-        "charts": charts.kpi_charts(conn, now=now, site=site, node=node),
         "interval": settings.kpi.interval,
         "stuck_threshold": settings.kpi.stuck_threshold,
+        "now": now,
     }
 
 
@@ -156,6 +164,22 @@ def site_call_list(
             "scope_node": scope_node,
         },
     )
+
+
+@router.get("/live/site-calls")
+def live_kpi_tiles(
+    request: Request, session: Viewer, scope_site: Text = "", scope_node: Text = ""
+) -> Response:
+    """The KPI tiles of a scope alone; the site-calls page polls them
+    (docs/decisions.md "Live figures poll, and rest while the tab is hidden")."""
+    if scope_node and not scope_site:
+        raise HTTPException(400, "scope_node: give scope_site too")
+    with _engine(request).connect() as conn:
+        context = kpi_tiles_context(
+            conn, api_state(request).settings, site=scope_site or None, node=scope_node or None
+        )
+    scope = {"scope_site": scope_site, "scope_node": scope_node}
+    return render(request, "_kpi_live.html", {**context, **scope})
 
 
 # What a re-submission's redirect may say (``resubmitted`` names the packet).

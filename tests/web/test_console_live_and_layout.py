@@ -1,0 +1,185 @@
+"""The console in Chromium as an operator uses it all day: figures that refresh by
+themselves (and not while the tab is hidden), headers and stack traces that stay
+readable at a desktop and a phone size, the navigation behind a menu button on a phone,
+and the edit page of a body too large to edit in a browser.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from playwright.sync_api import expect
+
+from controlroom.sitecalls.demo import generate_demo_telemetry
+from controlroom.web.bodies import MAX_SHOWN_BYTES
+from tests.nsb import failed_headers
+from tests.retries.conftest import TIMEOUT
+from tests.servers import TEST_CLIENT_TIMEOUT
+from tests.web.conftest import ConsoleServer
+
+expect.set_options(timeout=TIMEOUT * 1000)
+
+SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
+LIVE_PATH = "/live/"
+
+
+def hide(page: Any, hidden: bool) -> None:
+    """The tab hidden (or shown again), as the browser reports it to the page."""
+    page.evaluate(
+        """hidden => {
+            Object.defineProperty(document, "visibilityState",
+                {configurable: true, get: () => hidden ? "hidden" : "visible"});
+            Object.defineProperty(document, "hidden", {configurable: true, get: () => hidden});
+            document.dispatchEvent(new Event("visibilitychange"));
+        }""",
+        hidden,
+    )
+
+
+# --- live figures ---------------------------------------------------------------------------
+def test_the_dashboard_counts_and_kpi_tiles_change_without_a_reload(
+    console_server: ConsoleServer, page: Any
+) -> None:
+    console_server.publish(failed_headers("live-1"), b"{}")
+    console_server.wait_until_stored(1)
+    page.goto(console_server.base_url + "/")
+    loads: list[str] = []
+    page.on("load", lambda _: loads.append(page.url))
+    expect(page.locator("#tile-unresolved")).to_have_text("1")
+    expect(page.get_by_test_id("kpi-buffered").locator(".figure")).to_have_text("0")
+
+    console_server.publish(failed_headers("live-2"), b"{}")
+    packets = generate_demo_telemetry(seed=3, now=datetime.now(UTC))
+    answer = httpx.post(
+        console_server.base_url + "/api/site-calls/telemetry",
+        json=packets,
+        timeout=TEST_CLIENT_TIMEOUT,
+    )
+    assert answer.status_code == 200, answer.text
+
+    expect(page.locator("#tile-unresolved")).to_have_text("2")
+    expect(page.get_by_test_id("kpi-buffered").locator(".figure")).not_to_have_text("0")
+    assert loads == [], "the page was loaded again"
+
+
+def test_a_hidden_tab_sends_no_poll_and_catches_up_when_shown(
+    console_server: ConsoleServer, page: Any
+) -> None:
+    page.goto(console_server.base_url + "/")
+    polls: list[str] = []
+    page.on("request", lambda request: polls.append(request.url))
+    hide(page, True)
+    polls.clear()
+    # The page's poll came round (and held back) twice while hidden: no request left it.
+    expect(page.locator("html")).to_have_attribute(
+        "data-polls-held-back", re.compile(r"^([2-9]|\d\d+)$")
+    )
+    assert polls == []
+
+    console_server.publish(failed_headers("while-hidden"), b"{}")
+    console_server.wait_until_stored(1)
+    hide(page, False)
+    expect(page.locator("#tile-unresolved")).to_have_text("1")
+    assert any(LIVE_PATH in url for url in polls)
+
+
+# --- headers and stack traces -------------------------------------------------------------
+@pytest.mark.parametrize("size", SIZES)
+def test_header_names_stay_on_one_line_and_nothing_overflows_the_page(
+    console_server: ConsoleServer, page: Any, size: str
+) -> None:
+    long_line = "   at " + ".".join(f"Shop.Module{n}" for n in range(60)) + "()"
+    headers = {
+        **failed_headers("wide-1", stack_trace="System.Exception: boom\n" + long_line),
+        "Shop.Trace": "x" * 3000,
+        "Shop.Words": " ".join(["lorem ipsum dolor"] * 200),
+    }
+    console_server.publish(headers, b"{}")
+    console_server.wait_until_stored(1)
+    width, height = SIZES[size]
+    page.set_viewport_size({"width": width, "height": height})
+    page.goto(console_server.base_url + "/messages")
+    page.locator("table.messages tbody a").first.click()
+    expect(page.get_by_test_id("stack-trace")).to_be_visible()
+
+    for name in ("NServiceBus.ProcessingEndpoint", "NServiceBus.ExceptionInfo.StackTrace"):
+        lines = page.get_by_text(name, exact=True).evaluate(
+            """el => { const range = document.createRange(); range.selectNodeContents(el);
+                       return range.getClientRects().length; }"""
+        )
+        assert lines == 1, f"{name} breaks over {lines} lines at {size}"
+    overflow = page.evaluate(
+        "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
+    assert overflow <= 0, f"the page scrolls sideways by {overflow}px at {size}"
+    trace = page.get_by_test_id("stack-trace")
+    box = trace.evaluate(
+        """el => { const own = el.getBoundingClientRect();
+                   const card = el.closest("section").getBoundingClientRect();
+                   return {inside: own.right <= card.right + 0.5 && own.left >= card.left - 0.5,
+                           hidden: el.scrollWidth - el.clientWidth,
+                           scrolls: getComputedStyle(el).overflowX}; }"""
+    )
+    assert box["inside"], f"the stack trace leaves its box at {size}"
+    assert box["hidden"] <= 0 or box["scrolls"] in ("auto", "scroll"), box
+
+
+# --- navigation ---------------------------------------------------------------------------
+def test_the_navigation_names_sites_and_the_audit_log_on_a_desktop(
+    console_server: ConsoleServer, page: Any
+) -> None:
+    page.goto(console_server.base_url + "/")
+    main_nav = page.get_by_role("navigation", name="Main")
+    for label in ("Sites", "Audit log", "Site calls", "Failed messages"):
+        expect(main_nav.get_by_role("link", name=label, exact=True)).to_be_visible()
+    expect(page.get_by_text("Menu", exact=True)).to_be_hidden()
+
+
+def test_on_a_phone_the_navigation_folds_behind_a_menu_button_worked_by_keyboard(
+    console_server: ConsoleServer, page: Any
+) -> None:
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(console_server.base_url + "/")
+    header = page.locator("header.topbar").bounding_box()
+    assert header is not None and header["height"] <= 80, header
+    expect(page.get_by_role("link", name="Sites", exact=True)).to_be_hidden()
+
+    menu = page.get_by_text("Menu", exact=True)
+    for _ in range(5):
+        page.keyboard.press("Tab")
+        if menu.evaluate("el => el === document.activeElement"):
+            break
+    assert menu.evaluate("el => el === document.activeElement"), "Tab never reached the menu"
+    page.keyboard.press("Enter")
+    sites = page.get_by_role("link", name="Sites", exact=True)
+    expect(sites).to_be_visible()
+    sites.focus()
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(re.compile(r"/sites$"))
+    expect(page.get_by_role("link", name="Sites", exact=True)).to_be_hidden()
+
+
+# --- edit of a large body -----------------------------------------------------------------
+def test_the_edit_page_of_a_body_above_the_viewer_limit_offers_retry_and_download(
+    console: TestClient, store: Any
+) -> None:
+    large = store("large-1", b"x" * (MAX_SHOWN_BYTES + 1), content_type="text/plain")
+    small = store("small-1", b"y" * MAX_SHOWN_BYTES, content_type="text/plain")
+
+    page = console.get(f"/messages/{large}/edit")
+    assert page.status_code == 200
+    assert len(page.content) < 64 * 1024, "the body was inlined"
+    assert "too large to edit here" in page.text
+    assert f'action="/messages/{large}/retry"' in page.text
+    assert f'href="/messages/{large}/body"' in page.text
+    assert "<textarea" not in page.text
+
+    editable = console.get(f"/messages/{small}/edit")
+    assert editable.status_code == 200
+    assert 'name="body"' in editable.text
+    assert "too large to edit here" not in editable.text
