@@ -1,0 +1,80 @@
+"""Console actions in Chromium: every POST answers with a redirect to a page that shows
+the outcome once (docs/decisions.md "Console actions answer with a redirect"), so a
+reload or going back sends nothing again; Retry/Discard are offered only on calls of
+sites central can reach, and the page says why otherwise.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from playwright.sync_api import expect
+
+from controlroom.config import Settings
+from tests.reconciliation.harness import as_site, site_entry
+from tests.retries.conftest import TIMEOUT
+from tests.site.http import loopback_listener, url_of
+from tests.web.conftest import ConsoleServer, ServerFactory
+from tests.web.test_console_sitecalls import packet, post_telemetry
+
+expect.set_options(timeout=TIMEOUT * 1000)
+
+
+def record_posts(page: Any) -> list[str]:
+    """The URLs of every POST the page sends from now on."""
+    posts: list[str] = []
+    page.on(
+        "request", lambda request: posts.append(request.url) if request.method == "POST" else None
+    )
+    return posts
+
+
+def parked_call_of_a_dead_site(
+    start_console: ServerFactory, settings: Settings
+) -> tuple[ConsoleServer, str]:
+    closed = loopback_listener()
+    dead_url = url_of(closed)
+    closed.close()  # nothing listens there any more
+    server = start_console(settings.model_copy(update={"sites": [site_entry("plant-7", dead_url)]}))
+    parked = packet("Parked", created=datetime.now(UTC) - timedelta(minutes=5), last_error="503")
+    post_telemetry(server, [parked], **as_site("plant-7"))
+    return server, parked["tracked_operation_id"]
+
+
+def test_a_reload_after_retry_or_discard_of_a_site_call_sends_nothing(
+    start_console: ServerFactory, settings: Settings, page: Any
+) -> None:
+    server, call_id = parked_call_of_a_dead_site(start_console, settings)
+    call_url = f"{server.base_url}/site-calls/{call_id}"
+    for button in ("Retry", "Discard"):
+        page.goto(call_url)
+        posts = record_posts(page)
+        page.get_by_role("button", name=button, exact=True).click()
+        expect(page.get_by_test_id("flash-code")).to_have_text("SiteUnreachable")
+        expect(page.get_by_test_id("flash")).to_contain_text(f"{button}: the site could not")
+        expect(page).to_have_url(call_url)  # the call's page, fetched by GET
+        assert posts == [f"{call_url}/{button.lower()}"]
+
+        page.reload()
+        expect(page.get_by_test_id("status")).to_have_text("Parked")
+        expect(page.get_by_test_id("flash")).to_have_count(0)  # shown once
+        page.go_back()
+        page.go_forward()
+        assert posts == [f"{call_url}/{button.lower()}"], "a reload or back sent it again"
+
+
+def test_retry_and_discard_are_not_offered_for_a_site_central_has_no_address_for(
+    start_console: ServerFactory, settings: Settings, page: Any
+) -> None:
+    server = start_console(settings)  # no sites configured: the open loopback API
+    parked = packet("Parked", created=datetime.now(UTC) - timedelta(minutes=5), site="plant-9")
+    post_telemetry(server, [parked])
+
+    page.goto(f"{server.base_url}/site-calls/{parked['tracked_operation_id']}")
+    expect(page.get_by_test_id("status")).to_have_text("Parked")
+    expect(page.get_by_role("button", name="Retry", exact=True)).to_have_count(0)
+    expect(page.get_by_role("button", name="Discard", exact=True)).to_have_count(0)
+    expect(page.get_by_test_id("relay-unavailable")).to_contain_text(
+        "site 'plant-9' is not configured at central"
+    )
