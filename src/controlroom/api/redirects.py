@@ -26,6 +26,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, TypeAdapter
 
+from controlroom.api.auth import current_principal
 from controlroom.api.paging import LIST_RESPONSES, PagingParams, paged_response
 from controlroom.api.views import UtcTimestamp
 from controlroom.db.engine import begin_write
@@ -160,7 +161,7 @@ def _retry_pending_of(request: Request, queue_address: str) -> None:
     with _engine(request).connect() as conn:
         ids = pending_retry_ids(conn, queue_address, datetime.min.replace(tzinfo=UTC), utc_now())
     if ids:
-        retries.retry_pending_messages(_engine(request), ids)
+        retries.retry_pending_messages(_engine(request), ids, by=current_principal(request).name)
         processor = getattr(request.app.state, "retry_processor", None)
         if processor is not None:
             processor.wake()

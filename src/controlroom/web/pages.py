@@ -337,6 +337,7 @@ _NOTICES = {
     "retried": "Retry requested for {n} message(s).",
     "edited": "The edited message was sent; the original is Resolved.",
     "group-archived": "Archived {n} message(s) of the group.",
+    "acknowledged": "The group's last retry was dismissed.",
     "monitored": "Endpoint updated.",
     "nothing": "Nothing was selected.",
 }
