@@ -21,6 +21,7 @@ from fastapi.responses import Response
 from controlroom import events
 from controlroom.errors.ingest import reimport
 from controlroom.errors.ingest.reimport import ReimportOutcome
+from controlroom.errors.retries.outcomes import with_failures_since
 from controlroom.transport.base import Transport, TransportError
 from controlroom.web.common import EXTRA_NAV, actor, api_state, redirect, render, viewer
 from controlroom.web.session import Session
@@ -103,11 +104,12 @@ def event_log(request: Request, session: Viewer, page: Page = 1) -> Response:
     """What happened, newest first."""
     with _engine(request).connect() as conn:
         found = events.list_events(conn, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE)
+        shown = with_failures_since(conn, found.items)
     return render(
         request,
         "event_log.html",
         {
-            "items": found.items,
+            "items": shown,
             "total": found.total,
             "page": page,
             "pages": max(1, math.ceil(found.total / PAGE_SIZE)),

@@ -32,6 +32,7 @@ from controlroom.errors.read.lists import list_failed_messages
 from controlroom.errors.read.messages import get_failed_message, get_stored_body
 from controlroom.errors.read.search import search_failed_messages
 from controlroom.errors.retries import requests as retries
+from controlroom.errors.retries.outcomes import failed_again_in_group
 from controlroom.http.bodies import body_response_headers, read_body_bytes
 from controlroom.web.bodies import view_body
 from controlroom.web.common import api_state, render, safe_next, viewer
@@ -236,6 +237,11 @@ def group_list(
     with _engine(request).connect() as conn:
         found = groups.list_groups(conn, classifier)
         running = groups.group_retries(conn)
+        failed_again = {
+            retry.group_id: failed_again_in_group(conn, retry.group_id, retry.started_at)
+            for retry in running.values()
+            if retry.completed_at is not None
+        }
     shown = {group.id for group in found}
     # A group whose messages are all being retried has no Unresolved message left; its
     # retry is shown until the operator's next look after it completed (as the API does).
@@ -248,6 +254,7 @@ def group_list(
         "groups": found,
         "closed": closed,
         "retries": running,
+        "failed_again": failed_again,
         "classifier": classifier,
         "classifiers": groups.CLASSIFIER_NAMES,
         "busy": any(retry.completed_at is None for retry in running.values()),
