@@ -12,7 +12,8 @@ in a decommissioned queue go to another one.
   the pending retries of that queue again, now redirected.
 - ``PUT /api/redirects/{id}`` ``{"tophysicaladdress"}``: 204; 400 blank; 404 unknown;
   409 when the new destination is itself redirected.
-- ``DELETE /api/redirects/{id}``: 204, known or not.
+- ``DELETE /api/redirects/{id}``: 204, known or not, as ServiceControl's ``DeleteRedirect``
+  answers (``NoContent`` when it finds none).
 """
 
 from __future__ import annotations
