@@ -10,12 +10,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from playwright.sync_api import expect
+from pydantic import SecretStr
 
-from controlroom.config import Settings
+from controlroom.config import AuthToken, Settings
 from tests.reconciliation.harness import as_site, site_entry
 from tests.retries.conftest import TIMEOUT
 from tests.site.http import loopback_listener, url_of
 from tests.web.conftest import ConsoleServer, ServerFactory
+from tests.web.test_console_safety import OPERATOR_TOKEN
 from tests.web.test_console_sitecalls import packet, post_telemetry
 
 expect.set_options(timeout=TIMEOUT * 1000)
@@ -78,3 +80,18 @@ def test_retry_and_discard_are_not_offered_for_a_site_central_has_no_address_for
     expect(page.get_by_test_id("relay-unavailable")).to_contain_text(
         "site 'plant-9' is not configured at central"
     )
+
+
+def test_a_reload_after_a_refused_sign_in_sends_no_token_again(
+    start_console: ServerFactory, settings: Settings, page: Any
+) -> None:
+    tokens = [AuthToken(name="oscar", token=SecretStr(OPERATOR_TOKEN), role="operator")]
+    secured = start_console(settings.model_copy(update={"auth_tokens": tokens}))
+    page.goto(secured.base_url + "/messages")
+    posts = record_posts(page)
+    page.get_by_label("Token").fill("not-a-token-at-all-0000")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("alert")).to_have_text("That token is not valid.")
+    page.reload()
+    expect(page.get_by_label("Token")).to_be_visible()
+    assert posts == [f"{secured.base_url}/signin"], "the reload sent the token again"

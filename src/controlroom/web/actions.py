@@ -27,7 +27,7 @@ from controlroom.errors import actions
 from controlroom.errors.read import operations
 from controlroom.errors.retries import requests as retries
 from controlroom.transport.base import TransportError
-from controlroom.web.common import actor, api_state, redirect, redirect_with, render, safe_next
+from controlroom.web.common import actor, api_state, redirect, redirect_with, safe_next
 from controlroom.web.flash import Flash
 from controlroom.web.session import (
     COOKIE_NAME,
@@ -214,13 +214,8 @@ def sign_in(
     signer = request.app.state.signer
     principal = api_state(request).auth.find(token.strip()) if token.strip() else None
     if principal is None:
-        request.state.session = None
-        return render(
-            request,
-            "signin.html",
-            {"next": safe_next(next), "error": "That token is not valid."},
-            status=401,
-        )
+        # Back to the sign-in page, which says so: a reload there sends no token again.
+        return redirect("/signin?" + urlencode({"next": safe_next(next), "refused": "1"}))
     response = redirect(safe_next(next))
     set_session_cookie(response, request, signer, signer.new_session(principal))
     return response

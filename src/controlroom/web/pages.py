@@ -286,8 +286,14 @@ def endpoint_list(
 
 # --- sign-in and docs ---------------------------------------------------------------------
 @router.get("/signin")
-def sign_in_page(request: Request, next: Annotated[str, Query(max_length=2000)] = "/") -> Response:
-    return render(request, "signin.html", {"next": safe_next(next), "error": None})
+def sign_in_page(
+    request: Request,
+    next: Annotated[str, Query(max_length=2000)] = "/",
+    refused: Annotated[str, Query(max_length=1)] = "",
+) -> Response:
+    """The sign-in form; ``refused=1`` after a token that is not valid (a fixed text)."""
+    error = "That token is not valid." if refused == "1" else None
+    return render(request, "signin.html", {"next": safe_next(next), "error": error})
 
 
 @router.get("/docs")
