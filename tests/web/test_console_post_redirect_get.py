@@ -1,7 +1,8 @@
 """Console actions in Chromium: every POST answers with a redirect to a page that shows
 the outcome once (docs/decisions.md "Console actions answer with a redirect"), so a
-reload or going back sends nothing again; Retry/Discard are offered only on calls of
-sites central can reach, and the page says why otherwise.
+reload or going back sends nothing again, and a refused action says why once; Retry/
+Discard are offered only on calls of sites central can reach, and the page says why
+otherwise.
 """
 
 from __future__ import annotations
@@ -9,14 +10,18 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from fastapi.testclient import TestClient
 from playwright.sync_api import expect
 from pydantic import SecretStr
 
 from controlroom.config import AuthToken, Settings
+from controlroom.errors.ingest.pipeline import make_failed_import
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from tests.reconciliation.harness import as_site, site_entry
 from tests.retries.conftest import TIMEOUT
 from tests.site.http import loopback_listener, url_of
 from tests.web.conftest import ConsoleServer, ServerFactory
+from tests.web.test_console_http import csrf_of
 from tests.web.test_console_safety import OPERATOR_TOKEN
 from tests.web.test_console_sitecalls import packet, post_telemetry
 
@@ -95,3 +100,26 @@ def test_a_reload_after_a_refused_sign_in_sends_no_token_again(
     page.reload()
     expect(page.get_by_label("Token")).to_be_visible()
     assert posts == [f"{secured.base_url}/signin"], "the reload sent the token again"
+
+
+def test_a_refused_action_redirects_to_a_page_that_says_why_once(
+    console: TestClient, store: Any, writer: FailedMessageBatchWriter
+) -> None:
+    message_id = store("order-1", b"{}")
+    page = f"/messages/{message_id}"
+    token = csrf_of(console.get(page).text)
+    assert console.post(f"{page}/archive", data={"csrf_token": token}).status_code == 303
+
+    refused = console.post(f"{page}/retry", data={"csrf_token": token})
+    assert refused.status_code == 303 and refused.headers["location"] == page
+    shown = console.get(page).text
+    assert 'data-testid="flash-code">Refused<' in shown
+    assert f"Cannot retry: {message_id} is archived" in shown
+    assert 'data-testid="flash"' not in console.get(page).text  # once
+
+    kept = make_failed_import({"n": "1"}, b"\xff", queue="error", reason="r")
+    writer.write(IngestionBatch(failed_imports=[kept]))
+    no_transport = console.post(f"/failed-imports/{kept.id}/reimport", data={"csrf_token": token})
+    assert no_transport.status_code == 303
+    assert no_transport.headers["location"] == "/failed-imports"
+    assert "This process has no transport to publish with." in console.get("/failed-imports").text
