@@ -13,10 +13,13 @@ from typing import Any
 from fastapi.testclient import TestClient
 from playwright.sync_api import expect
 from pydantic import SecretStr
+from starlette.requests import Request
+from starlette.responses import Response
 
 from controlroom.config import AuthToken, Settings
 from controlroom.errors.ingest.pipeline import make_failed_import
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.web.flash import COOKIE_NAME, Flash, set_flash
 from tests.reconciliation.harness import as_site, site_entry
 from tests.retries.conftest import TIMEOUT
 from tests.site.http import loopback_listener, url_of
@@ -123,3 +126,12 @@ def test_a_refused_action_redirects_to_a_page_that_says_why_once(
     assert no_transport.status_code == 303
     assert no_transport.headers["location"] == "/failed-imports"
     assert "This process has no transport to publish with." in console.get("/failed-imports").text
+
+
+def test_a_flash_not_signed_for_the_session_is_not_shown(console: TestClient) -> None:
+    console.get("/site-calls")  # the open console's session
+    forged = Response()
+    request = Request({"type": "http", "scheme": "http", "path": "/", "headers": []})
+    set_flash(forged, request, b"\x00" * 32, Flash("error", "Call +1 555 0100 now"))
+    console.cookies.set(COOKIE_NAME, forged.headers["set-cookie"].split(";")[0].split("=", 1)[1])
+    assert "Call +1 555 0100 now" not in console.get("/site-calls").text
