@@ -188,8 +188,10 @@ def test_relaying_a_call_central_does_not_have_says_not_found(console: TestClien
     unknown = uuid.uuid4()
     for command in ("retry", "discard"):
         answer = console.post(f"/site-calls/{unknown}/{command}", data={"csrf_token": token})
-        assert answer.status_code == 404
-        assert f"Not found: central has no site call {unknown}" in answer.text
+        assert answer.status_code == 303 and answer.headers["location"] == "/site-calls"
+        shown = console.get("/site-calls")
+        assert f"central has no site call {unknown}" in shown.text
+        assert 'data-testid="flash-code">NotFound<' in shown.text
 
 
 def test_relaying_a_call_that_is_not_parked_says_not_parked_and_sends_nothing(
@@ -203,8 +205,9 @@ def test_relaying_a_call_that_is_not_parked_says_not_parked_and_sends_nothing(
     page = console.get(call)
     assert "/retry" not in page.text and "/discard" not in page.text  # no buttons
     answer = console.post(f"{call}/retry", data={"csrf_token": csrf_of(page.text)})
-    assert answer.status_code == 409
-    assert 'data-testid="relay-outcome-name">NotParked<' in answer.text
+    assert answer.status_code == 303 and answer.headers["location"] == call
+    assert 'data-testid="flash-code">NotParked<' in console.get(call).text
+    assert 'data-testid="flash"' not in console.get(call).text  # shown once
 
 
 def test_the_audit_log_page_shows_the_last_verification(

@@ -131,16 +131,16 @@ def test_a_parked_call_retried_from_its_page_shows_the_relays_outcome(
 
         delivering = True
         page.get_by_role("button", name="Retry", exact=True).click()
-        expect(page.get_by_test_id("relay-outcome-name")).to_have_text("Applied")
-        expect(page.get_by_test_id("relay-outcome")).to_contain_text("site plant-7 applied")
+        expect(page.get_by_test_id("flash-code")).to_have_text("Applied")
+        expect(page.get_by_test_id("flash")).to_contain_text("site plant-7 applied")
         # The relay's audit event, by the console's operator, is on the call's page.
         expect(page.locator("table")).to_contain_text("CachedResolve")
         expect(page.locator("table")).to_contain_text("anonymous")
 
         # Central's copy still says Parked until telemetry arrives; the site knows better.
         page.get_by_role("button", name="Discard", exact=True).click()
-        expect(page.get_by_test_id("relay-outcome-name")).to_have_text("NotParked")
-        expect(page.get_by_test_id("relay-outcome")).to_contain_text("not Parked")
+        expect(page.get_by_test_id("flash-code")).to_have_text("NotParked")
+        expect(page.get_by_test_id("flash")).to_contain_text("not Parked")
 
 
 def test_a_retry_to_a_site_that_does_not_answer_shows_site_unreachable(
@@ -156,7 +156,7 @@ def test_a_retry_to_a_site_that_does_not_answer_shows_site_unreachable(
 
     page.goto(f"{server.base_url}/site-calls/{parked['tracked_operation_id']}")
     page.get_by_role("button", name="Retry", exact=True).click()
-    expect(page.get_by_test_id("relay-outcome-name")).to_have_text("SiteUnreachable")
+    expect(page.get_by_test_id("flash-code")).to_have_text("SiteUnreachable")
     expect(page.get_by_test_id("status")).to_have_text("Parked")
 
 

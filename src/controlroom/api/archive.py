@@ -22,7 +22,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Body, HTTPException, Path, Request, Response
@@ -40,7 +40,7 @@ from controlroom.api.recoverability import (
     list_groups_view,
 )
 from controlroom.db.engine import run_write_transaction
-from controlroom.errors import activity
+from controlroom.errors import actions
 from controlroom.errors.read import groups, operations
 from controlroom.errors.read.filter_text import parse_modified_range
 from controlroom.runtime.clock import utc_now
@@ -48,6 +48,13 @@ from controlroom.runtime.clock import utc_now
 router = APIRouter(tags=["archive"])
 
 Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
+
+
+class _ByIdAction(Protocol):
+    def __call__(
+        self, engine: sa.Engine, ids: list[str], *, by: str
+    ) -> operations.StatusChange: ...
+
 
 IdList = Annotated[
     list[uuid.UUID],
@@ -159,7 +166,7 @@ BY_IDS: dict[str, Any] = {"status_code": 202, "response_model": ActionOutcome, "
 @_route("/errors/archive", ["POST", "PATCH"], slash=True, **BY_IDS)
 def archive_messages(request: Request, ids: IdList) -> ActionOutcome | JSONResponse:
     """Archive the Unresolved messages among ``ids``."""
-    return _by_ids(request, ids, operations.archive_messages, archived=True)
+    return _by_ids(request, ids, actions.archive_messages)
 
 
 @_route(
@@ -170,16 +177,9 @@ def archive_messages(request: Request, ids: IdList) -> ActionOutcome | JSONRespo
 )
 def archive_message(request: Request, failed_message_id: FailedMessageId) -> ActionOutcome:
     """Archive one message (when it is Unresolved)."""
-    by = _caller(request)
-
-    def archive(conn: sa.Connection) -> operations.StatusChange:
-        now = utc_now()
-        outcome = operations.archive_messages(conn, [str(failed_message_id)], now)
-        activity.messages_archived(conn, outcome.changed, by=by, now=now, archived=True)
-        return outcome
-
-    # Replayed on a deadlock with a writer or a bulk action, as every archive is.
-    outcome = run_write_transaction(_engine(request), archive)
+    outcome = actions.archive_messages(
+        _engine(request), [str(failed_message_id)], by=_caller(request)
+    )
     if outcome.refused:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
     return ActionOutcome(changed=len(outcome.changed), unchanged_ids=outcome.unchanged)
@@ -188,7 +188,7 @@ def archive_message(request: Request, failed_message_id: FailedMessageId) -> Act
 @_route("/errors/unarchive", ["PATCH"], slash=True, **BY_IDS)
 def unarchive_messages(request: Request, ids: IdList) -> ActionOutcome | JSONResponse:
     """Make the Archived messages among ``ids`` Unresolved again."""
-    return _by_ids(request, ids, operations.unarchive_messages, archived=False)
+    return _by_ids(request, ids, actions.unarchive_messages)
 
 
 @router.patch(
@@ -229,7 +229,7 @@ def resolve_pending_retries(request: Request, body: ResolveRequest) -> ActionOut
     Resolved: by id, or every one whose ``last_modified`` is within ``from``..``to``.
     Their retry claims are dropped."""
     if body.uniquemessageids is not None:
-        return _by_ids(request, body.uniquemessageids, operations.resolve_pending_retries)
+        return _by_ids(request, body.uniquemessageids, actions.resolve_pending_retries)
     start, end = body.from_, body.to
     assert start is not None and end is not None  # the model's validator
     changed = run_write_transaction(
@@ -293,24 +293,9 @@ def get_archived_group(request: Request, group_id: GroupId) -> JSONResponse:
 
 # --- helpers ------------------------------------------------------------------------------
 def _by_ids(
-    request: Request,
-    ids: list[uuid.UUID],
-    action: operations.IdAction,
-    *,
-    archived: bool | None = None,
+    request: Request, ids: list[uuid.UUID], action: _ByIdAction
 ) -> ActionOutcome | JSONResponse:
-    """``archived``: log an archive (True) or unarchive (False) in the event log."""
-    by = _caller(request)
-
-    def act(conn: sa.Connection) -> operations.StatusChange:
-        now = utc_now()
-        outcome = action(conn, [str(item) for item in ids], now)
-        if archived is not None:
-            activity.messages_archived(conn, outcome.changed, by=by, now=now, archived=archived)
-        return outcome
-
-    # Overlapping bulk actions can deadlock on PostgreSQL: the transaction is replayed.
-    outcome = run_write_transaction(_engine(request), act)
+    outcome = action(_engine(request), [str(item) for item in ids], by=_caller(request))
     if outcome.refused:
         # Nothing was written (the action checks before it updates); say which ids.
         refusal = UnknownIds(

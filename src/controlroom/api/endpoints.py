@@ -22,9 +22,8 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, model_validator
 from controlroom.api.auth import current_principal, require_admin
 from controlroom.api.paging import LIST_RESPONSES, PagingParams, paged_response
 from controlroom.db.engine import begin_write
-from controlroom.errors import activity
+from controlroom.errors import actions
 from controlroom.errors.read import endpoints
-from controlroom.runtime.clock import utc_now
 
 router = APIRouter(tags=["endpoints"])
 
@@ -129,16 +128,9 @@ def list_known_endpoints(request: Request, page: PagingParams) -> Response:
 @router.patch("/endpoints/{id}", status_code=202, response_class=Response, responses=NOT_FOUND)
 def update_endpoint(request: Request, endpoint_id: EndpointId, update: EndpointUpdate) -> Response:
     """Set whether the endpoint is monitored. Ingestion never changes it back."""
-    with begin_write(_engine(request)) as conn:
-        found = endpoints.set_monitored(conn, str(endpoint_id), update.monitored)
-        if found:
-            activity.endpoint_monitoring_changed(
-                conn,
-                str(endpoint_id),
-                update.monitored,
-                by=current_principal(request).name,
-                now=utc_now(),
-            )
+    found = actions.set_endpoint_monitored(
+        _engine(request), str(endpoint_id), update.monitored, by=current_principal(request).name
+    )
     if not found:
         raise HTTPException(404, f"no known endpoint with id {endpoint_id}")
     return Response(status_code=202)

@@ -4,7 +4,9 @@ Each item: ``id``, ``description``, ``severity`` (``info``, ``warning``, ``error
 ``critical``), ``raised_at`` (UTC), ``related_to`` (paths such as ``/message/<id>``),
 ``category``, ``event_type``; newest first, paged like ``/api/errors`` (``page``,
 ``per_page``, ``Total-Count``, ``ETag``, ``Link``). Source: ServiceControl's
-``EventLogApiModule``; the items are written by ``controlroom.events``.
+``EventLogApiModule``; the items are written by ``controlroom.events``. A completed
+retry's description says, once known, how many of its messages have failed again since
+(``errors/retries/outcomes``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pydantic import BaseModel, TypeAdapter
 from controlroom import events
 from controlroom.api.paging import LIST_RESPONSES, PagingParams, paged_response
 from controlroom.api.views import UtcTimestamp
+from controlroom.errors.retries import outcomes
 
 router = APIRouter(tags=["event log"])
 
@@ -39,6 +42,7 @@ def list_event_log_items(request: Request, page: PagingParams) -> Response:
     engine: sa.Engine = request.app.state.engine
     with engine.connect() as conn:
         result = events.list_events(conn, offset=page.offset, limit=page.per_page)
+        shown = outcomes.with_failures_since(conn, result.items)
     items = [
         EventLogItemView(
             id=item.id,
@@ -49,6 +53,6 @@ def list_event_log_items(request: Request, page: PagingParams) -> Response:
             category=item.category,
             event_type=item.event_type,
         )
-        for item in result.items
+        for item in shown
     ]
     return paged_response(request, items, _LIST_ADAPTER, page, result.total)

@@ -14,6 +14,7 @@ id is 404, a non-UUID one 422.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -26,11 +27,12 @@ from controlroom.api.auth import current_principal
 from controlroom.api.paging import LIST_RESPONSES, PagingParams, exact_count_limit, paged_response
 from controlroom.api.parameters import FilterParams, OrderingParams
 from controlroom.api.views import FailedMessageListItem, UtcTimestamp, list_item
-from controlroom.db.engine import begin_write, run_write_transaction
+from controlroom.db.engine import begin_write
 from controlroom.db.tables import FailedMessageStatus
-from controlroom.errors import activity
-from controlroom.errors.read import groups, operations
+from controlroom.errors import actions, activity
+from controlroom.errors.read import groups
 from controlroom.errors.read.lists import list_failed_messages
+from controlroom.errors.retries.requests import UnknownGroup
 from controlroom.runtime.clock import utc_now
 
 router = APIRouter(tags=["recoverability"])
@@ -232,7 +234,7 @@ def delete_comment(request: Request, group_id: GroupId) -> Response:
 )
 def archive_group(request: Request, group_id: GroupId) -> GroupActionOutcome:
     """Archive every Unresolved message of the group, in one statement."""
-    return _group_action(request, group_id, operations.archive_group, archived=True)
+    return _group_action(request, group_id, actions.archive_group)
 
 
 @router.post(
@@ -240,7 +242,7 @@ def archive_group(request: Request, group_id: GroupId) -> GroupActionOutcome:
 )
 def unarchive_group(request: Request, group_id: GroupId) -> GroupActionOutcome:
     """Make every Archived message of the group Unresolved again, in one statement."""
-    return _group_action(request, group_id, operations.unarchive_group, archived=False)
+    return _group_action(request, group_id, actions.unarchive_group)
 
 
 @router.delete(
@@ -251,9 +253,7 @@ def unarchive_group(request: Request, group_id: GroupId) -> GroupActionOutcome:
 def acknowledge_group_retry(request: Request, group_id: GroupId) -> Response:
     """Dismiss the group's completed retry: its group view no longer asks for
     acknowledgement (ServiceControl's route)."""
-    with begin_write(_engine(request)) as conn:
-        acknowledged = groups.acknowledge_group_retry(conn, str(group_id))
-    if not acknowledged:
+    if not actions.acknowledge_group_retry(_engine(request), str(group_id)):
         raise HTTPException(404, f"no completed retry of group {group_id} awaits acknowledgement")
     return Response(status_code=200)
 
@@ -380,20 +380,13 @@ def operation_fields(retry: groups.GroupRetry) -> dict[str, Any]:
 
 
 def _group_action(
-    request: Request, group_id: uuid.UUID, action: operations.GroupAction, *, archived: bool
+    request: Request, group_id: uuid.UUID, action: Callable[..., int]
 ) -> GroupActionOutcome:
-    by = current_principal(request).name
-
-    def archive_or_unarchive(conn: sa.Connection) -> int:
-        if not groups.group_exists(conn, str(group_id)):
-            raise _unknown_group(group_id)
-        now = utc_now()
-        changed = action(conn, str(group_id), now)
-        activity.group_archived(conn, str(group_id), changed, by=by, now=now, archived=archived)
-        return changed
-
-    # Overlapping bulk actions can deadlock on PostgreSQL: the transaction is replayed.
-    return GroupActionOutcome(changed=run_write_transaction(_engine(request), archive_or_unarchive))
+    try:
+        changed = action(_engine(request), str(group_id), by=current_principal(request).name)
+    except UnknownGroup:
+        raise _unknown_group(group_id) from None
+    return GroupActionOutcome(changed=changed)
 
 
 def _counted(archived: bool) -> FailedMessageStatus:

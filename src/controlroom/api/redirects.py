@@ -12,7 +12,8 @@ in a decommissioned queue go to another one.
   the pending retries of that queue again, now redirected.
 - ``PUT /api/redirects/{id}`` ``{"tophysicaladdress"}``: 204; 400 blank; 404 unknown;
   409 when the new destination is itself redirected.
-- ``DELETE /api/redirects/{id}``: 204, known or not.
+- ``DELETE /api/redirects/{id}``: 204, known or not, as ServiceControl's ``DeleteRedirect``
+  answers (``NoContent`` when it finds none).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, TypeAdapter
 
+from controlroom.api.auth import current_principal
 from controlroom.api.paging import LIST_RESPONSES, PagingParams, paged_response
 from controlroom.api.views import UtcTimestamp
 from controlroom.db.engine import begin_write
@@ -160,7 +162,7 @@ def _retry_pending_of(request: Request, queue_address: str) -> None:
     with _engine(request).connect() as conn:
         ids = pending_retry_ids(conn, queue_address, datetime.min.replace(tzinfo=UTC), utc_now())
     if ids:
-        retries.retry_pending_messages(_engine(request), ids)
+        retries.retry_pending_messages(_engine(request), ids, by=current_principal(request).name)
         processor = getattr(request.app.state, "retry_processor", None)
         if processor is not None:
             processor.wake()

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from controlroom.api.archive import QueueWindow
+from controlroom.api.auth import current_principal
 from controlroom.api.views import UtcTimestamp
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors.read.lists import pending_retry_ids
@@ -344,7 +345,7 @@ def _accepted(
     request: Request, action: Callable[..., retries.RetryRequestResult], *args: Any
 ) -> RetryAccepted:
     try:
-        result = action(_engine(request), *args)
+        result = action(_engine(request), *args, by=current_principal(request).name)
     except retries.RetryRequestError as exc:
         raise _http_error(exc) from exc
     processor = getattr(request.app.state, "retry_processor", None)

@@ -105,13 +105,19 @@ def retry_finished(
     failed: bool,
     now: datetime,
 ) -> None:
-    outcome = "with failures" if failed else "successfully"
+    """A retry operation completed: what it sent (the broker took them), skipped and could
+    not send. Sent is not processed: whether a message failed again is known later, and
+    read with the log (``retries.outcomes.with_failures_since``), so the description never
+    claims success."""
+    parts = [f"{forwarded} sent"]
+    if skipped:
+        parts.append(f"{skipped} skipped")
+    unsent = message_count - forwarded - skipped
+    if unsent > 0:
+        parts.append(f"{unsent} could not be sent")
     record_event(
         conn,
-        description=(
-            f"retry operation {operation_id} finished {outcome}: {forwarded} of "
-            f"{message_count} messages sent, {skipped} skipped"
-        ),
+        description=f"retry operation {operation_id} finished: {', '.join(parts)}",
         severity=Severity.WARNING if failed else Severity.INFO,
         category=Category.RECOVERABILITY,
         event_type="RetryOperationCompleted",

@@ -88,9 +88,7 @@ def relay_command(
     site = next((s for s in settings.sites if s.id == row.source_site), None)
     if site is None:
         return RelayResult(
-            RelayOutcome.OPERATION_FAILED,
-            f"site {row.source_site!r} is not configured at central (sites), so the "
-            "command cannot be sent to it",
+            RelayOutcome.OPERATION_FAILED, unrelayable_reason(settings, row.source_site) or ""
         )
     url = f"{site.base_url.rstrip('/')}/site/tracking/{tracked_operation_id}/{command}"
     try:
@@ -117,6 +115,18 @@ def relay_command(
     if result.outcome is RelayOutcome.APPLIED:
         _audit(engine, row, command, operator, clock)
     return result
+
+
+def unrelayable_reason(settings: Settings, source_site: str) -> str | None:
+    """Why no command can be relayed to a call of ``source_site``: central has no address
+    for that site (it is not in ``sites``); ``None`` when it has one. The console offers
+    Retry/Discard only where this is ``None``, and shows the reason otherwise."""
+    if any(site.id == source_site for site in settings.sites):
+        return None
+    return (
+        f"site {source_site!r} is not configured at central (sites), so the command "
+        "cannot be sent to it"
+    )
 
 
 def _interpret(site_id: str, response: httpx.Response) -> RelayResult:

@@ -2,10 +2,14 @@
 edit and retry, retry or archive a group, the monitored switch, sign-in and sign-out.
 
 Every action but sign-in depends on ``actor``: a valid session, its CSRF token and the
-``operator`` role, else 403 and nothing changes. Each calls the same operation the API
-calls (``errors/read/operations``, ``errors/retries/requests``, ``errors/read/endpoints``)
-and answers 303 to the page that shows the outcome (with a retry operation's id, whose
-progress that page polls).
+``operator`` role, else 403 and nothing changes. Each calls the same function the API
+calls (``errors/actions``, ``errors/retries/requests``), which logs the event as the
+operator, and answers 303 to the page that shows the outcome (docs/decisions.md "Console
+actions answer with a redirect"): a count as a fixed-text ``done=`` code, a retry
+operation's id whose progress that page polls, or, when the action was refused (an
+unknown id, a message that cannot be retried, no transport), a flash saying why. A
+form whose own input cannot be read (an edit's headers, a locked header changed) answers
+400 instead: nothing was done, and going back keeps what the operator typed.
 """
 
 from __future__ import annotations
@@ -19,12 +23,12 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Depends, Form, HTTPException, Request
 from fastapi.responses import Response
 
-from controlroom.db.engine import begin_write, run_write_transaction
-from controlroom.errors.read import endpoints, operations
+from controlroom.errors import actions
+from controlroom.errors.read import operations
 from controlroom.errors.retries import requests as retries
-from controlroom.runtime.clock import utc_now
 from controlroom.transport.base import TransportError
-from controlroom.web.common import actor, api_state, redirect, render, safe_next
+from controlroom.web.common import actor, api_state, redirect, redirect_with, safe_next
+from controlroom.web.flash import Flash
 from controlroom.web.session import (
     COOKIE_NAME,
     CSRF_FIELD,
@@ -42,20 +46,24 @@ BULK_ACTIONS = ("retry", "archive", "unarchive")
 # --- one message --------------------------------------------------------------------------
 @router.post("/messages/{failed_message_id}/retry")
 def retry_message(request: Request, session: Actor, failed_message_id: uuid.UUID) -> Response:
-    result = _retry(request, retries.retry_message, str(failed_message_id))
-    return redirect(_with(f"/messages/{failed_message_id}", operation=_operation_id(result)))
+    back = f"/messages/{failed_message_id}"
+    try:
+        result = _retry(request, session, retries.retry_message, str(failed_message_id))
+    except Refused as refusal:
+        return refusal.redirect(request, back)
+    return redirect(_with(back, operation=_operation_id(result)))
 
 
 @router.post("/messages/{failed_message_id}/archive")
 def archive_message(request: Request, session: Actor, failed_message_id: uuid.UUID) -> Response:
-    change = _by_ids(request, operations.archive_messages, [str(failed_message_id)])
-    return redirect(_with(f"/messages/{failed_message_id}", done="archived", n=len(change)))
+    return _archive_one(request, session, failed_message_id, actions.archive_messages, "archived")
 
 
 @router.post("/messages/{failed_message_id}/unarchive")
 def unarchive_message(request: Request, session: Actor, failed_message_id: uuid.UUID) -> Response:
-    change = _by_ids(request, operations.unarchive_messages, [str(failed_message_id)])
-    return redirect(_with(f"/messages/{failed_message_id}", done="unarchived", n=len(change)))
+    return _archive_one(
+        request, session, failed_message_id, actions.unarchive_messages, "unarchived"
+    )
 
 
 @router.post("/messages/{failed_message_id}/edit")
@@ -76,8 +84,11 @@ async def edit_and_retry(
     ):
         raise HTTPException(400, "headers: must be a JSON object of text values")
     state = api_state(request)
+    back = f"/messages/{failed_message_id}"
     if state.transport is None:
-        raise HTTPException(503, "no transport is configured to send the edited message")
+        return Refused("no transport is configured to send the edited message").redirect(
+            request, back
+        )
     try:
         await retries.edit_and_retry(
             state.engine,
@@ -88,12 +99,13 @@ async def edit_and_retry(
             acknowledgement_queue=state.settings.error_queue,
         )
     except retries.InvalidEdit as exc:
+        # The form's own input is wrong: an error page, so going back keeps the edit.
         raise HTTPException(400, str(exc)) from exc
     except retries.RetryRequestError as exc:
-        raise HTTPException(409, str(exc)) from exc
+        return Refused(str(exc)).redirect(request, back)
     except TransportError as exc:
-        raise HTTPException(503, f"the edited message could not be sent: {exc}") from exc
-    return redirect(_with(f"/messages/{failed_message_id}", done="edited"))
+        return Refused(f"the edited message could not be sent: {exc}").redirect(request, back)
+    return redirect(_with(back, done="edited"))
 
 
 # --- a selection --------------------------------------------------------------------------
@@ -112,16 +124,16 @@ async def bulk(request: Request, session: Actor) -> Response:
         return redirect(_with(back, done="nothing"))
     if len(ids) > operations.MAX_IDS_PER_REQUEST:
         raise HTTPException(400, f"ids: at most {operations.MAX_IDS_PER_REQUEST} at once")
-    if action == "retry":
-        result = _retry(request, retries.retry_messages, ids)
-        return redirect(
-            _with(back, done="retried", n=result.message_count, operation=_operation_id(result))
-        )
-    change = _by_ids(
-        request,
-        operations.archive_messages if action == "archive" else operations.unarchive_messages,
-        ids,
-    )
+    try:
+        if action == "retry":
+            result = _retry(request, session, retries.retry_messages, ids)
+            return redirect(
+                _with(back, done="retried", n=result.message_count, operation=_operation_id(result))
+            )
+        act = actions.archive_messages if action == "archive" else actions.unarchive_messages
+        change = _by_ids(request, session, act, ids)
+    except Refused as refusal:
+        return refusal.redirect(request, back)
     return redirect(_with(back, done=f"{action}d", n=len(change)))
 
 
@@ -133,8 +145,12 @@ def retry_group(
     group_id: uuid.UUID,
     classifier: Annotated[str, Form(max_length=200)] = "",
 ) -> Response:
-    _retry(request, retries.retry_group, str(group_id))
-    return redirect(_with("/groups", classifier=classifier))
+    back = _with("/groups", classifier=classifier)
+    try:
+        _retry(request, session, retries.retry_group, str(group_id))
+    except Refused as refusal:
+        return refusal.redirect(request, back)
+    return redirect(back)
 
 
 @router.post("/groups/{group_id}/archive")
@@ -144,10 +160,27 @@ def archive_group(
     group_id: uuid.UUID,
     classifier: Annotated[str, Form(max_length=200)] = "",
 ) -> Response:
-    changed = run_write_transaction(
-        _engine(request), lambda conn: operations.archive_group(conn, str(group_id), utc_now())
-    )
+    try:
+        changed = actions.archive_group(_engine(request), str(group_id), by=_name(session))
+    except retries.UnknownGroup as exc:
+        return Refused(str(exc)).redirect(request, _with("/groups", classifier=classifier))
     return redirect(_with("/groups", classifier=classifier, done="group-archived", n=changed))
+
+
+@router.post("/groups/{group_id}/acknowledge")
+def acknowledge_group_retry(
+    request: Request,
+    session: Actor,
+    group_id: uuid.UUID,
+    classifier: Annotated[str, Form(max_length=200)] = "",
+) -> Response:
+    """Dismiss the group's completed retry (as ``DELETE
+    /api/recoverability/unacknowledgedgroups/{id}``): the group no longer shows it."""
+    back = _with("/groups", classifier=classifier)
+    if not actions.acknowledge_group_retry(_engine(request), str(group_id)):
+        text = f"no completed retry of group {group_id} awaits acknowledgement"
+        return Refused(text).redirect(request, back)
+    return redirect(_with(back, done="acknowledged"))
 
 
 # --- endpoints ----------------------------------------------------------------------------
@@ -158,10 +191,11 @@ def set_monitored(
     endpoint_id: uuid.UUID,
     monitored: Annotated[str, Form(pattern="^(true|false)$")],
 ) -> Response:
-    with begin_write(_engine(request)) as conn:
-        found = endpoints.set_monitored(conn, str(endpoint_id), monitored == "true")
+    found = actions.set_endpoint_monitored(
+        _engine(request), str(endpoint_id), monitored == "true", by=_name(session)
+    )
     if not found:
-        raise HTTPException(404, f"no known endpoint with id {endpoint_id}")
+        return Refused(f"no known endpoint with id {endpoint_id}").redirect(request, "/endpoints")
     return redirect("/endpoints")
 
 
@@ -180,13 +214,8 @@ def sign_in(
     signer = request.app.state.signer
     principal = api_state(request).auth.find(token.strip()) if token.strip() else None
     if principal is None:
-        request.state.session = None
-        return render(
-            request,
-            "signin.html",
-            {"next": safe_next(next), "error": "That token is not valid."},
-            status=401,
-        )
+        # Back to the sign-in page, which says so: a reload there sends no token again.
+        return redirect("/signin?" + urlencode({"next": safe_next(next), "refused": "1"}))
     response = redirect(safe_next(next))
     set_session_cookie(response, request, signer, signer.new_session(principal))
     return response
@@ -206,17 +235,43 @@ async def sign_out(request: Request) -> Response:
 
 
 # --- helpers ------------------------------------------------------------------------------
-def _retry(request: Request, action: Any, *args: Any) -> retries.RetryRequestResult:
+class Refused(Exception):
+    """The action did nothing, for the reason given (one sentence, shown as text)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def redirect(self, request: Request, path: str) -> Response:
+        """303 to ``path``, which shows the refusal once."""
+        text = self.reason[:1].upper() + self.reason[1:]
+        return redirect_with(request, path, Flash("error", text, code="Refused"))
+
+
+def _retry(
+    request: Request, session: Session, action: Any, *args: Any
+) -> retries.RetryRequestResult:
+    """Run a retry request of ``errors/retries/requests`` as the session's principal;
+    raises ``Refused`` with the request's reason (unknown ids, archived or resolved)."""
     try:
-        result: retries.RetryRequestResult = action(_engine(request), *args)
-    except (retries.UnknownFailedMessages, retries.UnknownGroup) as exc:
-        raise HTTPException(404, str(exc)) from exc
+        result: retries.RetryRequestResult = action(_engine(request), *args, by=_name(session))
     except retries.RetryRequestError as exc:
-        raise HTTPException(409, str(exc)) from exc
+        raise Refused(str(exc)) from exc
     processor = api_state(request).retry_processor
     if processor is not None and result.batches:
         processor.wake()
     return result
+
+
+def _archive_one(
+    request: Request, session: Session, failed_message_id: uuid.UUID, action: Any, done: str
+) -> Response:
+    back = f"/messages/{failed_message_id}"
+    try:
+        change = _by_ids(request, session, action, [str(failed_message_id)])
+    except Refused as refusal:
+        return refusal.redirect(request, back)
+    return redirect(_with(back, done=done, n=len(change)))
 
 
 def _operation_id(result: retries.RetryRequestResult) -> str | None:
@@ -224,11 +279,17 @@ def _operation_id(result: retries.RetryRequestResult) -> str | None:
     return result.operation_id if result.batches else None
 
 
-def _by_ids(request: Request, action: operations.IdAction, ids: list[str]) -> list[str]:
-    change = run_write_transaction(_engine(request), lambda conn: action(conn, ids, utc_now()))
+def _by_ids(request: Request, session: Session, action: Any, ids: list[str]) -> list[str]:
+    """The ids ``action`` (``errors/actions``) changed; raises ``Refused`` naming the
+    unknown ids when any (nothing was changed)."""
+    change: operations.StatusChange = action(_engine(request), ids, by=_name(session))
     if change.refused:
-        raise HTTPException(404, f"no failed message with id {', '.join(change.unknown[:20])}")
+        raise Refused(f"no failed message with id {', '.join(change.unknown[:20])}")
     return change.changed
+
+
+def _name(session: Session) -> str:
+    return session.principal.name
 
 
 def _with(path: str, **params: Any) -> str:

@@ -18,6 +18,7 @@ from controlroom import __version__
 from controlroom.http.auth import ANONYMOUS, ROLE_RANK
 from controlroom.web import filters
 from controlroom.web.assets import StaticAssets
+from controlroom.web.flash import Flash, clear_flash, read_flash, set_flash
 from controlroom.web.session import (
     COOKIE_NAME,
     CSRF_FIELD,
@@ -102,8 +103,11 @@ def render(
     request: Request, template: str, context: dict[str, Any] | None = None, status: int = 200
 ) -> Response:
     """``template`` with ``context`` plus what every page needs (the session, its CSRF
-    token masked for this answer, whether the viewer may act, the navigation)."""
+    token masked for this answer, whether the viewer may act, the navigation) and, on a
+    whole page (a fragment's name starts with ``_``), the outcome of the action that
+    redirected here (``flash``), shown once: the answer clears it."""
     session: Session | None = getattr(request.state, "session", None)
+    flash = _take_flash(request, session) if not template.startswith("_") else None
     may_act = session is not None and ROLE_RANK[session.principal.role] >= ROLE_RANK["operator"]
     full = {
         "session": session,
@@ -112,14 +116,35 @@ def render(
         "signed_in": session is not None and not request.app.state.signer.open,
         "extra_nav": EXTRA_NAV,
         "version": __version__,
+        "flash": flash,
         **(context or {}),
     }
-    return templates.TemplateResponse(request, template, full, status_code=status)
+    response = templates.TemplateResponse(request, template, full, status_code=status)
+    if flash is not None:
+        clear_flash(response)
+    return response
+
+
+def _take_flash(request: Request, session: Session | None) -> Flash | None:
+    if session is None:
+        return None
+    signer: SessionSigner = request.app.state.signer
+    return read_flash(request, signer.flash_key(session))
 
 
 def redirect(path: str) -> Response:
     """303 to a console path (after a POST: the browser GETs the page again)."""
     return RedirectResponse(path, status_code=303)
+
+
+def redirect_with(request: Request, path: str, flash: Flash) -> Response:
+    """303 to ``path`` carrying ``flash``, the action's outcome, for the page to show
+    once (docs/decisions.md "Console actions answer with a redirect"). The request
+    must have passed ``actor`` (its session signs the flash)."""
+    response = redirect(path)
+    signer: SessionSigner = request.app.state.signer
+    set_flash(response, request, signer.flash_key(request.state.session), flash)
+    return response
 
 
 def safe_next(target: str) -> str:

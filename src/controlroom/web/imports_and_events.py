@@ -21,8 +21,18 @@ from fastapi.responses import Response
 from controlroom import events
 from controlroom.errors.ingest import reimport
 from controlroom.errors.ingest.reimport import ReimportOutcome
+from controlroom.errors.retries.outcomes import with_failures_since
 from controlroom.transport.base import Transport, TransportError
-from controlroom.web.common import EXTRA_NAV, actor, api_state, redirect, render, viewer
+from controlroom.web.common import (
+    EXTRA_NAV,
+    actor,
+    api_state,
+    redirect,
+    redirect_with,
+    render,
+    viewer,
+)
+from controlroom.web.flash import Flash
 from controlroom.web.session import Session
 
 router = APIRouter(include_in_schema=False)
@@ -76,12 +86,15 @@ def failed_import_list(request: Request, session: Viewer, page: Page = 1) -> Res
 @router.post("/failed-imports/reimport-all")
 async def reimport_all(request: Request, session: Actor) -> Response:
     """Put every failed import back on the error queue; the counts on the list."""
-    transport = _transport(request)
     state = api_state(request)
-    outcomes = [
-        await _reimport(state, transport, failed_import_id, session)
-        for failed_import_id in reimport.list_failed_import_ids(state.engine)
-    ]
+    try:
+        transport = _transport(request)
+        outcomes = [
+            await _reimport(state, transport, failed_import_id, session)
+            for failed_import_id in reimport.list_failed_import_ids(state.engine)
+        ]
+    except Unavailable as exc:
+        return exc.redirect(request)
     counts = {outcome.name.lower(): outcomes.count(outcome) for outcome in ReimportOutcome}
     return redirect(
         "/failed-imports?done=all&"
@@ -94,7 +107,11 @@ async def reimport_one(request: Request, session: Actor, failed_import_id: str) 
     """Put one failed import back on the error queue."""
     if len(failed_import_id) > 36:
         raise HTTPException(400, "id: at most 36 characters")
-    outcome = await _reimport(api_state(request), _transport(request), failed_import_id, session)
+    try:
+        transport = _transport(request)
+        outcome = await _reimport(api_state(request), transport, failed_import_id, session)
+    except Unavailable as exc:
+        return exc.redirect(request)
     return redirect(f"/failed-imports?done={outcome.name.lower()}")
 
 
@@ -103,11 +120,12 @@ def event_log(request: Request, session: Viewer, page: Page = 1) -> Response:
     """What happened, newest first."""
     with _engine(request).connect() as conn:
         found = events.list_events(conn, offset=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE)
+        shown = with_failures_since(conn, found.items)
     return render(
         request,
         "event_log.html",
         {
-            "items": found.items,
+            "items": shown,
             "total": found.total,
             "page": page,
             "pages": max(1, math.ceil(found.total / PAGE_SIZE)),
@@ -127,13 +145,22 @@ async def _reimport(
             by=session.principal.name,
         )
     except TransportError as exc:
-        raise HTTPException(503, f"the error queue could not be reached: {exc}") from exc
+        raise Unavailable(f"The error queue could not be reached: {exc}") from exc
+
+
+class Unavailable(Exception):
+    """Nothing could be re-imported: no transport, or the error queue did not answer."""
+
+    def redirect(self, request: Request) -> Response:
+        """303 to the list, which shows why once (post/redirect/get)."""
+        flash = Flash("error", str(self), code="NotReimported")
+        return redirect_with(request, "/failed-imports", flash)
 
 
 def _transport(request: Request) -> Transport:
     transport: Transport | None = api_state(request).transport
     if transport is None:
-        raise HTTPException(503, "this process has no transport to publish with")
+        raise Unavailable("This process has no transport to publish with.")
     return transport
 
 

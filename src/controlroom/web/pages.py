@@ -33,6 +33,7 @@ from controlroom.errors.read.lists import list_failed_messages
 from controlroom.errors.read.messages import get_failed_message, get_stored_body
 from controlroom.errors.read.search import search_failed_messages
 from controlroom.errors.retries import requests as retries
+from controlroom.errors.retries.outcomes import failed_again_in_group
 from controlroom.http.bodies import body_response_headers, read_body_bytes
 from controlroom.web.bodies import MAX_SHOWN_BYTES, view_body
 from controlroom.web.charts import kpi_charts
@@ -261,6 +262,11 @@ def group_list(
     with _engine(request).connect() as conn:
         found = groups.list_groups(conn, classifier)
         running = groups.group_retries(conn)
+        failed_again = {
+            retry.group_id: failed_again_in_group(conn, retry.group_id, retry.started_at)
+            for retry in running.values()
+            if retry.completed_at is not None
+        }
     shown = {group.id for group in found}
     # A group whose messages are all being retried has no Unresolved message left; its
     # retry is shown until the operator's next look after it completed (as the API does).
@@ -273,6 +279,7 @@ def group_list(
         "groups": found,
         "closed": closed,
         "retries": running,
+        "failed_again": failed_again,
         "classifier": classifier,
         "classifiers": groups.CLASSIFIER_NAMES,
         "busy": any(retry.completed_at is None for retry in running.values()),
@@ -304,8 +311,14 @@ def endpoint_list(
 
 # --- sign-in and docs ---------------------------------------------------------------------
 @router.get("/signin")
-def sign_in_page(request: Request, next: Annotated[str, Query(max_length=2000)] = "/") -> Response:
-    return render(request, "signin.html", {"next": safe_next(next), "error": None})
+def sign_in_page(
+    request: Request,
+    next: Annotated[str, Query(max_length=2000)] = "/",
+    refused: Annotated[str, Query(max_length=1)] = "",
+) -> Response:
+    """The sign-in form; ``refused=1`` after a token that is not valid (a fixed text)."""
+    error = "That token is not valid." if refused == "1" else None
+    return render(request, "signin.html", {"next": safe_next(next), "error": error})
 
 
 @router.get("/docs")
@@ -362,6 +375,7 @@ _NOTICES = {
     "retried": "Retry requested for {n} message(s).",
     "edited": "The edited message was sent; the original is Resolved.",
     "group-archived": "Archived {n} message(s) of the group.",
+    "acknowledged": "The group's last retry was dismissed.",
     "monitored": "Endpoint updated.",
     "nothing": "Nothing was selected.",
 }

@@ -100,6 +100,14 @@ class SessionSigner:
             return None
         return Session(principal, csrf, issued)
 
+    def flash_key(self, session: Session) -> bytes:
+        """The key ``web/flash.py`` signs this session's action outcomes with: derived
+        from the session's own key and its CSRF token, so another session's flash (or
+        one made without the key) is not read."""
+        key = self._key(session.principal.name)
+        assert key is not None  # a decoded session's principal is known
+        return _mac(key, b"flash key\x00" + session.csrf_token.encode("ascii"))
+
     def _key(self, name: str) -> bytes | None:
         if self.open:
             return self._open_key if name == ANONYMOUS.name else None

@@ -30,11 +30,25 @@ from controlroom.sitecalls.intake import make_writer
 from controlroom.sitecalls.kpis import measure_kpis
 from controlroom.sitecalls.reconciliation import site_states
 from controlroom.sitecalls.rejected import ResubmitOutcome, resubmit_rejected
-from controlroom.sitecalls.relay import Command, RelayOutcome, relay_command
+from controlroom.sitecalls.relay import (
+    Command,
+    RelayOutcome,
+    relay_command,
+    unrelayable_reason,
+)
 from controlroom.sitecalls.writer import IngestBudgetExceeded
 from controlroom.telemetry.ordering import Channel, SiteCallStatus
 from controlroom.web import charts
-from controlroom.web.common import EXTRA_NAV, actor, api_state, redirect, render, viewer
+from controlroom.web.common import (
+    EXTRA_NAV,
+    actor,
+    api_state,
+    redirect,
+    redirect_with,
+    render,
+    viewer,
+)
+from controlroom.web.flash import Flash
 from controlroom.web.session import Session
 
 router = APIRouter(include_in_schema=False)
@@ -51,16 +65,10 @@ EXTRA_NAV.extend([("Site calls", "/site-calls"), ("Sites", "/sites"), ("Audit lo
 
 # The relay's outcome as an operator reads it (the relay's own sentence follows it).
 OUTCOME_TEXT = {
-    RelayOutcome.APPLIED: "Applied: the site applied the command.",
-    RelayOutcome.NOT_PARKED: "NotParked: the call is not Parked, so nothing was done.",
-    RelayOutcome.SITE_UNREACHABLE: "SiteUnreachable: the site could not be reached.",
-    RelayOutcome.OPERATION_FAILED: "OperationFailed: the site did not apply the command.",
-}
-_RELAY_STATUS = {
-    RelayOutcome.APPLIED: 200,
-    RelayOutcome.NOT_PARKED: 409,
-    RelayOutcome.SITE_UNREACHABLE: 503,
-    RelayOutcome.OPERATION_FAILED: 502,
+    RelayOutcome.APPLIED: "the site applied the command.",
+    RelayOutcome.NOT_PARKED: "the call is not Parked, so nothing was done.",
+    RelayOutcome.SITE_UNREACHABLE: "the site could not be reached.",
+    RelayOutcome.OPERATION_FAILED: "the site did not apply the command.",
 }
 
 
@@ -283,13 +291,15 @@ def site_call_page(request: Request, session: Viewer, tracked_operation_id: uuid
 
 @router.post("/site-calls/{tracked_operation_id}/retry")
 def retry_call(request: Request, session: Actor, tracked_operation_id: uuid.UUID) -> Response:
-    """Relay Retry of a Parked call to its site; the call's page with the outcome."""
+    """Relay Retry of a Parked call to its site; 303 to the call's page, which shows
+    the outcome."""
     return _relay(request, session, str(tracked_operation_id), Command.RETRY)
 
 
 @router.post("/site-calls/{tracked_operation_id}/discard")
 def discard_call(request: Request, session: Actor, tracked_operation_id: uuid.UUID) -> Response:
-    """Relay Discard of a Parked call to its site; the call's page with the outcome."""
+    """Relay Discard of a Parked call to its site; 303 to the call's page, which shows
+    the outcome."""
     return _relay(request, session, str(tracked_operation_id), Command.DISCARD)
 
 
@@ -359,13 +369,8 @@ def audit_log_page(
 
 
 # --- helpers ------------------------------------------------------------------------------
-def _call_page(
-    request: Request,
-    tracked_operation_id: str,
-    *,
-    outcome: dict[str, str] | None = None,
-    status: int = 200,
-) -> Response:
+def _call_page(request: Request, tracked_operation_id: str) -> Response:
+    settings: Settings = api_state(request).settings
     with _engine(request).connect() as conn:
         call = queries.get_site_call(conn, tracked_operation_id)
         if call is None:
@@ -380,35 +385,34 @@ def _call_page(
             "call": call,
             "events": events,
             "parked": call.status == SiteCallStatus.PARKED.value,
-            "outcome": outcome,
+            "unrelayable": unrelayable_reason(settings, call.source_site),
         },
-        status=status,
     )
 
 
 def _relay(
     request: Request, session: Session, tracked_operation_id: str, command: Command
 ) -> Response:
+    """Relay ``command``, then 303 to the call's page with the outcome (post/redirect/
+    get: a reload of that page sends nothing). An id central does not have goes to the
+    list, saying so."""
     state = api_state(request)
     result = relay_command(
         state.settings, state.engine, tracked_operation_id, command, session.principal.name
     )
     if result is None:
-        # Rendered here: the console's 404 handler would replace the detail with its own.
-        detail = (
-            f"Not found: central has no site call {tracked_operation_id} (it may have been "
-            "purged); nothing was sent."
+        text = (
+            f"{command.title()}: central has no site call {tracked_operation_id} (it may "
+            "have been purged); nothing was sent."
         )
-        return render(request, "error.html", {"status": 404, "detail": detail}, status=404)
-    outcome = {
-        "name": str(result.outcome),
-        "summary": OUTCOME_TEXT[result.outcome],
-        "message": result.message,
-        "command": command.title(),
-    }
-    return _call_page(
-        request, tracked_operation_id, outcome=outcome, status=_RELAY_STATUS[result.outcome]
+        return redirect_with(request, "/site-calls", Flash("error", text, code="NotFound"))
+    flash = Flash(
+        "notice" if result.outcome is RelayOutcome.APPLIED else "error",
+        f"{command.title()}: {OUTCOME_TEXT[result.outcome]}",
+        code=str(result.outcome),
+        detail=result.message,
     )
+    return redirect_with(request, f"/site-calls/{tracked_operation_id}", flash)
 
 
 def _scopes(conn: sa.Connection, settings: Settings) -> list[tuple[str, list[str]]]:

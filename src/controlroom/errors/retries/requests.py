@@ -23,6 +23,10 @@ writer's step 4 deletes it) or the operator retries a pending retry. A claim who
 is ``done`` while its message is no longer RetryIssued (it failed again, was archived or
 resolved) is *stale*: the next claim of that message replaces it. So a retried message
 that fails again can be retried again, and a message is never sent by two live batches.
+
+Every request takes ``by``, the name of the principal who asked (the API's and the
+console's alike, docs/decisions.md "The console calls the same functions as the API"):
+the event log's ``RetryOperationRequested`` item names it.
 """
 
 from __future__ import annotations
@@ -179,7 +183,7 @@ class _Selection:
 
 # --- public requests ----------------------------------------------------------------------
 def retry_message(
-    engine: sa.Engine, failed_message_id: str, *, clock: Clock = utc_now
+    engine: sa.Engine, failed_message_id: str, *, by: str | None = None, clock: Clock = utc_now
 ) -> RetryRequestResult:
     """Retry one failed message (``SingleMessage``).
 
@@ -188,19 +192,28 @@ def retry_message(
     """
     ids = _validated_ids(engine, [failed_message_id])
     selection = _Selection(RetryType.SINGLE_MESSAGE, target=ids[0], ids=tuple(ids))
-    return _run_request(engine, selection, clock)
+    return _run_request(engine, selection, clock, by)
 
 
 def retry_messages(
-    engine: sa.Engine, failed_message_ids: Sequence[str], *, clock: Clock = utc_now
+    engine: sa.Engine,
+    failed_message_ids: Sequence[str],
+    *,
+    by: str | None = None,
+    clock: Clock = utc_now,
 ) -> RetryRequestResult:
     """Retry a selection of failed messages (``MultipleMessages``). Raises as ``retry_message``."""
     ids = _validated_ids(engine, failed_message_ids)
-    return _run_request(engine, _Selection(RetryType.MULTIPLE_MESSAGES, ids=tuple(ids)), clock)
+    selection = _Selection(RetryType.MULTIPLE_MESSAGES, ids=tuple(ids))
+    return _run_request(engine, selection, clock, by)
 
 
 def retry_pending_messages(
-    engine: sa.Engine, failed_message_ids: Sequence[str], *, clock: Clock = utc_now
+    engine: sa.Engine,
+    failed_message_ids: Sequence[str],
+    *,
+    by: str | None = None,
+    clock: Clock = utc_now,
 ) -> RetryRequestResult:
     """Retry messages again whose earlier retry was sent but never confirmed.
 
@@ -211,10 +224,12 @@ def retry_pending_messages(
     """
     ids = _validated_ids(engine, failed_message_ids)
     selection = _Selection(RetryType.MULTIPLE_MESSAGES, ids=tuple(ids), release_pending=True)
-    return _run_request(engine, selection, clock)
+    return _run_request(engine, selection, clock, by)
 
 
-def retry_group(engine: sa.Engine, group_id: str, *, clock: Clock = utc_now) -> RetryRequestResult:
+def retry_group(
+    engine: sa.Engine, group_id: str, *, by: str | None = None, clock: Clock = utc_now
+) -> RetryRequestResult:
     """Retry the Unresolved messages of failure group ``group_id`` (``FailureGroup``).
 
     Raises ``UnknownGroup`` when no message belongs to the group.
@@ -234,11 +249,11 @@ def retry_group(engine: sa.Engine, group_id: str, *, clock: Clock = utc_now) -> 
         classifier=group.classifier,
         condition=fm.id.in_(members),
     )
-    return _run_request(engine, selection, clock)
+    return _run_request(engine, selection, clock, by)
 
 
 def retry_queue(
-    engine: sa.Engine, queue_address: str, *, clock: Clock = utc_now
+    engine: sa.Engine, queue_address: str, *, by: str | None = None, clock: Clock = utc_now
 ) -> RetryRequestResult:
     """Retry the Unresolved messages that failed in ``queue_address`` (``ByQueueAddress``)."""
     selection = _Selection(
@@ -247,11 +262,11 @@ def retry_queue(
         originator=queue_address,
         condition=fm.queue_address == queue_address,
     )
-    return _run_request(engine, selection, clock)
+    return _run_request(engine, selection, clock, by)
 
 
 def retry_endpoint(
-    engine: sa.Engine, endpoint_name: str, *, clock: Clock = utc_now
+    engine: sa.Engine, endpoint_name: str, *, by: str | None = None, clock: Clock = utc_now
 ) -> RetryRequestResult:
     """Retry the Unresolved messages of the receiving endpoint ``endpoint_name``
     (``AllForEndpoint``)."""
@@ -261,12 +276,14 @@ def retry_endpoint(
         originator=endpoint_name,
         condition=fm.receiving_endpoint == endpoint_name,
     )
-    return _run_request(engine, selection, clock)
+    return _run_request(engine, selection, clock, by)
 
 
-def retry_all(engine: sa.Engine, *, clock: Clock = utc_now) -> RetryRequestResult:
+def retry_all(
+    engine: sa.Engine, *, by: str | None = None, clock: Clock = utc_now
+) -> RetryRequestResult:
     """Retry every Unresolved message (``All``)."""
-    return _run_request(engine, _Selection(RetryType.ALL, condition=sa.true()), clock)
+    return _run_request(engine, _Selection(RetryType.ALL, condition=sa.true()), clock, by)
 
 
 # --- validation ---------------------------------------------------------------------------
@@ -297,9 +314,11 @@ def _validated_ids(engine: sa.Engine, requested: Sequence[str]) -> list[str]:
 
 
 # --- the request --------------------------------------------------------------------------
-def _run_request(engine: sa.Engine, selection: _Selection, clock: Clock) -> RetryRequestResult:
+def _run_request(
+    engine: sa.Engine, selection: _Selection, clock: Clock, by: str | None
+) -> RetryRequestResult:
     """Record the operation, create its batches one transaction each, then mark it
-    prepared (or forget it when it claimed nothing)."""
+    prepared (or forget it when it claimed nothing), logging the request by ``by``."""
     operation_id = str(uuid.uuid4())
     retrying = _retrying()
     retrying(_start_operation, engine, selection, operation_id, clock)
@@ -312,7 +331,7 @@ def _run_request(engine: sa.Engine, selection: _Selection, clock: Clock) -> Retr
         skipped += not_claimed
         if batch is not None:
             batches.append(batch)
-    retrying(_finish_preparing, engine, operation_id, clock)
+    retrying(_finish_preparing, engine, operation_id, clock, by)
     return RetryRequestResult(
         operation_id, selection.retry_type, selection.target, batches, skipped
     )
@@ -445,7 +464,7 @@ def _start_operation(
         )
 
 
-def _finish_preparing(engine: sa.Engine, operation_id: str, clock: Clock) -> None:
+def _finish_preparing(engine: sa.Engine, operation_id: str, clock: Clock, by: str | None) -> None:
     """Mark the operation prepared; an operation that claimed nothing is not kept (there
     is nothing to report: ServiceControl starts no operation for zero messages)."""
     now = clock()
@@ -469,7 +488,7 @@ def _finish_preparing(engine: sa.Engine, operation_id: str, clock: Clock) -> Non
                 prepared.retry_type,
                 prepared.target,
                 prepared.message_count,
-                by=None,
+                by=by,
                 now=now,
             )
         complete_operation_if_finished(conn, operation_id, now)
