@@ -607,26 +607,29 @@ def _print_handled(handled: Handled) -> None:
 
 
 async def _reimport(settings: Settings, engine: sa.Engine, ids: list[str]) -> list[ReimportOutcome]:
+    """Re-import ``ids`` with a progress bar; one that cannot go back or fails is reported
+    on its own line and kept, and the rest proceed (``reimport.reimport_many``)."""
     from controlroom.client import open_transport
-    from controlroom.errors.ingest.reimport import ReimportOutcome, reimport_failed_import
+    from controlroom.errors.ingest.reimport import reimport_many
 
-    outcomes = []
     async with open_transport(settings) as transport:
         # One named import (--id) gets its answer, not a bar of one.
         with _progress(disable=len(ids) == 1) as progress:
             task = progress.add_task("Re-importing failed imports", total=len(ids))
-            for failed_import_id in ids:
-                outcome = await reimport_failed_import(
-                    engine, transport, failed_import_id, error_queue=settings.error_queue
+            report = await reimport_many(
+                engine,
+                transport,
+                ids,
+                error_queue=settings.error_queue,
+                by="controlroom import-failed",
+                on_each=lambda _id, _outcome: progress.advance(task),
+            )
+            for failed_import_id, reason in report.kept:
+                progress.console.print(
+                    f"[yellow]kept[/] {escape(failed_import_id)}: {escape(reason)}",
+                    highlight=False,
                 )
-                if outcome is ReimportOutcome.UNREADABLE:
-                    progress.console.print(
-                        f"[yellow]kept[/] {failed_import_id}: its stored headers are not "
-                        "a JSON object of strings, so it cannot be queued again"
-                    )
-                outcomes.append(outcome)
-                progress.advance(task)
-    return outcomes
+    return report.outcomes
 
 
 def _print_failed_imports(engine: sa.Engine) -> None:
@@ -640,7 +643,8 @@ def _print_failed_imports(engine: sa.Engine) -> None:
         return
     for item in page.items:
         console.print(
-            f"{item.id}  {item.failed_at.isoformat()}  {escape(item.queue)}  {escape(item.reason)}",
+            f"{escape(item.id)}  {item.failed_at.isoformat()}  {escape(item.queue)}  "
+            f"{escape(item.reason)}",
             markup=True,
             highlight=False,
         )
@@ -652,7 +656,8 @@ def _print_failed_imports(engine: sa.Engine) -> None:
 def _report_reimport(
     settings: Settings, requested_id: str | None, outcomes: list[ReimportOutcome]
 ) -> None:
-    """Summarise; exit 1 when the requested import does not exist or one was unreadable."""
+    """Summarise; exit 1 when the requested import does not exist or one was kept
+    (unreadable, or its publish failed)."""
     from controlroom.errors.ingest.reimport import ReimportOutcome
 
     if requested_id is not None and outcomes == [ReimportOutcome.GONE]:
@@ -666,7 +671,7 @@ def _report_reimport(
         f"failed imports to queue [bold]{settings.error_queue}[/]. `controlroom serve` "
         "ingests them again; one whose cause is not fixed comes back as a failed import."
     )
-    if ReimportOutcome.UNREADABLE in outcomes:
+    if ReimportOutcome.UNREADABLE in outcomes or ReimportOutcome.FAILED in outcomes:
         raise typer.Exit(1)
 
 
