@@ -6,7 +6,7 @@ so neither the API nor the console imports the other."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 import sqlalchemy as sa
@@ -41,6 +41,7 @@ from controlroom.db.errors import classify_store_error
 from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.exceptions import ErrorKind
 from controlroom.http.auth import token_table
+from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.sitecalls.reconciliation import ReconciliationService
 from controlroom.transport.base import Transport
 from controlroom.validation_answers import install_validation_answer
@@ -62,6 +63,7 @@ def create_app(
     transport: Transport | None = None,
     retry_processor: RetryProcessor | None = None,
     reconciliation: ReconciliationService | None = None,
+    intakes: Sequence[IntakeHealth] = (),
 ) -> FastAPI:
     """The HTTP API over a migrated store ``engine`` and its ``body_store``.
 
@@ -71,7 +73,8 @@ def create_app(
     them, and ``settings``, on ``app.state``. ``transport`` sends edited messages (edit
     and retry answers 503 without one); ``retry_processor``, when given, is woken as soon
     as a retry request created batches. ``reconciliation`` runs on-demand passes (a
-    fresh one, without its schedule, by default).
+    fresh one, without its schedule, by default). ``intakes``: the running intakes'
+    health, which ``GET /api/health`` reports as ``"intake"`` (none: not reported).
     """
     # Authentication covers every route, those added later too (auth.py: open routes).
     # /docs is the console's (Swagger UI from the package, offline); no CDN-based ReDoc.
@@ -89,6 +92,7 @@ def create_app(
     app.state.transport = transport
     app.state.retry_processor = retry_processor
     app.state.reconciliation = reconciliation or _reconciliation(settings, engine)
+    app.state.intakes = list(intakes)
     app.state.health_checks = dict(
         health_checks if health_checks is not None else {"database": health.database_check(engine)}
     )

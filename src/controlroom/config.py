@@ -46,6 +46,14 @@ class IngestionSettings(BaseModel):
     report_interval_seconds: float = Field(
         10.0, gt=0, description="How often serve logs what ingestion did, while it has work."
     )
+    stall_seconds: float = Field(
+        300.0,
+        gt=0,
+        description=(
+            "Health reports an intake degraded when its queue has held messages this long "
+            "without a batch stored."
+        ),
+    )
 
     @property
     def effective_prefetch(self) -> int:

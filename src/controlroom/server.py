@@ -163,6 +163,12 @@ class _Service:
         body_store = FileSystemBodyStore(settings.body_dir)
         retry_processor = RetryProcessor(settings, engine, transport, body_store)
         reconciliation = ReconciliationService(settings, engine, owner=str(uuid.uuid4()))
+        self._intakes: dict[str, IngestionService | TelemetryIngestionService] = {}
+        if settings.ingest_on_serve:
+            self._intakes = {
+                "ingestion": IngestionService(settings, engine, transport, body_store),
+                "telemetry ingestion": TelemetryIngestionService(settings, engine, transport),
+            }
         api = create_app(
             settings,
             engine,
@@ -171,6 +177,7 @@ class _Service:
             transport=transport,
             retry_processor=retry_processor,
             reconciliation=reconciliation,
+            intakes=[intake.health for intake in self._intakes.values()],
         )
         # The Host check needs the bound address, which only the server knows (api/guard.py):
         # the socket's port, which differs from settings.port when that is 0 or the caller
@@ -182,12 +189,6 @@ class _Service:
             allowed_hosts=settings.allowed_hosts,
         )
         self._http = _Server(uvicorn.Config(guarded, lifespan="off", log_level="info"))
-        self._intakes: dict[str, IngestionService | TelemetryIngestionService] = {}
-        if settings.ingest_on_serve:
-            self._intakes = {
-                "ingestion": IngestionService(settings, engine, transport, body_store),
-                "telemetry ingestion": TelemetryIngestionService(settings, engine, transport),
-            }
         sweeper = RetentionSweeper(
             engine,
             body_store,

@@ -26,6 +26,8 @@ import tenacity
 
 from controlroom.config import Settings
 from controlroom.db.engine import retry_transient
+from controlroom.db.errors import name_failure
+from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.sitecalls.writer import IngestBudgetExceeded, ReceivedPacket, SiteCallWriter
 from controlroom.telemetry.contract import (
     TelemetryRejected,
@@ -106,6 +108,11 @@ class TelemetryIngestionService:
         self._transport = transport
         self._stopping = threading.Event()
         self._writer = make_writer(settings, engine, self._stopping)
+        self.health = IntakeHealth(
+            "telemetry intake",
+            settings.telemetry_queue,
+            stall_seconds=settings.ingestion.stall_seconds,
+        )
         self._run_task: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
@@ -140,14 +147,16 @@ class TelemetryIngestionService:
         except asyncio.CancelledError:
             await reject_all(deliveries)
             raise
-        except Exception:
+        except Exception as exc:
             if not self._stopping.is_set():
+                self.health.failed(name_failure(exc))
                 log.exception(
                     "telemetry batch of %d not written; returned to the queue", len(deliveries)
                 )
                 await asyncio.sleep(self._settings.ingestion.max_backoff_seconds)
             await reject_all(deliveries)
             return
+        self.health.stored()
         await ack_all(deliveries)
         _log_rejections(reasons)
 
