@@ -45,6 +45,7 @@ from controlroom.errors.ingest.search_backfill import write_missing_search_terms
 from controlroom.errors.retention import RetentionSweeper
 from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.exceptions import ControlroomError
+from controlroom.runtime.serve_lock import serving
 from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.history import KpiSampler
 from controlroom.sitecalls.intake import TelemetryIngestionService
@@ -91,7 +92,11 @@ async def run(
     on its own (the module docstring).
     """
     own_listener = listener is None
-    listener = listener if listener is not None else listen(settings.host, settings.port)
+    listener = (
+        listener
+        if listener is not None
+        else listen(settings.host, settings.port, chosen_by="--port or CONTROLROOM_PORT")
+    )
     try:
         engine = create_store_engine(settings.effective_database_url)
         try:
@@ -101,8 +106,9 @@ async def run(
             transport = create_transport(settings)
             await transport.start()
             try:
-                service = _Service(settings, engine, transport, listener)
-                await service.run(stop or asyncio.Event(), on_serving)
+                with serving(settings.data_dir):  # make demo refuses to publish meanwhile
+                    service = _Service(settings, engine, transport, listener)
+                    await service.run(stop or asyncio.Event(), on_serving)
             finally:
                 await transport.close()
         finally:
