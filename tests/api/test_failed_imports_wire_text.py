@@ -193,3 +193,10 @@ def test_import_failed_lists_and_reimports_failed_imports_of_any_text(
         assert remaining(engine) == {bad.id} | stuck
 
     example()
+
+
+def test_every_console_page_prints_text_off_the_wire_with_its_bytes_escaped() -> None:
+    from controlroom.web.common import templates
+
+    page = templates.env.from_string("<p>{{ value }}</p>").render(value=BAD_ID)
+    assert page.encode("utf-8") == b"<p>\\xff\\xfe-id</p>"
