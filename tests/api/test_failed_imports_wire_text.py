@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import uuid
 from pathlib import Path
 
+import httpx
 import hypothesis
 import pytest
 import sqlalchemy as sa
@@ -23,6 +25,7 @@ from typer.testing import CliRunner
 
 from controlroom.app import create_app
 from controlroom.cli import app as cli_app
+from controlroom.client import open_transport
 from controlroom.config import Settings
 from controlroom.db.tables import failed_error_imports
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
@@ -30,6 +33,7 @@ from controlroom.errors.ingest.pipeline import make_failed_import
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedImport
 from controlroom.transport.embedded import EmbeddedQueue
+from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.web.test_console_http import csrf_of
 
 MESSAGE_ID = "NServiceBus.MessageId"
@@ -200,3 +204,41 @@ def test_every_console_page_prints_text_off_the_wire_with_its_bytes_escaped() ->
 
     page = templates.env.from_string("<p>{{ value }}</p>").render(value=BAD_ID)
     assert page.encode("utf-8") == b"<p>\\xff\\xfe-id</p>"
+
+
+def test_a_bulk_reimport_reports_a_refused_publish_and_reimports_the_rest(
+    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, rabbitmq_url: str
+) -> None:
+    """RabbitMQ refuses a message whose header is larger than the connection's frame_max
+    (a real refusal, before anything is sent): that import is kept and reported, the
+    others go back to the queue."""
+    settings = settings.model_copy(
+        update={"broker_url": rabbitmq_url, "error_queue": f"error-{uuid.uuid4().hex[:8]}"}
+    )
+    huge = make_failed_import({"big": "x" * 200_000}, b"{}", queue="error", reason="no FailedQ")
+    fine = [
+        make_failed_import({MESSAGE_ID: f"fine-{n}"}, b"{}", queue="error", reason="no FailedQ")
+        for n in range(2)
+    ]
+    FailedMessageBatchWriter(engine).write(IngestionBatch(failed_imports=[huge, *fine]))
+
+    async def scenario() -> dict[str, object]:
+        async with open_transport(settings) as transport:
+            # On the transport's own loop, as in serve (RabbitMQ's channels belong to it).
+            app = create_app(settings, engine, body_store, transport=transport)
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app),
+                base_url="http://127.0.0.1",
+                timeout=TEST_CLIENT_TIMEOUT,
+            ) as client:
+                answer = await client.post("/api/failed-imports/reimport-all")
+            assert answer.status_code == 202, answer.text
+            await transport.purge(settings.error_queue)
+            result: dict[str, object] = answer.json()
+            return result
+
+    answer = asyncio.run(scenario())
+    assert answer["republished"] == 2 and answer["failed"] == 1
+    assert answer["kept"] == [{"id": huge.id, "reason": answer["kept"][0]["reason"]}]  # type: ignore[index]
+    assert "frame_max" in str(answer["kept"])
+    assert remaining(engine) == {huge.id}
