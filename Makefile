@@ -16,18 +16,21 @@ $(STAMP): pyproject.toml
 # Beside the server: two live site agents (controlroom site demo) call flaky targets, and
 # the demo's endpoints (controlroom demo endpoints) take the messages an operator retries,
 # confirming most and failing some again.
-# Each site has two secrets (controlroom.site.demo.demo_secrets; loopback only): the token
-# central presents to its agent, and the one its agent posts telemetry with.
-DEMO_SITES := [{"id":"north","base_url":"http://127.0.0.1:8091","token":"demo-north-agent-secret","central_token":"demo-north-telemetry-secret"},{"id":"south","base_url":"http://127.0.0.1:8092","token":"demo-south-agent-secret","central_token":"demo-south-telemetry-secret"}]
+# A demo already serving this data directory makes the first command refuse, before it
+# publishes anything. The agents' ports follow CONTROLROOM_PORT (11-13 past it), and
+# central gets them, each site with its two secrets (controlroom.site.demo.demo_secrets;
+# loopback only), from `controlroom site demo --print-sites`.
+DEMO_CENTRAL := http://127.0.0.1:$${CONTROLROOM_PORT:-8080}
 
 # The trap covers INT and TERM too: sh starts background jobs with SIGINT ignored and
 # skips an EXIT trap when SIGINT kills it, so Ctrl+C alone left the site agents running.
 demo: $(STAMP)
-	$(BIN)/controlroom demo --no-next-steps
-	$(BIN)/controlroom site demo --central-url http://127.0.0.1:$${CONTROLROOM_PORT:-8080} & sites=$$!; \
+	$(BIN)/controlroom demo --no-next-steps --refuse-if-serving
+	sites_json=$$($(BIN)/controlroom site demo --print-sites --central-url $(DEMO_CENTRAL)) || exit 1; \
+	$(BIN)/controlroom site demo --central-url $(DEMO_CENTRAL) & sites=$$!; \
 	$(BIN)/controlroom demo endpoints & endpoints=$$!; \
 	trap 'kill $$sites $$endpoints 2>/dev/null' EXIT INT TERM; \
-	CONTROLROOM_SITES='$(DEMO_SITES)' $(BIN)/controlroom serve
+	CONTROLROOM_SITES="$$sites_json" $(BIN)/controlroom serve
 
 serve: $(STAMP)
 	$(BIN)/controlroom serve

@@ -524,7 +524,15 @@ def test_demo_then_serve_lists_what_was_sent(
     assert {item["id"] for item in items} == rows
     assert max(item["number_of_processing_attempts"] for item in items) >= 3
     assert health.status_code == 200
-    assert health.json() == {"database": "ok", "broker": "ok", "details": {"failed_imports": 1}}
+    answer = health.json()
+    intakes = answer["details"].pop("intakes")
+    assert answer == {
+        "database": "ok",
+        "broker": "ok",
+        "intake": "ok",
+        "details": {"failed_imports": 1},
+    }
+    assert set(intakes) == {"error queue intake", "telemetry intake"}
     log = (tmp_path / "serve.log").read_text()
     # docs/decisions.md "serve says what it is doing": said at startup and while it ingests.
     assert f"{base}/docs" in log and f"console {base}/" in log

@@ -6,7 +6,7 @@ so neither the API nor the console imports the other."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 import sqlalchemy as sa
@@ -41,6 +41,7 @@ from controlroom.db.errors import classify_store_error
 from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.exceptions import ErrorKind
 from controlroom.http.auth import token_table
+from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.sitecalls.reconciliation import ReconciliationService
 from controlroom.transport.base import Transport
 from controlroom.validation_answers import install_validation_answer
@@ -63,6 +64,7 @@ def create_app(
     retry_processor: RetryProcessor | None = None,
     reconciliation: ReconciliationService | None = None,
     on_telemetry_written: Callable[[], None] | None = None,
+    intakes: Sequence[IntakeHealth] = (),
 ) -> FastAPI:
     """The HTTP API over a migrated store ``engine`` and its ``body_store``.
 
@@ -73,7 +75,9 @@ def create_app(
     and retry answers 503 without one); ``retry_processor``, when given, is woken as soon
     as a retry request created batches. ``reconciliation`` runs on-demand passes (a
     fresh one, without its schedule, by default). ``on_telemetry_written`` is called
-    after a telemetry request stored a packet (the KPI sampler's cue).
+    after a telemetry request stored a packet (the KPI sampler's cue). ``intakes``: the
+    running intakes' health, which ``GET /api/health`` reports as ``"intake"`` (none:
+    not reported).
     """
     # Authentication covers every route, those added later too (auth.py: open routes).
     # /docs is the console's (Swagger UI from the package, offline); no CDN-based ReDoc.
@@ -92,6 +96,7 @@ def create_app(
     app.state.retry_processor = retry_processor
     app.state.reconciliation = reconciliation or _reconciliation(settings, engine)
     app.state.on_telemetry_written = on_telemetry_written
+    app.state.intakes = list(intakes)
     app.state.health_checks = dict(
         health_checks if health_checks is not None else {"database": health.database_check(engine)}
     )

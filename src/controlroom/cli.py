@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperOption
 
 from controlroom import __version__
 from controlroom.demo_sizes import DEFAULT_COUNT, DEFAULT_FAIL_RATIO, MIN_COUNT
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     import socket
     import tomllib
 
+    import pydantic
     import sqlalchemy as sa
     from rich.progress import Progress
 
@@ -40,6 +42,16 @@ if TYPE_CHECKING:
     from controlroom.server import Serving
     from controlroom.settings_sources import ListenOverrides
     from controlroom.site import SiteService
+
+
+def _flag_type(self: TyperOption, ctx: Any) -> str | None:
+    """No value column for a flag (``--list``, ``--help``): typer's rich help shows a
+    ``<bool>`` there, which reads as a value the flag does not take."""
+    return None if self.is_flag else _value_type(self, ctx)
+
+
+_value_type = TyperOption.display_type_rich
+TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 
 app = typer.Typer(
     name="controlroom",
@@ -71,7 +83,14 @@ def serve(
     config: ConfigOption = None,
 ) -> None:
     """Serve the API and ingest the error and site-call telemetry queues, in one process,
-    until Ctrl+C/SIGTERM."""
+    until Ctrl+C/SIGTERM.
+
+    Settings come from the environment, then the --config file: `CONTROLROOM_HOST` and
+    `CONTROLROOM_PORT` (below --host and --port), `CONTROLROOM_DATA_DIR` (embedded
+    database, queue and bodies), `CONTROLROOM_DATABASE_URL` (PostgreSQL),
+    `CONTROLROOM_BROKER_URL` (RabbitMQ), `CONTROLROOM_ERROR_QUEUE`,
+    `CONTROLROOM_AUTH_TOKENS`, `CONTROLROOM_SITES`, `CONTROLROOM_CONFIG`, and every other
+    setting as `CONTROLROOM_<NAME>`, nested with `__` (README "Configuration")."""
     import asyncio
 
     from controlroom.api.auth import ensure_serving_is_protected
@@ -151,6 +170,14 @@ def demo(
         bool,
         typer.Option(help="End by naming the commands to run next (make demo runs them itself)."),
     ] = True,
+    refuse_if_serving: Annotated[
+        bool,
+        typer.Option(
+            "--refuse-if-serving",
+            help="Publish nothing, exit 1, when a `controlroom serve` runs on this data "
+            "directory (make demo: a demo already running).",
+        ),
+    ] = False,
     config: ConfigOption = None,
 ) -> None:
     """Publish realistic NServiceBus failed messages to the configured error queue, and
@@ -168,6 +195,8 @@ def demo(
     from controlroom.sitecalls.demo import generate_demo_telemetry
 
     settings = _load(config)
+    if refuse_if_serving:
+        _refuse_if_served(settings)
     seed = seed if seed is not None else random.SystemRandom().randrange(1_000_000)
     now = datetime.now(UTC)
     messages = generate_demo_messages(count, seed=seed, now=now)
@@ -192,6 +221,20 @@ def demo(
             "relays to when started with `CONTROLROOM_SITES` set to the JSON it prints. "
             "`make demo` runs all of them."
         )
+
+
+def _refuse_if_served(settings: Settings) -> None:
+    """Exit 1 when a ``serve`` runs on ``settings.data_dir`` (``runtime.serve_lock``)."""
+    from controlroom.runtime.serve_lock import is_served
+
+    if is_served(settings.data_dir):
+        err_console.print(
+            f"[red]error:[/] a controlroom serve is running on {escape(str(settings.data_dir))} "
+            "(another make demo?); nothing published. Stop it first, or give this demo its "
+            "own CONTROLROOM_DATA_DIR and CONTROLROOM_PORT.",
+            highlight=False,
+        )
+        raise typer.Exit(1)
 
 
 def _refuse_options_given(ctx: typer.Context) -> None:
@@ -384,10 +427,25 @@ def _load(config: Path | None, host: str | None = None, port: int | None = None)
     try:
         return load_settings(config, **_listen_overrides(host, port))
     except pydantic.ValidationError as exc:
-        err_console.print(f"[red]error:[/] invalid settings:\n{escape(str(exc))}")
-        raise typer.Exit(2) from exc
+        _refuse_settings(exc, "CONTROLROOM_", config)
     except tomllib.TOMLDecodeError as exc:
         _refuse_toml(config, exc)
+
+
+def _refuse_settings(exc: pydantic.ValidationError, prefix: str, config: Path | None) -> NoReturn:
+    """Exit 2 with one line per invalid setting, naming its environment variable (and the
+    settings file, when one was read); never the value, which may be a secret."""
+    where = f" or in {escape(str(config))}" if config is not None else ""
+    for error in exc.errors():
+        path = [str(part) for part in error["loc"]]
+        names = [part for part in error["loc"] if isinstance(part, str)]
+        variable = prefix + "__".join(names[:2]).upper() if names else prefix + "*"
+        err_console.print(
+            f"[red]error:[/] invalid setting {escape('.'.join(path) or 'settings')} "
+            f"({variable}{where}): {escape(error['msg'])}",
+            highlight=False,
+        )
+    raise typer.Exit(2) from exc
 
 
 def _listen_overrides(host: str | None, port: int | None) -> ListenOverrides:
@@ -607,26 +665,29 @@ def _print_handled(handled: Handled) -> None:
 
 
 async def _reimport(settings: Settings, engine: sa.Engine, ids: list[str]) -> list[ReimportOutcome]:
+    """Re-import ``ids`` with a progress bar; one that cannot go back or fails is reported
+    on its own line and kept, and the rest proceed (``reimport.reimport_many``)."""
     from controlroom.client import open_transport
-    from controlroom.errors.ingest.reimport import ReimportOutcome, reimport_failed_import
+    from controlroom.errors.ingest.reimport import reimport_many
 
-    outcomes = []
     async with open_transport(settings) as transport:
         # One named import (--id) gets its answer, not a bar of one.
         with _progress(disable=len(ids) == 1) as progress:
             task = progress.add_task("Re-importing failed imports", total=len(ids))
-            for failed_import_id in ids:
-                outcome = await reimport_failed_import(
-                    engine, transport, failed_import_id, error_queue=settings.error_queue
+            report = await reimport_many(
+                engine,
+                transport,
+                ids,
+                error_queue=settings.error_queue,
+                by="controlroom import-failed",
+                on_each=lambda _id, _outcome: progress.advance(task),
+            )
+            for failed_import_id, reason in report.kept:
+                progress.console.print(
+                    f"[yellow]kept[/] {escape(failed_import_id)}: {escape(reason)}",
+                    highlight=False,
                 )
-                if outcome is ReimportOutcome.UNREADABLE:
-                    progress.console.print(
-                        f"[yellow]kept[/] {failed_import_id}: its stored headers are not "
-                        "a JSON object of strings, so it cannot be queued again"
-                    )
-                outcomes.append(outcome)
-                progress.advance(task)
-    return outcomes
+    return report.outcomes
 
 
 def _print_failed_imports(engine: sa.Engine) -> None:
@@ -640,7 +701,8 @@ def _print_failed_imports(engine: sa.Engine) -> None:
         return
     for item in page.items:
         console.print(
-            f"{item.id}  {item.failed_at.isoformat()}  {escape(item.queue)}  {escape(item.reason)}",
+            f"{escape(item.id)}  {item.failed_at.isoformat()}  {escape(item.queue)}  "
+            f"{escape(item.reason)}",
             markup=True,
             highlight=False,
         )
@@ -652,7 +714,8 @@ def _print_failed_imports(engine: sa.Engine) -> None:
 def _report_reimport(
     settings: Settings, requested_id: str | None, outcomes: list[ReimportOutcome]
 ) -> None:
-    """Summarise; exit 1 when the requested import does not exist or one was unreadable."""
+    """Summarise; exit 1 when the requested import does not exist or one was kept
+    (unreadable, or its publish failed)."""
     from controlroom.errors.ingest.reimport import ReimportOutcome
 
     if requested_id is not None and outcomes == [ReimportOutcome.GONE]:
@@ -666,7 +729,7 @@ def _report_reimport(
         f"failed imports to queue [bold]{settings.error_queue}[/]. `controlroom serve` "
         "ingests them again; one whose cause is not fixed comes back as a failed import."
     )
-    if ReimportOutcome.UNREADABLE in outcomes:
+    if ReimportOutcome.UNREADABLE in outcomes or ReimportOutcome.FAILED in outcomes:
         raise typer.Exit(1)
 
 
@@ -707,8 +770,7 @@ def site_serve(
     try:
         settings = load_site_settings(config, **_listen_overrides(host, port))
     except pydantic.ValidationError as exc:
-        err_console.print(f"[red]error:[/] invalid settings:\n{escape(str(exc))}")
-        raise typer.Exit(2) from exc
+        _refuse_settings(exc, "CONTROLROOM_SITE_", config)
     except tomllib.TOMLDecodeError as exc:
         _refuse_toml(config, exc)
     try:
@@ -720,7 +782,7 @@ def site_serve(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     with _exit_on_failure():
-        listener = listen(settings.host, settings.port)
+        listener = listen(settings.host, settings.port, chosen_by="--port or CONTROLROOM_SITE_PORT")
         try:
             agent = SiteAgent(settings)
         except ControlroomError:
@@ -759,23 +821,38 @@ def site_demo(
     every: Annotated[
         float, typer.Option(help="Seconds between two calls of one agent (about).", min=0.1)
     ] = 3.0,
+    print_sites: Annotated[
+        bool,
+        typer.Option(
+            "--print-sites",
+            help="Print only the JSON of CONTROLROOM_SITES central needs for these agents, "
+            "and exit (make demo passes it to serve).",
+        ),
+    ] = False,
 ) -> None:
     """Two local site agents (north, south) making live cached calls to flaky HTTP
     targets (one recovers, one parks until an operator retries it, one answers 400),
-    until Ctrl+C. Central needs them as sites: see `make demo`."""
+    until Ctrl+C. Their ports follow central's: 11, 12 and 13 past the port of
+    --central-url (8091-8093 for 8080). Central needs them as sites: see `make demo`."""
     import asyncio
     import json
 
-    from controlroom.site.demo import demo_sites, run_site_demo
+    from controlroom.site.demo import central_port_of, demo_ports, demo_sites, run_site_demo
 
+    central_port = central_port_of(central_url)
+    sites = json.dumps(demo_sites(central_port=central_port), separators=(",", ":"))
+    if print_sites:
+        typer.echo(sites)  # bare, for a shell to capture
+        return
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    north, south, targets = demo_ports(central_port)
     console.print(
-        "Site agents north and south are calling flaky targets; telemetry goes to "
-        f"{escape(central_url)}. Central reconciles and relays with\n"
-        f"  CONTROLROOM_SITES='{json.dumps(demo_sites(), separators=(',', ':'))}'\n"
-        "Press Ctrl+C to stop."
+        f"Site agents north (port {north}) and south (port {south}) are calling flaky "
+        f"targets (port {targets}); telemetry goes to {escape(central_url)}. Central "
+        f"reconciles and relays with\n  CONTROLROOM_SITES='{sites}'\nPress Ctrl+C to stop.",
+        highlight=False,
     )
     with _exit_on_failure(), contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_site_demo(data_dir, central_url, every=every))

@@ -46,6 +46,14 @@ class IngestionSettings(BaseModel):
     report_interval_seconds: float = Field(
         10.0, gt=0, description="How often serve logs what ingestion did, while it has work."
     )
+    stall_seconds: float = Field(
+        300.0,
+        gt=0,
+        description=(
+            "Health reports an intake degraded when its queue has held messages this long "
+            "without a batch stored."
+        ),
+    )
 
     @property
     def effective_prefetch(self) -> int:
@@ -227,7 +235,7 @@ class Settings(EnvThenTomlSettings):
     error_queue: str = "error"
     telemetry_queue: str = "site-call-telemetry"
     host: str = "127.0.0.1"
-    port: int = 8080
+    port: int = Field(8080, ge=0, le=65535, description="0: any free port.")
     max_body_size_to_store: int = Field(102_400, ge=0)
     error_retention_period: timedelta = timedelta(days=15)
     event_log_retention_period: timedelta = Field(

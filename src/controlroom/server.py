@@ -45,6 +45,7 @@ from controlroom.errors.ingest.search_backfill import write_missing_search_terms
 from controlroom.errors.retention import RetentionSweeper
 from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.exceptions import ControlroomError
+from controlroom.runtime.serve_lock import serving
 from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.history import KpiSampler
 from controlroom.sitecalls.intake import TelemetryIngestionService
@@ -91,7 +92,11 @@ async def run(
     on its own (the module docstring).
     """
     own_listener = listener is None
-    listener = listener if listener is not None else listen(settings.host, settings.port)
+    listener = (
+        listener
+        if listener is not None
+        else listen(settings.host, settings.port, chosen_by="--port or CONTROLROOM_PORT")
+    )
     try:
         engine = create_store_engine(settings.effective_database_url)
         try:
@@ -101,8 +106,9 @@ async def run(
             transport = create_transport(settings)
             await transport.start()
             try:
-                service = _Service(settings, engine, transport, listener)
-                await service.run(stop or asyncio.Event(), on_serving)
+                with serving(settings.data_dir):  # make demo refuses to publish meanwhile
+                    service = _Service(settings, engine, transport, listener)
+                    await service.run(stop or asyncio.Event(), on_serving)
             finally:
                 await transport.close()
         finally:
@@ -164,6 +170,14 @@ class _Service:
         retry_processor = RetryProcessor(settings, engine, transport, body_store)
         reconciliation = ReconciliationService(settings, engine, owner=str(uuid.uuid4()))
         sampler = KpiSampler(engine, settings)
+        self._intakes: dict[str, IngestionService | TelemetryIngestionService] = {}
+        if settings.ingest_on_serve:
+            self._intakes = {
+                "ingestion": IngestionService(settings, engine, transport, body_store),
+                "telemetry ingestion": TelemetryIngestionService(
+                    settings, engine, transport, on_written=sampler.intake_written
+                ),
+            }
         api = create_app(
             settings,
             engine,
@@ -173,6 +187,7 @@ class _Service:
             retry_processor=retry_processor,
             reconciliation=reconciliation,
             on_telemetry_written=sampler.intake_written,
+            intakes=[intake.health for intake in self._intakes.values()],
         )
         # The Host check needs the bound address, which only the server knows (api/guard.py):
         # the socket's port, which differs from settings.port when that is 0 or the caller
@@ -184,14 +199,6 @@ class _Service:
             allowed_hosts=settings.allowed_hosts,
         )
         self._http = _Server(uvicorn.Config(guarded, lifespan="off", log_level="info"))
-        self._intakes: dict[str, IngestionService | TelemetryIngestionService] = {}
-        if settings.ingest_on_serve:
-            self._intakes = {
-                "ingestion": IngestionService(settings, engine, transport, body_store),
-                "telemetry ingestion": TelemetryIngestionService(
-                    settings, engine, transport, on_written=sampler.intake_written
-                ),
-            }
         sweeper = RetentionSweeper(
             engine,
             body_store,

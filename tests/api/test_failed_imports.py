@@ -57,7 +57,13 @@ def test_list_reimport_one_and_all(
                     gone = client.post(f"/api/failed-imports/{first['id']}/reimport")
                     assert gone.status_code == 404
                     rest = client.post("/api/failed-imports/reimport-all")
-                    assert rest.json() == {"republished": 2, "unreadable": 0, "gone": 0}
+                    assert rest.json() == {
+                        "republished": 2,
+                        "unreadable": 0,
+                        "gone": 0,
+                        "failed": 0,
+                        "kept": [],
+                    }
                     assert client.get("/api/failed-imports").headers["Total-Count"] == "0"
 
             await asyncio.to_thread(calls)

@@ -33,14 +33,17 @@ def test_the_demo_sites_entries_are_valid_central_settings() -> None:
 def test_every_connection_the_demo_accepts_has_tcp_nodelay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The demo's fixed ports, moved to free ones (probed, as for a child process).
+    # Free ports (probed, as for a child process) instead of those past central's.
     targets, north, south, central = (free_port() for _ in range(4))
-    monkeypatch.setattr(demo, "TARGETS_PORT", targets)
-    monkeypatch.setattr(demo, "DEMO_SITES", (("north", north), ("south", south)))
 
     async def main() -> list[bool]:
         running = asyncio.create_task(
-            demo.run_site_demo(tmp_path, f"http://127.0.0.1:{central}", every=60.0)
+            demo.run_site_demo(
+                tmp_path,
+                f"http://127.0.0.1:{central}",
+                every=60.0,
+                ports=(north, south, targets),
+            )
         )
         try:
             async with asyncio.timeout(60):
@@ -75,12 +78,9 @@ def _accepts(port: int) -> bool:
 def test_make_demo_configures_central_with_the_demo_agents_secrets() -> None:
     """`make demo` gives serve the sites `controlroom site demo` runs, secrets included:
     otherwise central refuses the agents' telemetry and the agents central's pulls."""
-    import json
     from pathlib import Path
 
-    makefile = Path(__file__).parents[2] / "Makefile"
-    line = next(
-        line for line in makefile.read_text().splitlines() if line.startswith("DEMO_SITES :=")
-    )
-    assert json.loads(line.partition(":=")[2]) == demo_sites()
+    makefile = (Path(__file__).parents[2] / "Makefile").read_text()
+    assert "site demo --print-sites --central-url $(DEMO_CENTRAL)" in makefile
+    assert 'CONTROLROOM_SITES="$$sites_json" $(BIN)/controlroom serve' in makefile
     assert all(site["token"] and site["central_token"] for site in demo_sites())

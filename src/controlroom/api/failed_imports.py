@@ -4,20 +4,19 @@ over the API").
 
 - ``GET /api/failed-imports``: newest first, paged like ``/api/errors`` (``Total-Count``,
   ``ETag``, ``Link``); each item has ``id``, ``queue``, ``reason``, ``failed_at`` (UTC),
-  ``headers`` (as kept: an object of strings, or the raw text when it is not one) and
-  ``body_size`` (bytes).
+  ``headers`` (as kept: an object of strings, or the raw text when it is not one; bytes
+  that were not UTF-8 written as ``\\xNN``) and ``body_size`` (bytes).
 - ``POST /api/failed-imports/{id}/reimport``: put it back on the error queue (202
   ``{"outcome": "republished"}``); 404 when there is none, 422 when its headers cannot go
-  back on a queue, 503 when this process has no transport.
-- ``POST /api/failed-imports/reimport-all``: every one (202 with the counts).
+  back on a queue (not an object of UTF-8 texts), 503 when this process has no transport.
+- ``POST /api/failed-imports/reimport-all``: every one (202 with the counts, and
+  ``kept``: ``[{"id", "reason"}]`` of those not re-imported); one that cannot go back or
+  whose publish fails is kept and reported, the rest proceed.
 
 Re-importing needs role ``operator`` (every state-changing route does; ``auth.py``).
 """
 
 from __future__ import annotations
-
-import json
-from typing import Any
 
 import sqlalchemy as sa
 from fastapi import APIRouter, HTTPException, Path, Request, Response
@@ -38,7 +37,7 @@ class FailedImportView(BaseModel):
     queue: str
     reason: str
     failed_at: UtcTimestamp
-    headers: dict[str, Any] | str
+    headers: dict[str, str | None] | str
     body_size: int
 
 
@@ -46,10 +45,17 @@ class ReimportAnswer(BaseModel):
     outcome: str
 
 
+class KeptImport(BaseModel):
+    id: str
+    reason: str
+
+
 class ReimportAllAnswer(BaseModel):
     republished: int
     unreadable: int
     gone: int
+    failed: int
+    kept: list[KeptImport]
 
 
 _LIST_ADAPTER = TypeAdapter(list[FailedImportView])
@@ -66,7 +72,7 @@ def list_failed_imports(request: Request, page: PagingParams) -> Response:
             queue=item.queue,
             reason=item.reason,
             failed_at=item.failed_at,
-            headers=_headers(item.headers_json),
+            headers=item.headers,
             body_size=item.body_size,
         )
         for item in result.items
@@ -104,13 +110,19 @@ async def reimport_one(
 )
 async def reimport_all(request: Request) -> ReimportAllAnswer:
     """Put every failed import back on the error queue."""
-    _transport(request)
-    ids = reimport.list_failed_import_ids(_engine(request))
-    outcomes = [await _reimport(request, failed_import_id) for failed_import_id in ids]
+    report = await reimport.reimport_many(
+        _engine(request),
+        _transport(request),
+        reimport.list_failed_import_ids(_engine(request)),
+        error_queue=request.app.state.settings.error_queue,
+        by=current_principal(request).name,
+    )
     return ReimportAllAnswer(
-        republished=outcomes.count(ReimportOutcome.REPUBLISHED),
-        unreadable=outcomes.count(ReimportOutcome.UNREADABLE),
-        gone=outcomes.count(ReimportOutcome.GONE),
+        republished=report.count(ReimportOutcome.REPUBLISHED),
+        unreadable=report.count(ReimportOutcome.UNREADABLE),
+        gone=report.count(ReimportOutcome.GONE),
+        failed=report.count(ReimportOutcome.FAILED),
+        kept=[KeptImport(id=i, reason=reason) for i, reason in report.kept],
     )
 
 
@@ -122,14 +134,6 @@ async def _reimport(request: Request, failed_import_id: str) -> ReimportOutcome:
         error_queue=request.app.state.settings.error_queue,
         by=current_principal(request).name,
     )
-
-
-def _headers(headers_json: str) -> dict[str, Any] | str:
-    try:
-        value = json.loads(headers_json)
-    except ValueError:
-        return headers_json
-    return value if isinstance(value, dict) else headers_json
 
 
 def _transport(request: Request) -> Transport:

@@ -14,13 +14,22 @@ lag (seconds since its last successful pass). What is wrong with a site (pinned,
 unreachable, lagging more than twice ``reconciliation.interval``) is listed in
 ``warnings``: a warning, not a failure, so the status stays 200 (the process itself is
 healthy; ``sitecalls.reconciliation`` ``site_warnings``).
+
+When the process ingests (``serve`` with ``ingest_on_serve``), ``intake`` says whether its
+intakes store what their queues hold (``runtime.intake_health``): ``"ok"``, or
+``"degraded: <reasons>"`` while an intake's writes fail (a full disk or body store, a
+read-only database) or its queue has held messages for ``ingestion.stall_seconds``
+without a batch stored; ``details.intakes`` has each one's figures. A degraded intake
+answers 503, as a failing part does: the service is not doing its work, although it loses
+nothing (the messages stay unacknowledged in the queue), and a supervisor that restarts
+on 503 restarts it harmlessly (docs/design.md "Operational contract").
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,6 +40,7 @@ from starlette.concurrency import run_in_threadpool
 
 from controlroom.config import Settings
 from controlroom.errors.ingest.reimport import count_failed_imports
+from controlroom.runtime.intake_health import IntakeHealth, IntakeState
 from controlroom.sitecalls.reconciliation import reconciliation_lag, site_states, site_warnings
 
 log = logging.getLogger(__name__)
@@ -89,15 +99,52 @@ async def get_health(request: Request) -> JSONResponse:
     every part is healthy, else 503 with the same object, the failing parts' values
     reading ``"failing: <exception type>"``. With sites configured, ``details.sites``
     (``{site: {"reachable": bool | None, "pinned": bool, "reconciliation_lag_seconds":
-    float | None}}``) and, when something is wrong with one, ``warnings`` (sentences)."""
+    float | None}}``) and, when something is wrong with one, ``warnings`` (sentences).
+    While ingesting, ``intake``: ``"ok"`` or ``"degraded: <reasons>"`` (then 503), and
+    ``details.intakes`` (``{intake: {"queue": str, "waiting_messages": int | None,
+    "last_stored_at": ISO 8601 UTC | None, "write_failures": int}}``)."""
     states = await check_health(request.app.state.health_checks)
     healthy = all(state == OK for state in states.values())
     answer: dict[str, object] = dict(states)
     details, warnings = await _details(request.app.state.engine, request.app.state.settings)
+    intakes: list[IntakeHealth] = request.app.state.intakes
+    if intakes:
+        found = await intake_states(intakes, request.app.state.transport)
+        reasons = [state.reason for state in found if state.reason is not None]
+        answer["intake"] = f"degraded: {'; '.join(reasons)}" if reasons else OK
+        healthy = healthy and not reasons
+        details["intakes"] = {state.name: _intake_details(state) for state in found}
     answer["details"] = details
     if warnings:
         answer["warnings"] = warnings
     return JSONResponse(answer, status_code=200 if healthy else 503)
+
+
+async def intake_states(intakes: Sequence[IntakeHealth], transport: Any) -> list[IntakeState]:
+    """Each intake's state, after telling it its queue's depth now (a queue that cannot
+    answer within ``CHECK_TIMEOUT_SECONDS`` keeps the depth last seen)."""
+    for intake in intakes:
+        if transport is None:
+            break
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):
+                depth = await transport.queue_depth(intake.queue)
+        except Exception as exc:  # the broker check says why
+            log.warning("cannot read the depth of %s: %s", intake.queue, exc)
+            continue
+        intake.observed_depth(depth.messages)
+    return [intake.state() for intake in intakes]
+
+
+def _intake_details(state: IntakeState) -> dict[str, Any]:
+    return {
+        "queue": state.queue,
+        "waiting_messages": state.waiting,
+        "last_stored_at": None
+        if state.last_stored_at is None
+        else state.last_stored_at.isoformat(),
+        "write_failures": state.write_failures,
+    }
 
 
 async def _details(engine: sa.Engine, settings: Settings) -> tuple[dict[str, Any], list[str]]:

@@ -18,6 +18,9 @@ before any pass) and ``controlroom_site_reconciliation_lag_seconds`` (since its 
 successful pass; absent before one), and per source site every KPI of
 ``sitecalls/kpis.py`` as ``controlroom_sitecalls_<kpi>`` (sum the counts, take the max of
 the age, for the global figure). A database that cannot be read leaves them out.
+The intakes' gauges (``runtime.intake_health``: ``controlroom_intake_degraded``,
+``..._write_failures``, ``..._last_stored_timestamp_seconds``, by intake) are brought up to
+date at each scrape.
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ def get_metrics(request: Request) -> Response:
     """Every metric of this process, then the site-call gauges, in the Prometheus text
     format."""
     state = request.app.state
+    for intake in state.intakes:
+        intake.state()  # its gauges as of now: a stall is a matter of time passing
     try:
         site_calls = generate_latest(site_call_gauges(state.engine, state.settings))
     except Exception:  # the health endpoint says why; the process's metrics still serve

@@ -22,12 +22,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Body, HTTPException, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, PlainSerializer
 
 from controlroom.api.auth import current_principal, refuse_foreign_packets
 from controlroom.config import Settings
+from controlroom.http.bodies import packet_download
 from controlroom.sitecalls import queries
 from controlroom.sitecalls.history import Scope, read_series
 from controlroom.sitecalls.intake import make_writer, receive_json
@@ -113,7 +114,13 @@ class RejectedPacketView(BaseModel):
     id: str
     source: str
     packet: str
-    """The packet as received (UTF-8; undecodable bytes shown as U+FFFD)."""
+    """The packet's first ``PACKET_PREVIEW_BYTES`` bytes as received (UTF-8; undecodable
+    bytes, a character cut at the end too, shown as U+FFFD)."""
+    packet_size: int
+    """Bytes of the whole packet."""
+    packet_truncated: bool
+    """Whether ``packet`` is only its beginning; ``packet_url`` serves it whole."""
+    packet_url: str
     reason: str
     rejected_at_utc: Time
 
@@ -328,9 +335,35 @@ def list_rejected(request: Request, limit: Limit = 50, after: After = None) -> d
     except queries.BadCursor as exc:
         raise _bad_cursor(exc) from None
     items = [
-        {**row._asdict(), "packet": row.packet.decode("utf-8", "replace")} for row in page.rows
+        {
+            **row._asdict(),
+            "packet": bytes(row.packet).decode("utf-8", "replace"),
+            "packet_truncated": row.packet_size > len(row.packet),
+            "packet_url": f"/api/site-calls/rejected/{row.id}/packet",
+        }
+        for row in page.rows
     ]
     return {"items": items, "next_cursor": page.next_cursor}
+
+
+@router.get(
+    "/site-calls/rejected/{id}/packet",
+    response_class=Response,
+    responses={
+        200: {"content": {"application/octet-stream": {}}},
+        404: {"description": "No rejected packet has this id."},
+    },
+)
+def download_rejected_packet(
+    request: Request, rejected_id: Annotated[uuid.UUID, Path(alias="id")]
+) -> Response:
+    """The whole rejected packet as received, as a download (``attachment``; octet-stream,
+    so a browser never renders it)."""
+    with _engine(request).connect() as conn:
+        packet = queries.rejected_packet(conn, str(rejected_id))
+    if packet is None:
+        raise HTTPException(404, f"no rejected packet with id {rejected_id}")
+    return packet_download(packet, str(rejected_id))
 
 
 @router.post(

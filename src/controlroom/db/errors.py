@@ -57,6 +57,26 @@ def name_driver_refusals(context: sa.engine.ExceptionContext) -> BaseException |
     return None
 
 
+def name_failure(exc: BaseException) -> str:
+    """What failed, in one line safe for an open route: the exception's type, then each
+    cause's (``BodyStoreError <- NotADirectoryError (Not a directory)``), with an OS
+    error's text (never its file name) and a driver error's code
+    (``OperationalError <- OperationalError [SQLITE_READONLY]``). Never a message's data,
+    a statement, a host or a path."""
+    names: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(names) < 4:
+        name = type(seen).__name__
+        if isinstance(seen, OSError) and seen.strerror:
+            name += f" ({seen.strerror})"
+        code = next((c for p in loaded_providers() if (c := p.error_code(seen)) is not None), None)
+        if code:
+            name += f" [{code}]"
+        names.append(name)
+        seen = seen.__cause__
+    return " <- ".join(names)
+
+
 def is_transient(exc: BaseException) -> bool:
     """True when the whole operation should be retried (tenacity predicate)."""
     return classify_store_error(exc) is ErrorKind.TRANSIENT

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from fastapi import HTTPException
+from fastapi import HTTPException, Response
 
 from controlroom.errors.ingest.bodies import BodyNotFoundError, BodyStore
 from controlroom.errors.read.messages import StoredBody
@@ -58,3 +58,14 @@ def read_body_bytes(store: BodyStore, stored: StoredBody, message_id: object) ->
     if stored.text is None:
         raise HTTPException(404, f"failed message {message_id} has no body")
     return stored.text.encode("utf-8")
+
+
+def packet_download(packet: bytes, rejected_id: str) -> Response:
+    """A rejected telemetry packet (``rejected_id``: its UUID) as a download: its exact
+    bytes as ``application/octet-stream``, never sniffed nor rendered, saved as
+    ``rejected-<id>.json``."""
+    headers = {
+        **_BODY_SAFETY_HEADERS,
+        "content-disposition": f'attachment; filename="rejected-{rejected_id}.json"',
+    }
+    return Response(packet, media_type="application/octet-stream", headers=headers)

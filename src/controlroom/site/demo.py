@@ -12,6 +12,8 @@ to central:
 
 Central must list the agents as sites (``demo_sites`` gives the entries, with each
 site's two secrets) to take their telemetry, reconcile them and relay Retry/Discard.
+Their ports follow central's (``demo_ports``: 11, 12 and 13 past it, so 8091-8093 beside
+8080), so a second demo beside a first on another central port takes other ports too.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import random
 import uuid
 from collections import Counter
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -35,8 +38,9 @@ from controlroom.site.service import SiteService, make_server
 
 log = logging.getLogger(__name__)
 
-DEMO_SITES = (("north", 8091), ("south", 8092))
-TARGETS_PORT = 8093
+SITE_NAMES = ("north", "south")
+DEFAULT_CENTRAL_PORT = 8080
+_PAST_CENTRAL = (11, 12, 13)  # north, south, the targets
 MAX_RETRIES = 3
 SCENARIOS = ("recovers", "recovers", "maintenance", "rejects")
 
@@ -48,10 +52,32 @@ def demo_secrets(site: str) -> tuple[str, str]:
     return f"demo-{site}-agent-secret", f"demo-{site}-telemetry-secret"
 
 
-def demo_sites(host: str = "127.0.0.1") -> list[dict[str, str]]:
-    """The ``sites`` entries central needs for the demo agents."""
+def demo_ports(central_port: int) -> tuple[int, int, int]:
+    """The ports of the north agent, the south agent and the targets for a central on
+    ``central_port``: 11, 12 and 13 past it (8091-8093 for 8080); 13, 12 and 11 below it
+    when that would pass 65535; those of 8080 for a central below 1024 or on port 0 (any
+    free one), where ports past it would need privileges."""
+    if central_port < 1024:
+        central_port = DEFAULT_CENTRAL_PORT
+    if central_port + max(_PAST_CENTRAL) <= 65535:
+        north, south, targets = (central_port + offset for offset in _PAST_CENTRAL)
+    else:
+        north, south, targets = (central_port - offset for offset in reversed(_PAST_CENTRAL))
+    return north, south, targets
+
+
+def central_port_of(central_url: str) -> int:
+    """The port of ``central_url`` (80 or 443 by its scheme when it names none)."""
+    parts = urlsplit(central_url)
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def demo_sites(
+    host: str = "127.0.0.1", *, central_port: int = DEFAULT_CENTRAL_PORT
+) -> list[dict[str, str]]:
+    """The ``sites`` entries central on ``central_port`` needs for the demo agents."""
     entries = []
-    for site, port in DEMO_SITES:
+    for site, port in zip(SITE_NAMES, demo_ports(central_port)[:2], strict=True):
         token, central_token = demo_secrets(site)
         entries.append(
             {
@@ -91,19 +117,28 @@ async def _make_calls(agent: SiteAgent, targets_url: str, every: float, rng: ran
         await asyncio.sleep(every * rng.uniform(0.5, 1.5))
 
 
-async def run_site_demo(data_dir: Path, central_url: str, *, every: float = 3.0) -> None:
+async def run_site_demo(
+    data_dir: Path,
+    central_url: str,
+    *,
+    every: float = 3.0,
+    ports: tuple[int, int, int] | None = None,
+) -> None:
     """Serve the targets and the two agents, making a call per agent about every
-    ``every`` seconds, until cancelled. Raises ``ConfigurationError`` naming the address
-    when a port is taken."""
-    listeners = [listen("127.0.0.1", TARGETS_PORT)]
-    targets_url = f"http://127.0.0.1:{TARGETS_PORT}"
+    ``every`` seconds, until cancelled. ``ports`` (north, south, targets): by default
+    ``demo_ports`` of ``central_url``'s port. Raises ``ConfigurationError`` naming the
+    address when a port is taken."""
+    north, south, targets_port = ports or demo_ports(central_port_of(central_url))
+    taken_hint = "another CONTROLROOM_PORT for central (the agents take 11-13 past it)"
+    listeners = [listen("127.0.0.1", targets_port, chosen_by=taken_hint)]
+    targets_url = f"http://127.0.0.1:{targets_port}"
     targets = make_server(flaky_targets())
     tasks = [asyncio.create_task(targets.serve(sockets=listeners[:1]))]
     agents = []
     rng = random.Random()
     try:
-        for site, port in DEMO_SITES:
-            listener = listen("127.0.0.1", port)
+        for site, port in zip(SITE_NAMES, (north, south), strict=True):
+            listener = listen("127.0.0.1", port, chosen_by=taken_hint)
             listeners.append(listener)
             token, central_token = demo_secrets(site)
             agent = SiteAgent(

@@ -26,6 +26,8 @@ import tenacity
 
 from controlroom.config import Settings
 from controlroom.db.engine import retry_transient
+from controlroom.db.errors import name_failure
+from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.sitecalls.writer import IngestBudgetExceeded, ReceivedPacket, SiteCallWriter
 from controlroom.telemetry.contract import (
     TelemetryRejected,
@@ -46,8 +48,17 @@ def _unreadable(error: Exception) -> str:
     return f"the packet could not be validated: {type(error).__name__}: {error}"
 
 
-def receive_bytes(body: bytes, source: str) -> ReceivedPacket:
-    """A packet as received from a queue: parsed, or with the contract's reason."""
+def receive_bytes(body: bytes, source: str, *, max_bytes: int | None = None) -> ReceivedPacket:
+    """A packet as received from a queue: parsed, or with the contract's reason. A body
+    of more than ``max_bytes`` (the queue path passes ``max_request_body_size``, what an
+    HTTP request may hold) is refused unparsed, with its size as the reason (kept whole,
+    as every rejected packet)."""
+    if max_bytes is not None and len(body) > max_bytes:
+        reason = (
+            f"the packet is {len(body)} bytes, more than the {max_bytes} a packet may have "
+            "(max_request_body_size)"
+        )
+        return ReceivedPacket(raw=body, source=source, rejected_because=reason)
     try:
         return ReceivedPacket(raw=body, source=source, packet=parse_packet(body))
     except TelemetryRejected as rejected:
@@ -116,6 +127,11 @@ class TelemetryIngestionService:
         self._transport = transport
         self._stopping = threading.Event()
         self._writer = make_writer(settings, engine, self._stopping, on_written=on_written)
+        self.health = IntakeHealth(
+            "telemetry intake",
+            settings.telemetry_queue,
+            stall_seconds=settings.ingestion.stall_seconds,
+        )
         self._run_task: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
@@ -142,7 +158,11 @@ class TelemetryIngestionService:
         # Every delivery ends acknowledged after the commit, or given back: an exception
         # escaping this task would strand the batch unacknowledged and stall the intake.
         try:
-            received = [receive_bytes(delivery.body, delivery.queue) for delivery in deliveries]
+            limit = self._settings.max_request_body_size
+            received = [
+                receive_bytes(delivery.body, delivery.queue, max_bytes=limit)
+                for delivery in deliveries
+            ]
             reasons = await asyncio.to_thread(self._writer.write, received)
         except IngestBudgetExceeded as stopped:
             await self._settle_in_part(deliveries, stopped)
@@ -150,14 +170,16 @@ class TelemetryIngestionService:
         except asyncio.CancelledError:
             await reject_all(deliveries)
             raise
-        except Exception:
+        except Exception as exc:
             if not self._stopping.is_set():
+                self.health.failed(name_failure(exc))
                 log.exception(
                     "telemetry batch of %d not written; returned to the queue", len(deliveries)
                 )
                 await asyncio.sleep(self._settings.ingestion.max_backoff_seconds)
             await reject_all(deliveries)
             return
+        self.health.stored()
         await ack_all(deliveries)
         _log_rejections(reasons)
 

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.sql.elements import KeyedColumnElement
 
 from controlroom.db.tables import audit_log, rejected_telemetry, site_calls
 from controlroom.exceptions import ControlroomError
@@ -75,9 +76,9 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 def _page(
     conn: sa.Connection,
-    table: sa.Table,
-    instant: sa.Column[Any],
-    key: sa.Column[Any],
+    table: sa.FromClause,
+    instant: KeyedColumnElement[Any],
+    key: KeyedColumnElement[Any],
     conditions: Sequence[sa.ColumnElement[bool]],
     *,
     limit: int,
@@ -95,7 +96,7 @@ def _page(
     cursor = None
     if more and rows:
         last = rows[-1]
-        cursor = encode_cursor(getattr(last, instant.name), getattr(last, key.name))
+        cursor = encode_cursor(getattr(last, instant.key), getattr(last, key.key))
     return Page(rows, cursor)
 
 
@@ -202,9 +203,34 @@ def list_audit_events(
     )
 
 
+PACKET_PREVIEW_BYTES = 2048
+"""Bytes of a rejected packet a list shows; the whole packet is ``rejected_packet``'s."""
+
+
 def list_rejected_telemetry(conn: sa.Connection, *, limit: int, after: str | None) -> Page:
-    """Rejected packets newest first. Raises ``BadCursor``."""
-    return _page(conn, rejected_telemetry, rt.rejected_at_utc, rt.id, [], limit=limit, after=after)
+    """Rejected packets newest first, each with ``id``, ``source``, ``reason``,
+    ``rejected_at_utc``, ``packet`` (its first ``PACKET_PREVIEW_BYTES`` bytes: a packet may
+    be megabytes) and ``packet_size`` (bytes). Raises ``BadCursor``."""
+    preview = sa.select(
+        rt.id,
+        rt.source,
+        rt.reason,
+        rt.rejected_at_utc,
+        sa.func.substr(rt.packet, 1, PACKET_PREVIEW_BYTES, type_=sa.LargeBinary).label("packet"),
+        sa.func.length(rt.packet).label("packet_size"),
+    ).subquery("rejected_preview")
+    return _page(
+        conn, preview, preview.c.rejected_at_utc, preview.c.id, [], limit=limit, after=after
+    )
+
+
+def rejected_packet(conn: sa.Connection, rejected_id: str) -> bytes | None:
+    """The whole packet kept as rejected telemetry ``rejected_id``, as received; ``None``
+    without one."""
+    packet: bytes | None = conn.execute(
+        sa.select(rt.packet).where(rt.id == rejected_id)
+    ).scalar_one_or_none()
+    return None if packet is None else bytes(packet)
 
 
 def rejected_reason(conn: sa.Connection, rejected_id: str) -> str | None:

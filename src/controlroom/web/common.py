@@ -16,6 +16,7 @@ from fastapi.templating import Jinja2Templates
 
 from controlroom import __version__
 from controlroom.http.auth import ANONYMOUS, ROLE_RANK
+from controlroom.runtime.wire_text import escape_wire_text
 from controlroom.web import filters
 from controlroom.web.assets import StaticAssets
 from controlroom.web.flash import Flash, clear_flash, read_flash, set_flash
@@ -30,9 +31,22 @@ from controlroom.web.session import (
 )
 
 WEB_DIR: Final = Path(__file__).parent
+
+
+def _printable(value: Any) -> Any:
+    """Every text a page prints with the bytes that were not UTF-8 escaped (``\\xff``):
+    a lone surrogate from the wire would fail the whole page's encoding
+    (docs/decisions.md "Headers that are not UTF-8 make a failed import")."""
+    return escape_wire_text(value) if type(value) is str else value
+
+
 # Autoescape everything: every value from a message is text, never markup.
 templates = Jinja2Templates(
-    env=jinja2.Environment(loader=jinja2.FileSystemLoader(WEB_DIR / "templates"), autoescape=True)
+    env=jinja2.Environment(
+        loader=jinja2.FileSystemLoader(WEB_DIR / "templates"),
+        autoescape=True,
+        finalize=_printable,
+    )
 )
 filters.install(templates.env)
 # Hashed once at start: templates name static files by {{ static_url('console.css') }}.

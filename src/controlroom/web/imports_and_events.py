@@ -10,7 +10,6 @@ here. Headers, reasons and descriptions are rendered as text.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Annotated, Any
 
@@ -47,10 +46,12 @@ EXTRA_NAV.extend([("Failed imports", "/failed-imports"), ("Event log", "/event-l
 _NOTICES = {
     "republished": "Re-imported: the message is back on the error queue, to be ingested again.",
     "unreadable": "Not re-imported: its headers cannot go back on a queue.",
+    "failed": "Not re-imported: the error queue or the store failed (see the log); it is kept.",
     "gone": "Not re-imported: that failed import no longer exists.",
-    "all": "Re-imported {republished}; {unreadable} could not go back on a queue; {gone} "
-    "were gone.",
+    "all": "Re-imported {republished}; {unreadable} could not go back on a queue; {failed} "
+    "failed (see the log) and are kept; {gone} were gone.",
 }
+_COUNTS = ("republished", "unreadable", "failed", "gone")
 
 
 @router.get("/failed-imports")
@@ -64,7 +65,7 @@ def failed_import_list(request: Request, session: Viewer, page: Page = 1) -> Res
             "queue": item.queue,
             "reason": item.reason,
             "failed_at": item.failed_at,
-            "headers": _headers_text(item.headers_json),
+            "headers": _headers_text(item.headers),
             "body_size": item.body_size,
         }
         for item in found.items
@@ -89,13 +90,16 @@ async def reimport_all(request: Request, session: Actor) -> Response:
     state = api_state(request)
     try:
         transport = _transport(request)
-        outcomes = [
-            await _reimport(state, transport, failed_import_id, session)
-            for failed_import_id in reimport.list_failed_import_ids(state.engine)
-        ]
+        report = await reimport.reimport_many(
+            state.engine,
+            transport,
+            reimport.list_failed_import_ids(state.engine),
+            error_queue=state.settings.error_queue,
+            by=session.principal.name,
+        )
     except Unavailable as exc:
         return exc.redirect(request)
-    counts = {outcome.name.lower(): outcomes.count(outcome) for outcome in ReimportOutcome}
+    counts = {outcome.value: report.count(outcome) for outcome in ReimportOutcome}
     return redirect(
         "/failed-imports?done=all&"
         + "&".join(f"{key}={value}" for key, value in sorted(counts.items()))
@@ -164,15 +168,12 @@ def _transport(request: Request) -> Transport:
     return transport
 
 
-def _headers_text(headers_json: str) -> str:
-    """The kept headers, one ``name: value`` a line (the raw text when not an object)."""
-    try:
-        value = json.loads(headers_json)
-    except ValueError:
-        return headers_json
-    if not isinstance(value, dict):
-        return headers_json
-    return "\n".join(f"{name}: {'' if text is None else text}" for name, text in value.items())
+def _headers_text(headers: dict[str, str | None] | str) -> str:
+    """The kept headers (already escaped), one ``name: value`` a line (the stored text
+    when not an object)."""
+    if isinstance(headers, str):
+        return headers
+    return "\n".join(f"{name}: {'' if text is None else text}" for name, text in headers.items())
 
 
 def _notice(request: Request) -> str | None:
@@ -182,7 +183,7 @@ def _notice(request: Request) -> str | None:
         return None
     counts = {
         key: int(value) if (value := request.query_params.get(key, "0")).isdigit() else 0
-        for key in ("republished", "unreadable", "gone")
+        for key in _COUNTS
     }
     return template.format(**counts)
 

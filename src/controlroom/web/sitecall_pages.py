@@ -24,6 +24,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response
 
 from controlroom.config import Settings
+from controlroom.http.bodies import packet_download
 from controlroom.sitecalls import queries
 from controlroom.sitecalls.audit_verify import last_verification
 from controlroom.sitecalls.intake import make_writer
@@ -223,7 +224,9 @@ def rejected_list(
             "source": row.source,
             "reason": row.reason,
             "rejected_at_utc": row.rejected_at_utc,
-            "packet": row.packet.decode("utf-8", "replace"),
+            "packet": bytes(row.packet).decode("utf-8", "replace"),
+            "packet_size": row.packet_size,
+            "packet_truncated": row.packet_size > len(row.packet),
         }
         for row in page.rows
     ]
@@ -238,6 +241,17 @@ def rejected_list(
             "retention_days": api_state(request).settings.sitecalls.rejected_retention_days,
         },
     )
+
+
+@router.get("/site-calls/rejected/{rejected_id}/packet")
+def rejected_packet_download(request: Request, session: Viewer, rejected_id: uuid.UUID) -> Response:
+    """The whole rejected packet as a download (as ``GET
+    /api/site-calls/rejected/{id}/packet``); the list shows only its beginning."""
+    with _engine(request).connect() as conn:
+        packet = queries.rejected_packet(conn, str(rejected_id))
+    if packet is None:
+        raise HTTPException(404, "no rejected packet has this id")
+    return packet_download(packet, str(rejected_id))
 
 
 @router.post("/site-calls/rejected/{rejected_id}/resubmit")

@@ -299,6 +299,12 @@ class Provider(ABC):
     def classify_error(self, exc: BaseException) -> ErrorKind | None:
         """The kind of a driver exception of this provider; ``None`` for any other."""
 
+    def error_code(self, exc: BaseException) -> str | None:
+        """The code a driver exception of this provider carries (SQLite's error name,
+        PostgreSQL's SQLSTATE), which names the failure without quoting data or hosts;
+        ``None`` for any other exception or when it has none."""
+        return None
+
     def migration_lock(self, conn: sa.Connection) -> None:  # noqa: B027 - optional hook
         """Serialize migrations of processes starting together, for ``conn``'s
         transaction (nothing to do where the write transaction already serializes)."""

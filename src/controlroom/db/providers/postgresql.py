@@ -433,6 +433,9 @@ class PostgreSQLProvider(OnConflictProvider):
             return url.set(drivername=f"{self.name}+psycopg")
         return url
 
+    def error_code(self, exc: BaseException) -> str | None:
+        return exc.sqlstate if isinstance(exc, psycopg.Error) else None
+
     def classify_error(self, exc: BaseException) -> ErrorKind | None:
         if not isinstance(exc, psycopg.Error):
             return None

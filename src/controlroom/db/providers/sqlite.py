@@ -319,6 +319,12 @@ class SQLiteProvider(OnConflictProvider):
         finally:
             dbapi_connection.set_progress_handler(None, _PROGRESS_STEPS)
 
+    def error_code(self, exc: BaseException) -> str | None:
+        if not isinstance(exc, sqlite3.Error):
+            return None
+        name: str | None = getattr(exc, "sqlite_errorname", None)  # Python 3.11+
+        return name
+
     def classify_error(self, exc: BaseException) -> ErrorKind | None:
         if not isinstance(exc, sqlite3.Error):
             return None

@@ -21,15 +21,16 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
+import tenacity
 from prometheus_client import Counter, Gauge, Histogram
 
 from controlroom.config import Settings
 from controlroom.db.engine import retry_transient
-from controlroom.db.errors import classify_store_error
+from controlroom.db.errors import classify_store_error, name_failure
 from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.errors.ingest.identity import failed_import_id
 from controlroom.errors.ingest.parsing import is_retry_confirmation, parse_failed_message
@@ -37,6 +38,7 @@ from controlroom.errors.ingest.writer import FailedMessageBatchWriter, Ingestion
 from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
 from controlroom.exceptions import ErrorKind, MessageRejected
 from controlroom.runtime.clock import utc_now
+from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.transport.base import Delivery, QueueDepth, Transport, TransportError
 from controlroom.transport.batching import (  # IntakeClosed: raised by run()
     DeliveryBatcher,
@@ -147,12 +149,18 @@ class IngestionService:
         self._transport = transport
         self._body_store = body_store
         self._stopping = threading.Event()
+        self.health = IntakeHealth(
+            "error queue intake",
+            settings.error_queue,
+            stall_seconds=settings.ingestion.stall_seconds,
+        )
+        retrying = retry_transient(
+            max_backoff_seconds=settings.ingestion.max_backoff_seconds,
+            stop_event=self._stopping,
+        )
         self._writer = FailedMessageBatchWriter(
             engine,
-            retrying=retry_transient(
-                max_backoff_seconds=settings.ingestion.max_backoff_seconds,
-                stop_event=self._stopping,
-            ),
+            retrying=retrying.copy(before_sleep=self._note_retry(retrying.before_sleep)),
             body_store=body_store,
         )
         self._run_task: asyncio.Task[None] | None = None
@@ -172,6 +180,20 @@ class IngestionService:
             await batcher.run(self._stopping.is_set)
         finally:
             reporter.cancel()
+
+    def _note_retry(
+        self, log_it: Callable[[tenacity.RetryCallState], None] | None
+    ) -> Callable[[tenacity.RetryCallState], None]:
+        """The writer's ``before_sleep``: log as before, and tell ``health`` the write
+        failed (a transient failure retried in place never reaches ``_give_back``)."""
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            if log_it is not None:
+                log_it(state)
+            if state.outcome is not None and (exc := state.outcome.exception()) is not None:
+                self.health.failed(name_failure(exc))
+
+        return before_sleep
 
     async def stop(self) -> None:
         """Stop taking messages; unacknowledged ones stay in the queue."""
@@ -205,6 +227,7 @@ class IngestionService:
             log.warning("cannot read the depth of %s: %s", queue, exc)
             depth = None
         if depth is not None:
+            self.health.observed_depth(depth.messages)
             QUEUE_DEPTH.labels(queue).set(depth.messages)
             if depth.oldest_age_seconds is not None:
                 QUEUE_LAG.labels(queue).set(depth.oldest_age_seconds)
@@ -245,6 +268,7 @@ class IngestionService:
         except Exception as exc:
             await self._give_back(deliveries, exc)
             return
+        self.health.stored()
         await ack_all(deliveries)
         for outcome in _count_outcomes(parsed):
             self._done[outcome] += 1
@@ -283,6 +307,7 @@ class IngestionService:
     async def _give_back(self, deliveries: Sequence[Delivery], exc: Exception) -> None:
         """Infrastructure failure: never a failed import; the messages go back to the queue."""
         if not self._stopping.is_set():
+            self.health.failed(name_failure(exc))
             log.error(
                 "batch of %d not written; returned to the queue", len(deliveries), exc_info=exc
             )

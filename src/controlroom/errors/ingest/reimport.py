@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
@@ -27,9 +28,11 @@ import sqlalchemy as sa
 from controlroom.db.engine import begin_write
 from controlroom.db.tables import failed_error_imports
 from controlroom.errors import activity
-from controlroom.transport import Transport
+from controlroom.runtime.wire_text import escape_wire_headers, escape_wire_text, is_wire_text_clean
+from controlroom.transport import Transport, TransportError
 
 fi = failed_error_imports.c
+log = logging.getLogger(__name__)
 
 
 class ReimportOutcome(enum.Enum):
@@ -37,7 +40,10 @@ class ReimportOutcome(enum.Enum):
 
     REPUBLISHED = "republished"  # on the error queue; the row is gone
     GONE = "gone"  # no such row (already re-imported, or never there)
-    UNREADABLE = "unreadable"  # the stored headers are not a JSON object of strings; kept
+    # The stored headers are not a JSON object of UTF-8 strings (a header that was not
+    # UTF-8 cannot be published unchanged); kept.
+    UNREADABLE = "unreadable"
+    FAILED = "failed"  # the publish or the store failed (logged); kept
 
 
 def list_failed_import_ids(engine: sa.Engine) -> list[str]:
@@ -48,14 +54,16 @@ def list_failed_import_ids(engine: sa.Engine) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class FailedImportSummary:
-    """One failed import as operators see it: ``failed_at`` is UTC, ``body_size`` bytes,
-    ``headers_json`` the headers as kept (ASCII-escaped JSON)."""
+    """One failed import as operators see it, every text safe to show and serialize
+    (bytes that were not UTF-8 escaped: ``runtime.wire_text``): ``failed_at`` is UTC,
+    ``body_size`` bytes, ``headers`` the kept headers as an object, or their stored text
+    when that is not a JSON object."""
 
     id: str
     queue: str
     reason: str
     failed_at: datetime
-    headers_json: str
+    headers: dict[str, str | None] | str
     body_size: int
 
 
@@ -86,8 +94,35 @@ def list_failed_imports(conn: sa.Connection, *, offset: int, limit: int) -> Fail
         .limit(limit)
     ).all()
     return FailedImportPage(
-        items=[FailedImportSummary(**row._mapping) for row in rows],
+        items=[
+            FailedImportSummary(
+                id=escape_wire_text(row.id),
+                queue=escape_wire_text(row.queue),
+                reason=escape_wire_text(row.reason),
+                failed_at=row.failed_at,
+                headers=shown_headers(row.headers_json),
+                body_size=row.body_size,
+            )
+            for row in rows
+        ],
         total=count_failed_imports(conn),
+    )
+
+
+def shown_headers(headers_json: str) -> dict[str, str | None] | str:
+    """The stored headers to show: an object of escaped texts (values that are neither
+    text nor null as their JSON), else the stored text itself, escaped."""
+    try:
+        value = json.loads(headers_json)
+    except ValueError:
+        return escape_wire_text(headers_json)
+    if not isinstance(value, dict):
+        return escape_wire_text(headers_json)
+    return escape_wire_headers(
+        {
+            name: item if item is None or isinstance(item, str) else json.dumps(item)
+            for name, item in value.items()
+        }
     )
 
 
@@ -147,9 +182,67 @@ async def reimport_failed_import(
     )
 
 
+@dataclass(slots=True)
+class ReimportReport:
+    """What a bulk re-import did: one outcome per id asked, in order, and for each id
+    not re-imported (``UNREADABLE``, ``FAILED``) why, as text safe to show."""
+
+    outcomes: list[ReimportOutcome] = field(default_factory=list)
+    kept: list[tuple[str, str]] = field(default_factory=list)
+
+    def count(self, outcome: ReimportOutcome) -> int:
+        """How many ids came to ``outcome``."""
+        return self.outcomes.count(outcome)
+
+
+UNREADABLE_REASON = (
+    "its headers are not a JSON object of UTF-8 texts, so it cannot go back on a queue unchanged"
+)
+
+
+async def reimport_many(
+    engine: sa.Engine,
+    transport: Transport,
+    ids: Sequence[str],
+    *,
+    error_queue: str,
+    by: str,
+    on_each: Callable[[str, ReimportOutcome], None] | None = None,
+) -> ReimportReport:
+    """Re-import each of ``ids`` in turn (``reimport_failed_import``); one that cannot go
+    back or whose publish or write fails is reported (``ReimportReport.kept``, the log)
+    and kept, and the rest proceed. ``on_each(id, outcome)`` is called after each. Never
+    raises for one id's failure (docs/design.md "Failed imports": nothing is dropped, and
+    one message never holds up the others)."""
+    report = ReimportReport()
+    for failed_import_id in ids:
+        try:
+            outcome = await reimport_failed_import(
+                engine, transport, failed_import_id, error_queue=error_queue, by=by
+            )
+        except Exception as exc:  # reported and kept; the others still go back
+            log.warning(
+                "failed import %s not re-imported: %s: %s",
+                failed_import_id,
+                type(exc).__name__,
+                exc,
+                exc_info=not isinstance(exc, TransportError | sa.exc.SQLAlchemyError),
+            )
+            outcome = ReimportOutcome.FAILED
+            report.kept.append((failed_import_id, escape_wire_text(f"{type(exc).__name__}: {exc}")))
+        else:
+            if outcome is ReimportOutcome.UNREADABLE:
+                report.kept.append((failed_import_id, UNREADABLE_REASON))
+        report.outcomes.append(outcome)
+        if on_each is not None:
+            on_each(failed_import_id, outcome)
+    return report
+
+
 def decode_headers(headers_json: str) -> dict[str, str | None] | None:
     """The headers stored as JSON, or ``None`` unless they are an object whose values are
-    all strings or null (only such headers can go back on a queue unchanged)."""
+    all strings or null and whose names and values are all UTF-8 text: only such headers
+    can go back on a queue unchanged (a transport publishes UTF-8 alone)."""
     try:
         value = json.loads(headers_json)
     except ValueError:
@@ -157,5 +250,8 @@ def decode_headers(headers_json: str) -> dict[str, str | None] | None:
     if not isinstance(value, dict):
         return None
     if not all(item is None or isinstance(item, str) for item in value.values()):
+        return None
+    texts = [*value, *(item for item in value.values() if item is not None)]
+    if not all(is_wire_text_clean(text) for text in texts):
         return None
     return value

@@ -1,0 +1,151 @@
+"""Is an intake storing what its queue holds? (docs/design.md "Operational contract").
+
+A stuck intake loses nothing (its messages stay unacknowledged in the queue) but does no
+work: a full disk or body store, a read-only database. ``IntakeHealth`` is what one intake
+(the error queue's, the telemetry queue's) tells ``GET /api/health`` and ``/metrics``:
+the intake calls ``stored()`` after each committed batch, ``failed(reason)`` when a write
+fails, and ``observed_depth(messages)`` when it learns its queue's depth (the health
+route samples it too). It is *degraded* while
+
+- its writes fail: the last write attempt failed, and none has succeeded since; or
+- it stalls: its queue has held messages for ``stall_seconds`` without a batch stored.
+
+Times are monotonic seconds for the rules, UTC for the answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from prometheus_client import Gauge
+
+from controlroom.runtime.clock import utc_now
+
+DEGRADED = Gauge(
+    "controlroom_intake_degraded",
+    "1 while an intake's writes fail or its queue has held messages for the stall time "
+    "without a batch stored, else 0",
+    ["intake"],
+)
+WRITE_FAILURES = Gauge(
+    "controlroom_intake_write_failures",
+    "Write attempts of an intake that failed since its last stored batch",
+    ["intake"],
+)
+LAST_STORED = Gauge(
+    "controlroom_intake_last_stored_timestamp_seconds",
+    "Unix time of an intake's last stored batch (absent before the first)",
+    ["intake"],
+)
+
+
+@dataclass(frozen=True, slots=True)
+class IntakeState:
+    """An intake as health reports it: ``reason`` is ``None`` when healthy, else one
+    sentence (never message data); ``last_stored_at`` UTC or ``None`` before the first
+    batch; ``waiting`` the messages last seen in its queue (``None``: never seen)."""
+
+    name: str
+    queue: str
+    reason: str | None
+    last_stored_at: datetime | None
+    write_failures: int
+    waiting: int | None
+
+    @property
+    def degraded(self) -> bool:
+        return self.reason is not None
+
+
+class IntakeHealth:
+    """What one intake did lately (module docstring). Thread-safe: the writer reports
+    from worker threads, the health route reads on the event loop."""
+
+    def __init__(
+        self,
+        name: str,
+        queue: str,
+        *,
+        stall_seconds: float,
+        monotonic: Callable[[], float] = time.monotonic,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.name = name
+        self.queue = queue
+        self._stall_seconds = stall_seconds
+        self._monotonic = monotonic
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last_stored_at: datetime | None = None
+        self._failures = 0
+        self._failing_since: datetime | None = None
+        self._failure_reason = ""
+        self._waiting: int | None = None
+        self._waiting_since: float | None = None  # monotonic: messages seen, none stored since
+
+    def stored(self) -> None:
+        """A batch was committed: writes work, and the stall clock starts again."""
+        with self._lock:
+            self._last_stored_at = self._clock()
+            self._failures = 0
+            self._failing_since = None
+            if self._waiting_since is not None:
+                self._waiting_since = self._monotonic()
+        LAST_STORED.labels(self.name).set(self._last_stored_at.timestamp())
+        self.state()
+
+    def failed(self, reason: str) -> None:
+        """A write attempt failed for ``reason`` (one line, no message data)."""
+        with self._lock:
+            self._failures += 1
+            self._failure_reason = reason
+            if self._failing_since is None:
+                self._failing_since = self._clock()
+        self.state()
+
+    def observed_depth(self, messages: int) -> None:
+        """The queue holds ``messages`` ready messages now."""
+        with self._lock:
+            self._waiting = messages
+            if messages <= 0:
+                self._waiting_since = None
+            elif self._waiting_since is None:
+                self._waiting_since = self._monotonic()
+        self.state()
+
+    def state(self) -> IntakeState:
+        """The intake now; also sets its gauges."""
+        with self._lock:
+            reason = self._reason()
+            state = IntakeState(
+                name=self.name,
+                queue=self.queue,
+                reason=reason,
+                last_stored_at=self._last_stored_at,
+                write_failures=self._failures,
+                waiting=self._waiting,
+            )
+        DEGRADED.labels(self.name).set(1 if state.degraded else 0)
+        WRITE_FAILURES.labels(self.name).set(state.write_failures)
+        return state
+
+    def _reason(self) -> str | None:
+        if self._failing_since is not None:
+            return (
+                f"{self.name}: writes failing since {self._failing_since.isoformat()} "
+                f"({self._failures} attempts; last: {self._failure_reason}); the messages "
+                f"stay in {self.queue}"
+            )
+        if self._waiting_since is None:
+            return None
+        stalled = self._monotonic() - self._waiting_since
+        if stalled < self._stall_seconds:
+            return None
+        return (
+            f"{self.name}: nothing stored for {stalled:.0f} s although {self.queue} holds "
+            f"{self._waiting} messages"
+        )

@@ -1,0 +1,46 @@
+"""Text that came off the wire, made safe to show and to serialize.
+
+A transport hands over bytes that were not UTF-8 as lone surrogates (U+DC80..U+DCFF for
+bytes 0x80..0xFF, ``surrogateescape``), and the store keeps them in ASCII-escaped JSON
+(docs/decisions.md "Headers that are not UTF-8 make a failed import"). Such a ``str``
+cannot be encoded as UTF-8: a page, a JSON answer or a terminal line holding one fails.
+``escape_wire_text`` writes each as the escape of its byte (``\\xff``), as a body that is
+not UTF-8 is shown; any other lone surrogate as ``\\udXXX``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def escape_wire_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by the escape of what it stands for:
+    ``"\\udcff"`` (byte 0xff) -> ``"\\\\xff"``, others ``"\\\\udXXX"``. Text without one is
+    returned as it is. The result always encodes as UTF-8."""
+    if text.isascii() or not _LONE_SURROGATE.search(text):
+        return text
+    return _LONE_SURROGATE.sub(_escape, text)
+
+
+def escape_wire_headers(headers: Mapping[str, str | None]) -> dict[str, str | None]:
+    """``headers`` with every name and value passed through ``escape_wire_text``. Two names
+    that differ only in their invalid bytes stay distinct (their escapes differ)."""
+    return {
+        escape_wire_text(name): None if value is None else escape_wire_text(value)
+        for name, value in headers.items()
+    }
+
+
+def is_wire_text_clean(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (holds no lone surrogate)."""
+    return text.isascii() or not _LONE_SURROGATE.search(text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\u{code:04x}"

@@ -1,0 +1,58 @@
+"""``runtime.intake_health``: the rules of a stuck intake, on a clock the test turns."""
+
+from __future__ import annotations
+
+from controlroom.runtime.intake_health import IntakeHealth
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def intake(clock: Clock) -> IntakeHealth:
+    return IntakeHealth("unit intake", "error", stall_seconds=60, monotonic=clock)
+
+
+def test_messages_waiting_past_the_stall_time_without_a_store_degrade_it() -> None:
+    clock = Clock()
+    health = intake(clock)
+    health.observed_depth(178)
+    clock.now += 59
+    assert not health.state().degraded  # a queue seen for less than the stall time
+    clock.now += 2
+    reason = health.state().reason
+    assert reason == "unit intake: nothing stored for 61 s although error holds 178 messages"
+
+
+def test_a_store_restarts_the_stall_clock_and_an_empty_queue_stops_it() -> None:
+    clock = Clock()
+    health = intake(clock)
+    health.observed_depth(5)
+    clock.now += 50
+    health.stored()
+    clock.now += 50
+    assert not health.state().degraded  # 50 s since the last store
+    clock.now += 20
+    assert health.state().degraded
+    health.observed_depth(0)
+    assert not health.state().degraded
+    clock.now += 1000
+    assert not health.state().degraded  # nothing waits: nothing to store
+
+
+def test_a_failed_write_degrades_it_until_a_store_succeeds() -> None:
+    clock = Clock()
+    health = intake(clock)
+    health.failed("OperationalError [SQLITE_FULL]")
+    health.failed("OperationalError [SQLITE_FULL]")
+    state = health.state()
+    assert state.degraded and state.write_failures == 2
+    assert state.reason is not None and "(2 attempts; last: OperationalError [SQLITE_FULL])" in (
+        state.reason
+    )
+    health.stored()
+    assert not health.state().degraded and health.state().write_failures == 0
