@@ -1,6 +1,6 @@
 """A subset's first page reads the rows of that subset, never rows outside it.
 
-docs/design.md "Reads of a subset": a group or an endpoint that stopped failing is opened
+docs/design.md "Reads at scale": a group or an endpoint that stopped failing is opened
 after new failures elsewhere; its first page, in every sort key and direction, must cost
 what it cost before they arrived. Checked on the work the store reports, never on a time:
 PostgreSQL's tuples read in this transaction by scans of tables and indexes

@@ -120,7 +120,7 @@ def _page_ids(
     The page's ids are found first and only those rows read: walking past ``offset`` rows
     then reads index entries alone (the sort keys' indexes end with the id), not rows. A
     subset (a group, an endpoint, a queue address) is read from its own rows, never by
-    walking an index of every message (docs/design.md "Reads of a subset"): its page costs
+    walking an index of every message (docs/design.md "Reads at scale"): its page costs
     the same however many messages failed outside it since it stopped failing. Other
     lists of more than ``WALK_SORT_INDEX_PAST`` matches are found by walking the sort
     key's index.
