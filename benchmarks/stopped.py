@@ -11,7 +11,9 @@ What it does (figures and conditions in ``benchmarks/README.md``):
    (the one in most of them).
 3. Measures, through the HTTP app (``fastapi.testclient``), the first page of the group's
    messages and of the endpoint's, in the sort keys below, ``--repeat`` times after
-   ``query.WARM_UP`` unmeasured calls: p50 and p95 in milliseconds.
+   ``query.WARM_UP`` unmeasured calls: p50 and p95 in milliseconds. With ``--explain``,
+   prints the plan of every statement of each page (``EXPLAIN (ANALYZE, BUFFERS)`` on
+   PostgreSQL): the rows and buffers a page reads, which the machine's load does not move.
 4. For each total in ``--elsewhere`` (failures elsewhere so far): loads the difference,
    made from the templates of the other endpoints only, failing in the 30 days after all
    loaded before (``query.NOW`` moved on one window per step), refreshes the counters,
@@ -129,20 +131,26 @@ def scenarios(client: TestClient, endpoint: str, group: str) -> list[query.Scena
 
 
 def measure(
-    url: str, engine: sa.Engine, endpoint: str, group: str, repeat: int
+    url: str, engine: sa.Engine, endpoint: str, group: str, args: argparse.Namespace
 ) -> list[query.Result]:
+    """Every page of ``scenarios``, measured (and explained with ``--explain``)."""
+    log = query.StatementLog(engine)
     with tempfile.TemporaryDirectory() as scratch:
         settings = Settings(data_dir=Path(scratch), database_url=url)
         app = create_app(settings, engine, FileSystemBodyStore(Path(scratch) / "bodies"))
         with TestClient(app) as client:
             results = []
             for scenario in scenarios(client, endpoint, group):
-                results.append(query.measure(scenario, repeat))
+                results.append(query.measure(scenario, args.repeat))
                 found = results[-1]
                 print(
                     f"{found.p50_ms:9.1f} {found.p95_ms:9.1f}  {found.name} ({found.detail})",
                     flush=True,
                 )
+                if args.explain:
+                    with log.capture() as statements:
+                        scenario.run()
+                    print(query.explain(url, statements), flush=True)
     return results
 
 
@@ -158,6 +166,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--repeat", type=int, default=40)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--explain", action="store_true", help="print each page's statements' plans"
+    )
     return parser.parse_args(argv)
 
 
@@ -179,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"quiet endpoint {endpoint}, quiet group {group}; p50 p95 (ms)", flush=True)
         print(f"--- 0 failures elsewhere ({args.base:,} rows)", flush=True)
         steps: list[tuple[int, list[query.Result]]] = [
-            (0, measure(url, engine, endpoint, group, args.repeat))
+            (0, measure(url, engine, endpoint, group, args))
         ]
         query.make_templates = only_elsewhere(endpoint)  # type: ignore[assignment]
         base_now, done = query.NOW, 0
@@ -189,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             load(url, total - done, args.workers, engine)
             done = total
             print(f"--- {total:,} failures elsewhere ({args.base + total:,} rows)", flush=True)
-            steps.append((total, measure(url, engine, endpoint, group, args.repeat)))
+            steps.append((total, measure(url, engine, endpoint, group, args)))
         engine.dispose()
     print(f"load average after: {query.load_average()}")
     report(steps)

@@ -120,7 +120,7 @@ for _name, _column in (
         _name, _column.asc().nulls_first() if _column.nullable else _column, failed_messages.c.id
     )
 
-SUBSET_SORT_KEYS = ("time_sent", "last_failure_at", "last_modified")
+SUBSET_SORT_KEYS = ("time_sent", "last_failure_at")
 """The sort columns an endpoint's or a queue address's page walks its own index of,
 ``(subset column, key, id)`` (migration 0020); other keys read the subset and sort it."""
 
@@ -191,7 +191,7 @@ GROUP_COPIES = (
 )
 """The columns of ``failed_messages`` each group row carries a copy of (same names)."""
 
-GROUP_SORT_KEYS = ("time_sent", "last_failure_at", "last_modified", "message_type")
+GROUP_SORT_KEYS = ("time_sent", "last_failure_at")
 """The sort columns a group's page walks its own index of, ``(group_id, key,
 failed_message_id)`` (migration 0020); other keys read the group's rows and sort them."""
 
