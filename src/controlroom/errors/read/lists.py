@@ -163,6 +163,8 @@ def _members_window(
     offset: int,
     limit: int,
 ) -> sa.Subquery:
+    """``ids`` in ``order`` by the sort ``columns`` of the members they are read from,
+    ``limit`` from ``offset``."""
     ordered = ids.order_by(*order_by(provider, order, columns))
     return ordered.limit(limit).offset(offset).subquery("page")
 
