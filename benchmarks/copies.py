@@ -9,15 +9,18 @@ of its own next to ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (as ``ingest.py``):
 - ``0011``: copies filled by 0011's insert trigger, a ``plpgsql`` call and a lookup of
   the message per group row (``TriggerCopiesWriter``: the writer before 0013, which
   supplies no copies);
+- ``0019``: before migration 0020, the copies of 0011 only, read by the writer as since
+  0013 (``SubsetlessCopiesWriter``);
 - ``head``: the service's writer on the schema as migrated (since 0013 the writer reads
-  the copies from the messages in its group-row insert; the trigger skips those rows).
+  the copies from the messages in its group-row insert; the trigger skips those rows;
+  since 0020 the copies of the sort keys too, and the subsets' sort indexes).
 
 One round times the write path (``ingest.write_path``, ``--threads`` batches at once;
 by default ``concurrent_batches``, as the service runs) once per variant, each on
 emptied tables after a warm-up, with this process's CPU and the CPU of the PostgreSQL
 backends serving it (``ingest.measure``); ``--rounds`` rounds, the variants' order
 rotated each round. Prints each measurement, then per variant the median rate and CPU
-per message, and per round the ratio of its CPU to ``0010``'s in the same round: CPU
+per message, and per round the ratio of its CPU to the first variant's in the same round: CPU
 per message is what to compare on a shared machine (rates move with the load).
 
 Run: ``.venv/bin/python benchmarks/copies.py [--messages N] [--rounds N]``.
@@ -52,7 +55,7 @@ from ingest import (
 from controlroom.config import IngestionSettings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
-from controlroom.db.tables import failed_message_groups
+from controlroom.db.tables import failed_message_groups, failed_messages
 from controlroom.errors.ingest.fold import FoldedMessage
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter
 
@@ -62,7 +65,10 @@ DEFAULT_ROUNDS = 3
 
 class TriggerCopiesWriter(FailedMessageBatchWriter):
     """The writer as it was before migration 0013: group rows inserted without copies
-    (none on 0010; on 0011 the insert trigger looks each row's message up)."""
+    (none on 0010; on 0011 the insert trigger looks each row's message up). A subclass
+    names ``COPIES`` to read from the message in the insert, as the writer since 0013."""
+
+    COPIES: tuple[str, ...] = ()
 
     def _replace_groups(
         self,
@@ -98,10 +104,20 @@ class TriggerCopiesWriter(FailedMessageBatchWriter):
         ]
         names = list(rows[0])
         given = self._provider.bound_rows(failed_message_groups, names)
+        message = failed_messages.c
+        copied = sa.select(*given.c, *(message[name] for name in self.COPIES)).join_from(
+            given, failed_messages, message.id == given.c.failed_message_id
+        )
         conn.execute(
-            sa.insert(failed_message_groups).from_select(names, sa.select(*given.c)),
+            sa.insert(failed_message_groups).from_select([*names, *self.COPIES], copied),
             self._provider.bound_rows_parameters(names, rows),
         )
+
+
+class SubsetlessCopiesWriter(TriggerCopiesWriter):
+    """The writer before migration 0020: the copies of 0011 only (no sort keys)."""
+
+    COPIES = ("status", "first_failure_at", "last_failure_at")
 
 
 @dataclass(frozen=True)
@@ -114,6 +130,7 @@ class Variant:
 VARIANTS = (
     Variant("0010", "0010", TriggerCopiesWriter),
     Variant("0011", "0011", TriggerCopiesWriter),
+    Variant("0019", "0019", SubsetlessCopiesWriter),
     Variant("head", "head", FailedMessageBatchWriter),
 )
 
@@ -182,8 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"load {load:.2f}",
                     flush=True,
                 )
-    base = results.get("0010")
-    print("median over rounds (CPU ms per message; ratio to 0010's):")
+    base_label = chosen[0].label
+    base = results[base_label]
+    print(f"median over rounds (CPU ms per message; ratio to {base_label}'s):")
     for label, runs in results.items():
         client = statistics.median(r.cpu_seconds / r.messages * 1000 for r in runs)
         server = statistics.median(r.server_cpu_seconds / r.messages * 1000 for r in runs)
@@ -194,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         line = (
             f"{label:>5}: {rate:7,.0f} msg/s, client {client:.3f}, PG {server:.3f}, both {both:.3f}"
         )
-        if base is not None and label != "0010":
+        if label != base_label:
             ratios = [
                 (r.cpu_seconds + r.server_cpu_seconds) / (b.cpu_seconds + b.server_cpu_seconds)
                 for r, b in zip(runs, base, strict=True)
@@ -203,8 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 r.server_cpu_seconds / b.server_cpu_seconds for r, b in zip(runs, base, strict=True)
             ]
             line += (
-                f"; both / 0010 per round {', '.join(f'{x:.3f}' for x in ratios)}"
-                f"; PG / 0010 per round {', '.join(f'{x:.3f}' for x in pg)}"
+                f"; both / {base_label} per round {', '.join(f'{x:.3f}' for x in ratios)}"
+                f"; PG / {base_label} per round {', '.join(f'{x:.3f}' for x in pg)}"
             )
         print(line)
     print(f"load average after: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")

@@ -118,6 +118,7 @@ BASE_MESSAGES = 600  # demo messages the templates are made from
 VARIANTS = 40  # renamed copies of each message type (and of its handler frames)
 TEMPLATES = 4_000
 WARM_UP = 3
+SEED = 1_000  # of the loaders' generators: another load of the same store needs another
 MAX_BODY_SIZE_TO_STORE = 102_400
 
 STATUS_WEIGHTS = (
@@ -322,8 +323,17 @@ def make_row(
         f"{template.fixed_text} {tsvector_text(fresh)}",
     )
     # The group rows with the copies of the message's columns that the database's
-    # triggers would give them (migration 0011; the load runs without triggers).
-    copies = (int(status), _naive(first_failed_at), _naive(failed_at))
+    # triggers would give them (migrations 0011, 0020; the load runs without triggers),
+    # in the order of GROUP_COLUMNS.
+    copies = (
+        int(status),
+        _naive(first_failed_at),
+        _naive(failed_at),
+        _naive(sent_at) if template.time_sent_text else None,
+        _naive(modified),
+        attempt.message_type,
+        message_id,
+    )
     groups = [
         (unique_id, group.id, group.classifier, group.title, *copies) for group in attempt.groups
     ]
@@ -336,7 +346,7 @@ _TEMPLATES: list[Template] = []  # built in the parent, inherited by forked load
 def load_part(args: tuple[str, int, int]) -> int:
     """Load ``count`` rows (seeded by ``part``) into the database at ``url`` with COPY."""
     url, part, count = args
-    rng = random.Random(1_000 + part)
+    rng = random.Random(SEED + part)
     with psycopg.connect(url) as conn, conn.cursor() as cursor:
         conn.execute("SET synchronous_commit = off")
         # No triggers: the rows already hold what they would write (superuser only).
@@ -566,7 +576,7 @@ def load_sqlite(path: Path, messages: int, workers: int) -> dict[str, float]:
     # Chunk by chunk from the oldest failures to the newest (``failure_ages``).
     chunks = [
         (
-            1_000 + index,
+            SEED + index,
             min(SQLITE_CHUNK, messages - start),
             1 - start / messages,
             1 - min(start + SQLITE_CHUNK, messages) / messages,

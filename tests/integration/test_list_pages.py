@@ -133,23 +133,41 @@ def sqlite_plan(engine: sa.Engine, statement: str, parameters: Any) -> list[str]
     return [str(row[-1]) for row in rows]
 
 
+@pytest.mark.parametrize(
+    ("where", "index", "total"),
+    [
+        (FailedMessageFilter(statuses=UNRESOLVED), "ix_failed_messages_last_failure_at_id", 22),
+        (
+            FailedMessageFilter(statuses=UNRESOLVED, receiving_endpoint="Sales"),
+            "ix_failed_messages_receiving_endpoint_last_failure_at",
+            7,
+        ),
+    ],
+    ids=["status", "status-and-endpoint"],
+)
 def test_sqlite_walks_the_sort_keys_index_for_many_matches(
-    sqlite_stored: sa.Engine, statements: list[tuple[str, Any]], monkeypatch: pytest.MonkeyPatch
+    sqlite_stored: sa.Engine,
+    statements: list[tuple[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    where: FailedMessageFilter,
+    index: str,
+    total: int,
 ) -> None:
-    """Past ``WALK_SORT_INDEX_PAST`` matches, a page filtered by status and endpoint is
-    read along the sort key's index, not from the status or endpoint index and sorted."""
+    """Past ``WALK_SORT_INDEX_PAST`` matches, a page filtered by status is read along the
+    sort key's index, not from the status index and sorted; an endpoint's along its own
+    index of the sort key (migration 0020), never the status index."""
     monkeypatch.setattr(lists, "WALK_SORT_INDEX_PAST", 5)
-    where = FailedMessageFilter(statuses=UNRESOLVED, receiving_endpoint="Sales")
     with sqlite_stored.connect() as conn:
         page = list_failed_messages(
             conn, offset=0, limit=4, where=where, order=Ordering("time_of_failure")
         )
-    assert page.total == 7
+    assert page.total == total
 
     [(statement, parameters)] = [s for s in statements if "LIMIT" in s[0]]
     plan = sqlite_plan(sqlite_stored, statement, parameters)
-    assert "SCAN failed_messages USING INDEX ix_failed_messages_last_failure_at_id" in plan
-    assert not any("status" in line or "receiving_endpoint" in line for line in plan)
+    assert any(f"USING INDEX {index} " in f"{line} " for line in plan), plan
+    assert not any("status" in line for line in plan), plan
+    assert not any("TEMP B-TREE" in line for line in plan[:-1]), plan
 
 
 SEARCHES = ("failed", "Sales", "msg-4", "failed Billing")

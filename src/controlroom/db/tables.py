@@ -103,9 +103,7 @@ failed_messages = sa.Table(
     sa.Index("ix_failed_messages_status_last_modified", "status", "last_modified"),
     sa.Index("ix_failed_messages_status_id", "status", "id"),  # the status sort (0011)
     sa.Index("ix_failed_messages_queue_address", "queue_address"),
-    sa.Index("ix_failed_messages_receiving_endpoint", "receiving_endpoint"),
     sa.Index("ix_failed_messages_message_id", "message_id"),
-    sa.Index("ix_failed_messages_queue_address_lower", sa.func.lower(sa.column("queue_address"))),
     sa.Index("ix_failed_messages_conversation_id", "conversation_id"),
 )
 
@@ -121,6 +119,25 @@ for _name, _column in (
     sa.Index(
         _name, _column.asc().nulls_first() if _column.nullable else _column, failed_messages.c.id
     )
+
+SUBSET_SORT_KEYS = ("time_sent", "last_failure_at")
+"""The sort columns an endpoint's or a queue address's page walks its own index of,
+``(subset column, key, id)`` (migration 0020); other keys read the subset and sort it."""
+
+# A subset's sort keys, after the subset's column (migration 0020): an endpoint's or a queue
+# address's page walks its own rows in order. They replace the subset columns' own indexes.
+for _subset_name, _subset in (
+    ("ix_failed_messages_receiving_endpoint", failed_messages.c.receiving_endpoint),
+    ("ix_failed_messages_queue_address_lower", sa.func.lower(failed_messages.c.queue_address)),
+):
+    for _key in SUBSET_SORT_KEYS:
+        _column = failed_messages.c[_key]
+        sa.Index(
+            f"{_subset_name}_{_key}",
+            _subset,
+            _column.asc().nulls_first() if _column.nullable else _column,
+            failed_messages.c.id,
+        )
 
 failed_message_groups = sa.Table(
     "failed_message_groups",
@@ -142,6 +159,10 @@ failed_message_groups = sa.Table(
     sa.Column("status", sa.SmallInteger),
     sa.Column("first_failure_at", UtcDateTime),
     sa.Column("last_failure_at", UtcDateTime),
+    sa.Column("time_sent", UtcDateTime),  # these four since migration 0020
+    sa.Column("last_modified", UtcDateTime),
+    sa.Column("message_type", sa.Text),
+    sa.Column("message_id", sa.String(400)),
     sa.Index(
         "ix_failed_message_groups_classifier_status_group_id",
         "classifier",
@@ -159,8 +180,31 @@ failed_message_groups = sa.Table(
     ),
 )
 
-GROUP_COPIES = ("status", "first_failure_at", "last_failure_at")
+GROUP_COPIES = (
+    "status",
+    "first_failure_at",
+    "last_failure_at",
+    "time_sent",
+    "last_modified",
+    "message_type",
+    "message_id",
+)
 """The columns of ``failed_messages`` each group row carries a copy of (same names)."""
+
+GROUP_SORT_KEYS = ("time_sent", "last_failure_at")
+"""The sort columns a group's page walks its own index of, ``(group_id, key,
+failed_message_id)`` (migration 0020); other keys read the group's rows and sort them."""
+
+# A group's sort keys (migration 0020): its page walks its own rows in order.
+# Nullable as the message's column is (the copies are NULL only within an insert on SQLite).
+for _key in GROUP_SORT_KEYS:
+    _column = failed_message_groups.c[_key]
+    sa.Index(
+        f"ix_failed_message_groups_group_id_{_key}",
+        failed_message_groups.c.group_id,
+        _column.asc().nulls_first() if failed_messages.c[_key].nullable else _column,
+        failed_message_groups.c.failed_message_id,
+    )
 
 # Signed counts of group rows per (classifier, group, status), written by the database's
 # triggers (migration 0014): a group's count in a status is the SUM of its rows here.

@@ -8,15 +8,18 @@ timezone-aware UTC.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
-from controlroom.db.providers import provider_for
+from controlroom.db.providers import Provider, provider_for
 from controlroom.db.tables import (
     GROUP_COPIES,
+    GROUP_SORT_KEYS,
+    SUBSET_SORT_KEYS,
     FailedMessageStatus,
     failed_message_groups,
     failed_messages,
@@ -44,18 +47,15 @@ from controlroom.errors.read.summaries import (
 fm = failed_messages.c
 
 
-GROUP_IDS_FIRST = 7_000
-"""A group's page is read from the group's ids when at most this many of its messages
-match, else by walking the sort key's index. The walk tests about (offset + limit) x
-(all messages / matching messages) rows, the ids cost one lookup each plus a sort:
-they cross near the square root of 50 x all messages (7,000 at 1,000,000)."""
-
-WALK_SORT_INDEX_PAST = GROUP_IDS_FIRST
-"""Past this many matching messages a list page is read by walking the sort key's index
-and filtering what it yields: the filter's equality conditions (status, endpoint, queue)
-are kept from every index (``Provider.without_index``), where a planner without
-statistics (SQLite) reads every match from the condition's index and sorts them all
-(700,000 Unresolved of 1,000,000). The same crossing as ``GROUP_IDS_FIRST``."""
+WALK_SORT_INDEX_PAST = 7_000
+"""Past this many matching messages a list page outside any subset's index (statuses,
+time ranges) is read by walking the sort key's index and filtering what it yields: the
+filter's equality conditions (status) are kept from every index
+(``Provider.without_index``), where a planner without statistics (SQLite) reads every
+match from the condition's index and sorts them all (700,000 Unresolved of 1,000,000).
+The walk tests about (offset + limit) x (all messages / matching messages) rows, reading
+the matches costs one lookup each plus a sort: they cross near the square root of 50 x
+all messages (7,000 at 1,000,000)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,64 +119,122 @@ def _page_ids(
 
     The page's ids are found first and only those rows read: walking past ``offset`` rows
     then reads index entries alone (the sort keys' indexes end with the id), not rows. A
-    group of at most ``GROUP_IDS_FIRST`` matching messages is read from its ids, so no
-    provider walks a sort key's index through a million messages for a few hundred (the
-    form SQLite chooses for a membership test, having no statistics); more than
-    ``WALK_SORT_INDEX_PAST`` matches are found by that walk, whatever their filter.
+    subset (a group, an endpoint, a queue address) is read from its own rows, never by
+    walking an index of every message (docs/design.md "Reads at scale"): its page costs
+    the same however many messages failed outside it since it stopped failing. Other
+    lists of more than ``WALK_SORT_INDEX_PAST`` matches are found by walking the sort
+    key's index.
     """
     provider = provider_for(conn)
-    if where.group_id is not None and total <= GROUP_IDS_FIRST:
-        # Fenced in a materialized CTE: given the same condition as a membership test,
-        # the planner may still walk the sort key's index probing each message (0.7 s
-        # for a group of 5,946 among 1,000,000, benchmarks/query.py).
-        members = provider.materialized_cte(
-            _members_from_group_rows(where, order)
-            if _group_rows_hold(where, order)
-            else _members_joined(where, order),
-            "members",
-        )
-        return (
-            sa.select(members.c.id)
-            .order_by(*order_by(provider, order, members.c))
-            .limit(limit)
-            .offset(offset)
-            .subquery("page")
-        )
+    if where.group_id is not None:
+        return _group_page(provider, where, order, offset=offset, limit=limit)
+    if where.receiving_endpoint is not None or where.queue_address is not None:
+        return _subset_page(provider, where, order, offset=offset, limit=limit)
     if total > WALK_SORT_INDEX_PAST:
         conditions = filter_conditions(where, provider.without_index)
     else:
         conditions = filter_conditions(where)
-    return (
-        sa.select(fm.id)
-        .where(*conditions)
-        .order_by(*order_by(provider, order))
-        .limit(limit)
-        .offset(offset)
-        .subquery("page")
+    return _window(sa.select(fm.id).where(*conditions), provider, order, offset, limit)
+
+
+def _window(
+    ids: sa.Select[Any], provider: Provider, order: Ordering, offset: int, limit: int
+) -> sa.Subquery:
+    """``ids`` (of ``failed_messages``) in ``order``, ``limit`` from ``offset``."""
+    return ids.order_by(*order_by(provider, order)).limit(limit).offset(offset).subquery("page")
+
+
+def _fenced_window(
+    members: sa.Select[Any], provider: Provider, order: Ordering, offset: int, limit: int
+) -> sa.Subquery:
+    """The ids of ``members`` (which selects ``sort_columns(order)``, the id as ``id``) in
+    ``order``, ``limit`` from ``offset``, ``members`` read on their own and sorted
+    (``Provider.materialized_cte``): a page bounded by the members, whatever the planner
+    guesses of their number."""
+    fenced = provider.materialized_cte(members, "members")
+    return _members_window(fenced.c, sa.select(fenced.c.id), provider, order, offset, limit)
+
+
+def _members_window(
+    columns: sa.ColumnCollection[str, Any],
+    ids: sa.Select[Any],
+    provider: Provider,
+    order: Ordering,
+    offset: int,
+    limit: int,
+) -> sa.Subquery:
+    """``ids`` in ``order`` by the sort ``columns`` of the members they are read from,
+    ``limit`` from ``offset``."""
+    ordered = ids.order_by(*order_by(provider, order, columns))
+    return ordered.limit(limit).offset(offset).subquery("page")
+
+
+def _leading_key(order: Ordering) -> str | None:
+    """The name of the column ``order`` sorts by before the id (``None``: the id)."""
+    keys = [column.name for column in sort_columns(order) if column is not fm.id]
+    return keys[0] if keys else None
+
+
+def _group_page(
+    provider: Provider, where: FailedMessageFilter, order: Ordering, *, offset: int, limit: int
+) -> sa.Subquery:
+    """A group's page, from its group rows alone when they hold the sort key's copy and
+    ``where`` filters by statuses only: walking ``(group_id, key, failed_message_id)`` in
+    order for the keys of ``GROUP_SORT_KEYS``, else its rows read and sorted; any other
+    filter joins its rows to their messages, read and sorted."""
+    if not _group_rows_hold(where, order):
+        return _fenced_window(_members_joined(where, order), provider, order, offset, limit)
+    if _leading_key(order) in GROUP_SORT_KEYS:
+        members = _members_from_group_rows(where, order, provider.without_index).subquery()
+        ids = sa.select(members.c.id)
+        return _members_window(members.c, ids, provider, order, offset, limit)
+    return _fenced_window(_members_from_group_rows(where, order), provider, order, offset, limit)
+
+
+def _subset_page(
+    provider: Provider, where: FailedMessageFilter, order: Ordering, *, offset: int, limit: int
+) -> sa.Subquery:
+    """The page of an endpoint or a queue address (``where`` names one or both): walking
+    ``(subset column, key, id)`` in order for the keys of ``SUBSET_SORT_KEYS``, else the
+    subset's rows read by that index and sorted. The other equality conditions are kept
+    from every index (``Provider.without_index``), so no planner reads another column's
+    matches instead."""
+    subset = FailedMessageFilter(
+        receiving_endpoint=where.receiving_endpoint, queue_address=where.queue_address
     )
+    others = replace(where, receiving_endpoint=None, queue_address=None)
+    conditions = filter_conditions(subset) + filter_conditions(others, provider.without_index)
+    if _leading_key(order) in SUBSET_SORT_KEYS:
+        return _window(sa.select(fm.id).where(*conditions), provider, order, offset, limit)
+    members = sa.select(*sort_columns(order)).where(*conditions)
+    return _fenced_window(members, provider, order, offset, limit)
 
 
 def _group_rows_hold(where: FailedMessageFilter, order: Ordering) -> bool:
     """True when the group rows alone answer a page of ``where`` in ``order``: it filters
     by a group and statuses only, and sorts by columns the group rows hold a copy of
-    (``GROUP_COPIES``: time of failure, status)."""
+    (``GROUP_COPIES``)."""
     keys = [column.name for column in sort_columns(order) if column is not fm.id]
     return status_and_group_only(where) and all(key in GROUP_COPIES for key in keys)
 
 
-def _members_from_group_rows(where: FailedMessageFilter, order: Ordering) -> sa.Select[Any]:
+def _members_from_group_rows(
+    where: FailedMessageFilter,
+    order: Ordering,
+    status_operand: Callable[[sa.ColumnElement[Any]], sa.ColumnElement[Any]] = lambda c: c,
+) -> sa.Select[Any]:
     """The ids and sort keys of a group's messages matching ``where``, read from its
     group rows and their copies of the sort key, equal to the message's in every
-    committed state (migrations 0011, 0013): one group-row read per member, where joining
-    the messages cost a primary-key probe and a message row each (the medium group's
-    page of ServicePulse's default sort, ``benchmarks/query.py``)."""
+    committed state (migrations 0011, 0013, 0020): one group-row read per member, where
+    joining the messages cost a primary-key probe and a message row each. The status
+    copy as ``status_operand`` gives it."""
     groups = failed_message_groups.c
     copies = [
         groups.failed_message_id.label("id") if column is fm.id else groups[column.name]
         for column in sort_columns(order)
     ]
     return sa.select(*copies).where(
-        groups.group_id == where.group_id, *status_conditions(groups.status, where)
+        groups.group_id == where.group_id, *status_conditions(status_operand(groups.status), where)
     )
 
 
