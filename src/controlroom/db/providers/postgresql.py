@@ -33,6 +33,7 @@ from controlroom.db.providers._base import (
     on_conflict_update,
 )
 from controlroom.db.providers._postgresql_roles import audit_log_exposure, grant_service_role
+from controlroom.db.providers._postgresql_vacuum import vacuum_warnings
 from controlroom.db.tables import failed_message_tallies, failed_message_tally_deltas
 from controlroom.db.transactions import begin_write
 from controlroom.db.types import SearchTermsText, SearchTermsVector, UtcDateTime
@@ -527,6 +528,9 @@ class PostgreSQLProvider(OnConflictProvider):
 
     def audit_log_exposure(self, conn: sa.Connection) -> str | None:
         return audit_log_exposure(conn)
+
+    def vacuum_warnings(self, conn: sa.Connection) -> list[str]:
+        return vacuum_warnings(conn)
 
     def migration_lock(self, conn: sa.Connection) -> None:
         # Processes starting together against a fresh database migrate one after the
