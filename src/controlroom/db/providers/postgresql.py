@@ -113,6 +113,19 @@ _FOLD_TALLY_DELTAS = (
 )
 
 
+_GROUP_COUNT_KEY = "classifier, group_id, status"
+_FOLD_GROUP_COUNTS = (
+    f"WITH keys AS (SELECT {_GROUP_COUNT_KEY} FROM failed_message_group_counts "
+    f"GROUP BY {_GROUP_COUNT_KEY} HAVING count(*) > 1 OR sum(n) = 0), "
+    "folded AS (DELETE FROM failed_message_group_counts c USING keys k "
+    "WHERE c.classifier = k.classifier AND c.group_id = k.group_id AND c.status = k.status "
+    "RETURNING c.classifier, c.group_id, c.status, c.n) "
+    f"INSERT INTO failed_message_group_counts ({_GROUP_COUNT_KEY}, n) "
+    f"SELECT {_GROUP_COUNT_KEY}, sum(n) FROM folded "
+    f"GROUP BY {_GROUP_COUNT_KEY} HAVING sum(n) <> 0"
+)
+
+
 class _IntegerListText(sa.types.TypeDecorator[Any]):
     """A list of integers as the text of a PostgreSQL array (``{1,2,3}``): how an array
     column's values travel as one element of an ``unnest`` parameter (an array of
@@ -401,14 +414,12 @@ class PostgreSQLProvider(OnConflictProvider):
         """Fold the rows the statement triggers appended (migration 0014) in one statement:
         the rows it deletes are those committed when it started, and their sums go back
         in the same transaction, so no reader sees a key counted twice or not at all. Two
-        compactions at once are safe: the later one skips the rows the earlier deleted."""
-        conn.exec_driver_sql(
-            "WITH folded AS (DELETE FROM failed_message_group_counts "
-            "RETURNING classifier, group_id, status, n) "
-            "INSERT INTO failed_message_group_counts (classifier, group_id, status, n) "
-            "SELECT classifier, group_id, status, sum(n) FROM folded "
-            "GROUP BY classifier, group_id, status HAVING sum(n) <> 0"
-        )
+        compactions at once are safe: the later one skips the rows the earlier deleted.
+        Only keys with more than one row, or a sum of 0, are folded: a key no write
+        touched since the last fold keeps its row, so a fold leaves dead rows for the
+        keys that changed, not for every key (docs/decisions.md "The counter tables are
+        vacuumed as they turn over")."""
+        conn.exec_driver_sql(_FOLD_GROUP_COUNTS)
 
     def make_lease(self, engine: sa.Engine, name: str, owner: str, seconds: float) -> Lease:
         # owner and seconds do not apply: the server knows the holder and its liveness.
