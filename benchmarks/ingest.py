@@ -62,6 +62,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from pgserver import add_server_arguments, admin_server, describe_server
 from previous_write_path import PREVIOUS_REVISION, PreviousWriter
 from query import tsvector_text
 from rich.console import Console
@@ -788,20 +789,16 @@ def scratch_database(admin_url: str) -> Iterator[str]:
 
 
 def environment(engine: sa.Engine) -> dict[str, str]:
+    """What the figures depend on: load, the server and its settings (autovacuum first,
+    ``pgserver.describe_server``), Python, the drivers, the CPUs."""
     with engine.connect() as conn:
-        version = conn.exec_driver_sql("SHOW server_version").scalar_one()
-        settings = {
-            name: conn.exec_driver_sql(f"SHOW {name}").scalar_one()
-            for name in ("shared_buffers", "synchronous_commit", "fsync", "max_wal_size")
-        }
+        server = describe_server(conn)
     import psycopg
 
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     return {
         "Load average": f"{load} (1, 5, 15 min) before the runs",
-        "PostgreSQL": f"{version} ("
-        + ", ".join(f"{key}={value}" for key, value in settings.items())
-        + ")",
+        "PostgreSQL": server,
         "Python": f"{platform.python_version()} ({platform.python_implementation()})",
         "SQLAlchemy / psycopg": f"{sa.__version__} / {psycopg.__version__} "
         f"(libpq {psycopg.pq.version()}, {psycopg.pq.__impl__})",
@@ -1031,6 +1028,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "concurrent_batches batches at once, this many rounds in alternating order, and the "
         "ratios per round",
     )
+    add_server_arguments(parser)
     args = parser.parse_args(argv)
     if args.messages < 2 * WARM_UP_MESSAGES:
         parser.error(f"--messages must be at least {2 * WARM_UP_MESSAGES}")
@@ -1041,10 +1039,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    with admin_server(args, os.environ.get(ADMIN_URL_ENV) or DEFAULT_ADMIN_URL) as admin_url:
+        return run(args, admin_url)
+
+
+def run(args: argparse.Namespace, admin_url: str) -> int:
+    """Every measurement of ``args`` on the server of ``admin_url``."""
     console = Console()
     if not console.is_terminal:
         console = Console(width=170)
-    admin_url = os.environ.get(ADMIN_URL_ENV) or DEFAULT_ADMIN_URL
     ingestion = IngestionSettings()
     batch_size, concurrent = ingestion.batch_size, ingestion.concurrent_batches
 

@@ -76,6 +76,7 @@ from urllib.parse import quote
 import psycopg
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
+from pgserver import add_server_arguments, admin_server, describe_server
 from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
 
 from controlroom.app import create_app
@@ -982,19 +983,22 @@ def is_sqlite(url: str) -> bool:
 
 
 def environment(url: str) -> list[str]:
+    """What the figures depend on: the server and its settings (autovacuum first,
+    ``pgserver.describe_server``), the database's size and rows, Python, the CPUs."""
     if is_sqlite(url):
         return sqlite_environment(url)
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    with engine.connect() as sa_conn:
+        server = describe_server(sa_conn)
+    engine.dispose()
     with psycopg.connect(libpq_url(url)) as conn:
-        version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-        buffers = conn.execute("SHOW shared_buffers").fetchone()[0]  # type: ignore[index]
-        work_mem = conn.execute("SHOW work_mem").fetchone()[0]  # type: ignore[index]
         size = conn.execute(
             "SELECT pg_size_pretty(pg_database_size(current_database()))"
         ).fetchone()[0]  # type: ignore[index]
         rows = conn.execute("SELECT count(*) FROM failed_messages").fetchone()[0]  # type: ignore[index]
         groups = conn.execute("SELECT count(*) FROM failed_message_groups").fetchone()[0]  # type: ignore[index]
     return [
-        f"PostgreSQL {version} (shared_buffers {buffers}, work_mem {work_mem}), database {size}",
+        f"PostgreSQL {server}, database {size}",
         f"{rows:,} failed messages, {groups:,} group rows",
         f"{platform.python_implementation()} {platform.python_version()}, "
         f"{os.cpu_count()} CPUs, {platform.machine()}, {load_average()}",
@@ -1064,53 +1068,64 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="measure again beside one busy loop per core (the CPU-only control)",
     )
-    return parser.parse_args(argv)
+    add_server_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.scratch_server and (args.keep or args.reuse or args.database != "postgresql"):
+        parser.error("--scratch-server is deleted after the run: no --keep, --reuse or sqlite")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.database == SQLITE_PROVIDER.name:
         store = scratch_sqlite(args.sqlite_dir, args.reuse, args.keep)
-    else:
-        admin_url = os.environ.get(ADMIN_URL_ENV, DEFAULT_ADMIN_URL)
-        store = scratch_database(admin_url, args.reuse, args.keep)
-    with store as (url, new):
-        engine = create_store_engine(url)
-        upgrade_database(engine)  # also brings a reused database to the newest indexes
-        if new:
-            engine.dispose()  # SQLite: the load changes the journal mode, alone on the file
-            started = time.perf_counter()
-            if is_sqlite(url):
-                timings = load_sqlite(sqlite_path(url), args.messages, args.workers)
-            else:
-                timings = load(libpq_url(url), args.messages, args.workers)
-            counting = time.perf_counter()
-            count_loaded_rows(engine)
-            timings["counters"] = time.perf_counter() - counting
-            timings["total"] = time.perf_counter() - started
-            print(
-                "load: "
-                + ", ".join(f"{phase} {seconds:.0f} s" for phase, seconds in timings.items())
-            )
-        print("\n".join(environment(url)))
-        log = StatementLog(engine)
-        with tempfile.TemporaryDirectory() as scratch:
-            settings = Settings(data_dir=Path(scratch), database_url=url)
-            app = create_app(settings, engine, FileSystemBodyStore(Path(scratch) / "bodies"))
-            with TestClient(app) as client:
-                chosen = [
-                    scenario
-                    for scenario in scenarios(client, args.messages)
-                    if not args.only or args.only in scenario.name
-                ]
-                with busy_cores("idle"):
-                    results = run_scenarios(chosen, args, log, url)
-                busy: dict[str, list[Result]] = {}
-                if args.while_ingesting:
-                    busy["ingesting"] = run_while_ingesting(chosen, args, log, url)
-                if args.while_spinning:
-                    busy["spinning"] = run_while_spinning(chosen, args, log, url)
-        engine.dispose()
+        with store as (url, new):
+            return run(args, url, new)
+    admin_url = os.environ.get(ADMIN_URL_ENV, DEFAULT_ADMIN_URL)
+    with (
+        admin_server(args, admin_url) as admin,
+        scratch_database(admin, args.reuse, args.keep) as (url, new),
+    ):
+        return run(args, url, new)
+
+
+def run(args: argparse.Namespace, url: str, new: bool) -> int:
+    """Load ``url`` when ``new``, then measure every chosen scenario on it."""
+    engine = create_store_engine(url)
+    upgrade_database(engine)  # also brings a reused database to the newest indexes
+    if new:
+        engine.dispose()  # SQLite: the load changes the journal mode, alone on the file
+        started = time.perf_counter()
+        if is_sqlite(url):
+            timings = load_sqlite(sqlite_path(url), args.messages, args.workers)
+        else:
+            timings = load(libpq_url(url), args.messages, args.workers)
+        counting = time.perf_counter()
+        count_loaded_rows(engine)
+        timings["counters"] = time.perf_counter() - counting
+        timings["total"] = time.perf_counter() - started
+        print(
+            "load: " + ", ".join(f"{phase} {seconds:.0f} s" for phase, seconds in timings.items())
+        )
+    print("\n".join(environment(url)))
+    log = StatementLog(engine)
+    with tempfile.TemporaryDirectory() as scratch:
+        settings = Settings(data_dir=Path(scratch), database_url=url)
+        app = create_app(settings, engine, FileSystemBodyStore(Path(scratch) / "bodies"))
+        with TestClient(app) as client:
+            chosen = [
+                scenario
+                for scenario in scenarios(client, args.messages)
+                if not args.only or args.only in scenario.name
+            ]
+            with busy_cores("idle"):
+                results = run_scenarios(chosen, args, log, url)
+            busy: dict[str, list[Result]] = {}
+            if args.while_ingesting:
+                busy["ingesting"] = run_while_ingesting(chosen, args, log, url)
+            if args.while_spinning:
+                busy["spinning"] = run_while_spinning(chosen, args, log, url)
+    engine.dispose()
     print(f"\nafter measuring: {load_average()}")
     report(results, busy)
     return 0

@@ -72,6 +72,7 @@ from ingest import (
     timed_parse,
     write_path,
 )
+from pgserver import add_server_arguments, admin_server, drained_tables
 from previous_write_path import PREVIOUS_REVISION
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
@@ -102,6 +103,7 @@ TARGET_PEAK_RSS_MB = 300.0  # while draining 100,000 messages
 TARGET_SERVE_CPU_MS = 0.7  # serve CPU per message, at most
 TARGET_PG_CPU_MS = 0.8  # PostgreSQL CPU per message, at most
 TARGET_MESSAGES = 100_000
+STATS_FLUSH_SECONDS = 2.0  # backends flush table statistics at most once a second
 
 
 # --- scratch broker and publishing ---------------------------------------------------------
@@ -190,6 +192,8 @@ class Drain:
     left_in_queue: int = -1
     load: str = ""
     notes: list[str] = field(default_factory=list)
+    tables: list[str] = field(default_factory=list)
+    """The drained tables' rows, dead rows and sizes (``pgserver.format_table_state``)."""
 
     @property
     def start(self) -> Sample:
@@ -480,10 +484,12 @@ def run_serve(
             drain.left_in_queue = asyncio.run(queued(broker_url))
             engine = create_store_engine(database_url, pool_size=1)
             drain.rows, drain.attempts, drain.groups, drain.endpoints = table_state(engine)
+            time.sleep(STATS_FLUSH_SECONDS)  # serve's backends have flushed their statistics
             with engine.connect() as conn:
                 drain.failed_imports = conn.execute(
                     sa.select(sa.func.count()).select_from(failed_error_imports)
                 ).scalar_one()
+                drain.tables = drained_tables(conn)
             engine.dispose()
             drain.notes += log_warnings(log_path)
             if profile is not None:
@@ -664,6 +670,9 @@ def report(
         )
         for note in drain.notes:
             console.print(f"  [yellow]{note}[/]")
+        console.print(f"{drain.name}, the tables after the drain:")
+        for line in drain.tables:
+            console.print(f"  {line}", markup=False)
     print_targets(console, write, drains)
 
 
@@ -781,6 +790,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="run serve under `py-spy record` (raw stacks into DIR) and print where its CPU "
         "went; the figures of such a run include py-spy's sampling",
     )
+    add_server_arguments(parser)
     args = parser.parse_args(argv)
     if args.messages < 1_000:
         parser.error("--messages must be at least 1000")
@@ -789,10 +799,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    with admin_server(args, os.environ.get(ADMIN_URL_ENV) or DEFAULT_ADMIN_URL) as admin_url:
+        return run(args, admin_url)
+
+
+def run(args: argparse.Namespace, admin_url: str) -> int:
+    """The write path alone, then each serve, on the server of ``admin_url``."""
     console = Console()
     if not console.is_terminal:
         console = Console(width=170)
-    admin_url = os.environ.get(ADMIN_URL_ENV) or DEFAULT_ADMIN_URL
     rabbitmq_url = os.environ.get(RABBITMQ_URL_ENV) or DEFAULT_RABBITMQ_URL
     ingestion = IngestionSettings()
     with console.status("generating messages"):

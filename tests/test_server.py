@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from controlroom import server
 from controlroom.config import Settings
@@ -172,3 +173,32 @@ def test_the_kpi_sampler_samples_again_as_soon_as_the_first_telemetry_is_written
         return value
 
     assert (asyncio.run(main()) or 0) > 0
+
+
+def test_serve_warns_at_start_when_the_stores_autovacuum_is_off(
+    tmp_path: Path, postgresql_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The server's setting cannot change from a test: the warning follows SHOW autovacuum.
+    settings = Settings(data_dir=tmp_path / "data", database_url=postgresql_url, port=0)
+    seen: list[server.Serving] = []
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(server.run(settings, stop=stop, on_serving=seen.append))
+        async with asyncio.timeout(TIMEOUT):
+            while not seen:
+                await asyncio.sleep(0.01)
+            stop.set()
+            await running
+
+    with caplog.at_level(logging.WARNING, logger="controlroom.server"):
+        asyncio.run(main())
+    engine = sa.create_engine(postgresql_url, poolclass=sa.pool.NullPool)
+    with engine.connect() as conn:
+        autovacuum = conn.exec_driver_sql("SHOW autovacuum").scalar_one()
+    engine.dispose()
+
+    warned = [r.getMessage() for r in caplog.records if "autovacuum is off" in r.getMessage()]
+    assert bool(warned) == (autovacuum == "off")
+    for warning in warned:
+        assert "dead rows" in warning and "slower" in warning

@@ -103,6 +103,7 @@ async def run(
             upgrade_database(engine)
             write_missing_search_terms(engine, progress=_log_search_terms_progress)
             _warn_of_audit_log_exposure(engine)
+            _warn_of_vacuum_settings(engine)
             transport = create_transport(settings)
             await transport.start()
             try:
@@ -125,6 +126,16 @@ def _warn_of_audit_log_exposure(engine: sa.Engine) -> None:
         exposure = provider_for(engine).audit_log_exposure(conn)
     if exposure is not None:
         log.warning("audit log: %s", exposure)
+
+
+def _warn_of_vacuum_settings(engine: sa.Engine) -> None:
+    """Log a warning per vacuum setting of the store that lets its counter tables fill
+    with dead rows (docs/decisions.md "The counter tables are vacuumed as they turn
+    over")."""
+    with engine.connect() as conn:
+        warnings = provider_for(engine).vacuum_warnings(conn)
+    for warning in warnings:
+        log.warning("store: %s", warning)
 
 
 def _log_search_terms_progress(done: int, total: int) -> None:

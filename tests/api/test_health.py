@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -13,6 +15,7 @@ from controlroom.api import database_check, health
 from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
 from controlroom.db.tables import site_reconciliation
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import make_failed_import
@@ -29,11 +32,31 @@ async def broker_down() -> None:
     raise TransportError("connection refused by 127.0.0.1:5672")
 
 
-def test_health_checks_the_database_by_default(client: TestClient) -> None:
+def autovacuum_off(engine: sa.Engine) -> bool:
+    """The store is PostgreSQL and ``SHOW autovacuum`` says off (this machine's server)."""
+    if engine.dialect.name != "postgresql":
+        return False
+    with engine.connect() as conn:
+        return conn.exec_driver_sql("SHOW autovacuum").scalar_one() == "off"
+
+
+def without_vacuum_warnings(answer: dict[str, Any], engine: sa.Engine) -> dict[str, Any]:
+    """``answer`` without its ``warnings``, after checking that they are exactly the one
+    the store's autovacuum setting calls for (none where it is on, or on SQLite)."""
+    warnings = answer.pop("warnings", [])
+    if autovacuum_off(engine):
+        assert len(warnings) == 1 and "autovacuum is off" in warnings[0]
+    else:
+        assert warnings == []
+    return answer
+
+
+def test_health_checks_the_database_by_default(client: TestClient, engine: sa.Engine) -> None:
     response = client.get("/api/health")
 
     assert response.status_code == 200
-    assert response.json() == {"database": "ok", "details": {"failed_imports": 0}}
+    answer = without_vacuum_warnings(response.json(), engine)
+    assert answer == {"database": "ok", "details": {"failed_imports": 0}}
 
 
 def test_health_is_200_when_database_and_broker_answer(
@@ -44,7 +67,51 @@ def test_health_is_200_when_database_and_broker_answer(
         response = client.get("/api/health")
 
     assert response.status_code == 200
-    assert response.json() == {"database": "ok", "broker": "ok", "details": {"failed_imports": 0}}
+    answer = without_vacuum_warnings(response.json(), engine)
+    assert answer == {"database": "ok", "broker": "ok", "details": {"failed_imports": 0}}
+
+
+def test_health_warns_when_the_stores_autovacuum_is_off_saying_what_it_costs(
+    client: TestClient, engine: sa.Engine
+) -> None:
+    # The server's setting cannot change from a test: the warning follows it, whichever.
+    response = client.get("/api/health")
+
+    assert response.status_code == 200
+    warnings = response.json().get("warnings", [])
+    vacuum = [w for w in warnings if "autovacuum is off" in w]
+    assert bool(vacuum) == autovacuum_off(engine)
+    for warning in vacuum:
+        assert "dead rows" in warning and "failed_message_group_counts" in warning
+        assert "slower" in warning
+
+
+def test_health_warns_of_a_counter_table_whose_autovacuum_is_disabled(
+    postgresql_url: str, tmp_path: Path
+) -> None:
+    engine = create_store_engine(postgresql_url)
+    try:
+        upgrade_database(engine)
+        settings = Settings(data_dir=tmp_path / "data", database_url=postgresql_url)
+        body_store = FileSystemBodyStore(settings.body_dir)
+        with TestClient(create_app(settings, engine, body_store)) as client:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(
+                    "ALTER TABLE failed_message_tally_deltas SET (autovacuum_enabled = off)"
+                )
+            disabled = client.get("/api/health")
+            with engine.begin() as conn:
+                conn.exec_driver_sql(
+                    "ALTER TABLE failed_message_tally_deltas RESET (autovacuum_enabled)"
+                )
+            reset = client.get("/api/health")
+    finally:
+        engine.dispose()
+
+    assert disabled.status_code == 200
+    named = [w for w in disabled.json()["warnings"] if "failed_message_tally_deltas (" in w]
+    assert len(named) == 1 and "autovacuum is disabled for table" in named[0]
+    assert not any("autovacuum is disabled" in w for w in reset.json().get("warnings", []))
 
 
 def test_health_is_503_naming_the_failing_broker(

@@ -13,7 +13,9 @@ configured, ``sites``: per site whether it is reachable and pinned and its recon
 lag (seconds since its last successful pass). What is wrong with a site (pinned,
 unreachable, lagging more than twice ``reconciliation.interval``) is listed in
 ``warnings``: a warning, not a failure, so the status stays 200 (the process itself is
-healthy; ``sitecalls.reconciliation`` ``site_warnings``).
+healthy; ``sitecalls.reconciliation`` ``site_warnings``). So is a store whose vacuum
+settings let its counter tables fill with dead rows (PostgreSQL with autovacuum off:
+``Provider.vacuum_warnings``), listed first.
 
 When the process ingests (``serve`` with ``ingest_on_serve``), ``intake`` says whether its
 intakes store what their queues hold (``runtime.intake_health``): ``"ok"``, or
@@ -39,6 +41,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from controlroom.config import Settings
+from controlroom.db.providers import provider_for
 from controlroom.errors.ingest.reimport import count_failed_imports
 from controlroom.runtime.intake_health import IntakeHealth, IntakeState
 from controlroom.sitecalls.reconciliation import reconciliation_lag, site_states, site_warnings
@@ -99,8 +102,9 @@ async def get_health(request: Request) -> JSONResponse:
     every part is healthy, else 503 with the same object, the failing parts' values
     reading ``"failing: <exception type>"``. With sites configured, ``details.sites``
     (``{site: {"reachable": bool | None, "pinned": bool, "reconciliation_lag_seconds":
-    float | None}}``) and, when something is wrong with one, ``warnings`` (sentences).
-    While ingesting, ``intake``: ``"ok"`` or ``"degraded: <reasons>"`` (then 503), and
+    float | None}}``) and, when something is wrong with one or with the store's vacuum
+    settings, ``warnings`` (sentences; absent when there are none). While ingesting,
+    ``intake``: ``"ok"`` or ``"degraded: <reasons>"`` (then 503), and
     ``details.intakes`` (``{intake: {"queue": str, "waiting_messages": int | None,
     "last_stored_at": ISO 8601 UTC | None, "write_failures": int}}``)."""
     states = await check_health(request.app.state.health_checks)
@@ -151,8 +155,9 @@ async def _details(engine: sa.Engine, settings: Settings) -> tuple[dict[str, Any
     def read() -> tuple[dict[str, Any], list[str]]:
         with engine.connect() as conn:
             details: dict[str, Any] = {"failed_imports": count_failed_imports(conn)}
+            store_warnings = provider_for(conn).vacuum_warnings(conn)
             if not settings.sites:
-                return details, []
+                return details, store_warnings
             sites = site_states(conn, settings.sites)
         now = datetime.now(UTC)
         details["sites"] = {
@@ -164,7 +169,9 @@ async def _details(engine: sa.Engine, settings: Settings) -> tuple[dict[str, Any
             for state in sites
         }
         interval = settings.reconciliation.interval
-        return details, [w for state in sites for w in site_warnings(state, now, interval)]
+        return details, store_warnings + [
+            w for state in sites for w in site_warnings(state, now, interval)
+        ]
 
     try:
         async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):

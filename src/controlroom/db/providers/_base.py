@@ -396,6 +396,15 @@ class Provider(ABC):
         guarantee)."""
         return None
 
+    def vacuum_warnings(self, conn: sa.Connection) -> list[str]:
+        """Sentences saying what the store's vacuum settings cost (the counter tables
+        fill with dead rows, the pages that read them slow down), one per setting that
+        costs it; empty when they cost nothing or the provider has no vacuum to configure
+        (SQLite reuses freed pages itself). ``serve`` logs them at start and
+        ``/api/health`` lists them in ``warnings`` (docs/decisions.md "The counter
+        tables are vacuumed as they turn over")."""
+        return []
+
     def compact_group_counts(self, conn: sa.Connection) -> None:  # noqa: B027 - optional
         """Fold ``failed_message_group_counts`` to one row per key, dropping keys whose
         sum is 0; no sum changes (migration 0014). Nothing to do where the triggers keep

@@ -33,6 +33,7 @@ from controlroom.db.providers._base import (
     on_conflict_update,
 )
 from controlroom.db.providers._postgresql_roles import audit_log_exposure, grant_service_role
+from controlroom.db.providers._postgresql_vacuum import vacuum_warnings
 from controlroom.db.tables import failed_message_tallies, failed_message_tally_deltas
 from controlroom.db.transactions import begin_write
 from controlroom.db.types import SearchTermsText, SearchTermsVector, UtcDateTime
@@ -109,6 +110,19 @@ _FOLD_TALLY_DELTAS = (
     f"INSERT INTO {failed_message_tallies.name} ({_TALLY_COLUMNS}, messages) "
     f"SELECT {_TALLY_COLUMNS}, messages FROM s WHERE NOT EXISTS "
     f"(SELECT FROM {failed_message_tallies.name} AS t WHERE {_SAME_TALLY_KEY})"
+)
+
+
+_GROUP_COUNT_KEY = "classifier, group_id, status"
+_FOLD_GROUP_COUNTS = (
+    f"WITH keys AS (SELECT {_GROUP_COUNT_KEY} FROM failed_message_group_counts "
+    f"GROUP BY {_GROUP_COUNT_KEY} HAVING count(*) > 1 OR sum(n) = 0), "
+    "folded AS (DELETE FROM failed_message_group_counts c USING keys k "
+    "WHERE c.classifier = k.classifier AND c.group_id = k.group_id AND c.status = k.status "
+    "RETURNING c.classifier, c.group_id, c.status, c.n) "
+    f"INSERT INTO failed_message_group_counts ({_GROUP_COUNT_KEY}, n) "
+    f"SELECT {_GROUP_COUNT_KEY}, sum(n) FROM folded "
+    f"GROUP BY {_GROUP_COUNT_KEY} HAVING sum(n) <> 0"
 )
 
 
@@ -400,14 +414,12 @@ class PostgreSQLProvider(OnConflictProvider):
         """Fold the rows the statement triggers appended (migration 0014) in one statement:
         the rows it deletes are those committed when it started, and their sums go back
         in the same transaction, so no reader sees a key counted twice or not at all. Two
-        compactions at once are safe: the later one skips the rows the earlier deleted."""
-        conn.exec_driver_sql(
-            "WITH folded AS (DELETE FROM failed_message_group_counts "
-            "RETURNING classifier, group_id, status, n) "
-            "INSERT INTO failed_message_group_counts (classifier, group_id, status, n) "
-            "SELECT classifier, group_id, status, sum(n) FROM folded "
-            "GROUP BY classifier, group_id, status HAVING sum(n) <> 0"
-        )
+        compactions at once are safe: the later one skips the rows the earlier deleted.
+        Only keys with more than one row, or a sum of 0, are folded: a key no write
+        touched since the last fold keeps its row, so a fold leaves dead rows for the
+        keys that changed, not for every key (docs/decisions.md "The counter tables are
+        vacuumed as they turn over")."""
+        conn.exec_driver_sql(_FOLD_GROUP_COUNTS)
 
     def make_lease(self, engine: sa.Engine, name: str, owner: str, seconds: float) -> Lease:
         # owner and seconds do not apply: the server knows the holder and its liveness.
@@ -530,6 +542,9 @@ class PostgreSQLProvider(OnConflictProvider):
 
     def audit_log_exposure(self, conn: sa.Connection) -> str | None:
         return audit_log_exposure(conn)
+
+    def vacuum_warnings(self, conn: sa.Connection) -> list[str]:
+        return vacuum_warnings(conn)
 
     def migration_lock(self, conn: sa.Connection) -> None:
         # Processes starting together against a fresh database migrate one after the

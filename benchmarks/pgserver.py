@@ -1,0 +1,248 @@
+"""The PostgreSQL a benchmark measures, and what it says about that server.
+
+Two things every PostgreSQL benchmark (``ingest.py``, ``serve.py``, ``query.py``) shares:
+
+- ``server_settings`` / ``describe_server``: the settings that move its figures, printed
+  with every figure. ``autovacuum`` first: this machine's server runs with it off
+  (Debian's cluster plus a CI override) while production runs with it on, and a drain
+  that leaves every dead row in the counter tables measures a store nobody runs.
+- ``scratch_server``: a PostgreSQL of the benchmark's own, as production runs it. The
+  same binaries as the machine's server (``/usr/lib/postgresql/<newest>/bin``), ``initdb``
+  into a scratch directory (as the ``postgres`` user when this process is root:
+  ``initdb`` refuses root), started by ``pg_ctl`` on a free port of 127.0.0.1 with
+  trust authentication, the settings of ``SCRATCH_SETTINGS`` (autovacuum on, everything
+  else at ``initdb``'s defaults, which are the machine's server's but for autovacuum)
+  plus any given, and stopped and deleted on the way out, also when a run fails.
+- ``table_state``: live and dead rows (``pg_stat_user_tables``) and sizes of the tables
+  a drain rewrites, and how often autovacuum got to them.
+
+Each script takes ``--scratch-server`` (and ``--scratch-setting NAME=VALUE``, repeatable)
+through ``add_server_arguments`` and opens its admin URL with ``admin_server``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+
+SCRATCH_SETTINGS: Mapping[str, str] = {
+    "autovacuum": "on",
+    "listen_addresses": "'127.0.0.1'",
+    "fsync": "on",
+    "synchronous_commit": "on",
+}
+"""What a scratch server runs with besides ``initdb``'s defaults (``port`` and the socket
+directory are its own): production's autovacuum, durable commits as on the machine's."""
+
+REPORTED_SETTINGS = (
+    "autovacuum",
+    "autovacuum_naptime",
+    "autovacuum_vacuum_scale_factor",
+    "autovacuum_vacuum_threshold",
+    "autovacuum_vacuum_insert_scale_factor",
+    "autovacuum_vacuum_cost_limit",
+    "autovacuum_vacuum_cost_delay",
+    "shared_buffers",
+    "work_mem",
+    "synchronous_commit",
+    "fsync",
+    "max_wal_size",
+)
+"""The settings printed with every figure (``SHOW``)."""
+
+DRAIN_TABLES = (
+    "failed_messages",
+    "failed_message_groups",
+    "failed_message_group_counts",
+    "failed_message_tally_deltas",
+    "failed_message_tallies",
+    "known_endpoints",
+)
+"""The tables a drain of the error queue writes: the messages, their group rows, and the
+counters the database keeps beside them (migrations 0012 and 0014)."""
+
+SERVER_OWNER = "postgres"
+INITDB_OPTIONS = ("-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8")
+INITDB_OPTIONS += ("--no-sync",)  # a scratch cluster: its files need not survive a crash
+
+
+def server_settings(conn: sa.Connection) -> dict[str, str]:
+    """``{name: value}`` of ``REPORTED_SETTINGS`` and ``server_version``, as ``SHOW``
+    gives them."""
+    names = ("server_version", *REPORTED_SETTINGS)
+    return {name: str(conn.exec_driver_sql(f"SHOW {name}").scalar_one()) for name in names}
+
+
+def describe_server(conn: sa.Connection) -> str:
+    """One line: ``PostgreSQL 15.20 (autovacuum=on, ...)`` with ``REPORTED_SETTINGS``."""
+    settings = server_settings(conn)
+    version = settings.pop("server_version")
+    return f"{version} (" + ", ".join(f"{k}={v}" for k, v in settings.items()) + ")"
+
+
+@dataclass(frozen=True)
+class TableState:
+    """One table as ``pg_stat_user_tables`` and ``pg_total_relation_size`` saw it."""
+
+    name: str
+    live: int
+    dead: int
+    bytes: int
+    """Heap, indexes and TOAST."""
+    autovacuums: int
+    autoanalyzes: int
+    reloptions: str
+
+
+def table_state(conn: sa.Connection, tables: Sequence[str] = DRAIN_TABLES) -> list[TableState]:
+    """Rows and sizes of ``tables`` in ``conn``'s database (statistics as last flushed by
+    the server's backends: read them after the writers have disconnected)."""
+    rows = conn.execute(
+        sa.text(
+            "SELECT s.relname, s.n_live_tup, s.n_dead_tup, pg_total_relation_size(s.relid), "
+            "s.autovacuum_count, s.autoanalyze_count, "
+            "coalesce(array_to_string(c.reloptions, ', '), '') "
+            "FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid "
+            "WHERE s.relname = ANY(:tables)"
+        ),
+        {"tables": list(tables)},
+    ).all()
+    found = {row[0]: TableState(*row) for row in rows}
+    return [found[name] for name in tables if name in found]
+
+
+def format_table_state(states: Sequence[TableState]) -> list[str]:
+    """Markdown rows: table | live | dead | size MB | autovacuums | reloptions."""
+    lines = [
+        "| table | live rows | dead rows | size MB | autovacuums / analyzes | reloptions |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    lines += [
+        f"| {s.name} | {s.live:,} | {s.dead:,} | {s.bytes / 2**20:,.1f} | "
+        f"{s.autovacuums} / {s.autoanalyzes} | {s.reloptions} |"
+        for s in states
+    ]
+    return lines
+
+
+def drained_tables(conn: sa.Connection) -> list[str]:
+    """``format_table_state`` of ``table_state``: the drained tables as Markdown rows."""
+    return format_table_state(table_state(conn))
+
+
+# --- a server of the benchmark's own -------------------------------------------------------
+def postgresql_bin() -> Path:
+    """The newest ``/usr/lib/postgresql/<version>/bin`` holding ``initdb`` (Debian's
+    layout), else the directory of ``initdb`` on ``PATH``."""
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda path: int(Path(path).parent.parent.name.split(".")[0]),
+    )
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    if initdb is None:
+        raise RuntimeError("no initdb: install PostgreSQL's server binaries")
+    return Path(initdb).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _as_owner(command: Sequence[str]) -> list[str]:
+    """``command`` as ``SERVER_OWNER`` when this process is root, else as it is."""
+    if os.geteuid() == 0:
+        return ["runuser", "-u", SERVER_OWNER, "--", *command]
+    return list(command)
+
+
+@contextlib.contextmanager
+def scratch_server(settings: Sequence[str] = ()) -> Iterator[str]:
+    """A new PostgreSQL cluster in a scratch directory, running for the block; yields its
+    admin URL (``postgresql+psycopg://postgres@127.0.0.1:<port>/postgres``, trust).
+
+    ``settings`` are ``NAME=VALUE`` lines over ``SCRATCH_SETTINGS`` (e.g.
+    ``autovacuum=off`` for the same binaries as the machine's server runs them).
+    Raises ``subprocess.CalledProcessError`` when ``initdb`` or ``pg_ctl`` fails; the
+    directory is removed either way."""
+    bindir = postgresql_bin()
+    scratch = Path(tempfile.mkdtemp(prefix="controlroom-bench-pg-"))
+    data, log = scratch / "data", scratch / "server.log"
+    port = _free_port()
+    if os.geteuid() == 0:
+        shutil.chown(scratch, user=SERVER_OWNER)
+    started = False
+    try:
+        subprocess.run(
+            _as_owner([str(bindir / "initdb"), "-D", str(data), *INITDB_OPTIONS]),
+            check=True,
+            capture_output=True,
+        )
+        lines = {**SCRATCH_SETTINGS, "port": str(port), "unix_socket_directories": f"'{scratch}'"}
+        for setting in settings:
+            name, _, value = setting.partition("=")
+            lines[name.strip()] = value.strip()
+        conf = "".join(f"{name} = {value}\n" for name, value in lines.items())
+        subprocess.run(
+            _as_owner(["sh", "-c", f"cat >> {data / 'postgresql.conf'}"]),
+            input=conf.encode(),
+            check=True,
+        )
+        subprocess.run(
+            _as_owner([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "start"]),
+            check=True,
+            capture_output=True,
+        )
+        started = True
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        if started:
+            subprocess.run(
+                _as_owner([str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
+                check=False,
+                capture_output=True,
+            )
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+# --- the scripts' options ------------------------------------------------------------------
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--scratch-server`` and ``--scratch-setting``."""
+    parser.add_argument(
+        "--scratch-server",
+        action="store_true",
+        help="run against a PostgreSQL of the benchmark's own (initdb + pg_ctl in a scratch "
+        "directory, autovacuum on, as production runs), not the admin URL's server",
+    )
+    parser.add_argument(
+        "--scratch-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a postgresql.conf line for the scratch server (e.g. autovacuum=off); repeatable",
+    )
+
+
+@contextlib.contextmanager
+def admin_server(args: argparse.Namespace, admin_url: str) -> Iterator[str]:
+    """The admin URL to measure against: a scratch server's with ``--scratch-server``
+    (stopped and deleted after the block), else ``admin_url``."""
+    if not args.scratch_server:
+        yield admin_url
+        return
+    with scratch_server(args.scratch_setting) as url:
+        yield url
