@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -17,8 +18,10 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response
 
+from controlroom.db.providers import SearchTerms
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors.ingest.headers import content_encoding
+from controlroom.errors.ingest.search_terms import MIN_PREFIX_CHARS
 from controlroom.errors.read import endpoints, groups
 from controlroom.errors.read.counts import (
     count_by_status,
@@ -31,6 +34,7 @@ from controlroom.errors.read.filters import FailedMessageFilter, Ordering, SortK
 from controlroom.errors.read.lists import list_failed_messages
 from controlroom.errors.read.messages import get_failed_message, get_stored_body
 from controlroom.errors.read.search import search_failed_messages
+from controlroom.errors.read.summaries import SearchPage
 from controlroom.errors.retries import requests as retries
 from controlroom.http.bodies import body_response_headers, read_body_bytes
 from controlroom.web.bodies import view_body
@@ -103,6 +107,7 @@ def message_list(
     order = Ordering(key=sort, descending=direction == "desc")
     offset = (page - 1) * PAGE_SIZE
     limit = api_state(request).settings.exact_count_limit
+    note = ""
     with _engine(request).connect() as conn:
         if q.strip():
             found = search_failed_messages(
@@ -113,9 +118,11 @@ def message_list(
                 order=order,
                 where=where,
                 exact_count_limit=limit,
+                widen=True,
             )
             total, items = found.total, [hit.summary for hit in found.items]
             estimated = found.total_estimated
+            note = search_note(found)
         else:
             listed = list_failed_messages(
                 conn,
@@ -149,10 +156,43 @@ def message_list(
             "params": params,
             "status_choices": STATUS_CHOICES,
             "group_info": group_info,
+            "search_note": note,
             "operation_id": request.query_params.get("operation", ""),
             "notice": _notice(request),
         },
     )
+
+
+def search_note(found: SearchPage) -> str:
+    """What the console says about a search's page: which words were looked for as the
+    start of a word because nothing held them whole, or why nothing matched (every word
+    must occur; a word ending in ``*`` is the start of a word). Empty when the search
+    found its words as written."""
+    if found.widened and found.total:
+        words = _quoted(found.widened)
+        return (
+            f"No message contains {words} as a whole word; showing messages with a word "
+            "starting with it."
+        )
+    if found.total:
+        return ""
+    query = found.query
+    if query is None or query.empty:
+        return (
+            "Nothing matched: the search has no letter or digit, and no message has it as its id."
+        )
+    (terms,) = query.alternatives or (SearchTerms(),)
+    wanted = [f"the word {_quoted([word])}" for word in terms.words]
+    wanted += [f"a word starting with {_quoted([prefix])}" for prefix in terms.prefixes]
+    return (
+        f"Nothing matched: no message contains {' and '.join(wanted)}. Every word must "
+        f"occur; end a word of {MIN_PREFIX_CHARS} or more characters with * to find the "
+        "words that start with it."
+    )
+
+
+def _quoted(words: Sequence[str]) -> str:
+    return ", ".join(f"“{word}”" for word in words)
 
 
 @router.get("/messages/{failed_message_id}")
