@@ -269,12 +269,14 @@ def group_list(
     request: Request,
     session: Viewer,
     classifier: Annotated[str, Query(max_length=200)] = groups.DEFAULT_CLASSIFIER,
+    sort: Annotated[str, Query(max_length=40)] = "last",
     fragment: bool = False,
 ) -> Response:
     if classifier not in groups.CLASSIFIER_NAMES:
         raise HTTPException(400, f"classifier must be one of {', '.join(groups.CLASSIFIER_NAMES)}")
+    order: groups.GroupSort = "growth" if sort == "growth" else "last"
     with _engine(request).connect() as conn:
-        found = groups.list_groups(conn, classifier)
+        found = groups.list_groups(conn, classifier, sort=order)
         running = groups.group_retries(conn)
     shown = {group.id for group in found}
     # A group whose messages are all being retried has no Unresolved message left; its
@@ -289,6 +291,7 @@ def group_list(
         "closed": closed,
         "retries": running,
         "classifier": classifier,
+        "sort": order,
         "classifiers": groups.CLASSIFIER_NAMES,
         "busy": any(retry.completed_at is None for retry in running.values()),
         "notice": _notice(request),

@@ -35,7 +35,11 @@ from controlroom.db.providers._base import (
     on_conflict_update,
 )
 from controlroom.db.providers._postgresql_roles import audit_log_exposure, grant_service_role
-from controlroom.db.tables import failed_message_tallies, failed_message_tally_deltas
+from controlroom.db.tables import (
+    GROUP_HOURS_KEPT,
+    failed_message_tallies,
+    failed_message_tally_deltas,
+)
 from controlroom.db.transactions import begin_write
 from controlroom.db.types import SearchTermsText, SearchTermsVector, UtcDateTime
 from controlroom.exceptions import ErrorKind
@@ -415,16 +419,26 @@ class PostgreSQLProvider(OnConflictProvider):
         conn.exec_driver_sql("SET LOCAL jit = off")
 
     def compact_group_counts(self, conn: sa.Connection) -> None:
-        """Fold the rows the statement triggers appended (migration 0014) in one statement:
-        the rows it deletes are those committed when it started, and their sums go back
-        in the same transaction, so no reader sees a key counted twice or not at all. Two
-        compactions at once are safe: the later one skips the rows the earlier deleted."""
+        """Fold the rows the statement triggers appended (migrations 0014 and 0020), each
+        table in one statement: the rows it deletes are those committed when it started,
+        and their sums go back in the same transaction, so no reader sees a key counted
+        twice or not at all. Two compactions at once are safe: the later one skips the
+        rows the earlier deleted."""
         conn.exec_driver_sql(
             "WITH folded AS (DELETE FROM failed_message_group_counts "
             "RETURNING classifier, group_id, status, n) "
             "INSERT INTO failed_message_group_counts (classifier, group_id, status, n) "
             "SELECT classifier, group_id, status, sum(n) FROM folded "
             "GROUP BY classifier, group_id, status HAVING sum(n) <> 0"
+        )
+        # The failures per hour of migration 0020 likewise, without the hours past keeping.
+        conn.exec_driver_sql(
+            "WITH folded AS (DELETE FROM failed_message_group_hours "
+            "RETURNING group_id, hour, n) "
+            "INSERT INTO failed_message_group_hours (group_id, hour, n) "
+            "SELECT group_id, hour, sum(n) FROM folded "
+            "WHERE hour >= floor(extract(epoch FROM now()) / 3600)::bigint - "
+            f"{GROUP_HOURS_KEPT} GROUP BY group_id, hour"
         )
 
     def make_lease(self, engine: sa.Engine, name: str, owner: str, seconds: float) -> Lease:
