@@ -122,3 +122,15 @@ def test_a_prefix_finds_exactly_the_messages_holding_a_word_that_starts_with_it(
         found = search_failed_messages(conn, prefix + "*", offset=0, limit=50)
 
     assert sorted(hit.summary.message_id for hit in found.items) == expected
+
+
+def test_a_widened_search_pages_as_it_found(
+    engine: sa.Engine, stored: dict[str, FailedAttempt]
+) -> None:
+    with engine.connect() as conn:
+        first = search_failed_messages(conn, "InvalidOperation", offset=0, limit=1, widen=True)
+        second = search_failed_messages(conn, "InvalidOperation", offset=1, limit=1, widen=True)
+
+    assert (first.total, second.total) == (2, 2)
+    assert second.widened == ("invalidoperation",)
+    assert {first.items[0].summary.message_id, second.items[0].summary.message_id} == {"m-1", "m-2"}

@@ -86,7 +86,7 @@ def search_failed_messages(
     check_window(offset, limit)
     query = parse_search(text, any_word=any_word)
     found = _search_query(conn, text, query, offset, limit, order, where, exact_count_limit)
-    if not widen or found.total or offset:
+    if not widen or found.total:
         return replace(found, query=query)
     wider = widened(query)
     if wider == query:
