@@ -103,6 +103,7 @@ from controlroom.errors.ingest.search_terms import message_search_terms
 from controlroom.errors.ingest.upsert import failure_time_value
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt
+from controlroom.errors.read.search import search_failed_messages
 from controlroom.exceptions import MessageRejected
 
 try:  # written alongside this benchmark; measured through its function when no route serves it
@@ -887,6 +888,22 @@ def scenarios(client: TestClient, messages: int) -> list[Scenario]:
             "search: 'Shipping NullReferenceException ShipOrder15' (three words)",
             get("/api/messages/search", q="Shipping NullReferenceException ShipOrder15"),
         ),
+        Scenario(
+            "search: 'InvalidOperation*' (prefix of a broad word)",
+            get("/api/messages/search/InvalidOperation*"),
+        ),
+        Scenario(
+            "search: 'ChargeCreditCard0*' (prefix, selective)",
+            get("/api/messages/search/ChargeCreditCard0*"),
+        ),
+        Scenario(
+            "search: 'inv*' (prefix of 3 letters)",
+            get("/api/messages/search/inv*"),
+        ),
+        Scenario(
+            "search: 'ChargeCreditCard' (no whole word: the console widens it)",
+            widened_search(engine, "ChargeCreditCard"),
+        ),
         Scenario("errors/summary", get("/api/errors/summary")),
     ]
     for size, (group_id, count) in group_sizes(engine).items():
@@ -916,9 +933,30 @@ def scenarios(client: TestClient, messages: int) -> list[Scenario]:
                     get(f"/api/recoverability/groups/{quote(classifier.name)}"),
                 )
             )
+        found.append(
+            Scenario(
+                "groups: default classifier, sort=growth",
+                get("/api/recoverability/groups", sort="growth"),
+            )
+        )
     else:
         found += group_function_scenarios(client)
     return found
+
+
+def widened_search(engine: sa.Engine, text: str) -> Callable[[], str]:
+    """The console's search of ``text`` (first page, exact count up to the default limit):
+    a search that finds no whole word runs again with its words as prefixes."""
+
+    def run() -> str:
+        with engine.connect() as conn:
+            found = search_failed_messages(
+                conn, text, offset=0, limit=50, exact_count_limit=10_000, widen=True
+            )
+        widened = f", widened {list(found.widened)}" if found.widened else ""
+        return f"{len(found.items)} items of {found.total}{widened}"
+
+    return run
 
 
 def group_sizes(engine: sa.Engine) -> dict[str, tuple[str, int]]:

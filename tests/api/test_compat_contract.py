@@ -63,6 +63,9 @@ SEARCH_ITEM_KEYS = {
     "body_url",
     "body_size",
     "headers",
+    "processing_time",  # ServiceControl's timings: "00:00:00" for a failed message
+    "critical_time",
+    "delivery_time",
 }
 GROUP_KEYS = {
     "id",
@@ -74,6 +77,8 @@ GROUP_KEYS = {
     "operation_status",
     "operation_progress",
     "need_user_acknowledgement",
+    "failures_per_hour",  # Controlroom's own (ServicePulse ignores them)
+    "growth",
 }
 IDLE = {"operation_status": "None", "operation_progress": 0.0, "need_user_acknowledgement": False}
 HISTORIC_KEYS = {

@@ -243,7 +243,8 @@ def test_words_that_never_occur_together_answer_zero_exactly(
             + [attempt(200 + n, at(n), exception_message="betaword") for n in range(12)]
         )
     )
-    response = capped.get("/api/messages/search", params={"q": "alphaword betaword"})
+    # One dotted word: the route ORs words (as ServiceControl), a word's parts must all occur.
+    response = capped.get("/api/messages/search", params={"q": "alphaword.betaword"})
     assert response.status_code == 200
     assert response.headers["Total-Count"] == "0"
     assert "Total-Count-Estimated" not in response.headers

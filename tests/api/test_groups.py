@@ -29,6 +29,9 @@ GROUP_FIELDS = {
     "operation_status",
     "operation_progress",
     "need_user_acknowledgement",
+    # Controlroom's own (ServicePulse ignores them): failures per hour, growth.
+    "failures_per_hour",
+    "growth",
 }
 
 Attempts = dict[str, list[FailedAttempt]]

@@ -34,6 +34,9 @@ MESSAGE_KEYS = {
     "body_url",
     "body_size",
     "headers",
+    "processing_time",
+    "critical_time",
+    "delivery_time",
 }
 
 

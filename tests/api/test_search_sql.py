@@ -7,9 +7,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
-from controlroom.db.providers import provider_for
+from controlroom.db.providers import SearchQuery, SearchTerms, provider_for
 from controlroom.db.providers.sqlite import fts_query
-from controlroom.errors.ingest.search_terms import query_search_terms
+from controlroom.errors.ingest.search_terms import parse_search
 from controlroom.exceptions import UnsupportedProviderError
 
 
@@ -24,13 +24,13 @@ from controlroom.exceptions import UnsupportedProviderError
     ],
 )
 def test_fts_query_quotes_every_term(terms: list[str], expected: str) -> None:
-    assert fts_query(terms) == expected
+    assert fts_query(SearchQuery((SearchTerms(words=tuple(terms)),))) == expected
 
 
 def compiled(dialect: sa.Dialect, text: str) -> sa.engine.Compiled:
     return (
         sa.select(sa.literal_column("1"))
-        .where(provider_for(dialect).search_matches(query_search_terms(text)))
+        .where(provider_for(dialect).search_matches(parse_search(text)))
         .compile(dialect=dialect)
     )
 

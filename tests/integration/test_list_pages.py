@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
+from controlroom.db.providers import SearchQuery, SearchTerms
 from controlroom.db.providers import sqlite as sqlite_provider
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.db.transactions import begin_write
@@ -249,8 +250,15 @@ def test_sqlite_estimates_a_search_from_fts5_without_scanning_the_table(
     from its two ends: no statement scans failed_messages (a min() and a max() in one
     statement scanned it, 0.3-0.6 s at 1,000,000 messages)."""
     with sqlite_stored.connect() as conn:
-        estimate = sqlite_provider.PROVIDER.estimate_search_hits(conn, ["failed"])
-        assert sqlite_provider.PROVIDER.estimate_search_hits(conn, ["nowhere"]) == 0
+        estimate = sqlite_provider.PROVIDER.estimate_search_hits(
+            conn, SearchQuery((SearchTerms(("failed",)),))
+        )
+        assert (
+            sqlite_provider.PROVIDER.estimate_search_hits(
+                conn, SearchQuery((SearchTerms(("nowhere",)),))
+            )
+            == 0
+        )
     assert estimate == MESSAGES  # every message holds "failed": every sampled rowid hits
     plans = [sqlite_plan(sqlite_stored, *ran) for ran in statements if "SELECT" in ran[0]]
     assert plans

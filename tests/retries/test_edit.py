@@ -175,7 +175,7 @@ def test_edit_of_unknown_or_archived_messages_is_refused_and_of_retrying_ignored
 
     unknown, of_archived, of_retrying = run_with_api(settings, engine, body_store, scenario)
 
-    assert unknown.status_code == 404
+    assert unknown.status_code == 400  # as ServiceControl answers an unknown id
     assert of_archived.status_code == 409 and "archived" in of_archived.json()["detail"]
     # ServiceControl ignores an edit while the message is taken.
     assert of_retrying.status_code == 200 and of_retrying.json() == {"edit_ignored": True}

@@ -1,6 +1,7 @@
 """Retry requests over HTTP on every provider: batches of at most 1,000, claims, RetryIssued,
-404 for unknown ids and groups, 409 for archived and resolved messages (docs/decisions.md "Retry
-requests claim messages in batches")."""
+404 for unknown ids and groups (one unknown id alone: 202, a no-op, as ServiceControl),
+409 for archived and resolved messages (docs/decisions.md "Retry requests claim messages
+in batches")."""
 
 from __future__ import annotations
 
@@ -163,8 +164,10 @@ def test_unknown_ids_and_groups_answer_404_naming_them(
     selection = client.post("/api/errors/retry", json=[*known, unknown])
     group = client.post(f"/api/recoverability/groups/{unknown}/errors/retry")
 
-    assert (single.status_code, not_a_guid.status_code, selection.status_code) == (404, 404, 404)
-    assert unknown in single.json()["detail"] and unknown in selection.json()["detail"]
+    # One unknown id is accepted and does nothing, as ServiceControl accepts it.
+    assert (single.status_code, not_a_guid.status_code) == (202, 202)
+    assert single.json()["message_count"] == 0 and "operation_id" not in single.json()
+    assert selection.status_code == 404 and unknown in selection.json()["detail"]
     assert group.status_code == 404 and unknown in group.json()["detail"]
     assert set(statuses(engine).values()) == {UNRESOLVED}  # nothing half done
     assert claims(engine) == {}

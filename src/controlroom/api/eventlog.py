@@ -37,6 +37,12 @@ _LIST_ADAPTER = TypeAdapter(list[EventLogItemView])
 
 
 @router.get("/eventlogitems", response_model=list[EventLogItemView], responses=LIST_RESPONSES)
+@router.get(
+    "/eventlogitems/",
+    response_model=list[EventLogItemView],
+    responses=LIST_RESPONSES,
+    include_in_schema=False,
+)
 def list_event_log_items(request: Request, page: PagingParams) -> Response:
     """What happened, newest first: retries, archives, comments, failed imports, sweeps."""
     engine: sa.Engine = request.app.state.engine

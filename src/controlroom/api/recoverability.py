@@ -50,6 +50,14 @@ ClassifierFilter = Annotated[
     str | None,
     Query(alias="classifierFilter", description="Only the group with exactly this title."),
 ]
+GroupOrder = Annotated[
+    str | None,
+    Query(
+        max_length=40,
+        description="growth: the groups failing more now than half a day before first "
+        "(Controlroom's); any other value: latest failure first (ServiceControl's order).",
+    ),
+]
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"description": "No failed message belongs to a group with this id."}
 }
@@ -82,6 +90,10 @@ class FailureGroupView(BaseModel):
     operation_completion_time: UtcTimestamp | None = None
     operation_messages_completed_count: int | None = None
     need_user_acknowledgement: bool = False
+    # Controlroom's own fields (ServicePulse ignores them): failures in each of the last
+    # 24 hours, oldest first, the current hour last; the newer half's minus the older's.
+    failures_per_hour: list[int] | None = None
+    growth: int | None = None
 
 
 class GroupActionOutcome(BaseModel):
@@ -105,11 +117,19 @@ def list_classifiers(response: Response) -> list[str]:
 @router.get("/recoverability/groups", response_model_exclude_none=True)
 @router.get("/recoverability/groups/", response_model_exclude_none=True, include_in_schema=False)
 def list_default_groups(
-    request: Request, response: Response, classifier_filter: ClassifierFilter = None
+    request: Request,
+    response: Response,
+    classifier_filter: ClassifierFilter = None,
+    sort: GroupOrder = None,
 ) -> list[FailureGroupView]:
     """The groups of the default classifier (``Exception Type and Stack Trace``)."""
     return list_groups_view(
-        request, response, groups.DEFAULT_CLASSIFIER, classifier_filter, archived=False
+        request,
+        response,
+        groups.DEFAULT_CLASSIFIER,
+        classifier_filter,
+        archived=False,
+        sort=group_sort(sort),
     )
 
 
@@ -123,9 +143,19 @@ def list_classifier_groups(
     response: Response,
     classifier: Classifier,
     classifier_filter: ClassifierFilter = None,
+    sort: GroupOrder = None,
 ) -> list[FailureGroupView]:
-    """The groups of ``classifier`` that hold Unresolved messages, latest failure first."""
-    return list_groups_view(request, response, classifier, classifier_filter, archived=False)
+    """The groups of ``classifier`` that hold Unresolved messages, latest failure first
+    (or by ``sort``)."""
+    return list_groups_view(
+        request, response, classifier, classifier_filter, archived=False, sort=group_sort(sort)
+    )
+
+
+def group_sort(sort: str | None) -> groups.GroupSort:
+    """The groups' order ``sort`` asks for: ``growth``, else ServiceControl's (latest
+    failure first), as it reads an unknown sort."""
+    return "growth" if sort == "growth" else "last"
 
 
 @router.get(
@@ -266,6 +296,7 @@ def list_groups_view(
     classifier_filter: str | None,
     *,
     archived: bool,
+    sort: groups.GroupSort = "last",
 ) -> list[FailureGroupView]:
     """The groups of ``classifier`` counting Unresolved (or, ``archived``, Archived)
     messages, with ``Total-Count``. 404 for an unknown classifier.
@@ -285,7 +316,7 @@ def list_groups_view(
         classifier_filter = None
     with _engine(request).connect() as conn:
         found = groups.list_groups(
-            conn, classifier, status=_counted(archived), title=classifier_filter
+            conn, classifier, status=_counted(archived), title=classifier_filter, sort=sort
         )
         retries = {} if archived else groups.group_retries(conn)
     open_ids = {group.id for group in found}
@@ -335,6 +366,8 @@ def group_view(
         first=group.first,
         last=group.last,
         comment=None if archived else group.comment,
+        failures_per_hour=list(group.failures_per_hour),
+        growth=group.growth,
     )
     return view if retry is None else view.model_copy(update=operation_fields(retry))
 

@@ -116,9 +116,13 @@ class EditRequest(BaseModel):
     ``message_headers`` is an object, or a list of ``{"key", "value"}``."""
 
     message_body: str
-    message_headers: dict[str, str | None] | list[HeaderItem]
+    message_headers: dict[str, str | None] | list[HeaderItem] | None
 
     def headers(self) -> dict[str, str | None]:
+        """The headers to send; raises 400 when ``message_headers`` is null, as
+        ServiceControl answers it."""
+        if self.message_headers is None:
+            raise HTTPException(400, "message_headers: null; send the full header set")
         if isinstance(self.message_headers, dict):
             return self.message_headers
         return {item.key: item.value for item in self.message_headers}
@@ -145,8 +149,16 @@ class EditIgnored(BaseModel):
 def retry_one(
     request: Request, failed_message_id: Annotated[str, Path(alias="id")]
 ) -> RetryAccepted:
-    """Retry one failed message."""
-    return _accepted(request, retries.retry_message, failed_message_id)
+    """Retry one failed message. An id that names no failed message is accepted and
+    changes nothing (``message_count`` 0, no operation), as ServiceControl accepts it."""
+    nothing = RetryAccepted(
+        request_id=failed_message_id,
+        retry_type=str(retries.RetryType.SINGLE_MESSAGE),
+        message_count=0,
+        skipped_count=0,
+        batches=[],
+    )
+    return _accepted(request, retries.retry_message, failed_message_id, if_unknown=nothing)
 
 
 @router.post("/errors/retry", status_code=202, responses=_ERRORS, response_model_exclude_none=True)
@@ -302,7 +314,8 @@ async def edit_and_retry(
 
     A repeated edit (the message was edited already, so it is Resolved, or an edit of it
     is being sent) answers 200 ``{"edit_ignored": true}`` and sends nothing, as
-    ServiceControl answers it; a null header value is a 400 naming the header.
+    ServiceControl answers it; a null header value is a 400 naming the header, null
+    ``message_headers`` or an unknown id a 400 (ServiceControl's answers).
     """
     headers = edit.headers()
     nulls = sorted(name for name, value in headers.items() if value is None)
@@ -320,7 +333,8 @@ async def edit_and_retry(
             headers=headers,
             acknowledgement_queue=request.app.state.settings.error_queue,
         )
-    except retries.InvalidEdit as exc:
+    except (retries.InvalidEdit, retries.UnknownFailedMessages) as exc:
+        # ServiceControl answers an edit of an unknown id 400 too.
         raise HTTPException(400, str(exc)) from exc
     except retries.MessageBeingRetried:
         return JSONResponse(EditIgnored().model_dump(), status_code=200)
@@ -342,10 +356,19 @@ async def edit_and_retry(
 
 # --- helpers ------------------------------------------------------------------------------
 def _accepted(
-    request: Request, action: Callable[..., retries.RetryRequestResult], *args: Any
+    request: Request,
+    action: Callable[..., retries.RetryRequestResult],
+    *args: Any,
+    if_unknown: RetryAccepted | None = None,
 ) -> RetryAccepted:
+    """``action``'s result as the 202 answer; ``if_unknown``, when given, is the answer
+    when an id names no failed message (else a 404)."""
     try:
         result = action(_engine(request), *args, by=current_principal(request).name)
+    except retries.UnknownFailedMessages as exc:
+        if if_unknown is not None:
+            return if_unknown
+        raise _http_error(exc) from exc
     except retries.RetryRequestError as exc:
         raise _http_error(exc) from exc
     processor = getattr(request.app.state, "retry_processor", None)

@@ -6,7 +6,8 @@ as ServiceControl), ``GET /api/messages/search/{keyword}``, ``GET /api/messages/
 and the same two below ``/api/endpoints/{endpoint}/``.
 
 Search looks the text up in the provider's full-text index over headers and body text
-(``controlroom.errors.search``), and as an exact message id or UniqueMessageId. Answers
+(``controlroom.errors.read.search``): any of its words, as ServiceControl ORs them, a word
+ending in ``*`` as a prefix; and as an exact message id or UniqueMessageId. Answers
 are paged and sorted like ``/api/errors`` (``Total-Count``, ``ETag``, ``Link``; ``sort``
 also ``processed_at``, the time of failure) and shaped as ServiceControl's message list
 (``MessagesView``) so that its clients can open a message found by id: ``status`` is
@@ -42,6 +43,11 @@ from controlroom.errors.read.summaries import SearchHit
 MAX_SEARCH_LENGTH = 1000
 """Longest search text, in characters."""
 
+FAILED_MESSAGE_TIMING = "00:00:00"
+"""``processing_time``, ``critical_time`` and ``delivery_time`` of a failed message, as
+ServiceControl answers them (a ``TimeSpan`` of zero): ServicePulse's sequence diagram
+splits each one."""
+
 router = APIRouter(tags=["search"])
 
 MessageStatus = Literal[
@@ -73,6 +79,10 @@ class MessageSearchItem(BaseModel):
     body_url: str
     body_size: int
     headers: list[Header]
+    # ServiceControl's timings of a processed message: always "00:00:00" for a failed one.
+    processing_time: str = FAILED_MESSAGE_TIMING
+    critical_time: str = FAILED_MESSAGE_TIMING
+    delivery_time: str = FAILED_MESSAGE_TIMING
 
 
 def message_status(status: FailedMessageStatus, attempts: int) -> MessageStatus:
@@ -110,9 +120,10 @@ def search_item(hit: SearchHit) -> MessageSearchItem:
 
 _ADAPTER = TypeAdapter(list[MessageSearchItem])
 _TEXT_DESCRIPTION = (
-    "Words to find in headers and body text, all of them; a dotted name is found whole "
-    "or by a part. Also an exact message id or failed-message id. Read literally: no "
-    "search syntax."
+    "Words to find in headers and body text, any of them (as ServiceControl); a dotted "
+    "name is found whole or by a part; a word ending in * (3 characters or more before "
+    "it) finds any word starting with it. Also an exact message id or failed-message id. "
+    "No other search syntax."
 )
 
 
@@ -158,6 +169,7 @@ def _search(
             order=order,
             where=where,
             exact_count_limit=exact_count_limit(request),
+            any_word=True,  # ServiceControl's keyword search ORs its words
         )
     items = [search_item(hit) for hit in result.items]
     return paged_response(

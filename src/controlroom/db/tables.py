@@ -224,6 +224,25 @@ failed_message_group_counts = sa.Table(
 )
 
 
+# Failures per (group, hour): ``hour`` counts whole hours since 1970-01-01 UTC of a
+# failure's time. Written by the database's triggers when a group row is inserted with
+# its failure time (migration 0022); PostgreSQL appends a row per statement and key and
+# Provider.compact_group_counts folds them (one row per key) and drops old hours.
+failed_message_group_hours = sa.Table(
+    "failed_message_group_hours",
+    metadata,
+    sa.Column("group_id", sa.String(UUID_LEN), nullable=False),
+    sa.Column("hour", sa.BigInteger, nullable=False),
+    sa.Column("n", sa.BigInteger, nullable=False),
+    sa.Index("ix_failed_message_group_hours_group_id_hour", "group_id", "hour"),
+    sa.Index("ix_failed_message_group_hours_hour", "hour"),
+)
+
+GROUP_HOURS_KEPT = 48
+"""Hours of failures kept per group (migration 0022): the groups views' last day and the
+day before it."""
+
+
 # How many failed messages share a key of the columns the summary and the counts group
 # by (migration 0012; docs/decisions.md "The database keeps the counts"): kept by the database's
 # triggers on failed_messages in the transaction that changes a message, never written by the

@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -18,8 +19,10 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response
 
+from controlroom.db.providers import SearchTerms
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors.ingest.headers import content_encoding
+from controlroom.errors.ingest.search_terms import MIN_PREFIX_CHARS
 from controlroom.errors.read import endpoints, groups
 from controlroom.errors.read.counts import (
     count_by_status,
@@ -32,6 +35,7 @@ from controlroom.errors.read.filters import FailedMessageFilter, Ordering, SortK
 from controlroom.errors.read.lists import list_failed_messages
 from controlroom.errors.read.messages import get_failed_message, get_stored_body
 from controlroom.errors.read.search import search_failed_messages
+from controlroom.errors.read.summaries import SearchPage
 from controlroom.errors.retries import requests as retries
 from controlroom.errors.retries.outcomes import failed_again_in_group
 from controlroom.http.bodies import body_response_headers, read_body_bytes
@@ -125,6 +129,7 @@ def message_list(
     order = Ordering(key=sort, descending=direction == "desc")
     offset = (page - 1) * PAGE_SIZE
     limit = api_state(request).settings.exact_count_limit
+    note = ""
     with _engine(request).connect() as conn:
         if q.strip():
             found = search_failed_messages(
@@ -135,9 +140,11 @@ def message_list(
                 order=order,
                 where=where,
                 exact_count_limit=limit,
+                widen=True,
             )
             total, items = found.total, [hit.summary for hit in found.items]
             estimated = found.total_estimated
+            note = search_note(found)
         else:
             listed = list_failed_messages(
                 conn,
@@ -171,10 +178,43 @@ def message_list(
             "params": params,
             "status_choices": STATUS_CHOICES,
             "group_info": group_info,
+            "search_note": note,
             "operation_id": request.query_params.get("operation", ""),
             "notice": _notice(request),
         },
     )
+
+
+def search_note(found: SearchPage) -> str:
+    """What the console says about a search's page: which words were looked for as the
+    start of a word because nothing held them whole, or why nothing matched (every word
+    must occur; a word ending in ``*`` is the start of a word). Empty when the search
+    found its words as written."""
+    if found.widened and found.total:
+        words = _quoted(found.widened)
+        return (
+            f"No message contains {words} as a whole word; showing messages with a word "
+            "starting with it."
+        )
+    if found.total:
+        return ""
+    query = found.query
+    if query is None or query.empty:
+        return (
+            "Nothing matched: the search has no letter or digit, and no message has it as its id."
+        )
+    (terms,) = query.alternatives or (SearchTerms(),)
+    wanted = [f"the word {_quoted([word])}" for word in terms.words]
+    wanted += [f"a word starting with {_quoted([prefix])}" for prefix in terms.prefixes]
+    return (
+        f"Nothing matched: no message contains {' and '.join(wanted)}. Every word must "
+        f"occur; end a word of {MIN_PREFIX_CHARS} or more characters with * to find the "
+        "words that start with it."
+    )
+
+
+def _quoted(words: Sequence[str]) -> str:
+    return ", ".join(f"“{word}”" for word in words)
 
 
 @router.get("/messages/{failed_message_id}")
@@ -255,12 +295,14 @@ def group_list(
     request: Request,
     session: Viewer,
     classifier: Annotated[str, Query(max_length=200)] = groups.DEFAULT_CLASSIFIER,
+    sort: Annotated[str, Query(max_length=40)] = "last",
     fragment: bool = False,
 ) -> Response:
     if classifier not in groups.CLASSIFIER_NAMES:
         raise HTTPException(400, f"classifier must be one of {', '.join(groups.CLASSIFIER_NAMES)}")
+    order: groups.GroupSort = "growth" if sort == "growth" else "last"
     with _engine(request).connect() as conn:
-        found = groups.list_groups(conn, classifier)
+        found = groups.list_groups(conn, classifier, sort=order)
         running = groups.group_retries(conn)
         failed_again = {
             retry.group_id: failed_again_in_group(conn, retry.group_id, retry.started_at)
@@ -281,6 +323,7 @@ def group_list(
         "retries": running,
         "failed_again": failed_again,
         "classifier": classifier,
+        "sort": order,
         "classifiers": groups.CLASSIFIER_NAMES,
         "busy": any(retry.completed_at is None for retry in running.values()),
         "notice": _notice(request),

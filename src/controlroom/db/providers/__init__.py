@@ -23,7 +23,7 @@ from types import MappingProxyType
 import sqlalchemy as sa
 
 from controlroom.db.providers import sqlite
-from controlroom.db.providers._base import Provider, Row, chunked
+from controlroom.db.providers._base import Provider, Row, SearchQuery, SearchTerms, chunked
 from controlroom.exceptions import UnsupportedProviderError
 
 PROVIDER_MODULES: Mapping[str, str] = MappingProxyType(
@@ -83,6 +83,8 @@ __all__ = [
     "PROVIDER_MODULES",
     "Provider",
     "Row",
+    "SearchQuery",
+    "SearchTerms",
     "chunked",
     "loaded_providers",
     "provider_for",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
 
@@ -69,6 +70,32 @@ def chunked(rows: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     """Consecutive slices of ``rows`` of at most ``size`` items, order kept."""
     for start in range(0, len(rows), size):
         yield rows[start : start + size]
+
+
+@dataclass(frozen=True, slots=True)
+class SearchTerms:
+    """Terms a message must all hold: ``words``, each a stored term equal to it, and
+    ``prefixes``, each the start of a stored term (docs/design.md "Search"). Each is a
+    term as the tokenizer cuts it (``errors.ingest.search_terms``), only ever a bound
+    value."""
+
+    words: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SearchQuery:
+    """What a search asks the full-text index (``failed_messages.search_vector``) for:
+    messages holding every term of any one of ``alternatives`` (a search for all its
+    words has one; ServiceControl's keyword search one per word). An alternative
+    without terms is never one; no alternative matches nothing."""
+
+    alternatives: tuple[SearchTerms, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        """True when no alternative has a term (the query matches nothing)."""
+        return not any(terms.words or terms.prefixes for terms in self.alternatives)
 
 
 class Provider(ABC):
@@ -193,12 +220,12 @@ class Provider(ABC):
 
     @abstractmethod
     def search_matches(
-        self, terms: Sequence[str], *, among: sa.Select[Any] | None = None
+        self, query: SearchQuery, *, among: sa.Select[Any] | None = None
     ) -> sa.ColumnElement[bool]:
         """True for failed messages whose search terms (``failed_messages.search_vector``)
-        hold every one of ``terms`` (``errors.ingest.search_terms``), answered from the
-        provider's full-text index; each term is only ever a bound parameter, read as a
-        whole. No ``terms`` match nothing. ``among``, when given, is a statement on
+        match ``query`` (``SearchQuery``), answered from the provider's full-text index;
+        each term is only ever a bound parameter, read as a whole (a prefix as the start
+        of a term). An empty query matches nothing. ``among``, when given, is a statement on
         ``failed_messages`` (its own ORDER BY and LIMIT: a window of a sort order) that
         yields every row the condition will be tested on: a provider may read only the
         index's hits that can be among them (SQLite); the rows matched are the same."""
@@ -248,18 +275,16 @@ class Provider(ABC):
         it; ``None`` when the provider has none (then callers count exactly)."""
         return None
 
-    def count_search_hits(
-        self, conn: sa.Connection, terms: Sequence[str], limit: int
-    ) -> int | None:
-        """How many failed messages ``search_matches(terms)`` holds, counted in the
+    def count_search_hits(self, conn: sa.Connection, query: SearchQuery, limit: int) -> int | None:
+        """How many failed messages ``search_matches(query)`` holds, counted in the
         full-text index alone (no table row read), stopping past ``limit``: at most
         ``limit + 1``. ``None`` where the index cannot count without the rows (here; on
         PostgreSQL the GIN index needs the heap for visibility), then callers count
         through the table."""
         return None
 
-    def estimate_search_hits(self, conn: sa.Connection, terms: Sequence[str]) -> int | None:
-        """An estimate of how many failed messages ``search_matches(terms)`` holds, from
+    def estimate_search_hits(self, conn: sa.Connection, query: SearchQuery) -> int | None:
+        """An estimate of how many failed messages ``search_matches(query)`` holds, from
         the full-text index alone and without reading every hit; ``None`` where the
         provider has none of its own (here; PostgreSQL estimates the whole search
         statement through ``estimate_rows``)."""

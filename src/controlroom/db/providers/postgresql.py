@@ -29,12 +29,18 @@ from controlroom.db.providers._base import (
     OnConflictProvider,
     Returning,
     Row,
+    SearchQuery,
+    SearchTerms,
     chunked,
     on_conflict_update,
 )
 from controlroom.db.providers._postgresql_roles import audit_log_exposure, grant_service_role
 from controlroom.db.providers._postgresql_vacuum import vacuum_warnings
-from controlroom.db.tables import failed_message_tallies, failed_message_tally_deltas
+from controlroom.db.tables import (
+    GROUP_HOURS_KEPT,
+    failed_message_tallies,
+    failed_message_tally_deltas,
+)
 from controlroom.db.transactions import begin_write
 from controlroom.db.types import SearchTermsText, SearchTermsVector, UtcDateTime
 from controlroom.exceptions import ErrorKind
@@ -217,10 +223,21 @@ def _compile_explain(element: _Explain, compiler: sa.sql.compiler.SQLCompiler, *
     return "EXPLAIN (FORMAT JSON) " + compiler.process(element.query, **kw)
 
 
-def _term_query(term: str) -> sa.ColumnElement[Any]:
-    """The ``tsquery`` of the one lexeme ``term``, quoted by the server."""
-    lexeme = sa.func.array_to_tsvector(sa.literal([term], ARRAY(sa.Text)))
-    return sa.cast(sa.cast(lexeme, sa.Text), TSQUERY)
+def _term_query(term: str, *, prefix: bool = False) -> sa.ColumnElement[Any]:
+    """The ``tsquery`` of the one lexeme ``term``, quoted by the server; with ``prefix``
+    marked ``:*`` (any lexeme starting with it)."""
+    lexeme = sa.cast(sa.func.array_to_tsvector(sa.literal([term], ARRAY(sa.Text))), sa.Text)
+    return sa.cast(lexeme.concat(":*") if prefix else lexeme, TSQUERY)
+
+
+def _all_of(terms: SearchTerms) -> sa.ColumnElement[Any]:
+    """The ``tsquery`` holding every one of ``terms``: their queries joined by ``&&``."""
+    queries = [_term_query(term) for term in terms.words]
+    queries += [_term_query(term, prefix=True) for term in terms.prefixes]
+    joined = queries[0]
+    for other in queries[1:]:
+        joined = joined.op("&&", return_type=TSQUERY)(other).self_group()
+    return joined
 
 
 class AdvisoryLockLease:
@@ -358,22 +375,27 @@ class PostgreSQLProvider(OnConflictProvider):
         return sa.func.array(values.scalar_subquery(), type_=ARRAY(sa.BigInteger))
 
     def search_matches(
-        self, terms: Sequence[str], *, among: sa.Select[Any] | None = None
+        self, query: SearchQuery, *, among: sa.Select[Any] | None = None
     ) -> sa.ColumnElement[bool]:
-        """``search_vector @@ (t1 && t2 && ...)``, each ``t`` the ``tsquery`` of one bound
-        term. The server quotes it: a one-lexeme ``tsvector`` (``array_to_tsvector``, no
-        parser) printed as text is that lexeme in ``tsquery`` input form, so no term is
-        ever read as ``tsquery`` syntax (``&``, ``|``, ``!``, ``:*``, quotes, backslashes).
+        """``search_vector @@ ((t1 && t2 && ...) || ...)``, an alternative's terms
+        joined by ``&&``, the alternatives by ``||``; each ``t`` the ``tsquery`` of one
+        bound term, a prefix's marked ``:*`` (the GIN index
+        answers it from the range of lexemes it starts). The server quotes each term: a
+        one-lexeme ``tsvector`` (``array_to_tsvector``, no parser) printed as text is
+        that lexeme in ``tsquery`` input form, so no term is ever read as ``tsquery``
+        syntax (``&``, ``|``, ``!``, ``:*``, quotes, backslashes).
         Only the terms: a phrase would make PostgreSQL recheck every candidate against
         its detoasted vector (``benchmarks/query.py``); terms alone are answered from the
         GIN index. The same whatever ``among``: ``@@`` tests a row by itself."""
-        if not terms:
+        if query.empty:
             return sa.false()
-        queries = [_term_query(term) for term in terms]
-        query = queries[0]
-        for other in queries[1:]:
-            query = query.op("&&", return_type=TSQUERY)(other)
-        return _SEARCH_VECTOR.bool_op("@@")(query)
+        conjunctions = [
+            _all_of(terms) for terms in query.alternatives if terms.words or terms.prefixes
+        ]
+        joined = conjunctions[0]
+        for other in conjunctions[1:]:
+            joined = joined.op("||", return_type=TSQUERY)(other).self_group()
+        return _SEARCH_VECTOR.bool_op("@@")(joined)
 
     def estimate_rows(self, conn: sa.Connection, query: sa.Select[Any]) -> int | None:
         """The planner's row estimate of ``query``: ``EXPLAIN (FORMAT JSON)``'s top
@@ -411,15 +433,24 @@ class PostgreSQLProvider(OnConflictProvider):
         conn.exec_driver_sql("SET LOCAL jit = off")
 
     def compact_group_counts(self, conn: sa.Connection) -> None:
-        """Fold the rows the statement triggers appended (migration 0014) in one statement:
-        the rows it deletes are those committed when it started, and their sums go back
-        in the same transaction, so no reader sees a key counted twice or not at all. Two
-        compactions at once are safe: the later one skips the rows the earlier deleted.
-        Only keys with more than one row, or a sum of 0, are folded: a key no write
-        touched since the last fold keeps its row, so a fold leaves dead rows for the
-        keys that changed, not for every key (docs/decisions.md "The counter tables are
-        vacuumed as they turn over")."""
+        """Fold the rows the statement triggers appended (migrations 0014 and 0022), each
+        table in one statement: the rows it deletes are those committed when it started,
+        and their sums go back in the same transaction, so no reader sees a key counted
+        twice or not at all. Two compactions at once are safe: the later one skips the rows
+        the earlier deleted. Group counts: only keys with more than one row, or a sum of 0,
+        are folded: a key no write touched since the last fold keeps its row, so a fold
+        leaves dead rows for the keys that changed, not for every key (docs/decisions.md
+        "The counter tables are vacuumed as they turn over")."""
         conn.exec_driver_sql(_FOLD_GROUP_COUNTS)
+        # The failures per hour of migration 0022 likewise, without the hours past keeping.
+        conn.exec_driver_sql(
+            "WITH folded AS (DELETE FROM failed_message_group_hours "
+            "RETURNING group_id, hour, n) "
+            "INSERT INTO failed_message_group_hours (group_id, hour, n) "
+            "SELECT group_id, hour, sum(n) FROM folded "
+            "WHERE hour >= floor(extract(epoch FROM now()) / 3600)::bigint - "
+            f"{GROUP_HOURS_KEPT} GROUP BY group_id, hour"
+        )
 
     def make_lease(self, engine: sa.Engine, name: str, owner: str, seconds: float) -> Lease:
         # owner and seconds do not apply: the server knows the holder and its liveness.

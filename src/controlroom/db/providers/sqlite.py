@@ -24,7 +24,13 @@ from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.sql import operators
 from sqlalchemy.sql.expression import UnaryExpression
 
-from controlroom.db.providers._base import AUDIT_PURGE_CHUNK, OnConflictProvider, Row
+from controlroom.db.providers._base import (
+    AUDIT_PURGE_CHUNK,
+    OnConflictProvider,
+    Row,
+    SearchQuery,
+    SearchTerms,
+)
 from controlroom.db.transactions import WRITE_OPTION, begin_write
 from controlroom.exceptions import ErrorKind
 from controlroom.runtime.lease import Lease
@@ -96,12 +102,24 @@ def _purge_permit(conn: sa.Connection) -> Iterator[None]:
             conn.execute(sa.delete(_AUDIT_PURGE_PERMITS))
 
 
-def fts_query(terms: Sequence[str]) -> str:
-    """The FTS5 query asking for every one of ``terms``: each a quoted string (inside
-    quotes FTS5 reads nothing as syntax: ``AND``, ``NEAR``, ``*``, ``^``, ``col:``,
-    parentheses; the only special character, ``"``, is doubled), implicitly ANDed. The
-    index's tokenizer keeps each term whole (``FTS_TOKENIZER``), so each is one token."""
-    return " ".join('"' + term.replace('"', '""') + '"' for term in terms)
+def fts_query(query: SearchQuery) -> str:
+    """The FTS5 query of ``query``: each term a quoted string (inside quotes FTS5 reads
+    nothing as syntax: ``AND``, ``NEAR``, ``*``, ``^``, ``col:``, parentheses; the only
+    special character, ``"``, is doubled), a prefix followed by `` *`` (FTS5's prefix
+    query: any token starting with it); an alternative's terms implicitly ANDed, the
+    alternatives in parentheses joined by ``OR``. The index's tokenizer keeps each term
+    whole (``FTS_TOKENIZER``), so each is one token. Empty when ``query`` is."""
+    conjunctions = [_fts_terms(terms) for terms in query.alternatives]
+    conjunctions = [conjunction for conjunction in conjunctions if conjunction]
+    if len(conjunctions) == 1:
+        return conjunctions[0]
+    return " OR ".join(f"({conjunction})" for conjunction in conjunctions)
+
+
+def _fts_terms(terms: SearchTerms) -> str:
+    quoted = ['"' + term.replace('"', '""') + '"' for term in terms.words]
+    quoted += ['"' + term.replace('"', '""') + '" *' for term in terms.prefixes]
+    return " ".join(quoted)
 
 
 class SQLiteProvider(OnConflictProvider):
@@ -163,18 +181,18 @@ class SQLiteProvider(OnConflictProvider):
         )
 
     def search_matches(
-        self, terms: Sequence[str], *, among: sa.Select[Any] | None = None
+        self, query: SearchQuery, *, among: sa.Select[Any] | None = None
     ) -> sa.ColumnElement[bool]:
         """The rowid among the hits of ``fts_query(terms)``, read once per statement into
         a set; given ``among``, only the hits within the rowid range of its rows (FTS5
         answers a rowid range from its doclists). At 1,000,000 messages, for the 490 rows
         of a broad search's first page: the hits of their range 1 ms, every hit 54 ms,
         a lookup in FTS5 per row 146 ms (``benchmarks/README.md``)."""
-        query = fts_query(terms)
-        if not query:
+        text = fts_query(query)
+        if not text:
             return sa.false()  # FTS5 refuses an empty query string
         hits = sa.select(_FTS_TABLE.c.rowid).where(
-            _FTS_TABLE_NAME.op("MATCH")(sa.literal(query, sa.Text))
+            _FTS_TABLE_NAME.op("MATCH")(sa.literal(text, sa.Text))
         )
         if among is not None:
             tested = among.with_only_columns(
@@ -188,24 +206,24 @@ class SQLiteProvider(OnConflictProvider):
             )
         return _ROWID.in_(hits)
 
-    def count_search_hits(self, conn: sa.Connection, terms: Sequence[str], limit: int) -> int:
+    def count_search_hits(self, conn: sa.Connection, query: SearchQuery, limit: int) -> int:
         """From ``failed_messages_fts`` alone: FTS5 yields hits one by one in rowid order,
         so stopping at ``limit + 1`` reads that many doclist entries, where counting
         through the table seeks each hit's row (10,001 random rows of a 2 GB file took
         130 ms, the same count from FTS5 2 ms; ``benchmarks/query.py``)."""
-        query = fts_query(terms)
-        if not query:
+        text = fts_query(query)
+        if not text:
             return 0
         hits = (
             sa.select(sa.literal(1))
             .select_from(_FTS_TABLE)
-            .where(_FTS_TABLE_NAME.op("MATCH")(sa.literal(query, sa.Text)))
+            .where(_FTS_TABLE_NAME.op("MATCH")(sa.literal(text, sa.Text)))
             .limit(limit + 1)
             .subquery("hits")
         )
         return int(conn.execute(sa.select(sa.func.count()).select_from(hits)).scalar_one())
 
-    def estimate_search_hits(self, conn: sa.Connection, terms: Sequence[str]) -> int:
+    def estimate_search_hits(self, conn: sa.Connection, query: SearchQuery) -> int:
         """The hits in ``SAMPLE_WINDOWS`` windows of rowids covering ``SAMPLE_FRACTION`` of
         the table's rowid range, scaled to the whole range. Gaps in the rowids (deleted
         messages) are in the windows as in the range, so they cancel out. Every hit of a
@@ -214,8 +232,8 @@ class SQLiteProvider(OnConflictProvider):
         15 ms for a term in 150,000 of 200,000 messages, a sample of both terms 1 ms."""
         from controlroom.db.tables import failed_messages  # central's schema: see the imports
 
-        query = fts_query(terms)
-        if not query:
+        text = fts_query(query)
+        if not text:
             return 0
         # The rowid b-tree's two ends, each its own aggregate: SQLite reads one end for a
         # lone min() or max(), but scans the table for both in one (0.3-0.6 s at 1,000,000).
@@ -234,7 +252,7 @@ class SQLiteProvider(OnConflictProvider):
         else:
             starts = [low + span * index // SAMPLE_WINDOWS for index in range(SAMPLE_WINDOWS)]
         sampled: int = conn.execute(
-            _SAMPLED_HITS, {"starts": json.dumps(starts), "query": query, "width": width}
+            _SAMPLED_HITS, {"starts": json.dumps(starts), "query": text, "width": width}
         ).scalar_one()
         return round(sampled * span / (len(starts) * width))
 

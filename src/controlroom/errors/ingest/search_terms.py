@@ -39,11 +39,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from controlroom.db.providers import SearchQuery, SearchTerms
+
 MAX_TEXT_CHARS = 100_000
 """Characters read from the header values (together), and as many from the body text."""
 
 MAX_TERM_CHARS = 64
 """Characters a term keeps; longer tokens and parts are cut to their first 64."""
+
+MIN_PREFIX_CHARS = 3
+"""The shortest prefix a search looks terms up by: a shorter word ending in ``*`` is
+looked for as a whole word, and a shorter plain word is never widened (``widened``), so
+that one letter never reads the index's every term starting with it."""
 
 MAX_TERMS = 3_000
 """Distinct terms per message. With ``MAX_TERM_CHARS`` (at most 4 UTF-8 bytes a
@@ -100,3 +107,54 @@ def query_search_terms(text: str) -> list[str]:
     of its words, lower-cased and cut as the index cuts them, distinct, in order. Empty
     when ``text`` has no letter or digit (such a search matches nothing by its terms)."""
     return list(dict.fromkeys(part[:MAX_TERM_CHARS] for part in _PART.findall(text.lower())))
+
+
+def parse_search(text: str, *, any_word: bool = False) -> SearchQuery:
+    """The ``SearchQuery`` of the user's ``text``: the terms of ``query_search_terms``,
+    except that a word (cut at white space) ending in ``*`` asks for its last part as a
+    prefix, when that part has at least ``MIN_PREFIX_CHARS`` characters (``InvalidOp*``:
+    any term starting with ``invalidop``). Every term is required; with ``any_word``
+    those of any one word (ServiceControl's keyword search ORs the words; a dotted name
+    is still found whole or by its parts)."""
+    if any_word:
+        return SearchQuery(tuple(_word_terms(word) for word in text.split()))
+    return SearchQuery((_word_terms(text),))
+
+
+def _word_terms(text: str) -> SearchTerms:
+    """The terms of ``text`` for ``parse_search``, all required."""
+    prefixes: dict[str, None] = {}
+    for word in text.split():
+        parts = _PART.findall(word.lower())
+        if word.endswith("*") and parts and len(parts[-1]) >= MIN_PREFIX_CHARS:
+            prefixes[parts[-1][:MAX_TERM_CHARS]] = None
+    words = [term for term in query_search_terms(text) if term not in prefixes]
+    return SearchTerms(words=tuple(words), prefixes=tuple(prefixes))
+
+
+def widened(query: SearchQuery) -> SearchQuery:
+    """``query`` with each of its words of at least ``MIN_PREFIX_CHARS`` characters asked
+    for as a prefix instead: the search the console runs when ``query`` matched nothing
+    (docs/design.md "Search")."""
+    return SearchQuery(
+        tuple(
+            SearchTerms(
+                words=tuple(word for word in terms.words if len(word) < MIN_PREFIX_CHARS),
+                prefixes=terms.prefixes
+                + tuple(word for word in terms.words if len(word) >= MIN_PREFIX_CHARS),
+            )
+            for terms in query.alternatives
+        )
+    )
+
+
+def widened_words(query: SearchQuery, wider: SearchQuery) -> list[str]:
+    """The words of ``query`` that ``wider`` (``widened(query)``) asks for as prefixes."""
+    return list(
+        dict.fromkeys(
+            prefix
+            for before, after in zip(query.alternatives, wider.alternatives, strict=True)
+            for prefix in after.prefixes
+            if prefix not in before.prefixes
+        )
+    )

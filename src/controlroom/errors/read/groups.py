@@ -15,9 +15,10 @@ Core only; every function takes an open ``Connection``; times are timezone-aware
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 
@@ -26,17 +27,20 @@ from controlroom.db.tables import (
     FailedMessageStatus,
     failed_message_group_comments,
     failed_message_group_counts,
+    failed_message_group_hours,
     failed_message_groups,
     failed_messages,
     retry_operations,
 )
 from controlroom.errors.ingest import identity
 from controlroom.errors.ingest.grouping import CLASSIFIERS, EXCEPTION_TYPE_AND_STACK_TRACE
+from controlroom.runtime.clock import utc_now
 
 fm = failed_messages.c
 fmg = failed_message_groups.c
 counts = failed_message_group_counts.c
 comments = failed_message_group_comments.c
+hours = failed_message_group_hours.c
 ro = retry_operations.c
 
 FAILURE_GROUP_RETRY = "FailureGroup"
@@ -46,6 +50,13 @@ CLASSIFIER_NAMES: tuple[str, ...] = tuple(classifier.name for classifier in CLAS
 """The classifiers' names, default first (ServiceControl lists them in this order)."""
 
 DEFAULT_CLASSIFIER = EXCEPTION_TYPE_AND_STACK_TRACE
+
+HOURS_SHOWN = 24
+"""The hours of failures a group view shows (``GroupSummary.failures_per_hour``)."""
+
+GroupSort = Literal["last", "growth"]
+"""How ``list_groups`` orders: latest ``last`` first (ServiceControl's order), or
+largest ``growth`` first (ties by latest ``last``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +70,17 @@ class GroupSummary:
     first: datetime | None  # earliest first failure of those messages; None when count is 0
     last: datetime | None  # latest last failure of those messages; None when count is 0
     comment: str | None
+    failures_per_hour: tuple[int, ...] = ()
+    """Failures of the group in each of the last ``HOURS_SHOWN`` hours (UTC, whole hours),
+    oldest first, the current hour last; every status (a failure stays counted when its
+    message is retried or archived). From ``failed_message_group_hours`` (migration 0022)."""
+
+    @property
+    def growth(self) -> int:
+        """Failures in the newer half of ``failures_per_hour`` minus those in the older
+        half: above 0 the group fails more now than half a day before."""
+        half = len(self.failures_per_hour) // 2
+        return sum(self.failures_per_hour[half:]) - sum(self.failures_per_hour[:half])
 
 
 def list_groups(
@@ -67,14 +89,47 @@ def list_groups(
     *,
     status: FailedMessageStatus = FailedMessageStatus.UNRESOLVED,
     title: str | None = None,
+    sort: GroupSort = "last",
+    now: datetime | None = None,
 ) -> list[GroupSummary]:
     """The groups of ``classifier`` that hold messages in ``status``, latest ``last``
-    first (ties by id). ``title`` keeps only the group with that exact title
+    first (ties by id), or by ``sort``; each with its failures per hour up to ``now``
+    (default: the clock's). ``title`` keeps only the group with that exact title
     (ServiceControl's ``classifierFilter``). An unknown classifier has no groups."""
     # The id is a hash of classifier and title: the index finds it, the title may not.
     group_id = None if title is None else identity.group_id(classifier, title)
     rows = conn.execute(_with_comments(_aggregates(classifier, status, group_id), classifier))
-    return [_group(row) for row in rows]
+    found = with_failures_per_hour(conn, [_group(row) for row in rows], now or utc_now())
+    if sort == "growth":
+        # Stable: equal growth keeps the order by latest last failure.
+        return sorted(found, key=lambda group: -group.growth)
+    return found
+
+
+def with_failures_per_hour(
+    conn: sa.Connection, found: Sequence[GroupSummary], now: datetime
+) -> list[GroupSummary]:
+    """``found`` with each group's ``failures_per_hour`` over the ``HOURS_SHOWN`` hours up
+    to ``now``'s: one read of ``failed_message_group_hours`` for those hours, at most a
+    row per group and hour (PostgreSQL: also the rows appended since the last fold,
+    ``Provider.compact_group_counts``), whatever the number of messages."""
+    current = int(now.timestamp()) // 3600
+    first = current - HOURS_SHOWN + 1
+    counted: dict[str, list[int]] = {group.id: [0] * HOURS_SHOWN for group in found}
+    if not counted:
+        return []
+    statement = (
+        sa.select(hours.group_id, hours.hour, sa.cast(sa.func.sum(hours.n), sa.BigInteger))
+        .where(hours.hour.between(first, current))
+        .group_by(hours.group_id, hours.hour)
+    )
+    if len(counted) == 1:  # one group (by id): its own index range
+        statement = statement.where(hours.group_id == found[0].id)
+    rows = conn.execute(statement)
+    for group_id, hour, n in rows:
+        if group_id in counted:
+            counted[group_id][hour - first] = int(n)
+    return [replace(group, failures_per_hour=tuple(counted[group.id])) for group in found]
 
 
 def get_group(
@@ -94,7 +149,8 @@ def get_group(
     aggregates = _aggregates(found.classifier, status, group_id)
     row = conn.execute(_with_comments(aggregates, found.classifier)).one_or_none()
     if row is not None:
-        return _group(row)
+        (group,) = with_failures_per_hour(conn, [_group(row)], utc_now())
+        return group
     return GroupSummary(
         id=group_id,
         title=found.title,

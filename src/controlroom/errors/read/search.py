@@ -7,14 +7,14 @@ SQLAlchemy Core only; the user's text only ever a bound parameter.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import sqlalchemy as sa
 
-from controlroom.db.providers import Provider, provider_for
+from controlroom.db.providers import Provider, SearchQuery, provider_for
 from controlroom.db.tables import failed_messages
-from controlroom.errors.ingest.search_terms import query_search_terms
+from controlroom.errors.ingest.search_terms import parse_search, widened, widened_words
 from controlroom.errors.read.counts import Total, count_failed_messages, count_rows
 from controlroom.errors.read.filters import (
     EVERY_MESSAGE,
@@ -65,18 +65,48 @@ def search_failed_messages(
     order: Ordering = Ordering(),
     where: FailedMessageFilter = EVERY_MESSAGE,
     exact_count_limit: int | None = None,
+    any_word: bool = False,
+    widen: bool = False,
 ) -> SearchPage:
     """Failed messages whose headers or body text contain ``text`` (the provider's
     full-text index over the terms of ``errors.ingest.search_terms``: every term of
-    ``text`` must occur), or whose message id is ``text``, or whose id
+    ``text`` must occur, or with ``any_word`` those of one of its words; a word ending in ``*`` as a
+    prefix, ``parse_search``), or whose message id is ``text``, or whose id
     (UniqueMessageId) is ``text`` when it is a UUID, among those matching ``where``; in
     ``order``, with the total: exact, or past ``exact_count_limit`` an estimate
     (``_total_past_limit``).
 
+    With ``widen``, a search that matches nothing is run again with its words of at
+    least ``MIN_PREFIX_CHARS`` characters as prefixes (``widened``); the page then names
+    them in ``widened``. A search that matched costs nothing more; one that matched
+    nothing costs a second search, of prefixes.
+
     Raises ``ValueError`` for a negative ``offset`` or a ``limit`` below 1.
     """
     check_window(offset, limit)
-    condition = sa.and_(search_condition(conn.dialect, text), *filter_conditions(where))
+    query = parse_search(text, any_word=any_word)
+    found = _search_query(conn, text, query, offset, limit, order, where, exact_count_limit)
+    if not widen or found.total:
+        return replace(found, query=query)
+    wider = widened(query)
+    if wider == query:
+        return replace(found, query=query)
+    again = _search_query(conn, text, wider, offset, limit, order, where, exact_count_limit)
+    return replace(again, query=wider, widened=tuple(widened_words(query, wider)))
+
+
+def _search_query(
+    conn: sa.Connection,
+    text: str,
+    query: SearchQuery,
+    offset: int,
+    limit: int,
+    order: Ordering,
+    where: FailedMessageFilter,
+    exact_count_limit: int | None,
+) -> SearchPage:
+    """``search_failed_messages`` of ``query``, the terms of ``text``."""
+    condition = sa.and_(search_condition(conn.dialect, text, query), *filter_conditions(where))
     provider = provider_for(conn)
     provider.prepare_search(conn)
     if exact_count_limit is None:
@@ -87,8 +117,7 @@ def search_failed_messages(
     )
     if broad is not None:
         return broad
-    terms = query_search_terms(text)
-    hits = provider.count_search_hits(conn, terms, exact_count_limit)
+    hits = provider.count_search_hits(conn, query, exact_count_limit)
     if hits is not None and hits <= exact_count_limit:
         # Few by the terms; the id alternatives add a handful, which the page counts.
         return _search_page(conn, condition, offset, limit, order)
@@ -96,8 +125,8 @@ def search_failed_messages(
         few = _search_page(conn, condition, offset, limit, order, cap=exact_count_limit + 1)
         if few.total <= exact_count_limit:
             return few
-    total = _total_past_limit(conn, terms, matching, where, exact_count_limit, hits is not None)
-    return _search_page_of_many(conn, text, where, condition, total, offset, limit, order)
+    total = _total_past_limit(conn, query, matching, where, exact_count_limit, hits is not None)
+    return _search_page_of_many(conn, text, query, where, condition, total, offset, limit, order)
 
 
 def _page_of_a_broad_search(
@@ -179,13 +208,13 @@ def _window_page(
 
 def _total_past_limit(
     conn: sa.Connection,
-    terms: Sequence[str],
+    query: SearchQuery,
     matching: sa.Select[Any],
     where: FailedMessageFilter,
     exact_count_limit: int,
     counted_in_index: bool,
 ) -> Total:
-    """The total of a search of ``terms`` (``matching``: a row per match, its filter
+    """The total of a search of ``query`` (``matching``: a row per match, its filter
     ``where``) known to have more matches than ``exact_count_limit``.
 
     Where the provider counted the terms' hits in its full-text index alone
@@ -198,7 +227,7 @@ def _total_past_limit(
     """
     provider = provider_for(conn)
     if counted_in_index and where == EVERY_MESSAGE:
-        estimate = provider.estimate_search_hits(conn, terms)
+        estimate = provider.estimate_search_hits(conn, query)
         if estimate is not None:
             return Total(max(estimate, exact_count_limit + 1), estimated=True)
     estimate = provider.estimate_rows(conn, matching)
@@ -210,6 +239,7 @@ def _total_past_limit(
 def _search_page_of_many(
     conn: sa.Connection,
     text: str,
+    query: SearchQuery,
     where: FailedMessageFilter,
     collected: sa.ColumnElement[bool],
     total: Total,
@@ -217,9 +247,9 @@ def _search_page_of_many(
     limit: int,
     order: Ordering,
 ) -> SearchPage:
-    """A page of a search of ``text`` among ``where`` (as one condition: ``collected``,
-    the form that collects every match) with more matches than the
-    exact-count limit: walking the sort key's index and testing each row finds a page
+    """A page of a search of ``text`` (its terms ``query``) among ``where`` (as one
+    condition: ``collected``, the form that collects every match) with more matches
+    than the exact-count limit: walking the sort key's index and testing each row finds a page
     after about (offset + limit) x (all messages / matches) rows, where collecting every
     match first read them all. The condition is kept from every index
     (``Provider.without_index``): SQLite, having no statistics, would otherwise collect
@@ -238,7 +268,8 @@ def _search_page_of_many(
     if bound <= BROAD_SEARCH_WINDOW_MAX:
         window = _window(provider, order, bound)
         condition = sa.and_(
-            search_condition(conn.dialect, text, among=window), *filter_conditions(where)
+            search_condition(conn.dialect, text, query, among=window),
+            *filter_conditions(where),
         )
         page = _window_page(provider, condition, window, order, offset=offset, limit=limit)
         found = hits_page(conn, page, order, total, offset=offset, limit=limit)
@@ -300,16 +331,21 @@ def _search_page(
 
 
 def search_condition(
-    dialect: sa.Dialect, text: str, *, among: sa.Select[Any] | None = None
+    dialect: sa.Dialect,
+    text: str,
+    query: SearchQuery | None = None,
+    *,
+    among: sa.Select[Any] | None = None,
 ) -> sa.ColumnElement[bool]:
-    """The WHERE condition of ``search_failed_messages`` on ``dialect``'s provider;
-    ``among`` as ``Provider.search_matches`` takes it.
+    """The WHERE condition of ``search_failed_messages`` on ``dialect``'s provider: the
+    full-text index's matches of ``query`` (default: ``parse_search(text)``), or the
+    message whose id is ``text``; ``among`` as ``Provider.search_matches`` takes it.
 
     The exact-id alternatives use the primary key and the message-id index, so a message
     is found by its id even where its headers are longer than the indexed prefix.
     """
     stripped = text.strip().replace("\x00", "")
-    terms = query_search_terms(text)
+    terms = parse_search(text) if query is None else query
     alternatives = [provider_for(dialect).search_matches(terms, among=among)]
     if stripped:
         alternatives.append(fm.message_id == stripped)

@@ -11,7 +11,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from controlroom.db.providers import provider_for
+from controlroom.db.providers import SearchQuery, provider_for
 from controlroom.db.tables import FailedMessageStatus, failed_messages
 from controlroom.errors.read.counts import Total
 from controlroom.errors.read.filters import Ordering, order_by
@@ -63,6 +63,11 @@ class FailedMessagePage:
     items: list[FailedMessageSummary]
     total_estimated: bool = False
     """``total`` is the database's estimate (``count_matching``), not a count."""
+    query: SearchQuery | None = None
+    """The terms the full-text index was asked for (a search's page only)."""
+    widened: tuple[str, ...] = ()
+    """Words of the search's text that matched nothing as written and were looked for as
+    prefixes instead (``errors.read.search.search_failed_messages``'s ``widen``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +78,11 @@ class SearchPage:
     items: list[SearchHit]
     total_estimated: bool = False
     """``total`` is the database's estimate (``count_matching``), not a count."""
+    query: SearchQuery | None = None
+    """The terms the full-text index was asked for (a search's page only)."""
+    widened: tuple[str, ...] = ()
+    """Words of the search's text that matched nothing as written and were looked for as
+    prefixes instead (``errors.read.search.search_failed_messages``'s ``widen``)."""
 
 
 SUMMARY_COLUMNS = (
