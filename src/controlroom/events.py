@@ -43,6 +43,7 @@ class Category(enum.StrEnum):
     RETENTION = "Retention"
     FAILED_IMPORTS = "FailedImports"
     SITE_CALLS = "SiteCalls"
+    NOTIFICATIONS = "Notifications"
 
 
 MAX_DESCRIPTION = 4000
