@@ -9,7 +9,9 @@ behind the Host check, and runs its parts in one ``asyncio.TaskGroup``:
 - ``ingestion`` and ``telemetry ingestion`` (when ``ingest_on_serve``);
 - the retry processor and the periodic singletons (``runtime.periodic``: retention
   sweep, KPI sampler, site-call purge, and reconciliation when sites are configured),
-  each under its lease, so one process does each when several serve one database.
+  each under its lease, so one process does each when several serve one database;
+- the notification dispatcher (``notifications.dispatcher``): every process claims due
+  notifications where the store lets several claim at once, else one under its lease.
 
 Every part runs until the service stops. When ``stop`` is set the service stops in order:
 ingestion first (nothing is taken from a queue after the signal), then the HTTP server
@@ -45,6 +47,7 @@ from controlroom.errors.ingest.search_backfill import write_missing_search_terms
 from controlroom.errors.retention import RetentionSweeper
 from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.exceptions import ControlroomError
+from controlroom.notifications.dispatcher import Dispatcher
 from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.history import KpiSampler
 from controlroom.sitecalls.intake import TelemetryIngestionService
@@ -200,6 +203,7 @@ class _Service:
             "retention": sweeper.run,
             "KPI sampler": KpiSampler(engine, settings).run,
             "site-call purge": SiteCallRetention(engine, settings).run,
+            "notification dispatch": Dispatcher(settings, engine, owner=str(uuid.uuid4())).run,
         }
         if settings.sites:
             self._cancelled["reconciliation"] = reconciliation.run
