@@ -280,6 +280,9 @@ class NotificationSettings(BaseModel):
     retention_days: int = Field(
         365, ge=1, description="Terminal notifications older than this many days are purged."
     )
+    purge_interval_seconds: float = Field(
+        86_400.0, gt=0, description="How often the notification purge runs."
+    )
     dispatch_interval_seconds: float = Field(
         2.0, gt=0, description="How often the dispatcher looks for due notifications."
     )

@@ -11,7 +11,8 @@ behind the Host check, and runs its parts in one ``asyncio.TaskGroup``:
   sweep, KPI sampler, site-call purge, and reconciliation when sites are configured),
   each under its lease, so one process does each when several serve one database;
 - the notification dispatcher (``notifications.dispatcher``): every process claims due
-  notifications where the store lets several claim at once, else one under its lease.
+  notifications where the store lets several claim at once, else one under its lease;
+  and the notification purge (``notifications.retention``, under its lease).
 
 Every part runs until the service stops. When ``stop`` is set the service stops in order:
 ingestion first (nothing is taken from a queue after the signal), then the HTTP server
@@ -48,6 +49,7 @@ from controlroom.errors.retention import RetentionSweeper
 from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.exceptions import ControlroomError
 from controlroom.notifications.dispatcher import Dispatcher
+from controlroom.notifications.retention import NotificationRetention
 from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.history import KpiSampler
 from controlroom.sitecalls.intake import TelemetryIngestionService
@@ -204,6 +206,7 @@ class _Service:
             "KPI sampler": KpiSampler(engine, settings).run,
             "site-call purge": SiteCallRetention(engine, settings).run,
             "notification dispatch": Dispatcher(settings, engine, owner=str(uuid.uuid4())).run,
+            "notification purge": NotificationRetention(engine, settings).run,
         }
         if settings.sites:
             self._cancelled["reconciliation"] = reconciliation.run
