@@ -12,7 +12,8 @@ behind the Host check, and runs its parts in one ``asyncio.TaskGroup``:
   each under its lease, so one process does each when several serve one database;
 - the notification dispatcher (``notifications.dispatcher``): every process claims due
   notifications where the store lets several claim at once, else one under its lease;
-  and the notification purge (``notifications.retention``, under its lease).
+  the notification purge (``notifications.retention``) and KPI sampler
+  (``notifications.history``), each under its lease.
 
 Every part runs until the service stops. When ``stop`` is set the service stops in order:
 ingestion first (nothing is taken from a queue after the signal), then the HTTP server
@@ -49,6 +50,7 @@ from controlroom.errors.retention import RetentionSweeper
 from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.exceptions import ControlroomError
 from controlroom.notifications.dispatcher import Dispatcher
+from controlroom.notifications.history import NotificationKpiSampler
 from controlroom.notifications.retention import NotificationRetention
 from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.history import KpiSampler
@@ -207,6 +209,7 @@ class _Service:
             "site-call purge": SiteCallRetention(engine, settings).run,
             "notification dispatch": Dispatcher(settings, engine, owner=str(uuid.uuid4())).run,
             "notification purge": NotificationRetention(engine, settings).run,
+            "notification KPI sampler": NotificationKpiSampler(engine, settings).run,
         }
         if settings.sites:
             self._cancelled["reconciliation"] = reconciliation.run

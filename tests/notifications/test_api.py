@@ -15,9 +15,10 @@ from fastapi.testclient import TestClient
 
 from controlroom.app import create_app
 from controlroom.config import AuthToken, Settings
-from controlroom.db.tables import audit_log, event_log_items, notifications
+from controlroom.db.tables import audit_log, event_log_items, kpi_samples, notifications
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.notifications.history import take_sample
 from controlroom.notifications.store import (
     ActionOutcome,
     Command,
@@ -189,3 +190,23 @@ def test_kpis_globally_and_per_channel(api: TestClient, engine: sa.Engine) -> No
     assert kpis["channels"]["Webhook"]["parked"] == 1
     assert kpis["global"]["stuck"] == 1  # created in the test's past, long ago
     assert kpis["global"]["oldest_pending_age_seconds"] > 0
+
+
+def test_metrics_carry_the_outbox_kpis_per_channel(api: TestClient, engine: sa.Engine) -> None:
+    put(engine)
+    text = api.get("/metrics").text
+    assert 'controlroom_notifications_parked{channel="Webhook"} 1.0' in text
+    assert 'controlroom_notifications_buffered{channel="Email"} 0.0' in text
+
+
+def test_the_sampler_writes_each_kpi_of_each_scope(engine: sa.Engine) -> None:
+    put(engine)
+    settings = Settings(database_url=str(engine.url))
+    written = take_sample(engine, settings, NOW + timedelta(days=1))
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(kpi_samples).where(kpi_samples.c.source == "notifications")
+        ).all()
+    assert len(rows) == written
+    parked = {(row.scope, row.scope_key): row.value for row in rows if row.metric == "parked"}
+    assert parked == {("global", ""): 1.0, ("channel", "Webhook"): 1.0, ("channel", "Email"): 0.0}
