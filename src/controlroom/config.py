@@ -256,6 +256,27 @@ class RecipientList(BaseModel):
         return addresses
 
 
+class NotificationRule(BaseModel):
+    """A rule: event log items of ``event_types`` (optionally only those related to
+    ``related_to``, e.g. ``/site/plant-7``) make one notification per ``window`` to
+    ``target`` over ``channel``, saying how many there were (docs/design.md "Notification
+    rules")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
+    event_types: list[str] = Field(min_length=1, description="Event types it reacts to.")
+    related_to: str | None = Field(None, description="Only events related to this path.")
+    channel: Literal["Email", "Webhook"]
+    target: str = Field(min_length=1, max_length=256, description="Webhook or list name.")
+    severity: Literal["Info", "Warning", "Error", "Critical"] = "Warning"
+    window: timedelta = Field(
+        timedelta(minutes=5),
+        gt=timedelta(0),
+        description="Events of one window make one notification, sent when it ends.",
+    )
+
+
 class NotificationSettings(BaseModel):
     """The notification outbox: channels, recipient lists and the dispatcher's rules
     (docs/design.md "Notification outbox")."""
@@ -265,6 +286,7 @@ class NotificationSettings(BaseModel):
     smtp: SmtpSettings | None = Field(None, description="The mail server; none: no e-mail.")
     webhooks: list[WebhookChannel] = Field(default_factory=list)
     recipient_lists: list[RecipientList] = Field(default_factory=list)
+    rules: list[NotificationRule] = Field(default_factory=list)
     max_attempts: int = Field(10, ge=1, description="Failed attempts that park a notification.")
     backoff_base: timedelta = Field(
         timedelta(seconds=10), gt=timedelta(0), description="Wait after the first failure."
@@ -308,6 +330,18 @@ class NotificationSettings(BaseModel):
                 raise ValueError(f"two {kind} share a name; each name must be distinct")
         if self.recipient_lists and self.smtp is None:
             raise ValueError("recipient_lists need an smtp server")
+        if len({rule.name for rule in self.rules}) != len(self.rules):
+            raise ValueError("two rules share a name; each name must be distinct")
+        for rule in self.rules:
+            if rule.channel == "Webhook":
+                known = self.webhook(rule.target) is not None
+            else:
+                known = self.recipients(rule.target) is not None
+            if not known:
+                raise ValueError(
+                    f"rules: rule {rule.name!r} names {rule.channel} target {rule.target!r}, "
+                    "which is not configured"
+                )
         return self
 
     def webhook(self, name: str) -> WebhookChannel | None:

@@ -13,7 +13,8 @@ behind the Host check, and runs its parts in one ``asyncio.TaskGroup``:
 - the notification dispatcher (``notifications.dispatcher``): every process claims due
   notifications where the store lets several claim at once, else one under its lease;
   the notification purge (``notifications.retention``) and KPI sampler
-  (``notifications.history``), each under its lease.
+  (``notifications.history``), each under its lease. The notification rules act on each
+  event recorded on the store (``events.subscribe``), in its transaction.
 
 Every part runs until the service stops. When ``stop`` is set the service stops in order:
 ingestion first (nothing is taken from a queue after the signal), then the HTTP server
@@ -32,6 +33,7 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import sqlalchemy as sa
 import uvicorn
@@ -48,10 +50,12 @@ from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.ingest.search_backfill import write_missing_search_terms
 from controlroom.errors.retention import RetentionSweeper
 from controlroom.errors.retries.processor import RetryProcessor
+from controlroom.events import subscribe
 from controlroom.exceptions import ControlroomError
 from controlroom.notifications.dispatcher import Dispatcher
 from controlroom.notifications.history import NotificationKpiSampler
 from controlroom.notifications.retention import NotificationRetention
+from controlroom.notifications.rules import apply_rules
 from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.history import KpiSampler
 from controlroom.sitecalls.intake import TelemetryIngestionService
@@ -107,10 +111,12 @@ async def run(
             _warn_of_audit_log_exposure(engine)
             transport = create_transport(settings)
             await transport.start()
+            unsubscribe = subscribe(engine, partial(apply_rules, settings.notifications))
             try:
                 service = _Service(settings, engine, transport, listener)
                 await service.run(stop or asyncio.Event(), on_serving)
             finally:
+                unsubscribe()
                 await transport.close()
         finally:
             engine.dispose()

@@ -531,6 +531,7 @@ notifications = sa.Table(
     sa.Column("payload", sa.Text),
     sa.Column("delivered_to", sa.Text),
     sa.Column("claim_token", sa.String(UUID_LEN)),
+    sa.Column("event_count", sa.Integer, comment="events a rule coalesced into it"),
     sa.Index("ix_notifications_next_attempt_at_utc", "next_attempt_at_utc"),
     sa.Index("ix_notifications_created_at_utc", "created_at_utc", "notification_id"),
     sa.Index("ix_notifications_status", "status", "created_at_utc", "notification_id"),

@@ -162,9 +162,17 @@ def webhook_payload(notification_id: str, notification: NewNotification, now: da
     )
 
 
-def enqueue(conn: sa.Connection, notification: NewNotification, *, now: datetime) -> Enqueued:
-    """Store ``notification`` as Pending, due ``now``, in ``conn``'s transaction (module
-    docstring). Raises ``NotificationRejected``; nothing is written then."""
+def enqueue(
+    conn: sa.Connection,
+    notification: NewNotification,
+    *,
+    now: datetime,
+    due_at: datetime | None = None,
+    event_count: int | None = None,
+) -> Enqueued:
+    """Store ``notification`` as Pending, due ``due_at`` (default ``now``), in ``conn``'s
+    transaction (module docstring); ``event_count`` is how many events a rule coalesced
+    into it. Raises ``NotificationRejected``; nothing is written then."""
     check(notification)
     notification_id = notification_id_of(notification)
     row = {
@@ -179,8 +187,9 @@ def enqueue(conn: sa.Connection, notification: NewNotification, *, now: datetime
         "retry_count": 0,
         "created_at_utc": now,
         "updated_at_utc": now,
-        "next_attempt_at_utc": now,
+        "next_attempt_at_utc": due_at or now,
         "source_event_id": notification.source_event_id,
+        "event_count": event_count,
         "payload": webhook_payload(notification_id, notification, now)
         if notification.channel == Channel.WEBHOOK
         else None,

@@ -79,6 +79,7 @@ def upgrade() -> None:
         sa.Column("payload", sa.Text(), nullable=True),
         sa.Column("delivered_to", sa.Text(), nullable=True),
         sa.Column("claim_token", sa.String(36), nullable=True),
+        sa.Column("event_count", sa.Integer(), nullable=True),
         sa.PrimaryKeyConstraint("notification_id", name=op.f("pk_notifications")),
         *_checks(dialect),
     )
