@@ -27,13 +27,16 @@ class Received:
 
 @dataclass
 class WebhookReceiver:
-    """Records every POST; answers ``status`` (with ``headers``) to each."""
+    """Records every POST; answers ``status`` (with ``headers``) to each. While ``hang``
+    is set, a request is recorded and then held unanswered until ``release`` is set."""
 
     url: str
     status: int = 204
     headers: dict[str, str] = field(default_factory=dict)
     requests: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    hang: bool = False
+    release: threading.Event = field(default_factory=threading.Event)
 
 
 @contextmanager
@@ -48,6 +51,9 @@ def webhook_receiver() -> Iterator[WebhookReceiver]:
                     Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
                 )
                 status, headers = receiver.status, dict(receiver.headers)
+                hang = receiver.hang
+            if hang:
+                receiver.release.wait(timeout=120)
             self.send_response(status)
             for name, value in headers.items():
                 self.send_header(name, value)
@@ -67,6 +73,7 @@ def webhook_receiver() -> Iterator[WebhookReceiver]:
     try:
         yield receiver
     finally:
+        receiver.release.set()
         server.shutdown()
         server.server_close()
         thread.join()
