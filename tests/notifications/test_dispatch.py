@@ -23,7 +23,15 @@ from controlroom.db.transactions import begin_write
 from controlroom.notifications.channels import SmtpSender, WebhookSender
 from controlroom.notifications.dispatcher import Dispatcher
 from controlroom.notifications.lifecycle import Attempt, Policy, Verdict, after_attempt
-from controlroom.notifications.store import NewNotification, claim_due, enqueue, record_attempt
+from controlroom.notifications.store import (
+    ActionOutcome,
+    Command,
+    NewNotification,
+    act_on_parked,
+    claim_due,
+    enqueue,
+    record_attempt,
+)
 from tests.notifications.receivers import MailSink, WebhookReceiver, smtp_server, webhook_receiver
 from tests.servers import TEST_CLIENT_TIMEOUT
 
@@ -327,3 +335,34 @@ def test_two_dispatchers_on_one_database_send_each_notification_once(
             assert list(statuses) == ["Delivered"]
     finally:
         engine.dispose()
+
+
+def test_parked_then_retried_by_an_operator_is_delivered_when_the_receiver_recovers(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+) -> None:
+    settings = outbox_settings(database_url, receiver, mail[1])
+    retried, discarded = put(engine, clock()), put(engine, clock(), subject="second")
+    receiver.status = 500
+    for _ in range(3):
+        dispatch(settings, engine, clock)
+        clock.advance()
+    assert {row(engine, retried).status, row(engine, discarded).status} == {"Parked"}
+    receiver.status = 200
+    applied = act_on_parked(engine, retried, Command.RETRY, "olga", now=clock())
+    ended = act_on_parked(engine, discarded, Command.DISCARD, "olga", now=clock())
+    assert (applied.outcome, ended.outcome) == (ActionOutcome.APPLIED, ActionOutcome.APPLIED)
+    assert dispatch(settings, engine, clock) == 1
+    assert (row(engine, retried).status, row(engine, discarded).status) == (
+        "Delivered",
+        "Discarded",
+    )
+    sent = [request.headers["webhook-id"] for request in receiver.requests]
+    assert sent.count(retried) == 4 and sent.count(discarded) == 3
+    bodies = {
+        request.body for request in receiver.requests if request.headers["webhook-id"] == retried
+    }
+    assert len(bodies) == 1  # the operator's retry sends the same bytes
