@@ -100,3 +100,12 @@ def test_a_reader_sees_no_buttons_and_is_refused(console: TestClient, engine: sa
     )
     assert answer.status_code == 403
     assert audit_count(engine) == 0
+
+
+def test_the_dashboard_shows_the_notification_tiles(console: TestClient, engine: sa.Engine) -> None:
+    console.post("/signin", data={"token": READER})
+    put(engine)
+    page = console.get("/")
+    assert page.status_code == 200
+    tile = page.text.split('data-testid="notification-parked"', 1)[1]
+    assert '<span class="figure">1</span>' in tile.split("</a>", 1)[0]

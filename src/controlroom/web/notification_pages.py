@@ -90,6 +90,8 @@ def notification_list(
             "statuses": STATUSES,
             "channels": CHANNELS,
             "kpis": kpis[""],
+            "interval": settings.kpi.interval,
+            "stuck_threshold": settings.kpi.stuck_threshold,
             "webhooks": [(hook.name, hook.url) for hook in outbox.webhooks],
             "recipient_lists": [(entry.name, entry.addresses) for entry in outbox.recipient_lists],
             "smtp": None if outbox.smtp is None else f"{outbox.smtp.host}:{outbox.smtp.port}",

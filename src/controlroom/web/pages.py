@@ -11,6 +11,7 @@ import json
 import math
 import uuid
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import sqlalchemy as sa
@@ -33,6 +34,7 @@ from controlroom.errors.read.messages import get_failed_message, get_stored_body
 from controlroom.errors.read.search import search_failed_messages
 from controlroom.errors.retries import requests as retries
 from controlroom.http.bodies import body_response_headers, read_body_bytes
+from controlroom.notifications.queries import measure_kpis as notification_kpis
 from controlroom.web.bodies import view_body
 from controlroom.web.common import api_state, render, safe_next, viewer
 from controlroom.web.session import Session
@@ -63,7 +65,14 @@ def dashboard(request: Request, session: Viewer) -> Response:
         )
         by_endpoint = count_unresolved_by_endpoint(conn)
         failed_imports = count_failed_imports(conn)
-        site_calls = kpi_context(conn, api_state(request).settings)
+        settings = api_state(request).settings
+        site_calls = kpi_context(conn, settings)
+        outbox = notification_kpis(
+            conn,
+            now=datetime.now(UTC),
+            interval=settings.kpi.interval,
+            stuck_threshold=settings.kpi.stuck_threshold,
+        )
     return render(
         request,
         "dashboard.html",
@@ -76,6 +85,7 @@ def dashboard(request: Request, session: Viewer) -> Response:
             "failed_imports": failed_imports,
             "Status": FailedMessageStatus,
             **site_calls,
+            "notification_kpis": outbox[""],
         },
     )
 
