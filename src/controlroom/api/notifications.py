@@ -6,6 +6,11 @@ calls' auth matrix (``api.auth``: readers GET, operators POST):
 - ``GET /api/notifications/kpis``: the KPIs, globally and per channel.
 - ``GET /api/notifications/{id}``: one notification with its body (never a secret, a
   payload or a claim).
+- ``POST /api/site-notifications`` (a site's own token, as its telemetry): a list of a
+  site's notifications (``notification_id``, ``source_site``, ``channel``, ``target``,
+  ``subject``, ``body``, ``severity``), each stored as ``site:<source_site>``, idempotent
+  on its id; answers the accepted positions and the rejected ones with a reason naming
+  the field (nothing is truncated).
 - ``POST /api/notifications/{id}/retry|discard`` (operator): ``{"outcome", "status",
   "message"}``: Applied 200, NotParked 409 (with the current status), 404 "notification
   not found" when no row exists (e.g. purged); an audit event only when applied.
@@ -18,15 +23,24 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import sqlalchemy as sa
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Body, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from controlroom.api.auth import current_principal
+from controlroom.api.auth import current_principal, refuse_foreign_packets
 from controlroom.config import Settings
+from controlroom.db.transactions import begin_write
 from controlroom.notifications import queries
 from controlroom.notifications.lifecycle import Channel, Status
-from controlroom.notifications.store import ActionOutcome, Command, act_on_parked
+from controlroom.notifications.store import (
+    ActionOutcome,
+    Command,
+    NewNotification,
+    NotificationRejected,
+    act_on_parked,
+    check,
+    enqueue,
+)
 
 router = APIRouter(tags=["notifications"])
 
@@ -37,6 +51,8 @@ After = Annotated[
 Text = Annotated[str | None, Query(max_length=1024)]
 
 _STATUS = {ActionOutcome.APPLIED: 200, ActionOutcome.NOT_PARKED: 409}
+MAX_NOTIFICATIONS_PER_POST = 1000
+_SITE_FIELDS = ("notification_id", "source_site", "channel", "target", "subject", "body")
 
 
 class NotificationStatus(enum.StrEnum):
@@ -197,3 +213,62 @@ def retry_notification(notification_id: str, request: Request) -> JSONResponse:
 def discard_notification(notification_id: str, request: Request) -> JSONResponse:
     """An operator's Discard of a Parked notification: Discarded, terminal."""
     return _act(notification_id, Command.DISCARD, request)
+
+
+@router.post("/site-notifications")
+def post_site_notifications(
+    request: Request,
+    items: Annotated[list[Any], Body(description="A site's notifications (module docstring).")],
+) -> dict[str, Any]:
+    """Store a site's notifications for delivery; answers ``{"accepted": [positions],
+    "rejected": [{"index", "notification_id", "reason"}]}``. An item naming another site
+    than the token's makes the whole request a 403."""
+    if len(items) > MAX_NOTIFICATIONS_PER_POST:
+        raise HTTPException(413, f"at most {MAX_NOTIFICATIONS_PER_POST} notifications per request")
+    refuse_foreign_packets(request, items)
+    accepted: list[int] = []
+    rejected: list[dict[str, Any]] = []
+    now = datetime.now(UTC)
+    parsed: list[tuple[int, NewNotification]] = []
+    for index, item in enumerate(items):
+        try:
+            notification = _site_notification(item)
+            check(notification)
+        except NotificationRejected as exc:
+            given = item.get("notification_id") if isinstance(item, dict) else None
+            rejected.append(
+                {
+                    "index": index,
+                    "notification_id": given if isinstance(given, str) else None,
+                    "reason": str(exc),
+                }
+            )
+            continue
+        parsed.append((index, notification))
+    with begin_write(_engine(request)) as conn:
+        for index, notification in parsed:
+            enqueue(conn, notification, now=now)
+            accepted.append(index)
+    return {"accepted": accepted, "rejected": rejected}
+
+
+def _site_notification(item: Any) -> NewNotification:
+    """A site's notification as the store takes it. Raises ``NotificationRejected``
+    naming the first field missing or not text."""
+    if not isinstance(item, dict):
+        raise NotificationRejected("notification", "must be a JSON object")
+    for field in _SITE_FIELDS:
+        if not isinstance(item.get(field), str):
+            raise NotificationRejected(field, "is required, as text")
+    severity = item.get("severity", "Info")
+    if not isinstance(severity, str):
+        raise NotificationRejected("severity", "must be text")
+    return NewNotification(
+        source=f"site:{item['source_site']}",
+        channel=item["channel"],
+        target=item["target"],
+        subject=item["subject"],
+        body=item["body"],
+        severity=severity,
+        notification_id=item["notification_id"],
+    )
