@@ -29,6 +29,7 @@ from controlroom.api import (
     health,
     limits,
     metrics,
+    notifications,
     recoverability,
     redirects,
     retries,
@@ -143,6 +144,7 @@ _ROUTERS: list[tuple[APIRouter, str]] = [
     (compat.router, "/api"),
     (sitecalls.router, "/api"),
     (sites.router, "/api"),
+    (notifications.router, "/api"),
 ]
 
 

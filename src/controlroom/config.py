@@ -7,6 +7,8 @@ names and defaults: docs/design.md "Operational contract".
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -184,6 +186,181 @@ class ReconciliationSettings(BaseModel):
     )
 
 
+_HEADER_SAFE = re.compile(r"^[^\r\n]*$")
+_ADDRESS = re.compile(r"^[^@\s<>,;\"]+@[^@\s<>,;\"]+$")
+_WEBHOOK_SECRET = re.compile(r"whsec_[A-Za-z0-9+/]+={0,2}")
+
+
+class SmtpSettings(BaseModel):
+    """The mail server notifications go out through (docs/design.md "Notification
+    outbox"). A TLS or login failure is a configuration error, never a plaintext
+    fallback."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(min_length=1, pattern=r"^[^\s/]+$", description="The server's name.")
+    port: int = Field(25, ge=1, le=65535)
+    sender: str = Field(
+        "controlroom@localhost", pattern=_ADDRESS.pattern, description="The From address."
+    )
+    starttls: bool = Field(False, description="Upgrade the connection with STARTTLS.")
+    tls: bool = Field(False, description="Connect over TLS from the start (port 465).")
+    username: str = Field("", pattern=_HEADER_SAFE.pattern, description="Login; empty: none.")
+    password: SecretStr | None = Field(None, description="The login's password (secret).")
+
+    @model_validator(mode="after")
+    def _one_tls(self) -> SmtpSettings:
+        if self.starttls and self.tls:
+            raise ValueError("set starttls or tls, not both")
+        return self
+
+
+class WebhookChannel(BaseModel):
+    """A named webhook: notifications whose target is ``name`` are POSTed to ``url``,
+    signed with ``secret`` (Standard Webhooks, docs/design.md "Notification outbox")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=256, pattern=_HEADER_SAFE.pattern)
+    url: str = Field(pattern=r"^https?://[^/\s]+(/[^\s]*)?$", description="Where it POSTs.")
+    secret: SecretStr = Field(
+        description="The signing secret, whsec_ then base64 (secret: never shown)."
+    )
+
+    @field_validator("secret")
+    @classmethod
+    def _standard_secret(cls, secret: SecretStr) -> SecretStr:
+        value = secret.get_secret_value()
+        if not _WEBHOOK_SECRET.fullmatch(value):
+            raise ValueError("a webhook secret is whsec_ followed by base64")
+        try:
+            key = base64.b64decode(value.removeprefix("whsec_"), validate=True)
+        except binascii.Error as exc:
+            raise ValueError("a webhook secret is whsec_ followed by base64") from exc
+        if len(key) < 16:
+            raise ValueError("a webhook secret holds at least 16 bytes")
+        return secret
+
+
+class RecipientList(BaseModel):
+    """A named list of e-mail addresses: notifications whose target is ``name`` mail
+    each of ``addresses``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=256, pattern=_HEADER_SAFE.pattern)
+    addresses: list[str] = Field(min_length=1)
+
+    @field_validator("addresses")
+    @classmethod
+    def _addresses(cls, addresses: list[str]) -> list[str]:
+        """An address goes into a header: one with a CR, LF or a second address is
+        refused (docs/design.md "Notification outbox")."""
+        for address in addresses:
+            if len(address) > 254 or not _ADDRESS.fullmatch(address):
+                raise ValueError("each address is one plain address, local@domain")
+        if len(set(addresses)) != len(addresses):
+            raise ValueError("an address is listed twice")
+        return addresses
+
+
+class NotificationRule(BaseModel):
+    """A rule: event log items of ``event_types`` (optionally only those related to
+    ``related_to``, e.g. ``/site/plant-7``) make one notification per ``window`` to
+    ``target`` over ``channel``, saying how many there were (docs/design.md "Notification
+    rules")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
+    event_types: list[str] = Field(min_length=1, description="Event types it reacts to.")
+    related_to: str | None = Field(None, description="Only events related to this path.")
+    channel: Literal["Email", "Webhook"]
+    target: str = Field(min_length=1, max_length=256, description="Webhook or list name.")
+    severity: Literal["Info", "Warning", "Error", "Critical"] = "Warning"
+    window: timedelta = Field(
+        timedelta(minutes=5),
+        gt=timedelta(0),
+        description="Events of one window make one notification, sent when it ends.",
+    )
+
+
+class NotificationSettings(BaseModel):
+    """The notification outbox: channels, recipient lists and the dispatcher's rules
+    (docs/design.md "Notification outbox")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    smtp: SmtpSettings | None = Field(None, description="The mail server; none: no e-mail.")
+    webhooks: list[WebhookChannel] = Field(default_factory=list)
+    recipient_lists: list[RecipientList] = Field(default_factory=list)
+    rules: list[NotificationRule] = Field(default_factory=list)
+    max_attempts: int = Field(10, ge=1, description="Failed attempts that park a notification.")
+    backoff_base: timedelta = Field(
+        timedelta(seconds=10), gt=timedelta(0), description="Wait after the first failure."
+    )
+    backoff_cap: timedelta = Field(
+        timedelta(minutes=15), gt=timedelta(0), description="Longest wait between attempts."
+    )
+    retry_after_cap: timedelta = Field(
+        timedelta(hours=1),
+        gt=timedelta(0),
+        description="Longest Retry-After of a receiver honoured (429, 503).",
+    )
+    retention_days: int = Field(
+        365, ge=1, description="Terminal notifications older than this many days are purged."
+    )
+    purge_interval_seconds: float = Field(
+        86_400.0, gt=0, description="How often the notification purge runs."
+    )
+    dispatch_interval_seconds: float = Field(
+        2.0, gt=0, description="How often the dispatcher looks for due notifications."
+    )
+    batch_size: int = Field(100, ge=1, le=1000, description="Notifications claimed at once.")
+    concurrency: int = Field(16, ge=1, le=256, description="Sends under way at once.")
+    send_timeout: float = Field(30.0, gt=0, description="Seconds one send may take.")
+    claim_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="How long a claimed notification stays another dispatcher's to send; "
+        "a dispatcher killed mid-send leaves it due again after this.",
+    )
+
+    @model_validator(mode="after")
+    def _coherent(self) -> NotificationSettings:
+        if self.claim_seconds <= self.send_timeout:
+            raise ValueError("claim_seconds must exceed send_timeout")
+        for kind, names in (
+            ("webhooks", [hook.name for hook in self.webhooks]),
+            ("recipient_lists", [entry.name for entry in self.recipient_lists]),
+        ):
+            if len(set(names)) != len(names):
+                raise ValueError(f"two {kind} share a name; each name must be distinct")
+        if self.recipient_lists and self.smtp is None:
+            raise ValueError("recipient_lists need an smtp server")
+        if len({rule.name for rule in self.rules}) != len(self.rules):
+            raise ValueError("two rules share a name; each name must be distinct")
+        for rule in self.rules:
+            if rule.channel == "Webhook":
+                known = self.webhook(rule.target) is not None
+            else:
+                known = self.recipients(rule.target) is not None
+            if not known:
+                raise ValueError(
+                    f"rules: rule {rule.name!r} names {rule.channel} target {rule.target!r}, "
+                    "which is not configured"
+                )
+        return self
+
+    def webhook(self, name: str) -> WebhookChannel | None:
+        """The webhook named ``name``, if configured."""
+        return next((hook for hook in self.webhooks if hook.name == name), None)
+
+    def recipients(self, name: str) -> RecipientList | None:
+        """The recipient list named ``name``, if configured."""
+        return next((entry for entry in self.recipient_lists if entry.name == name), None)
+
+
 _ORIGIN = re.compile(r"https?://[^/\s:]+(:\d{1,5})?")
 
 Role = Literal["reader", "operator", "admin"]
@@ -259,6 +436,7 @@ class Settings(EnvThenTomlSettings):
     )
     reconciliation: ReconciliationSettings = ReconciliationSettings()
     kpi: KpiSettings = KpiSettings()
+    notifications: NotificationSettings = NotificationSettings()
     auth_tokens: list[AuthToken] = Field(
         default_factory=list,
         description="Bearer tokens of the API, each with a name and a role. None: the API "

@@ -6,6 +6,8 @@ Source: docs/design.md "Event log"; the shape is ServiceControl's ``EventLogItem
 instance now; the site-call half later): ``record_event`` takes the caller's connection,
 so an event commits or rolls back with the change it describes. Items older than
 ``event_log_retention_period`` are purged by the retention sweep (``purge_events``).
+``subscribe`` lets a part of the process act on each event in its transaction (the
+notification rules: docs/design.md "Notification rules").
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import enum
 import json
 import uuid
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -43,6 +46,7 @@ class Category(enum.StrEnum):
     RETENTION = "Retention"
     FAILED_IMPORTS = "FailedImports"
     SITE_CALLS = "SiteCalls"
+    NOTIFICATIONS = "Notifications"
 
 
 MAX_DESCRIPTION = 4000
@@ -62,6 +66,21 @@ class EventLogItem:
     related_to: tuple[str, ...]
     category: str
     event_type: str
+
+
+EventHook = Callable[[sa.Connection, EventLogItem], None]
+"""Called with each event ``record_event`` writes, in the writer's transaction."""
+
+_hooks: weakref.WeakKeyDictionary[sa.Engine, list[EventHook]] = weakref.WeakKeyDictionary()
+
+
+def subscribe(engine: sa.Engine, hook: EventHook) -> Callable[[], None]:
+    """Call ``hook`` with every event recorded on ``engine`` from now on, in the same
+    transaction (what it writes commits or rolls back with the event; an exception it
+    raises fails the event's write). Answers the function that unsubscribes it."""
+    hooks = _hooks.setdefault(engine, [])
+    hooks.append(hook)
+    return lambda: hooks.remove(hook)
 
 
 def record_event(
@@ -97,6 +116,13 @@ def record_event(
             raised_at=raised_at,
         )
     )
+    hooks = _hooks.get(conn.engine)
+    if hooks:
+        item = EventLogItem(
+            event_id, description, level, raised_at, tuple(related_to), str(category), event_type
+        )
+        for hook in list(hooks):
+            hook(conn, item)
     return event_id
 
 

@@ -9,7 +9,12 @@ behind the Host check, and runs its parts in one ``asyncio.TaskGroup``:
 - ``ingestion`` and ``telemetry ingestion`` (when ``ingest_on_serve``);
 - the retry processor and the periodic singletons (``runtime.periodic``: retention
   sweep, KPI sampler, site-call purge, and reconciliation when sites are configured),
-  each under its lease, so one process does each when several serve one database.
+  each under its lease, so one process does each when several serve one database;
+- the notification dispatcher (``notifications.dispatcher``): every process claims due
+  notifications where the store lets several claim at once, else one under its lease;
+  the notification purge (``notifications.retention``) and KPI sampler
+  (``notifications.history``), each under its lease. The notification rules act on each
+  event recorded on the store (``events.subscribe``), in its transaction.
 
 Every part runs until the service stops. When ``stop`` is set the service stops in order:
 ingestion first (nothing is taken from a queue after the signal), then the HTTP server
@@ -28,6 +33,7 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import sqlalchemy as sa
 import uvicorn
@@ -44,7 +50,12 @@ from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.ingest.search_backfill import write_missing_search_terms
 from controlroom.errors.retention import RetentionSweeper
 from controlroom.errors.retries.processor import RetryProcessor
+from controlroom.events import subscribe
 from controlroom.exceptions import ControlroomError
+from controlroom.notifications.dispatcher import Dispatcher
+from controlroom.notifications.history import NotificationKpiSampler
+from controlroom.notifications.retention import NotificationRetention
+from controlroom.notifications.rules import apply_rules
 from controlroom.runtime.serve_lock import serving
 from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.history import KpiSampler
@@ -106,11 +117,13 @@ async def run(
             _warn_of_vacuum_settings(engine)
             transport = create_transport(settings)
             await transport.start()
+            unsubscribe = subscribe(engine, partial(apply_rules, settings.notifications))
             try:
                 with serving(settings.data_dir):  # make demo refuses to publish meanwhile
                     service = _Service(settings, engine, transport, listener)
                     await service.run(stop or asyncio.Event(), on_serving)
             finally:
+                unsubscribe()
                 await transport.close()
         finally:
             engine.dispose()
@@ -222,6 +235,9 @@ class _Service:
             "retention": sweeper.run,
             "KPI sampler": sampler.run,
             "site-call purge": SiteCallRetention(engine, settings).run,
+            "notification dispatch": Dispatcher(settings, engine, owner=str(uuid.uuid4())).run,
+            "notification purge": NotificationRetention(engine, settings).run,
+            "notification KPI sampler": NotificationKpiSampler(engine, settings).run,
         }
         if settings.sites:
             self._cancelled["reconciliation"] = reconciliation.run

@@ -37,6 +37,8 @@ READ = [
     ("GET", "/api/endpoints/known", None, 200),
     ("GET", "/api/configuration", None, 200),
     ("GET", f"/api/recoverability/groups/id/{UNKNOWN}", None, 404),
+    ("GET", "/api/notifications", None, 200),
+    ("GET", f"/api/notifications/{UNKNOWN}", None, 404),
 ]
 OPERATE = [
     ("PATCH", "/api/errors/archive", [], 202),
@@ -46,6 +48,8 @@ OPERATE = [
     ("POST", f"/api/recoverability/groups/{UNKNOWN}/comment?comment=x", None, 404),
     ("POST", f"/api/recoverability/groups/{UNKNOWN}/errors/archive", None, 404),
     ("PATCH", f"/api/endpoints/{UNKNOWN}", {"monitoring_enabled": True}, 404),
+    ("POST", f"/api/notifications/{UNKNOWN}/retry", None, 404),
+    ("POST", f"/api/notifications/{UNKNOWN}/discard", None, 404),
 ]
 ADMINISTER = [("DELETE", f"/api/endpoints/{UNKNOWN}", None, 404)]
 ALLOWED_CLASSES = {

@@ -16,7 +16,7 @@ which ``serve`` allows on a loopback address only (``ensure_serving_is_protected
 ``/api/authentication/configuration`` so that a client can learn whether it needs one.
 
 A site speaks only for itself (docs/design.md "Site credentials"). The paths a site
-posts to (``SITE_PATHS``: its telemetry) take a site's token only
+posts to (``SITE_PATHS``: its telemetry and its notifications) take a site's token only
 (``sites[].central_token``): an operator's token there is a 403, whatever its role, and a
 site's token anywhere else is a 403. Each packet must name the token's own site
 (``refuse_foreign_packets``): one that names another site makes the whole request a 403
@@ -42,9 +42,9 @@ from controlroom.runtime.addresses import is_loopback
 READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 OPEN_PATHS: Final = frozenset({"/api/health", "/api/authentication/configuration"})
 """Request paths (below any root path) served without a token."""
-SITE_PATHS: Final = frozenset({"/api/site-calls/telemetry"})
-"""Request paths (below any root path) where a site speaks: a site's token only. A
-route a site posts to later (notifications) joins them."""
+SITE_PATHS: Final = frozenset({"/api/site-calls/telemetry", "/api/site-notifications"})
+"""Request paths (below any root path) where a site speaks: a site's token only (its
+telemetry, its notifications)."""
 
 _CHALLENGE = 'Bearer realm="controlroom"'
 

@@ -17,7 +17,9 @@ per scrape, so a site that is gone leaves no stale series): per configured site
 before any pass) and ``controlroom_site_reconciliation_lag_seconds`` (since its last
 successful pass; absent before one), and per source site every KPI of
 ``sitecalls/kpis.py`` as ``controlroom_sitecalls_<kpi>`` (sum the counts, take the max of
-the age, for the global figure). A database that cannot be read leaves them out.
+the age, for the global figure); and per channel every KPI of the notification outbox
+(``notifications/queries.py``) as ``controlroom_notifications_<kpi>``. A database that
+cannot be read leaves them out.
 The intakes' gauges (``runtime.intake_health``: ``controlroom_intake_degraded``,
 ``..._write_failures``, ``..._last_stored_timestamp_seconds``, by intake) are brought up to
 date at each scrape.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,6 +47,7 @@ from starlette.routing import Route, WebSocketRoute, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlroom.config import Settings
+from controlroom.notifications.queries import measure_kpis as notification_kpis
 from controlroom.sitecalls.kpis import METRICS, KpiFigures, measure_kpis
 from controlroom.sitecalls.reconciliation import reconciliation_lag, site_states
 
@@ -76,7 +80,40 @@ def get_metrics(request: Request) -> Response:
     except Exception:  # the health endpoint says why; the process's metrics still serve
         log.warning("could not read the site-call gauges", exc_info=True)
         site_calls = b""
-    return Response(generate_latest() + site_calls, media_type=CONTENT_TYPE_LATEST)
+    try:
+        outbox = generate_latest(notification_gauges(state.engine, state.settings))
+    except Exception:
+        log.warning("could not read the notification gauges", exc_info=True)
+        outbox = b""
+    return Response(generate_latest() + site_calls + outbox, media_type=CONTENT_TYPE_LATEST)
+
+
+def notification_gauges(engine: sa.Engine, settings: Settings) -> CollectorRegistry:
+    """A registry holding the outbox's KPIs per channel (``controlroom_notifications_<kpi>``,
+    ``notifications/queries.py``) as the database has them now."""
+    registry = CollectorRegistry()
+    with engine.connect() as conn:
+        scopes = notification_kpis(
+            conn,
+            now=datetime.now(UTC),
+            interval=settings.kpi.interval,
+            stuck_threshold=settings.kpi.stuck_threshold,
+        )
+    gauges: dict[str, Gauge] = {}
+    for channel, kpis in sorted(scopes.items()):
+        if not channel:
+            continue  # the global figures are the sum (the max for the age) of these
+        for metric, value in asdict(kpis).items():
+            if metric not in gauges:
+                gauges[metric] = Gauge(
+                    f"controlroom_notifications_{metric}",
+                    f"Notification outbox KPI {metric} per channel (notifications/queries.py)",
+                    ["channel"],
+                    registry=registry,
+                )
+            if value is not None:
+                gauges[metric].labels(channel).set(value)
+    return registry
 
 
 def site_call_gauges(engine: sa.Engine, settings: Settings) -> CollectorRegistry:

@@ -24,9 +24,12 @@ from controlroom.telemetry.widths import (
     CHANNEL_WIDTH,
     LAST_ERROR_WIDTH,
     NODE_WIDTH,
+    NOTIFICATION_SOURCE_WIDTH,
     OUTCOME_WIDTH,
     SITE_WIDTH,
+    SOURCE_EVENT_ID_WIDTH,
     STATUS_WIDTH,
+    SUBJECT_WIDTH,
     TARGET_WIDTH,
     UUID_LEN,
 )
@@ -561,4 +564,40 @@ event_log_items = sa.Table(
     sa.Column("related_to_json", sa.Text, nullable=False, comment="JSON list of strings"),
     sa.Column("raised_at", UtcDateTime, nullable=False),
     sa.Index("ix_event_log_items_raised_at", "raised_at"),
+)
+
+# --- notification outbox (migration 0023) ---------------------------------------------------
+# One row per notification (docs/design.md "Notification outbox"). ``payload`` is a
+# webhook's body as sent, serialised once at enqueue; ``delivered_to`` the JSON list of the
+# recipients an e-mail reached so far; ``claim_token`` the dispatcher's claim of a row it is
+# sending (its ``next_attempt_at_utc`` then says when the claim lapses). On SQLite the
+# migration adds a CHECK per bounded column.
+notifications = sa.Table(
+    "notifications",
+    metadata,
+    sa.Column("notification_id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("source", sa.String(NOTIFICATION_SOURCE_WIDTH), nullable=False),
+    sa.Column("channel", sa.String(16), nullable=False, comment="Email | Webhook"),
+    sa.Column("target", sa.String(TARGET_WIDTH), nullable=False),
+    sa.Column("subject", sa.String(SUBJECT_WIDTH), nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.Column("severity", sa.String(16), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("retry_count", sa.Integer, nullable=False),
+    sa.Column("last_error", sa.String(LAST_ERROR_WIDTH)),
+    sa.Column("reply_code", sa.Integer, comment="HTTP status or SMTP reply code"),
+    sa.Column("created_at_utc", UtcDateTime, nullable=False),
+    sa.Column("updated_at_utc", UtcDateTime, nullable=False),
+    sa.Column("next_attempt_at_utc", UtcDateTime),
+    sa.Column("terminal_at_utc", UtcDateTime),
+    sa.Column("source_event_id", sa.String(SOURCE_EVENT_ID_WIDTH)),
+    sa.Column("payload", sa.Text),
+    sa.Column("delivered_to", sa.Text),
+    sa.Column("claim_token", sa.String(UUID_LEN)),
+    sa.Column("event_count", sa.Integer, comment="events a rule coalesced into it"),
+    sa.Index("ix_notifications_next_attempt_at_utc", "next_attempt_at_utc"),
+    sa.Index("ix_notifications_created_at_utc", "created_at_utc", "notification_id"),
+    sa.Index("ix_notifications_status", "status", "created_at_utc", "notification_id"),
+    sa.Index("ix_notifications_terminal_at_utc", "terminal_at_utc"),
+    sa.Index("uq_notifications_source_source_event_id", "source", "source_event_id", unique=True),
 )

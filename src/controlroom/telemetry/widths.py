@@ -29,3 +29,12 @@ ACTOR_WIDTH: Final = 256
 ACTION_WIDTH: Final = 64
 OUTCOME_WIDTH: Final = 16
 CATEGORY_WIDTH: Final = 32
+
+# A notification (central's ``notifications``, docs/design.md "Notification outbox"); a
+# site's notification is held to them before it leaves the site. Its target (a recipient
+# list's or webhook's name) and last error use the widths above.
+SUBJECT_WIDTH: Final = 256
+NOTIFICATION_SOURCE_WIDTH: Final = 128
+"""``site:<id>`` or ``rule:<name>``."""
+SOURCE_EVENT_ID_WIDTH: Final = 200
+"""The id of the event a rule made the notification from (unique per rule)."""

@@ -22,7 +22,13 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 
-from controlroom.web import actions, imports_and_events, pages, sitecall_pages
+from controlroom.web import (
+    actions,
+    imports_and_events,
+    notification_pages,
+    pages,
+    sitecall_pages,
+)
 from controlroom.web.assets import HashedStaticFiles
 from controlroom.web.common import ASSETS, SignInRequired, redirect, render
 from controlroom.web.session import Session, SessionSigner, set_session_cookie
@@ -50,6 +56,7 @@ def install_console(app: FastAPI) -> None:
     console.include_router(actions.router)
     console.include_router(sitecall_pages.router)
     console.include_router(imports_and_events.router)
+    console.include_router(notification_pages.router)
     console.add_exception_handler(SignInRequired, _to_sign_in)
     console.add_exception_handler(HTTPException, _error_page)
     console.add_exception_handler(404, _not_found)

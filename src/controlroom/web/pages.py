@@ -39,6 +39,7 @@ from controlroom.errors.read.summaries import SearchPage
 from controlroom.errors.retries import requests as retries
 from controlroom.errors.retries.outcomes import failed_again_in_group
 from controlroom.http.bodies import body_response_headers, read_body_bytes
+from controlroom.notifications.queries import measure_kpis as notification_kpis
 from controlroom.web.bodies import MAX_SHOWN_BYTES, view_body
 from controlroom.web.charts import kpi_charts
 from controlroom.web.common import api_state, render, safe_next, viewer
@@ -89,19 +90,29 @@ def dashboard_figures(request: Request, session: Viewer) -> Response:
 def _dashboard_figures(
     conn: sa.Connection, request: Request
 ) -> tuple[dict[str, Any], list[groups.GroupSummary], dict[str, int]]:
-    """The tiles' figures, the groups largest first and the unresolved count by endpoint."""
+    """The tiles' figures (failed messages, site calls, the notification outbox), the
+    groups largest first and the unresolved count by endpoint."""
     # Largest first: the groups an operator should look at (the list is by last failure).
     top_groups = sorted(
         groups.list_groups(conn, groups.DEFAULT_CLASSIFIER), key=lambda group: -group.count
     )
     by_endpoint = count_unresolved_by_endpoint(conn)
+    settings = api_state(request).settings
+    site_calls = kpi_tiles_context(conn, settings)
+    outbox = notification_kpis(
+        conn,
+        now=site_calls["now"],
+        interval=settings.kpi.interval,
+        stuck_threshold=settings.kpi.stuck_threshold,
+    )
     figures = {
         "counts": count_by_status(conn),
         "group_count": len(top_groups),
         "endpoint_count": len(by_endpoint),
         "failed_imports": count_failed_imports(conn),
         "Status": FailedMessageStatus,
-        **kpi_tiles_context(conn, api_state(request).settings),
+        **site_calls,
+        "notification_kpis": outbox[""],
     }
     return figures, top_groups, by_endpoint
 

@@ -123,6 +123,17 @@ class Provider(ABC):
     10.11): ``update_returning`` then runs one statement, else selects, updates and reads
     back."""
 
+    claims_rows_concurrently: ClassVar[bool] = False
+    """Several processes may claim rows of one work table at once: ``lock_for_claim``
+    skips rows another transaction holds. Else one process claims, under a lease
+    (docs/design.md "Notification outbox")."""
+
+    def lock_for_claim(self, query: sa.Select[Any]) -> sa.Select[Any]:
+        """``query`` (a ``SELECT`` of one table with a ``LIMIT``) locking the rows it returns
+        until the transaction ends and passing over rows another transaction has locked,
+        where ``claims_rows_concurrently``; as it is elsewhere, where one claimer runs."""
+        return query
+
     @abstractmethod
     def insert(self, table: sa.Table) -> Any:
         """The provider's own ``INSERT`` construct for ``table``."""

@@ -305,6 +305,7 @@ class PostgreSQLProvider(OnConflictProvider):
     name: ClassVar[str] = "postgresql"
     max_bound_parameters: ClassVar[int] = 65535  # the protocol's 16-bit parameter count
     keeps_tally_deltas: ClassVar[bool] = True
+    claims_rows_concurrently: ClassVar[bool] = True
 
     def insert(self, table: sa.Table) -> Any:
         return insert(table)
@@ -451,6 +452,11 @@ class PostgreSQLProvider(OnConflictProvider):
             "WHERE hour >= floor(extract(epoch FROM now()) / 3600)::bigint - "
             f"{GROUP_HOURS_KEPT} GROUP BY group_id, hour"
         )
+
+    def lock_for_claim(self, query: sa.Select[Any]) -> sa.Select[Any]:
+        # FOR UPDATE SKIP LOCKED: claimers in short transactions never wait for each
+        # other, and never take one row twice.
+        return query.with_for_update(skip_locked=True)
 
     def make_lease(self, engine: sa.Engine, name: str, owner: str, seconds: float) -> Lease:
         # owner and seconds do not apply: the server knows the holder and its liveness.

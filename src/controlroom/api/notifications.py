@@ -1,0 +1,274 @@
+"""The notification outbox's API (docs/design.md "Notification outbox"), with the site
+calls' auth matrix (``api.auth``: readers GET, operators POST):
+
+- ``GET /api/notifications``: newest created first, filtered by ``status``, ``channel``,
+  ``source``, ``target``; keyset paging (``limit``, ``after`` = ``next_cursor``).
+- ``GET /api/notifications/kpis``: the KPIs, globally and per channel.
+- ``GET /api/notifications/{id}``: one notification with its body (never a secret, a
+  payload or a claim).
+- ``POST /api/site-notifications`` (a site's own token, as its telemetry): a list of a
+  site's notifications (``notification_id``, ``source_site``, ``channel``, ``target``,
+  ``subject``, ``body``, ``severity``), each stored as ``site:<source_site>``, idempotent
+  on its id; answers the accepted positions and the rejected ones with a reason naming
+  the field (nothing is truncated).
+- ``POST /api/notifications/{id}/retry|discard`` (operator): ``{"outcome", "status",
+  "message"}``: Applied 200, NotParked 409 (with the current status), 404 "notification
+  not found" when no row exists (e.g. purged); an audit event only when applied.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Body, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from controlroom.api.auth import current_principal, refuse_foreign_packets
+from controlroom.config import Settings
+from controlroom.db.transactions import begin_write
+from controlroom.notifications import queries
+from controlroom.notifications.lifecycle import Channel, Status
+from controlroom.notifications.store import (
+    ActionOutcome,
+    Command,
+    NewNotification,
+    NotificationRejected,
+    act_on_parked,
+    check,
+    enqueue,
+)
+
+router = APIRouter(tags=["notifications"])
+
+Limit = Annotated[int, Query(ge=1, le=500, description="Rows per page.")]
+After = Annotated[
+    str | None, Query(max_length=500, description="next_cursor of the previous page.")
+]
+Text = Annotated[str | None, Query(max_length=1024)]
+
+_STATUS = {ActionOutcome.APPLIED: 200, ActionOutcome.NOT_PARKED: 409}
+MAX_NOTIFICATIONS_PER_POST = 1000
+_SITE_FIELDS = ("notification_id", "source_site", "channel", "target", "subject", "body")
+
+
+class NotificationStatus(enum.StrEnum):
+    PENDING = Status.PENDING.value
+    RETRYING = Status.RETRYING.value
+    DELIVERED = Status.DELIVERED.value
+    FAILED = Status.FAILED.value
+    PARKED = Status.PARKED.value
+    DISCARDED = Status.DISCARDED.value
+
+
+class NotificationChannel(enum.StrEnum):
+    EMAIL = Channel.EMAIL.value
+    WEBHOOK = Channel.WEBHOOK.value
+
+
+class NotificationView(BaseModel):
+    notification_id: str
+    source: str
+    channel: str
+    target: str
+    subject: str
+    severity: str
+    status: str
+    retry_count: int
+    last_error: str | None
+    reply_code: int | None
+    created_at_utc: datetime
+    updated_at_utc: datetime
+    next_attempt_at_utc: datetime | None
+    terminal_at_utc: datetime | None
+    source_event_id: str | None
+
+
+class NotificationDetail(NotificationView):
+    body: str
+
+
+class NotificationPage(BaseModel):
+    items: list[NotificationView]
+    next_cursor: str | None
+
+
+class KpiView(BaseModel):
+    buffered: int
+    parked: int
+    failed_last_interval: int
+    delivered_last_interval: int
+    oldest_pending_age_seconds: float | None
+    stuck: int
+
+
+class ActionView(BaseModel):
+    outcome: str
+    status: str
+    message: str
+
+
+def _engine(request: Request) -> sa.Engine:
+    engine: sa.Engine = request.app.state.engine
+    return engine
+
+
+@router.get(
+    "/notifications",
+    response_model=NotificationPage,
+    responses={400: {"description": "after is not a cursor this service handed out."}},
+)
+def list_notifications(
+    request: Request,
+    status: Annotated[NotificationStatus | None, Query()] = None,
+    channel: Annotated[NotificationChannel | None, Query()] = None,
+    source: Text = None,
+    target: Text = None,
+    limit: Limit = 50,
+    after: After = None,
+) -> dict[str, Any]:
+    """Notifications, newest created first; filters combine with AND."""
+    filters = queries.NotificationFilter(
+        status and status.value, channel and channel.value, source, target
+    )
+    try:
+        with _engine(request).connect() as conn:
+            page = queries.list_notifications(conn, filters, limit=limit, after=after)
+    except queries.BadCursor as exc:
+        raise HTTPException(400, f"after: {exc}") from None
+    return {"items": [row._asdict() for row in page.rows], "next_cursor": page.next_cursor}
+
+
+@router.get("/notifications/kpis")
+def notification_kpis(request: Request) -> dict[str, Any]:
+    """The KPIs now: ``global`` and per channel (``channels``)."""
+    settings: Settings = request.app.state.settings
+    now = datetime.now(UTC)
+    with _engine(request).connect() as conn:
+        scopes = queries.measure_kpis(
+            conn,
+            now=now,
+            interval=settings.kpi.interval,
+            stuck_threshold=settings.kpi.stuck_threshold,
+        )
+    view = {key: KpiView.model_validate(kpis, from_attributes=True) for key, kpis in scopes.items()}
+    return {
+        "generated_at_utc": now.isoformat(),
+        "global": view.pop("").model_dump(),
+        "channels": {key: value.model_dump() for key, value in view.items()},
+    }
+
+
+@router.get(
+    "/notifications/{notification_id}",
+    response_model=NotificationDetail,
+    responses={404: {"description": "No notification has this id."}},
+)
+def get_notification(notification_id: str, request: Request) -> dict[str, Any]:
+    """One notification, with its body."""
+    with _engine(request).connect() as conn:
+        row = queries.get_notification(conn, notification_id)
+    if row is None:
+        raise HTTPException(404, "notification not found")
+    return row._asdict()
+
+
+def _act(notification_id: str, command: Command, request: Request) -> JSONResponse:
+    result = act_on_parked(
+        _engine(request),
+        notification_id,
+        command,
+        current_principal(request).name,
+        now=datetime.now(UTC),
+    )
+    if result.outcome is ActionOutcome.NOT_FOUND or result.status is None:
+        raise HTTPException(404, "notification not found")
+    if result.outcome is ActionOutcome.APPLIED:
+        message = f"{command.value} applied: the notification is {result.status}"
+    else:
+        message = f"only a Parked notification can be acted on; this one is {result.status}"
+    return JSONResponse(
+        {"outcome": result.outcome.value, "status": result.status, "message": message},
+        _STATUS[result.outcome],
+    )
+
+
+_ACTION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": ActionView, "description": "Applied."},
+    404: {"description": "notification not found (never stored, or purged)."},
+    409: {"model": ActionView, "description": "NotParked: status says what it is."},
+}
+
+
+@router.post("/notifications/{notification_id}/retry", responses=_ACTION_RESPONSES)
+def retry_notification(notification_id: str, request: Request) -> JSONResponse:
+    """An operator's Retry of a Parked notification: Pending and due now."""
+    return _act(notification_id, Command.RETRY, request)
+
+
+@router.post("/notifications/{notification_id}/discard", responses=_ACTION_RESPONSES)
+def discard_notification(notification_id: str, request: Request) -> JSONResponse:
+    """An operator's Discard of a Parked notification: Discarded, terminal."""
+    return _act(notification_id, Command.DISCARD, request)
+
+
+@router.post("/site-notifications")
+def post_site_notifications(
+    request: Request,
+    items: Annotated[list[Any], Body(description="A site's notifications (module docstring).")],
+) -> dict[str, Any]:
+    """Store a site's notifications for delivery; answers ``{"accepted": [positions],
+    "rejected": [{"index", "notification_id", "reason"}]}``. An item naming another site
+    than the token's makes the whole request a 403."""
+    if len(items) > MAX_NOTIFICATIONS_PER_POST:
+        raise HTTPException(413, f"at most {MAX_NOTIFICATIONS_PER_POST} notifications per request")
+    refuse_foreign_packets(request, items)
+    accepted: list[int] = []
+    rejected: list[dict[str, Any]] = []
+    now = datetime.now(UTC)
+    parsed: list[tuple[int, NewNotification]] = []
+    for index, item in enumerate(items):
+        try:
+            notification = _site_notification(item)
+            check(notification)
+        except NotificationRejected as exc:
+            given = item.get("notification_id") if isinstance(item, dict) else None
+            rejected.append(
+                {
+                    "index": index,
+                    "notification_id": given if isinstance(given, str) else None,
+                    "reason": str(exc),
+                }
+            )
+            continue
+        parsed.append((index, notification))
+    with begin_write(_engine(request)) as conn:
+        for index, notification in parsed:
+            enqueue(conn, notification, now=now)
+            accepted.append(index)
+    return {"accepted": accepted, "rejected": rejected}
+
+
+def _site_notification(item: Any) -> NewNotification:
+    """A site's notification as the store takes it. Raises ``NotificationRejected``
+    naming the first field missing or not text."""
+    if not isinstance(item, dict):
+        raise NotificationRejected("notification", "must be a JSON object")
+    for field in _SITE_FIELDS:
+        if not isinstance(item.get(field), str):
+            raise NotificationRejected(field, "is required, as text")
+    severity = item.get("severity", "Info")
+    if not isinstance(severity, str):
+        raise NotificationRejected("severity", "must be text")
+    return NewNotification(
+        source=f"site:{item['source_site']}",
+        channel=item["channel"],
+        target=item["target"],
+        subject=item["subject"],
+        body=item["body"],
+        severity=severity,
+        notification_id=item["notification_id"],
+    )

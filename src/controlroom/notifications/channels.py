@@ -1,0 +1,241 @@
+"""The channels a notification travels by, each by its ecosystem's conventions
+(docs/design.md "Notification channels"): a webhook (an ``httpx`` POST signed by the
+Standard Webhooks scheme) and e-mail (SMTP through ``aiosmtplib``).
+
+A sender turns one claimed notification into an ``Attempt``; it never raises for a
+receiver's answer or a network failure, and holds no database connection.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import email.policy
+import email.utils
+import hashlib
+import hmac
+import ssl
+from collections.abc import Sequence
+from datetime import datetime
+from email.message import EmailMessage
+from typing import Protocol
+
+import aiosmtplib
+import httpx
+
+from controlroom.config import NotificationSettings
+from controlroom.notifications.lifecycle import Attempt, Verdict
+from controlroom.notifications.store import Claimed
+from controlroom.runtime.clock import Clock
+
+RETRIED_STATUSES = frozenset({408, 425, 429})
+"""4xx answers that say "later", not "never"."""
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+
+
+class Sender(Protocol):
+    """Sends one notification of its channel; answers the attempt's outcome."""
+
+    async def send(self, claimed: Claimed) -> Attempt: ...
+
+
+def sign(secret: str, message_id: str, timestamp: str, body: bytes) -> str:
+    """The Standard Webhooks signature of ``body``: ``v1,`` and the base64 HMAC-SHA256 of
+    ``id.timestamp.body`` under ``secret`` (``whsec_`` and the base64 key)."""
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    digest = hmac.new(key, signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def retry_after_seconds(value: str | None, now: datetime) -> float | None:
+    """A ``Retry-After`` header as seconds from ``now``: delay seconds or an HTTP date;
+    ``None`` when absent or nonsense (then the backoff applies)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - now).total_seconds())
+
+
+def http_verdict(status: int, retry_after: str | None, now: datetime) -> Attempt:
+    """The outcome of a webhook answered ``status`` (docs/design.md "Notification
+    channels"): 2xx delivered; 3xx a failed attempt, never followed; 410 parks; 408, 425,
+    429 and 5xx retried (429 and 503 with their ``Retry-After``); other 4xx permanent."""
+    if 200 <= status < 300:
+        return Attempt(Verdict.DELIVERED, reply_code=status)
+    if 300 <= status < 400:
+        return Attempt(Verdict.RETRY, f"HTTP {status}: a redirect, not followed", reply_code=status)
+    if status == 410:
+        return Attempt(Verdict.PARK, "HTTP 410: the receiver is gone", reply_code=status)
+    if 400 <= status < 500 and status not in RETRIED_STATUSES:
+        return Attempt(Verdict.PERMANENT, f"HTTP {status}: refused", reply_code=status)
+    wait = retry_after_seconds(retry_after, now) if status in RETRY_AFTER_STATUSES else None
+    return Attempt(Verdict.RETRY, f"HTTP {status}", reply_code=status, retry_after=wait)
+
+
+class WebhookSender:
+    """POSTs a notification's stored payload to its webhook, signed; ``client`` must not
+    follow redirects (``httpx``'s default)."""
+
+    def __init__(self, settings: NotificationSettings, client: httpx.AsyncClient, clock: Clock):
+        self._settings = settings
+        self._client = client
+        self._clock = clock
+
+    async def send(self, claimed: Claimed) -> Attempt:
+        hook = self._settings.webhook(claimed.target)
+        if hook is None:
+            return Attempt(Verdict.PERMANENT, f"no webhook named {claimed.target!r}")
+        if claimed.payload is None:
+            return Attempt(Verdict.PERMANENT, "the notification has no webhook payload")
+        body = claimed.payload.encode()
+        timestamp = str(int(self._clock().timestamp()))
+        headers = {
+            "content-type": "application/json",
+            "webhook-id": claimed.notification_id,
+            "webhook-timestamp": timestamp,
+            "webhook-signature": sign(
+                hook.secret.get_secret_value(), claimed.notification_id, timestamp, body
+            ),
+        }
+        try:
+            response = await self._client.post(
+                hook.url, content=body, headers=headers, follow_redirects=False
+            )
+        except httpx.TimeoutException:
+            return Attempt(Verdict.RETRY, f"webhook {hook.name!r}: timed out")
+        except httpx.HTTPError as exc:
+            return Attempt(Verdict.RETRY, f"webhook {hook.name!r}: {type(exc).__name__}: {exc}")
+        return http_verdict(
+            response.status_code, response.headers.get("retry-after"), self._clock()
+        )
+
+
+def one_line(text: str) -> str:
+    """``text`` with every CR and LF replaced by a space: a header never takes a line
+    from a notification's text."""
+    return text.replace("\r", " ").replace("\n", " ")
+
+
+def email_message(
+    claimed: Claimed, sender: str, recipients: Sequence[str], now: datetime
+) -> EmailMessage:
+    """The e-mail of ``claimed`` to ``recipients``: ``Message-ID`` ``<id@controlroom>``,
+    the subject on one line (an encoded word when not ASCII), the body as text."""
+    message = EmailMessage(policy=email.policy.SMTP)
+    message["Subject"] = one_line(claimed.subject)
+    message["From"] = sender
+    message["To"] = ", ".join(recipients)
+    message["Date"] = email.utils.format_datetime(now)
+    message["Message-ID"] = f"<{claimed.notification_id}@controlroom>"
+    message["X-Controlroom-Severity"] = claimed.severity
+    message.set_content(claimed.body)
+    return message
+
+
+def _tls_failure(exc: BaseException) -> bool:
+    """``exc`` is, or was caused by, a TLS failure (a handshake or certificate refused)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+class SmtpSender:
+    """Mails a notification to its recipient list, each recipient once: those in
+    ``claimed.delivered_to`` are not mailed again (docs/design.md "Notification
+    channels")."""
+
+    def __init__(self, settings: NotificationSettings, timeout: float, clock: Clock):
+        self._settings = settings
+        self._timeout = timeout
+        self._clock = clock
+
+    async def send(self, claimed: Claimed) -> Attempt:
+        smtp = self._settings.smtp
+        if smtp is None:
+            return Attempt(Verdict.CONFIGURATION, "no SMTP server is configured")
+        recipients = self._settings.recipients(claimed.target)
+        if recipients is None:
+            return Attempt(Verdict.PERMANENT, f"no recipient list named {claimed.target!r}")
+        done = list(claimed.delivered_to)
+        remaining = [address for address in recipients.addresses if address not in done]
+        if not remaining:
+            return Attempt(Verdict.DELIVERED, delivered_to=tuple(done))
+        message = email_message(claimed, smtp.sender, remaining, self._clock())
+        client = aiosmtplib.SMTP(
+            hostname=smtp.host,
+            port=smtp.port,
+            use_tls=smtp.tls,
+            start_tls=smtp.starttls,
+            username=smtp.username or None,
+            password=smtp.password.get_secret_value() if smtp.password else None,
+            timeout=self._timeout,
+        )
+        try:
+            await client.connect()  # and STARTTLS and the login, as configured
+        except Exception as exc:
+            return _connect_failure(exc)
+        try:
+            refused = await _submit(client, smtp.sender, message, remaining)
+        except aiosmtplib.SMTPRecipientsRefused as exc:
+            refused = {each.recipient: (each.code, each.message) for each in exc.recipients}
+        except aiosmtplib.SMTPResponseException as exc:
+            verdict = Verdict.PERMANENT if 500 <= exc.code < 600 else Verdict.RETRY
+            return Attempt(verdict, f"SMTP {exc.code} {exc.message}", reply_code=exc.code)
+        except (aiosmtplib.SMTPException, OSError) as exc:
+            return Attempt(Verdict.RETRY, f"SMTP: {type(exc).__name__}: {exc}")
+        finally:
+            client.close()
+        return _recipients_outcome(done, remaining, refused)
+
+
+def _connect_failure(exc: Exception) -> Attempt:
+    """The outcome of a failed connect: the network (unreachable, timed out, hung up) is
+    retried; a TLS, STARTTLS or login failure, or any refusal of the greeting, is our
+    side's configuration (docs/design.md "Notification channels")."""
+    text = f"SMTP: {type(exc).__name__}: {exc}"
+    network = (
+        aiosmtplib.SMTPConnectError,
+        aiosmtplib.SMTPTimeoutError,
+        aiosmtplib.SMTPServerDisconnected,
+        OSError,
+    )
+    if isinstance(exc, network) and not _tls_failure(exc):
+        return Attempt(Verdict.RETRY, text)
+    return Attempt(Verdict.CONFIGURATION, text)
+
+
+async def _submit(
+    client: aiosmtplib.SMTP, sender: str, message: EmailMessage, recipients: Sequence[str]
+) -> dict[str, tuple[int, str]]:
+    """Send ``message``; answers the recipients the server refused (code, text)."""
+    errors, _ = await client.send_message(message, sender=sender, recipients=list(recipients))
+    with contextlib.suppress(aiosmtplib.SMTPException, OSError):
+        await client.quit()  # the message is accepted: a failed goodbye changes nothing
+    return {address: (reply.code, reply.message) for address, reply in errors.items()}
+
+
+def _recipients_outcome(
+    done: list[str], remaining: list[str], refused: dict[str, tuple[int, str]]
+) -> Attempt:
+    """Delivered when every recipient has it; retried while one was refused for now
+    (4xx); failed when every one left was refused for good (5xx)."""
+    delivered = tuple(done + [address for address in remaining if address not in refused])
+    if not refused:
+        return Attempt(Verdict.DELIVERED, reply_code=250, delivered_to=delivered)
+    error = "; ".join(f"{address}: {code} {text}" for address, (code, text) in refused.items())
+    later = [code for code, _ in refused.values() if not 500 <= code < 600]
+    verdict = Verdict.RETRY if later else Verdict.PERMANENT
+    code = later[0] if later else next(iter(refused.values()))[0]
+    return Attempt(verdict, f"SMTP refused {error}", reply_code=code, delivered_to=delivered)

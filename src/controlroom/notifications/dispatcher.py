@@ -1,0 +1,138 @@
+"""The dispatcher: a periodic part of ``serve`` that sends due notifications
+(docs/design.md "Notification outbox").
+
+Each run claims due rows (``store.claim_due``) and sends them, at most ``concurrency``
+at once, each bounded by ``send_timeout``, outside any database transaction; each
+outcome is written with ``store.record_attempt``. A run goes on claiming while claims
+come back full. Where the provider lets several processes claim at once
+(``Provider.claims_rows_concurrently``) every ``serve`` dispatches; elsewhere one does,
+under the ``notification dispatch`` lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Mapping
+from datetime import timedelta
+
+import httpx
+import sqlalchemy as sa
+
+from controlroom.config import Settings
+from controlroom.db.providers import provider_for
+from controlroom.notifications.channels import Sender, SmtpSender, WebhookSender
+from controlroom.notifications.lifecycle import Attempt, Channel, Policy, Verdict, after_attempt
+from controlroom.notifications.store import Claimed, claim_due, record_attempt
+from controlroom.runtime.clock import Clock, utc_now
+from controlroom.runtime.periodic import PeriodicTask
+
+log = logging.getLogger(__name__)
+
+LEASE = "notification dispatch"
+
+
+class Dispatcher:
+    """Sends due notifications on a schedule (module docstring). ``senders`` replaces the
+    channels' senders (by channel name); by default a webhook and an SMTP sender."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: sa.Engine,
+        *,
+        owner: str,
+        senders: Mapping[str, Sender] | None = None,
+        clock: Clock = utc_now,
+        rng: random.Random | None = None,
+    ) -> None:
+        outbox = settings.notifications
+        self._settings = outbox
+        self._engine = engine
+        self._senders = senders
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._policy = Policy(
+            max_attempts=outbox.max_attempts,
+            base=outbox.backoff_base.total_seconds(),
+            cap=outbox.backoff_cap.total_seconds(),
+            retry_after_cap=outbox.retry_after_cap.total_seconds(),
+        )
+        provider = provider_for(engine)
+        lease = (
+            None
+            if provider.claims_rows_concurrently
+            else provider.make_lease(engine, LEASE, owner, outbox.claim_seconds)
+        )
+        self.task = PeriodicTask(
+            "notification dispatch",
+            self.dispatch,
+            interval=outbox.dispatch_interval_seconds,
+            jitter=0.2,
+            lease=lease,
+        )
+        self._active: Mapping[str, Sender] = senders or {}
+
+    async def run(self) -> None:
+        """Dispatch on the schedule until cancelled."""
+        if self._senders is not None:
+            await self.task.run()
+            return
+        async with httpx.AsyncClient(
+            timeout=self._settings.send_timeout, follow_redirects=False
+        ) as client:
+            self._active = {
+                Channel.WEBHOOK: WebhookSender(self._settings, client, self._clock),
+                Channel.EMAIL: SmtpSender(self._settings, self._settings.send_timeout, self._clock),
+            }
+            await self.task.run()
+
+    async def dispatch(self) -> int:
+        """Claim and send until nothing is due (or the task stops); answers how many
+        notifications were attempted."""
+        if not self._active:
+            raise RuntimeError("the dispatcher sends only while it runs, or with its senders")
+        attempted = 0
+        gate = asyncio.Semaphore(self._settings.concurrency)
+        while not self.task.stopping.is_set():
+            claimed = await asyncio.to_thread(
+                claim_due,
+                self._engine,
+                now=self._clock(),
+                limit=self._settings.batch_size,
+                claim_for=timedelta(seconds=self._settings.claim_seconds),
+            )
+            await asyncio.gather(*(self._deliver(each, gate) for each in claimed))
+            attempted += len(claimed)
+            if len(claimed) < self._settings.batch_size:
+                break
+        return attempted
+
+    async def _deliver(self, claimed: Claimed, gate: asyncio.Semaphore) -> None:
+        async with gate:
+            attempt = await self._attempt(claimed)
+        after = after_attempt(claimed.retry_count, attempt, self._clock(), self._policy, self._rng)
+        if attempt.verdict is Verdict.CONFIGURATION:
+            log.error(
+                "notification %s parked: a configuration error (%s)",
+                claimed.notification_id,
+                attempt.error,
+            )
+        await asyncio.to_thread(
+            record_attempt, self._engine, claimed, attempt, after, now=self._clock()
+        )
+
+    async def _attempt(self, claimed: Claimed) -> Attempt:
+        sender = self._active.get(claimed.channel)
+        if sender is None:
+            return Attempt(Verdict.PERMANENT, f"no sender for channel {claimed.channel!r}")
+        timeout = self._settings.send_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                return await sender.send(claimed)
+        except TimeoutError:
+            return Attempt(Verdict.RETRY, f"the send took longer than {timeout:g} s")
+        except Exception as exc:
+            log.warning("notification %s: the send failed", claimed.notification_id, exc_info=True)
+            return Attempt(Verdict.RETRY, f"{type(exc).__name__}: {exc}")

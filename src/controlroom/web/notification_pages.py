@@ -1,0 +1,156 @@
+"""The console's Notifications pages: the list (KPI tiles, filters by status, channel,
+source and target, keyset paging), one notification with its last error and, for
+operators, Retry and Discard of a Parked one (post, redirect, then the page shows the
+outcome: a reload sends nothing), and the channels configured (secrets never shown).
+
+Source: docs/design.md "Notification outbox"; docs/decisions.md "The console calls the
+same functions as the API": reads call ``notifications.queries``, the actions
+``notifications.store.act_on_parked``, as the API does. Every value of a notification
+(subject, target, body, error) is rendered as text.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated
+from urllib.parse import urlencode
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import Response
+
+from controlroom.config import Settings
+from controlroom.notifications import queries
+from controlroom.notifications.lifecycle import Channel, Status
+from controlroom.notifications.store import ActionOutcome, Command, act_on_parked
+from controlroom.web.common import EXTRA_NAV, actor, api_state, redirect, render, viewer
+from controlroom.web.session import Session
+
+router = APIRouter(include_in_schema=False)
+Viewer = Annotated[Session, Depends(viewer)]
+Actor = Annotated[Session, Depends(actor)]
+Text = Annotated[str, Query(max_length=1024)]
+After = Annotated[str, Query(max_length=500)]
+PAGE_SIZE = 50
+STATUSES = tuple(status.value for status in Status)
+CHANNELS = tuple(channel.value for channel in Channel)
+
+EXTRA_NAV.append(("Notifications", "/notifications"))
+
+# What an action's redirect may say (``outcome``, with the command), as an operator reads it.
+OUTCOME_TEXT = {
+    ActionOutcome.APPLIED.value: "Applied.",
+    ActionOutcome.NOT_PARKED.value: "NotParked: the notification is not Parked, so nothing "
+    "was done.",
+}
+COMMANDS = {command.value.lower(): command for command in Command}
+
+
+@router.get("/notifications")
+def notification_list(
+    request: Request,
+    session: Viewer,
+    status: Text = "",
+    channel: Text = "",
+    source: Text = "",
+    target: Text = "",
+    after: After = "",
+) -> Response:
+    """KPI tiles, the channels configured, and the notifications matching the filters,
+    newest created first."""
+    if status and status not in STATUSES:
+        raise HTTPException(400, f"status must be one of {', '.join(STATUSES)}")
+    if channel and channel not in CHANNELS:
+        raise HTTPException(400, f"channel must be one of {', '.join(CHANNELS)}")
+    filters = queries.NotificationFilter(
+        status or None, channel or None, source or None, target or None
+    )
+    settings: Settings = api_state(request).settings
+    with _engine(request).connect() as conn:
+        try:
+            page = queries.list_notifications(conn, filters, limit=PAGE_SIZE, after=after or None)
+        except queries.BadCursor as exc:
+            raise HTTPException(400, f"after: {exc}") from None
+        kpis = queries.measure_kpis(
+            conn,
+            now=datetime.now(UTC),
+            interval=settings.kpi.interval,
+            stuck_threshold=settings.kpi.stuck_threshold,
+        )
+    outbox = settings.notifications
+    return render(
+        request,
+        "notifications.html",
+        {
+            "notifications": page.rows,
+            "next_cursor": page.next_cursor,
+            "after": after,
+            "params": {"status": status, "channel": channel, "source": source, "target": target},
+            "statuses": STATUSES,
+            "channels": CHANNELS,
+            "kpis": kpis[""],
+            "interval": settings.kpi.interval,
+            "stuck_threshold": settings.kpi.stuck_threshold,
+            "webhooks": [(hook.name, hook.url) for hook in outbox.webhooks],
+            "recipient_lists": [(entry.name, entry.addresses) for entry in outbox.recipient_lists],
+            "smtp": None if outbox.smtp is None else f"{outbox.smtp.host}:{outbox.smtp.port}",
+        },
+    )
+
+
+@router.get("/notifications/{notification_id}")
+def notification_page(
+    request: Request,
+    session: Viewer,
+    notification_id: uuid.UUID,
+    outcome: Text = "",
+    command: Text = "",
+) -> Response:
+    """One notification; ``outcome`` and ``command`` (set by an action's redirect) show
+    what the action did, only when they are values the action answers."""
+    with _engine(request).connect() as conn:
+        row = queries.get_notification(conn, str(notification_id))
+    if row is None:
+        raise HTTPException(404, "notification not found")
+    notice = None
+    if outcome in OUTCOME_TEXT and command in COMMANDS:
+        notice = {
+            "name": outcome,
+            "command": COMMANDS[command].value,
+            "summary": OUTCOME_TEXT[outcome],
+        }
+    return render(
+        request,
+        "notification.html",
+        {"n": row, "parked": row.status == Status.PARKED.value, "outcome": notice},
+    )
+
+
+@router.post("/notifications/{notification_id}/{command}")
+def act(request: Request, session: Actor, notification_id: uuid.UUID, command: str) -> Response:
+    """Retry or Discard a Parked notification (as the API does), then redirect to its
+    page, which shows the outcome."""
+    chosen = COMMANDS.get(command)
+    if chosen is None:
+        raise HTTPException(404, "no such action")
+    result = act_on_parked(
+        _engine(request),
+        str(notification_id),
+        chosen,
+        session.principal.name,
+        now=datetime.now(UTC),
+    )
+    if result.outcome is ActionOutcome.NOT_FOUND:
+        detail = (
+            f"Not found: there is no notification {notification_id} (it may have been "
+            "purged); nothing was done."
+        )
+        return render(request, "error.html", {"status": 404, "detail": detail}, status=404)
+    query = urlencode({"outcome": result.outcome.value, "command": command})
+    return redirect(f"/notifications/{notification_id}?{query}")
+
+
+def _engine(request: Request) -> sa.Engine:
+    engine: sa.Engine = api_state(request).engine
+    return engine

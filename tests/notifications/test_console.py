@@ -1,0 +1,111 @@
+"""The console's Notifications pages on every provider: the list with its status filter
+and KPI tiles, the channels without secrets, and Retry/Discard by post/redirect/get (a
+reload sends nothing); a reader sees no buttons and is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from controlroom.app import create_app
+from controlroom.config import AuthToken, Settings
+from controlroom.db.tables import audit_log
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from tests.notifications.test_api import put
+from tests.web.test_console_http import csrf_of
+
+OPERATOR = "operator-token-0123456789abcdef"
+READER = "reader-token-0123456789abcdef"
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+@pytest.fixture
+def console(tmp_path: Path, database_url: str, engine: sa.Engine) -> Iterator[TestClient]:
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=database_url,
+        auth_tokens=[
+            AuthToken(name="olga", token=OPERATOR, role="operator"),
+            AuthToken(name="rita", token=READER, role="reader"),
+        ],
+        notifications={
+            "webhooks": [{"name": "ops", "url": "http://hooks.local/x", "secret": SECRET}]
+        },
+    )
+    app = create_app(settings, engine, FileSystemBodyStore(tmp_path / "bodies"))
+    with TestClient(app, follow_redirects=False) as client:
+        yield client
+
+
+def audit_count(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.count()).select_from(audit_log)).scalar_one()
+
+
+def test_the_list_filters_by_status_and_shows_channels_without_secrets(
+    console: TestClient, engine: sa.Engine
+) -> None:
+    console.post("/signin", data={"token": READER})
+    put(engine, subject="parked one")
+    put(engine, status="Delivered", subject="delivered one")
+    page = console.get("/notifications", params={"status": "Parked"})
+    assert page.status_code == 200
+    assert "parked one" in page.text and "delivered one" not in page.text
+    assert "hooks.local" in page.text and "whsec_" not in page.text
+    assert console.get("/notifications", params={"status": "Nope"}).status_code == 400
+
+
+def test_retry_by_post_redirect_get_and_a_reload_sends_nothing(
+    console: TestClient, engine: sa.Engine
+) -> None:
+    console.post("/signin", data={"token": OPERATOR})
+    notification_id = put(engine)
+    page = console.get(f"/notifications/{notification_id}")
+    assert 'action="/notifications/' in page.text and ">Retry<" in page.text
+    answer = console.post(
+        f"/notifications/{notification_id}/retry", data={"csrf_token": csrf_of(page.text)}
+    )
+    assert answer.status_code == 303
+    shown = console.get(answer.headers["location"])
+    assert 'data-testid="action-outcome-name">Applied<' in shown.text
+    assert ">Pending<" in shown.text and ">Retry<" not in shown.text
+    assert console.get(answer.headers["location"]).status_code == 200  # the reload: a GET
+    assert audit_count(engine) == 1
+
+
+def test_discard_of_a_purged_notification_says_not_found(
+    console: TestClient, engine: sa.Engine
+) -> None:
+    console.post("/signin", data={"token": OPERATOR})
+    page = console.get("/notifications")
+    unknown = "00000000-0000-4000-8000-000000000000"
+    answer = console.post(
+        f"/notifications/{unknown}/discard", data={"csrf_token": csrf_of(page.text)}
+    )
+    assert answer.status_code == 404 and "Not found" in answer.text
+    assert audit_count(engine) == 0
+
+
+def test_a_reader_sees_no_buttons_and_is_refused(console: TestClient, engine: sa.Engine) -> None:
+    console.post("/signin", data={"token": READER})
+    notification_id = put(engine)
+    page = console.get(f"/notifications/{notification_id}")
+    assert ">Retry<" not in page.text and "an operator can retry" in page.text
+    answer = console.post(
+        f"/notifications/{notification_id}/retry", data={"csrf_token": csrf_of(page.text)}
+    )
+    assert answer.status_code == 403
+    assert audit_count(engine) == 0
+
+
+def test_the_dashboard_shows_the_notification_tiles(console: TestClient, engine: sa.Engine) -> None:
+    console.post("/signin", data={"token": READER})
+    put(engine)
+    page = console.get("/")
+    assert page.status_code == 200
+    tile = page.text.split('data-testid="notification-parked"', 1)[1]
+    assert '<span class="figure">1</span>' in tile.split("</a>", 1)[0]

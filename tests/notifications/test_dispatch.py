@@ -1,0 +1,368 @@
+"""The dispatcher against real receivers on loopback, on every provider: a webhook
+verified with the standardwebhooks package, e-mail received by aiosmtpd, retries, park,
+and an outcome never written to a vanished row."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from standardwebhooks import Webhook
+
+from controlroom.config import Settings
+from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
+from controlroom.db.tables import notifications
+from controlroom.db.transactions import begin_write
+from controlroom.notifications.channels import SmtpSender, WebhookSender
+from controlroom.notifications.dispatcher import Dispatcher
+from controlroom.notifications.lifecycle import Attempt, Policy, Verdict, after_attempt
+from controlroom.notifications.store import (
+    ActionOutcome,
+    Command,
+    NewNotification,
+    act_on_parked,
+    claim_due,
+    enqueue,
+    record_attempt,
+)
+from tests.notifications.receivers import MailSink, WebhookReceiver, smtp_server, webhook_receiver
+from tests.servers import TEST_CLIENT_TIMEOUT
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+class Clock:
+    """A clock the test moves: every due notification is due at once after ``advance``."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float = 3600) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def receiver() -> Iterator[WebhookReceiver]:
+    with webhook_receiver() as hook:
+        yield hook
+
+
+@pytest.fixture
+def mail() -> Iterator[tuple[MailSink, int]]:
+    with smtp_server() as sink:
+        yield sink
+
+
+def outbox_settings(
+    database_url: str, receiver: WebhookReceiver, smtp_port: int, **extra: Any
+) -> Settings:
+    return Settings(
+        database_url=database_url,
+        notifications={
+            "webhooks": [{"name": "ops", "url": receiver.url, "secret": SECRET}],
+            "smtp": {"host": "127.0.0.1", "port": smtp_port, "sender": "cr@example.org"},
+            "recipient_lists": [
+                {"name": "oncall", "addresses": ["a@example.org", "b@example.org"]}
+            ],
+            "max_attempts": 3,
+            **extra,
+        },
+    )
+
+
+def put(engine: sa.Engine, now: datetime, **fields: Any) -> str:
+    values: dict[str, Any] = {
+        "source": "rule:test",
+        "channel": "Webhook",
+        "target": "ops",
+        "subject": "Intake stalled",
+        "body": "nothing stored for 60 s",
+    }
+    values.update(fields)
+    with begin_write(engine) as conn:
+        return enqueue(conn, NewNotification(**values), now=now).notification_id
+
+
+def row(engine: sa.Engine, notification_id: str) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.select(notifications).where(notifications.c.notification_id == notification_id)
+        ).one_or_none()
+
+
+def dispatch(settings: Settings, engine: sa.Engine, clock: Clock) -> int:
+    async def go() -> int:
+        async with httpx.AsyncClient(timeout=TEST_CLIENT_TIMEOUT) as client:
+            outbox = settings.notifications
+            dispatcher = Dispatcher(
+                settings,
+                engine,
+                owner="test",
+                senders={
+                    "Webhook": WebhookSender(outbox, client, clock),
+                    "Email": SmtpSender(outbox, TEST_CLIENT_TIMEOUT, clock),
+                },
+                clock=clock,
+                rng=random.Random(3),
+            )
+            return await dispatcher.dispatch()
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def test_a_webhook_is_delivered_once_signed_so_standardwebhooks_verifies_it(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+) -> None:
+    settings = outbox_settings(database_url, receiver, mail[1])
+    notification_id = put(engine, clock(), subject="Ünïcode ✓")
+    assert dispatch(settings, engine, clock) == 1
+    assert dispatch(settings, engine, clock) == 0
+    (request,) = receiver.requests
+    payload = Webhook(SECRET).verify(request.body, request.headers)
+    assert payload["notification_id"] == notification_id == request.headers["webhook-id"]
+    assert payload["subject"] == "Ünïcode ✓"
+    stored = row(engine, notification_id)
+    assert (stored.status, stored.reply_code, stored.retry_count) == ("Delivered", 204, 0)
+    assert stored.terminal_at_utc == clock() and stored.claim_token is None
+
+
+def test_a_failing_receiver_makes_it_retrying_then_parked_with_the_same_bytes(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+) -> None:
+    settings = outbox_settings(database_url, receiver, mail[1])
+    notification_id = put(engine, clock())
+    receiver.status = 500
+    dispatch(settings, engine, clock)
+    stored = row(engine, notification_id)
+    assert (stored.status, stored.retry_count, stored.last_error) == ("Retrying", 1, "HTTP 500")
+    assert stored.next_attempt_at_utc > clock()
+    assert dispatch(settings, engine, clock) == 0  # not due yet
+    for _ in range(2):
+        clock.advance()
+        dispatch(settings, engine, clock)
+    stored = row(engine, notification_id)
+    assert (stored.status, stored.retry_count, stored.next_attempt_at_utc) == ("Parked", 3, None)
+    assert len(receiver.requests) == 3
+    assert len({request.body for request in receiver.requests}) == 1  # serialised once
+    assert len({request.headers["webhook-timestamp"] for request in receiver.requests}) == 3
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "expected"),
+    [
+        (302, {"location": "http://127.0.0.1:1/elsewhere"}, "Retrying"),
+        (410, {}, "Parked"),
+        (400, {}, "Failed"),
+        (429, {"retry-after": "120"}, "Retrying"),
+    ],
+)
+def test_the_webhook_etiquette(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+    status: int,
+    headers: dict[str, str],
+    expected: str,
+) -> None:
+    settings = outbox_settings(database_url, receiver, mail[1])
+    notification_id = put(engine, clock())
+    receiver.status, receiver.headers = status, headers
+    dispatch(settings, engine, clock)
+    stored = row(engine, notification_id)
+    assert (stored.status, stored.reply_code) == (expected, status)
+    assert len(receiver.requests) == 1  # a redirect is never followed
+    if status == 429:
+        assert stored.next_attempt_at_utc == clock() + timedelta(seconds=120)
+
+
+def test_an_unknown_target_fails_permanently(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+) -> None:
+    settings = outbox_settings(database_url, receiver, mail[1])
+    notification_id = put(engine, clock(), target="nobody")
+    dispatch(settings, engine, clock)
+    stored = row(engine, notification_id)
+    assert (stored.status, stored.last_error) == ("Failed", "no webhook named 'nobody'")
+
+
+def test_an_email_reaches_each_recipient_once_with_its_id(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+) -> None:
+    sink, port = mail
+    settings = outbox_settings(database_url, receiver, port)
+    subject = "Störung\r\nBcc: victim@example.org"
+    notification_id = put(engine, clock(), channel="Email", target="oncall", subject=subject)
+    sink.refuse["b@example.org"] = "450 4.7.1 greylisted, try later"
+    dispatch(settings, engine, clock)
+    stored = row(engine, notification_id)
+    assert (stored.status, stored.reply_code) == ("Retrying", 450)
+    sink.refuse.clear()
+    clock.advance()
+    dispatch(settings, engine, clock)
+    assert row(engine, notification_id).status == "Delivered"
+    assert [m.recipients for m in sink.mails] == [["a@example.org"], ["b@example.org"]]
+    for received in sink.mails:
+        assert received.message["Message-ID"] == f"<{notification_id}@controlroom>"
+        assert received.message["Subject"] == "Störung  Bcc: victim@example.org"
+        assert received.message["Bcc"] is None
+    raw = sink.mails[0].message.as_bytes(policy=sink.mails[0].message.policy.clone(utf8=False))
+    assert b"=?utf-8?" in raw.lower()
+
+
+def test_a_5xx_for_every_recipient_fails_it(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+) -> None:
+    sink, port = mail
+    settings = outbox_settings(database_url, receiver, port)
+    notification_id = put(engine, clock(), channel="Email", target="oncall")
+    sink.refuse = {"a@example.org": "550 no such user", "b@example.org": "550 no such user"}
+    dispatch(settings, engine, clock)
+    stored = row(engine, notification_id)
+    assert (stored.status, stored.reply_code) == ("Failed", 550)
+
+
+def test_a_login_the_server_cannot_do_is_a_configuration_error_parked(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+) -> None:
+    sink, port = mail
+    settings = outbox_settings(database_url, receiver, port)
+    smtp = settings.notifications.smtp
+    assert smtp is not None
+    smtp.starttls = True  # the sink offers no STARTTLS: never fall back to plain text
+    notification_id = put(engine, clock(), channel="Email", target="oncall")
+    dispatch(settings, engine, clock)
+    stored = row(engine, notification_id)
+    assert stored.status == "Parked" and sink.mails == []
+    assert stored.last_error.startswith("SMTP")
+
+
+def test_an_outcome_for_a_vanished_row_is_logged_and_not_written(
+    engine: sa.Engine, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    notification_id = put(engine, clock())
+    (claimed,) = claim_due(engine, now=clock(), limit=10, claim_for=timedelta(minutes=5))
+    with begin_write(engine) as conn:
+        conn.execute(sa.delete(notifications))  # the purge took it
+    attempt = Attempt(Verdict.DELIVERED, reply_code=200)
+    after = after_attempt(0, attempt, clock(), Policy(3, 1, 1, 1), random.Random())
+    assert not record_attempt(engine, claimed, attempt, after, now=clock())
+    assert row(engine, notification_id) is None
+    assert "gone or claimed again" in caplog.text
+
+
+def test_a_claimed_row_is_not_claimed_twice_until_its_claim_lapses(
+    engine: sa.Engine, clock: Clock
+) -> None:
+    put(engine, clock())
+    claim = timedelta(minutes=5)
+    assert len(claim_due(engine, now=clock(), limit=10, claim_for=claim)) == 1
+    assert claim_due(engine, now=clock(), limit=10, claim_for=claim) == []
+    clock.advance(301)  # the dispatcher died mid-send: the row is due again, same id
+    assert len(claim_due(engine, now=clock(), limit=10, claim_for=claim)) == 1
+
+
+@pytest.mark.postgresql
+def test_two_dispatchers_on_one_database_send_each_notification_once(
+    postgresql_url: str, receiver: WebhookReceiver, mail: tuple[MailSink, int], clock: Clock
+) -> None:
+    engine = create_store_engine(postgresql_url)
+    try:
+        upgrade_database(engine)
+        settings = outbox_settings(postgresql_url, receiver, mail[1], batch_size=20)
+        ids = {put(engine, clock(), source_event_id=str(n)) for n in range(1000)}
+
+        async def both() -> list[int]:
+            async with httpx.AsyncClient(timeout=TEST_CLIENT_TIMEOUT) as client:
+                outbox = settings.notifications
+                senders = {"Webhook": WebhookSender(outbox, client, clock)}
+                dispatchers = [
+                    Dispatcher(settings, engine, owner=owner, senders=senders, clock=clock)
+                    for owner in ("one", "two")
+                ]
+                return await asyncio.gather(*(each.dispatch() for each in dispatchers))
+
+        # A run ends at a short claim (rows the other one holds are skipped): run until
+        # nothing is due.
+        shares = asyncio.run(both())
+        while (more := asyncio.run(both())) != [0, 0]:
+            shares = [a + b for a, b in zip(shares, more, strict=True)]
+        received = [request.headers["webhook-id"] for request in receiver.requests]
+        assert sorted(received) == sorted(ids)  # each once, none missing
+        assert min(shares) > 0  # both took a share
+        with engine.connect() as conn:
+            statuses = conn.execute(sa.select(notifications.c.status).distinct()).scalars()
+            assert list(statuses) == ["Delivered"]
+    finally:
+        engine.dispose()
+
+
+def test_parked_then_retried_by_an_operator_is_delivered_when_the_receiver_recovers(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+) -> None:
+    settings = outbox_settings(database_url, receiver, mail[1])
+    retried, discarded = put(engine, clock()), put(engine, clock(), subject="second")
+    receiver.status = 500
+    for _ in range(3):
+        dispatch(settings, engine, clock)
+        clock.advance()
+    assert {row(engine, retried).status, row(engine, discarded).status} == {"Parked"}
+    receiver.status = 200
+    applied = act_on_parked(engine, retried, Command.RETRY, "olga", now=clock())
+    ended = act_on_parked(engine, discarded, Command.DISCARD, "olga", now=clock())
+    assert (applied.outcome, ended.outcome) == (ActionOutcome.APPLIED, ActionOutcome.APPLIED)
+    assert dispatch(settings, engine, clock) == 1
+    assert (row(engine, retried).status, row(engine, discarded).status) == (
+        "Delivered",
+        "Discarded",
+    )
+    sent = [request.headers["webhook-id"] for request in receiver.requests]
+    assert sent.count(retried) == 4 and sent.count(discarded) == 3
+    bodies = {
+        request.body for request in receiver.requests if request.headers["webhook-id"] == retried
+    }
+    assert len(bodies) == 1  # the operator's retry sends the same bytes

@@ -1,0 +1,93 @@
+"""POST /api/site-notifications on every provider: a site's notifications stored under
+its own id, idempotently, an over-long one refused with a reason naming the field, and
+only the site's own token may post them, for its own site only."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from controlroom.app import create_app
+from controlroom.config import AuthToken, Settings
+from controlroom.db.tables import notifications
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from tests.reconciliation.harness import central_token_of, site_entry
+
+OPERATOR = "operator-token-0123456789abcdef"
+
+
+def item(**changes: Any) -> dict[str, Any]:
+    fields = {
+        "notification_id": str(uuid.uuid4()),
+        "source_site": "plant-7",
+        "channel": "Email",
+        "target": "oncall",
+        "subject": "Pump 3 stopped",
+        "body": "at 08:00",
+        "severity": "Error",
+    }
+    fields.update(changes)
+    return fields
+
+
+def stored(engine: sa.Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.select(notifications)).all())
+
+
+def test_a_sites_notifications_are_stored_once_and_an_over_long_one_refused(
+    client: TestClient, engine: sa.Engine
+) -> None:
+    good, long = item(), item(subject="s" * 257)
+    answer = client.post("/api/site-notifications", json=[good, long, "nonsense"])
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["accepted"] == [0]
+    assert [(r["index"], r["reason"]) for r in body["rejected"]] == [
+        (1, "subject: 257 characters; at most 256"),
+        (2, "notification: must be a JSON object"),
+    ]
+    assert body["rejected"][0]["notification_id"] == long["notification_id"]
+    again = client.post("/api/site-notifications", json=[good])
+    assert again.json()["accepted"] == [0]
+    (row,) = stored(engine)
+    assert (row.notification_id, row.source, row.status) == (
+        good["notification_id"],
+        "site:plant-7",
+        "Pending",
+    )
+
+
+@pytest.fixture
+def secured(tmp_path: Path, database_url: str, engine: sa.Engine) -> Iterator[TestClient]:
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=database_url,
+        auth_tokens=[AuthToken(name="olga", token=OPERATOR, role="operator")],
+        sites=[site_entry("plant-7", "http://127.0.0.1:9")],
+    )
+    app = create_app(settings, engine, FileSystemBodyStore(tmp_path / "bodies"))
+    with TestClient(app) as client:
+        yield client
+
+
+def test_only_the_sites_own_token_posts_for_its_own_site(
+    secured: TestClient, engine: sa.Engine
+) -> None:
+    site = {"Authorization": f"Bearer {central_token_of('plant-7')}"}
+    operator = {"Authorization": f"Bearer {OPERATOR}"}
+    assert (
+        secured.post("/api/site-notifications", json=[item()], headers=operator).status_code == 403
+    )
+    foreign = secured.post(
+        "/api/site-notifications", json=[item(source_site="plant-9")], headers=site
+    )
+    assert foreign.status_code == 403 and stored(engine) == []
+    own = secured.post("/api/site-notifications", json=[item()], headers=site)
+    assert own.json()["accepted"] == [0]
