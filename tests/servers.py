@@ -265,12 +265,13 @@ def prepare_migrated(url: str) -> bool:
 
 
 # --- RabbitMQ -------------------------------------------------------------------------------
-def create_rabbitmq_vhost() -> tuple[str, str]:
-    """Create a scratch vhost with ``rabbitmqctl``; returns (amqp URL, vhost name)."""
+def create_rabbitmq_vhost(vhost: str | None = None) -> tuple[str, str]:
+    """Create a vhost with ``rabbitmqctl``, a scratch name unless ``vhost`` is given;
+    returns (amqp URL, vhost name)."""
     ctl = shutil.which("rabbitmqctl")
     if ctl is None:
         missing_server("RabbitMQ", "rabbitmqctl not found")
-    vhost = scratch_name()
+    vhost = vhost or scratch_name()
     user = sa.make_url(RABBITMQ_HOST_URL.replace("amqp", "x", 1)).username or "guest"
     try:
         subprocess.run([ctl, "add_vhost", vhost], check=True, capture_output=True, timeout=60)

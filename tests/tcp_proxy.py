@@ -11,16 +11,18 @@ import threading
 
 
 class TcpProxy:
-    """Forwards 127.0.0.1:<port> to ``target``; ``cut()`` drops and refuses connections."""
+    """Forwards 127.0.0.1:<port> to ``target``; ``cut()`` drops and refuses connections.
+    ``port``: the port to listen on (0: one the system chooses), e.g. one a client is
+    already trying while nothing listens there."""
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, *, port: int = 0) -> None:
         self._target = (target_host, target_port)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._open = True
-        self.port = 0
+        self.port = port
 
     def __enter__(self) -> TcpProxy:
         self._thread.start()
@@ -41,7 +43,7 @@ class TcpProxy:
         self._open = True
 
     async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _stop(self) -> None:

@@ -62,6 +62,18 @@ class IngestionSettings(BaseModel):
         return self.prefetch or self.batch_size * self.concurrent_batches
 
 
+class StartupSettings(BaseModel):
+    """What serve does when it starts before its store or broker (docs/design.md
+    "Operational contract")."""
+
+    wait_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="Seconds serve waits, trying again with back-off, for an unreachable "
+        "database or broker before it exits with an error; 0: exit at once.",
+    )
+
+
 class SiteCallSettings(BaseModel):
     """The site-call mirror (docs/design.md "Site call audit")."""
 
@@ -429,6 +441,7 @@ class Settings(EnvThenTomlSettings):
     )
     ingest_on_serve: bool = True
     ingestion: IngestionSettings = IngestionSettings()
+    startup: StartupSettings = StartupSettings()
     sitecalls: SiteCallSettings = SiteCallSettings()
     audit: AuditSettings = AuditSettings()
     sites: list[ConfiguredSite] = Field(

@@ -39,6 +39,11 @@ class UnstorableValue(ControlroomError):
     that no ``ValueError`` of our own code can pass for bad data."""
 
 
+class DependencyUnreachable(ControlroomError):
+    """The store or the broker was still unreachable when the wait at start ended
+    (``runtime.startup``); the text is one line naming it and the last reason."""
+
+
 class BodyStoreError(ControlroomError):
     """External body storage failed; the batch must not commit."""
 

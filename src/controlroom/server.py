@@ -1,9 +1,11 @@
 """The composition root of central's service: ``run`` builds the process and runs it.
 
 ``controlroom serve`` calls it; so can an embedder or a test, without typer or a
-subprocess. It opens the store (migrating it, and writing the search terms of rows
-stored before migration 0009), starts the transport, builds the API (``create_app``)
-behind the Host check, and runs its parts in one ``asyncio.TaskGroup``:
+subprocess. It waits for the store and the broker while they are unreachable
+(``runtime.startup``, up to ``startup.wait_seconds``), opens the store (migrating it, and
+writing the search terms of rows stored before migration 0009), starts the transport,
+builds the API (``create_app``) behind the Host check, and runs its parts in one
+``asyncio.TaskGroup``:
 
 - ``http``: uvicorn serving the API and the console on the listening socket;
 - ``ingestion`` and ``telemetry ingestion`` (when ``ingest_on_serve``);
@@ -43,6 +45,7 @@ from controlroom.api.guard import HostGuard
 from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
+from controlroom.db.errors import describe_store_error, is_transient
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.providers import provider_for
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
@@ -58,11 +61,12 @@ from controlroom.notifications.retention import NotificationRetention
 from controlroom.notifications.rules import apply_rules
 from controlroom.runtime.serve_lock import serving
 from controlroom.runtime.sockets import listen
+from controlroom.runtime.startup import Stopped, wait_until_reachable
 from controlroom.sitecalls.history import KpiSampler
 from controlroom.sitecalls.intake import TelemetryIngestionService
 from controlroom.sitecalls.reconciliation import ReconciliationService
 from controlroom.sitecalls.retention import SiteCallRetention
-from controlroom.transport import Transport, create_transport
+from controlroom.transport import Transport, TransportError, create_transport
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +102,12 @@ async def run(
     ``runtime.sockets.listen`` so accepted connections get ``TCP_NODELAY``; by default
     one is bound to ``settings.host:settings.port`` that way. ``on_serving`` is called
     once, when every part has started (the socket already accepts connections).
-    Raises ``ConfigurationError`` when the address cannot be bound, the store's and
-    transport's errors when they cannot be opened, and ``PartStopped`` when a part ended
-    on its own (the module docstring).
+    Before it opens the store and the transport it waits for them while they are
+    unreachable (``runtime.startup``), until ``settings.startup.wait_seconds`` after the
+    call; ``stop`` set meanwhile makes it return. Raises ``ConfigurationError`` when the
+    address cannot be bound, ``DependencyUnreachable`` when the wait ends, the store's and
+    transport's other errors when they cannot be opened, and ``PartStopped`` when a part
+    ended on its own (the module docstring).
     """
     own_listener = listener is None
     listener = (
@@ -108,28 +115,56 @@ async def run(
         if listener is not None
         else listen(settings.host, settings.port, chosen_by="--port or CONTROLROOM_PORT")
     )
+    stop = stop if stop is not None else asyncio.Event()
+    deadline = asyncio.get_running_loop().time() + settings.startup.wait_seconds
     try:
         engine = create_store_engine(settings.effective_database_url)
         try:
+            await wait_until_reachable(
+                f"the database {engine.url.render_as_string(hide_password=True)}",
+                lambda: asyncio.to_thread(_probe_store, engine),
+                unreachable=is_transient,
+                describe=describe_store_error,
+                deadline=deadline,
+                stop=stop,
+            )
             upgrade_database(engine)
             write_missing_search_terms(engine, progress=_log_search_terms_progress)
             _warn_of_audit_log_exposure(engine)
             _warn_of_vacuum_settings(engine)
             transport = create_transport(settings)
-            await transport.start()
-            unsubscribe = subscribe(engine, partial(apply_rules, settings.notifications))
             try:
-                with serving(settings.data_dir):  # make demo refuses to publish meanwhile
-                    service = _Service(settings, engine, transport, listener)
-                    await service.run(stop or asyncio.Event(), on_serving)
+                await wait_until_reachable(
+                    "the broker",
+                    transport.start,
+                    unreachable=lambda exc: isinstance(exc, TransportError),
+                    describe=str,
+                    deadline=deadline,
+                    stop=stop,
+                )
+                unsubscribe = subscribe(engine, partial(apply_rules, settings.notifications))
+                try:
+                    with serving(settings.data_dir):  # make demo refuses to publish meanwhile
+                        service = _Service(settings, engine, transport, listener)
+                        await service.run(stop, on_serving)
+                finally:
+                    unsubscribe()
             finally:
-                unsubscribe()
                 await transport.close()
         finally:
             engine.dispose()
+    except Stopped:
+        log.info("stopped while waiting for the database or the broker")
     finally:
         if own_listener:
             listener.close()
+
+
+def _probe_store(engine: sa.Engine) -> None:
+    """Open a connection and run one statement; the driver's error when the store cannot
+    be reached."""
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SELECT 1")
 
 
 def _warn_of_audit_log_exposure(engine: sa.Engine) -> None:

@@ -42,7 +42,7 @@ def leased_bytes(queue_file: Path) -> tuple[int, int]:
     with contextlib.closing(sqlite3.connect(queue_file)) as conn:
         count, size = conn.execute(
             "SELECT count(*), coalesce(sum(length(body) + length(headers_json)), 0) "
-            "FROM queue_messages WHERE lease_owner IS NOT NULL"
+            "FROM queue_messages JOIN queue_bodies USING (id) WHERE lease_owner IS NOT NULL"
         ).fetchone()
     return int(count), int(size)
 

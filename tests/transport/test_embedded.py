@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import sqlite3
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -254,3 +256,61 @@ async def test_queue_names_are_data_not_sql_or_paths(queue_path: Path) -> None:
                 await delivery.ack()
                 await consumer.assert_idle(0.2)
     assert sorted(p.name for p in queue_path.parent.iterdir()) == ["queue.db"]
+
+
+def wal_bytes(queue_path: Path) -> int:
+    wal = queue_path.with_name(queue_path.name + "-wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+async def test_claiming_and_renewing_a_message_never_rewrites_its_body(
+    queue_path: Path, queue_name: str
+) -> None:
+    # SQLite rewrites a row whole: a body kept in the row that a claim, a renewal or a
+    # release updates was read into memory and written to the WAL again each time.
+    body = os.urandom(8 * 1024 * 1024)
+    async with EmbeddedQueue(queue_path) as transport:
+        await transport.publish(queue_name, {"seq": "0"}, body)
+    with contextlib.closing(sqlite3.connect(queue_path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    assert wal_bytes(queue_path) == 0
+    async with asyncio.timeout(TIMEOUT), EmbeddedQueue(queue_path) as transport:
+        consumer = transport.consume(queue_name, 10, max_bytes=64 * 1024 * 1024)
+        async with contextlib.aclosing(consumer):
+            delivery = await anext(consumer)
+            await transport._run(lambda _conn: transport._renew_sync([1]))
+            grown = wal_bytes(queue_path)
+            await delivery.reject(requeue=True)
+            redelivered = await anext(consumer)
+            assert redelivered.body == body
+            await redelivered.ack()
+    assert delivery.body == body
+    assert grown < len(body) // 8
+
+
+async def test_a_queue_file_of_version_1_is_moved_to_version_2(queue_path: Path) -> None:
+    queue_path.parent.mkdir(parents=True)
+    with contextlib.closing(sqlite3.connect(queue_path)) as conn:
+        conn.execute(
+            """CREATE TABLE queue_messages (
+                id INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL,
+                headers_json TEXT NOT NULL, body BLOB NOT NULL, message_id TEXT,
+                content_type TEXT, enqueued_at REAL NOT NULL,
+                delivery_count INTEGER NOT NULL DEFAULT 0, lease_owner TEXT,
+                lease_expires_at REAL NOT NULL DEFAULT 0)"""
+        )
+        conn.execute(
+            "INSERT INTO queue_messages (queue, headers_json, body, enqueued_at) "
+            "VALUES ('error', '{\"seq\":\"7\"}', x'00ff', 0)"
+        )
+        conn.execute("PRAGMA user_version=1")
+        conn.commit()
+    async with asyncio.timeout(TIMEOUT), EmbeddedQueue(queue_path) as transport:
+        consumer = transport.consume("error", 10, max_bytes=1024)
+        async with contextlib.aclosing(consumer):
+            delivery = await anext(consumer)
+            await delivery.ack()
+    assert (delivery.headers["seq"], delivery.body) == ("7", b"\x00\xff")
+    with contextlib.closing(sqlite3.connect(queue_path)) as conn:
+        assert conn.execute("SELECT count(*) FROM queue_bodies").fetchone() == (0,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (2,)

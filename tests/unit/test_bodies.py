@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from controlroom.errors.ingest.bodies import (
     parse_body_key,
     place_body,
 )
+from controlroom.errors.model import BodyPlacement
 from controlroom.exceptions import BodyStoreError
 
 CAP = 102_400  # the default max_body_size_to_store
@@ -310,3 +312,28 @@ def test_a_failed_fsync_leaves_neither_the_body_nor_a_temporary_file(
     monkeypatch.undo()
     assert list((tmp_path / MESSAGE).iterdir()) == []
     assert store.exists(key) is False
+
+
+def test_placing_a_large_text_body_never_decodes_it_whole() -> None:
+    # 20 MiB of two-byte characters: decoded whole it would be a 10 MiB str beside it.
+    body = ("é" * (10 * 1024 * 1024)).encode()
+    tracemalloc.start()
+    try:
+        placement = place_body(body, "application/json", None, CAP)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert placement.external
+    assert placement.text == "é" * (CAP // 2)
+    assert peak < 4 * bodies.VALIDATION_CHUNK + 4 * CAP  # the old whole decode: 10 MiB
+
+
+def test_a_large_body_that_is_not_utf8_past_the_first_chunk_is_binary() -> None:
+    body = b"a" * (3 * bodies.VALIDATION_CHUNK) + b"\xff" + b"a" * 10
+    placement = place_body(body, "text/plain", None, CAP)
+    assert placement == BodyPlacement(size=len(body), text=None, external=True)
+
+
+def test_a_character_across_two_validation_chunks_is_text() -> None:
+    body = b"a" * (bodies.VALIDATION_CHUNK - 1) + "é".encode() + b"a" * 10
+    assert place_body(body, "text/plain", None, CAP).text == "a" * CAP

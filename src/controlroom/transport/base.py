@@ -53,6 +53,10 @@ AckMany = Callable[[Sequence["Delivery"]], Awaitable[None]]
 """A transport's hook that acknowledges several of its deliveries in one operation."""
 
 
+async def _already_settled(*_requeue: bool) -> None:
+    raise RuntimeError("the delivery was already settled")
+
+
 @dataclass(eq=False)
 class Delivery:
     """One message handed to a consumer, to be settled exactly once.
@@ -108,9 +112,19 @@ class Delivery:
         try:
             await action()
         except DeliveryLostError:
-            self._settled = True  # nothing left to settle: the transport let it go
+            self._mark_settled()  # nothing left to settle: the transport let it go
             raise
+        self._mark_settled()
+
+    def _mark_settled(self) -> None:
+        """Settled for good. The transport's callbacks are dropped: they refer back to this
+        delivery, and that reference cycle would keep its body in memory after the batch
+        is done, until the cyclic garbage collector happened to run (docs/decisions.md
+        "What ingestion holds is bounded by bytes")."""
         self._settled = True
+        self.on_ack = _already_settled
+        self.on_reject = _already_settled
+        self.on_ack_many = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +319,6 @@ async def ack_many(deliveries: Sequence[Delivery]) -> None:
         except DeliveryLostError as exc:
             lost = exc
         for delivery in members:
-            delivery._settled = True
+            delivery._mark_settled()
     if lost is not None:
         raise lost

@@ -64,24 +64,32 @@ T = TypeVar("T")
 DEFAULT_LEASE_SECONDS = 300.0
 DEFAULT_POLL_INTERVAL_SECONDS = 0.1
 BUSY_TIMEOUT_SECONDS = 30.0
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # lease_expires_at is 0 for a ready message, so "ready" is one comparison for both never
-# claimed and expired leases.
+# claimed and expired leases. Bodies live in a table of their own (version 2): a claim, a
+# renewal or a release rewrites a message's row, and SQLite rewrites a row whole, so a
+# body in it was read into memory and written to the WAL again by each of them.
+# ``size``: length(body) + length(headers_json), what a claim's byte limit adds up.
 _SCHEMA = (
     """
     CREATE TABLE IF NOT EXISTS queue_messages (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         queue TEXT NOT NULL,
         headers_json TEXT NOT NULL,
-        body BLOB NOT NULL,
         message_id TEXT,
         content_type TEXT,
         enqueued_at REAL NOT NULL,
         delivery_count INTEGER NOT NULL DEFAULT 0,
         lease_owner TEXT,
-        lease_expires_at REAL NOT NULL DEFAULT 0
+        lease_expires_at REAL NOT NULL DEFAULT 0,
+        size INTEGER NOT NULL DEFAULT 0
     )
+    """,
+    "CREATE TABLE IF NOT EXISTS queue_bodies (id INTEGER PRIMARY KEY, body BLOB NOT NULL)",
+    """
+    CREATE TRIGGER IF NOT EXISTS queue_messages_delete_body AFTER DELETE ON queue_messages
+    BEGIN DELETE FROM queue_bodies WHERE id = old.id; END
     """,
     "CREATE INDEX IF NOT EXISTS ix_queue_messages_queue_id ON queue_messages (queue, id)",
     """
@@ -89,13 +97,22 @@ _SCHEMA = (
     ON queue_messages (lease_owner) WHERE lease_owner IS NOT NULL
     """,
 )
+# A version 1 file (bodies in queue_messages) is moved to version 2 when it is opened.
+_FROM_VERSION_1 = (
+    "CREATE TABLE queue_bodies (id INTEGER PRIMARY KEY, body BLOB NOT NULL)",
+    "INSERT INTO queue_bodies (id, body) SELECT id, body FROM queue_messages",
+    "ALTER TABLE queue_messages ADD COLUMN size INTEGER NOT NULL DEFAULT 0",
+    "UPDATE queue_messages SET size = length(body) + length(headers_json)",
+    "ALTER TABLE queue_messages DROP COLUMN body",
+)
 # AUTOINCREMENT: ids are never reused, so FIFO order is id order and a stale settle by id
 # can never hit a newer message.
 
 _INSERT = """
-    INSERT INTO queue_messages (queue, headers_json, body, message_id, content_type, enqueued_at)
+    INSERT INTO queue_messages (queue, headers_json, message_id, content_type, enqueued_at, size)
     VALUES (?, ?, ?, ?, ?, ?)
 """
+_INSERT_BODY = "INSERT INTO queue_bodies (id, body) VALUES (?, ?)"
 _HAS_READY = "SELECT 1 FROM queue_messages WHERE queue = ? AND lease_expires_at <= ? LIMIT 1"
 _CLAIM = """
     UPDATE queue_messages
@@ -106,7 +123,7 @@ _CLAIM = """
         ORDER BY id
         LIMIT ?
     )
-    RETURNING id, headers_json, body, message_id
+    RETURNING id, headers_json, message_id
 """
 # The oldest ready messages while their stored sizes add up to at most the byte limit
 # (a running sum over id order), the first one regardless when the consumer holds nothing.
@@ -117,7 +134,7 @@ _CLAIM_BYTES = """
         SELECT id FROM (
             SELECT id,
                    ROW_NUMBER() OVER (ORDER BY id) AS position,
-                   SUM(length(body) + length(headers_json)) OVER (ORDER BY id) AS running
+                   SUM(size) OVER (ORDER BY id) AS running
             FROM queue_messages
             WHERE queue = ? AND lease_expires_at <= ?
             ORDER BY id
@@ -125,8 +142,9 @@ _CLAIM_BYTES = """
         )
         WHERE running <= ? OR (position = 1 AND ?)
     )
-    RETURNING id, headers_json, body, message_id
+    RETURNING id, headers_json, message_id
 """
+_HELD = "SELECT 1 FROM queue_messages WHERE id = ? AND lease_owner = ?"
 _DELETE_LEASED = "DELETE FROM queue_messages WHERE id = ? AND lease_owner = ?"
 _DELETE_MANY_LEASED = """
     DELETE FROM queue_messages
@@ -150,9 +168,10 @@ _PURGE = "DELETE FROM queue_messages WHERE queue = ? AND lease_expires_at <= ?"
 
 
 class _Row(NamedTuple):
+    """A claimed message without its body, which is read when it is yielded."""
+
     id: int
     headers_json: str
-    body: bytes
     message_id: str | None
 
 
@@ -288,8 +307,16 @@ class EmbeddedQueue:
         valid = validate_headers(headers)
         headers_json = json.dumps(valid, separators=(",", ":"))
         message_id = resolve_message_id(valid, message_id)
-        params = (queue, headers_json, bytes(body), message_id, content_type, time.time())
-        await self._run(lambda conn: _execute_in_write(conn, _INSERT, params, durable=True))
+        data = bytes(body)
+        size = len(data) + len(headers_json)
+        params = (queue, headers_json, message_id, content_type, time.time(), size)
+
+        def insert(conn: sqlite3.Connection) -> None:
+            with _write_transaction(conn, durable=True):
+                row_id = conn.execute(_INSERT, params).lastrowid
+                conn.execute(_INSERT_BODY, (row_id, data))
+
+        await self._run(insert)
         self._wake(queue)
 
     async def purge(self, queue: str) -> int:
@@ -340,8 +367,15 @@ class EmbeddedQueue:
                 if not claimed:
                     claimed.extend(await self._claim_for(session))
                     continue
-                row = claimed.popleft()
-                yield self._delivery(session, row)
+                # The body is read as its message is yielded, never a claim's bodies at
+                # once (docs/decisions.md "What ingestion holds is bounded by bytes").
+                row = claimed[0]
+                body = await self._run(functools.partial(self._read_body_sync, row.id))
+                claimed.popleft()
+                if body is None:  # no longer ours (its lease lapsed): another consumer's
+                    session.in_flight.discard(row.id)
+                    continue
+                yield self._delivery(session, row, body)
         finally:
             session.consuming = False
             await self._release_unyielded(session, [row.id for row in claimed])
@@ -396,7 +430,7 @@ class EmbeddedQueue:
         if ids and self._executor is not None:
             self._executor.submit(self._release_sync, ids)
 
-    def _delivery(self, session: _Session, row: _Row) -> Delivery:
+    def _delivery(self, session: _Session, row: _Row, body: bytes) -> Delivery:
         headers = fill_message_id(json.loads(row.headers_json), row.message_id)
 
         async def reject(requeue: bool) -> None:
@@ -406,7 +440,7 @@ class EmbeddedQueue:
 
         delivery = Delivery(
             headers=headers,
-            body=row.body,
+            body=body,
             queue=session.queue,
             on_ack=lambda: self._settle(session, delivery, _DELETE_LEASED),
             on_reject=reject,
@@ -529,6 +563,9 @@ class EmbeddedQueue:
             conn.execute("PRAGMA journal_mode=WAL").fetchall()
             conn.execute("PRAGMA synchronous=NORMAL")
             with _write_transaction(conn):
+                if conn.execute("PRAGMA user_version").fetchall()[0][0] == 1:
+                    for statement in _FROM_VERSION_1:
+                        conn.execute(statement)
                 for statement in _SCHEMA:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION:d}")
@@ -559,6 +596,17 @@ class EmbeddedQueue:
                 rows = [_Row(*r) for r in conn.execute(_CLAIM_BYTES, params).fetchall()]
         rows.sort(key=lambda row: row.id)  # RETURNING order is unspecified
         return rows
+
+    def _read_body_sync(self, row_id: int, conn: sqlite3.Connection) -> bytes | None:
+        """The body of claimed row ``row_id``, or ``None`` when this queue no longer holds
+        its lease. Read through SQLite's incremental blob I/O straight into one ``bytes``
+        (a plain ``SELECT`` of a large blob makes SQLite assemble a copy of its own first)."""
+        with _read_transaction(conn):
+            held = conn.execute(_HELD, (row_id, self._owner)).fetchall()
+            if not held:
+                return None
+            with conn.blobopen("queue_bodies", "body", row_id, readonly=True) as blob:
+                return blob.read()
 
     def _release_sync(self, ids: Sequence[int]) -> None:
         conn = self._conn
@@ -614,6 +662,16 @@ def _write_transaction(conn: sqlite3.Connection, *, durable: bool = False) -> It
     finally:
         if durable:
             conn.execute("PRAGMA synchronous=NORMAL")
+
+
+@contextlib.contextmanager
+def _read_transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN`` ... ``COMMIT`` of reads: one snapshot for the statements inside."""
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        conn.execute("COMMIT")
 
 
 def _execute_in_write(

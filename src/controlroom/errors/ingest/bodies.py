@@ -15,6 +15,7 @@ no path is ever made from message text.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import hashlib
 import os
@@ -72,25 +73,45 @@ def place_body(
     size = len(data)
     if size == 0:
         return BodyPlacement(size=0, text=None, external=False)
-    text = _strict_text(data) if is_text_body(content_type, content_encoding) else None
-    if text is None:
+    # NUL: a binary marker, and refused by PostgreSQL text.
+    binary = not is_text_body(content_type, content_encoding) or b"\x00" in data
+    if not binary and size <= cap:
+        with contextlib.suppress(UnicodeDecodeError):
+            return BodyPlacement(size=size, text=data.decode("utf-8", "strict"), external=False)
+        binary = True
+    if binary or not _is_strict_utf8(data):
         return BodyPlacement(size=size, text=None, external=True)
-    if size <= cap:
-        return BodyPlacement(size=size, text=text, external=False)
     # The whole body is valid UTF-8, so cutting before a lead byte leaves valid UTF-8.
     cut = utf8_boundary(data, cap)
-    return BodyPlacement(size=size, text=data[:cut].decode("utf-8"), external=True)
+    return BodyPlacement(size=size, text=_decode_prefix(data, cut), external=True)
 
 
-def _strict_text(data: bytes) -> str | None:
-    """``data`` decoded as strict UTF-8 (no surrogates, no overlongs), ``None`` when it is
-    not, or when it contains NUL (a binary marker, and refused by PostgreSQL text)."""
-    if b"\x00" in data:
-        return None
+VALIDATION_CHUNK = 1024 * 1024
+"""Bytes of a body decoded at a time to check that it is UTF-8: a large body is never
+decoded whole, so the check holds at most this much text besides the body."""
+
+
+def _is_strict_utf8(data: bytes) -> bool:
+    """True when ``data`` is strict UTF-8 (no surrogates, no overlongs). Decodes
+    ``VALIDATION_CHUNK`` bytes at a time, through views of ``data`` (no copy of it)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    view = memoryview(data)
     try:
-        return data.decode("utf-8", "strict")
+        for start in range(0, len(data), VALIDATION_CHUNK):
+            decoder.decode(view[start : start + VALIDATION_CHUNK])
+        decoder.decode(b"", final=True)
     except UnicodeDecodeError:
-        return None
+        return False
+    finally:
+        view.release()
+    return True
+
+
+def _decode_prefix(data: bytes, cut: int) -> str:
+    """The first ``cut`` bytes of ``data`` (valid UTF-8 ending on a boundary) as text,
+    decoded through a view: no copy of the bytes first."""
+    with memoryview(data)[:cut] as prefix:
+        return codecs.decode(prefix, "utf-8")
 
 
 def utf8_boundary(data: bytes, limit: int) -> int:
