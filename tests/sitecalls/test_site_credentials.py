@@ -157,7 +157,8 @@ def test_a_site_token_may_do_nothing_else(client: TestClient) -> None:
     signed_in = client.post(
         "/signin", data={"token": NORTH_TOKEN, "next": "/"}, follow_redirects=False
     )
-    assert signed_in.status_code == 401
+    assert signed_in.status_code == 303  # back to the form, which says it was refused
+    assert "refused=1" in signed_in.headers["location"]
     assert "controlroom_session" not in signed_in.cookies
 
 
