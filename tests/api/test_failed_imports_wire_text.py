@@ -242,3 +242,31 @@ def test_a_bulk_reimport_reports_a_refused_publish_and_reimports_the_rest(
     assert answer["kept"] == [{"id": huge.id, "reason": answer["kept"][0]["reason"]}]  # type: ignore[index]
     assert "frame_max" in str(answer["kept"])
     assert remaining(engine) == {huge.id}
+
+
+def test_a_single_reimport_the_broker_cannot_take_answers_422_and_keeps_it(
+    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, rabbitmq_url: str
+) -> None:
+    """The same refusal for one import: a 422 naming why, never a 500; the import stays."""
+    settings = settings.model_copy(
+        update={"broker_url": rabbitmq_url, "error_queue": f"error-{uuid.uuid4().hex[:8]}"}
+    )
+    huge = make_failed_import({"big": "x" * 200_000}, b"{}", queue="error", reason="no FailedQ")
+    FailedMessageBatchWriter(engine).write(IngestionBatch(failed_imports=[huge]))
+
+    async def scenario() -> httpx.Response:
+        async with open_transport(settings) as transport:
+            app = create_app(settings, engine, body_store, transport=transport)
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app),
+                base_url="http://127.0.0.1",
+                timeout=TEST_CLIENT_TIMEOUT,
+            ) as client:
+                answer = await client.post(f"/api/failed-imports/{huge.id}/reimport")
+            await transport.purge(settings.error_queue)
+            return answer
+
+    answer = asyncio.run(scenario())
+    assert answer.status_code == 422, answer.text
+    assert "frame_max" in answer.json()["detail"]
+    assert remaining(engine) == {huge.id}

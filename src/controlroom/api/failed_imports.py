@@ -7,8 +7,10 @@ over the API").
   ``headers`` (as kept: an object of strings, or the raw text when it is not one; bytes
   that were not UTF-8 written as ``\\xNN``) and ``body_size`` (bytes).
 - ``POST /api/failed-imports/{id}/reimport``: put it back on the error queue (202
-  ``{"outcome": "republished"}``); 404 when there is none, 422 when its headers cannot go
-  back on a queue (not an object of UTF-8 texts), 503 when this process has no transport.
+  ``{"outcome": "republished"}``); 404 when there is none, 422 when it cannot go back on
+  a queue as it is (headers not an object of UTF-8 texts, or more than the broker takes),
+  502 when the queue did not confirm it, 503 when this process has no transport; it is
+  kept in each case.
 - ``POST /api/failed-imports/reimport-all``: every one (202 with the counts, and
   ``kept``: ``[{"id", "reason"}]`` of those not re-imported); one that cannot go back or
   whose publish fails is kept and reported, the rest proceed.
@@ -27,7 +29,8 @@ from controlroom.api.paging import LIST_RESPONSES, PagingParams, paged_response
 from controlroom.api.views import UtcTimestamp
 from controlroom.errors.ingest import reimport
 from controlroom.errors.ingest.reimport import ReimportOutcome
-from controlroom.transport.base import Transport
+from controlroom.runtime.wire_text import escape_wire_text
+from controlroom.transport.base import Transport, TransportError
 
 router = APIRouter(tags=["failed imports"])
 
@@ -85,7 +88,11 @@ def list_failed_imports(request: Request, page: PagingParams) -> Response:
     status_code=202,
     responses={
         404: {"description": "No failed import has this id."},
-        422: {"description": "Its headers are not an object of strings: it cannot go back."},
+        422: {
+            "description": "Its headers are not an object of strings, or the broker cannot "
+            "carry it as it is: it cannot go back (it is kept)."
+        },
+        502: {"description": "The error queue did not confirm the publish (it is kept)."},
         503: {"description": "This process has no transport to publish with."},
     },
 )
@@ -93,7 +100,18 @@ async def reimport_one(
     request: Request, failed_import_id: str = Path(alias="id", max_length=36)
 ) -> ReimportAnswer:
     """Put one failed import back on the error queue, to be ingested again."""
-    outcome = await _reimport(request, failed_import_id)
+    try:
+        outcome = await _reimport(request, failed_import_id)
+    except ValueError as exc:  # the transport cannot carry it as it is (Transport.publish)
+        raise HTTPException(
+            422,
+            f"failed import {failed_import_id} cannot go back on the error queue as it is: "
+            f"{escape_wire_text(str(exc))}",
+        ) from None
+    except TransportError as exc:  # kept: the publish may have failed
+        raise HTTPException(
+            502, f"the error queue did not confirm failed import {failed_import_id}: {exc}"
+        ) from None
     if outcome is ReimportOutcome.GONE:
         raise HTTPException(404, f"no failed import with id {failed_import_id}")
     if outcome is ReimportOutcome.UNREADABLE:

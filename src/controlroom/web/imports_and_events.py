@@ -150,10 +150,15 @@ async def _reimport(
         )
     except TransportError as exc:
         raise Unavailable(f"The error queue could not be reached: {exc}") from exc
+    except ValueError as exc:  # the transport cannot carry it as it is (Transport.publish)
+        raise Unavailable(
+            f"It cannot go back on the error queue as it is, so it is kept: {exc}"
+        ) from exc
 
 
 class Unavailable(Exception):
-    """Nothing could be re-imported: no transport, or the error queue did not answer."""
+    """Not re-imported: no transport, the error queue did not answer, or it cannot carry
+    the message as it is."""
 
     def redirect(self, request: Request) -> Response:
         """303 to the list, which shows why once (post/redirect/get)."""
