@@ -26,6 +26,7 @@ from controlroom.db.tables import (
     event_log_items,
     failed_messages,
     known_endpoints,
+    notifications,
     site_calls,
 )
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
@@ -33,6 +34,7 @@ from controlroom.errors.ingest.pipeline import make_failed_import
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt
 from controlroom.transport.embedded import EmbeddedQueue
+from tests.notifications.test_api import put as put_notification
 from tests.nsb import failed_headers
 from tests.reconciliation.harness import as_site, site_entry
 from tests.retries.conftest import store_failed
@@ -341,3 +343,45 @@ def message_status(engine: sa.Engine, failed_message_id: str) -> int:
     with engine.connect() as conn:
         query = sa.select(failed_messages.c.status).where(failed_messages.c.id == failed_message_id)
         return int(conn.execute(query).scalar_one())
+
+
+@pytest.mark.parametrize("command", ["retry", "discard"])
+def test_a_notification_action_through_the_api_and_through_the_console_has_the_same_outcome(
+    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, command: str
+) -> None:
+    by_api, by_console = (put_notification(engine) for _ in range(2))
+    with TestClient(create_app(settings, engine, body_store), follow_redirects=False) as console:
+        outcomes = []
+        for way, notification_id in (("api", by_api), ("console", by_console)):
+            before = logs(engine)
+            if way == "api":
+                api(console, "POST", f"/api/notifications/{notification_id}/{command}")
+            else:
+                page = console.get(f"/notifications/{notification_id}")
+                answer = console.post(
+                    f"/notifications/{notification_id}/{command}",
+                    data={"csrf_token": csrf_of(page.text)},
+                )
+                assert answer.status_code == 303, answer.text
+            after = logs(engine)
+            outcomes.append(
+                (
+                    added(before[0], after[0]),
+                    added(before[1], after[1]),
+                    notification_status(engine, notification_id),
+                )
+            )
+    api_outcome, console_outcome = outcomes
+    assert api_outcome[0] and api_outcome[1], "an applied action logs an event and an audit event"
+    assert console_outcome == api_outcome
+
+
+def notification_status(engine: sa.Engine, notification_id: str) -> str:
+    with engine.connect() as conn:
+        return str(
+            conn.execute(
+                sa.select(notifications.c.status).where(
+                    notifications.c.notification_id == notification_id
+                )
+            ).scalar_one()
+        )
