@@ -1,5 +1,5 @@
-"""Ingestion benchmark: the error instance's write path on PostgreSQL, beside a naive
-baseline and the COPY ceiling, measured in one run on the same machine and database.
+"""Ingestion benchmark: the error instance's write path on PostgreSQL, beside naive
+baselines and COPY ceilings, measured in interleaved rounds on the same machine.
 
 What it does (see ``benchmarks/README.md`` for how to read the figures):
 
@@ -10,29 +10,32 @@ What it does (see ``benchmarks/README.md`` for how to read the figures):
    them later attempts of an earlier message (same ``NServiceBus.MessageId`` and
    processing endpoint, so the same UniqueMessageId).
 2. Parses them with ``parse_failed_message`` (timed on its own: messages/s of parsing).
-3. Creates a scratch database, applies the migrations, and times on an emptied table:
+3. Creates a scratch database (and a second one migrated to 0004 for the previous
+   schema), applies the migrations, and times on emptied tables, in ``--rounds`` rounds
+   (each runs every method once, the order rotating by one), garbage collector on as
+   serve runs (``--gc-off`` pauses it):
 
-   * **write path**: ``FailedMessageBatchWriter.write`` over batches of the production
-     batch size (``IngestionSettings().batch_size``), one batch at a time, then with
+   * **write path** (``write1``, ``write2``): ``FailedMessageBatchWriter.write`` over
+     batches of the production batch size, one batch at a time, then with
      ``concurrent_batches`` threads writing batches at once, as the service does;
-   * **naive baseline**: one SQLAlchemy ORM ``Session.merge(obj)`` + ``commit()`` per
-     message onto the same ``failed_messages`` table (no guards, no groups, no endpoints),
-     over the first ``--naive-messages`` (default 5,000) messages only: its rate is per
-     message and flat, and the whole set would take minutes;
-   * **ceiling**: psycopg 3 ``COPY failed_messages (...) FROM STDIN`` of the same final
-     rows (one per UniqueMessageId, folded beforehand, with their search terms), with
-     every index in place;
-   * **without search (probe)**: the write path with no terms computed and the GIN index
-     dropped, for what full-text search costs it;
-   * **previous schema's write path** (the baseline of the write-path targets), on a second scratch
-     database migrated to 0004 only: the server computes the generated ``tsvector``, the
-     writer is the one before migration 0009 (``benchmarks/previous_write_path.py``).
+   * **naive baselines**: an ORM ``Session.merge(obj)`` per message onto the same
+     ``failed_messages`` table (no guards, no groups, no endpoints), with a ``commit()``
+     per message (``naive``) or per batch (``naivebatch``: what batching commits buys),
+     over the first ``--naive-messages`` messages only;
+   * **ceilings**: ``COPY`` of the folded ``failed_messages`` rows only (``copyone``), and
+     of the write path's whole end state, messages, endpoints and group rows (``copyall``);
+   * **probes**: the write path without the counters' triggers (``nocounters``), without
+     search (``nosearch``: no terms, GIN dropped), and the previous writer on today's
+     schema under the same search probe (``prevwriter``: only the writer differs);
+   * **previous schema's write path** (``previous``): the writer before migration 0009 on
+     the database migrated to 0004 (the server computes the generated ``tsvector``).
 
-   Each run reports wall time, this process's CPU and the CPU of the PostgreSQL backends
-   serving its connections (read from ``/proc``: the server must run on this machine).
+   Each run reports wall time, this process's CPU, the CPU of the PostgreSQL backends
+   serving its connections, and over the run plus a ``CHECKPOINT`` after it the whole
+   server's CPU (all its processes, from ``/proc``), the WAL and the buffers written.
 
-4. Prints the environment, a table of messages/s with ratios, and the write-path ratios
-   (write path / previous schema's, with search / without), then drops the databases.
+4. Prints the environment, a table of medians and ranges over rounds, and ratios of
+   methods measured in the same round (median and range), then drops the databases.
 
 Run: ``make bench`` or ``.venv/bin/python benchmarks/ingest.py [--messages N]``.
 Server: ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (an admin URL; the scratch database is created
