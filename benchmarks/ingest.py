@@ -1170,6 +1170,16 @@ def report(
     print_ratios(console, rounds)
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     console.print(f"Load average after the runs: {load} (1, 5, 15 min)")
+    for method in methods:
+        last = rounds[method.key][-1]
+        in_cursor = [r.cursor_seconds / r.seconds for r in rounds[method.key]]
+        outcomes = ", ".join(f"{key} x{count}" for key, count in sorted(last.cache.items()))
+        if outcomes:
+            console.print(
+                f"[dim]\\[{method.key}] inside cursor calls "
+                f"{_median_range([100 * share for share in in_cursor], '.0f')} % of the wall "
+                f"time (summed over threads); SQLAlchemy compiled cache, last round: {outcomes}[/]"
+            )
 
 
 def _ms(seconds: float, result: Result) -> str:
