@@ -1,5 +1,5 @@
-"""Ingestion benchmark: the error instance's write path on PostgreSQL, beside a naive
-baseline and the COPY ceiling, measured in one run on the same machine and database.
+"""Ingestion benchmark: the error instance's write path on PostgreSQL, beside naive
+baselines and COPY ceilings, measured in interleaved rounds on the same machine.
 
 What it does (see ``benchmarks/README.md`` for how to read the figures):
 
@@ -10,29 +10,32 @@ What it does (see ``benchmarks/README.md`` for how to read the figures):
    them later attempts of an earlier message (same ``NServiceBus.MessageId`` and
    processing endpoint, so the same UniqueMessageId).
 2. Parses them with ``parse_failed_message`` (timed on its own: messages/s of parsing).
-3. Creates a scratch database, applies the migrations, and times on an emptied table:
+3. Creates a scratch database (and a second one migrated to 0004 for the previous
+   schema), applies the migrations, and times on emptied tables, in ``--rounds`` rounds
+   (each runs every method once, the order rotating by one), garbage collector on as
+   serve runs (``--gc-off`` pauses it):
 
-   * **write path**: ``FailedMessageBatchWriter.write`` over batches of the production
-     batch size (``IngestionSettings().batch_size``), one batch at a time, then with
+   * **write path** (``write1``, ``write2``): ``FailedMessageBatchWriter.write`` over
+     batches of the production batch size, one batch at a time, then with
      ``concurrent_batches`` threads writing batches at once, as the service does;
-   * **naive baseline**: one SQLAlchemy ORM ``Session.merge(obj)`` + ``commit()`` per
-     message onto the same ``failed_messages`` table (no guards, no groups, no endpoints),
-     over the first ``--naive-messages`` (default 5,000) messages only: its rate is per
-     message and flat, and the whole set would take minutes;
-   * **ceiling**: psycopg 3 ``COPY failed_messages (...) FROM STDIN`` of the same final
-     rows (one per UniqueMessageId, folded beforehand, with their search terms), with
-     every index in place;
-   * **without search (probe)**: the write path with no terms computed and the GIN index
-     dropped, for what full-text search costs it;
-   * **previous schema's write path** (the baseline of the write-path targets), on a second scratch
-     database migrated to 0004 only: the server computes the generated ``tsvector``, the
-     writer is the one before migration 0009 (``benchmarks/previous_write_path.py``).
+   * **naive baselines**: an ORM ``Session.merge(obj)`` per message onto the same
+     ``failed_messages`` table (no guards, no groups, no endpoints), with a ``commit()``
+     per message (``naive``) or per batch (``naivebatch``: what batching commits buys),
+     over the first ``--naive-messages`` messages only;
+   * **ceilings**: ``COPY`` of the folded ``failed_messages`` rows only (``copyone``), and
+     of the write path's whole end state, messages, endpoints and group rows (``copyall``);
+   * **probes**: the write path without the counters' triggers (``nocounters``), without
+     search (``nosearch``: no terms, GIN dropped), and the previous writer on today's
+     schema under the same search probe (``prevwriter``: only the writer differs);
+   * **previous schema's write path** (``previous``): the writer before migration 0009 on
+     the database migrated to 0004 (the server computes the generated ``tsvector``).
 
-   Each run reports wall time, this process's CPU and the CPU of the PostgreSQL backends
-   serving its connections (read from ``/proc``: the server must run on this machine).
+   Each run reports wall time, this process's CPU, the CPU of the PostgreSQL backends
+   serving its connections, and over the run plus a ``CHECKPOINT`` after it the whole
+   server's CPU (all its processes, from ``/proc``), the WAL and the buffers written.
 
-4. Prints the environment, a table of messages/s with ratios, and the write-path ratios
-   (write path / previous schema's, with search / without), then drops the databases.
+4. Prints the environment, a table of medians and ranges over rounds, and ratios of
+   methods measured in the same round (median and range), then drops the databases.
 
 Run: ``make bench`` or ``.venv/bin/python benchmarks/ingest.py [--messages N]``.
 Server: ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (an admin URL; the scratch database is created
@@ -549,6 +552,79 @@ def naive_merge(engine: sa.Engine, attempts: Sequence[FailedAttempt]) -> None:
             session.commit()
 
 
+def naive_merge_batched(
+    engine: sa.Engine, attempts: Sequence[FailedAttempt], batch_size: int
+) -> None:
+    """The naive baseline with the write path's commits: ``merge`` per message, one
+    ``commit`` per ``batch_size`` messages (what batching alone buys the naive code)."""
+    with orm.Session(engine) as session:
+        for batch in chunks(attempts, batch_size):
+            for attempt in batch:
+                session.merge(NaiveFailedMessage(**naive_row(attempt, datetime.now(UTC))))
+            session.commit()
+
+
+END_STATE_TABLES = ("failed_messages", "known_endpoints", "failed_message_groups")
+"""The tables the write path writes for this workload, in an order their foreign keys
+accept; the counters' tables follow by the same triggers either way."""
+
+EndState = list[tuple[str, str, bytes]]  # (table, column list, COPY text)
+
+
+def snapshot_end_state(engine: sa.Engine) -> EndState:
+    """What the write path left in ``END_STATE_TABLES``, as COPY text per table (every
+    column but generated ones), for ``copy_end_state`` to load again."""
+    state: EndState = []
+    raw = engine.raw_connection()
+    try:
+        connection = raw.driver_connection
+        assert connection is not None
+        with connection.cursor() as cursor:
+            for table in END_STATE_TABLES:
+                cursor.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
+                    "AND table_schema = current_schema() AND is_generated = 'NEVER' "
+                    "ORDER BY ordinal_position",
+                    (table,),
+                )
+                names = ", ".join(row[0] for row in cursor.fetchall())
+                data = bytearray()
+                with cursor.copy(f"COPY (SELECT {names} FROM {table}) TO STDOUT") as copy:
+                    for block in copy:
+                        data += block
+                state.append((table, names, bytes(data)))
+        connection.commit()
+    finally:
+        raw.close()
+    return state
+
+
+def copy_end_state(engine: sa.Engine, state: EndState) -> None:
+    """The all-tables ceiling: one ``COPY ... FROM STDIN`` per table of ``state``, in
+    one transaction (triggers fire as they do for the write path's inserts)."""
+    raw = engine.raw_connection()
+    try:
+        connection = raw.driver_connection
+        assert connection is not None
+        with connection.cursor() as cursor:
+            for table, names, data in state:
+                with cursor.copy(f"COPY {table} ({names}) FROM STDIN") as copy:
+                    copy.write(data)
+        connection.commit()
+    finally:
+        raw.close()
+
+
+def end_state_of(engine: sa.Engine, attempts: Sequence[FailedAttempt], batch_size: int) -> EndState:
+    """The end state the write path leaves for ``attempts`` (written untimed, then the
+    tables emptied again)."""
+    empty_tables(engine)
+    write_path(engine, attempts, batch_size, 1)
+    state = snapshot_end_state(engine)
+    empty_tables(engine)
+    return state
+
+
 def copy_rows(attempts: Sequence[FailedAttempt]) -> tuple[list[str], list[tuple[Any, ...]]]:
     """The final rows (one per UniqueMessageId, folded over every attempt), as COPY tuples.
 
@@ -599,6 +675,10 @@ class Result:
     cursor_seconds: float = 0.0  # inside cursor calls (all threads); 0 when not via SQLAlchemy
     cpu_seconds: float = 0.0  # CPU time of this (client) process, all threads
     server_cpu_seconds: float = 0.0  # CPU time of this run's PostgreSQL backends (/proc)
+    all_server_cpu_seconds: float = 0.0  # every server process, run + CHECKPOINT after it
+    wal_bytes: int = 0  # pg_stat_wal, run + CHECKPOINT
+    buffers_written: int = 0  # pg_stat_bgwriter, run + CHECKPOINT
+    checkpoint_seconds: float = 0.0  # the CHECKPOINT after the clock stopped
 
     @property
     def per_second(self) -> float:
@@ -711,6 +791,66 @@ class Instruments:
             self.cache[f"{kind}: {outcome}"] += 1
 
 
+def postmaster_pid(backend_pid: int) -> int:
+    """The parent of backend ``backend_pid`` (from ``/proc``): the server's postmaster."""
+    with open(f"/proc/{backend_pid}/stat", encoding="ascii", errors="replace") as file:
+        stat = file.read()
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
+def server_tree_cpu_seconds(postmaster: int) -> float:
+    """CPU seconds of the whole server: the postmaster, every live child (backends, WAL
+    writer, checkpointer, background writer, autovacuum launcher and workers) and the
+    children that exited and were reaped (the postmaster's ``cutime`` + ``cstime``). The
+    sum only grows, so a difference over a run counts every server process's work in it,
+    other sessions' included (a scratch server, ``--scratch-server``, has none)."""
+    with open(f"/proc/{postmaster}/stat", encoding="ascii", errors="replace") as file:
+        stat = file.read()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    total = sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as file:
+                child = file.read()
+        except OSError:
+            continue
+        rest = child[child.rindex(")") + 2 :].split()
+        if int(rest[1]) == postmaster:
+            total += (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+@dataclass(frozen=True)
+class ServerCounters:
+    """Cluster-wide counters read before and after a run: the WAL insert position (its
+    difference is the WAL written, every session's), ``pg_stat_bgwriter``'s buffer writes
+    (PostgreSQL 15-16; backends report theirs within a second or so, the checkpointer at
+    the end of each checkpoint) and the whole server's CPU."""
+
+    cpu_seconds: float
+    wal_bytes: int  # the WAL insert position, in bytes
+    buffers_written: int  # by the checkpointer, the background writer and backends
+
+    @classmethod
+    def read(cls, engine: sa.Engine, postmaster: int) -> ServerCounters:
+        with engine.connect() as conn:
+            lsn = conn.exec_driver_sql("SELECT pg_current_wal_insert_lsn()::text").scalar_one()
+            written = conn.exec_driver_sql(
+                "SELECT buffers_checkpoint + buffers_clean + buffers_backend FROM pg_stat_bgwriter"
+            ).scalar_one()
+        high, low = str(lsn).split("/")
+        wal = (int(high, 16) << 32) + int(low, 16)
+        return cls(server_tree_cpu_seconds(postmaster), int(wal), int(written))
+
+
+def checkpoint(engine: sa.Engine) -> None:
+    """``CHECKPOINT`` (skipped without the right: a superuser or ``pg_checkpoint``)."""
+    with engine.connect() as conn, contextlib.suppress(sa.exc.DBAPIError):
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("CHECKPOINT")
+
+
 def measure(
     name: str,
     engine: sa.Engine,
@@ -720,14 +860,22 @@ def measure(
     messages: int,
     instruments: Instruments,
     note: str = "",
+    gc_on: bool = True,
 ) -> Result:
-    """Warm up, empty the tables, then time ``run`` alone (GC off: no collection pauses)."""
+    """Warm up, empty the tables, then time ``run`` alone, with the garbage collector on
+    (as ``controlroom serve`` runs) unless ``gc_on`` is false. After the clock stops, a
+    ``CHECKPOINT`` flushes the run's pages: its seconds, and the whole server's CPU, WAL
+    and buffer writes over the run and that flush, are the run's background work."""
     empty_tables(engine)
     warm_up()
     empty_tables(engine)
     gc.collect()
-    gc.disable()
+    if not gc_on:
+        gc.disable()
     instruments.reset()
+    with engine.connect() as conn:  # a connection ServerBackends has seen: its parent
+        postmaster = postmaster_pid(conn.connection.dbapi_connection.info.backend_pid)  # type: ignore[union-attr]
+    counters_before = ServerCounters.read(engine, postmaster)
     instruments.active = True
     try:
         server_started = instruments.backends.cpu_seconds()
@@ -740,6 +888,10 @@ def measure(
     finally:
         instruments.active = False
         gc.enable()
+    flush_started = time.perf_counter()
+    checkpoint(engine)
+    checkpoint_seconds = time.perf_counter() - flush_started
+    counters_after = ServerCounters.read(engine, postmaster)
     rows, attempts, groups, endpoints = table_state(engine)
     return Result(
         name,
@@ -754,12 +906,21 @@ def measure(
         instruments.cursor_seconds,
         cpu_seconds,
         server_cpu_seconds,
+        all_server_cpu_seconds=counters_after.cpu_seconds - counters_before.cpu_seconds,
+        wal_bytes=counters_after.wal_bytes - counters_before.wal_bytes,
+        buffers_written=counters_after.buffers_written - counters_before.buffers_written,
+        checkpoint_seconds=checkpoint_seconds,
     )
 
 
-def timed_parse(messages: Sequence[Message]) -> tuple[list[FailedAttempt], float]:
+def timed_parse(
+    messages: Sequence[Message], *, gc_on: bool = True
+) -> tuple[list[FailedAttempt], float]:
+    """Parse ``messages``; the wall seconds it took (garbage collector on unless ``gc_on``
+    is false)."""
     gc.collect()
-    gc.disable()
+    if not gc_on:
+        gc.disable()
     try:
         started = time.perf_counter()
         attempts = [
@@ -862,15 +1023,75 @@ def without_counters(engine: sa.Engine) -> Iterator[None]:
 
 
 # --- report -------------------------------------------------------------------------------
+Load = Callable[[sa.Engine], None]
+
+
+def _no_probe(_engine: sa.Engine) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way of loading the workload, measured once per round."""
+
+    key: str  # short name the ratios use
+    name: str
+    run: Load
+    warm_up: Load
+    messages: int  # input messages of the timed load
+    note: str
+    database: str = "today"  # "today": migrated to head; "previous": to PREVIOUS_REVISION
+    probe: Callable[[sa.Engine], contextlib.AbstractContextManager[None]] = _no_probe
+
+
+Rounds = dict[str, list[Result]]  # method key -> its result in each round, in round order
+
+RATIOS: tuple[tuple[str, str, str], ...] = (
+    ("write path (2 at once) / previous schema's write path", "write2", "previous"),
+    (
+        "today's writer / previous writer, both on today's schema without search",
+        "nosearch",
+        "prevwriter",
+    ),
+    ("write path (2 at once) / COPY all tables (share of the ceiling)", "write2", "copyall"),
+    ("write path (2 at once) / COPY messages table only", "write2", "copyone"),
+    ("write path (2 at once) / naive, commit per message (batching + the rest)", "write2", "naive"),
+    (
+        "write path (2 at once) / naive, commit per batch (the write path's own SQL)",
+        "write2",
+        "naivebatch",
+    ),
+    (
+        "naive commit per batch / naive commit per message (what batching commits buys)",
+        "naivebatch",
+        "naive",
+    ),
+    ("with search / without search (probe)", "write2", "nosearch"),
+    ("with counters / without counters (probe)", "write2", "nocounters"),
+)
+"""(label, numerator key, denominator key): rates of the same round divided."""
+
+
+def _median_range(values: Sequence[float], fmt: str) -> str:
+    if len(values) == 1:
+        return format(values[0], fmt)
+    return (
+        f"{format(statistics.median(values), fmt)} "
+        f"({format(min(values), fmt)}-{format(max(values), fmt)})"
+    )
+
+
 def report(
     console: Console,
     env: dict[str, str],
-    results: Sequence[Result],
+    methods: Sequence[Method],
+    rounds: Rounds,
     *,
     parse_seconds: float,
     messages: int,
     unique: int,
     batch_size: int,
+    gc_on: bool,
 ) -> None:
     info = Table.grid(padding=(0, 2))
     for key, value in env.items():
@@ -880,121 +1101,116 @@ def report(
         f"{messages:,} failed messages: {unique:,} distinct ids + {messages - unique:,} later "
         f"attempts of them; {BODY_BYTES} B JSON bodies; batch size {batch_size}",
     )
+    count = len(next(iter(rounds.values())))
+    info.add_row(
+        "[bold]Rounds[/]",
+        f"{count}, every method once per round, the order rotating by one each round; "
+        f"garbage collector {'ON (as serve runs)' if gc_on else 'OFF during timed runs'}",
+    )
     console.print(info)
-
-    naive = next(r for r in results if r.name.startswith("naive"))
-    ceiling = next(r for r in results if r.name.startswith("COPY"))
-    table = Table(title="Ingestion into PostgreSQL: messages/s = input messages / wall seconds")
-    for name, justify in (
-        ("method", "left"),
-        ("seconds", "right"),
-        ("messages/s", "right"),
-        ("x naive", "right"),
-        ("of COPY", "right"),
-        ("client CPU", "right"),
-        ("PG CPU", "right"),
-        ("ms CPU/msg client, PG", "right"),
-        ("in cursor calls", "right"),
-        ("rows", "right"),
-        ("attempts", "right"),
-        ("groups", "right"),
-        ("endpoints", "right"),
+    table = Table(
+        title="Ingestion into PostgreSQL: median over rounds (min-max); "
+        "messages/s = input messages / wall seconds"
+    )
+    for name in (
+        "method",
+        "messages/s",
+        "ms CPU/msg client",
+        "ms CPU/msg PG backends",
+        "ms CPU/msg whole server, run + CHECKPOINT",
+        "WAL KB/msg",
+        "buffers written/msg",
+        "CHECKPOINT s",
+        "rows",
+        "attempts",
+        "groups",
+        "endpoints",
     ):
         table.add_column(
             name,
-            justify=justify,  # type: ignore[arg-type]
-            min_width=44 if name == "method" else None,
+            justify="left" if name == "method" else "right",  # type: ignore[arg-type]
+            min_width=40 if name == "method" else None,
         )
     table.add_row(
-        "parse_failed_message (CPU only, no database)",
-        f"{parse_seconds:.2f}",
+        "parse_failed_message (CPU only, no database, once)",
         f"{messages / parse_seconds:,.0f}",
-        "",
-        "",
-        f"{parse_seconds:.1f} s",
-        "",
-        f"{1000 * parse_seconds / messages:.2f}, -",
-        *[""] * 5,
+        f"{1000 * parse_seconds / messages:.2f}",
+        *[""] * 9,
     )
-    for result in results:
-        in_cursor = (
-            f"{result.cursor_seconds:.1f} s ({result.cursor_seconds / result.seconds:.0%})"
-            if result.cursor_seconds
-            else "-"
-        )
+    for method in methods:
+        results = rounds[method.key]
+        last = results[-1]
         table.add_row(
-            result.name + (f"\n[dim]{result.note}[/]" if result.note else ""),
-            f"{result.seconds:.2f}",
-            f"{result.per_second:,.0f}",
-            f"{result.per_second / naive.per_second:.2f}x",
-            f"{result.per_second / ceiling.per_second:.0%}",
-            f"{result.cpu_seconds:.1f} s",
-            f"{result.server_cpu_seconds:.1f} s",
-            f"{1000 * result.cpu_seconds / result.messages:.2f}, "
-            f"{1000 * result.server_cpu_seconds / result.messages:.2f}",
-            in_cursor,
-            f"{result.rows:,}",
-            f"{result.attempts:,}",
-            f"{result.groups:,}",
-            f"{result.endpoints:,}",
+            f"{method.name} [{method.key}]",
+            _median_range([r.per_second for r in results], ",.0f"),
+            _median_range([1000 * r.cpu_seconds / r.messages for r in results], ".2f"),
+            _median_range([1000 * r.server_cpu_seconds / r.messages for r in results], ".2f"),
+            _median_range([1000 * r.all_server_cpu_seconds / r.messages for r in results], ".2f"),
+            _median_range([r.wal_bytes / 1024 / r.messages for r in results], ".1f"),
+            _median_range([r.buffers_written / r.messages for r in results], ".2f"),
+            _median_range([r.checkpoint_seconds for r in results], ".2f"),
+            f"{last.rows:,}",
+            f"{last.attempts:,}",
+            f"{last.groups:,}",
+            f"{last.endpoints:,}",
         )
     console.print(table)
+    for method in methods:
+        console.print(f"[dim]\\[{method.key}] {method.note}[/]")
     console.print(
         f"Expected end state: {unique:,} rows holding {messages:,} attempts. The naive "
-        "baseline counts each message as one attempt and writes no groups or endpoints (and may "
-        "write a sample only, see its note); COPY "
-        "loads rows folded beforehand. 'in cursor calls' is time inside cursor.execute (driver "
-        "+ server), summed over threads; 'client CPU' is this process's CPU time (Python: fold, "
-        "rows, SQL compilation, driver). Client and server share this machine's CPUs; other "
-        "load on it (see the load averages) slows every figure."
+        "baselines count each message as one attempt and write no groups or endpoints (and may "
+        "write a sample only, see their notes). 'PG backends' is the CPU of this run's own "
+        "server processes; 'whole server' is every PostgreSQL process (WAL writer, "
+        "checkpointer, autovacuum, other sessions' backends on a shared server) over the run "
+        "and the CHECKPOINT that flushes its pages after the clock stops. WAL and buffers "
+        "are cluster-wide deltas over the same span. Client and server share this machine's "
+        "CPUs; other load on it (see the load averages) slows every figure."
     )
-    print_ratios(console, results)
+    print_ratios(console, rounds)
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     console.print(f"Load average after the runs: {load} (1, 5, 15 min)")
-    for result in results:
-        if result.cache:
-            outcomes = ", ".join(f"{key} x{count}" for key, count in sorted(result.cache.items()))
-            console.print(f"[dim]SQLAlchemy compiled cache, {result.name}: {outcomes}[/]")
+    for method in methods:
+        last = rounds[method.key][-1]
+        in_cursor = [r.cursor_seconds / r.seconds for r in rounds[method.key]]
+        outcomes = ", ".join(f"{key} x{count}" for key, count in sorted(last.cache.items()))
+        if outcomes:
+            console.print(
+                f"[dim]\\[{method.key}] inside cursor calls "
+                f"{_median_range([100 * share for share in in_cursor], '.0f')} % of the wall "
+                f"time (summed over threads); SQLAlchemy compiled cache, last round: {outcomes}[/]"
+            )
 
 
 def _ms(seconds: float, result: Result) -> str:
     return f"{1000 * seconds / result.messages:.2f}"
 
 
-def print_ratios(console: Console, results: Sequence[Result]) -> None:
-    """The write path's target figures, as ratios of runs of this one run (rates are noisy on a
-    shared machine; ratios and CPU per message much less)."""
-    by_start = {result.name.split(",")[0]: result for result in results}
-    concurrent = next(
-        r for r in results if r.name.startswith("Controlroom write path") and "at once" in r.name
-    )
-    previous = by_start.get("previous schema's write path")
-    probe = next((r for r in results if "WITHOUT search" in r.name), None)
-    lines = []
-    if previous is not None:
-        lines.append(
-            f"write path / previous schema's write path (both {concurrent.name.split(', ')[1]}): "
-            f"{concurrent.per_second / previous.per_second:.2f}x "
-            f"({concurrent.per_second:,.0f} vs {previous.per_second:,.0f} messages/s); "
-            f"PostgreSQL CPU per message {_ms(concurrent.server_cpu_seconds, concurrent)} vs "
-            f"{_ms(previous.server_cpu_seconds, previous)} ms; client CPU "
-            f"{_ms(concurrent.cpu_seconds, concurrent)} vs {_ms(previous.cpu_seconds, previous)} ms"
+def print_ratios(console: Console, rounds: Rounds) -> None:
+    """Each ratio of ``RATIOS`` from the two methods' rates in the same round (side by
+    side on a machine whose load moves), as the median and range over rounds, with the
+    ratio of PostgreSQL (backends) and client CPU per message the same way."""
+    for label, top, bottom in RATIOS:
+        if top not in rounds or bottom not in rounds:
+            continue
+        pairs = list(zip(rounds[top], rounds[bottom], strict=True))
+        rate = [a.per_second / b.per_second for a, b in pairs]
+        pg = [
+            (a.server_cpu_seconds / a.messages) / (b.server_cpu_seconds / b.messages)
+            for a, b in pairs
+            if b.server_cpu_seconds
+        ]
+        client = [
+            (a.cpu_seconds / a.messages) / (b.cpu_seconds / b.messages)
+            for a, b in pairs
+            if b.cpu_seconds
+        ]
+        console.print(
+            f"[bold]{label}[/]: rate {_median_range(rate, '.2f')}x; CPU per message, "
+            f"PG backends {_median_range(pg, '.2f') if pg else '-'}x, client "
+            f"{_median_range(client, '.2f') if client else '-'}x "
+            f"(per round: {', '.join(f'{value:.2f}' for value in rate)})"
         )
-    if probe is not None:
-        lines.append(
-            "write path with search / without search (probe): "
-            f"{concurrent.per_second / probe.per_second:.2f}x"
-        )
-    uncounted = next((r for r in results if "WITHOUT counters" in r.name), None)
-    if uncounted is not None:
-        lines.append(
-            "write path with counters / without counters (probe): "
-            f"{concurrent.per_second / uncounted.per_second:.2f}x; PostgreSQL CPU per message "
-            f"{_ms(concurrent.server_cpu_seconds, concurrent)} vs "
-            f"{_ms(uncounted.server_cpu_seconds, uncounted)} ms"
-        )
-    for line in lines:
-        console.print(f"[bold]{line}[/]")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -1028,6 +1244,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "concurrent_batches batches at once, this many rounds in alternating order, and the "
         "ratios per round",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds; each runs every method once, the order rotating by one (default %(default)s)",
+    )
+    parser.add_argument(
+        "--gc-off",
+        action="store_true",
+        help="pause the garbage collector during timed runs (serve runs with it on, "
+        "the default here)",
+    )
+    parser.add_argument(
+        "--methods",
+        default="",
+        help="comma-separated method keys to run (default: all): write1, write2, naive, "
+        "naivebatch, copyone, copyall, nocounters, nosearch, prevwriter, previous",
+    )
     add_server_arguments(parser)
     args = parser.parse_args(argv)
     if args.messages < 2 * WARM_UP_MESSAGES:
@@ -1047,7 +1281,7 @@ def run(args: argparse.Namespace, admin_url: str) -> int:
     """Every measurement of ``args`` on the server of ``admin_url``."""
     console = Console()
     if not console.is_terminal:
-        console = Console(width=170)
+        console = Console(width=230)
     ingestion = IngestionSettings()
     batch_size, concurrent = ingestion.batch_size, ingestion.concurrent_batches
 
@@ -1056,7 +1290,7 @@ def run(args: argparse.Namespace, admin_url: str) -> int:
             args.messages, repeat_share=args.repeat_share, seed=args.seed, now=datetime.now(UTC)
         )
     with console.status("parsing"):
-        attempts, parse_seconds = timed_parse(messages)
+        attempts, parse_seconds = timed_parse(messages, gc_on=not args.gc_off)
     del messages
     unique = len({attempt.unique_message_id for attempt in attempts})
     columns, final_rows = copy_rows(attempts)
@@ -1065,151 +1299,180 @@ def run(args: argparse.Namespace, admin_url: str) -> int:
     count = len(attempts)
     naive_count = min(args.naive_messages or count, count)
     naive_sample = attempts[:naive_count]
+    sample = f"; first {naive_count:,} messages only" if naive_count < count else ""
+    states: dict[str, EndState] = {}
 
-    Load = Callable[[sa.Engine], None]
-    # (name, timed load, warm-up load, input messages of the timed load, note)
-    runs: list[tuple[str, Load, Load, int, str]] = [
-        (
+    if args.counters_rounds:
+        return compare_counters(
+            console,
+            admin_url,
+            [
+                (
+                    "Controlroom write path, 1 batch at a time",
+                    lambda engine: write_path(engine, attempts, batch_size, 1),
+                    lambda engine: write_path(engine, warm, batch_size, 1),
+                    count,
+                    "",
+                ),
+                (
+                    f"Controlroom write path, {concurrent} batches at once",
+                    lambda engine: write_path(engine, attempts, batch_size, concurrent),
+                    lambda engine: write_path(engine, warm, batch_size, concurrent),
+                    count,
+                    "",
+                ),
+            ],
+            args.counters_rounds,
+        )
+
+    methods = [
+        Method(
+            "write1",
             "Controlroom write path, 1 batch at a time",
             lambda engine: write_path(engine, attempts, batch_size, 1),
             lambda engine: write_path(engine, warm, batch_size, 1),
             count,
             "fold, conditional upsert, groups, endpoints; 1 transaction per batch",
         ),
-        (
+        Method(
+            "write2",
             f"Controlroom write path, {concurrent} batches at once",
             lambda engine: write_path(engine, attempts, batch_size, concurrent),
             lambda engine: write_path(engine, warm, batch_size, concurrent),
             count,
             f"{concurrent} writer threads (concurrent_batches), as the service runs",
         ),
-        (
+        Method(
+            "naive",
             "naive: ORM merge + commit per message",
             lambda engine: naive_merge(engine, naive_sample),
             lambda engine: naive_merge(engine, warm),
             naive_count,
-            "SELECT, then INSERT or UPDATE, then COMMIT, per message"
-            + (f"; first {naive_count:,} messages only" if naive_count < count else ""),
+            "SELECT, then INSERT or UPDATE, then COMMIT, per message" + sample,
         ),
-        (
-            "COPY ceiling (psycopg 3 COPY FROM STDIN)",
+        Method(
+            "naivebatch",
+            f"naive: ORM merge per message, commit per {batch_size}",
+            lambda engine: naive_merge_batched(engine, naive_sample, batch_size),
+            lambda engine: naive_merge_batched(engine, warm, batch_size),
+            naive_count,
+            "the naive SQL with the write path's commits" + sample,
+        ),
+        Method(
+            "copyone",
+            "COPY messages table only (psycopg 3 COPY FROM STDIN)",
             lambda engine: copy_load(engine, columns, final_rows),
             lambda engine: copy_load(engine, warm_columns, warm_rows),
             count,
-            f"{len(final_rows):,} folded rows, 1 transaction",
+            f"{len(final_rows):,} folded rows, no group rows or endpoints, 1 transaction",
         ),
-    ]
-
-    previous_runs: list[tuple[str, Load, Load, int, str]] = [
-        (
+        Method(
+            "copyall",
+            "COPY ceiling, all tables (same end state as the write path)",
+            lambda engine: copy_end_state(engine, states["all"]),
+            lambda engine: copy_end_state(engine, states["warm"]),
+            count,
+            "the write path's end state (messages, group rows, endpoints) by COPY, "
+            "1 transaction; the counters' triggers fire as for the write path",
+        ),
+        Method(
+            "nocounters",
+            f"write path WITHOUT counters, {concurrent} batches at once (probe)",
+            lambda engine: write_path(engine, attempts, batch_size, concurrent),
+            lambda engine: write_path(engine, warm, batch_size, concurrent),
+            count,
+            "the counters' triggers disabled: what the read side's counters cost",
+            probe=without_counters,
+        ),
+        Method(
+            "nosearch",
+            f"write path WITHOUT search, {concurrent} batches at once (probe)",
+            lambda engine: write_path(engine, attempts, batch_size, concurrent),
+            lambda engine: write_path(engine, warm, batch_size, concurrent),
+            count,
+            "no terms computed, empty tsvector, GIN index dropped: what search costs",
+            probe=without_search,
+        ),
+        Method(
+            "prevwriter",
+            f"previous writer on today's schema WITHOUT search, {concurrent} at once",
+            lambda engine: write_path(engine, attempts, batch_size, concurrent, PreviousWriter),
+            lambda engine: write_path(engine, warm, batch_size, concurrent, PreviousWriter),
+            count,
+            "benchmarks/previous_write_path.py on today's tables, triggers and indexes, GIN "
+            "dropped like the probe above: only the writer differs from it",
+            probe=without_search,
+        ),
+        Method(
+            "previous",
             f"previous schema's write path, {concurrent} batches at once",
             lambda engine: write_path(engine, attempts, batch_size, concurrent, PreviousWriter),
             lambda engine: write_path(engine, warm, batch_size, concurrent, PreviousWriter),
             count,
-            f"baseline: migration {PREVIOUS_REVISION}'s schema (tsvector generated by the "
-            "server) and its writer (benchmarks/previous_write_path.py)",
+            f"baseline: a database migrated to {PREVIOUS_REVISION} only (tsvector generated by "
+            "the server, none of the later triggers or indexes) and its writer",
+            database="previous",
         ),
     ]
-    probe_run: tuple[str, Load, Load, int, str] = (
-        f"write path WITHOUT search, {concurrent} batches at once (probe)",
-        lambda engine: write_path(engine, attempts, batch_size, concurrent),
-        lambda engine: write_path(engine, warm, batch_size, concurrent),
-        count,
-        "no terms computed, empty tsvector, GIN index dropped: what search costs",
-    )
+    if args.methods:
+        wanted = set(args.methods.split(","))
+        methods = [method for method in methods if method.key in wanted]
 
-    uncounted_run: tuple[str, Load, Load, int, str] = (
-        f"write path WITHOUT counters, {concurrent} batches at once (probe)",
-        lambda engine: write_path(engine, attempts, batch_size, concurrent),
-        lambda engine: write_path(engine, warm, batch_size, concurrent),
-        count,
-        "the counters' triggers disabled: what the read side's counters cost",
-    )
-    if args.counters_rounds:
-        return compare_counters(console, admin_url, runs[:2], args.counters_rounds)
-
-    results: list[Result] = []
-    with scratch_database(admin_url) as url:
-        engine = create_store_engine(url, pool_size=max(2, concurrent))
-        try:
-            upgrade_database(engine)
-            env = environment(engine)
-            env["Schema"] = (
-                "as migrated: 7 b-tree indexes + tsvector column written by the process + GIN "
-                f"index; the baseline on a second database migrated to {PREVIOUS_REVISION}"
-            )
+    rounds: Rounds = {method.key: [] for method in methods}
+    with contextlib.ExitStack() as stack:
+        engines: dict[str, sa.Engine] = {}
+        for database, revision in (("today", None), ("previous", PREVIOUS_REVISION)):
+            if not any(method.database == database for method in methods):
+                continue
+            url = stack.enter_context(scratch_database(admin_url))
+            engine = create_store_engine(url, pool_size=max(2, concurrent))
+            stack.callback(engine.dispose)
+            if revision is None:
+                upgrade_database(engine)
+            else:
+                upgrade_database(engine, revision)
+            engines[database] = engine
+        today = engines.get("today") or engines["previous"]
+        env = environment(today)
+        env["Schema"] = (
+            "as migrated: b-tree indexes + tsvector column written by the process + GIN "
+            f"index; the previous schema's baseline on a second database migrated to "
+            f"{PREVIOUS_REVISION}"
+        )
+        if "today" in engines and any(method.key == "copyall" for method in methods):
+            with console.status("the write path's end state, for the all-tables COPY"):
+                states["warm"] = end_state_of(engines["today"], warm, batch_size)
+                states["all"] = end_state_of(engines["today"], attempts, batch_size)
+        instruments = {name: Instruments(engine) for name, engine in engines.items()}
+        for engine in engines.values():
             engine.dispose()  # every connection from here on is one ServerBackends sees
-            instruments = Instruments(engine)
-            for name, run, warm_up, messages_in_run, note in runs:
-                with console.status(name):
-                    results.append(
+        for round_ in range(args.rounds):
+            shift = round_ % len(methods)
+            for method in [*methods[shift:], *methods[:shift]]:
+                engine = engines[method.database]
+                with console.status(f"round {round_ + 1}: {method.name}"), method.probe(engine):
+                    rounds[method.key].append(
                         measure(
-                            name,
+                            method.name,
                             engine,
-                            lambda run=run: run(engine),
-                            warm_up=lambda warm_up=warm_up: warm_up(engine),
-                            messages=messages_in_run,
-                            instruments=instruments,
-                            note=note,
+                            lambda method=method, engine=engine: method.run(engine),
+                            warm_up=lambda method=method, engine=engine: method.warm_up(engine),
+                            messages=method.messages,
+                            instruments=instruments[method.database],
+                            note=method.note,
+                            gc_on=not args.gc_off,
                         )
                     )
-            with console.status(uncounted_run[0]), without_counters(engine):
-                name, run, warm_up, messages_in_run, note = uncounted_run
-                results.append(
-                    measure(
-                        name,
-                        engine,
-                        lambda: run(engine),
-                        warm_up=lambda: warm_up(engine),
-                        messages=messages_in_run,
-                        instruments=instruments,
-                        note=note,
-                    )
-                )
-            with console.status(probe_run[0]), without_search(engine):
-                name, run, warm_up, messages_in_run, note = probe_run
-                results.append(
-                    measure(
-                        name,
-                        engine,
-                        lambda: run(engine),
-                        warm_up=lambda: warm_up(engine),
-                        messages=messages_in_run,
-                        instruments=instruments,
-                        note=note,
-                    )
-                )
-        finally:
-            engine.dispose()
-    with scratch_database(admin_url) as url:
-        engine = create_store_engine(url, pool_size=max(2, concurrent))
-        try:
-            upgrade_database(engine, PREVIOUS_REVISION)
-            engine.dispose()  # every connection from here on is one ServerBackends sees
-            instruments = Instruments(engine)
-            for name, run, warm_up, messages_in_run, note in previous_runs:
-                with console.status(name):
-                    results.append(
-                        measure(
-                            name,
-                            engine,
-                            lambda run=run: run(engine),
-                            warm_up=lambda warm_up=warm_up: warm_up(engine),
-                            messages=messages_in_run,
-                            instruments=instruments,
-                            note=note,
-                        )
-                    )
-        finally:
-            engine.dispose()
     report(
         console,
         env,
-        results,
+        methods,
+        rounds,
         parse_seconds=parse_seconds,
         messages=count,
         unique=unique,
         batch_size=batch_size,
+        gc_on=not args.gc_off,
     )
     return 0
 

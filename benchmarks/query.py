@@ -24,13 +24,15 @@ What it does (see ``benchmarks/README.md`` for the figures and how to read them)
    0011's triggers would give it (the load runs with triggers off,
    ``session_replication_role = replica``); the tallies and group counts are filled from
    the loaded rows as their migrations fill them (``count_loaded_rows``).
-3. Measures, through the HTTP app (``fastapi.testclient``, the whole request path), the
-   latency of each scenario ``--repeat`` times after ``WARM_UP`` unmeasured calls, and
-   prints p50 / p95 in milliseconds: the first page of ``/api/errors``, a deep page, status
-   filtered pages, other sort keys, full-text searches (one hit, a selective term, a
-   broad term, several words), the summary and counts, queue addresses, the groups view
-   of every classifier, and a group's messages and the group by id for the smallest, a
-   middle-sized and the biggest group.
+3. Measures, through the HTTP app (``fastapi.testclient``, the whole request path, no
+   socket), or with ``--http`` through real HTTP (``controlroom serve`` on a socket, one
+   keep-alive ``httpx`` connection carrying every scenario's requests, large answers and
+   small ones in turn), the latency of each scenario ``--repeat`` times after ``WARM_UP``
+   unmeasured calls, and prints p50 / p95 in milliseconds: the first page of
+   ``/api/errors``, a deep page, status filtered pages, other sort keys, full-text
+   searches (one hit, a selective term, a broad term, several words), the summary and
+   counts, queue addresses, the groups view of every classifier, and a group's messages
+   and the group by id for the smallest, a middle-sized and the biggest group.
 4. With ``--while-ingesting``, measures every scenario again while another process
    writes new failed messages through the service's writer at full speed (two batches
    of 200 at once, each message parsed as the pipeline parses it), prints both figures
@@ -59,6 +61,7 @@ import resource
 import shutil
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -66,13 +69,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import psycopg
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
@@ -120,6 +124,8 @@ BASE_MESSAGES = 600  # demo messages the templates are made from
 VARIANTS = 40  # renamed copies of each message type (and of its handler frames)
 TEMPLATES = 4_000
 WARM_UP = 3
+HTTP_TIMEOUT = 60.0  # seconds per request over the socket (--http)
+SERVE_START_SECONDS = 60.0  # for serve to answer on its socket (--http)
 SEED = 1_000  # of the loaders' generators: another load of the same store needs another
 MAX_BODY_SIZE_TO_STORE = 102_400
 
@@ -808,8 +814,10 @@ def explain(url: str, statements: Sequence[tuple[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def scenarios(client: TestClient, messages: int) -> list[Scenario]:
-    """The measured requests; each returns a short description of its answer."""
+def scenarios(client: httpx.Client, engine: sa.Engine, messages: int) -> list[Scenario]:
+    """The measured requests through ``client`` (the in-process test client, or one
+    keep-alive connection to a served socket, ``served_client``), on the database of
+    ``engine``; each returns a short description of its answer."""
 
     def get(path: str, **params: Any) -> Callable[[], str]:
         def run() -> str:
@@ -824,7 +832,6 @@ def scenarios(client: TestClient, messages: int) -> list[Scenario]:
 
         return run
 
-    engine: sa.Engine = client.app.state.engine
     with engine.connect() as conn:
         known_message_id = conn.execute(
             sa.text("SELECT message_id FROM failed_messages ORDER BY id LIMIT 1 OFFSET :n"),
@@ -940,7 +947,7 @@ def scenarios(client: TestClient, messages: int) -> list[Scenario]:
             )
         )
     else:
-        found += group_function_scenarios(client)
+        found += group_function_scenarios(engine)
     return found
 
 
@@ -971,12 +978,11 @@ def group_sizes(engine: sa.Engine) -> dict[str, tuple[str, int]]:
     return {"small": sizes[0], "medium": sizes[len(sizes) // 2], "biggest": sizes[-1]}
 
 
-def group_function_scenarios(client: TestClient) -> list[Scenario]:
+def group_function_scenarios(engine: sa.Engine) -> list[Scenario]:
     """The groups view through ``errors.groups.list_groups`` when no route serves it."""
     if groups is None:
         print("no controlroom.errors.read.groups: the groups view is not measured", file=sys.stderr)
         return []
-    engine: sa.Engine = client.app.state.engine
 
     def run(name: str) -> Callable[[], str]:
         def call() -> str:
@@ -1106,6 +1112,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="measure again beside one busy loop per core (the CPU-only control)",
     )
+    parser.add_argument(
+        "--http",
+        action="store_true",
+        help="measure through real HTTP: controlroom serve on a socket, one keep-alive "
+        "httpx client (default: the in-process test client)",
+    )
     add_server_arguments(parser)
     args = parser.parse_args(argv)
     if args.scratch_server and (args.keep or args.reuse or args.database != "postgresql"):
@@ -1148,12 +1160,17 @@ def run(args: argparse.Namespace, url: str, new: bool) -> int:
     print("\n".join(environment(url)))
     log = StatementLog(engine)
     with tempfile.TemporaryDirectory() as scratch:
-        settings = Settings(data_dir=Path(scratch), database_url=url)
-        app = create_app(settings, engine, FileSystemBodyStore(Path(scratch) / "bodies"))
-        with TestClient(app) as client:
+        if args.http:
+            client_context: AbstractContextManager[httpx.Client] = served_client(url, scratch)
+        else:
+            settings = Settings(data_dir=Path(scratch), database_url=url)
+            app = create_app(settings, engine, FileSystemBodyStore(Path(scratch) / "bodies"))
+            client_context = TestClient(app)
+        with client_context as client:
+            print(f"measured through {client_description(client)}")
             chosen = [
                 scenario
-                for scenario in scenarios(client, args.messages)
+                for scenario in scenarios(client, engine, args.messages)
                 if not args.only or args.only in scenario.name
             ]
             with busy_cores("idle"):
@@ -1167,6 +1184,53 @@ def run(args: argparse.Namespace, url: str, new: bool) -> int:
     print(f"\nafter measuring: {load_average()}")
     report(results, busy)
     return 0
+
+
+@contextmanager
+def served_client(url: str, data_dir: str) -> Iterator[httpx.Client]:
+    """``controlroom serve`` on a real socket (uvicorn, 127.0.0.1, a free port) over the
+    database of ``url``, ingesting nothing (``ingest_on_serve`` off: the reader alone, or
+    beside ``--while-ingesting``'s own writer), and one ``httpx.Client`` to it: one
+    keep-alive connection that every scenario's requests share, large answers and small
+    ones in turn. Serve is stopped (SIGTERM) on the way out."""
+    from serve import DEFAULT_RABBITMQ_URL, _stop, free_port, serve_environment
+
+    port = free_port()
+    environment = serve_environment(
+        url, DEFAULT_RABBITMQ_URL, data_dir, port, ["INGEST_ON_SERVE=false"]
+    )
+    command = [str(Path(sys.executable).with_name("controlroom")), "serve"]
+    log_path = Path(data_dir) / "serve.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command, env=environment, stdout=log, stderr=subprocess.STDOUT, cwd=data_dir
+        )
+    try:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", timeout=HTTP_TIMEOUT, limits=limits
+        ) as client:
+            deadline = time.monotonic() + SERVE_START_SECONDS
+            while True:
+                try:
+                    client.get("/metrics").raise_for_status()
+                    break
+                except httpx.TransportError:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(
+                            "serve did not start: " + log_path.read_text(errors="replace")[-2000:]
+                        ) from None
+                    time.sleep(0.2)
+            yield client
+    finally:
+        _stop(process)
+
+
+def client_description(client: httpx.Client) -> str:
+    """How the requests travel: in process, or over which socket."""
+    if isinstance(client, TestClient):
+        return "the in-process test client (no socket, serial)"
+    return f"real HTTP: controlroom serve (uvicorn) at {client.base_url}, one keep-alive connection"
 
 
 def run_scenarios(
