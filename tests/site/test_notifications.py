@@ -1,6 +1,7 @@
 """A site's notifications: stored at the agent before it answers, refused whole when too
 long, forwarded to central once it is up (its own token), and a notification central
-refuses for good kept at the site as Rejected with the reason."""
+refuses for good kept at the site as Rejected with the reason, and a batch central took
+but the site never marked stored once at central."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from controlroom.db.tables import notifications
 from controlroom.runtime.sockets import listen
 from controlroom.site import SiteAgent, SiteSettings
+from controlroom.site.outbox import NotificationForwarder
 from controlroom.site.store import NotificationStatus
 from tests.reconciliation.harness import (
     SITE_TOKEN,
@@ -28,6 +32,7 @@ from tests.reconciliation.harness import (
     site_entry,
 )
 from tests.servers import TEST_CLIENT_TIMEOUT
+from tests.site.http import serving
 
 AUTH = {"Authorization": f"Bearer {SITE_TOKEN}"}
 
@@ -146,3 +151,68 @@ def test_notifications_reach_central_once_it_is_up_and_a_refused_one_stays_rejec
             ]
             forwarded = agent.store.notifications(NotificationStatus.FORWARDED, 10)
             assert sorted(r["notification_id"] for r in forwarded) == sorted(sent)
+
+
+def test_a_batch_central_took_but_the_site_never_marked_is_sent_again_and_stored_once(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sites = [site_entry("plant-7", "http://127.0.0.1:9")]
+    settings_ = central_settings(database_url, tmp_path / "central", sites)
+    with running_central(settings_) as (url, _app, engine):
+        agent = SiteAgent(
+            settings(tmp_path, central_url=url, central_token=central_token_of("plant-7"))
+        )
+        forwarder = NotificationForwarder(agent.store, agent.settings)
+        try:
+            sent = agent.notify("oncall", "Pump 3 stopped")
+
+            def dies(*_args: object) -> None:
+                raise RuntimeError("killed before it marked the batch")
+
+            # Central answers 2xx; the agent dies before its mark commits.
+            monkeypatch.setattr(agent.store, "settle_notifications", dies)
+            with pytest.raises(RuntimeError):
+                forwarder.deliver_once()
+            monkeypatch.undo()
+            assert agent.store.notification(sent)["status"] == "Pending"
+            assert forwarder.deliver_once() == 1
+            assert agent.store.notification(sent)["status"] == "Forwarded"
+            assert [r.notification_id for r in central_notifications(engine)] == [sent]
+        finally:
+            forwarder.close()
+            agent.close()
+
+
+def refusing_central() -> FastAPI:
+    """A central that refuses a whole request holding a notification titled "poison"."""
+    app = FastAPI()
+
+    @app.post("/api/site-notifications")
+    def intake(items: list[dict[str, Any]]) -> JSONResponse:
+        if any(item["subject"] == "poison" for item in items):
+            return JSONResponse({"detail": "the request is malformed"}, 400)
+        return JSONResponse({"accepted": list(range(len(items))), "rejected": []})
+
+    return app
+
+
+def test_a_whole_batch_refused_is_sent_one_by_one_and_only_the_culprit_kept_rejected(
+    tmp_path: Path,
+) -> None:
+    with serving(refusing_central()) as url:
+        agent = SiteAgent(settings(tmp_path, central_url=url))
+        forwarder = NotificationForwarder(agent.store, agent.settings)
+        try:
+            good = agent.notify("oncall", "Pump 3 stopped")
+            poison = agent.notify("oncall", "poison")
+            assert forwarder.deliver_once() == 2
+            assert agent.store.notification(good)["status"] == "Forwarded"
+            refused = agent.store.notification(poison)
+            assert (refused["status"], refused["rejected_reason"]) == (
+                "Rejected",
+                'central answered 400: {"detail":"the request is malformed"}',
+            )
+            assert forwarder.deliver_once() == 0  # nothing is sent again
+        finally:
+            forwarder.close()
+            agent.close()
