@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from controlroom.db.tables import notifications
 from controlroom.runtime.sockets import listen
 from controlroom.site import SiteAgent, SiteSettings
-from controlroom.site.outbox import NotificationForwarder
+from controlroom.site.outbox import CentralUnavailable, NotificationForwarder
 from controlroom.site.store import NotificationStatus
 from tests.reconciliation.harness import (
     SITE_TOKEN,
@@ -213,6 +213,20 @@ def test_a_whole_batch_refused_is_sent_one_by_one_and_only_the_culprit_kept_reje
                 'central answered 400: {"detail":"the request is malformed"}',
             )
             assert forwarder.deliver_once() == 0  # nothing is sent again
+        finally:
+            forwarder.close()
+            agent.close()
+
+
+def test_a_central_without_the_intake_keeps_them_pending(tmp_path: Path) -> None:
+    with serving(FastAPI()) as url:  # every path answers 404
+        agent = SiteAgent(settings(tmp_path, central_url=url))
+        forwarder = NotificationForwarder(agent.store, agent.settings)
+        try:
+            sent = agent.notify("oncall", "Pump 3 stopped")
+            with pytest.raises(CentralUnavailable, match="404"):
+                forwarder.deliver_once()
+            assert agent.store.notification(sent)["status"] == "Pending"
         finally:
             forwarder.close()
             agent.close()

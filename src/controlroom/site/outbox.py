@@ -14,9 +14,10 @@ its upsert of telemetry is order-free, and it stores a notification once per
 - ``NotificationForwarder``: ``POST /api/site-notifications`` (a JSON list of
   notifications); central answers which it took and which it refused for good with a
   reason: those are kept at the site as ``Rejected`` with that reason, never sent again.
-  A whole request refused with a 4xx that says nothing of the site's token or of load
-  (401, 403, 408, 429) is sent again one notification at a time, so only the one at
-  fault is kept as ``Rejected``, with central's answer as its reason.
+  A whole request refused with a 4xx that says nothing of the site's token, of load or
+  of a missing route (401, 403, 404, 405, 408, 429: kept and sent again) is sent again
+  one notification at a time, so only the one at fault is kept as ``Rejected``, with
+  central's answer as its reason.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ log = logging.getLogger(__name__)
 
 TELEMETRY_PATH = "/api/site-calls/telemetry"
 NOTIFICATIONS_PATH = "/api/site-notifications"
-_RETRIED_REFUSALS = frozenset({401, 403, 408, 429})
-"""4xx answers that say nothing of the notifications sent: the token or the load."""
+_RETRIED_REFUSALS = frozenset({401, 403, 404, 405, 408, 429})
+"""4xx answers that say nothing of the notifications sent: the token, the load, or a
+central without the intake (older than this agent, or a wrong ``central_url``)."""
 
 
 class CentralUnavailable(ControlroomError):
