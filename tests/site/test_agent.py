@@ -319,3 +319,25 @@ def test_a_store_of_schema_1_gains_the_100_ns_columns(site_settings: SiteSetting
         assert store.changes(Stamp.of(T0), None, 10) == ([old], False)
     finally:
         store.close()
+
+
+def test_a_store_of_schema_2_gains_its_notifications_and_keeps_its_calls(
+    site_settings: SiteSettings,
+) -> None:
+    agent = SiteAgent(site_settings)
+    agent.register("noop", lambda _payload: None)
+    kept = agent.cached_call("erp/x", "noop", {}).tracked_operation_id
+    with agent.store.engine.begin() as conn:  # back to schema 2: no notifications
+        conn.exec_driver_sql("DROP TABLE site_notifications")
+        conn.exec_driver_sql("PRAGMA user_version = 2")
+    agent.close()
+
+    agent = SiteAgent(site_settings)
+    try:
+        assert [state.tracked_operation_id for state in agent.store.states()] == [kept]
+        sent = agent.notify("oncall", "Pump 3 stopped")
+        assert agent.store.notification(sent)["status"] == "Pending"
+        with agent.store.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA user_version").scalar_one() == 3
+    finally:
+        agent.close()

@@ -1,5 +1,7 @@
 """A site agent killed with SIGKILL mid-retry: on restart it resumes its buffered call and
-its outbox delivers what it had not sent (``controlroom site serve`` in a subprocess)."""
+its outbox delivers what it had not sent; killed with notifications stored while central
+was down, it forwards each to central once after the restart (``controlroom site serve``
+in a subprocess)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
+from controlroom.db.tables import notifications
 from tests.reconciliation.harness import (
     SITE_TOKEN,
     audit_events,
@@ -153,3 +157,55 @@ def _up(url: str, process: subprocess.Popen) -> bool:
         )
     except httpx.HTTPError:
         return False
+
+
+def test_notifications_survive_a_kill_and_a_central_outage_and_reach_central_once(
+    database_url: str, tmp_path: Path, central: socket.socket
+) -> None:
+    store = tmp_path / "site" / "tracking.db"
+    port = free_port()
+    env = {
+        "CONTROLROOM_SITE_SITE_ID": "plant-7",
+        "CONTROLROOM_SITE_STORE_PATH": str(store),
+        "CONTROLROOM_SITE_PORT": str(port),
+        "CONTROLROOM_SITE_TOKEN": SITE_TOKEN,
+        "CONTROLROOM_SITE_CENTRAL_URL": f"http://127.0.0.1:{central.getsockname()[1]}",
+        "CONTROLROOM_SITE_CENTRAL_TOKEN": central_token_of("plant-7"),
+        "CONTROLROOM_SITE_OUTBOX_POLL": "0.05",
+        "CONTROLROOM_SITE_OUTBOX_BACKOFF_CAP": "0.2",
+    }
+    agent_url = f"http://127.0.0.1:{port}"
+    with site_process(env) as first:
+        eventually(lambda: _up(agent_url, first), what="the agent serves")
+        ids = [
+            httpx.post(
+                f"{agent_url}/site/notifications",
+                json={"target": "oncall", "subject": f"Pump {n} stopped", "severity": "Error"},
+                headers=AUTH,
+                timeout=TEST_CLIENT_TIMEOUT,
+            ).json()["notification_id"]
+            for n in range(3)
+        ]
+        first.send_signal(signal.SIGKILL)  # central is down: none was forwarded
+        first.wait(30)
+    kept = store_query(store, "SELECT notification_id, status FROM site_notifications")
+    assert sorted(kept) == sorted((i, "Pending") for i in ids)
+
+    sites = [site_entry("plant-7", "http://127.0.0.1:9")]
+    settings = central_settings(database_url, tmp_path / "central", sites)
+    central.listen()
+    with running_central(settings, central) as (_url, _app, engine), site_process(env):
+        eventually(
+            lambda: (
+                store_query(
+                    store, "SELECT count(*) FROM site_notifications WHERE status = 'Forwarded'"
+                )[0][0]
+                == 3
+            ),
+            what="the notifications forwarded",
+        )
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(notifications.c.notification_id, notifications.c.source)
+            ).all()
+        assert sorted(rows) == sorted((i, "site:plant-7") for i in ids)

@@ -1,12 +1,13 @@
 """The site agent stands on its own: a process embedding it loads none of central.
 
 ``controlroom.site`` and every module under it import nothing of central's API, console,
-error instance or site-call half; what both sides need lives below them, in the pure
-telemetry contract (``controlroom.telemetry``) and ``controlroom.runtime``. The contract
-itself imports no database code and nothing of either half. Nor does the site load a
-database it never uses: the provider registry imports a provider on first use, so neither
-psycopg, the PostgreSQL provider nor central's schema (``db/tables.py``) is loaded. Each
-check runs in a fresh interpreter, since this test process has long loaded everything.
+error instance, site-call half or notification outbox; what both sides need lives below
+them, in the pure telemetry contract (``controlroom.telemetry``) and
+``controlroom.runtime``. The contract itself imports no database code and nothing of
+either half. Nor does the site load a database it never uses: the provider registry
+imports a provider on first use, so neither psycopg, the PostgreSQL provider nor central's
+schema (``db/tables.py``) is loaded. Each check runs in a fresh interpreter, since this
+test process has long loaded everything.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-CENTRAL = ("controlroom.api", "controlroom.web", "controlroom.errors", "controlroom.sitecalls")
+CENTRAL = (
+    "controlroom.api",
+    "controlroom.web",
+    "controlroom.errors",
+    "controlroom.sitecalls",
+    "controlroom.notifications",
+)
 BELOW_TELEMETRY = ("controlroom.telemetry", "controlroom.exceptions", "controlroom.runtime")
 NOT_ON_SQLITE = ("psycopg", "controlroom.db.providers.postgresql", "controlroom.db.tables")
 

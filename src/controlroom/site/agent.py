@@ -11,6 +11,10 @@ request described by its payload, is built in).
 
 Every transition is committed with its telemetry packet (``controlroom.site.store``);
 ``controlroom.site.outbox`` delivers the packets to central.
+
+A site's notification (``agent.notify(target, subject, body, ...)``) is committed to the
+store before the call returns and forwarded to central by the outbox, which delivers it
+(docs/design.md "Notification outbox"): sites cannot reach the mail server or the web.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from json import dumps
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from controlroom.exceptions import ControlroomError
 from controlroom.site import lifecycle
@@ -30,7 +35,8 @@ from controlroom.site.config import SiteSettings
 from controlroom.site.lifecycle import CallState, CommandOutcome, Status, Transition
 from controlroom.site.store import DueCall, TrackingStore, state_from_row
 from controlroom.site.telemetry import telemetry_packet
-from controlroom.telemetry.contract import check_actor
+from controlroom.telemetry.contract import check_actor, describe_errors
+from controlroom.telemetry.notification import SiteNotification, forwarded_item
 from controlroom.telemetry.stamps import Stamp
 
 Operation = Callable[[Any], object]
@@ -160,6 +166,51 @@ class SiteAgent:
     def next_due_at(self) -> datetime | None:
         """When the next buffered call falls due (``None``: none waits)."""
         return self.store.next_due_at()
+
+    # --- notifications --------------------------------------------------------------------
+    def notify(
+        self,
+        target: str,
+        subject: str,
+        body: str = "",
+        *,
+        channel: str = "Email",
+        severity: str = "Info",
+        notification_id: str | None = None,
+    ) -> str:
+        """Send a notification through central: to ``target`` (a recipient list's name
+        for ``Email``, a webhook's name for ``Webhook``, as central's settings name
+        them), ``severity`` Info, Warning, Error or Critical. Stored before this returns
+        and forwarded to central until it takes it (``controlroom.site.outbox``); returns
+        its ``notification_id`` (a GUID, ``notification_id`` when given: the same id
+        again stores nothing new).
+
+        Raises ``ValueError`` naming each field at fault (``target`` or ``subject`` over
+        256 characters, an unknown channel or severity, a NUL): never truncated.
+        """
+        try:
+            notification = SiteNotification.model_validate(
+                {
+                    "target": target,
+                    "subject": subject,
+                    "body": body,
+                    "channel": channel,
+                    "severity": severity,
+                    "notification_id": notification_id,
+                }
+            )
+        except ValidationError as error:
+            raise ValueError(describe_errors(error)) from None
+        return self.store_notification(notification)
+
+    def store_notification(self, notification: SiteNotification) -> str:
+        """Store a validated ``notification`` (``notify``); returns its id."""
+        notification_id = notification.notification_id or str(uuid.uuid4())
+        item = forwarded_item(
+            notification, notification_id=notification_id, source_site=self.settings.site_id
+        )
+        self.store.add_notification(item, self._clock())
+        return notification_id
 
     # --- operator commands ----------------------------------------------------------------
     def retry(self, tracked_operation_id: str, operator: str) -> CommandOutcome:

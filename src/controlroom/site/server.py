@@ -17,6 +17,16 @@ under ``/site``, all needing ``Authorization: Bearer <token>`` when the agent ha
   made by the agent for a process that is not Python; 200 with the call's id and status,
   422 with them when it failed permanently. A ``target`` (or, without one, a ``url``)
   central's contract would refuse is a 422 naming it, before any call is made.
+- ``POST /site/notifications`` with ``{"target", "subject", "body"?, "channel"?
+  ("Email"|"Webhook"), "severity"? ("Info"|"Warning"|"Error"|"Critical"),
+  "notification_id"?}`` (``telemetry.notification``): 201 ``{"notification_id",
+  "status": "Pending"}`` once it is committed to the store; forwarded to central, which
+  delivers it. 422 naming the field for a ``target`` or ``subject`` over 256 characters
+  (never truncated). The same ``notification_id`` again answers 200 with the stored
+  status.
+- ``GET /site/notifications?status=&limit=``: newest first, each with its ``status``
+  (``Pending``, ``Forwarded``, ``Rejected``) and, when central refused it for good,
+  ``rejected_reason``; ``GET /site/notifications/{id}``: one, 404 when unknown.
 """
 
 from __future__ import annotations
@@ -30,9 +40,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controlroom.site.agent import CachedCallFailed, SiteAgent
 from controlroom.site.lifecycle import CommandOutcome
+from controlroom.site.store import NotificationStatus
 from controlroom.site.telemetry import state_document
 from controlroom.telemetry.contract import AuditActor, CallTarget, StorableText
-from controlroom.telemetry.stamps import Stamp
+from controlroom.telemetry.notification import SiteNotification
+from controlroom.telemetry.stamps import Stamp, round_trip
 from controlroom.telemetry.widths import TARGET_WIDTH
 from controlroom.validation_answers import install_validation_answer
 
@@ -130,7 +142,41 @@ def create_site_app(agent: SiteAgent) -> FastAPI:
             {"tracked_operation_id": result.tracked_operation_id, "status": str(result.status)}
         )
 
+    @app.post("/site/notifications", status_code=201)
+    def notify(notification: SiteNotification) -> JSONResponse:
+        given = notification.notification_id
+        existing = agent.store.notification(given) if given is not None else None
+        notification_id = agent.store_notification(notification)
+        if existing is not None:
+            return JSONResponse({"notification_id": notification_id, "status": existing["status"]})
+        return JSONResponse(
+            {"notification_id": notification_id, "status": str(NotificationStatus.PENDING)}, 201
+        )
+
+    @app.get("/site/notifications")
+    def notifications(
+        status: Annotated[NotificationStatus | None, Query()] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 500,
+    ) -> dict[str, Any]:
+        rows = agent.store.notifications(status, limit)
+        return {"items": [_notification_view(row) for row in rows]}
+
+    @app.get("/site/notifications/{notification_id}")
+    def notification(notification_id: str) -> dict[str, Any]:
+        row = agent.store.notification(notification_id)
+        if row is None:
+            raise HTTPException(404, "notification not found")
+        return _notification_view(row)
+
     return app
+
+
+def _notification_view(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **row,
+        "created_at_utc": round_trip(row["created_at_utc"]),
+        "updated_at_utc": round_trip(row["updated_at_utc"]),
+    }
 
 
 _CODES = {

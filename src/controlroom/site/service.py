@@ -1,4 +1,5 @@
-"""A running site agent: its HTTP API, its retry loop and its telemetry outbox, together.
+"""A running site agent: its HTTP API, its retry loop, its telemetry outbox and its
+notifications' forwarder, together.
 
 ``run_site`` is what ``controlroom site serve`` runs; a site's own asyncio process can
 run ``SiteService(agent).run(listener)`` beside its work. The loops do their blocking
@@ -21,7 +22,7 @@ from controlroom.exceptions import ConfigurationError
 from controlroom.runtime.addresses import is_loopback
 from controlroom.site.agent import SiteAgent
 from controlroom.site.config import SiteSettings
-from controlroom.site.outbox import OutboxSender
+from controlroom.site.outbox import NotificationForwarder, OutboxSender
 from controlroom.site.server import create_site_app
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,8 @@ def ensure_agent_is_protected(settings: SiteSettings) -> None:
 
 
 class SiteService:
-    """The agent's API, retry loop and (when ``central_url`` is set) outbox sender."""
+    """The agent's API, retry loop and (when ``central_url`` is set) the senders of its
+    telemetry and its notifications."""
 
     def __init__(self, agent: SiteAgent) -> None:
         self.agent = agent
@@ -65,17 +67,21 @@ class SiteService:
             asyncio.create_task(self.server.serve(sockets=[listener]), name="site api"),
             asyncio.create_task(self._retry_loop(), name="site retries"),
         ]
-        sender = None
+        senders: list[OutboxSender | NotificationForwarder] = []
         if self.agent.settings.central_url:
-            sender = OutboxSender(self.agent.store, self.agent.settings)
-            tasks.append(asyncio.create_task(sender.run(), name="site outbox"))
+            senders = [
+                OutboxSender(self.agent.store, self.agent.settings),
+                NotificationForwarder(self.agent.store, self.agent.settings),
+            ]
+            for sender in senders:
+                tasks.append(asyncio.create_task(sender.run(), name=f"site {sender.what}"))
         try:
             await tasks[0]  # the server ends on stop(); the loops run until then
         finally:
             for task in tasks[1:]:
                 task.cancel()
             await asyncio.gather(*tasks[1:], return_exceptions=True)
-            if sender is not None:
+            for sender in senders:
                 sender.close()
 
     def stop(self) -> None:

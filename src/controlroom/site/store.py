@@ -1,8 +1,10 @@
 """The site's tracking store: a local SQLite file, the source of truth of its cached calls.
 
-Two tables: ``tracked_operations`` (one row per cached call: its state, the operation and
+Three tables: ``tracked_operations`` (one row per cached call: its state, the operation and
 payload to attempt it again after a restart, when it is due, and which process has it in
-hand) and ``telemetry_outbox`` (packets not yet delivered to central). Every transition
+hand), ``telemetry_outbox`` (packets not yet delivered to central) and
+``site_notifications`` (the site's notifications: ``Pending`` until central took them,
+then ``Forwarded``, or ``Rejected`` with central's reason, kept whole). Every transition
 writes the row and its packet in one ``BEGIN IMMEDIATE`` transaction, so a packet exists
 exactly when its transition committed, and stamps taken inside that transaction
 (``lifecycle.next_stamp``) strictly increase in commit order.
@@ -11,15 +13,17 @@ Stamps are kept to 100 ns (``telemetry.stamps``): each is ``<name>_utc`` and
 ``<name>_tick``, as at central, and the pull contract orders by both.
 
 The schema is created on open (``PRAGMA user_version`` says which; a store of schema 1,
-whose stamps were microseconds, gains the tick columns, 0); one agent process owns a
+whose stamps were microseconds, gains the tick columns, 0; schema 3 adds
+``site_notifications``, which opening creates); one agent process owns a
 store at a time (``TrackingStore.open`` takes an exclusive lock on a file beside it).
 """
 
 from __future__ import annotations
 
+import enum
 import fcntl
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,11 +44,12 @@ from controlroom.telemetry.widths import (
     NODE_WIDTH,
     SITE_WIDTH,
     STATUS_WIDTH,
+    SUBJECT_WIDTH,
     TARGET_WIDTH,
     UUID_LEN,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 STAMPS = ("created_at", "updated_at", "terminal_at")
 """The stamps of a call's state, each ``{name}_utc`` and ``{name}_tick`` (schema 2)."""
 
@@ -94,7 +99,35 @@ telemetry_outbox = sa.Table(
     sqlite_autoincrement=True,
 )
 
+site_notifications = sa.Table(
+    "site_notifications",
+    metadata,
+    sa.Column("notification_id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("channel", sa.String(CHANNEL_WIDTH), nullable=False),
+    sa.Column("target", sa.String(TARGET_WIDTH), nullable=False),
+    sa.Column("subject", sa.String(SUBJECT_WIDTH), nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.Column("severity", sa.String(STATUS_WIDTH), nullable=False),
+    sa.Column("status", sa.String(STATUS_WIDTH), nullable=False),
+    sa.Column("created_at_utc", UtcDateTime, nullable=False),
+    sa.Column("updated_at_utc", UtcDateTime, nullable=False),
+    sa.Column("rejected_reason", sa.Text, comment="central's reason, whole"),
+    # The forwarder's scan of pending notifications, oldest first.
+    sa.Index("ix_site_notifications_status", "status", "created_at_utc"),
+)
+
+
+class NotificationStatus(enum.StrEnum):
+    """Where a site's notification stands: not yet taken by central, taken, or refused
+    by central for good (kept with its reason, not sent again)."""
+
+    PENDING = "Pending"
+    FORWARDED = "Forwarded"
+    REJECTED = "Rejected"
+
+
 to = tracked_operations.c
+sn = site_notifications.c
 # The columns of a call's state, in the order of ``CallState`` (the tracking store's row).
 STATE_COLUMNS = (
     "tracked_operation_id",
@@ -350,3 +383,82 @@ class TrackingStore:
             return conn.execute(
                 sa.select(sa.func.count()).select_from(telemetry_outbox)
             ).scalar_one()
+
+    # --- notifications ----------------------------------------------------------------
+    def add_notification(self, item: dict[str, Any], now: datetime) -> NotificationStatus:
+        """Store ``item`` (``telemetry.notification.forwarded_item``'s fields but
+        ``source_site``) as ``Pending``, committed before this returns; idempotent on its
+        ``notification_id``. Returns the status of the stored row (a repeated id keeps
+        the first row and its status)."""
+        values = {name: item[name] for name in _NOTIFICATION_FIELDS}
+        with begin_write(self.engine) as conn:
+            status = conn.execute(
+                sa.select(sn.status).where(sn.notification_id == values["notification_id"])
+            ).scalar_one_or_none()
+            if status is not None:
+                return NotificationStatus(status)
+            conn.execute(
+                sa.insert(site_notifications).values(
+                    **values,
+                    status=str(NotificationStatus.PENDING),
+                    created_at_utc=now,
+                    updated_at_utc=now,
+                )
+            )
+        return NotificationStatus.PENDING
+
+    def pending_notifications(self, limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit`` notifications central has not taken, oldest first."""
+        query = (
+            sa.select(*(sn[name] for name in _NOTIFICATION_FIELDS))
+            .where(sn.status == str(NotificationStatus.PENDING))
+            .order_by(sn.created_at_utc, sn.notification_id)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return [dict(row._mapping) for row in conn.execute(query)]
+
+    def settle_notifications(
+        self, forwarded: Sequence[str], rejected: Mapping[str, str], now: datetime
+    ) -> None:
+        """Mark ``forwarded`` ids ``Forwarded`` and ``rejected`` ones (id -> central's
+        reason) ``Rejected``, in one transaction; only rows still ``Pending`` change."""
+        pending = sn.status == str(NotificationStatus.PENDING)
+        with begin_write(self.engine) as conn:
+            if forwarded:
+                conn.execute(
+                    sa.update(site_notifications)
+                    .where(sn.notification_id.in_(forwarded), pending)
+                    .values(status=str(NotificationStatus.FORWARDED), updated_at_utc=now)
+                )
+            for notification_id, reason in rejected.items():
+                conn.execute(
+                    sa.update(site_notifications)
+                    .where(sn.notification_id == notification_id, pending)
+                    .values(
+                        status=str(NotificationStatus.REJECTED),
+                        rejected_reason=reason,
+                        updated_at_utc=now,
+                    )
+                )
+
+    def notifications(self, status: NotificationStatus | None, limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit`` notifications, newest first, of ``status`` (any when ``None``),
+        each with its status, reason and stamps."""
+        query = sa.select(site_notifications).order_by(
+            sn.created_at_utc.desc(), sn.notification_id.desc()
+        )
+        if status is not None:
+            query = query.where(sn.status == str(status))
+        with self.engine.connect() as conn:
+            return [dict(row._mapping) for row in conn.execute(query.limit(limit))]
+
+    def notification(self, notification_id: str) -> dict[str, Any] | None:
+        """One notification as ``notifications`` gives it; ``None`` when absent."""
+        query = sa.select(site_notifications).where(sn.notification_id == notification_id)
+        with self.engine.connect() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else dict(row._mapping)
+
+
+_NOTIFICATION_FIELDS = ("notification_id", "channel", "target", "subject", "body", "severity")

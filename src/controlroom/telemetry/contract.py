@@ -60,7 +60,7 @@ class TelemetryRejected(ControlroomError):
         self.reason = reason
 
 
-def _storable(value: str) -> str:
+def storable(value: str) -> str:
     """Refuse what no provider stores as text: NUL and unpaired surrogates."""
     if "\x00" in value:
         raise ValueError("must not contain a NUL character")
@@ -93,20 +93,18 @@ Guid = Annotated[str, AfterValidator(_guid)]
 UtcInstant = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(as_utc)]
 # JSON integers and booleans as sent: no "7" for 7, no true for 1, no 2.0 for 2.
 Integer = Annotated[int, Strict()]
-StorableText = Annotated[str, AfterValidator(_storable)]
+StorableText = Annotated[str, AfterValidator(storable)]
 # The rules of the values a site agent takes from its callers and later reports (a call's
 # target, an operator as an audit actor): the agent refuses what central would.
-CallTarget = Annotated[str, Field(min_length=1, max_length=TARGET_WIDTH), AfterValidator(_storable)]
-AuditActor = Annotated[str, Field(min_length=1, max_length=ACTOR_WIDTH), AfterValidator(_storable)]
-_Action = Annotated[str, Field(min_length=1, max_length=ACTION_WIDTH), AfterValidator(_storable)]
-_Category = Annotated[
-    str, Field(min_length=1, max_length=CATEGORY_WIDTH), AfterValidator(_storable)
-]
-_Site = Annotated[str, Field(min_length=1, max_length=SITE_WIDTH), AfterValidator(_storable)]
-_Target = Annotated[str, Field(min_length=0, max_length=TARGET_WIDTH), AfterValidator(_storable)]
-_Node = Annotated[str, Field(min_length=0, max_length=NODE_WIDTH), AfterValidator(_storable)]
+CallTarget = Annotated[str, Field(min_length=1, max_length=TARGET_WIDTH), AfterValidator(storable)]
+AuditActor = Annotated[str, Field(min_length=1, max_length=ACTOR_WIDTH), AfterValidator(storable)]
+_Action = Annotated[str, Field(min_length=1, max_length=ACTION_WIDTH), AfterValidator(storable)]
+_Category = Annotated[str, Field(min_length=1, max_length=CATEGORY_WIDTH), AfterValidator(storable)]
+_Site = Annotated[str, Field(min_length=1, max_length=SITE_WIDTH), AfterValidator(storable)]
+_Target = Annotated[str, Field(min_length=0, max_length=TARGET_WIDTH), AfterValidator(storable)]
+_Node = Annotated[str, Field(min_length=0, max_length=NODE_WIDTH), AfterValidator(storable)]
 _LastError = Annotated[
-    str, Field(min_length=0, max_length=LAST_ERROR_WIDTH), AfterValidator(_storable)
+    str, Field(min_length=0, max_length=LAST_ERROR_WIDTH), AfterValidator(storable)
 ]
 _TARGET_RULE: TypeAdapter[str] = TypeAdapter(CallTarget)
 _ACTOR_RULE: TypeAdapter[str] = TypeAdapter(AuditActor)
@@ -134,7 +132,7 @@ def check_actor(value: str, field: str = "actor") -> str:
 
 def _json_text(value: str | None) -> str | None:
     if value is not None:
-        _storable(value)
+        storable(value)
         try:
             json.loads(value)
         except (ValueError, RecursionError):  # nested past what the parser reads

@@ -1,0 +1,232 @@
+"""A site's notifications: stored at the agent before it answers, refused whole when too
+long, forwarded to central once it is up (its own token), and a notification central
+refuses for good kept at the site as Rejected with the reason, and a batch central took
+but the site never marked stored once at central."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from controlroom.db.tables import notifications
+from controlroom.runtime.sockets import listen
+from controlroom.site import SiteAgent, SiteSettings
+from controlroom.site.outbox import CentralUnavailable, NotificationForwarder
+from controlroom.site.store import NotificationStatus
+from tests.reconciliation.harness import (
+    SITE_TOKEN,
+    central_settings,
+    central_token_of,
+    eventually,
+    running_agent,
+    running_central,
+    site_entry,
+)
+from tests.servers import TEST_CLIENT_TIMEOUT
+from tests.site.http import serving
+
+AUTH = {"Authorization": f"Bearer {SITE_TOKEN}"}
+
+
+def settings(tmp_path: Path, **overrides: object) -> SiteSettings:
+    values: dict[str, object] = {
+        "site_id": "plant-7",
+        "store_path": tmp_path / "site" / "tracking.db",
+        "token": SITE_TOKEN,
+    }
+    return SiteSettings(**{**values, **overrides})
+
+
+def central_notifications(engine: sa.Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.select(notifications)).all())
+
+
+def test_notify_stores_a_pending_notification_and_refuses_an_over_long_one(
+    tmp_path: Path,
+) -> None:
+    agent = SiteAgent(settings(tmp_path))
+    try:
+        notification_id = agent.notify("oncall", "Pump 3 stopped", "at 08:00", severity="Error")
+        assert str(uuid.UUID(notification_id)) == notification_id
+        for field, call in [
+            ("subject", lambda: agent.notify("oncall", "s" * 257)),
+            ("target", lambda: agent.notify("t" * 257, "Pump")),
+            ("channel", lambda: agent.notify("oncall", "Pump", channel="Pager")),
+        ]:
+            with pytest.raises(ValueError, match=rf"^{field}: "):
+                call()
+        (row,) = agent.store.notifications(None, 10)
+        assert (row["notification_id"], row["status"], row["severity"]) == (
+            notification_id,
+            "Pending",
+            "Error",
+        )
+        again = agent.notify("oncall", "Pump 3 stopped", notification_id=notification_id)
+        assert again == notification_id and len(agent.store.notifications(None, 10)) == 1
+    finally:
+        agent.close()
+
+
+def test_the_http_api_stores_before_answering_and_names_the_field_it_refuses(
+    tmp_path: Path,
+) -> None:
+    with running_agent(settings(tmp_path)) as agent:
+        url = f"{agent.url}/site/notifications"
+        for field, body in [
+            ("subject", {"target": "oncall", "subject": "s" * 257}),
+            ("target", {"target": "t" * 257, "subject": "Pump"}),
+        ]:
+            refused = httpx.post(url, json=body, headers=AUTH, timeout=TEST_CLIENT_TIMEOUT)
+            assert refused.status_code == 422
+            assert [e["loc"] for e in refused.json()["detail"]] == [["body", field]]
+        answer = httpx.post(
+            url,
+            json={"target": "ops-hook", "subject": "Pump", "channel": "Webhook"},
+            headers=AUTH,
+            timeout=TEST_CLIENT_TIMEOUT,
+        )
+        assert answer.status_code == 201
+        notification_id = answer.json()["notification_id"]
+        # Committed before the answer: the store has it now.
+        assert agent.store.notification(notification_id)["status"] == "Pending"
+        listed = httpx.get(url, headers=AUTH, timeout=TEST_CLIENT_TIMEOUT).json()["items"]
+        assert [(i["notification_id"], i["channel"]) for i in listed] == [
+            (notification_id, "Webhook")
+        ]
+        assert httpx.get(url, timeout=TEST_CLIENT_TIMEOUT).status_code == 401
+
+
+def test_notifications_reach_central_once_it_is_up_and_a_refused_one_stays_rejected(
+    database_url: str, tmp_path: Path
+) -> None:
+    probe = socket.create_server(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    agent_settings = settings(
+        tmp_path, central_url=f"http://127.0.0.1:{port}", central_token=central_token_of("plant-7"),
+        outbox_poll=0.05, outbox_backoff_cap=0.2,
+    )  # fmt: skip
+    with running_agent(agent_settings) as agent:
+        sent = [agent.notify("oncall", f"Pump {n} stopped") for n in range(3)]
+        # A row the agent's own checks never let in (an older agent's, say): central
+        # refuses it for good, naming the field.
+        bad = str(uuid.uuid4())
+        agent.store.add_notification(
+            {
+                "notification_id": bad,
+                "channel": "Email",
+                "target": "oncall",
+                "subject": "s" * 300,
+                "body": "",
+                "severity": "Info",
+            },
+            datetime.now(UTC),
+        )
+        assert len(agent.store.pending_notifications(10)) == 4  # central is down
+        sites = [site_entry("plant-7", "http://127.0.0.1:9")]
+        settings_ = central_settings(database_url, tmp_path / "central", sites)
+        with running_central(settings_, listen("127.0.0.1", port)) as (_url, _app, engine):
+            eventually(lambda: not agent.store.pending_notifications(10), what="forwarded")
+            rows = central_notifications(engine)
+            assert sorted(r.notification_id for r in rows) == sorted(sent)
+            assert {r.source for r in rows} == {"site:plant-7"}
+            rejected = httpx.get(
+                f"{agent.url}/site/notifications",
+                params={"status": "Rejected"},
+                headers=AUTH,
+                timeout=TEST_CLIENT_TIMEOUT,
+            ).json()["items"]
+            assert [(r["notification_id"], r["rejected_reason"]) for r in rejected] == [
+                (bad, "subject: 300 characters; at most 256")
+            ]
+            forwarded = agent.store.notifications(NotificationStatus.FORWARDED, 10)
+            assert sorted(r["notification_id"] for r in forwarded) == sorted(sent)
+
+
+def test_a_batch_central_took_but_the_site_never_marked_is_sent_again_and_stored_once(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sites = [site_entry("plant-7", "http://127.0.0.1:9")]
+    settings_ = central_settings(database_url, tmp_path / "central", sites)
+    with running_central(settings_) as (url, _app, engine):
+        agent = SiteAgent(
+            settings(tmp_path, central_url=url, central_token=central_token_of("plant-7"))
+        )
+        forwarder = NotificationForwarder(agent.store, agent.settings)
+        try:
+            sent = agent.notify("oncall", "Pump 3 stopped")
+
+            def dies(*_args: object) -> None:
+                raise RuntimeError("killed before it marked the batch")
+
+            # Central answers 2xx; the agent dies before its mark commits.
+            monkeypatch.setattr(agent.store, "settle_notifications", dies)
+            with pytest.raises(RuntimeError):
+                forwarder.deliver_once()
+            monkeypatch.undo()
+            assert agent.store.notification(sent)["status"] == "Pending"
+            assert forwarder.deliver_once() == 1
+            assert agent.store.notification(sent)["status"] == "Forwarded"
+            assert [r.notification_id for r in central_notifications(engine)] == [sent]
+        finally:
+            forwarder.close()
+            agent.close()
+
+
+def refusing_central() -> FastAPI:
+    """A central that refuses a whole request holding a notification titled "poison"."""
+    app = FastAPI()
+
+    @app.post("/api/site-notifications")
+    def intake(items: list[dict[str, Any]]) -> JSONResponse:
+        if any(item["subject"] == "poison" for item in items):
+            return JSONResponse({"detail": "the request is malformed"}, 400)
+        return JSONResponse({"accepted": list(range(len(items))), "rejected": []})
+
+    return app
+
+
+def test_a_whole_batch_refused_is_sent_one_by_one_and_only_the_culprit_kept_rejected(
+    tmp_path: Path,
+) -> None:
+    with serving(refusing_central()) as url:
+        agent = SiteAgent(settings(tmp_path, central_url=url))
+        forwarder = NotificationForwarder(agent.store, agent.settings)
+        try:
+            good = agent.notify("oncall", "Pump 3 stopped")
+            poison = agent.notify("oncall", "poison")
+            assert forwarder.deliver_once() == 2
+            assert agent.store.notification(good)["status"] == "Forwarded"
+            refused = agent.store.notification(poison)
+            assert (refused["status"], refused["rejected_reason"]) == (
+                "Rejected",
+                'central answered 400: {"detail":"the request is malformed"}',
+            )
+            assert forwarder.deliver_once() == 0  # nothing is sent again
+        finally:
+            forwarder.close()
+            agent.close()
+
+
+def test_a_central_without_the_intake_keeps_them_pending(tmp_path: Path) -> None:
+    with serving(FastAPI()) as url:  # every path answers 404
+        agent = SiteAgent(settings(tmp_path, central_url=url))
+        forwarder = NotificationForwarder(agent.store, agent.settings)
+        try:
+            sent = agent.notify("oncall", "Pump 3 stopped")
+            with pytest.raises(CentralUnavailable, match="404"):
+                forwarder.deliver_once()
+            assert agent.store.notification(sent)["status"] == "Pending"
+        finally:
+            forwarder.close()
+            agent.close()
