@@ -15,6 +15,8 @@ from fastapi.testclient import TestClient
 
 from controlroom.app import create_app
 from controlroom.config import Settings
+from controlroom.db.tables import site_reconciliation
+from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.sitecalls.history import SeriesPoint, take_sample
 from controlroom.web import charts
@@ -125,6 +127,30 @@ def test_the_sites_page_shows_each_configured_site_and_its_state(console: TestCl
     assert "token" not in answer.text.lower().split("<main>")[1].split("</main>")[0].replace(
         "csrf_token", ""
     )
+
+
+def test_the_sites_page_shows_a_site_s_cursor_to_100_ns(
+    console: TestClient, engine: sa.Engine
+) -> None:
+    # A site pulled at least once has a cursor: a stamp of 100 ns, not a datetime.
+    pulled = datetime(2026, 12, 4, 9, 30, 1, 123456, tzinfo=UTC)
+    with begin_write(engine) as conn:
+        conn.execute(
+            sa.insert(site_reconciliation).values(
+                site_id="plant-7",
+                cursor_updated_at_utc=pulled,
+                cursor_updated_at_tick=7,
+                cursor_tracked_operation_id=str(uuid.UUID(int=7)),
+                last_pull_at_utc=pulled,
+                last_success_at_utc=pulled,
+                reachable=True,
+                pinned=False,
+                rows_pulled=12,
+            )
+        )
+    answer = console.get("/sites")
+    assert answer.status_code == 200, answer.text
+    assert "2026-12-04 09:30:01.1234567 UTC" in answer.text
 
 
 def test_the_trends_are_drawn_from_the_kpi_history(

@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 import jinja2
 
 from controlroom.db.tables import FailedMessageStatus
+from controlroom.telemetry.stamps import Stamp
 
 STATUS_LABELS: dict[FailedMessageStatus, str] = {
     FailedMessageStatus.UNRESOLVED: "Unresolved",
@@ -20,16 +21,23 @@ STATUS_LABELS: dict[FailedMessageStatus, str] = {
 }
 
 
-def utc(instant: datetime | None) -> str:
-    """``2026-12-01 13:26:41 UTC``; an empty string for ``None``."""
+def utc(instant: datetime | Stamp | None) -> str:
+    """``2026-12-01 13:26:41 UTC``; a site's stamp (``Stamp``) to its 100 ns, as sites send
+    it (``2026-12-01 13:26:41.1234567 UTC``); an empty string for ``None``."""
     if instant is None:
         return ""
-    utc = instant.astimezone(UTC)
-    return f"{utc.year:04d}-{utc:%m-%d %H:%M:%S} UTC"  # not %Y: four digits always
+    if isinstance(instant, Stamp):
+        moment = instant.instant
+        fraction = f".{moment.microsecond:06d}{instant.tick}"
+    else:
+        moment, fraction = instant.astimezone(UTC), ""
+    return f"{moment.year:04d}-{moment:%m-%d %H:%M:%S}{fraction} UTC"  # not %Y: four digits
 
 
-def iso(instant: datetime | None) -> str:
+def iso(instant: datetime | Stamp | None) -> str:
     """ISO 8601 UTC for a ``<time datetime=...>`` attribute."""
+    if isinstance(instant, Stamp):
+        return instant.isoformat()
     return "" if instant is None else instant.astimezone(UTC).isoformat()
 
 
