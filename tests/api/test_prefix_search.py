@@ -81,8 +81,8 @@ def test_the_console_says_why_nothing_matched(
     assert page.status_code == 200
     # Widened too: "zebra" matched nothing whole.
     assert (
-        "no message contains a word starting with “invalidop” and a word starting with “zebra”"
-        in page.text
+        "no message contains all of: a word starting with “invalidop”; a word starting with "
+        "“zebra”" in page.text
     )
     whole = client.get("/messages", params={"q": "InvalidOperationException", "status": ""})
     assert 'data-testid="search-note"' not in whole.text

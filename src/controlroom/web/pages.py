@@ -217,10 +217,11 @@ def search_note(found: SearchPage) -> str:
     (terms,) = query.alternatives or (SearchTerms(),)
     wanted = [f"the word {_quoted([word])}" for word in terms.words]
     wanted += [f"a word starting with {_quoted([prefix])}" for prefix in terms.prefixes]
+    together = f"all of: {'; '.join(wanted)}" if len(wanted) > 1 else wanted[0]
     return (
-        f"Nothing matched: no message contains {' and '.join(wanted)}. Every word must "
-        f"occur; end a word of {MIN_PREFIX_CHARS} or more characters with * to find the "
-        "words that start with it."
+        f"Nothing matched: no message contains {together}. Every word must occur in "
+        f"one message; end a word of {MIN_PREFIX_CHARS} or more characters with * to find "
+        "the words that start with it."
     )
 
 
