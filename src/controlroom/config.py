@@ -266,7 +266,8 @@ class RecipientList(BaseModel):
 
 class NotificationRule(BaseModel):
     """A rule: event log items of ``event_types`` (optionally only those related to
-    ``related_to``, e.g. ``/site/plant-7``) make one notification per ``window`` to
+    ``related_to``, e.g. ``/site/plant-7``, to an ``endpoint``, a failure ``group`` or a
+    ``site``, and at least ``min_severity``) make one notification per ``window`` to
     ``target`` over ``channel``, saying how many there were (docs/design.md "Notification
     rules")."""
 
@@ -275,6 +276,12 @@ class NotificationRule(BaseModel):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
     event_types: list[str] = Field(min_length=1, description="Event types it reacts to.")
     related_to: str | None = Field(None, description="Only events related to this path.")
+    endpoint: str | None = Field(None, description="Only events related to this endpoint.")
+    group: str | None = Field(None, description="Only events related to this failure group.")
+    site: str | None = Field(None, description="Only events related to this site.")
+    min_severity: Literal["info", "warning", "error", "critical"] = Field(
+        "info", description="Only events at least this severe (the event log's severities)."
+    )
     channel: Literal["Email", "Webhook"]
     target: str = Field(min_length=1, max_length=256, description="Webhook or list name.")
     severity: Literal["Info", "Warning", "Error", "Critical"] = "Warning"
