@@ -13,7 +13,14 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-from controlroom.events import Category, Severity, message_path, record_event
+from controlroom.events import (
+    Category,
+    Severity,
+    endpoint_path,
+    group_path,
+    message_path,
+    record_event,
+)
 
 RELATED_LIMIT = 50
 """Ids listed in ``related_to`` at most; the description carries the full count."""
@@ -210,4 +217,20 @@ def endpoint_monitoring_changed(
         event_type="MonitoringEnabledForEndpoint" if monitored else "MonitoringDisabledForEndpoint",
         raised_at=now,
         related_to=[f"/endpoint/{endpoint_id}"],
+    )
+
+
+def failure_group_appeared(
+    conn: sa.Connection, group_id: str, title: str, *, endpoint: str, messages: int, now: datetime
+) -> None:
+    """A failure group got its first messages (``messages`` of them in this batch; its
+    first one failed in ``endpoint``)."""
+    record_event(
+        conn,
+        description=f"a new failure group appeared with {messages} messages: {title}",
+        severity=Severity.WARNING,
+        category=Category.MESSAGE_FAILURES,
+        event_type="FailureGroupAppeared",
+        raised_at=now,
+        related_to=[group_path(group_id), endpoint_path(endpoint)],
     )

@@ -43,10 +43,11 @@ from controlroom.errors.ingest.upsert import (
     counted_failure_times,
     upsert_failed_messages,
 )
-from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
+from controlroom.errors.model import FailedAttempt, FailedImport, FailureGroup, KnownEndpoint
 from controlroom.runtime.clock import Clock, utc_now
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class IngestionBatch:
@@ -124,7 +125,7 @@ class FailedMessageBatchWriter:
             ]
             stored = upsert_failed_messages(conn, self._provider, rows)
             self._release_claims_of_new_failures(conn, stored)
-            self._replace_groups(conn, folded, stored)
+            self._replace_groups(conn, folded, stored, now)
             self._provider.insert_rows_if_absent(
                 conn,
                 known_endpoints,
@@ -194,10 +195,13 @@ class FailedMessageBatchWriter:
         conn: sa.Connection,
         folded: Sequence[FoldedMessage],
         stored: Sequence[sa.Row[*tuple[Any, ...]]],
+        now: datetime,
     ) -> None:
         """Step 2: messages whose stored attempt is now this batch's get its groups (a row
         the upsert skipped, bringing nothing new, is not in ``stored``), each group row
-        with its copies of the message's columns (``group_rows_statement``)."""
+        with its copies of the message's columns (``group_rows_statement``). A group
+        that had no row before is announced (``FailureGroupAppeared``,
+        ``new_groups``)."""
         stored_attempt = {row.id: row.last_failure_at for row in stored}
         winners = [
             message
@@ -226,10 +230,29 @@ class FailedMessageBatchWriter:
             for group in message.winner.groups
         ]
         if group_rows:
+            fresh = self._new_groups(conn, winners)
             conn.execute(
                 group_rows_statement(self._provider),
                 self._provider.bound_rows_parameters(GROUP_ROW_KEYS, group_rows),
             )
+            for group, endpoint, count in fresh:
+                activity.failure_group_appeared(
+                    conn, group.id, group.title, endpoint=endpoint, messages=count, now=now
+                )
+
+    def _new_groups(
+        self, conn: sa.Connection, winners: Sequence[FoldedMessage]
+    ) -> list[tuple[FailureGroup, str, int]]:
+        """The batch's groups with no row yet, each with the receiving endpoint of its
+        first message and how many of the batch's messages it takes (``new_groups``)."""
+        seen: dict[str, tuple[FailureGroup, str, int]] = {}
+        for message in winners:
+            for group in message.winner.groups:
+                first, endpoint, count = seen.get(
+                    group.id, (group, message.winner.receiving_endpoint, 0)
+                )
+                seen[group.id] = (first, endpoint, count + 1)
+        return [seen[group_id] for group_id in new_groups(conn, self._provider, sorted(seen))]
 
     def _resolve_confirmed_retries(
         self, conn: sa.Connection, unique_message_ids: Sequence[str], now: datetime
@@ -252,6 +275,21 @@ class FailedMessageBatchWriter:
                     failed_message_retries.c.failed_message_id.in_(id_chunk)
                 )
             )
+
+
+def new_groups(conn: sa.Connection, provider: Provider, group_ids: Sequence[str]) -> list[str]:
+    """Those of ``group_ids`` with no row in ``failed_message_groups``: one statement of
+    a fixed text, an index probe per id (``ix_failed_message_groups_group_id_status_first``).
+    Two batches committing a group's first rows at once may both find it new
+    (docs/design.md "Notification rules")."""
+    known = set(
+        conn.execute(
+            sa.select(failed_message_groups.c.group_id)
+            .where(provider.is_one_of(failed_message_groups.c.group_id, list(group_ids)))
+            .distinct()
+        ).scalars()
+    )
+    return [group_id for group_id in group_ids if group_id not in known]
 
 
 GROUP_ROW_KEYS = ("failed_message_id", "group_id", "classifier", "title")

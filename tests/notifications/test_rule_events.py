@@ -1,0 +1,92 @@
+"""Each kind of event Controlroom raises for its rules, on every provider: written in the
+transaction that did it, it makes one notification of a rule naming it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from controlroom.config import NotificationSettings, Settings
+from controlroom.db.tables import event_log_items, notifications
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.events import subscribe
+from controlroom.notifications.rules import apply_rules
+from tests.factories import at, attempt
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+NOW = datetime(2026, 12, 4, 8, 0, tzinfo=UTC)
+
+
+def outbox(event_type: str, **filters: Any) -> NotificationSettings:
+    return Settings(
+        notifications={
+            "webhooks": [{"name": "ops", "url": "http://127.0.0.1:9/x", "secret": SECRET}],
+            "rules": [
+                {
+                    "name": "watch",
+                    "event_types": [event_type],
+                    "channel": "Webhook",
+                    "target": "ops",
+                    **filters,
+                }
+            ],
+        }
+    ).notifications
+
+
+Ruled = Callable[..., sa.Engine]
+
+
+@pytest.fixture
+def ruled(engine: sa.Engine) -> Iterator[Ruled]:
+    unsubscribes: list[Callable[[], None]] = []
+
+    def rule(event_type: str, **filters: Any) -> sa.Engine:
+        unsubscribes.append(subscribe(engine, partial(apply_rules, outbox(event_type, **filters))))
+        return engine
+
+    yield rule
+    for unsubscribe in unsubscribes:
+        unsubscribe()
+
+
+def notified(engine: sa.Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.select(notifications)).all())
+
+
+def events_of(engine: sa.Engine, event_type: str) -> list[Any]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.select(event_log_items).where(event_log_items.c.event_type == event_type)
+            ).all()
+        )
+
+
+def test_a_new_failure_group_is_one_event_and_one_notification(ruled: Ruled) -> None:
+    engine = ruled("FailureGroupAppeared", endpoint="Sales")
+    writer = FailedMessageBatchWriter(engine, clock=lambda: NOW)
+    same = "timeout talking to the bank"
+    writer.write(
+        IngestionBatch(attempts=[attempt(n, at(n), exception_message=same) for n in range(3)])
+    )
+    writer.write(IngestionBatch(attempts=[attempt(3, at(3), exception_message=same)]))
+    (event,) = events_of(engine, "FailureGroupAppeared")
+    assert "3 messages" in event.description and same in event.description
+    (row,) = notified(engine)
+    assert (row.source, row.event_count) == ("rule:watch", 1)
+
+
+def test_a_new_group_of_another_endpoint_does_not_fire_a_rule_on_sales(ruled: Ruled) -> None:
+    engine = ruled("FailureGroupAppeared", endpoint="Sales")
+    FailedMessageBatchWriter(engine, clock=lambda: NOW).write(
+        IngestionBatch(attempts=[attempt(0, at(0), endpoint="Billing")])
+    )
+    assert len(events_of(engine, "FailureGroupAppeared")) == 1
+    assert notified(engine) == []
