@@ -47,6 +47,7 @@ class Category(enum.StrEnum):
     FAILED_IMPORTS = "FailedImports"
     SITE_CALLS = "SiteCalls"
     NOTIFICATIONS = "Notifications"
+    INGESTION = "Ingestion"
 
 
 MAX_DESCRIPTION = 4000
@@ -176,6 +177,11 @@ def group_path(group_id: str) -> str:
 def site_path(site_id: str) -> str:
     """The ``related_to`` entry of a site."""
     return f"/site/{site_id}"
+
+
+def intake_path(queue: str) -> str:
+    """The ``related_to`` entry of an intake, by its queue."""
+    return f"/queue/{queue}"
 
 
 SEVERITY_ORDER: tuple[Severity, ...] = tuple(Severity)

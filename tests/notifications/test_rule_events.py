@@ -13,9 +13,11 @@ import sqlalchemy as sa
 
 from controlroom.config import NotificationSettings, Settings
 from controlroom.db.tables import event_log_items, notifications
+from controlroom.errors.ingest.pipeline import report_transition
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.events import subscribe
 from controlroom.notifications.rules import apply_rules
+from controlroom.runtime.intake_health import IntakeHealth
 from tests.factories import at, attempt
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -90,3 +92,24 @@ def test_a_new_group_of_another_endpoint_does_not_fire_a_rule_on_sales(ruled: Ru
     )
     assert len(events_of(engine, "FailureGroupAppeared")) == 1
     assert notified(engine) == []
+
+
+def test_an_intake_stall_is_one_event_on_the_change_and_one_notification(ruled: Ruled) -> None:
+    engine = ruled("IntakeStalled")
+    clock = [0.0]
+    health = IntakeHealth(
+        "error queue intake", "error", stall_seconds=60, monotonic=lambda: clock[0]
+    )
+    health.observed_depth(500)
+    assert not report_transition(engine, health)  # waiting, not stalled yet
+    clock[0] = 61.0
+    assert report_transition(engine, health)
+    assert not report_transition(engine, health)  # still stalled: no second event
+    (event,) = events_of(engine, "IntakeStalled")
+    assert "nothing stored for 61 s" in event.description
+    (row,) = notified(engine)
+    assert row.event_count == 1
+    health.stored()
+    assert report_transition(engine, health)
+    assert len(events_of(engine, "IntakeRecovered")) == 1
+    assert len(notified(engine)) == 1
