@@ -6,10 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from controlroom.config import NotificationSettings, Settings
 from controlroom.db.tables import event_log_items, notifications
@@ -18,7 +21,10 @@ from controlroom.errors.ingest.writer import FailedMessageBatchWriter, Ingestion
 from controlroom.events import subscribe
 from controlroom.notifications.rules import apply_rules
 from controlroom.runtime.intake_health import IntakeHealth
+from controlroom.sitecalls.reconciliation import Reconciler
 from tests.factories import at, attempt
+from tests.reconciliation.harness import central_settings, site_entry
+from tests.site.http import serving
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 NOW = datetime(2026, 12, 4, 8, 0, tzinfo=UTC)
@@ -113,3 +119,31 @@ def test_an_intake_stall_is_one_event_on_the_change_and_one_notification(ruled: 
     assert report_transition(engine, health)
     assert len(events_of(engine, "IntakeRecovered")) == 1
     assert len(notified(engine)) == 1
+
+
+def test_a_site_becoming_unreachable_is_one_event_and_one_notification(
+    ruled: Ruled, database_url: str, tmp_path: Path
+) -> None:
+    engine = ruled("SiteUnreachable", site="plant-7")
+    answers = {"up": False}
+    site = FastAPI()
+
+    @site.get("/site/tracking/changes")
+    def changes() -> JSONResponse:
+        if not answers["up"]:
+            return JSONResponse({"detail": "down"}, status_code=503)
+        return JSONResponse({"rows": [], "more_available": False})
+
+    with serving(site) as url:
+        settings = central_settings(database_url, tmp_path, [site_entry("plant-7", url)])
+        reconciler = Reconciler(settings, engine, clock=lambda: NOW)
+        (configured,) = settings.sites
+        for _ in range(2):
+            assert reconciler.reconcile_site(configured).error is not None
+        answers["up"] = True
+        assert reconciler.reconcile_site(configured).error is None
+    (event,) = events_of(engine, "SiteUnreachable")
+    assert "/site/plant-7" in event.related_to_json
+    assert len(events_of(engine, "SiteReachable")) == 1
+    (row,) = notified(engine)
+    assert (row.source, row.event_count) == ("rule:watch", 1)
