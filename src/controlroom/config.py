@@ -121,6 +121,18 @@ class KpiSettings(BaseModel):
     )
     sample_seconds: float = Field(60.0, gt=0, description="How often KPIs are sampled.")
     history_days: int = Field(90, ge=1, description="How long KPI samples are kept.")
+    alert_parked: int = Field(
+        1,
+        ge=1,
+        description="Parked site calls (globally, or of one site) whose reaching raises "
+        "ParkedSiteCallsPassedThreshold at the sample that sees it.",
+    )
+    alert_stuck: int = Field(
+        1,
+        ge=1,
+        description="Stuck site calls (globally, or of one site) whose reaching raises "
+        "StuckSiteCallsPassedThreshold at the sample that sees it.",
+    )
 
 
 class ConfiguredSite(BaseModel):

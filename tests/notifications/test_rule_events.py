@@ -3,8 +3,9 @@ transaction that did it, it makes one notification of a rule naming it."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,13 @@ from controlroom.errors.ingest.writer import FailedMessageBatchWriter, Ingestion
 from controlroom.events import subscribe
 from controlroom.notifications.rules import apply_rules
 from controlroom.runtime.intake_health import IntakeHealth
+from controlroom.sitecalls.history import take_sample
 from controlroom.sitecalls.reconciliation import Reconciler
+from controlroom.sitecalls.writer import SiteCallWriter
 from tests.factories import at, attempt
 from tests.reconciliation.harness import central_settings, site_entry
 from tests.site.http import serving
+from tests.sitecalls.packets import packet, write
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 NOW = datetime(2026, 12, 4, 8, 0, tzinfo=UTC)
@@ -147,3 +151,29 @@ def test_a_site_becoming_unreachable_is_one_event_and_one_notification(
     assert len(events_of(engine, "SiteReachable")) == 1
     (row,) = notified(engine)
     assert (row.source, row.event_count) == ("rule:watch", 1)
+
+
+@pytest.mark.parametrize(
+    ("status", "metric", "event_type"),
+    [
+        ("Parked", "parked", "ParkedSiteCallsPassedThreshold"),
+        ("Attempted", "stuck", "StuckSiteCallsPassedThreshold"),  # created days before NOW
+    ],
+)
+def test_parked_or_stuck_site_calls_reaching_the_threshold_is_one_event_per_crossing(
+    ruled: Ruled, tmp_path: Path, status: str, metric: str, event_type: str
+) -> None:
+    engine = ruled(event_type, site="site-a")
+    settings = Settings(data_dir=tmp_path, kpi={f"alert_{metric}": 2})
+    writer = SiteCallWriter(engine)
+    calls = [packet(status, op_id=str(uuid.uuid4())) for _ in range(3)]
+    write(writer, calls[0])
+    take_sample(engine, settings, NOW)  # one: below
+    write(writer, *calls[1:])
+    take_sample(engine, settings, NOW + timedelta(minutes=1))  # three: crossed
+    take_sample(engine, settings, NOW + timedelta(minutes=2))  # still above: nothing
+    crossings = events_of(engine, event_type)
+    assert sorted(event.related_to_json for event in crossings) == ['["/site/site-a"]', "[]"]
+    assert all(f"3 {metric} site calls" in event.description for event in crossings)
+    (row,) = notified(engine)  # the rule of site-a's: the global crossing is not its
+    assert row.event_count == 1
