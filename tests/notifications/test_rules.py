@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 
 from controlroom.config import NotificationSettings, Settings
-from controlroom.db.tables import event_log_items, notifications
+from controlroom.db.tables import event_log_items, notifications, rejected_telemetry
 from controlroom.db.transactions import begin_write
 from controlroom.events import Severity, record_event, subscribe
 from controlroom.notifications.rules import apply_rules
@@ -168,3 +168,26 @@ def test_a_rule_filters_by_endpoint_group_site_and_severity(
 def test_a_rule_naming_a_target_not_configured_is_refused_at_start() -> None:
     with pytest.raises(ValidationError, match="rules: rule 'given-up' names Webhook target"):
         outbox(target="nobody")
+
+
+def test_a_rendering_the_store_refuses_is_kept_whole_and_the_event_commits(
+    engine: sa.Engine,
+) -> None:
+    settings = outbox()
+    # Settings cannot name a rule this long; a rendering can still outgrow a column.
+    bad = settings.rules[0].model_copy(update={"name": "r" * 300})
+    unsubscribe = subscribe(
+        engine, partial(apply_rules, settings.model_copy(update={"rules": [bad]}))
+    )
+    try:
+        with begin_write(engine) as conn:
+            event(conn, START)
+    finally:
+        unsubscribe()
+    assert rows(engine) == []
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(event_log_items)).scalar() == 1
+        (kept,) = conn.execute(sa.select(rejected_telemetry)).all()
+    assert kept.source == "notification:rule"  # the name is too long for the column
+    assert kept.reason.startswith("source: 305 characters")
+    assert json.loads(kept.packet)["subject"].startswith("r" * 300)

@@ -12,12 +12,14 @@ at the window's end; each later one counts itself into it (subject, body and web
 payload say how many) while it has not been claimed. An event that comes when its
 window's notification is already claimed or done goes to the next window's (and so on):
 it is never in the event log only. A storm of 10,000 events is one notification saying
-10,000.
+10,000. A rendering the store refuses is kept whole with the reason (``keep_rejected``)
+and the event commits.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
@@ -32,7 +34,13 @@ from controlroom.events import (
     site_path,
 )
 from controlroom.notifications.lifecycle import Status
-from controlroom.notifications.store import NewNotification, enqueue, webhook_payload
+from controlroom.notifications.store import (
+    NewNotification,
+    NotificationRejected,
+    enqueue,
+    keep_rejected,
+    webhook_payload,
+)
 
 nc = notifications.c
 
@@ -106,7 +114,12 @@ def _count_into(
     """Enqueue or count ``event`` into ``rule``'s notification of ``start``-``end``;
     ``False`` when that one is claimed or done already."""
     first = notification_of(rule, event, 1, start, end)
-    stored = enqueue(conn, first, now=event.raised_at, due_at=end, event_count=1)
+    try:
+        stored = enqueue(conn, first, now=event.raised_at, due_at=end, event_count=1)
+    except NotificationRejected as exc:
+        # Kept, never raised: a rule's fault must not undo the change the event records.
+        keep_rejected(conn, first.source, asdict(first), str(exc), now=event.raised_at)
+        return True
     if stored.created:
         return True
     unsent = sa.and_(

@@ -348,11 +348,21 @@ def _record_reachability(
 ) -> None:
     """Raise ``SiteUnreachable`` (with the pass's error) or ``SiteReachable``."""
     if reachable:
-        severity, event_type = Severity.INFO, "SiteReachable"
         description = f"Site {site_id} answers reconciliation again"
+        _site_event(conn, site_id, Severity.INFO, "SiteReachable", description, now)
     else:
-        severity, event_type = Severity.ERROR, "SiteUnreachable"
         description = f"Site {site_id} is unreachable: {error}"
+        _site_event(conn, site_id, Severity.ERROR, "SiteUnreachable", description, now)
+
+
+def _site_event(
+    conn: sa.Connection,
+    site_id: str,
+    severity: Severity,
+    event_type: str,
+    description: str,
+    now: datetime,
+) -> None:
     record_event(
         conn,
         description=description,
@@ -383,15 +393,7 @@ def _record_pin_change(
         description = f"Site {site_id} is no longer pinned: reconciliation advanced to {at}"
         log.info("%s", description)
         severity, event_type = Severity.INFO, "SiteUnpinned"
-    record_event(
-        conn,
-        description=description,
-        severity=severity,
-        category=Category.SITE_CALLS,
-        event_type=event_type,
-        raised_at=now,
-        related_to=[site_path(site_id)],
-    )
+    _site_event(conn, site_id, severity, event_type, description, now)
 
 
 @dataclass(frozen=True, slots=True)
