@@ -48,6 +48,15 @@ class IngestionSettings(BaseModel):
     report_interval_seconds: float = Field(
         10.0, gt=0, description="How often serve logs what ingestion did, while it has work."
     )
+    alert_group_failures_per_hour: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Failures of one group within one clock hour (of their failure time) whose "
+            "reaching raises GroupFailuresPassedThreshold in the batch that reaches it; "
+            "none: not watched."
+        ),
+    )
     stall_seconds: float = Field(
         300.0,
         gt=0,

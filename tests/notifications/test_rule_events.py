@@ -177,3 +177,18 @@ def test_parked_or_stuck_site_calls_reaching_the_threshold_is_one_event_per_cros
     assert all(f"3 {metric} site calls" in event.description for event in crossings)
     (row,) = notified(engine)  # the rule of site-a's: the global crossing is not its
     assert row.event_count == 1
+
+
+def test_a_groups_failures_reaching_the_hourly_threshold_is_one_event(ruled: Ruled) -> None:
+    engine = ruled("GroupFailuresPassedThreshold")
+    writer = FailedMessageBatchWriter(engine, clock=lambda: NOW, alert_group_failures=5)
+    same = "deadlock victim"
+    batches = [range(0, 3), range(3, 6), range(6, 9)]  # 3, then 6 (crossed), then 9
+    for batch in batches:
+        writer.write(
+            IngestionBatch(attempts=[attempt(n, at(n), exception_message=same) for n in batch])
+        )
+    (event,) = events_of(engine, "GroupFailuresPassedThreshold")
+    assert event.description.startswith("6 failures in the hour from 2026-01-01T00:00:00")
+    (row,) = notified(engine)
+    assert row.event_count == 1

@@ -9,7 +9,7 @@ messages. Descriptions quote no message content, only ids and counts.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
@@ -250,4 +250,21 @@ def intake_changed(
         event_type="IntakeStalled" if reason is not None else "IntakeRecovered",
         raised_at=now,
         related_to=[intake_path(queue)],
+    )
+
+
+def group_failures_passed(
+    conn: sa.Connection, group_id: str, title: str, *, failures: int, hour: int, now: datetime
+) -> None:
+    """A group's failures within one clock hour (``hour``: whole hours since 1970 UTC)
+    reached ``ingestion.alert_group_failures_per_hour``."""
+    started = datetime.fromtimestamp(hour * 3600, UTC).isoformat()
+    record_event(
+        conn,
+        description=f"{failures} failures in the hour from {started} of group {title}",
+        severity=Severity.ERROR,
+        category=Category.MESSAGE_FAILURES,
+        event_type="GroupFailuresPassedThreshold",
+        raised_at=now,
+        related_to=[group_path(group_id)],
     )

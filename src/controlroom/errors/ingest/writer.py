@@ -29,6 +29,7 @@ from controlroom.db.tables import (
     FailedMessageStatus,
     body_deletions,
     failed_error_imports,
+    failed_message_group_hours,
     failed_message_groups,
     failed_message_retries,
     failed_messages,
@@ -77,11 +78,14 @@ class FailedMessageBatchWriter:
         retrying: tenacity.Retrying | None = None,
         clock: Clock = utc_now,
         body_store: BodyStore | None = None,
+        alert_group_failures: int | None = None,
     ) -> None:
         """``body_store``: where the batch's external bodies were put; without one the
-        writer cannot guard them against the body collector (tests that never sweep)."""
+        writer cannot guard them against the body collector (tests that never sweep).
+        ``alert_group_failures``: ``ingestion.alert_group_failures_per_hour``."""
         self._engine = engine
         self._body_store = body_store
+        self._alert_group_failures = alert_group_failures
         self._provider = provider_for(engine)
         self._retrying = retrying or retry_transient()
         self._clock = clock
@@ -239,6 +243,27 @@ class FailedMessageBatchWriter:
                 activity.failure_group_appeared(
                     conn, group.id, group.title, endpoint=endpoint, messages=count, now=now
                 )
+            if self._alert_group_failures is not None:
+                self._raise_crossings(conn, winners, self._alert_group_failures, now)
+
+    def _raise_crossings(
+        self, conn: sa.Connection, winners: Sequence[FoldedMessage], threshold: int, now: datetime
+    ) -> None:
+        """``GroupFailuresPassedThreshold`` for each (group, hour) whose failures this
+        batch brought from below ``threshold`` to it or past it: one grouped read of the
+        hour counters the batch's inserts just wrote (``group_hours_reached``)."""
+        added: dict[tuple[str, int], int] = {}
+        titles: dict[str, str] = {}
+        for message in winners:
+            hour = int(message.last_failure_at.timestamp() // 3600)
+            for group in message.winner.groups:
+                added[group.id, hour] = added.get((group.id, hour), 0) + 1
+                titles[group.id] = group.title
+        for (group_id, hour), total in group_hours_reached(conn, self._provider, added):
+            if total - added[group_id, hour] < threshold <= total:
+                activity.group_failures_passed(
+                    conn, group_id, titles[group_id], failures=total, hour=hour, now=now
+                )
 
     def _new_groups(
         self, conn: sa.Connection, winners: Sequence[FoldedMessage]
@@ -275,6 +300,31 @@ class FailedMessageBatchWriter:
                     failed_message_retries.c.failed_message_id.in_(id_chunk)
                 )
             )
+
+
+def group_hours_reached(
+    conn: sa.Connection, provider: Provider, added: dict[tuple[str, int], int]
+) -> list[tuple[tuple[str, int], int]]:
+    """The failures counted now (this transaction's included) of each (group id, hour)
+    of ``added``: one statement along ``ix_failed_message_group_hours_group_id_hour``.
+    Two batches of one group committing at once on PostgreSQL may each count below the
+    other's share, so a crossing between them goes unannounced (docs/design.md
+    "Notification rules")."""
+    hours = failed_message_group_hours.c
+    group_ids = sorted({group_id for group_id, _ in added})
+    rows = conn.execute(
+        sa.select(hours.group_id, hours.hour, sa.func.sum(hours.n))
+        .where(
+            provider.is_one_of(hours.group_id, group_ids),
+            hours.hour.in_(sorted({hour for _, hour in added})),
+        )
+        .group_by(hours.group_id, hours.hour)
+    ).all()
+    return [
+        ((group_id, int(hour)), int(total))
+        for group_id, hour, total in rows
+        if (group_id, int(hour)) in added
+    ]
 
 
 def new_groups(conn: sa.Connection, provider: Provider, group_ids: Sequence[str]) -> list[str]:
