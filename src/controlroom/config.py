@@ -48,6 +48,15 @@ class IngestionSettings(BaseModel):
     report_interval_seconds: float = Field(
         10.0, gt=0, description="How often serve logs what ingestion did, while it has work."
     )
+    alert_group_failures_per_hour: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Failures of one group within one clock hour (of their failure time) whose "
+            "reaching raises GroupFailuresPassedThreshold in the batch that reaches it; "
+            "none: not watched."
+        ),
+    )
     stall_seconds: float = Field(
         300.0,
         gt=0,
@@ -133,6 +142,18 @@ class KpiSettings(BaseModel):
     )
     sample_seconds: float = Field(60.0, gt=0, description="How often KPIs are sampled.")
     history_days: int = Field(90, ge=1, description="How long KPI samples are kept.")
+    alert_parked: int = Field(
+        1,
+        ge=1,
+        description="Parked site calls (globally, or of one site) whose reaching raises "
+        "ParkedSiteCallsPassedThreshold at the sample that sees it.",
+    )
+    alert_stuck: int = Field(
+        1,
+        ge=1,
+        description="Stuck site calls (globally, or of one site) whose reaching raises "
+        "StuckSiteCallsPassedThreshold at the sample that sees it.",
+    )
 
 
 class ConfiguredSite(BaseModel):
@@ -278,7 +299,8 @@ class RecipientList(BaseModel):
 
 class NotificationRule(BaseModel):
     """A rule: event log items of ``event_types`` (optionally only those related to
-    ``related_to``, e.g. ``/site/plant-7``) make one notification per ``window`` to
+    ``related_to``, e.g. ``/site/plant-7``, to an ``endpoint``, a failure ``group`` or a
+    ``site``, and at least ``min_severity``) make one notification per ``window`` to
     ``target`` over ``channel``, saying how many there were (docs/design.md "Notification
     rules")."""
 
@@ -287,6 +309,12 @@ class NotificationRule(BaseModel):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
     event_types: list[str] = Field(min_length=1, description="Event types it reacts to.")
     related_to: str | None = Field(None, description="Only events related to this path.")
+    endpoint: str | None = Field(None, description="Only events related to this endpoint.")
+    group: str | None = Field(None, description="Only events related to this failure group.")
+    site: str | None = Field(None, description="Only events related to this site.")
+    min_severity: Literal["info", "warning", "error", "critical"] = Field(
+        "info", description="Only events at least this severe (the event log's severities)."
+    )
     channel: Literal["Email", "Webhook"]
     target: str = Field(min_length=1, max_length=256, description="Webhook or list name.")
     severity: Literal["Info", "Warning", "Error", "Critical"] = "Warning"

@@ -47,6 +47,7 @@ class Category(enum.StrEnum):
     FAILED_IMPORTS = "FailedImports"
     SITE_CALLS = "SiteCalls"
     NOTIFICATIONS = "Notifications"
+    INGESTION = "Ingestion"
 
 
 MAX_DESCRIPTION = 4000
@@ -161,3 +162,32 @@ def _item(row: sa.Row[*tuple[Any, ...]]) -> EventLogItem:
 def message_path(failed_message_id: str) -> str:
     """The ``related_to`` entry of a failed message."""
     return f"/message/{failed_message_id}"
+
+
+def endpoint_path(endpoint: str) -> str:
+    """The ``related_to`` entry of an endpoint, by its name."""
+    return f"/endpoint/{endpoint}"
+
+
+def group_path(group_id: str) -> str:
+    """The ``related_to`` entry of a failure group."""
+    return f"/group/{group_id}"
+
+
+def site_path(site_id: str) -> str:
+    """The ``related_to`` entry of a site."""
+    return f"/site/{site_id}"
+
+
+def intake_path(queue: str) -> str:
+    """The ``related_to`` entry of an intake, by its queue."""
+    return f"/queue/{queue}"
+
+
+SEVERITY_ORDER: tuple[Severity, ...] = tuple(Severity)
+"""Severities from the least to the most severe."""
+
+
+def at_least(severity: Severity, floor: Severity | str) -> bool:
+    """``severity`` is ``floor`` or more severe."""
+    return SEVERITY_ORDER.index(severity) >= SEVERITY_ORDER.index(Severity(floor))

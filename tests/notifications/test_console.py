@@ -5,6 +5,7 @@ reload sends nothing); a reader sees no buttons and is refused."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,9 @@ from fastapi.testclient import TestClient
 from controlroom.app import create_app
 from controlroom.config import AuthToken, Settings
 from controlroom.db.tables import audit_log
+from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.notifications.store import keep_rejected
 from tests.notifications.test_api import put
 from tests.web.test_console_http import csrf_of
 
@@ -109,3 +112,25 @@ def test_the_dashboard_shows_the_notification_tiles(console: TestClient, engine:
     assert page.status_code == 200
     tile = page.text.split('data-testid="notification-parked"', 1)[1]
     assert '<span class="figure">1</span>' in tile.split("</a>", 1)[0]
+
+
+def test_rejected_notifications_are_listed_whole_apart_from_telemetry(
+    console: TestClient, engine: sa.Engine
+) -> None:
+    subject = "Pump 3 " + "s" * 300
+    with begin_write(engine) as conn:
+        keep_rejected(
+            conn,
+            "site:plant-7",
+            {"subject": subject},
+            "subject: 307 characters; at most 256",
+            now=datetime.now(UTC),
+        )
+    console.post("/signin", data={"token": OPERATOR})
+    page = console.get("/notifications/rejected")
+    assert page.status_code == 200
+    assert "notification:site:plant-7" in page.text and subject in page.text
+    assert "subject: 307 characters; at most 256" in page.text
+    assert "Re-submit" not in page.text  # a notification is no telemetry
+    telemetry = console.get("/site-calls/rejected")
+    assert "plant-7" not in telemetry.text and "No telemetry has been rejected." in telemetry.text

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 
 from controlroom.config import NotificationSettings, Settings
-from controlroom.db.tables import event_log_items, notifications
+from controlroom.db.tables import event_log_items, notifications, rejected_telemetry
 from controlroom.db.transactions import begin_write
 from controlroom.events import Severity, record_event, subscribe
 from controlroom.notifications.rules import apply_rules
@@ -99,18 +99,95 @@ def test_other_events_and_other_windows(ruled: sa.Engine) -> None:
     assert sorted(row.event_count for row in rows(ruled)) == [1, 1]
 
 
-def test_an_event_after_its_windows_notification_was_attempted_is_not_counted_into_it(
-    ruled: sa.Engine,
+@pytest.mark.parametrize("claimed", ["Delivered", "claimed"])
+def test_an_event_after_its_windows_notification_was_claimed_starts_the_next_windows(
+    ruled: sa.Engine, claimed: str
 ) -> None:
     with begin_write(ruled) as conn:
         event(conn, START)
-        conn.execute(sa.update(notifications).values(status="Delivered"))
+        if claimed == "claimed":
+            conn.execute(sa.update(notifications).values(claim_token="a-dispatcher"))
+        else:
+            conn.execute(sa.update(notifications).values(status=claimed))
     with begin_write(ruled) as conn:
         event(conn, START + timedelta(minutes=1))
-    (row,) = rows(ruled)
-    assert (row.event_count, row.status) == (1, "Delivered")
+    with begin_write(ruled) as conn:
+        event(conn, START + timedelta(minutes=2))
+    first, late = sorted(rows(ruled), key=lambda row: row.next_attempt_at_utc)
+    assert first.event_count == 1
+    assert (late.event_count, late.status) == (2, "Pending")
+    assert late.next_attempt_at_utc == START + timedelta(minutes=20)  # the next window's end
+    assert late.subject == "given-up: 2 events"
+
+
+def test_a_late_event_walks_past_every_window_already_sent(ruled: sa.Engine) -> None:
+    for minutes in (0, 10):
+        with begin_write(ruled) as conn:
+            event(conn, START + timedelta(minutes=minutes))
+            conn.execute(sa.update(notifications).values(status="Delivered"))
+    with begin_write(ruled) as conn:
+        event(conn, START + timedelta(minutes=1))
+    pending = [row for row in rows(ruled) if row.status == "Pending"]
+    assert [row.next_attempt_at_utc for row in pending] == [START + timedelta(minutes=30)]
+
+
+@pytest.mark.parametrize(
+    ("rule", "related_to", "severity", "fires"),
+    [
+        ({"endpoint": "Sales"}, ["/endpoint/Sales"], Severity.ERROR, True),
+        ({"endpoint": "Sales"}, ["/endpoint/Billing"], Severity.ERROR, False),
+        ({"group": "g1"}, ["/group/g1", "/endpoint/Sales"], Severity.ERROR, True),
+        ({"group": "g1"}, ["/group/g2"], Severity.ERROR, False),
+        ({"site": "plant-7"}, ["/site/plant-7"], Severity.WARNING, True),
+        ({"site": "plant-7"}, ["/site/plant-8"], Severity.WARNING, False),
+        ({"min_severity": "error"}, [], Severity.WARNING, False),
+        ({"min_severity": "error"}, [], Severity.CRITICAL, True),
+        ({"site": "plant-7", "min_severity": "error"}, ["/site/plant-7"], Severity.INFO, False),
+    ],
+)
+def test_a_rule_filters_by_endpoint_group_site_and_severity(
+    engine: sa.Engine, rule: dict[str, str], related_to: list[str], severity: Severity, fires: bool
+) -> None:
+    unsubscribe = subscribe(engine, partial(apply_rules, outbox(**rule)))
+    try:
+        with begin_write(engine) as conn:
+            record_event(
+                conn,
+                description="something happened",
+                severity=severity,
+                category="Recoverability",
+                event_type="RetryBatchGivenUp",
+                raised_at=START,
+                related_to=related_to,
+            )
+    finally:
+        unsubscribe()
+    assert len(rows(engine)) == (1 if fires else 0)
 
 
 def test_a_rule_naming_a_target_not_configured_is_refused_at_start() -> None:
     with pytest.raises(ValidationError, match="rules: rule 'given-up' names Webhook target"):
         outbox(target="nobody")
+
+
+def test_a_rendering_the_store_refuses_is_kept_whole_and_the_event_commits(
+    engine: sa.Engine,
+) -> None:
+    settings = outbox()
+    # Settings cannot name a rule this long; a rendering can still outgrow a column.
+    bad = settings.rules[0].model_copy(update={"name": "r" * 300})
+    unsubscribe = subscribe(
+        engine, partial(apply_rules, settings.model_copy(update={"rules": [bad]}))
+    )
+    try:
+        with begin_write(engine) as conn:
+            event(conn, START)
+    finally:
+        unsubscribe()
+    assert rows(engine) == []
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(event_log_items)).scalar() == 1
+        (kept,) = conn.execute(sa.select(rejected_telemetry)).all()
+    assert kept.source == "notification:rule"  # the name is too long for the column
+    assert kept.reason.startswith("source: 305 characters")
+    assert json.loads(kept.packet)["subject"].startswith("r" * 300)

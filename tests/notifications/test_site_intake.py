@@ -4,6 +4,7 @@ only the site's own token may post them, for its own site only."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,3 +92,27 @@ def test_only_the_sites_own_token_posts_for_its_own_site(
     assert foreign.status_code == 403 and stored(engine) == []
     own = secured.post("/api/site-notifications", json=[item()], headers=site)
     assert own.json()["accepted"] == [0]
+
+
+def test_a_refused_notification_is_kept_whole_and_listed_apart_from_telemetry(
+    client: TestClient,
+) -> None:
+    subject, target = "é" * 300, "t" * 257
+    long_subject, long_target = item(subject=subject), item(target=target)
+    answer = client.post("/api/site-notifications", json=[long_subject, long_target, item()])
+    assert answer.json()["accepted"] == [2]
+    listed = client.get("/api/notifications/rejected").json()["items"]
+    assert {(row["source"], row["reason"]) for row in listed} == {
+        ("notification:site:plant-7", "subject: 300 characters; at most 256"),
+        ("notification:site:plant-7", "target: 257 characters; at most 256"),
+    }
+    kept = {}
+    for row in listed:
+        whole = client.get(row["packet_url"])
+        assert whole.status_code == 200
+        kept[json.loads(whole.content)["notification_id"]] = json.loads(whole.content)
+    assert kept[long_subject["notification_id"]] == long_subject  # nothing cut
+    assert kept[long_target["notification_id"]]["target"] == target
+    assert client.get("/api/site-calls/rejected").json()["items"] == []
+    for row in listed:  # no telemetry: re-submitting one as telemetry finds nothing
+        assert client.post(f"/api/site-calls/rejected/{row['id']}/resubmit").status_code == 404

@@ -10,7 +10,10 @@ calls' auth matrix (``api.auth``: readers GET, operators POST):
   site's notifications (``notification_id``, ``source_site``, ``channel``, ``target``,
   ``subject``, ``body``, ``severity``), each stored as ``site:<source_site>``, idempotent
   on its id; answers the accepted positions and the rejected ones with a reason naming
-  the field (nothing is truncated).
+  the field (nothing is truncated); a rejected one is kept whole, as posted.
+- ``GET /api/notifications/rejected``: notifications refused, kept whole with the reason
+  (``rejected_telemetry``, source ``notification:...``), newest first, as
+  ``/api/site-calls/rejected`` lists telemetry.
 - ``POST /api/notifications/{id}/retry|discard`` (operator): ``{"outcome", "status",
   "message"}``: Applied 200, NotParked 409 (with the current status), 404 "notification
   not found" when no row exists (e.g. purged); an audit event only when applied.
@@ -28,6 +31,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from controlroom.api.auth import current_principal, refuse_foreign_packets
+from controlroom.api.sitecalls import BAD_REQUEST, RejectedPage, rejected_page
 from controlroom.config import Settings
 from controlroom.db.transactions import begin_write
 from controlroom.notifications import queries
@@ -40,6 +44,8 @@ from controlroom.notifications.store import (
     act_on_parked,
     check,
     enqueue,
+    keep_rejected,
+    rejected_source,
 )
 
 router = APIRouter(tags=["notifications"])
@@ -114,6 +120,16 @@ class ActionView(BaseModel):
 def _engine(request: Request) -> sa.Engine:
     engine: sa.Engine = request.app.state.engine
     return engine
+
+
+@router.get("/notifications/rejected", response_model=RejectedPage, responses=BAD_REQUEST)
+def list_rejected_notifications(
+    request: Request, limit: Limit = 50, after: After = None
+) -> dict[str, Any]:
+    """Notifications refused (a site's item as posted, or a rule's rendering), newest
+    first, kept whole with the reason, beside rejected telemetry; each downloads whole
+    at its ``packet_url``."""
+    return rejected_page(request, limit, after, notifications=True)
 
 
 @router.get(
@@ -229,24 +245,23 @@ def post_site_notifications(
     accepted: list[int] = []
     rejected: list[dict[str, Any]] = []
     now = datetime.now(UTC)
-    parsed: list[tuple[int, NewNotification]] = []
-    for index, item in enumerate(items):
-        try:
-            notification = _site_notification(item)
-            check(notification)
-        except NotificationRejected as exc:
-            given = item.get("notification_id") if isinstance(item, dict) else None
-            rejected.append(
-                {
-                    "index": index,
-                    "notification_id": given if isinstance(given, str) else None,
-                    "reason": str(exc),
-                }
-            )
-            continue
-        parsed.append((index, notification))
     with begin_write(_engine(request)) as conn:
-        for index, notification in parsed:
+        for index, item in enumerate(items):
+            try:
+                notification = _site_notification(item)
+                check(notification)
+            except NotificationRejected as exc:
+                site = item.get("source_site") if isinstance(item, dict) else None
+                given = item.get("notification_id") if isinstance(item, dict) else None
+                keep_rejected(conn, rejected_source(site), item, str(exc), now=now)
+                rejected.append(
+                    {
+                        "index": index,
+                        "notification_id": given if isinstance(given, str) else None,
+                        "reason": str(exc),
+                    }
+                )
+                continue
             enqueue(conn, notification, now=now)
             accepted.append(index)
     return {"accepted": accepted, "rejected": rejected}

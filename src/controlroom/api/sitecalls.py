@@ -329,9 +329,19 @@ def site_call_kpis(request: Request, site: Text = None, node: Text = None) -> di
 @router.get("/site-calls/rejected", response_model=RejectedPage, responses=BAD_REQUEST)
 def list_rejected(request: Request, limit: Limit = 50, after: After = None) -> dict[str, Any]:
     """Telemetry packets the contract or the store refused, newest first, kept whole."""
+    return rejected_page(request, limit, after)
+
+
+def rejected_page(
+    request: Request, limit: int, after: str | None, *, notifications: bool = False
+) -> dict[str, Any]:
+    """A ``RejectedPage`` of rejected telemetry, or of rejected notifications
+    (``queries.list_rejected_telemetry``). Raises ``HTTPException`` 400 for a bad cursor."""
     try:
         with _engine(request).connect() as conn:
-            page = queries.list_rejected_telemetry(conn, limit=limit, after=after)
+            page = queries.list_rejected_telemetry(
+                conn, limit=limit, after=after, notifications=notifications
+            )
     except queries.BadCursor as exc:
         raise _bad_cursor(exc) from None
     items = [

@@ -483,7 +483,10 @@ audit_verifications = sa.Table(
     sa.Column("heads_json", sa.Text, comment="month: [place, hash]"),
 )
 
-# A packet the contract or the store refused, kept whole (the bytes as received).
+# A packet the contract or the store refused, kept whole (the bytes as received). A
+# notification refused (docs/design.md "Rejected notifications") is kept here too, its
+# source starting with REJECTED_NOTIFICATION_SOURCE: one retention, one purge, one list.
+REJECTED_NOTIFICATION_SOURCE = "notification:"
 rejected_telemetry = sa.Table(
     "rejected_telemetry",
     metadata,

@@ -9,11 +9,19 @@ messages. Descriptions quote no message content, only ids and counts.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
-from controlroom.events import Category, Severity, message_path, record_event
+from controlroom.events import (
+    Category,
+    Severity,
+    endpoint_path,
+    group_path,
+    intake_path,
+    message_path,
+    record_event,
+)
 
 RELATED_LIMIT = 50
 """Ids listed in ``related_to`` at most; the description carries the full count."""
@@ -210,4 +218,53 @@ def endpoint_monitoring_changed(
         event_type="MonitoringEnabledForEndpoint" if monitored else "MonitoringDisabledForEndpoint",
         raised_at=now,
         related_to=[f"/endpoint/{endpoint_id}"],
+    )
+
+
+def failure_group_appeared(
+    conn: sa.Connection, group_id: str, title: str, *, endpoint: str, messages: int, now: datetime
+) -> None:
+    """A failure group got its first messages (``messages`` of them in this batch; its
+    first one failed in ``endpoint``)."""
+    record_event(
+        conn,
+        description=f"a new failure group appeared with {messages} messages: {title}",
+        severity=Severity.WARNING,
+        category=Category.MESSAGE_FAILURES,
+        event_type="FailureGroupAppeared",
+        raised_at=now,
+        related_to=[group_path(group_id), endpoint_path(endpoint)],
+    )
+
+
+def intake_changed(
+    conn: sa.Connection, *, intake: str, queue: str, reason: str | None, now: datetime
+) -> None:
+    """An intake became degraded (``reason`` says why: a stall or failing writes) or
+    stores again (``reason`` ``None``)."""
+    record_event(
+        conn,
+        description=reason if reason is not None else f"{intake}: storing {queue} again",
+        severity=Severity.ERROR if reason is not None else Severity.INFO,
+        category=Category.INGESTION,
+        event_type="IntakeStalled" if reason is not None else "IntakeRecovered",
+        raised_at=now,
+        related_to=[intake_path(queue)],
+    )
+
+
+def group_failures_passed(
+    conn: sa.Connection, group_id: str, title: str, *, failures: int, hour: int, now: datetime
+) -> None:
+    """A group's failures within one clock hour (``hour``: whole hours since 1970 UTC)
+    reached ``ingestion.alert_group_failures_per_hour``."""
+    started = datetime.fromtimestamp(hour * 3600, UTC).isoformat()
+    record_event(
+        conn,
+        description=f"{failures} failures in the hour from {started} of group {title}",
+        severity=Severity.ERROR,
+        category=Category.MESSAGE_FAILURES,
+        event_type="GroupFailuresPassedThreshold",
+        raised_at=now,
+        related_to=[group_path(group_id)],
     )

@@ -3,36 +3,59 @@ records them (a transactional outbox: no event without its notification, no
 notification without its event), coalesced per window (docs/design.md "Notification
 rules").
 
-A rule (``notifications.rules[]``) matches an event by its type (and, optionally, one
-``related_to`` path). The events of one rule in one window — the rule's ``window``-long
-slots counted from the Unix epoch — make one notification, id derived from the rule
-and the window's start (``source_event_id`` ``window:<start>``). The first event
-enqueues it due at the window's end; each later one counts itself into it (subject,
-body and webhook payload say how many) while it has not been attempted. A storm of
-10,000 events is one notification saying 10,000.
+A rule (``notifications.rules[]``) matches an event by its type and, optionally, its
+``related_to`` paths (one path, an endpoint, a failure group, a site) and a least
+severity. The events of one rule in one window — the rule's ``window``-long slots
+counted from the Unix epoch — make one notification, id derived from the rule and the
+window's start (``source_event_id`` ``window:<start>``). The first event enqueues it due
+at the window's end; each later one counts itself into it (subject, body and webhook
+payload say how many) while it has not been claimed. An event that comes when its
+window's notification is already claimed or done goes to the next window's (and so on):
+it is never in the event log only. A storm of 10,000 events is one notification saying
+10,000. A rendering the store refuses is kept whole with the reason (``keep_rejected``)
+and the event commits.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 
 from controlroom.config import NotificationRule, NotificationSettings
 from controlroom.db.tables import notifications
-from controlroom.events import EventLogItem
+from controlroom.events import (
+    EventLogItem,
+    at_least,
+    endpoint_path,
+    group_path,
+    site_path,
+)
 from controlroom.notifications.lifecycle import Status
-from controlroom.notifications.store import NewNotification, enqueue, webhook_payload
+from controlroom.notifications.store import (
+    NewNotification,
+    NotificationRejected,
+    enqueue,
+    keep_rejected,
+    webhook_payload,
+)
 
 nc = notifications.c
 
 
 def matches(rule: NotificationRule, event: EventLogItem) -> bool:
     """``event`` is one ``rule`` reacts to."""
-    if event.event_type not in rule.event_types:
+    if event.event_type not in rule.event_types or not at_least(event.severity, rule.min_severity):
         return False
-    return rule.related_to is None or rule.related_to in event.related_to
+    paths = (
+        rule.related_to,
+        None if rule.endpoint is None else endpoint_path(rule.endpoint),
+        None if rule.group is None else group_path(rule.group),
+        None if rule.site is None else site_path(rule.site),
+    )
+    return all(path is None or path in event.related_to for path in paths)
 
 
 def window_of(rule: NotificationRule, at: datetime) -> tuple[datetime, datetime]:
@@ -75,10 +98,30 @@ def apply_rules(settings: NotificationSettings, conn: sa.Connection, event: Even
 
 def _count(rule: NotificationRule, conn: sa.Connection, event: EventLogItem) -> None:
     start, end = window_of(rule, event.raised_at)
+    # A claimed window's notification was due, so its window has ended: the windows
+    # after it are walked until one is not claimed yet (a future one never is).
+    while not _count_into(rule, conn, event, start, end):
+        start, end = end, end + rule.window
+
+
+def _count_into(
+    rule: NotificationRule,
+    conn: sa.Connection,
+    event: EventLogItem,
+    start: datetime,
+    end: datetime,
+) -> bool:
+    """Enqueue or count ``event`` into ``rule``'s notification of ``start``-``end``;
+    ``False`` when that one is claimed or done already."""
     first = notification_of(rule, event, 1, start, end)
-    stored = enqueue(conn, first, now=event.raised_at, due_at=end, event_count=1)
+    try:
+        stored = enqueue(conn, first, now=event.raised_at, due_at=end, event_count=1)
+    except NotificationRejected as exc:
+        # Kept, never raised: a rule's fault must not undo the change the event records.
+        keep_rejected(conn, first.source, asdict(first), str(exc), now=event.raised_at)
+        return True
     if stored.created:
-        return
+        return True
     unsent = sa.and_(
         nc.notification_id == stored.notification_id,
         nc.status == Status.PENDING.value,
@@ -91,7 +134,7 @@ def _count(rule: NotificationRule, conn: sa.Connection, event: EventLogItem) -> 
         sa.update(notifications).where(unsent).values(event_count=nc.event_count + 1)
     ).rowcount
     if counted != 1:
-        return  # already being sent or done: this event is in the event log only
+        return False
     count = conn.execute(
         sa.select(nc.event_count).where(nc.notification_id == stored.notification_id)
     ).scalar_one()
@@ -108,3 +151,4 @@ def _count(rule: NotificationRule, conn: sa.Connection, event: EventLogItem) -> 
             updated_at_utc=event.raised_at,
         )
     )
+    return True

@@ -14,6 +14,9 @@ actions (docs/design.md "Notification outbox").
 - ``record_attempt`` writes an attempt's outcome with one conditional update on the
   claim; a row that vanished (purged) or was claimed again is logged and never
   written back.
+- ``keep_rejected``: a notification refused by ``check`` is kept whole, as received or
+  rendered, with the reason, beside rejected telemetry (docs/design.md "Rejected
+  notifications").
 - ``act_on_parked``: an operator's Retry or Discard, one conditional update on
   ``status = 'Parked'`` and, only when it applied, one audit event and one event log
   item in the same transaction.
@@ -32,7 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from controlroom.db.providers import provider_for
-from controlroom.db.tables import notifications
+from controlroom.db.tables import REJECTED_NOTIFICATION_SOURCE, notifications, rejected_telemetry
 from controlroom.db.transactions import begin_write
 from controlroom.events import Category, record_event
 from controlroom.events import Severity as EventSeverity
@@ -46,6 +49,7 @@ from controlroom.notifications.lifecycle import (
     Status,
     error_text,
 )
+from controlroom.telemetry.contract import packet_bytes, rejection_id
 from controlroom.telemetry.widths import (
     NOTIFICATION_SOURCE_WIDTH,
     SITE_WIDTH,
@@ -61,6 +65,9 @@ RULE_NAMESPACE = uuid.UUID("6f0d5a52-2a43-4c55-9d0e-8f1d0c6a9b31")
 """Namespace of the ids derived from ``(source, source_event_id)`` (UUID version 5)."""
 
 AUDIT_CATEGORY = "Notifications"
+
+REJECTED_SOURCE_WIDTH: int = rejected_telemetry.c.source.type.length  # type: ignore[attr-defined]
+"""Characters of ``rejected_telemetry.source``."""
 
 
 class NotificationRejected(ControlroomError):
@@ -131,6 +138,44 @@ def check(notification: NewNotification) -> None:
             canonical = ""
         if canonical != notification.notification_id:
             raise NotificationRejected("notification_id", "must be a GUID, lower-case D form")
+
+
+def keep_rejected(
+    conn: sa.Connection, source: str, notification: Any, reason: str, *, now: datetime
+) -> str:
+    """Keep ``notification`` (a site's item as received, or a rule's rendering: any JSON
+    value) whole in ``rejected_telemetry`` with ``reason``, in ``conn``'s transaction,
+    under the source ``notification:<source>`` (``source`` ``site:<id>`` or
+    ``rule:<name>``; only its kind, ``site`` or ``rule``, when that is longer than the
+    column: the value itself keeps it whole); the same value twice is kept once.
+    Returns its id."""
+    packet = packet_bytes(notification)
+    key = rejection_id(packet)
+    label = REJECTED_NOTIFICATION_SOURCE + source
+    if len(label) > REJECTED_SOURCE_WIDTH:
+        label = REJECTED_NOTIFICATION_SOURCE + source.partition(":")[0]
+    provider_for(conn.engine).insert_rows_if_absent(
+        conn,
+        rejected_telemetry,
+        [
+            {
+                "id": key,
+                "source": label,
+                "packet": packet,
+                "reason": reason,
+                "rejected_at_utc": now,
+            }
+        ],
+    )
+    return key
+
+
+def rejected_source(site: Any) -> str:
+    """The source a site's rejected notification is kept under: ``site:<id>``, or
+    ``site`` when the item names no usable site id."""
+    if isinstance(site, str) and site and len(site) <= SITE_WIDTH:
+        return f"site:{site}"
+    return "site"
 
 
 def notification_id_of(notification: NewNotification) -> str:

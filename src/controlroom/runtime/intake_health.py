@@ -86,6 +86,7 @@ class IntakeHealth:
         self._failure_reason = ""
         self._waiting: int | None = None
         self._waiting_since: float | None = None  # monotonic: messages seen, none stored since
+        self._reported_degraded = False
 
     def stored(self) -> None:
         """A batch was committed: writes work, and the stall clock starts again."""
@@ -132,6 +133,18 @@ class IntakeHealth:
         DEGRADED.labels(self.name).set(1 if state.degraded else 0)
         WRITE_FAILURES.labels(self.name).set(state.write_failures)
         return state
+
+    def transition(self) -> IntakeState | None:
+        """The intake now if it became degraded, or healthy again, since the last state
+        ``reported``; ``None`` otherwise (an event is raised on a change only)."""
+        state = self.state()
+        with self._lock:
+            return state if state.degraded != self._reported_degraded else None
+
+    def reported(self, state: IntakeState) -> None:
+        """``state``'s change was written to the event log (``transition``)."""
+        with self._lock:
+            self._reported_degraded = state.degraded
 
     def _reason(self) -> str | None:
         if self._failing_since is not None:

@@ -6,6 +6,11 @@ days) and "Background singletons" (one process samples, under a lease). Scopes:
 ``global`` (key ``""``), ``site`` (key: the site), ``node`` (key: ``site/node``; a call
 without a node counts under ``site/``). A scope with nothing pending and nothing
 finished in the interval has no sample at that instant (read it as zero).
+
+A sample whose parked or stuck calls, globally or of one site, reach
+``kpi.alert_parked`` / ``kpi.alert_stuck`` while the previous sample's were below raises
+``ParkedSiteCallsPassedThreshold`` / ``StuckSiteCallsPassedThreshold`` in the
+transaction that stores it: one event per crossing, none while it stays above.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from controlroom.config import Settings
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import kpi_samples
 from controlroom.db.transactions import begin_write
+from controlroom.events import Category, Severity, record_event, site_path
 from controlroom.runtime.clock import Clock, utc_now
 from controlroom.runtime.periodic import PeriodicTask
 from controlroom.sitecalls.kpis import KpiReport, measure_kpis
@@ -78,13 +84,82 @@ def take_sample(engine: sa.Engine, settings: Settings, now: datetime) -> int:
         )
     rows = sample_rows(report)
     with begin_write(engine) as conn:
+        previous = _previous_sample(conn, now)
         provider_for(engine).insert_rows_if_absent(conn, kpi_samples, rows)
+        _raise_crossings(conn, settings, previous, rows, now)
         conn.execute(
             sa.delete(kpi_samples).where(
                 ks.captured_at_utc < now - timedelta(days=settings.kpi.history_days)
             )
         )
     return len(rows)
+
+
+ALERTS = {
+    "parked": ("ParkedSiteCallsPassedThreshold", "alert_parked"),
+    "stuck": ("StuckSiteCallsPassedThreshold", "alert_stuck"),
+}
+"""The watched metric, its event and its threshold's setting (``kpi.<setting>``)."""
+
+SampleKey = tuple[str, str, str]
+"""(metric, scope, scope key) of a watched sample."""
+
+
+def _previous_sample(conn: sa.Connection, now: datetime) -> dict[SampleKey, float]:
+    """The watched metrics of the last sample before ``now``, global and per site (a
+    scope without a row is zero); empty before the first sample."""
+    latest = conn.execute(
+        sa.select(sa.func.max(ks.captured_at_utc)).where(
+            ks.source == SOURCE,
+            ks.metric == "buffered",
+            ks.scope == "global",
+            ks.scope_key == "",
+            ks.captured_at_utc < now,
+        )
+    ).scalar_one_or_none()
+    if latest is None:
+        return {}
+    rows = conn.execute(
+        sa.select(ks.metric, ks.scope, ks.scope_key, ks.value).where(
+            ks.source == SOURCE,
+            ks.metric.in_(list(ALERTS)),
+            ks.scope.in_(["global", "site"]),
+            ks.captured_at_utc == latest,
+        )
+    ).all()
+    return {(row.metric, row.scope, row.scope_key): row.value for row in rows}
+
+
+def _raise_crossings(
+    conn: sa.Connection,
+    settings: Settings,
+    previous: dict[SampleKey, float],
+    rows: list[dict[str, Any]],
+    now: datetime,
+) -> None:
+    """One event per watched metric and scope that reached its threshold (module
+    docstring)."""
+    for row in rows:
+        if row["metric"] not in ALERTS or row["scope"] not in ("global", "site"):
+            continue
+        event_type, setting = ALERTS[row["metric"]]
+        threshold = getattr(settings.kpi, setting)
+        before = previous.get((row["metric"], row["scope"], row["scope_key"]), 0.0)
+        if not before < threshold <= row["value"]:
+            continue
+        where = "in all" if row["scope"] == "global" else f"of site {row['scope_key']}"
+        record_event(
+            conn,
+            description=(
+                f"{row['value']:.0f} {row['metric']} site calls {where} "
+                f"(threshold {threshold}; {before:.0f} at the previous sample)"
+            ),
+            severity=Severity.WARNING,
+            category=Category.SITE_CALLS,
+            event_type=event_type,
+            raised_at=now,
+            related_to=[site_path(row["scope_key"])] if row["scope"] == "site" else [],
+        )
 
 
 class KpiSampler:

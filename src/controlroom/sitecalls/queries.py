@@ -20,7 +20,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import KeyedColumnElement
 
-from controlroom.db.tables import audit_log, rejected_telemetry, site_calls
+from controlroom.db.tables import (
+    REJECTED_NOTIFICATION_SOURCE,
+    audit_log,
+    rejected_telemetry,
+    site_calls,
+)
 from controlroom.exceptions import ControlroomError
 from controlroom.telemetry.stamps import as_utc, stamp_of
 
@@ -207,10 +212,14 @@ PACKET_PREVIEW_BYTES = 2048
 """Bytes of a rejected packet a list shows; the whole packet is ``rejected_packet``'s."""
 
 
-def list_rejected_telemetry(conn: sa.Connection, *, limit: int, after: str | None) -> Page:
+def list_rejected_telemetry(
+    conn: sa.Connection, *, limit: int, after: str | None, notifications: bool = False
+) -> Page:
     """Rejected packets newest first, each with ``id``, ``source``, ``reason``,
     ``rejected_at_utc``, ``packet`` (its first ``PACKET_PREVIEW_BYTES`` bytes: a packet may
-    be megabytes) and ``packet_size`` (bytes). Raises ``BadCursor``."""
+    be megabytes) and ``packet_size`` (bytes): telemetry, or with ``notifications`` the
+    rejected notifications (source ``REJECTED_NOTIFICATION_SOURCE...``). Raises
+    ``BadCursor``."""
     preview = sa.select(
         rt.id,
         rt.source,
@@ -219,8 +228,15 @@ def list_rejected_telemetry(conn: sa.Connection, *, limit: int, after: str | Non
         sa.func.substr(rt.packet, 1, PACKET_PREVIEW_BYTES, type_=sa.LargeBinary).label("packet"),
         sa.func.length(rt.packet).label("packet_size"),
     ).subquery("rejected_preview")
+    kind = preview.c.source.startswith(REJECTED_NOTIFICATION_SOURCE, autoescape=True)
     return _page(
-        conn, preview, preview.c.rejected_at_utc, preview.c.id, [], limit=limit, after=after
+        conn,
+        preview,
+        preview.c.rejected_at_utc,
+        preview.c.id,
+        [kind if notifications else sa.not_(kind)],
+        limit=limit,
+        after=after,
     )
 
 

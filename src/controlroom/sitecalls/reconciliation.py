@@ -51,7 +51,7 @@ from controlroom.db.errors import describe_store_error
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import site_reconciliation
 from controlroom.db.transactions import begin_write
-from controlroom.events import Category, Severity, record_event
+from controlroom.events import Category, Severity, record_event, site_path
 from controlroom.runtime.clock import Clock, utc_now
 from controlroom.runtime.periodic import PeriodicTask
 from controlroom.sitecalls.cursor import Cursor, PinChange, judge_page, pin_change
@@ -287,7 +287,9 @@ class Reconciler:
         pin: tuple[bool, PinChange | None],
         cursor: Cursor | None,
     ) -> None:
-        """The pass's outcome (``reachable`` ``None``: as stored), and the pin change
+        """The pass's outcome (``reachable`` ``None``: as stored) with ``SiteUnreachable``
+        / ``SiteReachable`` when it changed (a site never reached before is unreachable
+        from its first failed pass), and the pin change
         from the state the pass read (``pin``: was pinned, the change) with its event,
         in one transaction. The change is a conditional update of the stored latch: when
         another process recorded the same transition first, it changes nothing here and
@@ -313,6 +315,8 @@ class Reconciler:
         )
         was_pinned, change = pin
         with begin_write(self._engine) as conn:
+            if reachable is not None and _reachability_changed(conn, site_id, reachable):
+                _record_reachability(conn, site_id, reachable, error, now)
             conn.execute(statement)
             if change is None:
                 return
@@ -323,6 +327,51 @@ class Reconciler:
             ).rowcount
             if flipped:
                 _record_pin_change(conn, site_id, change, cursor, now)
+
+
+def _reachability_changed(conn: sa.Connection, site_id: str, reachable: bool) -> bool:
+    """Flip the stored ``reachable`` of ``site_id`` to ``reachable`` with a conditional
+    update; ``True`` when it changed, or when a site without a row is unreachable."""
+    flipped = conn.execute(
+        sa.update(site_reconciliation)
+        .where(sr.site_id == site_id, sr.reachable == (not reachable))
+        .values(reachable=reachable)
+    ).rowcount
+    if flipped or reachable:
+        return bool(flipped)
+    known = conn.execute(sa.select(sr.site_id).where(sr.site_id == site_id)).first()
+    return known is None
+
+
+def _record_reachability(
+    conn: sa.Connection, site_id: str, reachable: bool, error: str | None, now: datetime
+) -> None:
+    """Raise ``SiteUnreachable`` (with the pass's error) or ``SiteReachable``."""
+    if reachable:
+        description = f"Site {site_id} answers reconciliation again"
+        _site_event(conn, site_id, Severity.INFO, "SiteReachable", description, now)
+    else:
+        description = f"Site {site_id} is unreachable: {error}"
+        _site_event(conn, site_id, Severity.ERROR, "SiteUnreachable", description, now)
+
+
+def _site_event(
+    conn: sa.Connection,
+    site_id: str,
+    severity: Severity,
+    event_type: str,
+    description: str,
+    now: datetime,
+) -> None:
+    record_event(
+        conn,
+        description=description,
+        severity=severity,
+        category=Category.SITE_CALLS,
+        event_type=event_type,
+        raised_at=now,
+        related_to=[site_path(site_id)],
+    )
 
 
 def _record_pin_change(
@@ -344,15 +393,7 @@ def _record_pin_change(
         description = f"Site {site_id} is no longer pinned: reconciliation advanced to {at}"
         log.info("%s", description)
         severity, event_type = Severity.INFO, "SiteUnpinned"
-    record_event(
-        conn,
-        description=description,
-        severity=severity,
-        category=Category.SITE_CALLS,
-        event_type=event_type,
-        raised_at=now,
-        related_to=[f"/site/{site_id}"],
-    )
+    _site_event(conn, site_id, severity, event_type, description, now)
 
 
 @dataclass(frozen=True, slots=True)

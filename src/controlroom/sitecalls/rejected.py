@@ -21,7 +21,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-from controlroom.db.tables import rejected_telemetry
+from controlroom.db.tables import REJECTED_NOTIFICATION_SOURCE, rejected_telemetry
 from controlroom.db.transactions import begin_write
 from controlroom.events import Category, Severity, record_event
 from controlroom.runtime.clock import Clock, utc_now
@@ -76,10 +76,13 @@ def resubmit_rejected(
     (``IngestBudgetExceeded``, a store error): nothing is changed then."""
     with engine.connect() as conn:
         row = conn.execute(
-            sa.select(rt.packet, rt.source).where(rt.id == rejected_id)
+            sa.select(rt.packet, rt.source).where(
+                rt.id == rejected_id,
+                sa.not_(rt.source.startswith(REJECTED_NOTIFICATION_SOURCE, autoescape=True)),
+            )
         ).one_or_none()
     if row is None:
-        return None
+        return None  # none, or a notification: it is no telemetry to write
     received = received_again(row.packet, row.source)
     (reason,) = writer.write([received])
     tracked_operation_id = None if received.packet is None else received.packet.tracked_operation_id

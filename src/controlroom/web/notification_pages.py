@@ -26,6 +26,7 @@ from controlroom.notifications.lifecycle import Channel, Status
 from controlroom.notifications.store import ActionOutcome, Command, act_on_parked
 from controlroom.web.common import EXTRA_NAV, actor, api_state, redirect, render, viewer
 from controlroom.web.session import Session
+from controlroom.web.sitecall_pages import render_rejected
 
 router = APIRouter(include_in_schema=False)
 Viewer = Annotated[Session, Depends(viewer)]
@@ -97,6 +98,13 @@ def notification_list(
             "smtp": None if outbox.smtp is None else f"{outbox.smtp.host}:{outbox.smtp.port}",
         },
     )
+
+
+@router.get("/notifications/rejected")
+def rejected_notifications(request: Request, session: Viewer, after: After = "") -> Response:
+    """Notifications refused, kept whole with the reason, newest first (the rejected
+    telemetry page's, for notifications)."""
+    return render_rejected(request, after, notifications=True)
 
 
 @router.get("/notifications/{notification_id}")

@@ -213,11 +213,22 @@ def rejected_list(
     after a re-submission (``resubmitted``, ``outcome``, ``call``) its outcome first,
     with the packet's current reason when it was rejected again."""
     with _engine(request).connect() as conn:
+        notice = _resubmission(conn, resubmitted, outcome, call)
+    return render_rejected(request, after, notifications=False, resubmission=notice)
+
+
+def render_rejected(
+    request: Request, after: str, *, notifications: bool, resubmission: object = None
+) -> Response:
+    """The page of rejected telemetry, or of rejected notifications (``rejected.html``;
+    no re-submission for those: they are no telemetry)."""
+    with _engine(request).connect() as conn:
         try:
-            page = queries.list_rejected_telemetry(conn, limit=PAGE_SIZE, after=after or None)
+            page = queries.list_rejected_telemetry(
+                conn, limit=PAGE_SIZE, after=after or None, notifications=notifications
+            )
         except queries.BadCursor as exc:
             raise HTTPException(400, f"after: {exc}") from None
-        notice = _resubmission(conn, resubmitted, outcome, call)
     packets = [
         {
             "id": row.id,
@@ -237,7 +248,8 @@ def rejected_list(
             "packets": packets,
             "next_cursor": page.next_cursor,
             "after": after,
-            "resubmission": notice,
+            "resubmission": resubmission,
+            "notifications": notifications,
             "retention_days": api_state(request).settings.sitecalls.rejected_retention_days,
         },
     )

@@ -29,6 +29,7 @@ from controlroom.db.tables import (
     FailedMessageStatus,
     body_deletions,
     failed_error_imports,
+    failed_message_group_hours,
     failed_message_groups,
     failed_message_retries,
     failed_messages,
@@ -43,10 +44,11 @@ from controlroom.errors.ingest.upsert import (
     counted_failure_times,
     upsert_failed_messages,
 )
-from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
+from controlroom.errors.model import FailedAttempt, FailedImport, FailureGroup, KnownEndpoint
 from controlroom.runtime.clock import Clock, utc_now
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class IngestionBatch:
@@ -76,11 +78,14 @@ class FailedMessageBatchWriter:
         retrying: tenacity.Retrying | None = None,
         clock: Clock = utc_now,
         body_store: BodyStore | None = None,
+        alert_group_failures: int | None = None,
     ) -> None:
         """``body_store``: where the batch's external bodies were put; without one the
-        writer cannot guard them against the body collector (tests that never sweep)."""
+        writer cannot guard them against the body collector (tests that never sweep).
+        ``alert_group_failures``: ``ingestion.alert_group_failures_per_hour``."""
         self._engine = engine
         self._body_store = body_store
+        self._alert_group_failures = alert_group_failures
         self._provider = provider_for(engine)
         self._retrying = retrying or retry_transient()
         self._clock = clock
@@ -124,7 +129,7 @@ class FailedMessageBatchWriter:
             ]
             stored = upsert_failed_messages(conn, self._provider, rows)
             self._release_claims_of_new_failures(conn, stored)
-            self._replace_groups(conn, folded, stored)
+            self._replace_groups(conn, folded, stored, now)
             self._provider.insert_rows_if_absent(
                 conn,
                 known_endpoints,
@@ -194,10 +199,13 @@ class FailedMessageBatchWriter:
         conn: sa.Connection,
         folded: Sequence[FoldedMessage],
         stored: Sequence[sa.Row[*tuple[Any, ...]]],
+        now: datetime,
     ) -> None:
         """Step 2: messages whose stored attempt is now this batch's get its groups (a row
         the upsert skipped, bringing nothing new, is not in ``stored``), each group row
-        with its copies of the message's columns (``group_rows_statement``)."""
+        with its copies of the message's columns (``group_rows_statement``). A group
+        that had no row before is announced (``FailureGroupAppeared``,
+        ``new_groups``)."""
         stored_attempt = {row.id: row.last_failure_at for row in stored}
         winners = [
             message
@@ -226,10 +234,50 @@ class FailedMessageBatchWriter:
             for group in message.winner.groups
         ]
         if group_rows:
+            fresh = self._new_groups(conn, winners)
             conn.execute(
                 group_rows_statement(self._provider),
                 self._provider.bound_rows_parameters(GROUP_ROW_KEYS, group_rows),
             )
+            for group, endpoint, count in fresh:
+                activity.failure_group_appeared(
+                    conn, group.id, group.title, endpoint=endpoint, messages=count, now=now
+                )
+            if self._alert_group_failures is not None:
+                self._raise_crossings(conn, winners, self._alert_group_failures, now)
+
+    def _raise_crossings(
+        self, conn: sa.Connection, winners: Sequence[FoldedMessage], threshold: int, now: datetime
+    ) -> None:
+        """``GroupFailuresPassedThreshold`` for each (group, hour) whose failures this
+        batch brought from below ``threshold`` to it or past it: one grouped read of the
+        hour counters the batch's inserts just wrote (``group_hours_reached``)."""
+        added: dict[tuple[str, int], int] = {}
+        titles: dict[str, str] = {}
+        for message in winners:
+            hour = int(message.last_failure_at.timestamp() // 3600)
+            for group in message.winner.groups:
+                added[group.id, hour] = added.get((group.id, hour), 0) + 1
+                titles[group.id] = group.title
+        for (group_id, hour), total in group_hours_reached(conn, self._provider, added):
+            if total - added[group_id, hour] < threshold <= total:
+                activity.group_failures_passed(
+                    conn, group_id, titles[group_id], failures=total, hour=hour, now=now
+                )
+
+    def _new_groups(
+        self, conn: sa.Connection, winners: Sequence[FoldedMessage]
+    ) -> list[tuple[FailureGroup, str, int]]:
+        """The batch's groups with no row yet, each with the receiving endpoint of its
+        first message and how many of the batch's messages it takes (``new_groups``)."""
+        seen: dict[str, tuple[FailureGroup, str, int]] = {}
+        for message in winners:
+            for group in message.winner.groups:
+                first, endpoint, count = seen.get(
+                    group.id, (group, message.winner.receiving_endpoint, 0)
+                )
+                seen[group.id] = (first, endpoint, count + 1)
+        return [seen[group_id] for group_id in new_groups(conn, self._provider, sorted(seen))]
 
     def _resolve_confirmed_retries(
         self, conn: sa.Connection, unique_message_ids: Sequence[str], now: datetime
@@ -252,6 +300,46 @@ class FailedMessageBatchWriter:
                     failed_message_retries.c.failed_message_id.in_(id_chunk)
                 )
             )
+
+
+def group_hours_reached(
+    conn: sa.Connection, provider: Provider, added: dict[tuple[str, int], int]
+) -> list[tuple[tuple[str, int], int]]:
+    """The failures counted now (this transaction's included) of each (group id, hour)
+    of ``added``: one statement along ``ix_failed_message_group_hours_group_id_hour``.
+    Two batches of one group committing at once on PostgreSQL may each count below the
+    other's share, so a crossing between them goes unannounced (docs/design.md
+    "Notification rules")."""
+    hours = failed_message_group_hours.c
+    group_ids = sorted({group_id for group_id, _ in added})
+    rows = conn.execute(
+        sa.select(hours.group_id, hours.hour, sa.func.sum(hours.n))
+        .where(
+            provider.is_one_of(hours.group_id, group_ids),
+            hours.hour.in_(sorted({hour for _, hour in added})),
+        )
+        .group_by(hours.group_id, hours.hour)
+    ).all()
+    return [
+        ((group_id, int(hour)), int(total))
+        for group_id, hour, total in rows
+        if (group_id, int(hour)) in added
+    ]
+
+
+def new_groups(conn: sa.Connection, provider: Provider, group_ids: Sequence[str]) -> list[str]:
+    """Those of ``group_ids`` with no row in ``failed_message_groups``: one statement of
+    a fixed text, an index probe per id (``ix_failed_message_groups_group_id_status_first``).
+    Two batches committing a group's first rows at once may both find it new
+    (docs/design.md "Notification rules")."""
+    known = set(
+        conn.execute(
+            sa.select(failed_message_groups.c.group_id)
+            .where(provider.is_one_of(failed_message_groups.c.group_id, list(group_ids)))
+            .distinct()
+        ).scalars()
+    )
+    return [group_id for group_id in group_ids if group_id not in known]
 
 
 GROUP_ROW_KEYS = ("failed_message_id", "group_id", "classifier", "title")

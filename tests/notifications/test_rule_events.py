@@ -1,0 +1,194 @@
+"""Each kind of event Controlroom raises for its rules, on every provider: written in the
+transaction that did it, it makes one notification of a rule naming it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from controlroom.config import NotificationSettings, Settings
+from controlroom.db.tables import event_log_items, notifications
+from controlroom.errors.ingest.pipeline import report_transition
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.events import subscribe
+from controlroom.notifications.rules import apply_rules
+from controlroom.runtime.intake_health import IntakeHealth
+from controlroom.sitecalls.history import take_sample
+from controlroom.sitecalls.reconciliation import Reconciler
+from controlroom.sitecalls.writer import SiteCallWriter
+from tests.factories import at, attempt
+from tests.reconciliation.harness import central_settings, site_entry
+from tests.site.http import serving
+from tests.sitecalls.packets import packet, write
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+NOW = datetime(2026, 12, 4, 8, 0, tzinfo=UTC)
+
+
+def outbox(event_type: str, **filters: Any) -> NotificationSettings:
+    return Settings(
+        notifications={
+            "webhooks": [{"name": "ops", "url": "http://127.0.0.1:9/x", "secret": SECRET}],
+            "rules": [
+                {
+                    "name": "watch",
+                    "event_types": [event_type],
+                    "channel": "Webhook",
+                    "target": "ops",
+                    **filters,
+                }
+            ],
+        }
+    ).notifications
+
+
+Ruled = Callable[..., sa.Engine]
+
+
+@pytest.fixture
+def ruled(engine: sa.Engine) -> Iterator[Ruled]:
+    unsubscribes: list[Callable[[], None]] = []
+
+    def rule(event_type: str, **filters: Any) -> sa.Engine:
+        unsubscribes.append(subscribe(engine, partial(apply_rules, outbox(event_type, **filters))))
+        return engine
+
+    yield rule
+    for unsubscribe in unsubscribes:
+        unsubscribe()
+
+
+def notified(engine: sa.Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.select(notifications)).all())
+
+
+def events_of(engine: sa.Engine, event_type: str) -> list[Any]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.select(event_log_items).where(event_log_items.c.event_type == event_type)
+            ).all()
+        )
+
+
+def test_a_new_failure_group_is_one_event_and_one_notification(ruled: Ruled) -> None:
+    engine = ruled("FailureGroupAppeared", endpoint="Sales")
+    writer = FailedMessageBatchWriter(engine, clock=lambda: NOW)
+    same = "timeout talking to the bank"
+    writer.write(
+        IngestionBatch(attempts=[attempt(n, at(n), exception_message=same) for n in range(3)])
+    )
+    writer.write(IngestionBatch(attempts=[attempt(3, at(3), exception_message=same)]))
+    (event,) = events_of(engine, "FailureGroupAppeared")
+    assert "3 messages" in event.description and same in event.description
+    (row,) = notified(engine)
+    assert (row.source, row.event_count) == ("rule:watch", 1)
+
+
+def test_a_new_group_of_another_endpoint_does_not_fire_a_rule_on_sales(ruled: Ruled) -> None:
+    engine = ruled("FailureGroupAppeared", endpoint="Sales")
+    FailedMessageBatchWriter(engine, clock=lambda: NOW).write(
+        IngestionBatch(attempts=[attempt(0, at(0), endpoint="Billing")])
+    )
+    assert len(events_of(engine, "FailureGroupAppeared")) == 1
+    assert notified(engine) == []
+
+
+def test_an_intake_stall_is_one_event_on_the_change_and_one_notification(ruled: Ruled) -> None:
+    engine = ruled("IntakeStalled")
+    clock = [0.0]
+    health = IntakeHealth(
+        "error queue intake", "error", stall_seconds=60, monotonic=lambda: clock[0]
+    )
+    health.observed_depth(500)
+    assert not report_transition(engine, health)  # waiting, not stalled yet
+    clock[0] = 61.0
+    assert report_transition(engine, health)
+    assert not report_transition(engine, health)  # still stalled: no second event
+    (event,) = events_of(engine, "IntakeStalled")
+    assert "nothing stored for 61 s" in event.description
+    (row,) = notified(engine)
+    assert row.event_count == 1
+    health.stored()
+    assert report_transition(engine, health)
+    assert len(events_of(engine, "IntakeRecovered")) == 1
+    assert len(notified(engine)) == 1
+
+
+def test_a_site_becoming_unreachable_is_one_event_and_one_notification(
+    ruled: Ruled, database_url: str, tmp_path: Path
+) -> None:
+    engine = ruled("SiteUnreachable", site="plant-7")
+    answers = {"up": False}
+    site = FastAPI()
+
+    @site.get("/site/tracking/changes")
+    def changes() -> JSONResponse:
+        if not answers["up"]:
+            return JSONResponse({"detail": "down"}, status_code=503)
+        return JSONResponse({"rows": [], "more_available": False})
+
+    with serving(site) as url:
+        settings = central_settings(database_url, tmp_path, [site_entry("plant-7", url)])
+        reconciler = Reconciler(settings, engine, clock=lambda: NOW)
+        (configured,) = settings.sites
+        for _ in range(2):
+            assert reconciler.reconcile_site(configured).error is not None
+        answers["up"] = True
+        assert reconciler.reconcile_site(configured).error is None
+    (event,) = events_of(engine, "SiteUnreachable")
+    assert "/site/plant-7" in event.related_to_json
+    assert len(events_of(engine, "SiteReachable")) == 1
+    (row,) = notified(engine)
+    assert (row.source, row.event_count) == ("rule:watch", 1)
+
+
+@pytest.mark.parametrize(
+    ("status", "metric", "event_type"),
+    [
+        ("Parked", "parked", "ParkedSiteCallsPassedThreshold"),
+        ("Attempted", "stuck", "StuckSiteCallsPassedThreshold"),  # created days before NOW
+    ],
+)
+def test_parked_or_stuck_site_calls_reaching_the_threshold_is_one_event_per_crossing(
+    ruled: Ruled, tmp_path: Path, status: str, metric: str, event_type: str
+) -> None:
+    engine = ruled(event_type, site="site-a")
+    settings = Settings(data_dir=tmp_path, kpi={f"alert_{metric}": 2})
+    writer = SiteCallWriter(engine)
+    calls = [packet(status, op_id=str(uuid.uuid4())) for _ in range(3)]
+    write(writer, calls[0])
+    take_sample(engine, settings, NOW)  # one: below
+    write(writer, *calls[1:])
+    take_sample(engine, settings, NOW + timedelta(minutes=1))  # three: crossed
+    take_sample(engine, settings, NOW + timedelta(minutes=2))  # still above: nothing
+    crossings = events_of(engine, event_type)
+    assert sorted(event.related_to_json for event in crossings) == ['["/site/site-a"]', "[]"]
+    assert all(f"3 {metric} site calls" in event.description for event in crossings)
+    (row,) = notified(engine)  # the rule of site-a's: the global crossing is not its
+    assert row.event_count == 1
+
+
+def test_a_groups_failures_reaching_the_hourly_threshold_is_one_event(ruled: Ruled) -> None:
+    engine = ruled("GroupFailuresPassedThreshold")
+    writer = FailedMessageBatchWriter(engine, clock=lambda: NOW, alert_group_failures=5)
+    same = "deadlock victim"
+    batches = [range(0, 3), range(3, 6), range(6, 9)]  # 3, then 6 (crossed), then 9
+    for batch in batches:
+        writer.write(
+            IngestionBatch(attempts=[attempt(n, at(n), exception_message=same) for n in batch])
+        )
+    (event,) = events_of(engine, "GroupFailuresPassedThreshold")
+    assert event.description.startswith("6 failures in the hour from 2026-01-01T00:00:00")
+    (row,) = notified(engine)
+    assert row.event_count == 1
