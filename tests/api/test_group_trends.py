@@ -100,6 +100,13 @@ def test_the_api_carries_the_hours_and_sorts_by_growth(client: TestClient, store
     assert grown.json()[0]["title"].startswith("Shop.StormException")
     storm = next(item for item in listed.json() if item["title"].startswith("Shop.Storm"))
     assert sum(storm["failures_per_hour"]) == 4
+    ascending = client.get(
+        "/api/recoverability/groups", params={"sort": "growth", "direction": "asc"}
+    )
+    growths_up = [item["growth"] for item in ascending.json()]
+    assert growths_up == sorted(growths_up) and growths_up != growths
+    earliest = client.get("/api/recoverability/groups", params={"direction": "asc"}).json()
+    assert earliest == listed.json()[::-1]
     # Unknown sort values read as the default order, as ServiceControl reads them.
     assert client.get("/api/recoverability/groups", params={"sort": "x"}).json() == listed.json()
 

@@ -144,6 +144,39 @@ def test_the_servicecontrol_routes_find_any_word(
     assert found_ids(search(client, "zanzibar.blueberry")) == set()
 
 
+def many_words(count: int) -> list[str]:
+    """``count`` distinct two-letter words that no message of ``corpus`` holds."""
+    letters = "bcdfghjklmnpqrstvwxz"
+    return [a + b for a in letters for b in letters][:count]
+
+
+def test_the_servicecontrol_routes_find_any_of_200_words(
+    client: TestClient, corpus: dict[str, Any]
+) -> None:
+    # Under the length limit, any number of words is one flat condition: 155 words
+    # once ran PostgreSQL's compiler out of recursion depth (a 500).
+    text = " ".join([*many_words(198), "zanzibar", "blueberry"])
+
+    assert found_ids(search(client, text)) == ids_of(corpus, "body", "header")
+    by_query = client.get("/api/messages/search", params={"q": text})
+    assert found_ids(by_query) == ids_of(corpus, "body", "header")
+
+
+def test_the_console_search_takes_200_words_that_must_all_occur(
+    engine: sa.Engine, corpus: dict[str, Any]
+) -> None:
+    with engine.connect() as conn:
+        found = search_failed_messages(
+            conn, " ".join(many_words(200)), offset=0, limit=10, exact_count_limit=0
+        )
+        widened = search_failed_messages(
+            conn, " ".join([*many_words(199), "zanzibar"]), offset=0, limit=10, widen=True
+        )
+
+    assert found.items == []
+    assert widened.items == []
+
+
 def test_every_word_must_occur_in_the_console_search(
     engine: sa.Engine, corpus: dict[str, Any]
 ) -> None:

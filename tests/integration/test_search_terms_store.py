@@ -12,6 +12,8 @@ import sqlalchemy as sa
 
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
+from controlroom.db.providers import SearchQuery, SearchTerms, provider_for
+from controlroom.db.tables import failed_messages
 from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.errors.ingest.search_terms import MAX_TERMS
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
@@ -79,6 +81,30 @@ def test_query_syntax_alone_never_errors(
     engine: sa.Engine, corpus: dict[str, FailedAttempt], text: str
 ) -> None:
     found(engine, text)  # no exception: the text is never read as syntax
+
+
+@pytest.mark.parametrize(
+    ("terms", "matches"),
+    [
+        (SearchTerms(words=("c:\\temp\\outbox",)), True),
+        (SearchTerms(prefixes=("c:\\temp\\out",)), True),
+        (SearchTerms(words=("inbound", "c:\\temp\\outbox")), True),
+        (SearchTerms(words=("c:\\temp",)), False),
+        (SearchTerms(words=("x' | 'inbound",)), False),
+        (SearchTerms(words=("x\\' | 'inbound",)), False),
+        (SearchTerms(prefixes=("x':* | 'inbound",)), False),
+    ],
+)
+def test_a_stored_term_holding_query_syntax_is_matched_as_one_lexeme(
+    engine: sa.Engine, corpus: dict[str, FailedAttempt], terms: SearchTerms, matches: bool
+) -> None:
+    # Terms as written keep backslashes and colons; a term, whatever it holds, is one
+    # lexeme to the index, never query syntax.
+    condition = provider_for(engine.dialect).search_matches(SearchQuery((terms,)))
+    with engine.connect() as conn:
+        hits = set(conn.scalars(sa.select(failed_messages.c.id).where(condition)))
+
+    assert hits == (ids(corpus, "literal") if matches else set())
 
 
 @pytest.mark.parametrize("text", [f"{{{GUID}}}\\16389", "16389", GUID.upper()])

@@ -28,17 +28,26 @@ pytestmark = pytest.mark.rabbitmq
 BAD_NAME = b"X-Legacy-\xff\xfe-Name"
 
 
+class RawLongString(bytes):
+    """A header value sent as an AMQP long string (``S``) of these bytes, UTF-8 or not."""
+
+
 @pytest.fixture
 def raw_amqp_encoding(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let this test's publisher put raw bytes in header names and short strings, as a
     producer in another language can (pamqp only encodes text)."""
     table, short = pamqp.encode.METHODS["table"], pamqp.encode.METHODS["shortstr"]
 
+    def raw_value(item: object) -> bytes:
+        if isinstance(item, RawLongString):
+            return b"S" + struct.pack(">I", len(item)) + item
+        return pamqp.encode.encode_table_value(item)
+
     def raw_table(value: dict) -> bytes:  # type: ignore[type-arg]
-        if not any(isinstance(key, bytes) for key in value):
+        if not any(isinstance(k, bytes) or isinstance(v, RawLongString) for k, v in value.items()):
             return table(value)
         fields = b"".join(
-            bytes([len(raw)]) + raw + pamqp.encode.encode_table_value(item)
+            bytes([len(raw)]) + raw + raw_value(item)
             for key, item in value.items()
             for raw in [key if isinstance(key, bytes) else key.encode()]
         )
@@ -107,7 +116,7 @@ def test_a_non_utf8_header_name_becomes_a_failed_import_and_the_queue_moves_on(
     headers = json.loads(kept[0].headers_json)
     assert kept[0].body == b"\x00raw"  # whole, raw
     assert "X-Legacy-\udcff\udcfe-Name" in headers  # the bytes, escaped
-    assert "not UTF-8" in kept[0].reason
+    assert kept[0].reason == "header name 'X-Legacy-\\xff\\xfe-Name' is not UTF-8"
     assert json.loads(kept[1].headers_json)["NServiceBus.MessageId"] == "\udcff\udcfe-id"
 
 
@@ -157,3 +166,52 @@ def test_a_content_type_over_255_bytes_travels_in_the_headers_only(rabbitmq_url:
     headers = asyncio.run(asyncio.wait_for(scenario(), 30))
 
     assert headers["NServiceBus.ContentType"] == content_type
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("NServiceBus.FailedQ", b"\xff\xff"),
+        ("NServiceBus.ExceptionInfo.Message", b"bad \xff"),
+        ("NServiceBus.MessageId", b"\xc3\x28"),
+    ],
+)
+def test_a_non_utf8_header_value_becomes_a_failed_import_and_the_queue_moves_on(
+    settings: Settings,
+    engine: sa.Engine,
+    rabbitmq_url: str,
+    raw_amqp_encoding: None,
+    name: str,
+    value: bytes,
+) -> None:
+    settings = settings.model_copy(
+        update={"broker_url": rabbitmq_url, "error_queue": f"error-{uuid.uuid4().hex[:8]}"}
+    )
+
+    async def scenario() -> None:
+        queue = settings.error_queue
+        bad_headers = {**failed_headers("bad-value"), name: RawLongString(value)}
+        await publish_raw(rabbitmq_url, queue, bad_headers, b"\x00raw", "id-1")
+        await publish_raw(rabbitmq_url, queue, failed_headers("behind-it"), b"{}", "id-2")
+        async with RabbitMQTransport(rabbitmq_url) as transport:
+            service = IngestionService(
+                settings, engine, transport, FileSystemBodyStore(settings.body_dir)
+            )
+            task = asyncio.create_task(service.run())
+            try:
+                async with asyncio.timeout(30):
+                    while count(engine, failed_messages) + count(engine, failed_error_imports) < 2:
+                        assert not task.done(), task.exception()
+                        await asyncio.sleep(0.1)
+            finally:
+                await service.stop()
+
+    asyncio.run(scenario())
+    with engine.connect() as conn:
+        kept = conn.execute(sa.select(failed_error_imports)).all()
+        stored = conn.execute(sa.select(failed_messages.c.message_id)).scalars().all()
+    assert stored == ["behind-it"]
+    assert len(kept) == 1 and kept[0].body == b"\x00raw"  # whole, raw
+    assert kept[0].reason == f"the value of header {name!r} is not UTF-8"
+    escaped = value.decode("utf-8", "surrogateescape")
+    assert json.loads(kept[0].headers_json)[name] == escaped  # the bytes, kept

@@ -318,3 +318,22 @@ def test_a_partly_shown_body_says_exactly_how_much_is_shown(
     view = console.get(f"/messages/{message_id}/body/view").text
 
     assert "Showing the first 4,096 bytes of 4,352 bytes" in view
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/messages?q=" + "a" * 1001, "q"),
+        ("/groups?sort=" + "x" * 5000, "sort"),
+        ("/event-log?page=-5", "page"),
+        ("/messages/%ff", "failed_message_id"),
+    ],
+)
+def test_a_page_given_a_bad_parameter_answers_an_error_page_naming_it(
+    console: TestClient, path: str, field: str
+) -> None:
+    page = console.get(path)
+
+    assert 400 <= page.status_code < 500, page.text
+    assert page.headers["content-type"].startswith("text/html")
+    assert f"<strong>{field}</strong>" in page.text

@@ -58,6 +58,10 @@ GroupOrder = Annotated[
         "(Controlroom's); any other value: latest failure first (ServiceControl's order).",
     ),
 ]
+GroupDirection = Annotated[
+    str | None,
+    Query(max_length=40, description="asc: the other way round; any other value: desc."),
+]
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"description": "No failed message belongs to a group with this id."}
 }
@@ -121,6 +125,7 @@ def list_default_groups(
     response: Response,
     classifier_filter: ClassifierFilter = None,
     sort: GroupOrder = None,
+    direction: GroupDirection = None,
 ) -> list[FailureGroupView]:
     """The groups of the default classifier (``Exception Type and Stack Trace``)."""
     return list_groups_view(
@@ -130,6 +135,7 @@ def list_default_groups(
         classifier_filter,
         archived=False,
         sort=group_sort(sort),
+        descending=direction != "asc",
     )
 
 
@@ -144,11 +150,18 @@ def list_classifier_groups(
     classifier: Classifier,
     classifier_filter: ClassifierFilter = None,
     sort: GroupOrder = None,
+    direction: GroupDirection = None,
 ) -> list[FailureGroupView]:
     """The groups of ``classifier`` that hold Unresolved messages, latest failure first
     (or by ``sort``)."""
     return list_groups_view(
-        request, response, classifier, classifier_filter, archived=False, sort=group_sort(sort)
+        request,
+        response,
+        classifier,
+        classifier_filter,
+        archived=False,
+        sort=group_sort(sort),
+        descending=direction != "asc",
     )
 
 
@@ -297,9 +310,11 @@ def list_groups_view(
     *,
     archived: bool,
     sort: groups.GroupSort = "last",
+    descending: bool = True,
 ) -> list[FailureGroupView]:
     """The groups of ``classifier`` counting Unresolved (or, ``archived``, Archived)
-    messages, with ``Total-Count``. 404 for an unknown classifier.
+    messages, with ``Total-Count``, in ``groups.list_groups``'s order by ``sort`` and
+    ``descending``. 404 for an unknown classifier.
 
     The Unresolved view shows each group's retry (``group_view``) and, first, the groups
     that hold no Unresolved message any more but have a retry to show: one running (its
@@ -316,7 +331,12 @@ def list_groups_view(
         classifier_filter = None
     with _engine(request).connect() as conn:
         found = groups.list_groups(
-            conn, classifier, status=_counted(archived), title=classifier_filter, sort=sort
+            conn,
+            classifier,
+            status=_counted(archived),
+            title=classifier_filter,
+            sort=sort,
+            descending=descending,
         )
         retries = {} if archived else groups.group_retries(conn)
     open_ids = {group.id for group in found}

@@ -8,7 +8,8 @@ make a failed import"). ``install()`` makes those two
 decoders fall back, only when strict UTF-8 fails, to UTF-8 with ``surrogateescape``: the
 original bytes survive as lone surrogates (``"\\udcff"`` for byte 0xff), which the
 ingestion pipeline recognises and keeps whole as a failed import. Values are untouched
-(pamqp already hands invalid long strings over as bytes).
+(pamqp already hands invalid long strings over as bytes; ``rabbitmq.decode_headers``
+decodes them the same way).
 """
 
 from __future__ import annotations

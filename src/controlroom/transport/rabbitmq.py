@@ -422,7 +422,9 @@ def decode_headers(raw: Mapping[str, Any] | None) -> Headers:
     """AMQP header table -> ``{name: str | None}``.
 
     bytes (AMQP byte arrays, and long strings that are not UTF-8) decode as UTF-8,
-    invalid bytes as ``\\xNN`` escapes so nothing is dropped; ``None`` (AMQP void)
+    invalid bytes as lone surrogates (``surrogateescape``: byte 0xff is ``"\\udcff"``), so
+    nothing is dropped and the pipeline keeps the message whole as a failed import
+    (docs/decisions.md "Headers that are not UTF-8 make a failed import"); ``None`` (AMQP void)
     stays ``None``; booleans, numbers and timestamps become ``str(value)`` (timestamps
     as ISO 8601); nested tables and arrays become compact JSON of their decoded values.
     """
@@ -433,7 +435,7 @@ def _header_text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).decode("utf-8", errors="backslashreplace")
+        return bytes(value).decode("utf-8", errors="surrogateescape")
     if isinstance(value, datetime.datetime):
         return value.isoformat()
     if isinstance(value, bool | int | float | decimal.Decimal):

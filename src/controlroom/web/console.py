@@ -19,9 +19,11 @@ from typing import Final
 from urllib.parse import urlencode
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 
+from controlroom.runtime.wire_text import escape_wire_text
 from controlroom.web import (
     actions,
     imports_and_events,
@@ -59,6 +61,7 @@ def install_console(app: FastAPI) -> None:
     console.include_router(notification_pages.router)
     console.add_exception_handler(SignInRequired, _to_sign_in)
     console.add_exception_handler(HTTPException, _error_page)
+    console.add_exception_handler(RequestValidationError, _invalid_request_page)
     console.add_exception_handler(404, _not_found)
     # The console answers what no route of ``app`` matched (Starlette's ``Router.default``,
     # its 404 otherwise): API routes added later still come first, and still need tokens.
@@ -98,6 +101,27 @@ async def _error_page(request: Request, exc: Exception) -> Response:
         {"status": exc.status_code, "detail": exc.detail},
         status=exc.status_code,
     )
+
+
+async def _invalid_request_page(request: Request, exc: Exception) -> Response:
+    """422 as a page naming each parameter at fault (where it is, its name, why), never
+    its value: the console's answer where the API answers ``validation_answers``' JSON."""
+    assert isinstance(exc, RequestValidationError)
+    problems = [
+        {
+            "where": _PLACES.get(str(error["loc"][0]), str(error["loc"][0])),
+            "field": escape_wire_text(".".join(str(part) for part in error["loc"][1:])),
+            "why": error["msg"],
+        }
+        for error in exc.errors()
+    ]
+    detail = "This page cannot be shown for what the address or form asked."
+    return render(
+        request, "error.html", {"status": 422, "detail": detail, "problems": problems}, status=422
+    )
+
+
+_PLACES: Final = {"query": "Query parameter", "path": "Path part", "body": "Form field"}
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:

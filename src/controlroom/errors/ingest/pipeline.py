@@ -40,6 +40,7 @@ from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
 from controlroom.exceptions import ErrorKind, MessageRejected
 from controlroom.runtime.clock import utc_now
 from controlroom.runtime.intake_health import IntakeHealth
+from controlroom.runtime.wire_text import escape_wire_text
 from controlroom.transport.base import Delivery, QueueDepth, Transport, TransportError
 from controlroom.transport.batching import (  # IntakeClosed: raised by run()
     DeliveryBatcher,
@@ -366,7 +367,7 @@ def _first_not_utf8(headers: Mapping[str, str | None]) -> str | None:
     ``None`` (docs/decisions.md "Headers that are not UTF-8 make a failed import")."""
     for name, value in headers.items():
         if not _is_utf8(name):
-            return f"header name {name.encode('utf-8', 'backslashreplace')!r} is not UTF-8"
+            return f"header name '{escape_wire_text(name)}' is not UTF-8"
         if value is not None and not _is_utf8(value):
             return f"the value of header {name!r} is not UTF-8"
     return None

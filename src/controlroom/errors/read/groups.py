@@ -90,10 +90,12 @@ def list_groups(
     status: FailedMessageStatus = FailedMessageStatus.UNRESOLVED,
     title: str | None = None,
     sort: GroupSort = "last",
+    descending: bool = True,
     now: datetime | None = None,
 ) -> list[GroupSummary]:
     """The groups of ``classifier`` that hold messages in ``status``, latest ``last``
-    first (ties by id), or by ``sort``; each with its failures per hour up to ``now``
+    first (ties by id), or by ``sort``; not ``descending``, the other way round (smallest
+    growth first, ties still by latest ``last``); each with its failures per hour up to ``now``
     (default: the clock's). ``title`` keeps only the group with that exact title
     (ServiceControl's ``classifierFilter``). An unknown classifier has no groups."""
     # The id is a hash of classifier and title: the index finds it, the title may not.
@@ -102,8 +104,9 @@ def list_groups(
     found = with_failures_per_hour(conn, [_group(row) for row in rows], now or utc_now())
     if sort == "growth":
         # Stable: equal growth keeps the order by latest last failure.
-        return sorted(found, key=lambda group: -group.growth)
-    return found
+        sign = -1 if descending else 1
+        return sorted(found, key=lambda group: sign * group.growth)
+    return found if descending else found[::-1]
 
 
 def with_failures_per_hour(
