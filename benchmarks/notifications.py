@@ -38,8 +38,8 @@ from typing import Any
 
 import httpx
 import sqlalchemy as sa
-
 from pgserver import scratch_server
+
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.tables import notifications
