@@ -5,6 +5,7 @@ reload sends nothing); a reader sees no buttons and is refused."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from controlroom.app import create_app
 from controlroom.config import AuthToken, Settings
 from controlroom.db.tables import audit_log
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
-from tests.notifications.test_api import put
+from tests.notifications.test_api import NOW, put
 from tests.web.test_console_http import csrf_of
 
 OPERATOR = "operator-token-0123456789abcdef"
@@ -109,3 +110,19 @@ def test_the_dashboard_shows_the_notification_tiles(console: TestClient, engine:
     assert page.status_code == 200
     tile = page.text.split('data-testid="notification-parked"', 1)[1]
     assert '<span class="figure">1</span>' in tile.split("</a>", 1)[0]
+
+
+def test_the_list_filters_by_created_time_from_inclusive_to_exclusive(
+    console: TestClient, engine: sa.Engine
+) -> None:
+    console.post("/signin", data={"token": READER})
+    put(engine, at=NOW, subject="at eight")
+    put(engine, at=NOW + timedelta(hours=1), subject="at nine")
+    put(engine, at=NOW + timedelta(hours=2), subject="at ten")
+    page = console.get(
+        "/notifications", params={"from": "2025-06-01T09:00", "to": "2025-06-01T10:00"}
+    )
+    assert page.status_code == 200
+    assert "at nine" in page.text and "at eight" not in page.text and "at ten" not in page.text
+    assert 'name="from" value="2025-06-01T09:00"' in page.text
+    assert console.get("/notifications", params={"from": "yesterday"}).status_code == 400
