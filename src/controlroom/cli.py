@@ -293,6 +293,49 @@ def demo_endpoints(
         asyncio.run(_run_demo_endpoints(settings, seed, fail_ratio))
 
 
+@demo_app.command("notifications")
+def demo_notification_sinks(
+    central_url: Annotated[
+        str, typer.Option(help="Central's URL: the sinks' ports follow its port.")
+    ] = "http://127.0.0.1:8080",
+    print_settings: Annotated[
+        bool,
+        typer.Option(
+            "--print-settings",
+            help="Print only the JSON of CONTROLROOM_NOTIFICATIONS central needs for these "
+            "sinks, and exit (make demo passes it to serve).",
+        ),
+    ] = False,
+) -> None:
+    """A webhook sink and an SMTP sink for the notification outbox's demo, printing what
+    they receive, until Ctrl+C: the webhook `pager` is answered 500, so its notifications
+    park for an operator's Retry or Discard. Their ports are 14 and 15 past the port of
+    --central-url (8094 and 8095 for 8080)."""
+    import asyncio
+    import json
+
+    from controlroom.demo_notifications import (
+        demo_notification_settings,
+        run_sinks,
+        sink_ports,
+    )
+    from controlroom.site.demo import central_port_of
+
+    central_port = central_port_of(central_url)
+    outbox = json.dumps(demo_notification_settings(central_port), separators=(",", ":"))
+    if print_settings:
+        typer.echo(outbox)  # bare, for a shell to capture
+        return
+    hook, smtp = sink_ports(central_port)
+    console.print(
+        f"Notification sinks: webhooks on port {hook} (ops-chat accepted, pager answered "
+        f"500), e-mail (SMTP) on port {smtp}. Press Ctrl+C to stop.",
+        highlight=False,
+    )
+    with _exit_on_failure(), contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run_sinks(central_port, lambda line: console.print(line, highlight=False)))
+
+
 @app.command("import-failed")
 def import_failed(
     failed_import_id: Annotated[

@@ -259,6 +259,11 @@ class WebhookChannel(BaseModel):
     secret: SecretStr = Field(
         description="The signing secret, whsec_ then base64 (secret: never shown)."
     )
+    format: Literal["standard", "slack"] = Field(
+        "standard",
+        description="The body's shape: the outbox's JSON, or Slack's incoming-webhook "
+        '{"text": ...} (still signed).',
+    )
 
     @field_validator("secret")
     @classmethod

@@ -5,7 +5,7 @@ reload sends nothing); a reader sees no buttons and is refused."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from controlroom.db.tables import audit_log
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.notifications.store import keep_rejected
-from tests.notifications.test_api import put
+from tests.notifications.test_api import NOW, put
 from tests.web.test_console_http import csrf_of
 
 OPERATOR = "operator-token-0123456789abcdef"
@@ -134,3 +134,19 @@ def test_rejected_notifications_are_listed_whole_apart_from_telemetry(
     assert "Re-submit" not in page.text  # a notification is no telemetry
     telemetry = console.get("/site-calls/rejected")
     assert "plant-7" not in telemetry.text and "No telemetry has been rejected." in telemetry.text
+
+
+def test_the_list_filters_by_created_time_from_inclusive_to_exclusive(
+    console: TestClient, engine: sa.Engine
+) -> None:
+    console.post("/signin", data={"token": READER})
+    put(engine, at=NOW, subject="at eight")
+    put(engine, at=NOW + timedelta(hours=1), subject="at nine")
+    put(engine, at=NOW + timedelta(hours=2), subject="at ten")
+    page = console.get(
+        "/notifications", params={"from": "2025-06-01T09:00", "to": "2025-06-01T10:00"}
+    )
+    assert page.status_code == 200
+    assert "at nine" in page.text and "at eight" not in page.text and "at ten" not in page.text
+    assert 'name="from" value="2025-06-01T09:00"' in page.text
+    assert console.get("/notifications", params={"from": "yesterday"}).status_code == 400

@@ -145,6 +145,31 @@ def test_a_webhook_is_delivered_once_signed_so_standardwebhooks_verifies_it(
     assert stored.terminal_at_utc == clock() and stored.claim_token is None
 
 
+def test_a_slack_format_webhook_gets_slack_text_signed_and_the_same_bytes_again(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+) -> None:
+    settings = outbox_settings(database_url, receiver, mail[1])
+    settings.notifications.webhooks[0].format = "slack"
+    notification_id = put(engine, clock(), subject="<Intake> & stalled", severity="Error")
+    receiver.status = 500
+    dispatch(settings, engine, clock)
+    receiver.status = 200
+    clock.advance()
+    dispatch(settings, engine, clock)
+    first, second = receiver.requests
+    assert first.body == second.body  # serialised once, identical on every attempt
+    payload = Webhook(SECRET).verify(first.body, first.headers)  # before the clock moved
+    assert set(payload) == {"text"}  # Slack's incoming-webhook shape
+    assert payload["text"].startswith("*Error: &lt;Intake&gt; &amp; stalled*\n")
+    assert "nothing stored for 60 s" in payload["text"]
+    assert notification_id in payload["text"]
+    assert row(engine, notification_id).status == "Delivered"
+
+
 def test_a_failing_receiver_makes_it_retrying_then_parked_with_the_same_bytes(
     engine: sa.Engine,
     database_url: str,

@@ -14,6 +14,7 @@ import email.policy
 import email.utils
 import hashlib
 import hmac
+import json
 import ssl
 from collections.abc import Sequence
 from datetime import datetime
@@ -65,6 +66,25 @@ def retry_after_seconds(value: str | None, now: datetime) -> float | None:
     return max(0.0, (when - now).total_seconds())
 
 
+def _slack_escaped(text: str) -> str:
+    """``text`` with Slack's three control characters escaped (``&``, ``<``, ``>``)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_body(payload: str) -> bytes:
+    """The Slack-compatible body of a stored webhook ``payload`` (docs/design.md
+    "Notification channels"): ``{"text": ...}``, the severity and subject in bold, the body,
+    then the notification's id and source. A pure function of the stored payload, so
+    every attempt sends (and signs) the same bytes."""
+    fields = json.loads(payload)
+    text = (
+        f"*{fields['severity']}: {_slack_escaped(fields['subject'])}*\n"
+        f"{_slack_escaped(fields['body'])}\n"
+        f"_{fields['notification_id']} from {_slack_escaped(fields['source'])}_"
+    )
+    return json.dumps({"text": text}, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 def http_verdict(status: int, retry_after: str | None, now: datetime) -> Attempt:
     """The outcome of a webhook answered ``status`` (docs/design.md "Notification
     channels"): 2xx delivered; 3xx a failed attempt, never followed; 410 parks; 408, 425,
@@ -96,7 +116,9 @@ class WebhookSender:
             return Attempt(Verdict.PERMANENT, f"no webhook named {claimed.target!r}")
         if claimed.payload is None:
             return Attempt(Verdict.PERMANENT, "the notification has no webhook payload")
-        body = claimed.payload.encode()
+        body = (
+            claimed.payload.encode() if hook.format == "standard" else slack_body(claimed.payload)
+        )
         timestamp = str(int(self._clock().timestamp()))
         headers = {
             "content-type": "application/json",

@@ -67,6 +67,10 @@ class NotificationFilter:
     channel: str | None = None
     source: str | None = None
     target: str | None = None
+    created_from: datetime | None = None
+    """Created at or after this instant."""
+    created_to: datetime | None = None
+    """Created before this instant."""
 
 
 def encode_cursor(instant: datetime, key: str) -> str:
@@ -101,6 +105,10 @@ def list_notifications(
         )
         if value is not None
     ]
+    if filters.created_from is not None:
+        where.append(nc.created_at_utc >= filters.created_from)
+    if filters.created_to is not None:
+        where.append(nc.created_at_utc < filters.created_to)
     if after is not None:
         at, last = decode_cursor(after)
         where.append(

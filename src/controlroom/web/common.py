@@ -6,6 +6,7 @@ This module imports no router, so the imports run one way.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -167,3 +168,17 @@ def safe_next(target: str) -> str:
     if target.startswith("/") and not target.startswith("//") and "\\" not in target:
         return target
     return "/"
+
+
+def form_instant(field: str, value: str) -> datetime | None:
+    """A ``datetime-local`` form value (read as UTC) or an ISO 8601 instant; ``None``
+    when empty. Raises ``HTTPException`` 400 naming ``field``."""
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise HTTPException(
+            400, f"{field}: not a date and time (YYYY-MM-DDTHH:MM[:SS], UTC)"
+        ) from None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)

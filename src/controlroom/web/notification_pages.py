@@ -24,7 +24,15 @@ from controlroom.config import Settings
 from controlroom.notifications import queries
 from controlroom.notifications.lifecycle import Channel, Status
 from controlroom.notifications.store import ActionOutcome, Command, act_on_parked
-from controlroom.web.common import EXTRA_NAV, actor, api_state, redirect, render, viewer
+from controlroom.web.common import (
+    EXTRA_NAV,
+    actor,
+    api_state,
+    form_instant,
+    redirect,
+    render,
+    viewer,
+)
 from controlroom.web.session import Session
 from controlroom.web.sitecall_pages import render_rejected
 
@@ -56,16 +64,23 @@ def notification_list(
     channel: Text = "",
     source: Text = "",
     target: Text = "",
+    created_from: Annotated[str, Query(alias="from", max_length=40)] = "",
+    created_to: Annotated[str, Query(alias="to", max_length=40)] = "",
     after: After = "",
 ) -> Response:
-    """KPI tiles, the channels configured, and the notifications matching the filters,
-    newest created first."""
+    """KPI tiles, the channels configured, and the notifications matching the filters
+    (``from`` inclusive, ``to`` exclusive: created instants, UTC), newest created first."""
     if status and status not in STATUSES:
         raise HTTPException(400, f"status must be one of {', '.join(STATUSES)}")
     if channel and channel not in CHANNELS:
         raise HTTPException(400, f"channel must be one of {', '.join(CHANNELS)}")
     filters = queries.NotificationFilter(
-        status or None, channel or None, source or None, target or None
+        status or None,
+        channel or None,
+        source or None,
+        target or None,
+        created_from=form_instant("from", created_from),
+        created_to=form_instant("to", created_to),
     )
     settings: Settings = api_state(request).settings
     with _engine(request).connect() as conn:
@@ -87,7 +102,14 @@ def notification_list(
             "notifications": page.rows,
             "next_cursor": page.next_cursor,
             "after": after,
-            "params": {"status": status, "channel": channel, "source": source, "target": target},
+            "params": {
+                "status": status,
+                "channel": channel,
+                "source": source,
+                "target": target,
+                "from": created_from,
+                "to": created_to,
+            },
             "statuses": STATUSES,
             "channels": CHANNELS,
             "kpis": kpis[""],

@@ -44,6 +44,7 @@ from controlroom.web.common import (
     EXTRA_NAV,
     actor,
     api_state,
+    form_instant,
     redirect,
     redirect_with,
     render,
@@ -135,8 +136,8 @@ def site_call_list(
         status=status or None,
         channel=channel or None,
         target=target or None,
-        created_from=_instant("from", created_from),
-        created_to=_instant("to", created_to),
+        created_from=form_instant("from", created_from),
+        created_to=form_instant("to", created_to),
     )
     settings: Settings = api_state(request).settings
     with _engine(request).connect() as conn:
@@ -362,8 +363,8 @@ def audit_log_page(
         category=category or None,
         target=target or None,
         correlation_id=correlation_id or None,
-        occurred_from=_instant("from", occurred_from),
-        occurred_to=_instant("to", occurred_to),
+        occurred_from=form_instant("from", occurred_from),
+        occurred_to=form_instant("to", occurred_to),
     )
     with _engine(request).connect() as conn:
         try:
@@ -454,20 +455,6 @@ def _scopes(conn: sa.Connection, settings: Settings) -> list[tuple[str, list[str
         if node is not None:
             found.add(node)
     return [(site, sorted(found)) for site, found in sorted(nodes.items())]
-
-
-def _instant(field: str, value: str) -> datetime | None:
-    """A ``datetime-local`` form value (read as UTC) or an ISO 8601 instant; ``None``
-    when empty. Raises ``HTTPException`` 400 naming ``field``."""
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise HTTPException(
-            400, f"{field}: not a date and time (YYYY-MM-DDTHH:MM[:SS], UTC)"
-        ) from None
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
 def _engine(request: Request) -> sa.Engine:
