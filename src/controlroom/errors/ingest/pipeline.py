@@ -49,6 +49,9 @@ from controlroom.transport.batching import (  # IntakeClosed: raised by run()
 
 log = logging.getLogger(__name__)
 
+INTAKE_NAME = "error queue intake"
+"""The name its health goes by (``/api/health``, ``/metrics``)."""
+
 __all__ = ["IngestionService", "IngestionUnitOfWork", "IntakeClosed"]
 
 INGESTED = Counter(
@@ -150,7 +153,7 @@ class IngestionService:
         self._body_store = body_store
         self._stopping = threading.Event()
         self.health = IntakeHealth(
-            "error queue intake",
+            INTAKE_NAME,
             settings.error_queue,
             stall_seconds=settings.ingestion.stall_seconds,
         )
