@@ -10,6 +10,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -182,3 +184,78 @@ def test_merged_exposition_labels_each_workers_series() -> None:
     assert 'a_total{q="e",worker="1"} 5.0' in text
     assert 'b{worker="1"} 2.0' in text
     assert text.count("# TYPE a_total counter") == 1
+
+
+@pytest.mark.postgresql
+def test_the_postgresql_backends_of_a_worker_run_at_its_niceness(
+    tmp_path: Path, postgresql_url: str
+) -> None:
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=postgresql_url,
+        ingestion=IngestionSettings(workers=1, nice=NICE),
+    )
+    database = sa.make_url(postgresql_url).database
+    reniced: list[int] = []
+
+    def backends_at_nice() -> list[int]:
+        engine = create_store_engine(postgresql_url)
+        try:
+            with engine.connect() as conn:
+                pids = conn.execute(
+                    sa.text("SELECT pid FROM pg_stat_activity WHERE datname = :d"),
+                    {"d": database},
+                ).scalars()
+                return [
+                    pid for pid in pids if os.path.exists(f"/proc/{pid}") and niceness(pid) == NICE
+                ]
+        finally:
+            engine.dispose()
+
+    async def body(url: str) -> None:
+        await publish(settings, 0, 10)
+        await until(lambda: asyncio.to_thread(lambda: stored_count(settings) == 10))
+        reniced.extend(await asyncio.to_thread(backends_at_nice))
+
+    serve(settings, body)
+    assert reniced  # the worker's, and only a worker's are lowered
+
+
+def test_sigterm_to_controlroom_serve_stops_its_workers(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "CONTROLROOM_DATA_DIR": str(tmp_path / "data"),
+        "CONTROLROOM_INGESTION__WORKERS": "2",
+    }
+    serve_process = subprocess.Popen(
+        [str(Path(sys.executable).with_name("controlroom")), "serve", "--port", "0"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        workers = asyncio.run(_workers_of(serve_process.pid, 2))
+        serve_process.send_signal(signal.SIGTERM)
+        assert serve_process.wait(timeout=TIMEOUT) == 0
+    finally:
+        if serve_process.poll() is None:
+            serve_process.kill()
+            serve_process.wait()
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+
+async def _workers_of(pid: int, count: int) -> set[int]:
+    found: set[int] = set()
+
+    async def started() -> bool:
+        found.clear()
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                for child in (task / "children").read_text().split():
+                    if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                        found.add(int(child))
+        return len(found) == count
+
+    async with asyncio.timeout(TIMEOUT):
+        await until(started)
+    return set(found)
