@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
@@ -48,8 +48,12 @@ from controlroom.transport.base import Transport
 from controlroom.validation_answers import install_validation_answer
 from controlroom.web import install_console
 
-if TYPE_CHECKING:
-    from controlroom.errors.retries.processor import RetryProcessor
+
+class Wakeable(Protocol):
+    """What the app wakes when a retry request created batches: the retry processor, or
+    the intake workers that run it (``controlroom.workers``)."""
+
+    def wake(self) -> None: ...
 
 
 COMPRESS_MINIMUM_BYTES: Final = 1024
@@ -62,10 +66,11 @@ def create_app(
     *,
     health_checks: Mapping[str, health.HealthCheck] | None = None,
     transport: Transport | None = None,
-    retry_processor: RetryProcessor | None = None,
+    retry_processor: Wakeable | None = None,
     reconciliation: ReconciliationService | None = None,
     on_telemetry_written: Callable[[], None] | None = None,
     intakes: Sequence[IntakeHealth] = (),
+    exposition: Callable[[], bytes] | None = None,
 ) -> FastAPI:
     """The HTTP API over a migrated store ``engine`` and its ``body_store``.
 
@@ -78,7 +83,8 @@ def create_app(
     fresh one, without its schedule, by default). ``on_telemetry_written`` is called
     after a telemetry request stored a packet (the KPI sampler's cue). ``intakes``: the
     running intakes' health, which ``GET /api/health`` reports as ``"intake"`` (none:
-    not reported).
+    not reported). ``exposition``, when given, answers the process's own metrics for
+    ``/metrics`` (the intake workers': ``controlroom.workers``); else the default registry.
     """
     # Authentication covers every route, those added later too (auth.py: open routes).
     # /docs is the console's (Swagger UI from the package, offline); no CDN-based ReDoc.
@@ -98,6 +104,7 @@ def create_app(
     app.state.reconciliation = reconciliation or _reconciliation(settings, engine)
     app.state.on_telemetry_written = on_telemetry_written
     app.state.intakes = list(intakes)
+    app.state.exposition = exposition
     app.state.health_checks = dict(
         health_checks if health_checks is not None else {"database": health.database_check(engine)}
     )

@@ -66,6 +66,20 @@ class IngestionSettings(BaseModel):
         ),
     )
 
+    workers: int = Field(
+        1,
+        ge=0,
+        le=32,
+        description=(
+            "Worker processes serve starts for intake, retries' sends and notification "
+            "dispatch, at a lower CPU priority than the API and the console; 0 runs them in "
+            "serve's own process."
+        ),
+    )
+    nice: int = Field(
+        10, ge=0, le=19, description="How much the workers lower their CPU priority (os.nice)."
+    )
+
     @property
     def effective_prefetch(self) -> int:
         return self.prefetch or self.batch_size * self.concurrent_batches

@@ -8,7 +8,10 @@ builds the API (``create_app``) behind the Host check, and runs its parts in one
 ``asyncio.TaskGroup``:
 
 - ``http``: uvicorn serving the API and the console on the listening socket;
-- ``ingestion`` and ``telemetry ingestion`` (when ``ingest_on_serve``);
+- ``ingestion`` and ``telemetry ingestion`` (when ``ingest_on_serve``), the retry
+  processor and the notification dispatcher: in ``ingestion.workers`` worker processes
+  at a lower CPU priority (``workers``, supervised by the ``workers`` part; docs/design.md
+  "Process shape"), or in this process when ``ingestion.workers`` is 0;
 - the retry processor and the periodic singletons (``runtime.periodic``: retention
   sweep, KPI sampler, site-call purge, and reconciliation when sites are configured),
   each under its lease, so one process does each when several serve one database;
@@ -49,6 +52,7 @@ from controlroom.db.errors import describe_store_error, is_transient
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.providers import provider_for
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.pipeline import INTAKE_NAME as ERROR_INTAKE
 from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.ingest.search_backfill import write_missing_search_terms
 from controlroom.errors.retention import RetentionSweeper
@@ -59,14 +63,17 @@ from controlroom.notifications.dispatcher import Dispatcher
 from controlroom.notifications.history import NotificationKpiSampler
 from controlroom.notifications.retention import NotificationRetention
 from controlroom.notifications.rules import apply_rules
+from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.runtime.serve_lock import serving
 from controlroom.runtime.sockets import listen
 from controlroom.runtime.startup import Stopped, wait_until_reachable
 from controlroom.sitecalls.history import KpiSampler
+from controlroom.sitecalls.intake import INTAKE_NAME as TELEMETRY_INTAKE
 from controlroom.sitecalls.intake import TelemetryIngestionService
 from controlroom.sitecalls.reconciliation import ReconciliationService
 from controlroom.sitecalls.retention import SiteCallRetention
 from controlroom.transport import Transport, TransportError, create_transport
+from controlroom.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -230,23 +237,38 @@ class _Service:
         reconciliation = ReconciliationService(settings, engine, owner=str(uuid.uuid4()))
         sampler = KpiSampler(engine, settings)
         self._intakes: dict[str, IngestionService | TelemetryIngestionService] = {}
-        if settings.ingest_on_serve:
+        self._workers: WorkerPool | None = None
+        healths: list[IntakeHealth] = []
+        if settings.ingest_on_serve and settings.ingestion.workers > 0:
+            healths = [
+                IntakeHealth(name, queue, stall_seconds=settings.ingestion.stall_seconds)
+                for name, queue in (
+                    (ERROR_INTAKE, settings.error_queue),
+                    (TELEMETRY_INTAKE, settings.telemetry_queue),
+                )
+            ]
+            self._workers = WorkerPool(
+                settings, healths, on_telemetry_written=sampler.intake_written
+            )
+        elif settings.ingest_on_serve:
             self._intakes = {
                 "ingestion": IngestionService(settings, engine, transport, body_store),
                 "telemetry ingestion": TelemetryIngestionService(
                     settings, engine, transport, on_written=sampler.intake_written
                 ),
             }
+            healths = [intake.health for intake in self._intakes.values()]
         api = create_app(
             settings,
             engine,
             body_store,
             health_checks={"database": database_check(engine), "broker": transport.check},
             transport=transport,
-            retry_processor=retry_processor,
+            retry_processor=self._workers or retry_processor,
             reconciliation=reconciliation,
             on_telemetry_written=sampler.intake_written,
-            intakes=[intake.health for intake in self._intakes.values()],
+            intakes=healths,
+            exposition=self._workers.exposition if self._workers else None,
         )
         # The Host check needs the bound address, which only the server knows (api/guard.py):
         # the socket's port, which differs from settings.port when that is 0 or the caller
@@ -266,14 +288,17 @@ class _Service:
         )
         # Cancelled at the stop; an unsent retry batch stays persisted for the next start.
         self._cancelled: dict[str, Callable[[], Awaitable[None]]] = {
-            "retry processor": retry_processor.run,
             "retention": sweeper.run,
             "KPI sampler": sampler.run,
             "site-call purge": SiteCallRetention(engine, settings).run,
-            "notification dispatch": Dispatcher(settings, engine, owner=str(uuid.uuid4())).run,
             "notification purge": NotificationRetention(engine, settings).run,
             "notification KPI sampler": NotificationKpiSampler(engine, settings).run,
         }
+        if self._workers is None:  # else the workers send retries and notifications
+            self._cancelled["retry processor"] = retry_processor.run
+            self._cancelled["notification dispatch"] = Dispatcher(
+                settings, engine, owner=str(uuid.uuid4())
+            ).run
         if settings.sites:
             self._cancelled["reconciliation"] = reconciliation.run
 
@@ -288,16 +313,21 @@ class _Service:
                 )
                 for name, intake in self._intakes.items():
                     group.create_task(self._supervise(name, intake.run), name=name)
+                if self._workers is not None:
+                    group.create_task(self._supervise("workers", self._workers.run))
                 cancelled = [
                     group.create_task(self._supervise(name, part), name=name)
                     for name, part in self._cancelled.items()
                 ]
                 if on_serving is not None:
-                    on_serving(Serving(self._url(), ingesting=bool(self._intakes)))
+                    ingesting = bool(self._intakes) or self._workers is not None
+                    on_serving(Serving(self._url(), ingesting=ingesting))
                 await stop.wait()
                 self._stopping = True
                 for intake in self._intakes.values():
                     await intake.stop()
+                if self._workers is not None:
+                    await self._workers.stop()
                 self._http.should_exit = True
                 for task in cancelled:
                     task.cancel()

@@ -70,8 +70,9 @@ UNMATCHED = "unmatched"
 
 @router.get("/metrics", include_in_schema=False)
 def get_metrics(request: Request) -> Response:
-    """Every metric of this process, then the site-call gauges, in the Prometheus text
-    format."""
+    """Every metric of this process (with those of its intake workers when
+    ``app.state.exposition`` merges them in), then the site-call gauges, in the
+    Prometheus text format."""
     state = request.app.state
     for intake in state.intakes:
         intake.state()  # its gauges as of now: a stall is a matter of time passing
@@ -85,7 +86,8 @@ def get_metrics(request: Request) -> Response:
     except Exception:
         log.warning("could not read the notification gauges", exc_info=True)
         outbox = b""
-    return Response(generate_latest() + site_calls + outbox, media_type=CONTENT_TYPE_LATEST)
+    own = state.exposition() if state.exposition is not None else generate_latest()
+    return Response(own + site_calls + outbox, media_type=CONTENT_TYPE_LATEST)
 
 
 def notification_gauges(engine: sa.Engine, settings: Settings) -> CollectorRegistry:

@@ -40,6 +40,9 @@ from controlroom.transport.batching import DeliveryBatcher, ack_all, reject_all
 
 log = logging.getLogger(__name__)
 
+INTAKE_NAME = "telemetry intake"
+"""The name its health goes by (``/api/health``, ``/metrics``)."""
+
 
 def _unreadable(error: Exception) -> str:
     # Validation is pure: what escapes the contract for a packet (a bug) escapes it on
@@ -128,7 +131,7 @@ class TelemetryIngestionService:
         self._stopping = threading.Event()
         self._writer = make_writer(settings, engine, self._stopping, on_written=on_written)
         self.health = IntakeHealth(
-            "telemetry intake",
+            INTAKE_NAME,
             settings.telemetry_queue,
             stall_seconds=settings.ingestion.stall_seconds,
         )

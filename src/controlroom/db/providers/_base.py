@@ -441,6 +441,13 @@ class Provider(ABC):
         tables are vacuumed as they turn over")."""
         return []
 
+    def local_backend_pid(self, dbapi_connection: Any) -> int | None:
+        """The id of the server process on this machine that serves ``dbapi_connection``
+        (a driver connection), or ``None`` when the work runs in the caller's own process
+        (SQLite) or the server is elsewhere. Intake workers lower its CPU priority with
+        their own (docs/design.md "Process shape")."""
+        return None
+
     def compact_group_counts(self, conn: sa.Connection) -> None:  # noqa: B027 - optional
         """Fold ``failed_message_group_counts`` to one row per key, dropping keys whose
         sum is 0; no sum changes (migration 0014). Nothing to do where the triggers keep

@@ -582,10 +582,25 @@ class PostgreSQLProvider(OnConflictProvider):
     def vacuum_warnings(self, conn: sa.Connection) -> list[str]:
         return vacuum_warnings(conn)
 
+    def local_backend_pid(self, dbapi_connection: Any) -> int | None:
+        # A Unix socket or a loopback address, and a process named postgres under that
+        # id here: in another host's or container's process space the id means nothing.
+        info = dbapi_connection.info
+        if not (str(info.host).startswith("/") or info.host in _LOOPBACK):
+            return None
+        pid = int(info.backend_pid)
+        try:
+            with open(f"/proc/{pid}/comm", encoding="utf-8") as comm:
+                return pid if comm.read().strip() == "postgres" else None
+        except OSError:
+            return None
+
     def migration_lock(self, conn: sa.Connection) -> None:
         # Processes starting together against a fresh database migrate one after the
         # other; the lock ends with the transaction.
         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(lease_key("controlroom-migrations"))))
 
+
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 
 PROVIDER = PostgreSQLProvider()

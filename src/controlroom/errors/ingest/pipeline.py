@@ -51,6 +51,9 @@ from controlroom.transport.batching import (  # IntakeClosed: raised by run()
 
 log = logging.getLogger(__name__)
 
+INTAKE_NAME = "error queue intake"
+"""The name its health goes by (``/api/health``, ``/metrics``)."""
+
 __all__ = ["IngestionService", "IngestionUnitOfWork", "IntakeClosed"]
 
 INGESTED = Counter(
@@ -153,7 +156,7 @@ class IngestionService:
         self._stopping = threading.Event()
         self._engine = engine
         self.health = IntakeHealth(
-            "error queue intake",
+            INTAKE_NAME,
             settings.error_queue,
             stall_seconds=settings.ingestion.stall_seconds,
         )

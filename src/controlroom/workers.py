@@ -1,0 +1,391 @@
+"""Intake in worker processes at a lower CPU priority (docs/design.md "Process shape").
+
+``controlroom serve`` with ``ingestion.workers`` > 0 starts that many worker processes
+(multiprocessing, spawn context) and keeps health, metrics, the API and the console in
+its own. Each worker lowers its CPU priority by ``ingestion.nice`` (``os.nice``), opens
+the store and the transport, and runs the error queue's and the telemetry queue's
+intakes, the retry processor (its sends) and the notification dispatcher. The priority
+covers the database work a worker starts: SQLite runs in the worker itself; a PostgreSQL
+backend serving a worker's connection is reniced too, when the store says where its
+backend runs and this process may renice it (``db.providers``: ``local_backend_pid``).
+
+One pipe per worker carries, worker to serve: its intakes' health reports (``stored``,
+``failed``, ``depth``: serve's ``IntakeHealth`` applies them, so ``/api/health`` answers
+as in one process), telemetry written (the KPI sampler's cue) and a snapshot of its
+metrics (the Prometheus text format, every ``METRICS_SECONDS`` and at its end), which
+serve's ``/metrics`` merges with its own, each worker's series labelled ``worker``.
+Serve to worker: ``wake`` (a retry was requested: look for batches now).
+
+A worker that ends while serve runs is logged and started again, after a back-off that
+doubles from ``RESTART_MIN_SECONDS`` to ``RESTART_MAX_SECONDS`` and starts again from the
+minimum once a worker has run ``RESTART_RESET_SECONDS``. ``stop()`` sends SIGTERM to every
+worker: a worker stops taking deliveries (the unacknowledged ones stay in their queue,
+acknowledged only after the commit), lets its parts end, and exits; one that has not
+exited after ``STOP_SECONDS`` is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import sqlalchemy as sa
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from controlroom.config import Settings
+from controlroom.db.engine import create_store_engine
+from controlroom.db.providers import provider_for
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.pipeline import IngestionService
+from controlroom.errors.retries.processor import RetryProcessor
+from controlroom.events import subscribe
+from controlroom.notifications.dispatcher import Dispatcher
+from controlroom.notifications.rules import apply_rules
+from controlroom.runtime.intake_health import IntakeHealth
+from controlroom.sitecalls.intake import TelemetryIngestionService
+from controlroom.transport import create_transport
+
+log = logging.getLogger(__name__)
+
+METRICS_SECONDS = 1.0
+RESTART_MIN_SECONDS = 0.5
+RESTART_MAX_SECONDS = 30.0
+RESTART_RESET_SECONDS = 60.0
+STOP_SECONDS = 60.0
+
+_SERVE_ONLY_METRICS = ("controlroom_intake_",)
+"""Families a worker's snapshot leaves out: serve owns its intakes' health gauges."""
+
+
+# -- the worker process ---------------------------------------------------------------
+
+
+def worker_main(settings: Settings, index: int, conn: Connection) -> None:
+    """The worker process's entry point (module docstring): lower the priority, run the
+    parts until SIGTERM, then exit. SIGINT is left to serve, which stops its workers."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.nice(settings.ingestion.nice)
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s",
+    )
+    asyncio.run(_work(settings, _Reporter(conn)))
+
+
+class _Reporter:
+    """The worker's end of its pipe; thread-safe (writers report from their threads)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, *message: Any) -> None:
+        with self._lock, contextlib.suppress(OSError):  # serve is gone: nothing to tell
+            self.conn.send(message)
+
+    def send_metrics(self) -> None:
+        self.send("metrics", generate_latest(REGISTRY).decode())
+
+
+class _ReportingHealth(IntakeHealth):
+    """An intake's health in a worker: every report goes to serve, whose ``IntakeHealth``
+    of the same name decides and answers."""
+
+    def __init__(self, of: IntakeHealth, reporter: _Reporter) -> None:
+        super().__init__(of.name, of.queue, stall_seconds=1.0)
+        self._reporter = reporter
+
+    def stored(self) -> None:
+        self._reporter.send("health", self.name, "stored", None)
+
+    def failed(self, reason: str) -> None:
+        self._reporter.send("health", self.name, "failed", reason)
+
+    def observed_depth(self, messages: int) -> None:
+        self._reporter.send("health", self.name, "depth", messages)
+
+
+async def _work(settings: Settings, reporter: _Reporter) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    engine = create_store_engine(settings.effective_database_url)
+    _lower_backends(engine, settings.ingestion.nice)
+    transport = create_transport(settings)
+    await transport.start()
+    unsubscribe = subscribe(engine, partial(apply_rules, settings.notifications))
+    try:
+        await _run_parts(settings, engine, transport, reporter, stop)
+    finally:
+        unsubscribe()
+        await transport.close()
+        engine.dispose()
+        reporter.send_metrics()
+
+
+async def _run_parts(
+    settings: Settings, engine: sa.Engine, transport: Any, reporter: _Reporter, stop: asyncio.Event
+) -> None:
+    body_store = FileSystemBodyStore(settings.body_dir)
+    errors = IngestionService(settings, engine, transport, body_store)
+    telemetry = TelemetryIngestionService(
+        settings, engine, transport, on_written=lambda: reporter.send("telemetry written")
+    )
+    for intake in (errors, telemetry):
+        intake.health = _ReportingHealth(intake.health, reporter)
+    retries = RetryProcessor(settings, engine, transport, body_store)
+    dispatcher = Dispatcher(settings, engine, owner=str(uuid.uuid4()))
+    loop = asyncio.get_running_loop()
+    loop.add_reader(reporter.conn.fileno(), partial(_on_serve_message, reporter.conn, retries))
+    intakes = [asyncio.create_task(errors.run()), asyncio.create_task(telemetry.run())]
+    others = [
+        asyncio.create_task(retries.run()),
+        asyncio.create_task(dispatcher.run()),
+        asyncio.create_task(_report_metrics(reporter)),
+    ]
+    ended = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([ended, *intakes, *others], return_when=asyncio.FIRST_COMPLETED)
+    loop.remove_reader(reporter.conn.fileno())
+    await errors.stop()
+    await telemetry.stop()
+    for task in [ended, *others]:
+        task.cancel()
+    await asyncio.gather(*intakes, *others, return_exceptions=True)
+    if ended not in done:  # a part ended while the worker should run: serve restarts it
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("a part of the worker stopped", exc_info=task.exception())
+        raise SystemExit(1)
+
+
+def _on_serve_message(conn: Connection, retries: RetryProcessor) -> None:
+    try:
+        message = conn.recv()
+    except (EOFError, OSError):
+        os.kill(os.getpid(), signal.SIGTERM)  # serve is gone: stop as if told to
+        return
+    if message == ("wake",):
+        retries.wake()
+
+
+async def _report_metrics(reporter: _Reporter) -> None:
+    while True:
+        reporter.send_metrics()
+        await asyncio.sleep(METRICS_SECONDS)
+
+
+def _lower_backends(engine: sa.Engine, nice: int) -> None:
+    """Renice each PostgreSQL backend serving this worker's connections by ``nice``, when
+    the store says it runs on this machine and the OS lets this process (docs/design.md
+    "Process shape"); otherwise the backend keeps its priority, said once in the log."""
+    provider = provider_for(engine)
+    told = threading.Event()
+
+    def lower(dbapi_connection: Any, _record: Any) -> None:
+        pid = provider.local_backend_pid(dbapi_connection)
+        if pid is None:
+            return
+        try:
+            current = os.getpriority(os.PRIO_PROCESS, pid)
+            os.setpriority(os.PRIO_PROCESS, pid, min(19, current + nice))
+        except OSError as exc:
+            if not told.is_set():
+                told.set()
+                log.info("the store's backends keep their priority: %s", exc)
+
+    sa.event.listen(engine, "connect", lower)
+
+
+# -- serve's side ---------------------------------------------------------------------
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: BaseProcess
+    conn: Connection
+    started: float
+    metrics: str = ""
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class WorkerPool:
+    """Serve's worker processes (module docstring). ``healths``: serve's ``IntakeHealth``
+    by intake name, which the workers' reports update; ``on_telemetry_written``: called
+    when a worker wrote telemetry."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        healths: Iterable[IntakeHealth],
+        *,
+        on_telemetry_written: Callable[[], None],
+    ) -> None:
+        self._settings = settings
+        self._healths: Mapping[str, IntakeHealth] = {h.name: h for h in healths}
+        self._on_telemetry_written = on_telemetry_written
+        self._context = multiprocessing.get_context("spawn")
+        self._workers: dict[int, _Worker] = {}
+        self._stopping = False
+        self._last_metrics: dict[int, str] = {}
+
+    @property
+    def pids(self) -> list[int]:
+        """The process ids of the running workers."""
+        return [w.process.pid for w in self._workers.values() if w.process.pid is not None]
+
+    async def run(self) -> None:
+        """Start the workers and keep them running until ``stop()``."""
+        await asyncio.gather(
+            *(self._keep(index) for index in range(self._settings.ingestion.workers))
+        )
+
+    async def _keep(self, index: int) -> None:
+        delay = RESTART_MIN_SECONDS
+        while not self._stopping:
+            worker = self._start(index)
+            await worker.exited.wait()
+            if self._stopping:
+                return
+            ran = time.monotonic() - worker.started
+            delay = RESTART_MIN_SECONDS if ran >= RESTART_RESET_SECONDS else delay
+            log.error(
+                "intake worker %d (pid %s) ended with exit code %s; starting it again in %.1f s",
+                index,
+                worker.process.pid,
+                worker.process.exitcode,
+                delay,
+            )
+            await asyncio.sleep(delay)
+            delay = min(RESTART_MAX_SECONDS, delay * 2)
+
+    def _start(self, index: int) -> _Worker:
+        ours, theirs = self._context.Pipe(duplex=True)
+        process = self._context.Process(
+            target=worker_main,
+            args=(self._settings, index, theirs),
+            name=f"controlroom-worker-{index}",
+            daemon=False,
+        )
+        process.start()
+        theirs.close()
+        worker = _Worker(index, process, ours, time.monotonic())
+        self._workers[index] = worker
+        loop = asyncio.get_running_loop()
+        loop.add_reader(ours.fileno(), partial(self._on_message, worker))
+        loop.add_reader(process.sentinel, partial(self._on_exit, worker))
+        log.info("intake worker %d started (pid %s)", index, process.pid)
+        return worker
+
+    def _on_message(self, worker: _Worker) -> bool:
+        """Take one message from ``worker``; ``False`` once its end of the pipe closed."""
+        try:
+            message = worker.conn.recv()
+        except (EOFError, OSError):
+            asyncio.get_running_loop().remove_reader(worker.conn.fileno())
+            return False
+        kind = message[0]
+        if kind == "metrics":
+            self._last_metrics[worker.index] = message[1]
+        elif kind == "health":
+            self._apply_health(*message[1:])
+        elif kind == "telemetry written":
+            self._on_telemetry_written()
+        return True
+
+    def _apply_health(self, name: str, what: str, argument: Any) -> None:
+        health = self._healths.get(name)
+        if health is None:
+            return
+        if what == "stored":
+            health.stored()
+        elif what == "failed":
+            health.failed(str(argument))
+        elif what == "depth":
+            health.observed_depth(int(argument))
+
+    def _on_exit(self, worker: _Worker) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(worker.process.sentinel)
+        while worker.conn.poll() and self._on_message(worker):
+            pass  # what it said last (its final metrics)
+        loop.remove_reader(worker.conn.fileno())
+        worker.conn.close()
+        worker.process.join()
+        worker.exited.set()
+
+    def wake(self) -> None:
+        """Tell every worker's retry processor to look for batches now."""
+        for worker in self._workers.values():
+            if not worker.exited.is_set():
+                with contextlib.suppress(OSError):
+                    worker.conn.send(("wake",))
+
+    async def stop(self) -> None:
+        """SIGTERM every worker and wait for it (killed after ``STOP_SECONDS``)."""
+        self._stopping = True
+        workers = list(self._workers.values())
+        for worker in workers:
+            if not worker.exited.is_set():
+                worker.process.terminate()
+        for worker in workers:
+            try:
+                await asyncio.wait_for(worker.exited.wait(), STOP_SECONDS)
+            except TimeoutError:
+                log.error("intake worker %d did not stop; killing it", worker.index)
+                worker.process.kill()
+                await worker.exited.wait()
+
+    def exposition(self) -> bytes:
+        """Serve's own metrics merged with the workers' last snapshots (module
+        docstring), in the Prometheus text format."""
+        return merged_exposition(generate_latest(REGISTRY).decode(), self._last_metrics)
+
+
+def merged_exposition(own: str, workers: Mapping[int, str]) -> bytes:
+    """``own`` (a Prometheus text exposition) with every family of each worker's (by
+    index) merged in, their samples labelled ``worker="<index>"``; the families of
+    ``_SERVE_ONLY_METRICS`` are taken from ``own`` only."""
+    families: dict[str, Metric] = {}
+    for family in text_string_to_metric_families(own):
+        families[family.name] = family
+    for index, text in sorted(workers.items()):
+        for family in text_string_to_metric_families(text):
+            if family.name.startswith(_SERVE_ONLY_METRICS):
+                continue
+            into = families.setdefault(
+                family.name, Metric(family.name, family.documentation, family.type)
+            )
+            into.samples.extend(
+                Sample(s.name, {**s.labels, "worker": str(index)}, s.value, s.timestamp)
+                for s in family.samples
+            )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(families.values())))
+    return generate_latest(registry)
+
+
+class _Families:
+    """A collector of fixed families (for ``merged_exposition``)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families

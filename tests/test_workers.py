@@ -1,0 +1,261 @@
+"""Intake in worker processes (docs/design.md "Process shape"): ``controlroom.server.run``
+with ``ingestion.workers`` = 1 starts a worker at the configured niceness, restarts it when
+it is killed without losing a message, stops it at the stop, and its metrics and health
+reach the API process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from controlroom import server
+from controlroom.config import IngestionSettings, Settings
+from controlroom.db.engine import create_store_engine
+from controlroom.db.tables import failed_messages
+from controlroom.runtime.sockets import listen
+from controlroom.transport import create_transport
+from controlroom.workers import merged_exposition
+from tests.nsb import failed_headers
+from tests.servers import TEST_CLIENT_TIMEOUT
+
+TIMEOUT = 120.0
+NICE = 7
+
+
+@pytest.fixture
+def worker_settings(settings: Settings) -> Settings:
+    return settings.model_copy(
+        update={"ingestion": IngestionSettings(workers=1, nice=NICE, batch_size=20)}
+    )
+
+
+def children() -> set[int]:
+    """The ids of this process's worker processes (Linux /proc: the children started by
+    multiprocessing's spawn, not its resource tracker)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread or a child that just ended
+            for pid in (task / "children").read_text().split():
+                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.add(int(pid))
+    return found
+
+
+def niceness(pid: int) -> int:
+    """Field 19 of /proc/<pid>/stat (after the parenthesised command name)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
+def stored_count(settings: Settings) -> int:
+    engine = create_store_engine(settings.effective_database_url)
+    try:
+        with engine.connect() as conn:
+            count = sa.select(sa.func.count()).select_from(failed_messages)
+            return int(conn.execute(count).scalar_one())
+    finally:
+        engine.dispose()
+
+
+async def publish(settings: Settings, first: int, count: int) -> None:
+    transport = create_transport(settings)
+    await transport.start()
+    try:
+        for n in range(first, first + count):
+            headers = failed_headers(f"worker-test-{n}")
+            await transport.publish(settings.error_queue, headers, b'{"n": %d}' % n)
+    finally:
+        await transport.close()
+
+
+async def until(condition: Callable[[], Awaitable[bool]]) -> None:
+    while not await condition():
+        await asyncio.sleep(0.1)
+
+
+def serve(settings: Settings, body: Callable[[str], Awaitable[None]]) -> set[int]:
+    """Run the service, call ``body`` with its URL, stop it; answers the child processes
+    left afterwards."""
+
+    async def main() -> None:
+        seen: list[server.Serving] = []
+        stop = asyncio.Event()
+        with listen("127.0.0.1", 0) as listener:
+            running = asyncio.create_task(
+                server.run(settings, listener=listener, stop=stop, on_serving=seen.append)
+            )
+            async with asyncio.timeout(TIMEOUT):
+                await until(lambda: asyncio.sleep(0, bool(seen)))
+                try:
+                    await body(seen[0].url)
+                finally:
+                    stop.set()
+                    await running
+
+    before = children()
+    asyncio.run(main())
+    return children() - before
+
+
+@pytest.mark.rabbitmq
+def test_a_killed_worker_is_started_again_at_its_niceness_and_loses_no_message(
+    worker_settings: Settings, rabbitmq_url: str
+) -> None:
+    # On RabbitMQ, whose redelivery of a dead consumer's messages is immediate; the
+    # embedded queue gives them back when their lease expires (minutes).
+    worker_settings = worker_settings.model_copy(update={"broker_url": rabbitmq_url})
+    pids: list[int] = []
+
+    async def body(url: str) -> None:
+        await until(lambda: asyncio.sleep(0, bool(children())))
+        first = children().pop()
+        pids.append(first)
+        await publish(worker_settings, 0, 200)
+        await until(lambda: asyncio.to_thread(lambda: stored_count(worker_settings) > 0))
+        # It stores only once it has lowered its priority.
+        assert niceness(first) == os.getpriority(os.PRIO_PROCESS, 0) + NICE
+        os.kill(first, signal.SIGKILL)
+        await publish(worker_settings, 200, 200)
+        await until(lambda: asyncio.sleep(0, bool(children() - {first})))
+        pids.append((children() - {first}).pop())
+        await until(lambda: asyncio.to_thread(lambda: stored_count(worker_settings) == 400))
+
+    left = serve(worker_settings, body)
+    assert left == set()  # the stop ended the worker
+    assert pids[0] != pids[1]
+    assert stored_count(worker_settings) == 400
+
+
+def test_the_workers_metrics_and_health_reach_the_api(worker_settings: Settings) -> None:
+    answers: dict[str, str] = {}
+
+    async def body(url: str) -> None:
+        await publish(worker_settings, 0, 30)
+        async with httpx.AsyncClient(base_url=url, timeout=TEST_CLIENT_TIMEOUT) as client:
+
+            async def scraped() -> bool:
+                answers["metrics"] = (await client.get("/metrics")).text
+                return 'worker="0"' in answers["metrics"] and stored_count(worker_settings) == 30
+
+            await until(scraped)
+            await asyncio.sleep(1.5)  # the worker's next snapshot holds the last batch
+            answers["metrics"] = (await client.get("/metrics")).text
+            answers["health"] = (await client.get("/api/health")).text
+
+    serve(worker_settings, body)
+    ingested = [
+        line
+        for line in answers["metrics"].splitlines()
+        if line.startswith("controlroom_ingested_messages_total{") and 'worker="0"' in line
+    ]
+    assert ingested and sum(float(line.rsplit(" ", 1)[1]) for line in ingested) == 30
+    intakes = json.loads(answers["health"])["details"]["intakes"]
+    assert intakes["error queue intake"]["last_stored_at"] is not None
+
+
+def test_sigterm_stops_every_worker(worker_settings: Settings) -> None:
+    settings = worker_settings.model_copy(
+        update={"ingestion": IngestionSettings(workers=2, nice=NICE)}
+    )
+
+    async def body(url: str) -> None:
+        await until(lambda: asyncio.sleep(0, len(children()) == 2))
+
+    assert serve(settings, body) == set()
+
+
+def test_merged_exposition_labels_each_workers_series() -> None:
+    own = '# HELP a_total A\n# TYPE a_total counter\na_total{q="e"} 1.0\n'
+    worker = own.replace(" 1.0", " 5.0") + "# HELP b B\n# TYPE b gauge\nb 2.0\n"
+    text = merged_exposition(own, {0: worker, 1: worker}).decode()
+    assert 'a_total{q="e"} 1.0' in text
+    assert 'a_total{q="e",worker="0"} 5.0' in text
+    assert 'a_total{q="e",worker="1"} 5.0' in text
+    assert 'b{worker="1"} 2.0' in text
+    assert text.count("# TYPE a_total counter") == 1
+
+
+@pytest.mark.postgresql
+def test_the_postgresql_backends_of_a_worker_run_at_its_niceness(
+    tmp_path: Path, postgresql_url: str
+) -> None:
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=postgresql_url,
+        ingestion=IngestionSettings(workers=1, nice=NICE),
+    )
+    database = sa.make_url(postgresql_url).database
+    reniced: list[int] = []
+
+    def backends_at_nice() -> list[int]:
+        engine = create_store_engine(postgresql_url)
+        try:
+            with engine.connect() as conn:
+                pids = conn.execute(
+                    sa.text("SELECT pid FROM pg_stat_activity WHERE datname = :d"),
+                    {"d": database},
+                ).scalars()
+                return [
+                    pid for pid in pids if os.path.exists(f"/proc/{pid}") and niceness(pid) == NICE
+                ]
+        finally:
+            engine.dispose()
+
+    async def body(url: str) -> None:
+        await publish(settings, 0, 10)
+        await until(lambda: asyncio.to_thread(lambda: stored_count(settings) == 10))
+        reniced.extend(await asyncio.to_thread(backends_at_nice))
+
+    serve(settings, body)
+    assert reniced  # the worker's, and only a worker's are lowered
+
+
+def test_sigterm_to_controlroom_serve_stops_its_workers(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "CONTROLROOM_DATA_DIR": str(tmp_path / "data"),
+        "CONTROLROOM_INGESTION__WORKERS": "2",
+    }
+    serve_process = subprocess.Popen(
+        [str(Path(sys.executable).with_name("controlroom")), "serve", "--port", "0"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        workers = asyncio.run(_workers_of(serve_process.pid, 2))
+        serve_process.send_signal(signal.SIGTERM)
+        assert serve_process.wait(timeout=TIMEOUT) == 0
+    finally:
+        if serve_process.poll() is None:
+            serve_process.kill()
+            serve_process.wait()
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+
+async def _workers_of(pid: int, count: int) -> set[int]:
+    found: set[int] = set()
+
+    async def started() -> bool:
+        found.clear()
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                for child in (task / "children").read_text().split():
+                    if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                        found.add(int(child))
+        return len(found) == count
+
+    async with asyncio.timeout(TIMEOUT):
+        await until(started)
+    return set(found)
