@@ -4,6 +4,7 @@ only the site's own token may post them, for its own site only."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,3 +92,40 @@ def test_only_the_sites_own_token_posts_for_its_own_site(
     assert foreign.status_code == 403 and stored(engine) == []
     own = secured.post("/api/site-notifications", json=[item()], headers=site)
     assert own.json()["accepted"] == [0]
+
+
+def test_an_empty_notification_id_is_refused_as_not_a_guid(
+    client: TestClient, engine: sa.Engine
+) -> None:
+    answer = client.post(
+        "/api/site-notifications", json=[item(notification_id=""), item(notification_id="")]
+    )
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["accepted"] == []
+    assert [r["reason"] for r in body["rejected"]] == [
+        "notification_id: must be a GUID, lower-case D form"
+    ] * 2
+    assert stored(engine) == []
+
+
+def test_text_that_is_not_unicode_is_refused_per_item(
+    client: TestClient, engine: sa.Engine
+) -> None:
+    good = item()
+    items = [item(notification_id="\ud800"), item(subject="\udc00 sub"), good]
+    answer = client.post(  # JSON escapes a lone surrogate as \\udXXX, as a site's client may
+        "/api/site-notifications",
+        content=json.dumps(items),
+        headers={"Content-Type": "application/json"},
+    )
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["accepted"] == [2]
+    assert [(r["index"], r["notification_id"]) for r in body["rejected"]] == [
+        (0, None),
+        (1, body["rejected"][1]["notification_id"]),
+    ]
+    assert body["rejected"][0]["reason"].startswith("notification_id: ")
+    assert body["rejected"][1]["reason"].startswith("subject: ")
+    assert [row.notification_id for row in stored(engine)] == [good["notification_id"]]

@@ -41,6 +41,7 @@ from controlroom.notifications.store import (
     check,
     enqueue,
 )
+from controlroom.runtime.wire_text import is_wire_text_clean
 
 router = APIRouter(tags=["notifications"])
 
@@ -239,7 +240,9 @@ def post_site_notifications(
             rejected.append(
                 {
                     "index": index,
-                    "notification_id": given if isinstance(given, str) else None,
+                    "notification_id": given
+                    if isinstance(given, str) and is_wire_text_clean(given)
+                    else None,
                     "reason": str(exc),
                 }
             )
