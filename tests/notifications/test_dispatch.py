@@ -242,6 +242,27 @@ def test_an_email_reaches_each_recipient_once_with_its_id(
     assert b"=?utf-8?" in raw.lower()
 
 
+@pytest.mark.parametrize("line_break", ["\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c"])
+def test_a_subject_with_a_unicode_line_break_is_delivered_on_one_line(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+    line_break: str,
+) -> None:
+    sink, port = mail
+    settings = outbox_settings(database_url, receiver, port)
+    subject = f"Pump 3{line_break}Bcc: victim@example.org"
+    notification_id = put(engine, clock(), channel="Email", target="oncall", subject=subject)
+    dispatch(settings, engine, clock)
+    assert row(engine, notification_id).status == "Delivered"
+    assert [m.recipients for m in sink.mails] == [["a@example.org", "b@example.org"]]
+    for received in sink.mails:
+        assert received.message["Subject"] == "Pump 3 Bcc: victim@example.org"
+        assert received.message["Bcc"] is None
+
+
 def test_a_5xx_for_every_recipient_fails_it(
     engine: sa.Engine,
     database_url: str,
