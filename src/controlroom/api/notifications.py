@@ -40,6 +40,7 @@ from controlroom.notifications.store import (
     act_on_parked,
     check,
     enqueue,
+    notification_id_of,
 )
 from controlroom.runtime.wire_text import is_wire_text_clean
 
@@ -227,7 +228,6 @@ def post_site_notifications(
     if len(items) > MAX_NOTIFICATIONS_PER_POST:
         raise HTTPException(413, f"at most {MAX_NOTIFICATIONS_PER_POST} notifications per request")
     refuse_foreign_packets(request, items)
-    accepted: list[int] = []
     rejected: list[dict[str, Any]] = []
     now = datetime.now(UTC)
     parsed: list[tuple[int, NewNotification]] = []
@@ -249,9 +249,9 @@ def post_site_notifications(
             continue
         parsed.append((index, notification))
     with begin_write(_engine(request)) as conn:
-        for index, notification in parsed:
-            enqueue(conn, notification, now=now)
-            accepted.append(index)
+        for _, notification in sorted(parsed, key=lambda pair: notification_id_of(pair[1])):
+            enqueue(conn, notification, now=now)  # in id order: overlapping posts never deadlock
+    accepted = [index for index, _ in parsed]
     return {"accepted": accepted, "rejected": rejected}
 
 
