@@ -5,6 +5,7 @@ and an outcome never written to a vanished row."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -387,3 +388,40 @@ def test_parked_then_retried_by_an_operator_is_delivered_when_the_receiver_recov
         request.body for request in receiver.requests if request.headers["webhook-id"] == retried
     }
     assert len(bodies) == 1  # the operator's retry sends the same bytes
+
+
+def test_the_dispatcher_backs_off_while_the_database_is_unreachable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = Settings(
+        database_url="postgresql+psycopg://postgres@127.0.0.1:1/unreachable",
+        notifications={"dispatch_interval_seconds": 0.1},
+        ingestion={"max_backoff_seconds": 1.0},
+    )
+    engine = create_store_engine(settings.database_url)
+    dispatcher = Dispatcher(settings, engine, owner="test", senders={}, rng=random.Random(3))
+    failures = 4
+
+    def failed_runs() -> list[float]:
+        return [
+            float(record.getMessage().split("next run in ")[1].split(" s")[0])
+            for record in caplog.records
+            if record.getMessage().startswith("notification dispatch failed")
+        ]
+
+    async def go() -> None:
+        runner = asyncio.create_task(dispatcher.run())
+        while len(failed_runs()) < failures:
+            await asyncio.sleep(0.01)
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+
+    try:
+        with caplog.at_level("WARNING"):
+            asyncio.run(go())
+    finally:
+        engine.dispose()
+    delays = failed_runs()[:failures]
+    assert delays[1] > delays[0] and delays[2] > delays[1]  # doubling, despite the jitter
+    assert max(delays) <= 1.0 * 1.2  # capped by max_backoff_seconds, give or take the jitter
