@@ -18,6 +18,7 @@ from controlroom.app import create_app
 from controlroom.config import AuthToken, Settings
 from controlroom.db.tables import notifications
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.telemetry.widths import NOTIFICATION_BODY_WIDTH
 from tests.reconciliation.harness import central_token_of, site_entry
 
 OPERATOR = "operator-token-0123456789abcdef"
@@ -129,3 +130,18 @@ def test_text_that_is_not_unicode_is_refused_per_item(
     assert body["rejected"][0]["reason"].startswith("notification_id: ")
     assert body["rejected"][1]["reason"].startswith("subject: ")
     assert [row.notification_id for row in stored(engine)] == [good["notification_id"]]
+
+
+def test_a_body_over_its_limit_is_refused_naming_it(client: TestClient, engine: sa.Engine) -> None:
+    answer = client.post(
+        "/api/site-notifications",
+        json=[
+            item(body="b" * NOTIFICATION_BODY_WIDTH),
+            item(body="b" * (NOTIFICATION_BODY_WIDTH + 1)),
+        ],
+    )
+    body = answer.json()
+    assert body["accepted"] == [0]
+    assert [r["reason"] for r in body["rejected"]] == [
+        f"body: {NOTIFICATION_BODY_WIDTH + 1} characters; at most {NOTIFICATION_BODY_WIDTH}"
+    ]

@@ -48,6 +48,7 @@ from controlroom.notifications.lifecycle import (
 )
 from controlroom.runtime.wire_text import is_wire_text_clean
 from controlroom.telemetry.widths import (
+    NOTIFICATION_BODY_WIDTH,
     NOTIFICATION_SOURCE_WIDTH,
     SITE_WIDTH,
     SOURCE_EVENT_ID_WIDTH,
@@ -117,6 +118,7 @@ def check(notification: NewNotification) -> None:
         "source": (notification.source, NOTIFICATION_SOURCE_WIDTH),
         "target": (notification.target, TARGET_WIDTH),
         "subject": (notification.subject, SUBJECT_WIDTH),
+        "body": (notification.body, NOTIFICATION_BODY_WIDTH),
         "source_event_id": (notification.source_event_id, SOURCE_EVENT_ID_WIDTH),
     }
     for field in _TEXT_FIELDS:
