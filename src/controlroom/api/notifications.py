@@ -2,7 +2,8 @@
 calls' auth matrix (``api.auth``: readers GET, operators POST):
 
 - ``GET /api/notifications``: newest created first, filtered by ``status``, ``channel``,
-  ``source``, ``target``; keyset paging (``limit``, ``after`` = ``next_cursor``).
+  ``source``, ``target``; keyset paging (``limit``, ``after`` = ``next_cursor``); each
+  at most once (400 otherwise).
 - ``GET /api/notifications/kpis``: the KPIs, globally and per channel.
 - ``GET /api/notifications/{id}``: one notification with its body (never a secret, a
   payload or a claim).
@@ -54,6 +55,7 @@ Text = Annotated[str | None, Query(max_length=1024)]
 
 _STATUS = {ActionOutcome.APPLIED: 200, ActionOutcome.NOT_PARKED: 409}
 MAX_NOTIFICATIONS_PER_POST = 1000
+_LIST_PARAMETERS = ("status", "channel", "source", "target", "limit", "after")
 _SITE_FIELDS = ("notification_id", "source_site", "channel", "target", "subject", "body")
 
 
@@ -121,7 +123,12 @@ def _engine(request: Request) -> sa.Engine:
 @router.get(
     "/notifications",
     response_model=NotificationPage,
-    responses={400: {"description": "after is not a cursor this service handed out."}},
+    responses={
+        400: {
+            "description": "after is not a cursor this service handed out, or a parameter "
+            "is given more than once."
+        }
+    },
 )
 def list_notifications(
     request: Request,
@@ -132,7 +139,11 @@ def list_notifications(
     limit: Limit = 50,
     after: After = None,
 ) -> dict[str, Any]:
-    """Notifications, newest created first; filters combine with AND."""
+    """Notifications, newest created first; filters combine with AND. A parameter given
+    more than once is a 400 (never silently one of its values)."""
+    for name in _LIST_PARAMETERS:
+        if len(request.query_params.getlist(name)) > 1:
+            raise HTTPException(400, f"{name}: give it at most once")
     filters = queries.NotificationFilter(
         status and status.value, channel and channel.value, source, target
     )
