@@ -181,6 +181,14 @@ def test_the_list_filters_by_status_and_pages_by_keyset(api: TestClient, engine:
     assert api.get("/api/notifications", params={"after": "nonsense"}).status_code == 400
 
 
+@pytest.mark.parametrize("name", ["status", "channel", "source", "target", "limit", "after"])
+def test_a_filter_given_twice_is_400_never_one_of_them(api: TestClient, name: str) -> None:
+    values = {"status": "Parked", "channel": "Email", "limit": "2"}.get(name, "x")
+    answer = api.get("/api/notifications", params=[(name, values), (name, values)])
+    assert answer.status_code == 400
+    assert answer.json()["detail"] == f"{name}: give it at most once"
+
+
 def test_kpis_globally_and_per_channel(api: TestClient, engine: sa.Engine) -> None:
     put(engine)
     put(engine, status="Pending", channel="Email", target="oncall")

@@ -73,11 +73,23 @@ def test_retry_by_post_redirect_get_and_a_reload_sends_nothing(
         f"/notifications/{notification_id}/retry", data={"csrf_token": csrf_of(page.text)}
     )
     assert answer.status_code == 303
+    assert answer.headers["location"] == f"/notifications/{notification_id}"  # no outcome
     shown = console.get(answer.headers["location"])
-    assert 'data-testid="action-outcome-name">Applied<' in shown.text
+    assert 'data-testid="flash-code">Applied<' in shown.text and "Retry" in shown.text
     assert ">Pending<" in shown.text and ">Retry<" not in shown.text
-    assert console.get(answer.headers["location"]).status_code == 200  # the reload: a GET
+    reload = console.get(answer.headers["location"])  # a GET, shows the outcome once
+    assert reload.status_code == 200 and 'data-testid="flash' not in reload.text
     assert audit_count(engine) == 1
+
+
+def test_an_outcome_in_a_link_shows_nothing(console: TestClient, engine: sa.Engine) -> None:
+    console.post("/signin", data={"token": READER})
+    notification_id = put(engine)
+    crafted = console.get(
+        f"/notifications/{notification_id}", params={"outcome": "Applied", "command": "discard"}
+    )
+    assert crafted.status_code == 200
+    assert "Applied" not in crafted.text and 'data-testid="flash' not in crafted.text
 
 
 def test_discard_of_a_purged_notification_says_not_found(
@@ -89,7 +101,10 @@ def test_discard_of_a_purged_notification_says_not_found(
     answer = console.post(
         f"/notifications/{unknown}/discard", data={"csrf_token": csrf_of(page.text)}
     )
-    assert answer.status_code == 404 and "Not found" in answer.text
+    assert answer.status_code == 303 and answer.headers["location"] == "/notifications"
+    shown = console.get("/notifications")
+    assert 'data-testid="flash-code">NotFound<' in shown.text and unknown in shown.text
+    assert 'data-testid="flash' not in console.get("/notifications").text  # a reload
     assert audit_count(engine) == 0
 
 

@@ -5,6 +5,7 @@ and an outcome never written to a vanished row."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -267,6 +268,27 @@ def test_an_email_reaches_each_recipient_once_with_its_id(
     assert b"=?utf-8?" in raw.lower()
 
 
+@pytest.mark.parametrize("line_break", ["\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c"])
+def test_a_subject_with_a_unicode_line_break_is_delivered_on_one_line(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+    line_break: str,
+) -> None:
+    sink, port = mail
+    settings = outbox_settings(database_url, receiver, port)
+    subject = f"Pump 3{line_break}Bcc: victim@example.org"
+    notification_id = put(engine, clock(), channel="Email", target="oncall", subject=subject)
+    dispatch(settings, engine, clock)
+    assert row(engine, notification_id).status == "Delivered"
+    assert [m.recipients for m in sink.mails] == [["a@example.org", "b@example.org"]]
+    for received in sink.mails:
+        assert received.message["Subject"] == "Pump 3 Bcc: victim@example.org"
+        assert received.message["Bcc"] is None
+
+
 def test_a_5xx_for_every_recipient_fails_it(
     engine: sa.Engine,
     database_url: str,
@@ -391,3 +413,40 @@ def test_parked_then_retried_by_an_operator_is_delivered_when_the_receiver_recov
         request.body for request in receiver.requests if request.headers["webhook-id"] == retried
     }
     assert len(bodies) == 1  # the operator's retry sends the same bytes
+
+
+def test_the_dispatcher_backs_off_while_the_database_is_unreachable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = Settings(
+        database_url="postgresql+psycopg://postgres@127.0.0.1:1/unreachable",
+        notifications={"dispatch_interval_seconds": 0.1},
+        ingestion={"max_backoff_seconds": 1.0},
+    )
+    engine = create_store_engine(settings.database_url)
+    dispatcher = Dispatcher(settings, engine, owner="test", senders={}, rng=random.Random(3))
+    failures = 4
+
+    def failed_runs() -> list[float]:
+        return [
+            float(record.getMessage().split("next run in ")[1].split(" s")[0])
+            for record in caplog.records
+            if record.getMessage().startswith("notification dispatch failed")
+        ]
+
+    async def go() -> None:
+        runner = asyncio.create_task(dispatcher.run())
+        while len(failed_runs()) < failures:
+            await asyncio.sleep(0.01)
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+
+    try:
+        with caplog.at_level("WARNING"):
+            asyncio.run(go())
+    finally:
+        engine.dispose()
+    delays = failed_runs()[:failures]
+    assert delays[1] > delays[0] and delays[2] > delays[1]  # doubling, despite the jitter
+    assert max(delays) <= 1.0 * 1.2  # capped by max_backoff_seconds, give or take the jitter

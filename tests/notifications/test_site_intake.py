@@ -18,6 +18,7 @@ from controlroom.app import create_app
 from controlroom.config import AuthToken, Settings
 from controlroom.db.tables import notifications
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.telemetry.widths import NOTIFICATION_BODY_WIDTH
 from tests.reconciliation.harness import central_token_of, site_entry
 
 OPERATOR = "operator-token-0123456789abcdef"
@@ -116,3 +117,55 @@ def test_a_refused_notification_is_kept_whole_and_listed_apart_from_telemetry(
     assert client.get("/api/site-calls/rejected").json()["items"] == []
     for row in listed:  # no telemetry: re-submitting one as telemetry finds nothing
         assert client.post(f"/api/site-calls/rejected/{row['id']}/resubmit").status_code == 404
+
+
+def test_an_empty_notification_id_is_refused_as_not_a_guid(
+    client: TestClient, engine: sa.Engine
+) -> None:
+    answer = client.post(
+        "/api/site-notifications", json=[item(notification_id=""), item(notification_id="")]
+    )
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["accepted"] == []
+    assert [r["reason"] for r in body["rejected"]] == [
+        "notification_id: must be a GUID, lower-case D form"
+    ] * 2
+    assert stored(engine) == []
+
+
+def test_text_that_is_not_unicode_is_refused_per_item(
+    client: TestClient, engine: sa.Engine
+) -> None:
+    good = item()
+    items = [item(notification_id="\ud800"), item(subject="\udc00 sub"), good]
+    answer = client.post(  # JSON escapes a lone surrogate as \\udXXX, as a site's client may
+        "/api/site-notifications",
+        content=json.dumps(items),
+        headers={"Content-Type": "application/json"},
+    )
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["accepted"] == [2]
+    assert [(r["index"], r["notification_id"]) for r in body["rejected"]] == [
+        (0, None),
+        (1, body["rejected"][1]["notification_id"]),
+    ]
+    assert body["rejected"][0]["reason"].startswith("notification_id: ")
+    assert body["rejected"][1]["reason"].startswith("subject: ")
+    assert [row.notification_id for row in stored(engine)] == [good["notification_id"]]
+
+
+def test_a_body_over_its_limit_is_refused_naming_it(client: TestClient, engine: sa.Engine) -> None:
+    answer = client.post(
+        "/api/site-notifications",
+        json=[
+            item(body="b" * NOTIFICATION_BODY_WIDTH),
+            item(body="b" * (NOTIFICATION_BODY_WIDTH + 1)),
+        ],
+    )
+    body = answer.json()
+    assert body["accepted"] == [0]
+    assert [r["reason"] for r in body["rejected"]] == [
+        f"body: {NOTIFICATION_BODY_WIDTH + 1} characters; at most {NOTIFICATION_BODY_WIDTH}"
+    ]

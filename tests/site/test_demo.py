@@ -82,5 +82,8 @@ def test_make_demo_configures_central_with_the_demo_agents_secrets() -> None:
 
     makefile = (Path(__file__).parents[2] / "Makefile").read_text()
     assert "site demo --print-sites --central-url $(DEMO_CENTRAL)" in makefile
-    assert 'CONTROLROOM_SITES="$$sites_json" $(BIN)/controlroom serve' in makefile
+    assert (
+        'CONTROLROOM_SITES="$$sites_json" CONTROLROOM_NOTIFICATIONS="$$outbox_json" '
+        "$(BIN)/controlroom serve" in makefile
+    )
     assert all(site["token"] and site["central_token"] for site in demo_sites())

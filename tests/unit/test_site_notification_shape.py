@@ -16,6 +16,7 @@ from controlroom.telemetry.notification import (
     SiteNotification,
     forwarded_item,
 )
+from controlroom.telemetry.widths import NOTIFICATION_BODY_WIDTH
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -30,7 +31,9 @@ def test_the_site_knows_centrals_channels_and_severities() -> None:
 
 @pytest.mark.parametrize("channel", list(Channel))
 def test_the_longest_notification_the_site_takes_is_one_central_stores(channel: str) -> None:
-    taken = SiteNotification(target="t" * 256, subject="s" * 256, body="b", channel=channel)
+    taken = SiteNotification(
+        target="t" * 256, subject="s" * 256, body="b" * NOTIFICATION_BODY_WIDTH, channel=channel
+    )
     item = forwarded_item(taken, notification_id="1b4e28ba-2fa1-11d2-883f-0016d3cca427",
                           source_site="p" * 64)  # fmt: skip
     check(
@@ -46,9 +49,12 @@ def test_the_longest_notification_the_site_takes_is_one_central_stores(channel: 
     )
 
 
-@pytest.mark.parametrize("field", ["target", "subject"])
-def test_one_character_more_is_refused_naming_the_field(field: str) -> None:
-    values = {"target": "oncall", "subject": "Pump", field: "x" * 257}
+@pytest.mark.parametrize(
+    ("field", "length"),
+    [("target", 257), ("subject", 257), ("body", NOTIFICATION_BODY_WIDTH + 1)],
+)
+def test_one_character_more_is_refused_naming_the_field(field: str, length: int) -> None:
+    values = {"target": "oncall", "subject": "Pump", field: "x" * length}
     with pytest.raises(ValidationError) as refused:
         SiteNotification.model_validate(values)
     assert [e["loc"] for e in refused.value.errors()] == [(field,)]

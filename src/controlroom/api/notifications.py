@@ -2,7 +2,8 @@
 calls' auth matrix (``api.auth``: readers GET, operators POST):
 
 - ``GET /api/notifications``: newest created first, filtered by ``status``, ``channel``,
-  ``source``, ``target``; keyset paging (``limit``, ``after`` = ``next_cursor``).
+  ``source``, ``target``; keyset paging (``limit``, ``after`` = ``next_cursor``); each
+  at most once (400 otherwise).
 - ``GET /api/notifications/kpis``: the KPIs, globally and per channel.
 - ``GET /api/notifications/{id}``: one notification with its body (never a secret, a
   payload or a claim).
@@ -45,8 +46,10 @@ from controlroom.notifications.store import (
     check,
     enqueue,
     keep_rejected,
+    notification_id_of,
     rejected_source,
 )
+from controlroom.runtime.wire_text import is_wire_text_clean
 
 router = APIRouter(tags=["notifications"])
 
@@ -58,6 +61,7 @@ Text = Annotated[str | None, Query(max_length=1024)]
 
 _STATUS = {ActionOutcome.APPLIED: 200, ActionOutcome.NOT_PARKED: 409}
 MAX_NOTIFICATIONS_PER_POST = 1000
+_LIST_PARAMETERS = ("status", "channel", "source", "target", "limit", "after")
 _SITE_FIELDS = ("notification_id", "source_site", "channel", "target", "subject", "body")
 
 
@@ -135,7 +139,12 @@ def list_rejected_notifications(
 @router.get(
     "/notifications",
     response_model=NotificationPage,
-    responses={400: {"description": "after is not a cursor this service handed out."}},
+    responses={
+        400: {
+            "description": "after is not a cursor this service handed out, or a parameter "
+            "is given more than once."
+        }
+    },
 )
 def list_notifications(
     request: Request,
@@ -146,7 +155,11 @@ def list_notifications(
     limit: Limit = 50,
     after: After = None,
 ) -> dict[str, Any]:
-    """Notifications, newest created first; filters combine with AND."""
+    """Notifications, newest created first; filters combine with AND. A parameter given
+    more than once is a 400 (never silently one of its values)."""
+    for name in _LIST_PARAMETERS:
+        if len(request.query_params.getlist(name)) > 1:
+            raise HTTPException(400, f"{name}: give it at most once")
     filters = queries.NotificationFilter(
         status and status.value, channel and channel.value, source, target
     )
@@ -242,28 +255,35 @@ def post_site_notifications(
     if len(items) > MAX_NOTIFICATIONS_PER_POST:
         raise HTTPException(413, f"at most {MAX_NOTIFICATIONS_PER_POST} notifications per request")
     refuse_foreign_packets(request, items)
-    accepted: list[int] = []
     rejected: list[dict[str, Any]] = []
     now = datetime.now(UTC)
+    parsed: list[tuple[int, NewNotification]] = []
+    refused: list[tuple[Any, str]] = []
+    for index, item in enumerate(items):
+        try:
+            notification = _site_notification(item)
+            check(notification)
+        except NotificationRejected as exc:
+            given = item.get("notification_id") if isinstance(item, dict) else None
+            refused.append((item, str(exc)))
+            rejected.append(
+                {
+                    "index": index,
+                    "notification_id": given
+                    if isinstance(given, str) and is_wire_text_clean(given)
+                    else None,
+                    "reason": str(exc),
+                }
+            )
+            continue
+        parsed.append((index, notification))
     with begin_write(_engine(request)) as conn:
-        for index, item in enumerate(items):
-            try:
-                notification = _site_notification(item)
-                check(notification)
-            except NotificationRejected as exc:
-                site = item.get("source_site") if isinstance(item, dict) else None
-                given = item.get("notification_id") if isinstance(item, dict) else None
-                keep_rejected(conn, rejected_source(site), item, str(exc), now=now)
-                rejected.append(
-                    {
-                        "index": index,
-                        "notification_id": given if isinstance(given, str) else None,
-                        "reason": str(exc),
-                    }
-                )
-                continue
-            enqueue(conn, notification, now=now)
-            accepted.append(index)
+        for item, reason in refused:  # kept whole, listed like rejected telemetry
+            site = item.get("source_site") if isinstance(item, dict) else None
+            keep_rejected(conn, rejected_source(site), item, reason, now=now)
+        for _, notification in sorted(parsed, key=lambda pair: notification_id_of(pair[1])):
+            enqueue(conn, notification, now=now)  # in id order: overlapping posts never deadlock
+    accepted = [index for index, _ in parsed]
     return {"accepted": accepted, "rejected": rejected}
 
 

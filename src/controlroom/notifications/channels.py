@@ -15,6 +15,7 @@ import email.utils
 import hashlib
 import hmac
 import json
+import re
 import ssl
 from collections.abc import Sequence
 from datetime import datetime
@@ -141,10 +142,15 @@ class WebhookSender:
         )
 
 
+_LINE_BREAK = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+"""Every character ``str.splitlines`` breaks a line at: the e-mail package refuses a
+header value holding any of them."""
+
+
 def one_line(text: str) -> str:
-    """``text`` with every CR and LF replaced by a space: a header never takes a line
-    from a notification's text."""
-    return text.replace("\r", " ").replace("\n", " ")
+    """``text`` with every line break (CR, LF and the Unicode ones, ``_LINE_BREAK``)
+    replaced by a space: a header never takes a line from a notification's text."""
+    return _LINE_BREAK.sub(" ", text)
 
 
 def email_message(

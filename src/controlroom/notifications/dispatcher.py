@@ -6,7 +6,8 @@ at once, each bounded by ``send_timeout``, outside any database transaction; eac
 outcome is written with ``store.record_attempt``. A run goes on claiming while claims
 come back full. Where the provider lets several processes claim at once
 (``Provider.claims_rows_concurrently``) every ``serve`` dispatches; elsewhere one does,
-under the ``notification dispatch`` lease.
+under the ``notification dispatch`` lease. A failed run (the database unreachable)
+makes the next wait longer, doubling up to ``ingestion.max_backoff_seconds``.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Dispatcher:
             interval=outbox.dispatch_interval_seconds,
             jitter=0.2,
             lease=lease,
+            max_backoff=settings.ingestion.max_backoff_seconds,
         )
         self._active: Mapping[str, Sender] = senders or {}
 

@@ -49,8 +49,10 @@ from controlroom.notifications.lifecycle import (
     Status,
     error_text,
 )
+from controlroom.runtime.wire_text import is_wire_text_clean
 from controlroom.telemetry.contract import packet_bytes, rejection_id
 from controlroom.telemetry.widths import (
+    NOTIFICATION_BODY_WIDTH,
     NOTIFICATION_SOURCE_WIDTH,
     SITE_WIDTH,
     SOURCE_EVENT_ID_WIDTH,
@@ -104,6 +106,18 @@ class Enqueued:
     created: bool
 
 
+_TEXT_FIELDS = (
+    "notification_id",
+    "source",
+    "channel",
+    "target",
+    "subject",
+    "body",
+    "severity",
+    "source_event_id",
+)
+
+
 def check(notification: NewNotification) -> None:
     """Refuse ``notification`` if it cannot be stored whole. Raises
     ``NotificationRejected`` naming the first field at fault."""
@@ -111,8 +125,13 @@ def check(notification: NewNotification) -> None:
         "source": (notification.source, NOTIFICATION_SOURCE_WIDTH),
         "target": (notification.target, TARGET_WIDTH),
         "subject": (notification.subject, SUBJECT_WIDTH),
+        "body": (notification.body, NOTIFICATION_BODY_WIDTH),
         "source_event_id": (notification.source_event_id, SOURCE_EVENT_ID_WIDTH),
     }
+    for field in _TEXT_FIELDS:
+        value = getattr(notification, field)
+        if value is not None and not is_wire_text_clean(value):
+            raise NotificationRejected(field, "holds a lone surrogate, which is not text")
     for field, (value, width) in widths.items():
         if value is not None and len(value) > width:
             raise NotificationRejected(field, f"{len(value)} characters; at most {width}")
@@ -132,11 +151,7 @@ def check(notification: NewNotification) -> None:
             raise NotificationRejected(
                 "notification_id", "give a notification_id or a source_event_id, not both"
             )
-        try:
-            canonical = str(uuid.UUID(notification.notification_id))
-        except ValueError:
-            canonical = ""
-        if canonical != notification.notification_id:
+        if not _is_guid(notification.notification_id):
             raise NotificationRejected("notification_id", "must be a GUID, lower-case D form")
 
 
@@ -176,6 +191,14 @@ def rejected_source(site: Any) -> str:
     if isinstance(site, str) and site and len(site) <= SITE_WIDTH:
         return f"site:{site}"
     return "site"
+
+
+def _is_guid(text: str) -> bool:
+    """Whether ``text`` is a GUID in its lower-case D form (an empty text is not)."""
+    try:
+        return str(uuid.UUID(text)) == text
+    except ValueError:
+        return False
 
 
 def notification_id_of(notification: NewNotification) -> str:

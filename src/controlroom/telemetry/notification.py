@@ -18,7 +18,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from controlroom.telemetry.contract import Guid, StorableText, storable
-from controlroom.telemetry.widths import SUBJECT_WIDTH, TARGET_WIDTH
+from controlroom.telemetry.widths import NOTIFICATION_BODY_WIDTH, SUBJECT_WIDTH, TARGET_WIDTH
 
 NOTIFICATION_CHANNELS: Final = ("Email", "Webhook")
 """How central delivers a notification (its ``notifications.channel``)."""
@@ -32,9 +32,10 @@ Subject = Annotated[str, Field(min_length=1, max_length=SUBJECT_WIDTH), AfterVal
 
 
 class SiteNotification(BaseModel):
-    """One notification a site sends. ``target`` and ``subject`` at most 256 characters
-    (``telemetry.widths``); no value may hold a NUL or an unpaired surrogate. Raises
-    ``pydantic.ValidationError`` naming each field at fault."""
+    """One notification a site sends. ``target`` and ``subject`` at most 256 characters,
+    ``body`` at most ``NOTIFICATION_BODY_WIDTH`` (``telemetry.widths``); no value may
+    hold a NUL or an unpaired surrogate. Raises ``pydantic.ValidationError`` naming each
+    field at fault."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -42,7 +43,7 @@ class SiteNotification(BaseModel):
         description="A recipient list's name (Email) or a webhook's name (Webhook)."
     )
     subject: Subject
-    body: StorableText = ""
+    body: Annotated[StorableText, Field(max_length=NOTIFICATION_BODY_WIDTH)] = ""
     channel: Literal["Email", "Webhook"] = "Email"
     severity: Literal["Info", "Warning", "Error", "Critical"] = "Info"
     notification_id: Guid | None = Field(

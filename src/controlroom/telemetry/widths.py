@@ -36,5 +36,7 @@ CATEGORY_WIDTH: Final = 32
 SUBJECT_WIDTH: Final = 256
 NOTIFICATION_SOURCE_WIDTH: Final = 128
 """``site:<id>`` or ``rule:<name>``."""
+NOTIFICATION_BODY_WIDTH: Final = 65_536
+"""Characters of a notification's body (an e-mail's text, a webhook's ``body``)."""
 SOURCE_EVENT_ID_WIDTH: Final = 200
 """The id of the event a rule made the notification from (unique per rule)."""

@@ -1,7 +1,9 @@
 """The console's Notifications pages: the list (KPI tiles, filters by status, channel,
 source and target, keyset paging), one notification with its last error and, for
-operators, Retry and Discard of a Parked one (post, redirect, then the page shows the
-outcome: a reload sends nothing), and the channels configured (secrets never shown).
+operators, Retry and Discard of a Parked one (post, then a redirect carrying the outcome
+in the signed flash cookie, docs/decisions.md "Console actions answer with a redirect":
+the page shows it once, a reload sends nothing, and no link can carry an outcome), and
+the channels configured (secrets never shown).
 
 Source: docs/design.md "Notification outbox"; docs/decisions.md "The console calls the
 same functions as the API": reads call ``notifications.queries``, the actions
@@ -14,7 +16,6 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated
-from urllib.parse import urlencode
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -29,10 +30,11 @@ from controlroom.web.common import (
     actor,
     api_state,
     form_instant,
-    redirect,
+    redirect_with,
     render,
     viewer,
 )
+from controlroom.web.flash import Flash
 from controlroom.web.session import Session
 from controlroom.web.sitecall_pages import render_rejected
 
@@ -47,7 +49,7 @@ CHANNELS = tuple(channel.value for channel in Channel)
 
 EXTRA_NAV.append(("Notifications", "/notifications"))
 
-# What an action's redirect may say (``outcome``, with the command), as an operator reads it.
+# What an action did, as an operator reads it (the flash of its redirect).
 OUTCOME_TEXT = {
     ActionOutcome.APPLIED.value: "Applied.",
     ActionOutcome.NOT_PARKED.value: "NotParked: the notification is not Parked, so nothing "
@@ -134,33 +136,22 @@ def notification_page(
     request: Request,
     session: Viewer,
     notification_id: uuid.UUID,
-    outcome: Text = "",
-    command: Text = "",
 ) -> Response:
-    """One notification; ``outcome`` and ``command`` (set by an action's redirect) show
-    what the action did, only when they are values the action answers."""
+    """One notification (and the flash of an action's redirect, shown once)."""
     with _engine(request).connect() as conn:
         row = queries.get_notification(conn, str(notification_id))
     if row is None:
         raise HTTPException(404, "notification not found")
-    notice = None
-    if outcome in OUTCOME_TEXT and command in COMMANDS:
-        notice = {
-            "name": outcome,
-            "command": COMMANDS[command].value,
-            "summary": OUTCOME_TEXT[outcome],
-        }
     return render(
-        request,
-        "notification.html",
-        {"n": row, "parked": row.status == Status.PARKED.value, "outcome": notice},
+        request, "notification.html", {"n": row, "parked": row.status == Status.PARKED.value}
     )
 
 
 @router.post("/notifications/{notification_id}/{command}")
 def act(request: Request, session: Actor, notification_id: uuid.UUID, command: str) -> Response:
-    """Retry or Discard a Parked notification (as the API does), then redirect to its
-    page, which shows the outcome."""
+    """Retry or Discard a Parked notification (as the API does), then 303 to its page
+    with the outcome in the flash; an id with no notification goes to the list, saying
+    so."""
     chosen = COMMANDS.get(command)
     if chosen is None:
         raise HTTPException(404, "no such action")
@@ -172,13 +163,18 @@ def act(request: Request, session: Actor, notification_id: uuid.UUID, command: s
         now=datetime.now(UTC),
     )
     if result.outcome is ActionOutcome.NOT_FOUND:
-        detail = (
-            f"Not found: there is no notification {notification_id} (it may have been "
+        text = (
+            f"{chosen.value}: there is no notification {notification_id} (it may have been "
             "purged); nothing was done."
         )
-        return render(request, "error.html", {"status": 404, "detail": detail}, status=404)
-    query = urlencode({"outcome": result.outcome.value, "command": command})
-    return redirect(f"/notifications/{notification_id}?{query}")
+        return redirect_with(request, "/notifications", Flash("error", text, code="NotFound"))
+    flash = Flash(
+        "notice" if result.outcome is ActionOutcome.APPLIED else "error",
+        f"{chosen.value}: {OUTCOME_TEXT[result.outcome.value]}",
+        code=result.outcome.value,
+        detail=f"The notification is {result.status}.",
+    )
+    return redirect_with(request, f"/notifications/{notification_id}", flash)
 
 
 def _engine(request: Request) -> sa.Engine:
