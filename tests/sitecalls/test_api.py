@@ -256,6 +256,14 @@ def test_an_unknown_status_or_channel_filter_is_a_422_naming_it(
     assert client.get("/api/site-calls", params={"status": "Parked"}).status_code == 200
 
 
+@pytest.mark.parametrize("name", ["site", "status", "channel", "target"])
+def test_a_filter_given_twice_is_a_400_naming_it(client: TestClient, name: str) -> None:
+    values = {"site": "plant-7", "status": "Parked", "channel": "ApiOutbound", "target": "t"}
+    answer = client.get(f"/api/site-calls?{name}={values[name]}&{name}={values[name]}")
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["detail"] == f"{name}: give it at most once"
+
+
 def test_a_reason_quoting_an_unstorable_field_name_is_kept_and_answered(
     client: TestClient,
 ) -> None:

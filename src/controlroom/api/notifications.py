@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from controlroom.api.auth import current_principal, refuse_foreign_packets
+from controlroom.api.parameters import refuse_repeated
 from controlroom.api.sitecalls import BAD_REQUEST, RejectedPage, rejected_page
 from controlroom.config import Settings
 from controlroom.db.transactions import begin_write
@@ -157,9 +158,7 @@ def list_notifications(
 ) -> dict[str, Any]:
     """Notifications, newest created first; filters combine with AND. A parameter given
     more than once is a 400 (never silently one of its values)."""
-    for name in _LIST_PARAMETERS:
-        if len(request.query_params.getlist(name)) > 1:
-            raise HTTPException(400, f"{name}: give it at most once")
+    refuse_repeated(request, _LIST_PARAMETERS)
     filters = queries.NotificationFilter(
         status and status.value, channel and channel.value, source, target
     )

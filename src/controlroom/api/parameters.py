@@ -7,10 +7,11 @@ id in the path. Bad input is a 422 naming the parameter, in FastAPI's
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Annotated
 
-from fastapi import Depends, Path, Query
+from fastapi import Depends, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 
 from controlroom.errors.read.filter_text import parse_modified_range, parse_status_filter
@@ -94,9 +95,7 @@ def message_filter(
     ``modified`` when it cannot be read.
     """
     address = queueaddress if queueaddress is not None else queue_address_camel
-    where = FailedMessageFilter(
-        queue_address=no_nul("query", "queueaddress", address) or None
-    )
+    where = FailedMessageFilter(queue_address=no_nul("query", "queueaddress", address) or None)
     if status is not None:
         included, excluded = parse_status_filter(status)
         where = replace(where, statuses=included, excluded_statuses=excluded)
@@ -111,3 +110,12 @@ def message_filter(
 
 OrderingParams = Annotated[Ordering, Depends(ordering)]
 FilterParams = Annotated[FailedMessageFilter, Depends(message_filter)]
+
+
+def refuse_repeated(request: Request, names: Iterable[str]) -> None:
+    """Raise ``HTTPException`` 400 ``"<name>: give it at most once"`` for the first of
+    ``names`` the query string gives more than once: a list's filter takes one value,
+    never silently the last of several."""
+    for name in names:
+        if len(request.query_params.getlist(name)) > 1:
+            raise HTTPException(400, f"{name}: give it at most once")

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, PlainSerializer
 
 from controlroom.api.auth import current_principal, refuse_foreign_packets
+from controlroom.api.parameters import refuse_repeated
 from controlroom.config import Settings
 from controlroom.http.bodies import packet_download
 from controlroom.sitecalls import queries
@@ -267,6 +268,19 @@ def _answer(packets: list[Any], reasons: list[str | None], *, skip: set[int]) ->
     return {"accepted": accepted, "rejected": rejected}
 
 
+_LIST_PARAMETERS = (
+    "site",
+    "node",
+    "status",
+    "channel",
+    "target",
+    "created_from",
+    "created_to",
+    "limit",
+    "after",
+)
+
+
 @router.get("/site-calls", response_model=SiteCallPage, responses=BAD_REQUEST)
 def list_site_calls(
     request: Request,
@@ -280,7 +294,9 @@ def list_site_calls(
     limit: Limit = 50,
     after: After = None,
 ) -> dict[str, Any]:
-    """Site calls, newest created first; filters combine with AND."""
+    """Site calls, newest created first; filters combine with AND. A parameter given
+    more than once is a 400 (never silently one of its values)."""
+    refuse_repeated(request, _LIST_PARAMETERS)
     filters = queries.SiteCallFilter(
         site,
         node,
