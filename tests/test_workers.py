@@ -116,10 +116,14 @@ def test_a_killed_worker_is_started_again_at_its_niceness_and_loses_no_message(
     # embedded queue gives them back when their lease expires (minutes).
     worker_settings = worker_settings.model_copy(update={"broker_url": rabbitmq_url})
     pids: list[int] = []
+    others = children()  # another test's workers this process has not reaped yet
+
+    def ours() -> set[int]:
+        return children() - others
 
     async def body(url: str) -> None:
-        await until(lambda: asyncio.sleep(0, bool(children())))
-        first = children().pop()
+        await until(lambda: asyncio.sleep(0, bool(ours())))
+        first = ours().pop()
         pids.append(first)
         await publish(worker_settings, 0, 200)
         await until(lambda: asyncio.to_thread(lambda: stored_count(worker_settings) > 0))
@@ -127,8 +131,8 @@ def test_a_killed_worker_is_started_again_at_its_niceness_and_loses_no_message(
         assert niceness(first) == os.getpriority(os.PRIO_PROCESS, 0) + NICE
         os.kill(first, signal.SIGKILL)
         await publish(worker_settings, 200, 200)
-        await until(lambda: asyncio.sleep(0, bool(children() - {first})))
-        pids.append((children() - {first}).pop())
+        await until(lambda: asyncio.sleep(0, bool(ours() - {first})))
+        pids.append((ours() - {first}).pop())
         await until(lambda: asyncio.to_thread(lambda: stored_count(worker_settings) == 400))
 
     left = serve(worker_settings, body)
@@ -169,8 +173,10 @@ def test_sigterm_stops_every_worker(worker_settings: Settings) -> None:
         update={"ingestion": IngestionSettings(workers=2, nice=NICE)}
     )
 
+    others = children()  # another test's workers this process has not reaped yet
+
     async def body(url: str) -> None:
-        await until(lambda: asyncio.sleep(0, len(children()) == 2))
+        await until(lambda: asyncio.sleep(0, len(children() - others) == 2))
 
     assert serve(settings, body) == set()
 
