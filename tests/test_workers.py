@@ -24,6 +24,7 @@ from controlroom.config import IngestionSettings, Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.tables import failed_messages
 from controlroom.runtime.sockets import listen
+from controlroom.sitecalls.history import KpiSampler
 from controlroom.transport import create_transport
 from controlroom.workers import merged_exposition
 from tests.nsb import failed_headers
@@ -179,6 +180,26 @@ def test_sigterm_stops_every_worker(worker_settings: Settings) -> None:
         await until(lambda: asyncio.sleep(0, len(children() - others) == 2))
 
     assert serve(settings, body) == set()
+
+
+
+def test_a_part_that_stops_on_its_own_stops_the_workers_too(
+    worker_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def returns(self: KpiSampler) -> None:
+        await asyncio.sleep(0.5)
+
+    monkeypatch.setattr(KpiSampler, "run", returns)
+    others = children()
+
+    async def main() -> None:
+        async with asyncio.timeout(TIMEOUT):
+            with listen("127.0.0.1", 0) as listener:
+                await server.run(worker_settings, listener=listener)
+
+    with pytest.raises(server.PartStopped, match="KPI sampler stopped"):
+        asyncio.run(main())
+    assert children() - others == set(), "a worker outlived the serve that started it"
 
 
 def test_merged_exposition_labels_each_workers_series() -> None:

@@ -251,10 +251,14 @@ class WorkerPool:
         return [w.process.pid for w in self._workers.values() if w.process.pid is not None]
 
     async def run(self) -> None:
-        """Start the workers and keep them running until ``stop()``."""
-        await asyncio.gather(
-            *(self._keep(index) for index in range(self._settings.ingestion.workers))
-        )
+        """Start the workers and keep them running until ``stop()``; cancelled (another
+        part of serve failed), it stops them before it ends, so no worker outlives it."""
+        try:
+            await asyncio.gather(
+                *(self._keep(index) for index in range(self._settings.ingestion.workers))
+            )
+        finally:
+            await self.stop()
 
     async def _keep(self, index: int) -> None:
         delay = RESTART_MIN_SECONDS
