@@ -21,6 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from controlroom.db.filters import filter_conditions
 from controlroom.db.tables import notifications
 from controlroom.exceptions import ControlroomError
 from controlroom.notifications.lifecycle import DUE, Channel, Status
@@ -95,20 +96,17 @@ def list_notifications(
     conn: sa.Connection, filters: NotificationFilter, *, limit: int, after: str | None
 ) -> Page:
     """Notifications newest created first, ``limit`` per page. Raises ``BadCursor``."""
-    where = [
-        column == value
-        for column, value in (
+    where = filter_conditions(
+        (
             (nc.status, filters.status),
             (nc.channel, filters.channel),
             (nc.source, filters.source),
             (nc.target, filters.target),
-        )
-        if value is not None
-    ]
-    if filters.created_from is not None:
-        where.append(nc.created_at_utc >= filters.created_from)
-    if filters.created_to is not None:
-        where.append(nc.created_at_utc < filters.created_to)
+        ),
+        nc.created_at_utc,
+        filters.created_from,
+        filters.created_to,
+    )
     if after is not None:
         at, last = decode_cursor(after)
         where.append(

@@ -20,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import KeyedColumnElement
 
+from controlroom.db.filters import filter_conditions
 from controlroom.db.tables import (
     REJECTED_NOTIFICATION_SOURCE,
     audit_log,
@@ -122,21 +123,18 @@ def list_site_calls(
     conn: sa.Connection, filters: SiteCallFilter, *, limit: int, after: str | None
 ) -> Page:
     """Site calls newest created first, ``limit`` per page. Raises ``BadCursor``."""
-    conditions = [
-        column == value
-        for column, value in (
+    conditions = filter_conditions(
+        (
             (sc.source_site, filters.site),
             (sc.source_node, filters.node),
             (sc.status, filters.status),
             (sc.channel, filters.channel),
             (sc.target, filters.target),
-        )
-        if value is not None
-    ]
-    if filters.created_from is not None:
-        conditions.append(sc.created_at_utc >= filters.created_from)
-    if filters.created_to is not None:
-        conditions.append(sc.created_at_utc < filters.created_to)
+        ),
+        sc.created_at_utc,
+        filters.created_from,
+        filters.created_to,
+    )
     return _page(
         conn,
         site_calls,
