@@ -1,0 +1,250 @@
+"""The failed-message envelope of a Python task (pure: no broker, no I/O).
+
+Source: docs/design.md "Python task queues". A task that failed for good reaches the
+error queue as a failed message in NServiceBus's wire shape, so ingestion, grouping,
+search and retry treat it like any other: the body is the task message's body, byte for
+byte; the headers say what failed and where (``failed_message_headers``). Three headers
+are Controlroom's own:
+
+- ``Controlroom.TaskQueue``: ``celery`` or ``dramatiq`` (the "Python task" facet);
+- ``Controlroom.TaskQueue.Properties``: the consumed message's broker properties and its
+  typed header table as one JSON object (``properties_json``), which a retry restores so
+  the worker receives the message as the producer sent it;
+- ``Controlroom.TaskQueue.BodyNotKept``: why the body is absent (too large to send).
+
+The failure is captured as text (``capture_failure``): never pickled, never re-raised,
+so an exception that cannot be printed or pickled still makes a failed message.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import traceback
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from controlroom.errors.ingest import headers as h
+from controlroom.errors.ingest.identity import deterministic_id
+from controlroom.errors.retries import wire as retry_wire
+
+TASK_QUEUE = "Controlroom.TaskQueue"
+TASK_PROPERTIES = "Controlroom.TaskQueue.Properties"
+BODY_NOT_KEPT = "Controlroom.TaskQueue.BodyNotKept"
+RETRIES = "NServiceBus.Retries"
+
+CELERY = "celery"
+DRAMATIQ = "dramatiq"
+KINDS = (CELERY, DRAMATIQ)
+
+MAX_TRACEBACK_CHARS = 32_768
+"""A traceback longer than this keeps its first and last halves around a line saying how
+many characters were cut: the innermost frames and the exception line (at the end) and
+the outermost frames (at the start) are what classification and an operator read."""
+
+MAX_MESSAGE_CHARS = 4_096
+"""The exception's message beyond this is cut with a marker saying how much."""
+
+PROPERTY_NAMES = (
+    "content_type",
+    "content_encoding",
+    "correlation_id",
+    "reply_to",
+    "priority",
+    "message_id",
+    "headers",
+)
+"""The broker properties ``properties_json`` keeps, AMQP's names."""
+
+
+@dataclass(frozen=True)
+class CapturedFailure:
+    """What failed, as text: ``exception_type`` (qualified: ``module.Qualname``, builtins
+    unqualified as Python prints them), ``message`` (``str(exc)``, or a placeholder
+    when that raises), ``source`` (the exception's module), ``traceback`` (the formatted
+    traceback with its chained causes and contexts, bounded by ``MAX_TRACEBACK_CHARS``)."""
+
+    exception_type: str
+    message: str
+    source: str
+    traceback: str
+
+
+def capture_failure(exc: BaseException) -> CapturedFailure:
+    """``exc`` as text, never raising: an exception whose ``__str__`` fails gets the
+    placeholder ``<exception str() failed>`` (as ``traceback`` prints it); lone
+    surrogates become backslash escapes, since header values are UTF-8."""
+    kind = type(exc)
+    module = getattr(kind, "__module__", None) or "builtins"
+    qualname = getattr(kind, "__qualname__", kind.__name__)
+    name = qualname if module == "builtins" else f"{module}.{qualname}"
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<exception str() failed>"
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:  # a broken __traceback__ or cause chain: the type still tells
+        text = f"{name}: {message}\n"
+    return CapturedFailure(
+        exception_type=_header_text(name),
+        message=_bounded(_header_text(message), MAX_MESSAGE_CHARS),
+        source=_header_text(module),
+        traceback=_bounded(_header_text(text), MAX_TRACEBACK_CHARS),
+    )
+
+
+def host_id(host: str) -> str:
+    """The ``$.diagnostics.hostid`` of a worker host: a GUID derived from its name, so
+    one host keeps one id across restarts (NServiceBus derives it from machine and
+    path)."""
+    return deterministic_id(host)
+
+
+def failed_message_headers(
+    *,
+    kind: str,
+    task_id: str,
+    task_name: str,
+    queue: str,
+    endpoint: str,
+    host: str,
+    failure: CapturedFailure,
+    time_of_failure: datetime,
+    time_sent: datetime | None = None,
+    retries: int = 0,
+    content_type: str | None = None,
+    properties: Mapping[str, Any] | None = None,
+    retry_unique_message_id: str | None = None,
+    body_not_kept: str | None = None,
+) -> dict[str, str | None]:
+    """The headers of a Python task's failed message (docs/design.md "Python task
+    queues"): ``task_id`` is the message id, ``queue`` the failed queue (where a retry
+    goes), ``endpoint`` the processing endpoint (the app), ``task_name`` the message
+    type. ``properties`` are the consumed message's broker properties (``PROPERTY_NAMES``;
+    others are ignored); ``retry_unique_message_id`` is the
+    ``ServiceControl.Retry.UniqueMessageId`` the consumed message carried, so a retried
+    task that fails again folds into the same failed message.
+
+    Raises ``ValueError`` for an unknown ``kind``, a naive time or a negative
+    ``retries``.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    if retries < 0:
+        raise ValueError("retries must not be negative")
+    headers: dict[str, str | None] = {
+        h.MESSAGE_ID: task_id,
+        h.FAILED_Q: queue,
+        h.PROCESSING_ENDPOINT: endpoint,
+        h.PROCESSING_MACHINE: host,
+        h.HOST_DISPLAY_NAME: host,
+        h.HOST_ID: host_id(host),
+        h.ENCLOSED_MESSAGE_TYPES: task_name,
+        h.TIME_OF_FAILURE: retry_wire.format_nsb_time(time_of_failure),
+        h.EXCEPTION_TYPE: failure.exception_type,
+        h.EXCEPTION_MESSAGE: failure.message,
+        h.EXCEPTION_SOURCE: failure.source,
+        h.EXCEPTION_STACK_TRACE: failure.traceback,
+        RETRIES: str(retries),
+        TASK_QUEUE: kind,
+    }
+    if time_sent is not None:
+        headers[h.TIME_SENT] = retry_wire.format_nsb_time(time_sent)
+    if content_type is not None:
+        headers[h.CONTENT_TYPE] = content_type
+    if properties is not None:
+        headers[TASK_PROPERTIES] = properties_json(properties)
+    if retry_unique_message_id is not None:
+        headers[h.RETRY_UNIQUE_MESSAGE_ID] = retry_unique_message_id
+    if body_not_kept is not None:
+        headers[BODY_NOT_KEPT] = body_not_kept
+    return headers
+
+
+def confirmation_headers(
+    unique_message_id: str, processed_at: datetime | None = None
+) -> dict[str, str | None]:
+    """The control message confirming that the retry of failed message
+    ``unique_message_id`` succeeded (``processed_at`` default now, UTC), as an NServiceBus
+    endpoint sends it to ``ServiceControl.Retry.AcknowledgementQueue``; its body is
+    empty."""
+    return retry_wire.confirmation_headers(
+        unique_message_id, str(uuid.uuid4()), processed_at or datetime.now(UTC)
+    )
+
+
+def properties_json(properties: Mapping[str, Any]) -> str:
+    """``properties`` (``PROPERTY_NAMES`` only, ``None`` values left out) as compact
+    JSON. Header values keep their JSON types; bytes become ``{"$bytes": base64}`` and
+    datetimes ``{"$datetime": ISO 8601}`` so ``parse_properties`` gives them back.
+
+    Raises ``ValueError`` for a value JSON cannot hold (a set, an arbitrary object).
+    """
+    kept = {
+        name: _to_json(properties[name])
+        for name in PROPERTY_NAMES
+        if properties.get(name) is not None
+    }
+    return json.dumps(kept, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
+def parse_properties(text: str) -> dict[str, Any]:
+    """The broker properties ``properties_json`` wrote, with bytes and datetimes back.
+
+    Raises ``ValueError`` when ``text`` is not a JSON object of known property names.
+    """
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"{TASK_PROPERTIES} is not a JSON object")
+    unknown = sorted(set(value) - set(PROPERTY_NAMES))
+    if unknown:
+        raise ValueError(f"{TASK_PROPERTIES} names unknown properties: {', '.join(unknown)}")
+    headers = value.get("headers")
+    if headers is not None and not isinstance(headers, dict):
+        raise ValueError(f"{TASK_PROPERTIES} headers is not a JSON object")
+    return {name: _from_json(item) for name, item in value.items()}
+
+
+def _to_json(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, datetime):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, Mapping):
+        return {str(key): _to_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_json(item) for item in value]
+    raise ValueError(f"a broker property value of type {type(value).__name__} has no JSON form")
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"$bytes"}:
+            return base64.b64decode(value["$bytes"], validate=True)
+        if set(value) == {"$datetime"}:
+            return datetime.fromisoformat(value["$datetime"])
+        return {key: _from_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_from_json(item) for item in value]
+    return value
+
+
+def _header_text(text: str) -> str:
+    """``text`` as a header value can carry it: lone surrogates as backslash escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _bounded(text: str, limit: int) -> str:
+    """``text`` or, when longer than ``limit``, its first and last halves around a line
+    saying how many characters were cut."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    cut = len(text) - 2 * half
+    return f"{text[:half]}\n... {cut} characters cut ...\n{text[-half:]}"
