@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from controlroom import events
 from controlroom.app import create_app
 from controlroom.config import AuthToken, Settings
 from controlroom.db.tables import FailedMessageStatus, failed_messages
@@ -337,3 +338,27 @@ def test_a_page_given_a_bad_parameter_answers_an_error_page_naming_it(
     assert 400 <= page.status_code < 500, page.text
     assert page.headers["content-type"].startswith("text/html")
     assert f"<strong>{field}</strong>" in page.text
+
+
+# --- event log ----------------------------------------------------------------------------
+def test_the_event_log_links_what_an_event_names(console: TestClient, engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        events.record_event(
+            conn,
+            event_type="GroupFailuresPassedThreshold",
+            description="a group passed its threshold",
+            severity=events.Severity.WARNING,
+            category=events.Category.RECOVERABILITY,
+            raised_at=at(0),
+            related_to=[
+                events.group_path("7c1f0e52-0000-4000-8000-000000000001"),
+                events.endpoint_path("Sales & Billing"),
+                events.site_path("plant-7"),
+                events.intake_path("error"),
+            ],
+        )
+    html = console.get("/event-log").text
+    assert 'href="/messages?group=7c1f0e52-0000-4000-8000-000000000001"' in html
+    assert 'href="/messages?endpoint=Sales%20%26%20Billing"' in html
+    assert 'href="/site-calls?site=plant-7"' in html
+    assert "/queue/error" in html and 'href="/queue/' not in html

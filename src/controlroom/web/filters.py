@@ -6,7 +6,7 @@ Every filter returns plain text (autoescaped by the template), never markup.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import jinja2
 
@@ -89,6 +89,33 @@ def query(base: dict[str, object], **changes: object) -> str:
     return "?" + urlencode(kept) if kept else "?"
 
 
+_RELATED_PAGES: dict[str, str] = {
+    "/message/": "/messages/{}",
+    "/group/": "/messages?group={}",
+    "/endpoint/": "/messages?endpoint={}",
+    "/site/": "/site-calls?site={}",
+}
+"""The console page of each kind of event log ``related_to`` path (``controlroom.events``)."""
+
+
+def related_link(path: str) -> str | None:
+    """The console URL that shows what an event's ``related_to`` path names (a failed
+    message, the messages of a group or endpoint, a site's calls), or ``None`` for a
+    path no page shows. The name is percent-encoded: it came off the wire."""
+    for prefix, page in _RELATED_PAGES.items():
+        if path.startswith(prefix) and len(path) > len(prefix):
+            return page.format(quote(path[len(prefix) :], safe=""))
+    return None
+
+
 def install(env: jinja2.Environment) -> None:
-    env.filters.update(utc=utc, iso=iso, size=size, age=age, span=span, status_label=status_label)
+    env.filters.update(
+        utc=utc,
+        iso=iso,
+        size=size,
+        age=age,
+        span=span,
+        status_label=status_label,
+        related_link=related_link,
+    )
     env.globals.update(query=query)
