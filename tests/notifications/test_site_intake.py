@@ -169,3 +169,20 @@ def test_a_body_over_its_limit_is_refused_naming_it(client: TestClient, engine: 
     assert [r["reason"] for r in body["rejected"]] == [
         f"body: {NOTIFICATION_BODY_WIDTH + 1} characters; at most {NOTIFICATION_BODY_WIDTH}"
     ]
+
+
+def test_a_nul_character_is_refused_on_every_store(client: TestClient, engine: sa.Engine) -> None:
+    good = item()
+    answer = client.post(
+        "/api/site-notifications",
+        json=[item(subject="a\x00b"), item(body="body\x00"), item(target="ops\x00"), good],
+    )
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["accepted"] == [3]
+    assert [r["reason"] for r in body["rejected"]] == [
+        "subject: holds a NUL character, which no store keeps as text",
+        "body: holds a NUL character, which no store keeps as text",
+        "target: holds a NUL character, which no store keeps as text",
+    ]
+    assert [row.notification_id for row in stored(engine)] == [good["notification_id"]]

@@ -132,6 +132,8 @@ def check(notification: NewNotification) -> None:
         value = getattr(notification, field)
         if value is not None and not is_wire_text_clean(value):
             raise NotificationRejected(field, "holds a lone surrogate, which is not text")
+        if value is not None and "\x00" in value:
+            raise NotificationRejected(field, "holds a NUL character, which no store keeps as text")
     for field, (value, width) in widths.items():
         if value is not None and len(value) > width:
             raise NotificationRejected(field, f"{len(value)} characters; at most {width}")
