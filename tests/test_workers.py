@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.history import KpiSampler
 from controlroom.transport import create_transport
 from controlroom.workers import merged_exposition
+from tests.factories import at
 from tests.nsb import failed_headers
 from tests.servers import TEST_CLIENT_TIMEOUT
 
@@ -140,6 +142,68 @@ def test_a_killed_worker_is_started_again_at_its_niceness_and_loses_no_message(
     assert left == set()  # the stop ended the worker
     assert pids[0] != pids[1]
     assert stored_count(worker_settings) == 400
+
+
+def attempts_by_message(settings: Settings) -> dict[str, int]:
+    engine = create_store_engine(settings.effective_database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(
+                    failed_messages.c.message_id, failed_messages.c.number_of_processing_attempts
+                )
+            )
+            return {row.message_id: row.number_of_processing_attempts for row in rows}
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.rabbitmq
+def test_two_workers_on_one_queue_count_every_attempt_exactly_once_across_a_kill(
+    worker_settings: Settings, rabbitmq_url: str
+) -> None:
+    """Several workers keep the write path's rules (docs/design.md "Process shape"): the
+    attempts of one message, shuffled across both workers and redelivered after one is
+    killed, fold into one row counting each attempt once."""
+    settings = worker_settings.model_copy(
+        update={
+            "broker_url": rabbitmq_url,
+            "ingestion": IngestionSettings(workers=2, nice=NICE, batch_size=10),
+        }
+    )
+    messages, attempts = 30, 3
+    deliveries = [
+        (f"several-{n}", attempt) for n in range(messages) for attempt in range(attempts)
+    ]
+    deliveries += deliveries[::4]  # some attempts delivered twice, as a redelivery does
+    random.Random(7).shuffle(deliveries)
+    others = children()
+
+    async def publish_attempts(part: list[tuple[str, int]]) -> None:
+        transport = create_transport(settings)
+        await transport.start()
+        try:
+            for message_id, attempt in part:
+                headers = failed_headers(message_id, failed_at=at(attempt))
+                await transport.publish(settings.error_queue, headers, b"{}")
+        finally:
+            await transport.close()
+
+    def total() -> int:
+        return sum(attempts_by_message(settings).values())
+
+    async def body(url: str) -> None:
+        await until(lambda: asyncio.sleep(0, len(children() - others) == 2))
+        half = len(deliveries) // 2
+        await publish_attempts(deliveries[:half])
+        await until(lambda: asyncio.to_thread(lambda: total() > 0))
+        os.kill(min(children() - others), signal.SIGKILL)
+        await publish_attempts(deliveries[half:])
+        await until(lambda: asyncio.to_thread(lambda: total() >= messages * attempts))
+        await asyncio.sleep(1.0)  # a double count would land now
+
+    serve(settings, body)
+    assert attempts_by_message(settings) == {f"several-{n}": attempts for n in range(messages)}
 
 
 def test_the_workers_metrics_and_health_reach_the_api(worker_settings: Settings) -> None:
