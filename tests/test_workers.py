@@ -27,6 +27,7 @@ from controlroom.db.tables import failed_messages
 from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.history import KpiSampler
 from controlroom.transport import create_transport
+from controlroom.transport.embedded import DEFAULT_LEASE_SECONDS
 from controlroom.workers import merged_exposition
 from tests.factories import at
 from tests.nsb import failed_headers
@@ -172,9 +173,7 @@ def test_two_workers_on_one_queue_count_every_attempt_exactly_once_across_a_kill
         }
     )
     messages, attempts = 30, 3
-    deliveries = [
-        (f"several-{n}", attempt) for n in range(messages) for attempt in range(attempts)
-    ]
+    deliveries = [(f"several-{n}", attempt) for n in range(messages) for attempt in range(attempts)]
     deliveries += deliveries[::4]  # some attempts delivered twice, as a redelivery does
     random.Random(7).shuffle(deliveries)
     others = children()
@@ -204,6 +203,30 @@ def test_two_workers_on_one_queue_count_every_attempt_exactly_once_across_a_kill
 
     serve(settings, body)
     assert attempts_by_message(settings) == {f"several-{n}": attempts for n in range(messages)}
+
+
+def test_a_killed_workers_embedded_queue_claims_come_back_at_once(
+    worker_settings: Settings,
+) -> None:
+    """Serve gives back what a dead worker held in the embedded queue when it restarts it:
+    the rest is stored well before the claims' lease (``DEFAULT_LEASE_SECONDS``) runs
+    out."""
+    assert DEFAULT_LEASE_SECONDS > TIMEOUT  # else the lease alone would pass this test
+    settings = worker_settings.model_copy(
+        update={"ingestion": IngestionSettings(workers=1, nice=NICE, batch_size=500)}
+    )
+    others = children()
+
+    async def body(url: str) -> None:
+        await until(lambda: asyncio.sleep(0, bool(children() - others)))
+        first = (children() - others).pop()
+        await publish(settings, 0, 3000)
+        await until(lambda: asyncio.to_thread(lambda: stored_count(settings) > 0))
+        os.kill(first, signal.SIGKILL)
+        await until(lambda: asyncio.to_thread(lambda: stored_count(settings) == 3000))
+
+    serve(settings, body)
+    assert stored_count(settings) == 3000
 
 
 def test_the_workers_metrics_and_health_reach_the_api(worker_settings: Settings) -> None:
@@ -244,7 +267,6 @@ def test_sigterm_stops_every_worker(worker_settings: Settings) -> None:
         await until(lambda: asyncio.sleep(0, len(children() - others) == 2))
 
     assert serve(settings, body) == set()
-
 
 
 def test_a_part_that_stops_on_its_own_stops_the_workers_too(

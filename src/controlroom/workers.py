@@ -18,10 +18,11 @@ Serve to worker: ``wake`` (a retry was requested: look for batches now).
 
 A worker that ends while serve runs is logged and started again, after a back-off that
 doubles from ``RESTART_MIN_SECONDS`` to ``RESTART_MAX_SECONDS`` and starts again from the
-minimum once a worker has run ``RESTART_RESET_SECONDS``. ``stop()`` sends SIGTERM to every
-worker: a worker stops taking deliveries (the unacknowledged ones stay in their queue,
-acknowledged only after the commit), lets its parts end, and exits; one that has not
-exited after ``STOP_SECONDS`` is killed.
+minimum once a worker has run ``RESTART_RESET_SECONDS``; the messages it held in the
+embedded queue go back to the queue at once (RabbitMQ redelivers them by itself).
+``stop()`` sends SIGTERM to every worker: a worker stops taking deliveries (the
+unacknowledged ones stay in their queue, acknowledged only after the commit), lets its
+parts end, and exits; one that has not exited after ``STOP_SECONDS`` is killed.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sqlite3
 import threading
 import time
 import uuid
@@ -60,6 +62,7 @@ from controlroom.notifications.rules import apply_rules
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.sitecalls.intake import TelemetryIngestionService
 from controlroom.transport import create_transport
+from controlroom.transport.embedded import release_claims
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +79,18 @@ _SERVE_ONLY_METRICS = ("controlroom_intake_",)
 # -- the worker process ---------------------------------------------------------------
 
 
-def worker_main(settings: Settings, index: int, conn: Connection) -> None:
+def worker_main(settings: Settings, index: int, conn: Connection, owner: str) -> None:
     """The worker process's entry point (module docstring): lower the priority, run the
-    parts until SIGTERM, then exit. SIGINT is left to serve, which stops its workers."""
+    parts until SIGTERM, then exit. SIGINT is left to serve, which stops its workers.
+    ``owner`` names the embedded queue's claims of this worker, so serve can give them
+    back when the worker dies."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.nice(settings.ingestion.nice)
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s",
     )
-    asyncio.run(_work(settings, _Reporter(conn)))
+    asyncio.run(_work(settings, _Reporter(conn), owner))
 
 
 class _Reporter:
@@ -121,13 +126,13 @@ class _ReportingHealth(IntakeHealth):
         self._reporter.send("health", self.name, "depth", messages)
 
 
-async def _work(settings: Settings, reporter: _Reporter) -> None:
+async def _work(settings: Settings, reporter: _Reporter, owner: str) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     engine = create_store_engine(settings.effective_database_url)
     _lower_backends(engine, settings.ingestion.nice)
-    transport = create_transport(settings)
+    transport = create_transport(settings, owner=owner)
     await transport.start()
     unsubscribe = subscribe(engine, partial(apply_rules, settings.notifications))
     try:
@@ -221,6 +226,7 @@ class _Worker:
     process: BaseProcess
     conn: Connection
     started: float
+    owner: str
     metrics: str = ""
     exited: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -276,20 +282,38 @@ class WorkerPool:
                 worker.process.exitcode,
                 delay,
             )
+            await self._give_back_claims(worker)
             await asyncio.sleep(delay)
             delay = min(RESTART_MAX_SECONDS, delay * 2)
 
+    async def _give_back_claims(self, worker: _Worker) -> None:
+        """The dead worker's embedded-queue claims back to the queue now, not at lease
+        expiry (RabbitMQ does it by itself when the connection drops)."""
+        if self._settings.broker_url:
+            return
+        path = self._settings.embedded_queue_path
+        try:
+            released = await asyncio.to_thread(release_claims, path, worker.owner)
+        except sqlite3.Error:
+            log.warning(
+                "could not give back intake worker %d's claims", worker.index, exc_info=True
+            )
+            return
+        if released:
+            log.info("gave back %d messages intake worker %d held", released, worker.index)
+
     def _start(self, index: int) -> _Worker:
         ours, theirs = self._context.Pipe(duplex=True)
+        owner = f"worker-{index}-{uuid.uuid4()}"
         process = self._context.Process(
             target=worker_main,
-            args=(self._settings, index, theirs),
+            args=(self._settings, index, theirs, owner),
             name=f"controlroom-worker-{index}",
             daemon=False,
         )
         process.start()
         theirs.close()
-        worker = _Worker(index, process, ours, time.monotonic())
+        worker = _Worker(index, process, ours, time.monotonic(), owner)
         self._workers[index] = worker
         loop = asyncio.get_running_loop()
         loop.add_reader(ours.fileno(), partial(self._on_message, worker))

@@ -197,6 +197,8 @@ class EmbeddedQueue:
     consumers without renewal, i.e. how soon a crashed consumer's messages come back.
     ``poll_interval_seconds`` (> 0): how often an idle consumer looks for messages
     published by other processes (same-process publishes wake it at once).
+    ``owner``: the id its claims carry (default a new UUID); whoever knows it may give
+    them back at once when this transport's process dies (``release_claims``).
     Queue names are data: they are SQL parameters, never SQL text or file names.
     """
 
@@ -206,13 +208,14 @@ class EmbeddedQueue:
         *,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         poll_interval_seconds: float = DEFAULT_POLL_INTERVAL_SECONDS,
+        owner: str | None = None,
     ) -> None:
         if lease_seconds <= 0 or poll_interval_seconds <= 0:
             raise ValueError("lease_seconds and poll_interval_seconds must be positive")
         self._path = Path(path)
         self._lease_seconds = float(lease_seconds)
         self._poll_interval = float(poll_interval_seconds)
-        self._owner = f"{uuid.uuid4()}"
+        self._owner = owner or f"{uuid.uuid4()}"
         self._conn: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._renewal: asyncio.Task[None] | None = None
@@ -672,6 +675,19 @@ def _read_transaction(conn: sqlite3.Connection) -> Iterator[None]:
         yield
     finally:
         conn.execute("COMMIT")
+
+
+def release_claims(path: Path, owner: str) -> int:
+    """Give back every message that the transport with ``owner`` id holds in the queue
+    file at ``path``, in their FIFO positions; returns how many. For a process that
+    knows the owner has died (serve, of its killed intake worker): its claims come back
+    now instead of at lease expiry. Blocking. Raises ``sqlite3.Error`` when the file
+    cannot be written."""
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+    try:
+        return _execute_in_write(conn, _RELEASE_ALL, (owner,)).rowcount
+    finally:
+        conn.close()
 
 
 def _execute_in_write(
