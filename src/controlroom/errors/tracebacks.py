@@ -55,6 +55,11 @@ class Frame:
     source: str
     application: bool
 
+    @property
+    def short_path(self) -> str:
+        """``stable_path(path)``: the file without the machine's directories."""
+        return stable_path(self.path)
+
 
 @dataclass(frozen=True, slots=True)
 class Section:
@@ -64,6 +69,26 @@ class Section:
 
     frames: tuple[Frame, ...]
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class FrameRun:
+    """Consecutive frames that are all the ``application``'s own, or all library frames
+    (the console folds a run of library frames)."""
+
+    application: bool
+    frames: tuple[Frame, ...]
+
+
+def frame_runs(frames: tuple[Frame, ...]) -> tuple[FrameRun, ...]:
+    """``frames`` cut into runs of application frames and of library frames, in order."""
+    runs: list[FrameRun] = []
+    start = 0
+    for index in range(1, len(frames) + 1):
+        if index == len(frames) or frames[index].application != frames[start].application:
+            runs.append(FrameRun(frames[start].application, frames[start:index]))
+            start = index
+    return tuple(runs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,8 @@ from fastapi.responses import Response
 
 from controlroom.db.providers import SearchTerms
 from controlroom.db.tables import FailedMessageStatus
-from controlroom.errors.ingest.headers import content_encoding
+from controlroom.errors import tracebacks
+from controlroom.errors.ingest.headers import content_encoding, task_queue
 from controlroom.errors.ingest.search_terms import MIN_PREFIX_CHARS
 from controlroom.errors.read import endpoints, groups
 from controlroom.errors.read.counts import (
@@ -253,7 +254,7 @@ def body_view(request: Request, session: Viewer, failed_message_id: uuid.UUID) -
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
     data = read_body_bytes(api_state(request).body_store, stored, failed_message_id)
     headers = json.loads(details.headers_json)
-    view = view_body(data, stored.content_type, content_encoding(headers))
+    view = view_body(data, stored.content_type, content_encoding(headers), task_queue(headers))
     return render(request, "_body.html", {"body": view, "id": str(failed_message_id)})
 
 
@@ -415,12 +416,16 @@ def _message_context(request: Request, failed_message_id: uuid.UUID) -> dict[str
     if details is None:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
     headers = json.loads(details.headers_json)
+    trace = details.summary.stack_trace
     return {
         "message": details,
         "summary": details.summary,
         "headers": headers,
         "Status": FailedMessageStatus,
         "inline_body": details.body_size <= 64 * 1024,
+        "task_queue": task_queue(headers),
+        "traceback": tracebacks.parse_traceback(trace) if trace else None,
+        "frame_runs": tracebacks.frame_runs,
     }
 
 
