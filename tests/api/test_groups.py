@@ -15,6 +15,7 @@ from controlroom.errors.ingest.grouping import (
     CLASSIFIERS,
     EXCEPTION_TYPE_AND_PYTHON_FRAME,
     EXCEPTION_TYPE_AND_STACK_TRACE,
+    PYTHON_TASK_QUEUE,
     SERVICECONTROL_CLASSIFIERS,
 )
 from controlroom.errors.ingest.parsing import parse_failed_message
@@ -83,13 +84,13 @@ def group_id_of(attempts: Attempts, group: ExpectedGroup) -> str:
 
 
 # --- classifiers and groups ---------------------------------------------------------------
-def test_classifiers_are_servicecontrols_five_then_the_python_one(client: TestClient) -> None:
+def test_classifiers_are_servicecontrols_five_then_the_python_ones(client: TestClient) -> None:
     response = client.get("/api/recoverability/classifiers")
     assert response.status_code == 200
     assert response.json() == CLASSIFIER_NAMES
     assert response.json()[0] == EXCEPTION_TYPE_AND_STACK_TRACE
-    assert response.json()[-1] == EXCEPTION_TYPE_AND_PYTHON_FRAME
-    assert response.headers["Total-Count"] == "6"
+    assert response.json()[5:] == [EXCEPTION_TYPE_AND_PYTHON_FRAME, PYTHON_TASK_QUEUE]
+    assert response.headers["Total-Count"] == "7"
 
 
 # The NServiceBus fixture has no Python traceback: the Python classifier is tested below.

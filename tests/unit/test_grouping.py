@@ -38,6 +38,7 @@ def test_classifier_names_and_order_are_servicecontrols() -> None:
     assert [c.name for c in g.CLASSIFIERS] == [
         *(c.name for c in g.SERVICECONTROL_CLASSIFIERS),
         "Exception Type and Python Frame",
+        "Python Task Queue",
     ]
 
 

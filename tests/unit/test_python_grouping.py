@@ -265,3 +265,19 @@ def test_any_text_gives_none_or_a_bounded_title(text: str) -> None:
 def test_hostile_tracebacks_finish(text: str) -> None:
     g.classify(failure(text, "E", "m"))
     tracebacks.parse_traceback(text)
+
+
+# --- Python Task Queue --------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("value", "title"),
+    [
+        ("celery", "celery"),
+        ("dramatiq", "dramatiq"),
+        (" Celery ", "celery"),
+        ("rq", None),
+        ("", None),
+    ],
+)
+def test_the_task_queue_classifier(value: str, title: str | None) -> None:
+    assert g.classify_python_task_queue({"Controlroom.TaskQueue": value}) == title
+    assert g.classify_python_task_queue({}) is None

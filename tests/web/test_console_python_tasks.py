@@ -13,7 +13,10 @@ from playwright.sync_api import expect
 
 from controlroom.config import Settings
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
-from controlroom.errors.ingest.writer import FailedMessageBatchWriter
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from tests.api.test_python_task_facet import CELERY, DRAMATIQ, ingest
+from tests.nsb import failed_headers
 from tests.python_tasks import celery_failure, dramatiq_failure, sample_traceback
 from tests.retries.conftest import TIMEOUT, store_failed
 from tests.web.conftest import ConsoleServer
@@ -104,6 +107,26 @@ def test_a_dotnet_trace_is_shown_as_before(console: TestClient, store: Any) -> N
     assert "Python task" not in page
 
 
+# --- the "Python task" filter -------------------------------------------------------------
+def test_the_console_list_filters_by_task_queue(
+    writer: FailedMessageBatchWriter, console: TestClient
+) -> None:
+    ids = ingest(writer)
+    page = console.get("/messages").text
+    assert 'data-testid="python-task-filter"' in page
+    assert "Celery (2 unresolved)" in page and "Dramatiq (1 unresolved)" in page
+    filtered = console.get(f"/messages?group={DRAMATIQ}").text
+    assert ids["dramatiq-1"] in filtered
+    assert not {ids["celery-1"], ids["celery-2"], ids["dotnet-1"]} & set(filtered.split('"'))
+    assert f'<option value="{DRAMATIQ}" selected>' in filtered
+
+
+def test_no_python_task_no_filter(writer: FailedMessageBatchWriter, console: TestClient) -> None:
+    attempt = parse_failed_message(failed_headers("dotnet-1"), b"{}", max_body_size_to_store=10)
+    writer.write(IngestionBatch(attempts=[attempt]))
+    assert "python-task-filter" not in console.get("/messages").text
+
+
 # --- in Chromium --------------------------------------------------------------------------
 def test_library_frames_unfold_and_arguments_load(console_server: ConsoleServer, page: Any) -> None:
     headers, body = celery_failure("browser-1")
@@ -125,3 +148,17 @@ def test_library_frames_unfold_and_arguments_load(console_server: ConsoleServer,
     expect(arguments).to_contain_text('"order-4411"')
     expect(arguments).to_contain_text("card_token=")
     expect(page.get_by_test_id("body")).to_be_hidden()
+
+
+def test_the_python_task_filter_in_the_browser(console_server: ConsoleServer, page: Any) -> None:
+    for headers, body in (celery_failure("c-1"), dramatiq_failure("d-1"), celery_failure("c-2")):
+        console_server.publish(headers, body)
+    console_server.publish(failed_headers("dotnet-1"), b"{}")
+    console_server.wait_until_stored(4)
+    page.goto(console_server.base_url + "/messages")
+    expect(page.get_by_test_id("total")).to_have_text("4 messages")
+    page.get_by_label("Python task").select_option(label="Celery (2 unresolved)")
+    page.get_by_role("button", name="Apply").click()
+    expect(page.get_by_test_id("total")).to_have_text("2 messages")
+    expect(page.locator("table.messages tbody")).to_contain_text("shop.tasks.charge_card")
+    assert CELERY in page.url

@@ -31,6 +31,7 @@ from controlroom.errors.read.counts import (
     count_unresolved_by_endpoint,
     count_unresolved_by_endpoint_instance,
 )
+from controlroom.errors.read.facets import python_task_facet
 from controlroom.errors.read.filter_text import parse_modified_range, parse_status_filter
 from controlroom.errors.read.filters import FailedMessageFilter, Ordering, SortKey
 from controlroom.errors.read.lists import list_failed_messages
@@ -168,6 +169,7 @@ def message_list(
             )
             total, items, estimated = listed.total, listed.items, listed.total_estimated
         group_info = groups.get_group(conn, group) if group else None
+        python_tasks = python_task_facet(conn)
     params = {
         "status": status,
         "q": q,
@@ -190,6 +192,7 @@ def message_list(
             "params": params,
             "status_choices": STATUS_CHOICES,
             "group_info": group_info,
+            "python_tasks": python_tasks,
             "search_note": note,
             "operation_id": request.query_params.get("operation", ""),
             "notice": _notice(request),

@@ -2,9 +2,11 @@
 
 ServiceControl's five classifiers, in its registration order and with its names (the
 names are part of every group id): ``Exception Type and Stack Trace``, ``Message Type``,
-``Endpoint Address``, ``Endpoint Instance``, ``Endpoint Name``; then Controlroom's own,
+``Endpoint Address``, ``Endpoint Instance``, ``Endpoint Name``; then Controlroom's own:
 ``Exception Type and Python Frame``, which groups only Python tracebacks (docs/decisions.md
-"Python frames are grouped by module tail and function"). Each is a function of the
+"Python frames are grouped by module tail and function"), and ``Python Task Queue``, which
+groups failed Celery and Dramatiq tasks by their task queue (docs/decisions.md "The Python
+task facet is a classifier"). Each is a function of the
 attempt's headers returning the classification (the group title) or ``None`` (no group).
 Group id = ``identity.group_id(classifier name, title)``. Source: ServiceControl
 ``Recoverability/Grouping/Groupers`` and docs/design.md "Identity".
@@ -33,6 +35,7 @@ ENDPOINT_ADDRESS = "Endpoint Address"
 ENDPOINT_INSTANCE = "Endpoint Instance"
 ENDPOINT_NAME = "Endpoint Name"
 EXCEPTION_TYPE_AND_PYTHON_FRAME = "Exception Type and Python Frame"
+PYTHON_TASK_QUEUE = "Python Task Queue"
 
 MAX_TITLE_LENGTH = 1000
 """Longest group title, in code points. Longer classifications are cut (ids hash the cut title)."""
@@ -195,6 +198,13 @@ def classify_exception_type_and_python_frame(headers: Headers) -> str | None:
     return f"{exception_type}: {path} in {function}"
 
 
+# --- Python Task Queue --------------------------------------------------------------------
+def classify_python_task_queue(headers: Headers) -> str | None:
+    """``celery`` or ``dramatiq``: the ``Controlroom.TaskQueue`` header of a failed Python
+    task (``headers.task_queue``), ``None`` for any other message."""
+    return h.task_queue(headers)
+
+
 # --- the other four -----------------------------------------------------------------------
 def classify_message_type(headers: Headers) -> str | None:
     """The message type (first part of ``NServiceBus.EnclosedMessageTypes``)."""
@@ -239,6 +249,7 @@ SERVICECONTROL_CLASSIFIERS: tuple[Classifier, ...] = (
 CLASSIFIERS: tuple[Classifier, ...] = (
     *SERVICECONTROL_CLASSIFIERS,
     Classifier(EXCEPTION_TYPE_AND_PYTHON_FRAME, classify_exception_type_and_python_frame),
+    Classifier(PYTHON_TASK_QUEUE, classify_python_task_queue),
 )
 """Every classifier, ServiceControl's first (the order of ``classify``'s result)."""
 
