@@ -3,6 +3,7 @@ call depth, host or install path; a group per bug; and nothing for .NET traces."
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,9 @@ from hypothesis import strategies as st
 
 from controlroom.errors import tracebacks
 from controlroom.errors.ingest import grouping as g
+from controlroom.errors.ingest import headers as h
 from controlroom.errors.ingest.identity import group_id
+from controlroom.integrations import envelope
 from tests.unit import V5, V6, V8, V10, sample_headers
 
 TRACES = Path(__file__).parents[1] / "data" / "python_tracebacks"
@@ -281,3 +284,98 @@ def test_hostile_tracebacks_finish(text: str) -> None:
 def test_the_task_queue_classifier(value: str, title: str | None) -> None:
     assert g.classify_python_task_queue({"Controlroom.TaskQueue": value}) == title
     assert g.classify_python_task_queue({}) is None
+
+
+# --- as the integrations capture a failure ------------------------------------------------
+def _ping(depth: int) -> None:
+    if depth == 0:
+        innermost_bug()
+    _pong(depth - 1)
+
+
+def _pong(depth: int) -> None:
+    _ping(depth)
+
+
+def innermost_bug() -> None:
+    raise LookupError("no such order: 1")
+
+
+def captured(depth: int) -> dict[str, str | None]:
+    try:
+        try:
+            _ping(depth)
+        except LookupError as exc:
+            raise RuntimeError("charge failed") from exc
+    except RuntimeError as exc:
+        failure = envelope.capture_failure(exc)
+    return envelope.failed_message_headers(
+        kind="celery",
+        task_id="t-1",
+        task_name="shop.tasks.charge",
+        queue="celery",
+        endpoint="shop",
+        host="worker-1",
+        failure=failure,
+        time_of_failure=datetime.now(UTC),
+    )
+
+
+def test_the_header_name_is_the_integrations() -> None:
+    assert envelope.TASK_QUEUE == h.TASK_QUEUE
+    assert set(envelope.KINDS) == set(h.TASK_QUEUE_KINDS)
+
+
+@pytest.mark.parametrize("depth", [3, 400])  # 400: the traceback is cut in its middle
+def test_a_failure_captured_by_the_envelope_is_grouped_by_its_frame(depth: int) -> None:
+    headers = captured(depth)
+    trace = headers[h.EXCEPTION_STACK_TRACE]
+    assert trace is not None
+    assert ("characters cut" in trace) == (depth > 100)
+    titles = {group.classifier: group.title for group in g.classify(headers)}
+    # The escaping exception is the RuntimeError, raised in captured(): not the cause.
+    assert titles[g.EXCEPTION_TYPE_AND_PYTHON_FRAME] == (
+        "RuntimeError: unit/test_python_grouping.py in captured"
+    )
+    assert titles[g.PYTHON_TASK_QUEUE] == "celery"
+    parsed = tracebacks.parse_traceback(trace)
+    assert parsed is not None
+    cause = parsed.sections[0]
+    assert cause.text.startswith("LookupError: no such order: 1")
+    assert cause.frames[-1].function == "innermost_bug"
+
+
+def test_a_cut_inside_a_frame_line_is_read_past() -> None:
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/app/shop/a.py", line 1, in outer\n    inner()\n  File "/app/sh\n'
+        "... 5000 characters cut ...\n"
+        'op/c.py", line 7, in middle\n    x()\n'
+        '  File "/app/shop/b.py", line 9, in innermost\n    raise KeyError(1)\n'
+        "KeyError: 1\n"
+    )
+    headers = failure(text, "KeyError", "1")
+    assert g.classify_exception_type_and_python_frame(headers) == "KeyError: shop/b.py in innermost"
+    parsed = tracebacks.parse_traceback(text)
+    assert parsed is not None
+    assert [frame.function for frame in parsed.sections[0].frames] == ["outer", "innermost"]
+
+
+def test_a_cut_in_the_last_section_is_read_past() -> None:
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/app/shop/a.py", line 1, in outer\n    inner()\n'
+        "... 5000 characters cut ...\n"
+        "ne 7, in middle\n    x()\n"
+        '  File "/app/shop/b.py", line 9, in innermost\n    raise KeyError(1)\n'
+        '  File "/usr/lib/python3.12/json/decoder.py", line 3, in f\n    y()\n'
+        "KeyError: 1\n"
+    )
+    headers = failure(text, "KeyError", "1")
+    assert g.classify_exception_type_and_python_frame(headers) == "KeyError: shop/b.py in innermost"
+    parsed = tracebacks.parse_traceback(text)
+    assert parsed is not None
+    (section,) = parsed.sections
+    assert [frame.function for frame in section.frames] == ["outer", "innermost", "f"]
+    assert section.frames[0].source == "inner()\n... 5000 characters cut ...\nne 7, in middle\nx()"
+    assert section.text == "KeyError: 1"

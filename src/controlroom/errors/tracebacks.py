@@ -41,6 +41,7 @@ _STDLIB_RE = re.compile(
     re.IGNORECASE,
 )
 _MARKER_ONLY = frozenset("^~ ")
+_CUT_RE = re.compile(r"\.\.\. [0-9]+ characters cut \.\.\.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,22 +157,26 @@ def escaping_frame(trace: str, message: str | None = None) -> tuple[str, str] | 
 
     Only the last section counts (the exception that escaped; its causes are earlier
     sections), and only its frame lines up to the first line that is not a frame's (the
-    exception line). In it, the innermost application frame; with none (the failure was
-    raised wholly inside libraries), the innermost frame. The escaping exception's
+    exception line); where a bounded traceback was cut (``is_cut_marker``), the marker
+    and the partial lines around it are read past. In it, the innermost application
+    frame; with none (the failure was raised wholly inside libraries), the innermost
+    frame. The escaping exception's
     ``message`` is printed after its frames: the text from its last occurrence on is not
     searched for a section, so a message that poses as a traceback is not taken for one
     (the message is not removed from the text as a whole: a message such as ``1`` would
     change every path that holds it). Frame lines of an exception group's sub-exceptions
     (prefixed ``|``) are not the group's own and are not read.
     """
-    end = trace.rfind(message) if message else -1
-    start = _last_section_start(trace, end if end != -1 else len(trace))
+    found = trace.rfind(message) if message else -1
+    limit = found if found != -1 else len(trace)
+    start = _last_section_start(trace, limit)
     if start is None:
         return None
     innermost: tuple[str, str] | None = None
     application: tuple[str, str] | None = None
+    after_cut = False
     pos = start
-    while pos < len(trace):
+    while pos < limit:
         end = trace.find("\n", pos)
         if end == -1:
             end = len(trace)
@@ -183,9 +188,30 @@ def escaping_frame(trace: str, message: str | None = None) -> tuple[str, str] | 
             innermost = (stable_path(path), function)
             if is_application_path(path):
                 application = innermost
+            after_cut = False
+        elif is_cut_marker(line):
+            after_cut = True  # the next line starts mid-line: not a frame's, read past it
+        elif after_cut:
+            after_cut = False
+        elif _followed_by_cut(trace, pos):
+            continue  # it ends mid-line
         elif innermost is None or not _belongs_to_frame(line):
             break
     return application or innermost
+
+
+def _followed_by_cut(text: str, pos: int) -> bool:
+    """Whether the line starting at ``pos`` is a cut marker (the line before it ends
+    mid-line)."""
+    end = text.find("\n", pos)
+    return pos < len(text) and is_cut_marker(text[pos : end if end != -1 else len(text)])
+
+
+def is_cut_marker(line: str) -> bool:
+    """Whether ``line`` is the line a bounded traceback carries where its middle was cut
+    (``... N characters cut ...``, as ``controlroom.integrations`` bounds a traceback,
+    keeping its first and last halves)."""
+    return _CUT_RE.fullmatch(line.strip()) is not None
 
 
 def _last_section_start(trace: str, end: int) -> int | None:
@@ -213,7 +239,8 @@ def parse_traceback(text: str) -> PythonTraceback | None:
     """``text`` as sections of frames, or ``None`` when it is not a Python traceback
     (``is_python_traceback``). Every line of ``text`` is kept, in a frame, in a section's
     text or in the preamble, except the header lines and the ``^^^`` marker lines. A line
-    such as ``[Previous line repeated 996 more times]`` joins its frame's source. At most
+    such as ``[Previous line repeated 996 more times]`` joins its frame's source, and so do
+    a bounded traceback's cut (``is_cut_marker``) and the partial lines around it. At most
     ``MAX_FRAMES`` frames are parsed; what follows stays text."""
     if not is_python_traceback(text):
         return None
@@ -222,6 +249,7 @@ def parse_traceback(text: str) -> PythonTraceback | None:
     frames: list[tuple[re.Match[str], list[str]]] = []
     tail: list[str] = []
     in_section = False
+    after_cut = False
     parsed = 0
 
     def close() -> None:
@@ -253,6 +281,12 @@ def parse_traceback(text: str) -> PythonTraceback | None:
         if match is not None and not tail:
             frames.append((match, []))
             parsed += 1
+            after_cut = False
+            continue
+        if in_frames and (after_cut or is_cut_marker(line) or _followed_by_cut(text, pos)):
+            # A bounded traceback's cut and the partial lines around it: the frame's.
+            after_cut = is_cut_marker(line)
+            frames[-1][1].append(line.strip())
             continue
         if in_frames and _belongs_to_frame(line):
             if not _MARKER_ONLY.issuperset(line):
