@@ -41,6 +41,7 @@ _STDLIB_RE = re.compile(
     re.IGNORECASE,
 )
 _MARKER_ONLY = frozenset("^~ ")
+_LEADING_SPACE = re.compile(r"\s*")
 _CUT_RE = re.compile(r"\.\.\. [0-9]+ characters cut \.\.\.")
 
 
@@ -106,7 +107,8 @@ def is_python_traceback(text: str | None) -> bool:
     ``Traceback (most recent call last):``."""
     if not text:
         return False
-    start = len(text) - len(text.lstrip())
+    leading = _LEADING_SPACE.match(text)  # white space only: never a copy of the text
+    start = leading.end() if leading else 0
     return text.startswith(TRACEBACK_HEADER, start)
 
 
