@@ -9,8 +9,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from controlroom.errors.ingest.grouping import PYTHON_TASK_QUEUE
+from controlroom.errors.ingest.identity import group_id
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from tests.factories import at
-from tests.nsb import nsb_time
+from tests.nsb import failed_headers, nsb_time
 
 TRACEBACKS = Path(__file__).parent / "data" / "python_tracebacks"
 
@@ -129,3 +133,23 @@ def dramatiq_failure(task_id: str) -> tuple[dict[str, str | None], bytes]:
         endpoint="reports",
     )
     return headers, dramatiq_body(task_id, BUILD_REPORT, ["quarterly-2026-q3"], {"region": "emea"})
+
+
+CELERY_GROUP = group_id(PYTHON_TASK_QUEUE, "celery")
+DRAMATIQ_GROUP = group_id(PYTHON_TASK_QUEUE, "dramatiq")
+
+
+def ingest_tasks(writer: FailedMessageBatchWriter) -> dict[str, str]:
+    """Two Celery tasks, one Dramatiq actor and a .NET message; their ids by message id."""
+    failures = [
+        celery_failure("celery-1"),
+        celery_failure("celery-2", host="worker-2"),
+        dramatiq_failure("dramatiq-1"),
+        (failed_headers("dotnet-1"), b"{}"),
+    ]
+    batch = [
+        parse_failed_message(headers, body, max_body_size_to_store=102_400)
+        for headers, body in failures
+    ]
+    writer.write(IngestionBatch(attempts=batch, endpoints=[e for a in batch for e in a.endpoints]))
+    return {attempt.message_id: attempt.unique_message_id for attempt in batch}

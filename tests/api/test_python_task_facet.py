@@ -9,31 +9,11 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from controlroom.errors.ingest.grouping import PYTHON_TASK_QUEUE
-from controlroom.errors.ingest.identity import group_id
-from controlroom.errors.ingest.parsing import parse_failed_message
-from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter
 from controlroom.errors.read.facets import TaskQueueFacetValue, python_task_facet
-from tests.nsb import failed_headers
-from tests.python_tasks import celery_failure, dramatiq_failure
-
-CELERY = group_id(PYTHON_TASK_QUEUE, "celery")
-DRAMATIQ = group_id(PYTHON_TASK_QUEUE, "dramatiq")
-
-
-def ingest(writer: FailedMessageBatchWriter) -> dict[str, str]:
-    """Two Celery tasks, one Dramatiq actor and a .NET message; their ids by message id."""
-    failures = [
-        celery_failure("celery-1"),
-        celery_failure("celery-2", host="worker-2"),
-        dramatiq_failure("dramatiq-1"),
-        (failed_headers("dotnet-1"), b"{}"),
-    ]
-    batch = [
-        parse_failed_message(headers, body, max_body_size_to_store=102_400)
-        for headers, body in failures
-    ]
-    writer.write(IngestionBatch(attempts=batch, endpoints=[e for a in batch for e in a.endpoints]))
-    return {attempt.message_id: attempt.unique_message_id for attempt in batch}
+from tests.python_tasks import CELERY_GROUP as CELERY
+from tests.python_tasks import DRAMATIQ_GROUP as DRAMATIQ
+from tests.python_tasks import ingest_tasks as ingest
 
 
 def test_the_facet_counts_unresolved_tasks_by_task_queue(

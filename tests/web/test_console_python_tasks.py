@@ -15,9 +15,11 @@ from controlroom.config import Settings
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
-from tests.api.test_python_task_facet import CELERY, DRAMATIQ, ingest
 from tests.nsb import failed_headers
+from tests.python_tasks import CELERY_GROUP as CELERY
+from tests.python_tasks import DRAMATIQ_GROUP as DRAMATIQ
 from tests.python_tasks import celery_failure, dramatiq_failure, sample_traceback
+from tests.python_tasks import ingest_tasks as ingest
 from tests.retries.conftest import TIMEOUT, store_failed
 from tests.web.conftest import ConsoleServer
 
