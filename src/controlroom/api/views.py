@@ -155,6 +155,13 @@ class PythonTraceback(BaseModel):
     sections: list[PythonTracebackSection]
 
 
+class TaskArguments(BaseModel):
+    """A failed Python task's arguments, read from its body (Controlroom's own field)."""
+
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
 class FailedMessageDetail(FailedMessageListItem):
     """One failed message in full, in ServiceControl's ``FailedMessage`` shape
     (``unique_message_id``, ``status``, ``processing_attempts``, ``failure_groups``) with
@@ -177,6 +184,9 @@ class FailedMessageDetail(FailedMessageListItem):
     python_traceback: PythonTraceback | None = None
     """Controlroom's own: the stack trace read as frames when it is a Python traceback,
     left out otherwise (ServiceControl's fields are unchanged)."""
+    task_arguments: TaskArguments | None = None
+    """Controlroom's own: a failed Celery or Dramatiq task's ``args`` and ``kwargs`` when
+    its body is kept inline and has its task queue's JSON shape, left out otherwise."""
 
 
 class FacetValue(BaseModel):
@@ -235,8 +245,11 @@ def list_item(summary: FailedMessageSummary) -> FailedMessageListItem:
     return FailedMessageListItem(**list_fields(summary))
 
 
-def detail(details: FailedMessageDetails) -> FailedMessageDetail:
-    """The full shape of a stored failed message."""
+def detail(
+    details: FailedMessageDetails, task_call: tuple[list[Any], dict[str, Any]] | None = None
+) -> FailedMessageDetail:
+    """The full shape of a stored failed message; ``task_call`` the Python task's
+    arguments when known (``errors.tasks.task_call``)."""
     summary = details.summary
     headers = json.loads(details.headers_json)
     groups = [
@@ -256,6 +269,9 @@ def detail(details: FailedMessageDetails) -> FailedMessageDetail:
         body_size=details.body_size,
         content_type=details.content_type,
         python_traceback=python_traceback(summary.stack_trace),
+        task_arguments=None
+        if task_call is None
+        else TaskArguments(args=task_call[0], kwargs=task_call[1]),
     )
 
 

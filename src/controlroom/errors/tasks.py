@@ -1,4 +1,5 @@
-"""A Python task's arguments read from its message body (pure, no I/O), for the console.
+"""A Python task's arguments read from its message body (pure, no I/O), for the console
+and the API.
 
 A failed Celery or Dramatiq task (``Controlroom.TaskQueue``, docs/design.md "Python task
 queues") keeps its task message's body byte for byte. Two JSON shapes are read:
@@ -31,16 +32,22 @@ class TaskArguments:
     kwargs: tuple[tuple[str, str], ...]
 
 
-def task_arguments(kind: str | None, text: str) -> TaskArguments | None:
-    """The arguments of a ``kind`` (``celery`` or ``dramatiq``) task whose body is ``text``,
-    or ``None`` when ``kind`` is neither or the body is not that task queue's JSON shape."""
+def task_call(kind: str | None, text: str) -> tuple[list[Any], dict[str, Any]] | None:
+    """``(args, kwargs)`` of a ``kind`` (``celery`` or ``dramatiq``) task whose body is
+    ``text``, as JSON values; ``None`` when ``kind`` is neither or the body is not that
+    task queue's JSON shape."""
     if kind not in ("celery", "dramatiq"):
         return None
     try:
         body = json.loads(text)
     except ValueError:
         return None
-    found = _celery(body) if kind == "celery" else _dramatiq(body)
+    return _celery(body) if kind == "celery" else _dramatiq(body)
+
+
+def task_arguments(kind: str | None, text: str) -> TaskArguments | None:
+    """``task_call``'s arguments, each value pretty-printed; ``None`` as ``task_call``."""
+    found = task_call(kind, text)
     if found is None:
         return None
     args, kwargs = found
