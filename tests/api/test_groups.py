@@ -11,11 +11,19 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from controlroom.db.tables import FailedMessageStatus, failed_messages
-from controlroom.errors.ingest.grouping import CLASSIFIERS, EXCEPTION_TYPE_AND_STACK_TRACE
-from controlroom.errors.ingest.writer import FailedMessageBatchWriter
+from controlroom.errors.ingest.grouping import (
+    CLASSIFIERS,
+    EXCEPTION_TYPE_AND_PYTHON_FRAME,
+    EXCEPTION_TYPE_AND_STACK_TRACE,
+    PYTHON_TASK_QUEUE,
+    SERVICECONTROL_CLASSIFIERS,
+)
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt
 from tests.api.failure_fixture import TIMEOUT, ExpectedGroup, expected_groups, ingest_fixture
 from tests.api.failure_fixture import parse_utc as utc
+from tests.python_tasks import HTTP_ERROR, celery_failure, dramatiq_failure
 
 CLASSIFIER_NAMES = [classifier.name for classifier in CLASSIFIERS]
 UNKNOWN_GROUP = "00000000-0000-4000-8000-000000000000"
@@ -76,15 +84,17 @@ def group_id_of(attempts: Attempts, group: ExpectedGroup) -> str:
 
 
 # --- classifiers and groups ---------------------------------------------------------------
-def test_classifiers_are_the_five_default_first(client: TestClient) -> None:
+def test_classifiers_are_servicecontrols_five_then_the_python_ones(client: TestClient) -> None:
     response = client.get("/api/recoverability/classifiers")
     assert response.status_code == 200
     assert response.json() == CLASSIFIER_NAMES
     assert response.json()[0] == EXCEPTION_TYPE_AND_STACK_TRACE
-    assert response.headers["Total-Count"] == "5"
+    assert response.json()[5:] == [EXCEPTION_TYPE_AND_PYTHON_FRAME, PYTHON_TASK_QUEUE]
+    assert response.headers["Total-Count"] == "7"
 
 
-@pytest.mark.parametrize("classifier", CLASSIFIER_NAMES)
+# The NServiceBus fixture has no Python traceback: the Python classifier is tested below.
+@pytest.mark.parametrize("classifier", [c.name for c in SERVICECONTROL_CLASSIFIERS])
 def test_groups_match_a_direct_computation(
     client: TestClient, attempts: Attempts, classifier: str
 ) -> None:
@@ -92,6 +102,30 @@ def test_groups_match_a_direct_computation(
     assert expected, "the fixture gives every classifier at least one group"
     actual = groups_of(client, classifier)
     assert_groups_match(actual, expected)
+
+
+def test_python_tasks_are_grouped_by_their_application_frame(
+    client: TestClient, writer: FailedMessageBatchWriter
+) -> None:
+    # One bug on two hosts with different install paths and call depths, and another bug.
+    failures = [
+        celery_failure("task-1", host="pod-7f9c"),
+        celery_failure("task-2", host="ci-3", trace="celery_http_error_other_host.txt"),
+        dramatiq_failure("task-3"),
+    ]
+    batch = [
+        parse_failed_message(headers, body, max_body_size_to_store=102_400)
+        for headers, body in failures
+    ]
+    writer.write(IngestionBatch(attempts=batch, endpoints=[e for a in batch for e in a.endpoints]))
+    found = {
+        group["title"]: group["count"]
+        for group in groups_of(client, EXCEPTION_TYPE_AND_PYTHON_FRAME)
+    }
+    assert found == {
+        f"{HTTP_ERROR}: shop/payments.py in charge": 2,
+        "json.decoder.JSONDecodeError: reports/storage.py in load_rows": 1,
+    }
 
 
 def test_a_message_belongs_to_its_newest_attempts_groups(

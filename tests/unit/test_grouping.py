@@ -27,12 +27,18 @@ def _exception(
 
 
 def test_classifier_names_and_order_are_servicecontrols() -> None:
-    assert [c.name for c in g.CLASSIFIERS] == [
+    assert [c.name for c in g.SERVICECONTROL_CLASSIFIERS] == [
         "Exception Type and Stack Trace",
         "Message Type",
         "Endpoint Address",
         "Endpoint Instance",
         "Endpoint Name",
+    ]
+    # Controlroom's own classifier comes after ServiceControl's, which keep their order.
+    assert [c.name for c in g.CLASSIFIERS] == [
+        *(c.name for c in g.SERVICECONTROL_CLASSIFIERS),
+        "Exception Type and Python Frame",
+        "Python Task Queue",
     ]
 
 

@@ -54,7 +54,8 @@ def test_the_nservicebus_10_sample_under_the_five_classifiers() -> None:
 @pytest.mark.parametrize("index", [V10, V8, V6, V5])
 def test_every_sample_gets_all_five_classifiers(index: int) -> None:
     groups = g.classify(sample_headers(index))
-    assert [group.classifier for group in groups] == [c.name for c in g.CLASSIFIERS]
+    # A .NET trace gets ServiceControl's five and nothing from the Python classifier.
+    assert [group.classifier for group in groups] == [c.name for c in g.SERVICECONTROL_CLASSIFIERS]
     exception_title = groups[0].title
     assert not exception_title.endswith(": No stacktrace"), exception_title
     assert exception_title.startswith("System.Exception: ")

@@ -21,6 +21,7 @@ from controlroom.demo import generate_demo_messages
 from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.sitecalls.demo import SITES
 from tests.nsb import failed_headers
+from tests.python_tasks import celery_failure
 from tests.retries.conftest import TIMEOUT
 from tests.web.conftest import ConsoleServer, ServerFactory
 from tests.web.test_console_screenshots import SIZES, seed_site_calls
@@ -45,14 +46,14 @@ def demo_console(start_console: ServerFactory, settings: Settings) -> ConsoleSer
     sites = [ConfiguredSite(id=site, base_url="http://127.0.0.1:9") for site in SITES]
     server = start_console(settings.model_copy(update={"sites": sites}))
     messages = generate_demo_messages(40, seed=12, now=datetime(2026, 12, 1, 9, 30, tzinfo=UTC))
-    for message in messages:
-        server.publish(message.headers, message.body)
+    published = [(message.headers, message.body) for message in messages]
+    published.append(celery_failure("python-task-1"))  # a Python task's page too
+    for headers, body in published:
+        server.publish(headers, body)
     stored = {
-        parse_failed_message(
-            message.headers, message.body, max_body_size_to_store=0
-        ).unique_message_id
-        for message in messages
-        if message.headers.get("NServiceBus.FailedQ")
+        parse_failed_message(headers, body, max_body_size_to_store=0).unique_message_id
+        for headers, body in published
+        if headers.get("NServiceBus.FailedQ")
     }
     server.wait_until_stored(len(stored))
     return server
@@ -68,12 +69,16 @@ def console_pages(server: ConsoleServer, parked_call: str) -> dict[str, str]:
             .limit(1)
         ).scalar_one()
         group_query = "/messages?status=unresolved"
+        python_task = conn.execute(
+            sa.select(failed_messages.c.id).where(failed_messages.c.message_id == "python-task-1")
+        ).scalar_one()
     return {
         "dashboard": "/",
         "failed-messages": "/messages",
         "failed-messages-searched": "/messages?q=nothing-matches-this",
         "group-messages": group_query,
         "failed-message": f"/messages/{message}",
+        "python-task": f"/messages/{python_task}",
         "edit": f"/messages/{message}/edit",
         "groups": "/groups",
         "endpoints": "/endpoints",

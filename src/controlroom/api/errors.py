@@ -12,6 +12,7 @@ are read with its leniency (``controlroom.api.parameters``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Annotated, Any, TypeVar
@@ -42,16 +43,20 @@ from controlroom.api.views import (
     list_fields,
     list_item,
 )
+from controlroom.errors.ingest.headers import content_encoding, task_queue
 from controlroom.errors.read.counts import count_by_status
 from controlroom.errors.read.facets import unresolved_facets
 from controlroom.errors.read.filter_text import STATUS_NAMES
 from controlroom.errors.read.filters import FailedMessageFilter, Ordering
 from controlroom.errors.read.lists import list_failed_messages, list_queue_addresses
 from controlroom.errors.read.messages import (
+    FailedMessageDetails,
     find_stored_body,
     get_failed_message,
     get_last_failed_message,
+    get_stored_body,
 )
+from controlroom.errors.tasks import task_call
 from controlroom.http.bodies import body_response_headers, read_body_bytes
 
 router = APIRouter(tags=["errors"])
@@ -202,9 +207,26 @@ def get_error(request: Request, failed_message_id: FailedMessageId) -> Response:
     """One failed message in full. 404 when unknown, 422 when ``id`` is not a UUID."""
     with _engine(request).connect() as conn:
         details = get_failed_message(conn, str(failed_message_id))
-    if details is None:
-        raise HTTPException(404, f"no failed message with id {failed_message_id}")
-    return json_response(detail(details))
+        if details is None:
+            raise HTTPException(404, f"no failed message with id {failed_message_id}")
+        call = _task_call(conn, details)
+    return json_response(detail(details, call))
+
+
+def _task_call(
+    conn: sa.Connection, details: FailedMessageDetails
+) -> tuple[list[Any], dict[str, Any]] | None:
+    """A failed Python task's arguments from its body when the body is kept inline,
+    uncompressed (``errors.tasks.task_call``); ``None`` for any other message, so only a
+    Python task's detail reads its body (a row, never the body store)."""
+    headers = json.loads(details.headers_json)
+    kind = task_queue(headers)
+    if kind is None or content_encoding(headers) is not None:
+        return None
+    stored = get_stored_body(conn, details.summary.id)
+    if stored is None or stored.stored_externally or stored.text is None:
+        return None
+    return task_call(kind, stored.text)
 
 
 BodyMessageId = Annotated[

@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypedDict
 from fastapi import Response
 from pydantic import BaseModel, Field, PlainSerializer, TypeAdapter
 
+from controlroom.errors import tracebacks
 from controlroom.errors.read.filter_text import STATUS_NAMES, StatusName
 from controlroom.errors.read.messages import FailedMessageDetails
 from controlroom.errors.read.summaries import FailedMessageSummary
@@ -125,6 +126,42 @@ class ProcessingAttempt(BaseModel):
     failure_details: FailureDetails | None = None
 
 
+class PythonFrame(BaseModel):
+    """One frame of a Python traceback: ``file`` as written, ``line``, ``function``, the
+    ``source`` line(s) printed below it (``""`` when none), and whether it is the
+    ``application``'s own code (not the standard library's, not an installed package's)."""
+
+    file: str
+    line: int | None = None
+    function: str
+    source: str
+    application: bool
+
+
+class PythonTracebackSection(BaseModel):
+    """One ``Traceback (most recent call last):`` section: its frames, outermost first,
+    and the text after them (the exception line; the sentence linking a cause to the next
+    section)."""
+
+    frames: list[PythonFrame]
+    text: str
+
+
+class PythonTraceback(BaseModel):
+    """A Python stack trace read as frames (Controlroom's own field); the last section is
+    the exception that escaped."""
+
+    preamble: str
+    sections: list[PythonTracebackSection]
+
+
+class TaskArguments(BaseModel):
+    """A failed Python task's arguments, read from its body (Controlroom's own field)."""
+
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
 class FailedMessageDetail(FailedMessageListItem):
     """One failed message in full, in ServiceControl's ``FailedMessage`` shape
     (``unique_message_id``, ``status``, ``processing_attempts``, ``failure_groups``) with
@@ -144,6 +181,12 @@ class FailedMessageDetail(FailedMessageListItem):
     body_url: str
     body_size: int
     content_type: str
+    python_traceback: PythonTraceback | None = None
+    """Controlroom's own: the stack trace read as frames when it is a Python traceback,
+    left out otherwise (ServiceControl's fields are unchanged)."""
+    task_arguments: TaskArguments | None = None
+    """Controlroom's own: a failed Celery or Dramatiq task's ``args`` and ``kwargs`` when
+    its body is kept inline and has its task queue's JSON shape, left out otherwise."""
 
 
 class FacetValue(BaseModel):
@@ -202,8 +245,11 @@ def list_item(summary: FailedMessageSummary) -> FailedMessageListItem:
     return FailedMessageListItem(**list_fields(summary))
 
 
-def detail(details: FailedMessageDetails) -> FailedMessageDetail:
-    """The full shape of a stored failed message."""
+def detail(
+    details: FailedMessageDetails, task_call: tuple[list[Any], dict[str, Any]] | None = None
+) -> FailedMessageDetail:
+    """The full shape of a stored failed message; ``task_call`` the Python task's
+    arguments when known (``errors.tasks.task_call``)."""
     summary = details.summary
     headers = json.loads(details.headers_json)
     groups = [
@@ -222,6 +268,37 @@ def detail(details: FailedMessageDetails) -> FailedMessageDetail:
         body_url=body_url(summary.id),
         body_size=details.body_size,
         content_type=details.content_type,
+        python_traceback=python_traceback(summary.stack_trace),
+        task_arguments=None
+        if task_call is None
+        else TaskArguments(args=task_call[0], kwargs=task_call[1]),
+    )
+
+
+def python_traceback(stack_trace: str | None) -> PythonTraceback | None:
+    """``stack_trace`` read as frames (``errors/tracebacks.py``), or ``None`` when it is
+    not a Python traceback."""
+    parsed = tracebacks.parse_traceback(stack_trace) if stack_trace else None
+    if parsed is None:
+        return None
+    return PythonTraceback(
+        preamble=parsed.preamble,
+        sections=[
+            PythonTracebackSection(
+                frames=[
+                    PythonFrame(
+                        file=frame.path,
+                        line=frame.line,
+                        function=frame.function,
+                        source=frame.source,
+                        application=frame.application,
+                    )
+                    for frame in section.frames
+                ],
+                text=section.text,
+            )
+            for section in parsed.sections
+        ],
     )
 
 

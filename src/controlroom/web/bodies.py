@@ -2,6 +2,9 @@
 hex view for binary; a compressed body (``Content-Encoding`` gzip or deflate) decompressed
 first. Pure functions: the caller reads the bytes (inline text or the body store).
 
+A Python task's body of its task queue's JSON shape also gives the task's arguments
+(``errors/tasks.py``), shown above the body.
+
 The result is plain text for the template, which escapes it: nothing of a body is ever
 markup. Shown text is capped at ``MAX_SHOWN_BYTES`` and the hex view at
 ``MAX_HEX_BYTES``; a view that shows less than the whole body says so (the download has
@@ -16,6 +19,8 @@ from dataclasses import dataclass
 from typing import Literal
 from xml.dom import minidom
 from xml.parsers.expat import ExpatError
+
+from controlroom.errors.tasks import TaskArguments, task_arguments
 
 MAX_SHOWN_BYTES = 1024 * 1024
 MAX_HEX_BYTES = 4096
@@ -36,15 +41,20 @@ class BodyView:
     decoded_size: int  # bytes after decompression (== size when not compressed)
     encoding: str | None  # the Content-Encoding that was undone, if any
     note: str | None  # why the view is partial or raw, for the operator
+    arguments: TaskArguments | None = None  # a Python task's, from a whole JSON body
 
     @property
     def partial(self) -> bool:
         return self.shown_size < self.decoded_size
 
 
-def view_body(data: bytes, content_type: str, content_encoding: str | None) -> BodyView:
+def view_body(
+    data: bytes, content_type: str, content_encoding: str | None, task_queue: str | None = None
+) -> BodyView:
     """The view of ``data`` (the exact stored body) with its ``content_type`` and the
-    ``Content-Encoding`` header of the message, if any."""
+    ``Content-Encoding`` header of the message, if any. ``task_queue`` (``celery`` or
+    ``dramatiq``, the ``Controlroom.TaskQueue`` header) reads a whole JSON body of that task
+    queue's shape as the task's ``arguments`` too."""
     encoding = (content_encoding or "").strip().lower() or None
     note = None
     decoded = data
@@ -64,7 +74,10 @@ def view_body(data: bytes, content_type: str, content_encoding: str | None) -> B
     pretty = _pretty(text, kind) if len(shown) == len(decoded) else None
     if pretty is None and kind in ("json", "xml"):
         kind = "text"
-    return BodyView(kind, pretty or text, len(data), len(shown), len(decoded), encoding, note)
+    arguments = task_arguments(task_queue, text) if kind == "json" else None
+    return BodyView(
+        kind, pretty or text, len(data), len(shown), len(decoded), encoding, note, arguments
+    )
 
 
 def hex_dump(data: bytes) -> str:

@@ -21,7 +21,8 @@ from fastapi.responses import Response
 
 from controlroom.db.providers import SearchTerms
 from controlroom.db.tables import FailedMessageStatus
-from controlroom.errors.ingest.headers import content_encoding
+from controlroom.errors import tracebacks
+from controlroom.errors.ingest.headers import content_encoding, task_queue
 from controlroom.errors.ingest.search_terms import MIN_PREFIX_CHARS
 from controlroom.errors.read import endpoints, groups
 from controlroom.errors.read.counts import (
@@ -30,6 +31,7 @@ from controlroom.errors.read.counts import (
     count_unresolved_by_endpoint,
     count_unresolved_by_endpoint_instance,
 )
+from controlroom.errors.read.facets import python_task_facet
 from controlroom.errors.read.filter_text import parse_modified_range, parse_status_filter
 from controlroom.errors.read.filters import FailedMessageFilter, Ordering, SortKey
 from controlroom.errors.read.lists import list_failed_messages
@@ -167,6 +169,7 @@ def message_list(
             )
             total, items, estimated = listed.total, listed.items, listed.total_estimated
         group_info = groups.get_group(conn, group) if group else None
+        python_tasks = python_task_facet(conn)
     params = {
         "status": status,
         "q": q,
@@ -189,6 +192,7 @@ def message_list(
             "params": params,
             "status_choices": STATUS_CHOICES,
             "group_info": group_info,
+            "python_tasks": python_tasks,
             "search_note": note,
             "operation_id": request.query_params.get("operation", ""),
             "notice": _notice(request),
@@ -253,7 +257,7 @@ def body_view(request: Request, session: Viewer, failed_message_id: uuid.UUID) -
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
     data = read_body_bytes(api_state(request).body_store, stored, failed_message_id)
     headers = json.loads(details.headers_json)
-    view = view_body(data, stored.content_type, content_encoding(headers))
+    view = view_body(data, stored.content_type, content_encoding(headers), task_queue(headers))
     return render(request, "_body.html", {"body": view, "id": str(failed_message_id)})
 
 
@@ -415,12 +419,16 @@ def _message_context(request: Request, failed_message_id: uuid.UUID) -> dict[str
     if details is None:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
     headers = json.loads(details.headers_json)
+    trace = details.summary.stack_trace
     return {
         "message": details,
         "summary": details.summary,
         "headers": headers,
         "Status": FailedMessageStatus,
         "inline_body": details.body_size <= 64 * 1024,
+        "task_queue": task_queue(headers),
+        "traceback": tracebacks.parse_traceback(trace) if trace else None,
+        "frame_runs": tracebacks.frame_runs,
     }
 
 

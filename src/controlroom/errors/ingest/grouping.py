@@ -1,10 +1,14 @@
 """Failure classifiers: which groups a failed message belongs to (pure, no I/O).
 
-Five classifiers, in ServiceControl's registration order and with its names (the names are
-part of every group id): ``Exception Type and Stack Trace``, ``Message Type``, ``Endpoint
-Address``, ``Endpoint Instance``, ``Endpoint Name``. Each is a function of the attempt's
-headers returning the classification (the group title) or ``None`` (no group). Group id =
-``identity.group_id(classifier name, title)``. Source: ServiceControl
+ServiceControl's five classifiers, in its registration order and with its names (the
+names are part of every group id): ``Exception Type and Stack Trace``, ``Message Type``,
+``Endpoint Address``, ``Endpoint Instance``, ``Endpoint Name``; then Controlroom's own:
+``Exception Type and Python Frame``, which groups only Python tracebacks (docs/decisions.md
+"Python frames are grouped by module tail and function"), and ``Python Task Queue``, which
+groups failed Celery and Dramatiq tasks by their task queue (docs/decisions.md "The Python
+task facet is a classifier"). Each is a function of the
+attempt's headers returning the classification (the group title) or ``None`` (no group).
+Group id = ``identity.group_id(classifier name, title)``. Source: ServiceControl
 ``Recoverability/Grouping/Groupers`` and docs/design.md "Identity".
 
 Every classifier is linear in the size of the headers: the exception message is removed
@@ -20,6 +24,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from controlroom.errors import tracebacks
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.ingest.identity import group_id
 from controlroom.errors.model import FailureGroup, Headers
@@ -29,6 +34,8 @@ MESSAGE_TYPE = "Message Type"
 ENDPOINT_ADDRESS = "Endpoint Address"
 ENDPOINT_INSTANCE = "Endpoint Instance"
 ENDPOINT_NAME = "Endpoint Name"
+EXCEPTION_TYPE_AND_PYTHON_FRAME = "Exception Type and Python Frame"
+PYTHON_TASK_QUEUE = "Python Task Queue"
 
 MAX_TITLE_LENGTH = 1000
 """Longest group title, in code points. Longer classifications are cut (ids hash the cut title)."""
@@ -167,6 +174,37 @@ def _python_frame(line: str) -> str | None:
     return f"{path} in {function}"
 
 
+# --- Exception Type and Python Frame ------------------------------------------------------
+def classify_exception_type_and_python_frame(headers: Headers) -> str | None:
+    """``"<exception type>: <module tail> in <function>"`` of a Python traceback, ``None``
+    for any other stack trace (a .NET trace gets no group from this classifier).
+
+    The frame is ``tracebacks.escaping_frame``'s: in the last section (the exception that
+    escaped, after its chained causes), the innermost frame of the application's own code
+    (standard library and installed packages skipped), else the innermost frame; its file
+    as ``tracebacks.stable_path`` gives it, no line number (docs/decisions.md "Python frames
+    are grouped by module tail and function"). The exception message is not searched for
+    frames or sections (``escaping_frame``), so it cannot pose as one.
+    ``"<exception type>: No stacktrace"`` for a traceback without a frame.
+    """
+    trace = headers.get(h.EXCEPTION_STACK_TRACE)
+    if trace is None or not tracebacks.is_python_traceback(trace):
+        return None
+    exception_type = h.header_text(headers, h.EXCEPTION_TYPE) or ""
+    frame = tracebacks.escaping_frame(trace, headers.get(h.EXCEPTION_MESSAGE))
+    if frame is None:
+        return f"{exception_type}: {_NO_FRAME}"
+    path, function = frame
+    return f"{exception_type}: {path} in {function}"
+
+
+# --- Python Task Queue --------------------------------------------------------------------
+def classify_python_task_queue(headers: Headers) -> str | None:
+    """``celery`` or ``dramatiq``: the ``Controlroom.TaskQueue`` header of a failed Python
+    task (``headers.task_queue``), ``None`` for any other message."""
+    return h.task_queue(headers)
+
+
 # --- the other four -----------------------------------------------------------------------
 def classify_message_type(headers: Headers) -> str | None:
     """The message type (first part of ``NServiceBus.EnclosedMessageTypes``)."""
@@ -199,14 +237,21 @@ def classify_endpoint_name(headers: Headers) -> str | None:
     return h.processing_endpoint(headers)
 
 
-CLASSIFIERS: tuple[Classifier, ...] = (
+SERVICECONTROL_CLASSIFIERS: tuple[Classifier, ...] = (
     Classifier(EXCEPTION_TYPE_AND_STACK_TRACE, classify_exception_type_and_stack_trace),
     Classifier(MESSAGE_TYPE, classify_message_type),
     Classifier(ENDPOINT_ADDRESS, classify_endpoint_address),
     Classifier(ENDPOINT_INSTANCE, classify_endpoint_instance),
     Classifier(ENDPOINT_NAME, classify_endpoint_name),
 )
-"""Every classifier, in ServiceControl's order (the order of ``classify``'s result)."""
+"""ServiceControl's five classifiers, in its order."""
+
+CLASSIFIERS: tuple[Classifier, ...] = (
+    *SERVICECONTROL_CLASSIFIERS,
+    Classifier(EXCEPTION_TYPE_AND_PYTHON_FRAME, classify_exception_type_and_python_frame),
+    Classifier(PYTHON_TASK_QUEUE, classify_python_task_queue),
+)
+"""Every classifier, ServiceControl's first (the order of ``classify``'s result)."""
 
 
 def bound_title(classification: str) -> str:

@@ -54,6 +54,12 @@ METRIC_INSTANCE_ID = "NServiceBus.Metric.InstanceId"  # "Endpoint Instance" clas
 RETRY_UNIQUE_MESSAGE_ID = "ServiceControl.Retry.UniqueMessageId"
 RETRY_SUCCESSFUL = "ServiceControl.Retry.Successful"
 
+# --- header names (Controlroom: Python task queues) ---------------------------------------
+# Written by controlroom.integrations (docs/design.md "Python task queues"); the integrations
+# import these wire modules, never the reverse, so the names are repeated in its envelope.
+TASK_QUEUE = "Controlroom.TaskQueue"
+TASK_QUEUE_KINDS = ("celery", "dramatiq")
+
 # --- body encoding ------------------------------------------------------------------------
 # NServiceBus has no standard body-encoding header. A transport that sees a compressed body
 # (AMQP ``content_encoding``, HTTP-style bridges) must put it under CONTENT_ENCODING;
@@ -90,6 +96,13 @@ def header_text(headers: Headers, name: str) -> str | None:
     if value is None or not value.strip():
         return None
     return value
+
+
+def task_queue(headers: Headers) -> str | None:
+    """``celery`` or ``dramatiq`` when ``Controlroom.TaskQueue`` names one of them (case and
+    white space ignored), else ``None``: the message is not a Python task's."""
+    value = (headers.get(TASK_QUEUE) or "").strip().lower()
+    return value if value in TASK_QUEUE_KINDS else None
 
 
 def sanitize_text(text: str) -> str:
