@@ -283,3 +283,34 @@ def test_a_hard_time_limit_a_lost_pool_process_and_a_large_body_each_make_one_fa
     assert [r.number_of_processing_attempts for r in (slow, crash, large)] == [1, 1, 1]
     assert large.body_size == 0
     assert "max_body_bytes" in json.loads(large.headers_json)[envelope.BODY_NOT_KEPT]
+
+
+def test_a_failure_the_broker_refuses_is_logged_and_requeued_then_sent_once(
+    broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
+) -> None:
+    settings = broker_settings
+    queue = unique_name("celery")
+    state = tmp_path / "state"
+    with contextlib.closing(producer(settings)) as app, app.connection_for_write() as conn:
+        channel = conn.default_channel
+        refusing = {"x-max-length": 0, "x-overflow": "reject-publish"}  # the broker nacks
+        channel.queue_declare(settings.error_queue, durable=True, arguments=refusing)
+
+        async def scenario() -> str:
+            with celery_worker(settings, queue, state):
+                task_id = send(settings, queue, "shop.charge", 12, 1)
+                logs = list(state.glob("worker-*.log"))
+                await wait_for(lambda: b"could not be sent" in logs[0].read_bytes())
+                assert task_id.encode() in logs[0].read_bytes()  # the failed message, whole
+                channel.queue_delete(settings.error_queue)  # the error queue is back
+                async with controlroom(settings, engine, body_store):
+                    unique_id = unique_id_of(task_id)
+                    await wait_for(lambda: row(engine, unique_id) is not None)
+                    marker = send(settings, queue, "shop.charge", 13, 1)
+                    await wait_for(lambda: row(engine, unique_id_of(marker)) is not None)
+            return task_id
+
+        task_id = asyncio.run(scenario())
+
+    assert len(received(state, task_id)) >= 2  # requeued, run again
+    assert row(engine, unique_id_of(task_id)).number_of_processing_attempts == 1
