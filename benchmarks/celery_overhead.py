@@ -8,9 +8,11 @@ starts, three ways, alternated over ``--rounds`` rounds in the same run:
 - ``acks_late``: Celery's defaults with ``task_acks_late`` (what ``install`` turns on);
 - ``installed``: ``install(app)``.
 
-The worker itself stamps the first ``task_received`` and the last ``task_success``
-(``time.perf_counter_ns``); per task = (last - first) / (tasks - 1). The figures are
-medians over the rounds, and the ratio of each to the baseline of the same run.
+The worker itself stamps the first ``task_received`` and the last ``task_success``, in
+wall time (``time.perf_counter_ns``) and in its own CPU time (``time.process_time_ns``:
+all of a solo worker's work, and much less moved than wall time by other processes on a
+busy machine); per task = (last - first) / (tasks - 1). The figures are medians over the
+rounds, and the ratio of each to the baseline of the same run.
 
 Needs RabbitMQ (``CONTROLROOM_BENCH_RABBITMQ_URL``, default
 ``amqp://guest:guest@127.0.0.1:5672/``); a scratch vhost is made and deleted with
@@ -53,7 +55,7 @@ if MODE == "installed":
 
 TOTAL = int(os.environ["BENCH_TASKS"])
 OUT = Path(os.environ["BENCH_OUT"])
-stamps = {"first": 0, "done": 0}
+stamps = {"first": 0, "first_cpu": 0, "done": 0}
 
 @app.task(name="bench.noop")
 def noop(n):
@@ -63,17 +65,19 @@ def noop(n):
 def received(**_):
     if not stamps["first"]:
         stamps["first"] = time.perf_counter_ns()
+        stamps["first_cpu"] = time.process_time_ns()
 
 @signals.task_success.connect
 def succeeded(**_):
     stamps["done"] += 1
     if stamps["done"] == TOTAL:
-        OUT.write_text(f"{stamps['first']} {time.perf_counter_ns()}")
+        cpu, wall = time.process_time_ns(), time.perf_counter_ns()
+        OUT.write_text(f"{stamps['first']} {wall} {stamps['first_cpu']} {cpu}")
 """
 
 
-def run_once(url: str, mode: str, tasks: int, workdir: Path) -> float:
-    """Seconds per task of one worker draining ``tasks`` tasks in ``mode``."""
+def run_once(url: str, mode: str, tasks: int, workdir: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds per task of one worker draining ``tasks`` tasks in ``mode``."""
     from celery import Celery
 
     queue = f"bench-{uuid.uuid4().hex[:8]}"
@@ -90,9 +94,11 @@ def run_once(url: str, mode: str, tasks: int, workdir: Path) -> float:
         "BENCH_OUT": str(out),
     }
     command = [sys.executable, "-m", "celery", "-A", "bench_app", "worker", "-P", "solo"]
-    command += ["-Q", queue, "-l", "WARNING", "--without-heartbeat", "--without-mingle"]
+    command += ["-Q", queue, "-l", "ERROR", "-q", "--without-heartbeat", "--without-mingle"]
     command += ["--without-gossip", "-n", f"{queue}@%h"]
-    worker = subprocess.Popen(command, cwd=workdir, env=env)
+    worker = subprocess.Popen(
+        command, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 600
         while not out.exists():
@@ -102,8 +108,8 @@ def run_once(url: str, mode: str, tasks: int, workdir: Path) -> float:
     finally:
         worker.terminate()
         worker.wait(60)
-    first, last = (int(part) for part in out.read_text().split())
-    return (last - first) / 1e9 / (tasks - 1)
+    first, last, first_cpu, last_cpu = (int(part) for part in out.read_text().split())
+    return (last - first) / 1e9 / (tasks - 1), (last_cpu - first_cpu) / 1e9 / (tasks - 1)
 
 
 def main() -> None:
@@ -122,26 +128,31 @@ def main() -> None:
         capture_output=True,
     )
     url = HOST_URL.rstrip("/") + "/" + vhost
-    results: dict[str, list[float]] = {mode: [] for mode in MODES}
+    results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
     try:
         with tempfile.TemporaryDirectory() as scratch:
             workdir = Path(scratch)
             (workdir / "bench_app.py").write_text(APP)
             for round_ in range(args.rounds):
                 for mode in MODES:
-                    seconds = run_once(url, mode, args.tasks, workdir)
-                    results[mode].append(seconds)
-                    print(f"round {round_ + 1} {mode:>9}: {seconds * 1e6:8.1f} µs per task")
+                    wall, cpu = run_once(url, mode, args.tasks, workdir)
+                    results[mode].append((wall, cpu))
+                    print(
+                        f"round {round_ + 1} {mode:>9}: {wall * 1e6:8.1f} µs wall, "
+                        f"{cpu * 1e6:8.1f} µs CPU per task",
+                        flush=True,
+                    )
     finally:
         subprocess.run([ctl, "delete_vhost", vhost], capture_output=True)
-    base = statistics.median(results["baseline"])
     print(f"\n{args.tasks} tasks per run, median of {args.rounds} rounds (-P solo):")
-    for mode in MODES:
-        median = statistics.median(results[mode])
-        print(
-            f"  {mode:>9}: {median * 1e6:8.1f} µs per task, {median / base:5.2f}x baseline, "
-            f"{(median - base) * 1e6:+7.1f} µs"
-        )
+    for index, kind in ((0, "wall"), (1, "CPU of the worker")):
+        base = statistics.median(r[index] for r in results["baseline"])
+        for mode in MODES:
+            median = statistics.median(r[index] for r in results[mode])
+            print(
+                f"  {kind:>17} {mode:>9}: {median * 1e6:8.1f} µs per task, "
+                f"{median / base:5.2f}x baseline, {(median - base) * 1e6:+7.1f} µs"
+            )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery, signals
+from celery.exceptions import Reject
 
 from controlroom.integrations import celery as integration
 
@@ -41,6 +42,22 @@ def check_card(order: int, amount: Any) -> None:
 def charge(order: int, amount: Any) -> str:
     check_card(order, amount)
     return "charged"
+
+
+@app.task(
+    name="shop.retrying",
+    autoretry_for=(ConnectionError,),
+    max_retries=2,
+    default_retry_delay=0,
+    retry_backoff=False,
+)
+def retrying(order: int) -> None:
+    raise ConnectionError(f"gateway down for order {order}")
+
+
+@app.task(name="shop.rejecting")
+def rejecting(order: int) -> None:
+    raise Reject(f"order {order} is malformed", requeue=False)
 
 
 @app.task(name="shop.slow", time_limit=1)

@@ -252,7 +252,7 @@ def test_a_worker_killed_right_after_publishing_the_failure_leaves_one_row(
     assert [r.id for r in rows(engine)] == [unique_id_of(task_id)]
 
 
-def test_a_hard_time_limit_a_lost_pool_process_and_a_large_body_each_make_one_failure(
+def test_each_way_a_task_ends_for_good_makes_one_failure_and_a_celery_retry_none(
     broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
 ) -> None:
     settings = broker_settings
@@ -266,21 +266,25 @@ def test_a_hard_time_limit_a_lost_pool_process_and_a_large_body_each_make_one_fa
                     send(settings, queue, "shop.slow"),
                     send(settings, queue, "shop.crash"),
                     send(settings, queue, "shop.charge", 10, "x" * 2_000_000),
+                    send(settings, queue, "shop.retrying", 14),
+                    send(settings, queue, "shop.rejecting", 15),
                 ]
-                await wait_for(lambda: len(rows(engine)) == 3)
+                await wait_for(lambda: len(rows(engine)) == 5)
                 marker = send(settings, queue, "shop.charge", 11, 1)  # after the three
                 await wait_for(lambda: row(engine, unique_id_of(marker)) is not None)
                 return ids
 
-    slow_id, crash_id, large_id = asyncio.run(scenario())
-
-    slow, crash, large = (
-        row(engine, unique_id_of(task_id)) for task_id in (slow_id, crash_id, large_id)
+    slow, crash, large, retried, rejected = (
+        row(engine, unique_id_of(task_id)) for task_id in asyncio.run(scenario())
     )
     assert slow.exception_type == "billiard.exceptions.TimeLimitExceeded"  # Celery's is it
     assert crash.exception_type == "billiard.exceptions.WorkerLostError"
     assert large.exception_type == "ValueError"
-    assert [r.number_of_processing_attempts for r in (slow, crash, large)] == [1, 1, 1]
+    assert retried.exception_type == "ConnectionError"  # after Celery's own two retries
+    assert json.loads(retried.headers_json)["NServiceBus.Retries"] == "2"
+    assert rejected.exception_type == "celery.exceptions.Reject"
+    everything = (slow, crash, large, retried, rejected)
+    assert [r.number_of_processing_attempts for r in everything] == [1] * 5
     assert large.body_size == 0
     assert "max_body_bytes" in json.loads(large.headers_json)[envelope.BODY_NOT_KEPT]
 

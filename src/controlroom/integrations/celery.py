@@ -581,8 +581,14 @@ def _captured(exc: BaseException, traceback_text: str | None) -> envelope.Captur
 
 
 def _unwrap(exc: Any) -> BaseException:
-    inner = getattr(exc, "exc", None)  # billiard's ExceptionWithTraceback
-    return inner if isinstance(inner, BaseException) else exc
+    """The exception inside billiard's ``ExceptionWithTraceback`` (only that: Celery's
+    ``Retry`` has an ``exc`` of its own, the cause, which is not what ended the task)."""
+    from billiard.einfo import ExceptionWithTraceback
+
+    if isinstance(exc, ExceptionWithTraceback):
+        inner: BaseException = exc.exc
+        return inner
+    return exc  # type: ignore[no-any-return]
 
 
 def _retries(table: Mapping[str, Any]) -> int:

@@ -50,8 +50,6 @@ MAX_MESSAGE_CHARS = 4_096
 """The exception's message beyond this is cut with a marker saying how much."""
 
 
-
-
 @dataclass(frozen=True)
 class CapturedFailure:
     """What failed, as text: ``exception_type`` (qualified: ``module.Qualname``, builtins
