@@ -94,7 +94,7 @@ def run_once(url: str, mode: str, tasks: int, workdir: Path) -> tuple[float, flo
         "BENCH_OUT": str(out),
     }
     command = [sys.executable, "-m", "celery", "-A", "bench_app", "worker", "-P", "solo"]
-    command += ["-Q", queue, "-l", "ERROR", "-q", "--without-heartbeat", "--without-mingle"]
+    command += ["-Q", queue, "-l", "ERROR", "--without-heartbeat", "--without-mingle"]
     command += ["--without-gossip", "-n", f"{queue}@%h"]
     worker = subprocess.Popen(
         command, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
