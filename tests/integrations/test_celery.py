@@ -318,3 +318,58 @@ def test_a_failure_the_broker_refuses_is_logged_and_requeued_then_sent_once(
 
     assert len(received(state, task_id)) >= 2  # requeued, run again
     assert row(engine, unique_id_of(task_id)).number_of_processing_attempts == 1
+
+
+def test_the_celery_demo_fails_its_tasks_into_the_error_queue(
+    rabbitmq_url: str, tmp_path: Path
+) -> None:
+    error_queue = unique_name("error")
+    env = os.environ | {
+        "PYTHONPATH": str(ROOT / "src"),
+        "CONTROLROOM_BROKER_URL": rabbitmq_url,
+        "CONTROLROOM_ERROR_QUEUE": error_queue,
+        "CONTROLROOM_DATA_DIR": str(tmp_path / "data"),
+        "C_FORCE_ROOT": "1",  # the demo's worker accepts pickle; CI may run as root
+    }
+    command = [sys.executable, "-c", "from controlroom.cli import app; app()", "demo", "celery"]
+    log_path = tmp_path / "demo.log"
+    with log_path.open("wb") as log:
+        demo = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    async def collect() -> list[dict[str, str | None]]:
+        seen: list[dict[str, str | None]] = []
+        async with RabbitMQTransport(rabbitmq_url) as transport, asyncio.timeout(TIMEOUT):
+            async for delivery in transport.consume(error_queue, 10):
+                seen.append(dict(delivery.headers))
+                await delivery.ack()
+                if len(seen) == 5:
+                    return seen
+        return seen
+
+    try:
+        failures = asyncio.run(collect())
+    finally:
+        demo.terminate()
+        demo.wait(30)
+    assert {f["NServiceBus.ExceptionInfo.ExceptionType"] for f in failures} == {
+        "KeyError",
+        "ConnectionError",
+        "TimeoutError",
+        "ZeroDivisionError",
+    }, log_path.read_text()
+    assert {f[envelope.TASK_QUEUE] for f in failures} == {"celery"}
+    assert {f["NServiceBus.FailedQ"] for f in failures} == {"demo.shop"}
+
+
+def test_the_celery_demo_needs_rabbitmq(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from controlroom.cli import app
+
+    result = CliRunner().invoke(
+        app,
+        ["demo", "celery"],
+        env={"CONTROLROOM_DATA_DIR": str(tmp_path), "CONTROLROOM_BROKER_URL": ""},
+    )
+    assert result.exit_code == 2
+    assert "needs RabbitMQ" in result.output
