@@ -1,4 +1,4 @@
-"""The ``controlroom`` command: serve, migrate, demo (and ``demo endpoints``),
+"""The ``controlroom`` command: serve, migrate, demo (and ``demo endpoints``, ``demo celery``),
 import-failed, sweep, audit verify, version, and ``site serve`` (the site agent).
 
 Thin by design: each command loads the settings, opens what it needs, calls the module
@@ -291,6 +291,33 @@ def demo_endpoints(
     )
     with _exit_on_failure():
         asyncio.run(_run_demo_endpoints(settings, seed, fail_ratio))
+
+
+@demo_app.command("celery")
+def demo_celery(config: ConfigOption = None) -> None:
+    """Run a small Celery shop whose tasks fail in a few realistic ways, with Controlroom's
+    Celery integration installed, until Ctrl+C/SIGTERM: its failures reach the error
+    queue, and the ones retried from the console run again on its worker (some succeed,
+    some fail again). Needs RabbitMQ (CONTROLROOM_BROKER_URL) and Celery
+    (pip install 'controlroom[celery]')."""
+    settings = _load(config)
+    if not settings.broker_url:
+        console.print(
+            "[red]controlroom demo celery needs RabbitMQ: set CONTROLROOM_BROKER_URL "
+            "(e.g. amqp://guest:guest@127.0.0.1:5672/), as for serve[/red]"
+        )
+        raise typer.Exit(2)
+    try:
+        from controlroom import demo_celery
+    except ImportError as exc:
+        console.print(f"[red]controlroom demo celery needs Celery: {exc}[/red]")
+        raise typer.Exit(2) from exc
+    console.print(
+        f"A Celery shop is failing tasks into {settings.error_queue!r} on "
+        f"{_describe_transport(settings)}; its worker consumes {demo_celery.QUEUE!r} and "
+        "runs what you retry. Press Ctrl+C to stop."
+    )
+    demo_celery.run(settings.broker_url, settings.error_queue)
 
 
 @demo_app.command("notifications")

@@ -17,6 +17,7 @@ from controlroom.transport import (
     Transport,
     TransportClosedError,
 )
+from controlroom.transport.properties import MessageProperties
 from tests.transport.helpers import Collector, TransportFactory
 
 pytestmark = pytest.mark.anyio
@@ -290,3 +291,63 @@ class TestTransportContract:
             with pytest.raises(ValueError, match="prefetch"):
                 await anext(aiter(transport.consume(queue_name, 0)))
             assert await transport.purge(queue_name) == 0
+
+
+class TestTaskMessageProperties:
+    """A Python task's message keeps its broker properties and typed header table on
+    either transport (docs/design.md "Python task queues")."""
+
+    async def test_properties_and_typed_headers_come_back_as_published(
+        self, transport_factory: TransportFactory, queue_name: str
+    ) -> None:
+        typed = {
+            "task": "shop.tasks.charge",
+            "retries": 2,
+            "timelimit": [None, 30],
+            "stamps": {"a": [1, "b"]},
+            "ignore_result": False,
+            "shadow": None,
+        }
+        sent = MessageProperties(
+            content_encoding="utf-8",
+            correlation_id="3f1e0c9a-task",
+            reply_to="reply-queue",
+            priority=7,
+            headers=typed,
+        )
+        async with asyncio.timeout(TIMEOUT), transport_factory() as transport:
+            await transport.publish(
+                queue_name,
+                {"plain": "text", "retries": "overridden by the typed table"},
+                b"[[1], {}, {}]",
+                message_id="3f1e0c9a-task",
+                content_type="application/json",
+                properties=sent,
+            )
+            async with Collector(transport, queue_name, prefetch=1) as consumer:
+                delivery = await consumer.get()
+                await delivery.ack()
+        received = delivery.properties
+        assert received is not None
+        assert received.content_encoding == "utf-8"
+        assert received.correlation_id == "3f1e0c9a-task"
+        assert received.reply_to == "reply-queue"
+        assert received.priority == 7
+        assert received.headers is not None
+        assert {name: received.headers[name] for name in typed} == typed
+        assert received.headers["plain"] == "text"
+        # the string view every consumer reads, the same on both transports
+        assert delivery.headers["retries"] == "2"
+        assert delivery.headers["timelimit"] == "[null,30]"
+        assert delivery.headers["shadow"] is None
+        assert delivery.headers["NServiceBus.MessageId"] == "3f1e0c9a-task"
+        assert delivery.body == b"[[1], {}, {}]"
+
+    async def test_a_header_no_transport_can_carry_is_refused(
+        self, transport_factory: TransportFactory, queue_name: str
+    ) -> None:
+        async with asyncio.timeout(TIMEOUT), transport_factory() as transport:
+            with pytest.raises(ValueError, match="set"):
+                await transport.publish(
+                    queue_name, {}, b"", properties=MessageProperties(headers={"x": {1, 2}})
+                )

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from controlroom.transport import Delivery, EmbeddedQueue
+from controlroom.transport.embedded import SCHEMA_VERSION
 from tests.transport.helpers import Collector
 
 pytestmark = pytest.mark.anyio
@@ -288,7 +289,9 @@ async def test_claiming_and_renewing_a_message_never_rewrites_its_body(
     assert grown < len(body) // 8
 
 
-async def test_a_queue_file_of_version_1_is_moved_to_version_2(queue_path: Path) -> None:
+async def test_a_queue_file_of_version_1_is_moved_to_the_current_version(
+    queue_path: Path,
+) -> None:
     queue_path.parent.mkdir(parents=True)
     with contextlib.closing(sqlite3.connect(queue_path)) as conn:
         conn.execute(
@@ -313,4 +316,4 @@ async def test_a_queue_file_of_version_1_is_moved_to_version_2(queue_path: Path)
     assert (delivery.headers["seq"], delivery.body) == ("7", b"\x00\xff")
     with contextlib.closing(sqlite3.connect(queue_path)) as conn:
         assert conn.execute("SELECT count(*) FROM queue_bodies").fetchone() == (0,)
-        assert conn.execute("PRAGMA user_version").fetchone() == (2,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)

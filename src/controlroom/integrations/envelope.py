@@ -18,8 +18,6 @@ so an exception that cannot be printed or pickled still makes a failed message.
 
 from __future__ import annotations
 
-import base64
-import json
 import traceback
 import uuid
 from collections.abc import Mapping
@@ -30,9 +28,12 @@ from typing import Any
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.ingest.identity import deterministic_id
 from controlroom.errors.retries import wire as retry_wire
+from controlroom.transport.properties import PROPERTY_NAMES as PROPERTY_NAMES
+from controlroom.transport.properties import parse_properties as _parse_properties
+from controlroom.transport.properties import properties_json as properties_json
 
 TASK_QUEUE = "Controlroom.TaskQueue"
-TASK_PROPERTIES = "Controlroom.TaskQueue.Properties"
+TASK_PROPERTIES = retry_wire.TASK_PROPERTIES
 BODY_NOT_KEPT = "Controlroom.TaskQueue.BodyNotKept"
 RETRIES = "NServiceBus.Retries"
 
@@ -48,17 +49,6 @@ the outermost frames (at the start) are what classification and an operator read
 MAX_MESSAGE_CHARS = 4_096
 """The exception's message beyond this is cut with a marker saying how much."""
 
-PROPERTY_NAMES = (
-    "content_type",
-    "content_encoding",
-    "correlation_id",
-    "reply_to",
-    "priority",
-    "message_id",
-    "headers",
-)
-"""The broker properties ``properties_json`` keeps, AMQP's names."""
-
 
 @dataclass(frozen=True)
 class CapturedFailure:
@@ -73,10 +63,13 @@ class CapturedFailure:
     traceback: str
 
 
-def capture_failure(exc: BaseException) -> CapturedFailure:
+def capture_failure(exc: BaseException, *, traceback_text: str | None = None) -> CapturedFailure:
     """``exc`` as text, never raising: an exception whose ``__str__`` fails gets the
     placeholder ``<exception str() failed>`` (as ``traceback`` prints it); lone
-    surrogates become backslash escapes, since header values are UTF-8."""
+    surrogates become backslash escapes, since header values are UTF-8.
+    ``traceback_text``: the traceback already formatted where ``exc`` was raised, for an
+    exception that crossed a process boundary without its ``__traceback__`` (Celery's
+    pool sends it so)."""
     kind = type(exc)
     module = getattr(kind, "__module__", None) or "builtins"
     qualname = getattr(kind, "__qualname__", kind.__name__)
@@ -86,7 +79,7 @@ def capture_failure(exc: BaseException) -> CapturedFailure:
     except Exception:
         message = "<exception str() failed>"
     try:
-        text = "".join(traceback.format_exception(exc))
+        text = traceback_text or "".join(traceback.format_exception(exc))
     except Exception:  # a broken __traceback__ or cause chain: the type still tells
         text = f"{name}: {message}\n"
     return CapturedFailure(
@@ -177,64 +170,6 @@ def confirmation_headers(
     )
 
 
-def properties_json(properties: Mapping[str, Any]) -> str:
-    """``properties`` (``PROPERTY_NAMES`` only, ``None`` values left out) as compact
-    JSON. Header values keep their JSON types; bytes become ``{"$bytes": base64}`` and
-    datetimes ``{"$datetime": ISO 8601}`` so ``parse_properties`` gives them back.
-
-    Raises ``ValueError`` for a value JSON cannot hold (a set, an arbitrary object).
-    """
-    kept = {
-        name: _to_json(properties[name])
-        for name in PROPERTY_NAMES
-        if properties.get(name) is not None
-    }
-    return json.dumps(kept, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
-
-
-def parse_properties(text: str) -> dict[str, Any]:
-    """The broker properties ``properties_json`` wrote, with bytes and datetimes back.
-
-    Raises ``ValueError`` when ``text`` is not a JSON object of known property names.
-    """
-    value = json.loads(text)
-    if not isinstance(value, dict):
-        raise ValueError(f"{TASK_PROPERTIES} is not a JSON object")
-    unknown = sorted(set(value) - set(PROPERTY_NAMES))
-    if unknown:
-        raise ValueError(f"{TASK_PROPERTIES} names unknown properties: {', '.join(unknown)}")
-    headers = value.get("headers")
-    if headers is not None and not isinstance(headers, dict):
-        raise ValueError(f"{TASK_PROPERTIES} headers is not a JSON object")
-    return {name: _from_json(item) for name, item in value.items()}
-
-
-def _to_json(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, bytes | bytearray | memoryview):
-        return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, datetime):
-        return {"$datetime": value.isoformat()}
-    if isinstance(value, Mapping):
-        return {str(key): _to_json(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_to_json(item) for item in value]
-    raise ValueError(f"a broker property value of type {type(value).__name__} has no JSON form")
-
-
-def _from_json(value: Any) -> Any:
-    if isinstance(value, dict):
-        if set(value) == {"$bytes"}:
-            return base64.b64decode(value["$bytes"], validate=True)
-        if set(value) == {"$datetime"}:
-            return datetime.fromisoformat(value["$datetime"])
-        return {key: _from_json(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_from_json(item) for item in value]
-    return value
-
-
 def _header_text(text: str) -> str:
     """``text`` as a header value can carry it: lone surrogates as backslash escapes."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -248,3 +183,11 @@ def _bounded(text: str, limit: int) -> str:
     half = limit // 2
     cut = len(text) - 2 * half
     return f"{text[:half]}\n... {cut} characters cut ...\n{text[-half:]}"
+
+
+def parse_properties(text: str) -> dict[str, Any]:
+    """The broker properties ``properties_json`` wrote, with bytes and datetimes back.
+
+    Raises ``ValueError`` when ``text`` is not a JSON object of known property names.
+    """
+    return _parse_properties(text, header=TASK_PROPERTIES)

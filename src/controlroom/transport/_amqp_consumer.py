@@ -39,6 +39,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from controlroom.transport.base import Delivery, DeliveryLostError, Headers, TransportError
+from controlroom.transport.properties import MessageProperties
 
 log = logging.getLogger(__name__)
 
@@ -284,6 +285,13 @@ class ConsumerSession:
             on_ack=ack,
             on_reject=reject,
             on_ack_many=self._ack_many,
+            properties=MessageProperties(
+                content_encoding=message.content_encoding,
+                correlation_id=message.correlation_id,
+                reply_to=message.reply_to,
+                priority=message.priority,
+                headers=message.headers or None,
+            ),
         )
         self._held[delivery] = _Held(ledger, tag)
         return delivery

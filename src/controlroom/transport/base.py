@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from controlroom.exceptions import ControlroomError
+from controlroom.transport.properties import MessageProperties, to_json_value
 
 # The NServiceBus header that carries the message id. NServiceBus's RabbitMQ transport
 # puts the id both here and in the AMQP ``message_id`` property; the header wins.
@@ -68,7 +69,10 @@ class Delivery:
     ``ack_many()``. ``on_ack_many`` (optional) acknowledges the deliveries that share it
     in one operation (one transaction, one AMQP frame). ``size`` is what the message
     holds in memory, in bytes: the body plus the UTF-8 text of the header names and
-    values.
+    values. ``properties``: the further broker properties it was published with
+    (``publish(properties=)``; on RabbitMQ those of any producer), ``None`` when it had
+    none; ``headers`` is their header table's string view
+    (``properties.header_strings``).
     """
 
     headers: Headers
@@ -77,6 +81,7 @@ class Delivery:
     on_ack: Callable[[], Awaitable[None]] = field(repr=False)
     on_reject: Callable[[bool], Awaitable[None]] = field(repr=False)
     on_ack_many: AckMany | None = field(default=None, repr=False)
+    properties: MessageProperties | None = field(default=None, repr=False)
     size: int = field(init=False)
     _settled: bool = field(default=False, init=False, repr=False)
 
@@ -175,11 +180,15 @@ class Transport(Protocol):
         *,
         message_id: str | None = None,
         content_type: str | None = None,
+        properties: MessageProperties | None = None,
     ) -> None:
         """Enqueue one message; returns only once it is durably accepted.
 
         ``message_id`` and ``content_type`` are message properties (AMQP properties on
-        RabbitMQ). See ``resolve_message_id`` for the id a message gets when
+        RabbitMQ); ``properties`` the further ones a Python task's worker reads
+        (docs/design.md "Python task queues"), its typed ``headers`` merged over
+        ``headers`` (a name in both takes the typed value); a consumer gets them back
+        as ``Delivery.properties``. See ``resolve_message_id`` for the id a message gets when
         ``message_id`` is not given; a consumer sees it as the ``NServiceBus.MessageId``
         header when ``headers`` has none. Raises ``ValueError`` for a bad queue name or
         header, ``TransportError`` when the message may not have been accepted.
@@ -241,6 +250,23 @@ def validate_headers(headers: Mapping[str, str | None]) -> Headers:
                 value.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise ValueError(f"header {name!r} is not valid Unicode text: {exc}") from exc
+        result[name] = value
+    return result
+
+
+def validate_typed_headers(headers: Mapping[str, object]) -> dict[str, object]:
+    """Copy a typed header table after checking every name is a str encodable as UTF-8
+    and every value one ``properties.to_json_value`` can hold (what both transports
+    carry). Raises ``ValueError`` naming the offending header."""
+    result: dict[str, object] = {}
+    for name, value in headers.items():
+        if not isinstance(name, str):
+            raise ValueError(f"header name {name!r} is not a string")
+        try:
+            name.encode("utf-8")
+            to_json_value(value)
+        except (UnicodeEncodeError, ValueError) as exc:
+            raise ValueError(f"header {name!r} cannot be carried: {exc}") from exc
         result[name] = value
     return result
 

@@ -55,6 +55,14 @@ from controlroom.transport.base import (
     fill_message_id,
     resolve_message_id,
     validate_headers,
+    validate_typed_headers,
+)
+from controlroom.transport.properties import (
+    MessageProperties,
+    header_strings,
+    message_properties,
+    parse_properties,
+    properties_json,
 )
 
 log = logging.getLogger(__name__)
@@ -64,7 +72,7 @@ T = TypeVar("T")
 DEFAULT_LEASE_SECONDS = 300.0
 DEFAULT_POLL_INTERVAL_SECONDS = 0.1
 BUSY_TIMEOUT_SECONDS = 30.0
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # lease_expires_at is 0 for a ready message, so "ready" is one comparison for both never
 # claimed and expired leases. Bodies live in a table of their own (version 2): a claim, a
@@ -83,7 +91,8 @@ _SCHEMA = (
         delivery_count INTEGER NOT NULL DEFAULT 0,
         lease_owner TEXT,
         lease_expires_at REAL NOT NULL DEFAULT 0,
-        size INTEGER NOT NULL DEFAULT 0
+        size INTEGER NOT NULL DEFAULT 0,
+        properties_json TEXT
     )
     """,
     "CREATE TABLE IF NOT EXISTS queue_bodies (id INTEGER PRIMARY KEY, body BLOB NOT NULL)",
@@ -105,12 +114,16 @@ _FROM_VERSION_1 = (
     "UPDATE queue_messages SET size = length(body) + length(headers_json)",
     "ALTER TABLE queue_messages DROP COLUMN body",
 )
+# Version 3 keeps a message's further broker properties (``MessageProperties``), NULL when
+# it has none.
+_FROM_VERSION_2 = ("ALTER TABLE queue_messages ADD COLUMN properties_json TEXT",)
 # AUTOINCREMENT: ids are never reused, so FIFO order is id order and a stale settle by id
 # can never hit a newer message.
 
 _INSERT = """
-    INSERT INTO queue_messages (queue, headers_json, message_id, content_type, enqueued_at, size)
-    VALUES (?, ?, ?, ?, ?, ?)
+    INSERT INTO queue_messages
+        (queue, headers_json, message_id, content_type, enqueued_at, size, properties_json)
+    VALUES (?, ?, ?, ?, ?, ?, ?)
 """
 _INSERT_BODY = "INSERT INTO queue_bodies (id, body) VALUES (?, ?)"
 _HAS_READY = "SELECT 1 FROM queue_messages WHERE queue = ? AND lease_expires_at <= ? LIMIT 1"
@@ -123,7 +136,7 @@ _CLAIM = """
         ORDER BY id
         LIMIT ?
     )
-    RETURNING id, headers_json, message_id
+    RETURNING id, headers_json, message_id, properties_json
 """
 # The oldest ready messages while their stored sizes add up to at most the byte limit
 # (a running sum over id order), the first one regardless when the consumer holds nothing.
@@ -142,7 +155,7 @@ _CLAIM_BYTES = """
         )
         WHERE running <= ? OR (position = 1 AND ?)
     )
-    RETURNING id, headers_json, message_id
+    RETURNING id, headers_json, message_id, properties_json
 """
 _HELD = "SELECT 1 FROM queue_messages WHERE id = ? AND lease_owner = ?"
 _DELETE_LEASED = "DELETE FROM queue_messages WHERE id = ? AND lease_owner = ?"
@@ -173,6 +186,7 @@ class _Row(NamedTuple):
     id: int
     headers_json: str
     message_id: str | None
+    properties_json: str | None
 
 
 @dataclass(eq=False)
@@ -296,10 +310,13 @@ class EmbeddedQueue:
         *,
         message_id: str | None = None,
         content_type: str | None = None,
+        properties: MessageProperties | None = None,
     ) -> None:
         """Append a message to ``queue``; returns after the commit reached the disk.
 
-        Headers keep ``None`` values. Raises ``ValueError`` for a bad name, header or
+        Headers keep ``None`` values. ``properties`` are kept as they are (a consumer
+        gets them back on ``Delivery.properties``); consumers see their typed headers
+        as strings, as on RabbitMQ. Raises ``ValueError`` for a bad name, header or
         body type; ``TransportError`` when SQLite fails (the insert was rolled back).
         """
         check_queue_name(queue)
@@ -308,11 +325,24 @@ class EmbeddedQueue:
         # ensure_ascii (the default) keeps the stored JSON plain ASCII; it round-trips
         # every str exactly.
         valid = validate_headers(headers)
-        headers_json = json.dumps(valid, separators=(",", ":"))
         message_id = resolve_message_id(valid, message_id)
+        stored_properties = None
+        if properties is not None:
+            typed = {**valid, **validate_typed_headers(properties.headers or {})}
+            valid = header_strings(typed)
+            stored_properties = _properties_json(properties, typed)
+        headers_json = json.dumps(valid, separators=(",", ":"))
         data = bytes(body)
         size = len(data) + len(headers_json)
-        params = (queue, headers_json, message_id, content_type, time.time(), size)
+        params = (
+            queue,
+            headers_json,
+            message_id,
+            content_type,
+            time.time(),
+            size,
+            stored_properties,
+        )
 
         def insert(conn: sqlite3.Connection) -> None:
             with _write_transaction(conn, durable=True):
@@ -435,6 +465,9 @@ class EmbeddedQueue:
 
     def _delivery(self, session: _Session, row: _Row, body: bytes) -> Delivery:
         headers = fill_message_id(json.loads(row.headers_json), row.message_id)
+        properties = None
+        if row.properties_json is not None:
+            properties = message_properties(parse_properties(row.properties_json))
 
         async def reject(requeue: bool) -> None:
             await self._settle(session, delivery, _RELEASE_LEASED if requeue else _DELETE_LEASED)
@@ -448,6 +481,7 @@ class EmbeddedQueue:
             on_ack=lambda: self._settle(session, delivery, _DELETE_LEASED),
             on_reject=reject,
             on_ack_many=session.ack_many,
+            properties=properties,
         )
         session.yielded[delivery] = row.id
         session.held_bytes += delivery.size
@@ -566,8 +600,12 @@ class EmbeddedQueue:
             conn.execute("PRAGMA journal_mode=WAL").fetchall()
             conn.execute("PRAGMA synchronous=NORMAL")
             with _write_transaction(conn):
-                if conn.execute("PRAGMA user_version").fetchall()[0][0] == 1:
+                version = conn.execute("PRAGMA user_version").fetchall()[0][0]
+                if version == 1:
                     for statement in _FROM_VERSION_1:
+                        conn.execute(statement)
+                if version in (1, 2):
+                    for statement in _FROM_VERSION_2:
                         conn.execute(statement)
                 for statement in _SCHEMA:
                     conn.execute(statement)
@@ -641,6 +679,18 @@ class EmbeddedQueue:
             log.warning("could not release leases on close; they return at expiry", exc_info=True)
         finally:
             conn.close()
+
+
+def _properties_json(properties: MessageProperties, typed: Mapping[str, Any]) -> str:
+    return properties_json(
+        {
+            "content_encoding": properties.content_encoding,
+            "correlation_id": properties.correlation_id,
+            "reply_to": properties.reply_to,
+            "priority": properties.priority,
+            "headers": typed or None,
+        }
+    )
 
 
 @contextlib.contextmanager

@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
-import decimal
-import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
@@ -52,7 +49,9 @@ from controlroom.transport.base import (
     fill_message_id,
     resolve_message_id,
     validate_headers,
+    validate_typed_headers,
 )
+from controlroom.transport.properties import MessageProperties, header_strings
 
 log = logging.getLogger(__name__)
 
@@ -171,9 +170,12 @@ class RabbitMQTransport:
         *,
         message_id: str | None = None,
         content_type: str | None = None,
+        properties: MessageProperties | None = None,
     ) -> None:
         """Publish persistently to ``queue`` via the default exchange; returns after
         the broker's publisher confirm (the message is on disk or replicated).
+        ``properties`` become the AMQP properties of those names and their typed
+        ``headers`` go into the header table as they are (ints stay ints).
 
         The queue is declared durable first when it does not exist. A ``content_type``
         longer than an AMQP short string (255 bytes) is left out of the properties (the
@@ -189,7 +191,11 @@ class RabbitMQTransport:
         check_queue_name(queue)
         if not isinstance(body, bytes | bytearray | memoryview):
             raise ValueError(f"body must be bytes, not {type(body).__name__}")
-        valid = validate_headers(headers)
+        strings = validate_headers(headers)
+        valid: dict[str, Any] = dict(strings)
+        extra = properties or MessageProperties()
+        if extra.headers is not None:
+            valid.update(_amqp_table(validate_typed_headers(extra.headers)))
         for name in valid:
             size = len(name.encode("utf-8"))
             if size > MAX_FIELD_NAME_BYTES:
@@ -197,7 +203,7 @@ class RabbitMQTransport:
                     f"header name {name[:60]!r}... is {size} bytes of UTF-8; AMQP field names "
                     f"hold at most {MAX_FIELD_NAME_BYTES} (it would be cut short)"
                 )
-        resolved_id = resolve_message_id(valid, message_id)
+        resolved_id = resolve_message_id(strings, message_id)
         if len(resolved_id.encode("utf-8", "surrogatepass")) > MAX_SHORT_STRING_BYTES:
             raise ValueError(
                 f"message id {resolved_id[:60]!r}... is longer than the "
@@ -207,10 +213,14 @@ class RabbitMQTransport:
             content_type = None  # the NServiceBus.ContentType header carries it whole
         message = aio_pika.Message(
             bytes(body),
-            headers=dict(valid),
+            headers=valid,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=resolved_id,
             content_type=content_type,
+            content_encoding=extra.content_encoding,
+            correlation_id=extra.correlation_id,
+            reply_to=extra.reply_to,
+            priority=extra.priority,
         )
         channel = self._require_publish_channel()
         self._check_header_frame(message)
@@ -419,38 +429,20 @@ def _message_headers(message: AbstractIncomingMessage) -> Headers:
 
 
 def decode_headers(raw: Mapping[str, Any] | None) -> Headers:
-    """AMQP header table -> ``{name: str | None}``.
-
-    bytes (AMQP byte arrays, and long strings that are not UTF-8) decode as UTF-8,
-    invalid bytes as lone surrogates (``surrogateescape``: byte 0xff is ``"\\udcff"``), so
-    nothing is dropped and the pipeline keeps the message whole as a failed import
-    (docs/decisions.md "Headers that are not UTF-8 make a failed import"); ``None`` (AMQP void)
-    stays ``None``; booleans, numbers and timestamps become ``str(value)`` (timestamps
-    as ISO 8601); nested tables and arrays become compact JSON of their decoded values.
-    """
-    return {str(name): _header_text(value) for name, value in (raw or {}).items()}
+    """AMQP header table -> ``{name: str | None}`` (``properties.header_strings``)."""
+    return header_strings(raw)
 
 
-def _header_text(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).decode("utf-8", errors="surrogateescape")
-    if isinstance(value, datetime.datetime):
-        return value.isoformat()
-    if isinstance(value, bool | int | float | decimal.Decimal):
-        return str(value)
-    return json.dumps(_jsonable(value), separators=(",", ":"), ensure_ascii=False)
-
-
-def _jsonable(value: Any) -> Any:
+def _amqp_table(value: Any) -> Any:
+    """A typed header value as pamqp encodes it: bytes as an AMQP byte array (pamqp takes
+    ``bytearray`` only)."""
+    if isinstance(value, bytes | memoryview):
+        return bytearray(value)
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {name: _amqp_table(item) for name, item in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, bool | int | float) or value is None:
-        return value
-    return _header_text(value)
+        return [_amqp_table(item) for item in value]
+    return value
 
 
 def redact_url(url: str) -> str:

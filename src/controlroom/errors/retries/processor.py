@@ -16,8 +16,12 @@ so a process that dies at any point leaves a state the next one continues from.
   confirms on RabbitMQ, a durable commit on the embedded queue); a claim is marked sent
   only after that. A crash between the confirm and the mark re-sends that message: at
   least once, never lost. When no unsent claim is left, the batch is ``done``.
+- A Python task's message (its headers carry ``Controlroom.TaskQueue.Properties``) goes
+  out as its producer sent it: those broker properties and typed header table, plus the
+  retry headers (``retry_wire.outgoing_message``; docs/design.md "Python task queues").
 - A message that cannot be sent for a reason of its own (``retry_wire.UnsendableMessage``:
-  no queue in its address, unreadable headers, body missing from the body store) loses
+  no queue in its address, unreadable headers or task properties, body missing from the
+  body store) loses
   its claim, becomes Unresolved again and marks the operation failed; a transport or
   store failure leaves everything in place and the processor backs off and tries again.
 - A send that fails while the broker is otherwise reachable (it refuses this message or
@@ -57,7 +61,6 @@ from controlroom.db.tables import (
     retry_operations,
 )
 from controlroom.errors import activity
-from controlroom.errors.ingest import headers as h
 from controlroom.errors.ingest.bodies import BodyNotFoundError, BodyStore
 from controlroom.errors.read.redirects import redirect_targets
 from controlroom.errors.retries import wire as retry_wire
@@ -376,13 +379,15 @@ class RetryProcessor:
             acknowledgement_queue=self._settings.error_queue,
             target_endpoint_address=target_header,
         )
+        outgoing = retry_wire.outgoing_message(headers, content_type=claim.content_type)
         try:
             await self._transport.publish(
                 queue,
-                headers,
+                outgoing.headers,
                 body,
-                message_id=h.header_text(headers, h.MESSAGE_ID),
-                content_type=h.header_text(headers, h.CONTENT_TYPE) or claim.content_type,
+                message_id=outgoing.message_id,
+                content_type=outgoing.content_type,
+                properties=outgoing.properties,
             )
         except ValueError as exc:  # a header the transport cannot carry
             raise UnsendableMessage(f"the transport refused the message: {exc}") from exc

@@ -55,7 +55,7 @@ from controlroom.db.tables import (
     retry_operations,
 )
 from controlroom.errors import activity
-from controlroom.errors.ingest.headers import CONTENT_TYPE, header_text, parse_guid
+from controlroom.errors.ingest.headers import parse_guid
 from controlroom.errors.read.redirects import redirect_targets
 from controlroom.errors.retries import wire as retry_wire
 from controlroom.errors.retries.claims import claim_messages
@@ -566,7 +566,10 @@ async def edit_and_retry(
 
     The copy has ``body`` (as UTF-8) and ``headers`` minus the failure headers, a new
     ``NServiceBus.MessageId`` and ``ServiceControl.EditOf`` naming the original
-    (``retry_wire.edited_message_headers``); it goes where a retry would go. The original
+    (``retry_wire.edited_message_headers``); it goes where a retry would go. A Python
+    task's copy keeps the broker properties and typed headers of its
+    ``Controlroom.TaskQueue.Properties`` (``retry_wire.outgoing_message``), the body
+    edited. The original
     is RetryIssued while the copy is sent (so no retry or second edit takes it meanwhile),
     Resolved once the transport confirmed it, Unresolved again when the send failed.
     Source: docs/decisions.md "Edits lock the identity and retry headers"; ServiceControl's
@@ -585,7 +588,6 @@ async def edit_and_retry(
         queue = retry_wire.queue_of_address(destination)
     except retry_wire.UnsendableMessage as exc:
         raise InvalidEdit(exc.reason) from None
-    await asyncio.to_thread(_set_edit_state, engine, original_id, True, clock)
     result = EditResult(original_id, str(uuid.uuid4()), str(uuid.uuid4()), destination)
     outgoing = retry_wire.edited_message_headers(
         headers,
@@ -596,12 +598,18 @@ async def edit_and_retry(
         target_endpoint_address=target_header,
     )
     try:
+        message = retry_wire.outgoing_message(outgoing)
+    except retry_wire.UnsendableMessage as exc:
+        raise InvalidEdit(f"message_headers: {exc.reason}") from None
+    await asyncio.to_thread(_set_edit_state, engine, original_id, True, clock)
+    try:
         await transport.publish(
             queue,
-            outgoing,
+            message.headers,
             body.encode("utf-8"),
-            message_id=result.message_id,
-            content_type=header_text(outgoing, CONTENT_TYPE),
+            message_id=message.message_id,
+            content_type=message.content_type,
+            properties=message.properties,
         )
     except BaseException as exc:
         await asyncio.shield(asyncio.to_thread(_set_edit_state, engine, original_id, False, clock))

@@ -20,11 +20,18 @@ kept in ``ServiceControl.TargetEndpointAddress``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.model import Headers
 from controlroom.transport.base import check_queue_name
+from controlroom.transport.properties import (
+    MessageProperties,
+    message_properties,
+    parse_properties,
+)
 
 # --- header names (ServiceControl retries) ------------------------------------------------
 RETRY_UNIQUE_MESSAGE_ID = h.RETRY_UNIQUE_MESSAGE_ID
@@ -34,6 +41,18 @@ RETRY_ACKNOWLEDGEMENT_QUEUE = "ServiceControl.Retry.AcknowledgementQueue"
 TARGET_ENDPOINT_ADDRESS = "ServiceControl.TargetEndpointAddress"
 RETRY_TO = "ServiceControl.RetryTo"
 EDIT_OF = "ServiceControl.EditOf"
+TASK_PROPERTIES = "Controlroom.TaskQueue.Properties"
+"""The broker properties and typed header table of a Python task's message
+(docs/design.md "Python task queues"), which a retry restores."""
+
+TASK_RETRY_HEADERS: tuple[str, ...] = (
+    RETRY_UNIQUE_MESSAGE_ID,
+    RETRY_ACKNOWLEDGEMENT_QUEUE,
+    TARGET_ENDPOINT_ADDRESS,
+    EDIT_OF,
+)
+"""The retry headers a retried task message carries in its typed table: those of this
+retry, never an earlier one's."""
 
 STRIPPED_HEADER_PREFIXES: tuple[str, ...] = (
     "NServiceBus.Retries",
@@ -101,6 +120,55 @@ class UnsendableMessage(ValueError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """What a retry or an edited copy publishes besides its body: string ``headers``,
+    ``message_id`` and ``content_type`` properties, and the further broker
+    ``properties`` of a Python task's message (``None`` for any other message)."""
+
+    headers: dict[str, str | None]
+    message_id: str | None
+    content_type: str | None
+    properties: MessageProperties | None = None
+
+
+def outgoing_message(outgoing: Headers, *, content_type: str | None = None) -> OutgoingMessage:
+    """The message a retry sends, from its headers (``retry_headers`` or
+    ``edited_message_headers``); ``content_type`` when the headers name none.
+
+    A message whose headers carry ``Controlroom.TaskQueue.Properties`` is a Python task's
+    (docs/design.md "Python task queues"): it goes out as its producer sent it, with
+    those properties and that typed header table, plus this retry's ``TASK_RETRY_HEADERS``
+    (an earlier retry's are dropped from the table); the failed message's own headers
+    stay behind. Its message id is the one of its properties, else the
+    ``NServiceBus.MessageId`` header (the task id). Any other message goes out with its
+    string headers.
+
+    Raises ``UnsendableMessage`` when the properties header does not parse.
+    """
+    message_id = h.header_text(outgoing, h.MESSAGE_ID)
+    stored_type = h.header_text(outgoing, h.CONTENT_TYPE) or content_type
+    text = outgoing.get(TASK_PROPERTIES)
+    if text is None:
+        return OutgoingMessage(dict(outgoing), message_id, stored_type)
+    try:
+        parsed: dict[str, Any] = parse_properties(text, header=TASK_PROPERTIES)
+        table = dict(parsed.get("headers") or {})
+        for name in TASK_RETRY_HEADERS:
+            table.pop(name, None)
+            if outgoing.get(name) is not None:
+                table[name] = outgoing[name]
+        properties = message_properties({**parsed, "headers": table})
+    except ValueError as exc:
+        raise UnsendableMessage(f"{TASK_PROPERTIES} does not parse: {exc}") from exc
+    return OutgoingMessage(
+        headers={},
+        message_id=parsed.get("message_id") or message_id,
+        content_type=parsed.get("content_type") or stored_type,
+        properties=properties,
+    )
 
 
 def queue_of_address(address: str) -> str:

@@ -1,0 +1,95 @@
+"""The Celery app the integration tests run in real worker processes (``celery -A
+tests.integrations.celery_app worker``), configured from the environment the test sets:
+the broker, Controlroom's error queue, a state directory where the tasks read what they
+should do and the worker records the bytes of every task message it receives."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import Celery, signals
+from celery.exceptions import Reject
+
+from controlroom.integrations import celery as integration
+
+STATE = Path(os.environ.get("CELERY_TEST_STATE", "."))
+
+app = Celery("shop", broker=os.environ.get("CELERY_TEST_BROKER", "memory://"))
+app.conf.update(
+    task_default_queue=os.environ.get("CELERY_TEST_QUEUE", "celery"),
+    accept_content=["json", "pickle"],
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+)
+integration.install(
+    app,
+    error_queue=os.environ.get("CELERY_TEST_ERROR_QUEUE", "error"),
+    max_body_bytes=int(os.environ.get("CELERY_TEST_MAX_BODY_BYTES", "1048576")),
+)
+
+
+def check_card(order: int, amount: Any) -> None:
+    if not (STATE / f"fixed-{order}").exists():
+        raise ValueError(f"card declined for order {order}")
+
+
+@app.task(name="shop.charge")
+def charge(order: int, amount: Any) -> str:
+    check_card(order, amount)
+    return "charged"
+
+
+@app.task(
+    name="shop.retrying",
+    autoretry_for=(ConnectionError,),
+    max_retries=2,
+    default_retry_delay=0,
+    retry_backoff=False,
+)
+def retrying(order: int) -> None:
+    raise ConnectionError(f"gateway down for order {order}")
+
+
+@app.task(name="shop.rejecting")
+def rejecting(order: int) -> None:
+    raise Reject(f"order {order} is malformed", requeue=False)
+
+
+@app.task(name="shop.slow", time_limit=1)
+def slow() -> None:
+    time.sleep(60)
+
+
+@app.task(name="shop.crash")
+def crash() -> None:
+    os._exit(3)  # the pool process dies: WorkerLostError in the worker
+
+
+@signals.task_received.connect
+def record(request: Any = None, **_: Any) -> None:
+    """The bytes and typed headers of every task message the worker receives."""
+    body = integration.message_body(request._message)
+    name = f"{request.id}-{time.time_ns()}"
+    (STATE / f"received-{name}.bin").write_bytes(body)
+    (STATE / f"received-{name}.headers").write_text(repr(sorted(request._message.headers.items())))
+
+
+if os.environ.get("CELERY_TEST_KILL_AFTER_PUBLISH"):
+    # Fault injection: the worker is killed (SIGKILL) right after it published a failure,
+    # before it acknowledges the task message; once only (a marker file says so).
+    _send = integration._Hook.send_failure
+
+    def send_then_die(self: integration._Hook, *args: Any, **kwargs: Any) -> bool:
+        sent = _send(self, *args, **kwargs)
+        marker = STATE / "killed"
+        if sent and not marker.exists():
+            marker.write_text("once")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return sent
+
+    integration._Hook.send_failure = send_then_die  # type: ignore[method-assign]

@@ -1,0 +1,375 @@
+"""Celery failures in Controlroom with real workers (subprocesses) on RabbitMQ and
+Controlroom's real ingestion, on every provider (docs/design.md "Python task queues"):
+a failed task is stored whole, retried onto its queue from the API, fails again as the
+same failed message or succeeds and is confirmed; hard time limits, a lost pool process
+and a worker killed after the publish each leave exactly one failed message."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from celery import Celery
+from fastapi.testclient import TestClient
+
+from controlroom.app import create_app
+from controlroom.config import Settings
+from controlroom.db.tables import FailedMessageStatus, failed_messages
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.identity import deterministic_id
+from controlroom.errors.ingest.pipeline import IngestionService
+from controlroom.integrations import envelope
+from controlroom.transport.rabbitmq import RabbitMQTransport
+from tests.retries.conftest import TIMEOUT, make_processor, statuses, unique_name, wait_for
+
+pytestmark = pytest.mark.rabbitmq
+
+ROOT = Path(__file__).resolve().parents[2]
+ENDPOINT = "shop"  # the test app's name: the processing endpoint
+
+
+@pytest.fixture
+def broker_settings(settings: Settings, rabbitmq_url: str) -> Settings:
+    return settings.model_copy(
+        update={"broker_url": rabbitmq_url, "error_queue": unique_name("error")}
+    )
+
+
+@contextlib.contextmanager
+def celery_worker(
+    settings: Settings, queue: str, state: Path, *, pool: str = "solo", **env: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A real worker of ``tests.integrations.celery_app`` consuming ``queue``, ready when
+    it returns; stopped (SIGTERM, then SIGKILL) at the end."""
+    state.mkdir(parents=True, exist_ok=True)
+    log_path = state / f"worker-{uuid.uuid4().hex[:6]}.log"
+    environment = os.environ | {
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        "CELERY_TEST_BROKER": str(settings.broker_url),
+        "CELERY_TEST_QUEUE": queue,
+        "CELERY_TEST_ERROR_QUEUE": settings.error_queue,
+        "CELERY_TEST_STATE": str(state),
+        "C_FORCE_ROOT": "1",  # pickle is accepted; CI machines may run tests as root
+        **env,
+    }
+    command = [sys.executable, "-m", "celery", "-A", "tests.integrations.celery_app"]
+    command += ["worker", "-P", pool, "-c", "1", "-Q", queue, "-l", "INFO"]
+    command += ["--without-heartbeat", "--without-mingle", "--without-gossip"]
+    command += ["-n", f"{uuid.uuid4().hex[:8]}@%h"]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while b" ready." not in log_path.read_bytes():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"worker did not start:\n{log_path.read_text()}")
+            time.sleep(0.1)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def producer(settings: Settings) -> Celery:
+    """A producer app of its own (the test process sends tasks like any client)."""
+    return Celery("producer", broker=settings.broker_url)
+
+
+def send(settings: Settings, queue: str, name: str, *args: Any, **options: Any) -> str:
+    with contextlib.closing(producer(settings)) as app:
+        result = app.send_task(name, args=args, queue=queue, **options)
+    return str(result.id)
+
+
+@contextlib.asynccontextmanager
+async def controlroom(
+    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore
+) -> AsyncIterator[tuple[TestClient, Any]]:
+    """Controlroom ingesting the error queue, with the API and a retry processor."""
+    async with RabbitMQTransport(str(settings.broker_url)) as transport:
+        service = IngestionService(settings, engine, transport, body_store)
+        ingesting = asyncio.create_task(service.run())
+        processor = make_processor(settings, engine, transport, body_store)
+        client = TestClient(create_app(settings, engine, body_store))
+        try:
+            async with asyncio.timeout(TIMEOUT * 3):
+                yield client, processor
+            assert not ingesting.done(), ingesting.exception()
+        finally:
+            await processor.close()
+            await service.stop()
+
+
+async def retry(client: TestClient, processor: Any, unique_id: str) -> None:
+    response = await asyncio.to_thread(client.post, f"/api/errors/{unique_id}/retry")
+    assert response.status_code == 202, response.text
+    assert await processor.process_pending() == 1
+
+
+def row(engine: sa.Engine, unique_id: str) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.select(failed_messages).where(failed_messages.c.id == unique_id)
+        ).one_or_none()
+
+
+def rows(engine: sa.Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.select(failed_messages)))
+
+
+def received_files(state: Path, task_id: str) -> list[Path]:
+    """The body files the workers wrote for ``task_id``, in the order received."""
+    return sorted(
+        state.glob(f"received-{task_id}-*.bin"), key=lambda p: int(p.stem.rsplit("-", 1)[1])
+    )
+
+
+def received(state: Path, task_id: str) -> list[bytes]:
+    """The bodies the workers received for ``task_id``, in order."""
+    return [path.read_bytes() for path in received_files(state, task_id)]
+
+
+def unique_id_of(task_id: str) -> str:
+    return deterministic_id(task_id + ENDPOINT)
+
+
+def test_a_failed_task_is_stored_fails_again_as_the_same_row_and_resolves_when_fixed(
+    broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
+) -> None:
+    settings = broker_settings
+    queue = unique_name("celery")
+    state = tmp_path / "state"
+
+    async def scenario() -> str:
+        with celery_worker(settings, queue, state):
+            async with controlroom(settings, engine, body_store) as (client, processor):
+                task_id = send(settings, queue, "shop.charge", 7, {"eur": 12.5})
+                unique_id = unique_id_of(task_id)
+                await wait_for(lambda: row(engine, unique_id) is not None)
+                stored = row(engine, unique_id)
+                assert stored.status == FailedMessageStatus.UNRESOLVED
+                assert stored.message_type == "shop.charge"
+                assert stored.exception_type == "ValueError"
+                assert stored.exception_message == "card declined for order 7"
+                assert "in check_card" in stored.stack_trace
+                assert stored.stack_trace.rstrip().endswith("ValueError: card declined for order 7")
+                assert stored.queue_address == queue
+                assert stored.receiving_endpoint == ENDPOINT
+                body = client.get(f"/api/messages/{unique_id}/body")
+                assert body.content == received(state, task_id)[0]
+                assert json.loads(body.content)[0] == [7, {"eur": 12.5}]
+                headers = json.loads(stored.headers_json)
+                assert headers[envelope.TASK_QUEUE] == "celery"
+
+                await retry(client, processor, unique_id)  # runs again on the worker, fails
+                await wait_for(lambda: row(engine, unique_id).number_of_processing_attempts == 2)
+                assert statuses(engine) == {unique_id: FailedMessageStatus.UNRESOLVED}
+
+                (state / "fixed-7").write_text("")
+                await retry(client, processor, unique_id)  # now it succeeds and confirms
+                await wait_for(lambda: statuses(engine)[unique_id] == FailedMessageStatus.RESOLVED)
+                return task_id
+
+    task_id = asyncio.run(scenario())
+
+    assert len(rows(engine)) == 1
+    first, again, fixed = received(state, task_id)
+    assert first == again == fixed  # the task message itself went back each time
+
+
+def test_a_pickled_task_is_retried_byte_exact_with_its_typed_headers(
+    broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
+) -> None:
+    settings = broker_settings
+    queue = unique_name("celery")
+    state = tmp_path / "state"
+
+    async def scenario() -> str:
+        with celery_worker(settings, queue, state):
+            async with controlroom(settings, engine, body_store) as (client, processor):
+                task_id = send(
+                    settings, queue, "shop.charge", 8, b"\x00\xff raw", serializer="pickle"
+                )
+                unique_id = unique_id_of(task_id)
+                await wait_for(lambda: row(engine, unique_id) is not None)
+                (state / "fixed-8").write_text("")
+                await retry(client, processor, unique_id)
+                await wait_for(lambda: statuses(engine)[unique_id] == FailedMessageStatus.RESOLVED)
+                return task_id
+
+    task_id = asyncio.run(scenario())
+
+    first, retried = received(state, task_id)
+    assert retried == first  # byte for byte
+    assert first.startswith(b"\x80")  # a pickle, stored as binary
+    headers = [path.with_suffix(".headers").read_text() for path in received_files(state, task_id)]
+    assert headers[0] != headers[1]  # the retry added its headers to the typed table
+    assert "'retries', 0" in headers[1] and "'timelimit', [None, None]" in headers[1]
+
+
+def test_a_worker_killed_right_after_publishing_the_failure_leaves_one_row(
+    broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
+) -> None:
+    settings = broker_settings
+    queue = unique_name("celery")
+    state = tmp_path / "state"
+
+    async def scenario() -> str:
+        async with controlroom(settings, engine, body_store):
+            with celery_worker(settings, queue, state, CELERY_TEST_KILL_AFTER_PUBLISH="1") as w:
+                task_id = send(settings, queue, "shop.charge", 9, 1)
+                await asyncio.to_thread(w.wait, TIMEOUT)
+                assert w.returncode == -signal.SIGKILL
+            unique_id = unique_id_of(task_id)
+            await wait_for(lambda: row(engine, unique_id) is not None)  # the publish held
+            with celery_worker(settings, queue, state):  # redelivered, fails again
+                await wait_for(lambda: row(engine, unique_id).number_of_processing_attempts == 2)
+            return task_id
+
+    task_id = asyncio.run(scenario())
+
+    assert len(received(state, task_id)) == 2
+    assert [r.id for r in rows(engine)] == [unique_id_of(task_id)]
+
+
+def test_each_way_a_task_ends_for_good_makes_one_failure_and_a_celery_retry_none(
+    broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
+) -> None:
+    settings = broker_settings
+    queue = unique_name("celery")
+    state = tmp_path / "state"
+
+    async def scenario() -> list[str]:
+        with celery_worker(settings, queue, state, pool="prefork"):
+            async with controlroom(settings, engine, body_store):
+                ids = [
+                    send(settings, queue, "shop.slow"),
+                    send(settings, queue, "shop.crash"),
+                    send(settings, queue, "shop.charge", 10, "x" * 2_000_000),
+                    send(settings, queue, "shop.retrying", 14),
+                    send(settings, queue, "shop.rejecting", 15),
+                ]
+                await wait_for(lambda: len(rows(engine)) == 5)
+                marker = send(settings, queue, "shop.charge", 11, 1)  # after the three
+                await wait_for(lambda: row(engine, unique_id_of(marker)) is not None)
+                return ids
+
+    slow, crash, large, retried, rejected = (
+        row(engine, unique_id_of(task_id)) for task_id in asyncio.run(scenario())
+    )
+    assert slow.exception_type == "billiard.exceptions.TimeLimitExceeded"  # Celery's is it
+    assert crash.exception_type == "billiard.exceptions.WorkerLostError"
+    assert large.exception_type == "ValueError"
+    assert retried.exception_type == "ConnectionError"  # after Celery's own two retries
+    assert json.loads(retried.headers_json)["NServiceBus.Retries"] == "2"
+    assert rejected.exception_type == "celery.exceptions.Reject"
+    everything = (slow, crash, large, retried, rejected)
+    assert [r.number_of_processing_attempts for r in everything] == [1] * 5
+    assert large.body_size == 0
+    assert "max_body_bytes" in json.loads(large.headers_json)[envelope.BODY_NOT_KEPT]
+
+
+def test_a_failure_the_broker_refuses_is_logged_and_requeued_then_sent_once(
+    broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
+) -> None:
+    settings = broker_settings
+    queue = unique_name("celery")
+    state = tmp_path / "state"
+    with contextlib.closing(producer(settings)) as app, app.connection_for_write() as conn:
+        channel = conn.default_channel
+        refusing = {"x-max-length": 0, "x-overflow": "reject-publish"}  # the broker nacks
+        channel.queue_declare(settings.error_queue, durable=True, arguments=refusing)
+
+        async def scenario() -> str:
+            with celery_worker(settings, queue, state):
+                task_id = send(settings, queue, "shop.charge", 12, 1)
+                logs = list(state.glob("worker-*.log"))
+                await wait_for(lambda: b"could not be sent" in logs[0].read_bytes())
+                assert task_id.encode() in logs[0].read_bytes()  # the failed message, whole
+                channel.queue_delete(settings.error_queue)  # the error queue is back
+                async with controlroom(settings, engine, body_store):
+                    unique_id = unique_id_of(task_id)
+                    await wait_for(lambda: row(engine, unique_id) is not None)
+                    marker = send(settings, queue, "shop.charge", 13, 1)
+                    await wait_for(lambda: row(engine, unique_id_of(marker)) is not None)
+            return task_id
+
+        task_id = asyncio.run(scenario())
+
+    assert len(received(state, task_id)) >= 2  # requeued, run again
+    assert row(engine, unique_id_of(task_id)).number_of_processing_attempts == 1
+
+
+def test_the_celery_demo_fails_its_tasks_into_the_error_queue(
+    rabbitmq_url: str, tmp_path: Path
+) -> None:
+    error_queue = unique_name("error")
+    env = os.environ | {
+        "PYTHONPATH": str(ROOT / "src"),
+        "CONTROLROOM_BROKER_URL": rabbitmq_url,
+        "CONTROLROOM_ERROR_QUEUE": error_queue,
+        "CONTROLROOM_DATA_DIR": str(tmp_path / "data"),
+        "C_FORCE_ROOT": "1",  # the demo's worker accepts pickle; CI may run as root
+    }
+    command = [sys.executable, "-c", "from controlroom.cli import app; app()", "demo", "celery"]
+    log_path = tmp_path / "demo.log"
+    with log_path.open("wb") as log:
+        demo = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    async def collect() -> list[dict[str, str | None]]:
+        seen: list[dict[str, str | None]] = []
+        async with RabbitMQTransport(rabbitmq_url) as transport, asyncio.timeout(TIMEOUT):
+            async for delivery in transport.consume(error_queue, 10):
+                seen.append(dict(delivery.headers))
+                await delivery.ack()
+                if len(seen) == 5:
+                    return seen
+        return seen
+
+    try:
+        failures = asyncio.run(collect())
+    finally:
+        demo.terminate()
+        demo.wait(30)
+    assert {f["NServiceBus.ExceptionInfo.ExceptionType"] for f in failures} == {
+        "KeyError",
+        "ConnectionError",
+        "TimeoutError",
+        "ZeroDivisionError",
+    }, log_path.read_text()
+    assert {f[envelope.TASK_QUEUE] for f in failures} == {"celery"}
+    assert {f["NServiceBus.FailedQ"] for f in failures} == {"demo.shop"}
+
+
+def test_the_celery_demo_needs_rabbitmq(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from controlroom.cli import app
+
+    result = CliRunner().invoke(
+        app,
+        ["demo", "celery"],
+        env={"CONTROLROOM_DATA_DIR": str(tmp_path), "CONTROLROOM_BROKER_URL": ""},
+    )
+    assert result.exit_code == 2
+    assert "needs RabbitMQ" in result.output
