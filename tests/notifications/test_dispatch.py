@@ -450,3 +450,26 @@ def test_the_dispatcher_backs_off_while_the_database_is_unreachable(
     delays = failed_runs()[:failures]
     assert delays[1] > delays[0] and delays[2] > delays[1]  # doubling, despite the jitter
     assert max(delays) <= 1.0 * 1.2  # capped by max_backoff_seconds, give or take the jitter
+
+
+def test_an_email_to_explicit_addresses_mails_them_and_no_list(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+) -> None:
+    sink, port = mail
+    settings = outbox_settings(database_url, receiver, port)
+    addresses = ("x@plant.example", "y@plant.example")
+    notification_id = put(
+        engine, clock(), channel="Email", target="oncall", recipients=addresses, source="site:p7"
+    )
+    sink.refuse["y@plant.example"] = "450 4.7.1 greylisted, try later"
+    dispatch(settings, engine, clock)
+    assert row(engine, notification_id).status == "Retrying"
+    sink.refuse.clear()
+    clock.advance()
+    dispatch(settings, engine, clock)
+    assert row(engine, notification_id).status == "Delivered"
+    assert [m.recipients for m in sink.mails] == [["x@plant.example"], ["y@plant.example"]]
