@@ -57,6 +57,15 @@ class IngestionSettings(BaseModel):
             "none: not watched."
         ),
     )
+    alert_endpoint_failures_per_hour: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Unresolved failed messages of one receiving endpoint whose last failure is "
+            "within one clock hour, whose reaching raises EndpointFailuresPassedThreshold "
+            "in the batch that reaches it; none: not watched."
+        ),
+    )
     stall_seconds: float = Field(
         300.0,
         gt=0,

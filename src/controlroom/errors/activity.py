@@ -268,3 +268,22 @@ def group_failures_passed(
         raised_at=now,
         related_to=[group_path(group_id)],
     )
+
+
+def endpoint_failures_passed(
+    conn: sa.Connection, endpoint: str, *, failures: int, hour: int, now: datetime
+) -> None:
+    """An endpoint's unresolved failures within one clock hour (``hour``: whole hours
+    since 1970 UTC) reached ``ingestion.alert_endpoint_failures_per_hour``."""
+    started = datetime.fromtimestamp(hour * 3600, UTC).isoformat()
+    record_event(
+        conn,
+        description=(
+            f"{failures} unresolved failures in the hour from {started} of endpoint {endpoint}"
+        ),
+        severity=Severity.ERROR,
+        category=Category.MESSAGE_FAILURES,
+        event_type="EndpointFailuresPassedThreshold",
+        raised_at=now,
+        related_to=[endpoint_path(endpoint)],
+    )

@@ -169,6 +169,7 @@ class IngestionService:
             retrying=retrying.copy(before_sleep=self._note_retry(retrying.before_sleep)),
             body_store=body_store,
             alert_group_failures=settings.ingestion.alert_group_failures_per_hour,
+            alert_endpoint_failures=settings.ingestion.alert_endpoint_failures_per_hour,
         )
         self._run_task: asyncio.Task[None] | None = None
         self._done = {"failed_message": 0, "failed_import": 0, "retry_confirmation": 0}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
 
@@ -79,13 +79,16 @@ class FailedMessageBatchWriter:
         clock: Clock = utc_now,
         body_store: BodyStore | None = None,
         alert_group_failures: int | None = None,
+        alert_endpoint_failures: int | None = None,
     ) -> None:
         """``body_store``: where the batch's external bodies were put; without one the
         writer cannot guard them against the body collector (tests that never sweep).
-        ``alert_group_failures``: ``ingestion.alert_group_failures_per_hour``."""
+        ``alert_group_failures``: ``ingestion.alert_group_failures_per_hour``;
+        ``alert_endpoint_failures``: ``ingestion.alert_endpoint_failures_per_hour``."""
         self._engine = engine
         self._body_store = body_store
         self._alert_group_failures = alert_group_failures
+        self._alert_endpoint_failures = alert_endpoint_failures
         self._provider = provider_for(engine)
         self._retrying = retrying or retry_transient()
         self._clock = clock
@@ -127,9 +130,11 @@ class FailedMessageBatchWriter:
                 failed_message_row(message, now, search_terms)
                 for message, search_terms in zip(folded, terms, strict=True)
             ]
+            watched = self._endpoint_hours_before(conn, folded)
             stored = upsert_failed_messages(conn, self._provider, rows)
             self._release_claims_of_new_failures(conn, stored)
             self._replace_groups(conn, folded, stored, now)
+            self._raise_endpoint_crossings(conn, watched, now)
             self._provider.insert_rows_if_absent(
                 conn,
                 known_endpoints,
@@ -265,6 +270,38 @@ class FailedMessageBatchWriter:
                     conn, group_id, titles[group_id], failures=total, hour=hour, now=now
                 )
 
+    def _endpoint_hours_before(
+        self, conn: sa.Connection, folded: Sequence[FoldedMessage]
+    ) -> dict[tuple[str, int], int]:
+        """With ``alert_endpoint_failures`` set: each (receiving endpoint, hour) of the
+        batch's failures, with its unresolved failures before the batch's upsert
+        (``endpoint_hour_failures``, counted up to the threshold); empty otherwise."""
+        threshold = self._alert_endpoint_failures
+        if threshold is None:
+            return {}
+        keys = sorted(
+            {(message.winner.receiving_endpoint, _hour_of(message)) for message in folded}
+        )
+        return {key: endpoint_hour_failures(conn, *key, limit=threshold) for key in keys}
+
+    def _raise_endpoint_crossings(
+        self, conn: sa.Connection, before: dict[tuple[str, int], int], now: datetime
+    ) -> None:
+        """``EndpointFailuresPassedThreshold`` for each (endpoint, hour) of ``before``
+        whose unresolved failures the batch brought from below the threshold to it or
+        past it: counted again after the upsert, in the batch's transaction."""
+        threshold = self._alert_endpoint_failures
+        if threshold is None:
+            return
+        for (endpoint, hour), earlier in before.items():
+            if earlier >= threshold:
+                continue
+            total = endpoint_hour_failures(conn, endpoint, hour, limit=None)
+            if total >= threshold:
+                activity.endpoint_failures_passed(
+                    conn, endpoint, failures=total, hour=hour, now=now
+                )
+
     def _new_groups(
         self, conn: sa.Connection, winners: Sequence[FoldedMessage]
     ) -> list[tuple[FailureGroup, str, int]]:
@@ -300,6 +337,36 @@ class FailedMessageBatchWriter:
                     failed_message_retries.c.failed_message_id.in_(id_chunk)
                 )
             )
+
+
+def _hour_of(message: FoldedMessage) -> int:
+    """The clock hour of ``message``'s stored failure: whole hours since 1970 UTC."""
+    return int(message.last_failure_at.timestamp() // 3600)
+
+
+def endpoint_hour_failures(
+    conn: sa.Connection, endpoint: str, hour: int, *, limit: int | None
+) -> int:
+    """The unresolved failed messages of ``endpoint`` whose stored attempt failed in
+    ``hour`` (whole hours since 1970 UTC), counted up to ``limit`` (all when ``None``):
+    a range of ``ix_failed_messages_receiving_endpoint_last_failure_at``, each entry's row
+    read for its status. Two PostgreSQL batches of one endpoint committing at once each
+    count without the other's rows, so a crossing between them may go unannounced or be
+    announced twice (docs/design.md "Notification rules")."""
+    fm = failed_messages.c
+    start = datetime.fromtimestamp(hour * 3600, UTC)
+    rows = sa.select(sa.literal(1).label("one")).where(
+        fm.receiving_endpoint == endpoint,
+        fm.last_failure_at >= start,
+        fm.last_failure_at < start + timedelta(hours=1),
+        fm.status == int(FailedMessageStatus.UNRESOLVED),
+    )
+    if limit is not None:
+        rows = rows.limit(limit)
+    counted: int = conn.execute(
+        sa.select(sa.func.count()).select_from(rows.subquery())
+    ).scalar_one()
+    return counted
 
 
 def group_hours_reached(
