@@ -18,9 +18,8 @@ from fastapi.responses import JSONResponse
 
 from controlroom.config import NotificationSettings, Settings
 from controlroom.db.tables import event_log_items, notifications
-from controlroom.errors.ingest.pipeline import report_transition
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
-from controlroom.events import subscribe
+from controlroom.events import report_intake_transition, subscribe
 from controlroom.notifications.rules import apply_rules
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.sitecalls.history import take_sample
@@ -141,16 +140,16 @@ def test_an_intake_stall_is_one_event_on_the_change_and_one_notification(ruled: 
         "error queue intake", "error", stall_seconds=60, monotonic=lambda: clock[0]
     )
     health.observed_depth(500)
-    assert not report_transition(engine, health)  # waiting, not stalled yet
+    assert not report_intake_transition(engine, health)  # waiting, not stalled yet
     clock[0] = 61.0
-    assert report_transition(engine, health)
-    assert not report_transition(engine, health)  # still stalled: no second event
+    assert report_intake_transition(engine, health)
+    assert not report_intake_transition(engine, health)  # still stalled: no second event
     (event,) = events_of(engine, "IntakeStalled")
     assert "nothing stored for 61 s" in event.description
     (row,) = notified(engine)
     assert row.event_count == 1
     health.stored()
-    assert report_transition(engine, health)
+    assert report_intake_transition(engine, health)
     assert len(events_of(engine, "IntakeRecovered")) == 1
     assert len(notified(engine)) == 1
 

@@ -18,7 +18,6 @@ from controlroom.events import (
     Severity,
     endpoint_path,
     group_path,
-    intake_path,
     message_path,
     record_event,
 )
@@ -234,22 +233,6 @@ def failure_group_appeared(
         event_type="FailureGroupAppeared",
         raised_at=now,
         related_to=[group_path(group_id), endpoint_path(endpoint)],
-    )
-
-
-def intake_changed(
-    conn: sa.Connection, *, intake: str, queue: str, reason: str | None, now: datetime
-) -> None:
-    """An intake became degraded (``reason`` says why: a stall or failing writes) or
-    stores again (``reason`` ``None``)."""
-    record_event(
-        conn,
-        description=reason if reason is not None else f"{intake}: storing {queue} again",
-        severity=Severity.ERROR if reason is not None else Severity.INFO,
-        category=Category.INGESTION,
-        event_type="IntakeStalled" if reason is not None else "IntakeRecovered",
-        raised_at=now,
-        related_to=[intake_path(queue)],
     )
 
 
