@@ -70,7 +70,10 @@ def check_recipients(addresses: Sequence[str]) -> None:
 def recipients_label(addresses: Sequence[str]) -> str:
     """The target a notification to ``addresses`` is stored and listed under: the
     addresses, comma-separated, when that fits ``TARGET_WIDTH``; else the first and how
-    many more; else how many (the addresses themselves are kept whole beside it)."""
+    many more; else how many (the addresses themselves are kept whole beside it). No
+    addresses: an empty label (``check_recipients`` refuses them)."""
+    if not addresses:
+        return ""
     for label in (", ".join(addresses), f"{addresses[0]} and {len(addresses) - 1} more"):
         if len(label) <= TARGET_WIDTH:
             return label
