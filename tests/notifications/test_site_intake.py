@@ -225,3 +225,15 @@ def test_a_site_without_recipient_domains_may_not_name_addresses(
     assert refused["reason"].startswith("recipients: ")
     assert "recipient_domains" in refused["reason"]
     assert stored(engine) == []
+
+
+def test_a_target_central_does_not_know_is_taken_and_left_to_the_dispatcher(
+    client: TestClient, engine: sa.Engine
+) -> None:
+    unknown = [item(target="no-such-list"), item(channel="Webhook", target="no-such-hook")]
+    answer = client.post("/api/site-notifications", json=unknown)
+    assert answer.json() == {"accepted": [0, 1], "rejected": []}
+    assert sorted((r.target, r.status) for r in stored(engine)) == [
+        ("no-such-hook", "Pending"),
+        ("no-such-list", "Pending"),
+    ]

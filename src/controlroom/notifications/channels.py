@@ -190,9 +190,8 @@ class SmtpSender:
         self._clock = clock
 
     async def send(self, claimed: Claimed) -> Attempt:
-        smtp = self._settings.smtp
-        if smtp is None:
-            return Attempt(Verdict.CONFIGURATION, "no SMTP server is configured")
+        # An unknown target fails for good, SMTP server or none (docs/design.md
+        # "Notification channels"): no setting made later would make it known to this one.
         if claimed.recipients is not None:
             addresses: Sequence[str] = claimed.recipients
         else:
@@ -200,6 +199,9 @@ class SmtpSender:
             if recipients is None:
                 return Attempt(Verdict.PERMANENT, f"no recipient list named {claimed.target!r}")
             addresses = recipients.addresses
+        smtp = self._settings.smtp
+        if smtp is None:
+            return Attempt(Verdict.CONFIGURATION, "no SMTP server is configured")
         done = list(claimed.delivered_to)
         remaining = [address for address in addresses if address not in done]
         if not remaining:
