@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -322,3 +322,38 @@ def test_explicit_addresses_reach_central_in_the_sites_domains_and_others_stay_r
         finally:
             forwarder.close()
             agent.close()
+
+
+def test_notifications_central_settled_are_purged_after_the_retention_pending_never(
+    tmp_path: Path,
+) -> None:
+    now = [datetime(2026, 3, 1, 12, 0, tzinfo=UTC)]
+    agent = SiteAgent(settings(tmp_path), clock=lambda: now[0])
+    try:
+        forwarded = agent.notify("oncall", "Pump 1 stopped")
+        rejected = agent.notify("oncall", "Pump 2 stopped")
+        pending = agent.notify("oncall", "Pump 3 stopped")  # central never took it
+        settled_at = now[0] + timedelta(hours=1)
+        agent.store.settle_notifications([forwarded], {rejected: "refused"}, settled_at)
+        now[0] = settled_at + timedelta(days=7)
+        assert agent.purge_notifications() == 0  # seven days old: kept
+        now[0] += timedelta(seconds=1)
+        assert agent.purge_notifications() == 2
+        assert [r["notification_id"] for r in agent.store.notifications(None, 10)] == [pending]
+        now[0] += timedelta(days=365)
+        assert agent.purge_notifications() == 0
+        assert agent.store.notification(pending)["status"] == "Pending"
+    finally:
+        agent.close()
+
+
+def test_the_running_agent_purges_on_its_own(tmp_path: Path) -> None:
+    agent_settings = settings(
+        tmp_path, notification_retention_days=1e-6, notification_purge_interval=0.05
+    )  # a tenth of a second
+    with running_agent(agent_settings) as agent:
+        sent = agent.notify("oncall", "Pump 3 stopped")
+        kept = agent.notify("oncall", "Pump 4 stopped")
+        agent.store.settle_notifications([sent], {}, datetime.now(UTC))
+        eventually(lambda: agent.store.notification(sent) is None, what="purged")
+        assert agent.store.notification(kept)["status"] == "Pending"

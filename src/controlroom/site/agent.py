@@ -23,7 +23,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from json import dumps
 from typing import Any
 
@@ -217,6 +217,13 @@ class SiteAgent:
         )
         self.store.add_notification(item, self._clock())
         return notification_id
+
+    def purge_notifications(self) -> int:
+        """Delete the notifications central settled more than
+        ``notification_retention_days`` ago (``TrackingStore.purge_notifications``);
+        returns how many went."""
+        retention = timedelta(days=self.settings.notification_retention_days)
+        return self.store.purge_notifications(self._clock() - retention)
 
     # --- operator commands ----------------------------------------------------------------
     def retry(self, tracked_operation_id: str, operator: str) -> CommandOutcome:

@@ -4,7 +4,8 @@ Three tables: ``tracked_operations`` (one row per cached call: its state, the op
 payload to attempt it again after a restart, when it is due, and which process has it in
 hand), ``telemetry_outbox`` (packets not yet delivered to central) and
 ``site_notifications`` (the site's notifications: ``Pending`` until central took them,
-then ``Forwarded``, or ``Rejected`` with central's reason, kept whole). Every transition
+then ``Forwarded``, or ``Rejected`` with central's reason, kept whole; both purged
+after ``notification_retention_days``). Every transition
 writes the row and its packet in one ``BEGIN IMMEDIATE`` transaction, so a packet exists
 exactly when its transition committed, and stamps taken inside that transaction
 (``lifecycle.next_stamp``) strictly increase in commit order.
@@ -447,6 +448,29 @@ class TrackingStore:
                         updated_at_utc=now,
                     )
                 )
+
+    def purge_notifications(self, older_than: datetime, *, batch: int = 1000) -> int:
+        """Delete the notifications central settled (``Forwarded``, ``Rejected``) before
+        ``older_than`` (their ``updated_at_utc``: when central answered), ``batch`` per
+        transaction so the agent's other writers wait little; ``Pending`` ones are
+        never deleted. Returns how many went."""
+        settled = [str(NotificationStatus.FORWARDED), str(NotificationStatus.REJECTED)]
+        purged = 0
+        while True:
+            chosen = (
+                sa.select(sn.notification_id)
+                .where(sn.status.in_(settled), sn.updated_at_utc < older_than)
+                .limit(batch)
+            )
+            with begin_write(self.engine) as conn:
+                gone = conn.execute(
+                    sa.delete(site_notifications).where(
+                        sn.notification_id.in_(chosen.scalar_subquery())
+                    )
+                ).rowcount
+            purged += gone
+            if gone < batch:
+                return purged
 
     def notifications(self, status: NotificationStatus | None, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` notifications, newest first, of ``status`` (any when ``None``),
