@@ -13,6 +13,7 @@ bodies are made sure of against the retention sweep's body collector
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -89,6 +90,12 @@ class FailedMessageBatchWriter:
         self._body_store = body_store
         self._alert_group_failures = alert_group_failures
         self._alert_endpoint_failures = alert_endpoint_failures
+        # (endpoint, hour) whose threshold a committed batch of this writer saw reached:
+        # not counted again (a storm's batches after the crossing cost nothing), so a
+        # count that falls and crosses again within that hour goes unannounced by this
+        # writer. Cleared when it grows.
+        self._endpoint_hours_reached: set[tuple[str, int]] = set()
+        self._reached_lock = threading.Lock()
         self._provider = provider_for(engine)
         self._retrying = retrying or retry_transient()
         self._clock = clock
@@ -103,7 +110,12 @@ class FailedMessageBatchWriter:
         folded = fold_attempts(batch.attempts)
         # Computed once per batch, not per try: the terms are the costly part of a row.
         terms = [winner_search_terms(message) for message in folded]
-        self._retrying(self._write_once, batch, folded, terms)
+        reached = self._retrying(self._write_once, batch, folded, terms)
+        if reached:
+            with self._reached_lock:
+                if len(self._endpoint_hours_reached) > 10_000:
+                    self._endpoint_hours_reached.clear()
+                self._endpoint_hours_reached.update(reached)
         self._fold_tally_deltas(len(folded))
 
     def _fold_tally_deltas(self, written: int) -> None:
@@ -123,7 +135,9 @@ class FailedMessageBatchWriter:
 
     def _write_once(
         self, batch: IngestionBatch, folded: list[FoldedMessage], terms: list[list[str]]
-    ) -> None:
+    ) -> list[tuple[str, int]]:
+        """One try of ``write``; answers the (endpoint, hour) keys whose endpoint
+        threshold it saw reached (``_raise_endpoint_crossings``)."""
         now = self._clock()
         with begin_write(self._engine) as conn:
             rows = [
@@ -134,7 +148,7 @@ class FailedMessageBatchWriter:
             stored = upsert_failed_messages(conn, self._provider, rows)
             self._release_claims_of_new_failures(conn, stored)
             self._replace_groups(conn, folded, stored, now)
-            self._raise_endpoint_crossings(conn, watched, now)
+            reached = self._raise_endpoint_crossings(conn, watched, len(folded), now)
             self._provider.insert_rows_if_absent(
                 conn,
                 known_endpoints,
@@ -150,6 +164,7 @@ class FailedMessageBatchWriter:
                     conn, [(item.id, item.reason)], queue=item.queue, now=now
                 )
             self._keep_external_bodies(conn, batch.attempts)
+        return reached
 
     def _keep_external_bodies(self, conn: sa.Connection, attempts: Sequence[FailedAttempt]) -> None:
         """Cancel pending body deletions of the batch's messages, then write again any of
@@ -279,28 +294,40 @@ class FailedMessageBatchWriter:
         threshold = self._alert_endpoint_failures
         if threshold is None:
             return {}
+        with self._reached_lock:
+            known = set(self._endpoint_hours_reached)
         keys = sorted(
-            {(message.winner.receiving_endpoint, _hour_of(message)) for message in folded}
+            {(message.winner.receiving_endpoint, _hour_of(message)) for message in folded} - known
         )
         return {key: endpoint_hour_failures(conn, *key, limit=threshold) for key in keys}
 
     def _raise_endpoint_crossings(
-        self, conn: sa.Connection, before: dict[tuple[str, int], int], now: datetime
-    ) -> None:
+        self,
+        conn: sa.Connection,
+        before: dict[tuple[str, int], int],
+        messages: int,
+        now: datetime,
+    ) -> list[tuple[str, int]]:
         """``EndpointFailuresPassedThreshold`` for each (endpoint, hour) of ``before``
-        whose unresolved failures the batch brought from below the threshold to it or
-        past it: counted again after the upsert, in the batch's transaction."""
+        whose unresolved failures the batch (of ``messages`` messages) brought from below
+        the threshold to it or past it: counted again after the upsert, in the batch's
+        transaction, up to what the batch could have added (so exactly). Answers the
+        keys at or past the threshold (remembered only once the batch commits)."""
         threshold = self._alert_endpoint_failures
         if threshold is None:
-            return
+            return []
+        reached = []
         for (endpoint, hour), earlier in before.items():
             if earlier >= threshold:
+                reached.append((endpoint, hour))
                 continue
-            total = endpoint_hour_failures(conn, endpoint, hour, limit=None)
+            total = endpoint_hour_failures(conn, endpoint, hour, limit=threshold + messages)
             if total >= threshold:
+                reached.append((endpoint, hour))
                 activity.endpoint_failures_passed(
                     conn, endpoint, failures=total, hour=hour, now=now
                 )
+        return reached
 
     def _new_groups(
         self, conn: sa.Connection, winners: Sequence[FoldedMessage]
