@@ -57,6 +57,15 @@ class IngestionSettings(BaseModel):
             "none: not watched."
         ),
     )
+    alert_endpoint_failures_per_hour: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Unresolved failed messages of one receiving endpoint whose last failure is "
+            "within one clock hour, whose reaching raises EndpointFailuresPassedThreshold "
+            "in the batch that reaches it; none: not watched."
+        ),
+    )
     stall_seconds: float = Field(
         300.0,
         gt=0,
@@ -170,6 +179,9 @@ class KpiSettings(BaseModel):
     )
 
 
+_DOMAIN = re.compile(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*")
+
+
 class ConfiguredSite(BaseModel):
     """A site whose agent central pulls and relays commands to (docs/design.md
     "Reconciliation", "Retry/Discard relay")."""
@@ -194,6 +206,20 @@ class ConfiguredSite(BaseModel):
         description="Bearer token the agent presents to central (its "
         "CONTROLROOM_SITE_CENTRAL_TOKEN; secret): it may post this site's telemetry only.",
     )
+    recipient_domains: list[str] = Field(
+        default_factory=list,
+        description="Domains whose addresses this site's notifications may name instead "
+        "of a recipient list (exact, without case: example.org does not admit "
+        "mail.example.org). Empty: none, the site mails recipient lists only.",
+    )
+
+    @field_validator("recipient_domains")
+    @classmethod
+    def _domains(cls, domains: list[str]) -> list[str]:
+        for domain in domains:
+            if not _DOMAIN.fullmatch(domain):
+                raise ValueError(f"{domain!r} is not a domain name (ASCII, xn-- when not)")
+        return [domain.lower() for domain in domains]
 
     @model_validator(mode="after")
     def _one_secret_per_direction(self) -> ConfiguredSite:

@@ -7,13 +7,16 @@ instance now; the site-call half later): ``record_event`` takes the caller's con
 so an event commits or rolls back with the change it describes. Items older than
 ``event_log_retention_period`` are purged by the retention sweep (``purge_events``).
 ``subscribe`` lets a part of the process act on each event in its transaction (the
-notification rules: docs/design.md "Notification rules").
+notification rules: docs/design.md "Notification rules"). ``report_intake_transition``
+writes an intake's change of health (``IntakeStalled`` / ``IntakeRecovered``) for every
+intake, the error queue's and the telemetry queue's alike.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import logging
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
@@ -24,6 +27,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from controlroom.db.tables import event_log_items
+from controlroom.db.transactions import begin_write
+from controlroom.runtime.clock import utc_now
+from controlroom.runtime.intake_health import IntakeHealth
+
+log = logging.getLogger(__name__)
 
 ev = event_log_items.c
 
@@ -191,3 +199,39 @@ SEVERITY_ORDER: tuple[Severity, ...] = tuple(Severity)
 def at_least(severity: Severity, floor: Severity | str) -> bool:
     """``severity`` is ``floor`` or more severe."""
     return SEVERITY_ORDER.index(severity) >= SEVERITY_ORDER.index(Severity(floor))
+
+
+def intake_changed(
+    conn: sa.Connection, *, intake: str, queue: str, reason: str | None, now: datetime
+) -> None:
+    """An intake became degraded (``reason`` says why: a stall or failing writes) or
+    stores again (``reason`` ``None``)."""
+    record_event(
+        conn,
+        description=reason if reason is not None else f"{intake}: storing {queue} again",
+        severity=Severity.ERROR if reason is not None else Severity.INFO,
+        category=Category.INGESTION,
+        event_type="IntakeStalled" if reason is not None else "IntakeRecovered",
+        raised_at=now,
+        related_to=[intake_path(queue)],
+    )
+
+
+def report_intake_transition(engine: sa.Engine, health: IntakeHealth) -> bool:
+    """Write ``IntakeStalled`` or ``IntakeRecovered`` when ``health`` changed since the
+    last one written (``IntakeHealth.transition``); ``True`` when it wrote one. A store
+    that refuses the write (e.g. a full disk) is logged, and the change is written by a
+    later call once it takes writes again."""
+    state = health.transition()
+    if state is None:
+        return False
+    try:
+        with begin_write(engine) as conn:
+            intake_changed(
+                conn, intake=state.name, queue=state.queue, reason=state.reason, now=utc_now()
+            )
+    except sa.exc.DBAPIError as exc:
+        log.warning("cannot write the change of %s to the event log: %s", state.name, exc)
+        return False
+    health.reported(state)
+    return True

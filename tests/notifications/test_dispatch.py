@@ -450,3 +450,59 @@ def test_the_dispatcher_backs_off_while_the_database_is_unreachable(
     delays = failed_runs()[:failures]
     assert delays[1] > delays[0] and delays[2] > delays[1]  # doubling, despite the jitter
     assert max(delays) <= 1.0 * 1.2  # capped by max_backoff_seconds, give or take the jitter
+
+
+def test_an_email_to_explicit_addresses_mails_them_and_no_list(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+) -> None:
+    sink, port = mail
+    settings = outbox_settings(database_url, receiver, port)
+    addresses = ("x@plant.example", "y@plant.example")
+    notification_id = put(
+        engine, clock(), channel="Email", target="oncall", recipients=addresses, source="site:p7"
+    )
+    sink.refuse["y@plant.example"] = "450 4.7.1 greylisted, try later"
+    dispatch(settings, engine, clock)
+    assert row(engine, notification_id).status == "Retrying"
+    sink.refuse.clear()
+    clock.advance()
+    dispatch(settings, engine, clock)
+    assert row(engine, notification_id).status == "Delivered"
+    assert [m.recipients for m in sink.mails] == [["x@plant.example"], ["y@plant.example"]]
+
+
+@pytest.mark.parametrize("smtp", [True, False], ids=["smtp", "no-smtp"])
+def test_an_unknown_target_of_either_channel_fails_once_naming_it(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+    smtp: bool,
+) -> None:
+    sink, port = mail
+    settings = outbox_settings(database_url, receiver, port)
+    if not smtp:  # no mail server, so no recipient list either: every list is unknown
+        settings = Settings(
+            database_url=database_url,
+            notifications={"webhooks": [{"name": "ops", "url": receiver.url, "secret": SECRET}]},
+        )
+    hook = put(engine, clock(), source="site:plant-7", target="no-such-hook")
+    mailed = put(engine, clock(), source="site:plant-7", channel="Email", target="no-such-list")
+    assert dispatch(settings, engine, clock) == 2
+    assert (row(engine, hook).status, row(engine, hook).last_error) == (
+        "Failed",
+        "no webhook named 'no-such-hook'",
+    )
+    assert (row(engine, mailed).status, row(engine, mailed).last_error) == (
+        "Failed",
+        "no recipient list named 'no-such-list'",
+    )
+    assert row(engine, mailed).terminal_at_utc is not None
+    clock.advance()
+    assert dispatch(settings, engine, clock) == 0  # never tried again
+    assert receiver.requests == [] and sink.mails == []

@@ -3,6 +3,7 @@ transaction that did it, it makes one notification of a rule naming it."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,9 +18,8 @@ from fastapi.responses import JSONResponse
 
 from controlroom.config import NotificationSettings, Settings
 from controlroom.db.tables import event_log_items, notifications
-from controlroom.errors.ingest.pipeline import report_transition
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
-from controlroom.events import subscribe
+from controlroom.events import report_intake_transition, subscribe
 from controlroom.notifications.rules import apply_rules
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.sitecalls.history import take_sample
@@ -81,6 +81,35 @@ def events_of(engine: sa.Engine, event_type: str) -> list[Any]:
         )
 
 
+def test_an_endpoints_failures_reaching_the_hourly_threshold_is_one_event(ruled: Ruled) -> None:
+    engine = ruled("EndpointFailuresPassedThreshold", endpoint="Sales")
+    writer = FailedMessageBatchWriter(engine, clock=lambda: NOW, alert_endpoint_failures=5)
+    billing = [attempt(100 + n, at(n), endpoint="Billing") for n in range(9)]
+    writer.write(IngestionBatch(attempts=billing))  # another endpoint's: not counted for Sales
+    # Each message its own group: the endpoint's count spans them. 3, then 3 (the same
+    # messages failing again in the hour: still 3), then 6 (crossed), then 9.
+    batches = [range(0, 3), range(0, 3), range(3, 6), range(6, 9)]
+    for again, batch in enumerate(batches):
+        writer.write(IngestionBatch(attempts=[attempt(n, at(n + again * 60)) for n in batch]))
+    events = events_of(engine, "EndpointFailuresPassedThreshold")
+    assert sorted(json.loads(e.related_to_json)[0] for e in events) == [
+        "/endpoint/Billing",
+        "/endpoint/Sales",
+    ]
+    (sales,) = [e for e in events if "/endpoint/Sales" in e.related_to_json]
+    assert sales.description.startswith("6 unresolved failures in the hour from 2026-01-01T00:00")
+    assert "of endpoint Sales" in sales.description
+    (row,) = notified(engine)  # the rule watches Sales only
+    assert (row.source, row.event_count) == ("rule:watch", 1)
+
+
+def test_no_endpoint_threshold_no_endpoint_event(ruled: Ruled) -> None:
+    engine = ruled("EndpointFailuresPassedThreshold")
+    writer = FailedMessageBatchWriter(engine, clock=lambda: NOW)
+    writer.write(IngestionBatch(attempts=[attempt(n, at(n)) for n in range(20)]))
+    assert events_of(engine, "EndpointFailuresPassedThreshold") == []
+
+
 def test_a_new_failure_group_is_one_event_and_one_notification(ruled: Ruled) -> None:
     engine = ruled("FailureGroupAppeared", endpoint="Sales")
     writer = FailedMessageBatchWriter(engine, clock=lambda: NOW)
@@ -111,16 +140,16 @@ def test_an_intake_stall_is_one_event_on_the_change_and_one_notification(ruled: 
         "error queue intake", "error", stall_seconds=60, monotonic=lambda: clock[0]
     )
     health.observed_depth(500)
-    assert not report_transition(engine, health)  # waiting, not stalled yet
+    assert not report_intake_transition(engine, health)  # waiting, not stalled yet
     clock[0] = 61.0
-    assert report_transition(engine, health)
-    assert not report_transition(engine, health)  # still stalled: no second event
+    assert report_intake_transition(engine, health)
+    assert not report_intake_transition(engine, health)  # still stalled: no second event
     (event,) = events_of(engine, "IntakeStalled")
     assert "nothing stored for 61 s" in event.description
     (row,) = notified(engine)
     assert row.event_count == 1
     health.stored()
-    assert report_transition(engine, health)
+    assert report_intake_transition(engine, health)
     assert len(events_of(engine, "IntakeRecovered")) == 1
     assert len(notified(engine)) == 1
 

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from controlroom.app import create_app
-from controlroom.config import AuthToken, Settings
+from controlroom.config import AuthToken, ConfiguredSite, Settings
 from controlroom.db.tables import notifications
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.telemetry.widths import NOTIFICATION_BODY_WIDTH
@@ -186,3 +186,71 @@ def test_a_nul_character_is_refused_on_every_store(client: TestClient, engine: s
         "target: holds a NUL character, which no store keeps as text",
     ]
     assert [row.notification_id for row in stored(engine)] == [good["notification_id"]]
+
+
+@pytest.fixture
+def mailing_site(tmp_path: Path, database_url: str, engine: sa.Engine) -> Iterator[TestClient]:
+    site = ConfiguredSite.model_validate(
+        site_entry("plant-7", "http://127.0.0.1:9").model_dump()
+        | {"recipient_domains": ["plant.example", "Corp.Example"]}
+    )
+    settings = Settings(data_dir=tmp_path / "data", database_url=database_url, sites=[site])
+    app = create_app(settings, engine, FileSystemBodyStore(tmp_path / "bodies"))
+    with TestClient(app, headers={"Authorization": f"Bearer {central_token_of('plant-7')}"}) as c:
+        yield c
+
+
+def test_explicit_addresses_in_the_sites_domains_are_stored_and_others_refused_whole(
+    mailing_site: TestClient, engine: sa.Engine
+) -> None:
+    good = item(target="ignored", recipients=["ops@plant.example", "boss@corp.example"])
+    bad = [
+        item(recipients=["ops@plant.example", "x@evil.example"]),
+        item(recipients=["ops@plant.example\r\nBcc: x@plant.example"]),
+        item(recipients=[f"u{n}@plant.example" for n in range(51)]),
+        item(recipients=[]),
+        item(recipients="ops@plant.example"),
+        item(recipients=["ops@plant.example", "ops@plant.example"]),
+        item(recipients=["x" * 250 + "@plant.example"]),
+        item(channel="Webhook", recipients=["ops@plant.example"]),
+    ]
+    answer = mailing_site.post("/api/site-notifications", json=[good, *bad])
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["accepted"] == [0], body["rejected"][0]
+    reasons = [r["reason"] for r in body["rejected"]]
+    assert [r["index"] for r in body["rejected"]] == list(range(1, len(bad) + 1))
+    assert all(reason.startswith("recipients: ") for reason in reasons), reasons
+    assert "x@evil.example" in reasons[0] and "recipient_domains" in reasons[0]
+    (row,) = stored(engine)
+    assert json.loads(row.recipients) == ["ops@plant.example", "boss@corp.example"]
+    assert row.target == "ops@plant.example, boss@corp.example"
+    listed = mailing_site.get("/api/notifications/rejected").json()["items"]
+    kept = [json.loads(mailing_site.get(r["packet_url"]).content) for r in listed]
+    assert sorted(k["notification_id"] for k in kept) == sorted(b["notification_id"] for b in bad)
+    crlf = next(k for k in kept if k["notification_id"] == bad[1]["notification_id"])
+    assert crlf == bad[1]  # kept whole, as posted
+    shown = mailing_site.get(f"/api/notifications/{good['notification_id']}").json()
+    assert shown["recipients"] == ["ops@plant.example", "boss@corp.example"]
+
+
+def test_a_site_without_recipient_domains_may_not_name_addresses(
+    client: TestClient, engine: sa.Engine
+) -> None:
+    answer = client.post("/api/site-notifications", json=[item(recipients=["a@plant.example"])])
+    (refused,) = answer.json()["rejected"]
+    assert refused["reason"].startswith("recipients: ")
+    assert "recipient_domains" in refused["reason"]
+    assert stored(engine) == []
+
+
+def test_a_target_central_does_not_know_is_taken_and_left_to_the_dispatcher(
+    client: TestClient, engine: sa.Engine
+) -> None:
+    unknown = [item(target="no-such-list"), item(channel="Webhook", target="no-such-hook")]
+    answer = client.post("/api/site-notifications", json=unknown)
+    assert answer.json() == {"accepted": [0, 1], "rejected": []}
+    assert sorted((r.target, r.status) for r in stored(engine)) == [
+        ("no-such-hook", "Pending"),
+        ("no-such-list", "Pending"),
+    ]

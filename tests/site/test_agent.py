@@ -20,7 +20,7 @@ from controlroom.site import (
     lifecycle,
 )
 from controlroom.site.lifecycle import PermanentFailure
-from controlroom.site.store import TrackingStore
+from controlroom.site.store import SCHEMA_VERSION, TrackingStore
 from controlroom.telemetry.contract import validate_packet
 from controlroom.telemetry.stamps import Stamp
 
@@ -338,6 +338,27 @@ def test_a_store_of_schema_2_gains_its_notifications_and_keeps_its_calls(
         sent = agent.notify("oncall", "Pump 3 stopped")
         assert agent.store.notification(sent)["status"] == "Pending"
         with agent.store.engine.connect() as conn:
-            assert conn.exec_driver_sql("PRAGMA user_version").scalar_one() == 3
+            assert conn.exec_driver_sql("PRAGMA user_version").scalar_one() == SCHEMA_VERSION
+    finally:
+        agent.close()
+
+
+def test_a_store_of_schema_3_gains_the_recipients_and_keeps_its_notifications(
+    site_settings: SiteSettings,
+) -> None:
+    agent = SiteAgent(site_settings)
+    kept = agent.notify("oncall", "Pump 3 stopped")
+    with agent.store.engine.begin() as conn:  # back to schema 3: no recipients
+        conn.exec_driver_sql("ALTER TABLE site_notifications DROP COLUMN recipients")
+        conn.exec_driver_sql("PRAGMA user_version = 3")
+    agent.close()
+
+    agent = SiteAgent(site_settings)
+    try:
+        assert agent.store.notification(kept)["recipients"] is None
+        sent = agent.notify(None, "Pump 4 stopped", recipients=["ops@plant.example"])
+        assert agent.store.notification(sent)["recipients"] == ["ops@plant.example"]
+        with agent.store.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA user_version").scalar_one() == SCHEMA_VERSION
     finally:
         agent.close()

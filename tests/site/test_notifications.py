@@ -5,9 +5,10 @@ but the site never marked stored once at central."""
 
 from __future__ import annotations
 
+import json
 import socket
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import sqlalchemy as sa
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from controlroom.config import ConfiguredSite
 from controlroom.db.tables import notifications
 from controlroom.runtime.sockets import listen
 from controlroom.site import SiteAgent, SiteSettings
@@ -230,3 +232,128 @@ def test_a_central_without_the_intake_keeps_them_pending(tmp_path: Path) -> None
         finally:
             forwarder.close()
             agent.close()
+
+
+def test_notify_to_explicit_addresses_stores_them_and_refuses_bad_ones_whole(
+    tmp_path: Path,
+) -> None:
+    agent = SiteAgent(settings(tmp_path))
+    try:
+        addresses = ["ops@plant.example", "anna@plant.example"]
+        notification_id = agent.notify(None, "Pump 3 stopped", recipients=addresses)
+        stored = agent.store.notification(notification_id)
+        assert stored is not None
+        assert (stored["recipients"], stored["target"], stored["channel"]) == (
+            addresses,
+            "ops@plant.example, anna@plant.example",
+            "Email",
+        )
+        assert agent.store.pending_notifications(10)[0]["recipients"] == addresses
+        for call in [
+            lambda: agent.notify(None, "Pump", recipients=["ops@plant.example\r\nBcc: x@y.z"]),
+            lambda: agent.notify(None, "Pump", recipients=["ops@plant.example\nx@y.z"]),
+            lambda: agent.notify(None, "Pump", recipients=["not an address"]),
+            lambda: agent.notify(None, "Pump", recipients=["a@b.c, d@e.f"]),
+            lambda: agent.notify(None, "Pump", recipients=["x" * 250 + "@b.example"]),
+            lambda: agent.notify(None, "Pump", recipients=[f"u{n}@b.example" for n in range(51)]),
+            lambda: agent.notify(None, "Pump", recipients=[]),
+            lambda: agent.notify(None, "Pump", recipients=["a@b.example", "a@b.example"]),
+            lambda: agent.notify("oncall", "Pump", recipients=["a@b.example"]),
+            lambda: agent.notify(None, "Pump", recipients=["a@b.example"], channel="Webhook"),
+        ]:
+            with pytest.raises(ValueError, match=r"^recipients"):
+                call()
+        with pytest.raises(ValueError, match=r"^recipients: .*name a target or recipients"):
+            agent.notify(None, "Pump")
+        assert len(agent.store.notifications(None, 10)) == 1
+    finally:
+        agent.close()
+
+
+def test_the_http_api_takes_explicit_addresses_and_names_a_bad_one(tmp_path: Path) -> None:
+    with running_agent(settings(tmp_path)) as agent:
+        url = f"{agent.url}/site/notifications"
+        refused = httpx.post(
+            url,
+            json={"recipients": ["a@b.example\r\nBcc: c@d.example"], "subject": "Pump"},
+            headers=AUTH,
+            timeout=TEST_CLIENT_TIMEOUT,
+        )
+        assert refused.status_code == 422
+        assert refused.json()["detail"][0]["loc"][:2] == ["body", "recipients"]
+        answer = httpx.post(
+            url,
+            json={"recipients": ["a@b.example"], "subject": "Pump"},
+            headers=AUTH,
+            timeout=TEST_CLIENT_TIMEOUT,
+        )
+        assert answer.status_code == 201
+        shown = httpx.get(
+            f"{url}/{answer.json()['notification_id']}", headers=AUTH, timeout=TEST_CLIENT_TIMEOUT
+        ).json()
+        assert (shown["recipients"], shown["target"]) == (["a@b.example"], "a@b.example")
+
+
+def test_explicit_addresses_reach_central_in_the_sites_domains_and_others_stay_rejected(
+    database_url: str, tmp_path: Path
+) -> None:
+    site = ConfiguredSite.model_validate(
+        site_entry("plant-7", "http://127.0.0.1:9").model_dump()
+        | {"recipient_domains": ["plant.example"]}
+    )
+    settings_ = central_settings(database_url, tmp_path / "central", [site])
+    with running_central(settings_) as (url, _app, engine):
+        agent = SiteAgent(
+            settings(tmp_path, central_url=url, central_token=central_token_of("plant-7"))
+        )
+        forwarder = NotificationForwarder(agent.store, agent.settings)
+        try:
+            inside = agent.notify(None, "Pump", recipients=["ops@plant.example", "a@PLANT.example"])
+            outside = agent.notify(None, "Pump", recipients=["ops@plant.example", "x@evil.example"])
+            assert forwarder.deliver_once() == 2
+            assert agent.store.notification(inside)["status"] == "Forwarded"
+            refused = agent.store.notification(outside)
+            assert refused["status"] == "Rejected"
+            assert "x@evil.example" in refused["rejected_reason"]
+            assert "recipient_domains" in refused["rejected_reason"]
+            (row,) = central_notifications(engine)
+            assert row.notification_id == inside
+            assert json.loads(row.recipients) == ["ops@plant.example", "a@PLANT.example"]
+        finally:
+            forwarder.close()
+            agent.close()
+
+
+def test_notifications_central_settled_are_purged_after_the_retention_pending_never(
+    tmp_path: Path,
+) -> None:
+    now = [datetime(2026, 3, 1, 12, 0, tzinfo=UTC)]
+    agent = SiteAgent(settings(tmp_path), clock=lambda: now[0])
+    try:
+        forwarded = agent.notify("oncall", "Pump 1 stopped")
+        rejected = agent.notify("oncall", "Pump 2 stopped")
+        pending = agent.notify("oncall", "Pump 3 stopped")  # central never took it
+        settled_at = now[0] + timedelta(hours=1)
+        agent.store.settle_notifications([forwarded], {rejected: "refused"}, settled_at)
+        now[0] = settled_at + timedelta(days=7)
+        assert agent.purge_notifications() == 0  # seven days old: kept
+        now[0] += timedelta(seconds=1)
+        assert agent.purge_notifications() == 2
+        assert [r["notification_id"] for r in agent.store.notifications(None, 10)] == [pending]
+        now[0] += timedelta(days=365)
+        assert agent.purge_notifications() == 0
+        assert agent.store.notification(pending)["status"] == "Pending"
+    finally:
+        agent.close()
+
+
+def test_the_running_agent_purges_on_its_own(tmp_path: Path) -> None:
+    agent_settings = settings(
+        tmp_path, notification_retention_days=1e-6, notification_purge_interval=0.05
+    )  # a tenth of a second
+    with running_agent(agent_settings) as agent:
+        sent = agent.notify("oncall", "Pump 3 stopped")
+        kept = agent.notify("oncall", "Pump 4 stopped")
+        agent.store.settle_notifications([sent], {}, datetime.now(UTC))
+        eventually(lambda: agent.store.notification(sent) is None, what="purged")
+        assert agent.store.notification(kept)["status"] == "Pending"

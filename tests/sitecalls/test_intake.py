@@ -9,14 +9,16 @@ import json
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from controlroom.config import Settings
-from controlroom.db.tables import audit_log, rejected_telemetry, site_calls
+from controlroom.db.tables import audit_log, event_log_items, rejected_telemetry, site_calls
+from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.sitecalls.demo import generate_demo_telemetry
-from controlroom.sitecalls.intake import TelemetryIngestionService
+from controlroom.sitecalls.intake import INTAKE_NAME, TelemetryIngestionService
 from controlroom.transport import EmbeddedQueue, RabbitMQTransport, Transport
 from tests.integration.test_ingestion import count, run_until
 from tests.sitecalls import packets as factory
@@ -271,3 +273,92 @@ def test_the_intake_tells_its_listener_when_a_batch_stored_packets(
         scenario([json.dumps(p).encode() for p in packets], lambda: count(engine, site_calls) > 0)
     )
     assert told != []
+
+
+def intake_events(engine: sa.Engine, event_type: str) -> list[Any]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.select(event_log_items).where(event_log_items.c.event_type == event_type)
+            ).all()
+        )
+
+
+def quick(settings: Settings) -> Settings:
+    ingestion = {"report_interval_seconds": 0.05, "max_backoff_seconds": 0.01}
+    return settings.model_copy(
+        update={"ingestion": settings.ingestion.model_copy(update=ingestion)}
+    )
+
+
+def test_a_telemetry_intake_with_work_and_nothing_stored_is_stalled_once_then_recovered(
+    settings: Settings, engine: sa.Engine
+) -> None:
+    settings = quick(settings)
+    bodies = [json.dumps(factory.packet("Attempted", op_id=str(uuid.uuid4()))).encode()]
+    bodies += [json.dumps(factory.packet("Attempted", op_id=str(uuid.uuid4()))).encode()]
+    path = f"/queue/{settings.telemetry_queue}"
+
+    async def scenario() -> None:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            for body in bodies:
+                await transport.publish(settings.telemetry_queue, {}, body)
+            service = TelemetryIngestionService(settings, engine, transport)
+            clock = [0.0]
+            service.health = IntakeHealth(
+                INTAKE_NAME,
+                settings.telemetry_queue,
+                stall_seconds=60,
+                monotonic=lambda: clock[0],
+            )
+            await service.report()  # two waiting, none stored: not stalled yet
+            assert intake_events(engine, "IntakeStalled") == []
+            clock[0] = 61.0
+            await service.report()
+            await service.report()  # still stalled: no second event
+            (stalled,) = intake_events(engine, "IntakeStalled")
+            assert "nothing stored for 61 s" in stalled.description
+            assert json.loads(stalled.related_to_json) == [path]
+            await run_until(
+                service,
+                lambda: (
+                    count(engine, site_calls) == 2
+                    and len(intake_events(engine, "IntakeRecovered")) == 1
+                ),
+            )
+
+    asyncio.run(scenario())
+    (recovered,) = intake_events(engine, "IntakeRecovered")
+    assert json.loads(recovered.related_to_json) == [path]
+
+
+def test_a_store_refusing_telemetry_writes_is_stalled_once_then_recovered(
+    settings: Settings, engine: sa.Engine
+) -> None:
+    settings = quick(settings)
+    body = json.dumps(factory.packet("Attempted", op_id=str(uuid.uuid4()))).encode()
+    with engine.begin() as conn:  # the store refuses the writes (the table is gone)
+        conn.exec_driver_sql("ALTER TABLE site_calls RENAME TO site_calls_away")
+
+    restored: list[bool] = []
+
+    def stalled_then_stored_again() -> bool:
+        if not restored and intake_events(engine, "IntakeStalled"):
+            with engine.begin() as conn:  # the store takes writes again
+                conn.exec_driver_sql("ALTER TABLE site_calls_away RENAME TO site_calls")
+            restored.append(True)
+        return (
+            bool(restored)
+            and count(engine, site_calls) == 1
+            and len(intake_events(engine, "IntakeRecovered")) == 1
+        )
+
+    async def scenario() -> None:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            await transport.publish(settings.telemetry_queue, {}, body)
+            service = TelemetryIngestionService(settings, engine, transport)
+            await run_until(service, stalled_then_stored_again)
+
+    asyncio.run(scenario())
+    (stalled,) = intake_events(engine, "IntakeStalled")
+    assert "writes failing" in stalled.description

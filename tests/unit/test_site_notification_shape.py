@@ -11,10 +11,13 @@ from pydantic import ValidationError
 from controlroom.notifications.lifecycle import Channel, Severity
 from controlroom.notifications.store import NewNotification, check
 from controlroom.telemetry.notification import (
+    ADDRESS_WIDTH,
+    MAX_RECIPIENTS,
     NOTIFICATION_CHANNELS,
     NOTIFICATION_SEVERITIES,
     SiteNotification,
     forwarded_item,
+    recipients_label,
 )
 from controlroom.telemetry.widths import NOTIFICATION_BODY_WIDTH
 
@@ -58,3 +61,28 @@ def test_one_character_more_is_refused_naming_the_field(field: str, length: int)
     with pytest.raises(ValidationError) as refused:
         SiteNotification.model_validate(values)
     assert [e["loc"] for e in refused.value.errors()] == [(field,)]
+
+
+def test_the_most_addresses_the_site_takes_are_ones_central_stores() -> None:
+    addresses = [f"{n:02d}{'a' * 238}@plant.example" for n in range(MAX_RECIPIENTS)]
+    assert all(len(address) == ADDRESS_WIDTH for address in addresses)
+    taken = SiteNotification(subject="Pump", recipients=addresses)
+    item = forwarded_item(taken, notification_id="1b4e28ba-2fa1-11d2-883f-0016d3cca427",
+                          source_site="p" * 64)  # fmt: skip
+    assert item["target"] == recipients_label(addresses) == "50 addresses"
+    assert recipients_label(["a@b.example", "c@b.example"]) == "a@b.example, c@b.example"
+    many = [f"user{n:02d}@plant.example" for n in range(20)]
+    assert recipients_label(many) == "user00@plant.example and 19 more"
+    check(
+        NewNotification(
+            source=f"site:{item['source_site']}",
+            channel=item["channel"],
+            target=item["target"],
+            subject=item["subject"],
+            body=item["body"],
+            recipients=tuple(item["recipients"]),
+            notification_id=item["notification_id"],
+        )
+    )
+    with pytest.raises(ValidationError, match="recipients"):
+        SiteNotification(subject="Pump", recipients=[*addresses, "one@more.example"])

@@ -9,9 +9,12 @@ calls' auth matrix (``api.auth``: readers GET, operators POST):
   payload or a claim).
 - ``POST /api/site-notifications`` (a site's own token, as its telemetry): a list of a
   site's notifications (``notification_id``, ``source_site``, ``channel``, ``target``,
-  ``subject``, ``body``, ``severity``), each stored as ``site:<source_site>``, idempotent
+  ``subject``, ``body``, ``severity``; or, for e-mail, ``recipients``, a list of
+  addresses, instead of ``target``), each stored as ``site:<source_site>``, idempotent
   on its id; answers the accepted positions and the rejected ones with a reason naming
-  the field (nothing is truncated); a rejected one is kept whole, as posted.
+  the field (nothing is truncated); a rejected one is kept whole, as posted. Addresses
+  are taken only in the site's ``sites[].recipient_domains`` (docs/decisions.md
+  "Explicit recipients of a site's notification").
 - ``GET /api/notifications/rejected``: notifications refused, kept whole with the reason
   (``rejected_telemetry``, source ``notification:...``), newest first, as
   ``/api/site-calls/rejected`` lists telemetry.
@@ -23,6 +26,7 @@ calls' auth matrix (``api.auth``: readers GET, operators POST):
 from __future__ import annotations
 
 import enum
+import json
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -51,6 +55,7 @@ from controlroom.notifications.store import (
     rejected_source,
 )
 from controlroom.runtime.wire_text import is_wire_text_clean
+from controlroom.telemetry.notification import domain_of, recipients_label
 
 router = APIRouter(tags=["notifications"])
 
@@ -63,7 +68,7 @@ Text = Annotated[str | None, Query(max_length=1024)]
 _STATUS = {ActionOutcome.APPLIED: 200, ActionOutcome.NOT_PARKED: 409}
 MAX_NOTIFICATIONS_PER_POST = 1000
 _LIST_PARAMETERS = ("status", "channel", "source", "target", "limit", "after")
-_SITE_FIELDS = ("notification_id", "source_site", "channel", "target", "subject", "body")
+_SITE_FIELDS = ("notification_id", "source_site", "channel", "subject", "body")
 
 
 class NotificationStatus(enum.StrEnum):
@@ -100,6 +105,7 @@ class NotificationView(BaseModel):
 
 class NotificationDetail(NotificationView):
     body: str
+    recipients: list[str] | None
 
 
 class NotificationPage(BaseModel):
@@ -201,7 +207,10 @@ def get_notification(notification_id: str, request: Request) -> dict[str, Any]:
         row = queries.get_notification(conn, notification_id)
     if row is None:
         raise HTTPException(404, "notification not found")
-    return row._asdict()
+    shown = row._asdict()
+    if shown["recipients"] is not None:
+        shown["recipients"] = json.loads(shown["recipients"])
+    return shown
 
 
 def _act(notification_id: str, command: Command, request: Request) -> JSONResponse:
@@ -255,6 +264,7 @@ def post_site_notifications(
         raise HTTPException(413, f"at most {MAX_NOTIFICATIONS_PER_POST} notifications per request")
     refuse_foreign_packets(request, items)
     rejected: list[dict[str, Any]] = []
+    settings: Settings = request.app.state.settings
     now = datetime.now(UTC)
     parsed: list[tuple[int, NewNotification]] = []
     refused: list[tuple[Any, str]] = []
@@ -262,6 +272,7 @@ def post_site_notifications(
         try:
             notification = _site_notification(item)
             check(notification)
+            _refuse_foreign_domains(settings, notification)
         except NotificationRejected as exc:
             given = item.get("notification_id") if isinstance(item, dict) else None
             refused.append((item, str(exc)))
@@ -286,6 +297,24 @@ def post_site_notifications(
     return {"accepted": accepted, "rejected": rejected}
 
 
+def _refuse_foreign_domains(settings: Settings, notification: NewNotification) -> None:
+    """Refuse explicit addresses outside the sending site's ``recipient_domains``
+    (docs/decisions.md "Explicit recipients of a site's notification"). Raises
+    ``NotificationRejected`` naming the first address refused."""
+    if notification.recipients is None:
+        return
+    site_id = notification.source.removeprefix("site:")
+    site = next((entry for entry in settings.sites if entry.id == site_id), None)
+    allowed = frozenset(d.lower() for d in site.recipient_domains) if site else frozenset()
+    for address in notification.recipients:
+        if domain_of(address) not in allowed:
+            raise NotificationRejected(
+                "recipients",
+                f"{address}: site {site_id} may not mail {domain_of(address)} "
+                "(central's sites[].recipient_domains of the site)",
+            )
+
+
 def _site_notification(item: Any) -> NewNotification:
     """A site's notification as the store takes it. Raises ``NotificationRejected``
     naming the first field missing or not text."""
@@ -297,10 +326,21 @@ def _site_notification(item: Any) -> NewNotification:
     severity = item.get("severity", "Info")
     if not isinstance(severity, str):
         raise NotificationRejected("severity", "must be text")
+    addresses = item.get("recipients")
+    if addresses is None:
+        if not isinstance(item.get("target"), str):
+            raise NotificationRejected("target", "is required, as text, without recipients")
+        target, recipients = item["target"], None
+    else:
+        if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+            raise NotificationRejected("recipients", "must be a list of addresses, as text")
+        # The label is central's own: what a site posts as its target is not trusted.
+        target, recipients = recipients_label(addresses), tuple(addresses)
     return NewNotification(
         source=f"site:{item['source_site']}",
         channel=item["channel"],
-        target=item["target"],
+        target=target,
+        recipients=recipients,
         subject=item["subject"],
         body=item["body"],
         severity=severity,

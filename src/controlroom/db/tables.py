@@ -569,11 +569,13 @@ event_log_items = sa.Table(
     sa.Index("ix_event_log_items_raised_at", "raised_at"),
 )
 
-# --- notification outbox (migration 0023) ---------------------------------------------------
+# --- notification outbox (migrations 0023, 0024) --------------------------------------------
 # One row per notification (docs/design.md "Notification outbox"). ``payload`` is a
 # webhook's body as sent, serialised once at enqueue; ``delivered_to`` the JSON list of the
-# recipients an e-mail reached so far; ``claim_token`` the dispatcher's claim of a row it is
-# sending (its ``next_attempt_at_utc`` then says when the claim lapses). On SQLite the
+# recipients an e-mail reached so far; ``recipients`` the JSON list of the addresses a
+# site named instead of a recipient list (``target`` then their label); ``claim_token``
+# the dispatcher's claim of a row it is sending (its ``next_attempt_at_utc`` then says
+# when the claim lapses). On SQLite the
 # migration adds a CHECK per bounded column.
 notifications = sa.Table(
     "notifications",
@@ -598,6 +600,7 @@ notifications = sa.Table(
     sa.Column("delivered_to", sa.Text),
     sa.Column("claim_token", sa.String(UUID_LEN)),
     sa.Column("event_count", sa.Integer, comment="events a rule coalesced into it"),
+    sa.Column("recipients", sa.Text, comment="JSON list of explicit addresses"),
     sa.Index("ix_notifications_next_attempt_at_utc", "next_attempt_at_utc"),
     sa.Index("ix_notifications_created_at_utc", "created_at_utc", "notification_id"),
     sa.Index("ix_notifications_status", "status", "created_at_utc", "notification_id"),

@@ -18,7 +18,6 @@ from controlroom.events import (
     Severity,
     endpoint_path,
     group_path,
-    intake_path,
     message_path,
     record_event,
 )
@@ -237,22 +236,6 @@ def failure_group_appeared(
     )
 
 
-def intake_changed(
-    conn: sa.Connection, *, intake: str, queue: str, reason: str | None, now: datetime
-) -> None:
-    """An intake became degraded (``reason`` says why: a stall or failing writes) or
-    stores again (``reason`` ``None``)."""
-    record_event(
-        conn,
-        description=reason if reason is not None else f"{intake}: storing {queue} again",
-        severity=Severity.ERROR if reason is not None else Severity.INFO,
-        category=Category.INGESTION,
-        event_type="IntakeStalled" if reason is not None else "IntakeRecovered",
-        raised_at=now,
-        related_to=[intake_path(queue)],
-    )
-
-
 def group_failures_passed(
     conn: sa.Connection, group_id: str, title: str, *, failures: int, hour: int, now: datetime
 ) -> None:
@@ -267,4 +250,23 @@ def group_failures_passed(
         event_type="GroupFailuresPassedThreshold",
         raised_at=now,
         related_to=[group_path(group_id)],
+    )
+
+
+def endpoint_failures_passed(
+    conn: sa.Connection, endpoint: str, *, failures: int, hour: int, now: datetime
+) -> None:
+    """An endpoint's unresolved failures within one clock hour (``hour``: whole hours
+    since 1970 UTC) reached ``ingestion.alert_endpoint_failures_per_hour``."""
+    started = datetime.fromtimestamp(hour * 3600, UTC).isoformat()
+    record_event(
+        conn,
+        description=(
+            f"{failures} unresolved failures in the hour from {started} of endpoint {endpoint}"
+        ),
+        severity=Severity.ERROR,
+        category=Category.MESSAGE_FAILURES,
+        event_type="EndpointFailuresPassedThreshold",
+        raised_at=now,
+        related_to=[endpoint_path(endpoint)],
     )

@@ -180,9 +180,9 @@ def _tls_failure(exc: BaseException) -> bool:
 
 
 class SmtpSender:
-    """Mails a notification to its recipient list, each recipient once: those in
-    ``claimed.delivered_to`` are not mailed again (docs/design.md "Notification
-    channels")."""
+    """Mails a notification to its recipient list, or to the addresses a site named
+    (``claimed.recipients``), each recipient once: those in ``claimed.delivered_to`` are
+    not mailed again (docs/design.md "Notification channels")."""
 
     def __init__(self, settings: NotificationSettings, timeout: float, clock: Clock):
         self._settings = settings
@@ -190,14 +190,20 @@ class SmtpSender:
         self._clock = clock
 
     async def send(self, claimed: Claimed) -> Attempt:
+        # An unknown target fails for good, SMTP server or none (docs/design.md
+        # "Notification channels"): no setting made later would make it known to this one.
+        if claimed.recipients is not None:
+            addresses: Sequence[str] = claimed.recipients
+        else:
+            recipients = self._settings.recipients(claimed.target)
+            if recipients is None:
+                return Attempt(Verdict.PERMANENT, f"no recipient list named {claimed.target!r}")
+            addresses = recipients.addresses
         smtp = self._settings.smtp
         if smtp is None:
             return Attempt(Verdict.CONFIGURATION, "no SMTP server is configured")
-        recipients = self._settings.recipients(claimed.target)
-        if recipients is None:
-            return Attempt(Verdict.PERMANENT, f"no recipient list named {claimed.target!r}")
         done = list(claimed.delivered_to)
-        remaining = [address for address in recipients.addresses if address not in done]
+        remaining = [address for address in addresses if address not in done]
         if not remaining:
             return Attempt(Verdict.DELIVERED, delivered_to=tuple(done))
         message = email_message(claimed, smtp.sender, remaining, self._clock())

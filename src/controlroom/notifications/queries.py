@@ -127,9 +127,9 @@ def list_notifications(
 
 
 def get_notification(conn: sa.Connection, notification_id: str) -> sa.Row[*tuple[Any, ...]] | None:
-    """One notification (``LISTED`` and its ``body``), or ``None``."""
+    """One notification (``LISTED``, its ``body`` and ``recipients``), or ``None``."""
     return conn.execute(
-        sa.select(*LISTED, nc.body).where(nc.notification_id == notification_id)
+        sa.select(*LISTED, nc.body, nc.recipients).where(nc.notification_id == notification_id)
     ).one_or_none()
 
 

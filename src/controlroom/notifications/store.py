@@ -51,6 +51,7 @@ from controlroom.notifications.lifecycle import (
 )
 from controlroom.runtime.wire_text import is_wire_text_clean
 from controlroom.telemetry.contract import packet_bytes, rejection_id
+from controlroom.telemetry.notification import check_recipients
 from controlroom.telemetry.widths import (
     NOTIFICATION_BODY_WIDTH,
     NOTIFICATION_SOURCE_WIDTH,
@@ -85,8 +86,9 @@ class NotificationRejected(ControlroomError):
 @dataclass(frozen=True, slots=True)
 class NewNotification:
     """A notification to enqueue. ``source`` is ``site:<id>`` or ``rule:<name>``;
-    ``target`` a recipient list's name (Email) or a webhook's name (Webhook). A site
-    gives its own ``notification_id`` (a GUID); a rule gives ``source_event_id``."""
+    ``target`` a recipient list's name (Email) or a webhook's name (Webhook), or, when a
+    site named explicit ``recipients`` (Email), their label (``recipients_label``). A
+    site gives its own ``notification_id`` (a GUID); a rule gives ``source_event_id``."""
 
     source: str
     channel: str
@@ -96,6 +98,7 @@ class NewNotification:
     severity: str = Severity.INFO
     notification_id: str | None = None
     source_event_id: str | None = None
+    recipients: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,13 @@ def check(notification: NewNotification) -> None:
         "body": (notification.body, NOTIFICATION_BODY_WIDTH),
         "source_event_id": (notification.source_event_id, SOURCE_EVENT_ID_WIDTH),
     }
+    if notification.recipients is not None:  # first: the target is their label
+        if notification.channel != Channel.EMAIL:
+            raise NotificationRejected("recipients", "addresses are mailed: channel must be Email")
+        try:
+            check_recipients(notification.recipients)
+        except ValueError as exc:
+            raise NotificationRejected("recipients", str(exc)) from None
     for field in _TEXT_FIELDS:
         value = getattr(notification, field)
         if value is not None and not is_wire_text_clean(value):
@@ -260,6 +270,9 @@ def enqueue(
         "next_attempt_at_utc": due_at or now,
         "source_event_id": notification.source_event_id,
         "event_count": event_count,
+        "recipients": None
+        if notification.recipients is None
+        else json.dumps(list(notification.recipients)),
         "payload": webhook_payload(notification_id, notification, now)
         if notification.channel == Channel.WEBHOOK
         else None,
@@ -286,6 +299,7 @@ class Claimed:
     payload: str | None
     delivered_to: tuple[str, ...]
     claim_token: str
+    recipients: tuple[str, ...] | None = None
 
 
 def claim_due(
@@ -324,6 +338,7 @@ def claim_due(
             payload=row.payload,
             delivered_to=tuple(json.loads(row.delivered_to)) if row.delivered_to else (),
             claim_token=token,
+            recipients=tuple(json.loads(row.recipients)) if row.recipients else None,
         )
         for row in rows
     ]

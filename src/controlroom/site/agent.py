@@ -12,7 +12,8 @@ request described by its payload, is built in).
 Every transition is committed with its telemetry packet (``controlroom.site.store``);
 ``controlroom.site.outbox`` delivers the packets to central.
 
-A site's notification (``agent.notify(target, subject, body, ...)``) is committed to the
+A site's notification (``agent.notify(target, subject, body, ...)``, or to explicit
+addresses with ``recipients=``) is committed to the
 store before the call returns and forwarded to central by the outbox, which delivers it
 (docs/design.md "Notification outbox"): sites cannot reach the mail server or the web.
 """
@@ -20,9 +21,9 @@ store before the call returns and forwarded to central by the outbox, which deli
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from json import dumps
 from typing import Any
 
@@ -170,28 +171,33 @@ class SiteAgent:
     # --- notifications --------------------------------------------------------------------
     def notify(
         self,
-        target: str,
+        target: str | None,
         subject: str,
         body: str = "",
         *,
+        recipients: Sequence[str] | None = None,
         channel: str = "Email",
         severity: str = "Info",
         notification_id: str | None = None,
     ) -> str:
         """Send a notification through central: to ``target`` (a recipient list's name
         for ``Email``, a webhook's name for ``Webhook``, as central's settings name
-        them), ``severity`` Info, Warning, Error or Critical. Stored before this returns
+        them) or, with ``target`` ``None``, by e-mail to ``recipients`` (plain addresses,
+        at most ``MAX_RECIPIENTS``; central mails only the domains it allows this site),
+        ``severity`` Info, Warning, Error or Critical. Stored before this returns
         and forwarded to central until it takes it (``controlroom.site.outbox``); returns
         its ``notification_id`` (a GUID, ``notification_id`` when given: the same id
         again stores nothing new).
 
         Raises ``ValueError`` naming each field at fault (``target`` or ``subject`` over
-        256 characters, an unknown channel or severity, a NUL): never truncated.
+        256 characters, an unknown channel or severity, a NUL, an address that is not
+        one plain address, a target and recipients both or neither): never truncated.
         """
         try:
             notification = SiteNotification.model_validate(
                 {
                     "target": target,
+                    "recipients": None if recipients is None else list(recipients),
                     "subject": subject,
                     "body": body,
                     "channel": channel,
@@ -211,6 +217,13 @@ class SiteAgent:
         )
         self.store.add_notification(item, self._clock())
         return notification_id
+
+    def purge_notifications(self) -> int:
+        """Delete the notifications central settled more than
+        ``notification_retention_days`` ago (``TrackingStore.purge_notifications``);
+        returns how many went."""
+        retention = timedelta(days=self.settings.notification_retention_days)
+        return self.store.purge_notifications(self._clock() - retention)
 
     # --- operator commands ----------------------------------------------------------------
     def retry(self, tracked_operation_id: str, operator: str) -> CommandOutcome:

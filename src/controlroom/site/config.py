@@ -58,6 +58,15 @@ class SiteSettings(EnvThenTomlSettings):
     outbox_backoff_cap: float = Field(
         30.0, gt=0, description="Longest wait between deliveries while central is down (s)."
     )
+    notification_retention_days: float = Field(
+        7.0,
+        gt=0,
+        description="Days a notification central settled (Forwarded, or Rejected with its "
+        "reason) stays in the store before it is purged; Pending ones are never purged.",
+    )
+    notification_purge_interval: float = Field(
+        3600.0, gt=0, description="Time between two purges of settled notifications (s)."
+    )
 
 
 def load_site_settings(

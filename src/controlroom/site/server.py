@@ -19,11 +19,12 @@ under ``/site``, all needing ``Authorization: Bearer <token>`` when the agent ha
   central's contract would refuse is a 422 naming it, before any call is made.
 - ``POST /site/notifications`` with ``{"target", "subject", "body"?, "channel"?
   ("Email"|"Webhook"), "severity"? ("Info"|"Warning"|"Error"|"Critical"),
-  "notification_id"?}`` (``telemetry.notification``): 201 ``{"notification_id",
+  "notification_id"?}`` (``telemetry.notification``), or ``"recipients"`` (a list of
+  plain addresses, e-mail only) instead of ``"target"``: 201 ``{"notification_id",
   "status": "Pending"}`` once it is committed to the store; forwarded to central, which
   delivers it. 422 naming the field for a ``target`` or ``subject`` over 256 characters
-  (never truncated). The same ``notification_id`` again answers 200 with the stored
-  status.
+  (never truncated), or an address that is not one plain address. The same
+  ``notification_id`` again answers 200 with the stored status.
 - ``GET /site/notifications?status=&limit=``: newest first, each with its ``status``
   (``Pending``, ``Forwarded``, ``Rejected``) and, when central refused it for good,
   ``rejected_reason``; ``GET /site/notifications/{id}``: one, 404 when unknown.

@@ -1,5 +1,5 @@
-"""A running site agent: its HTTP API, its retry loop, its telemetry outbox and its
-notifications' forwarder, together.
+"""A running site agent: its HTTP API, its retry loop, its telemetry outbox, its
+notifications' forwarder and their purge, together.
 
 ``run_site`` is what ``controlroom site serve`` runs; a site's own asyncio process can
 run ``SiteService(agent).run(listener)`` beside its work. The loops do their blocking
@@ -66,6 +66,7 @@ class SiteService:
         tasks = [
             asyncio.create_task(self.server.serve(sockets=[listener]), name="site api"),
             asyncio.create_task(self._retry_loop(), name="site retries"),
+            asyncio.create_task(self._purge_loop(), name="site notification purge"),
         ]
         senders: list[OutboxSender | NotificationForwarder] = []
         if self.agent.settings.central_url:
@@ -86,6 +87,21 @@ class SiteService:
 
     def stop(self) -> None:
         self.server.should_exit = True
+
+    async def _purge_loop(self) -> None:
+        """Purge settled notifications (``SiteAgent.purge_notifications``) at start and
+        every ``notification_purge_interval``; a failure is logged and the next round
+        tries again."""
+        interval = self.agent.settings.notification_purge_interval
+        while True:
+            try:
+                purged = await asyncio.to_thread(self.agent.purge_notifications)
+            except Exception:
+                log.warning("purging settled notifications failed", exc_info=True)
+            else:
+                if purged:
+                    log.info("purged %d settled notifications", purged)
+            await asyncio.sleep(interval)
 
     async def _retry_loop(self) -> None:
         """Attempt due calls; sleep until the next falls due, at most ``retry_poll`` (a

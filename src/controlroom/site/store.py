@@ -4,7 +4,8 @@ Three tables: ``tracked_operations`` (one row per cached call: its state, the op
 payload to attempt it again after a restart, when it is due, and which process has it in
 hand), ``telemetry_outbox`` (packets not yet delivered to central) and
 ``site_notifications`` (the site's notifications: ``Pending`` until central took them,
-then ``Forwarded``, or ``Rejected`` with central's reason, kept whole). Every transition
+then ``Forwarded``, or ``Rejected`` with central's reason, kept whole; both purged
+after ``notification_retention_days``). Every transition
 writes the row and its packet in one ``BEGIN IMMEDIATE`` transaction, so a packet exists
 exactly when its transition committed, and stamps taken inside that transaction
 (``lifecycle.next_stamp``) strictly increase in commit order.
@@ -14,7 +15,8 @@ Stamps are kept to 100 ns (``telemetry.stamps``): each is ``<name>_utc`` and
 
 The schema is created on open (``PRAGMA user_version`` says which; a store of schema 1,
 whose stamps were microseconds, gains the tick columns, 0; schema 3 adds
-``site_notifications``, which opening creates); one agent process owns a
+``site_notifications``, which opening creates; schema 4 adds its ``recipients``); one
+agent process owns a
 store at a time (``TrackingStore.open`` takes an exclusive lock on a file beside it).
 """
 
@@ -49,7 +51,7 @@ from controlroom.telemetry.widths import (
     UUID_LEN,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 STAMPS = ("created_at", "updated_at", "terminal_at")
 """The stamps of a call's state, each ``{name}_utc`` and ``{name}_tick`` (schema 2)."""
 
@@ -112,6 +114,7 @@ site_notifications = sa.Table(
     sa.Column("created_at_utc", UtcDateTime, nullable=False),
     sa.Column("updated_at_utc", UtcDateTime, nullable=False),
     sa.Column("rejected_reason", sa.Text, comment="central's reason, whole"),
+    sa.Column("recipients", sa.Text, comment="JSON list of explicit addresses (schema 4)"),
     # The forwarder's scan of pending notifications, oldest first.
     sa.Index("ix_site_notifications_status", "status", "created_at_utc"),
 )
@@ -221,6 +224,8 @@ class TrackingStore:
                 )
             if version == 1:
                 _upgrade_from_1(conn)
+            if version == 3:
+                conn.exec_driver_sql("ALTER TABLE site_notifications ADD COLUMN recipients TEXT")
             metadata.create_all(conn)
             conn.exec_driver_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
         return cls(engine, lock)
@@ -391,6 +396,8 @@ class TrackingStore:
         ``notification_id``. Returns the status of the stored row (a repeated id keeps
         the first row and its status)."""
         values = {name: item[name] for name in _NOTIFICATION_FIELDS}
+        addresses = item.get("recipients")
+        values["recipients"] = None if addresses is None else json.dumps(addresses)
         with begin_write(self.engine) as conn:
             status = conn.execute(
                 sa.select(sn.status).where(sn.notification_id == values["notification_id"])
@@ -410,13 +417,13 @@ class TrackingStore:
     def pending_notifications(self, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` notifications central has not taken, oldest first."""
         query = (
-            sa.select(*(sn[name] for name in _NOTIFICATION_FIELDS))
+            sa.select(*(sn[name] for name in _NOTIFICATION_FIELDS), sn.recipients)
             .where(sn.status == str(NotificationStatus.PENDING))
             .order_by(sn.created_at_utc, sn.notification_id)
             .limit(limit)
         )
         with self.engine.connect() as conn:
-            return [dict(row._mapping) for row in conn.execute(query)]
+            return [_notification_of(row) for row in conn.execute(query)]
 
     def settle_notifications(
         self, forwarded: Sequence[str], rejected: Mapping[str, str], now: datetime
@@ -442,6 +449,29 @@ class TrackingStore:
                     )
                 )
 
+    def purge_notifications(self, older_than: datetime, *, batch: int = 1000) -> int:
+        """Delete the notifications central settled (``Forwarded``, ``Rejected``) before
+        ``older_than`` (their ``updated_at_utc``: when central answered), ``batch`` per
+        transaction so the agent's other writers wait little; ``Pending`` ones are
+        never deleted. Returns how many went."""
+        settled = [str(NotificationStatus.FORWARDED), str(NotificationStatus.REJECTED)]
+        purged = 0
+        while True:
+            chosen = (
+                sa.select(sn.notification_id)
+                .where(sn.status.in_(settled), sn.updated_at_utc < older_than)
+                .limit(batch)
+            )
+            with begin_write(self.engine) as conn:
+                gone = conn.execute(
+                    sa.delete(site_notifications).where(
+                        sn.notification_id.in_(chosen.scalar_subquery())
+                    )
+                ).rowcount
+            purged += gone
+            if gone < batch:
+                return purged
+
     def notifications(self, status: NotificationStatus | None, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` notifications, newest first, of ``status`` (any when ``None``),
         each with its status, reason and stamps."""
@@ -451,14 +481,22 @@ class TrackingStore:
         if status is not None:
             query = query.where(sn.status == str(status))
         with self.engine.connect() as conn:
-            return [dict(row._mapping) for row in conn.execute(query.limit(limit))]
+            return [_notification_of(row) for row in conn.execute(query.limit(limit))]
 
     def notification(self, notification_id: str) -> dict[str, Any] | None:
         """One notification as ``notifications`` gives it; ``None`` when absent."""
         query = sa.select(site_notifications).where(sn.notification_id == notification_id)
         with self.engine.connect() as conn:
             row = conn.execute(query).first()
-        return None if row is None else dict(row._mapping)
+        return None if row is None else _notification_of(row)
+
+
+def _notification_of(row: sa.Row[*tuple[Any, ...]]) -> dict[str, Any]:
+    """A ``site_notifications`` row as a dict, its ``recipients`` a list (or ``None``)."""
+    values = dict(row._mapping)
+    if values["recipients"] is not None:
+        values["recipients"] = json.loads(values["recipients"])
+    return values
 
 
 _NOTIFICATION_FIELDS = ("notification_id", "channel", "target", "subject", "body", "severity")

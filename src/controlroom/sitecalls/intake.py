@@ -9,6 +9,12 @@ any other failure gives the whole batch back to the queue (replaying it is harml
 upsert is monotonic, the audit insert idempotent). A batch that reaches
 ``audit.request_budget`` (or one of whose packets runs past its own fresh budget) is
 settled in part: what was written or rejected is acknowledged, the rest given back.
+
+Every ``ingestion.report_interval_seconds`` the intake reads its queue's depth into its
+``IntakeHealth`` and writes a change of health to the event log (``IntakeStalled``: its
+queue has held packets for ``ingestion.stall_seconds`` with none stored, or its writes
+fail; ``IntakeRecovered``: it stores again), as the error queue's intake does
+(``events.report_intake_transition``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import tenacity
 from controlroom.config import Settings
 from controlroom.db.engine import retry_transient
 from controlroom.db.errors import name_failure
+from controlroom.events import report_intake_transition
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.sitecalls.writer import IngestBudgetExceeded, ReceivedPacket, SiteCallWriter
 from controlroom.telemetry.contract import (
@@ -35,7 +42,7 @@ from controlroom.telemetry.contract import (
     parse_packet,
     validate_packet,
 )
-from controlroom.transport.base import Delivery, Transport
+from controlroom.transport.base import Delivery, Transport, TransportError
 from controlroom.transport.batching import DeliveryBatcher, ack_all, reject_all
 
 log = logging.getLogger(__name__)
@@ -89,15 +96,19 @@ def make_writer(
     attempts: int | None = None,
     monotonic: Callable[[], float] = time.monotonic,
     on_written: Callable[[], None] | None = None,
+    on_failure: Callable[[BaseException], None] | None = None,
 ) -> SiteCallWriter:
     """The writer with the settings' budgets (``audit.ingest_budget``, ``row_budget``,
     ``request_budget``), measured with ``monotonic``. Transient store errors replay a
     chunk until ``stop_event`` is set (the queue: forever without one), or at most
     ``attempts`` times in all (an HTTP request, which must answer). ``on_written``: as
-    ``SiteCallWriter`` takes it."""
+    ``SiteCallWriter`` takes it; ``on_failure`` is told each transient failure replayed
+    (the intake's health: a store refusing writes for long is degraded)."""
     retrying = retry_transient(
         max_backoff_seconds=settings.ingestion.max_backoff_seconds, stop_event=stop_event
     )
+    if on_failure is not None:
+        retrying = retrying.copy(before_sleep=_told(retrying.before_sleep, on_failure))
     if attempts is not None:
         retrying = retrying.copy(
             stop=tenacity.stop_after_attempt(attempts),
@@ -114,6 +125,21 @@ def make_writer(
     )
 
 
+def _told(
+    log_it: Callable[[tenacity.RetryCallState], None] | None,
+    on_failure: Callable[[BaseException], None],
+) -> Callable[[tenacity.RetryCallState], None]:
+    """A ``before_sleep`` that logs as ``log_it`` does, then passes the failure on."""
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        if log_it is not None:
+            log_it(state)
+        if state.outcome is not None and (exc := state.outcome.exception()) is not None:
+            on_failure(exc)
+
+    return before_sleep
+
+
 class TelemetryIngestionService:
     """Drains the telemetry queue (``settings.telemetry_queue``) into the store until
     stopped. ``on_written`` is called after a batch stored a packet (``make_writer``)."""
@@ -127,13 +153,20 @@ class TelemetryIngestionService:
         on_written: Callable[[], None] | None = None,
     ) -> None:
         self._settings = settings
+        self._engine = engine
         self._transport = transport
         self._stopping = threading.Event()
-        self._writer = make_writer(settings, engine, self._stopping, on_written=on_written)
         self.health = IntakeHealth(
             INTAKE_NAME,
             settings.telemetry_queue,
             stall_seconds=settings.ingestion.stall_seconds,
+        )
+        self._writer = make_writer(
+            settings,
+            engine,
+            self._stopping,
+            on_written=on_written,
+            on_failure=lambda exc: self.health.failed(name_failure(exc)),
         )
         self._run_task: asyncio.Task[None] | None = None
 
@@ -147,7 +180,33 @@ class TelemetryIngestionService:
             self._settings.ingestion,
             self._ingest_batch,
         )
-        await batcher.run(self._stopping.is_set)
+        reporter = asyncio.create_task(self._report())
+        try:
+            await batcher.run(self._stopping.is_set)
+        finally:
+            reporter.cancel()
+
+    async def _report(self) -> None:
+        """Every ``report_interval_seconds``: ``report()``, whatever it raises logged."""
+        while True:
+            await asyncio.sleep(self._settings.ingestion.report_interval_seconds)
+            try:
+                await self.report()
+            except Exception:  # the next round tries again
+                log.warning("could not report on the telemetry intake", exc_info=True)
+
+    async def report(self) -> None:
+        """Read the telemetry queue's depth into ``health`` (a transport that cannot
+        answer leaves it as it was) and write a change of health to the event log
+        (module docstring)."""
+        queue = self._settings.telemetry_queue
+        try:
+            depth = await self._transport.queue_depth(queue)
+        except TransportError as exc:
+            log.warning("cannot read the depth of %s: %s", queue, exc)
+        else:
+            self.health.observed_depth(depth.messages)
+        await asyncio.to_thread(report_intake_transition, self._engine, self.health)
 
     async def stop(self) -> None:
         """Stop taking packets; unacknowledged ones stay in the queue."""

@@ -2,10 +2,16 @@
 
 Source: docs/design.md "Notification outbox" (rows, reject never truncate). A site's
 script sends a notification to a ``target`` (the name of a recipient list for ``Email``,
-of a webhook for ``Webhook``, as central's settings name them) with a ``subject`` and a
-``body`` and a ``severity``. The agent holds it to the widths of central's
-``notifications`` columns before storing it, so what central would refuse for its size
-is refused at the site, naming the field, and never cut. Pure: no I/O.
+of a webhook for ``Webhook``, as central's settings name them), or by ``Email`` to
+explicit ``recipients`` (at most ``MAX_RECIPIENTS`` plain addresses, none twice: an
+address goes into a header, so one holding a line break, a space or a second address is
+refused), with a ``subject`` and a ``body`` and a ``severity``. A notification to
+recipients is stored with ``recipients_label`` as its target (what lists and filters
+show); central mails the addresses, only in the domains it allows the site
+(docs/decisions.md "Explicit recipients of a site's notification"). The agent holds it
+to the widths of central's ``notifications`` columns before storing it, so what central
+would refuse for its size is refused at the site, naming the field, and never cut.
+Pure: no I/O.
 
 ``forwarded_item`` is the JSON object central's intake ``POST /api/site-notifications``
 takes for one notification.
@@ -13,9 +19,18 @@ takes for one notification.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 
 from controlroom.telemetry.contract import Guid, StorableText, storable
 from controlroom.telemetry.widths import NOTIFICATION_BODY_WIDTH, SUBJECT_WIDTH, TARGET_WIDTH
@@ -25,6 +40,56 @@ NOTIFICATION_CHANNELS: Final = ("Email", "Webhook")
 NOTIFICATION_SEVERITIES: Final = ("Info", "Warning", "Error", "Critical")
 """How much a notification matters (its ``notifications.severity``)."""
 
+MAX_RECIPIENTS: Final = 50
+"""Explicit addresses one notification may name."""
+ADDRESS_WIDTH: Final = 254
+"""Characters of one address (RFC 5321's longest path less its angle brackets)."""
+ADDRESS: Final = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*")
+"""One plain ASCII address, local@domain (an international domain in its ``xn--``
+form): no white space or control character (so no CR or LF), no second address, no
+display name, quote or comment."""
+
+
+def check_recipients(addresses: Sequence[str]) -> None:
+    """Refuse ``addresses`` unless they are 1 to ``MAX_RECIPIENTS`` distinct plain
+    addresses of at most ``ADDRESS_WIDTH`` characters. Raises ``ValueError`` saying which
+    and why."""
+    if not addresses:
+        raise ValueError("name at least one address")
+    if len(addresses) > MAX_RECIPIENTS:
+        raise ValueError(f"{len(addresses)} addresses; at most {MAX_RECIPIENTS}")
+    for address in addresses:
+        if len(address) > ADDRESS_WIDTH:
+            raise ValueError(f"an address of {len(address)} characters; at most {ADDRESS_WIDTH}")
+        if not ADDRESS.fullmatch(address):
+            raise ValueError(f"{address!r} is not one plain address, local@domain")
+    if len(set(addresses)) != len(addresses):
+        raise ValueError("an address is named twice")
+
+
+def recipients_label(addresses: Sequence[str]) -> str:
+    """The target a notification to ``addresses`` is stored and listed under: the
+    addresses, comma-separated, when that fits ``TARGET_WIDTH``; else the first and how
+    many more; else how many (the addresses themselves are kept whole beside it). No
+    addresses: an empty label (``check_recipients`` refuses them)."""
+    if not addresses:
+        return ""
+    for label in (", ".join(addresses), f"{addresses[0]} and {len(addresses) - 1} more"):
+        if len(label) <= TARGET_WIDTH:
+            return label
+    return f"{len(addresses)} addresses"
+
+
+def domain_of(address: str) -> str:
+    """The domain of a plain ``address``, lower-case (domains compare without case)."""
+    return address.rpartition("@")[2].lower()
+
+
+def _recipients(addresses: list[str]) -> list[str]:
+    check_recipients(addresses)
+    return addresses
+
+
 NotificationTarget = Annotated[
     str, Field(min_length=1, max_length=TARGET_WIDTH), AfterValidator(storable)
 ]
@@ -32,15 +97,18 @@ Subject = Annotated[str, Field(min_length=1, max_length=SUBJECT_WIDTH), AfterVal
 
 
 class SiteNotification(BaseModel):
-    """One notification a site sends. ``target`` and ``subject`` at most 256 characters,
+    """One notification a site sends, to a ``target`` or (Email) to ``recipients``
+    (``check_recipients``). ``target`` and ``subject`` at most 256 characters,
     ``body`` at most ``NOTIFICATION_BODY_WIDTH`` (``telemetry.widths``); no value may
     hold a NUL or an unpaired surrogate. Raises ``pydantic.ValidationError`` naming each
     field at fault."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    target: NotificationTarget = Field(
-        description="A recipient list's name (Email) or a webhook's name (Webhook)."
+    target: NotificationTarget | None = Field(
+        None,
+        description="A recipient list's name (Email) or a webhook's name (Webhook); "
+        "none when recipients names the addresses.",
     )
     subject: Subject
     body: Annotated[StorableText, Field(max_length=NOTIFICATION_BODY_WIDTH)] = ""
@@ -49,6 +117,36 @@ class SiteNotification(BaseModel):
     notification_id: Guid | None = Field(
         None, description="A GUID the caller chose (made at the site when absent)."
     )
+    recipients: Annotated[list[str], AfterValidator(_recipients)] | None = Field(
+        None,
+        validate_default=True,
+        description="Email only: the addresses to mail, instead of a target.",
+    )
+
+    @field_validator("recipients")
+    @classmethod
+    def _one_destination(cls, recipients: list[str] | None, info: ValidationInfo) -> Any:
+        """A target or recipients, not both; recipients only by e-mail (named under
+        ``recipients``: the fields before it are known here)."""
+        if "target" not in info.data or "channel" not in info.data:
+            return recipients  # refused already, naming its own field
+        if recipients is None:
+            if info.data["target"] is None:
+                raise ValueError("name a target or recipients")
+            return recipients
+        if info.data["target"] is not None:
+            raise ValueError("name a target or recipients, not both")
+        if info.data["channel"] != "Email":
+            raise ValueError("addresses are mailed: channel must be Email")
+        return recipients
+
+    @property
+    def destination(self) -> str:
+        """The target it is stored under: ``target``, or the label of its recipients."""
+        if self.recipients is not None:
+            return recipients_label(self.recipients)
+        assert self.target is not None  # _one_destination
+        return self.target
 
 
 def forwarded_item(
@@ -59,7 +157,8 @@ def forwarded_item(
         "notification_id": notification_id,
         "source_site": source_site,
         "channel": notification.channel,
-        "target": notification.target,
+        "target": notification.destination,
+        "recipients": notification.recipients,
         "subject": notification.subject,
         "body": notification.body,
         "severity": notification.severity,

@@ -13,6 +13,7 @@ same functions as the API": reads call ``notifications.queries``, the actions
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated
@@ -142,8 +143,11 @@ def notification_page(
         row = queries.get_notification(conn, str(notification_id))
     if row is None:
         raise HTTPException(404, "notification not found")
+    recipients = json.loads(row.recipients) if row.recipients else None
     return render(
-        request, "notification.html", {"n": row, "parked": row.status == Status.PARKED.value}
+        request,
+        "notification.html",
+        {"n": row, "parked": row.status == Status.PARKED.value, "recipients": recipients},
     )
 
 

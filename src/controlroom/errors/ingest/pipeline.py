@@ -29,14 +29,14 @@ import tenacity
 from prometheus_client import Counter, Gauge, Histogram
 
 from controlroom.config import Settings
-from controlroom.db.engine import begin_write, retry_transient
+from controlroom.db.engine import retry_transient
 from controlroom.db.errors import classify_store_error, name_failure
-from controlroom.errors import activity
 from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.errors.ingest.identity import failed_import_id
 from controlroom.errors.ingest.parsing import is_retry_confirmation, parse_failed_message
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
+from controlroom.events import report_intake_transition
 from controlroom.exceptions import ErrorKind, MessageRejected
 from controlroom.runtime.clock import utc_now
 from controlroom.runtime.intake_health import IntakeHealth
@@ -169,6 +169,7 @@ class IngestionService:
             retrying=retrying.copy(before_sleep=self._note_retry(retrying.before_sleep)),
             body_store=body_store,
             alert_group_failures=settings.ingestion.alert_group_failures_per_hour,
+            alert_endpoint_failures=settings.ingestion.alert_endpoint_failures_per_hour,
         )
         self._run_task: asyncio.Task[None] | None = None
         self._done = {"failed_message": 0, "failed_import": 0, "retry_confirmation": 0}
@@ -235,7 +236,7 @@ class IngestionService:
             depth = None
         if depth is not None:
             self.health.observed_depth(depth.messages)
-        await asyncio.to_thread(report_transition, self._engine, self.health)
+        await asyncio.to_thread(report_intake_transition, self._engine, self.health)
         if depth is not None:
             QUEUE_DEPTH.labels(queue).set(depth.messages)
             if depth.oldest_age_seconds is not None:
@@ -404,23 +405,3 @@ def _count_outcomes(parsed: Sequence[_Parsed]) -> list[str]:
             outcomes.append("failed_message")
             INGESTED.labels("failed_message").inc()
     return outcomes
-
-
-def report_transition(engine: sa.Engine, health: IntakeHealth) -> bool:
-    """Write ``IntakeStalled`` or ``IntakeRecovered`` when ``health`` changed since the
-    last one written (``IntakeHealth.transition``); ``True`` when it wrote one. A store
-    that refuses the write (e.g. a full disk) is logged, and the change is written by a
-    later call once it takes writes again."""
-    state = health.transition()
-    if state is None:
-        return False
-    try:
-        with begin_write(engine) as conn:
-            activity.intake_changed(
-                conn, intake=state.name, queue=state.queue, reason=state.reason, now=utc_now()
-            )
-    except sa.exc.DBAPIError as exc:
-        log.warning("cannot write the change of %s to the event log: %s", state.name, exc)
-        return False
-    health.reported(state)
-    return True

@@ -13,9 +13,10 @@ bodies are made sure of against the retention sweep's body collector
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
 
@@ -79,13 +80,22 @@ class FailedMessageBatchWriter:
         clock: Clock = utc_now,
         body_store: BodyStore | None = None,
         alert_group_failures: int | None = None,
+        alert_endpoint_failures: int | None = None,
     ) -> None:
         """``body_store``: where the batch's external bodies were put; without one the
         writer cannot guard them against the body collector (tests that never sweep).
-        ``alert_group_failures``: ``ingestion.alert_group_failures_per_hour``."""
+        ``alert_group_failures``: ``ingestion.alert_group_failures_per_hour``;
+        ``alert_endpoint_failures``: ``ingestion.alert_endpoint_failures_per_hour``."""
         self._engine = engine
         self._body_store = body_store
         self._alert_group_failures = alert_group_failures
+        self._alert_endpoint_failures = alert_endpoint_failures
+        # (endpoint, hour) whose threshold a committed batch of this writer saw reached:
+        # not counted again (a storm's batches after the crossing cost nothing), so a
+        # count that falls and crosses again within that hour goes unannounced by this
+        # writer. Cleared when it grows.
+        self._endpoint_hours_reached: set[tuple[str, int]] = set()
+        self._reached_lock = threading.Lock()
         self._provider = provider_for(engine)
         self._retrying = retrying or retry_transient()
         self._clock = clock
@@ -100,7 +110,12 @@ class FailedMessageBatchWriter:
         folded = fold_attempts(batch.attempts)
         # Computed once per batch, not per try: the terms are the costly part of a row.
         terms = [winner_search_terms(message) for message in folded]
-        self._retrying(self._write_once, batch, folded, terms)
+        reached = self._retrying(self._write_once, batch, folded, terms)
+        if reached:
+            with self._reached_lock:
+                if len(self._endpoint_hours_reached) > 10_000:
+                    self._endpoint_hours_reached.clear()
+                self._endpoint_hours_reached.update(reached)
         self._fold_tally_deltas(len(folded))
 
     def _fold_tally_deltas(self, written: int) -> None:
@@ -120,16 +135,20 @@ class FailedMessageBatchWriter:
 
     def _write_once(
         self, batch: IngestionBatch, folded: list[FoldedMessage], terms: list[list[str]]
-    ) -> None:
+    ) -> list[tuple[str, int]]:
+        """One try of ``write``; answers the (endpoint, hour) keys whose endpoint
+        threshold it saw reached (``_raise_endpoint_crossings``)."""
         now = self._clock()
         with begin_write(self._engine) as conn:
             rows = [
                 failed_message_row(message, now, search_terms)
                 for message, search_terms in zip(folded, terms, strict=True)
             ]
+            watched = self._endpoint_hours_before(conn, folded)
             stored = upsert_failed_messages(conn, self._provider, rows)
             self._release_claims_of_new_failures(conn, stored)
             self._replace_groups(conn, folded, stored, now)
+            reached = self._raise_endpoint_crossings(conn, watched, len(folded), now)
             self._provider.insert_rows_if_absent(
                 conn,
                 known_endpoints,
@@ -145,6 +164,7 @@ class FailedMessageBatchWriter:
                     conn, [(item.id, item.reason)], queue=item.queue, now=now
                 )
             self._keep_external_bodies(conn, batch.attempts)
+        return reached
 
     def _keep_external_bodies(self, conn: sa.Connection, attempts: Sequence[FailedAttempt]) -> None:
         """Cancel pending body deletions of the batch's messages, then write again any of
@@ -265,6 +285,50 @@ class FailedMessageBatchWriter:
                     conn, group_id, titles[group_id], failures=total, hour=hour, now=now
                 )
 
+    def _endpoint_hours_before(
+        self, conn: sa.Connection, folded: Sequence[FoldedMessage]
+    ) -> dict[tuple[str, int], int]:
+        """With ``alert_endpoint_failures`` set: each (receiving endpoint, hour) of the
+        batch's failures, with its unresolved failures before the batch's upsert
+        (``endpoint_hour_failures``, counted up to the threshold); empty otherwise."""
+        threshold = self._alert_endpoint_failures
+        if threshold is None:
+            return {}
+        with self._reached_lock:
+            known = set(self._endpoint_hours_reached)
+        keys = sorted(
+            {(message.winner.receiving_endpoint, _hour_of(message)) for message in folded} - known
+        )
+        return {key: endpoint_hour_failures(conn, *key, limit=threshold) for key in keys}
+
+    def _raise_endpoint_crossings(
+        self,
+        conn: sa.Connection,
+        before: dict[tuple[str, int], int],
+        messages: int,
+        now: datetime,
+    ) -> list[tuple[str, int]]:
+        """``EndpointFailuresPassedThreshold`` for each (endpoint, hour) of ``before``
+        whose unresolved failures the batch (of ``messages`` messages) brought from below
+        the threshold to it or past it: counted again after the upsert, in the batch's
+        transaction, up to what the batch could have added (so exactly). Answers the
+        keys at or past the threshold (remembered only once the batch commits)."""
+        threshold = self._alert_endpoint_failures
+        if threshold is None:
+            return []
+        reached = []
+        for (endpoint, hour), earlier in before.items():
+            if earlier >= threshold:
+                reached.append((endpoint, hour))
+                continue
+            total = endpoint_hour_failures(conn, endpoint, hour, limit=threshold + messages)
+            if total >= threshold:
+                reached.append((endpoint, hour))
+                activity.endpoint_failures_passed(
+                    conn, endpoint, failures=total, hour=hour, now=now
+                )
+        return reached
+
     def _new_groups(
         self, conn: sa.Connection, winners: Sequence[FoldedMessage]
     ) -> list[tuple[FailureGroup, str, int]]:
@@ -300,6 +364,36 @@ class FailedMessageBatchWriter:
                     failed_message_retries.c.failed_message_id.in_(id_chunk)
                 )
             )
+
+
+def _hour_of(message: FoldedMessage) -> int:
+    """The clock hour of ``message``'s stored failure: whole hours since 1970 UTC."""
+    return int(message.last_failure_at.timestamp() // 3600)
+
+
+def endpoint_hour_failures(
+    conn: sa.Connection, endpoint: str, hour: int, *, limit: int | None
+) -> int:
+    """The unresolved failed messages of ``endpoint`` whose stored attempt failed in
+    ``hour`` (whole hours since 1970 UTC), counted up to ``limit`` (all when ``None``):
+    a range of ``ix_failed_messages_receiving_endpoint_last_failure_at``, each entry's row
+    read for its status. Two PostgreSQL batches of one endpoint committing at once each
+    count without the other's rows, so a crossing between them may go unannounced or be
+    announced twice (docs/design.md "Notification rules")."""
+    fm = failed_messages.c
+    start = datetime.fromtimestamp(hour * 3600, UTC)
+    rows = sa.select(sa.literal(1).label("one")).where(
+        fm.receiving_endpoint == endpoint,
+        fm.last_failure_at >= start,
+        fm.last_failure_at < start + timedelta(hours=1),
+        fm.status == int(FailedMessageStatus.UNRESOLVED),
+    )
+    if limit is not None:
+        rows = rows.limit(limit)
+    counted: int = conn.execute(
+        sa.select(sa.func.count()).select_from(rows.subquery())
+    ).scalar_one()
+    return counted
 
 
 def group_hours_reached(
