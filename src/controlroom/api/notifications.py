@@ -182,7 +182,7 @@ def notification_kpis(request: Request) -> dict[str, Any]:
             interval=settings.kpi.interval,
             stuck_threshold=settings.kpi.stuck_threshold,
         )
-    view = {key: KpiView.model_validate(kpis, from_attributes=True) for key, kpis in scopes.items()}
+    view = {key: KpiView.model_validate(kpis) for key, kpis in scopes.items()}
     return {
         "generated_at_utc": now.isoformat(),
         "global": view.pop("").model_dump(),

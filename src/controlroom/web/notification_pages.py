@@ -17,8 +17,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated
 
-import sqlalchemy as sa
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 
 from controlroom.config import Settings
@@ -27,23 +26,23 @@ from controlroom.notifications.lifecycle import Channel, Status
 from controlroom.notifications.store import ActionOutcome, Command, act_on_parked
 from controlroom.web.common import (
     EXTRA_NAV,
-    actor,
+    PAGE_SIZE,
+    Actor,
+    After,
+    Text,
+    Viewer,
     api_state,
+    engine_of,
     form_instant,
+    kpi_tiles,
     redirect_with,
+    refusing_bad_cursor,
     render,
-    viewer,
 )
 from controlroom.web.flash import Flash
-from controlroom.web.session import Session
 from controlroom.web.sitecall_pages import render_rejected
 
 router = APIRouter(include_in_schema=False)
-Viewer = Annotated[Session, Depends(viewer)]
-Actor = Annotated[Session, Depends(actor)]
-Text = Annotated[str, Query(max_length=1024)]
-After = Annotated[str, Query(max_length=500)]
-PAGE_SIZE = 50
 STATUSES = tuple(status.value for status in Status)
 CHANNELS = tuple(channel.value for channel in Channel)
 
@@ -85,14 +84,13 @@ def notification_list(
         created_to=form_instant("to", created_to),
     )
     settings: Settings = api_state(request).settings
-    with _engine(request).connect() as conn:
-        try:
+    with engine_of(request).connect() as conn:
+        with refusing_bad_cursor():
             page = queries.list_notifications(conn, filters, limit=PAGE_SIZE, after=after or None)
-        except queries.BadCursor as exc:
-            raise HTTPException(400, f"after: {exc}") from None
+        now = datetime.now(UTC)
         kpis = queries.measure_kpis(
             conn,
-            now=datetime.now(UTC),
+            now=now,
             interval=settings.kpi.interval,
             stuck_threshold=settings.kpi.stuck_threshold,
         )
@@ -101,6 +99,7 @@ def notification_list(
         request,
         "notifications.html",
         {
+            **kpi_tiles(kpis[""], settings, now),
             "notifications": page.rows,
             "next_cursor": page.next_cursor,
             "after": after,
@@ -114,9 +113,6 @@ def notification_list(
             },
             "statuses": STATUSES,
             "channels": CHANNELS,
-            "kpis": kpis[""],
-            "interval": settings.kpi.interval,
-            "stuck_threshold": settings.kpi.stuck_threshold,
             "webhooks": [(hook.name, hook.url) for hook in outbox.webhooks],
             "recipient_lists": [(entry.name, entry.addresses) for entry in outbox.recipient_lists],
             "smtp": None if outbox.smtp is None else f"{outbox.smtp.host}:{outbox.smtp.port}",
@@ -138,7 +134,7 @@ def notification_page(
     notification_id: uuid.UUID,
 ) -> Response:
     """One notification (and the flash of an action's redirect, shown once)."""
-    with _engine(request).connect() as conn:
+    with engine_of(request).connect() as conn:
         row = queries.get_notification(conn, str(notification_id))
     if row is None:
         raise HTTPException(404, "notification not found")
@@ -156,7 +152,7 @@ def act(request: Request, session: Actor, notification_id: uuid.UUID, command: s
     if chosen is None:
         raise HTTPException(404, "no such action")
     result = act_on_parked(
-        _engine(request),
+        engine_of(request),
         str(notification_id),
         chosen,
         session.principal.name,
@@ -175,8 +171,3 @@ def act(request: Request, session: Actor, notification_id: uuid.UUID, command: s
         detail=f"The notification is {result.status}.",
     )
     return redirect_with(request, f"/notifications/{notification_id}", flash)
-
-
-def _engine(request: Request) -> sa.Engine:
-    engine: sa.Engine = api_state(request).engine
-    return engine
