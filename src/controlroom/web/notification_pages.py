@@ -1,12 +1,13 @@
-"""The console's Notifications pages: the list (KPI tiles, filters by status, channel,
-source and target, keyset paging), one notification with its last error and, for
-operators, Retry and Discard of a Parked one (post, then a redirect carrying the outcome
-in the signed flash cookie, docs/decisions.md "Console actions answer with a redirect":
-the page shows it once, a reload sends nothing, and no link can carry an outcome), and
-the channels configured (secrets never shown).
+"""The console's Notifications pages: the list (KPI tiles and trends, globally or of one
+channel, filters by status, channel, source and target, keyset paging), one notification
+with its last error and, for operators, Retry and Discard of a Parked one (post, then a
+redirect carrying the outcome in the signed flash cookie, docs/decisions.md "Console
+actions answer with a redirect": the page shows it once, a reload sends nothing, and no
+link can carry an outcome), and the channels configured (secrets never shown).
 
 Source: docs/design.md "Notification outbox"; docs/decisions.md "The console calls the
-same functions as the API": reads call ``notifications.queries``, the actions
+same functions as the API": reads call ``notifications.queries`` (the trends
+``db.kpi_history`` via ``web.charts``, as the site calls' do), the actions
 ``notifications.store.act_on_parked``, as the API does. Every value of a notification
 (subject, target, body, error) is rendered as text.
 """
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
+import sqlalchemy as sa
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 
@@ -24,6 +26,7 @@ from controlroom.config import Settings
 from controlroom.notifications import queries
 from controlroom.notifications.lifecycle import Channel, Status
 from controlroom.notifications.store import ActionOutcome, Command, act_on_parked
+from controlroom.web import charts
 from controlroom.web.common import (
     EXTRA_NAV,
     PAGE_SIZE,
@@ -57,6 +60,28 @@ OUTCOME_TEXT = {
 COMMANDS = {command.value.lower(): command for command in Command}
 
 
+def kpi_context(
+    conn: sa.Connection, settings: Settings, *, channel: str | None = None
+) -> dict[str, Any]:
+    """The KPI tiles (``common.kpi_tiles``, as ``/api/notifications/kpis`` measures
+    them) and the trend charts (``charts``) of one scope: every channel, or ``channel``."""
+    now = datetime.now(UTC)
+    scopes = queries.measure_kpis(
+        conn,
+        now=now,
+        interval=settings.kpi.interval,
+        stuck_threshold=settings.kpi.stuck_threshold,
+    )
+    trends = charts.kpi_charts(
+        conn,
+        now=now,
+        source=charts.NOTIFICATIONS,
+        scope="channel" if channel else "global",
+        scope_key=channel or "",
+    )
+    return {**kpi_tiles(scopes[channel or ""], settings, now), "charts": trends}
+
+
 @router.get("/notifications")
 def notification_list(
     request: Request,
@@ -67,14 +92,17 @@ def notification_list(
     target: Text = "",
     created_from: Annotated[str, Query(alias="from", max_length=40)] = "",
     created_to: Annotated[str, Query(alias="to", max_length=40)] = "",
+    scope_channel: Text = "",
     after: After = "",
 ) -> Response:
-    """KPI tiles, the channels configured, and the notifications matching the filters
+    """KPI tiles and trends of the picked scope (``scope_channel``: every channel by
+    default), the channels configured, and the notifications matching the filters
     (``from`` inclusive, ``to`` exclusive: created instants, UTC), newest created first."""
     if status and status not in STATUSES:
         raise HTTPException(400, f"status must be one of {', '.join(STATUSES)}")
-    if channel and channel not in CHANNELS:
-        raise HTTPException(400, f"channel must be one of {', '.join(CHANNELS)}")
+    for name, value in (("channel", channel), ("scope_channel", scope_channel)):
+        if value and value not in CHANNELS:
+            raise HTTPException(400, f"{name} must be one of {', '.join(CHANNELS)}")
     filters = queries.NotificationFilter(
         status or None,
         channel or None,
@@ -87,19 +115,13 @@ def notification_list(
     with engine_of(request).connect() as conn:
         with refusing_bad_cursor():
             page = queries.list_notifications(conn, filters, limit=PAGE_SIZE, after=after or None)
-        now = datetime.now(UTC)
-        kpis = queries.measure_kpis(
-            conn,
-            now=now,
-            interval=settings.kpi.interval,
-            stuck_threshold=settings.kpi.stuck_threshold,
-        )
+        context = kpi_context(conn, settings, channel=scope_channel or None)
     outbox = settings.notifications
     return render(
         request,
         "notifications.html",
         {
-            **kpi_tiles(kpis[""], settings, now),
+            **context,
             "notifications": page.rows,
             "next_cursor": page.next_cursor,
             "after": after,
@@ -110,9 +132,11 @@ def notification_list(
                 "target": target,
                 "from": created_from,
                 "to": created_to,
+                "scope_channel": scope_channel,
             },
             "statuses": STATUSES,
             "channels": CHANNELS,
+            "scope_channel": scope_channel,
             "webhooks": [(hook.name, hook.url) for hook in outbox.webhooks],
             "recipient_lists": [(entry.name, entry.addresses) for entry in outbox.recipient_lists],
             "smtp": None if outbox.smtp is None else f"{outbox.smtp.host}:{outbox.smtp.port}",
