@@ -15,8 +15,8 @@ import controlroom.errors.retention
 import controlroom.errors.retries.processor  # noqa: F401
 from controlroom.app import create_app
 from controlroom.config import Settings
+from controlroom.db.kpi_history import METRICS
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
-from controlroom.sitecalls.kpis import METRICS
 from tests.api.test_health import with_troubled_sites
 from tests.reconciliation.harness import as_site
 from tests.sitecalls.packets import packet

@@ -218,3 +218,32 @@ def test_the_sampler_writes_each_kpi_of_each_scope(engine: sa.Engine) -> None:
     assert len(rows) == written
     parked = {(row.scope, row.scope_key): row.value for row in rows if row.metric == "parked"}
     assert parked == {("global", ""): 1.0, ("channel", "Webhook"): 1.0, ("channel", "Email"): 0.0}
+
+
+def test_the_kpi_history_answers_a_channel_s_series_to_a_reader(
+    api: TestClient, engine: sa.Engine
+) -> None:
+    put(engine)
+    settings = Settings(database_url=str(engine.url))
+    first = NOW + timedelta(days=1)
+    take_sample(engine, settings, first)
+    put(engine, subject="second")
+    take_sample(engine, settings, first + timedelta(minutes=1))
+    window = {"from": NOW.isoformat(), "to": (NOW + timedelta(days=2)).isoformat()}
+    reader = {"Authorization": f"Bearer {READER}"}
+    answer = api.get(
+        "/api/notifications/kpi-history",
+        params={"metric": "parked", "scope": "channel", "scope_key": "Webhook", **window},
+        headers=reader,
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert (body["metric"], body["scope"], body["scope_key"]) == ("parked", "channel", "Webhook")
+    assert [point["value"] for point in body["points"]] == [1.0, 2.0]
+    whole = api.get("/api/notifications/kpi-history", params={"metric": "parked", **window})
+    assert [point["value"] for point in whole.json()["points"]] == [1.0, 2.0]
+    # The site calls' history is another source: none of these samples is theirs.
+    theirs = api.get("/api/kpi-history", params={"metric": "parked", **window})
+    assert theirs.json()["points"] == []
+    site_scope = {"metric": "parked", "scope": "site", "scope_key": "plant-7"}
+    assert api.get("/api/notifications/kpi-history", params=site_scope).status_code == 422

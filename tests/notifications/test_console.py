@@ -17,6 +17,7 @@ from controlroom.config import AuthToken, Settings
 from controlroom.db.tables import audit_log
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.notifications.history import take_sample
 from controlroom.notifications.store import keep_rejected
 from tests.notifications.test_api import NOW, put
 from tests.web.test_console_http import csrf_of
@@ -165,3 +166,42 @@ def test_the_list_filters_by_created_time_from_inclusive_to_exclusive(
     assert "at nine" in page.text and "at eight" not in page.text and "at ten" not in page.text
     assert 'name="from" value="2025-06-01T09:00"' in page.text
     assert console.get("/notifications", params={"from": "yesterday"}).status_code == 400
+
+
+def trend(page: str, metric: str) -> str:
+    """The figure of one notification KPI's trend chart on ``page``."""
+    return page.split(f'data-testid="notification-trend-{metric}"')[1].split("</figure>")[0]
+
+
+def test_the_trends_are_drawn_from_the_kpi_history_on_the_page_and_the_dashboard(
+    console: TestClient, engine: sa.Engine
+) -> None:
+    now = datetime.now(UTC)
+    settings = Settings(database_url=str(engine.url))
+    put(engine, at=now - timedelta(hours=2))
+    take_sample(engine, settings, now - timedelta(hours=1))
+    put(engine, at=now - timedelta(hours=2), subject="second")
+    put(engine, status="Pending", at=now - timedelta(minutes=50), channel="Email", target="x")
+    take_sample(engine, settings, now - timedelta(minutes=30))
+    console.post("/signin", data={"token": READER})
+
+    for path in ("/notifications", "/"):
+        page = console.get(path)
+        assert page.status_code == 200, page.text
+        parked = trend(page.text, "parked")
+        assert "Latest: 2 notifications at" in parked and "<polyline" in parked
+        assert parked.count('<circle class="dot"') == 2  # one point per sample
+        buffered = trend(page.text, "buffered")
+        assert "Latest: 1 notifications at" in buffered
+        age = trend(page.text, "oldest_pending_age_seconds")
+        assert age.count('<circle class="dot"') == 1  # nothing pending at the first sample
+        for metric in ("failed_last_interval", "delivered_last_interval", "stuck"):
+            assert f'data-testid="notification-trend-{metric}"' in page.text
+    assert 'data-testid="trend-parked"' in console.get("/").text  # the site calls' still
+
+    email = console.get("/notifications", params={"scope_channel": "Email"})
+    assert "Latest: 0 notifications at" in trend(email.text, "parked")
+    assert "Latest: 1 notifications at" in trend(email.text, "buffered")
+    assert 'href="/notifications?status=Parked&amp;channel=Email"' in email.text
+    refused = console.get("/notifications", params={"scope_channel": "Pigeon"})
+    assert refused.status_code == 400 and "scope_channel" in refused.text

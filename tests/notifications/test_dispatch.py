@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -126,74 +127,90 @@ def clock() -> Clock:
     return Clock()
 
 
-def test_a_webhook_is_delivered_once_signed_so_standardwebhooks_verifies_it(
+@dataclass
+class Outbox:
+    """One test's outbox: its store, settings pointing at the real receivers on loopback
+    (a webhook ``receiver``, an SMTP ``sink``) and the test's clock."""
+
+    engine: sa.Engine
+    settings: Settings
+    receiver: WebhookReceiver
+    sink: MailSink
+    clock: Clock
+
+    def put(self, **fields: Any) -> str:
+        return put(self.engine, self.clock(), **fields)
+
+    def dispatch(self) -> int:
+        return dispatch(self.settings, self.engine, self.clock)
+
+    def row(self, notification_id: str) -> Any:
+        return row(self.engine, notification_id)
+
+
+@pytest.fixture
+def outbox(
     engine: sa.Engine,
     database_url: str,
     receiver: WebhookReceiver,
     mail: tuple[MailSink, int],
     clock: Clock,
-) -> None:
-    settings = outbox_settings(database_url, receiver, mail[1])
-    notification_id = put(engine, clock(), subject="Ünïcode ✓")
-    assert dispatch(settings, engine, clock) == 1
-    assert dispatch(settings, engine, clock) == 0
-    (request,) = receiver.requests
+) -> Outbox:
+    sink, port = mail
+    return Outbox(engine, outbox_settings(database_url, receiver, port), receiver, sink, clock)
+
+
+def test_a_webhook_is_delivered_once_signed_so_standardwebhooks_verifies_it(outbox: Outbox) -> None:
+    notification_id = outbox.put(subject="Ünïcode ✓")
+    assert outbox.dispatch() == 1
+    assert outbox.dispatch() == 0
+    (request,) = outbox.receiver.requests
     payload = Webhook(SECRET).verify(request.body, request.headers)
     assert payload["notification_id"] == notification_id == request.headers["webhook-id"]
     assert payload["subject"] == "Ünïcode ✓"
-    stored = row(engine, notification_id)
+    stored = outbox.row(notification_id)
     assert (stored.status, stored.reply_code, stored.retry_count) == ("Delivered", 204, 0)
-    assert stored.terminal_at_utc == clock() and stored.claim_token is None
+    assert stored.terminal_at_utc == outbox.clock() and stored.claim_token is None
 
 
 def test_a_slack_format_webhook_gets_slack_text_signed_and_the_same_bytes_again(
-    engine: sa.Engine,
-    database_url: str,
-    receiver: WebhookReceiver,
-    mail: tuple[MailSink, int],
-    clock: Clock,
+    outbox: Outbox,
 ) -> None:
-    settings = outbox_settings(database_url, receiver, mail[1])
-    settings.notifications.webhooks[0].format = "slack"
-    notification_id = put(engine, clock(), subject="<Intake> & stalled", severity="Error")
-    receiver.status = 500
-    dispatch(settings, engine, clock)
-    receiver.status = 200
-    clock.advance()
-    dispatch(settings, engine, clock)
-    first, second = receiver.requests
+    outbox.settings.notifications.webhooks[0].format = "slack"
+    notification_id = outbox.put(subject="<Intake> & stalled", severity="Error")
+    outbox.receiver.status = 500
+    outbox.dispatch()
+    outbox.receiver.status = 200
+    outbox.clock.advance()
+    outbox.dispatch()
+    first, second = outbox.receiver.requests
     assert first.body == second.body  # serialised once, identical on every attempt
     payload = Webhook(SECRET).verify(first.body, first.headers)  # before the clock moved
     assert set(payload) == {"text"}  # Slack's incoming-webhook shape
     assert payload["text"].startswith("*Error: &lt;Intake&gt; &amp; stalled*\n")
     assert "nothing stored for 60 s" in payload["text"]
     assert notification_id in payload["text"]
-    assert row(engine, notification_id).status == "Delivered"
+    assert outbox.row(notification_id).status == "Delivered"
 
 
 def test_a_failing_receiver_makes_it_retrying_then_parked_with_the_same_bytes(
-    engine: sa.Engine,
-    database_url: str,
-    receiver: WebhookReceiver,
-    mail: tuple[MailSink, int],
-    clock: Clock,
+    outbox: Outbox,
 ) -> None:
-    settings = outbox_settings(database_url, receiver, mail[1])
-    notification_id = put(engine, clock())
-    receiver.status = 500
-    dispatch(settings, engine, clock)
-    stored = row(engine, notification_id)
+    notification_id = outbox.put()
+    outbox.receiver.status = 500
+    outbox.dispatch()
+    stored = outbox.row(notification_id)
     assert (stored.status, stored.retry_count, stored.last_error) == ("Retrying", 1, "HTTP 500")
-    assert stored.next_attempt_at_utc > clock()
-    assert dispatch(settings, engine, clock) == 0  # not due yet
+    assert stored.next_attempt_at_utc > outbox.clock()
+    assert outbox.dispatch() == 0  # not due yet
     for _ in range(2):
-        clock.advance()
-        dispatch(settings, engine, clock)
-    stored = row(engine, notification_id)
+        outbox.clock.advance()
+        outbox.dispatch()
+    stored = outbox.row(notification_id)
     assert (stored.status, stored.retry_count, stored.next_attempt_at_utc) == ("Parked", 3, None)
-    assert len(receiver.requests) == 3
-    assert len({request.body for request in receiver.requests}) == 1  # serialised once
-    assert len({request.headers["webhook-timestamp"] for request in receiver.requests}) == 3
+    assert len(outbox.receiver.requests) == 3
+    assert len({request.body for request in outbox.receiver.requests}) == 1  # serialised once
+    assert len({request.headers["webhook-timestamp"] for request in outbox.receiver.requests}) == 3
 
 
 @pytest.mark.parametrize(
@@ -206,121 +223,81 @@ def test_a_failing_receiver_makes_it_retrying_then_parked_with_the_same_bytes(
     ],
 )
 def test_the_webhook_etiquette(
-    engine: sa.Engine,
-    database_url: str,
-    receiver: WebhookReceiver,
-    mail: tuple[MailSink, int],
-    clock: Clock,
+    outbox: Outbox,
     status: int,
     headers: dict[str, str],
     expected: str,
 ) -> None:
-    settings = outbox_settings(database_url, receiver, mail[1])
-    notification_id = put(engine, clock())
-    receiver.status, receiver.headers = status, headers
-    dispatch(settings, engine, clock)
-    stored = row(engine, notification_id)
+    notification_id = outbox.put()
+    outbox.receiver.status, outbox.receiver.headers = status, headers
+    outbox.dispatch()
+    stored = outbox.row(notification_id)
     assert (stored.status, stored.reply_code) == (expected, status)
-    assert len(receiver.requests) == 1  # a redirect is never followed
+    assert len(outbox.receiver.requests) == 1  # a redirect is never followed
     if status == 429:
-        assert stored.next_attempt_at_utc == clock() + timedelta(seconds=120)
+        assert stored.next_attempt_at_utc == outbox.clock() + timedelta(seconds=120)
 
 
-def test_an_unknown_target_fails_permanently(
-    engine: sa.Engine,
-    database_url: str,
-    receiver: WebhookReceiver,
-    mail: tuple[MailSink, int],
-    clock: Clock,
-) -> None:
-    settings = outbox_settings(database_url, receiver, mail[1])
-    notification_id = put(engine, clock(), target="nobody")
-    dispatch(settings, engine, clock)
-    stored = row(engine, notification_id)
+def test_an_unknown_target_fails_permanently(outbox: Outbox) -> None:
+    notification_id = outbox.put(target="nobody")
+    outbox.dispatch()
+    stored = outbox.row(notification_id)
     assert (stored.status, stored.last_error) == ("Failed", "no webhook named 'nobody'")
 
 
-def test_an_email_reaches_each_recipient_once_with_its_id(
-    engine: sa.Engine,
-    database_url: str,
-    receiver: WebhookReceiver,
-    mail: tuple[MailSink, int],
-    clock: Clock,
-) -> None:
-    sink, port = mail
-    settings = outbox_settings(database_url, receiver, port)
+def test_an_email_reaches_each_recipient_once_with_its_id(outbox: Outbox) -> None:
     subject = "Störung\r\nBcc: victim@example.org"
-    notification_id = put(engine, clock(), channel="Email", target="oncall", subject=subject)
-    sink.refuse["b@example.org"] = "450 4.7.1 greylisted, try later"
-    dispatch(settings, engine, clock)
-    stored = row(engine, notification_id)
+    notification_id = outbox.put(channel="Email", target="oncall", subject=subject)
+    outbox.sink.refuse["b@example.org"] = "450 4.7.1 greylisted, try later"
+    outbox.dispatch()
+    stored = outbox.row(notification_id)
     assert (stored.status, stored.reply_code) == ("Retrying", 450)
-    sink.refuse.clear()
-    clock.advance()
-    dispatch(settings, engine, clock)
-    assert row(engine, notification_id).status == "Delivered"
-    assert [m.recipients for m in sink.mails] == [["a@example.org"], ["b@example.org"]]
-    for received in sink.mails:
+    outbox.sink.refuse.clear()
+    outbox.clock.advance()
+    outbox.dispatch()
+    assert outbox.row(notification_id).status == "Delivered"
+    assert [m.recipients for m in outbox.sink.mails] == [["a@example.org"], ["b@example.org"]]
+    for received in outbox.sink.mails:
         assert received.message["Message-ID"] == f"<{notification_id}@controlroom>"
         assert received.message["Subject"] == "Störung  Bcc: victim@example.org"
         assert received.message["Bcc"] is None
-    raw = sink.mails[0].message.as_bytes(policy=sink.mails[0].message.policy.clone(utf8=False))
+    raw = outbox.sink.mails[0].message.as_bytes(
+        policy=outbox.sink.mails[0].message.policy.clone(utf8=False)
+    )
     assert b"=?utf-8?" in raw.lower()
 
 
 @pytest.mark.parametrize("line_break", ["\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c"])
 def test_a_subject_with_a_unicode_line_break_is_delivered_on_one_line(
-    engine: sa.Engine,
-    database_url: str,
-    receiver: WebhookReceiver,
-    mail: tuple[MailSink, int],
-    clock: Clock,
+    outbox: Outbox,
     line_break: str,
 ) -> None:
-    sink, port = mail
-    settings = outbox_settings(database_url, receiver, port)
     subject = f"Pump 3{line_break}Bcc: victim@example.org"
-    notification_id = put(engine, clock(), channel="Email", target="oncall", subject=subject)
-    dispatch(settings, engine, clock)
-    assert row(engine, notification_id).status == "Delivered"
-    assert [m.recipients for m in sink.mails] == [["a@example.org", "b@example.org"]]
-    for received in sink.mails:
+    notification_id = outbox.put(channel="Email", target="oncall", subject=subject)
+    outbox.dispatch()
+    assert outbox.row(notification_id).status == "Delivered"
+    assert [m.recipients for m in outbox.sink.mails] == [["a@example.org", "b@example.org"]]
+    for received in outbox.sink.mails:
         assert received.message["Subject"] == "Pump 3 Bcc: victim@example.org"
         assert received.message["Bcc"] is None
 
 
-def test_a_5xx_for_every_recipient_fails_it(
-    engine: sa.Engine,
-    database_url: str,
-    receiver: WebhookReceiver,
-    mail: tuple[MailSink, int],
-    clock: Clock,
-) -> None:
-    sink, port = mail
-    settings = outbox_settings(database_url, receiver, port)
-    notification_id = put(engine, clock(), channel="Email", target="oncall")
-    sink.refuse = {"a@example.org": "550 no such user", "b@example.org": "550 no such user"}
-    dispatch(settings, engine, clock)
-    stored = row(engine, notification_id)
+def test_a_5xx_for_every_recipient_fails_it(outbox: Outbox) -> None:
+    notification_id = outbox.put(channel="Email", target="oncall")
+    outbox.sink.refuse = {"a@example.org": "550 no such user", "b@example.org": "550 no such user"}
+    outbox.dispatch()
+    stored = outbox.row(notification_id)
     assert (stored.status, stored.reply_code) == ("Failed", 550)
 
 
-def test_a_login_the_server_cannot_do_is_a_configuration_error_parked(
-    engine: sa.Engine,
-    database_url: str,
-    receiver: WebhookReceiver,
-    mail: tuple[MailSink, int],
-    clock: Clock,
-) -> None:
-    sink, port = mail
-    settings = outbox_settings(database_url, receiver, port)
-    smtp = settings.notifications.smtp
+def test_a_login_the_server_cannot_do_is_a_configuration_error_parked(outbox: Outbox) -> None:
+    smtp = outbox.settings.notifications.smtp
     assert smtp is not None
     smtp.starttls = True  # the sink offers no STARTTLS: never fall back to plain text
-    notification_id = put(engine, clock(), channel="Email", target="oncall")
-    dispatch(settings, engine, clock)
-    stored = row(engine, notification_id)
-    assert stored.status == "Parked" and sink.mails == []
+    notification_id = outbox.put(channel="Email", target="oncall")
+    outbox.dispatch()
+    stored = outbox.row(notification_id)
+    assert stored.status == "Parked" and outbox.sink.mails == []
     assert stored.last_error.startswith("SMTP")
 
 
@@ -385,32 +362,29 @@ def test_two_dispatchers_on_one_database_send_each_notification_once(
 
 
 def test_parked_then_retried_by_an_operator_is_delivered_when_the_receiver_recovers(
-    engine: sa.Engine,
-    database_url: str,
-    receiver: WebhookReceiver,
-    mail: tuple[MailSink, int],
-    clock: Clock,
+    outbox: Outbox,
 ) -> None:
-    settings = outbox_settings(database_url, receiver, mail[1])
-    retried, discarded = put(engine, clock()), put(engine, clock(), subject="second")
-    receiver.status = 500
+    retried, discarded = outbox.put(), outbox.put(subject="second")
+    outbox.receiver.status = 500
     for _ in range(3):
-        dispatch(settings, engine, clock)
-        clock.advance()
-    assert {row(engine, retried).status, row(engine, discarded).status} == {"Parked"}
-    receiver.status = 200
-    applied = act_on_parked(engine, retried, Command.RETRY, "olga", now=clock())
-    ended = act_on_parked(engine, discarded, Command.DISCARD, "olga", now=clock())
+        outbox.dispatch()
+        outbox.clock.advance()
+    assert {outbox.row(retried).status, outbox.row(discarded).status} == {"Parked"}
+    outbox.receiver.status = 200
+    applied = act_on_parked(outbox.engine, retried, Command.RETRY, "olga", now=outbox.clock())
+    ended = act_on_parked(outbox.engine, discarded, Command.DISCARD, "olga", now=outbox.clock())
     assert (applied.outcome, ended.outcome) == (ActionOutcome.APPLIED, ActionOutcome.APPLIED)
-    assert dispatch(settings, engine, clock) == 1
-    assert (row(engine, retried).status, row(engine, discarded).status) == (
+    assert outbox.dispatch() == 1
+    assert (outbox.row(retried).status, outbox.row(discarded).status) == (
         "Delivered",
         "Discarded",
     )
-    sent = [request.headers["webhook-id"] for request in receiver.requests]
+    sent = [request.headers["webhook-id"] for request in outbox.receiver.requests]
     assert sent.count(retried) == 4 and sent.count(discarded) == 3
     bodies = {
-        request.body for request in receiver.requests if request.headers["webhook-id"] == retried
+        request.body
+        for request in outbox.receiver.requests
+        if request.headers["webhook-id"] == retried
     }
     assert len(bodies) == 1  # the operator's retry sends the same bytes
 

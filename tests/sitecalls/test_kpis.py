@@ -10,7 +10,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from controlroom.config import Settings
-from controlroom.sitecalls.history import downsample, read_series, take_sample
+from controlroom.db.kpi_history import downsample, read_series
+from controlroom.sitecalls.history import SOURCE, take_sample
 from controlroom.sitecalls.kpis import measure_kpis
 from controlroom.sitecalls.writer import SiteCallWriter
 from tests.sitecalls.packets import packet, write
@@ -111,6 +112,7 @@ def test_the_sampler_writes_every_scope_and_the_series_reads_it(
     with engine.connect() as conn:
         series = read_series(
             conn,
+            source=SOURCE,
             metric="stuck",
             scope="node",
             scope_key="site-a/node-1",
@@ -132,6 +134,7 @@ def test_samples_older_than_the_history_are_dropped(engine: sa.Engine, tmp_path)
     with engine.connect() as conn:
         series = read_series(
             conn,
+            source=SOURCE,
             metric="buffered",
             scope="global",
             scope_key="",

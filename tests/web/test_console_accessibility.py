@@ -87,6 +87,7 @@ def console_pages(server: ConsoleServer, parked_call: str) -> dict[str, str]:
         "rejected-telemetry": "/site-calls/rejected",
         "sites": "/sites",
         "audit-log": "/audit-log",
+        "notifications": "/notifications",
         "failed-imports": "/failed-imports",
         "event-log": "/event-log",
         "sign-in": "/signin",

@@ -15,10 +15,11 @@ from fastapi.testclient import TestClient
 
 from controlroom.app import create_app
 from controlroom.config import Settings
+from controlroom.db.kpi_history import SeriesPoint
 from controlroom.db.tables import site_reconciliation
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
-from controlroom.sitecalls.history import SeriesPoint, take_sample
+from controlroom.sitecalls.history import take_sample
 from controlroom.web import charts
 from tests.reconciliation.harness import site_entry
 from tests.web.test_console_http import csrf_of

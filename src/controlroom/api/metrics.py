@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
-from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,8 +46,9 @@ from starlette.routing import Route, WebSocketRoute, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlroom.config import Settings
+from controlroom.db.kpi_history import METRICS, KpiFigures
 from controlroom.notifications.queries import measure_kpis as notification_kpis
-from controlroom.sitecalls.kpis import METRICS, KpiFigures, measure_kpis
+from controlroom.sitecalls.kpis import measure_kpis
 from controlroom.sitecalls.reconciliation import reconciliation_lag, site_states
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def notification_gauges(engine: sa.Engine, settings: Settings) -> CollectorRegis
     for channel, kpis in sorted(scopes.items()):
         if not channel:
             continue  # the global figures are the sum (the max for the age) of these
-        for metric, value in asdict(kpis).items():
+        for metric, value in kpis.items():
             if metric not in gauges:
                 gauges[metric] = Gauge(
                     f"controlroom_notifications_{metric}",

@@ -5,6 +5,9 @@ calls' auth matrix (``api.auth``: readers GET, operators POST):
   ``source``, ``target``; keyset paging (``limit``, ``after`` = ``next_cursor``); each
   at most once (400 otherwise).
 - ``GET /api/notifications/kpis``: the KPIs, globally and per channel.
+- ``GET /api/notifications/kpi-history``: one KPI's sampled series, globally or of one
+  channel (``scope=channel``, ``scope_key`` its name), as ``/api/kpi-history`` answers
+  the site calls'.
 - ``GET /api/notifications/{id}``: one notification with its body (never a secret, a
   payload or a claim).
 - ``POST /api/site-notifications`` (a site's own token, as its telemetry): a list of a
@@ -28,7 +31,7 @@ from __future__ import annotations
 import enum
 import json
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Body, HTTPException, Query, Request
@@ -37,10 +40,21 @@ from pydantic import BaseModel
 
 from controlroom.api.auth import current_principal, refuse_foreign_packets
 from controlroom.api.parameters import refuse_repeated
-from controlroom.api.sitecalls import BAD_REQUEST, RejectedPage, rejected_page
+from controlroom.api.sitecalls import (
+    BAD_REQUEST,
+    Instant,
+    KpiSeries,
+    MaxPoints,
+    RejectedPage,
+    SeriesFrom,
+    kpi_series,
+    rejected_page,
+)
 from controlroom.config import Settings
+from controlroom.db.kpi_history import Metric
 from controlroom.db.transactions import begin_write
 from controlroom.notifications import queries
+from controlroom.notifications.history import SOURCE
 from controlroom.notifications.lifecycle import Channel, Status
 from controlroom.notifications.store import (
     ActionOutcome,
@@ -188,12 +202,30 @@ def notification_kpis(request: Request) -> dict[str, Any]:
             interval=settings.kpi.interval,
             stuck_threshold=settings.kpi.stuck_threshold,
         )
-    view = {key: KpiView.model_validate(kpis, from_attributes=True) for key, kpis in scopes.items()}
+    view = {key: KpiView.model_validate(kpis) for key, kpis in scopes.items()}
     return {
         "generated_at_utc": now.isoformat(),
         "global": view.pop("").model_dump(),
         "channels": {key: value.model_dump() for key, value in view.items()},
     }
+
+
+@router.get("/notifications/kpi-history", response_model=KpiSeries, responses=BAD_REQUEST)
+def notification_kpi_history(
+    request: Request,
+    metric: Annotated[Metric, Query()],
+    scope: Annotated[Literal["global", "channel"], Query()] = "global",
+    scope_key: Annotated[str, Query(max_length=200)] = "",
+    from_: SeriesFrom = None,
+    to: Instant = None,
+    max_points: MaxPoints = 200,
+) -> dict[str, Any]:
+    """One KPI's samples of one scope (``global``; ``channel`` keyed by its name) in
+    ``[from, to]`` (default: the last 24 hours), downsampled to at most ``max_points``
+    points (the mean, minimum and maximum of each equal slice)."""
+    return kpi_series(
+        request, SOURCE, metric, scope, scope_key, start=from_, end=to, max_points=max_points
+    )
 
 
 @router.get(

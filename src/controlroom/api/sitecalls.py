@@ -29,11 +29,12 @@ from pydantic import BaseModel, PlainSerializer
 from controlroom.api.auth import current_principal, refuse_foreign_packets
 from controlroom.api.parameters import refuse_repeated
 from controlroom.config import Settings
+from controlroom.db.kpi_history import Metric, read_series
 from controlroom.http.bodies import packet_download
 from controlroom.sitecalls import queries
-from controlroom.sitecalls.history import Scope, read_series
+from controlroom.sitecalls.history import SOURCE, Scope
 from controlroom.sitecalls.intake import make_writer, receive_json
-from controlroom.sitecalls.kpis import Metric, measure_kpis
+from controlroom.sitecalls.kpis import measure_kpis
 from controlroom.sitecalls.rejected import ResubmitOutcome, resubmit_rejected
 from controlroom.sitecalls.writer import IngestBudgetExceeded
 from controlroom.telemetry.contract import UtcInstant
@@ -470,26 +471,51 @@ def list_audit_log(
         raise _bad_cursor(exc) from None
 
 
+SeriesFrom = Annotated[UtcInstant | None, Query(alias="from")]
+MaxPoints = Annotated[int, Query(ge=1, le=10_000)]
+
+
 @router.get("/kpi-history", response_model=KpiSeries, responses=BAD_REQUEST)
 def kpi_history(
     request: Request,
     metric: Annotated[Metric, Query()],
     scope: Annotated[Scope, Query()] = "global",
     scope_key: Annotated[str, Query(max_length=200)] = "",
-    from_: Annotated[UtcInstant | None, Query(alias="from")] = None,
+    from_: SeriesFrom = None,
     to: Instant = None,
-    max_points: Annotated[int, Query(ge=1, le=10_000)] = 200,
+    max_points: MaxPoints = 200,
 ) -> dict[str, Any]:
     """One KPI's samples of one scope (``global``; ``site`` keyed by the site; ``node``
     keyed ``site/node``) in ``[from, to]`` (default: the last 24 hours), downsampled to
     at most ``max_points`` points (the mean, minimum and maximum of each equal slice)."""
-    end = to or datetime.now(UTC)
-    start = from_ or end - timedelta(hours=24)
+    return kpi_series(
+        request, SOURCE, metric, scope, scope_key, start=from_, end=to, max_points=max_points
+    )
+
+
+def kpi_series(
+    request: Request,
+    source: str,
+    metric: str,
+    scope: str,
+    scope_key: str,
+    *,
+    start: datetime | None,
+    end: datetime | None,
+    max_points: int,
+) -> dict[str, Any]:
+    """The answer (``KpiSeries``) of a KPI history route: one metric's series of one
+    scope of ``source`` (``db.kpi_history.read_series``); ``end`` defaults to now,
+    ``start`` to 24 hours before it. Raises ``HTTPException`` 400 when ``start`` is after
+    ``end``. Shared with ``/api/notifications/kpi-history``."""
+    end = end or datetime.now(UTC)
+    start = start or end - timedelta(hours=24)
     if start > end:
         raise HTTPException(400, "from: must not be after to")
     with _engine(request).connect() as conn:
         points = read_series(
             conn,
+            source=source,
             metric=metric,
             scope=scope,
             scope_key=scope_key,

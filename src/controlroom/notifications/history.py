@@ -1,45 +1,40 @@
 """KPI history of the outbox: a sampler writes every KPI (``queries.measure_kpis``),
 globally and per channel, into ``kpi_samples`` (source ``notifications``, scope
 ``global`` or ``channel``) every ``kpi.sample_seconds``, under a lease; samples older than
-``kpi.history_days`` are dropped (docs/design.md "Notification outbox", "KPIs")."""
+``kpi.history_days`` are dropped (docs/design.md "Notification outbox", "KPIs"). The
+trends read them back with ``db.kpi_history.read_series``."""
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
 from controlroom.config import Settings
+from controlroom.db.kpi_history import sample_rows as kpi_sample_rows
+from controlroom.db.kpi_history import store_samples
 from controlroom.db.providers import provider_for
-from controlroom.db.tables import kpi_samples
 from controlroom.db.transactions import begin_write
-from controlroom.notifications.queries import Kpis, measure_kpis
+from controlroom.notifications.queries import measure_kpis
 from controlroom.runtime.clock import Clock, utc_now
 from controlroom.runtime.periodic import PeriodicTask
 
 SOURCE = "notifications"
 LEASE_NAME = "notification-kpi-sampler"
-ks = kpi_samples.c
 
 
-def sample_rows(scopes: dict[str, Kpis], now: datetime) -> list[dict[str, Any]]:
-    """One ``kpi_samples`` row per metric and scope (a missing age is not sampled)."""
-    return [
-        {
-            "source": SOURCE,
-            "metric": metric,
-            "scope": "channel" if key else "global",
-            "scope_key": key,
-            "captured_at_utc": now,
-            "value": float(value),
-        }
-        for key, kpis in scopes.items()
-        for metric, value in asdict(kpis).items()
-        if value is not None
-    ]
+def sample_rows(
+    scopes: dict[str, dict[str, float | int | None]], now: datetime
+) -> list[dict[str, Any]]:
+    """One ``kpi_samples`` row per metric and scope of ``queries.measure_kpis`` (a missing
+    age is not sampled)."""
+    return kpi_sample_rows(
+        SOURCE,
+        [("channel" if key else "global", key, values) for key, values in scopes.items()],
+        now,
+    )
 
 
 def take_sample(engine: sa.Engine, settings: Settings, now: datetime) -> int:
@@ -54,12 +49,8 @@ def take_sample(engine: sa.Engine, settings: Settings, now: datetime) -> int:
         )
     rows = sample_rows(scopes, now)
     with begin_write(engine) as conn:
-        provider_for(engine).insert_rows_if_absent(conn, kpi_samples, rows)
-        conn.execute(
-            sa.delete(kpi_samples).where(
-                ks.source == SOURCE,
-                ks.captured_at_utc < now - timedelta(days=settings.kpi.history_days),
-            )
+        store_samples(
+            conn, rows, source=SOURCE, now=now, keep=timedelta(days=settings.kpi.history_days)
         )
     return len(rows)
 

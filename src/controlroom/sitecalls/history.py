@@ -1,5 +1,6 @@
-"""KPI history: a sampler writes every KPI of every scope into ``kpi_samples``; a series
-reads one back, downsampled.
+"""KPI history of the site calls: a sampler writes every KPI of every scope into
+``kpi_samples`` (source ``sitecalls``); ``db.kpi_history`` writes the rows and reads a
+series back, downsampled, for both halves.
 
 Source: docs/design.md "KPIs" (sampled every 60 s, kept 90
 days) and "Background singletons" (one process samples, under a lease). Scopes:
@@ -18,13 +19,14 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
 
 from controlroom.config import Settings
+from controlroom.db.kpi_history import KpiValues, store_samples
+from controlroom.db.kpi_history import sample_rows as kpi_sample_rows
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import kpi_samples
 from controlroom.db.transactions import begin_write
@@ -49,27 +51,13 @@ def node_scope_key(site: str, node: str | None) -> str:
 def sample_rows(report: KpiReport) -> list[dict[str, Any]]:
     """One ``kpi_samples`` row per metric and scope of ``report`` (a missing age is not
     sampled: there is no pending call to be old)."""
-    scopes: list[tuple[str, str, dict[str, float | int | None]]] = [
-        ("global", "", report.total().as_dict(report.now))
-    ]
+    scopes: list[tuple[str, str, KpiValues]] = [("global", "", report.total().as_dict(report.now))]
     scopes += [("site", site, f.as_dict(report.now)) for site, f in report.sites().items()]
     scopes += [
         ("node", node_scope_key(site, node), f.as_dict(report.now))
         for (site, node), f in report.by_node.items()
     ]
-    return [
-        {
-            "source": SOURCE,
-            "metric": metric,
-            "scope": scope,
-            "scope_key": key,
-            "captured_at_utc": report.now,
-            "value": float(value),
-        }
-        for scope, key, values in scopes
-        for metric, value in values.items()
-        if value is not None
-    ]
+    return kpi_sample_rows(SOURCE, scopes, report.now)
 
 
 def take_sample(engine: sa.Engine, settings: Settings, now: datetime) -> int:
@@ -85,13 +73,10 @@ def take_sample(engine: sa.Engine, settings: Settings, now: datetime) -> int:
     rows = sample_rows(report)
     with begin_write(engine) as conn:
         previous = _previous_sample(conn, now)
-        provider_for(engine).insert_rows_if_absent(conn, kpi_samples, rows)
-        _raise_crossings(conn, settings, previous, rows, now)
-        conn.execute(
-            sa.delete(kpi_samples).where(
-                ks.captured_at_utc < now - timedelta(days=settings.kpi.history_days)
-            )
+        store_samples(
+            conn, rows, source=SOURCE, now=now, keep=timedelta(days=settings.kpi.history_days)
         )
+        _raise_crossings(conn, settings, previous, rows, now)
     return len(rows)
 
 
@@ -199,84 +184,3 @@ class KpiSampler:
     async def run(self) -> None:
         """Sample until cancelled; the lease is released once a running sample ended."""
         await self._periodic.run()
-
-
-@dataclass(frozen=True, slots=True)
-class SeriesPoint:
-    """One point of a series: the bucket's start (UTC), the mean of its samples, their
-    minimum and maximum, and how many there were (1 when not downsampled)."""
-
-    captured_at_utc: datetime
-    value: float
-    min: float
-    max: float
-    samples: int
-
-
-def downsample(
-    samples: list[tuple[datetime, float]], start: datetime, end: datetime, max_points: int
-) -> list[SeriesPoint]:
-    """At most ``max_points`` points for ``samples`` (sorted, all in ``[start, end]``).
-
-    With no more samples than ``max_points`` each is its own point. Otherwise
-    ``[start, end]`` is cut into ``max_points`` equal buckets and each non-empty bucket
-    becomes one point at its start. Pure.
-    """
-    if len(samples) <= max_points:
-        return [SeriesPoint(t, v, v, v, 1) for t, v in samples]
-    width = (end - start) / max_points
-    if width <= timedelta(0):  # every sample at one instant: one bucket
-        values = [value for _, value in samples]
-        return [
-            SeriesPoint(start, sum(values) / len(values), min(values), max(values), len(values))
-        ]
-    buckets: dict[int, list[float]] = {}
-    for captured, value in samples:
-        index = min(int((captured - start) / width), max_points - 1)
-        buckets.setdefault(index, []).append(value)
-    return [
-        SeriesPoint(
-            start + width * index, sum(values) / len(values), min(values), max(values), len(values)
-        )
-        for index, values in sorted(buckets.items())
-    ]
-
-
-def first_sample_at(conn: sa.Connection, *, scope: str, scope_key: str) -> datetime | None:
-    """When the first ``buffered`` sample (every sample takes one) of a scope kept was
-    captured; ``None`` when there is none. One seek along the primary key."""
-    return conn.execute(
-        sa.select(sa.func.min(ks.captured_at_utc)).where(
-            ks.source == SOURCE,
-            ks.metric == "buffered",
-            ks.scope == scope,
-            ks.scope_key == scope_key,
-        )
-    ).scalar_one_or_none()
-
-
-def read_series(
-    conn: sa.Connection,
-    *,
-    metric: str,
-    scope: str,
-    scope_key: str,
-    start: datetime,
-    end: datetime,
-    max_points: int,
-) -> list[SeriesPoint]:
-    """The samples of one metric and scope in ``[start, end]``, downsampled (read along
-    the primary key of ``kpi_samples``)."""
-    rows = conn.execute(
-        sa.select(ks.captured_at_utc, ks.value)
-        .where(
-            ks.source == SOURCE,
-            ks.metric == metric,
-            ks.scope == scope,
-            ks.scope_key == scope_key,
-            ks.captured_at_utc >= start,
-            ks.captured_at_utc <= end,
-        )
-        .order_by(ks.captured_at_utc)
-    ).all()
-    return downsample([(row.captured_at_utc, row.value) for row in rows], start, end, max_points)

@@ -14,7 +14,8 @@ by one process". At ``now``:
 Two grouped statements answer every scope at once, each from an index of migration 0005:
 non-terminal rows from the partial index ``ix_site_calls_pending`` (its predicate is
 repeated here word for word, so both providers recognise it), terminal ones from
-``ix_site_calls_terminal`` by terminal time. The scopes are sums of the per-node figures.
+``ix_site_calls_terminal`` by terminal time. The scopes are sums of the per-node figures
+(``db.kpi_history.KpiFigures``, the shape the notification outbox's KPIs share).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal, get_args
 
 import sqlalchemy as sa
 
+from controlroom.db.kpi_history import KpiFigures
 from controlroom.db.tables import site_calls
 from controlroom.telemetry.ordering import BUFFERED, SiteCallStatus
 
@@ -35,56 +36,7 @@ sc = site_calls.c
 PENDING_PREDICATE = sa.text(
     "site_calls.status IN ('Submitted', 'Forwarded', 'Attempted', 'Skipped', 'Parked')"
 )
-Metric = Literal[
-    "buffered",
-    "parked",
-    "failed_last_interval",
-    "delivered_last_interval",
-    "oldest_pending_age_seconds",
-    "stuck",
-]
-METRICS: tuple[Metric, ...] = get_args(Metric)
 _BUFFERED = frozenset(status.value for status in BUFFERED)
-
-
-@dataclass
-class KpiFigures:
-    """The KPIs of one scope; ``oldest_pending_created`` is the basis of the age."""
-
-    buffered: int = 0
-    parked: int = 0
-    failed_last_interval: int = 0
-    delivered_last_interval: int = 0
-    stuck: int = 0
-    oldest_pending_created: datetime | None = None
-
-    def add(self, other: KpiFigures) -> None:
-        self.buffered += other.buffered
-        self.parked += other.parked
-        self.failed_last_interval += other.failed_last_interval
-        self.delivered_last_interval += other.delivered_last_interval
-        self.stuck += other.stuck
-        if other.oldest_pending_created is not None and (
-            self.oldest_pending_created is None
-            or other.oldest_pending_created < self.oldest_pending_created
-        ):
-            self.oldest_pending_created = other.oldest_pending_created
-
-    def as_dict(self, now: datetime) -> dict[str, float | int | None]:
-        """The KPIs by metric name (``METRICS``); the age in seconds."""
-        age = (
-            None
-            if self.oldest_pending_created is None
-            else max(0.0, (now - self.oldest_pending_created).total_seconds())
-        )
-        return {
-            "buffered": self.buffered,
-            "parked": self.parked,
-            "failed_last_interval": self.failed_last_interval,
-            "delivered_last_interval": self.delivered_last_interval,
-            "oldest_pending_age_seconds": age,
-            "stuck": self.stuck,
-        }
 
 
 NodeKey = tuple[str, str | None]

@@ -1,42 +1,38 @@
 """Reading the site-call half: site calls, one call with its audit events, the audit log,
 rejected telemetry — each newest first with keyset paging.
 
-Source: docs/decisions.md "Site-call lists page by keyset". A page ends with a cursor naming its
-last row's sort key (``(created_at_utc, tracked_operation_id)``, ``(occurred_at_utc, event_id)`` or
-``(rejected_at_utc, id)``); the next page is the rows strictly after it in the same order, so rows
-sharing one instant are neither repeated nor skipped. Each order has an index of migration 0005.
-Filter values are only ever bound parameters.
+Source: docs/decisions.md "Site-call lists page by keyset" (``db.keyset``, shared with
+the notification outbox's list). A page ends with a cursor naming its last row's sort
+key (``(created_at_utc, tracked_operation_id)``, ``(occurred_at_utc, event_id)`` or
+``(rejected_at_utc, id)``); the next page is the rows strictly after it in the same
+order, so rows sharing one instant are neither repeated nor skipped. Each order has an
+index of migration 0005. Filter values are only ever bound parameters.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.sql.elements import KeyedColumnElement
 
 from controlroom.db.filters import filter_conditions
+from controlroom.db.keyset import BadCursor as BadCursor
+from controlroom.db.keyset import Page as Page
+from controlroom.db.keyset import keyset_page
 from controlroom.db.tables import (
     REJECTED_NOTIFICATION_SOURCE,
     audit_log,
     rejected_telemetry,
     site_calls,
 )
-from controlroom.exceptions import ControlroomError
-from controlroom.telemetry.stamps import as_utc, stamp_of
+from controlroom.telemetry.stamps import stamp_of
 
 sc = site_calls.c
 al = audit_log.c
 rt = rejected_telemetry.c
-
-
-class BadCursor(ControlroomError):
-    """A paging cursor this service did not hand out."""
 
 
 SITE_CALL_STAMPS = ("created_at", "updated_at", "terminal_at")
@@ -52,58 +48,6 @@ def with_stamps(row: sa.Row[Any], names: Sequence[str]) -> dict[str, Any]:
         values[f"{name}_utc"] = stamp_of(row, name)
         del values[f"{name}_tick"]
     return values
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    """Rows of one page, and the cursor of the next (``None`` on the last page)."""
-
-    rows: Sequence[sa.Row[*tuple[Any, ...]]]
-    next_cursor: str | None
-
-
-def encode_cursor(instant: datetime, key: str) -> str:
-    text = json.dumps([instant.isoformat(), key])
-    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The ``(instant, key)`` in ``cursor``. Raises ``BadCursor``."""
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        instant, key = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        parsed = datetime.fromisoformat(instant)
-        if parsed.tzinfo is None or not isinstance(key, str):
-            raise ValueError
-        return as_utc(parsed), key  # a forged time past what the store holds is refused
-    except (ValueError, TypeError, UnicodeDecodeError):
-        raise BadCursor("the cursor is not one this service handed out") from None
-
-
-def _page(
-    conn: sa.Connection,
-    table: sa.FromClause,
-    instant: KeyedColumnElement[Any],
-    key: KeyedColumnElement[Any],
-    conditions: Sequence[sa.ColumnElement[bool]],
-    *,
-    limit: int,
-    after: str | None,
-) -> Page:
-    where = list(conditions)
-    if after is not None:
-        at, last_key = decode_cursor(after)
-        where.append(sa.tuple_(instant, key) < sa.tuple_(sa.literal(at, instant.type), last_key))
-    rows = conn.execute(
-        sa.select(table).where(*where).order_by(instant.desc(), key.desc()).limit(limit + 1)
-    ).all()
-    more = len(rows) > limit
-    rows = rows[:limit]
-    cursor = None
-    if more and rows:
-        last = rows[-1]
-        cursor = encode_cursor(getattr(last, instant.key), getattr(last, key.key))
-    return Page(rows, cursor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +79,9 @@ def list_site_calls(
         filters.created_from,
         filters.created_to,
     )
-    return _page(
+    return keyset_page(
         conn,
-        site_calls,
+        sa.select(site_calls),
         sc.created_at_utc,
         sc.tracked_operation_id,
         conditions,
@@ -201,8 +145,14 @@ def list_audit_events(
         conditions.append(al.occurred_at_utc >= filters.occurred_from)
     if filters.occurred_to is not None:
         conditions.append(al.occurred_at_utc < filters.occurred_to)
-    return _page(
-        conn, audit_log, al.occurred_at_utc, al.event_id, conditions, limit=limit, after=after
+    return keyset_page(
+        conn,
+        sa.select(audit_log),
+        al.occurred_at_utc,
+        al.event_id,
+        conditions,
+        limit=limit,
+        after=after,
     )
 
 
@@ -227,9 +177,9 @@ def list_rejected_telemetry(
         sa.func.length(rt.packet).label("packet_size"),
     ).subquery("rejected_preview")
     kind = preview.c.source.startswith(REJECTED_NOTIFICATION_SOURCE, autoescape=True)
-    return _page(
+    return keyset_page(
         conn,
-        preview,
+        sa.select(preview),
         preview.c.rejected_at_utc,
         preview.c.id,
         [kind if notifications else sa.not_(kind)],

@@ -1,10 +1,11 @@
-"""Trend charts of the site-call KPIs as server-rendered SVG geometry (``_trend.html``
-draws it): no JavaScript, every label plain text (autoescaped by the template).
+"""Trend charts of the KPIs (the site calls' and the notification outbox's) as
+server-rendered SVG geometry (``_sitecalls.html`` ``trend`` draws it): no JavaScript, every
+label plain text (autoescaped by the template).
 
 Source: docs/decisions.md "KPI trends are drawn on the server as SVG" (a trend chart of each
-site-call KPI from the KPI history: axes, units, readable time labels). The series comes from
-``sitecalls.history.read_series``; a scope with no sample at an instant has nothing to report (read
-as zero), so the line is drawn through the samples there are.
+KPI from the KPI history: axes, units, readable time labels). The series comes from
+``db.kpi_history.read_series`` of one ``KpiSource``; a scope with no sample at an instant has
+nothing to report (read as zero), so the line is drawn through the samples there are.
 """
 
 from __future__ import annotations
@@ -16,13 +17,7 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from controlroom.sitecalls.history import (
-    SeriesPoint,
-    first_sample_at,
-    node_scope_key,
-    read_series,
-)
-from controlroom.sitecalls.kpis import METRICS
+from controlroom.db.kpi_history import METRICS, SeriesPoint, first_sample_at, read_series
 
 WIDTH: Final = 360
 HEIGHT: Final = 160
@@ -35,14 +30,29 @@ MIN_SPAN: Final = timedelta(minutes=5)
 """The shortest time axis: a history younger than this is drawn over the last 5 minutes."""
 MAX_POINTS: Final = 144  # one point per 10 minutes over the window
 
-LABELS: Final[dict[str, tuple[str, str]]] = {
-    "buffered": ("Buffered", "calls"),
-    "parked": ("Parked", "calls"),
-    "failed_last_interval": ("Failed in the last interval", "calls"),
-    "delivered_last_interval": ("Delivered in the last interval", "calls"),
-    "oldest_pending_age_seconds": ("Oldest pending age", "seconds"),
-    "stuck": ("Stuck", "calls"),
+LABELS: Final[dict[str, str]] = {
+    "buffered": "Buffered",
+    "parked": "Parked",
+    "failed_last_interval": "Failed in the last interval",
+    "delivered_last_interval": "Delivered in the last interval",
+    "oldest_pending_age_seconds": "Oldest pending age",
+    "stuck": "Stuck",
 }
+AGE_METRIC: Final = "oldest_pending_age_seconds"
+
+
+@dataclass(frozen=True, slots=True)
+class KpiSource:
+    """Whose KPI history a chart reads: the ``kpi_samples`` source, what it counts (the
+    unit of every metric but the age), and the prefix of its charts' test ids."""
+
+    source: str
+    noun: str
+    prefix: str
+
+
+SITE_CALLS: Final = KpiSource("sitecalls", "calls", "trend-")
+NOTIFICATIONS: Final = KpiSource("notifications", "notifications", "notification-trend-")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +70,7 @@ class TrendChart:
 
     metric: str
     title: str
-    unit: str
+    unit: str  # "seconds" for the age, else what the source counts ("calls")
     points: str
     dots: list[tuple[float, float, str]]  # x, y, the sample as text ("12 calls at 09:30 UTC")
     y_ticks: list[Tick]
@@ -69,6 +79,7 @@ class TrendChart:
     start: datetime
     end: datetime
     window: str  # "last 24 hours", or "since 09:30" (UTC) for a younger history
+    testid: str = ""  # the figure's data-testid: "trend-parked", "notification-trend-parked"
 
     width: int = WIDTH
     height: int = HEIGHT
@@ -79,19 +90,20 @@ class TrendChart:
 
 
 def kpi_charts(
-    conn: sa.Connection, *, now: datetime, site: str | None = None, node: str | None = None
+    conn: sa.Connection,
+    *,
+    now: datetime,
+    source: KpiSource = SITE_CALLS,
+    scope: str = "global",
+    scope_key: str = "",
 ) -> list[TrendChart]:
-    """A chart of each KPI (``kpis.METRICS`` order) of one scope over the 24 hours up to
-    ``now``, or from the scope's first sample when that is later (docs/decisions.md "A
-    chart spans the history that exists"): global, a ``site``, or a ``node`` of a site."""
-    if node is not None and site is not None:
-        scope, key = "node", node_scope_key(site, node)
-    elif site is not None:
-        scope, key = "site", site
-    else:
-        scope, key = "global", ""
+    """A chart of each KPI (``METRICS`` order) of one scope of ``source`` over the 24
+    hours up to ``now``, or from the scope's first sample when that is later
+    (docs/decisions.md "A chart spans the history that exists"). The scopes are the
+    sampler's: ``global`` (key ``""``), a site call's ``site`` or ``node`` (key
+    ``site/node``), a notification's ``channel``."""
     start = now - WINDOW
-    first = first_sample_at(conn, scope=scope, scope_key=key)
+    first = first_sample_at(conn, source=source.source, scope=scope, scope_key=scope_key)
     if first is not None and first > start:
         start = min(_aware(first), now - MIN_SPAN)
     return [
@@ -99,25 +111,33 @@ def kpi_charts(
             metric,
             read_series(
                 conn,
+                source=source.source,
                 metric=metric,
                 scope=scope,
-                scope_key=key,
+                scope_key=scope_key,
                 start=start,
                 end=now,
                 max_points=MAX_POINTS,
             ),
             start=start,
             end=now,
+            source=source,
         )
         for metric in METRICS
     ]
 
 
 def build_chart(
-    metric: str, series: list[SeriesPoint], *, start: datetime, end: datetime
+    metric: str,
+    series: list[SeriesPoint],
+    *,
+    start: datetime,
+    end: datetime,
+    source: KpiSource = SITE_CALLS,
 ) -> TrendChart:
     """The geometry of ``series`` (sorted by time, all in ``[start, end]``). Pure."""
-    title, unit = LABELS[metric]
+    title = LABELS[metric]
+    unit = "seconds" if metric == AGE_METRIC else source.noun
     largest = max((point.value for point in series), default=0.0)
     # The axis counts in one unit: calls, or seconds, minutes or hours for an age.
     scale, suffix = axis_unit(unit, largest)
@@ -167,6 +187,7 @@ def build_chart(
         start=start,
         end=end,
         window=window,
+        testid=source.prefix + metric,
     )
 
 
@@ -198,14 +219,15 @@ def tick_parts(top: float) -> int:
 
 
 def format_value(value: float, unit: str) -> str:
-    """``12 calls``; an age as ``95 s``, ``1.5 min`` or ``2.0 h``."""
+    """``12 calls`` (``unit`` what is counted); an age as ``95 s``, ``1.5 min`` or
+    ``2.0 h``."""
     if unit == "seconds":
         if value < 120:
             return f"{value:.0f} s"
         if value < 7200:
             return f"{value / 60:.1f} min"
         return f"{value / 3600:.1f} h"
-    return f"{_number(value)} calls"
+    return f"{_number(value)} {unit}"
 
 
 def _number(value: float) -> str:

@@ -1,21 +1,28 @@
 """What every console page and action uses: the templates, who is asking (``viewer``,
-``actor``), rendering and redirects. The routers (``pages``, ``actions``,
-``sitecall_pages``, ``imports_and_events``) import these; ``console`` mounts the routers.
-This module imports no router, so the imports run one way.
+``actor``, and their ``Viewer``/``Actor`` dependencies), the query parameters the lists
+share, the store (``engine_of``), keyset pages (``refusing_bad_cursor``), the KPI tiles'
+context (``kpi_tiles``), rendering and redirects. The routers (``pages``, ``actions``,
+``sitecall_pages``, ``imports_and_events``, ``notification_pages``) import these;
+``console`` mounts the routers. This module imports no router, so the imports run one way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
 import jinja2
-from fastapi import HTTPException, Request
+import sqlalchemy as sa
+from fastapi import Depends, HTTPException, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from controlroom import __version__
+from controlroom.config import Settings
+from controlroom.db.keyset import BadCursor
 from controlroom.http.auth import ANONYMOUS, ROLE_RANK
 from controlroom.runtime.wire_text import escape_wire_text
 from controlroom.web import filters
@@ -111,6 +118,47 @@ async def actor(request: Request) -> Session:
 def api_state(request: Request) -> Any:
     """The API app's state: ``engine``, ``body_store``, ``transport``, ``settings``..."""
     return request.app.state.api
+
+
+def engine_of(request: Request) -> sa.Engine:
+    """The store's engine."""
+    engine: sa.Engine = api_state(request).engine
+    return engine
+
+
+Viewer = Annotated[Session, Depends(viewer)]
+"""A page's session (``viewer``)."""
+Actor = Annotated[Session, Depends(actor)]
+"""An operator's session that sent a state-changing request (``actor``)."""
+Text = Annotated[str, Query(max_length=1024)]
+"""A filter's text ("" when not given)."""
+After = Annotated[str, Query(max_length=500)]
+"""A keyset page's cursor ("" on the first page)."""
+PAGE_SIZE: Final = 50
+"""Rows of a list page."""
+
+
+@contextmanager
+def refusing_bad_cursor() -> Iterator[None]:
+    """Around reading a keyset page: a cursor this service did not hand out is a 400
+    naming ``after``."""
+    try:
+        yield
+    except BadCursor as exc:
+        raise HTTPException(400, f"after: {exc}") from None
+
+
+def kpi_tiles(
+    kpis: Mapping[str, float | int | None], settings: Settings, now: datetime
+) -> dict[str, Any]:
+    """The context of a KPI tiles macro: ``kpis`` (by metric name, as measured at
+    ``now``), the interval and stuck threshold their labels name, and ``now``."""
+    return {
+        "kpis": kpis,
+        "interval": settings.kpi.interval,
+        "stuck_threshold": settings.kpi.stuck_threshold,
+        "now": now,
+    }
 
 
 # --- rendering ----------------------------------------------------------------------------

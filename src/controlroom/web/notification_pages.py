@@ -1,12 +1,13 @@
-"""The console's Notifications pages: the list (KPI tiles, filters by status, channel,
-source and target, keyset paging), one notification with its last error and, for
-operators, Retry and Discard of a Parked one (post, then a redirect carrying the outcome
-in the signed flash cookie, docs/decisions.md "Console actions answer with a redirect":
-the page shows it once, a reload sends nothing, and no link can carry an outcome), and
-the channels configured (secrets never shown).
+"""The console's Notifications pages: the list (KPI tiles and trends, globally or of one
+channel, filters by status, channel, source and target, keyset paging), one notification
+with its last error and, for operators, Retry and Discard of a Parked one (post, then a
+redirect carrying the outcome in the signed flash cookie, docs/decisions.md "Console
+actions answer with a redirect": the page shows it once, a reload sends nothing, and no
+link can carry an outcome), and the channels configured (secrets never shown).
 
 Source: docs/design.md "Notification outbox"; docs/decisions.md "The console calls the
-same functions as the API": reads call ``notifications.queries``, the actions
+same functions as the API": reads call ``notifications.queries`` (the trends
+``db.kpi_history`` via ``web.charts``, as the site calls' do), the actions
 ``notifications.store.act_on_parked``, as the API does. Every value of a notification
 (subject, target, body, error) is rendered as text.
 """
@@ -16,35 +17,36 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 
 from controlroom.config import Settings
 from controlroom.notifications import queries
 from controlroom.notifications.lifecycle import Channel, Status
 from controlroom.notifications.store import ActionOutcome, Command, act_on_parked
+from controlroom.web import charts
 from controlroom.web.common import (
     EXTRA_NAV,
-    actor,
+    PAGE_SIZE,
+    Actor,
+    After,
+    Text,
+    Viewer,
     api_state,
+    engine_of,
     form_instant,
+    kpi_tiles,
     redirect_with,
+    refusing_bad_cursor,
     render,
-    viewer,
 )
 from controlroom.web.flash import Flash
-from controlroom.web.session import Session
 from controlroom.web.sitecall_pages import render_rejected
 
 router = APIRouter(include_in_schema=False)
-Viewer = Annotated[Session, Depends(viewer)]
-Actor = Annotated[Session, Depends(actor)]
-Text = Annotated[str, Query(max_length=1024)]
-After = Annotated[str, Query(max_length=500)]
-PAGE_SIZE = 50
 STATUSES = tuple(status.value for status in Status)
 CHANNELS = tuple(channel.value for channel in Channel)
 
@@ -59,6 +61,28 @@ OUTCOME_TEXT = {
 COMMANDS = {command.value.lower(): command for command in Command}
 
 
+def kpi_context(
+    conn: sa.Connection, settings: Settings, *, channel: str | None = None
+) -> dict[str, Any]:
+    """The KPI tiles (``common.kpi_tiles``, as ``/api/notifications/kpis`` measures
+    them) and the trend charts (``charts``) of one scope: every channel, or ``channel``."""
+    now = datetime.now(UTC)
+    scopes = queries.measure_kpis(
+        conn,
+        now=now,
+        interval=settings.kpi.interval,
+        stuck_threshold=settings.kpi.stuck_threshold,
+    )
+    trends = charts.kpi_charts(
+        conn,
+        now=now,
+        source=charts.NOTIFICATIONS,
+        scope="channel" if channel else "global",
+        scope_key=channel or "",
+    )
+    return {**kpi_tiles(scopes[channel or ""], settings, now), "charts": trends}
+
+
 @router.get("/notifications")
 def notification_list(
     request: Request,
@@ -69,14 +93,17 @@ def notification_list(
     target: Text = "",
     created_from: Annotated[str, Query(alias="from", max_length=40)] = "",
     created_to: Annotated[str, Query(alias="to", max_length=40)] = "",
+    scope_channel: Text = "",
     after: After = "",
 ) -> Response:
-    """KPI tiles, the channels configured, and the notifications matching the filters
+    """KPI tiles and trends of the picked scope (``scope_channel``: every channel by
+    default), the channels configured, and the notifications matching the filters
     (``from`` inclusive, ``to`` exclusive: created instants, UTC), newest created first."""
     if status and status not in STATUSES:
         raise HTTPException(400, f"status must be one of {', '.join(STATUSES)}")
-    if channel and channel not in CHANNELS:
-        raise HTTPException(400, f"channel must be one of {', '.join(CHANNELS)}")
+    for name, value in (("channel", channel), ("scope_channel", scope_channel)):
+        if value and value not in CHANNELS:
+            raise HTTPException(400, f"{name} must be one of {', '.join(CHANNELS)}")
     filters = queries.NotificationFilter(
         status or None,
         channel or None,
@@ -86,22 +113,16 @@ def notification_list(
         created_to=form_instant("to", created_to),
     )
     settings: Settings = api_state(request).settings
-    with _engine(request).connect() as conn:
-        try:
+    with engine_of(request).connect() as conn:
+        with refusing_bad_cursor():
             page = queries.list_notifications(conn, filters, limit=PAGE_SIZE, after=after or None)
-        except queries.BadCursor as exc:
-            raise HTTPException(400, f"after: {exc}") from None
-        kpis = queries.measure_kpis(
-            conn,
-            now=datetime.now(UTC),
-            interval=settings.kpi.interval,
-            stuck_threshold=settings.kpi.stuck_threshold,
-        )
+        context = kpi_context(conn, settings, channel=scope_channel or None)
     outbox = settings.notifications
     return render(
         request,
         "notifications.html",
         {
+            **context,
             "notifications": page.rows,
             "next_cursor": page.next_cursor,
             "after": after,
@@ -112,12 +133,11 @@ def notification_list(
                 "target": target,
                 "from": created_from,
                 "to": created_to,
+                "scope_channel": scope_channel,
             },
             "statuses": STATUSES,
             "channels": CHANNELS,
-            "kpis": kpis[""],
-            "interval": settings.kpi.interval,
-            "stuck_threshold": settings.kpi.stuck_threshold,
+            "scope_channel": scope_channel,
             "webhooks": [(hook.name, hook.url) for hook in outbox.webhooks],
             "recipient_lists": [(entry.name, entry.addresses) for entry in outbox.recipient_lists],
             "smtp": None if outbox.smtp is None else f"{outbox.smtp.host}:{outbox.smtp.port}",
@@ -139,7 +159,7 @@ def notification_page(
     notification_id: uuid.UUID,
 ) -> Response:
     """One notification (and the flash of an action's redirect, shown once)."""
-    with _engine(request).connect() as conn:
+    with engine_of(request).connect() as conn:
         row = queries.get_notification(conn, str(notification_id))
     if row is None:
         raise HTTPException(404, "notification not found")
@@ -160,7 +180,7 @@ def act(request: Request, session: Actor, notification_id: uuid.UUID, command: s
     if chosen is None:
         raise HTTPException(404, "no such action")
     result = act_on_parked(
-        _engine(request),
+        engine_of(request),
         str(notification_id),
         chosen,
         session.principal.name,
@@ -179,8 +199,3 @@ def act(request: Request, session: Actor, notification_id: uuid.UUID, command: s
         detail=f"The notification is {result.status}.",
     )
     return redirect_with(request, f"/notifications/{notification_id}", flash)
-
-
-def _engine(request: Request) -> sa.Engine:
-    engine: sa.Engine = api_state(request).engine
-    return engine

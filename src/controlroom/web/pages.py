@@ -43,7 +43,7 @@ from controlroom.errors.retries.outcomes import failed_again_in_group
 from controlroom.http.bodies import body_response_headers, read_body_bytes
 from controlroom.notifications.queries import measure_kpis as notification_kpis
 from controlroom.web.bodies import MAX_SHOWN_BYTES, view_body
-from controlroom.web.charts import kpi_charts
+from controlroom.web.charts import NOTIFICATIONS, kpi_charts
 from controlroom.web.common import api_state, render, safe_next, viewer
 from controlroom.web.session import Session
 from controlroom.web.sitecall_pages import kpi_tiles_context
@@ -68,6 +68,7 @@ def dashboard(request: Request, session: Viewer) -> Response:
     with _engine(request).connect() as conn:
         figures, top_groups, by_endpoint = _dashboard_figures(conn, request)
         trends = kpi_charts(conn, now=figures["now"])
+        outbox_trends = kpi_charts(conn, now=figures["now"], source=NOTIFICATIONS)
     return render(
         request,
         "dashboard.html",
@@ -76,6 +77,7 @@ def dashboard(request: Request, session: Viewer) -> Response:
             "groups": top_groups[:8],
             "endpoints": list(by_endpoint.items())[:10],
             "charts": trends,
+            "notification_charts": outbox_trends,
         },
     )
 

@@ -20,13 +20,14 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 
 from controlroom.config import Settings
 from controlroom.http.bodies import packet_download
 from controlroom.sitecalls import queries
 from controlroom.sitecalls.audit_verify import last_verification
+from controlroom.sitecalls.history import node_scope_key
 from controlroom.sitecalls.intake import make_writer
 from controlroom.sitecalls.kpis import measure_kpis
 from controlroom.sitecalls.reconciliation import site_states
@@ -42,23 +43,24 @@ from controlroom.telemetry.ordering import Channel, SiteCallStatus
 from controlroom.web import charts
 from controlroom.web.common import (
     EXTRA_NAV,
-    actor,
+    PAGE_SIZE,
+    Actor,
+    After,
+    Text,
+    Viewer,
     api_state,
+    engine_of,
     form_instant,
+    kpi_tiles,
     redirect,
     redirect_with,
+    refusing_bad_cursor,
     render,
-    viewer,
 )
 from controlroom.web.flash import Flash
 from controlroom.web.session import Session
 
 router = APIRouter(include_in_schema=False)
-Viewer = Annotated[Session, Depends(viewer)]
-Actor = Annotated[Session, Depends(actor)]
-Text = Annotated[str, Query(max_length=1024)]
-After = Annotated[str, Query(max_length=500)]
-PAGE_SIZE = 50
 WRITE_ATTEMPTS = 3  # transient store errors a re-submission rides out before it answers
 STATUSES = tuple(status.value for status in SiteCallStatus)
 CHANNELS = tuple(channel.value for channel in Channel)
@@ -81,7 +83,14 @@ def kpi_context(
     """The KPI tiles (``kpi_tiles_context``) and the trend charts (``charts``) of one
     scope."""
     tiles = kpi_tiles_context(conn, settings, site=site, node=node)
-    return {**tiles, "charts": charts.kpi_charts(conn, now=tiles["now"], site=site, node=node)}
+    if node is not None and site is not None:
+        scope, key = "node", node_scope_key(site, node)
+    elif site is not None:
+        scope, key = "site", site
+    else:
+        scope, key = "global", ""
+    trends = charts.kpi_charts(conn, now=tiles["now"], scope=scope, scope_key=key)
+    return {**tiles, "charts": trends}
 
 
 def kpi_tiles_context(
@@ -98,12 +107,7 @@ def kpi_tiles_context(
         site=site,
         node=node,
     )
-    return {
-        "kpis": report.total().as_dict(now),
-        "interval": settings.kpi.interval,
-        "stuck_threshold": settings.kpi.stuck_threshold,
-        "now": now,
-    }
+    return kpi_tiles(report.total().as_dict(now), settings, now)
 
 
 # --- site calls ---------------------------------------------------------------------------
@@ -140,11 +144,9 @@ def site_call_list(
         created_to=form_instant("to", created_to),
     )
     settings: Settings = api_state(request).settings
-    with _engine(request).connect() as conn:
-        try:
+    with engine_of(request).connect() as conn:
+        with refusing_bad_cursor():
             page = queries.list_site_calls(conn, filters, limit=PAGE_SIZE, after=after or None)
-        except queries.BadCursor as exc:
-            raise HTTPException(400, f"after: {exc}") from None
         context = kpi_context(conn, settings, site=scope_site or None, node=scope_node or None)
         scopes = _scopes(conn, settings)
     params = {
@@ -184,7 +186,7 @@ def live_kpi_tiles(
     (docs/decisions.md "Live figures poll, and rest while the tab is hidden")."""
     if scope_node and not scope_site:
         raise HTTPException(400, "scope_node: give scope_site too")
-    with _engine(request).connect() as conn:
+    with engine_of(request).connect() as conn:
         context = kpi_tiles_context(
             conn, api_state(request).settings, site=scope_site or None, node=scope_node or None
         )
@@ -213,7 +215,7 @@ def rejected_list(
     """Telemetry packets the contract or the store refused, newest first, kept whole;
     after a re-submission (``resubmitted``, ``outcome``, ``call``) its outcome first,
     with the packet's current reason when it was rejected again."""
-    with _engine(request).connect() as conn:
+    with engine_of(request).connect() as conn:
         notice = _resubmission(conn, resubmitted, outcome, call)
     return render_rejected(request, after, notifications=False, resubmission=notice)
 
@@ -223,13 +225,10 @@ def render_rejected(
 ) -> Response:
     """The page of rejected telemetry, or of rejected notifications (``rejected.html``;
     no re-submission for those: they are no telemetry)."""
-    with _engine(request).connect() as conn:
-        try:
-            page = queries.list_rejected_telemetry(
-                conn, limit=PAGE_SIZE, after=after or None, notifications=notifications
-            )
-        except queries.BadCursor as exc:
-            raise HTTPException(400, f"after: {exc}") from None
+    with engine_of(request).connect() as conn, refusing_bad_cursor():
+        page = queries.list_rejected_telemetry(
+            conn, limit=PAGE_SIZE, after=after or None, notifications=notifications
+        )
     packets = [
         {
             "id": row.id,
@@ -260,7 +259,7 @@ def render_rejected(
 def rejected_packet_download(request: Request, session: Viewer, rejected_id: uuid.UUID) -> Response:
     """The whole rejected packet as a download (as ``GET
     /api/site-calls/rejected/{id}/packet``); the list shows only its beginning."""
-    with _engine(request).connect() as conn:
+    with engine_of(request).connect() as conn:
         packet = queries.rejected_packet(conn, str(rejected_id))
     if packet is None:
         raise HTTPException(404, "no rejected packet has this id")
@@ -334,7 +333,7 @@ def discard_call(request: Request, session: Actor, tracked_operation_id: uuid.UU
 @router.get("/sites")
 def site_list(request: Request, session: Viewer) -> Response:
     """The configured sites and their reconciliation state (never a site's token)."""
-    with _engine(request).connect() as conn:
+    with engine_of(request).connect() as conn:
         states = site_states(conn, api_state(request).settings.sites)
     return render(request, "sites.html", {"sites": states})
 
@@ -366,11 +365,9 @@ def audit_log_page(
         occurred_from=form_instant("from", occurred_from),
         occurred_to=form_instant("to", occurred_to),
     )
-    with _engine(request).connect() as conn:
-        try:
+    with engine_of(request).connect() as conn:
+        with refusing_bad_cursor():
             page = queries.list_audit_events(conn, filters, limit=PAGE_SIZE, after=after or None)
-        except queries.BadCursor as exc:
-            raise HTTPException(400, f"after: {exc}") from None
         verification = last_verification(conn)
     params = {
         "actor": actor,
@@ -398,7 +395,7 @@ def audit_log_page(
 # --- helpers ------------------------------------------------------------------------------
 def _call_page(request: Request, tracked_operation_id: str) -> Response:
     settings: Settings = api_state(request).settings
-    with _engine(request).connect() as conn:
+    with engine_of(request).connect() as conn:
         call = queries.get_site_call(conn, tracked_operation_id)
         if call is None:
             raise HTTPException(
@@ -455,8 +452,3 @@ def _scopes(conn: sa.Connection, settings: Settings) -> list[tuple[str, list[str
         if node is not None:
             found.add(node)
     return [(site, sorted(found)) for site, found in sorted(nodes.items())]
-
-
-def _engine(request: Request) -> sa.Engine:
-    engine: sa.Engine = api_state(request).engine
-    return engine
