@@ -182,7 +182,6 @@ def test_sigterm_stops_every_worker(worker_settings: Settings) -> None:
     assert serve(settings, body) == set()
 
 
-
 def test_a_part_that_stops_on_its_own_stops_the_workers_too(
     worker_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
