@@ -245,12 +245,9 @@ def test_a_statuss_first_page_reads_no_rows_of_other_statuses(quiet_store: sa.En
     assert not grown, f"work before -> after {OUTSIDE} newer resolved rows: {grown}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a search of more matches than the exact-count limit finds its page by walking "
-    'the sort order of every message (docs/decisions.md "A subset is read from its own '
-    'rows"): not fixed yet',
-)
+# docs/decisions.md "A subset is read from its own rows": a search of more matches than
+# the exact-count limit finds its page by walking the sort order of every message.
+@pytest.mark.xfail(strict=True, reason="a search of many matches walks the sort order")
 def test_a_searchs_first_page_reads_no_rows_it_does_not_match(quiet_store: sa.Engine) -> None:
     def measure(name: str, order: Ordering) -> int:
         text, where = SEARCHES[name]

@@ -135,11 +135,7 @@ def _page_ids(
     if statuses and (total > WALK_SORT_INDEX_PAST or status_and_group_only(where)):
         others = replace(where, statuses=frozenset(), excluded_statuses=frozenset())
         conditions = filter_conditions(others, provider.without_index)
-        if len(statuses) == 1:  # one walk, in order
-            walk = sa.select(fm.id).where(fm.status == statuses[0], *conditions)
-            return _window(walk, provider, order, offset, limit)
-        merged = merged_walks(provider, conditions, statuses, order, offset + limit)
-        return _members_window(merged.c, sa.select(merged.c.id), provider, order, offset, limit)
+        return merged_walks(provider, conditions, statuses, order, offset=offset, limit=limit)
     if total > WALK_SORT_INDEX_PAST:
         conditions = filter_conditions(where, provider.without_index)
     else:
@@ -171,25 +167,32 @@ def merged_walks(
     conditions: list[sa.ColumnElement[bool]],
     statuses: list[int],
     order: Ordering,
-    rows: int,
+    *,
+    offset: int,
+    limit: int,
 ) -> sa.Subquery:
-    """The first ``rows`` messages in ``order`` (their ``sort_columns``) among
-    ``statuses`` matching ``conditions``, as a subquery: one walk per status of its
-    ``(status, key, id)`` index, each bounded by ``rows``, merged (UNION ALL; the caller
-    orders). Each walk reads its own status's rows, never another's: a status's page
-    costs the same however many messages of other statuses are newer
-    (docs/decisions.md "A subset is read from its own rows")."""
+    """The messages (their ``sort_columns``) among ``statuses`` matching ``conditions``
+    in ``order``, ``limit`` from ``offset``, as a subquery: one walk per status of its
+    ``(status, key, id)`` index, merged by a compound ``ORDER BY`` (UNION ALL). Each walk
+    reads its own status's rows, never another's: a status's page costs the same however
+    many messages of other statuses are newer (docs/decisions.md "A subset is read from
+    its own rows"). PostgreSQL merges the walks, each bounded by the page's end
+    (``Provider.bounds_merged_walks``), SQLite too (a compound ``SELECT`` with ``ORDER
+    BY`` runs its parts as co-routines, each in index order): a page reads about as many
+    rows as one walk of every message did."""
     walks = [
-        sa.select(*sort_columns(order))
-        .where(fm.status == status, *conditions)
-        .order_by(*order_by(provider, order))
-        .limit(rows)
-        .subquery(f"status_{status}")
+        sa.select(*sort_columns(order)).where(fm.status == status, *conditions)
         for status in statuses
     ]
-    if len(walks) == 1:
-        return walks[0]
-    return sa.union_all(*(sa.select(walk) for walk in walks)).subquery("merged")
+    if provider.bounds_merged_walks and len(walks) > 1:
+        bounded = [
+            walk.order_by(*order_by(provider, order)).limit(offset + limit).subquery(f"s{n}")
+            for n, walk in enumerate(walks)
+        ]
+        walks = [sa.select(*walk.c) for walk in bounded]
+    merged = walks[0] if len(walks) == 1 else sa.union_all(*walks)
+    ordered = merged.order_by(*order_by(provider, order, merged.selected_columns))
+    return ordered.limit(limit).offset(offset).subquery("page")
 
 
 def _window(

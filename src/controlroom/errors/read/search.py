@@ -184,10 +184,7 @@ def _window(provider: Provider, order: Ordering, rows: int) -> sa.Select[Any]:
     statuses = merged_statuses(EVERY_MESSAGE, order)
     if not statuses:
         return sa.select(*sort_columns(order)).order_by(*order_by(provider, order)).limit(rows)
-    merged = merged_walks(provider, [], statuses, order, rows)
-    first = (
-        sa.select(merged.c.id).order_by(*order_by(provider, order, merged.c)).limit(rows)
-    ).subquery("first")
+    first = merged_walks(provider, [], statuses, order, offset=0, limit=rows)
     return sa.select(*sort_columns(order)).join_from(failed_messages, first, fm.id == first.c.id)
 
 
@@ -288,16 +285,8 @@ def _search_page_of_many(
         return _search_page(conn, collected, offset, limit, order)
     statuses = merged_statuses(where, order)
     if statuses:
-        merged = merged_walks(
-            provider, [provider.without_index(collected)], statuses, order, offset + limit
-        )
-        walked = (
-            sa.select(merged.c.id)
-            .order_by(*order_by(provider, order, merged.c))
-            .limit(limit)
-            .offset(offset)
-            .subquery("page")
-        )
+        kept = [provider.without_index(collected)]
+        walked = merged_walks(provider, kept, statuses, order, offset=offset, limit=limit)
         return hits_page(conn, walked, order, total, offset=offset, limit=limit)
     walked = (
         sa.select(fm.id)
