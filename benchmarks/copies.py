@@ -11,9 +11,12 @@ of its own next to ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (as ``ingest.py``):
   supplies no copies);
 - ``0019``: before migration 0020, the copies of 0011 only, read by the writer as since
   0013 (``SubsetlessCopiesWriter``);
+- ``0023``: before migration 0024, the sort keys indexed alone, ``(key, id)``, with the
+  service's writer (0024 changes indexes only);
 - ``head``: the service's writer on the schema as migrated (since 0013 the writer reads
   the copies from the messages in its group-row insert; the trigger skips those rows;
-  since 0020 the copies of the sort keys too, and the subsets' sort indexes).
+  since 0020 the copies of the sort keys too, and the subsets' sort indexes; since 0024
+  the status-led sort indexes in place of the sort keys' own).
 
 One round times the write path (``ingest.write_path``, ``--threads`` batches at once;
 by default ``concurrent_batches``, as the service runs) once per variant, each on
@@ -131,6 +134,7 @@ VARIANTS = (
     Variant("0010", "0010", TriggerCopiesWriter),
     Variant("0011", "0011", TriggerCopiesWriter),
     Variant("0019", "0019", SubsetlessCopiesWriter),
+    Variant("0023", "0023", FailedMessageBatchWriter),
     Variant("head", "head", FailedMessageBatchWriter),
 )
 

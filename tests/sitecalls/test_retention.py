@@ -58,9 +58,7 @@ def _event(event_id: str, at: datetime) -> dict[str, object]:
     return packet("Submitted", op_id=str(uuid.uuid4()), at=at, event_id=event_id)
 
 
-def test_a_shorter_audit_retention_is_honoured_by_whole_months(
-    engine: sa.Engine, tmp_path
-) -> None:
+def test_a_shorter_audit_retention_is_honoured_by_whole_months(engine: sa.Engine, tmp_path) -> None:
     today = datetime.now(UTC)
     gone, kept = str(uuid.uuid4()), str(uuid.uuid4())
     write(SiteCallWriter(engine), _event(gone, today - timedelta(days=100)), _event(kept, today))

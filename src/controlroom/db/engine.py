@@ -24,7 +24,11 @@ from controlroom.db.transactions import begin_write
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-__all__ = ["begin_write", "create_store_engine", "normalize_database_url", "retry_transient",
+__all__ = [
+    "begin_write",
+    "create_store_engine",
+    "normalize_database_url",
+    "retry_transient",
     "run_write_transaction",
 ]
 

@@ -113,14 +113,22 @@ failed_messages = sa.Table(
 # The list's sort keys, each followed by the id (migration 0004): a page in either
 # direction reads the index in order. Empty values sort smallest (errors.read.filters.order_by);
 # Nullable keys are indexed NULLS FIRST, the order of the queries.
-for _name, _column in (
-    ("ix_failed_messages_time_sent_id", failed_messages.c.time_sent),
-    ("ix_failed_messages_last_failure_at_id", failed_messages.c.last_failure_at),
-    ("ix_failed_messages_last_modified_id", failed_messages.c.last_modified),
-    ("ix_failed_messages_message_type_id", failed_messages.c.message_type),
-):
+sa.Index(
+    "ix_failed_messages_last_modified_id", failed_messages.c.last_modified, failed_messages.c.id
+)
+
+STATUS_SORT_KEYS = ("time_sent", "last_failure_at", "message_type")
+"""The sort columns indexed after the status, ``(status, key, id)`` (migration 0024,
+replacing 0004's ``(key, id)``): a status's page walks its own rows in order, a page of
+several statuses (or all) merges one such walk per status."""
+
+for _key in STATUS_SORT_KEYS:
+    _column = failed_messages.c[_key]
     sa.Index(
-        _name, _column.asc().nulls_first() if _column.nullable else _column, failed_messages.c.id
+        f"ix_failed_messages_status_{_key}_id",
+        failed_messages.c.status,
+        _column.asc().nulls_first() if _column.nullable else _column,
+        failed_messages.c.id,
     )
 
 SUBSET_SORT_KEYS = ("time_sent", "last_failure_at")

@@ -123,6 +123,13 @@ class Provider(ABC):
     10.11): ``update_returning`` then runs one statement, else selects, updates and reads
     back."""
 
+    bounds_merged_walks: ClassVar[bool] = True
+    """A merge of ordered walks (``errors.read.lists.merged_walks``: a page of several
+    statuses) bounds each walk by the page's end in a subquery of its own, which
+    PostgreSQL still merges (Merge Append) and never reads past. Else the compound
+    ``SELECT`` is ordered as a whole, which SQLite merges lazily (``MERGE (UNION ALL)``)
+    and would sort whole once each walk were a subquery."""
+
     claims_rows_concurrently: ClassVar[bool] = False
     """Several processes may claim rows of one work table at once: ``lock_for_claim``
     skips rows another transaction holds. Else one process claims, under a lease

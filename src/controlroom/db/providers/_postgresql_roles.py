@@ -76,10 +76,7 @@ def grant_service_role(conn: sa.Connection, service: sa.URL) -> str:
     run(f"GRANT {role} TO {_quoted(login)}")
     run(f"GRANT CONNECT, TEMPORARY ON DATABASE {_quoted(database)} TO {role}")
     run(f"GRANT USAGE ON SCHEMA {_quoted(schema)} TO {role}")
-    run(
-        f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {_quoted(schema)} "
-        f"TO {role}"
-    )
+    run(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {_quoted(schema)} TO {role}")
     run(f"GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {_quoted(schema)} TO {role}")
     partitions = conn.execute(
         sa.text(

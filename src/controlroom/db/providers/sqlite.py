@@ -126,6 +126,7 @@ class SQLiteProvider(OnConflictProvider):
     name: ClassVar[str] = "sqlite"
     max_bound_parameters: ClassVar[int] = 32766  # SQLITE_MAX_VARIABLE_NUMBER since 3.32
     alters_tables_in_batch: ClassVar[bool] = True
+    bounds_merged_walks: ClassVar[bool] = False  # its compound ORDER BY merges lazily
 
     def insert(self, table: sa.Table) -> Any:
         return insert(table)

@@ -19,6 +19,7 @@ from controlroom.db.providers import Provider, provider_for
 from controlroom.db.tables import (
     GROUP_COPIES,
     GROUP_SORT_KEYS,
+    STATUS_SORT_KEYS,
     SUBSET_SORT_KEYS,
     FailedMessageStatus,
     failed_message_groups,
@@ -130,11 +131,68 @@ def _page_ids(
         return _group_page(provider, where, order, offset=offset, limit=limit)
     if where.receiving_endpoint is not None or where.queue_address is not None:
         return _subset_page(provider, where, order, offset=offset, limit=limit)
+    statuses = merged_statuses(where, order)
+    if statuses and (total > WALK_SORT_INDEX_PAST or status_and_group_only(where)):
+        others = replace(where, statuses=frozenset(), excluded_statuses=frozenset())
+        conditions = filter_conditions(others, provider.without_index)
+        return merged_walks(provider, conditions, statuses, order, offset=offset, limit=limit)
     if total > WALK_SORT_INDEX_PAST:
         conditions = filter_conditions(where, provider.without_index)
     else:
         conditions = filter_conditions(where)
     return _window(sa.select(fm.id).where(*conditions), provider, order, offset, limit)
+
+
+STATUS_LED_WHEN_FILTERED = ("last_modified", "status", "id")
+"""Sort columns (``None``: the id) with an index after the status as well as their own,
+``(status, last_modified)`` and ``(status, id)``: a list naming statuses merges walks of
+those, a list of every status walks the column's own index."""
+
+
+def merged_statuses(where: FailedMessageFilter, order: Ordering) -> list[int]:
+    """The statuses whose walks in ``order`` a page of ``where`` (filtered by no subset)
+    merges, or none where it walks one index of every status: the sort key is indexed
+    after the status alone (``STATUS_SORT_KEYS``, migration 0024), or besides
+    (``STATUS_LED_WHEN_FILTERED``) and ``where`` names statuses."""
+    key = _leading_key(order) or "id"
+    named = bool(where.statuses or where.excluded_statuses)
+    if key not in STATUS_SORT_KEYS and not (named and key in STATUS_LED_WHEN_FILTERED):
+        return []
+    chosen = where.statuses or frozenset(FailedMessageStatus)
+    return sorted(int(s) for s in chosen - where.excluded_statuses)
+
+
+def merged_walks(
+    provider: Provider,
+    conditions: list[sa.ColumnElement[bool]],
+    statuses: list[int],
+    order: Ordering,
+    *,
+    offset: int,
+    limit: int,
+) -> sa.Subquery:
+    """The messages (their ``sort_columns``) among ``statuses`` matching ``conditions``
+    in ``order``, ``limit`` from ``offset``, as a subquery: one walk per status of its
+    ``(status, key, id)`` index, merged by a compound ``ORDER BY`` (UNION ALL). Each walk
+    reads its own status's rows, never another's: a status's page costs the same however
+    many messages of other statuses are newer (docs/decisions.md "A subset is read from
+    its own rows"). PostgreSQL merges the walks, each bounded by the page's end
+    (``Provider.bounds_merged_walks``), SQLite too (a compound ``SELECT`` with ``ORDER
+    BY`` runs its parts as co-routines, each in index order): a page reads about as many
+    rows as one walk of every message did."""
+    walks = [
+        sa.select(*sort_columns(order)).where(fm.status == status, *conditions)
+        for status in statuses
+    ]
+    if provider.bounds_merged_walks and len(walks) > 1:
+        bounded = [
+            walk.order_by(*order_by(provider, order)).limit(offset + limit).subquery(f"s{n}")
+            for n, walk in enumerate(walks)
+        ]
+        walks = [sa.select(*walk.c) for walk in bounded]
+    merged = walks[0] if len(walks) == 1 else sa.union_all(*walks)
+    ordered = merged.order_by(*order_by(provider, order, merged.selected_columns))
+    return ordered.limit(limit).offset(offset).subquery("page")
 
 
 def _window(

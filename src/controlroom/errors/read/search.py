@@ -26,6 +26,7 @@ from controlroom.errors.read.filters import (
     order_by,
     sort_columns,
 )
+from controlroom.errors.read.lists import merged_statuses, merged_walks
 from controlroom.errors.read.summaries import SUMMARY_COLUMNS, SearchPage, hits_page, to_hit
 
 fm = failed_messages.c
@@ -177,8 +178,14 @@ def _page_of_a_broad_search(
 
 
 def _window(provider: Provider, order: Ordering, rows: int) -> sa.Select[Any]:
-    """The first ``rows`` messages of the sort order (their sort keys and ids)."""
-    return sa.select(*sort_columns(order)).order_by(*order_by(provider, order)).limit(rows)
+    """The first ``rows`` messages of the sort order (their sort keys and ids), a select
+    of ``failed_messages``: where the key is indexed after the status (migration 0024),
+    the first ``rows`` of each status's walk merged (``merged_walks``)."""
+    statuses = merged_statuses(EVERY_MESSAGE, order)
+    if not statuses:
+        return sa.select(*sort_columns(order)).order_by(*order_by(provider, order)).limit(rows)
+    first = merged_walks(provider, [], statuses, order, offset=0, limit=rows)
+    return sa.select(*sort_columns(order)).join_from(failed_messages, first, fm.id == first.c.id)
 
 
 def _window_page(
@@ -276,6 +283,11 @@ def _search_page_of_many(
         if len(found.items) == limit:
             return found
         return _search_page(conn, collected, offset, limit, order)
+    statuses = merged_statuses(where, order)
+    if statuses:
+        kept = [provider.without_index(collected)]
+        walked = merged_walks(provider, kept, statuses, order, offset=offset, limit=limit)
+        return hits_page(conn, walked, order, total, offset=offset, limit=limit)
     walked = (
         sa.select(fm.id)
         .where(provider.without_index(collected))
