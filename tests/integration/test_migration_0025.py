@@ -1,4 +1,4 @@
-"""Migration 0024 on each provider: the sort keys' own indexes give way to indexes after
+"""Migration 0025 on each provider: the sort keys' own indexes give way to indexes after
 the status, a list of every status reads the same page through them, and a downgrade
 gives the old indexes back."""
 
@@ -48,7 +48,7 @@ def pages(engine: sa.Engine) -> dict[Ordering, list[str]]:
     return found
 
 
-def test_0024_replaces_the_sort_key_indexes_and_gives_them_back(engine: sa.Engine) -> None:
+def test_0025_replaces_the_sort_key_indexes_and_gives_them_back(engine: sa.Engine) -> None:
     writer = FailedMessageBatchWriter(engine, clock=lambda: datetime(2026, 1, 2, tzinfo=UTC))
     writer.write(
         IngestionBatch(
@@ -79,7 +79,7 @@ def test_0024_replaces_the_sort_key_indexes_and_gives_them_back(engine: sa.Engin
     assert {f"ix_failed_messages_status_{key}_id" for key in KEYS} <= names
     assert not {f"ix_failed_messages_{key}_id" for key in KEYS} & names
 
-    command.downgrade(alembic_config(engine), "0023")
+    command.downgrade(alembic_config(engine), "0024")
     names = index_names(engine)
     assert {f"ix_failed_messages_{key}_id" for key in KEYS} <= names
     assert not {f"ix_failed_messages_status_{key}_id" for key in KEYS} & names

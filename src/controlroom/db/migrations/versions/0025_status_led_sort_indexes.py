@@ -1,7 +1,7 @@
 """status-led sort indexes: a status's page read from its own rows in order
 
-Revision ID: 0024
-Revises: 0023
+Revision ID: 0025
+Revises: 0024
 Create Date: 2026-12-04 11:40:00.000000
 
 Source: docs/decisions.md "A subset is read from its own rows". A list filtered by
@@ -23,8 +23,8 @@ from alembic import op
 
 from controlroom.db.migrations._dialects import Dialect, migrating, unsupported
 
-revision = "0024"
-down_revision = "0023"
+revision = "0025"
+down_revision = "0024"
 branch_labels = None
 depends_on = None
 
