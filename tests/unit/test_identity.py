@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from controlroom.errors.ingest.headers import is_canonical_guid
 from controlroom.errors.ingest.identity import (
+    ID_CACHE_SIZE,
     deterministic_id,
     group_id,
     known_endpoint_id,
@@ -101,3 +102,24 @@ def test_every_text_has_a_stable_canonical_id(text: str) -> None:
     assert deterministic_id(text) == first
     data = text.encode("utf-8", "surrogatepass")
     assert uuid.UUID(first).bytes_le == hashlib.md5(data).digest()
+
+
+def _uncached(text: str) -> str:
+    """The id as computed before the cache: ServiceControl's ``DeterministicGuid.MakeId``."""
+    return str(uuid.UUID(bytes_le=hashlib.md5(text.encode("utf-8", "surrogatepass")).digest()))
+
+
+@given(st.lists(st.tuples(st.text(), st.text()), max_size=30))
+def test_cached_group_and_endpoint_ids_equal_uncached_ones(pairs: list[tuple[str, str]]) -> None:
+    # Twice over: the first call fills the cache, the second reads it.
+    for _ in range(2):
+        for first, second in pairs:
+            assert group_id(first, second) == _uncached(first + second)
+            assert known_endpoint_id(first, second) == _uncached(first + second)
+
+
+def test_the_id_cache_is_bounded() -> None:
+    for n in range(ID_CACHE_SIZE + 50):
+        assert group_id("Exception Type", f"E{n}") == _uncached(f"Exception TypeE{n}")
+    assert group_id.cache_info().currsize <= ID_CACHE_SIZE
+    assert known_endpoint_id.cache_info().maxsize == ID_CACHE_SIZE

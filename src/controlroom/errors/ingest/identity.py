@@ -8,12 +8,19 @@ ids match the ones ServiceControl computes. Source: docs/design.md "Identity".
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
 
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.model import Headers
 from controlroom.exceptions import MessageRejected
+
+ID_CACHE_SIZE = 4096
+"""Group and endpoint ids kept per process. A workload has few distinct groups and
+endpoint instances (hundreds) against one id computed per group row and per message, so
+the ids are cached; bounded, so that a stream of distinct classifications (a message type
+per message, say) costs memory no more than this many ids (about 1 MB)."""
 
 
 def deterministic_id(text: str) -> str:
@@ -54,11 +61,13 @@ def unique_message_id(headers: Headers) -> str:
     return deterministic_id(message_id + processing_endpoint)
 
 
+@functools.lru_cache(maxsize=ID_CACHE_SIZE)
 def group_id(classifier: str, classification: str) -> str:
     """Id of the failure group ``classification`` under ``classifier`` (ServiceControl's)."""
     return deterministic_id(classifier + classification)
 
 
+@functools.lru_cache(maxsize=ID_CACHE_SIZE)
 def known_endpoint_id(name: str, host_id: str) -> str:
     """Id of the endpoint instance ``name`` on host ``host_id``.
 
