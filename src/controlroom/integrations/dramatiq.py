@@ -1,8 +1,9 @@
 """Dramatiq failures into Controlroom: ``broker.add_middleware(ControlroomMiddleware())``.
 
 Source: docs/design.md "Python task queues"; the choices are docs/decisions.md "Dramatiq:
-the failure is reported where Dramatiq rejects the message" and "Dramatiq: the worker
-reads the delivery's AMQP properties through a tap on the broker's consumer".
+the failure is reported where Dramatiq rejects the message", "Dramatiq: the worker reads
+the delivery's AMQP properties through a tap on the broker's consumer" and "Dramatiq: a
+retry that succeeds is confirmed before Dramatiq acknowledges it".
 
 Where Dramatiq gives up on a message it rejects it (``before_nack``: retries exhausted,
 an exception the actor ``throws``, a hard time limit once retries are exhausted, an age
