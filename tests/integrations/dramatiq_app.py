@@ -3,7 +3,8 @@
 Configured by the environment the test gives its worker: ``DRAMATIQ_TEST_URL`` (the
 broker, a vhost of the test's), ``DRAMATIQ_TEST_QUEUE`` (the actors' queue),
 ``DRAMATIQ_TEST_ERROR_QUEUE`` (Controlroom's error queue) and ``DRAMATIQ_TEST_ERROR_URL``
-(its broker, when not Dramatiq's), ``DRAMATIQ_TEST_MARKER`` (a
+(its broker, when not Dramatiq's), ``DRAMATIQ_TEST_MAX_BODY_BYTES`` (the middleware's
+``max_body_bytes``), ``DRAMATIQ_TEST_MARKER`` (a
 file: ``flaky`` fails until it exists) and ``DRAMATIQ_TEST_KILL`` (``before_publish`` or
 ``after_publish``: the worker SIGKILLs itself once, before or after the middleware
 published a failure, leaving the message unacknowledged).
@@ -64,6 +65,7 @@ broker.add_middleware(
     ControlroomMiddleware(
         error_queue=os.environ.get("DRAMATIQ_TEST_ERROR_QUEUE", "error"),
         url=os.environ.get("DRAMATIQ_TEST_ERROR_URL") or None,
+        max_body_bytes=int(os.environ.get("DRAMATIQ_TEST_MAX_BODY_BYTES") or 64 * 1024 * 1024),
     )
 )
 if KILL == "after_publish":

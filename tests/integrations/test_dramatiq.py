@@ -51,7 +51,7 @@ class Setup:
     marker: Path
     logs: Path
 
-    def env(self, kill: str = "", error_url: str = "") -> dict[str, str]:
+    def env(self, kill: str = "", error_url: str = "", max_body: str = "") -> dict[str, str]:
         return os.environ | {
             "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}",
             "DRAMATIQ_TEST_URL": self.url,
@@ -60,6 +60,7 @@ class Setup:
             "DRAMATIQ_TEST_MARKER": str(self.marker),
             "DRAMATIQ_TEST_KILL": kill,
             "DRAMATIQ_TEST_ERROR_URL": error_url,
+            "DRAMATIQ_TEST_MAX_BODY_BYTES": max_body,
         }
 
 
@@ -79,13 +80,15 @@ def setup(settings: Settings, tmp_path: Path) -> Iterator[Setup]:
 
 
 @contextlib.contextmanager
-def worker(setup: Setup, kill: str = "", error_url: str = "") -> Iterator[subprocess.Popen[str]]:
+def worker(
+    setup: Setup, kill: str = "", error_url: str = "", max_body: str = ""
+) -> Iterator[subprocess.Popen[str]]:
     """A real Dramatiq worker process, consuming once this yields; terminated after."""
     with setup.logs.open("a") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "tests.integrations.dramatiq_worker"],
             cwd=ROOT,
-            env=setup.env(kill, error_url),
+            env=setup.env(kill, error_url, max_body),
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
@@ -226,28 +229,41 @@ def test_a_worker_killed_around_the_failure_leaves_exactly_one_row(
     assert row.message_type == "place_order"
 
 
-def test_an_undecodable_message_is_a_failed_message_kept_byte_exact(
+def test_rejections_without_a_run_and_a_body_too_large_are_failed_messages_too(
     setup: Setup, engine: sa.Engine, body_store: FileSystemBodyStore
 ) -> None:
-    body = b"\x80\x04 not a Dramatiq message"
+    undecodable = b"\x80\x04 not a Dramatiq message"
 
     async def scenario() -> None:
         async with ingesting(setup, engine, body_store):
-            with worker(setup):
-                send(setup, "succeeds", 1)  # declares the queues
+            with worker(setup, max_body="400"):
+                sent["no_such_actor"] = send(setup, "no_such_actor", 1)
+                sent["place_order"] = send(setup, "place_order", 13, "x" * 1000)
                 connection = pika.BlockingConnection(pika.URLParameters(setup.url))
-                connection.channel().basic_publish("", setup.queue, body)
+                connection.channel().basic_publish("", setup.queue, undecodable)
                 connection.close()
-                await wait_for(lambda: len(rows(engine)) == 1)
-                await wait_for(lambda: queue_depth(setup, f"{setup.queue}.XQ") == 1)
+                await wait_for(lambda: len(rows(engine)) == 3)
+                await wait_for(lambda: queue_depth(setup, f"{setup.queue}.XQ") == 3)
 
+    sent: dict[str, bytes] = {}
     asyncio.run(scenario())
-    (row,) = rows(engine)
-    assert row.exception_type == "dramatiq.errors.DecodeError"
-    assert row.queue_address == setup.queue
-    assert row.content_type == "application/octet-stream"
+    not_decoded, unknown, too_large = rows(engine)
     client = TestClient(create_app(setup.settings, engine, body_store))
-    assert client.get(f"/api/messages/{row.id}/body").content == body
+    # A body Dramatiq cannot decode: kept byte for byte, as binary.
+    assert not_decoded.message_type == "(undecodable Dramatiq message)"
+    assert not_decoded.exception_type == "dramatiq.errors.DecodeError"
+    assert not_decoded.queue_address == setup.queue
+    assert not_decoded.content_type == "application/octet-stream"
+    assert client.get(f"/api/messages/{not_decoded.id}/body").content == undecodable
+    # An actor this worker does not know: rejected before any run.
+    assert unknown.message_type == "no_such_actor"
+    assert unknown.exception_type == "dramatiq.errors.ActorNotFound"
+    assert unknown.body_text.encode() == sent["no_such_actor"]
+    # A body over max_body_bytes: the failure without the body, saying why.
+    assert too_large.exception_type == "tests.integrations.dramatiq_app.OrderRejected"
+    assert too_large.body_size == 0
+    reason = json.loads(too_large.headers_json)["Controlroom.TaskQueue.BodyNotKept"]
+    assert f"body of {len(sent['place_order'])} bytes" in reason
 
 
 def test_a_retry_from_controlroom_runs_again_folds_a_new_failure_and_success_resolves_it(

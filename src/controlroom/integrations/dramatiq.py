@@ -61,6 +61,8 @@ _STRIPPED_HEADER_PREFIXES = ("ServiceControl.", "NServiceBus.", "$.diagnostics."
 """Headers of a delivery that Controlroom's retry added (a Dramatiq producer sets no AMQP
 headers): not part of the task message's own header table."""
 
+_PRECONDITION_FAILED = 406  # AMQP's reply code for a message over max_message_size
+
 _DELIVERY = "_controlroom_delivery"
 _SUCCEEDED = "_controlroom_succeeded"
 _REPORTED = "_controlroom_reported"
@@ -251,7 +253,18 @@ class ControlroomMiddleware(dramatiq.Middleware):
         )
         sent = b"" if body_not_kept else body
         try:
-            self._publish(self.error_queue, headers, sent)
+            try:
+                self._publish(self.error_queue, headers, sent)
+            except pika.exceptions.ChannelClosedByBroker as refused:
+                if refused.reply_code != _PRECONDITION_FAILED or not sent:
+                    raise
+                # The broker refuses a message larger than its max_message_size: the
+                # failure still goes, without the body, saying why.
+                headers[envelope.BODY_NOT_KEPT] = (
+                    f"the broker refused the failed message with the task message's body "
+                    f"of {len(body)} bytes: {refused.reply_text}"
+                )
+                self._publish(self.error_queue, headers, b"")
             return True
         except Exception as exc:
             log.error(
