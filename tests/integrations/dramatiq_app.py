@@ -103,6 +103,18 @@ def flaky(order_id: int) -> None:
         check_order(order_id, "the marker is missing")
 
 
+@dramatiq.actor(queue_name=QUEUE, max_retries=1, throws=(OrderRejected,))
+def rejected_then_flaky(order_id: int) -> None:
+    """Fails for good (``throws``: no retry by Dramatiq) until the marker exists; then
+    fails once more with an error Dramatiq retries, and succeeds on Dramatiq's retry."""
+    if not MARKER.exists():
+        check_order(order_id, "the marker is missing")
+    once = MARKER.with_suffix(".once")
+    if not once.exists():
+        once.touch()
+        raise RuntimeError("a transient error")
+
+
 @dramatiq.actor(queue_name=QUEUE, max_retries=0)
 def succeeds(order_id: int) -> None:
     pass

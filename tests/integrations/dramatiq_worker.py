@@ -5,6 +5,8 @@ one process the test can SIGKILL."""
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import threading
 
@@ -14,6 +16,7 @@ from tests.integrations.dramatiq_app import broker
 
 
 def main() -> None:
+    logging.basicConfig(level=os.environ.get("DRAMATIQ_TEST_LOG_LEVEL", "WARNING"))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     broker.emit_after("process_boot")

@@ -313,3 +313,31 @@ def test_a_failure_the_error_queue_cannot_take_is_logged_whole_and_dead_lettered
     assert "could not send the failure of Dramatiq message" in log
     assert "OrderRejected: order 12 rejected: nowhere to report" in log  # the traceback
     assert '"args":[12,"nowhere to report"]' in log  # and the body
+
+
+def test_a_retry_that_dramatiq_retries_again_is_confirmed_when_dramatiq_s_retry_succeeds(
+    setup: Setup, engine: sa.Engine, body_store: FileSystemBodyStore
+) -> None:
+    client = TestClient(create_app(setup.settings, engine, body_store))
+
+    async def scenario() -> None:
+        async with ingesting(setup, engine, body_store) as transport:
+            with worker(setup):
+                failed_id = unique_id(setup, send(setup, "rejected_then_flaky", 14))
+                await wait_for(
+                    lambda: statuses(engine).get(failed_id) == FailedMessageStatus.UNRESOLVED
+                )
+                setup.marker.touch()
+                response = await asyncio.to_thread(client.post, f"/api/errors/{failed_id}/retry")
+                assert response.status_code == 202, response.text
+                processor = make_processor(setup.settings, engine, transport, body_store)
+                assert await processor.process_pending() == 1
+                await processor.close()
+                # The retried run fails with an error Dramatiq retries; Dramatiq's own
+                # retry (a message it enqueues itself) succeeds and confirms the retry.
+                await wait_for(lambda: statuses(engine)[failed_id] == FailedMessageStatus.RESOLVED)
+
+    asyncio.run(scenario())
+    assert setup.marker.with_suffix(".once").exists()
+    (row,) = rows(engine)
+    assert row.number_of_processing_attempts == 1

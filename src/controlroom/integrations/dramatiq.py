@@ -63,6 +63,11 @@ headers): not part of the task message's own header table."""
 
 _PRECONDITION_FAILED = 406  # AMQP's reply code for a message over max_message_size
 
+RETRY_OPTION = "controlroom_retry"
+"""The message option that carries a Controlroom retry's ids through a retry Dramatiq
+enqueues itself (its own re-enqueue sets no AMQP headers): ``{"unique_message_id",
+"acknowledgement_queue"}``."""
+
 _DELIVERY = "_controlroom_delivery"
 _SUCCEEDED = "_controlroom_succeeded"
 _REPORTED = "_controlroom_reported"
@@ -70,18 +75,35 @@ _REPORTED = "_controlroom_reported"
 
 @dataclass(frozen=True)
 class Delivery:
-    """What the tap saw of one delivery: the body as consumed, the AMQP properties, and
-    ``retries`` (Dramatiq's count in the message's options before this run)."""
+    """What the tap saw of one delivery: the body as consumed, the AMQP properties,
+    ``retries`` (Dramatiq's count in the message's options before this run) and, for a
+    Controlroom retry, its ``retry_id`` and ``acknowledgement_queue``."""
 
     body: bytes
     properties: pika.BasicProperties
     retries: int
+    retry_id: str | None = None
+    acknowledgement_queue: str | None = None
 
-    def header(self, name: str) -> str | None:
-        value = (self.properties.headers or {}).get(name)
-        if isinstance(value, bytes):
-            value = value.decode("utf-8", "replace")
-        return None if value is None else str(value)
+    @classmethod
+    def of(cls, body: bytes, properties: pika.BasicProperties, options: Any) -> Delivery:
+        """The delivery of a message with ``options``: the retry's ids from its AMQP
+        headers, else from ``RETRY_OPTION`` (a retry Dramatiq enqueued again itself)."""
+        options = options if isinstance(options, dict) else {}
+        retries = options.get("retries", 0)
+        retry_id = _header(properties, h.RETRY_UNIQUE_MESSAGE_ID)
+        ack_queue = _header(properties, retry_wire.RETRY_ACKNOWLEDGEMENT_QUEUE)
+        carried = options.get(RETRY_OPTION)
+        if retry_id is None and isinstance(carried, dict):
+            retry_id = _text(carried.get("unique_message_id"))
+            ack_queue = _text(carried.get("acknowledgement_queue"))
+        return cls(
+            body=body,
+            properties=properties,
+            retries=retries if isinstance(retries, int) and retries >= 0 else 0,
+            retry_id=retry_id,
+            acknowledgement_queue=ack_queue,
+        )
 
 
 class ControlroomMiddleware(dramatiq.Middleware):
@@ -139,6 +161,26 @@ class ControlroomMiddleware(dramatiq.Middleware):
         broker._controlroom_tap = True  # type: ignore[attr-defined]
 
     # --- the hooks ------------------------------------------------------------------------
+    def before_process_message(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
+        delivery: Delivery | None = getattr(message, _DELIVERY, None)
+        self._local.retried = (
+            (message.message_id, delivery)
+            if delivery is not None and delivery.retry_id is not None
+            else None
+        )
+
+    def before_enqueue(self, broker: dramatiq.Broker, message: Message[Any], delay: int) -> None:
+        retried: tuple[str, Delivery] | None = getattr(self._local, "retried", None)
+        if retried is not None and retried[0] == message.message_id:
+            # Dramatiq retries a Controlroom retry itself: the ids go along in the body
+            # of Dramatiq's own re-enqueue, so its success is confirmed too
+            # (docs/decisions.md "Dramatiq: a retry that succeeds is confirmed before
+            # Dramatiq acknowledges it").
+            message.options[RETRY_OPTION] = {
+                "unique_message_id": retried[1].retry_id,
+                "acknowledgement_queue": retried[1].acknowledgement_queue,
+            }
+
     def after_process_message(
         self,
         broker: dramatiq.Broker,
@@ -151,11 +193,11 @@ class ControlroomMiddleware(dramatiq.Middleware):
             setattr(message, _SUCCEEDED, True)
 
     def before_ack(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
+        self._local.retried = None
         delivery: Delivery | None = getattr(message, _DELIVERY, None)
         if delivery is None or not getattr(message, _SUCCEEDED, False):
             return
-        unique_id = delivery.header(h.RETRY_UNIQUE_MESSAGE_ID)
-        ack_queue = delivery.header(retry_wire.RETRY_ACKNOWLEDGEMENT_QUEUE)
+        unique_id, ack_queue = delivery.retry_id, delivery.acknowledgement_queue
         if unique_id is None or ack_queue is None:
             return
         try:
@@ -173,6 +215,7 @@ class ControlroomMiddleware(dramatiq.Middleware):
         setattr(message, _SUCCEEDED, False)
 
     def before_nack(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
+        self._local.retried = None
         if getattr(message, _REPORTED, False):
             return  # Dramatiq repeats the rejection after a connection error
         try:
@@ -246,9 +289,7 @@ class ControlroomMiddleware(dramatiq.Middleware):
             retries=retries,
             content_type=_content_type(delivery, decoded),
             properties=_properties(delivery),
-            retry_unique_message_id=(
-                delivery.header(h.RETRY_UNIQUE_MESSAGE_ID) if delivery is not None else None
-            ),
+            retry_unique_message_id=delivery.retry_id if delivery is not None else None,
             body_not_kept=body_not_kept,
         )
         sent = b"" if body_not_kept else body
@@ -392,11 +433,11 @@ class _TappedConsumer(Consumer):
             return message
         _method, properties, body = self.last
         if message is None:  # the consumer rejected a body it could not decode
-            self.middleware.report_undecodable(self.inner.queue_name, Delivery(body, properties, 0))
+            self.middleware.report_undecodable(
+                self.inner.queue_name, Delivery.of(body, properties, None)
+            )
             return None
-        retries = message.options.get("retries", 0)
-        delivery = Delivery(body, properties, retries if isinstance(retries, int) else 0)
-        setattr(message, _DELIVERY, delivery)
+        setattr(message, _DELIVERY, Delivery.of(body, properties, message.options))
         return message
 
     def ack(self, message: MessageProxy) -> None:
@@ -414,6 +455,16 @@ class _TappedConsumer(Consumer):
 
 class _Rejected(Exception):
     """A rejection that came with no exception of its own."""
+
+
+def _header(properties: pika.BasicProperties, name: str) -> str | None:
+    return _text((properties.headers or {}).get(name))
+
+
+def _text(value: object) -> str | None:
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return None if value is None else str(value)
 
 
 def _retries(message: MessageProxy) -> int:
