@@ -70,7 +70,7 @@ def test_failed_imports_are_listed_with_reasons_and_re_imported_from_the_page(
     # (beside them, the failure groups their ingestion made).
     rows = page.get_by_test_id("event").filter(has_text="failed import")
     expect(rows).to_have_count(6)
-    expect(rows.first).to_have_text("1 failed imports put back on error by anonymous")
+    expect(rows.first).to_have_text("1 failed import put back on error by anonymous")
     expect(rows.last).to_contain_text("was kept as failed import")
     expect(rows.last).to_contain_text(f"the broker said {IMG}")
     expect(page.locator("main img")).to_have_count(0)

@@ -39,7 +39,7 @@ def messages_archived(
     verb = "archived" if archived else "unarchived"
     record_event(
         conn,
-        description=f"{len(ids)} failed messages {verb} by {by}",
+        description=f"{_count(len(ids), 'failed message')} {verb} by {by}",
         severity=Severity.INFO,
         category=Category.MESSAGE_FAILURES,
         event_type="FailedMessagesArchived" if archived else "FailedMessagesUnArchived",
@@ -55,7 +55,7 @@ def group_archived(
     verb = "archived" if archived else "unarchived"
     record_event(
         conn,
-        description=f"{count} failed messages of group {group_id} {verb} by {by}",
+        description=f"{_count(count, 'failed message')} of group {group_id} {verb} by {by}",
         severity=Severity.INFO,
         category=Category.RECOVERABILITY,
         event_type="FailedMessageGroupArchived" if archived else "FailedMessageGroupUnarchived",
@@ -93,7 +93,7 @@ def retry_requested(
     who = f" by {by}" if by else ""
     record_event(
         conn,
-        description=f"retry ({retry_type}{aim}) of {count} messages requested{who}",
+        description=f"retry ({retry_type}{aim}) of {_count(count, 'message')} requested{who}",
         severity=Severity.INFO,
         category=Category.RECOVERABILITY,
         event_type="RetryOperationRequested",
@@ -180,7 +180,7 @@ def failed_imports_reimported(
         return
     record_event(
         conn,
-        description=f"{len(ids)} failed imports put back on {queue} by {by}",
+        description=f"{_count(len(ids), 'failed import')} put back on {queue} by {by}",
         severity=Severity.INFO,
         category=Category.FAILED_IMPORTS,
         event_type="FailedImportsReimported",
@@ -227,7 +227,7 @@ def failure_group_appeared(
     first one failed in ``endpoint``)."""
     record_event(
         conn,
-        description=f"a new failure group appeared with {messages} messages: {title}",
+        description=f"a new failure group appeared with {_count(messages, 'message')}: {title}",
         severity=Severity.WARNING,
         category=Category.MESSAGE_FAILURES,
         event_type="FailureGroupAppeared",
@@ -270,3 +270,8 @@ def endpoint_failures_passed(
         raised_at=now,
         related_to=[endpoint_path(endpoint)],
     )
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 message``, ``2 messages``: event descriptions read as sentences."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
