@@ -18,7 +18,10 @@ from fastapi.responses import JSONResponse
 
 from controlroom.config import NotificationSettings, Settings
 from controlroom.db.tables import event_log_items, notifications
+from controlroom.errors.ingest.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
+from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.errors.model import FailureGroup
 from controlroom.events import report_intake_transition, subscribe
 from controlroom.notifications.rules import apply_rules
 from controlroom.runtime.intake_health import IntakeHealth
@@ -26,6 +29,7 @@ from controlroom.sitecalls.history import take_sample
 from controlroom.sitecalls.reconciliation import Reconciler
 from controlroom.sitecalls.writer import SiteCallWriter
 from tests.factories import at, attempt
+from tests.nsb import failed_headers
 from tests.reconciliation.harness import central_settings, site_entry
 from tests.site.http import serving
 from tests.sitecalls.packets import packet, write
@@ -110,14 +114,28 @@ def test_no_endpoint_threshold_no_endpoint_event(ruled: Ruled) -> None:
     assert events_of(engine, "EndpointFailuresPassedThreshold") == []
 
 
+def cause(title: str) -> FailureGroup:
+    """A group of a cause classifier: the kind whose new groups are announced."""
+    return FailureGroup(
+        id=str(uuid.uuid5(uuid.NAMESPACE_URL, title)),
+        classifier=EXCEPTION_TYPE_AND_STACK_TRACE,
+        title=title,
+    )
+
+
 def test_a_new_failure_group_is_one_event_and_one_notification(ruled: Ruled) -> None:
     engine = ruled("FailureGroupAppeared", endpoint="Sales")
     writer = FailedMessageBatchWriter(engine, clock=lambda: NOW)
     same = "timeout talking to the bank"
+    groups = (cause(same),)
     writer.write(
-        IngestionBatch(attempts=[attempt(n, at(n), exception_message=same) for n in range(3)])
+        IngestionBatch(
+            attempts=[attempt(n, at(n), exception_message=same, groups=groups) for n in range(3)]
+        )
     )
-    writer.write(IngestionBatch(attempts=[attempt(3, at(3), exception_message=same)]))
+    writer.write(
+        IngestionBatch(attempts=[attempt(3, at(3), exception_message=same, groups=groups)])
+    )
     (event,) = events_of(engine, "FailureGroupAppeared")
     assert "3 messages" in event.description and same in event.description
     (row,) = notified(engine)
@@ -127,7 +145,7 @@ def test_a_new_failure_group_is_one_event_and_one_notification(ruled: Ruled) -> 
 def test_a_new_group_of_another_endpoint_does_not_fire_a_rule_on_sales(ruled: Ruled) -> None:
     engine = ruled("FailureGroupAppeared", endpoint="Sales")
     FailedMessageBatchWriter(engine, clock=lambda: NOW).write(
-        IngestionBatch(attempts=[attempt(0, at(0), endpoint="Billing")])
+        IngestionBatch(attempts=[attempt(0, at(0), endpoint="Billing", groups=(cause("b"),))])
     )
     assert len(events_of(engine, "FailureGroupAppeared")) == 1
     assert notified(engine) == []
@@ -221,3 +239,16 @@ def test_a_groups_failures_reaching_the_hourly_threshold_is_one_event(ruled: Rul
     assert event.description.startswith("6 failures in the hour from 2026-01-01T00:00:00")
     (row,) = notified(engine)
     assert row.event_count == 1
+
+
+def test_a_new_cause_is_one_event_whatever_the_number_of_classifiers(ruled: Ruled) -> None:
+    """A message gets a group of every classifier (message type, endpoint, instance...);
+    only the groups of a cause (its exception and frame) announce themselves."""
+    engine = ruled("FailureGroupAppeared")
+    parsed = parse_failed_message(
+        failed_headers("a-new-bug"), b"{}", max_body_size_to_store=1 << 20
+    )
+    assert len(parsed.groups) > 1
+    FailedMessageBatchWriter(engine, clock=lambda: NOW).write(IngestionBatch(attempts=[parsed]))
+    (event,) = events_of(engine, "FailureGroupAppeared")
+    assert "System.InvalidOperationException" in event.description

@@ -36,6 +36,9 @@ ENDPOINT_INSTANCE = "Endpoint Instance"
 ENDPOINT_NAME = "Endpoint Name"
 EXCEPTION_TYPE_AND_PYTHON_FRAME = "Exception Type and Python Frame"
 PYTHON_TASK_QUEUE = "Python Task Queue"
+CAUSE_CLASSIFIERS = frozenset({EXCEPTION_TYPE_AND_STACK_TRACE, EXCEPTION_TYPE_AND_PYTHON_FRAME})
+"""The classifiers whose groups are causes of failure (the others group by where or
+what failed): a new group of theirs is a ``FailureGroupAppeared`` event."""
 
 MAX_TITLE_LENGTH = 1000
 """Longest group title, in code points. Longer classifications are cut (ids hash the cut title)."""

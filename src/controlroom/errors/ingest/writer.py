@@ -39,6 +39,7 @@ from controlroom.db.tables import (
 from controlroom.errors import activity, tallies
 from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.errors.ingest.fold import FoldedMessage, fold_attempts, unique_endpoints
+from controlroom.errors.ingest.grouping import CAUSE_CLASSIFIERS
 from controlroom.errors.ingest.search_terms import message_search_terms
 from controlroom.errors.ingest.upsert import (
     PAYLOAD_COLUMNS,
@@ -332,11 +333,15 @@ class FailedMessageBatchWriter:
     def _new_groups(
         self, conn: sa.Connection, winners: Sequence[FoldedMessage]
     ) -> list[tuple[FailureGroup, str, int]]:
-        """The batch's groups with no row yet, each with the receiving endpoint of its
-        first message and how many of the batch's messages it takes (``new_groups``)."""
+        """The batch's groups of a cause (``grouping.CAUSE_CLASSIFIERS``) with no row yet,
+        each with the receiving endpoint of its first message and how many of the batch's
+        messages it takes (``new_groups``). A new message type or endpoint instance is not
+        a new failure: announcing every classifier's group would say one bug five times."""
         seen: dict[str, tuple[FailureGroup, str, int]] = {}
         for message in winners:
             for group in message.winner.groups:
+                if group.classifier not in CAUSE_CLASSIFIERS:
+                    continue
                 first, endpoint, count = seen.get(
                     group.id, (group, message.winner.receiving_endpoint, 0)
                 )
