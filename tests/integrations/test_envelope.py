@@ -101,7 +101,7 @@ def test_unknown_kind_is_refused() -> None:
 
 
 _json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text() | st.binary(),
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text() | st.binary(),
     lambda inner: (
         st.lists(inner, max_size=4)
         | st.dictionaries(
@@ -128,3 +128,23 @@ def test_properties_round_trip(
 def test_properties_refuse_unknown_names() -> None:
     with pytest.raises(ValueError, match="unknown"):
         envelope.parse_properties('{"expiration": "10"}')
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"headers":{"a":{"$bytes":123}}}',
+        '{"headers":{"a":{"$datetime":5}}}',
+        '{"headers":{"a":' + "[" * 5000 + "]" * 5000 + "}}",
+        '{"headers":{"a":123456789012345678901234567890}}',
+    ],
+)
+def test_properties_amqp_cannot_carry_are_refused_as_bad_input(text: str) -> None:
+    with pytest.raises(ValueError):
+        envelope.parse_properties(text)
+
+
+def test_a_task_body_nested_too_deep_has_no_arguments() -> None:
+    from controlroom.errors.tasks import task_call
+
+    assert task_call("celery", "[[" + "[" * 5000 + "]" * 5000 + "], {}, {}]") is None

@@ -40,7 +40,7 @@ def task_call(kind: str | None, text: str) -> tuple[list[Any], dict[str, Any]] |
         return None
     try:
         body = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
         return None
     return _celery(body) if kind == "celery" else _dramatiq(body)
 

@@ -74,9 +74,14 @@ def parse_properties(text: str, *, header: str = "the properties") -> dict[str, 
     """The broker properties ``properties_json`` wrote, with bytes and datetimes back.
 
     Raises ``ValueError`` (naming ``header``) when ``text`` is not a JSON object of
-    known property names, with a table of headers and an integer priority.
+    known property names, with a table of headers and an integer priority, or holds a
+    value AMQP cannot carry (nested too deep, an integer beyond 64 bits, a ``$bytes`` or
+    ``$datetime`` that is not a string).
     """
-    value = json.loads(text)
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{header} is nested too deep") from None
     if not isinstance(value, dict):
         raise ValueError(f"{header} is not a JSON object")
     unknown = sorted(set(value) - set(PROPERTY_NAMES))
@@ -91,7 +96,10 @@ def parse_properties(text: str, *, header: str = "the properties") -> dict[str, 
     priority = value.get("priority")
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
         raise ValueError(f"{header} priority is not an integer")
-    return {name: from_json_value(item) for name, item in value.items()}
+    try:
+        return {name: from_json_value(item) for name, item in value.items()}
+    except (TypeError, RecursionError) as exc:
+        raise ValueError(f"{header} holds a value AMQP cannot carry: {exc}") from None
 
 
 def message_properties(parsed: Mapping[str, Any]) -> MessageProperties:
@@ -131,6 +139,8 @@ def from_json_value(value: Any) -> Any:
         return {key: from_json_value(item) for key, item in value.items()}
     if isinstance(value, list):
         return [from_json_value(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        raise ValueError(f"the integer {value} does not fit an AMQP header (64 bits)")
     return value
 
 
