@@ -696,6 +696,28 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def process_tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and every live descendant (``serve``'s
+    intake worker processes among them), from ``/proc``; 0 if ``pid`` is gone."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as file:
+                stat = file.read()
+        except OSError:
+            continue
+        parents[int(entry)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, of in parents.items() if of == parent]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(process_cpu_seconds(member) for member in tree)
+
+
 class ServerBackends:
     """The PostgreSQL backend processes serving ``engine``'s connections (their pids, from
     ``pg_backend_pid()`` as each connection opens), and their CPU time: the server's work
