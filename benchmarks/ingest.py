@@ -685,37 +685,49 @@ class Result:
         return self.messages / self.seconds
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) of process ``pid`` from ``/proc``; 0 if it is gone."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first), or
+    ``None`` when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
             stat = file.read()
     except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _processes() -> dict[int, list[str]]:
+    """Every live process's ``_stat_fields``, by pid."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat_fields(int(entry))) is not None:
+            found[int(entry)] = fields
+    return found
+
+
+def _cpu_seconds(fields: list[str], *, reaped_children: bool = False) -> float:
+    """utime + stime (and the reaped children's cutime + cstime) of ``_stat_fields``."""
+    ticks = fields[11:15] if reaped_children else fields[11:13]
+    return sum(int(value) for value in ticks) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` from ``/proc``; 0 if it is gone."""
+    fields = _stat_fields(pid)
+    return 0.0 if fields is None else _cpu_seconds(fields)
 
 
 def process_tree_cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) of process ``pid`` and every live descendant (``serve``'s
     intake worker processes among them), from ``/proc``; 0 if ``pid`` is gone."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as file:
-                stat = file.read()
-        except OSError:
-            continue
-        parents[int(entry)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    processes = _processes()
     tree, frontier = {pid}, [pid]
     while frontier:
         parent = frontier.pop()
-        children = [child for child, of in parents.items() if of == parent]
+        children = [child for child, fields in processes.items() if int(fields[1]) == parent]
         tree.update(children)
         frontier.extend(children)
-    return sum(process_cpu_seconds(member) for member in tree)
+    return sum(_cpu_seconds(processes[member]) for member in tree if member in processes)
 
 
 class ServerBackends:
@@ -815,9 +827,10 @@ class Instruments:
 
 def postmaster_pid(backend_pid: int) -> int:
     """The parent of backend ``backend_pid`` (from ``/proc``): the server's postmaster."""
-    with open(f"/proc/{backend_pid}/stat", encoding="ascii", errors="replace") as file:
-        stat = file.read()
-    return int(stat[stat.rindex(")") + 2 :].split()[1])
+    fields = _stat_fields(backend_pid)
+    if fields is None:
+        raise ProcessLookupError(backend_pid)
+    return int(fields[1])
 
 
 def server_tree_cpu_seconds(postmaster: int) -> float:
@@ -826,21 +839,13 @@ def server_tree_cpu_seconds(postmaster: int) -> float:
     children that exited and were reaped (the postmaster's ``cutime`` + ``cstime``). The
     sum only grows, so a difference over a run counts every server process's work in it,
     other sessions' included (a scratch server, ``--scratch-server``, has none)."""
-    with open(f"/proc/{postmaster}/stat", encoding="ascii", errors="replace") as file:
-        stat = file.read()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    total = sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as file:
-                child = file.read()
-        except OSError:
-            continue
-        rest = child[child.rindex(")") + 2 :].split()
-        if int(rest[1]) == postmaster:
-            total += (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+    fields = _stat_fields(postmaster)
+    if fields is None:
+        raise ProcessLookupError(postmaster)
+    total = _cpu_seconds(fields, reaped_children=True)
+    for child in _processes().values():
+        if int(child[1]) == postmaster:
+            total += _cpu_seconds(child)
     return total
 
 
