@@ -65,7 +65,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from pgserver import add_server_arguments, admin_server, describe_server
+from pgserver import (
+    ADMIN_URL_ENV,
+    DEFAULT_ADMIN_URL,
+    add_server_arguments,
+    admin_server,
+    describe_server,
+    process_cpu_seconds,
+)
 from previous_write_path import PREVIOUS_REVISION, PreviousWriter
 from query import tsvector_text
 from rich.console import Console
@@ -92,8 +99,6 @@ from controlroom.errors.ingest.writer import (
 )
 from controlroom.errors.model import FailedAttempt
 
-DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-ADMIN_URL_ENV = "CONTROLROOM_BENCH_POSTGRESQL_URL"
 DEFAULT_MESSAGES = 20_000
 DEFAULT_REPEAT_SHARE = 0.10
 DEFAULT_NAIVE_MESSAGES = 5_000  # the naive baseline's sample: ~20-30 s at its rate
@@ -683,17 +688,6 @@ class Result:
     @property
     def per_second(self) -> float:
         return self.messages / self.seconds
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) of process ``pid`` from ``/proc``; 0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
-            stat = file.read()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 class ServerBackends:
