@@ -10,18 +10,19 @@ so an event commits or rolls back with the change it describes. Items older than
 notification rules: docs/design.md "Notification rules"). ``report_intake_transition``
 writes an intake's change of health (``IntakeStalled`` / ``IntakeRecovered``) for every
 intake, the error queue's and the telemetry queue's alike; ``observe_intake`` and
-``report_intake_every`` are the round of reporting both intakes run.
+``reporting_intake`` are the round of reporting both intakes run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import logging
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -258,14 +259,24 @@ async def observe_intake(
     return depth
 
 
-async def report_intake_every(
+@contextlib.asynccontextmanager
+async def reporting_intake(
     seconds: float, report: Callable[[], Awaitable[None]], *, intake: str
-) -> None:
-    """Await ``report()`` every ``seconds`` until cancelled. Whatever it raises is logged
-    (a warning naming ``intake``) and the next round tries again."""
-    while True:
-        await asyncio.sleep(seconds)
-        try:
-            await report()
-        except Exception:  # the next round tries again
-            log.warning("could not report on the %s", intake, exc_info=True)
+) -> AsyncIterator[None]:
+    """For the block: await ``report()`` every ``seconds`` in a task of its own, which
+    the block's end cancels. Whatever ``report()`` raises is logged (a warning naming
+    ``intake``) and the next round tries again."""
+
+    async def every() -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await report()
+            except Exception:  # the next round tries again
+                log.warning("could not report on the %s", intake, exc_info=True)
+
+    reporter = asyncio.create_task(every())
+    try:
+        yield
+    finally:
+        reporter.cancel()

@@ -14,7 +14,7 @@ Every ``ingestion.report_interval_seconds`` the intake reads its queue's depth i
 ``IntakeHealth`` and writes a change of health to the event log (``IntakeStalled``: its
 queue has held packets for ``ingestion.stall_seconds`` with none stored, or its writes
 fail; ``IntakeRecovered``: it stores again), as the error queue's intake does
-(``events.observe_intake``, ``events.report_intake_every``).
+(``events.observe_intake``, ``events.reporting_intake``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import tenacity
 from controlroom.config import Settings
 from controlroom.db.engine import retry_transient
 from controlroom.db.errors import name_failure
-from controlroom.events import observe_intake, report_intake_every
+from controlroom.events import observe_intake, reporting_intake
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.sitecalls.writer import IngestBudgetExceeded, ReceivedPacket, SiteCallWriter
 from controlroom.telemetry.contract import (
@@ -165,15 +165,9 @@ class TelemetryIngestionService:
             self._settings.ingestion,
             self._ingest_batch,
         )
-        reporter = asyncio.create_task(
-            report_intake_every(
-                self._settings.ingestion.report_interval_seconds, self.report, intake=INTAKE_NAME
-            )
-        )
-        try:
+        every = self._settings.ingestion.report_interval_seconds
+        async with reporting_intake(every, self.report, intake=INTAKE_NAME):
             await batcher.run(self._stopping.is_set)
-        finally:
-            reporter.cancel()
 
     async def report(self) -> None:
         """Read the telemetry queue's depth into ``health`` (a transport that cannot

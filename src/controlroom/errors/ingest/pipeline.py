@@ -35,7 +35,7 @@ from controlroom.errors.ingest.identity import failed_import_id
 from controlroom.errors.ingest.parsing import is_retry_confirmation, parse_failed_message
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
-from controlroom.events import observe_intake, report_intake_every
+from controlroom.events import observe_intake, reporting_intake
 from controlroom.exceptions import ErrorKind, MessageRejected
 from controlroom.runtime.clock import utc_now
 from controlroom.runtime.intake_health import IntakeHealth
@@ -185,15 +185,9 @@ class IngestionService:
             self._settings.ingestion,
             self._ingest_batch,
         )
-        reporter = asyncio.create_task(
-            report_intake_every(
-                self._settings.ingestion.report_interval_seconds, self.report, intake=INTAKE_NAME
-            )
-        )
-        try:
+        every = self._settings.ingestion.report_interval_seconds
+        async with reporting_intake(every, self.report, intake=INTAKE_NAME):
             await batcher.run(self._stopping.is_set)
-        finally:
-            reporter.cancel()
 
     async def stop(self) -> None:
         """Stop taking messages; unacknowledged ones stay in the queue."""
