@@ -11,7 +11,6 @@ pending entries a larger list defers, counted), in interleaved rounds. Backend C
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from datetime import UTC, datetime
@@ -22,41 +21,23 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).parent))
 
 import ingest
-
-from controlroom.errors.ingest.search_terms import message_search_terms
+from pgserver import add_url_argument, backend_cpu, tsvector_text
 
 LIMITS = ("4MB", "32MB", "128MB")
 BATCH = 200
-
-
-def lexeme(term: str) -> str:
-    """``term`` as a quoted lexeme of a ``tsvector``'s text form."""
-    return "'" + term.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=4)
-    default_url = os.environ.get(
-        "CONTROLROOM_BENCH_POSTGRESQL_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-    )
-    parser.add_argument("--url", default=default_url.replace("+psycopg", ""))
+    add_url_argument(parser)
     args = parser.parse_args()
     now = datetime(2026, 12, 1, tzinfo=UTC)
     messages = ingest.generate_messages(args.messages, seed=1, now=now)
-    rows = [
-        (" ".join(lexeme(t) for t in message_search_terms(m.headers, m.body.decode())),)
-        for m in messages
-    ]
+    rows = [(tsvector_text(m.headers, m.body),) for m in messages]
     conn = psycopg.connect(args.url, autocommit=True)
-    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-    ticks = os.sysconf("SC_CLK_TCK")
-
-    def cpu() -> float:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as file:
-            fields = file.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / ticks
+    cpu = backend_cpu(conn)
 
     figures: dict[tuple[str, str], list[float]] = {}
     try:

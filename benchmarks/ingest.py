@@ -65,7 +65,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from pgserver import add_server_arguments, admin_server, describe_server
+from pgserver import (
+    ADMIN_URL_ENV,
+    DEFAULT_ADMIN_URL,
+    add_server_arguments,
+    admin_server,
+    cpu_seconds,
+    describe_server,
+    live_processes,
+    process_cpu_seconds,
+    stat_fields,
+)
 from previous_write_path import PREVIOUS_REVISION, PreviousWriter
 from query import tsvector_text
 from rich.console import Console
@@ -92,8 +102,6 @@ from controlroom.errors.ingest.writer import (
 )
 from controlroom.errors.model import FailedAttempt
 
-DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-ADMIN_URL_ENV = "CONTROLROOM_BENCH_POSTGRESQL_URL"
 DEFAULT_MESSAGES = 20_000
 DEFAULT_REPEAT_SHARE = 0.10
 DEFAULT_NAIVE_MESSAGES = 5_000  # the naive baseline's sample: ~20-30 s at its rate
@@ -685,49 +693,17 @@ class Result:
         return self.messages / self.seconds
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """The fields of ``/proc/<pid>/stat`` after the command name (state first), or
-    ``None`` when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
-            stat = file.read()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2 :].split()
-
-
-def _processes() -> dict[int, list[str]]:
-    """Every live process's ``_stat_fields``, by pid."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (fields := _stat_fields(int(entry))) is not None:
-            found[int(entry)] = fields
-    return found
-
-
-def _cpu_seconds(fields: list[str], *, reaped_children: bool = False) -> float:
-    """utime + stime (and the reaped children's cutime + cstime) of ``_stat_fields``."""
-    ticks = fields[11:15] if reaped_children else fields[11:13]
-    return sum(int(value) for value in ticks) / os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) of process ``pid`` from ``/proc``; 0 if it is gone."""
-    fields = _stat_fields(pid)
-    return 0.0 if fields is None else _cpu_seconds(fields)
-
-
 def process_tree_cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) of process ``pid`` and every live descendant (``serve``'s
     intake worker processes among them), from ``/proc``; 0 if ``pid`` is gone."""
-    processes = _processes()
+    processes = live_processes()
     tree, frontier = {pid}, [pid]
     while frontier:
         parent = frontier.pop()
         children = [child for child, fields in processes.items() if int(fields[1]) == parent]
         tree.update(children)
         frontier.extend(children)
-    return sum(_cpu_seconds(processes[member]) for member in tree if member in processes)
+    return sum(cpu_seconds(processes[member]) for member in tree if member in processes)
 
 
 class ServerBackends:
@@ -827,7 +803,7 @@ class Instruments:
 
 def postmaster_pid(backend_pid: int) -> int:
     """The parent of backend ``backend_pid`` (from ``/proc``): the server's postmaster."""
-    fields = _stat_fields(backend_pid)
+    fields = stat_fields(backend_pid)
     if fields is None:
         raise ProcessLookupError(backend_pid)
     return int(fields[1])
@@ -839,13 +815,13 @@ def server_tree_cpu_seconds(postmaster: int) -> float:
     children that exited and were reaped (the postmaster's ``cutime`` + ``cstime``). The
     sum only grows, so a difference over a run counts every server process's work in it,
     other sessions' included (a scratch server, ``--scratch-server``, has none)."""
-    fields = _stat_fields(postmaster)
+    fields = stat_fields(postmaster)
     if fields is None:
         raise ProcessLookupError(postmaster)
-    total = _cpu_seconds(fields, reaped_children=True)
-    for child in _processes().values():
+    total = cpu_seconds(fields, reaped_children=True)
+    for child in live_processes().values():
         if int(child[1]) == postmaster:
-            total += _cpu_seconds(child)
+            total += cpu_seconds(child)
     return total
 
 

@@ -15,6 +15,11 @@ Two things every PostgreSQL benchmark (``ingest.py``, ``serve.py``, ``query.py``
   plus any given, and stopped and deleted on the way out, also when a run fails.
 - ``table_state``: live and dead rows (``pg_stat_user_tables``) and sizes of the tables
   a drain rewrites, and how often autovacuum got to them.
+- ``process_cpu_seconds`` / ``backend_cpu``: a process's CPU time from ``/proc`` (the
+  server must run on this machine), and a clock of one session's backend; with
+  ``tsvector_text`` (a message's search terms as a ``tsvector``'s text) and
+  ``add_url_argument`` (``--url``, a libpq URL), what the scripts that time one
+  session's statements share (``gin_pending.py``, ``toast_compression.py``).
 
 Each script takes ``--scratch-server`` (and ``--scratch-setting NAME=VALUE``, repeatable)
 through ``add_server_arguments`` and opens its admin URL with ``admin_server``.
@@ -30,11 +35,18 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import sqlalchemy as sa
+
+from controlroom.errors.ingest.search_terms import message_search_terms
+
+DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+ADMIN_URL_ENV = "CONTROLROOM_BENCH_POSTGRESQL_URL"
 
 SCRATCH_SETTINGS: Mapping[str, str] = {
     "autovacuum": "on",
@@ -139,6 +151,67 @@ def format_table_state(states: Sequence[TableState]) -> list[str]:
 def drained_tables(conn: sa.Connection) -> list[str]:
     """``format_table_state`` of ``table_state``: the drained tables as Markdown rows."""
     return format_table_state(table_state(conn))
+
+
+# --- processes' CPU from /proc, search terms as text ------------------------------------
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first), or
+    ``None`` when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
+            stat = file.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def live_processes() -> dict[int, list[str]]:
+    """Every live process's ``stat_fields``, by pid."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := stat_fields(int(entry))) is not None:
+            found[int(entry)] = fields
+    return found
+
+
+def cpu_seconds(fields: list[str], *, reaped_children: bool = False) -> float:
+    """utime + stime (and the reaped children's cutime + cstime) of ``stat_fields``."""
+    ticks = fields[11:15] if reaped_children else fields[11:13]
+    return sum(int(value) for value in ticks) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` from ``/proc``; 0 if it is gone."""
+    fields = stat_fields(pid)
+    return 0.0 if fields is None else cpu_seconds(fields)
+
+
+def backend_cpu(conn: psycopg.Connection[Any]) -> Callable[[], float]:
+    """A clock of the CPU seconds of ``conn``'s backend process (``pg_backend_pid()``):
+    what the server spent on this session's statements, whatever the client waited."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    pid = int(row[0])
+    return lambda: process_cpu_seconds(pid)
+
+
+def lexeme(term: str) -> str:
+    """``term`` as a quoted lexeme of a ``tsvector``'s text form."""
+    return "'" + term.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def tsvector_text(headers: Mapping[str, str | None], body: bytes) -> str:
+    """A message's search terms (``message_search_terms`` of its headers and UTF-8 body)
+    as a ``tsvector``'s text form: each term one quoted lexeme, as the write path stores
+    them (no parser, no stemming)."""
+    return " ".join(lexeme(term) for term in message_search_terms(headers, body.decode()))
+
+
+def add_url_argument(parser: argparse.ArgumentParser) -> None:
+    """``--url``: the server to measure, a libpq URL (default ``ADMIN_URL_ENV`` or
+    ``DEFAULT_ADMIN_URL``, SQLAlchemy's ``+psycopg`` taken out)."""
+    url = os.environ.get(ADMIN_URL_ENV) or DEFAULT_ADMIN_URL
+    parser.add_argument("--url", default=url.replace("+psycopg", ""))
 
 
 # --- a server of the benchmark's own -------------------------------------------------------

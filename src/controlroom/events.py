@@ -9,17 +9,20 @@ so an event commits or rolls back with the change it describes. Items older than
 ``subscribe`` lets a part of the process act on each event in its transaction (the
 notification rules: docs/design.md "Notification rules"). ``report_intake_transition``
 writes an intake's change of health (``IntakeStalled`` / ``IntakeRecovered``) for every
-intake, the error queue's and the telemetry queue's alike.
+intake, the error queue's and the telemetry queue's alike; ``observe_intake`` and
+``reporting_intake`` are the round of reporting both intakes run.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import json
 import logging
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -30,6 +33,7 @@ from controlroom.db.tables import event_log_items
 from controlroom.db.transactions import begin_write
 from controlroom.runtime.clock import utc_now
 from controlroom.runtime.intake_health import IntakeHealth
+from controlroom.transport.base import QueueDepth, Transport, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -235,3 +239,44 @@ def report_intake_transition(engine: sa.Engine, health: IntakeHealth) -> bool:
         return False
     health.reported(state)
     return True
+
+
+async def observe_intake(
+    engine: sa.Engine, transport: Transport, health: IntakeHealth
+) -> QueueDepth | None:
+    """Read the depth of ``health.queue`` into ``health``, then write a change of health
+    to the event log (``report_intake_transition``, on a worker thread). Returns the depth
+    read, or ``None`` when the transport cannot answer (``TransportError``: logged as a
+    warning, and ``health`` keeps the depth it had)."""
+    depth: QueueDepth | None = None
+    try:
+        depth = await transport.queue_depth(health.queue)
+    except TransportError as exc:
+        log.warning("cannot read the depth of %s: %s", health.queue, exc)
+    else:
+        health.observed_depth(depth.messages)
+    await asyncio.to_thread(report_intake_transition, engine, health)
+    return depth
+
+
+@contextlib.asynccontextmanager
+async def reporting_intake(
+    seconds: float, report: Callable[[], Awaitable[None]], *, intake: str
+) -> AsyncIterator[None]:
+    """For the block: await ``report()`` every ``seconds`` in a task of its own, which
+    the block's end cancels. Whatever ``report()`` raises is logged (a warning naming
+    ``intake``) and the next round tries again."""
+
+    async def every() -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await report()
+            except Exception:  # the next round tries again
+                log.warning("could not report on the %s", intake, exc_info=True)
+
+    reporter = asyncio.create_task(every())
+    try:
+        yield
+    finally:
+        reporter.cancel()

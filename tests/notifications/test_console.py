@@ -83,6 +83,34 @@ def test_retry_by_post_redirect_get_and_a_reload_sends_nothing(
     assert audit_count(engine) == 1
 
 
+def test_after_an_operators_retry_the_list_and_the_api_say_pending_until_an_attempt(
+    console: TestClient, engine: sa.Engine
+) -> None:
+    """An operator's Retry puts a Parked notification back to Pending with its attempts
+    counted afresh (docs/design.md "Notification outbox"); no dispatcher runs here, so
+    nothing has been attempted and nothing may say Retrying."""
+    console.post("/signin", data={"token": OPERATOR})
+    notification_id = put(engine, subject="parked one")
+    page = console.get(f"/notifications/{notification_id}")
+    answer = console.post(
+        f"/notifications/{notification_id}/retry", data={"csrf_token": csrf_of(page.text)}
+    )
+    assert answer.status_code == 303
+
+    listed = console.get("/notifications").text
+    row = listed.split('data-testid="subject">parked one<', 1)[0].rsplit("<tr>", 1)[1]
+    assert 'data-testid="status">Pending<' in row and "Retrying" not in row
+    assert "parked one" in console.get("/notifications", params={"status": "Pending"}).text
+    assert "parked one" not in console.get("/notifications", params={"status": "Retrying"}).text
+    shown = console.get(f"/notifications/{notification_id}").text
+    assert ">Pending<" in shown and "Retrying" not in shown
+    bearer = {"Authorization": f"Bearer {OPERATOR}"}
+    (item,) = console.get("/api/notifications", headers=bearer).json()["items"]
+    assert (item["status"], item["retry_count"]) == ("Pending", 0)
+    retrying = console.get("/api/notifications", params={"status": "Retrying"}, headers=bearer)
+    assert retrying.json()["items"] == []
+
+
 def test_an_outcome_in_a_link_shows_nothing(console: TestClient, engine: sa.Engine) -> None:
     console.post("/signin", data={"token": READER})
     notification_id = put(engine)

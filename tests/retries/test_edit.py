@@ -42,13 +42,22 @@ def editable(headers: dict[str, str | None]) -> dict[str, str | None]:
 
 
 def run_with_api(
-    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, scenario: Scenario
+    settings: Settings,
+    engine: sa.Engine,
+    body_store: FileSystemBodyStore,
+    scenario: Scenario,
+    *,
+    make_transport: Callable[[], Any] | None = None,
 ) -> Any:
-    """Run ``scenario`` against the app, in one event loop with its embedded queue (the
-    edit route publishes on the app's transport)."""
+    """Run ``scenario`` against the app, in one event loop with its transport (the edit
+    route publishes on the app's transport): ``make_transport()``, by default the
+    embedded queue."""
+
+    def embedded() -> EmbeddedQueue:
+        return EmbeddedQueue(settings.embedded_queue_path)
 
     async def main() -> Any:
-        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+        async with (make_transport or embedded)() as transport:
             app = create_app(settings, engine, body_store, transport=transport)
             api = httpx.AsyncClient(
                 transport=httpx.ASGITransport(app),

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,11 +17,11 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.db.tables import FailedMessageStatus, retry_operations
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter
+from controlroom.errors.model import FailedAttempt
 from controlroom.errors.retries import requests as retries
 from controlroom.errors.retries import wire as retry_wire
 from controlroom.integrations import envelope
@@ -35,7 +36,7 @@ from tests.retries.conftest import (
     take,
     unique_name,
 )
-from tests.servers import TEST_CLIENT_TIMEOUT
+from tests.retries.test_edit import editable, run_with_api
 from tests.transport.helpers import Collector
 
 PICKLE_BODY = (
@@ -101,95 +102,133 @@ def task_failure_headers(
     return task_id, headers, properties
 
 
-def retry_and_receive(
-    settings: Settings,
-    engine: sa.Engine,
-    body_store: FileSystemBodyStore,
-    make_transport: Callable[[], Transport],
-    queue: str,
-    count: int,
-) -> list[Delivery]:
-    """Retry every stored message, run one processor pass, take ``count`` from ``queue``."""
-    retries.retry_all(engine)
+@dataclass(frozen=True)
+class StoredTask:
+    """A Celery task's failed message as stored: its task id, the failed message's
+    headers, the consumed message's properties and the stored attempt."""
 
-    async def scenario() -> list[Delivery]:
-        async with make_transport() as transport:  # type: ignore[attr-defined]
-            processor = make_processor(settings, engine, transport, body_store)
-            async with asyncio.timeout(TIMEOUT):
-                try:
-                    await processor.process_pending()
-                finally:
-                    await processor.close()
-                async with Collector(transport, queue, prefetch=5) as collector:
-                    deliveries = await take(collector, count)
-                    await collector.assert_idle(0.3)
-            return deliveries
-
-    return asyncio.run(scenario())
+    task_id: str
+    headers: dict[str, str | None]
+    properties: dict[str, Any]
+    attempt: FailedAttempt
 
 
-def test_a_retried_task_message_goes_back_as_its_producer_sent_it(
+@dataclass(frozen=True)
+class TaskRetries:
+    """One test's retries of task messages: the store, a transport of each kind
+    (``make_transport``) and a Celery queue of the test's own (``queue``)."""
+
+    settings: Settings
+    engine: sa.Engine
+    writer: FailedMessageBatchWriter
+    body_store: FileSystemBodyStore
+    make_transport: Callable[[], Transport]
+    queue: str
+
+    def store(
+        self, body: bytes, *, table: dict[str, Any] | None = None, **changes: Any
+    ) -> StoredTask:
+        """Store a failed message of a task that failed in ``queue`` (``task_failure_headers``)."""
+        task_id, headers, properties = task_failure_headers(self.queue, table=table, **changes)
+        attempt = store_failed(self.settings, self.writer, self.body_store, headers, body)
+        return StoredTask(task_id, headers, properties, attempt)
+
+    def retry_and_receive(self, count: int) -> list[Delivery]:
+        """Retry every stored message, run one processor pass, take ``count`` from
+        ``queue``."""
+        retries.retry_all(self.engine)
+
+        async def scenario() -> list[Delivery]:
+            async with self.make_transport() as transport:  # type: ignore[attr-defined]
+                processor = make_processor(self.settings, self.engine, transport, self.body_store)
+                async with asyncio.timeout(TIMEOUT):
+                    try:
+                        await processor.process_pending()
+                    finally:
+                        await processor.close()
+                    return await self.receive(transport, count)
+
+        return asyncio.run(scenario())
+
+    async def receive(self, transport: Transport, count: int) -> list[Delivery]:
+        """The next ``count`` messages of ``queue``, and then no more."""
+        async with Collector(transport, self.queue, prefetch=5) as collector:
+            deliveries = await take(collector, count)
+            await collector.assert_idle(0.3)
+        return deliveries
+
+    def with_api(self, scenario: Callable[[httpx.AsyncClient, Transport], Awaitable[Any]]) -> Any:
+        """Run ``scenario`` against the app on a transport of ``make_transport``."""
+        return run_with_api(
+            self.settings,
+            self.engine,
+            self.body_store,
+            scenario,  # type: ignore[arg-type]
+            make_transport=self.make_transport,
+        )
+
+
+@pytest.fixture
+def task_retries(
     settings: Settings,
     engine: sa.Engine,
     writer: FailedMessageBatchWriter,
     body_store: FileSystemBodyStore,
     make_transport: Callable[[], Transport],
+) -> TaskRetries:
+    return TaskRetries(settings, engine, writer, body_store, make_transport, unique_name("celery"))
+
+
+def test_a_retried_task_message_goes_back_as_its_producer_sent_it(
+    task_retries: TaskRetries,
 ) -> None:
-    queue = unique_name("celery")
     # A table that went through an earlier retry: its retry headers are replaced.
     stale = CELERY_TABLE | {
         retry_wire.RETRY_UNIQUE_MESSAGE_ID: str(uuid.uuid4()),
         retry_wire.TARGET_ENDPOINT_ADDRESS: "elsewhere",
     }
-    task_id, headers, properties = task_failure_headers(queue, table=stale)
-    attempt = store_failed(settings, writer, body_store, headers, PICKLE_BODY)
+    task = task_retries.store(PICKLE_BODY, table=stale)
 
-    (delivery,) = retry_and_receive(settings, engine, body_store, make_transport, queue, 1)
+    (delivery,) = task_retries.retry_and_receive(1)
 
     assert delivery.body == PICKLE_BODY
     sent = delivery.properties
     assert sent is not None
     assert (sent.content_encoding, sent.correlation_id, sent.reply_to, sent.priority) == (
         "binary",
-        task_id,
+        task.task_id,
         "b3c1d2e4-reply",
         4,
     )
     expected = {
         name: value
-        for name, value in properties["headers"].items()
+        for name, value in task.properties["headers"].items()
         if name != retry_wire.TARGET_ENDPOINT_ADDRESS
     } | {
-        retry_wire.RETRY_UNIQUE_MESSAGE_ID: attempt.unique_message_id,
-        retry_wire.RETRY_ACKNOWLEDGEMENT_QUEUE: settings.error_queue,
+        retry_wire.RETRY_UNIQUE_MESSAGE_ID: task.attempt.unique_message_id,
+        retry_wire.RETRY_ACKNOWLEDGEMENT_QUEUE: task_retries.settings.error_queue,
     }
     assert dict(sent.headers or {}) == expected  # typed: ints, lists, nulls, bytes as sent
-    assert delivery.headers["NServiceBus.MessageId"] == task_id  # the message-id property
-    assert statuses(engine)[attempt.unique_message_id] == FailedMessageStatus.RETRY_ISSUED
+    assert delivery.headers["NServiceBus.MessageId"] == task.task_id  # the message-id property
+    stored = statuses(task_retries.engine)
+    assert stored[task.attempt.unique_message_id] == FailedMessageStatus.RETRY_ISSUED
 
 
 def test_properties_that_do_not_parse_fail_that_message_and_the_others_go(
-    settings: Settings,
-    engine: sa.Engine,
-    writer: FailedMessageBatchWriter,
-    body_store: FileSystemBodyStore,
-    make_transport: Callable[[], Transport],
+    task_retries: TaskRetries,
 ) -> None:
-    queue = unique_name("celery")
-    _, good_headers, _ = task_failure_headers(queue)
-    _, bad_headers, _ = task_failure_headers(
-        queue, **{retry_wire.TASK_PROPERTIES: '{"headers": [1, 2]}'}
+    good = task_retries.store(b"[[1], {}, {}]")
+    bad = task_retries.store(
+        b"[[2], {}, {}]", **{retry_wire.TASK_PROPERTIES: '{"headers": [1, 2]}'}
     )
-    good = store_failed(settings, writer, body_store, good_headers, b"[[1], {}, {}]")
-    bad = store_failed(settings, writer, body_store, bad_headers, b"[[2], {}, {}]")
 
-    (delivery,) = retry_and_receive(settings, engine, body_store, make_transport, queue, 1)
+    (delivery,) = task_retries.retry_and_receive(1)
 
     assert delivery.body == b"[[1], {}, {}]"
-    now = statuses(engine)
-    assert now[good.unique_message_id] == FailedMessageStatus.RETRY_ISSUED
-    assert now[bad.unique_message_id] == FailedMessageStatus.UNRESOLVED
-    with engine.connect() as conn:
+    now = statuses(task_retries.engine)
+    assert now[good.attempt.unique_message_id] == FailedMessageStatus.RETRY_ISSUED
+    assert now[bad.attempt.unique_message_id] == FailedMessageStatus.UNRESOLVED
+    with task_retries.engine.connect() as conn:
         operation = conn.execute(sa.select(retry_operations)).one()
     assert operation.failed
     assert (operation.forwarded_count, operation.skipped_count) == (1, 1)
@@ -205,43 +244,30 @@ def test_outgoing_message_names_the_header_that_does_not_parse() -> None:
 
 
 def test_an_edited_task_message_keeps_its_properties_with_the_body_edited(
-    settings: Settings,
-    engine: sa.Engine,
-    writer: FailedMessageBatchWriter,
-    body_store: FileSystemBodyStore,
-    make_transport: Callable[[], Transport],
+    task_retries: TaskRetries,
 ) -> None:
-    queue = unique_name("celery")
-    task_id, headers, properties = task_failure_headers(queue)
-    original = store_failed(settings, writer, body_store, headers, b"[[-1], {}, {}]")
-    edited = {name: value for name, value in headers.items() if value is not None}
+    task = task_retries.store(b"[[-1], {}, {}]")
+    original = task.attempt.unique_message_id
+    edited = editable(task.headers)
 
-    async def scenario() -> tuple[httpx.Response, httpx.Response, Delivery]:
-        async with make_transport() as transport:  # type: ignore[attr-defined]
-            app = create_app(settings, engine, body_store, transport=transport)
-            api = httpx.AsyncClient(
-                transport=httpx.ASGITransport(app),
-                base_url="http://test",
-                timeout=TEST_CLIENT_TIMEOUT,
-            )
-            async with api, asyncio.timeout(TIMEOUT):
-                refused = await api.post(
-                    f"/api/edit/{original.unique_message_id}",
-                    json={
-                        "message_body": "[[1], {}, {}]",
-                        "message_headers": edited | {retry_wire.TASK_PROPERTIES: "[]"},
-                    },
-                )
-                response = await api.post(
-                    f"/api/edit/{original.unique_message_id}",
-                    json={"message_body": "[[1], {}, {}]", "message_headers": edited},
-                )
-                async with Collector(transport, queue, prefetch=5) as collector:
-                    (delivery,) = await take(collector, 1)
-                    await collector.assert_idle(0.3)
-            return refused, response, delivery
+    async def scenario(
+        api: httpx.AsyncClient, transport: Transport
+    ) -> tuple[httpx.Response, httpx.Response, Delivery]:
+        refused = await api.post(
+            f"/api/edit/{original}",
+            json={
+                "message_body": "[[1], {}, {}]",
+                "message_headers": edited | {retry_wire.TASK_PROPERTIES: "[]"},
+            },
+        )
+        response = await api.post(
+            f"/api/edit/{original}",
+            json={"message_body": "[[1], {}, {}]", "message_headers": edited},
+        )
+        (delivery,) = await task_retries.receive(transport, 1)
+        return refused, response, delivery
 
-    refused, response, delivery = asyncio.run(scenario())
+    refused, response, delivery = task_retries.with_api(scenario)
 
     assert refused.status_code == 400
     assert "Controlroom.TaskQueue.Properties" in refused.text
@@ -250,10 +276,14 @@ def test_an_edited_task_message_keeps_its_properties_with_the_body_edited(
     assert delivery.body == b"[[1], {}, {}]"
     sent = delivery.properties
     assert sent is not None
-    assert (sent.content_encoding, sent.correlation_id, sent.priority) == ("binary", task_id, 4)
-    assert dict(sent.headers or {}) == properties["headers"] | {
+    assert (sent.content_encoding, sent.correlation_id, sent.priority) == (
+        "binary",
+        task.task_id,
+        4,
+    )
+    assert dict(sent.headers or {}) == task.properties["headers"] | {
         retry_wire.RETRY_UNIQUE_MESSAGE_ID: answer["edit_id"],
-        retry_wire.RETRY_ACKNOWLEDGEMENT_QUEUE: settings.error_queue,
-        retry_wire.EDIT_OF: original.unique_message_id,
+        retry_wire.RETRY_ACKNOWLEDGEMENT_QUEUE: task_retries.settings.error_queue,
+        retry_wire.EDIT_OF: original,
     }
-    assert statuses(engine)[original.unique_message_id] == FailedMessageStatus.RESOLVED
+    assert statuses(task_retries.engine)[original] == FailedMessageStatus.RESOLVED

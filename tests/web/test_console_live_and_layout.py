@@ -1,6 +1,7 @@
 """The console in Chromium as an operator uses it all day: figures that refresh by
 themselves (and not while the tab is hidden), headers and stack traces that stay
-readable at a desktop and a phone size, the navigation behind a menu button on a phone,
+readable at a desktop and a phone size, failure group titles with room at a desktop
+width, the navigation behind a menu button on a phone,
 and the edit page of a body too large to edit in a browser.
 """
 
@@ -135,6 +136,59 @@ def test_header_names_stay_on_one_line_and_nothing_overflows_the_page(
     )
     assert box["inside"], f"the stack trace leaves its box at {size}"
     assert box["hidden"] <= 0 or box["scrolls"] in ("auto", "scroll"), box
+
+
+# --- failure groups -----------------------------------------------------------------------
+GROUP_TITLE_WORDS = """el => {
+    const words = [];
+    const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        for (const found of node.data.matchAll(/\\S+/g)) {
+            const range = document.createRange();
+            range.setStart(node, found.index);
+            range.setEnd(node, found.index + found[0].length);
+            const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+            words.push([found[0], lines.size]);
+        }
+    }
+    return words;
+}"""
+
+
+def test_at_a_desktop_width_the_group_column_has_room_and_no_title_word_is_split(
+    console_server: ConsoleServer, page: Any
+) -> None:
+    failures = [
+        ("System.InvalidOperationException", "Shop.Sales.PlaceOrderHandler.Handle"),
+        ("Shop.Payments.CardDeclinedException", "Shop.Payments.ChargeCardHandler.Handle"),
+        ("System.Data.SqlClient.SqlException", "Shop.Shipping.ReserveStockHandler.Handle"),
+    ]
+    for n, (exception_type, frame) in enumerate(failures):
+        trace = f"{exception_type}: boom\n   at {frame}(Command message, IMessageHandlerContext c)"
+        console_server.publish(
+            failed_headers(f"group-{n}", exception_type=exception_type, stack_trace=trace), b"{}"
+        )
+    console_server.wait_until_stored(len(failures))
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(console_server.base_url + "/groups")
+    titles = page.locator("table.groups tbody td:first-child > a")
+    expect(titles).to_have_count(len(failures))
+
+    table = page.locator("table.groups").bounding_box()
+    assert table is not None
+    for index in range(titles.count()):
+        title = titles.nth(index)
+        cell = title.locator("xpath=..").bounding_box()
+        assert cell is not None
+        assert cell["width"] >= table["width"] / 3, (
+            f"the Group column is {cell['width']:.0f}px of {table['width']:.0f}px"
+        )
+        split = [word for word, lines in title.evaluate(GROUP_TITLE_WORDS) if lines > 1]
+        assert split == [], f"words broken across lines: {split}"
+    overflow = page.evaluate(
+        "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
+    assert overflow <= 0, f"the page scrolls sideways by {overflow}px"
 
 
 # --- navigation ---------------------------------------------------------------------------

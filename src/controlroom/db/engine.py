@@ -69,16 +69,22 @@ def run_write_transaction(engine: sa.Engine, work: Callable[[sa.Connection], T])
 
 
 def retry_transient(
-    *, max_backoff_seconds: float = 30.0, stop_event: threading.Event | None = None
+    *,
+    max_backoff_seconds: float = 30.0,
+    stop_event: threading.Event | None = None,
+    on_failure: Callable[[BaseException], None] | None = None,
 ) -> tenacity.Retrying:
     """Retry policy for a whole batch: transient store errors only, capped back-off.
 
     Retries until ``stop_event`` is set (forever without one); docs/design.md "Transient
     failures": the batch is idempotent, so a replay after an ambiguous commit is harmless.
+    Each failure replayed is logged (a warning), then passed to ``on_failure`` (an
+    intake's health: a store refusing writes for long is degraded).
     """
     stop: tenacity.stop.stop_base = (
         tenacity.stop_when_event_set(stop_event) if stop_event else tenacity.stop_never
     )
+    log_it = tenacity.before_sleep_log(log, logging.WARNING)
     return tenacity.Retrying(
         retry=tenacity.retry_if_exception(is_transient),
         wait=tenacity.wait_exponential(multiplier=0.1, max=max_backoff_seconds),
@@ -87,5 +93,19 @@ def retry_transient(
         # Sleep on the event so that stopping interrupts a long back-off at once.
         # cast: tenacity ignores what sleep returns, but types it None (Event.wait: bool).
         sleep=cast(Callable[[float], None], stop_event.wait) if stop_event else time.sleep,
-        before_sleep=tenacity.before_sleep_log(log, logging.WARNING),
+        before_sleep=log_it if on_failure is None else _told(log_it, on_failure),
     )
+
+
+def _told(
+    log_it: Callable[[tenacity.RetryCallState], None],
+    on_failure: Callable[[BaseException], None],
+) -> Callable[[tenacity.RetryCallState], None]:
+    """A ``before_sleep`` that logs as ``log_it`` does, then passes the failure on."""
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        log_it(state)
+        if state.outcome is not None and (exc := state.outcome.exception()) is not None:
+            on_failure(exc)
+
+    return before_sleep

@@ -37,14 +37,14 @@ def messages_archived(
     if not ids:
         return
     verb = "archived" if archived else "unarchived"
-    record_event(
+    _operator_did(
         conn,
-        description=f"{_count(len(ids), 'failed message')} {verb} by {by}",
-        severity=Severity.INFO,
+        f"{_count(len(ids), 'failed message')} {verb}",
+        by,
         category=Category.MESSAGE_FAILURES,
         event_type="FailedMessagesArchived" if archived else "FailedMessagesUnArchived",
-        raised_at=now,
         related_to=_messages(ids),
+        now=now,
     )
 
 
@@ -53,14 +53,14 @@ def group_archived(
 ) -> None:
     """A whole group archived or unarchived (``count`` messages changed)."""
     verb = "archived" if archived else "unarchived"
-    record_event(
+    _operator_did(
         conn,
-        description=f"{_count(count, 'failed message')} of group {group_id} {verb} by {by}",
-        severity=Severity.INFO,
+        f"{_count(count, 'failed message')} of group {group_id} {verb}",
+        by,
         category=Category.RECOVERABILITY,
         event_type="FailedMessageGroupArchived" if archived else "FailedMessageGroupUnarchived",
-        raised_at=now,
-        related_to=[f"/group/{group_id}"],
+        related_to=[group_path(group_id)],
+        now=now,
     )
 
 
@@ -68,14 +68,14 @@ def group_comment_changed(
     conn: sa.Connection, group_id: str, *, by: str, now: datetime, deleted: bool
 ) -> None:
     what = "deleted" if deleted else "set"
-    record_event(
+    _operator_did(
         conn,
-        description=f"comment of group {group_id} {what} by {by}",
-        severity=Severity.INFO,
+        f"comment of group {group_id} {what}",
+        by,
         category=Category.RECOVERABILITY,
         event_type="GroupCommentDeleted" if deleted else "GroupCommentChanged",
-        raised_at=now,
-        related_to=[f"/group/{group_id}"],
+        related_to=[group_path(group_id)],
+        now=now,
     )
 
 
@@ -178,14 +178,14 @@ def failed_imports_reimported(
 ) -> None:
     if not ids:
         return
-    record_event(
+    _operator_did(
         conn,
-        description=f"{_count(len(ids), 'failed import')} put back on {queue} by {by}",
-        severity=Severity.INFO,
+        f"{_count(len(ids), 'failed import')} put back on {queue}",
+        by,
         category=Category.FAILED_IMPORTS,
         event_type="FailedImportsReimported",
-        raised_at=now,
         related_to=[f"/failedimport/{i}" for i in list(ids)[:RELATED_LIMIT]],
+        now=now,
     )
 
 
@@ -209,14 +209,14 @@ def endpoint_monitoring_changed(
     conn: sa.Connection, endpoint_id: str, monitored: bool, *, by: str, now: datetime
 ) -> None:
     state = "enabled" if monitored else "disabled"
-    record_event(
+    _operator_did(
         conn,
-        description=f"monitoring of endpoint {endpoint_id} {state} by {by}",
-        severity=Severity.INFO,
+        f"monitoring of endpoint {endpoint_id} {state}",
+        by,
         category=Category.ENDPOINTS,
         event_type="MonitoringEnabledForEndpoint" if monitored else "MonitoringDisabledForEndpoint",
-        raised_at=now,
-        related_to=[f"/endpoint/{endpoint_id}"],
+        related_to=[endpoint_path(endpoint_id)],
+        now=now,
     )
 
 
@@ -241,15 +241,14 @@ def group_failures_passed(
 ) -> None:
     """A group's failures within one clock hour (``hour``: whole hours since 1970 UTC)
     reached ``ingestion.alert_group_failures_per_hour``."""
-    started = datetime.fromtimestamp(hour * 3600, UTC).isoformat()
-    record_event(
+    _hour_passed(
         conn,
-        description=f"{failures} failures in the hour from {started} of group {title}",
-        severity=Severity.ERROR,
-        category=Category.MESSAGE_FAILURES,
+        f"{failures} failures",
+        hour,
+        f"group {title}",
         event_type="GroupFailuresPassedThreshold",
-        raised_at=now,
-        related_to=[group_path(group_id)],
+        related_to=group_path(group_id),
+        now=now,
     )
 
 
@@ -258,17 +257,60 @@ def endpoint_failures_passed(
 ) -> None:
     """An endpoint's unresolved failures within one clock hour (``hour``: whole hours
     since 1970 UTC) reached ``ingestion.alert_endpoint_failures_per_hour``."""
+    _hour_passed(
+        conn,
+        f"{failures} unresolved failures",
+        hour,
+        f"endpoint {endpoint}",
+        event_type="EndpointFailuresPassedThreshold",
+        related_to=endpoint_path(endpoint),
+        now=now,
+    )
+
+
+def _operator_did(
+    conn: sa.Connection,
+    what: str,
+    by: str,
+    *,
+    category: Category,
+    event_type: str,
+    related_to: list[str],
+    now: datetime,
+) -> None:
+    """An operator's action, described ``<what> by <by>`` (Info)."""
+    record_event(
+        conn,
+        description=f"{what} by {by}",
+        severity=Severity.INFO,
+        category=category,
+        event_type=event_type,
+        raised_at=now,
+        related_to=related_to,
+    )
+
+
+def _hour_passed(
+    conn: sa.Connection,
+    failures: str,
+    hour: int,
+    of: str,
+    *,
+    event_type: str,
+    related_to: str,
+    now: datetime,
+) -> None:
+    """A threshold of failures within one clock hour reached (``hour``: whole hours since
+    1970 UTC), described ``<failures> in the hour from <its start> of <of>`` (Error)."""
     started = datetime.fromtimestamp(hour * 3600, UTC).isoformat()
     record_event(
         conn,
-        description=(
-            f"{failures} unresolved failures in the hour from {started} of endpoint {endpoint}"
-        ),
+        description=f"{failures} in the hour from {started} of {of}",
         severity=Severity.ERROR,
         category=Category.MESSAGE_FAILURES,
-        event_type="EndpointFailuresPassedThreshold",
+        event_type=event_type,
         raised_at=now,
-        related_to=[endpoint_path(endpoint)],
+        related_to=[related_to],
     )
 
 

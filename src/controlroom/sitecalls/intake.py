@@ -14,7 +14,7 @@ Every ``ingestion.report_interval_seconds`` the intake reads its queue's depth i
 ``IntakeHealth`` and writes a change of health to the event log (``IntakeStalled``: its
 queue has held packets for ``ingestion.stall_seconds`` with none stored, or its writes
 fail; ``IntakeRecovered``: it stores again), as the error queue's intake does
-(``events.report_intake_transition``).
+(``events.observe_intake``, ``events.reporting_intake``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import tenacity
 from controlroom.config import Settings
 from controlroom.db.engine import retry_transient
 from controlroom.db.errors import name_failure
-from controlroom.events import report_intake_transition
+from controlroom.events import observe_intake, reporting_intake
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.sitecalls.writer import IngestBudgetExceeded, ReceivedPacket, SiteCallWriter
 from controlroom.telemetry.contract import (
@@ -42,7 +42,7 @@ from controlroom.telemetry.contract import (
     parse_packet,
     validate_packet,
 )
-from controlroom.transport.base import Delivery, Transport, TransportError
+from controlroom.transport.base import Delivery, Transport
 from controlroom.transport.batching import DeliveryBatcher, ack_all, reject_all
 
 log = logging.getLogger(__name__)
@@ -105,10 +105,10 @@ def make_writer(
     ``SiteCallWriter`` takes it; ``on_failure`` is told each transient failure replayed
     (the intake's health: a store refusing writes for long is degraded)."""
     retrying = retry_transient(
-        max_backoff_seconds=settings.ingestion.max_backoff_seconds, stop_event=stop_event
+        max_backoff_seconds=settings.ingestion.max_backoff_seconds,
+        stop_event=stop_event,
+        on_failure=on_failure,
     )
-    if on_failure is not None:
-        retrying = retrying.copy(before_sleep=_told(retrying.before_sleep, on_failure))
     if attempts is not None:
         retrying = retrying.copy(
             stop=tenacity.stop_after_attempt(attempts),
@@ -123,21 +123,6 @@ def make_writer(
         monotonic=monotonic,
         on_written=on_written,
     )
-
-
-def _told(
-    log_it: Callable[[tenacity.RetryCallState], None] | None,
-    on_failure: Callable[[BaseException], None],
-) -> Callable[[tenacity.RetryCallState], None]:
-    """A ``before_sleep`` that logs as ``log_it`` does, then passes the failure on."""
-
-    def before_sleep(state: tenacity.RetryCallState) -> None:
-        if log_it is not None:
-            log_it(state)
-        if state.outcome is not None and (exc := state.outcome.exception()) is not None:
-            on_failure(exc)
-
-    return before_sleep
 
 
 class TelemetryIngestionService:
@@ -180,33 +165,15 @@ class TelemetryIngestionService:
             self._settings.ingestion,
             self._ingest_batch,
         )
-        reporter = asyncio.create_task(self._report())
-        try:
+        every = self._settings.ingestion.report_interval_seconds
+        async with reporting_intake(every, self.report, intake=INTAKE_NAME):
             await batcher.run(self._stopping.is_set)
-        finally:
-            reporter.cancel()
-
-    async def _report(self) -> None:
-        """Every ``report_interval_seconds``: ``report()``, whatever it raises logged."""
-        while True:
-            await asyncio.sleep(self._settings.ingestion.report_interval_seconds)
-            try:
-                await self.report()
-            except Exception:  # the next round tries again
-                log.warning("could not report on the telemetry intake", exc_info=True)
 
     async def report(self) -> None:
         """Read the telemetry queue's depth into ``health`` (a transport that cannot
         answer leaves it as it was) and write a change of health to the event log
-        (module docstring)."""
-        queue = self._settings.telemetry_queue
-        try:
-            depth = await self._transport.queue_depth(queue)
-        except TransportError as exc:
-            log.warning("cannot read the depth of %s: %s", queue, exc)
-        else:
-            self.health.observed_depth(depth.messages)
-        await asyncio.to_thread(report_intake_transition, self._engine, self.health)
+        (module docstring; ``events.observe_intake``)."""
+        await observe_intake(self._engine, self._transport, self.health)
 
     async def stop(self) -> None:
         """Stop taking packets; unacknowledged ones stay in the queue."""

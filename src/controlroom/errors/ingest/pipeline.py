@@ -21,11 +21,10 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-import tenacity
 from prometheus_client import Counter, Gauge, Histogram
 
 from controlroom.config import Settings
@@ -36,12 +35,12 @@ from controlroom.errors.ingest.identity import failed_import_id
 from controlroom.errors.ingest.parsing import is_retry_confirmation, parse_failed_message
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
-from controlroom.events import report_intake_transition
+from controlroom.events import observe_intake, reporting_intake
 from controlroom.exceptions import ErrorKind, MessageRejected
 from controlroom.runtime.clock import utc_now
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.runtime.wire_text import escape_wire_text
-from controlroom.transport.base import Delivery, QueueDepth, Transport, TransportError
+from controlroom.transport.base import Delivery, QueueDepth, Transport
 from controlroom.transport.batching import (  # IntakeClosed: raised by run()
     DeliveryBatcher,
     IntakeClosed,
@@ -160,13 +159,16 @@ class IngestionService:
             settings.error_queue,
             stall_seconds=settings.ingestion.stall_seconds,
         )
+        # A transient failure replayed in place never reaches ``_give_back``: the
+        # retry policy tells ``health`` of it.
         retrying = retry_transient(
             max_backoff_seconds=settings.ingestion.max_backoff_seconds,
             stop_event=self._stopping,
+            on_failure=lambda exc: self.health.failed(name_failure(exc)),
         )
         self._writer = FailedMessageBatchWriter(
             engine,
-            retrying=retrying.copy(before_sleep=self._note_retry(retrying.before_sleep)),
+            retrying=retrying,
             body_store=body_store,
             alert_group_failures=settings.ingestion.alert_group_failures_per_hour,
             alert_endpoint_failures=settings.ingestion.alert_endpoint_failures_per_hour,
@@ -183,25 +185,9 @@ class IngestionService:
             self._settings.ingestion,
             self._ingest_batch,
         )
-        reporter = asyncio.create_task(self._report())
-        try:
+        every = self._settings.ingestion.report_interval_seconds
+        async with reporting_intake(every, self.report, intake=INTAKE_NAME):
             await batcher.run(self._stopping.is_set)
-        finally:
-            reporter.cancel()
-
-    def _note_retry(
-        self, log_it: Callable[[tenacity.RetryCallState], None] | None
-    ) -> Callable[[tenacity.RetryCallState], None]:
-        """The writer's ``before_sleep``: log as before, and tell ``health`` the write
-        failed (a transient failure retried in place never reaches ``_give_back``)."""
-
-        def before_sleep(state: tenacity.RetryCallState) -> None:
-            if log_it is not None:
-                log_it(state)
-            if state.outcome is not None and (exc := state.outcome.exception()) is not None:
-                self.health.failed(name_failure(exc))
-
-        return before_sleep
 
     async def stop(self) -> None:
         """Stop taking messages; unacknowledged ones stay in the queue."""
@@ -210,15 +196,6 @@ class IngestionService:
             self._run_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._run_task
-
-    async def _report(self) -> None:
-        """Every ``report_interval_seconds``: ``report()``, whatever it raises logged."""
-        while True:
-            await asyncio.sleep(self._settings.ingestion.report_interval_seconds)
-            try:
-                await self.report()
-            except Exception:  # the next round tries again
-                log.warning("could not report on ingestion", exc_info=True)
 
     async def report(self) -> None:
         """Sample the error queue's depth into ``QUEUE_DEPTH``/``QUEUE_LAG`` and, while there
@@ -229,14 +206,7 @@ class IngestionService:
         interval = self._settings.ingestion.report_interval_seconds
         queue = self._settings.error_queue
         done, self._done = self._done, dict.fromkeys(self._done, 0)
-        try:
-            depth = await self._transport.queue_depth(queue)
-        except TransportError as exc:
-            log.warning("cannot read the depth of %s: %s", queue, exc)
-            depth = None
-        if depth is not None:
-            self.health.observed_depth(depth.messages)
-        await asyncio.to_thread(report_intake_transition, self._engine, self.health)
+        depth = await observe_intake(self._engine, self._transport, self.health)
         if depth is not None:
             QUEUE_DEPTH.labels(queue).set(depth.messages)
             if depth.oldest_age_seconds is not None:
