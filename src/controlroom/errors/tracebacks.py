@@ -242,15 +242,19 @@ def _last_section_start(trace: str, end: int) -> int | None:
         end = found
 
 
-def parse_traceback(text: str) -> PythonTraceback | None:
+def parse_traceback(text: str, message: str | None = None) -> PythonTraceback | None:
     """``text`` as sections of frames, or ``None`` when it is not a Python traceback
     (``is_python_traceback``). Every line of ``text`` is kept, in a frame, in a section's
     text or in the preamble, except the header lines and the ``^^^`` marker lines. A line
     such as ``[Previous line repeated 996 more times]`` joins its frame's source, and so do
     a bounded traceback's cut (``is_cut_marker``) and the partial lines around it. At most
-    ``MAX_FRAMES`` frames are parsed; what follows stays text."""
+    ``MAX_FRAMES`` frames are parsed; what follows stays text. The escaping exception's
+    ``message``, as ``escaping_frame`` reads it: the lines after its last occurrence's
+    first are its section's text, never a section or a frame of their own."""
     if not is_python_traceback(text):
         return None
+    found = text.rfind(message) if message else -1
+    literal_from = found if found != -1 else len(text) + 1
     preamble: list[str] = []
     sections: list[Section] = []
     frames: list[tuple[re.Match[str], list[str]]] = []
@@ -276,7 +280,10 @@ def parse_traceback(text: str) -> PythonTraceback | None:
         if end == -1:
             end = len(text)
         line = text[pos:end].rstrip("\r")
-        pos = end + 1
+        start, pos = pos, end + 1
+        if start > literal_from and in_section:  # the message's own lines: text
+            tail.append(line)
+            continue
         if line.strip() == TRACEBACK_HEADER:
             if in_section:
                 close()

@@ -429,7 +429,11 @@ def _message_context(request: Request, failed_message_id: uuid.UUID) -> dict[str
         "Status": FailedMessageStatus,
         "inline_body": details.body_size <= 64 * 1024,
         "task_queue": task_queue(headers),
-        "traceback": tracebacks.parse_traceback(trace) if trace else None,
+        "traceback": tracebacks.parse_traceback(
+            trace, headers.get("NServiceBus.ExceptionInfo.Message")
+        )
+        if trace
+        else None,
         "frame_runs": tracebacks.frame_runs,
     }
 
