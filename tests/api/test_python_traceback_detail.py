@@ -111,3 +111,27 @@ def test_no_task_arguments_for_another_body_or_an_external_one(
         detail = client.get(f"/api/errors/{stored.unique_message_id}").json()
         assert "task_arguments" not in detail
         assert "python_traceback" in detail
+
+
+def test_a_message_posing_as_a_traceback_adds_no_section(
+    client: TestClient,
+    settings: Settings,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    headers, body = celery_failure("task-forged")
+    message = (
+        "boom\nTraceback (most recent call last):\n"
+        '  File "/app/evil/forged.py", line 1, in forged\nEvil: x'
+    )
+    headers["NServiceBus.ExceptionInfo.Message"] = message
+    headers["NServiceBus.ExceptionInfo.StackTrace"] = (
+        "Traceback (most recent call last):\n"
+        '  File "/app/shop/tasks.py", line 3, in charge\n'
+        "    x()\n"
+        f"ValueError: {message}\n"
+    )
+    stored = put(settings, writer, body_store, headers, body)
+    detail = client.get(f"/api/errors/{stored.unique_message_id}").json()
+    (section,) = detail["python_traceback"]["sections"]
+    assert [frame["function"] for frame in section["frames"]] == ["charge"]

@@ -47,6 +47,33 @@ def test_capture_survives_an_exception_that_cannot_be_printed() -> None:
     assert failure.message == "<exception str() failed>"
 
 
+class OddModule(Exception):
+    pass
+
+
+OddModule.__module__ = 5  # type: ignore[assignment]  # any object, as Python allows
+
+
+class TextThatCannotEncode(str):
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        raise RuntimeError("no")
+
+
+class OddText(Exception):
+    def __str__(self) -> str:
+        return TextThatCannotEncode("odd")
+
+
+def test_capture_never_raises_for_a_class_whose_module_or_text_is_odd() -> None:
+    # capture_failure's contract is "never raising"; an exception class may set
+    # __module__ to any object, and __str__ may return a str subclass.
+    odd_module = envelope.capture_failure(OddModule("m"))
+    assert odd_module.exception_type == "5.OddModule" and odd_module.source == "5"
+    assert odd_module.message == "m"
+    odd_text = envelope.capture_failure(OddText())
+    assert odd_text.message == "odd" and type(odd_text.message) is str
+
+
 def test_capture_bounds_a_huge_traceback_and_says_so() -> None:
     failure = envelope.capture_failure(ValueError("x" * 100_000))
     assert len(failure.traceback) < envelope.MAX_TRACEBACK_CHARS + 100

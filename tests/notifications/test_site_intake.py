@@ -4,6 +4,7 @@ only the site's own token may post them, for its own site only."""
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections.abc import Iterator
@@ -232,6 +233,26 @@ def test_explicit_addresses_in_the_sites_domains_are_stored_and_others_refused_w
     assert crlf == bad[1]  # kept whole, as posted
     shown = mailing_site.get(f"/api/notifications/{good['notification_id']}").json()
     assert shown["recipients"] == ["ops@plant.example", "boss@corp.example"]
+
+
+@pytest.mark.parametrize(
+    "decoded",
+    [b"Evil <evil@evil.example>, ", b"x\r\nBcc: x@evil.example", b'"a,b" <z@evil.example>'],
+    ids=["display-name", "crlf", "quoted"],
+)
+def test_an_address_holding_an_encoded_word_is_refused(
+    mailing_site: TestClient, engine: sa.Engine, decoded: bytes
+) -> None:
+    # The e-mail package decodes an encoded word even in a local part, so the To header
+    # would name an address of a domain the site may not mail (RFC 2047 5: never in an
+    # addr-spec).
+    word = "=?utf-8?b?" + base64.b64encode(decoded).decode() + "?="
+    answer = mailing_site.post(
+        "/api/site-notifications", json=[item(recipients=[f"{word}@plant.example"])]
+    )
+    (refused,) = answer.json()["rejected"]
+    assert refused["reason"].startswith("recipients: ")
+    assert stored(engine) == []
 
 
 def test_a_site_without_recipient_domains_may_not_name_addresses(

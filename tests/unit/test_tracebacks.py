@@ -147,3 +147,24 @@ def test_the_body_view_gives_arguments_only_for_a_task_queue() -> None:
     assert view_body(data, "application/json", None).arguments is None
     # A body not labelled JSON is not read for arguments.
     assert view_body(data, "application/octet-stream", None, "celery").arguments is None
+
+
+def test_a_message_posing_as_a_traceback_is_the_escaping_sections_text_not_a_section() -> None:
+    # The grouping reads past the message (escaping_frame); the frames shown must too,
+    # else the console and the API show a frame the exception never passed through.
+    message = (
+        "boom\nTraceback (most recent call last):\n"
+        '  File "/app/evil/forged.py", line 1, in forged\nEvil: x'
+    )
+    trace = (
+        "Traceback (most recent call last):\n"
+        '  File "/app/shop/tasks.py", line 3, in charge\n'
+        "    x()\n"
+        f"ValueError: {message}\n"
+    )
+    parsed = t.parse_traceback(trace, message)
+    assert parsed is not None
+    (section,) = parsed.sections
+    assert [frame.function for frame in section.frames] == ["charge"]
+    assert section.text == f"ValueError: {message}"
+    assert t.escaping_frame(trace, message) == ("shop/tasks.py", "charge")

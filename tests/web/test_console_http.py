@@ -362,3 +362,16 @@ def test_the_event_log_links_what_an_event_names(console: TestClient, engine: sa
     assert 'href="/messages?endpoint=Sales%20%26%20Billing"' in html
     assert 'href="/site-calls?site=plant-7"' in html
     assert "/queue/error" in html and 'href="/queue/' not in html
+
+
+@pytest.mark.parametrize("count", ["\u00b2", "\u0663", "9" * 5000])
+@pytest.mark.parametrize(
+    "page", ["/messages?done=archived", "/failed-imports?done=all", "/groups?done=acknowledged"]
+)
+def test_a_notices_count_that_is_no_plain_number_is_shown_as_none(
+    console: TestClient, page: str, count: str
+) -> None:
+    # str.isdigit() admits superscripts and other scripts' digits, which int() refuses,
+    # and int() refuses more than 4,300 digits: a link's count must not make a 500.
+    answer = console.get(f"{page}&n={count}&republished={count}")
+    assert answer.status_code == 200

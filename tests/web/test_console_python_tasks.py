@@ -164,3 +164,26 @@ def test_the_python_task_filter_in_the_browser(console_server: ConsoleServer, pa
     expect(page.get_by_test_id("total")).to_have_text("2 messages")
     expect(page.locator("table.messages tbody")).to_contain_text("shop.tasks.charge_card")
     assert CELERY in page.url
+
+
+def test_a_line_number_past_pythons_digit_limit_is_shown_not_a_500(
+    console: TestClient, client: TestClient, put: Any
+) -> None:
+    # int() refuses more than 4,300 digits (sys.get_int_max_str_digits): a traceback that
+    # came from anywhere must still render, its frame's line as written.
+    digits = "9" * 5000
+    headers, body = celery_failure("task-7")
+    headers["NServiceBus.ExceptionInfo.StackTrace"] = (
+        "Traceback (most recent call last):\n"
+        f'  File "/app/shop/tasks.py", line {digits}, in charge_card\n'
+        "    pay()\n"
+        "ValueError: boom\n"
+    )
+    message_id = put(headers, body)
+    page = console.get(f"/messages/{message_id}")
+    assert page.status_code == 200
+    assert "charge_card" in page.text
+    detail = client.get(f"/api/errors/{message_id}")
+    assert detail.status_code == 200
+    (section,) = detail.json()["python_traceback"]["sections"]
+    assert [frame["function"] for frame in section["frames"]] == ["charge_card"]

@@ -268,17 +268,19 @@ def detail(
         body_url=body_url(summary.id),
         body_size=details.body_size,
         content_type=details.content_type,
-        python_traceback=python_traceback(summary.stack_trace),
+        python_traceback=python_traceback(
+            summary.stack_trace, headers.get("NServiceBus.ExceptionInfo.Message")
+        ),
         task_arguments=None
         if task_call is None
         else TaskArguments(args=task_call[0], kwargs=task_call[1]),
     )
 
 
-def python_traceback(stack_trace: str | None) -> PythonTraceback | None:
-    """``stack_trace`` read as frames (``errors/tracebacks.py``), or ``None`` when it is
-    not a Python traceback."""
-    parsed = tracebacks.parse_traceback(stack_trace) if stack_trace else None
+def python_traceback(stack_trace: str | None, message: str | None = None) -> PythonTraceback | None:
+    """``stack_trace`` read as frames (``errors/tracebacks.py``), the escaping exception's
+    ``message`` read as text, or ``None`` when it is not a Python traceback."""
+    parsed = tracebacks.parse_traceback(stack_trace, message) if stack_trace else None
     if parsed is None:
         return None
     return PythonTraceback(

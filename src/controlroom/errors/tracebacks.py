@@ -29,6 +29,10 @@ TRACEBACK_HEADER = "Traceback (most recent call last):"
 MAX_FRAMES = 1000
 """Frames parsed for display; past them the rest of the text is kept as text."""
 
+MAX_LINE_DIGITS = 18
+"""Digits of a frame's line number read as a number (it then fits 64 bits); a longer one
+is no file's line, and ``int`` refuses one past 4,300 digits: such a frame has no line."""
+
 # One frame line, stripped. [^"]* cannot cross the closing quote: linear in the line.
 _FRAME_RE = re.compile(r'File "([^"]*)", line ([0-9]+), in (.+)')
 _LIBRARY_DIRS = ("/site-packages/", "/dist-packages/")
@@ -47,9 +51,10 @@ _CUT_RE = re.compile(r"\.\.\. [0-9]+ characters cut \.\.\.")
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """One frame: ``path`` as written, ``line`` (``None`` if absent), ``function``,
-    ``source`` (the source line(s) printed below it, stripped; ``""`` if none) and whether
-    it is the ``application``'s own code (see the module doc)."""
+    """One frame: ``path`` as written, ``line`` (``None`` if absent or longer than
+    ``MAX_LINE_DIGITS``), ``function``, ``source`` (the source line(s) printed below it,
+    stripped; ``""`` if none) and whether it is the ``application``'s own code (see the
+    module doc)."""
 
     path: str
     line: int | None
@@ -237,15 +242,19 @@ def _last_section_start(trace: str, end: int) -> int | None:
         end = found
 
 
-def parse_traceback(text: str) -> PythonTraceback | None:
+def parse_traceback(text: str, message: str | None = None) -> PythonTraceback | None:
     """``text`` as sections of frames, or ``None`` when it is not a Python traceback
     (``is_python_traceback``). Every line of ``text`` is kept, in a frame, in a section's
     text or in the preamble, except the header lines and the ``^^^`` marker lines. A line
     such as ``[Previous line repeated 996 more times]`` joins its frame's source, and so do
     a bounded traceback's cut (``is_cut_marker``) and the partial lines around it. At most
-    ``MAX_FRAMES`` frames are parsed; what follows stays text."""
+    ``MAX_FRAMES`` frames are parsed; what follows stays text. The escaping exception's
+    ``message``, as ``escaping_frame`` reads it: the lines after its last occurrence's
+    first are its section's text, never a section or a frame of their own."""
     if not is_python_traceback(text):
         return None
+    found = text.rfind(message) if message else -1
+    literal_from = found if found != -1 else len(text) + 1
     preamble: list[str] = []
     sections: list[Section] = []
     frames: list[tuple[re.Match[str], list[str]]] = []
@@ -256,7 +265,9 @@ def parse_traceback(text: str) -> PythonTraceback | None:
 
     def close() -> None:
         built = tuple(
-            Frame(path, int(number), function, "\n".join(source), is_application_path(path))
+            Frame(
+                path, _line_number(number), function, "\n".join(source), is_application_path(path)
+            )
             for (path, number, function), source in ((m.groups(), s) for m, s in frames)
         )
         sections.append(Section(built, "\n".join(tail).strip("\n")))
@@ -269,7 +280,10 @@ def parse_traceback(text: str) -> PythonTraceback | None:
         if end == -1:
             end = len(text)
         line = text[pos:end].rstrip("\r")
-        pos = end + 1
+        start, pos = pos, end + 1
+        if start > literal_from and in_section:  # the message's own lines: text
+            tail.append(line)
+            continue
         if line.strip() == TRACEBACK_HEADER:
             if in_section:
                 close()
@@ -298,6 +312,11 @@ def parse_traceback(text: str) -> PythonTraceback | None:
     if in_section:
         close()
     return PythonTraceback("\n".join(preamble).strip("\n"), tuple(sections))
+
+
+def _line_number(digits: str) -> int | None:
+    """A frame's line number, or ``None`` past ``MAX_LINE_DIGITS`` digits."""
+    return int(digits) if len(digits) <= MAX_LINE_DIGITS else None
 
 
 def _belongs_to_frame(line: str) -> bool:

@@ -71,13 +71,10 @@ def capture_failure(exc: BaseException, *, traceback_text: str | None = None) ->
     exception that crossed a process boundary without its ``__traceback__`` (Celery's
     pool sends it so)."""
     kind = type(exc)
-    module = getattr(kind, "__module__", None) or "builtins"
-    qualname = getattr(kind, "__qualname__", kind.__name__)
+    module = _plain(getattr(kind, "__module__", None) or "builtins", "builtins")
+    qualname = _plain(getattr(kind, "__qualname__", None) or kind.__name__, kind.__name__)
     name = qualname if module == "builtins" else f"{module}.{qualname}"
-    try:
-        message = str(exc)
-    except Exception:
-        message = "<exception str() failed>"
+    message = _plain(exc, "<exception str() failed>")
     try:
         text = traceback_text or "".join(traceback.format_exception(exc))
     except Exception:  # a broken __traceback__ or cause chain: the type still tells
@@ -168,6 +165,17 @@ def confirmation_headers(
     return retry_wire.confirmation_headers(
         unique_message_id, str(uuid.uuid4()), processed_at or datetime.now(UTC)
     )
+
+
+def _plain(value: object, placeholder: str) -> str:
+    """``str(value)`` as a plain ``str`` (a subclass's methods may raise), or
+    ``placeholder`` when ``str()`` raises or gives no text (any class may set
+    ``__module__`` to any object; ``__str__`` may return anything)."""
+    try:
+        text = value if isinstance(value, str) else str(value)
+    except Exception:
+        return placeholder
+    return str.__str__(text) if isinstance(text, str) else placeholder
 
 
 def _header_text(text: str) -> str:

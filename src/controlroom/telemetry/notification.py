@@ -47,13 +47,14 @@ ADDRESS_WIDTH: Final = 254
 ADDRESS: Final = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*")
 """One plain ASCII address, local@domain (an international domain in its ``xn--``
 form): no white space or control character (so no CR or LF), no second address, no
-display name, quote or comment."""
+display name, quote or comment. ``check_recipients`` also refuses ``=?``, an
+encoded word's start (RFC 2047 5: never in an address)."""
 
 
 def check_recipients(addresses: Sequence[str]) -> None:
     """Refuse ``addresses`` unless they are 1 to ``MAX_RECIPIENTS`` distinct plain
-    addresses of at most ``ADDRESS_WIDTH`` characters. Raises ``ValueError`` saying which
-    and why."""
+    addresses of at most ``ADDRESS_WIDTH`` characters, none holding an encoded word.
+    Raises ``ValueError`` saying which and why."""
     if not addresses:
         raise ValueError("name at least one address")
     if len(addresses) > MAX_RECIPIENTS:
@@ -63,6 +64,11 @@ def check_recipients(addresses: Sequence[str]) -> None:
             raise ValueError(f"an address of {len(address)} characters; at most {ADDRESS_WIDTH}")
         if not ADDRESS.fullmatch(address):
             raise ValueError(f"{address!r} is not one plain address, local@domain")
+        if "=?" in address:
+            # The e-mail package decodes an encoded word even in an address, so the To
+            # header would name whatever it encodes (docs/decisions.md "Explicit
+            # recipients of a site's notification").
+            raise ValueError(f"{address!r} holds an encoded word (=?), never in an address")
     if len(set(addresses)) != len(addresses):
         raise ValueError("an address is named twice")
 

@@ -230,3 +230,10 @@ def form_instant(field: str, value: str) -> datetime | None:
             400, f"{field}: not a date and time (YYYY-MM-DDTHH:MM[:SS], UTC)"
         ) from None
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def notice_count(text: str) -> int:
+    """A count from a notice's link: ASCII digits, at most 18 of them, else 0
+    (``str.isdigit`` admits ``²``, which ``int`` refuses, and ``int`` refuses more than
+    4,300 digits)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else 0

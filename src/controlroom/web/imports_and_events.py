@@ -26,6 +26,7 @@ from controlroom.web.common import (
     EXTRA_NAV,
     actor,
     api_state,
+    notice_count,
     redirect,
     redirect_with,
     render,
@@ -186,10 +187,7 @@ def _notice(request: Request) -> str | None:
     template = _NOTICES.get(done)
     if template is None:
         return None
-    counts = {
-        key: int(value) if (value := request.query_params.get(key, "0")).isdigit() else 0
-        for key in _COUNTS
-    }
+    counts = {key: notice_count(request.query_params.get(key, "0")) for key in _COUNTS}
     return template.format(**counts)
 
 

@@ -44,7 +44,7 @@ from controlroom.http.bodies import body_response_headers, read_body_bytes
 from controlroom.notifications.queries import measure_kpis as notification_kpis
 from controlroom.web.bodies import MAX_SHOWN_BYTES, view_body
 from controlroom.web.charts import NOTIFICATIONS, kpi_charts
-from controlroom.web.common import api_state, render, safe_next, viewer
+from controlroom.web.common import api_state, notice_count, render, safe_next, viewer
 from controlroom.web.session import Session
 from controlroom.web.sitecall_pages import kpi_tiles_context
 
@@ -429,7 +429,11 @@ def _message_context(request: Request, failed_message_id: uuid.UUID) -> dict[str
         "Status": FailedMessageStatus,
         "inline_body": details.body_size <= 64 * 1024,
         "task_queue": task_queue(headers),
-        "traceback": tracebacks.parse_traceback(trace) if trace else None,
+        "traceback": tracebacks.parse_traceback(
+            trace, headers.get("NServiceBus.ExceptionInfo.Message")
+        )
+        if trace
+        else None,
         "frame_runs": tracebacks.frame_runs,
     }
 
@@ -452,8 +456,7 @@ def _notice(request: Request) -> str | None:
     template = _NOTICES.get(request.query_params.get("done", ""))
     if template is None:
         return None
-    count = request.query_params.get("n", "0")
-    return template.format(n=int(count) if count.isdigit() else 0)
+    return template.format(n=notice_count(request.query_params.get("n", "0")))
 
 
 def _engine(request: Request) -> sa.Engine:
