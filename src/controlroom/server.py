@@ -151,7 +151,11 @@ async def run(
                 )
                 unsubscribe = subscribe(engine, partial(apply_rules, settings.notifications))
                 try:
-                    with serving(settings.data_dir):  # make demo refuses to publish meanwhile
+                    with serving(  # make demo refuses to publish meanwhile
+                        settings.data_dir,
+                        store=engine.url.render_as_string(hide_password=True),
+                        broker=repr(transport),
+                    ):
                         service = _Service(settings, engine, transport, listener)
                         await service.run(stop, on_serving)
                 finally:

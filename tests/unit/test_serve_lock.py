@@ -1,0 +1,66 @@
+"""The marks a running ``serve`` leaves in its data directory (``runtime.serve_lock``).
+
+Source: docs/design.md "Process shape": several ``serve`` processes may share one
+database; they must then consume one broker, or one takes the retries the other's
+endpoints wait for. Each ``serving`` block below stands for one ``serve`` process (flock
+locks belong to an open file, so two blocks in one process behave as two processes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controlroom.exceptions import ConfigurationError
+from controlroom.runtime.serve_lock import is_served, serving
+
+STORE = "sqlite:///data/controlroom.db"
+RABBITMQ = "RabbitMQTransport('amqp://guest:***@127.0.0.1:5672/')"
+EMBEDDED = "EmbeddedQueue('data/queue.db')"
+
+
+def test_a_serve_marks_its_data_directory_while_it_runs(tmp_path: Path) -> None:
+    assert not is_served(tmp_path)
+    with serving(tmp_path, store=STORE, broker=EMBEDDED):
+        assert is_served(tmp_path)
+    assert not is_served(tmp_path)
+
+
+def test_serves_of_one_store_and_one_broker_run_side_by_side(tmp_path: Path) -> None:
+    with (
+        serving(tmp_path, store=STORE, broker=RABBITMQ),
+        serving(tmp_path, store=STORE, broker=RABBITMQ),
+    ):
+        assert is_served(tmp_path)
+
+
+def test_a_serve_of_the_same_store_with_another_broker_is_refused(tmp_path: Path) -> None:
+    with serving(tmp_path, store=STORE, broker=EMBEDDED):
+        with (
+            pytest.raises(ConfigurationError) as refused,
+            serving(tmp_path, store=STORE, broker=RABBITMQ),
+        ):
+            pytest.fail("the second serve ran")
+        message = str(refused.value)
+        assert EMBEDDED in message and RABBITMQ in message
+        assert "CONTROLROOM_DATA_DIR" in message
+
+
+def test_serves_of_other_stores_may_use_other_brokers(tmp_path: Path) -> None:
+    with (
+        serving(tmp_path, store=STORE, broker=EMBEDDED),
+        serving(tmp_path, store="postgresql+psycopg://postgres@db/other", broker=RABBITMQ),
+    ):
+        assert is_served(tmp_path)
+
+
+def test_once_every_serve_has_stopped_another_broker_may_take_the_store(tmp_path: Path) -> None:
+    with serving(tmp_path, store=STORE, broker=EMBEDDED):
+        pass
+    with (
+        serving(tmp_path, store=STORE, broker=RABBITMQ),
+        pytest.raises(ConfigurationError),
+        serving(tmp_path, store=STORE, broker=EMBEDDED),
+    ):
+        pass
