@@ -13,10 +13,13 @@ of its own next to ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (as ``ingest.py``):
   0013 (``SubsetlessCopiesWriter``);
 - ``0023``: before migration 0024, the sort keys indexed alone, ``(key, id)``, with the
   service's writer (0024 changes indexes only);
+- ``0026``: before migration 0027, the message id indexed alone, with the service's
+  writer (0027 changes indexes only);
 - ``head``: the service's writer on the schema as migrated (since 0013 the writer reads
   the copies from the messages in its group-row insert; the trigger skips those rows;
   since 0020 the copies of the sort keys too, and the subsets' sort indexes; since 0024
-  the status-led sort indexes in place of the sort keys' own).
+  the status-led sort indexes in place of the sort keys' own; since 0027 the message
+  id's too).
 
 One round times the write path (``ingest.write_path``, ``--threads`` batches at once;
 by default ``concurrent_batches``, as the service runs) once per variant, each on
@@ -135,6 +138,7 @@ VARIANTS = (
     Variant("0011", "0011", TriggerCopiesWriter),
     Variant("0019", "0019", SubsetlessCopiesWriter),
     Variant("0023", "0023", FailedMessageBatchWriter),
+    Variant("0026", "0026", FailedMessageBatchWriter),
     Variant("head", "head", FailedMessageBatchWriter),
 )
 

@@ -106,7 +106,6 @@ failed_messages = sa.Table(
     sa.Index("ix_failed_messages_status_last_modified", "status", "last_modified"),
     sa.Index("ix_failed_messages_status_id", "status", "id"),  # the status sort (0011)
     sa.Index("ix_failed_messages_queue_address", "queue_address"),
-    sa.Index("ix_failed_messages_message_id", "message_id"),
     sa.Index("ix_failed_messages_conversation_id", "conversation_id"),
 )
 
@@ -117,10 +116,12 @@ sa.Index(
     "ix_failed_messages_last_modified_id", failed_messages.c.last_modified, failed_messages.c.id
 )
 
-STATUS_SORT_KEYS = ("time_sent", "last_failure_at", "message_type")
-"""The sort columns indexed after the status, ``(status, key, id)`` (migration 0024,
-replacing 0004's ``(key, id)``): a status's page walks its own rows in order, a page of
-several statuses (or all) merges one such walk per status."""
+STATUS_SORT_KEYS = ("time_sent", "last_failure_at", "message_type", "message_id")
+"""The sort columns indexed after the status, ``(status, key, id)`` (migration 0025,
+replacing 0004's ``(key, id)``; migration 0027 for the message id, replacing its own
+index): a status's page walks its own rows in order, a page of several statuses (or all)
+merges one such walk per status. A lookup by message id names every status
+(``errors.read.filters.message_id_is``)."""
 
 for _key in STATUS_SORT_KEYS:
     _column = failed_messages.c[_key]

@@ -174,6 +174,17 @@ def status_and_group_only(where: FailedMessageFilter) -> bool:
     return others == EVERY_MESSAGE
 
 
+def message_id_is(message_id: str) -> sa.ColumnElement[bool]:
+    """The failed messages whose ``NServiceBus.MessageId`` is ``message_id``, a condition
+    naming every status as well: the message id is indexed after the status only,
+    ``(status, message_id, id)`` (migration 0027), so a lookup seeks each status's range
+    of that index."""
+    # One bound value per status, not an expanding list: the statement's text is whole
+    # when compiled (its plan can be explained as it is sent).
+    every_status = [sa.literal(int(status), fm.status.type) for status in FailedMessageStatus]
+    return sa.and_(fm.status.in_(every_status), fm.message_id == message_id)
+
+
 def check_window(offset: int, limit: int) -> None:
     """Raises ``ValueError`` for a negative ``offset`` or a ``limit`` below 1."""
     if offset < 0 or limit < 1:

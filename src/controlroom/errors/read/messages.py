@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from controlroom.db.tables import failed_message_groups, failed_messages
 from controlroom.errors.ingest.headers import content_encoding
 from controlroom.errors.model import FailureGroup
-from controlroom.errors.read.filters import as_uuid
+from controlroom.errors.read.filters import as_uuid, message_id_is
 from controlroom.errors.read.summaries import SUMMARY_COLUMNS, FailedMessageSummary, to_summary
 
 fm = failed_messages.c
@@ -120,7 +120,7 @@ def find_stored_body(conn: sa.Connection, message_id: str) -> StoredBody | None:
         found = _stored_body(conn, fm.id == unique_id)
         if found is not None:
             return found
-    return _stored_body(conn, fm.message_id == message_id)
+    return _stored_body(conn, message_id_is(message_id))
 
 
 def _stored_body(conn: sa.Connection, condition: sa.ColumnElement[bool]) -> StoredBody | None:

@@ -23,6 +23,7 @@ from controlroom.errors.read.filters import (
     as_uuid,
     check_window,
     filter_conditions,
+    message_id_is,
     order_by,
     sort_columns,
 )
@@ -127,7 +128,44 @@ def _search_query(
         if few.total <= exact_count_limit:
             return few
     total = _total_past_limit(conn, query, matching, where, exact_count_limit, hits is not None)
+    walk_pays = _walk_pays(conn, query, where, matching, total, exact_count_limit, offset + limit)
+    if not walk_pays:
+        return _search_page(conn, condition, offset, limit, order)
     return _search_page_of_many(conn, text, query, where, condition, total, offset, limit, order)
+
+
+def _walk_pays(
+    conn: sa.Connection,
+    query: SearchQuery,
+    where: FailedMessageFilter,
+    matching: sa.Select[Any],
+    total: Total,
+    exact_count_limit: int,
+    rows: int,
+) -> bool:
+    """Whether walking the sort order to the page's end (``rows``: offset + limit) is
+    expected to read no more rows than the search of ``query`` among ``where`` matches
+    (``matching``: a row per match; ``total``, more than ``exact_count_limit``).
+
+    The walk passes about ``rows`` x all messages / matches rows, matching or not;
+    collecting reads the matches alone: the walk pays where the matches number at least
+    the square root of ``rows`` x all messages (docs/decisions.md "A subset is read from
+    its own rows"). Known without counting where the total is exact or the limit already
+    passed that many; else the matches are counted up to that many, in the full-text
+    index alone where the provider can (``Provider.count_search_hits``) and nothing else
+    filters, else through their rows: never more than the walk would read, and only
+    matches. An estimate decides nothing here: a sampled estimate of an old burst of
+    matches can be many times their number."""
+    needed = math.isqrt(max(rows * count_failed_messages(conn), 1) - 1) + 1  # ceil of the root
+    if not total.estimated:
+        return total.value >= needed
+    if needed <= exact_count_limit + 1:
+        return True
+    if where == EVERY_MESSAGE:
+        hits = provider_for(conn).count_search_hits(conn, query, needed - 1)
+        if hits is not None:
+            return hits >= needed
+    return count_rows(conn, matching.limit(needed)) >= needed
 
 
 def _page_of_a_broad_search(
@@ -256,9 +294,10 @@ def _search_page_of_many(
 ) -> SearchPage:
     """A page of a search of ``text`` (its terms ``query``) among ``where`` (as one
     condition: ``collected``, the form that collects every match) with more matches
-    than the exact-count limit: walking the sort key's index and testing each row finds a page
-    after about (offset + limit) x (all messages / matches) rows, where collecting every
-    match first read them all. The condition is kept from every index
+    than the exact-count limit, ``total`` of them, and enough for a walk to pay
+    (``_walk_pays``; else the caller reads its page from the collected matches): walking
+    the sort key's index and testing each row finds a page after about (offset + limit) x
+    (all messages / matches) rows. The walk keeps the condition from every index
     (``Provider.without_index``): SQLite, having no statistics, would otherwise collect
     every match by its indexes and sort them all.
 
@@ -353,14 +392,15 @@ def search_condition(
     full-text index's matches of ``query`` (default: ``parse_search(text)``), or the
     message whose id is ``text``; ``among`` as ``Provider.search_matches`` takes it.
 
-    The exact-id alternatives use the primary key and the message-id index, so a message
-    is found by its id even where its headers are longer than the indexed prefix.
+    The exact-id alternatives use the primary key and the message-id index (after each
+    status: ``message_id_is``), so a message is found by its id even where its headers
+    are longer than the indexed prefix.
     """
     stripped = text.strip().replace("\x00", "")
     terms = parse_search(text) if query is None else query
     alternatives = [provider_for(dialect).search_matches(terms, among=among)]
     if stripped:
-        alternatives.append(fm.message_id == stripped)
+        alternatives.append(message_id_is(stripped))
         unique_id = as_uuid(stripped)
         if unique_id is not None:
             alternatives.append(fm.id == unique_id)
