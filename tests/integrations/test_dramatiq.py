@@ -142,15 +142,15 @@ async def restarting_workers(setup: Setup, done: Callable[[], bool], *, most: in
             assert deaths <= most, f"{deaths} worker processes died and it goes on"
 
 
-def send(setup: Setup, actor: str, *args: Any) -> bytes:
-    """Enqueue a message for ``actor`` as a Dramatiq producer does; returns its body."""
+def send(setup: Setup, actor: str, *args: Any, delay: int | None = None) -> bytes:
+    """Enqueue a message for ``actor`` as a Dramatiq producer does (``delay``: in
+    milliseconds, through the delay queue); returns its body as enqueued."""
     broker = RabbitmqBroker(url=setup.url)
     try:
         message = Message(
             queue_name=setup.queue, actor_name=actor, args=args, kwargs={}, options={}
         )
-        broker.enqueue(message)
-        return message.encode()
+        return broker.enqueue(message, delay=delay).encode()
     finally:
         broker.close()
 
@@ -428,3 +428,37 @@ def test_an_actor_that_kills_its_worker_once_runs_again_and_makes_no_failed_mess
 
     asyncio.run(scenario())
     assert [row.message_type for row in rows(engine)] == ["place_order"]
+
+
+def test_a_delayed_message_held_by_workers_that_die_is_not_counted(
+    setup: Setup, engine: sa.Engine, body_store: FileSystemBodyStore
+) -> None:
+    delay_queue = f"{setup.queue}.DQ"
+    limit = envelope.DEFAULT_MAX_WORKER_DEATHS
+
+    async def scenario() -> None:
+        async with ingesting(setup, engine, body_store):
+            sent["body"] = send(setup, "place_order", 41, "later", delay=3_600_000)
+            for _ in range(limit + 1):  # each worker holds it (unacknowledged), then dies
+                with worker(setup) as process:
+                    await wait_for(lambda: queue_depth(setup, delay_queue) == 0)
+                    process.kill()
+                    process.wait()
+                await wait_for(lambda: queue_depth(setup, delay_queue) == 1)
+            with worker(setup):
+                await wait_for(lambda: queue_depth(setup, delay_queue) == 0)
+                failing = unique_id(setup, send(setup, "place_order", 42, "now"))
+                await wait_for(lambda: failing in statuses(engine))
+            await wait_for(lambda: queue_depth(setup, delay_queue) == 1)
+
+    sent: dict[str, bytes] = {}
+    asyncio.run(scenario())
+    assert [json.loads(row.body_text)["args"] for row in rows(engine)] == [[42, "now"]]
+    connection = pika.BlockingConnection(pika.URLParameters(setup.url))
+    try:
+        method, properties, body = connection.channel().basic_get(delay_queue, auto_ack=True)
+    finally:
+        connection.close()
+    assert method is not None and method.redelivered
+    assert body == sent["body"]  # still waiting, as enqueued, not published again
+    assert envelope.REDELIVERIES not in (properties.headers or {})
