@@ -19,6 +19,14 @@ one that fails again carries the retry's id, so it folds into the same failed me
 When the error queue cannot be reached the failure is logged whole at ERROR and Dramatiq
 goes on as without the middleware: the message is dead-lettered to ``.XQ`` (or, with
 the broker down, redelivered later, and reported then).
+
+A worker process that dies holding a message (a segfault, an out-of-memory kill) makes
+RabbitMQ redeliver it. The tap does not hand a redelivered message to the worker: it
+publishes it again with ``Controlroom.TaskQueue.Redeliveries`` one higher and
+acknowledges it; at ``max_worker_deaths`` it hands it over marked failed with
+``controlroom.integrations.WorkerDied``, which Dramatiq rejects unrun and this middleware
+reports (docs/decisions.md "A task that kills its worker is counted in the message and
+reported at a limit"). A delay queue's message is not counted.
 """
 
 from __future__ import annotations
