@@ -70,6 +70,21 @@ def crash() -> None:
     os._exit(3)  # the pool process dies: WorkerLostError in the worker
 
 
+@app.task(name="shop.kills_worker")
+def kills_worker(order: int) -> str:
+    """SIGKILLs the process it runs in (the worker's, with the solo pool) on every run
+    until ``fixed-<order>`` exists, then on the first run only (``died-<order>`` says
+    so); each run adds a line to ``runs-<order>``."""
+    with (STATE / f"runs-{order}").open("a") as runs:
+        runs.write("ran\n")
+    fixed, died = STATE / f"fixed-{order}", STATE / f"died-{order}"
+    if not fixed.exists() or not died.exists():
+        if fixed.exists():
+            died.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "survived"
+
+
 @signals.task_received.connect
 def record(request: Any = None, **_: Any) -> None:
     """The bytes and typed headers of every task message the worker receives."""

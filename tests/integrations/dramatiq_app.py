@@ -7,7 +7,8 @@ broker, a vhost of the test's), ``DRAMATIQ_TEST_QUEUE`` (the actors' queue),
 ``max_body_bytes``), ``DRAMATIQ_TEST_MARKER`` (a
 file: ``flaky`` fails until it exists) and ``DRAMATIQ_TEST_KILL`` (``before_publish`` or
 ``after_publish``: the worker SIGKILLs itself once, before or after the middleware
-published a failure, leaving the message unacknowledged).
+published a failure, leaving the message unacknowledged). ``kills_its_worker`` SIGKILLs
+its own worker process while it runs (as a segfault or an out-of-memory kill would).
 """
 
 from __future__ import annotations
@@ -113,6 +114,20 @@ def rejected_then_flaky(order_id: int) -> None:
     if not once.exists():
         once.touch()
         raise RuntimeError("a transient error")
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def kills_its_worker(order_id: int) -> None:
+    """SIGKILLs its worker process on every run while the marker is missing; once it
+    exists, on the first run only (``.died`` says so), and succeeds after that. Each run
+    adds a line to the marker's ``.runs``."""
+    with MARKER.with_suffix(".runs").open("a") as runs:
+        runs.write(f"{order_id}\n")
+    died = MARKER.with_suffix(".died")
+    if not MARKER.exists() or not died.exists():
+        if MARKER.exists():
+            died.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=0)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +49,17 @@ def broker_settings(settings: Settings, rabbitmq_url: str) -> Settings:
 
 @contextlib.contextmanager
 def celery_worker(
-    settings: Settings, queue: str, state: Path, *, pool: str = "solo", **env: str
+    settings: Settings,
+    queue: str,
+    state: Path,
+    *,
+    pool: str = "solo",
+    may_die: bool = False,
+    **env: str,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A real worker of ``tests.integrations.celery_app`` consuming ``queue``, ready when
-    it returns; stopped (SIGTERM, then SIGKILL) at the end."""
+    it returns (or, ``may_die``, killed by a task before); stopped (SIGTERM, then
+    SIGKILL) at the end."""
     state.mkdir(parents=True, exist_ok=True)
     log_path = state / f"worker-{uuid.uuid4().hex[:6]}.log"
     environment = os.environ | {
@@ -75,6 +82,8 @@ def celery_worker(
     try:
         deadline = time.monotonic() + TIMEOUT
         while b" ready." not in log_path.read_bytes():
+            if may_die and process.poll() == -signal.SIGKILL:
+                break
             if process.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"worker did not start:\n{log_path.read_text()}")
             time.sleep(0.1)
@@ -318,6 +327,128 @@ def test_a_failure_the_broker_refuses_is_logged_and_requeued_then_sent_once(
 
     assert len(received(state, task_id)) >= 2  # requeued, run again
     assert row(engine, unique_id_of(task_id)).number_of_processing_attempts == 1
+
+
+async def restarting_workers(
+    settings: Settings, queue: str, state: Path, done: Callable[[], bool], *, most: int
+) -> int:
+    """Real workers one after another, a new one each time one dies (SIGKILL), until
+    ``done()``; answers how many died. Fails when more than ``most`` die (a task
+    redelivered for ever)."""
+    deaths = 0
+    while True:
+        with celery_worker(settings, queue, state, may_die=True) as process:
+            while process.poll() is None:
+                if await asyncio.to_thread(done):
+                    return deaths
+                await asyncio.sleep(0.05)
+            assert process.returncode == -signal.SIGKILL
+            deaths += 1
+            assert deaths <= most, f"{deaths} worker processes died and it goes on"
+
+
+def runs(state: Path, order: int) -> int:
+    path = state / f"runs-{order}"
+    return len(path.read_text().split()) if path.exists() else 0
+
+
+def test_a_task_that_kills_its_worker_every_run_is_one_failed_message_then_retried(
+    broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
+) -> None:
+    settings = broker_settings
+    queue = unique_name("celery")
+    state = tmp_path / "state"
+    state.mkdir()
+    limit = envelope.DEFAULT_MAX_WORKER_DEATHS
+
+    async def scenario() -> str:
+        async with controlroom(settings, engine, body_store) as (client, processor):
+            task_id = send(settings, queue, "shop.kills_worker", 31)
+            unique_id = unique_id_of(task_id)
+            reported = lambda: row(engine, unique_id) is not None  # noqa: E731
+            deaths = await restarting_workers(settings, queue, state, reported, most=limit + 2)
+            assert deaths == limit == runs(state, 31)
+            assert queue_depth(settings, queue) == 0
+
+            # Fixed, but the retried run still kills its worker once: a retry counts
+            # worker deaths from zero, so the redelivery runs it again and it succeeds.
+            (state / "fixed-31").write_text("")
+            await retry(client, processor, unique_id)
+            resolved = lambda: statuses(engine)[unique_id] == FailedMessageStatus.RESOLVED  # noqa: E731
+            assert await restarting_workers(settings, queue, state, resolved, most=limit) == 1
+            assert queue_depth(settings, queue) == 0
+            return task_id
+
+    task_id = asyncio.run(scenario())
+    (stored,) = rows(engine)
+    assert stored.exception_type == "controlroom.integrations.WorkerDied"
+    assert stored.exception_message == (
+        f"the worker process died {limit} times while holding the task"
+    )
+    assert stored.message_type == "shop.kills_worker"
+    assert stored.message_id == task_id
+    assert stored.queue_address == queue
+    assert stored.receiving_endpoint == ENDPOINT
+    assert stored.number_of_processing_attempts == 1
+    assert envelope.REDELIVERIES not in json.loads(stored.headers_json)[envelope.TASK_PROPERTIES]
+    assert runs(state, 31) == limit + 2  # the retry: killed once, then ran
+
+
+def test_a_task_that_kills_its_worker_once_runs_again_and_makes_no_failed_message(
+    broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
+) -> None:
+    settings = broker_settings
+    queue = unique_name("celery")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "fixed-32").write_text("")  # kills its worker on the first run only
+
+    async def scenario() -> None:
+        async with controlroom(settings, engine, body_store):
+            send(settings, queue, "shop.kills_worker", 32)
+            failing = unique_id_of(send(settings, queue, "shop.charge", 33, 1))
+
+            def done() -> bool:
+                return runs(state, 32) == 2 and row(engine, failing) is not None
+
+            assert await restarting_workers(settings, queue, state, done, most=1) == 1
+            assert queue_depth(settings, queue) == 0
+
+    asyncio.run(scenario())
+    assert [r.message_type for r in rows(engine)] == ["shop.charge"]
+
+
+def test_an_eta_task_held_by_workers_that_die_is_not_counted(
+    broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
+) -> None:
+    settings = broker_settings
+    queue = unique_name("celery")
+    state = tmp_path / "state"
+    limit = envelope.DEFAULT_MAX_WORKER_DEATHS
+
+    async def scenario() -> str:
+        async with controlroom(settings, engine, body_store):
+            task_id = send(settings, queue, "shop.charge", 34, 1, countdown=3600)
+            for held in range(1, limit + 2):  # each worker holds it, waiting; then dies
+                with celery_worker(settings, queue, state) as process:
+                    await wait_for(lambda: len(received(state, task_id)) == held)  # noqa: B023
+                    process.kill()
+                    process.wait()
+            with celery_worker(settings, queue, state):
+                await wait_for(lambda: len(received(state, task_id)) == limit + 2)
+                failing = unique_id_of(send(settings, queue, "shop.charge", 35, 1))
+                await wait_for(lambda: row(engine, failing) is not None)
+            return task_id
+
+    task_id = asyncio.run(scenario())
+    assert [r.message_type for r in rows(engine)] == ["shop.charge"]  # only the other one
+    headers = [path.with_suffix(".headers").read_text() for path in received_files(state, task_id)]
+    assert not [text for text in headers if envelope.REDELIVERIES in text]
+
+
+def queue_depth(settings: Settings, queue: str) -> int:
+    with contextlib.closing(producer(settings)) as app, app.connection_for_write() as conn:
+        return int(conn.default_channel.queue_declare(queue, passive=True).message_count)
 
 
 def run_demo(

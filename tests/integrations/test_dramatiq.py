@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from controlroom.db.tables import FailedMessageStatus, failed_messages
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.identity import deterministic_id
 from controlroom.errors.ingest.pipeline import IngestionService
+from controlroom.integrations import envelope
 from controlroom.transport.base import Transport
 from controlroom.transport.rabbitmq import RabbitMQTransport
 from tests import servers
@@ -81,9 +82,10 @@ def setup(settings: Settings, tmp_path: Path) -> Iterator[Setup]:
 
 @contextlib.contextmanager
 def worker(
-    setup: Setup, kill: str = "", error_url: str = "", max_body: str = ""
+    setup: Setup, kill: str = "", error_url: str = "", max_body: str = "", *, may_die: bool = False
 ) -> Iterator[subprocess.Popen[str]]:
-    """A real Dramatiq worker process, consuming once this yields; terminated after."""
+    """A real Dramatiq worker process, consuming once this yields; terminated after.
+    ``may_die``: a task may kill it before it says it is ready (it yields it dead)."""
     with setup.logs.open("a") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "tests.integrations.dramatiq_worker"],
@@ -95,7 +97,9 @@ def worker(
         )
     try:
         assert process.stdout is not None
-        assert process.stdout.readline().strip() == "ready", setup.logs.read_text()
+        line = process.stdout.readline().strip()
+        if not (may_die and not line and process.wait(TIMEOUT) == -signal.SIGKILL):
+            assert line == "ready", setup.logs.read_text()
         yield process
     finally:
         if process.poll() is None:
@@ -122,15 +126,31 @@ async def ingesting(
             await service.stop()
 
 
-def send(setup: Setup, actor: str, *args: Any) -> bytes:
-    """Enqueue a message for ``actor`` as a Dramatiq producer does; returns its body."""
+async def restarting_workers(setup: Setup, done: Callable[[], bool], *, most: int) -> int:
+    """Real workers one after another, a new one each time one dies (SIGKILL), until
+    ``done()``; answers how many died. Fails when more than ``most`` die (a task
+    redelivered for ever)."""
+    deaths = 0
+    while True:
+        with worker(setup, may_die=True) as process:
+            while process.poll() is None:
+                if await asyncio.to_thread(done):
+                    return deaths
+                await asyncio.sleep(0.05)
+            assert process.returncode == -signal.SIGKILL, setup.logs.read_text()
+            deaths += 1
+            assert deaths <= most, f"{deaths} worker processes died and it goes on"
+
+
+def send(setup: Setup, actor: str, *args: Any, delay: int | None = None) -> bytes:
+    """Enqueue a message for ``actor`` as a Dramatiq producer does (``delay``: in
+    milliseconds, through the delay queue); returns its body as enqueued."""
     broker = RabbitmqBroker(url=setup.url)
     try:
         message = Message(
             queue_name=setup.queue, actor_name=actor, args=args, kwargs={}, options={}
         )
-        broker.enqueue(message)
-        return message.encode()
+        return broker.enqueue(message, delay=delay).encode()
     finally:
         broker.close()
 
@@ -341,3 +361,104 @@ def test_a_retry_that_dramatiq_retries_again_is_confirmed_when_dramatiq_s_retry_
     assert setup.marker.with_suffix(".once").exists()
     (row,) = rows(engine)
     assert row.number_of_processing_attempts == 1
+
+
+def test_an_actor_that_kills_its_worker_every_run_is_one_failed_message_then_retried(
+    setup: Setup, engine: sa.Engine, body_store: FileSystemBodyStore
+) -> None:
+    client = TestClient(create_app(setup.settings, engine, body_store))
+    limit = envelope.DEFAULT_MAX_WORKER_DEATHS
+    runs = setup.marker.with_suffix(".runs")
+
+    async def scenario() -> None:
+        async with ingesting(setup, engine, body_store) as transport:
+            sent["body"] = send(setup, "kills_its_worker", 21)
+            failed_id = unique_id(setup, sent["body"])
+            reported = lambda: failed_id in statuses(engine)  # noqa: E731
+            deaths = await restarting_workers(setup, reported, most=limit + 2)
+            assert deaths == limit == len(runs.read_text().split())
+            await wait_for(lambda: queue_depth(setup, f"{setup.queue}.XQ") == 1)
+            assert queue_depth(setup, setup.queue) == 0
+
+            # Fixed, but the retried run still kills its worker once: a retry counts
+            # worker deaths from zero, so the redelivery runs it again and it succeeds.
+            setup.marker.touch()
+            response = await asyncio.to_thread(client.post, f"/api/errors/{failed_id}/retry")
+            assert response.status_code == 202, response.text
+            processor = make_processor(setup.settings, engine, transport, body_store)
+            assert await processor.process_pending() == 1
+            await processor.close()
+            resolved = lambda: statuses(engine)[failed_id] == FailedMessageStatus.RESOLVED  # noqa: E731
+            assert await restarting_workers(setup, resolved, most=limit) == 1
+            assert queue_depth(setup, setup.queue) == 0
+
+    sent: dict[str, bytes] = {}
+    asyncio.run(scenario())
+    (row,) = rows(engine)
+    assert row.exception_type == "controlroom.integrations.WorkerDied"
+    assert row.exception_message == f"the worker process died {limit} times while holding the task"
+    assert row.message_type == "kills_its_worker"
+    assert row.message_id == json.loads(sent["body"])["message_id"]
+    assert row.queue_address == setup.queue
+    assert row.receiving_endpoint == setup.queue
+    assert row.number_of_processing_attempts == 1
+    assert row.body_text.encode() == sent["body"]  # the message as sent, byte for byte
+    assert envelope.REDELIVERIES not in row.headers_json
+    assert len(runs.read_text().split()) == limit + 2  # the retry: killed once, then ran
+
+
+def test_an_actor_that_kills_its_worker_once_runs_again_and_makes_no_failed_message(
+    setup: Setup, engine: sa.Engine, body_store: FileSystemBodyStore
+) -> None:
+    setup.marker.touch()  # the actor kills its worker on its first run only
+    runs = setup.marker.with_suffix(".runs")
+
+    async def scenario() -> None:
+        async with ingesting(setup, engine, body_store):
+            send(setup, "kills_its_worker", 22)
+            # Prefetched by the worker the first message kills: redelivered too.
+            failing = unique_id(setup, send(setup, "place_order", 23, "prefetched"))
+
+            def done() -> bool:
+                ran_twice = runs.exists() and len(runs.read_text().split()) == 2
+                return ran_twice and failing in statuses(engine)
+
+            assert await restarting_workers(setup, done, most=1) == 1
+            assert queue_depth(setup, setup.queue) == 0
+
+    asyncio.run(scenario())
+    assert [row.message_type for row in rows(engine)] == ["place_order"]
+
+
+def test_a_delayed_message_held_by_workers_that_die_is_not_counted(
+    setup: Setup, engine: sa.Engine, body_store: FileSystemBodyStore
+) -> None:
+    delay_queue = f"{setup.queue}.DQ"
+    limit = envelope.DEFAULT_MAX_WORKER_DEATHS
+
+    async def scenario() -> None:
+        async with ingesting(setup, engine, body_store):
+            sent["body"] = send(setup, "place_order", 41, "later", delay=3_600_000)
+            for _ in range(limit + 1):  # each worker holds it (unacknowledged), then dies
+                with worker(setup) as process:
+                    await wait_for(lambda: queue_depth(setup, delay_queue) == 0)
+                    process.kill()
+                    process.wait()
+                await wait_for(lambda: queue_depth(setup, delay_queue) == 1)
+            with worker(setup):
+                await wait_for(lambda: queue_depth(setup, delay_queue) == 0)
+                failing = unique_id(setup, send(setup, "place_order", 42, "now"))
+                await wait_for(lambda: failing in statuses(engine))
+            await wait_for(lambda: queue_depth(setup, delay_queue) == 1)
+
+    sent: dict[str, bytes] = {}
+    asyncio.run(scenario())
+    assert [json.loads(row.body_text)["args"] for row in rows(engine)] == [[42, "now"]]
+    connection = pika.BlockingConnection(pika.URLParameters(setup.url))
+    try:
+        method, properties, body = connection.channel().basic_get(delay_queue, auto_ack=True)
+    finally:
+        connection.close()
+    assert method is not None and method.redelivered
+    assert body == sent["body"]  # still waiting, as enqueued, not published again
+    assert envelope.REDELIVERIES not in (properties.headers or {})

@@ -41,6 +41,15 @@ captured by the worker's request, before the acknowledgement". One line in the a
 - **Too large**: a body over ``max_body_bytes``, or one the broker refuses for its
   size, is not sent; the failure is, with an empty body and
   ``Controlroom.TaskQueue.BodyNotKept`` saying why.
+- **A worker process that dies holding the message** (the solo or threads pool's
+  process, prefork's main process: a segfault, an out-of-memory kill): RabbitMQ
+  redelivers the message. The consumer does not run a redelivered message: it publishes
+  it again to its queue (confirmed) with ``Controlroom.TaskQueue.Redeliveries`` one
+  higher and acknowledges it; at ``max_worker_deaths`` it sends one failed message
+  (``controlroom.integrations.WorkerDied``) and acknowledges it instead
+  (docs/decisions.md "A task that kills its worker is counted in the message and
+  reported at a limit"). An ETA task whose time has not come waited, never ran: it is
+  not counted; nor is a message this process requeued itself.
 """
 
 from __future__ import annotations
@@ -58,7 +67,7 @@ from typing import Any
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.ingest.identity import deterministic_id
 from controlroom.errors.retries import wire as retry_wire
-from controlroom.integrations import envelope
+from controlroom.integrations import WorkerDied, envelope
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +79,7 @@ DEFAULT_CONFIRM_TIMEOUT_SECONDS = 30.0
 """How long a publish waits for the broker's confirm before it counts as failed."""
 
 HOOK_ATTRIBUTE = "_controlroom_hook"
+_REQUEUED_REMEMBERED = 10_000  # task ids a process remembers having requeued
 _ON_SUCCESS = "on_success"
 
 
@@ -80,12 +90,16 @@ def install(
     endpoint: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT_SECONDS,
+    max_worker_deaths: int = envelope.DEFAULT_MAX_WORKER_DEATHS,
 ) -> None:
     """Send the failures of ``app``'s tasks to Controlroom's ``error_queue`` on ``app``'s
     broker (RabbitMQ: confirmed publishes) and confirm Controlroom's retries that
     succeed. ``endpoint`` names the app in Controlroom (default ``app.main``, else
     ``celery``). Call it where the app is configured, before a worker starts; calling it
-    again replaces the settings.
+    again replaces the settings. ``max_worker_deaths``: a task message RabbitMQ
+    redelivers after the worker process holding it died this many times is reported
+    (``controlroom.integrations.WorkerDied``) instead of run again
+    (``envelope.DEFAULT_MAX_WORKER_DEATHS``; 0: never, it is redelivered for ever).
 
     Turns on ``task_acks_late`` (and ``acks_late`` on every task when the worker starts):
     the failure must be published before the task message is acknowledged. Raises
@@ -93,14 +107,18 @@ def install(
     """
     if not error_queue:
         raise ValueError("error_queue must be a queue name")
-    if max_body_bytes < 0 or confirm_timeout <= 0:
-        raise ValueError("max_body_bytes must not be negative and confirm_timeout positive")
+    if max_body_bytes < 0 or confirm_timeout <= 0 or max_worker_deaths < 0:
+        raise ValueError(
+            "max_body_bytes and max_worker_deaths must not be negative, confirm_timeout "
+            "must be positive"
+        )
     hook = _Hook(
         app,
         error_queue=error_queue,
         endpoint=endpoint or app.main or "celery",
         max_body_bytes=max_body_bytes,
         confirm_timeout=confirm_timeout,
+        max_worker_deaths=max_worker_deaths,
     )
     first = getattr(app, HOOK_ATTRIBUTE, None) is None
     setattr(app, HOOK_ATTRIBUTE, hook)
@@ -135,6 +153,7 @@ class _ConsumerHook:
 
     app: Any
     connection_errors: Any
+    strategies: Any
 
     def update_strategies(self) -> None:
         hook: _Hook = getattr(self.app, HOOK_ATTRIBUTE)
@@ -142,6 +161,9 @@ class _ConsumerHook:
         for task in self.app.tasks.values():
             hook_task(task)
         super().update_strategies()  # type: ignore[misc]
+        strategies: dict[str, Any] = self.strategies
+        for name, strategy in strategies.items():
+            strategies[name] = _counting_deaths(strategy, hook, self)
 
     def on_unknown_message(self, body: Any, message: Any) -> None:
         if self._refused(message, "UnknownMessage", "a message with no task name", None):
@@ -176,12 +198,7 @@ class _ConsumerHook:
                 traceback=f"{kind}: {text}\n",
             )
         headers = message.headers or {}
-        task_id = str(
-            headers.get("id")
-            or message.properties.get("correlation_id")
-            or message.properties.get("message_id")
-            or deterministic_id(repr(headers) + repr(message.body))
-        )
+        task_id = _task_id(message)
         sent = hook.send_failure(
             message,
             task_id=task_id,
@@ -190,8 +207,24 @@ class _ConsumerHook:
             failure=failure,
         )
         if not sent:  # requeue instead of the drop that follows; the failure is not lost
+            hook.requeued_here(task_id)
             message.reject_log_error(log, self.connection_errors, requeue=True)
         return sent
+
+
+def _counting_deaths(strategy: Any, hook: _Hook, consumer: Any) -> Any:
+    """``strategy`` (a task's message handler), first giving a redelivered message to
+    ``hook.redelivered``, which may settle it unrun."""
+
+    def handle(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any) -> Any:
+        if (message.delivery_info or {}).get("redelivered") and hook.redelivered(
+            message, ack, reject, consumer.connection_errors
+        ):
+            return None
+        return strategy(message, body, ack, reject, callbacks, **kw)
+
+    handle.__wrapped__ = strategy  # type: ignore[attr-defined]
+    return handle
 
 
 def hook_task(task: Any) -> None:
@@ -320,7 +353,11 @@ class _RequestHook:
         return super().acknowledge()  # type: ignore[misc,no-any-return]
 
     def reject(self, requeue: bool = False) -> None:
-        return super().reject(requeue=requeue or self._controlroom_requeue)  # type: ignore[misc,no-any-return]
+        requeue = requeue or self._controlroom_requeue
+        if requeue:  # redelivered, but no worker died: not counted
+            hook: _Hook = getattr(self._app, HOOK_ATTRIBUTE)
+            hook.requeued_here(self.id)
+        return super().reject(requeue=requeue)  # type: ignore[misc,no-any-return]
 
     # -- success of a retried task -----------------------------------------------------------
     def _controlroom_on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
@@ -344,8 +381,12 @@ class _Hook:
         endpoint: str,
         max_body_bytes: int,
         confirm_timeout: float,
+        max_worker_deaths: int = envelope.DEFAULT_MAX_WORKER_DEATHS,
     ) -> None:
         self.app = app
+        self.max_worker_deaths = max_worker_deaths
+        self._requeued: dict[str, None] = {}
+        self._requeued_lock = threading.Lock()
         self.error_queue = error_queue
         self.endpoint = endpoint
         self.max_body_bytes = max_body_bytes
@@ -358,6 +399,82 @@ class _Hook:
         self._pid = 0
         self._declared: set[str] = set()
 
+    # -- a worker process that died holding the message ------------------------------------
+    def redelivered(self, message: Any, ack: Any, reject: Any, connection_errors: Any) -> bool:
+        """Settle ``message``, which RabbitMQ redelivered, unless it runs as usual (False:
+        not counted, or it could not be published again, logged). Counted: published
+        again to its queue with one more death in ``envelope.REDELIVERIES`` and
+        acknowledged (``ack``: the consumer's promise); at ``max_worker_deaths`` its
+        failure (``WorkerDied``) is sent and it is acknowledged, or, when the failure
+        could not be sent, requeued (``reject``). Never raises."""
+        try:
+            task_id = _task_id(message)
+            if not self.max_worker_deaths or self._was_requeued_here(task_id):
+                return False
+            headers = message.headers or {}
+            if _waits(headers.get("eta")):
+                return False  # an ETA task held for its time: it never ran
+            deaths = envelope.redeliveries(headers) + 1
+            if deaths >= self.max_worker_deaths:
+                sent = self.send_failure(
+                    message,
+                    task_id=task_id,
+                    task_name=str(headers.get("task") or "(no task name)"),
+                    retries=_retries(headers),
+                    failure=envelope.capture_failure(WorkerDied(deaths)),
+                )
+                if sent:
+                    ack(log, connection_errors)
+                else:
+                    self.requeued_here(task_id)
+                    reject(log, connection_errors, requeue=True)
+                return True
+            self.republish(message, deaths)
+        except Exception:
+            log.exception(
+                "Controlroom: could not count the worker deaths of a redelivered task "
+                "message; it runs again uncounted"
+            )
+            return False
+        ack(log, connection_errors)
+        return True
+
+    def republish(self, message: Any, deaths: int) -> None:
+        """Publish ``message`` again to the queue it came from, confirmed: its body bytes,
+        broker properties and header table as consumed, ``envelope.REDELIVERIES`` set to
+        ``deaths``. Raises what the broker or the connection raises."""
+        properties = dict(message.properties)
+        table = {**(properties.pop("application_headers", None) or {})}
+        table[envelope.REDELIVERIES] = deaths
+        priority = properties.pop("priority", None)
+        content_type = properties.pop("content_type", None)
+        content_encoding = properties.pop("content_encoding", None)
+
+        def prepare(channel: Any) -> Any:
+            return channel.prepare_message(
+                message_body(message),
+                priority,
+                content_type,
+                content_encoding,
+                table,
+                dict(properties),
+            )
+
+        self._send(self.consumed_queue(message), prepare)
+
+    def requeued_here(self, task_id: str) -> None:
+        """Remember that this process requeues the message of ``task_id`` (its
+        redelivery counts no death)."""
+        with self._requeued_lock:
+            self._requeued[task_id] = None
+            if len(self._requeued) > _REQUEUED_REMEMBERED:
+                del self._requeued[next(iter(self._requeued))]
+
+    def _was_requeued_here(self, task_id: str) -> bool:
+        with self._requeued_lock:
+            return self._requeued.pop(task_id, 0) is None
+
+    # -- failures --------------------------------------------------------------------------
     def send_failure(
         self,
         message: Any,
@@ -410,7 +527,7 @@ class _Hook:
     ) -> tuple[dict[str, str | None], bytes]:
         """The failed message's headers and body for ``message`` (pure but for the time)."""
         body = message_body(message)
-        table = message.headers or {}
+        table = envelope.without_redeliveries(message.headers or {})
         properties = {**message.properties, "headers": table}
         properties.pop("application_headers", None)
         try:
@@ -492,19 +609,27 @@ class _Hook:
         """Publish persistently to ``queue`` (declared durable when missing) through the
         default exchange and wait for the broker's confirm (RabbitMQ). Raises what the
         broker or the connection raises; the connection is made again next time."""
+
+        def prepare(channel: Any) -> Any:
+            return channel.prepare_message(
+                body,
+                None,
+                headers.get(h.CONTENT_TYPE) or "application/octet-stream",
+                None,
+                dict(headers),
+                {"delivery_mode": 2, "message_id": message_id},
+            )
+
+        self._send(queue, prepare)
+
+    def _send(self, queue: str, prepare: Any) -> None:
+        """Publish ``prepare(channel)`` as ``publish`` does."""
         with self._lock:
             try:
                 channel = self._open_channel()
                 self._declare(queue)
                 channel = self._channel
-                amqp_message = channel.prepare_message(
-                    body,
-                    None,
-                    headers.get(h.CONTENT_TYPE) or "application/octet-stream",
-                    None,
-                    dict(headers),
-                    {"delivery_mode": 2, "message_id": message_id},
-                )
+                amqp_message = prepare(channel)
                 confirmed = getattr(channel, "basic_publish_confirm", None)
                 if confirmed is None:  # a broker without confirms (not RabbitMQ)
                     channel.basic_publish(amqp_message, exchange="", routing_key=queue)
@@ -562,6 +687,32 @@ def message_body(message: Any) -> bytes:
     if isinstance(body, str):
         return body.encode(message.content_encoding or "utf-8")
     return bytes(body)
+
+
+def _task_id(message: Any) -> str:
+    """The task id of a kombu message: its ``id`` header (Celery's protocol 2), else its
+    correlation or message id, else an id derived from its headers and body."""
+    headers = message.headers or {}
+    return str(
+        headers.get("id")
+        or message.properties.get("correlation_id")
+        or message.properties.get("message_id")
+        or deterministic_id(repr(headers) + repr(message.body))
+    )
+
+
+def _waits(eta: Any) -> bool:
+    """Whether a task message's ``eta`` header is a time still to come (a naive time is
+    UTC, Celery's default)."""
+    if not isinstance(eta, str | datetime) or not eta:
+        return False
+    try:
+        when = eta if isinstance(eta, datetime) else datetime.fromisoformat(eta)
+    except ValueError:
+        return False
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when > datetime.now(UTC)
 
 
 def _captured(exc: BaseException, traceback_text: str | None) -> envelope.CapturedFailure:

@@ -19,10 +19,19 @@ one that fails again carries the retry's id, so it folds into the same failed me
 When the error queue cannot be reached the failure is logged whole at ERROR and Dramatiq
 goes on as without the middleware: the message is dead-lettered to ``.XQ`` (or, with
 the broker down, redelivered later, and reported then).
+
+A worker process that dies holding a message (a segfault, an out-of-memory kill) makes
+RabbitMQ redeliver it. The tap does not hand a redelivered message to the worker: it
+publishes it again with ``Controlroom.TaskQueue.Redeliveries`` one higher and
+acknowledges it; at ``max_worker_deaths`` it hands it over marked failed with
+``controlroom.integrations.WorkerDied``, which Dramatiq rejects unrun and this middleware
+reports (docs/decisions.md "A task that kills its worker is counted in the message and
+reported at a limit"). A delay queue's message is not counted.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -45,7 +54,7 @@ from dramatiq.message import Message, get_encoder
 
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.retries import wire as retry_wire
-from controlroom.integrations import envelope
+from controlroom.integrations import WorkerDied, envelope
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +121,11 @@ class ControlroomMiddleware(dramatiq.Middleware):
 
     ``endpoint`` is the processing endpoint the failures name (default: the queue the
     message was consumed from); ``url`` the broker of the error queue (default: the
-    Dramatiq broker's own); ``max_body_bytes`` see ``DEFAULT_MAX_BODY_BYTES``.
+    Dramatiq broker's own); ``max_body_bytes`` see ``DEFAULT_MAX_BODY_BYTES``;
+    ``max_worker_deaths``: a message RabbitMQ redelivers after its worker process died
+    holding it this many times is reported (``controlroom.integrations.WorkerDied``) and
+    dead-lettered instead of run again (``envelope.DEFAULT_MAX_WORKER_DEATHS``; 0: never,
+    it is redelivered for ever). Raises ``ValueError`` for a negative limit.
     """
 
     def __init__(
@@ -122,7 +135,11 @@ class ControlroomMiddleware(dramatiq.Middleware):
         *,
         url: str | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_worker_deaths: int = envelope.DEFAULT_MAX_WORKER_DEATHS,
     ) -> None:
+        if max_worker_deaths < 0:
+            raise ValueError("max_worker_deaths must not be negative")
+        self.max_worker_deaths = max_worker_deaths
         self.error_queue = error_queue
         self.endpoint = endpoint
         self.url = url
@@ -345,14 +362,52 @@ class ControlroomMiddleware(dramatiq.Middleware):
             decoded=False,
         )
 
+    def redelivered(self, queue_name: str, message: MessageProxy) -> MessageProxy | None:
+        """What the consumer hands the worker for ``message``, which RabbitMQ redelivered
+        (a worker holding it died or lost its connection): ``message`` itself when it is
+        not counted (a delay queue's message waits, never runs) or could not be published
+        again (logged; it runs, as without the count); ``message`` marked failed with
+        ``WorkerDied`` at ``max_worker_deaths`` (Dramatiq skips the actor and rejects it,
+        so ``before_nack`` reports it); else None: the message went back to its queue
+        with one more death counted, confirmed, and this delivery is to be acknowledged
+        unrun (docs/decisions.md "A task that kills its worker is counted in the message
+        and reported at a limit")."""
+        delivery: Delivery | None = getattr(message, _DELIVERY, None)
+        if delivery is None or q_name(queue_name) != queue_name or "eta" in message.options:
+            return message
+        deaths = envelope.redeliveries(delivery.properties.headers) + 1
+        if deaths >= self.max_worker_deaths:
+            message.fail()
+            message.stuff_exception(WorkerDied(deaths))
+            return message
+        properties = copy.copy(delivery.properties)
+        properties.headers = {**(properties.headers or {}), envelope.REDELIVERIES: deaths}
+        try:
+            self._publish_properties(queue_name, properties, delivery.body)
+        except Exception:
+            log.exception(
+                "could not publish Dramatiq message %s again with its worker deaths "
+                "counted (%d); it runs again uncounted",
+                message.message_id,
+                deaths,
+            )
+            return message
+        return None
+
     def _publish(self, queue: str, headers: Mapping[str, str | None], body: bytes) -> None:
-        """Publish persistent with publisher confirms on this thread's connection; one
-        more try on a fresh connection when the kept one was lost (an idle blocking
-        connection misses its heartbeats)."""
+        """Publish persistent with publisher confirms on this thread's connection."""
         properties = pika.BasicProperties(
             delivery_mode=2,
             headers={name: value for name, value in headers.items() if value is not None},
         )
+        self._publish_properties(queue, properties, body)
+
+    def _publish_properties(
+        self, queue: str, properties: pika.BasicProperties, body: bytes
+    ) -> None:
+        """Publish with publisher confirms on this thread's connection; one more try on a
+        fresh connection when the kept one was lost (an idle blocking connection misses
+        its heartbeats)."""
         for attempt in (1, 2):
             channel = self._channel()
             try:
@@ -438,6 +493,11 @@ class _TappedConsumer(Consumer):
             )
             return None
         setattr(message, _DELIVERY, Delivery.of(body, properties, message.options))
+        if getattr(message, "redelivered", False) and self.middleware.max_worker_deaths:
+            handed = self.middleware.redelivered(self.inner.queue_name, message)
+            if handed is None:  # back on its queue, counted: this delivery is done
+                self.inner.ack(message)
+            return handed
         return message
 
     def ack(self, message: MessageProxy) -> None:

@@ -12,6 +12,10 @@ are Controlroom's own:
   the worker receives the message as the producer sent it;
 - ``Controlroom.TaskQueue.BodyNotKept``: why the body is absent (too large to send).
 
+One header travels on the task message itself, never in a failed message's properties:
+``Controlroom.TaskQueue.Redeliveries``, how many times a worker process died holding the
+message (``redeliveries``, ``DEFAULT_MAX_WORKER_DEATHS``).
+
 The failure is captured as text (``capture_failure``): never pickled, never re-raised,
 so an exception that cannot be printed or pickled still makes a failed message.
 """
@@ -35,6 +39,15 @@ from controlroom.transport.properties import properties_json as properties_json
 TASK_QUEUE = "Controlroom.TaskQueue"
 TASK_PROPERTIES = retry_wire.TASK_PROPERTIES
 BODY_NOT_KEPT = "Controlroom.TaskQueue.BodyNotKept"
+REDELIVERIES = "Controlroom.TaskQueue.Redeliveries"
+"""On a task message the integration published again after a worker process died
+holding it: the deaths so far (an AMQP integer; absent is 0)."""
+
+DEFAULT_MAX_WORKER_DEATHS = 3
+"""A task message whose worker process died this many times while holding it is
+reported as a failed message (``controlroom.integrations.WorkerDied``) instead of being
+run again. More than 1: a message merely prefetched by a worker that another task
+killed is redelivered too, and must not be reported for one death."""
 RETRIES = "NServiceBus.Retries"
 
 CELERY = "celery"
@@ -176,6 +189,27 @@ def _plain(value: object, placeholder: str) -> str:
     except Exception:
         return placeholder
     return str.__str__(text) if isinstance(text, str) else placeholder
+
+
+def redeliveries(headers: Mapping[str, Any] | None) -> int:
+    """The ``REDELIVERIES`` count of a task message's AMQP header table: 0 when absent or
+    not a non-negative integer (an int, or its text or bytes)."""
+    value = (headers or {}).get(REDELIVERIES)
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if isinstance(value, bool):
+        return 0
+    try:
+        count = int(value) if isinstance(value, int | str) else 0
+    except ValueError:
+        return 0
+    return max(0, count)
+
+
+def without_redeliveries(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """``headers`` without ``REDELIVERIES``: what a failed message keeps, so a retry from
+    Controlroom counts worker deaths from zero."""
+    return {name: value for name, value in headers.items() if name != REDELIVERIES}
 
 
 def _header_text(text: str) -> str:
