@@ -43,6 +43,7 @@ from controlroom.web.common import (
     refusing_bad_cursor,
     render,
 )
+from controlroom.web.filters import span
 from controlroom.web.flash import Flash
 from controlroom.web.sitecall_pages import render_rejected
 
@@ -73,6 +74,7 @@ def kpi_context(
         conn,
         now=now,
         source=charts.NOTIFICATIONS,
+        interval=span(settings.kpi.interval),
         scope="channel" if channel else "global",
         scope_key=channel or "",
     )

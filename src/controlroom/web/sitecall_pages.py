@@ -57,6 +57,7 @@ from controlroom.web.common import (
     refusing_bad_cursor,
     render,
 )
+from controlroom.web.filters import span
 from controlroom.web.flash import Flash
 from controlroom.web.session import Session
 
@@ -89,7 +90,9 @@ def kpi_context(
         scope, key = "site", site
     else:
         scope, key = "global", ""
-    trends = charts.kpi_charts(conn, now=tiles["now"], scope=scope, scope_key=key)
+    trends = charts.kpi_charts(
+        conn, now=tiles["now"], interval=span(settings.kpi.interval), scope=scope, scope_key=key
+    )
     return {**tiles, "charts": trends}
 
 
