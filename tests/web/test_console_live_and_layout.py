@@ -199,6 +199,25 @@ def test_a_site_calls_audit_table_keeps_short_tokens_whole_and_nothing_overflows
     assert table <= 0, f"the audit table scrolls sideways by {table}px"
 
 
+@pytest.mark.parametrize("size", SIZES)
+def test_the_search_boxs_placeholder_is_not_cut_off(
+    console_server: ConsoleServer, page: Any, size: str
+) -> None:
+    width, height = SIZES[size]
+    page.set_viewport_size({"width": width, "height": height})
+    page.goto(console_server.base_url + "/messages", wait_until="load")
+    room = page.locator('input[name="q"]').evaluate(
+        """el => { const style = getComputedStyle(el);
+                   const context = document.createElement("canvas").getContext("2d");
+                   context.font = style.font;
+                   const text = context.measureText(el.placeholder).width;
+                   const inner = el.clientWidth - parseFloat(style.paddingLeft)
+                       - parseFloat(style.paddingRight);
+                   return inner - text; }"""
+    )
+    assert room >= 0, f"the placeholder is cut off by {-room:.0f}px at {size}"
+
+
 # --- navigation ---------------------------------------------------------------------------
 def test_the_navigation_names_sites_and_the_audit_log_on_a_desktop(
     console_server: ConsoleServer, page: Any
