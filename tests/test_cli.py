@@ -228,6 +228,7 @@ def test_demo_ends_with_the_commands_to_run_next_unless_make_demo_runs_them(
     code, output = invoke("demo", "--count", "12", "--seed", "1")
     assert code == 0, output
     assert "controlroom serve" in output and "controlroom demo endpoints" in output
+    assert "controlroom demo notifications" in output
 
     code, output = invoke("demo", "--count", "12", "--seed", "1", "--no-next-steps")
     assert code == 0, output

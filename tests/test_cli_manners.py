@@ -91,6 +91,15 @@ def test_serve_help_names_the_environment_variables() -> None:
         assert name in result.output, name
 
 
+def test_help_names_every_demo() -> None:
+    """``controlroom --help`` and ``demo --help`` name each demo a user can run."""
+    for command in ([], ["demo"]):
+        result = runner.invoke(app, [*command, "--help"], terminal_width=200)
+        assert result.exit_code == 0, result.output
+        for demo in ("endpoints", "celery", "notifications"):
+            assert demo in result.output, (command, demo)
+
+
 def test_the_demo_refuses_to_publish_into_a_running_serves_data(data_dir: Path) -> None:
     settings = Settings(data_dir=data_dir, ingest_on_serve=False)
     seen: list[server.Serving] = []

@@ -1,5 +1,6 @@
-"""The ``controlroom`` command: serve, migrate, demo (and ``demo endpoints``, ``demo celery``),
-import-failed, sweep, audit verify, version, and ``site serve`` (the site agent).
+"""The ``controlroom`` command: serve, migrate, demo (and ``demo endpoints``, ``demo celery``,
+``demo notifications``), import-failed, sweep, audit verify, version, and ``site serve``
+(the site agent).
 
 Thin by design: each command loads the settings, opens what it needs, calls the module
 that does the work and reports; ``serve`` runs ``controlroom.server``. Each command imports
@@ -143,8 +144,9 @@ def migrate(config: ConfigOption = None) -> None:
 
 
 demo_app = typer.Typer(
-    help="Publish realistic failed messages and site-call telemetry (no subcommand), or play "
-    "the endpoints that receive the retries (endpoints).",
+    help="Publish realistic failed messages and site-call telemetry (no subcommand); play "
+    "the endpoints that receive the retries (endpoints); run a Celery shop failing tasks "
+    "(celery); run the notification outbox's webhook and SMTP sinks (notifications).",
     invoke_without_command=True,
 )
 app.add_typer(demo_app, name="demo")
@@ -218,8 +220,10 @@ def demo(
             f"http://{settings.host}:{settings.port}/ ; `controlroom demo endpoints` beside "
             "it plays the endpoints, so a retry from the console ends Resolved (or fails "
             "again); `controlroom site demo` runs two live site agents, which `serve` "
-            "relays to when started with `CONTROLROOM_SITES` set to the JSON it prints. "
-            "`make demo` runs all of them."
+            "relays to when started with `CONTROLROOM_SITES` set to the JSON it prints; "
+            "`controlroom demo notifications` runs a webhook and an SMTP sink, which "
+            "`serve` sends notifications to when started with `CONTROLROOM_NOTIFICATIONS` "
+            "set to the JSON its `--print-settings` prints. `make demo` runs all of them."
         )
 
 

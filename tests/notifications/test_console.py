@@ -220,7 +220,12 @@ def test_the_trends_are_drawn_from_the_kpi_history_on_the_page_and_the_dashboard
         assert "Latest: 2 notifications at" in parked and "<polyline" in parked
         assert parked.count('<circle class="dot"') == 2  # one point per sample
         buffered = trend(page.text, "buffered")
-        assert "Latest: 1 notifications at" in buffered
+        assert "Latest: 1 notification at" in buffered
+        # the chart names its figure as the tile does
+        assert "<strong>To send</strong>" in buffered
+        failed = trend(page.text, "failed_last_interval")
+        assert "<strong>Failed in the last 1 h</strong>" in failed
+        assert "interval" not in failed.split("</strong>")[0]
         age = trend(page.text, "oldest_pending_age_seconds")
         assert age.count('<circle class="dot"') == 1  # nothing pending at the first sample
         for metric in ("failed_last_interval", "delivered_last_interval", "stuck"):
@@ -229,7 +234,7 @@ def test_the_trends_are_drawn_from_the_kpi_history_on_the_page_and_the_dashboard
 
     email = console.get("/notifications", params={"scope_channel": "Email"})
     assert "Latest: 0 notifications at" in trend(email.text, "parked")
-    assert "Latest: 1 notifications at" in trend(email.text, "buffered")
+    assert "Latest: 1 notification at" in trend(email.text, "buffered")
     assert 'href="/notifications?status=Parked&amp;channel=Email"' in email.text
     refused = console.get("/notifications", params={"scope_channel": "Pigeon"})
     assert refused.status_code == 400 and "scope_channel" in refused.text

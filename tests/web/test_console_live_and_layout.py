@@ -8,7 +8,7 @@ and the edit page of a body too large to edit in a browser.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -18,10 +18,12 @@ from playwright.sync_api import expect
 
 from controlroom.sitecalls.demo import generate_demo_telemetry
 from controlroom.web.bodies import MAX_SHOWN_BYTES
+from tests.notifications.test_api import put
 from tests.nsb import failed_headers
 from tests.retries.conftest import TIMEOUT
 from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.web.conftest import ConsoleServer
+from tests.web.test_console_sitecalls import packet, post_telemetry
 
 expect.set_options(timeout=TIMEOUT * 1000)
 
@@ -76,9 +78,9 @@ def test_a_hidden_tab_sends_no_poll_and_catches_up_when_shown(
     # Polls are fetches; the browser may ask for the favicon whenever it likes.
     page.on(
         "request",
-        lambda request: polls.append(request.url)
-        if request.resource_type in ("fetch", "xhr")
-        else None,
+        lambda request: (
+            polls.append(request.url) if request.resource_type in ("fetch", "xhr") else None
+        ),
     )
     hide(page, True)
     polls.clear()
@@ -189,6 +191,85 @@ def test_at_a_desktop_width_the_group_column_has_room_and_no_title_word_is_split
         "document.documentElement.scrollWidth - document.documentElement.clientWidth"
     )
     assert overflow <= 0, f"the page scrolls sideways by {overflow}px"
+
+
+def page_overflow(page: Any) -> int:
+    """How far the page scrolls sideways, in CSS pixels (0 when it does not)."""
+    return int(
+        page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    )
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_notification_with_a_long_unbroken_body_line_does_not_widen_the_page(
+    console_server: ConsoleServer, page: Any, size: str
+) -> None:
+    notification_id = put(
+        console_server.engine, body="token=" + "A" * 400 + "\nsecond line", subject="S" * 250
+    )
+    width, height = SIZES[size]
+    page.set_viewport_size({"width": width, "height": height})
+    page.goto(f"{console_server.base_url}/notifications/{notification_id}", wait_until="load")
+    expect(page.get_by_test_id("body")).to_contain_text("second line")
+    assert page_overflow(page) <= 0, f"the page scrolls sideways by {page_overflow(page)}px"
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_site_calls_audit_table_keeps_short_tokens_whole_and_nothing_overflows(
+    console_server: ConsoleServer, page: Any, size: str
+) -> None:
+    now = datetime.now(UTC)
+    target = "https://erp.example.com/api/" + "orders" * 36
+    details = '{"payload": "' + "x" * 400 + '", "note": "' + "words " * 60 + '"}'
+    call = packet(
+        "Parked",
+        created=now - timedelta(minutes=5),
+        site="north",
+        target=target,
+        last_error="E" * 500,
+        event={
+            "actor": "site:north",
+            "action": "CachedCallSubmitted",
+            "target": target,
+            "details_json": details,
+        },
+    )
+    post_telemetry(console_server, [call])
+    width, height = SIZES[size]
+    page.set_viewport_size({"width": width, "height": height})
+    page.goto(
+        f"{console_server.base_url}/site-calls/{call['tracked_operation_id']}", wait_until="load"
+    )
+    expect(page.locator("table")).to_contain_text("CachedCallSubmitted")
+    if size == "desktop":
+        for token in ("site:north", "CachedCallSubmitted", "Success", "CachedCall"):
+            lines = page.locator("td", has_text=re.compile(f"^{token}$")).evaluate(
+                """el => { const range = document.createRange(); range.selectNodeContents(el);
+                           return range.getClientRects().length; }"""
+            )
+            assert lines == 1, f"{token} breaks over {lines} lines"
+    assert page_overflow(page) <= 0, f"the page scrolls sideways by {page_overflow(page)}px"
+    table = page.locator(".table-scroll").evaluate("el => el.scrollWidth - el.clientWidth")
+    assert table <= 0, f"the audit table scrolls sideways by {table}px"
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_search_boxs_placeholder_is_not_cut_off(
+    console_server: ConsoleServer, page: Any, size: str
+) -> None:
+    width, height = SIZES[size]
+    page.set_viewport_size({"width": width, "height": height})
+    page.goto(console_server.base_url + "/messages", wait_until="load")
+    room = page.locator('input[name="q"]').evaluate(
+        """el => { const style = getComputedStyle(el);
+                   const context = document.createElement("canvas").getContext("2d");
+                   context.font = style.font;
+                   const text = context.measureText(el.placeholder).width;
+                   const inner = el.clientWidth - parseFloat(style.paddingLeft)
+                       - parseFloat(style.paddingRight);
+                   return inner - text; }"""
+    )
+    assert room >= 0, f"the placeholder is cut off by {-room:.0f}px at {size}"
 
 
 # --- navigation ---------------------------------------------------------------------------

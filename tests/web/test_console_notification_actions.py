@@ -85,6 +85,33 @@ def test_retry_and_discard_redirect_and_a_reload_or_back_sends_nothing(
     assert sorted(audit_rows(server)) == ["NotificationDiscarded", "NotificationRetried"]
 
 
+def test_the_page_follows_a_retried_notification_live_and_says_the_outcome_once(
+    start_console: ServerFactory, settings: Settings, page: Any
+) -> None:
+    server = secured(start_console, settings)
+    sign_in(page, server, OPERATOR_TOKEN)
+    notification_id = put(server.engine)
+    page.goto(f"{server.base_url}/notifications/{notification_id}")
+    page.get_by_role("button", name="Retry", exact=True).click()
+    expect(page.get_by_test_id("flash-code")).to_have_text("Applied")
+    flash = page.get_by_test_id("flash").inner_text()
+    assert flash.count("Applied") == 1, flash
+    expect(page.get_by_test_id("status")).not_to_have_text("Parked")
+    loads: list[str] = []
+    page.on("load", lambda _: loads.append(page.url))
+
+    with server.engine.begin() as conn:  # its next attempts fail: it parks again
+        conn.execute(
+            sa.update(notifications)
+            .where(notifications.c.notification_id == notification_id)
+            .values(status="Parked", retry_count=notifications.c.retry_count + 1)
+        )
+
+    expect(page.get_by_test_id("status")).to_have_text("Parked")
+    expect(page.get_by_role("button", name="Retry", exact=True)).to_have_count(1)
+    assert loads == [], "the page was loaded again"
+
+
 def test_a_reader_sees_no_buttons_and_a_post_from_its_session_is_refused(
     start_console: ServerFactory, settings: Settings, page: Any
 ) -> None:

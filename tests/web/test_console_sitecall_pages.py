@@ -16,11 +16,12 @@ from fastapi.testclient import TestClient
 from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.db.kpi_history import SeriesPoint
-from controlroom.db.tables import site_reconciliation
+from controlroom.db.tables import site_calls, site_reconciliation
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.sitecalls.history import take_sample
 from controlroom.web import charts
+from controlroom.web.filters import iso
 from tests.reconciliation.harness import site_entry
 from tests.web.test_console_http import csrf_of
 from tests.web.test_console_sitecalls import packet
@@ -235,6 +236,35 @@ def test_relaying_a_call_that_is_not_parked_says_not_parked_and_sends_nothing(
     assert answer.status_code == 303 and answer.headers["location"] == call
     assert 'data-testid="flash-code">NotParked<' in console.get(call).text
     assert 'data-testid="flash"' not in console.get(call).text  # shown once
+
+
+def test_a_calls_state_polls_and_waits_for_the_sites_report_after_a_command(
+    console: TestClient, engine: sa.Engine
+) -> None:
+    parked = packet("Parked", created=datetime.now(UTC) - timedelta(minutes=2))
+    post(console, [parked])
+    call = f"/site-calls/{parked['tracked_operation_id']}"
+    page = console.get(call).text
+    assert f'hx-get="{call}/state"' in page and "/retry" in page
+    with engine.connect() as conn:
+        received = conn.execute(
+            sa.select(site_calls.c.ingested_at_utc).where(
+                site_calls.c.tracked_operation_id == parked["tracked_operation_id"]
+            )
+        ).scalar_one()
+
+    # Polled after an applied command, central still holding the state shown then.
+    waiting = console.get(f"{call}/state", params={"since": iso(received)}).text
+    assert 'data-testid="awaiting-site"' in waiting and "/retry" not in waiting
+    assert "/state?since=" in waiting  # keeps waiting on its next poll
+    # The site reported since: the call's state as it is, with its buttons.
+    reported = console.get(f"{call}/state", params={"since": "2000-01-01T00:00:00+00:00"}).text
+    assert 'data-testid="awaiting-site"' not in reported and "/retry" in reported
+
+    delivered = {**parked, "status": "Delivered", "terminal_at_utc": datetime.now(UTC).isoformat()}
+    delivered["updated_at_utc"] = delivered["terminal_at_utc"]
+    post(console, [delivered])
+    assert "hx-get" not in console.get(f"{call}/state").text  # terminal: no more polls
 
 
 def test_the_audit_log_page_shows_the_last_verification(

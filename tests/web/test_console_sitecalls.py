@@ -120,9 +120,8 @@ def test_a_parked_call_retried_from_its_page_shows_the_relays_outcome(
         )
         agent.register("erp", operation)
         call_id = agent.cached_call("erp/stock", "erp", {"sku": "fig"}).tracked_operation_id
-        post_telemetry(
-            server, [p for _, p in agent.store.pending_packets(100)], **as_site("plant-7")
-        )
+        reported = [p for _, p in agent.store.pending_packets(100)]
+        post_telemetry(server, reported, **as_site("plant-7"))
 
         page.goto(server.base_url + "/site-calls?status=Parked")
         page.get_by_role("link", name="erp/stock").click()
@@ -137,10 +136,28 @@ def test_a_parked_call_retried_from_its_page_shows_the_relays_outcome(
         expect(page.locator("table")).to_contain_text("CachedResolve")
         expect(page.locator("table")).to_contain_text("anonymous")
 
-        # Central's copy still says Parked until telemetry arrives; the site knows better.
-        page.get_by_role("button", name="Discard", exact=True).click()
-        expect(page.get_by_test_id("flash-code")).to_have_text("NotParked")
-        expect(page.get_by_test_id("flash")).to_contain_text("not Parked")
+        # Central's copy says Parked until the site's telemetry arrives: the page says the
+        # command was applied there and offers no Retry or Discard as if nothing happened.
+        expect(page.get_by_test_id("awaiting-site")).to_contain_text("when the site reports")
+        for button in ("Retry", "Discard"):
+            expect(page.get_by_role("button", name=button, exact=True)).to_have_count(0)
+        loads: list[str] = []
+        page.on("load", lambda _: loads.append(page.url))
+
+        # The site reports the call delivered: the page shows it without a reload.
+        parked = next(p for p in reported if p["status"] == "Parked")
+        reported_at = datetime.fromisoformat(parked["updated_at_utc"])
+        later = (reported_at + timedelta(seconds=1)).isoformat()
+        delivered = {
+            **{k: v for k, v in parked.items() if k != "audit_event"},
+            "status": "Delivered",
+            "updated_at_utc": later,
+            "terminal_at_utc": later,
+        }
+        post_telemetry(server, [delivered], **as_site("plant-7"))
+        expect(page.get_by_test_id("status")).to_have_text("Delivered")
+        expect(page.get_by_test_id("awaiting-site")).to_have_count(0)
+        assert loads == [], "the page was loaded again"
 
 
 def test_a_retry_to_a_site_that_does_not_answer_shows_site_unreachable(

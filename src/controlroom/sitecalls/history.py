@@ -132,11 +132,11 @@ def _raise_crossings(
         before = previous.get((row["metric"], row["scope"], row["scope_key"]), 0.0)
         if not before < threshold <= row["value"]:
             continue
-        where = "in all" if row["scope"] == "global" else f"of site {row['scope_key']}"
+        where = "across all sites" if row["scope"] == "global" else f"of site {row['scope_key']}"
         record_event(
             conn,
             description=(
-                f"{row['value']:.0f} {row['metric']} site calls {where} "
+                f"{crossing_count(row['value'], row['metric'])} {where} "
                 f"(threshold {threshold}; {before:.0f} at the previous sample)"
             ),
             severity=Severity.WARNING,
@@ -145,6 +145,12 @@ def _raise_crossings(
             raised_at=now,
             related_to=[site_path(row["scope_key"])] if row["scope"] == "site" else [],
         )
+
+
+def crossing_count(value: float, metric: str) -> str:
+    """``1 stuck site call``, ``3 parked site calls``: a watched figure in words."""
+    calls = "site call" if round(value) == 1 else "site calls"
+    return f"{value:.0f} {metric} {calls}"
 
 
 class KpiSampler:

@@ -44,15 +44,32 @@ AGE_METRIC: Final = "oldest_pending_age_seconds"
 @dataclass(frozen=True, slots=True)
 class KpiSource:
     """Whose KPI history a chart reads: the ``kpi_samples`` source, what it counts (the
-    unit of every metric but the age), and the prefix of its charts' test ids."""
+    unit of every metric but the age), the prefix of its charts' test ids, and titles
+    of its own where its KPI tiles word a figure differently from ``LABELS``."""
 
     source: str
     noun: str
     prefix: str
+    titles: tuple[tuple[str, str], ...] = ()
 
 
 SITE_CALLS: Final = KpiSource("sitecalls", "calls", "trend-")
-NOTIFICATIONS: Final = KpiSource("notifications", "notifications", "notification-trend-")
+NOTIFICATIONS: Final = KpiSource(
+    "notifications",
+    "notifications",
+    "notification-trend-",
+    (("buffered", "To send"), ("oldest_pending_age_seconds", "Oldest unsent age")),
+)
+
+
+def title_of(metric: str, source: KpiSource, interval: str | None) -> str:
+    """A chart's title in its KPI tile's words: ``Failed in the last 1 h`` (``interval``
+    the configured interval as the tiles word it, ``filters.span``; ``the last interval``
+    without one), ``To send``."""
+    title = dict(source.titles).get(metric, LABELS[metric])
+    if interval is not None and metric.endswith("_last_interval"):
+        title = title.replace("the last interval", f"the last {interval}")
+    return title
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +111,7 @@ def kpi_charts(
     *,
     now: datetime,
     source: KpiSource = SITE_CALLS,
+    interval: str | None = None,
     scope: str = "global",
     scope_key: str = "",
 ) -> list[TrendChart]:
@@ -122,6 +140,7 @@ def kpi_charts(
             start=start,
             end=now,
             source=source,
+            interval=interval,
         )
         for metric in METRICS
     ]
@@ -134,9 +153,11 @@ def build_chart(
     start: datetime,
     end: datetime,
     source: KpiSource = SITE_CALLS,
+    interval: str | None = None,
 ) -> TrendChart:
-    """The geometry of ``series`` (sorted by time, all in ``[start, end]``). Pure."""
-    title = LABELS[metric]
+    """The geometry of ``series`` (sorted by time, all in ``[start, end]``), titled as its
+    KPI tile (``title_of``). Pure."""
+    title = title_of(metric, source, interval)
     unit = "seconds" if metric == AGE_METRIC else source.noun
     largest = max((point.value for point in series), default=0.0)
     # The axis counts in one unit: calls, or seconds, minutes or hours for an age.
@@ -219,14 +240,16 @@ def tick_parts(top: float) -> int:
 
 
 def format_value(value: float, unit: str) -> str:
-    """``12 calls`` (``unit`` what is counted); an age as ``95 s``, ``1.5 min`` or
-    ``2.0 h``."""
+    """``12 calls``, ``1 call`` (``unit`` what is counted, plural); an age as ``95 s``,
+    ``1.5 min`` or ``2.0 h``."""
     if unit == "seconds":
         if value < 120:
             return f"{value:.0f} s"
         if value < 7200:
             return f"{value / 60:.1f} min"
         return f"{value / 3600:.1f} h"
+    if value == 1 and unit.endswith("s"):
+        return f"1 {unit[:-1]}"
     return f"{_number(value)} {unit}"
 
 

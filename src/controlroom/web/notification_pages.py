@@ -25,7 +25,7 @@ from fastapi.responses import Response
 
 from controlroom.config import Settings
 from controlroom.notifications import queries
-from controlroom.notifications.lifecycle import Channel, Status
+from controlroom.notifications.lifecycle import TERMINAL, Channel, Status
 from controlroom.notifications.store import ActionOutcome, Command, act_on_parked
 from controlroom.web import charts
 from controlroom.web.common import (
@@ -43,6 +43,7 @@ from controlroom.web.common import (
     refusing_bad_cursor,
     render,
 )
+from controlroom.web.filters import span
 from controlroom.web.flash import Flash
 from controlroom.web.sitecall_pages import render_rejected
 
@@ -53,11 +54,7 @@ CHANNELS = tuple(channel.value for channel in Channel)
 EXTRA_NAV.append(("Notifications", "/notifications"))
 
 # What an action did, as an operator reads it (the flash of its redirect).
-OUTCOME_TEXT = {
-    ActionOutcome.APPLIED.value: "Applied.",
-    ActionOutcome.NOT_PARKED.value: "NotParked: the notification is not Parked, so nothing "
-    "was done.",
-}
+NOT_PARKED_TEXT = "the notification is not Parked, so nothing was done."
 COMMANDS = {command.value.lower(): command for command in Command}
 
 
@@ -77,6 +74,7 @@ def kpi_context(
         conn,
         now=now,
         source=charts.NOTIFICATIONS,
+        interval=span(settings.kpi.interval),
         scope="channel" if channel else "global",
         scope_key=channel or "",
     )
@@ -159,6 +157,16 @@ def notification_page(
     notification_id: uuid.UUID,
 ) -> Response:
     """One notification (and the flash of an action's redirect, shown once)."""
+    return _notification(request, notification_id, "notification.html")
+
+
+@router.get("/notifications/{notification_id}/state")
+def notification_state(request: Request, session: Viewer, notification_id: uuid.UUID) -> Response:
+    """The notification's state and actions alone; htmx polls it until it is terminal."""
+    return _notification(request, notification_id, "_notification_state.html")
+
+
+def _notification(request: Request, notification_id: uuid.UUID, template: str) -> Response:
     with engine_of(request).connect() as conn:
         row = queries.get_notification(conn, str(notification_id))
     if row is None:
@@ -166,8 +174,13 @@ def notification_page(
     recipients = json.loads(row.recipients) if row.recipients else None
     return render(
         request,
-        "notification.html",
-        {"n": row, "parked": row.status == Status.PARKED.value, "recipients": recipients},
+        template,
+        {
+            "n": row,
+            "parked": row.status == Status.PARKED.value,
+            "terminal": row.status in TERMINAL,
+            "recipients": recipients,
+        },
     )
 
 
@@ -192,10 +205,15 @@ def act(request: Request, session: Actor, notification_id: uuid.UUID, command: s
             "purged); nothing was done."
         )
         return redirect_with(request, "/notifications", Flash("error", text, code="NotFound"))
-    flash = Flash(
-        "notice" if result.outcome is ActionOutcome.APPLIED else "error",
-        f"{chosen.value}: {OUTCOME_TEXT[result.outcome.value]}",
-        code=result.outcome.value,
-        detail=f"The notification is {result.status}.",
-    )
+    if result.outcome is ActionOutcome.APPLIED:
+        flash = Flash(
+            "notice", f"{chosen.value}: the notification is {result.status}.", code="Applied"
+        )
+    else:
+        flash = Flash(
+            "error",
+            f"{chosen.value}: {NOT_PARKED_TEXT}",
+            code=result.outcome.value,
+            detail=f"The notification is {result.status}.",
+        )
     return redirect_with(request, f"/notifications/{notification_id}", flash)

@@ -45,6 +45,7 @@ from controlroom.notifications.queries import measure_kpis as notification_kpis
 from controlroom.web.bodies import MAX_SHOWN_BYTES, view_body
 from controlroom.web.charts import NOTIFICATIONS, kpi_charts
 from controlroom.web.common import api_state, notice_count, render, safe_next, viewer
+from controlroom.web.filters import span
 from controlroom.web.session import Session
 from controlroom.web.sitecall_pages import kpi_tiles_context
 
@@ -67,8 +68,11 @@ Viewer = Annotated[Session, Depends(viewer)]
 def dashboard(request: Request, session: Viewer) -> Response:
     with _engine(request).connect() as conn:
         figures, top_groups, by_endpoint = _dashboard_figures(conn, request)
-        trends = kpi_charts(conn, now=figures["now"])
-        outbox_trends = kpi_charts(conn, now=figures["now"], source=NOTIFICATIONS)
+        interval = span(api_state(request).settings.kpi.interval)
+        trends = kpi_charts(conn, now=figures["now"], interval=interval)
+        outbox_trends = kpi_charts(
+            conn, now=figures["now"], source=NOTIFICATIONS, interval=interval
+        )
     return render(
         request,
         "dashboard.html",

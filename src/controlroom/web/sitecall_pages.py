@@ -39,7 +39,7 @@ from controlroom.sitecalls.relay import (
     unrelayable_reason,
 )
 from controlroom.sitecalls.writer import IngestBudgetExceeded
-from controlroom.telemetry.ordering import Channel, SiteCallStatus
+from controlroom.telemetry.ordering import Channel, SiteCallStatus, is_terminal
 from controlroom.web import charts
 from controlroom.web.common import (
     EXTRA_NAV,
@@ -57,6 +57,7 @@ from controlroom.web.common import (
     refusing_bad_cursor,
     render,
 )
+from controlroom.web.filters import span
 from controlroom.web.flash import Flash
 from controlroom.web.session import Session
 
@@ -89,7 +90,9 @@ def kpi_context(
         scope, key = "site", site
     else:
         scope, key = "global", ""
-    trends = charts.kpi_charts(conn, now=tiles["now"], scope=scope, scope_key=key)
+    trends = charts.kpi_charts(
+        conn, now=tiles["now"], interval=span(settings.kpi.interval), scope=scope, scope_key=key
+    )
     return {**tiles, "charts": trends}
 
 
@@ -315,6 +318,20 @@ def site_call_page(request: Request, session: Viewer, tracked_operation_id: uuid
     return _call_page(request, str(tracked_operation_id))
 
 
+@router.get("/site-calls/{tracked_operation_id}/state")
+def site_call_state(
+    request: Request,
+    session: Viewer,
+    tracked_operation_id: uuid.UUID,
+    since: Annotated[str, Query(max_length=40)] = "",
+) -> Response:
+    """The call's state, actions and audit events alone; htmx polls it until the call is
+    terminal. ``since`` (ISO 8601): central's receipt time of the state shown when an
+    operator's command was applied at the site; while the call still has it, Retry and
+    Discard are not offered again."""
+    return _call_page(request, str(tracked_operation_id), "_site_call_state.html", since)
+
+
 @router.post("/site-calls/{tracked_operation_id}/retry")
 def retry_call(request: Request, session: Actor, tracked_operation_id: uuid.UUID) -> Response:
     """Relay Retry of a Parked call to its site; 303 to the call's page, which shows
@@ -393,7 +410,12 @@ def audit_log_page(
 
 
 # --- helpers ------------------------------------------------------------------------------
-def _call_page(request: Request, tracked_operation_id: str) -> Response:
+def _call_page(
+    request: Request,
+    tracked_operation_id: str,
+    template: str = "site_call.html",
+    since: str = "",
+) -> Response:
     settings: Settings = api_state(request).settings
     with engine_of(request).connect() as conn:
         call = queries.get_site_call(conn, tracked_operation_id)
@@ -404,11 +426,13 @@ def _call_page(request: Request, tracked_operation_id: str) -> Response:
         events = queries.audit_events_of(conn, tracked_operation_id)
     return render(
         request,
-        "site_call.html",
+        template,
         {
             "call": call,
             "events": events,
             "parked": call.status == SiteCallStatus.PARKED.value,
+            "terminal": is_terminal(call.status),
+            "since": since,
             "unrelayable": unrelayable_reason(settings, call.source_site),
         },
     )
