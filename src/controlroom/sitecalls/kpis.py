@@ -11,11 +11,15 @@ by one process". At ``now``:
   (``None`` when nothing is buffered);
 - ``stuck``: buffered and created more than ``stuck_threshold`` before ``now``.
 
-Two grouped statements answer every scope at once, each from an index of migration 0005:
-non-terminal rows from the partial index ``ix_site_calls_pending`` (its predicate is
-repeated here word for word, so both providers recognise it), terminal ones from
-``ix_site_calls_terminal`` by terminal time. The scopes are sums of the per-node figures
-(``db.kpi_history.KpiFigures``, the shape the notification outbox's KPIs share).
+Two statements answer every scope at once. The non-terminal calls are read from the
+counts the database keeps per (site, node, status) (``site_call_counts``, migration 0027;
+docs/decisions.md "The database keeps the counts"), and per buffered key two probes of the
+partial index ``ix_site_calls_pending`` of migration 0005 (its predicate is repeated here
+word for word, so both providers recognise it): the key's oldest call, and its calls
+created since ``now - stuck_threshold`` (the stuck ones are the others). So a reading costs
+the same whatever the backlog: it grows with the keys and the recent calls. Terminal calls
+come from ``ix_site_calls_terminal`` by terminal time. The scopes are sums of the per-node
+figures (``db.kpi_history.KpiFigures``, the shape the notification outbox's KPIs share).
 """
 
 from __future__ import annotations
@@ -23,14 +27,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 
+from controlroom.db.counts import fold_counts_if_many
 from controlroom.db.kpi_history import KpiFigures
-from controlroom.db.tables import site_calls
+from controlroom.db.tables import site_call_counts, site_calls
 from controlroom.telemetry.ordering import BUFFERED, SiteCallStatus
 
 sc = site_calls.c
+counts = site_call_counts.c
 
 # Must equal the predicate of ix_site_calls_pending (migration 0005).
 PENDING_PREDICATE = sa.text(
@@ -67,6 +74,31 @@ class KpiReport:
         return result
 
 
+FOLD_AFTER_ROWS = 2_000
+"""A reading folds the counts first when ``site_call_counts`` holds more than this many
+rows (PostgreSQL appends one per write statement and key), so what it sums stays small."""
+
+
+def _per_key(
+    key: sa.Subquery, select: sa.Select[Any], *conditions: sa.ColumnElement[bool]
+) -> sa.ColumnElement[Any]:
+    """``select`` over the pending calls of ``key``'s row (site, node, status) that meet
+    ``conditions``: a probe of ``ix_site_calls_pending`` by its three leading columns. A
+    NULL node is matched by ``IS NULL`` (an index condition on both providers), any other
+    by ``=``."""
+    same: list[Any] = [
+        PENDING_PREDICATE,
+        sc.source_site == key.c.source_site,
+        sc.status == key.c.status,
+    ]
+    with_node = select.where(*same, sc.source_node == key.c.source_node, *conditions)
+    without_node = select.where(*same, sc.source_node.is_(None), *conditions)
+    return sa.case(
+        (key.c.source_node.is_(None), without_node.scalar_subquery()),
+        else_=with_node.scalar_subquery(),
+    )
+
+
 def measure_kpis(
     conn: sa.Connection,
     *,
@@ -76,33 +108,55 @@ def measure_kpis(
     site: str | None = None,
     node: str | None = None,
 ) -> KpiReport:
-    """The KPIs at ``now`` of every node, optionally only of ``site`` (and ``node``)."""
+    """The KPIs at ``now`` of every node, optionally only of ``site`` (and ``node``).
+
+    Reads the counts the database keeps (``site_call_counts``; folded first past
+    ``FOLD_AFTER_ROWS`` rows), and per buffered key two probes of ``ix_site_calls_pending``:
+    its oldest call, and its calls created since ``now - stuck_threshold`` (stuck are the
+    others). Its work grows with the keys and the recent calls, not with the backlog."""
+    fold_counts_if_many(conn, site_call_counts, FOLD_AFTER_ROWS)
     scope: list[sa.ColumnElement[bool]] = []
+    counted: list[sa.ColumnElement[bool]] = []
     if site is not None:
         scope.append(sc.source_site == site)
+        counted.append(counts.source_site == site)
     if node is not None:
         scope.append(sc.source_node == node)
+        counted.append(counts.source_node == node)
     report = KpiReport(now=now)
     stuck_before = now - stuck_threshold
-    pending = (
+    key = (
         sa.select(
-            sc.source_site,
-            sc.source_node,
-            sc.status,
-            sa.func.count().label("calls"),
-            sa.func.min(sc.created_at_utc).label("oldest"),
-            sa.func.count(sa.case((sc.created_at_utc < stuck_before, 1))).label("old"),
+            counts.source_site,
+            counts.source_node,
+            counts.status,
+            sa.func.sum(counts.n).label("calls"),
         )
-        .where(PENDING_PREDICATE, *scope)
-        .group_by(sc.source_site, sc.source_node, sc.status)
+        .where(*counted)
+        .group_by(counts.source_site, counts.source_node, counts.status)
+        .subquery("counted")
     )
+    buffered = key.c.status.in_(_BUFFERED)
+    oldest = sa.select(sc.created_at_utc).order_by(sc.created_at_utc).limit(1)
+    recent = sa.select(sa.func.count())
+    pending = sa.select(
+        key.c.source_site,
+        key.c.source_node,
+        key.c.status,
+        key.c.calls,
+        sa.case((buffered, _per_key(key, oldest))).label("oldest"),
+        sa.case((buffered, _per_key(key, recent, sc.created_at_utc >= stuck_before))).label(
+            "recent"
+        ),
+    ).where(key.c.calls != 0)
     for row in conn.execute(pending):
         figures = report.node((row.source_site, row.source_node))
+        calls = int(row.calls)
         if row.status == SiteCallStatus.PARKED.value:
-            figures.parked += row.calls
+            figures.parked += calls
         elif row.status in _BUFFERED:
-            figures.buffered += row.calls
-            figures.stuck += row.old
+            figures.buffered += calls
+            figures.stuck += calls - int(row.recent)
             figures.add(KpiFigures(oldest_pending_created=row.oldest))
     finished = (
         sa.select(sc.source_site, sc.source_node, sc.status, sa.func.count().label("calls"))
