@@ -25,21 +25,16 @@ def fold_counts(engine: sa.Engine, table: sa.Table) -> None:
         provider_for(conn).compact_counts(conn, table)
 
 
-def fold_counts_if_many(conn: sa.Connection, table: sa.Table, limit: int) -> None:
-    """Fold ``table``'s counts (``fold_counts``, on another connection of ``conn``'s
-    engine) when it holds more than ``limit`` rows and a connection is free now
-    (``connection_free_now``): a read never waits for the pool to fold. A failure to fold
-    is logged, the read goes on (its sum is exact either way, only slower)."""
-    if not provider_for(conn).keeps_tally_deltas:
-        return
-    rows = sa.select(sa.literal(1)).select_from(table).limit(limit + 1).subquery()
-    if conn.execute(sa.select(sa.func.count()).select_from(rows)).scalar_one() <= limit:
-        return
-    if not connection_free_now(conn.engine):
+def fold_counts_when_free(engine: sa.Engine, table: sa.Table) -> None:
+    """Fold ``table``'s counts (``fold_counts``) when a connection of ``engine`` is free
+    now (``connection_free_now``): a read never waits for the pool to fold, it leaves
+    the rows to a later fold. A failure to fold is logged, the read goes on (its sum is
+    exact either way, only slower)."""
+    if not connection_free_now(engine):
         log.debug("no free connection to fold %s; a later fold takes them", table.name)
         return
     try:
-        fold_counts(conn.engine, table)
+        fold_counts(engine, table)
     except (sa.exc.DBAPIError, sa.exc.TimeoutError):  # TimeoutError: the pool is exhausted
         log.warning("folding %s failed; reading it unfolded", table.name, exc_info=True)
 

@@ -27,11 +27,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
 
-from controlroom.db.counts import fold_counts_if_many
+from controlroom.db.counts import fold_counts_when_free
 from controlroom.db.kpi_history import KpiFigures
 from controlroom.db.tables import site_call_counts, site_calls
 from controlroom.telemetry.ordering import BUFFERED, SiteCallStatus
@@ -75,8 +76,9 @@ class KpiReport:
 
 
 FOLD_AFTER_ROWS = 2_000
-"""A reading folds the counts first when ``site_call_counts`` holds more than this many
-rows (PostgreSQL appends one per write statement and key), so what it sums stays small."""
+"""A reading folds the counts after it when ``site_call_counts`` holds more than this many
+rows (PostgreSQL appends one per write statement and key), so what the next sums stays
+small."""
 
 
 def _per_key(
@@ -99,32 +101,17 @@ def _per_key(
     )
 
 
-def measure_kpis(
-    conn: sa.Connection,
-    *,
-    now: datetime,
-    interval: timedelta,
-    stuck_threshold: timedelta,
-    site: str | None = None,
-    node: str | None = None,
-) -> KpiReport:
-    """The KPIs at ``now`` of every node, optionally only of ``site`` (and ``node``).
-
-    Reads the counts the database keeps (``site_call_counts``; folded first past
-    ``FOLD_AFTER_ROWS`` rows), and per buffered key two probes of ``ix_site_calls_pending``:
-    its oldest call, and its calls created since ``now - stuck_threshold`` (stuck are the
-    others). Its work grows with the keys and the recent calls, not with the backlog."""
-    fold_counts_if_many(conn, site_call_counts, FOLD_AFTER_ROWS)
-    scope: list[sa.ColumnElement[bool]] = []
+@cache
+def _pending_statement(by_site: bool, by_node: bool) -> sa.Select[Any]:
+    """The statement of the non-terminal figures, built once per scope's shape (bound
+    parameters ``stuck_before``, ``site``, ``node``): per counted key with a count, its
+    calls, and for a buffered key its oldest call and its calls created since
+    ``stuck_before``; with every row, how many rows the counts table holds (``stored``)."""
     counted: list[sa.ColumnElement[bool]] = []
-    if site is not None:
-        scope.append(sc.source_site == site)
-        counted.append(counts.source_site == site)
-    if node is not None:
-        scope.append(sc.source_node == node)
-        counted.append(counts.source_node == node)
-    report = KpiReport(now=now)
-    stuck_before = now - stuck_threshold
+    if by_site:
+        counted.append(counts.source_site == sa.bindparam("site"))
+    if by_node:
+        counted.append(counts.source_node == sa.bindparam("node"))
     key = (
         sa.select(
             counts.source_site,
@@ -136,20 +123,50 @@ def measure_kpis(
         .group_by(counts.source_site, counts.source_node, counts.status)
         .subquery("counted")
     )
-    buffered = key.c.status.in_(_BUFFERED)
+    buffered = key.c.status.in_(sorted(_BUFFERED))
     oldest = sa.select(sc.created_at_utc).order_by(sc.created_at_utc).limit(1)
     recent = sa.select(sa.func.count())
-    pending = sa.select(
+    since = sc.created_at_utc >= sa.bindparam("stuck_before", type_=sc.created_at_utc.type)
+    stored = sa.select(sa.func.count()).select_from(site_call_counts).scalar_subquery()
+    return sa.select(
         key.c.source_site,
         key.c.source_node,
         key.c.status,
         key.c.calls,
         sa.case((buffered, _per_key(key, oldest))).label("oldest"),
-        sa.case((buffered, _per_key(key, recent, sc.created_at_utc >= stuck_before))).label(
-            "recent"
-        ),
+        sa.case((buffered, _per_key(key, recent, since))).label("recent"),
+        stored.label("stored"),
     ).where(key.c.calls != 0)
-    for row in conn.execute(pending):
+
+
+def measure_kpis(
+    conn: sa.Connection,
+    *,
+    now: datetime,
+    interval: timedelta,
+    stuck_threshold: timedelta,
+    site: str | None = None,
+    node: str | None = None,
+) -> KpiReport:
+    """The KPIs at ``now`` of every node, optionally only of ``site`` (and ``node``).
+
+    Reads the counts the database keeps (``site_call_counts``), and per buffered key two
+    probes of ``ix_site_calls_pending``: its oldest call, and its calls created since
+    ``now - stuck_threshold`` (stuck are the others). Its work grows with the keys and the
+    recent calls, not with the backlog. When the counts table holds more than
+    ``FOLD_AFTER_ROWS`` rows, they are folded afterwards on another connection if one is
+    free (``db.counts.fold_counts_when_free``), for the next reading."""
+    scope: list[sa.ColumnElement[bool]] = []
+    if site is not None:
+        scope.append(sc.source_site == site)
+    if node is not None:
+        scope.append(sc.source_node == node)
+    report = KpiReport(now=now)
+    parameters = {"stuck_before": now - stuck_threshold, "site": site, "node": node}
+    stored = 0
+    pending = _pending_statement(site is not None, node is not None)
+    for row in conn.execute(pending, parameters):
+        stored = row.stored
         figures = report.node((row.source_site, row.source_node))
         calls = int(row.calls)
         if row.status == SiteCallStatus.PARKED.value:
@@ -158,6 +175,8 @@ def measure_kpis(
             figures.buffered += calls
             figures.stuck += calls - int(row.recent)
             figures.add(KpiFigures(oldest_pending_created=row.oldest))
+    if stored > FOLD_AFTER_ROWS:
+        fold_counts_when_free(conn.engine, site_call_counts)
     finished = (
         sa.select(sc.source_site, sc.source_node, sc.status, sa.func.count().label("calls"))
         .where(
