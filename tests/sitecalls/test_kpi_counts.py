@@ -20,6 +20,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from alembic import command
 from hypothesis import HealthCheck, given, settings
@@ -31,6 +32,8 @@ from controlroom.db.migrate import alembic_config, upgrade_database
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import site_call_counts, site_calls
 from controlroom.db.transactions import begin_write
+from controlroom.sitecalls import kpis as kpis_module
+from controlroom.sitecalls import writer as writer_module
 from controlroom.sitecalls.kpis import PENDING_PREDICATE, measure_kpis
 from controlroom.sitecalls.retention import purge_site_call_history
 from controlroom.sitecalls.upsert import upsert_site_calls
@@ -115,7 +118,15 @@ def clear(engine: sa.Engine) -> None:
 
 
 # --- the operations -----------------------------------------------------------------------
-def upsert(engine: sa.Engine, n: int, status: str, minute: int, epoch: int, where: int) -> None:
+def upsert(
+    engine: sa.Engine,
+    n: int,
+    status: str,
+    minute: int,
+    epoch: int,
+    where: int,
+    writer: SiteCallWriter | None = None,
+) -> None:
     """A packet of call ``n``: one of three sites and nodes (one of them none), created
     ``minute`` minutes before ``NOW`` (a later packet of the same call may move it)."""
     site, node = [("site-a", "node-1"), ("site-a", None), ("site-b", "node-1")][where]
@@ -124,7 +135,7 @@ def upsert(engine: sa.Engine, n: int, status: str, minute: int, epoch: int, wher
         status, op_id=IDS[n], at=at, epoch=epoch, source_site=site, source_node=node, retry_count=0
     )
     data["created_at_utc"] = (at - timedelta(minutes=1)).isoformat()
-    write(SiteCallWriter(engine, clock=lambda: NOW), data)
+    write(writer or SiteCallWriter(engine, clock=lambda: NOW), data)
 
 
 def upsert_many(engine: sa.Engine, first: int, status: str, minute: int) -> None:
@@ -294,3 +305,31 @@ def test_the_global_kpis_work_does_not_grow_with_the_backlog(engine: sa.Engine) 
     # Ten times the backlog; the same keys. Today's scan of every pending row reads ten
     # times as much; counts and index probes read what they read before.
     assert large <= small * 1.5 + 20, (small, large)
+
+
+def count_rows(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.count()).select_from(site_call_counts)).scalar_one()
+
+
+def test_the_writer_and_a_reading_fold_the_counts(
+    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL appends a count row per statement and key; the writer folds them after
+    ``FOLD_AFTER_CALLS`` packets, a reading after it finds more than ``FOLD_AFTER_ROWS``
+    (SQLite keeps one row per key throughout). No count changes."""
+    monkeypatch.setattr(writer_module, "FOLD_AFTER_CALLS", 10**9)
+    for n in range(6):
+        upsert(engine, n, "Submitted", 5, 0, 0)
+    keys = 1
+    appended = count_rows(engine)
+    assert appended == (6 if provider_for(engine).keeps_tally_deltas else keys)
+    monkeypatch.setattr(kpis_module, "FOLD_AFTER_ROWS", 3)
+    assert_counts_equal_aggregate(engine)  # the reading folds after it
+    assert count_rows(engine) == keys
+    monkeypatch.setattr(writer_module, "FOLD_AFTER_CALLS", 4)
+    writer = SiteCallWriter(engine, clock=lambda: NOW)
+    for n in range(4):
+        upsert(engine, n, "Forwarded", 4, 0, 0, writer)
+    assert count_rows(engine) == 2  # Submitted and Forwarded: the fourth write folded them
+    assert_counts_equal_aggregate(engine)
