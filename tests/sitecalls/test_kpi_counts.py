@@ -4,9 +4,11 @@ docs/decisions.md "The database keeps the counts": the non-terminal site calls a
 per (source_site, source_node, status) in ``site_call_counts`` by the database's triggers,
 in the transaction that changes a call, whatever code changes it. Properties:
 
-- after any sequence of upserts (new calls, later states, epochs, foreign packets), purges
-  and folds, the counts equal the query-time aggregate of ``site_calls`` and the KPIs
-  equal those the aggregate gives (the query ``measure_kpis`` ran before the counts);
+- after any sequence of upserts (new calls, later states, epochs, foreign packets), rows
+  pulled by reconciliation, purges and folds (an operator's Retry/Discard is relayed to
+  the site and changes no row here: its effect arrives as telemetry), the counts equal
+  the query-time aggregate of ``site_calls`` and the KPIs equal those the aggregate gives
+  (the query ``measure_kpis`` ran before the counts);
 - on PostgreSQL two writers of calls of one key, each in an open transaction, never wait
   for each other (nor for a fold);
 - the global KPIs' work (tuples read on PostgreSQL, virtual-machine steps on SQLite, as
@@ -26,6 +28,7 @@ from alembic import command
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controlroom.config import ConfiguredSite
 from controlroom.db.counts import fold_counts
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import alembic_config, upgrade_database
@@ -35,6 +38,7 @@ from controlroom.db.transactions import begin_write
 from controlroom.sitecalls import kpis as kpis_module
 from controlroom.sitecalls import writer as writer_module
 from controlroom.sitecalls.kpis import PENDING_PREDICATE, measure_kpis
+from controlroom.sitecalls.reconciliation import receive_row
 from controlroom.sitecalls.retention import purge_site_call_history
 from controlroom.sitecalls.upsert import upsert_site_calls
 from controlroom.sitecalls.writer import SiteCallWriter, site_call_row
@@ -150,6 +154,17 @@ def upsert_many(engine: sa.Engine, first: int, status: str, minute: int) -> None
     write(writer, *packets)
 
 
+def reconcile(engine: sa.Engine, n: int, status: str, minute: int, where: int) -> None:
+    """Call ``n``'s row as site-a's agent answers a pull, written as reconciliation writes
+    it (a row naming another site is refused)."""
+    site, node = [("site-a", "node-1"), ("site-a", None), ("site-b", "node-1")][where]
+    at = NOW - timedelta(minutes=minute)
+    data = packet(status, op_id=IDS[n], at=at, source_site=site, source_node=node)
+    data["created_at_utc"] = (at - timedelta(minutes=2)).isoformat()
+    pulled_from = ConfiguredSite(id="site-a", base_url="http://site-a.example")
+    SiteCallWriter(engine, clock=lambda: NOW).write([receive_row(data, pulled_from)])
+
+
 def purge(engine: sa.Engine) -> None:
     purge_site_call_history(
         engine,
@@ -178,6 +193,13 @@ step = st.one_of(
         st.sampled_from(STATUSES),
         st.integers(0, 40),
     ),
+    st.tuples(
+        st.just("reconcile"),
+        st.integers(0, len(IDS) - 1),
+        st.sampled_from(STATUSES),
+        st.integers(0, 40),
+        st.integers(0, 2),
+    ),
     st.tuples(st.just("purge")),
     st.tuples(st.just("fold")),
 )
@@ -198,6 +220,8 @@ def test_counts_and_kpis_equal_the_aggregate_after_any_operations(
             upsert(engine, *arguments)
         elif name == "upsert_many":
             upsert_many(engine, *arguments)
+        elif name == "reconcile":
+            reconcile(engine, *arguments)
         elif name == "purge":
             purge(engine)
         else:
