@@ -104,9 +104,10 @@ def _per_key(
 @cache
 def _pending_statement(by_site: bool, by_node: bool) -> sa.Select[Any]:
     """The statement of the non-terminal figures, built once per scope's shape (bound
-    parameters ``stuck_before``, ``site``, ``node``): per counted key with a count, its
-    calls, and for a buffered key its oldest call and its calls created since
-    ``stuck_before``; with every row, how many rows the counts table holds (``stored``)."""
+    parameters ``stuck_before``, ``site``, ``node``): per node, its Parked and buffered
+    calls, its oldest buffered call and its buffered calls created since
+    ``stuck_before`` (from each buffered key's probes); with every row, how many rows the
+    counts table holds (``stored``)."""
     counted: list[sa.ColumnElement[bool]] = []
     if by_site:
         counted.append(counts.source_site == sa.bindparam("site"))
@@ -127,16 +128,28 @@ def _pending_statement(by_site: bool, by_node: bool) -> sa.Select[Any]:
     oldest = sa.select(sc.created_at_utc).order_by(sc.created_at_utc).limit(1)
     recent = sa.select(sa.func.count())
     since = sc.created_at_utc >= sa.bindparam("stuck_before", type_=sc.created_at_utc.type)
+    per_key = (
+        sa.select(
+            key.c.source_site,
+            key.c.source_node,
+            sa.case((key.c.status == SiteCallStatus.PARKED.value, key.c.calls)).label("parked"),
+            sa.case((buffered, key.c.calls)).label("buffered"),
+            sa.case((buffered, _per_key(key, oldest))).label("oldest"),
+            sa.case((buffered, _per_key(key, recent, since))).label("recent"),
+        )
+        .where(key.c.calls != 0)
+        .subquery("per_key")
+    )
     stored = sa.select(sa.func.count()).select_from(site_call_counts).scalar_subquery()
     return sa.select(
-        key.c.source_site,
-        key.c.source_node,
-        key.c.status,
-        key.c.calls,
-        sa.case((buffered, _per_key(key, oldest))).label("oldest"),
-        sa.case((buffered, _per_key(key, recent, since))).label("recent"),
+        per_key.c.source_site,
+        per_key.c.source_node,
+        sa.func.coalesce(sa.func.sum(per_key.c.parked), 0).label("parked"),
+        sa.func.coalesce(sa.func.sum(per_key.c.buffered), 0).label("buffered"),
+        sa.func.min(per_key.c.oldest).label("oldest"),
+        sa.func.coalesce(sa.func.sum(per_key.c.recent), 0).label("recent"),
         stored.label("stored"),
-    ).where(key.c.calls != 0)
+    ).group_by(per_key.c.source_site, per_key.c.source_node)
 
 
 def measure_kpis(
@@ -168,12 +181,10 @@ def measure_kpis(
     for row in conn.execute(pending, parameters):
         stored = row.stored
         figures = report.node((row.source_site, row.source_node))
-        calls = int(row.calls)
-        if row.status == SiteCallStatus.PARKED.value:
-            figures.parked += calls
-        elif row.status in _BUFFERED:
-            figures.buffered += calls
-            figures.stuck += calls - int(row.recent)
+        figures.parked += int(row.parked)
+        figures.buffered += int(row.buffered)
+        figures.stuck += int(row.buffered) - int(row.recent)
+        if row.oldest is not None:
             figures.add(KpiFigures(oldest_pending_created=row.oldest))
     if stored > FOLD_AFTER_ROWS:
         fold_counts_when_free(conn.engine, site_call_counts)
