@@ -370,12 +370,14 @@ COUNT_TRIGGERS = ("site_calls_count_insert", "site_calls_count_update", "site_ca
 
 def compare_triggers(
     engine: sa.Engine, items: list[ReceivedPacket], rounds: int
-) -> list[tuple[int, bool, float, float, float]]:
-    """``--trigger-rounds``: (round, with triggers, packets/s, client CPU ms per packet,
-    load average) per run of the write path one batch at a time, with the counts'
-    triggers and without them (disabled for the run, then the tables emptied, which
-    empties the counts), alternately, the order swapped every round. Garbage collector
-    on, as ``serve`` runs."""
+) -> list[tuple[int, bool, float, float, float, float]]:
+    """``--trigger-rounds``: per run of the write path one batch at a time, (round, with
+    triggers, packets/s, client CPU ms per packet, ms per packet the server spent in the
+    counts' trigger functions, load average); with the counts' triggers and without them
+    (disabled for the run, then the tables emptied, which empties the counts),
+    alternately, the order swapped every round. Garbage collector on, as ``serve`` runs.
+    The triggers' time is PostgreSQL's ``pg_stat_user_functions`` (``track_functions``),
+    reset before each run."""
     runs = []
     for round_ in range(1, rounds + 1):
         for counted in (True, False) if round_ % 2 else (False, True):
@@ -387,6 +389,9 @@ def compare_triggers(
                     for trigger in COUNT_TRIGGERS:
                         conn.exec_driver_sql(f"ALTER TABLE site_calls DISABLE TRIGGER {trigger}")
             gc.collect()
+            engine.dispose()  # new sessions: they count their triggers' time (track_functions)
+            with engine.begin() as conn:
+                conn.exec_driver_sql("SELECT pg_stat_reset()")
             cpu_started = time.process_time()
             try:
                 seconds = write_path(engine, items, 1)
@@ -396,12 +401,23 @@ def compare_triggers(
                     with engine.begin() as conn:
                         for trigger in COUNT_TRIGGERS:
                             conn.exec_driver_sql(f"ALTER TABLE site_calls ENABLE TRIGGER {trigger}")
+            engine.dispose()  # a backend's function counts reach the view when it exits
+            time.sleep(0.5)
+            with engine.connect() as conn:
+                conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
+                in_triggers = conn.execute(
+                    sa.text(
+                        "SELECT coalesce(sum(total_time), 0) FROM pg_stat_user_functions "
+                        "WHERE funcname LIKE 'site_calls_count_%'"
+                    )
+                ).scalar_one()
             runs.append(
                 (
                     round_,
                     counted,
                     len(items) / seconds,
                     1000 * cpu / len(items),
+                    float(in_triggers) / len(items),
                     os.getloadavg()[0],
                 )
             )
@@ -463,6 +479,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     with scratch_database(admin_url) as url:
         engine = create_store_engine(url, pool_size=4)
         upgrade_database(engine)
+        if args.trigger_rounds:
+            # Time spent in PL/pgSQL functions, the counts' triggers among them, per session
+            # (pg_stat_user_functions; superuser setting, the benchmark's own server).
+            sa.event.listen(
+                engine,
+                "connect",
+                lambda dbapi, _record: dbapi.execute("SET track_functions = 'pl'"),
+            )
         for key, value in environment(engine).items():
             console.print(f"{key}: {value}")
         console.print(
@@ -521,19 +545,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "counts' triggers",
                 "packets/s",
                 "client ms CPU/packet",
+                "ms in triggers/packet",
                 "load",
             ):
                 trigger_table.add_column(column, justify="right")
-            for round_, counted, rate, cpu, load in runs:
+            for round_, counted, rate, cpu, in_triggers, load in runs:
                 trigger_table.add_row(
                     str(round_),
                     "with" if counted else "WITHOUT",
                     f"{rate:,.0f}",
                     f"{cpu:.3f}",
+                    f"{in_triggers:.4f}",
                     f"{load:.1f}",
                 )
             console.print(trigger_table)
-            rates = {(r, c): rate for r, c, rate, _cpu, _load in runs}
+            rates = {(r, c): rate for r, c, rate, *_rest in runs}
             ratios = [
                 rates[(r, True)] / rates[(r, False)] for r in range(1, args.trigger_rounds + 1)
             ]
