@@ -20,10 +20,20 @@ What it does (``benchmarks/README.md`` has the figures and how to read them):
      rate is per packet and flat.
 
    Both end states are checked: every id's row equals the in-order fold of its packets.
-4. Loads ``--kpi-rows`` (default 1,000,000) ``site_calls`` rows with one
-   ``INSERT ... SELECT generate_series`` (30 sites x 2 nodes; 97% terminal over a year,
-   2% buffered, 1% parked), ``VACUUM ANALYZE``, then times ``measure_kpis`` globally, for
-   one site and for one node (``--kpi-runs`` each, default 200): p50 and p95.
+4. ``--trigger-rounds`` (default 0): the write path one batch at a time with the
+   site-call counts' triggers (migration 0027) and without them (disabled for the run),
+   alternately, the order swapped every round: packets/s and client CPU per packet per
+   run, the ratio with / without per round and its median.
+5. For each share of ``--in-flight`` (percent of the rows, default ``3``; ``3,30`` gives
+   30,000 and 300,000 calls in flight at a million rows): loads ``--kpi-rows`` (default
+   1,000,000) ``site_calls`` rows with one ``INSERT ... SELECT generate_series`` (30 sites
+   x 2 nodes; the in-flight share one part Parked, the rest buffered, created over the
+   last ``2 h x share / 3 %`` so that as many are created per minute whatever the share;
+   the rest terminal over a year), ``VACUUM ANALYZE``, then times ``measure_kpis`` (the
+   counts the database keeps) and the query it ran before them (``kpis_by_scan``: every
+   non-terminal row grouped), call by call alternately, globally, for one site and for
+   one node (``--kpi-runs`` each, default 200): p50 and p95; both must give the same
+   figures.
 
 Run: ``.venv/bin/python benchmarks/sitecalls.py``. Server: ``CONTROLROOM_BENCH_POSTGRESQL_URL``
 (an admin URL; the scratch database is created next to it).
@@ -32,6 +42,7 @@ Run: ``.venv/bin/python benchmarks/sitecalls.py``. Server: ``CONTROLROOM_BENCH_P
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import statistics
@@ -41,6 +52,7 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
@@ -50,12 +62,14 @@ from rich.table import Table
 
 from controlroom.config import IngestionSettings
 from controlroom.db.engine import create_store_engine
+from controlroom.db.kpi_history import KpiFigures
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.tables import audit_log, site_calls
-from controlroom.sitecalls.kpis import measure_kpis
+from controlroom.sitecalls.kpis import PENDING_PREDICATE, KpiReport, measure_kpis
 from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter, audit_row, site_call_row
 from controlroom.telemetry.contract import TelemetryPacket, validate_packet
-from controlroom.telemetry.ordering import fold_states, supersedes
+from controlroom.telemetry.ordering import BUFFERED, fold_states, supersedes
+from controlroom.telemetry.stamps import stamp_of
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 ADMIN_URL_ENV = "CONTROLROOM_BENCH_POSTGRESQL_URL"
@@ -173,7 +187,7 @@ def naive(engine: sa.Engine, packets: Sequence[TelemetryPacket]) -> float:
                 ).one_or_none()
                 if current is None:
                     conn.execute(sa.insert(site_calls).values(row))
-                elif supersedes(packet, current):
+                elif supersedes(packet, stored_state(current)):
                     conn.execute(
                         sa.update(site_calls)
                         .where(sc.tracked_operation_id == row["tracked_operation_id"])
@@ -191,6 +205,14 @@ def naive(engine: sa.Engine, packets: Sequence[TelemetryPacket]) -> float:
     return time.perf_counter() - started
 
 
+def stored_state(row: Any) -> SimpleNamespace:
+    """A stored row as ``ordering.supersedes`` reads a state: its update as a ``Stamp``
+    (the instant and its 100 ns, migration 0017)."""
+    return SimpleNamespace(
+        epoch=row.epoch, status=row.status, updated_at_utc=stamp_of(row, "updated_at")
+    )
+
+
 def check_end_state(engine: sa.Engine, packets: Sequence[TelemetryPacket]) -> int:
     """Rows that differ from the in-order fold of their packets (should be 0)."""
     by_id: dict[str, list[TelemetryPacket]] = {}
@@ -201,7 +223,7 @@ def check_end_state(engine: sa.Engine, packets: Sequence[TelemetryPacket]) -> in
     wrong = 0
     for op_id, states in by_id.items():
         survivor, row = fold_states(states), rows.get(op_id)
-        if row is None or (row.status, row.updated_at_utc) != (
+        if row is None or (row.status, stamp_of(row, "updated_at")) != (
             survivor.status.value,
             survivor.updated_at_utc,
         ):
@@ -223,45 +245,184 @@ SELECT md5(n::text)::uuid::text, 'ApiOutbound', 'https://erp.example.com/api/ord
     s.created + interval '31 seconds', 0
 FROM generate_series(1::bigint, :rows) AS n,
 LATERAL (SELECT
-    CASE WHEN (n / 60) % 100 < 2
+    CASE WHEN (n / 60) % 100 < :inflight - 1
               THEN (ARRAY['Submitted', 'Forwarded', 'Attempted', 'Skipped'])[1 + (n / 7) % 4]
-         WHEN (n / 60) % 100 = 2 THEN 'Parked'
-         WHEN (n / 60) % 100 < 7 THEN 'Failed'
-         WHEN (n / 60) % 100 = 7 THEN 'Discarded'
+         WHEN (n / 60) % 100 = :inflight - 1 THEN 'Parked'
+         WHEN (n / 60) % 100 < :inflight + 4 THEN 'Failed'
+         WHEN (n / 60) % 100 = :inflight + 4 THEN 'Discarded'
          ELSE 'Delivered' END AS status,
-    CASE WHEN (n / 60) % 100 < 3 THEN :now - ((n * 7919) % 7200) * interval '1 second'
+    CASE WHEN (n / 60) % 100 < :inflight
+              THEN :now - ((n * 7919) % (2400 * :inflight)) * interval '1 second'
          ELSE :now - ((n * 7919) % 31536000) * interval '1 second' END AS created
 ) AS s
 """
 
 
-def load_kpi_rows(engine: sa.Engine, rows: int) -> float:
+def load_kpi_rows(engine: sa.Engine, rows: int, in_flight: int) -> float:
+    """``rows`` calls, ``in_flight`` percent of them non-terminal (see the module doc)."""
     reset(engine)
     started = time.perf_counter()
     with engine.begin() as conn:
-        conn.execute(sa.text(LOAD_SQL), {"rows": rows, "now": NOW.replace(tzinfo=None)})
+        conn.execute(
+            sa.text(LOAD_SQL),
+            {"rows": rows, "now": NOW.replace(tzinfo=None), "inflight": in_flight},
+        )
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql("VACUUM ANALYZE site_calls")
+        conn.exec_driver_sql("VACUUM ANALYZE site_calls, site_call_counts")
     return time.perf_counter() - started
 
 
-def time_kpis(engine: sa.Engine, runs: int, **scope: str) -> tuple[float, float, dict[str, Any]]:
-    timings = []
+def kpis_by_scan(
+    conn: sa.Connection,
+    *,
+    now: datetime,
+    interval: timedelta,
+    stuck_threshold: timedelta,
+    site: str | None = None,
+    node: str | None = None,
+) -> KpiReport:
+    """The non-terminal figures as ``measure_kpis`` counted them before the counts the
+    database keeps (migration 0027): every pending row grouped, by an index-only scan of
+    ``ix_site_calls_pending``; the terminal figures by the same statement as
+    ``measure_kpis``."""
+    sc = site_calls.c
+    scope = [] if site is None else [sc.source_site == site]
+    scope += [] if node is None else [sc.source_node == node]
+    stuck_before = now - stuck_threshold
+    pending = (
+        sa.select(
+            sc.source_site,
+            sc.source_node,
+            sc.status,
+            sa.func.count().label("calls"),
+            sa.func.min(sc.created_at_utc).label("oldest"),
+            sa.func.count(sa.case((sc.created_at_utc < stuck_before, 1))).label("old"),
+        )
+        .where(PENDING_PREDICATE, *scope)
+        .group_by(sc.source_site, sc.source_node, sc.status)
+    )
+    report = KpiReport(now=now)
+    for row in conn.execute(pending):
+        figures = report.node((row.source_site, row.source_node))
+        if row.status == "Parked":
+            figures.parked += row.calls
+        elif row.status in {status.value for status in BUFFERED}:
+            figures.buffered += row.calls
+            figures.stuck += row.old
+            figures.add(KpiFigures(oldest_pending_created=row.oldest))
+    finished = (
+        sa.select(sc.source_site, sc.source_node, sc.status, sa.func.count().label("calls"))
+        .where(
+            sc.terminal_at_utc > now - interval,
+            sc.terminal_at_utc <= now,
+            sc.status.in_(["Failed", "Delivered"]),
+            *scope,
+        )
+        .group_by(sc.source_site, sc.source_node, sc.status)
+    )
+    for row in conn.execute(finished):
+        figures = report.node((row.source_site, row.source_node))
+        if row.status == "Failed":
+            figures.failed_last_interval += row.calls
+        else:
+            figures.delivered_last_interval += row.calls
+    return report
+
+
+KPI_METHODS = {"counts (measure_kpis)": measure_kpis, "scan (before 0027)": kpis_by_scan}
+
+
+def time_kpis(
+    engine: sa.Engine, runs: int, **scope: str
+) -> dict[str, tuple[float, float, dict[str, Any]]]:
+    """Per method of ``KPI_METHODS``: p50 and p95 in ms over ``runs`` calls, the methods
+    called alternately (the order swapped every call), and the figures. Raises
+    ``AssertionError`` when the methods' figures differ."""
+    timings: dict[str, list[float]] = {name: [] for name in KPI_METHODS}
+    figures: dict[str, dict[str, Any]] = {}
     with engine.connect() as conn:
-        for _ in range(runs):
-            started = time.perf_counter()
-            report = measure_kpis(
-                conn,
-                now=NOW,
-                interval=timedelta(hours=1),
-                stuck_threshold=timedelta(minutes=10),
-                **scope,
+        for run in range(runs):
+            names = list(KPI_METHODS) if run % 2 else list(reversed(KPI_METHODS))
+            for name in names:
+                started = time.perf_counter()
+                report = KPI_METHODS[name](
+                    conn,
+                    now=NOW,
+                    interval=timedelta(hours=1),
+                    stuck_threshold=timedelta(minutes=10),
+                    **scope,
+                )
+                figures[name] = report.total().as_dict(NOW)
+                timings[name].append((time.perf_counter() - started) * 1000)
+                conn.rollback()
+    first, *others = figures.values()
+    assert all(other == first for other in others), figures
+    answer = {}
+    for name, values in timings.items():
+        values.sort()
+        answer[name] = (statistics.median(values), values[int(len(values) * 0.95) - 1], first)
+    return answer
+
+
+COUNT_TRIGGERS = ("site_calls_count_insert", "site_calls_count_update", "site_calls_count_delete")
+"""The triggers of the site-call counts (migration 0027); the TRUNCATE one stays on."""
+
+
+def compare_triggers(
+    engine: sa.Engine, items: list[ReceivedPacket], rounds: int
+) -> list[tuple[int, bool, float, float, float, float]]:
+    """``--trigger-rounds``: per run of the write path one batch at a time, (round, with
+    triggers, packets/s, client CPU ms per packet, ms per packet the server spent in the
+    counts' trigger functions, load average); with the counts' triggers and without them
+    (disabled for the run, then the tables emptied, which empties the counts),
+    alternately, the order swapped every round. Garbage collector on, as ``serve`` runs.
+    The triggers' time is PostgreSQL's ``pg_stat_user_functions`` (``track_functions``),
+    reset before each run."""
+    runs = []
+    for round_ in range(1, rounds + 1):
+        for counted in (True, False) if round_ % 2 else (False, True):
+            reset(engine)
+            write_path(engine, items[:400], 1)  # warm up
+            reset(engine)
+            if not counted:
+                with engine.begin() as conn:
+                    for trigger in COUNT_TRIGGERS:
+                        conn.exec_driver_sql(f"ALTER TABLE site_calls DISABLE TRIGGER {trigger}")
+            gc.collect()
+            engine.dispose()  # new sessions: they count their triggers' time (track_functions)
+            with engine.begin() as conn:
+                conn.exec_driver_sql("SELECT pg_stat_reset()")
+            cpu_started = time.process_time()
+            try:
+                seconds = write_path(engine, items, 1)
+            finally:
+                cpu = time.process_time() - cpu_started
+                if not counted:
+                    with engine.begin() as conn:
+                        for trigger in COUNT_TRIGGERS:
+                            conn.exec_driver_sql(f"ALTER TABLE site_calls ENABLE TRIGGER {trigger}")
+            engine.dispose()  # a backend's function counts reach the view when it exits
+            time.sleep(0.5)
+            with engine.connect() as conn:
+                conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
+                in_triggers = conn.execute(
+                    sa.text(
+                        "SELECT coalesce(sum(total_time), 0) FROM pg_stat_user_functions "
+                        "WHERE funcname LIKE 'site_calls_count_%'"
+                    )
+                ).scalar_one()
+            runs.append(
+                (
+                    round_,
+                    counted,
+                    len(items) / seconds,
+                    1000 * cpu / len(items),
+                    float(in_triggers) / len(items),
+                    os.getloadavg()[0],
+                )
             )
-            figures = report.total().as_dict(NOW)
-            timings.append((time.perf_counter() - started) * 1000)
-            conn.rollback()
-    timings.sort()
-    return statistics.median(timings), timings[int(len(timings) * 0.95) - 1], figures
+    reset(engine)
+    return runs
 
 
 def explain_kpis(engine: sa.Engine, **scope: str) -> list[str]:
@@ -298,6 +459,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--naive-packets", type=int, default=10_000)
     parser.add_argument("--kpi-rows", type=int, default=1_000_000)
     parser.add_argument("--kpi-runs", type=int, default=200)
+    parser.add_argument(
+        "--in-flight",
+        default="3",
+        help="comma-separated shares of non-terminal calls, percent of --kpi-rows (1-90)",
+    )
+    parser.add_argument("--trigger-rounds", type=int, default=0)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     admin_url = os.environ.get(ADMIN_URL_ENV, DEFAULT_ADMIN_URL)
@@ -312,6 +479,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     with scratch_database(admin_url) as url:
         engine = create_store_engine(url, pool_size=4)
         upgrade_database(engine)
+        if args.trigger_rounds:
+            # Time spent in PL/pgSQL functions, the counts' triggers among them, per session
+            # (pg_stat_user_functions; superuser setting, the benchmark's own server).
+            sa.event.listen(
+                engine,
+                "connect",
+                lambda dbapi, _record: dbapi.execute("SET track_functions = 'pl'"),
+            )
         for key, value in environment(engine).items():
             console.print(f"{key}: {value}")
         console.print(
@@ -362,43 +537,83 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         console.print(table)
 
-        load = load_kpi_rows(engine, args.kpi_rows)
-        console.print(
-            f"Loaded {args.kpi_rows:,} site_calls rows in {load:.1f} s "
-            "(INSERT ... SELECT, VACUUM ANALYZE)"
-        )
-        kpi_table = Table(
-            title=f"KPI latency at {args.kpi_rows:,} rows ({args.kpi_runs} runs each)"
-        )
-        for column in (
-            "scope",
-            "p50 ms",
-            "p95 ms",
-            "buffered",
-            "parked",
-            "failed",
-            "delivered",
-            "stuck",
-        ):
-            kpi_table.add_column(column, justify="left" if column == "scope" else "right")
-        for label, scope in (
-            ("global", {}),
-            ("site-07", {"site": "site-07"}),
-            ("site-07/site-07-gw-2", {"site": "site-07", "node": "site-07-gw-2"}),
-        ):
-            p50, p95, figures = time_kpis(engine, args.kpi_runs, **scope)
-            kpi_table.add_row(
-                label,
-                f"{p50:.2f}",
-                f"{p95:.2f}",
-                str(figures["buffered"]),
-                str(figures["parked"]),
-                str(figures["failed_last_interval"]),
-                str(figures["delivered_last_interval"]),
-                str(figures["stuck"]),
+        if args.trigger_rounds:
+            runs = compare_triggers(engine, items, args.trigger_rounds)
+            trigger_table = Table(title="Write path, 1 batch at a time, with / without counts")
+            for column in (
+                "round",
+                "counts' triggers",
+                "packets/s",
+                "client ms CPU/packet",
+                "ms in triggers/packet",
+                "load",
+            ):
+                trigger_table.add_column(column, justify="right")
+            for round_, counted, rate, cpu, in_triggers, load in runs:
+                trigger_table.add_row(
+                    str(round_),
+                    "with" if counted else "WITHOUT",
+                    f"{rate:,.0f}",
+                    f"{cpu:.3f}",
+                    f"{in_triggers:.4f}",
+                    f"{load:.1f}",
+                )
+            console.print(trigger_table)
+            rates = {(r, c): rate for r, c, rate, *_rest in runs}
+            ratios = [
+                rates[(r, True)] / rates[(r, False)] for r in range(1, args.trigger_rounds + 1)
+            ]
+            console.print(
+                "with / without the counts' triggers, per round "
+                f"{', '.join(f'{v:.2f}' for v in ratios)}; median {statistics.median(ratios):.2f}"
             )
-        console.print(kpi_table)
-        for plan in explain_kpis(engine, site="site-07"):
+
+        for in_flight in (int(share) for share in args.in_flight.split(",")):
+            load = load_kpi_rows(engine, args.kpi_rows, in_flight)
+            console.print(
+                f"Loaded {args.kpi_rows:,} site_calls rows, {in_flight} % in flight, in "
+                f"{load:.1f} s (INSERT ... SELECT, VACUUM ANALYZE); load average "
+                f"{os.getloadavg()[0]:.2f}"
+            )
+            kpi_table = Table(
+                title=f"KPI latency at {args.kpi_rows:,} rows, {in_flight} % in flight "
+                f"({args.kpi_runs} runs each, methods alternating)"
+            )
+            for column in (
+                "scope",
+                "method",
+                "p50 ms",
+                "p95 ms",
+                "buffered",
+                "parked",
+                "failed",
+                "delivered",
+                "stuck",
+            ):
+                kpi_table.add_column(
+                    column, justify="left" if column in ("scope", "method") else "right"
+                )
+            for label, scope in (
+                ("global", {}),
+                ("site-07", {"site": "site-07"}),
+                ("site-07/site-07-gw-2", {"site": "site-07", "node": "site-07-gw-2"}),
+            ):
+                for method, (p50, p95, figures) in time_kpis(
+                    engine, args.kpi_runs, **scope
+                ).items():
+                    kpi_table.add_row(
+                        label,
+                        method,
+                        f"{p50:.2f}",
+                        f"{p95:.2f}",
+                        str(figures["buffered"]),
+                        str(figures["parked"]),
+                        str(figures["failed_last_interval"]),
+                        str(figures["delivered_last_interval"]),
+                        str(figures["stuck"]),
+                    )
+            console.print(kpi_table)
+        for plan in explain_kpis(engine):
             console.print(f"plan: {plan}")
         engine.dispose()
     return 0

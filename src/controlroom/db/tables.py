@@ -442,6 +442,22 @@ site_calls = sa.Table(
     tick_column("terminal_at"),
 )
 
+# How many non-terminal site calls share a (source_site, source_node, status): signed
+# counts kept by the database's triggers on site_calls in the transaction that changes a
+# call (migration 0027; docs/decisions.md "The database keeps the counts"), never written
+# by the application. A key's count is the SUM of its rows: PostgreSQL appends a row per
+# statement and key (writers never wait on a counter), Provider.compact_counts folds them
+# to one per key; SQLite's row triggers keep one row per key.
+site_call_counts = sa.Table(
+    "site_call_counts",
+    metadata,
+    sa.Column("source_site", sa.String(SITE_WIDTH), nullable=False),
+    sa.Column("source_node", sa.String(NODE_WIDTH)),
+    sa.Column("status", sa.String(STATUS_WIDTH), nullable=False),
+    sa.Column("n", sa.BigInteger, nullable=False),
+    sa.Index("ix_site_call_counts_key", "source_site", "source_node", "status"),
+)
+
 audit_log = sa.Table(
     "audit_log",
     metadata,

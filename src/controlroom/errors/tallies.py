@@ -21,6 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from controlroom.db.counts import connection_free_now
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import failed_message_tallies, failed_message_tally_deltas
 from controlroom.db.transactions import begin_write
@@ -73,7 +74,7 @@ def fold_deltas(engine: sa.Engine) -> bool:
 def fold_deltas_if_many(conn: sa.Connection) -> None:
     """Fold the deltas (``fold_deltas``, another connection of ``conn``'s engine) when
     more than ``FOLD_AFTER_DELTAS`` wait and a connection is free now
-    (``_connection_free_now``): a read never waits for the pool to fold, it leaves the
+    (``db.counts.connection_free_now``): a read never waits for the pool to fold, it leaves the
     deltas to a later fold. A failure to fold is logged, the read goes on (the sum it
     reads is exact either way, only slower)."""
     if not provider_for(conn).keeps_tally_deltas:
@@ -82,23 +83,10 @@ def fold_deltas_if_many(conn: sa.Connection) -> None:
     count = sa.select(sa.func.count()).select_from(waiting.limit(FOLD_AFTER_DELTAS + 1).subquery())
     if conn.execute(count).scalar_one() <= FOLD_AFTER_DELTAS:
         return
-    if not _connection_free_now(conn.engine):
+    if not connection_free_now(conn.engine):
         log.debug("no free connection to fold the tally deltas; a later fold takes them")
         return
     try:
         fold_deltas(conn.engine)
     except (sa.exc.DBAPIError, sa.exc.TimeoutError):  # TimeoutError: the pool is exhausted
         log.warning("folding the tally deltas failed; reading them unfolded", exc_info=True)
-
-
-def _connection_free_now(engine: sa.Engine) -> bool:
-    """Whether a checkout from ``engine``'s pool would not wait: a ``QueuePool`` holds an
-    idle connection, or has opened fewer than its size (``overflow()`` counts up from
-    minus the size), so it opens one. A pool busy beyond its size counts as not free, even
-    with overflow left: a fold can wait for a quieter moment. Other pools never wait.
-    Only a checkout racing others for the very last connections between this check and
-    the fold's can still wait."""
-    pool = engine.pool
-    if not isinstance(pool, sa.pool.QueuePool):
-        return True
-    return pool.checkedin() > 0 or pool.overflow() < 0

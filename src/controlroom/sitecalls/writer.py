@@ -47,10 +47,11 @@ import sqlalchemy as sa
 import tenacity
 from prometheus_client import Counter
 
+from controlroom.db.counts import fold_counts
 from controlroom.db.engine import retry_transient
 from controlroom.db.errors import classify_store_error, describe_store_error
 from controlroom.db.providers import Provider, Row, chunked, provider_for
-from controlroom.db.tables import audit_log, rejected_telemetry, site_calls
+from controlroom.db.tables import audit_log, rejected_telemetry, site_call_counts, site_calls
 from controlroom.db.transactions import begin_write
 from controlroom.exceptions import ControlroomError, ErrorKind
 from controlroom.runtime.clock import Clock, utc_now
@@ -61,6 +62,11 @@ from controlroom.telemetry.ordering import fold_states
 from controlroom.telemetry.stamps import stamp_values
 
 log = logging.getLogger(__name__)
+
+FOLD_AFTER_CALLS = 2_000
+"""A writer folds the site-call counts after every this many packets it took: at most one
+count row per statement and key changed (docs/decisions.md "The database keeps the
+counts"), so the rows a KPI reading sums stay near this bound without a reader."""
 
 BUDGET_EXCEEDED = Counter(
     "controlroom_sitecall_ingest_budget_exceeded_total",
@@ -214,6 +220,7 @@ class SiteCallWriter:
         self._clock = clock
         self._monotonic = monotonic
         self._on_written = on_written
+        self._unfolded = 0
 
     def write(self, received: Sequence[ReceivedPacket]) -> list[str | None]:
         """Write ``received``; returns, per packet in order, ``None`` when it was taken
@@ -267,9 +274,27 @@ class SiteCallWriter:
         PACKETS.labels("accepted").inc(accepted)
         if accepted and self._on_written is not None:
             self._on_written()
+        self._fold_counts(accepted)
         if stopped is not None:
             raise IngestBudgetExceeded(stopped, reasons=reasons, unwritten=sorted(unwritten))
         return reasons
+
+    def _fold_counts(self, written: int) -> None:
+        """Fold the site-call counts (``db.counts.fold_counts``) after every
+        ``FOLD_AFTER_CALLS`` packets this writer took, after their commit, so that a busy
+        writer keeps them bounded without a reader. Unlocked: two threads may count the
+        same packets, which only folds a little earlier. A failure is logged; the next
+        fold takes what this one left."""
+        self._unfolded += written
+        if self._unfolded < FOLD_AFTER_CALLS:
+            return
+        self._unfolded = 0
+        try:
+            fold_counts(self._engine, site_call_counts)
+        except sa.exc.DBAPIError:
+            log.warning(
+                "folding the site-call counts failed; the next fold takes them", exc_info=True
+            )
 
     def _spent(self, cap: float | None) -> bool:
         return cap is not None and self._monotonic() >= cap

@@ -455,6 +455,12 @@ class Provider(ABC):
         their own (docs/design.md "Process shape")."""
         return None
 
+    def compact_counts(self, conn: sa.Connection, table: sa.Table) -> None:  # noqa: B027
+        """Fold the signed counts of ``table`` (key columns and ``n``, kept by the
+        database's triggers: migration 0027) to one row per key in ``conn``'s transaction;
+        no key's sum changes. Nothing to do where the triggers keep one row per key
+        (without ``keeps_tally_deltas``)."""
+
     def compact_group_counts(self, conn: sa.Connection) -> None:  # noqa: B027 - optional
         """Fold ``failed_message_group_counts`` to one row per key, dropping keys whose
         sum is 0; no sum changes (migration 0014). Nothing to do where the triggers keep

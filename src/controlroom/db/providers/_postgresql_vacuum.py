@@ -18,14 +18,17 @@ VACUUMED_TABLES = (
     "failed_message_group_counts",
     "failed_message_tally_deltas",
     "failed_message_tallies",
+    "site_call_counts",
 )
-"""The tables a drain rewrites, whose autovacuum the store needs."""
+"""The tables a drain rewrites, whose autovacuum the store needs (the site-call counts
+turn over with every fold of telemetry's writes, migration 0027)."""
 
 COST = (
     "the rows every drain deletes and updates stay as dead rows in the counter tables "
     "(failed_message_group_counts, failed_message_tally_deltas, failed_message_tallies, "
-    "failed_message_groups) until a VACUUM, so they grow and the messages, counts and "
-    "groups pages that read them get slower with every failure stored"
+    "failed_message_groups, site_call_counts) until a VACUUM, so they grow and the messages, "
+    "counts and groups pages and the site-call KPIs that read them get slower with every "
+    "failure or call stored"
 )
 ADVICE = 'turn it on, or run VACUUM ANALYZE on a schedule (README, "What the store needs")'
 

@@ -37,6 +37,7 @@ from controlroom.db.providers._postgresql_roles import audit_log_exposure, grant
 from controlroom.db.providers._postgresql_vacuum import vacuum_warnings
 from controlroom.db.tables import (
     GROUP_HOURS_KEPT,
+    failed_message_group_counts,
     failed_message_tallies,
     failed_message_tally_deltas,
 )
@@ -118,17 +119,29 @@ _FOLD_TALLY_DELTAS = (
 )
 
 
-_GROUP_COUNT_KEY = "classifier, group_id, status"
-_FOLD_GROUP_COUNTS = (
-    f"WITH keys AS (SELECT {_GROUP_COUNT_KEY} FROM failed_message_group_counts "
-    f"GROUP BY {_GROUP_COUNT_KEY} HAVING count(*) > 1 OR sum(n) = 0), "
-    "folded AS (DELETE FROM failed_message_group_counts c USING keys k "
-    "WHERE c.classifier = k.classifier AND c.group_id = k.group_id AND c.status = k.status "
-    "RETURNING c.classifier, c.group_id, c.status, c.n) "
-    f"INSERT INTO failed_message_group_counts ({_GROUP_COUNT_KEY}, n) "
-    f"SELECT {_GROUP_COUNT_KEY}, sum(n) FROM folded "
-    f"GROUP BY {_GROUP_COUNT_KEY} HAVING sum(n) <> 0"
-)
+def _fold_counts(table: sa.Table) -> str:
+    """The statement folding ``table``'s signed counts (key columns and ``n``, appended by
+    statement triggers: migrations 0014, 0027) to one row per key, in one snapshot: only
+    keys with more than one row, or a sum of 0, are rewritten; a key no write touched
+    since the last fold keeps its row. A nullable key column matches NULL to NULL."""
+    key = [c for c in table.c if c.name != "n"]
+    columns = ", ".join(c.name for c in key)
+    same = " AND ".join(
+        f"c.{c.name} IS NOT DISTINCT FROM k.{c.name}" if c.nullable else f"c.{c.name} = k.{c.name}"
+        for c in key
+    )
+    return (
+        f"WITH keys AS (SELECT {columns} FROM {table.name} "
+        f"GROUP BY {columns} HAVING count(*) > 1 OR sum(n) = 0), "
+        f"folded AS (DELETE FROM {table.name} c USING keys k WHERE {same} "
+        f"RETURNING {', '.join(f'c.{c.name}' for c in key)}, c.n) "
+        f"INSERT INTO {table.name} ({columns}, n) "
+        f"SELECT {columns}, sum(n) FROM folded "
+        f"GROUP BY {columns} HAVING sum(n) <> 0"
+    )
+
+
+_FOLD_GROUP_COUNTS = _fold_counts(failed_message_group_counts)
 
 
 class _IntegerListText(sa.types.TypeDecorator[Any]):
@@ -451,6 +464,14 @@ class PostgreSQLProvider(OnConflictProvider):
             "WHERE hour >= floor(extract(epoch FROM now()) / 3600)::bigint - "
             f"{GROUP_HOURS_KEPT} GROUP BY group_id, hour"
         )
+
+    def compact_counts(self, conn: sa.Connection, table: sa.Table) -> None:
+        """Fold ``table``'s rows to one per key (``_fold_counts``) in ``conn``'s
+        transaction: the rows it deletes are those committed when it started, and their
+        sums go back in the same transaction, so no reader sees a key counted twice or
+        not at all. Writers only append, so it makes no writer wait; two folds at once are
+        safe (the later skips the rows the earlier deleted)."""
+        conn.exec_driver_sql(_fold_counts(table))
 
     def lock_for_claim(self, query: sa.Select[Any]) -> sa.Select[Any]:
         # FOR UPDATE SKIP LOCKED: claimers in short transactions never wait for each
