@@ -21,7 +21,7 @@ What it does (``benchmarks/README.md`` has the figures and how to read them):
 
    Both end states are checked: every id's row equals the in-order fold of its packets.
 4. ``--trigger-rounds`` (default 0): the write path one batch at a time with the
-   site-call counts' triggers (migration 0027) and without them (disabled for the run),
+   site-call counts' triggers (migration 0028) and without them (disabled for the run),
    alternately, the order swapped every round: packets/s and client CPU per packet per
    run, the ratio with / without per round and its median.
 5. For each share of ``--in-flight`` (percent of the rows, default ``3``; ``3,30`` gives
@@ -282,7 +282,7 @@ def kpis_by_scan(
     node: str | None = None,
 ) -> KpiReport:
     """The non-terminal figures as ``measure_kpis`` counted them before the counts the
-    database keeps (migration 0027): every pending row grouped, by an index-only scan of
+    database keeps (migration 0028): every pending row grouped, by an index-only scan of
     ``ix_site_calls_pending``; the terminal figures by the same statement as
     ``measure_kpis``."""
     sc = site_calls.c
@@ -329,7 +329,7 @@ def kpis_by_scan(
     return report
 
 
-KPI_METHODS = {"counts (measure_kpis)": measure_kpis, "scan (before 0027)": kpis_by_scan}
+KPI_METHODS = {"counts (measure_kpis)": measure_kpis, "scan (before 0028)": kpis_by_scan}
 
 
 def time_kpis(
@@ -365,7 +365,7 @@ def time_kpis(
 
 
 COUNT_TRIGGERS = ("site_calls_count_insert", "site_calls_count_update", "site_calls_count_delete")
-"""The triggers of the site-call counts (migration 0027); the TRUNCATE one stays on."""
+"""The triggers of the site-call counts (migration 0028); the TRUNCATE one stays on."""
 
 
 def compare_triggers(

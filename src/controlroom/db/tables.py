@@ -444,7 +444,7 @@ site_calls = sa.Table(
 
 # How many non-terminal site calls share a (source_site, source_node, status): signed
 # counts kept by the database's triggers on site_calls in the transaction that changes a
-# call (migration 0027; docs/decisions.md "The database keeps the counts"), never written
+# call (migration 0028; docs/decisions.md "The database keeps the counts"), never written
 # by the application. A key's count is the SUM of its rows: PostgreSQL appends a row per
 # statement and key (writers never wait on a counter), Provider.compact_counts folds them
 # to one per key; SQLite's row triggers keep one row per key.

@@ -12,7 +12,7 @@ by one process". At ``now``:
 - ``stuck``: buffered and created more than ``stuck_threshold`` before ``now``.
 
 Two statements answer every scope at once. The non-terminal calls are read from the
-counts the database keeps per (site, node, status) (``site_call_counts``, migration 0027;
+counts the database keeps per (site, node, status) (``site_call_counts``, migration 0028;
 docs/decisions.md "The database keeps the counts"), and per buffered key two probes of the
 partial index ``ix_site_calls_pending`` of migration 0005 (its predicate is repeated here
 word for word, so both providers recognise it): the key's oldest call, and its calls

@@ -457,7 +457,7 @@ class Provider(ABC):
 
     def compact_counts(self, conn: sa.Connection, table: sa.Table) -> None:  # noqa: B027
         """Fold the signed counts of ``table`` (key columns and ``n``, kept by the
-        database's triggers: migration 0027) to one row per key in ``conn``'s transaction;
+        database's triggers: migration 0028) to one row per key in ``conn``'s transaction;
         no key's sum changes. Nothing to do where the triggers keep one row per key
         (without ``keeps_tally_deltas``)."""
 

@@ -21,7 +21,7 @@ VACUUMED_TABLES = (
     "site_call_counts",
 )
 """The tables a drain rewrites, whose autovacuum the store needs (the site-call counts
-turn over with every fold of telemetry's writes, migration 0027)."""
+turn over with every fold of telemetry's writes, migration 0028)."""
 
 COST = (
     "the rows every drain deletes and updates stay as dead rows in the counter tables "

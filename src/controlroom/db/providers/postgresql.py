@@ -121,7 +121,7 @@ _FOLD_TALLY_DELTAS = (
 
 def _fold_counts(table: sa.Table) -> str:
     """The statement folding ``table``'s signed counts (key columns and ``n``, appended by
-    statement triggers: migrations 0014, 0027) to one row per key, in one snapshot: only
+    statement triggers: migrations 0014, 0028) to one row per key, in one snapshot: only
     keys with more than one row, or a sum of 0, are rewritten; a key no write touched
     since the last fold keeps its row. A nullable key column matches NULL to NULL."""
     key = [c for c in table.c if c.name != "n"]

@@ -1,7 +1,7 @@
 """site call counts: the non-terminal site calls counted per site, node and status by the database
 
-Revision ID: 0027
-Revises: 0026
+Revision ID: 0028
+Revises: 0027
 Create Date: 2026-12-04 14:30:00.000000
 
 Source: docs/decisions.md "The database keeps the counts" (figures in ``benchmarks/README.md``
@@ -37,8 +37,8 @@ from controlroom.db.migrations._counters import (
 )
 from controlroom.db.migrations._dialects import migrating, unsupported
 
-revision = "0027"
-down_revision = "0026"
+revision = "0028"
+down_revision = "0027"
 branch_labels = None
 depends_on = None
 
