@@ -38,7 +38,13 @@ from typing import Any
 
 import httpx
 import sqlalchemy as sa
-from pgserver import scratch_server
+from pgserver import (
+    STATEMENTS_SETTINGS,
+    enable_statements,
+    reset_statements,
+    scratch_server,
+    statement_calls,
+)
 
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
@@ -128,14 +134,7 @@ def server_cpu_ms(engine: sa.Engine) -> float:
 
 def statements(engine: sa.Engine) -> int:
     with engine.connect() as conn:
-        return int(
-            conn.execute(
-                sa.text(
-                    "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements "
-                    "WHERE query NOT ILIKE '%pg_stat_statements%'"
-                )
-            ).scalar_one()
-        )
+        return statement_calls(conn)
 
 
 def fill(engine: sa.Engine, count: int) -> None:
@@ -159,8 +158,7 @@ def run_serve(
     fill(engine, count)
     receiver.reset()
     with engine.connect() as conn:
-        conn.execute(sa.text("SELECT pg_stat_statements_reset()"))
-        conn.commit()
+        reset_statements(conn)
     cpu = server_cpu_ms(engine)
     env = {
         **os.environ,
@@ -211,13 +209,12 @@ def main() -> None:
     alone = args.count / (time.perf_counter() - started)
     print(f"receiver alone (httpx, {args.concurrency} at once): {alone:,.0f}/s")
     with (
-        scratch_server(["shared_preload_libraries='pg_stat_statements'"]) as admin,
+        scratch_server(STATEMENTS_SETTINGS) as admin,
         tempfile.TemporaryDirectory() as scratch,
     ):
         engine = create_store_engine(admin)
         with engine.connect() as conn:
-            conn.execute(sa.text("CREATE EXTENSION pg_stat_statements"))
-            conn.commit()
+            enable_statements(conn)
         upgrade_database(engine)
         for processes in (1, 2):
             result = run_serve(processes, admin, engine, receiver, args.count, Path(scratch))

@@ -319,3 +319,133 @@ def admin_server(args: argparse.Namespace, admin_url: str) -> Iterator[str]:
         return
     with scratch_server(args.scratch_setting) as url:
         yield url
+
+
+# --- what the server ran: pg_stat_statements ------------------------------------------------
+STATEMENTS_SETTINGS = (
+    "shared_preload_libraries='pg_stat_statements'",
+    "pg_stat_statements.track=all",
+    "pg_stat_statements.max=10000",
+)
+"""``scratch_server`` settings that count every statement, those run inside trigger
+functions too (``track=all``: a nested statement's time is also in its caller's)."""
+
+
+def enable_statements(conn: sa.Connection) -> None:
+    """``CREATE EXTENSION pg_stat_statements`` in ``conn``'s database (the view is read
+    from there; it counts every database's statements). Needs ``STATEMENTS_SETTINGS``."""
+    conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+    conn.commit()
+
+
+@dataclass(frozen=True)
+class StatementStats:
+    """One ``pg_stat_statements`` entry (or the difference of two readings of it)."""
+
+    query: str
+    toplevel: bool
+    calls: int
+    rows: int
+    exec_ms: float
+    """Execution time (wall clock, waits included), ms."""
+    plan_ms: float
+    blocks_hit: int
+    blocks_dirtied: int
+    wal_bytes: int
+
+    def __sub__(self, other: StatementStats) -> StatementStats:
+        return StatementStats(
+            self.query,
+            self.toplevel,
+            self.calls - other.calls,
+            self.rows - other.rows,
+            self.exec_ms - other.exec_ms,
+            self.plan_ms - other.plan_ms,
+            self.blocks_hit - other.blocks_hit,
+            self.blocks_dirtied - other.blocks_dirtied,
+            self.wal_bytes - other.wal_bytes,
+        )
+
+
+StatementsReading = dict[tuple[int, bool], StatementStats]
+"""``{(queryid, toplevel): stats}`` of one database at one moment."""
+
+
+def read_statements(conn: sa.Connection, database: str | None = None) -> StatementsReading:
+    """Every entry of ``pg_stat_statements`` for ``database`` (all when None), but the
+    view's own readings and resets."""
+    rows = conn.execute(
+        sa.text(
+            "SELECT s.queryid, s.toplevel, s.query, s.calls, s.rows, s.total_exec_time, "
+            "s.total_plan_time, s.shared_blks_hit + s.local_blks_hit, s.shared_blks_dirtied, "
+            "s.wal_bytes FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid "
+            "WHERE (CAST(:database AS text) IS NULL OR d.datname = :database) "
+            "AND s.query NOT ILIKE '%pg_stat_statements%'"
+        ),
+        {"database": database},
+    ).all()
+    return {
+        (int(row[0]), bool(row[1])): StatementStats(
+            row[2],
+            bool(row[1]),
+            *(int(v) for v in row[3:5]),
+            float(row[5]),
+            float(row[6]),
+            *(int(v) for v in row[7:10]),
+        )
+        for row in rows
+    }
+
+
+def statements_between(before: StatementsReading, after: StatementsReading) -> list[StatementStats]:
+    """What ran between two readings: each entry's difference, those with calls, most
+    execution time first."""
+    zero = StatementStats("", False, 0, 0, 0.0, 0.0, 0, 0, 0)
+    ran = [stats - before.get(key, zero) for key, stats in after.items()]
+    return sorted((s for s in ran if s.calls > 0), key=lambda s: -(s.exec_ms + s.plan_ms))
+
+
+def statement_calls(conn: sa.Connection, database: str | None = None) -> int:
+    """Top-level statements run so far (``pg_stat_statements`` calls) in ``database``."""
+    return sum(s.calls for s in read_statements(conn, database).values() if s.toplevel)
+
+
+def reset_statements(conn: sa.Connection) -> None:
+    conn.execute(sa.text("SELECT pg_stat_statements_reset()"))
+    conn.commit()
+
+
+def _short(query: str, width: int) -> str:
+    text = " ".join(query.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def format_statements(
+    ran: Sequence[StatementStats], messages: int, *, top: int = 25, width: int = 110
+) -> list[str]:
+    """Markdown rows of the ``top`` statements of ``ran`` by time: per message, calls,
+    execution + planning ms, rows, buffers hit and dirtied, WAL bytes; then the sums of
+    the top-level statements (``nested``: run inside a trigger function, its time also
+    in its caller's)."""
+    lines = [
+        "| level | calls/msg | ms/msg | ms/call | rows/call | blocks hit/msg | dirtied/msg "
+        "| WAL B/msg | statement |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for s in ran[:top]:
+        ms = s.exec_ms + s.plan_ms
+        lines.append(
+            f"| {'top' if s.toplevel else 'nested'} | {s.calls / messages:.3f} | "
+            f"{ms / messages:.4f} | {ms / s.calls:.3f} | {s.rows / s.calls:.1f} | "
+            f"{s.blocks_hit / messages:.1f} | {s.blocks_dirtied / messages:.2f} | "
+            f"{s.wal_bytes / messages:,.0f} | `{_short(s.query, width)}` |"
+        )
+    toplevel = [s for s in ran if s.toplevel]
+    ms = sum(s.exec_ms + s.plan_ms for s in toplevel)
+    lines.append(
+        f"| top, all {len(toplevel)} | {sum(s.calls for s in toplevel) / messages:.3f} | "
+        f"{ms / messages:.4f} | | | {sum(s.blocks_hit for s in toplevel) / messages:.1f} | "
+        f"{sum(s.blocks_dirtied for s in toplevel) / messages:.2f} | "
+        f"{sum(s.wal_bytes for s in toplevel) / messages:,.0f} | (every top-level statement) |"
+    )
+    return lines

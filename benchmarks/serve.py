@@ -52,7 +52,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,7 +77,18 @@ from ingest import (
     timed_parse,
     write_path,
 )
-from pgserver import add_server_arguments, admin_server, drained_tables
+from pgserver import (
+    STATEMENTS_SETTINGS,
+    StatementsReading,
+    StatementStats,
+    add_server_arguments,
+    admin_server,
+    drained_tables,
+    enable_statements,
+    format_statements,
+    read_statements,
+    statements_between,
+)
 from previous_write_path import PREVIOUS_REVISION
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
@@ -200,6 +211,9 @@ class Drain:
     notes: list[str] = field(default_factory=list)
     tables: list[str] = field(default_factory=list)
     """The drained tables' rows, dead rows and sizes (``pgserver.format_table_state``)."""
+    statements: list[StatementStats] = field(default_factory=list)
+    """With ``--statements``: what the run's database ran from the drain's first sample
+    to its last (``pgserver.statements_between``)."""
 
     @property
     def start(self) -> Sample:
@@ -284,6 +298,11 @@ class DatabaseProcesses:
         autovacuum = sum(self._latest[pid] for pid in self._autovacuum)
         return sum(self._latest.values()), autovacuum
 
+    def statements(self) -> StatementsReading:
+        """``pg_stat_statements`` of this database now (``pgserver.read_statements``)."""
+        with self._engine.connect() as conn:
+            return read_statements(conn, self._database)
+
     def close(self) -> None:
         self._engine.dispose()
 
@@ -332,11 +351,16 @@ def follow(
     *,
     poll_seconds: float,
     stall_seconds: float,
+    statements: Callable[[], StatementsReading] | None = None,
+    readings: list[StatementsReading] | None = None,
 ) -> list[Sample]:
-    """Sample serve every ``poll_seconds`` until it has acknowledged ``messages``.
+    """Sample serve every ``poll_seconds`` until it has acknowledged ``messages``. With
+    ``statements``, ``readings`` ends as [its reading at the drain's start sample, at
+    its end sample] (read with each sample until the first batch is acknowledged).
 
     Raises ``DrainFailed`` when serve exits, or makes no progress for ``stall_seconds``.
     """
+    start_reading: StatementsReading = {}
     samples: list[Sample] = []
     progress_at = time.perf_counter()
     with httpx.Client(timeout=30) as client:
@@ -358,6 +382,11 @@ def follow(
                 if not samples or settled > samples[-1].settled:
                     progress_at = after
                 samples.append(sample)
+                if statements is not None and readings is not None:
+                    if settled == 0:
+                        start_reading = statements()
+                    elif settled >= messages:
+                        readings[:] = [start_reading, statements()]
                 if settled >= messages:
                     return samples
             if after - progress_at > stall_seconds:
@@ -467,6 +496,7 @@ def run_serve(
             serve_pid = None
             try:
                 serve_pid = child_pid(process.pid) if profile else process.pid
+                readings: list[StatementsReading] = []
                 with console.status(f"{name}: serve draining {len(messages):,} messages"):
                     samples = follow(
                         process,
@@ -476,8 +506,12 @@ def run_serve(
                         len(messages),
                         poll_seconds=args.poll_seconds,
                         stall_seconds=args.stall_seconds,
+                        statements=database.statements if args.statements else None,
+                        readings=readings,
                     )
                 drain = Drain(name, len(messages), samples, peak_rss_bytes(serve_pid))
+                if readings:
+                    drain.statements = statements_between(*readings)
                 drain.load = f"{load} before, {_load()} after"
             except BaseException:
                 _stop(process, serve_pid)
@@ -680,6 +714,13 @@ def report(
         console.print(f"{drain.name}, the tables after the drain:")
         for line in drain.tables:
             console.print(f"  {line}", markup=False)
+        if drain.statements:
+            console.print(
+                f"{drain.name}, the statements of the run's database over the drain "
+                "(pg_stat_statements, most time first; time is wall clock, waits included):"
+            )
+            for line in format_statements(drain.statements, drain.messages):
+                console.print(f"  {line}", markup=False)
     print_targets(console, write, drains, with_previous=with_previous)
 
 
@@ -742,10 +783,17 @@ def print_targets(
 
 # --- main ----------------------------------------------------------------------------------
 def measure_write_path(
-    admin_url: str, messages: Sequence[Message], ingestion: IngestionSettings, console: Console
+    admin_url: str,
+    messages: Sequence[Message],
+    ingestion: IngestionSettings,
+    console: Console,
+    *,
+    statements: bool = False,
 ) -> tuple[Result, dict[str, str], int]:
     """The write path alone over ``messages`` (parsed first, untimed), as ``ingest.py``
-    measures it; returns its result, the environment and the number of distinct ids."""
+    measures it; returns its result, the environment and the number of distinct ids.
+    With ``statements``, prints what its database ran during the timed run
+    (``pg_stat_statements``)."""
     with console.status("parsing (for the write path alone)"):
         attempts, _ = timed_parse(messages)
     batch_size, threads = ingestion.batch_size, ingestion.concurrent_batches
@@ -757,15 +805,36 @@ def measure_write_path(
             engine.dispose()  # every connection from here on is one Instruments sees
             instruments = Instruments(engine)
             name = f"{threads} batches at once"
+            readings: list[StatementsReading] = []
+            database = sa.make_url(url).database
+            admin = sa.create_engine(admin_url, pool_size=1)
+
+            def timed() -> None:
+                if statements:
+                    with admin.connect() as conn:
+                        readings.append(read_statements(conn, database))
+                write_path(engine, attempts, batch_size, threads)
+                if statements:
+                    with admin.connect() as conn:
+                        readings.append(read_statements(conn, database))
+
             with console.status(f"write path alone, {name}"):
                 write = measure(
                     name,
                     engine,
-                    lambda: write_path(engine, attempts, batch_size, threads),
+                    timed,
                     warm_up=lambda: write_path(engine, attempts[:200], batch_size, threads),
                     messages=len(attempts),
                     instruments=instruments,
                 )
+            admin.dispose()
+            if readings:
+                console.print(
+                    "write path alone, the statements of its database over the timed run "
+                    "(pg_stat_statements, most time first; time is wall clock):"
+                )
+                for line in format_statements(statements_between(*readings), len(attempts)):
+                    console.print(f"  {line}", markup=False)
         finally:
             engine.dispose()
     return write, env, len({attempt.unique_message_id for attempt in attempts})
@@ -816,10 +885,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="run serve under `py-spy record` (raw stacks into DIR) and print where its CPU "
         "went; the figures of such a run include py-spy's sampling",
     )
+    parser.add_argument(
+        "--statements",
+        action="store_true",
+        help="with --scratch-server: load pg_stat_statements (track=all) and print what "
+        "each run's database ran, per message, most time first",
+    )
     add_server_arguments(parser)
     args = parser.parse_args(argv)
     if args.messages < 1_000:
         parser.error("--messages must be at least 1000")
+    if args.statements:
+        if not args.scratch_server:
+            parser.error("--statements needs --scratch-server (pg_stat_statements loaded)")
+        args.scratch_setting = [*STATEMENTS_SETTINGS, *args.scratch_setting]
     return args
 
 
@@ -840,7 +919,14 @@ def run(args: argparse.Namespace, admin_url: str) -> int:
         messages = generate_messages(
             args.messages, repeat_share=args.repeat_share, seed=args.seed, now=datetime.now(UTC)
         )
-    write, env, unique = measure_write_path(admin_url, messages, ingestion, console)
+    if args.statements:
+        admin = sa.create_engine(admin_url, pool_size=1)
+        with admin.connect() as conn:
+            enable_statements(conn)
+        admin.dispose()
+    write, env, unique = measure_write_path(
+        admin_url, messages, ingestion, console, statements=args.statements
+    )
     console.print(f"write path alone: {write.per_second:,.0f} messages/s")
 
     serve = [str(Path(sys.executable).with_name("controlroom")), "serve"]  # the console script

@@ -204,14 +204,17 @@ class FailedMessageBatchWriter:
         the retry claim"."""
         if not stored:
             return
-        # One statement of a fixed text whatever the number of ids (prepared once).
-        reopened = sa.select(failed_messages.c.id).where(
-            self._provider.is_one_of(failed_messages.c.id, sorted(row.id for row in stored)),
-            failed_messages.c.status == int(FailedMessageStatus.UNRESOLVED),
-        )
+        # One statement of a fixed text whatever the number of ids (prepared once),
+        # driven by the claims (almost always none of the batch's): a probe of their
+        # primary key per id, each found claim's message read for its status.
+        claims = failed_message_retries.c
         conn.execute(
             sa.delete(failed_message_retries).where(
-                failed_message_retries.c.failed_message_id.in_(reopened)
+                self._provider.is_one_of(claims.failed_message_id, sorted(r.id for r in stored)),
+                sa.exists().where(
+                    failed_messages.c.id == claims.failed_message_id,
+                    failed_messages.c.status == int(FailedMessageStatus.UNRESOLVED),
+                ),
             )
         )
 
@@ -431,14 +434,28 @@ def new_groups(conn: sa.Connection, provider: Provider, group_ids: Sequence[str]
     a fixed text, an index probe per id (``ix_failed_message_groups_group_id_status_first``).
     Two batches committing a group's first rows at once may both find it new
     (docs/design.md "Notification rules")."""
+    if not group_ids:
+        return []
+    # A correlated subquery per given id, which no planner turns into a join: at most one
+    # index entry read per known group, however many rows it has (a DISTINCT over the
+    # index read every row of every group).
+    given = provider.bound_rows(failed_message_groups, _GROUP_ID)
+    one_row = (
+        sa.select(sa.literal(1))
+        .where(failed_message_groups.c.group_id == given.c.group_id)
+        .limit(1)
+        .scalar_subquery()
+    )
     known = set(
         conn.execute(
-            sa.select(failed_message_groups.c.group_id)
-            .where(provider.is_one_of(failed_message_groups.c.group_id, list(group_ids)))
-            .distinct()
+            sa.select(given.c.group_id).where(one_row.is_not(None)),
+            provider.bound_rows_parameters(_GROUP_ID, [{"group_id": g} for g in group_ids]),
         ).scalars()
     )
     return [group_id for group_id in group_ids if group_id not in known]
+
+
+_GROUP_ID = ("group_id",)
 
 
 GROUP_ROW_KEYS = ("failed_message_id", "group_id", "classifier", "title")
