@@ -92,7 +92,9 @@ def test_the_page_follows_a_retried_notification_live_and_says_the_outcome_once(
     sign_in(page, server, OPERATOR_TOKEN)
     notification_id = put(server.engine)
     page.goto(f"{server.base_url}/notifications/{notification_id}")
-    page.get_by_role("button", name="Retry", exact=True).click()
+    # The redirect's page has loaded (its load event fired) before reloads are counted.
+    with page.expect_navigation(wait_until="load"):
+        page.get_by_role("button", name="Retry", exact=True).click()
     expect(page.get_by_test_id("flash-code")).to_have_text("Applied")
     flash = page.get_by_test_id("flash").inner_text()
     assert flash.count("Applied") == 1, flash

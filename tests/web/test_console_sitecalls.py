@@ -129,7 +129,9 @@ def test_a_parked_call_retried_from_its_page_shows_the_relays_outcome(
         expect(page.get_by_test_id("status")).to_have_text("Parked")
 
         delivering = True
-        page.get_by_role("button", name="Retry", exact=True).click()
+        # The redirect's page has loaded (its load event fired) before reloads are counted.
+        with page.expect_navigation(wait_until="load"):
+            page.get_by_role("button", name="Retry", exact=True).click()
         expect(page.get_by_test_id("flash-code")).to_have_text("Applied")
         expect(page.get_by_test_id("flash")).to_contain_text("site plant-7 applied")
         # The relay's audit event, by the console's operator, is on the call's page.
