@@ -90,8 +90,12 @@ def record(request: Any = None, **_: Any) -> None:
     """The bytes and typed headers of every task message the worker receives."""
     body = integration.message_body(request._message)
     name = f"{request.id}-{time.time_ns()}"
-    (STATE / f"received-{name}.bin").write_bytes(body)
+    # The headers first and the body by rename: the tests count .bin files and may kill the
+    # worker the moment one appears, so a counted receipt is always complete.
     (STATE / f"received-{name}.headers").write_text(repr(sorted(request._message.headers.items())))
+    partial = STATE / f"received-{name}.partial"
+    partial.write_bytes(body)
+    partial.rename(STATE / f"received-{name}.bin")
 
 
 if os.environ.get("CELERY_TEST_KILL_AFTER_PUBLISH"):
