@@ -416,8 +416,14 @@ def serve_environment(
     database_url: str, broker_url: str, data_dir: str, port: int, settings: Sequence[str]
 ) -> dict[str, str]:
     """This process's environment without any ``CONTROLROOM_*`` setting, plus serve's and
-    ``settings`` (``NAME=VALUE``, each given to serve as ``CONTROLROOM_NAME``)."""
+    ``settings`` (``NAME=VALUE``, each given to serve as ``CONTROLROOM_NAME``).
+
+    The error retention period is ten years unless ``settings`` say otherwise: the loaders
+    date their messages up to 30 days back, and serve's retention sweep (15 days by
+    default) would otherwise purge the resolved and archived ones while they are measured.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLROOM_")}
+    env["CONTROLROOM_ERROR_RETENTION_PERIOD"] = "P3650D"
     for setting in settings:
         name, _, value = setting.partition("=")
         env[f"CONTROLROOM_{name.upper()}"] = value
