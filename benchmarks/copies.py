@@ -17,6 +17,8 @@ of its own next to ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (as ``ingest.py``):
   writer (0027 changes indexes only);
 - ``0028``: before migration 0029, a group's rows without the message type's index and
   the queue address's without the address included (0029 changes indexes only);
+- ``0028+type``: 0028 and migration 0029's index of a group's message type alone (the
+  queue address's index as at 0028): what each half of 0029 costs;
 - ``every``: head and an index for every other sort a group, an endpoint or a queue
   address offers that ServicePulse does not use (the group's ``last_modified``, the
   endpoint's and the queue address's ``message_type`` and ``last_modified``): what
@@ -140,6 +142,10 @@ class Variant:
     extra: tuple[str, ...] = ()  # statements run after the migrations (PostgreSQL)
 
 
+GROUP_MESSAGE_TYPE = (
+    "CREATE INDEX ix_failed_message_groups_group_id_message_type "
+    "ON failed_message_groups (group_id, message_type NULLS FIRST, failed_message_id)"
+)
 EVERY_SUBSET_SORT = (
     "CREATE INDEX ix_every_group_modified "
     "ON failed_message_groups (group_id, last_modified, failed_message_id)",
@@ -161,6 +167,7 @@ VARIANTS = (
     Variant("0023", "0023", FailedMessageBatchWriter),
     Variant("0026", "0026", FailedMessageBatchWriter),
     Variant("0028", "0028", FailedMessageBatchWriter),
+    Variant("0028+type", "0028", FailedMessageBatchWriter, (GROUP_MESSAGE_TYPE,)),
     Variant("every", "head", FailedMessageBatchWriter, EVERY_SUBSET_SORT),
     Variant("head", "head", FailedMessageBatchWriter),
 )
