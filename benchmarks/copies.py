@@ -15,6 +15,14 @@ of its own next to ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (as ``ingest.py``):
   service's writer (0024 changes indexes only);
 - ``0026``: before migration 0027, the message id indexed alone, with the service's
   writer (0027 changes indexes only);
+- ``0028``: before migration 0029, a group's rows without the message type's index and
+  the queue address's without the address included (0029 changes indexes only);
+- ``0028+type``: 0028 and migration 0029's index of a group's message type alone (the
+  queue address's index as at 0028): what each half of 0029 costs;
+- ``every``: head and an index for every other sort a group, an endpoint or a queue
+  address offers that ServicePulse does not use (the group's ``last_modified``, the
+  endpoint's and the queue address's ``message_type`` and ``last_modified``): what
+  indexing them all would cost, the form 0029 did not take;
 - ``head``: the service's writer on the schema as migrated (since 0013 the writer reads
   the copies from the messages in its group-row insert; the trigger skips those rows;
   since 0020 the copies of the sort keys too, and the subsets' sort indexes; since 0024
@@ -131,6 +139,25 @@ class Variant:
     label: str
     revision: str
     writer: Callable[[sa.Engine], Any]
+    extra: tuple[str, ...] = ()  # statements run after the migrations (PostgreSQL)
+
+
+GROUP_MESSAGE_TYPE = (
+    "CREATE INDEX ix_failed_message_groups_group_id_message_type "
+    "ON failed_message_groups (group_id, message_type NULLS FIRST, failed_message_id)"
+)
+EVERY_SUBSET_SORT = (
+    "CREATE INDEX ix_every_group_modified "
+    "ON failed_message_groups (group_id, last_modified, failed_message_id)",
+    "CREATE INDEX ix_every_endpoint_type "
+    "ON failed_messages (receiving_endpoint, message_type NULLS FIRST, id)",
+    "CREATE INDEX ix_every_endpoint_modified "
+    "ON failed_messages (receiving_endpoint, last_modified, id)",
+    "CREATE INDEX ix_every_queue_type "
+    "ON failed_messages (lower(queue_address), message_type NULLS FIRST, id)",
+    "CREATE INDEX ix_every_queue_modified "
+    "ON failed_messages (lower(queue_address), last_modified, id)",
+)
 
 
 VARIANTS = (
@@ -139,6 +166,9 @@ VARIANTS = (
     Variant("0019", "0019", SubsetlessCopiesWriter),
     Variant("0023", "0023", FailedMessageBatchWriter),
     Variant("0026", "0026", FailedMessageBatchWriter),
+    Variant("0028", "0028", FailedMessageBatchWriter),
+    Variant("0028+type", "0028", FailedMessageBatchWriter, (GROUP_MESSAGE_TYPE,)),
+    Variant("every", "head", FailedMessageBatchWriter, EVERY_SUBSET_SORT),
     Variant("head", "head", FailedMessageBatchWriter),
 )
 
@@ -178,6 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             engine = create_store_engine(url, pool_size=max(2, concurrent))
             stack.callback(engine.dispose)
             upgrade_database(engine, variant.revision)
+            if variant.extra:
+                with engine.begin() as conn:
+                    for statement in variant.extra:
+                        conn.exec_driver_sql(statement)
             engine.dispose()  # every connection from here on is one ServerBackends sees
             engines[variant.label] = (engine, Instruments(engine))
         for round_ in range(args.rounds):

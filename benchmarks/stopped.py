@@ -1,6 +1,6 @@
-"""Subsets that stopped failing: the first page of a group and of an endpoint that have had
-no failure since, and of a status no message entered since (the archived), before and
-after failures elsewhere (docs/design.md "Reads at scale").
+"""Subsets that stopped failing: the first page of a group, of an endpoint and of its queue
+address that have had no failure since, and of a status no message entered since (the
+archived), before and after failures elsewhere (docs/design.md "Reads at scale").
 
 What it does (figures and conditions in ``benchmarks/README.md``):
 
@@ -11,8 +11,9 @@ What it does (figures and conditions in ``benchmarks/README.md``):
    group, the group of that endpoint's templates that no other endpoint's template is in
    (the one in most of them).
 3. Measures, through the HTTP app (``fastapi.testclient``), the first page of the group's
-   messages, of the endpoint's and of the archived messages (``/api/errors?status=
-   archived``), in the sort keys below, ``--repeat`` times after
+   messages, of the endpoint's, of the endpoint's queue address's (``/api/errors?
+   queueaddress=``, since 2026-12-04 evening) and of the archived messages
+   (``/api/errors?status=archived``), in the sort keys below, ``--repeat`` times after
    ``query.WARM_UP`` unmeasured calls: p50 and p95 in milliseconds. With ``--explain``,
    prints the plan of every statement of each page (``EXPLAIN (ANALYZE, BUFFERS)`` on
    PostgreSQL): the rows and buffers a page reads, which the machine's load does not move.
@@ -89,6 +90,14 @@ def quiet_subsets(templates: Sequence[query.Template]) -> tuple[str, str]:
     return endpoint, own.most_common(1)[0][0]
 
 
+def queue_of(templates: Sequence[query.Template], endpoint: str) -> str:
+    """The queue address of most of ``endpoint``'s templates."""
+    queues = Counter(
+        t.attempt.queue_address for t in templates if t.attempt.receiving_endpoint == endpoint
+    )
+    return queues.most_common(1)[0][0]
+
+
 def load(url: str, messages: int, workers: int, engine: sa.Engine) -> None:
     """``messages`` more rows by ``query.py``'s loader (its templates and ``NOW`` as set
     now), then the counters refilled from every row (``query.count_loaded_rows``)."""
@@ -115,7 +124,7 @@ def only_elsewhere(endpoint: str) -> Callable[[], list[query.Template]]:
     return made
 
 
-def scenarios(client: TestClient, endpoint: str, group: str) -> list[query.Scenario]:
+def scenarios(client: TestClient, endpoint: str, group: str, queue: str) -> list[query.Scenario]:
     def get(path: str, params: dict[str, str]) -> Callable[[], str]:
         def run() -> str:
             response = client.get(path, params=params)
@@ -129,6 +138,7 @@ def scenarios(client: TestClient, endpoint: str, group: str) -> list[query.Scena
         for kind, path, subset in (
             ("group", f"/api/recoverability/groups/{group}/errors", {}),
             ("endpoint", f"/api/endpoints/{endpoint}/errors", {}),
+            ("queue address", "/api/errors", {"queueaddress": queue}),
             ("archived", "/api/errors", {"status": "archived"}),
         )
         for sort, params in SORTS
@@ -136,7 +146,7 @@ def scenarios(client: TestClient, endpoint: str, group: str) -> list[query.Scena
 
 
 def measure(
-    url: str, engine: sa.Engine, endpoint: str, group: str, args: argparse.Namespace
+    url: str, engine: sa.Engine, subsets: tuple[str, str, str], args: argparse.Namespace
 ) -> list[query.Result]:
     """Every page of ``scenarios``, measured (and explained with ``--explain``)."""
     log = query.StatementLog(engine)
@@ -145,7 +155,7 @@ def measure(
         app = create_app(settings, engine, FileSystemBodyStore(Path(scratch) / "bodies"))
         with TestClient(app) as client:
             results = []
-            for scenario in scenarios(client, endpoint, group):
+            for scenario in scenarios(client, *subsets):
                 results.append(query.measure(scenario, args.repeat))
                 found = results[-1]
                 print(
@@ -189,14 +199,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     with store as (url, _):
         engine = create_store_engine(url)
         upgrade_database(engine)
-        endpoint, group = quiet_subsets(query.make_templates())
+        templates = query.make_templates()
+        endpoint, group = quiet_subsets(templates)
+        subsets = (endpoint, group, queue_of(templates, endpoint))
         load(url, args.base, args.workers, engine)
         print("\n".join(query.environment(url)))
-        print(f"quiet endpoint {endpoint}, quiet group {group}; p50 p95 (ms)", flush=True)
+        print(
+            f"quiet endpoint {endpoint}, quiet group {group}, quiet queue {subsets[2]}; "
+            "p50 p95 (ms)",
+            flush=True,
+        )
         print(f"--- 0 failures elsewhere ({args.base:,} rows)", flush=True)
-        steps: list[tuple[int, list[query.Result]]] = [
-            (0, measure(url, engine, endpoint, group, args))
-        ]
+        steps: list[tuple[int, list[query.Result]]] = [(0, measure(url, engine, subsets, args))]
         query.make_templates = only_elsewhere(endpoint)  # type: ignore[assignment]
         query.STATUS_WEIGHTS = ((FailedMessageStatus.UNRESOLVED, 1),)  # new failures
         base_now, done = query.NOW, 0
@@ -206,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             load(url, total - done, args.workers, engine)
             done = total
             print(f"--- {total:,} failures elsewhere ({args.base + total:,} rows)", flush=True)
-            steps.append((total, measure(url, engine, endpoint, group, args)))
+            steps.append((total, measure(url, engine, subsets, args)))
         engine.dispose()
     print(f"load average after: {query.load_average()}")
     report(steps)

@@ -22,6 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 from controlroom.db.tables import FailedMessageStatus
+from controlroom.errors import tallies
 from controlroom.errors.ingest.identity import unique_message_id
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt, FailureGroup
@@ -73,6 +74,19 @@ SEARCHES = {
     ),
 }
 SEARCH_COUNT_LIMIT = 100
+GROWN_BY = 10
+SUBSET_SORTS = {
+    # The sorts of each subset a client opens it in, which must cost a page: ServicePulse's
+    # of a group's messages (time of failure, message type; time sent before), the time
+    # sorts of an endpoint. A queue address is left out: its total is counted (exact on
+    # SQLite past the limit too, which has no estimate), reading every row of it.
+    "group": ("time_sent", "time_of_failure", "message_type"),
+    "unresolved of a group": ("time_sent", "time_of_failure", "message_type"),
+    "endpoint": ("time_sent", "time_of_failure"),
+    # Not "unresolved of an endpoint": once the endpoint holds a third of the messages,
+    # PostgreSQL walks the status's index, filtering for the endpoint, through every newer
+    # unresolved message (3,000 here) instead of the endpoint's index: not fixed yet.
+}
 ORDERS = [Ordering(key, descending) for key in SORT_KEYS for descending in (True, False)]
 GROWTH = 1.5  # work after the outside rows / work before, at most
 
@@ -125,12 +139,25 @@ def work_counter(conn: sa.Connection) -> Callable[[], int]:
     return lambda: steps[0]
 
 
-def first_page_work(engine: sa.Engine, where: FailedMessageFilter, order: Ordering) -> int:
-    """The work of reading the first page of ``where`` in ``order`` (and its total)."""
+def first_page_work(
+    engine: sa.Engine,
+    where: FailedMessageFilter,
+    order: Ordering,
+    exact_count_limit: int | None = None,
+) -> int:
+    """The work of reading the first page of ``where`` in ``order`` (and its total, exact
+    up to ``exact_count_limit``, always exact by default)."""
     with engine.connect() as conn:
         counter = work_counter(conn)
         before = counter()
-        page = lists.list_failed_messages(conn, offset=0, limit=50, where=where, order=order)
+        page = lists.list_failed_messages(
+            conn,
+            offset=0,
+            limit=50,
+            where=where,
+            order=order,
+            exact_count_limit=exact_count_limit,
+        )
         work = counter() - before
     assert page.items, (where, order)
     return work
@@ -189,6 +216,14 @@ def quiet_store(engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     their large path."""
     monkeypatch.setattr(lists, "WALK_SORT_INDEX_PAST", 100)
     write(engine, [message(n, "Quiet", QUIET) for n in range(SUBSET)], clock_seconds=SUBSET)
+    archive_and_resolve(engine)
+    analyze(engine)
+    yield engine
+
+
+def archive_and_resolve(engine: sa.Engine) -> None:
+    """Every tenth message archived, four in ten resolved (by the last digit of the
+    message id), the others left as they are."""
     with engine.begin() as conn:
         conn.execute(
             sa.text("UPDATE failed_messages SET status = :archived WHERE message_id LIKE '%0'"),
@@ -202,8 +237,6 @@ def quiet_store(engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[
                 ),
                 {"resolved": int(FailedMessageStatus.RESOLVED)},
             )
-    analyze(engine)
-    yield engine
 
 
 def test_a_subsets_first_page_reads_no_rows_outside_it(quiet_store: sa.Engine) -> None:
@@ -219,6 +252,68 @@ def test_a_subsets_first_page_reads_no_rows_outside_it(quiet_store: sa.Engine) -
         before, lambda name, order: first_page_work(quiet_store, SUBSETS[name], order)
     )
     assert not grown, f"work before -> after {OUTSIDE} rows outside the subset: {grown}"
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_subsets_first_page_reads_no_rows_outside_it_once_vacuumed(
+    quiet_store: sa.Engine,
+) -> None:
+    """As above once ``VACUUM`` has marked the pages all-visible, as autovacuum does (an
+    index-only scan is then cheap enough to be taken where it reads every message: a
+    queue address's exact count read the plain ``queue_address`` index whole). SQLite's
+    plans do not depend on a vacuum: the test above covers it."""
+    analyze(quiet_store, vacuum=True)
+    before = {
+        (name, order): first_page_work(quiet_store, where, order)
+        for name, where in SUBSETS.items()
+        for order in ORDERS
+    }
+    busy = [message(n, "Busy", BUSY) for n in range(SUBSET, SUBSET + OUTSIDE)]
+    write(quiet_store, busy, clock_seconds=SUBSET + OUTSIDE)
+    analyze(quiet_store, vacuum=True)
+    grown = grown_work(
+        before, lambda name, order: first_page_work(quiet_store, SUBSETS[name], order)
+    )
+    assert not grown, f"work before -> after {OUTSIDE} rows outside the subset: {grown}"
+
+
+def test_a_subsets_first_page_in_servicepulses_sorts_costs_a_page_not_the_subset(
+    quiet_store: sa.Engine,
+) -> None:
+    """A group's first page by ServicePulse's sorts of a group's messages (time of failure,
+    message type, and time sent, its former default) and an endpoint's by its time sorts
+    read about a page of rows however big the subset: ten times the messages in it, the
+    same work. Totals as the API counts them (exact up to a limit): a group's and an
+    endpoint's come from the counts the database keeps. The other sorts of a subset read
+    it whole and sort it (docs/decisions.md "A subset is read from its own rows"). Rows
+    outside the subset come first, so the subset is a part of the table as it is in
+    production (a table of the subset alone is small enough that PostgreSQL joins the
+    page's ids to a scan of all of it); the tallies' deltas are folded before each
+    measurement, as the writer folds them (unfolded, an endpoint's count reads them)."""
+    busy = [message(n, "Busy", BUSY) for n in range(SUBSET * GROWN_BY, SUBSET * GROWN_BY + OUTSIDE)]
+    write(quiet_store, busy, clock_seconds=SUBSET * GROWN_BY + OUTSIDE)
+    tallies.fold_deltas(quiet_store)
+    analyze(quiet_store, vacuum=True)
+    before = {
+        (name, order): first_page_work(
+            quiet_store, SUBSETS[name], order, exact_count_limit=SEARCH_COUNT_LIMIT
+        )
+        for name, keys in SUBSET_SORTS.items()
+        for order in ORDERS
+        if order.key in keys
+    }
+    more = [message(n, "Quiet", QUIET) for n in range(SUBSET, SUBSET * GROWN_BY)]
+    write(quiet_store, more, clock_seconds=SUBSET * GROWN_BY)
+    archive_and_resolve(quiet_store)
+    tallies.fold_deltas(quiet_store)
+    analyze(quiet_store, vacuum=True)
+    grown = grown_work(
+        before,
+        lambda name, order: first_page_work(
+            quiet_store, SUBSETS[name], order, exact_count_limit=SEARCH_COUNT_LIMIT
+        ),
+    )
+    assert not grown, f"work before -> after {GROWN_BY} x the messages in the subset: {grown}"
 
 
 def test_a_statuss_first_page_reads_no_rows_of_other_statuses(quiet_store: sa.Engine) -> None:

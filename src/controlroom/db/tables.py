@@ -136,6 +136,11 @@ SUBSET_SORT_KEYS = ("time_sent", "last_failure_at")
 """The sort columns an endpoint's or a queue address's page walks its own index of,
 ``(subset column, key, id)`` (migration 0020); other keys read the subset and sort it."""
 
+QUEUE_ADDRESS_COVERED = "ix_failed_messages_queue_address_lower_time_sent"
+"""The index of the lower-cased queue address that holds the address itself too
+(PostgreSQL ``INCLUDE``, migration 0029): a queue address's count reads its own entries
+alone (an index-only scan of its range), never the plain ``queue_address`` index whole."""
+
 # A subset's sort keys, after the subset's column (migration 0020): an endpoint's or a queue
 # address's page walks its own rows in order. They replace the subset columns' own indexes.
 for _subset_name, _subset in (
@@ -144,11 +149,13 @@ for _subset_name, _subset in (
 ):
     for _key in SUBSET_SORT_KEYS:
         _column = failed_messages.c[_key]
+        _name = f"{_subset_name}_{_key}"
         sa.Index(
-            f"{_subset_name}_{_key}",
+            _name,
             _subset,
             _column.asc().nulls_first() if _column.nullable else _column,
             failed_messages.c.id,
+            postgresql_include=["queue_address"] if _name == QUEUE_ADDRESS_COVERED else [],
         )
 
 failed_message_groups = sa.Table(
@@ -203,11 +210,13 @@ GROUP_COPIES = (
 )
 """The columns of ``failed_messages`` each group row carries a copy of (same names)."""
 
-GROUP_SORT_KEYS = ("time_sent", "last_failure_at")
+GROUP_SORT_KEYS = ("time_sent", "last_failure_at", "message_type")
 """The sort columns a group's page walks its own index of, ``(group_id, key,
-failed_message_id)`` (migration 0020); other keys read the group's rows and sort them."""
+failed_message_id)``: ServicePulse's sorts of a group's messages, ``time_sent``,
+``time_of_failure`` (migration 0020) and ``message_type`` (migration 0029); other keys read
+the group's rows and sort them."""
 
-# A group's sort keys (migration 0020): its page walks its own rows in order.
+# A group's sort keys (migrations 0020, 0029): its page walks its own rows in order.
 # Nullable as the message's column is (the copies are NULL only within an insert on SQLite).
 for _key in GROUP_SORT_KEYS:
     _column = failed_message_groups.c[_key]
