@@ -58,7 +58,7 @@ The empty-vs-stored comparison at the target's scale, on a scratch server with p
 settings (``pgserver.PRODUCTION_SETTINGS``) and with the defaults::
 
     .venv/bin/python benchmarks/serve.py --scratch-server --production-settings \
-        --stored 1000000 --messages 100000 --rounds 2
+        --scratch-setting shared_buffers=9GB --stored 1000000 --messages 100000 --rounds 2
     .venv/bin/python benchmarks/serve.py --scratch-server --stored 1000000 \
         --messages 100000 --rounds 2
 """
