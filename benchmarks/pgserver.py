@@ -12,7 +12,9 @@ Two things every PostgreSQL benchmark (``ingest.py``, ``serve.py``, ``query.py``
   ``initdb`` refuses root), started by ``pg_ctl`` on a free port of 127.0.0.1 with
   trust authentication, the settings of ``SCRATCH_SETTINGS`` (autovacuum on, everything
   else at ``initdb``'s defaults, which are the machine's server's but for autovacuum)
-  plus any given, and stopped and deleted on the way out, also when a run fails.
+  plus any given, and stopped and deleted on the way out, also when a run fails. With
+  ``--production-settings``, also ``PRODUCTION_SETTINGS``: the memory and WAL settings the
+  README's "What the store needs" asks of production, sized for this machine.
 - ``table_state``: live and dead rows (``pg_stat_user_tables``) and sizes of the tables
   a drain rewrites, and how often autovacuum got to them.
 - ``process_cpu_seconds`` / ``backend_cpu``: a process's CPU time from ``/proc`` (the
@@ -57,6 +59,23 @@ SCRATCH_SETTINGS: Mapping[str, str] = {
 """What a scratch server runs with besides ``initdb``'s defaults (``port`` and the socket
 directory are its own): production's autovacuum, durable commits as on the machine's."""
 
+PRODUCTION_SETTINGS = (
+    "shared_buffers=4GB",
+    "effective_cache_size=12GB",
+    "max_wal_size=8GB",
+    "min_wal_size=1GB",
+    "checkpoint_timeout=15min",
+    "checkpoint_completion_target=0.9",
+)
+"""The memory and WAL settings of README "What the store needs" on this machine (2 cores,
+23 GB of RAM): shared buffers that hold the indexes every write touches at random (the
+primary keys of the messages and their group rows, the message and conversation ids, the
+full-text index: 450 MB at 150,000 messages, about 3 GB at 1,000,000; all the indexes of
+the two tables are 1.3 GB at 150,000), the planner told of the OS cache,
+and checkpoints far enough apart that a page written many times between two of them is
+logged whole (a full-page image) once, not after every few seconds' worth of WAL
+(``controlroom serve`` warns of smaller ones: ``Provider.server_settings_warnings``)."""
+
 REPORTED_SETTINGS = (
     "autovacuum",
     "autovacuum_naptime",
@@ -66,10 +85,13 @@ REPORTED_SETTINGS = (
     "autovacuum_vacuum_cost_limit",
     "autovacuum_vacuum_cost_delay",
     "shared_buffers",
+    "effective_cache_size",
     "work_mem",
     "synchronous_commit",
     "fsync",
     "max_wal_size",
+    "checkpoint_timeout",
+    "wal_compression",
 )
 """The settings printed with every figure (``SHOW``)."""
 
@@ -308,6 +330,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=VALUE",
         help="a postgresql.conf line for the scratch server (e.g. autovacuum=off); repeatable",
     )
+    parser.add_argument(
+        "--production-settings",
+        action="store_true",
+        help="with --scratch-server: the memory and WAL settings production is asked for "
+        "(PRODUCTION_SETTINGS: shared_buffers, effective_cache_size, max_wal_size, "
+        "checkpoint_timeout), before any --scratch-setting",
+    )
 
 
 @contextlib.contextmanager
@@ -315,9 +344,14 @@ def admin_server(args: argparse.Namespace, admin_url: str) -> Iterator[str]:
     """The admin URL to measure against: a scratch server's with ``--scratch-server``
     (stopped and deleted after the block), else ``admin_url``."""
     if not args.scratch_server:
+        if getattr(args, "production_settings", False):
+            raise SystemExit("--production-settings needs --scratch-server")
         yield admin_url
         return
-    with scratch_server(args.scratch_setting) as url:
+    settings = list(args.scratch_setting)
+    if getattr(args, "production_settings", False):
+        settings = [*PRODUCTION_SETTINGS, *settings]
+    with scratch_server(settings) as url:
         yield url
 
 

@@ -27,12 +27,40 @@ What it does (see ``benchmarks/README.md`` for how to read the figures):
 5. Prints each run, its rate over the drain in tenths, and every end-to-end figure as a
    ratio beside its target; drops the databases and vhosts.
 
+With ``--stored N`` (the issue "Cost must not grow with the table"), step 4 is replaced by
+the same serve draining the same backlog into a store that already holds N failed
+messages, side by side with the drain into an empty one (``--rounds``: the order
+alternates, the ratio is taken within each round). The N messages are written once,
+before any drain, by the write path itself (``FailedMessageBatchWriter`` over ``ingest.py``'s
+generator, chunks of ``STORED_CHUNK_ROWS`` messages, each chunk 6 hours older than the
+next, production's batch size and concurrency): so the group rows, known endpoints, tallies,
+group counts and hours and the organically grown indexes are what production's are, by
+construction (``query.py``'s loader is faster but rebuilds the indexes packed after a COPY,
+and the growth measured here is index maintenance). Then a share of them is archived or
+resolved (``STORED_STATUS_PERCENT``, through the triggers, as an operator would), the
+counters are folded, and ``VACUUM ANALYZE`` and a ``CHECKPOINT`` leave it as autovacuum
+would have. That database is the template each round's stored drain copies
+(``CREATE DATABASE ... TEMPLATE``). Every drain, empty or not, starts right after a
+``CHECKPOINT``, and is followed by another whose work is counted with the run's: for each
+drain the report adds the whole server's CPU (background writer, checkpointer and WAL
+writer included; meaningful on ``--scratch-server``, which nothing else uses), the WAL and
+its full-page images, the buffers backends had to write themselves, and the index blocks
+the drain read from outside shared buffers, per index.
+
 Run: ``make bench`` (after ``ingest.py``) or ``.venv/bin/python benchmarks/serve.py
 [--messages N]``. Servers: ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (admin URL, as
 ``ingest.py``) and ``CONTROLROOM_BENCH_RABBITMQ_URL`` (default
 ``amqp://guest:guest@127.0.0.1:5672/``; the vhosts are made with ``rabbitmqctl``), both on
 this machine (CPU is read from ``/proc``). ``--profile DIR`` runs serve under ``py-spy
 record`` (``pip install py-spy``) and prints where its CPU went.
+
+The empty-vs-stored comparison at the target's scale, on a scratch server with production's
+settings (``pgserver.PRODUCTION_SETTINGS``) and with the defaults::
+
+    .venv/bin/python benchmarks/serve.py --scratch-server --production-settings \
+        --scratch-setting shared_buffers=9GB --stored 1000000 --messages 100000 --rounds 2
+    .venv/bin/python benchmarks/serve.py --scratch-server --stored 1000000 \
+        --messages 100000 --rounds 2
 """
 
 from __future__ import annotations
@@ -41,6 +69,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import math
 import os
 import shutil
 import signal
@@ -54,7 +83,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aio_pika
@@ -67,12 +96,15 @@ from ingest import (
     Instruments,
     Message,
     Result,
+    checkpoint,
     environment,
     generate_messages,
     measure,
+    postmaster_pid,
     process_cpu_seconds,
     process_tree_cpu_seconds,
     scratch_database,
+    server_tree_cpu_seconds,
     table_state,
     timed_parse,
     write_path,
@@ -97,7 +129,8 @@ from rich.table import Table
 from controlroom.config import IngestionSettings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
-from controlroom.db.tables import failed_error_imports
+from controlroom.db.tables import FailedMessageStatus, failed_error_imports
+from controlroom.errors import tallies
 from controlroom.errors.ingest import headers as h
 
 BENCHMARKS = Path(__file__).resolve().parent
@@ -121,6 +154,13 @@ TARGET_PG_CPU_MS = 0.8  # PostgreSQL CPU per message, at most
 TARGET_TOTAL_CPU_MS = 1.0  # serve (with its worker processes) and PostgreSQL together
 TARGET_MESSAGES = 100_000
 STATS_FLUSH_SECONDS = 2.0  # backends flush table statistics at most once a second
+TARGET_STORED_RATIO = 1.15  # CPU per message into TARGET_STORED messages / into none, at most
+TARGET_STORED = 1_000_000
+STORED_CHUNK_ROWS = 10_000  # stored messages generated (and written) at a time
+STORED_CHUNK_WINDOW = timedelta(hours=6)  # the generator's window: each chunk's failures
+STORED_STATUS_PERCENT = {FailedMessageStatus.ARCHIVED: 15, FailedMessageStatus.RESOLVED: 10}
+"""The share of the stored messages (percent, by a hash of the id) an operator has
+archived or resolved: the rest stay Unresolved (query.py's load: 70 % Unresolved)."""
 
 
 # --- scratch broker and publishing ---------------------------------------------------------
@@ -189,6 +229,7 @@ class Sample:
     serve_cpu: float  # CPU seconds of the serve process so far
     pg_cpu: float  # CPU seconds of the scratch database's PostgreSQL processes, so far
     autovacuum_cpu: float  # of which its autovacuum workers
+    server_cpu: float  # CPU seconds of the whole server (every process, reaped ones too)
     batches: int  # batches serve handled (its batch-seconds histogram's count)
 
 
@@ -214,6 +255,14 @@ class Drain:
     statements: list[StatementStats] = field(default_factory=list)
     """With ``--statements``: what the run's database ran from the drain's first sample
     to its last (``pgserver.statements_between``)."""
+    stored: int = 0
+    """Failed messages the store held before the drain (``--stored``)."""
+    background: ServerWork | None = None
+    """The whole server's work over the drain and the ``CHECKPOINT`` after it."""
+    blocks_read: list[BlocksRead] = field(default_factory=list)
+    """Blocks of each table and index the drain read from outside shared buffers."""
+    updates: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Rows updated, and of those updated in place (HOT: no index entry), per table."""
 
     @property
     def start(self) -> Sample:
@@ -241,6 +290,10 @@ class Drain:
     def autovacuum_ms_per_message(self) -> float:
         return 1000 * (self.end.autovacuum_cpu - self.start.autovacuum_cpu) / self.messages
 
+    def total_ms_per_message(self) -> float:
+        """serve (its worker processes too) and the database's PostgreSQL processes."""
+        return self.serve_ms_per_message() + self.pg_ms_per_message()
+
     def mean_batch(self) -> float:
         """Messages per batch serve wrote during the drain."""
         return self.messages / max(1, self.end.batches - self.start.batches)
@@ -266,6 +319,68 @@ class Drain:
         return [tenth / max(b - a, 1e-9) for a, b in itertools.pairwise(times)]
 
 
+@dataclass(frozen=True, slots=True)
+class ServerCounters:
+    """Cluster-wide counters (``pg_stat_wal``, ``pg_stat_bgwriter``; PostgreSQL 14-16):
+    a scratch server's are the run's alone."""
+
+    wal_bytes: int
+    wal_fpi: int  # full-page images: a page's first change after a checkpoint
+    buffers_backend: int  # dirty buffers a backend had to write itself to reuse one
+
+    @classmethod
+    def read(cls, conn: sa.Connection) -> ServerCounters:
+        wal_bytes, wal_fpi = conn.execute(
+            sa.text("SELECT wal_bytes, wal_fpi FROM pg_stat_wal")
+        ).one()
+        backend = conn.execute(sa.text("SELECT buffers_backend FROM pg_stat_bgwriter")).scalar()
+        return cls(int(wal_bytes), int(wal_fpi), int(backend or 0))
+
+
+@dataclass(frozen=True, slots=True)
+class ServerWork:
+    """The whole server over a drain and the ``CHECKPOINT`` after it."""
+
+    cpu_seconds: float  # every server process: backends, background writer, checkpointer...
+    wal_bytes: int
+    wal_fpi: int
+    buffers_backend: int
+    checkpoint_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksRead:
+    """One relation's blocks read from outside shared buffers (the OS cache or the disk)
+    and found in them, over a drain (``pg_statio_user_indexes`` / ``_tables``)."""
+
+    table: str
+    name: str  # the index, or "(heap)" / "(TOAST)"
+    read: int
+    hit: int
+
+
+def blocks_read(conn: sa.Connection) -> list[BlocksRead]:
+    """``BlocksRead`` of every index, heap and TOAST table of ``conn``'s database (the
+    counters of a database start at 0 when it is made), most blocks read first."""
+    indexes = conn.execute(
+        sa.text(
+            "SELECT relname, indexrelname, idx_blks_read, idx_blks_hit "
+            "FROM pg_statio_user_indexes WHERE idx_blks_read + idx_blks_hit > 0"
+        )
+    ).all()
+    heaps = conn.execute(
+        sa.text(
+            "SELECT relname, heap_blks_read, heap_blks_hit, coalesce(toast_blks_read, 0), "
+            "coalesce(toast_blks_hit, 0) FROM pg_statio_user_tables "
+            "WHERE heap_blks_read + heap_blks_hit > 0"
+        )
+    ).all()
+    found = [BlocksRead(t, i, int(r), int(h)) for t, i, r, h in indexes if r + h]
+    found += [BlocksRead(t, "(heap)", int(r), int(h)) for t, r, h, _, _ in heaps]
+    found += [BlocksRead(t, "(TOAST)", int(r), int(h)) for t, _, _, r, h in heaps if r + h]
+    return sorted(found, key=lambda b: (-b.read, -b.hit))
+
+
 class DatabaseProcesses:
     """CPU seconds of the PostgreSQL processes connected to one database (its backends
     and autovacuum workers, from ``pg_stat_activity``, read in ``/proc``): serve's work
@@ -278,9 +393,28 @@ class DatabaseProcesses:
         self._database = database
         self._latest: dict[int, float] = {}
         self._autovacuum: set[int] = set()
+        self._postmaster: int | None = None
 
-    def cpu_seconds(self) -> tuple[float, float]:
-        """(all of them, the autovacuum workers alone), CPU seconds so far."""
+    def postmaster(self) -> int:
+        """The server's postmaster (the parent of this object's own backend)."""
+        if self._postmaster is None:
+            with self._engine.connect() as conn:
+                backend = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+            self._postmaster = postmaster_pid(int(backend))
+        return self._postmaster
+
+    def server_cpu_seconds(self) -> float:
+        """The whole server's CPU seconds so far (``ingest.server_tree_cpu_seconds``)."""
+        return server_tree_cpu_seconds(self.postmaster())
+
+    def counters(self) -> ServerCounters:
+        with self._engine.connect() as conn:
+            return ServerCounters.read(conn)
+
+    def cpu_seconds(self) -> tuple[float, float, float]:
+        """(all of them, the autovacuum workers alone, the whole server), CPU seconds so
+        far."""
+        server = self.server_cpu_seconds()
         with self._engine.connect() as conn:
             rows = conn.execute(
                 sa.text(
@@ -296,7 +430,7 @@ class DatabaseProcesses:
                 if backend_type == "autovacuum worker":
                     self._autovacuum.add(pid)
         autovacuum = sum(self._latest[pid] for pid in self._autovacuum)
-        return sum(self._latest.values()), autovacuum
+        return sum(self._latest.values()), autovacuum, server
 
     def statements(self) -> StatementsReading:
         """``pg_stat_statements`` of this database now (``pgserver.read_statements``)."""
@@ -449,11 +583,15 @@ def run_serve(
     args: argparse.Namespace,
     console: Console,
     profile: Path | None,
+    template: str | None = None,
+    stored: int = 0,
 ) -> Drain:
     """Publish ``messages`` to a scratch vhost, then let ``command`` (a serve) drain them
-    into a scratch database migrated to ``revision``; returns the followed drain."""
+    into a scratch database migrated to ``revision`` (a copy of database ``template``,
+    holding ``stored`` messages, when given); returns the followed drain."""
+    database_made = copied_database(admin_url, template) if template else None
     with (
-        scratch_database(admin_url) as database_url,
+        database_made or scratch_database(admin_url) as database_url,
         scratch_vhost(rabbitmq_url) as broker_url,
         tempfile.TemporaryDirectory(prefix="controlroom-bench-serve-") as data_dir,
     ):
@@ -488,6 +626,9 @@ def run_serve(
                     "--",
                     *command,
                 ]
+            checkpoint(engine)  # every drain starts right after one, empty or not
+            engine.dispose()
+            counters_before = database.counters()
             load = _load()
             with open(log_path, "wb") as log:
                 process = subprocess.Popen(
@@ -515,7 +656,9 @@ def run_serve(
                         statements=database.statements if args.statements else None,
                         readings=readings,
                     )
-                drain = Drain(name, len(messages), samples, peak_rss_bytes(serve_pid))
+                drain = Drain(
+                    name, len(messages), samples, peak_rss_bytes(serve_pid), stored=stored
+                )
                 if readings:
                     drain.statements = statements_between(*readings)
                 drain.load = f"{load} before, {_load()} after"
@@ -527,10 +670,31 @@ def run_serve(
             code = _stop(process, serve_pid)
             if code not in (0, None):
                 drain.notes.append(f"serve exited with code {code} after SIGTERM")
+            # The run's dirty pages flushed, and counted with it: the checkpointer's work.
+            flush_started = time.perf_counter()
+            checkpoint(engine)
+            flush_seconds = time.perf_counter() - flush_started
+            counters = database.counters()
+            drain.background = ServerWork(
+                database.server_cpu_seconds() - drain.start.server_cpu,
+                counters.wal_bytes - counters_before.wal_bytes,
+                counters.wal_fpi - counters_before.wal_fpi,
+                counters.buffers_backend - counters_before.buffers_backend,
+                flush_seconds,
+            )
             drain.left_in_queue = asyncio.run(queued(broker_url))
             engine = create_store_engine(database_url, pool_size=1)
-            drain.rows, drain.attempts, drain.groups, drain.endpoints = table_state(engine)
             time.sleep(STATS_FLUSH_SECONDS)  # serve's backends have flushed their statistics
+            with engine.connect() as conn:  # before the reads below add their own blocks
+                drain.blocks_read = blocks_read(conn)
+                drain.updates = {
+                    table: (int(updated), int(hot))
+                    for table, updated, hot in conn.exec_driver_sql(
+                        "SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                        "WHERE n_tup_upd > 0 ORDER BY n_tup_upd DESC"
+                    )
+                }
+            drain.rows, drain.attempts, drain.groups, drain.endpoints = table_state(engine)
             with engine.connect() as conn:
                 drain.failed_imports = conn.execute(
                     sa.select(sa.func.count()).select_from(failed_error_imports)
@@ -544,6 +708,130 @@ def run_serve(
         finally:
             database.close()
             engine.dispose()
+
+
+# --- a store that already holds messages (--stored) ----------------------------------------
+@contextlib.contextmanager
+def copied_database(admin_url: str, template: str) -> Iterator[str]:
+    """A new database copied from database ``template`` (``CREATE DATABASE ... TEMPLATE``,
+    its files copied: ``STRATEGY FILE_COPY`` on PostgreSQL 15+, which would otherwise
+    write the whole copy to the WAL); dropped on the way out. Yields its URL."""
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    name = f"controlroom_bench_{uuid.uuid4().hex[:12]}"
+    try:
+        with admin.connect() as conn:
+            version = int(conn.exec_driver_sql("SHOW server_version_num").scalar_one())
+            strategy = " STRATEGY FILE_COPY" if version >= 150000 else ""
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}" TEMPLATE "{template}"{strategy}')
+        try:
+            yield sa.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def stored_template(
+    admin_url: str,
+    stored: int,
+    ingestion: IngestionSettings,
+    console: Console,
+    *,
+    repeat_share: float,
+    seed: int,
+) -> Iterator[tuple[str, str]]:
+    """A database holding ``stored`` failed messages as production would (``fill_store``),
+    closed to connections so that it can be copied; dropped on the way out. Yields its name
+    and a description of its content."""
+    with scratch_database(admin_url) as url:
+        engine = create_store_engine(url, pool_size=max(2, ingestion.concurrent_batches))
+        try:
+            upgrade_database(engine)
+            started = time.perf_counter()
+            fill_store(engine, stored, ingestion, console, repeat_share=repeat_share, seed=seed)
+            seconds = time.perf_counter() - started
+            rows, attempts, groups, endpoints = table_state(engine)
+            with engine.connect() as conn:
+                size = conn.exec_driver_sql(
+                    "SELECT pg_size_pretty(pg_database_size(current_database()))"
+                ).scalar_one()
+                indexes = conn.exec_driver_sql(
+                    "SELECT pg_size_pretty(pg_indexes_size('failed_messages') "
+                    "+ pg_indexes_size('failed_message_groups'))"
+                ).scalar_one()
+                statuses = conn.exec_driver_sql(
+                    "SELECT status, count(*) FROM failed_messages GROUP BY status ORDER BY status"
+                ).all()
+        finally:
+            engine.dispose()
+        name = sa.make_url(url).database or ""
+        admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:  # no autovacuum worker may hold it when it is copied
+            conn.exec_driver_sql(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+        admin.dispose()
+        shares = ", ".join(f"{FailedMessageStatus(s).name.lower()} {n:,}" for s, n in statuses)
+        description = (
+            f"{rows:,} failed messages ({shares}) holding {attempts:,} attempts, {groups:,} "
+            f"group rows, {endpoints:,} endpoints, {size} (the indexes of failed_messages "
+            f"and failed_message_groups: {indexes}); written by the write path in "
+            f"{seconds / 60:.1f} minutes, then VACUUM ANALYZE and CHECKPOINT"
+        )
+        console.print(f"stored store: {description}")
+        yield name, description
+
+
+def fill_store(
+    engine: sa.Engine,
+    stored: int,
+    ingestion: IngestionSettings,
+    console: Console,
+    *,
+    repeat_share: float,
+    seed: int,
+) -> None:
+    """Write ``stored`` failed messages (about: whole chunks) into ``engine``'s store as
+    serve would have over the weeks before: ``ingest.py``'s generator in chunks of
+    ``STORED_CHUNK_ROWS`` messages, each chunk's failures in the 6 hours after the
+    previous chunk's, the last ending a day before now (the drained backlog fails in the
+    last 6 hours), written by the write path with production's batch size and
+    concurrency. Then ``STORED_STATUS_PERCENT`` of them archived or resolved (one
+    ``UPDATE``, the triggers passing it to the group rows and counters), the counters
+    folded (``tallies.fold_deltas``), ``VACUUM ANALYZE`` and a ``CHECKPOINT``."""
+    per_chunk = math.ceil(STORED_CHUNK_ROWS / (1 - repeat_share))
+    chunks = math.ceil(stored / STORED_CHUNK_ROWS)
+    first = datetime.now(UTC) - timedelta(days=1) - STORED_CHUNK_WINDOW * chunks
+    for chunk in range(chunks):
+        with console.status(f"storing messages: chunk {chunk + 1} of {chunks}"):
+            messages = generate_messages(
+                per_chunk,
+                repeat_share=repeat_share,
+                seed=seed + 1_000 + chunk,
+                now=first + STORED_CHUNK_WINDOW * (chunk + 1),
+            )
+            attempts, _ = timed_parse(messages)
+            write_path(engine, attempts, ingestion.batch_size, ingestion.concurrent_batches)
+    cases = []
+    low = 0
+    for status, percent in STORED_STATUS_PERCENT.items():
+        cases.append(f"WHEN bucket < {low + percent} THEN {int(status)}")
+        low += percent
+    with console.status("archiving and resolving a share of the stored messages"):
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                f"UPDATE failed_messages f SET status = CASE {' '.join(cases)} END, "
+                "status_changed_at = f.last_failure_at + interval '1 hour', "
+                "last_modified = f.last_failure_at + interval '1 hour' "
+                "FROM (SELECT id, abs(mod(hashtext(id), 100)) AS bucket FROM failed_messages) s "
+                f"WHERE s.id = f.id AND s.bucket < {low}"
+            )
+        tallies.fold_deltas(engine)
+    with console.status("VACUUM ANALYZE and CHECKPOINT of the stored messages"):
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            conn.exec_driver_sql("VACUUM ANALYZE")
+        checkpoint(engine)
 
 
 def _stop(process: subprocess.Popen[bytes], serve_pid: int | None = None) -> int | None:
@@ -865,6 +1153,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "%(default)s)",
     )
     parser.add_argument(
+        "--stored",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of the previous schema's serve: the same drain into a store already "
+        "holding N failed messages (written once by the write path), beside the drain into "
+        "an empty one, and the ratio of their CPU per message (target <= 1.15x at 1,000,000)",
+    )
+    parser.add_argument(
         "--no-previous",
         action="store_true",
         help="skip today's serve with the previous schema and writer",
@@ -936,29 +1233,58 @@ def run(args: argparse.Namespace, admin_url: str) -> int:
     console.print(f"write path alone: {write.per_second:,.0f} messages/s")
 
     serve = [str(Path(sys.executable).with_name("controlroom")), "serve"]  # the console script
-    runs = [("end to end", serve, "head")]
-    if not args.no_previous:
-        previous = [sys.executable, str(BENCHMARKS / "previous_serve.py"), "serve"]
-        runs.append(("today's serve, previous schema + writer", previous, PREVIOUS_REVISION))
-    drains = []  # round by round, each round's drains in the order of runs
-    for round_ in range(1, args.rounds + 1):
-        suffix = f" (round {round_})" if args.rounds > 1 else ""
-        in_round = {}
-        for name, command, revision in runs if round_ % 2 else runs[::-1]:
-            drain = run_serve(
-                name + suffix,
-                command,
-                admin_url=admin_url,
-                rabbitmq_url=rabbitmq_url,
-                revision=revision,
-                messages=messages,
-                args=args,
-                console=console,
-                profile=args.profile,
+    with contextlib.ExitStack() as stack:
+        # (name, command, revision, template database, messages it holds)
+        runs: list[tuple[str, list[str], str, str | None, int]] = [
+            ("end to end", serve, "head", None, 0)
+        ]
+        if args.stored:
+            template, env["Stored"] = stack.enter_context(
+                stored_template(
+                    admin_url,
+                    args.stored,
+                    ingestion,
+                    console,
+                    repeat_share=args.repeat_share,
+                    seed=args.seed,
+                )
             )
-            console.print(f"{drain.name}: {drain.per_second:,.0f} messages/s")
-            in_round[name] = drain
-        drains += [in_round[name] for name, *_ in runs]
+            runs = [
+                ("into an empty store", serve, "head", None, 0),
+                (f"into {args.stored:,} stored", serve, "head", template, args.stored),
+            ]
+        elif not args.no_previous:
+            previous = [sys.executable, str(BENCHMARKS / "previous_serve.py"), "serve"]
+            runs.append(
+                ("today's serve, previous schema + writer", previous, PREVIOUS_REVISION, None, 0)
+            )
+        drains = []  # round by round, each round's drains in the order of runs
+        for round_ in range(1, args.rounds + 1):
+            suffix = f" (round {round_})" if args.rounds > 1 else ""
+            in_round = {}
+            for name, command, revision, template_name, stored in (
+                runs if round_ % 2 else runs[::-1]
+            ):
+                drain = run_serve(
+                    name + suffix,
+                    command,
+                    admin_url=admin_url,
+                    rabbitmq_url=rabbitmq_url,
+                    revision=revision,
+                    messages=messages,
+                    args=args,
+                    console=console,
+                    profile=args.profile,
+                    template=template_name,
+                    stored=stored,
+                )
+                console.print(
+                    f"{drain.name}: {drain.per_second:,.0f} messages/s, "
+                    f"{drain.total_ms_per_message():.2f} ms CPU per message "
+                    f"(PostgreSQL {drain.pg_ms_per_message():.2f})"
+                )
+                in_round[name] = drain
+            drains += [in_round[name] for name, *_ in runs]
     env["Workload"] = (
         f"{len(messages):,} failed messages ({unique:,} distinct ids), queued before serve "
         f"starts; batch size {ingestion.batch_size}, {ingestion.concurrent_batches} batches at "
@@ -966,10 +1292,97 @@ def run(args: argparse.Namespace, admin_url: str) -> int:
     )
     if args.serve_setting:
         env["Serve settings"] = ", ".join(args.serve_setting) + " (not the defaults)"
-    report(console, env, write, drains, unique=unique, with_previous=len(runs) > 1)
-    if args.rounds > 1 and len(runs) > 1:
+    with_previous = len(runs) > 1 and not args.stored
+    report(console, env, write, drains, unique=unique, with_previous=with_previous)
+    if args.stored:
+        print_server_work(console, drains)
+        print_stored(console, drains)
+    elif args.rounds > 1 and len(runs) > 1:
         print_rounds(console, drains)
     return 0
+
+
+def print_server_work(console: Console, drains: Sequence[Drain], top: int = 8) -> None:
+    """Per drain, per message: the whole server's CPU over the drain and the CHECKPOINT
+    after it, the WAL and its full-page images, the buffers backends wrote themselves,
+    and the blocks read from outside shared buffers (the ``top`` relations by blocks
+    read)."""
+    table = Table(title="The server's work per message, drain and the CHECKPOINT after it")
+    for name in (
+        "run",
+        "whole server CPU ms",
+        "WAL KB",
+        "full-page images",
+        "backend buffer writes",
+        "blocks read / hit",
+        "checkpoint s",
+    ):
+        table.add_column(name, justify="left" if name == "run" else "right")
+    for drain in drains:
+        work, n = drain.background, drain.messages
+        if work is None:
+            continue
+        read = sum(b.read for b in drain.blocks_read)
+        hit = sum(b.hit for b in drain.blocks_read)
+        table.add_row(
+            drain.name,
+            f"{1000 * work.cpu_seconds / n:.2f}",
+            f"{work.wal_bytes / 1024 / n:.1f}",
+            f"{work.wal_fpi / n:.2f}",
+            f"{work.buffers_backend / n:.2f}",
+            f"{read / n:.2f} / {hit / n:.0f}",
+            f"{work.checkpoint_seconds:.1f}",
+        )
+    console.print(table)
+    console.print(
+        "Cluster-wide counters (pg_stat_wal, pg_stat_bgwriter, the server's processes): the "
+        "run's own on --scratch-server only. Blocks: the run's database alone."
+    )
+    for drain in drains:
+        reads = ", ".join(
+            f"{b.table}.{b.name} {b.read / drain.messages:.2f} ({b.hit / drain.messages:.1f} hit)"
+            for b in drain.blocks_read[:top]
+            if b.read
+        )
+        console.print(f"{drain.name}, blocks read per message, most first: {reads or 'none'}")
+        updates = ", ".join(
+            f"{table} {updated:,} ({hot:,} HOT)" for table, (updated, hot) in drain.updates.items()
+        )
+        console.print(f"{drain.name}, rows updated (in place, HOT): {updates or 'none'}")
+
+
+def print_stored(console: Console, drains: Sequence[Drain]) -> None:
+    """CPU per message into the stored store / into an empty one, from the two drains of
+    each round (run side by side, the order alternating between rounds): every round's
+    ratio, the median and the range, beside the target."""
+    pairs = list(zip(drains[::2], drains[1::2], strict=True))
+    stored = pairs[0][1].stored
+    scale = "" if stored >= TARGET_STORED else f" (measured at {stored:,}, target at 1,000,000)"
+
+    def ratios(figure: Callable[[Drain], float]) -> list[float]:
+        return [figure(full) / figure(empty) for empty, full in pairs]
+
+    for label, figure in (
+        ("serve and PostgreSQL CPU per message", Drain.total_ms_per_message),
+        ("PostgreSQL CPU per message", Drain.pg_ms_per_message),
+        ("serve CPU per message", Drain.serve_ms_per_message),
+        (
+            "whole server CPU per message (with the CHECKPOINT after)",
+            lambda d: d.background.cpu_seconds if d.background else math.nan,
+        ),
+        ("messages/s", lambda d: d.per_second),
+    ):
+        values = ratios(figure)
+        median = statistics.median(values)
+        line = (
+            f"{label}, into {stored:,} stored / into an empty store, per round: "
+            f"{', '.join(f'{v:.2f}' for v in values)}; median {median:.2f}x "
+            f"({min(values):.2f}-{max(values):.2f})"
+        )
+        if figure is Drain.total_ms_per_message:
+            met = median <= TARGET_STORED_RATIO
+            line += f" (target <= {TARGET_STORED_RATIO}x{scale}: {_verdict(met)})"
+        console.print(f"[bold]{line}[/]")
 
 
 def print_rounds(console: Console, drains: Sequence[Drain]) -> None:

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from controlroom import server
 from controlroom.config import Settings
+from controlroom.db.providers import provider_for
 from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.demo import generate_demo_telemetry
 from controlroom.sitecalls.history import KpiSampler
@@ -202,3 +203,34 @@ def test_serve_warns_at_start_when_the_stores_autovacuum_is_off(
     assert bool(warned) == (autovacuum == "off")
     for warning in warned:
         assert "dead rows" in warning and "slower" in warning
+
+
+def test_serve_warns_at_start_of_memory_and_wal_settings_that_grow_the_write_paths_cost(
+    tmp_path: Path, postgresql_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The server's settings cannot change from a test: the warnings follow what the
+    # provider reads of them once the store is migrated (docs/decisions.md "The write
+    # path's cost does not grow with the store").
+    settings = Settings(data_dir=tmp_path / "data", database_url=postgresql_url, port=0)
+    seen: list[server.Serving] = []
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(server.run(settings, stop=stop, on_serving=seen.append))
+        async with asyncio.timeout(TIMEOUT):
+            while not seen:
+                await asyncio.sleep(0.01)
+            stop.set()
+            await running
+
+    with caplog.at_level(logging.WARNING, logger="controlroom.server"):
+        asyncio.run(main())
+    engine = sa.create_engine(postgresql_url, poolclass=sa.pool.NullPool)
+    with engine.connect() as conn:
+        expected = provider_for(conn).server_settings_warnings(conn)
+    engine.dispose()
+
+    logged = [r.getMessage() for r in caplog.records]
+    assert [m for m in logged if m.startswith(("store: shared_buffers", "store: checkpoints"))] == [
+        f"store: {warning}" for warning in expected
+    ]

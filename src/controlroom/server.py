@@ -139,6 +139,7 @@ async def run(
             write_missing_search_terms(engine, progress=_log_search_terms_progress)
             _warn_of_audit_log_exposure(engine)
             _warn_of_vacuum_settings(engine)
+            _warn_of_server_settings(engine)
             transport = create_transport(settings)
             try:
                 await wait_until_reachable(
@@ -193,6 +194,16 @@ def _warn_of_vacuum_settings(engine: sa.Engine) -> None:
     over")."""
     with engine.connect() as conn:
         warnings = provider_for(engine).vacuum_warnings(conn)
+    for warning in warnings:
+        log.warning("store: %s", warning)
+
+
+def _warn_of_server_settings(engine: sa.Engine) -> None:
+    """Log a warning per memory or WAL setting of the store's server that makes the write
+    path's cost grow with the store (docs/decisions.md "The write path's cost does not
+    grow with the store")."""
+    with engine.connect() as conn:
+        warnings = provider_for(engine).server_settings_warnings(conn)
     for warning in warnings:
         log.warning("store: %s", warning)
 

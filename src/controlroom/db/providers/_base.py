@@ -448,6 +448,15 @@ class Provider(ABC):
         tables are vacuumed as they turn over")."""
         return []
 
+    def server_settings_warnings(self, conn: sa.Connection) -> list[str]:
+        """Sentences saying what the store server's memory and WAL settings cost the
+        write path as the store grows (index pages read and written outside the buffer
+        cache, pages logged whole after every checkpoint), one per problem; empty when
+        they cost nothing or the provider has no such settings (SQLite). ``serve`` logs
+        them at start (docs/decisions.md "The write path's cost does not grow with the
+        store")."""
+        return []
+
     def local_backend_pid(self, dbapi_connection: Any) -> int | None:
         """The id of the server process on this machine that serves ``dbapi_connection``
         (a driver connection), or ``None`` when the work runs in the caller's own process

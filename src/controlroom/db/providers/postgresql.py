@@ -34,6 +34,7 @@ from controlroom.db.providers._base import (
     on_conflict_update,
 )
 from controlroom.db.providers._postgresql_roles import audit_log_exposure, grant_service_role
+from controlroom.db.providers._postgresql_settings import server_settings_warnings
 from controlroom.db.providers._postgresql_vacuum import vacuum_warnings
 from controlroom.db.tables import (
     GROUP_HOURS_KEPT,
@@ -602,6 +603,9 @@ class PostgreSQLProvider(OnConflictProvider):
 
     def vacuum_warnings(self, conn: sa.Connection) -> list[str]:
         return vacuum_warnings(conn)
+
+    def server_settings_warnings(self, conn: sa.Connection) -> list[str]:
+        return server_settings_warnings(conn)
 
     def local_backend_pid(self, dbapi_connection: Any) -> int | None:
         # A Unix socket or a loopback address, and a process named postgres under that
