@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
+from controlroom.db.engine import begin_write
+from controlroom.db.providers import provider_for
 from controlroom.db.tables import (
     FailedMessageStatus,
     failed_message_groups,
@@ -14,8 +18,14 @@ from controlroom.db.tables import (
     known_endpoints,
     retry_batches,
 )
-from controlroom.errors.ingest.upsert import COUNTED_FAILURE_TIMES
-from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.errors.ingest.fold import fold_attempts
+from controlroom.errors.ingest.upsert import COUNTED_FAILURE_TIMES, upsert_failed_messages
+from controlroom.errors.ingest.writer import (
+    FailedMessageBatchWriter,
+    IngestionBatch,
+    failed_message_row,
+)
+from controlroom.errors.model import FailedAttempt, FailureGroup
 from tests.factories import at, attempt, endpoint, message_uuid
 
 
@@ -348,12 +358,136 @@ def test_group_rows_of_a_batch_are_one_statement_of_a_fixed_text(engine: sa.Engi
     finally:
         sa.event.remove(engine, "before_cursor_execute", record)
 
-    # Per batch: one DELETE of the winners' old rows, one INSERT of every new row, the
-    # same two texts for 3 messages and for 173.
-    assert [executemany for _, executemany in statements] == [False] * 4
-    assert statements[0][0] == statements[2][0] and statements[1][0] == statements[3][0]
+    # Per batch: at most one DELETE of the old rows (none where the provider says every
+    # message of the batch is new: the first batch on PostgreSQL), then one INSERT of
+    # every new row, the same texts for 3 messages and for 173.
+    assert not any(executemany for _, executemany in statements)
+    deletes = [sql for sql, _ in statements if sql.lstrip().lower().startswith("delete")]
+    inserts = [sql for sql, _ in statements if sql.lstrip().lower().startswith("insert")]
+    assert len(inserts) == 2 and len(set(inserts)) == 1
+    assert len(deletes) in (1, 2) and len(set(deletes)) == 1
     with engine.connect() as conn:
         assert (
             conn.execute(sa.select(sa.func.count()).select_from(failed_message_groups)).scalar_one()
             == 173
         )
+
+
+# --- group rows of new and of updated messages (docs/decisions.md "The upsert says which
+# rows it inserted") ---------------------------------------------------------------------
+def group(title: str) -> FailureGroup:
+    return FailureGroup(id=str(uuid.uuid5(uuid.NAMESPACE_URL, title)), classifier="T", title=title)
+
+
+def group_titles(engine: sa.Engine) -> dict[str, set[str]]:
+    """The titles of each message's group rows."""
+    rows = failed_message_groups.c
+    with engine.connect() as conn:
+        found = conn.execute(sa.select(rows.failed_message_id, rows.title)).all()
+    titles: dict[str, set[str]] = {}
+    for message, title in found:
+        titles.setdefault(message, set()).add(title)
+    return titles
+
+
+def upserted(engine: sa.Engine, attempts: list[FailedAttempt]) -> dict[str, bool]:
+    """Each row the upsert returned for ``attempts``, with whether it says it inserted it."""
+    rows = [failed_message_row(message, at(5000)) for message in fold_attempts(attempts)]
+    with begin_write(engine) as conn:
+        stored = upsert_failed_messages(conn, provider_for(engine), rows)
+    return {row.id: bool(row.inserted) for row in stored}
+
+
+def test_new_and_later_attempts_in_one_batch_end_with_exactly_their_stored_groups(
+    engine: sa.Engine,
+) -> None:
+    writer = FailedMessageBatchWriter(engine)
+    writer.write(
+        IngestionBatch(
+            attempts=[
+                attempt(0, at(10), groups=(group("a"), group("shared"))),
+                attempt(1, at(10), groups=(group("b"),)),
+            ]
+        )
+    )
+
+    writer.write(
+        IngestionBatch(
+            attempts=[
+                # A later attempt, classified otherwise: its old rows go.
+                attempt(0, at(20), groups=(group("c"), group("shared"), group("d"))),
+                # The stored attempt again (nothing new): its rows stay as they are.
+                attempt(1, at(10), groups=(group("other"),)),
+                # New messages, one of them in a group another message has.
+                attempt(2, at(20), groups=(group("c"),)),
+                attempt(3, at(20), groups=(group("e"), group("f"))),
+            ]
+        )
+    )
+
+    assert group_titles(engine) == {
+        message_uuid(0): {"c", "shared", "d"},
+        message_uuid(1): {"b"},
+        message_uuid(2): {"c"},
+        message_uuid(3): {"e", "f"},
+    }
+
+
+def test_the_upsert_never_says_an_updated_row_was_inserted(engine: sa.Engine) -> None:
+    upserted(engine, [attempt(0, at(10)), attempt(1, at(10))])
+
+    second = upserted(engine, [attempt(0, at(20)), attempt(1, at(5)), attempt(2, at(20))])
+
+    # Where the provider cannot tell (SQLite), every row is said to be updated.
+    assert set(second) == {message_uuid(0), message_uuid(1), message_uuid(2)}
+    assert second[message_uuid(0)] is False and second[message_uuid(1)] is False
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_on_postgresql_the_upsert_says_which_rows_it_inserted(engine: sa.Engine) -> None:
+    assert upserted(engine, [attempt(0, at(10)), attempt(1, at(10))]) == {
+        message_uuid(0): True,
+        message_uuid(1): True,
+    }
+
+    # Later (0), older (1) and new (2, 3) attempts: only the new rows were inserted.
+    assert upserted(
+        engine, [attempt(0, at(20)), attempt(1, at(5)), attempt(2, at(20)), attempt(3, at(1))]
+    ) == {
+        message_uuid(0): False,
+        message_uuid(1): False,
+        message_uuid(2): True,
+        message_uuid(3): True,
+    }
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_on_postgresql_only_updated_messages_have_their_old_group_rows_deleted(
+    engine: sa.Engine,
+) -> None:
+    deleted: list[list[str]] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        if statement.lstrip().upper().startswith("DELETE FROM FAILED_MESSAGE_GROUPS"):
+            ids = {message_uuid(n) for n in range(10)}
+            deleted.append(sorted(ids & set(bound_values(parameters))))
+
+    writer = FailedMessageBatchWriter(engine)
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        writer.write(IngestionBatch(attempts=[attempt(n, at(10)) for n in range(4)]))
+        writer.write(
+            IngestionBatch(
+                attempts=[attempt(1, at(20)), attempt(2, at(10))]
+                + [attempt(n, at(10)) for n in range(4, 8)]
+            )
+        )
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+
+    # First batch: every message new, no delete. Second: message 1 updated (2 is a
+    # redelivery the upsert skipped, 4-7 are new).
+    assert deleted == [[message_uuid(1)]]
+    assert group_titles(engine) == {
+        message_uuid(n): {attempt(n, at(20 if n == 1 else 10)).exception_message} for n in range(8)
+    }

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from controlroom.db.engine import create_store_engine, retry_transient
 from controlroom.db.migrate import upgrade_database
-from controlroom.db.tables import failed_messages
+from controlroom.db.tables import failed_message_groups, failed_messages
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from tests.factories import at, attempt, message_uuid
 
@@ -65,6 +65,9 @@ def test_eight_process_writers_overlapping_ids_count_every_distinct_attempt(
                 newest[n] = max(newest.get(n, s), s)
     with engine.connect() as conn:
         rows = conn.execute(sa.select(failed_messages)).all()
+        group_rows = conn.execute(
+            sa.select(failed_message_groups.c.failed_message_id, failed_message_groups.c.title)
+        ).all()
     engine.dispose()
 
     assert {row.id: row.number_of_processing_attempts for row in rows} == {
@@ -76,3 +79,7 @@ def test_eight_process_writers_overlapping_ids_count_every_distinct_attempt(
     assert all(
         row.exception_message == attempt(0, row.last_failure_at).exception_message for row in rows
     )
+    # Exactly the group of each message's stored attempt: a writer whose insert of a new
+    # id became an update of another writer's row replaced that writer's group rows
+    # (docs/decisions.md "The upsert says which rows it inserted").
+    assert sorted(group_rows) == sorted((row.id, row.exception_message) for row in rows)

@@ -173,10 +173,12 @@ ascii_texts = st.text(
 
 @given(ascii_texts)
 def test_ascii_text_gives_the_terms_the_unicode_patterns_give(text: str) -> None:
-    # A value that is not ASCII sends the header values through the Unicode patterns;
-    # its one term, "é", comes last of the parts and is the only difference.
+    # A value holding a character outside ASCII that is neither a letter nor a digit (a
+    # non-breaking space: "é" alone no longer would) sends the header values through the
+    # Unicode patterns; its one term, "é", comes last of the parts and is the only
+    # difference.
     ascii_only = message_search_terms({"a": text}, text)
-    through_unicode = message_search_terms({"a": text, "b": "é"}, "é " + text)
+    through_unicode = message_search_terms({"a": text, "b": "é\u00a0"}, "é\u00a0 " + text)
 
     assert [term for term in through_unicode if term != "é"] == ascii_only
 
@@ -250,13 +252,83 @@ def test_terms_equal_the_reference_tokenizers(
     assert message_search_terms(headers, body) == reference_message_search_terms(headers, body)
 
 
+# Mostly ASCII text whose other characters are letters and digits (accented words in a
+# JSON body, as the benchmark's), which the translation tables cut too; now and then one
+# that is not (a non-breaking space, a dash, a combining mark, a lone surrogate) or one
+# whose lower case is not a letter (``İ``), which sends the text to the patterns.
+_letters_outside_ascii = st.one_of(
+    st.sampled_from(
+        ["é", "è", "Ü", "ß", "\u212a", "٣", "²", "中", "\u01c5", "\u03a9", "\ufb01", "\u0149"]
+    ),
+    st.characters(min_codepoint=0x80).filter(str.isalnum),
+)
+_mostly_ascii_texts = st.one_of(
+    st.text(
+        st.one_of(
+            st.characters(max_codepoint=127),
+            st.sampled_from(list("._-:/\\\"'()[]{}<>,;=| \t\nAZaz09_")),
+            _letters_outside_ascii,
+        ),
+        max_size=400,
+    ),
+    st.builds(
+        lambda words, odd: " ".join(words) + odd,
+        st.lists(
+            st.text(
+                st.one_of(st.sampled_from(list("abcXYZ019.-_/:")), _letters_outside_ascii),
+                min_size=1,
+                max_size=80,
+            ),
+            max_size=30,
+        ),
+        st.sampled_from(["", "", "", "\u00a0x", "a\u2013b", "e\u0301", "\ud800", "İ", "\u2028"]),
+    ),
+)
+
+
+@given(
+    st.dictionaries(st.text(max_size=5), st.one_of(st.none(), _mostly_ascii_texts), max_size=4),
+    st.one_of(st.none(), _mostly_ascii_texts),
+)
+def test_mostly_ascii_text_gives_the_terms_of_the_reference_tokenizer(
+    headers: dict[str, str | None], body: str | None
+) -> None:
+    assert message_search_terms(headers, body) == reference_message_search_terms(headers, body)
+
+
+def test_text_whose_only_other_characters_are_letters_is_cut_without_regular_expressions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    headers = {"NServiceBus.ExceptionInfo.Message": "Article «Café-crème» épuisé"}
+    body = '{"Sku":"LAMP-GRN-07","Notes":"Grüne Lampe; Tapis tissé, leave at door"}'
+    expected = reference_message_search_terms({"m": "Article Café-crème épuisé"}, body)
+
+    class Refused:
+        def findall(self, text: str) -> list[str]:
+            raise AssertionError(f"a pattern ran over {text!r}")
+
+    # The guillemets are not letters: those header values take the patterns; the body not.
+    headers_terms = message_search_terms(headers, None)
+    monkeypatch.setattr(search_terms, "_PART", Refused())
+    monkeypatch.setattr(search_terms, "_COMPOUND", Refused())
+
+    assert message_search_terms({"m": "Article Café-crème épuisé"}, body) == expected
+    assert headers_terms == reference_message_search_terms(headers, None)
+    with pytest.raises(AssertionError, match="a pattern ran"):
+        message_search_terms(headers, None)
+
+
 def test_terms_equal_the_reference_tokenizers_on_long_and_crowded_text() -> None:
     words = " ".join(f"w{n}.x_{n}-y" for n in range(4_000))  # over MAX_TERMS
     long = "a.b" * 60_000  # over MAX_TEXT_CHARS and MAX_TERM_CHARS
+    accented = " ".join(f"Grüne{n}.Lampe-{n}_tissé/ß{n}" for n in range(4_000))
     for headers, body in [
         ({"a": words}, words),
         ({"a": long}, long + "é"),
+        ({"a": long}, long + "é\u00a0"),
         ({"a": "x" * 200 + "." + "y" * 200}, "Ä" * 70 + "-" + "b" * 70),
+        ({"a": accented}, accented),
+        ({"a": "é" * 70 + "." + "ü" * 70}, ("crème." * 20_000) + "Ω"),
     ]:
         assert message_search_terms(headers, body) == reference_message_search_terms(headers, body)
 

@@ -171,6 +171,13 @@ class Provider(ABC):
         ``returning``, it returns those columns of the rows it inserted, never of a row
         it left."""
 
+    def inserted_flag(self, table: sa.Table) -> sa.ColumnElement[bool]:
+        """A column for the ``returning`` of an ``upsert`` (or ``upsert_rows``) into
+        ``table``: true for a row the statement inserted, false for one it updated. Here
+        false for every row: a provider that cannot tell them apart says so, and the caller
+        then treats every row as one that may have existed before (correct, only slower)."""
+        return sa.false()
+
     def upsert_rows(
         self,
         table: sa.Table,

@@ -357,6 +357,14 @@ class PostgreSQLProvider(OnConflictProvider):
         # ON CONFLICT ... DO UPDATE ... WHERE returns no row for a conflict WHERE refused.
         return statement.returning(*returning) if returning else statement
 
+    def inserted_flag(self, table: sa.Table) -> sa.ColumnElement[bool]:
+        """``xmax = 0`` of the row version the statement wrote (docs/decisions.md "The
+        upsert says which rows it inserted"): a version an ``INSERT`` made has no
+        ``xmax``; the version ``ON CONFLICT ... DO UPDATE`` made carries the transaction's
+        own lock of the row it replaced, which the update keeps (so does one that waited
+        for a concurrent inserter of the same key)."""
+        return sa.literal_column(f"({table.name}.xmax = 0)", sa.Boolean)
+
     def write_rows(
         self, conn: sa.Connection, statement: Any, rows: Sequence[Row]
     ) -> list[sa.Row[*tuple[Any, ...]]]:

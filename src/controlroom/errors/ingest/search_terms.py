@@ -65,18 +65,25 @@ _PART = re.compile(r"[^\W_]+")
 # one part: parts joined by runs of what is neither a part nor a separator. Found
 # directly; the look-behind and the possessive quantifiers keep it linear in the text.
 _COMPOUND = re.compile(rf"(?<![^\W_])[^\W_]++(?:(?:[^\w{_SEPARATORS}]|_)++[^\W_]++)+")
-# Lower-cased text that is all ASCII (the usual header values) is cut without regular
-# expressions, by two translation tables over its bytes (bytes.translate, then str.split:
-# a pass each, in C): one keeps the letters and digits [a-z0-9] and blanks the rest (the
-# parts), the other blanks the separators only (the tokens, each then stripped of the
-# joining characters at its ends: a token as written when a joiner is left inside). The
-# same terms as the patterns above give (tests/unit/test_search_terms.py keeps the
-# regular-expression tokenizer as the reference), at about half their CPU; the tokenizer
-# is the largest part of the write path's client CPU (benchmarks/README.md).
+# Lower-cased text whose every character outside ASCII is a letter or a digit (the usual
+# header values, and bodies whose only non-ASCII characters are accented words) is cut
+# without regular expressions, by two translation tables over its UTF-8 bytes
+# (bytes.translate, then str.split: a pass each, in C): one keeps the letters and digits
+# [a-z0-9] and every byte of a character outside ASCII (here always a letter or digit:
+# its bytes are all 0x80 and above) and blanks the rest (the parts), the other blanks
+# the ASCII separators only (the tokens, each then stripped of the joining characters at
+# its ends, all ASCII here: a token as written when a joiner is left inside). The same
+# terms as the patterns above give (tests/unit/test_search_terms.py keeps the
+# regular-expression tokenizer as the reference), at a fraction of their CPU; the
+# tokenizer is the largest part of the write path's client CPU (benchmarks/README.md).
 _ASCII_ALNUM = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789")
 _ASCII_SEPARATORS = frozenset([*range(0x20), 0x7F, *b" \"'()[]{}<>,;=|`"])
-_ASCII_PARTS = bytes(c if c in _ASCII_ALNUM else 0x20 for c in range(256))
+_ASCII_PARTS = bytes(c if c in _ASCII_ALNUM or c >= 0x80 else 0x20 for c in range(256))
 _ASCII_TOKENS = bytes(0x20 if c in _ASCII_SEPARATORS else c for c in range(256))
+# A character outside ASCII that is neither a letter nor a digit (a separator such as a
+# non-breaking space or a lone surrogate, or a joiner such as a dash): text holding one
+# takes the patterns above. ``\w`` is the letters and digits (``str.isalnum``) and ``_``.
+_NOT_ALNUM_OUTSIDE_ASCII = re.compile(r"[^\x00-\x7f\w]")
 _ASCII_JOINERS = "".join(
     chr(c) for c in range(128) if c not in _ASCII_ALNUM and c not in _ASCII_SEPARATORS
 )
@@ -92,10 +99,11 @@ def _add_terms(text: str, terms: dict[str, None]) -> None:
     """Add the terms of ``text`` to ``terms``: its parts in order of occurrence, then its
     tokens as written. Two passes over the whole text, none per character in Python."""
     lowered = text.lower()
-    if lowered.isascii():
-        data = lowered.encode("ascii")
-        terms.update(dict.fromkeys(_cut(data.translate(_ASCII_PARTS).decode("ascii").split())))
-        tokens = dict.fromkeys(data.translate(_ASCII_TOKENS).decode("ascii").split())
+    if lowered.isascii() or not _NOT_ALNUM_OUTSIDE_ASCII.search(lowered):
+        # Translating ASCII bytes to ASCII bytes keeps every multi-byte character whole.
+        data = lowered.encode("utf-8")
+        terms.update(dict.fromkeys(_cut(data.translate(_ASCII_PARTS).decode("utf-8").split())))
+        tokens = dict.fromkeys(data.translate(_ASCII_TOKENS).decode("utf-8").split())
         written = [
             stripped
             for token in tokens

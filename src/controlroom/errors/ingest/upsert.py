@@ -207,15 +207,20 @@ def upsert_statement(provider: Provider) -> Any:
     """The conditional upsert of ``failed_messages`` on ``provider``, built once: its rows
     are bound at execution (``Provider.upsert_rows``; on PostgreSQL one text for any
     number of rows), so SQLAlchemy compiles it once and caches it. Returns ``(id,
-    last_failure_at)`` of every row it inserted or updated, as it stands after the
-    statement (a row the guard skipped is not returned)."""
+    last_failure_at, inserted)`` of every row it inserted or updated, as it stands after
+    the statement (a row the guard skipped is not returned); ``inserted`` as
+    ``Provider.inserted_flag`` says (false for every row where the provider cannot tell)."""
     return provider.upsert_rows(
         failed_messages,
         columns=ROW_COLUMNS,
         key=[failed_messages.c.id],
         set_=lambda incoming: conditional_upsert_assignments(provider, incoming),
         where=lambda incoming: conditional_upsert_guard(provider, incoming),
-        returning=[failed_messages.c.id, failed_messages.c.last_failure_at],
+        returning=[
+            failed_messages.c.id,
+            failed_messages.c.last_failure_at,
+            provider.inserted_flag(failed_messages).label("inserted"),
+        ],
     )
 
 
@@ -226,8 +231,10 @@ def upsert_failed_messages(
     statement per chunk of at most ``provider.max_rows_per_statement`` rows
     (``Provider.write_rows``).
 
-    Returns ``(id, last_failure_at)`` of every row inserted or updated, as it stands after
-    its statement, so the caller knows whose stored attempt is now the batch's, without a
-    read before the write; rows the guard skipped (nothing new) are left out.
+    Returns ``(id, last_failure_at, inserted)`` of every row inserted or updated, as it
+    stands after its statement, so the caller knows whose stored attempt is now the
+    batch's, and which rows are new (``inserted``, where the provider tells:
+    ``Provider.inserted_flag``), without a read before the write; rows the guard skipped
+    (nothing new) are left out.
     """
     return provider.write_rows(conn, upsert_statement(provider), rows)

@@ -227,10 +227,13 @@ class FailedMessageBatchWriter:
     ) -> None:
         """Step 2: messages whose stored attempt is now this batch's get its groups (a row
         the upsert skipped, bringing nothing new, is not in ``stored``), each group row
-        with its copies of the message's columns (``group_rows_statement``). A group
-        that had no row before is announced (``FailureGroupAppeared``,
-        ``new_groups``)."""
+        with its copies of the message's columns (``group_rows_statement``). Only the
+        messages the upsert updated have old group rows to delete: one it inserted has
+        none, since group rows reference their message (docs/decisions.md "The upsert
+        says which rows it inserted"). A group that had no row before is announced
+        (``FailureGroupAppeared``, ``new_groups``)."""
         stored_attempt = {row.id: row.last_failure_at for row in stored}
+        inserted = {row.id for row in stored if row.inserted}
         winners = [
             message
             for message in folded
@@ -238,15 +241,18 @@ class FailedMessageBatchWriter:
         ]
         if not winners:
             return
+        updated = [
+            message.unique_message_id
+            for message in winners
+            if message.unique_message_id not in inserted
+        ]
         # Two statements of a fixed text whatever the number of rows (prepared once).
-        conn.execute(
-            sa.delete(failed_message_groups).where(
-                self._provider.is_one_of(
-                    failed_message_groups.c.failed_message_id,
-                    [message.unique_message_id for message in winners],
+        if updated:
+            conn.execute(
+                sa.delete(failed_message_groups).where(
+                    self._provider.is_one_of(failed_message_groups.c.failed_message_id, updated)
                 )
             )
-        )
         group_rows = [
             {
                 "failed_message_id": message.unique_message_id,
