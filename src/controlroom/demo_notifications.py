@@ -56,13 +56,15 @@ def demo_notification_settings(central_port: int, host: str = "127.0.0.1") -> di
         url = f"http://{host}:{hook_port}/{name}"
         return {"name": name, "url": url, "secret": DEMO_SECRET, **extra}
 
-    def rule(name: str, event: str, channel: str, target: str, window: str) -> dict[str, Any]:
+    def rule(
+        name: str, event: str, channel: str, target: str, window: str, severity: str = "Error"
+    ) -> dict[str, Any]:
         return {
             "name": name,
             "event_types": [event],
             "channel": channel,
             "target": target,
-            "severity": "Error",
+            "severity": severity,
             "window": window,
         }
 
@@ -76,7 +78,9 @@ def demo_notification_settings(central_port: int, host: str = "127.0.0.1") -> di
             rule(
                 "failed-imports-pager", "MessageFailedToImport", "Webhook", REFUSED_WEBHOOK, "PT10S"
             ),
-            rule("retries-chat", "RetryOperationCompleted", "Webhook", "ops-chat", "PT30S"),
+            rule(  # a finished retry is news, not an error
+                "retries-chat", "RetryOperationCompleted", "Webhook", "ops-chat", "PT30S", "Info"
+            ),
         ],
         "max_attempts": 3,
         "backoff_base": "PT2S",

@@ -35,3 +35,12 @@ def test_the_webhook_sink_accepts_ops_chat_and_refuses_the_pager() -> None:
         "webhook ops-chat: None '*hi*' (accepted)",
         "webhook pager: None 'down' (refused, 500)",
     ]
+
+
+def test_the_demos_finished_retries_are_news_and_its_failed_imports_errors() -> None:
+    outbox = NotificationSettings.model_validate(demo_notification_settings(9300))
+    severities = {rule.name: str(rule.severity) for rule in outbox.rules}
+    assert severities["retries-chat"] == "Info"
+    assert {severities[name] for name in severities if name.startswith("failed-imports")} == {
+        "Error"
+    }

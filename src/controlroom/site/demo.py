@@ -129,7 +129,10 @@ async def run_site_demo(
     ``demo_ports`` of ``central_url``'s port. Raises ``ConfigurationError`` naming the
     address when a port is taken."""
     north, south, targets_port = ports or demo_ports(central_port_of(central_url))
-    taken_hint = "another CONTROLROOM_PORT for central (the agents take 11-13 past it)"
+    taken_hint = (
+        "CONTROLROOM_PORT for central, 16 or more away from a running demo's (a demo takes "
+        "the ports 11-15 past its own)"
+    )
     listeners = [listen("127.0.0.1", targets_port, chosen_by=taken_hint)]
     targets_url = f"http://127.0.0.1:{targets_port}"
     targets = make_server(flaky_targets())
