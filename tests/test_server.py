@@ -176,11 +176,11 @@ def test_the_kpi_sampler_samples_again_as_soon_as_the_first_telemetry_is_written
     assert (asyncio.run(main()) or 0) > 0
 
 
-def test_serve_warns_at_start_when_the_stores_autovacuum_is_off(
-    tmp_path: Path, postgresql_url: str, caplog: pytest.LogCaptureFixture
+def start_and_stop_logging_warnings(
+    tmp_path: Path, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # The server's setting cannot change from a test: the warning follows SHOW autovacuum.
-    settings = Settings(data_dir=tmp_path / "data", database_url=postgresql_url, port=0)
+    """Serve on ``database_url`` until it serves, then stop it, capturing its warnings."""
+    settings = Settings(data_dir=tmp_path / "data", database_url=database_url, port=0)
     seen: list[server.Serving] = []
 
     async def main() -> None:
@@ -194,6 +194,13 @@ def test_serve_warns_at_start_when_the_stores_autovacuum_is_off(
 
     with caplog.at_level(logging.WARNING, logger="controlroom.server"):
         asyncio.run(main())
+
+
+def test_serve_warns_at_start_when_the_stores_autovacuum_is_off(
+    tmp_path: Path, postgresql_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The server's setting cannot change from a test: the warning follows SHOW autovacuum.
+    start_and_stop_logging_warnings(tmp_path, postgresql_url, caplog)
     engine = sa.create_engine(postgresql_url, poolclass=sa.pool.NullPool)
     with engine.connect() as conn:
         autovacuum = conn.exec_driver_sql("SHOW autovacuum").scalar_one()
@@ -211,20 +218,7 @@ def test_serve_warns_at_start_of_memory_and_wal_settings_that_grow_the_write_pat
     # The server's settings cannot change from a test: the warnings follow what the
     # provider reads of them once the store is migrated (docs/decisions.md "The write
     # path's cost does not grow with the store").
-    settings = Settings(data_dir=tmp_path / "data", database_url=postgresql_url, port=0)
-    seen: list[server.Serving] = []
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        running = asyncio.create_task(server.run(settings, stop=stop, on_serving=seen.append))
-        async with asyncio.timeout(TIMEOUT):
-            while not seen:
-                await asyncio.sleep(0.01)
-            stop.set()
-            await running
-
-    with caplog.at_level(logging.WARNING, logger="controlroom.server"):
-        asyncio.run(main())
+    start_and_stop_logging_warnings(tmp_path, postgresql_url, caplog)
     engine = sa.create_engine(postgresql_url, poolclass=sa.pool.NullPool)
     with engine.connect() as conn:
         expected = provider_for(conn).server_settings_warnings(conn)
