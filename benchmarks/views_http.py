@@ -35,8 +35,9 @@ How each figure is made (``benchmarks/README.md`` has the figures):
    queue file in a scratch data directory. Windows alternate in rounds, idle then control,
    then control then idle (``--rounds``: ``2`` gives idle, control, control, idle). A
    control window runs one busy loop per core (``os.cpu_count()``, at ``--control-nice``,
-   default 0: each a ``python -c`` loop that touches no file, socket or database) for the
-   whole window, started 1 s before it. Serve A is stopped (SIGTERM).
+   default 0, under ``--control-scheduling``, default normal: each a ``python -c`` loop
+   that touches no file, socket or database) for the whole window,
+   started 1 s before it. Serve A is stopped (SIGTERM).
 5. **The backlog.** ``--backlog`` messages from ``ingest.py``'s generator (about 3 KB of
    headers, a 1 KB JSON body, 10 % later attempts of an earlier message; failing in the
    6 hours before now, so newer than every loaded row: a storm on top of the store),
@@ -143,7 +144,11 @@ MIN_SAMPLES = 20  # fewer samples per view and kind: its p95 is flagged
 TARGET_P95_RATIO = 1.5  # draining p95 / idle p95, at most
 TARGET_DRAIN_RATIO = 0.8  # drain rate with a reader / without, at least
 NICE_FIELD = 16  # of pgserver.stat_fields: /proc/<pid>/stat field 19
-SPIN = "import os\nos.nice({nice})\nwhile True:\n    pass\n"
+SPIN = (
+    "import os\nos.nice({nice})\n"
+    "if {idle}:\n    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+    "while True:\n    pass\n"
+)
 
 BASELINE_VIEWS = (
     "errors: first page (default sort time_sent desc)",
@@ -365,12 +370,13 @@ def run_windows(
     order: Sequence[tuple[int, str]],
     seconds: float,
     control_nice: int,
+    control_scheduling: str,
 ) -> list[Window]:
     windows = []
     for number, kind in order:
         spinners: list[subprocess.Popen[bytes]] = []
         if kind == CONTROL:
-            spin = SPIN.format(nice=control_nice)
+            spin = SPIN.format(nice=control_nice, idle=control_scheduling == "idle")
             spinners = [
                 subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 1)
             ]
@@ -549,6 +555,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="nice of the control's busy loops (default 0; the workers' is ingestion.nice)",
     )
     parser.add_argument(
+        "--control-scheduling",
+        choices=("normal", "idle"),
+        default="normal",
+        help="the control's busy loops' policy (idle: SCHED_IDLE, as ingestion.scheduling)",
+    )
+    parser.add_argument(
         "--serve-setting",
         action="append",
         default=[],
@@ -652,6 +664,7 @@ def measure(
                     window_order(args.rounds, IDLE, CONTROL),
                     args.seconds,
                     args.control_nice,
+                    args.control_scheduling,
                 )
             finally:
                 probe.close()
@@ -675,6 +688,7 @@ def measure(
                     window_order(args.rounds, WITHOUT, WITH),
                     args.seconds,
                     args.control_nice,
+                    args.control_scheduling,
                 )
             finally:
                 probe.close()

@@ -334,6 +334,47 @@ def test_the_postgresql_backends_of_a_worker_run_at_its_niceness(
     assert reniced  # the worker's, and only a worker's are lowered
 
 
+@pytest.mark.postgresql
+def test_idle_scheduling_puts_the_worker_and_its_postgresql_backends_under_sched_idle(
+    tmp_path: Path, postgresql_url: str
+) -> None:
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=postgresql_url,
+        ingestion=IngestionSettings(workers=1, nice=NICE, scheduling="idle"),
+    )
+    database = sa.make_url(postgresql_url).database
+    policies: dict[str, list[int]] = {}
+
+    def backend_policies() -> list[int]:
+        engine = create_store_engine(postgresql_url)
+        try:
+            with engine.connect() as conn:
+                pids = conn.execute(
+                    sa.text("SELECT pid FROM pg_stat_activity WHERE datname = :d"),
+                    {"d": database},
+                ).scalars()
+                found = []
+                for pid in pids:
+                    with contextlib.suppress(OSError):  # a backend that just ended
+                        found.append(os.sched_getscheduler(pid))
+                return found
+        finally:
+            engine.dispose()
+
+    async def body(url: str) -> None:
+        await publish(settings, 0, 10)
+        await until(lambda: asyncio.to_thread(lambda: stored_count(settings) == 10))
+        policies["workers"] = [os.sched_getscheduler(pid) for pid in children()]
+        policies["backends"] = await asyncio.to_thread(backend_policies)
+
+    serve(settings, body)
+    assert policies["workers"] == [os.SCHED_IDLE]
+    assert os.SCHED_IDLE in policies["backends"]  # the worker's
+    assert os.SCHED_OTHER in policies["backends"]  # this test's own stays normal
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
 def test_sigterm_to_controlroom_serve_stops_its_workers(tmp_path: Path) -> None:
     env = {
         **os.environ,

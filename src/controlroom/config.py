@@ -88,6 +88,14 @@ class IngestionSettings(BaseModel):
     nice: int = Field(
         10, ge=0, le=19, description="How much the workers lower their CPU priority (os.nice)."
     )
+    scheduling: Literal["normal", "idle"] = Field(
+        "normal",
+        description=(
+            "The workers' and their local PostgreSQL backends' scheduling policy: 'idle' is "
+            "Linux's SCHED_IDLE (the console's process preempts them at once; they run on "
+            "what the rest leave), 'normal' keeps the default policy at the lowered nice."
+        ),
+    )
 
     @property
     def effective_prefetch(self) -> int:

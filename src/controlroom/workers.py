@@ -86,6 +86,9 @@ def worker_main(settings: Settings, index: int, conn: Connection, owner: str) ->
     back when the worker dies."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.nice(settings.ingestion.nice)
+    # Set before any thread starts: Linux keeps the policy per thread, and new threads
+    # inherit it (docs/design.md "Process shape").
+    _idle_policy(settings.ingestion.scheduling, 0)
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s",
@@ -131,7 +134,7 @@ async def _work(settings: Settings, reporter: _Reporter, owner: str) -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     engine = create_store_engine(settings.effective_database_url)
-    _lower_backends(engine, settings.ingestion.nice)
+    _lower_backends(engine, settings.ingestion.nice, settings.ingestion.scheduling)
     transport = create_transport(settings, owner=owner)
     await transport.start()
     unsubscribe = subscribe(engine, partial(apply_rules, settings.notifications))
@@ -195,10 +198,19 @@ async def _report_metrics(reporter: _Reporter) -> None:
         await asyncio.sleep(METRICS_SECONDS)
 
 
-def _lower_backends(engine: sa.Engine, nice: int) -> None:
-    """Renice each PostgreSQL backend serving this worker's connections by ``nice``, when
-    the store says it runs on this machine and the OS lets this process (docs/design.md
-    "Process shape"); otherwise the backend keeps its priority, said once in the log."""
+def _idle_policy(scheduling: str, pid: int) -> None:
+    """Put ``pid`` (0: the calling thread) under SCHED_IDLE when ``scheduling`` is
+    ``"idle"``; raises ``OSError`` when the OS refuses. A policy this platform lacks
+    leaves the nice value alone to lower the priority."""
+    if scheduling == "idle" and hasattr(os, "SCHED_IDLE"):
+        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+
+
+def _lower_backends(engine: sa.Engine, nice: int, scheduling: str) -> None:
+    """Renice each PostgreSQL backend serving this worker's connections by ``nice`` (and
+    put it under the worker's scheduling policy), when the store says it runs on this
+    machine and the OS lets this process (docs/design.md "Process shape"); otherwise the
+    backend keeps its priority, said once in the log."""
     provider = provider_for(engine)
     told = threading.Event()
 
@@ -209,6 +221,7 @@ def _lower_backends(engine: sa.Engine, nice: int) -> None:
         try:
             current = os.getpriority(os.PRIO_PROCESS, pid)
             os.setpriority(os.PRIO_PROCESS, pid, min(19, current + nice))
+            _idle_policy(scheduling, pid)
         except OSError as exc:
             if not told.is_set():
                 told.set()
