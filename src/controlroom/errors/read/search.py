@@ -114,8 +114,8 @@ def _search_query(
     if exact_count_limit is None:
         return _search_page(conn, condition, offset, limit, order)
     matching = sa.select(sa.literal(1)).select_from(failed_messages).where(condition)
-    broad = _page_of_a_broad_search(
-        conn, condition, matching, exact_count_limit, offset, limit, order
+    broad, sampled = _page_of_a_broad_search(
+        conn, condition, matching, exact_count_limit, offset, limit, order, _prefixed(query)
     )
     if broad is not None:
         return broad
@@ -131,7 +131,10 @@ def _search_query(
     walk_pays = _walk_pays(conn, query, where, matching, total, exact_count_limit, offset + limit)
     if not walk_pays:
         return _search_page(conn, condition, offset, limit, order)
-    return _search_page_of_many(conn, text, query, where, condition, total, offset, limit, order)
+    spread = max(total.value, sampled or 0)
+    return _search_page_of_many(
+        conn, text, query, where, condition, total, spread, offset, limit, order
+    )
 
 
 def _walk_pays(
@@ -168,6 +171,11 @@ def _walk_pays(
     return count_rows(conn, matching.limit(needed)) >= needed
 
 
+def _prefixed(query: SearchQuery) -> bool:
+    """Whether any alternative of ``query`` holds a prefix."""
+    return any(terms.prefixes for terms in query.alternatives)
+
+
 def _page_of_a_broad_search(
     conn: sa.Connection,
     condition: sa.ColumnElement[bool],
@@ -176,15 +184,20 @@ def _page_of_a_broad_search(
     offset: int,
     limit: int,
     order: Ordering,
-) -> SearchPage | None:
+    prefixed: bool,
+) -> tuple[SearchPage | None, int | None]:
     """The page of a broad search with its estimated total, or ``None`` (the caller
-    counts, as for any search).
+    counts, as for any search); and the sample's matches scaled to every message when
+    the sample was taken and held at least ``SEARCH_SAMPLE_MATCHES`` (else ``None``).
 
     Broad: the provider estimates more than the exact-count limit (a cheap gate: SQLite
-    has no such estimate), and the matches among ``SEARCH_SAMPLE`` messages spread over
-    the ids, scaled to every message, come to ``BROAD_SEARCH_ESTIMATE`` x the limit or
-    more, from at least ``SEARCH_SAMPLE_MATCHES`` of them. That scaled figure is the
-    total, marked estimated; a sample holding every message is exact but still marked.
+    has no such estimate; a ``prefixed`` search passes it whatever the estimate, as
+    PostgreSQL's planner prices a prefix as a rare word: 4,449 estimated of 59,247
+    matching at 1,000,000, ``benchmarks/README.md``), and the matches among
+    ``SEARCH_SAMPLE`` messages spread over the ids, scaled to every message, come to
+    ``BROAD_SEARCH_ESTIMATE`` x the limit or more, from at least ``SEARCH_SAMPLE_MATCHES``
+    of them. That scaled figure is the total, marked estimated; a sample holding every
+    message is exact but still marked.
     The page is then looked for in the first ``BROAD_SEARCH_WINDOW`` x (``offset`` +
     ``limit``) rows of the sort order; no full page there gives ``None`` too.
 
@@ -196,8 +209,10 @@ def _page_of_a_broad_search(
     window_rows = BROAD_SEARCH_WINDOW * (offset + limit)
     provider = provider_for(conn)
     estimate = provider.estimate_rows(conn, matching)
-    if estimate is None or estimate <= exact_count_limit or window_rows > BROAD_SEARCH_WINDOW_MAX:
-        return None
+    if estimate is None or window_rows > BROAD_SEARCH_WINDOW_MAX:
+        return None, None
+    if estimate <= exact_count_limit and not prefixed:
+        return None, None
     sample = sa.select(fm.id).order_by(fm.id).limit(SEARCH_SAMPLE).subquery("sample")
     sampled = conn.execute(
         sa.select(sample.c.id)
@@ -206,13 +221,15 @@ def _page_of_a_broad_search(
     ).all()
     messages = count_failed_messages(conn)
     scaled = round(len(sampled) * messages / max(min(SEARCH_SAMPLE, messages), 1))
-    if len(sampled) < SEARCH_SAMPLE_MATCHES or scaled < BROAD_SEARCH_ESTIMATE * exact_count_limit:
-        return None
+    if len(sampled) < SEARCH_SAMPLE_MATCHES:
+        return None, None
+    if scaled < BROAD_SEARCH_ESTIMATE * exact_count_limit:
+        return None, scaled
     window = _window(provider, order, window_rows)
     page = _window_page(provider, condition, window, order, offset=offset, limit=limit)
     total = Total(scaled, estimated=True)
     found = hits_page(conn, page, order, total, offset=offset, limit=limit)
-    return found if len(found.items) == limit else None
+    return (found if len(found.items) == limit else None), scaled
 
 
 def _window(provider: Provider, order: Ordering, rows: int) -> sa.Select[Any]:
@@ -288,6 +305,7 @@ def _search_page_of_many(
     where: FailedMessageFilter,
     collected: sa.ColumnElement[bool],
     total: Total,
+    spread: int,
     offset: int,
     limit: int,
     order: Ordering,
@@ -297,7 +315,9 @@ def _search_page_of_many(
     than the exact-count limit, ``total`` of them, and enough for a walk to pay
     (``_walk_pays``; else the caller reads its page from the collected matches): walking
     the sort key's index and testing each row finds a page after about (offset + limit) x
-    (all messages / matches) rows. The walk keeps the condition from every index
+    (all messages / ``spread``) rows, ``spread`` the most matches known (the total, or a
+    sample's figure past it: a total held at the exact-count limit would size the walk
+    for that many). The walk keeps the condition from every index
     (``Provider.without_index``): SQLite, having no statistics, would otherwise collect
     every match by its indexes and sort them all.
 
@@ -309,7 +329,7 @@ def _search_page_of_many(
     the provider with the condition (``search_condition``'s ``among``): SQLite then reads
     only the hits within the window's rowid range."""
     provider = provider_for(conn)
-    tested = math.ceil((offset + limit) * count_failed_messages(conn) / max(total.value, 1))
+    tested = math.ceil((offset + limit) * count_failed_messages(conn) / max(spread, 1))
     bound = 2 * tested + limit
     if bound <= BROAD_SEARCH_WINDOW_MAX:
         window = _window(provider, order, bound)
