@@ -51,8 +51,8 @@ Run: ``make bench`` (after ``ingest.py``) or ``.venv/bin/python benchmarks/serve
 [--messages N]``. Servers: ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (admin URL, as
 ``ingest.py``) and ``CONTROLROOM_BENCH_RABBITMQ_URL`` (default
 ``amqp://guest:guest@127.0.0.1:5672/``; the vhosts are made with ``rabbitmqctl``), both on
-this machine (CPU is read from ``/proc``). ``--profile DIR`` runs serve under ``py-spy
-record`` (``pip install py-spy``) and prints where its CPU went.
+this machine (CPU is read from ``/proc``). ``--profile DIR`` runs serve and its worker
+processes under ``py-spy record`` (``pip install py-spy``) and prints where their CPU went.
 
 The empty-vs-stored comparison at the target's scale, on a scratch server with production's
 settings (``pgserver.PRODUCTION_SETTINGS``) and with the defaults::
@@ -615,6 +615,7 @@ def run_serve(
                 command = [
                     *_py_spy(),
                     "record",
+                    "--subprocesses",  # the intake workers (docs/design.md "Process shape")
                     "--nonblocking",
                     "--rate",
                     "100",
