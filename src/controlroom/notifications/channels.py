@@ -33,6 +33,9 @@ from controlroom.runtime.clock import Clock
 RETRIED_STATUSES = frozenset({408, 425, 429})
 """4xx answers that say "later", not "never"."""
 RETRY_AFTER_STATUSES = frozenset({429, 503})
+_DELAY_SECONDS = re.compile(r"[0-9]+")
+"""``Retry-After``'s delay-seconds (RFC 9110 10.2.3): ASCII digits only (``str.isdigit``
+also takes ``²`` and other scripts' digits)."""
 
 
 class Sender(Protocol):
@@ -51,13 +54,15 @@ def sign(secret: str, message_id: str, timestamp: str, body: bytes) -> str:
 
 
 def retry_after_seconds(value: str | None, now: datetime) -> float | None:
-    """A ``Retry-After`` header as seconds from ``now``: delay seconds or an HTTP date;
-    ``None`` when absent or nonsense (then the backoff applies)."""
+    """A ``Retry-After`` header as seconds from ``now``: delay seconds (ASCII digits) or
+    an HTTP date (a past one: 0); ``None`` when absent or nonsense, a negative or
+    fractional number included (then the backoff applies). Not capped here: a huge delay
+    is (``lifecycle.after_attempt``, ``retry_after_cap``)."""
     if value is None:
         return None
-    text = value.strip()
-    if text.isdigit():
-        return float(text)
+    text = value.strip(" \t")
+    if _DELAY_SECONDS.fullmatch(text):
+        return float(text)  # inf beyond float's range: capped all the same
     try:
         when = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError):
