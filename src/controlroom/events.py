@@ -31,6 +31,7 @@ import sqlalchemy as sa
 
 from controlroom.db.tables import event_log_items
 from controlroom.db.transactions import begin_write
+from controlroom.event_types import EventType
 from controlroom.runtime.clock import utc_now
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.transport.base import QueueDepth, Transport, TransportError
@@ -102,19 +103,21 @@ def record_event(
     description: str,
     severity: Severity | str,
     category: Category | str,
-    event_type: str,
+    event_type: EventType,
     raised_at: datetime,
     related_to: Sequence[str] = (),
 ) -> str:
     """Write one event in the caller's transaction; returns its id (a new UUID).
 
-    ``event_type`` names what happened (``MessageFailed``, ``FailedMessagesArchived``, ...);
-    ``raised_at`` must be timezone-aware (UTC). Raises ``ValueError`` for an unknown
-    severity or an empty ``event_type``/``category``.
+    ``event_type`` names what happened, one of ``EventType`` (the one list of kinds the
+    rules' settings are checked against); ``raised_at`` must be timezone-aware (UTC).
+    Raises ``ValueError`` for an unknown severity or event type, or an empty
+    ``category``.
     """
     level = Severity(severity)
-    if not event_type or not category:
-        raise ValueError("an event needs an event_type and a category")
+    kind = EventType(event_type)
+    if not category:
+        raise ValueError("an event needs a category")
     if len(description) > MAX_DESCRIPTION:
         description = description[: MAX_DESCRIPTION - 1] + "…"
     event_id = str(uuid.uuid4())
@@ -124,7 +127,7 @@ def record_event(
             description=description,
             severity=str(level),
             category=str(category),
-            event_type=event_type,
+            event_type=str(kind),
             related_to_json=json.dumps(list(related_to)),
             raised_at=raised_at,
         )
@@ -132,7 +135,7 @@ def record_event(
     hooks = _hooks.get(conn.engine)
     if hooks:
         item = EventLogItem(
-            event_id, description, level, raised_at, tuple(related_to), str(category), event_type
+            event_id, description, level, raised_at, tuple(related_to), str(category), str(kind)
         )
         for hook in list(hooks):
             hook(conn, item)
@@ -215,7 +218,7 @@ def intake_changed(
         description=reason if reason is not None else f"{intake}: storing {queue} again",
         severity=Severity.ERROR if reason is not None else Severity.INFO,
         category=Category.INGESTION,
-        event_type="IntakeStalled" if reason is not None else "IntakeRecovered",
+        event_type=EventType.INTAKE_STALLED if reason is not None else EventType.INTAKE_RECOVERED,
         raised_at=now,
         related_to=[intake_path(queue)],
     )
