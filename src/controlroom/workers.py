@@ -56,9 +56,8 @@ from controlroom.db.providers import provider_for
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.retries.processor import RetryProcessor
-from controlroom.events import subscribe
 from controlroom.notifications.dispatcher import Dispatcher
-from controlroom.notifications.rules import apply_rules
+from controlroom.notifications.rules import rules_applied
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.sitecalls.intake import TelemetryIngestionService
 from controlroom.transport import create_transport
@@ -134,11 +133,10 @@ async def _work(settings: Settings, reporter: _Reporter, owner: str) -> None:
     _lower_backends(engine, settings.ingestion.nice)
     transport = create_transport(settings, owner=owner)
     await transport.start()
-    unsubscribe = subscribe(engine, partial(apply_rules, settings.notifications))
     try:
-        await _run_parts(settings, engine, transport, reporter, stop)
+        with rules_applied(engine, settings.notifications):
+            await _run_parts(settings, engine, transport, reporter, stop)
     finally:
-        unsubscribe()
         await transport.close()
         engine.dispose()
         reporter.send_metrics()
