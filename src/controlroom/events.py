@@ -33,7 +33,7 @@ from controlroom.db.tables import event_log_items
 from controlroom.db.transactions import begin_write
 from controlroom.event_types import EventType
 from controlroom.runtime.clock import utc_now
-from controlroom.runtime.intake_health import IntakeHealth
+from controlroom.runtime.intake_health import IntakeHealth, IntakeState
 from controlroom.transport.base import QueueDepth, Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -227,21 +227,46 @@ def intake_changed(
 def report_intake_transition(engine: sa.Engine, health: IntakeHealth) -> bool:
     """Write ``IntakeStalled`` or ``IntakeRecovered`` when ``health`` changed since the
     last one written (``IntakeHealth.transition``); ``True`` when it wrote one. A store
-    that refuses the write (e.g. a full disk) is logged, and the change is written by a
-    later call once it takes writes again."""
+    that refuses the write (e.g. a full disk, which refuses the event log as it refuses
+    the intake) is logged, and a later call writes the change once it takes writes
+    again; a stall whose ``IntakeStalled`` was refused, and which has ended by then, is
+    written first (``IntakeHealth.unreported_stall``: raised at the time it was seen,
+    saying when it began and that it is written late), then ``IntakeRecovered``, in one
+    transaction, so the rules' notifications of both go out then (docs/design.md
+    "Notification rules")."""
     state = health.transition()
     if state is None:
         return False
+    missed = None if state.degraded else health.unreported_stall()
+    now = state.observed_at or utc_now()
     try:
         with begin_write(engine) as conn:
-            intake_changed(
-                conn, intake=state.name, queue=state.queue, reason=state.reason, now=utc_now()
-            )
+            if missed is not None:
+                stall_written_late(conn, missed, ended_at=now)
+            intake_changed(conn, intake=state.name, queue=state.queue, reason=state.reason, now=now)
     except sa.exc.DBAPIError as exc:
         log.warning("cannot write the change of %s to the event log: %s", state.name, exc)
         return False
     health.reported(state)
     return True
+
+
+def stall_written_late(conn: sa.Connection, stall: IntakeState, *, ended_at: datetime) -> None:
+    """``IntakeStalled`` of a ``stall`` the store refused to record while it lasted
+    (its ``since``, when it was seen: its ``observed_at``, the item's time), written once
+    the store takes writes again, when the stall ended at ``ended_at``."""
+    seen = stall.observed_at or ended_at
+    began = (stall.since or seen).isoformat()
+    intake_changed(
+        conn,
+        intake=stall.name,
+        queue=stall.queue,
+        reason=(
+            f"{stall.reason} (degraded from {began} until {ended_at.isoformat()}; written "
+            "late: the store refused writes meanwhile)"
+        ),
+        now=seen,
+    )
 
 
 async def observe_intake(
@@ -260,6 +285,23 @@ async def observe_intake(
         health.observed_depth(depth.messages)
     await asyncio.to_thread(report_intake_transition, engine, health)
     return depth
+
+
+async def report_intakes(
+    engine: sa.Engine, healths: Sequence[IntakeHealth], seconds: float
+) -> None:
+    """Every ``seconds`` until cancelled, write each of ``healths``' changes
+    (``report_intake_transition``, on a worker thread). Serve runs it for the intakes of
+    its worker processes, whose reports its own ``IntakeHealth`` applies (``workers``):
+    a worker's ``observe_intake`` leaves the event log to serve. Whatever a round raises
+    is logged as a warning and the next round tries again."""
+    while True:
+        await asyncio.sleep(seconds)
+        for health in healths:
+            try:
+                await asyncio.to_thread(report_intake_transition, engine, health)
+            except Exception:  # the next round tries again
+                log.warning("could not report on the %s", health.name, exc_info=True)
 
 
 @contextlib.asynccontextmanager

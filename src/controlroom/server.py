@@ -56,6 +56,7 @@ from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.ingest.search_backfill import write_missing_search_terms
 from controlroom.errors.retention import RetentionSweeper
 from controlroom.errors.retries.processor import RetryProcessor
+from controlroom.events import report_intakes
 from controlroom.exceptions import ControlroomError
 from controlroom.notifications.dispatcher import Dispatcher
 from controlroom.notifications.history import NotificationKpiSampler
@@ -306,6 +307,9 @@ class _Service:
             "notification purge": NotificationRetention(engine, settings).run,
             "notification KPI sampler": NotificationKpiSampler(engine, settings).run,
         }
+        if self._workers is not None:  # serve's IntakeHealth of each worker's intake
+            every = settings.ingestion.report_interval_seconds
+            self._cancelled["intake reports"] = lambda: report_intakes(engine, healths, every)
         if self._workers is None:  # else the workers send retries and notifications
             self._cancelled["retry processor"] = retry_processor.run
             self._cancelled["notification dispatch"] = Dispatcher(

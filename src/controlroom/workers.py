@@ -11,7 +11,8 @@ backend runs and this process may renice it (``db.providers``: ``local_backend_p
 
 One pipe per worker carries, worker to serve: its intakes' health reports (``stored``,
 ``failed``, ``depth``: serve's ``IntakeHealth`` applies them, so ``/api/health`` answers
-as in one process), telemetry written (the KPI sampler's cue) and a snapshot of its
+as in one process, and serve writes their changes to the event log,
+``events.report_intakes``), telemetry written (the KPI sampler's cue) and a snapshot of its
 metrics (the Prometheus text format, every ``METRICS_SECONDS`` and at its end), which
 serve's ``/metrics`` merges with its own, each worker's series labelled ``worker``.
 Serve to worker: ``wake`` (a retry was requested: look for batches now).
@@ -58,7 +59,7 @@ from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.notifications.dispatcher import Dispatcher
 from controlroom.notifications.rules import rules_applied
-from controlroom.runtime.intake_health import IntakeHealth
+from controlroom.runtime.intake_health import IntakeHealth, IntakeState
 from controlroom.sitecalls.intake import TelemetryIngestionService
 from controlroom.transport import create_transport
 from controlroom.transport.embedded import release_claims
@@ -123,6 +124,11 @@ class _ReportingHealth(IntakeHealth):
 
     def observed_depth(self, messages: int) -> None:
         self._reporter.send("health", self.name, "depth", messages)
+
+    def transition(self) -> IntakeState | None:
+        """Never a change here: serve writes its intakes' changes to the event log
+        (``events.report_intakes``), from the reports it applies."""
+        return None
 
 
 async def _work(settings: Settings, reporter: _Reporter, owner: str) -> None:
