@@ -14,6 +14,7 @@ import re
 from datetime import timedelta
 from pathlib import Path
 from typing import ClassVar, Literal, Unpack
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -306,6 +307,16 @@ class WebhookChannel(BaseModel):
         description="The body's shape: the outbox's JSON, or Slack's incoming-webhook "
         '{"text": ...} (still signed).',
     )
+
+    @property
+    def origin(self) -> str:
+        """``url`` as shown and logged: ``scheme://host[:port]``. The rest is left out:
+        a webhook's path is often its secret (a Slack incoming webhook's is), and a
+        user and password may precede the host."""
+        parts = urlsplit(self.url)
+        port = f":{parts.port}" if parts.port is not None else ""
+        host = parts.hostname or ""
+        return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}{port}"
 
     @field_validator("secret")
     @classmethod

@@ -15,6 +15,7 @@ import email.utils
 import hashlib
 import hmac
 import json
+import logging
 import re
 import ssl
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from typing import Protocol
 import aiosmtplib
 import httpx
 
-from controlroom.config import NotificationSettings
+from controlroom.config import NotificationSettings, WebhookChannel
 from controlroom.notifications.lifecycle import Attempt, Verdict
 from controlroom.notifications.store import Claimed
 from controlroom.runtime.clock import Clock
@@ -107,14 +108,44 @@ def http_verdict(status: int, retry_after: str | None, now: datetime) -> Attempt
     return Attempt(Verdict.RETRY, f"HTTP {status}", reply_code=status, retry_after=wait)
 
 
+class _WebhookUrlsLeftOut(logging.Filter):
+    """On the ``httpx`` logger: a request line naming a webhook's URL names its origin
+    instead (``WebhookChannel.origin``): the path of a webhook is often its secret, and
+    httpx logs every request's URL at INFO. Other URLs pass unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._origins: dict[httpx.URL, str] = {}
+
+    def add(self, hooks: Sequence[WebhookChannel]) -> None:
+        for hook in hooks:
+            self._origins[httpx.URL(hook.url)] = f"{hook.origin} (webhook {hook.name})"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(
+            isinstance(arg, httpx.URL) for arg in record.args
+        ):
+            record.args = tuple(
+                self._origins.get(arg, arg) if isinstance(arg, httpx.URL) else arg
+                for arg in record.args
+            )
+        return True
+
+
+_URLS_LEFT_OUT = _WebhookUrlsLeftOut()
+logging.getLogger("httpx").addFilter(_URLS_LEFT_OUT)
+
+
 class WebhookSender:
     """POSTs a notification's stored payload to its webhook, signed; ``client`` must not
-    follow redirects (``httpx``'s default)."""
+    follow redirects (``httpx``'s default). The log never names a webhook's URL beyond
+    its origin (``_WebhookUrlsLeftOut``)."""
 
     def __init__(self, settings: NotificationSettings, client: httpx.AsyncClient, clock: Clock):
         self._settings = settings
         self._client = client
         self._clock = clock
+        _URLS_LEFT_OUT.add(settings.webhooks)
 
     async def send(self, claimed: Claimed) -> Attempt:
         hook = self._settings.webhook(claimed.target)

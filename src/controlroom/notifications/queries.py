@@ -90,9 +90,12 @@ def list_notifications(
 
 
 def get_notification(conn: sa.Connection, notification_id: str) -> sa.Row[*tuple[Any, ...]] | None:
-    """One notification (``LISTED``, its ``body`` and ``recipients``), or ``None``."""
+    """One notification (``LISTED``, its ``body``, ``recipients``, ``delivered_to``, both
+    JSON lists or ``None``, and ``event_count``), or ``None``."""
     return conn.execute(
-        sa.select(*LISTED, nc.body, nc.recipients).where(nc.notification_id == notification_id)
+        sa.select(*LISTED, nc.body, nc.recipients, nc.delivered_to, nc.event_count).where(
+            nc.notification_id == notification_id
+        )
     ).one_or_none()
 
 
