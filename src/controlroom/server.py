@@ -19,7 +19,9 @@ builds the API (``create_app``) behind the Host check, and runs its parts in one
   notifications where the store lets several claim at once, else one under its lease;
   the notification purge (``notifications.retention``) and KPI sampler
   (``notifications.history``), each under its lease. The notification rules act on each
-  event recorded on the store (``notifications.rules.rules_applied``), in its transaction.
+  event recorded on the store (``notifications.rules.rules_applied``), in its transaction;
+  with worker processes, serve writes their intakes' changes of health to the event log
+  (``events.report_intakes``).
 
 Every part runs until the service stops. When ``stop`` is set the service stops in order:
 ingestion first (nothing is taken from a queue after the signal), then the HTTP server

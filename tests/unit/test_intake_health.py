@@ -72,7 +72,7 @@ def test_a_stall_never_reported_is_kept_until_reported_with_its_start() -> None:
     # Its write was refused (never ``reported``); the next round sees it still degraded.
     wall[0] += timedelta(minutes=1)
     assert health.transition() is not None
-    assert health.unreported_stall() is None  # still degraded: not a missed stall
+    assert health.unreported_stall() is first  # the first seen, not the latest
     wall[0] += timedelta(minutes=9)
     health.stored()
     recovered = health.transition()

@@ -161,9 +161,11 @@ class IntakeHealth:
             return state if changed or missed else None
 
     def unreported_stall(self) -> IntakeState | None:
-        """The first degraded state ``transition`` answered since the last one
-        ``reported``, when it was never reported (its write refused) and the intake is
-        healthy again; ``None`` otherwise. Kept in memory only: a restart forgets it."""
+        """The first degraded state ``transition`` answered since the last state
+        ``reported``, when that degradation was never reported (its write refused);
+        ``None`` otherwise. Its reporter writes it once the intake is healthy again
+        (``events.report_intake_transition``). Kept in memory only: a restart forgets
+        it."""
         with self._lock:
             return None if self._reported_degraded else self._unreported
 
