@@ -164,7 +164,8 @@ class KpiSettings(BaseModel):
     stuck_threshold: timedelta = Field(
         timedelta(minutes=10),
         gt=timedelta(0),
-        description="A buffered call created longer ago than this is stuck.",
+        description="A buffered call created, or a buffered notification due, longer ago "
+        "than this is stuck.",
     )
     sample_seconds: float = Field(60.0, gt=0, description="How often KPIs are sampled.")
     history_days: int = Field(90, ge=1, description="How long KPI samples are kept.")
