@@ -469,7 +469,7 @@ class NotificationSettings(BaseModel):
         return next((entry for entry in self.recipient_lists if entry.name == name), None)
 
 
-_EVENT_TYPES = frozenset(EventType)
+_EVENT_TYPES = frozenset(kind.value for kind in EventType)
 
 
 def _unknown_event_type(index: int, rule: str, kind: str) -> str:
