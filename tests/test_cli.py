@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from controlroom import __version__
 from controlroom.cli import app
 from controlroom.db.engine import create_store_engine
-from controlroom.db.tables import failed_error_imports
+from controlroom.db.tables import failed_error_imports, notifications
 from controlroom.demo import generate_demo_messages
 from controlroom.demo_endpoints import fails_again
 from controlroom.demo_sizes import DEFAULT_FAIL_RATIO
@@ -35,6 +35,8 @@ from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.errors.ingest.reimport import ReimportOutcome, reimport_failed_import
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedImport
+from controlroom.event_types import EventType
+from controlroom.events import record_event
 from controlroom.exceptions import MessageRejected
 from controlroom.server import _quiet_routine_telemetry
 from controlroom.transport import Delivery, EmbeddedQueue, TransportError
@@ -45,6 +47,7 @@ from tests.reconciliation.harness import eventually
 from tests.servers import TEST_CLIENT_TIMEOUT
 
 runner = CliRunner()
+WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 REPORTED = re.compile(r"ingested \d+ failed messages \([\d.]+/s\), 1 failed imports")
 """The ingestion's periodic report of a run that kept one failed import."""
 CONTROLROOM_EXE = Path(sys.executable).parent / "controlroom"
@@ -384,6 +387,50 @@ def test_import_failed_keeps_an_import_whose_headers_cannot_be_queued(
     assert code == 1
     assert "kept" in output
     assert stored_import_ids(engine) == [unreadable.id]
+
+
+def rule_on(event_type: str) -> str:
+    """``CONTROLROOM_NOTIFICATIONS`` with one rule on ``event_type``."""
+    hook = {"name": "ops", "url": "http://127.0.0.1:9/x", "secret": WEBHOOK_SECRET}
+    rule = {"name": "cli", "event_types": [event_type], "channel": "Webhook", "target": "ops"}
+    return json.dumps({"webhooks": [hook], "rules": [rule]})
+
+
+def rule_notifications(engine: sa.Engine) -> list[tuple[str, int]]:
+    with engine.connect() as conn:
+        return [
+            (row.source, row.event_count)
+            for row in conn.execute(sa.select(notifications.c.source, notifications.c.event_count))
+        ]
+
+
+@pytest.mark.parametrize(
+    ("command", "event_type"),
+    [(("import-failed",), "FailedImportsReimported"), (("sweep",), "RetentionSweepCompleted")],
+)
+def test_a_command_that_writes_events_applies_the_rules_as_serve_does(
+    store_env: Path,
+    engine: sa.Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    command: tuple[str, ...],
+    event_type: str,
+) -> None:
+    FailedMessageBatchWriter(engine).write(IngestionBatch(failed_imports=[failed_import(1)]))
+    with engine.begin() as conn:  # an event past its period: the sweep purges it
+        record_event(
+            conn,
+            description="long ago",
+            severity="info",
+            category="Test",
+            event_type=EventType.GROUP_COMMENT_CHANGED,
+            raised_at=datetime.now(UTC) - timedelta(days=60),
+        )
+    monkeypatch.setenv("CONTROLROOM_NOTIFICATIONS", rule_on(event_type))
+
+    code, output = invoke(*command)
+
+    assert code == 0, output
+    assert rule_notifications(engine) == [("rule:cli", 1)]
 
 
 def test_reimport_keeps_the_row_when_the_publish_fails(engine: sa.Engine, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import sqlalchemy as sa
 from controlroom import server
 from controlroom.config import IngestionSettings, Settings
 from controlroom.db.engine import create_store_engine
-from controlroom.db.tables import failed_messages
+from controlroom.db.tables import event_log_items, failed_messages
 from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.history import KpiSampler
 from controlroom.transport import create_transport
@@ -32,6 +33,7 @@ from controlroom.workers import merged_exposition
 from tests.factories import at
 from tests.nsb import failed_headers
 from tests.servers import TEST_CLIENT_TIMEOUT
+from tests.sitecalls import packets as factory
 
 TIMEOUT = 120.0
 NICE = 7
@@ -254,6 +256,55 @@ def test_the_workers_metrics_and_health_reach_the_api(worker_settings: Settings)
     assert ingested and sum(float(line.rsplit(" ", 1)[1]) for line in ingested) == 30
     intakes = json.loads(answers["health"])["details"]["intakes"]
     assert intakes["error queue intake"]["last_stored_at"] is not None
+
+
+def intake_events(settings: Settings) -> list[str]:
+    engine = create_store_engine(settings.effective_database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(event_log_items.c.event_type, event_log_items.c.related_to_json)
+                .where(event_log_items.c.category == "Ingestion")
+                .order_by(event_log_items.c.raised_at)
+            ).all()
+            return [f"{row.event_type} {row.related_to_json}" for row in rows]
+    finally:
+        engine.dispose()
+
+
+def test_serve_writes_the_stall_and_recovery_of_a_workers_intake(
+    worker_settings: Settings, engine: sa.Engine
+) -> None:
+    """A worker's intake reports to serve, and serve writes its changes to the event log:
+    the telemetry intake's writes fail (its table is gone), then succeed again."""
+    settings = worker_settings.model_copy(
+        update={
+            "ingestion": worker_settings.ingestion.model_copy(
+                update={"report_interval_seconds": 0.1, "max_backoff_seconds": 0.1}
+            )
+        }
+    )
+    where = json.dumps([f"/queue/{settings.telemetry_queue}"])
+    with engine.begin() as conn:  # the worker's telemetry writes fail
+        conn.exec_driver_sql("ALTER TABLE site_calls RENAME TO site_calls_away")
+
+    async def body(url: str) -> None:
+        transport = create_transport(settings)
+        await transport.start()
+        try:
+            packet = factory.packet("Attempted", op_id=str(uuid.uuid4()))
+            await transport.publish(settings.telemetry_queue, {}, json.dumps(packet).encode())
+        finally:
+            await transport.close()
+        stalled = f"IntakeStalled {where}"
+        await until(lambda: asyncio.to_thread(lambda: stalled in intake_events(settings)))
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE site_calls_away RENAME TO site_calls")
+        recovered = f"IntakeRecovered {where}"
+        await until(lambda: asyncio.to_thread(lambda: recovered in intake_events(settings)))
+
+    serve(settings, body)
+    assert intake_events(settings) == [f"IntakeStalled {where}", f"IntakeRecovered {where}"]
 
 
 def test_sigterm_stops_every_worker(worker_settings: Settings) -> None:

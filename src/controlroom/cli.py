@@ -384,22 +384,15 @@ def import_failed(
     migrations first); with --list, show them instead."""
     import asyncio
 
-    from controlroom.db.engine import create_store_engine
-    from controlroom.db.migrate import upgrade_database
     from controlroom.errors.ingest.reimport import list_failed_import_ids
 
     settings = _load(config)
-    with _exit_on_failure():
-        engine = create_store_engine(settings.effective_database_url)
-        try:
-            upgrade_database(engine)
-            if list_only:
-                _print_failed_imports(engine)
-                return
-            ids = [failed_import_id] if failed_import_id else list_failed_import_ids(engine)
-            outcomes = asyncio.run(_reimport(settings, engine, ids)) if ids else []
-        finally:
-            engine.dispose()
+    with _exit_on_failure(), _working_store(settings) as engine:
+        if list_only:
+            _print_failed_imports(engine)
+            return
+        ids = [failed_import_id] if failed_import_id else list_failed_import_ids(engine)
+        outcomes = asyncio.run(_reimport(settings, engine, ids)) if ids else []
     _report_reimport(settings, failed_import_id, outcomes)
 
 
@@ -407,25 +400,18 @@ def import_failed(
 def sweep(config: ConfigOption = None) -> None:
     """Delete Resolved and Archived failed messages older than the retention period, now
     (``serve`` also does it every hour)."""
-    from controlroom.db.engine import create_store_engine
-    from controlroom.db.migrate import upgrade_database
     from controlroom.errors.ingest.bodies import FileSystemBodyStore
     from controlroom.errors.retention import RetentionSweeper
 
     settings = _load(config)
-    with _exit_on_failure():
-        engine = create_store_engine(settings.effective_database_url)
-        try:
-            upgrade_database(engine)
-            sweeper = RetentionSweeper(
-                engine,
-                FileSystemBodyStore(settings.body_dir),
-                retention_period=settings.error_retention_period,
-                event_retention_period=settings.event_log_retention_period,
-            )
-            result = sweeper.sweep_once()
-        finally:
-            engine.dispose()
+    with _exit_on_failure(), _working_store(settings) as engine:
+        sweeper = RetentionSweeper(
+            engine,
+            FileSystemBodyStore(settings.body_dir),
+            retention_period=settings.error_retention_period,
+            event_retention_period=settings.event_log_retention_period,
+        )
+        result = sweeper.sweep_once()
     if result is None:
         err_console.print(
             "[red]error:[/] another process holds the retention lease and is sweeping right "
@@ -548,6 +534,25 @@ def _exit_on_failure() -> Iterator[None]:
     except (ControlroomError, sa.exc.SQLAlchemyError) as exc:
         err_console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from exc
+
+
+@contextlib.contextmanager
+def _working_store(settings: Settings) -> Iterator[sa.Engine]:
+    """The store of a command that works on it (pending migrations applied first), with
+    the notification rules applied to every event it writes, as in serve
+    (``notifications.rules.rules_applied``: docs/design.md "Notification rules");
+    disposed at the end."""
+    from controlroom.db.engine import create_store_engine
+    from controlroom.db.migrate import upgrade_database
+    from controlroom.notifications.rules import rules_applied
+
+    engine = create_store_engine(settings.effective_database_url)
+    try:
+        upgrade_database(engine)
+        with rules_applied(engine, settings.notifications):
+            yield engine
+    finally:
+        engine.dispose()
 
 
 def _describe_database(url: str) -> str:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import difflib
 import re
 from datetime import timedelta
 from pathlib import Path
 from typing import ClassVar, Literal, Unpack
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -20,6 +22,7 @@ from pydantic_settings import (
 )
 
 from controlroom.db.providers import EMBEDDED
+from controlroom.event_types import EventType
 from controlroom.settings_sources import EnvThenTomlSettings, ListenOverrides
 
 
@@ -169,7 +172,8 @@ class KpiSettings(BaseModel):
     stuck_threshold: timedelta = Field(
         timedelta(minutes=10),
         gt=timedelta(0),
-        description="A buffered call created longer ago than this is stuck.",
+        description="A buffered call created, or a buffered notification due, longer ago "
+        "than this is stuck.",
     )
     sample_seconds: float = Field(60.0, gt=0, description="How often KPIs are sampled.")
     history_days: int = Field(90, ge=1, description="How long KPI samples are kept.")
@@ -313,6 +317,16 @@ class WebhookChannel(BaseModel):
         '{"text": ...} (still signed).',
     )
 
+    @property
+    def origin(self) -> str:
+        """``url`` as shown and logged: ``scheme://host[:port]``. The rest is left out:
+        a webhook's path is often its secret (a Slack incoming webhook's is), and a
+        user and password may precede the host."""
+        parts = urlsplit(self.url)
+        port = f":{parts.port}" if parts.port is not None else ""
+        host = parts.hostname or ""
+        return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}{port}"
+
     @field_validator("secret")
     @classmethod
     def _standard_secret(cls, secret: SecretStr) -> SecretStr:
@@ -360,11 +374,17 @@ class NotificationRule(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
-    event_types: list[str] = Field(min_length=1, description="Event types it reacts to.")
+    event_types: list[str] = Field(
+        min_length=1,
+        description="Event types it reacts to, each one Controlroom writes (README "
+        '"Notification outbox": Events a rule can name).',
+    )
     related_to: str | None = Field(None, description="Only events related to this path.")
     endpoint: str | None = Field(None, description="Only events related to this endpoint.")
     group: str | None = Field(None, description="Only events related to this failure group.")
-    site: str | None = Field(None, description="Only events related to this site.")
+    site: str | None = Field(
+        None, description="Only events related to this site (one configured in sites)."
+    )
     min_severity: Literal["info", "warning", "error", "critical"] = Field(
         "info", description="Only events at least this severe (the event log's severities)."
     )
@@ -433,7 +453,10 @@ class NotificationSettings(BaseModel):
             raise ValueError("recipient_lists need an smtp server")
         if len({rule.name for rule in self.rules}) != len(self.rules):
             raise ValueError("two rules share a name; each name must be distinct")
-        for rule in self.rules:
+        for index, rule in enumerate(self.rules):
+            for kind in rule.event_types:
+                if kind not in _EVENT_TYPES:
+                    raise ValueError(_unknown_event_type(index, rule.name, kind))
             if rule.channel == "Webhook":
                 known = self.webhook(rule.target) is not None
             else:
@@ -452,6 +475,20 @@ class NotificationSettings(BaseModel):
     def recipients(self, name: str) -> RecipientList | None:
         """The recipient list named ``name``, if configured."""
         return next((entry for entry in self.recipient_lists if entry.name == name), None)
+
+
+_EVENT_TYPES = frozenset(kind.value for kind in EventType)
+
+
+def _unknown_event_type(index: int, rule: str, kind: str) -> str:
+    """The refusal of a rule's event type that Controlroom never writes (a misspelt one
+    would be accepted and never match), with the closest known one."""
+    close = difflib.get_close_matches(kind, sorted(_EVENT_TYPES), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return (
+        f"rules[{index}].event_types: rule {rule!r} names {kind!r}, an event type "
+        f'Controlroom never writes{hint} (the event types: README "Notification outbox")'
+    )
 
 
 _ORIGIN = re.compile(r"https?://[^/\s:]+(:\d{1,5})?")
@@ -599,6 +636,20 @@ class Settings(EnvThenTomlSettings):
                 "a token is configured twice (auth_tokens and sites[].central_token): each "
                 "operator and each site needs a token of its own"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _rules_name_configured_sites(self) -> Settings:
+        """A rule's ``site`` filter naming a site not in ``sites`` would never match a
+        reconciliation event: refused, naming the setting."""
+        configured = {site.id for site in self.sites}
+        for index, rule in enumerate(self.notifications.rules):
+            if rule.site is not None and rule.site not in configured:
+                raise ValueError(
+                    f"notifications.rules[{index}].site: rule {rule.name!r} names site "
+                    f"{rule.site!r}, which is not configured in sites (a site's telemetry "
+                    f'events match related_to = "/site/<id>" without it)'
+                )
         return self
 
     @field_validator("cors_allowed_origins")

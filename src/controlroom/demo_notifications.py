@@ -24,9 +24,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from controlroom.site.demo import CHAT_WEBHOOK, ONCALL_LIST, PAGER_WEBHOOK
+
 DEFAULT_CENTRAL_PORT = 8080
 _PAST_CENTRAL = (14, 15)  # the webhook sink, the SMTP sink (the site demo has 11-13)
-REFUSED_WEBHOOK = "pager"
+REFUSED_WEBHOOK = PAGER_WEBHOOK
 """The webhook the sink answers 500: its notifications retry, then park."""
 DEMO_SECRET = "whsec_ZGVtby1vbmx5LW5vdC1hLXNlY3JldC0xMjM0"
 """The demo webhooks' signing secret (loopback only; a demo's, never a real one)."""
@@ -70,16 +72,16 @@ def demo_notification_settings(central_port: int, host: str = "127.0.0.1") -> di
 
     return {
         "smtp": {"host": host, "port": smtp_port, "sender": "controlroom@demo.invalid"},
-        "recipient_lists": [{"name": "oncall", "addresses": ["oncall@demo.invalid"]}],
-        "webhooks": [webhook("ops-chat", format="slack"), webhook(REFUSED_WEBHOOK)],
+        "recipient_lists": [{"name": ONCALL_LIST, "addresses": ["oncall@demo.invalid"]}],
+        "webhooks": [webhook(CHAT_WEBHOOK, format="slack"), webhook(REFUSED_WEBHOOK)],
         "rules": [
-            rule("failed-imports-mail", "MessageFailedToImport", "Email", "oncall", "PT10S"),
-            rule("failed-imports-chat", "MessageFailedToImport", "Webhook", "ops-chat", "PT10S"),
+            rule("failed-imports-mail", "MessageFailedToImport", "Email", ONCALL_LIST, "PT10S"),
+            rule("failed-imports-chat", "MessageFailedToImport", "Webhook", CHAT_WEBHOOK, "PT10S"),
             rule(
                 "failed-imports-pager", "MessageFailedToImport", "Webhook", REFUSED_WEBHOOK, "PT10S"
             ),
             rule(  # a finished retry is news, not an error
-                "retries-chat", "RetryOperationCompleted", "Webhook", "ops-chat", "PT30S", "Info"
+                "retries-chat", "RetryOperationCompleted", "Webhook", CHAT_WEBHOOK, "PT30S", "Info"
             ),
         ],
         "max_attempts": 3,

@@ -31,8 +31,9 @@ import sqlalchemy as sa
 
 from controlroom.db.tables import event_log_items
 from controlroom.db.transactions import begin_write
+from controlroom.event_types import EventType
 from controlroom.runtime.clock import utc_now
-from controlroom.runtime.intake_health import IntakeHealth
+from controlroom.runtime.intake_health import IntakeHealth, IntakeState
 from controlroom.transport.base import QueueDepth, Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -102,19 +103,21 @@ def record_event(
     description: str,
     severity: Severity | str,
     category: Category | str,
-    event_type: str,
+    event_type: EventType,
     raised_at: datetime,
     related_to: Sequence[str] = (),
 ) -> str:
     """Write one event in the caller's transaction; returns its id (a new UUID).
 
-    ``event_type`` names what happened (``MessageFailed``, ``FailedMessagesArchived``, ...);
-    ``raised_at`` must be timezone-aware (UTC). Raises ``ValueError`` for an unknown
-    severity or an empty ``event_type``/``category``.
+    ``event_type`` names what happened, one of ``EventType`` (the one list of kinds the
+    rules' settings are checked against); ``raised_at`` must be timezone-aware (UTC).
+    Raises ``ValueError`` for an unknown severity or event type, or an empty
+    ``category``.
     """
     level = Severity(severity)
-    if not event_type or not category:
-        raise ValueError("an event needs an event_type and a category")
+    kind = EventType(event_type)
+    if not category:
+        raise ValueError("an event needs a category")
     if len(description) > MAX_DESCRIPTION:
         description = description[: MAX_DESCRIPTION - 1] + "…"
     event_id = str(uuid.uuid4())
@@ -124,7 +127,7 @@ def record_event(
             description=description,
             severity=str(level),
             category=str(category),
-            event_type=event_type,
+            event_type=str(kind),
             related_to_json=json.dumps(list(related_to)),
             raised_at=raised_at,
         )
@@ -132,7 +135,7 @@ def record_event(
     hooks = _hooks.get(conn.engine)
     if hooks:
         item = EventLogItem(
-            event_id, description, level, raised_at, tuple(related_to), str(category), event_type
+            event_id, description, level, raised_at, tuple(related_to), str(category), str(kind)
         )
         for hook in list(hooks):
             hook(conn, item)
@@ -215,7 +218,7 @@ def intake_changed(
         description=reason if reason is not None else f"{intake}: storing {queue} again",
         severity=Severity.ERROR if reason is not None else Severity.INFO,
         category=Category.INGESTION,
-        event_type="IntakeStalled" if reason is not None else "IntakeRecovered",
+        event_type=EventType.INTAKE_STALLED if reason is not None else EventType.INTAKE_RECOVERED,
         raised_at=now,
         related_to=[intake_path(queue)],
     )
@@ -224,21 +227,46 @@ def intake_changed(
 def report_intake_transition(engine: sa.Engine, health: IntakeHealth) -> bool:
     """Write ``IntakeStalled`` or ``IntakeRecovered`` when ``health`` changed since the
     last one written (``IntakeHealth.transition``); ``True`` when it wrote one. A store
-    that refuses the write (e.g. a full disk) is logged, and the change is written by a
-    later call once it takes writes again."""
+    that refuses the write (e.g. a full disk, which refuses the event log as it refuses
+    the intake) is logged, and a later call writes the change once it takes writes
+    again; a stall whose ``IntakeStalled`` was refused, and which has ended by then, is
+    written first (``IntakeHealth.unreported_stall``: raised at the time it was seen,
+    saying when it began and that it is written late), then ``IntakeRecovered``, in one
+    transaction, so the rules' notifications of both go out then (docs/design.md
+    "Notification rules")."""
     state = health.transition()
     if state is None:
         return False
+    missed = None if state.degraded else health.unreported_stall()
+    now = state.observed_at or utc_now()
     try:
         with begin_write(engine) as conn:
-            intake_changed(
-                conn, intake=state.name, queue=state.queue, reason=state.reason, now=utc_now()
-            )
+            if missed is not None:
+                stall_written_late(conn, missed, ended_at=now)
+            intake_changed(conn, intake=state.name, queue=state.queue, reason=state.reason, now=now)
     except sa.exc.DBAPIError as exc:
         log.warning("cannot write the change of %s to the event log: %s", state.name, exc)
         return False
     health.reported(state)
     return True
+
+
+def stall_written_late(conn: sa.Connection, stall: IntakeState, *, ended_at: datetime) -> None:
+    """``IntakeStalled`` of a ``stall`` the store refused to record while it lasted
+    (its ``since``, when it was seen: its ``observed_at``, the item's time), written once
+    the store takes writes again, when the stall ended at ``ended_at``."""
+    seen = stall.observed_at or ended_at
+    began = (stall.since or seen).isoformat()
+    intake_changed(
+        conn,
+        intake=stall.name,
+        queue=stall.queue,
+        reason=(
+            f"{stall.reason} (degraded from {began} until {ended_at.isoformat()}; written "
+            "late: the store refused writes meanwhile)"
+        ),
+        now=seen,
+    )
 
 
 async def observe_intake(
@@ -257,6 +285,23 @@ async def observe_intake(
         health.observed_depth(depth.messages)
     await asyncio.to_thread(report_intake_transition, engine, health)
     return depth
+
+
+async def report_intakes(
+    engine: sa.Engine, healths: Sequence[IntakeHealth], seconds: float
+) -> None:
+    """Every ``seconds`` until cancelled, write each of ``healths``' changes
+    (``report_intake_transition``, on a worker thread). Serve runs it for the intakes of
+    its worker processes, whose reports its own ``IntakeHealth`` applies (``workers``):
+    a worker's ``observe_intake`` leaves the event log to serve. Whatever a round raises
+    is logged as a warning and the next round tries again."""
+    while True:
+        await asyncio.sleep(seconds)
+        for health in healths:
+            try:
+                await asyncio.to_thread(report_intake_transition, engine, health)
+            except Exception:  # the next round tries again
+                log.warning("could not report on the %s", health.name, exc_info=True)
 
 
 @contextlib.asynccontextmanager

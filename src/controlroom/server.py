@@ -19,7 +19,9 @@ builds the API (``create_app``) behind the Host check, and runs its parts in one
   notifications where the store lets several claim at once, else one under its lease;
   the notification purge (``notifications.retention``) and KPI sampler
   (``notifications.history``), each under its lease. The notification rules act on each
-  event recorded on the store (``events.subscribe``), in its transaction.
+  event recorded on the store (``notifications.rules.rules_applied``), in its transaction;
+  with worker processes, serve writes their intakes' changes of health to the event log
+  (``events.report_intakes``).
 
 Every part runs until the service stops. When ``stop`` is set the service stops in order:
 ingestion first (nothing is taken from a queue after the signal), then the HTTP server
@@ -38,7 +40,6 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 
 import sqlalchemy as sa
 import uvicorn
@@ -57,12 +58,12 @@ from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.ingest.search_backfill import write_missing_search_terms
 from controlroom.errors.retention import RetentionSweeper
 from controlroom.errors.retries.processor import RetryProcessor
-from controlroom.events import subscribe
+from controlroom.events import report_intakes
 from controlroom.exceptions import ControlroomError
 from controlroom.notifications.dispatcher import Dispatcher
 from controlroom.notifications.history import NotificationKpiSampler
 from controlroom.notifications.retention import NotificationRetention
-from controlroom.notifications.rules import apply_rules
+from controlroom.notifications.rules import rules_applied
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.runtime.serve_lock import serving
 from controlroom.runtime.sockets import listen
@@ -150,17 +151,16 @@ async def run(
                     deadline=deadline,
                     stop=stop,
                 )
-                unsubscribe = subscribe(engine, partial(apply_rules, settings.notifications))
-                try:
-                    with serving(  # make demo refuses to publish meanwhile
+                with (
+                    rules_applied(engine, settings.notifications),
+                    serving(  # make demo refuses to publish meanwhile
                         settings.data_dir,
                         store=engine.url.render_as_string(hide_password=True),
                         broker=repr(transport),
-                    ):
-                        service = _Service(settings, engine, transport, listener)
-                        await service.run(stop, on_serving)
-                finally:
-                    unsubscribe()
+                    ),
+                ):
+                    service = _Service(settings, engine, transport, listener)
+                    await service.run(stop, on_serving)
             finally:
                 await transport.close()
         finally:
@@ -309,6 +309,9 @@ class _Service:
             "notification purge": NotificationRetention(engine, settings).run,
             "notification KPI sampler": NotificationKpiSampler(engine, settings).run,
         }
+        if self._workers is not None:  # serve's IntakeHealth of each worker's intake
+            every = settings.ingestion.report_interval_seconds
+            self._cancelled["intake reports"] = lambda: report_intakes(engine, healths, every)
         if self._workers is None:  # else the workers send retries and notifications
             self._cancelled["retry processor"] = retry_processor.run
             self._cancelled["notification dispatch"] = Dispatcher(

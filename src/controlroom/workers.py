@@ -11,7 +11,8 @@ backend runs and this process may renice it (``db.providers``: ``local_backend_p
 
 One pipe per worker carries, worker to serve: its intakes' health reports (``stored``,
 ``failed``, ``depth``: serve's ``IntakeHealth`` applies them, so ``/api/health`` answers
-as in one process), telemetry written (the KPI sampler's cue) and a snapshot of its
+as in one process, and serve writes their changes to the event log,
+``events.report_intakes``), telemetry written (the KPI sampler's cue) and a snapshot of its
 metrics (the Prometheus text format, every ``METRICS_SECONDS`` and at its end), which
 serve's ``/metrics`` merges with its own, each worker's series labelled ``worker``.
 Serve to worker: ``wake`` (a retry was requested: look for batches now).
@@ -56,10 +57,9 @@ from controlroom.db.providers import provider_for
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.retries.processor import RetryProcessor
-from controlroom.events import subscribe
 from controlroom.notifications.dispatcher import Dispatcher
-from controlroom.notifications.rules import apply_rules
-from controlroom.runtime.intake_health import IntakeHealth
+from controlroom.notifications.rules import rules_applied
+from controlroom.runtime.intake_health import IntakeHealth, IntakeState
 from controlroom.sitecalls.intake import TelemetryIngestionService
 from controlroom.transport import create_transport
 from controlroom.transport.embedded import release_claims
@@ -128,6 +128,11 @@ class _ReportingHealth(IntakeHealth):
     def observed_depth(self, messages: int) -> None:
         self._reporter.send("health", self.name, "depth", messages)
 
+    def transition(self) -> IntakeState | None:
+        """Never a change here: serve writes its intakes' changes to the event log
+        (``events.report_intakes``), from the reports it applies."""
+        return None
+
 
 async def _work(settings: Settings, reporter: _Reporter, owner: str) -> None:
     stop = asyncio.Event()
@@ -137,11 +142,10 @@ async def _work(settings: Settings, reporter: _Reporter, owner: str) -> None:
     _lower_backends(engine, settings.ingestion.nice, settings.ingestion.scheduling)
     transport = create_transport(settings, owner=owner)
     await transport.start()
-    unsubscribe = subscribe(engine, partial(apply_rules, settings.notifications))
     try:
-        await _run_parts(settings, engine, transport, reporter, stop)
+        with rules_applied(engine, settings.notifications):
+            await _run_parts(settings, engine, transport, reporter, stop)
     finally:
-        unsubscribe()
         await transport.close()
         engine.dispose()
         reporter.send_metrics()

@@ -93,7 +93,7 @@ def test_an_event_rolls_back_with_its_transaction(engine: sa.Engine) -> None:
             description="never happened",
             severity="info",
             category="Test",
-            event_type="Nothing",
+            event_type="GroupCommentChanged",
             raised_at=at(0),
         )
         raise RuntimeError("the work failed")
@@ -112,7 +112,7 @@ def test_the_sweep_logs_itself_and_purges_events_past_their_period(
             description="old",
             severity="info",
             category="Test",
-            event_type="Old",
+            event_type="RetentionSweepCompleted",
             raised_at=at(0) - timedelta(days=20),
         )
         conn.execute(

@@ -4,6 +4,9 @@ reload sends nothing); a reader sees no buttons and is refused."""
 
 from __future__ import annotations
 
+import json
+import logging
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from controlroom.app import create_app
 from controlroom.config import AuthToken, Settings
-from controlroom.db.tables import audit_log
+from controlroom.db.tables import audit_log, notifications
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.notifications.history import take_sample
@@ -238,3 +241,114 @@ def test_the_trends_are_drawn_from_the_kpi_history_on_the_page_and_the_dashboard
     assert 'href="/notifications?status=Parked&amp;channel=Email"' in email.text
     refused = console.get("/notifications", params={"scope_channel": "Pigeon"})
     assert refused.status_code == 400 and "scope_channel" in refused.text
+
+
+SLACK_URL = "https://hooks.slack.com/services/T0000000/B0000000/XXXXsecretpathXXXX"
+CREDENTIALED_URL = "http://deploy:hunter2pass@hooks.local:8443/x"
+
+
+@pytest.fixture
+def configured(tmp_path: Path, database_url: str, engine: sa.Engine) -> Iterator[TestClient]:
+    """A console whose outbox has secret-bearing webhook URLs, a recipient list and rules."""
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=database_url,
+        auth_tokens=[AuthToken(name="rita", token=READER, role="reader")],
+        sites=[{"id": "plant-7", "base_url": "http://127.0.0.1:9"}],
+        notifications={
+            "smtp": {"host": "mail.local", "sender": "cr@example.org"},
+            "recipient_lists": [{"name": "oncall", "addresses": ["a@example.org", "b@x.org"]}],
+            "webhooks": [
+                {"name": "chat", "url": SLACK_URL, "secret": SECRET, "format": "slack"},
+                {"name": "pager", "url": CREDENTIALED_URL, "secret": SECRET},
+            ],
+            "rules": [
+                {
+                    "name": "plant-7-down",
+                    "event_types": ["SiteUnreachable", "SitePinned"],
+                    "site": "plant-7",
+                    "min_severity": "warning",
+                    "channel": "Webhook",
+                    "target": "chat",
+                    "severity": "Critical",
+                    "window": "PT15M",
+                },
+                {
+                    "name": "given-up",
+                    "event_types": ["RetryBatchGivenUp"],
+                    "endpoint": "Sales",
+                    "channel": "Email",
+                    "target": "oncall",
+                },
+            ],
+        },
+    )
+    app = create_app(settings, engine, FileSystemBodyStore(tmp_path / "bodies"))
+    with TestClient(app, follow_redirects=False) as client:
+        client.post("/signin", data={"token": READER})
+        yield client
+
+
+def rule_rows(page: str) -> list[str]:
+    table = page.split('data-testid="rules"', 1)[1].split("</table>", 1)[0]
+    return [
+        re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", row)).strip()
+        for row in table.split("<tbody>", 1)[1].split("</tr>")[:-1]
+    ]
+
+
+def test_the_rules_configured_are_listed_with_their_filters(configured: TestClient) -> None:
+    page = configured.get("/notifications").text
+    assert rule_rows(page) == [
+        "plant-7-down SiteUnreachable, SitePinned site plant-7; at least warning Webhook chat "
+        "15 min Critical",
+        "given-up RetryBatchGivenUp endpoint Sales Email oncall 5 min Warning",
+    ]
+
+
+def test_a_webhook_is_shown_by_its_origin_never_its_path_or_credentials(
+    configured: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG):
+        page = configured.get("/notifications").text
+        bearer = {"Authorization": f"Bearer {READER}"}
+        answers = [
+            configured.get(path, headers=bearer).text
+            for path in ("/api/configuration", "/api/notifications", "/api/notifications/kpis")
+        ]
+    assert "https://hooks.slack.com" in page and "http://hooks.local:8443" in page
+    for shown in (page, *answers, caplog.text):
+        for secret in ("services/T0000000", "secretpath", "hunter2pass", "deploy:", "whsec_"):
+            assert secret not in shown
+
+
+def test_a_notifications_page_says_each_recipients_outcome_and_the_latest_attempt(
+    configured: TestClient, engine: sa.Engine
+) -> None:
+    notification_id = put(engine, status="Retrying", channel="Email", target="oncall")
+    later = NOW + timedelta(minutes=3)
+    with begin_write(engine) as conn:
+        conn.execute(
+            sa.update(notifications)
+            .where(notifications.c.notification_id == notification_id)
+            .values(
+                retry_count=2,
+                reply_code=450,
+                last_error="SMTP refused {'b@x.org': (450, 'greylisted')}",
+                delivered_to=json.dumps(["a@example.org"]),
+                updated_at_utc=later,
+                next_attempt_at_utc=later + timedelta(minutes=1),
+            )
+        )
+    page = configured.get(f"/notifications/{notification_id}").text
+    assert 'data-testid="retry-count">2<' in page and 'data-testid="reply-code">450<' in page
+    assert "greylisted" in page
+    outcomes = page.split('data-testid="recipient-outcomes"', 1)[1].split("</ul>", 1)[0]
+    said = re.sub(r"<[^>]+>", "", outcomes)
+    assert "a@example.org: delivered" in said and "b@x.org: not delivered" in said
+    for stamp in (NOW, later, later + timedelta(minutes=1)):
+        assert stamp.strftime("%Y-%m-%d %H:%M") in page
+    detail = configured.get(
+        f"/api/notifications/{notification_id}", headers={"Authorization": f"Bearer {READER}"}
+    ).json()
+    assert detail["delivered_to"] == ["a@example.org"] and detail["retry_count"] == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -171,6 +172,27 @@ def test_a_webhook_is_delivered_once_signed_so_standardwebhooks_verifies_it(outb
     stored = outbox.row(notification_id)
     assert (stored.status, stored.reply_code, stored.retry_count) == ("Delivered", 204, 0)
     assert stored.terminal_at_utc == outbox.clock() and stored.claim_token is None
+
+
+def test_the_log_names_a_webhook_by_its_origin_and_each_attempt(
+    outbox: Outbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    """httpx logs each request's URL at INFO; a webhook's path is often its secret."""
+    notification_id = outbox.put()
+    outbox.receiver.status = 500
+    with caplog.at_level(logging.INFO):
+        outbox.dispatch()
+        outbox.receiver.status = 204
+        outbox.clock.advance()
+        outbox.dispatch()
+    assert outbox.receiver.url not in caplog.text and "/hook" not in caplog.text
+    origin = outbox.receiver.url.removesuffix("/hook")
+    assert f"{origin} (webhook ops)" in caplog.text  # httpx's request lines
+    attempts = [r.getMessage() for r in caplog.records if notification_id in r.getMessage()]
+    assert attempts == [
+        f"notification {notification_id} (Webhook to ops): attempt 1 retry, now Retrying: HTTP 500",
+        f"notification {notification_id} (Webhook to ops): attempt 2 delivered, now Delivered",
+    ]
 
 
 def test_a_slack_format_webhook_gets_slack_text_signed_and_the_same_bytes_again(

@@ -31,6 +31,7 @@ from controlroom.sitecalls.writer import SiteCallWriter
 from tests.factories import at, attempt
 from tests.nsb import failed_headers
 from tests.reconciliation.harness import central_settings, site_entry
+from tests.refusing import refusing_writes
 from tests.site.http import serving
 from tests.sitecalls.packets import packet, write
 
@@ -38,8 +39,15 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 NOW = datetime(2026, 12, 4, 8, 0, tzinfo=UTC)
 
 
+def configured(site: str | None) -> list[dict[str, str]]:
+    """The ``sites`` entry a rule's ``site`` filter needs (it must name a configured
+    site)."""
+    return [] if site is None else [{"id": site, "base_url": "http://127.0.0.1:9"}]
+
+
 def outbox(event_type: str, **filters: Any) -> NotificationSettings:
     return Settings(
+        sites=configured(filters.get("site")),
         notifications={
             "webhooks": [{"name": "ops", "url": "http://127.0.0.1:9/x", "secret": SECRET}],
             "rules": [
@@ -51,7 +59,7 @@ def outbox(event_type: str, **filters: Any) -> NotificationSettings:
                     **filters,
                 }
             ],
-        }
+        },
     ).notifications
 
 
@@ -170,6 +178,40 @@ def test_an_intake_stall_is_one_event_on_the_change_and_one_notification(ruled: 
     assert report_intake_transition(engine, health)
     assert len(events_of(engine, "IntakeRecovered")) == 1
     assert len(notified(engine)) == 1
+
+
+def test_a_stall_the_refusing_store_could_not_record_is_written_before_its_recovery(
+    ruled: Ruled,
+) -> None:
+    """A full disk refuses the event log as it refuses the intake: nothing can be written
+    while it lasts; once the store takes writes again, the missed IntakeStalled (raised
+    when it was seen, saying since when) comes before IntakeRecovered, and the rule's
+    notification is due at once."""
+    engine = ruled("IntakeStalled")
+    wall = [NOW]
+    health = IntakeHealth("error queue intake", "error", stall_seconds=60, clock=lambda: wall[0])
+    writer = FailedMessageBatchWriter(engine, clock=lambda: wall[0])
+    with refusing_writes(engine):
+        with pytest.raises(sa.exc.DBAPIError) as refused:
+            writer.write(IngestionBatch(attempts=[attempt(0, at(0))]))
+        health.failed(type(refused.value.orig).__name__)
+        assert not report_intake_transition(engine, health)  # the event log refuses too
+        wall[0] = NOW + timedelta(minutes=1)
+        assert not report_intake_transition(engine, health)
+    assert events_of(engine, "IntakeStalled") == [] and notified(engine) == []
+    wall[0] = NOW + timedelta(minutes=10)
+    writer.write(IngestionBatch(attempts=[attempt(0, at(0))]))
+    health.stored()
+    assert report_intake_transition(engine, health)
+    (stalled,) = events_of(engine, "IntakeStalled")
+    (recovered,) = events_of(engine, "IntakeRecovered")
+    assert (stalled.raised_at, recovered.raised_at) == (NOW, NOW + timedelta(minutes=10))
+    assert f"writes failing since {NOW.isoformat()}" in stalled.description
+    assert "written late" in stalled.description
+    (row,) = notified(engine)
+    assert (row.source, row.event_count) == ("rule:watch", 1)
+    assert row.next_attempt_at_utc <= recovered.raised_at  # its window has ended: due
+    assert not report_intake_transition(engine, health)  # written once
 
 
 def test_a_site_becoming_unreachable_is_one_event_and_one_notification(

@@ -23,8 +23,15 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 START = datetime(2026, 12, 4, 8, 0, tzinfo=UTC)
 
 
+def configured(site: str | None) -> list[dict[str, str]]:
+    """The ``sites`` entry a rule's ``site`` filter needs (it must name a configured
+    site)."""
+    return [] if site is None else [{"id": site, "base_url": "http://127.0.0.1:9"}]
+
+
 def outbox(**rule: Any) -> NotificationSettings:
     return Settings(
+        sites=configured(rule.get("site")),
         notifications={
             "webhooks": [{"name": "ops", "url": "http://127.0.0.1:9/x", "secret": SECRET}],
             "rules": [
@@ -37,7 +44,7 @@ def outbox(**rule: Any) -> NotificationSettings:
                     **rule,
                 }
             ],
-        }
+        },
     ).notifications
 
 

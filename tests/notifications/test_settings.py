@@ -1,14 +1,18 @@
-"""notifications.* settings: defaults, and a bad channel refused at start naming it."""
+"""notifications.* settings: defaults, and a bad channel or rule refused at start naming
+it."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from pydantic import ValidationError
 
 from controlroom.config import Settings
+from controlroom.event_types import EventType
+from controlroom.events import record_event
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -62,3 +66,57 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert outbox.max_attempts == 4
     hook = outbox.webhook("ops")
     assert hook is not None and SECRET not in repr(hook)
+
+
+def rule(**overrides: Any) -> dict[str, Any]:
+    return {
+        "name": "watch",
+        "event_types": ["IntakeStalled"],
+        "channel": "Webhook",
+        "target": "ops",
+        **overrides,
+    }
+
+
+def with_rule(**overrides: Any) -> dict[str, Any]:
+    hook = {"name": "ops", "url": "http://h/x", "secret": SECRET}
+    return {"webhooks": [hook], "rules": [rule(**overrides)]}
+
+
+def test_a_misspelt_event_type_is_refused_naming_the_rule_and_the_closest_kind() -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(notifications=with_rule(event_types=["RetryBatchGivenUp", "IntakeStaled"]))
+    text = str(refused.value)
+    assert "rules[0].event_types" in text and "'IntakeStaled'" in text
+    assert "did you mean 'IntakeStalled'" in text
+
+
+def test_every_event_type_a_writer_uses_is_one_a_rule_may_name() -> None:
+    """The rules are checked against the list the writers take their kinds from
+    (``events.record_event`` refuses any other)."""
+    kinds = [str(kind) for kind in EventType]
+    assert Settings(notifications=with_rule(event_types=kinds)).notifications.rules
+
+
+def test_the_event_log_refuses_a_kind_not_in_the_list(engine: sa.Engine) -> None:
+    with pytest.raises(ValueError), engine.begin() as conn:
+        record_event(
+            conn,
+            description="x",
+            severity="info",
+            category="Test",
+            event_type="IntakeStaled",  # type: ignore[arg-type]
+            raised_at=datetime(2026, 1, 1, tzinfo=UTC),
+        )
+
+
+def test_a_site_filter_naming_an_unconfigured_site_is_refused_naming_the_setting() -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(notifications=with_rule(event_types=["SiteUnreachable"], site="plant-7"))
+    text = str(refused.value)
+    assert "notifications.rules[0].site" in text and "'plant-7'" in text
+    site = {"id": "plant-7", "base_url": "http://127.0.0.1:9"}
+    configured = Settings(
+        sites=[site], notifications=with_rule(event_types=["SiteUnreachable"], site="plant-7")
+    )
+    assert configured.notifications.rules[0].site == "plant-7"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 from pathlib import Path
 
@@ -87,3 +88,53 @@ def test_make_demo_configures_central_with_the_demo_agents_secrets() -> None:
         "$(BIN)/controlroom serve" in makefile
     )
     assert all(site["token"] and site["central_token"] for site in demo_sites())
+
+
+def test_each_demo_agent_sends_a_few_notifications_a_minute_some_to_the_refused_pager() -> None:
+    from controlroom.config import NotificationSettings
+    from controlroom.demo_notifications import REFUSED_WEBHOOK, demo_notification_settings
+
+    outbox = NotificationSettings.model_validate(demo_notification_settings(8080))
+    sent = [demo.demo_notification("north", n) for n in range(6)]
+    for notification in sent:  # every target is one of central's demo channels
+        if notification["channel"] == "Webhook":
+            assert outbox.webhook(notification["target"]) is not None
+        else:
+            assert outbox.recipients(notification["target"]) is not None
+    assert sum(n["target"] == REFUSED_WEBHOOK for n in sent) == 2  # the parked flow
+    assert len({n["target"] for n in sent}) == 3
+    shortest_wait = demo.NOTIFY_EVERY * 0.5
+    assert 60 / shortest_wait <= 3  # at most three a minute per agent
+
+
+def test_the_demo_agents_notifications_are_stored_for_central(tmp_path: Path) -> None:
+    from controlroom.site import SiteAgent, SiteSettings
+
+    agent = SiteAgent(
+        SiteSettings(
+            site_id="north",
+            store_path=tmp_path / "tracking.db",
+            token="demo-north-agent-secret",
+        )
+    )
+
+    async def three() -> None:
+        sending = asyncio.create_task(
+            demo.send_notifications(agent, "north", 0.0, random.Random(1))
+        )
+        try:
+            async with asyncio.timeout(30):
+                while len(await asyncio.to_thread(agent.store.notifications, None, 10)) < 3:
+                    await asyncio.sleep(0.01)
+        finally:
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sending
+
+    try:
+        asyncio.run(three())
+        stored = agent.store.notifications(None, 10)
+    finally:
+        agent.close()
+    assert {row["target"] for row in stored} >= {"ops-chat", "oncall", "pager"}
+    assert all(row["status"] == "Pending" for row in stored)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from controlroom.runtime.intake_health import IntakeHealth
 
 
@@ -56,3 +58,39 @@ def test_a_failed_write_degrades_it_until_a_store_succeeds() -> None:
     )
     health.stored()
     assert not health.state().degraded and health.state().write_failures == 0
+
+
+def test_a_stall_never_reported_is_kept_until_reported_with_its_start() -> None:
+    clock = Clock()
+    wall = [datetime(2026, 12, 4, 8, 0, tzinfo=UTC)]
+    health = IntakeHealth(
+        "unit intake", "error", stall_seconds=60, monotonic=clock, clock=lambda: wall[0]
+    )
+    health.failed("OperationalError: database or disk is full")
+    first = health.transition()
+    assert first is not None and first.degraded and first.since == wall[0]
+    # Its write was refused (never ``reported``); the next round sees it still degraded.
+    wall[0] += timedelta(minutes=1)
+    assert health.transition() is not None
+    assert health.unreported_stall() is first  # the first seen, not the latest
+    wall[0] += timedelta(minutes=9)
+    health.stored()
+    recovered = health.transition()
+    assert recovered is not None and not recovered.degraded  # healthy, yet a change
+    missed = health.unreported_stall()
+    assert missed is first and missed.observed_at == datetime(2026, 12, 4, 8, 0, tzinfo=UTC)
+    health.reported(recovered)
+    assert health.transition() is None and health.unreported_stall() is None
+
+
+def test_a_reported_stall_leaves_nothing_unreported() -> None:
+    clock = Clock()
+    health = intake(clock)
+    health.failed("disk full")
+    stalled = health.transition()
+    assert stalled is not None
+    health.reported(stalled)
+    health.stored()
+    recovered = health.transition()
+    assert recovered is not None and not recovered.degraded
+    assert health.unreported_stall() is None

@@ -120,6 +120,10 @@ class NotificationView(BaseModel):
 class NotificationDetail(NotificationView):
     body: str
     recipients: list[str] | None
+    delivered_to: list[str] | None
+    """E-mail: the recipients that have it (each recipient has its own outcome)."""
+    event_count: int | None
+    """A rule's: the events coalesced into it."""
 
 
 class NotificationPage(BaseModel):
@@ -240,8 +244,9 @@ def get_notification(notification_id: str, request: Request) -> dict[str, Any]:
     if row is None:
         raise HTTPException(404, "notification not found")
     shown = row._asdict()
-    if shown["recipients"] is not None:
-        shown["recipients"] = json.loads(shown["recipients"])
+    for listed in ("recipients", "delivered_to"):
+        if shown[listed] is not None:
+            shown[listed] = json.loads(shown[listed])
     return shown
 
 

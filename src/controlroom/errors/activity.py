@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
+from controlroom.event_types import EventType
 from controlroom.events import (
     Category,
     Severity,
@@ -42,7 +43,9 @@ def messages_archived(
         f"{_count(len(ids), 'failed message')} {verb}",
         by,
         category=Category.MESSAGE_FAILURES,
-        event_type="FailedMessagesArchived" if archived else "FailedMessagesUnArchived",
+        event_type=EventType.FAILED_MESSAGES_ARCHIVED
+        if archived
+        else EventType.FAILED_MESSAGES_UNARCHIVED,
         related_to=_messages(ids),
         now=now,
     )
@@ -58,7 +61,9 @@ def group_archived(
         f"{_count(count, 'failed message')} of group {group_id} {verb}",
         by,
         category=Category.RECOVERABILITY,
-        event_type="FailedMessageGroupArchived" if archived else "FailedMessageGroupUnarchived",
+        event_type=EventType.FAILED_MESSAGE_GROUP_ARCHIVED
+        if archived
+        else EventType.FAILED_MESSAGE_GROUP_UNARCHIVED,
         related_to=[group_path(group_id)],
         now=now,
     )
@@ -73,7 +78,7 @@ def group_comment_changed(
         f"comment of group {group_id} {what}",
         by,
         category=Category.RECOVERABILITY,
-        event_type="GroupCommentDeleted" if deleted else "GroupCommentChanged",
+        event_type=EventType.GROUP_COMMENT_DELETED if deleted else EventType.GROUP_COMMENT_CHANGED,
         related_to=[group_path(group_id)],
         now=now,
     )
@@ -96,7 +101,7 @@ def retry_requested(
         description=f"retry ({retry_type}{aim}) of {_count(count, 'message')} requested{who}",
         severity=Severity.INFO,
         category=Category.RECOVERABILITY,
-        event_type="RetryOperationRequested",
+        event_type=EventType.RETRY_OPERATION_REQUESTED,
         raised_at=now,
         related_to=[f"/retry/{operation_id}"],
     )
@@ -127,7 +132,7 @@ def retry_finished(
         description=f"retry operation {operation_id} finished: {', '.join(parts)}",
         severity=Severity.WARNING if failed else Severity.INFO,
         category=Category.RECOVERABILITY,
-        event_type="RetryOperationCompleted",
+        event_type=EventType.RETRY_OPERATION_COMPLETED,
         raised_at=now,
         related_to=[f"/retry/{operation_id}"],
     )
@@ -151,7 +156,7 @@ def retry_given_up(
         ),
         severity=Severity.ERROR,
         category=Category.RECOVERABILITY,
-        event_type="RetryBatchGivenUp",
+        event_type=EventType.RETRY_BATCH_GIVEN_UP,
         raised_at=now,
         related_to=[f"/retry/{operation_id}", *_messages(ids)],
     )
@@ -167,7 +172,7 @@ def failed_imports_kept(
             description=f"a message of {queue} was kept as failed import {import_id}: {reason}",
             severity=Severity.ERROR,
             category=Category.FAILED_IMPORTS,
-            event_type="MessageFailedToImport",
+            event_type=EventType.MESSAGE_FAILED_TO_IMPORT,
             raised_at=now,
             related_to=[f"/failedimport/{import_id}"],
         )
@@ -183,7 +188,7 @@ def failed_imports_reimported(
         f"{_count(len(ids), 'failed import')} put back on {queue}",
         by,
         category=Category.FAILED_IMPORTS,
-        event_type="FailedImportsReimported",
+        event_type=EventType.FAILED_IMPORTS_REIMPORTED,
         related_to=[f"/failedimport/{i}" for i in list(ids)[:RELATED_LIMIT]],
         now=now,
     )
@@ -200,7 +205,7 @@ def retention_swept(
         ),
         severity=Severity.INFO,
         category=Category.RETENTION,
-        event_type="RetentionSweepCompleted",
+        event_type=EventType.RETENTION_SWEEP_COMPLETED,
         raised_at=now,
     )
 
@@ -214,7 +219,9 @@ def endpoint_monitoring_changed(
         f"monitoring of endpoint {endpoint_id} {state}",
         by,
         category=Category.ENDPOINTS,
-        event_type="MonitoringEnabledForEndpoint" if monitored else "MonitoringDisabledForEndpoint",
+        event_type=EventType.MONITORING_ENABLED_FOR_ENDPOINT
+        if monitored
+        else EventType.MONITORING_DISABLED_FOR_ENDPOINT,
         related_to=[endpoint_path(endpoint_id)],
         now=now,
     )
@@ -230,7 +237,7 @@ def failure_group_appeared(
         description=f"a new failure group appeared with {_count(messages, 'message')}: {title}",
         severity=Severity.WARNING,
         category=Category.MESSAGE_FAILURES,
-        event_type="FailureGroupAppeared",
+        event_type=EventType.FAILURE_GROUP_APPEARED,
         raised_at=now,
         related_to=[group_path(group_id), endpoint_path(endpoint)],
     )
@@ -246,7 +253,7 @@ def group_failures_passed(
         f"{failures} failures",
         hour,
         f"group {title}",
-        event_type="GroupFailuresPassedThreshold",
+        event_type=EventType.GROUP_FAILURES_PASSED_THRESHOLD,
         related_to=group_path(group_id),
         now=now,
     )
@@ -262,7 +269,7 @@ def endpoint_failures_passed(
         f"{failures} unresolved failures",
         hour,
         f"endpoint {endpoint}",
-        event_type="EndpointFailuresPassedThreshold",
+        event_type=EventType.ENDPOINT_FAILURES_PASSED_THRESHOLD,
         related_to=endpoint_path(endpoint),
         now=now,
     )
@@ -274,7 +281,7 @@ def _operator_did(
     by: str,
     *,
     category: Category,
-    event_type: str,
+    event_type: EventType,
     related_to: list[str],
     now: datetime,
 ) -> None:
@@ -296,7 +303,7 @@ def _hour_passed(
     hour: int,
     of: str,
     *,
-    event_type: str,
+    event_type: EventType,
     related_to: str,
     now: datetime,
 ) -> None:

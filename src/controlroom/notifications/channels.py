@@ -15,6 +15,7 @@ import email.utils
 import hashlib
 import hmac
 import json
+import logging
 import re
 import ssl
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from typing import Protocol
 import aiosmtplib
 import httpx
 
-from controlroom.config import NotificationSettings
+from controlroom.config import NotificationSettings, WebhookChannel
 from controlroom.notifications.lifecycle import Attempt, Verdict
 from controlroom.notifications.store import Claimed
 from controlroom.runtime.clock import Clock
@@ -33,6 +34,9 @@ from controlroom.runtime.clock import Clock
 RETRIED_STATUSES = frozenset({408, 425, 429})
 """4xx answers that say "later", not "never"."""
 RETRY_AFTER_STATUSES = frozenset({429, 503})
+_DELAY_SECONDS = re.compile(r"[0-9]+")
+"""``Retry-After``'s delay-seconds (RFC 9110 10.2.3): ASCII digits only (``str.isdigit``
+also takes ``²`` and other scripts' digits)."""
 
 
 class Sender(Protocol):
@@ -51,13 +55,15 @@ def sign(secret: str, message_id: str, timestamp: str, body: bytes) -> str:
 
 
 def retry_after_seconds(value: str | None, now: datetime) -> float | None:
-    """A ``Retry-After`` header as seconds from ``now``: delay seconds or an HTTP date;
-    ``None`` when absent or nonsense (then the backoff applies)."""
+    """A ``Retry-After`` header as seconds from ``now``: delay seconds (ASCII digits) or
+    an HTTP date (a past one: 0); ``None`` when absent or nonsense, a negative or
+    fractional number included (then the backoff applies). Not capped here: a huge delay
+    is (``lifecycle.after_attempt``, ``retry_after_cap``)."""
     if value is None:
         return None
-    text = value.strip()
-    if text.isdigit():
-        return float(text)
+    text = value.strip(" \t")
+    if _DELAY_SECONDS.fullmatch(text):
+        return float(text)  # inf beyond float's range: capped all the same
     try:
         when = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError):
@@ -102,14 +108,44 @@ def http_verdict(status: int, retry_after: str | None, now: datetime) -> Attempt
     return Attempt(Verdict.RETRY, f"HTTP {status}", reply_code=status, retry_after=wait)
 
 
+class _WebhookUrlsLeftOut(logging.Filter):
+    """On the ``httpx`` logger: a request line naming a webhook's URL names its origin
+    instead (``WebhookChannel.origin``): the path of a webhook is often its secret, and
+    httpx logs every request's URL at INFO. Other URLs pass unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._origins: dict[httpx.URL, str] = {}
+
+    def add(self, hooks: Sequence[WebhookChannel]) -> None:
+        for hook in hooks:
+            self._origins[httpx.URL(hook.url)] = f"{hook.origin} (webhook {hook.name})"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(
+            isinstance(arg, httpx.URL) for arg in record.args
+        ):
+            record.args = tuple(
+                self._origins.get(arg, arg) if isinstance(arg, httpx.URL) else arg
+                for arg in record.args
+            )
+        return True
+
+
+_URLS_LEFT_OUT = _WebhookUrlsLeftOut()
+logging.getLogger("httpx").addFilter(_URLS_LEFT_OUT)
+
+
 class WebhookSender:
     """POSTs a notification's stored payload to its webhook, signed; ``client`` must not
-    follow redirects (``httpx``'s default)."""
+    follow redirects (``httpx``'s default). The log never names a webhook's URL beyond
+    its origin (``_WebhookUrlsLeftOut``)."""
 
     def __init__(self, settings: NotificationSettings, client: httpx.AsyncClient, clock: Clock):
         self._settings = settings
         self._client = client
         self._clock = clock
+        _URLS_LEFT_OUT.add(settings.webhooks)
 
     async def send(self, claimed: Claimed) -> Attempt:
         hook = self._settings.webhook(claimed.target)

@@ -124,6 +124,18 @@ class Dispatcher:
         await asyncio.to_thread(
             record_attempt, self._engine, claimed, attempt, after, now=self._clock()
         )
+        # One line per attempt: the notification's row keeps the latest outcome only
+        # (docs/decisions.md "A notification keeps its latest attempt, the log each one").
+        log.info(
+            "notification %s (%s to %s): attempt %d %s, now %s%s",
+            claimed.notification_id,
+            claimed.channel,
+            claimed.target,
+            claimed.retry_count + 1,
+            attempt.verdict.value.lower(),
+            after.status,
+            "" if attempt.error is None else f": {attempt.error}",
+        )
 
     async def _attempt(self, claimed: Claimed) -> Attempt:
         sender = self._active.get(claimed.channel)

@@ -5,8 +5,10 @@ The list is newest created first, by ``(created_at_utc, notification_id)``, alon
 indexes of migration 0023 (overall and per status). The KPIs have the site calls' shape:
 ``buffered`` (Pending or Retrying), ``parked``, ``failed_last_interval`` and
 ``delivered_last_interval`` (by ``terminal_at_utc`` within ``interval``),
-``oldest_pending_age_seconds`` and ``stuck`` (buffered and created longer ago than
-``stuck_threshold``), globally and per channel.
+``oldest_pending_age_seconds`` and ``stuck`` (buffered and due for longer than
+``stuck_threshold``), globally and per channel. Both measure from when a notification
+became due (``due_since``), never from its creation: a rule's notification waits for
+its coalescing window to end, and is not late before then.
 """
 
 from __future__ import annotations
@@ -88,10 +90,22 @@ def list_notifications(
 
 
 def get_notification(conn: sa.Connection, notification_id: str) -> sa.Row[*tuple[Any, ...]] | None:
-    """One notification (``LISTED``, its ``body`` and ``recipients``), or ``None``."""
+    """One notification (``LISTED``, its ``body``, ``recipients``, ``delivered_to``, both
+    JSON lists or ``None``, and ``event_count``), or ``None``."""
     return conn.execute(
-        sa.select(*LISTED, nc.body, nc.recipients).where(nc.notification_id == notification_id)
+        sa.select(*LISTED, nc.body, nc.recipients, nc.delivered_to, nc.event_count).where(
+            nc.notification_id == notification_id
+        )
     ).one_or_none()
+
+
+def due_since() -> sa.ColumnElement[Any]:
+    """When a buffered notification became due: before its first attempt, its
+    ``next_attempt_at_utc`` (a site's: its creation; a rule's: its window's end; after an
+    operator's Retry: the Retry; while a claim holds it: the claim's end, so one being
+    sent is not late); once attempted, its creation (the first due time is not kept: a
+    rule's notification then counts from up to a window or two before it was due)."""
+    return sa.case((nc.retry_count == 0, nc.next_attempt_at_utc), else_=nc.created_at_utc)
 
 
 def measure_kpis(
@@ -99,16 +113,20 @@ def measure_kpis(
 ) -> dict[str, dict[str, float | int | None]]:
     """The KPIs at ``now`` by metric name (``db.kpi_history.METRICS``), globally (key
     ``""``: the channels' sum, the oldest of their pending) and per channel (its name);
-    two grouped reads."""
+    two grouped reads. The oldest pending and stuck count the buffered notifications
+    due at ``now`` (``due_since``), from when each became due."""
     due = [status.value for status in DUE]
+    since = due_since()
     live = conn.execute(
         sa.select(
             nc.channel,
             sa.func.count().filter(nc.status.in_(due)).label("buffered"),
             sa.func.count().filter(nc.status == Status.PARKED.value).label("parked"),
-            sa.func.min(sa.case((nc.status.in_(due), nc.created_at_utc))).label("oldest"),
+            sa.func.min(sa.case((sa.and_(nc.status.in_(due), since <= now), since))).label(
+                "oldest"
+            ),
             sa.func.count()
-            .filter(nc.status.in_(due), nc.created_at_utc < now - stuck_threshold)
+            .filter(nc.status.in_(due), since < now - stuck_threshold)
             .label("stuck"),
         )
         .where(nc.status.in_([*due, Status.PARKED.value]))

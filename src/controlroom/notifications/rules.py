@@ -18,9 +18,12 @@ and the event commits.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import sqlalchemy as sa
 
@@ -32,6 +35,7 @@ from controlroom.events import (
     endpoint_path,
     group_path,
     site_path,
+    subscribe,
 )
 from controlroom.notifications.lifecycle import Status
 from controlroom.notifications.store import (
@@ -43,6 +47,19 @@ from controlroom.notifications.store import (
 )
 
 nc = notifications.c
+
+
+@contextlib.contextmanager
+def rules_applied(engine: sa.Engine, settings: NotificationSettings) -> Iterator[None]:
+    """For the block: every event recorded on ``engine`` meets ``settings``' rules in its
+    transaction (``apply_rules``). Every process that opens the store for work that
+    writes events (serve, its workers, the CLI's commands) runs that work inside one, so
+    no event escapes the rules."""
+    unsubscribe = subscribe(engine, partial(apply_rules, settings))
+    try:
+        yield
+    finally:
+        unsubscribe()
 
 
 def matches(rule: NotificationRule, event: EventLogItem) -> bool:

@@ -37,6 +37,7 @@ import sqlalchemy as sa
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import REJECTED_NOTIFICATION_SOURCE, notifications, rejected_telemetry
 from controlroom.db.transactions import begin_write
+from controlroom.event_types import EventType
 from controlroom.events import Category, record_event
 from controlroom.events import Severity as EventSeverity
 from controlroom.exceptions import ControlroomError
@@ -406,7 +407,10 @@ class ActionResult:
     status: str | None
 
 
-_AUDIT_ACTION = {Command.RETRY: "NotificationRetried", Command.DISCARD: "NotificationDiscarded"}
+_AUDIT_ACTION = {
+    Command.RETRY: EventType.NOTIFICATION_RETRIED,
+    Command.DISCARD: EventType.NOTIFICATION_DISCARDED,
+}
 
 
 def act_on_parked(

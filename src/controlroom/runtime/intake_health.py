@@ -11,6 +11,11 @@ route samples it too). It is *degraded* while
 - it stalls: its queue has held messages for ``stall_seconds`` without a batch stored.
 
 Times are monotonic seconds for the rules, UTC for the answer.
+
+The event log hears of a change once (``transition``, then ``reported`` once written).
+When the store refuses that write too (a full disk refuses every write), the first
+degraded state seen is kept (``unreported_stall``), so the stall is written, late, before
+the recovery once the store takes writes again (docs/design.md "Notification rules").
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from prometheus_client import Gauge
 
@@ -47,7 +52,8 @@ LAST_STORED = Gauge(
 class IntakeState:
     """An intake as health reports it: ``reason`` is ``None`` when healthy, else one
     sentence (never message data); ``last_stored_at`` UTC or ``None`` before the first
-    batch; ``waiting`` the messages last seen in its queue (``None``: never seen)."""
+    batch; ``waiting`` the messages last seen in its queue (``None``: never seen);
+    ``since`` and ``observed_at`` below."""
 
     name: str
     queue: str
@@ -55,6 +61,11 @@ class IntakeState:
     last_stored_at: datetime | None
     write_failures: int
     waiting: int | None
+    since: datetime | None = None
+    """UTC: when the degradation began (writes first failed; messages first waited with
+    none stored); ``None`` when healthy."""
+    observed_at: datetime | None = None
+    """UTC: when this state was read."""
 
     @property
     def degraded(self) -> bool:
@@ -87,6 +98,7 @@ class IntakeHealth:
         self._waiting: int | None = None
         self._waiting_since: float | None = None  # monotonic: messages seen, none stored since
         self._reported_degraded = False
+        self._unreported: IntakeState | None = None  # a degraded state not yet written
 
     def stored(self) -> None:
         """A batch was committed: writes work, and the stall clock starts again."""
@@ -121,7 +133,7 @@ class IntakeHealth:
     def state(self) -> IntakeState:
         """The intake now; also sets its gauges."""
         with self._lock:
-            reason = self._reason()
+            reason, since = self._reason()
             state = IntakeState(
                 name=self.name,
                 queue=self.queue,
@@ -129,6 +141,8 @@ class IntakeHealth:
                 last_stored_at=self._last_stored_at,
                 write_failures=self._failures,
                 waiting=self._waiting,
+                since=since,
+                observed_at=self._clock(),
             )
         DEGRADED.labels(self.name).set(1 if state.degraded else 0)
         WRITE_FAILURES.labels(self.name).set(state.write_failures)
@@ -136,29 +150,46 @@ class IntakeHealth:
 
     def transition(self) -> IntakeState | None:
         """The intake now if it became degraded, or healthy again, since the last state
-        ``reported``; ``None`` otherwise (an event is raised on a change only)."""
+        ``reported``, or healthy with a stall never reported (``unreported_stall``);
+        ``None`` otherwise (an event is raised on a change only)."""
         state = self.state()
         with self._lock:
-            return state if state.degraded != self._reported_degraded else None
+            if state.degraded and not self._reported_degraded and self._unreported is None:
+                self._unreported = state
+            changed = state.degraded != self._reported_degraded
+            missed = not state.degraded and self._unreported is not None
+            return state if changed or missed else None
+
+    def unreported_stall(self) -> IntakeState | None:
+        """The first degraded state ``transition`` answered since the last state
+        ``reported``, when that degradation was never reported (its write refused);
+        ``None`` otherwise. Its reporter writes it once the intake is healthy again
+        (``events.report_intake_transition``). Kept in memory only: a restart forgets
+        it."""
+        with self._lock:
+            return None if self._reported_degraded else self._unreported
 
     def reported(self, state: IntakeState) -> None:
-        """``state``'s change was written to the event log (``transition``)."""
+        """``state``'s change was written to the event log (``transition``), with the
+        unreported stall before it if there was one."""
         with self._lock:
             self._reported_degraded = state.degraded
+            self._unreported = None
 
-    def _reason(self) -> str | None:
+    def _reason(self) -> tuple[str | None, datetime | None]:
+        """Why the intake is degraded and since when (UTC), or ``(None, None)``."""
         if self._failing_since is not None:
             return (
                 f"{self.name}: writes failing since {self._failing_since.isoformat()} "
                 f"({self._failures} attempts; last: {self._failure_reason}); the messages "
                 f"stay in {self.queue}"
-            )
+            ), self._failing_since
         if self._waiting_since is None:
-            return None
+            return None, None
         stalled = self._monotonic() - self._waiting_since
         if stalled < self._stall_seconds:
-            return None
+            return None, None
         return (
             f"{self.name}: nothing stored for {stalled:.0f} s although {self.queue} holds "
             f"{self._waiting} messages"
-        )
+        ), self._clock() - timedelta(seconds=stalled)

@@ -10,6 +10,12 @@ to central:
   an operator's Retry (through central) delivers it;
 - ``/rejects/{call}`` answers 400: the call is Failed at once.
 
+Each agent also sends a notification through central about every ``NOTIFY_EVERY``
+seconds (two agents: a few a minute), in turn to the ``ops-chat`` webhook, the
+``oncall`` recipient list and the ``pager`` webhook, which the demo's webhook sink
+refuses (``controlroom.demo_notifications``), so the console shows deliveries and a
+parked notification to Retry or Discard.
+
 Central must list the agents as sites (``demo_sites`` gives the entries, with each
 site's two secrets) to take their telemetry, reconcile them and relay Retry/Discard.
 Their ports follow central's (``demo_ports``: 11, 12 and 13 past it, so 8091-8093 beside
@@ -43,6 +49,20 @@ DEFAULT_CENTRAL_PORT = 8080
 _PAST_CENTRAL = (11, 12, 13)  # north, south, the targets
 MAX_RETRIES = 3
 SCENARIOS = ("recovers", "recovers", "maintenance", "rejects")
+
+CHAT_WEBHOOK = "ops-chat"
+ONCALL_LIST = "oncall"
+PAGER_WEBHOOK = "pager"
+"""The names central's demo outbox gives its channels (``controlroom.demo_notifications``
+configures them from these); its webhook sink refuses the pager."""
+NOTIFY_EVERY = 40.0
+"""Seconds between an agent's notifications, on average (each wait is 0.5 to 1.5 times
+it): at most three a minute per agent."""
+_NOTIFICATIONS = (
+    ("Webhook", CHAT_WEBHOOK, "Info", "Shift report of {site} is ready", "Batch {n} closed."),
+    ("Email", ONCALL_LIST, "Warning", "Tank level low at {site}", "Reading {n} below 20 %."),
+    ("Webhook", PAGER_WEBHOOK, "Error", "Line stopped at {site}", "Stop {n}: motor overload."),
+)
 
 
 def demo_secrets(site: str) -> tuple[str, str]:
@@ -108,6 +128,32 @@ def flaky_targets() -> FastAPI:
     return app
 
 
+def demo_notification(site: str, n: int) -> dict[str, str]:
+    """The ``n``-th notification (from 0) an agent of ``site`` sends: ``SiteAgent.notify``'s
+    arguments, the three kinds in turn (module docstring)."""
+    channel, target, severity, subject, body = _NOTIFICATIONS[n % len(_NOTIFICATIONS)]
+    return {
+        "channel": channel,
+        "target": target,
+        "severity": severity,
+        "subject": subject.format(site=site),
+        "body": body.format(n=n + 1),
+    }
+
+
+async def send_notifications(agent: SiteAgent, site: str, every: float, rng: random.Random) -> None:
+    """Until cancelled: wait about ``every`` seconds, send the next ``demo_notification``
+    (stored at the agent, forwarded to central by its outbox)."""
+    n = 0
+    while True:
+        await asyncio.sleep(every * rng.uniform(0.5, 1.5))
+        notification = demo_notification(site, n)
+        target = notification.pop("target")
+        subject = notification.pop("subject")
+        await asyncio.to_thread(agent.notify, target, subject, **notification)
+        n += 1
+
+
 async def _make_calls(agent: SiteAgent, targets_url: str, every: float, rng: random.Random) -> None:
     while True:
         behaviour = rng.choice(SCENARIOS)
@@ -122,10 +168,12 @@ async def run_site_demo(
     central_url: str,
     *,
     every: float = 3.0,
+    notify_every: float = NOTIFY_EVERY,
     ports: tuple[int, int, int] | None = None,
 ) -> None:
     """Serve the targets and the two agents, making a call per agent about every
-    ``every`` seconds, until cancelled. ``ports`` (north, south, targets): by default
+    ``every`` seconds and sending a notification per agent about every ``notify_every``
+    seconds, until cancelled. ``ports`` (north, south, targets): by default
     ``demo_ports`` of ``central_url``'s port. Raises ``ConfigurationError`` naming the
     address when a port is taken."""
     north, south, targets_port = ports or demo_ports(central_port_of(central_url))
@@ -161,6 +209,7 @@ async def run_site_demo(
             agents.append(agent)
             tasks.append(asyncio.create_task(SiteService(agent).run(listener)))
             tasks.append(asyncio.create_task(_make_calls(agent, targets_url, every, rng)))
+            tasks.append(asyncio.create_task(send_notifications(agent, site, notify_every, rng)))
         await asyncio.gather(*tasks)
     finally:
         targets.should_exit = True

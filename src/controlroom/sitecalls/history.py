@@ -30,6 +30,7 @@ from controlroom.db.kpi_history import sample_rows as kpi_sample_rows
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import kpi_samples
 from controlroom.db.transactions import begin_write
+from controlroom.event_types import EventType
 from controlroom.events import Category, Severity, record_event, site_path
 from controlroom.runtime.clock import Clock, utc_now
 from controlroom.runtime.periodic import PeriodicTask
@@ -81,8 +82,8 @@ def take_sample(engine: sa.Engine, settings: Settings, now: datetime) -> int:
 
 
 ALERTS = {
-    "parked": ("ParkedSiteCallsPassedThreshold", "alert_parked"),
-    "stuck": ("StuckSiteCallsPassedThreshold", "alert_stuck"),
+    "parked": (EventType.PARKED_SITE_CALLS_PASSED_THRESHOLD, "alert_parked"),
+    "stuck": (EventType.STUCK_SITE_CALLS_PASSED_THRESHOLD, "alert_stuck"),
 }
 """The watched metric, its event and its threshold's setting (``kpi.<setting>``)."""
 

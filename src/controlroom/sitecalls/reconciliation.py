@@ -51,6 +51,7 @@ from controlroom.db.errors import describe_store_error
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import site_reconciliation
 from controlroom.db.transactions import begin_write
+from controlroom.event_types import EventType
 from controlroom.events import Category, Severity, record_event, site_path
 from controlroom.runtime.clock import Clock, utc_now
 from controlroom.runtime.periodic import PeriodicTask
@@ -349,17 +350,17 @@ def _record_reachability(
     """Raise ``SiteUnreachable`` (with the pass's error) or ``SiteReachable``."""
     if reachable:
         description = f"Site {site_id} answers reconciliation again"
-        _site_event(conn, site_id, Severity.INFO, "SiteReachable", description, now)
+        _site_event(conn, site_id, Severity.INFO, EventType.SITE_REACHABLE, description, now)
     else:
         description = f"Site {site_id} is unreachable: {error}"
-        _site_event(conn, site_id, Severity.ERROR, "SiteUnreachable", description, now)
+        _site_event(conn, site_id, Severity.ERROR, EventType.SITE_UNREACHABLE, description, now)
 
 
 def _site_event(
     conn: sa.Connection,
     site_id: str,
     severity: Severity,
-    event_type: str,
+    event_type: EventType,
     description: str,
     now: datetime,
 ) -> None:
@@ -388,11 +389,11 @@ def _record_pin_change(
             "updated_at_utc than a page of reconciliation.batch_size holds)"
         )
         log.warning("%s", description)
-        severity, event_type = Severity.WARNING, "SitePinned"
+        severity, event_type = Severity.WARNING, EventType.SITE_PINNED
     else:
         description = f"Site {site_id} is no longer pinned: reconciliation advanced to {at}"
         log.info("%s", description)
-        severity, event_type = Severity.INFO, "SiteUnpinned"
+        severity, event_type = Severity.INFO, EventType.SITE_UNPINNED
     _site_event(conn, site_id, severity, event_type, description, now)
 
 

@@ -23,6 +23,7 @@ import sqlalchemy as sa
 
 from controlroom.db.tables import REJECTED_NOTIFICATION_SOURCE, rejected_telemetry
 from controlroom.db.transactions import begin_write
+from controlroom.event_types import EventType
 from controlroom.events import Category, Severity, record_event
 from controlroom.runtime.clock import Clock, utc_now
 from controlroom.sitecalls.intake import receive_bytes
@@ -116,7 +117,7 @@ def _record(
         description=description,
         severity=Severity.INFO if outcome is ResubmitOutcome.ACCEPTED else Severity.WARNING,
         category=Category.SITE_CALLS,
-        event_type="RejectedTelemetryResubmitted",
+        event_type=EventType.REJECTED_TELEMETRY_RESUBMITTED,
         raised_at=now,
         related_to=[] if tracked_operation_id is None else [f"/site-call/{tracked_operation_id}"],
     )

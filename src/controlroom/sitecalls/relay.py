@@ -28,6 +28,7 @@ from controlroom.config import Settings
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import site_calls
 from controlroom.db.transactions import begin_write
+from controlroom.event_types import EventType
 from controlroom.events import Category, Severity, record_event
 from controlroom.runtime.clock import Clock, utc_now
 from controlroom.sitecalls.reconciliation import site_headers
@@ -44,6 +45,13 @@ class Command(enum.StrEnum):
 
     RETRY = "retry"
     DISCARD = "discard"
+
+
+_RELAYED = {
+    Command.RETRY: EventType.SITE_CALL_RETRY_RELAYED,
+    Command.DISCARD: EventType.SITE_CALL_DISCARD_RELAYED,
+}
+"""The event log item of an applied command."""
 
 
 class RelayOutcome(enum.StrEnum):
@@ -188,7 +196,7 @@ def _audit(engine: sa.Engine, row: Any, command: Command, operator: str, clock: 
                 ),
                 severity=Severity.INFO,
                 category=Category.SITE_CALLS,
-                event_type=f"SiteCall{command.title()}Relayed",
+                event_type=_RELAYED[command],
                 raised_at=now,
                 related_to=[f"/site-call/{row.tracked_operation_id}", f"/site/{row.source_site}"],
             )

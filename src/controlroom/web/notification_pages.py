@@ -3,7 +3,8 @@ channel, filters by status, channel, source and target, keyset paging), one noti
 with its last error and, for operators, Retry and Discard of a Parked one (post, then a
 redirect carrying the outcome in the signed flash cookie, docs/decisions.md "Console
 actions answer with a redirect": the page shows it once, a reload sends nothing, and no
-link can carry an outcome), and the channels configured (secrets never shown).
+link can carry an outcome), and the channels and rules configured (secrets never shown:
+a webhook by its origin only, ``WebhookChannel.origin``).
 
 Source: docs/design.md "Notification outbox"; docs/decisions.md "The console calls the
 same functions as the API": reads call ``notifications.queries`` (the trends
@@ -23,7 +24,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 
-from controlroom.config import Settings
+from controlroom.config import NotificationRule, Settings
 from controlroom.notifications import queries
 from controlroom.notifications.lifecycle import TERMINAL, Channel, Status
 from controlroom.notifications.store import ActionOutcome, Command, act_on_parked
@@ -136,11 +137,38 @@ def notification_list(
             "statuses": STATUSES,
             "channels": CHANNELS,
             "scope_channel": scope_channel,
-            "webhooks": [(hook.name, hook.url) for hook in outbox.webhooks],
+            "webhooks": [(hook.name, hook.origin) for hook in outbox.webhooks],
+            "rules": [rule_row(rule) for rule in outbox.rules],
             "recipient_lists": [(entry.name, entry.addresses) for entry in outbox.recipient_lists],
             "smtp": None if outbox.smtp is None else f"{outbox.smtp.host}:{outbox.smtp.port}",
         },
     )
+
+
+def rule_row(rule: NotificationRule) -> dict[str, Any]:
+    """A rule as the page lists it: its filters in words (none: every event of its
+    types)."""
+    filters = [
+        f"{name} {value}"
+        for name, value in (
+            ("endpoint", rule.endpoint),
+            ("group", rule.group),
+            ("site", rule.site),
+            ("related to", rule.related_to),
+        )
+        if value is not None
+    ]
+    if rule.min_severity != "info":
+        filters.append(f"at least {rule.min_severity}")
+    return {
+        "name": rule.name,
+        "event_types": rule.event_types,
+        "filters": filters,
+        "channel": rule.channel,
+        "target": rule.target,
+        "window": rule.window,
+        "severity": rule.severity,
+    }
 
 
 @router.get("/notifications/rejected")
@@ -180,8 +208,26 @@ def _notification(request: Request, notification_id: uuid.UUID, template: str) -
             "parked": row.status == Status.PARKED.value,
             "terminal": row.status in TERMINAL,
             "recipients": recipients,
+            "outcomes": recipient_outcomes(api_state(request).settings, row, recipients),
         },
     )
+
+
+def recipient_outcomes(
+    settings: Settings, row: Any, recipients: list[str] | None
+) -> list[tuple[str, bool]] | None:
+    """An e-mail's recipients, each with whether it has the notification
+    (``delivered_to``: each recipient has its own outcome, docs/design.md "Notification
+    channels"); ``None`` for a webhook, or a list no longer configured."""
+    if row.channel != Channel.EMAIL.value:
+        return None
+    if recipients is None:
+        configured = settings.notifications.recipients(row.target)
+        if configured is None:
+            return None
+        recipients = configured.addresses
+    delivered = set(json.loads(row.delivered_to)) if row.delivered_to else set()
+    return [(address, address in delivered) for address in recipients]
 
 
 @router.post("/notifications/{notification_id}/{command}")
