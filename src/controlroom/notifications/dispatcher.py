@@ -30,6 +30,7 @@ from controlroom.config import Settings
 from controlroom.db.providers import provider_for
 from controlroom.notifications.channels import Sender, SmtpSender, WebhookSender
 from controlroom.notifications.lifecycle import Attempt, Channel, Policy, Verdict, after_attempt
+from controlroom.notifications.rules import count_group_failures
 from controlroom.notifications.store import Claimed, claim_due, record_attempt
 from controlroom.runtime.clock import Clock, utc_now
 from controlroom.runtime.periodic import PeriodicTask
@@ -137,6 +138,10 @@ class Dispatcher:
             raise
 
     async def _deliver(self, claimed: Claimed) -> None:
+        if claimed.failure_groups is not None:  # a rule's count, made at its first claim
+            claimed = await asyncio.to_thread(
+                count_group_failures, self._engine, claimed, now=self._clock()
+            )
         attempt = await self._attempt(claimed)
         after = after_attempt(claimed.retry_count, attempt, self._clock(), self._policy, self._rng)
         if attempt.verdict is Verdict.CONFIGURATION:
