@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from email import message_from_bytes, policy
@@ -28,7 +28,9 @@ class Received:
 @dataclass
 class WebhookReceiver:
     """Records every POST; answers ``status`` (with ``headers``) to each. While ``hang``
-    is set, a request is recorded and then held unanswered until ``release`` is set."""
+    is set, a request is recorded and then held unanswered until ``release`` is set.
+    ``gate``, when set, is called with each request once it is recorded, on the
+    server's thread, before the answer: it may hold the request (wait for the test)."""
 
     url: str
     status: int = 204
@@ -37,6 +39,7 @@ class WebhookReceiver:
     lock: threading.Lock = field(default_factory=threading.Lock)
     hang: bool = False
     release: threading.Event = field(default_factory=threading.Event)
+    gate: Callable[[Received], None] | None = None
 
 
 @contextmanager
@@ -46,10 +49,13 @@ def webhook_receiver() -> Iterator[WebhookReceiver]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            received = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
             with receiver.lock:
-                receiver.requests.append(
-                    Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
-                )
+                receiver.requests.append(received)
+                gate = receiver.gate
+            if gate is not None:
+                gate(received)
+            with receiver.lock:
                 status, headers = receiver.status, dict(receiver.headers)
                 hang = receiver.hang
             if hang:

@@ -502,3 +502,53 @@ def test_an_unknown_target_of_either_channel_fails_once_naming_it(
     clock.advance()
     assert dispatch(settings, engine, clock) == 0  # never tried again
     assert receiver.requests == [] and sink.mails == []
+
+
+def test_a_hanging_send_holds_up_no_other_notification(
+    engine: sa.Engine, database_url: str, mail: tuple[MailSink, int], clock: Clock
+) -> None:
+    """One webhook hangs on its first request; the other's notifications, three claims'
+    worth, are all delivered while it hangs: its send holds its own slot, never a claim.
+    The hanging receiver answers only once the test saw the others arrive (no timing)."""
+    with webhook_receiver() as ops, webhook_receiver() as stuck:
+        stuck.hang = True
+        hooks = [
+            {"name": "ops", "url": ops.url, "secret": SECRET},
+            {"name": "stuck", "url": stuck.url, "secret": SECRET},
+        ]
+        settings = outbox_settings(
+            database_url, ops, mail[1], webhooks=hooks, batch_size=4, concurrency=3,
+            send_timeout=120, claim_seconds=600,
+        )  # fmt: skip
+        hanging = put(engine, clock() - timedelta(seconds=1), target="stuck")  # claimed first
+        others = {put(engine, clock(), source_event_id=str(n)) for n in range(10)}
+
+        async def go() -> int:
+            async with httpx.AsyncClient(timeout=TEST_CLIENT_TIMEOUT) as client:
+                outbox = settings.notifications
+                dispatcher = Dispatcher(
+                    settings,
+                    engine,
+                    owner="test",
+                    senders={"Webhook": WebhookSender(outbox, client, clock)},
+                    clock=clock,
+                )
+                running = asyncio.create_task(dispatcher.dispatch())
+                async with asyncio.timeout(100):  # a guard against a hang, not a measure
+                    while len(ops.requests) < len(others) or not stuck.requests:
+                        await asyncio.sleep(0.01)
+                # Every other notification arrived while the hanging send is still under
+                # way: no outcome of it is written yet.
+                still = await asyncio.to_thread(row, engine, hanging)
+                assert (still.status, still.retry_count, still.claim_token is None) == (
+                    "Pending",
+                    0,
+                    False,
+                )
+                stuck.release.set()
+                return await running
+
+        assert asyncio.run(go()) == 11
+        assert {request.headers["webhook-id"] for request in ops.requests} == others
+        assert [request.headers["webhook-id"] for request in stuck.requests] == [hanging]
+        assert row(engine, hanging).status == "Delivered"

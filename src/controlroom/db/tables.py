@@ -635,6 +635,13 @@ notifications = sa.Table(
     sa.Column("claim_token", sa.String(UUID_LEN)),
     sa.Column("event_count", sa.Integer, comment="events a rule coalesced into it"),
     sa.Column("recipients", sa.Text, comment="JSON list of explicit addresses"),
+    # A rule's notification of failure groups (migration 0030): its window and each
+    # group's failed messages in it, counted at its first claim (notifications.rules).
+    sa.Column(
+        "failure_groups",
+        sa.Text,
+        comment="JSON: the window and its failure groups' failed messages",
+    ),
     sa.Index("ix_notifications_next_attempt_at_utc", "next_attempt_at_utc"),
     sa.Index("ix_notifications_created_at_utc", "created_at_utc", "notification_id"),
     sa.Index("ix_notifications_status", "status", "created_at_utc", "notification_id"),

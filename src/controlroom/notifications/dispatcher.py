@@ -1,10 +1,14 @@
 """The dispatcher: a periodic part of ``serve`` that sends due notifications
 (docs/design.md "Notification outbox").
 
-Each run claims due rows (``store.claim_due``) and sends them, at most ``concurrency``
-at once, each bounded by ``send_timeout``, outside any database transaction; each
-outcome is written with ``store.record_attempt``. A run goes on claiming while claims
-come back full. Where the provider lets several processes claim at once
+Each run claims due rows (``store.claim_due``, ``batch_size`` at a time) and sends them,
+at most ``concurrency`` at once, each bounded by ``send_timeout``, outside any database
+transaction; each outcome is written with ``store.record_attempt``. A send slot that
+frees takes the next claimed notification at once, and the next claim is made, while
+the other sends go on, as soon as fewer claimed notifications wait than there are
+slots: a send that hangs until its timeout holds up its own slot only, never a batch
+(docs/design.md "Notification outbox"). A run goes on claiming while claims come back
+full. Where the provider lets several processes claim at once
 (``Provider.claims_rows_concurrently``) every ``serve`` dispatches; elsewhere one does,
 under the ``notification dispatch`` lease. A failed run (the database unreachable)
 makes the next wait longer, doubling up to ``ingestion.max_backoff_seconds``.
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections import deque
 from collections.abc import Mapping
 from datetime import timedelta
 
@@ -25,6 +30,7 @@ from controlroom.config import Settings
 from controlroom.db.providers import provider_for
 from controlroom.notifications.channels import Sender, SmtpSender, WebhookSender
 from controlroom.notifications.lifecycle import Attempt, Channel, Policy, Verdict, after_attempt
+from controlroom.notifications.rules import count_group_failures
 from controlroom.notifications.store import Claimed, claim_due, record_attempt
 from controlroom.runtime.clock import Clock, utc_now
 from controlroom.runtime.periodic import PeriodicTask
@@ -92,28 +98,51 @@ class Dispatcher:
 
     async def dispatch(self) -> int:
         """Claim and send until nothing is due (or the task stops); answers how many
-        notifications were attempted."""
+        notifications were attempted (module docstring). A failed outcome write ends the
+        run with its error once the sends under way have ended; the notifications still
+        waiting keep their claim and are due again when it lapses."""
         if not self._active:
             raise RuntimeError("the dispatcher sends only while it runs, or with its senders")
+        slots = self._settings.concurrency
+        waiting: deque[Claimed] = deque()
+        sending: set[asyncio.Task[None]] = set()
         attempted = 0
-        gate = asyncio.Semaphore(self._settings.concurrency)
-        while not self.task.stopping.is_set():
-            claimed = await asyncio.to_thread(
-                claim_due,
-                self._engine,
-                now=self._clock(),
-                limit=self._settings.batch_size,
-                claim_for=timedelta(seconds=self._settings.claim_seconds),
-            )
-            await asyncio.gather(*(self._deliver(each, gate) for each in claimed))
-            attempted += len(claimed)
-            if len(claimed) < self._settings.batch_size:
-                break
-        return attempted
+        drained = False
+        try:
+            while True:
+                while waiting and len(sending) < slots:
+                    sending.add(asyncio.create_task(self._deliver(waiting.popleft())))
+                if not drained and len(waiting) < slots and not self.task.stopping.is_set():
+                    claimed = await asyncio.to_thread(
+                        claim_due,
+                        self._engine,
+                        now=self._clock(),
+                        limit=self._settings.batch_size,
+                        claim_for=timedelta(seconds=self._settings.claim_seconds),
+                    )
+                    attempted += len(claimed)
+                    waiting.extend(claimed)
+                    drained = len(claimed) < self._settings.batch_size
+                    continue
+                if not sending:  # and so nothing waits either
+                    return attempted
+                done, sending = await asyncio.wait(sending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()
+        except asyncio.CancelledError:
+            for task in sending:
+                task.cancel()
+            raise
+        except Exception:
+            await asyncio.gather(*sending, return_exceptions=True)
+            raise
 
-    async def _deliver(self, claimed: Claimed, gate: asyncio.Semaphore) -> None:
-        async with gate:
-            attempt = await self._attempt(claimed)
+    async def _deliver(self, claimed: Claimed) -> None:
+        if claimed.failure_groups is not None:  # a rule's count, made at its first claim
+            claimed = await asyncio.to_thread(
+                count_group_failures, self._engine, claimed, now=self._clock()
+            )
+        attempt = await self._attempt(claimed)
         after = after_attempt(claimed.retry_count, attempt, self._clock(), self._policy, self._rng)
         if attempt.verdict is Verdict.CONFIGURATION:
             log.error(

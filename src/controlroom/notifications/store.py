@@ -227,7 +227,7 @@ def notification_id_of(notification: NewNotification) -> str:
 
 def webhook_payload(notification_id: str, notification: NewNotification, now: datetime) -> str:
     """The JSON a webhook receives, serialised once: the same bytes on every attempt."""
-    return json.dumps(
+    return _serialised(
         {
             "type": "notification",
             "notification_id": notification_id,
@@ -236,11 +236,17 @@ def webhook_payload(notification_id: str, notification: NewNotification, now: da
             "subject": notification.subject,
             "body": notification.body,
             "created_at_utc": now.isoformat(),
-        },
-        ensure_ascii=False,
-        separators=(",", ":"),
-        sort_keys=True,
+        }
     )
+
+
+def payload_with_text(payload: str, subject: str, body: str) -> str:
+    """``payload`` (``webhook_payload``'s) saying ``subject`` and ``body`` instead."""
+    return _serialised({**json.loads(payload), "subject": subject, "body": body})
+
+
+def _serialised(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
 def enqueue(
@@ -250,10 +256,12 @@ def enqueue(
     now: datetime,
     due_at: datetime | None = None,
     event_count: int | None = None,
+    failure_groups: str | None = None,
 ) -> Enqueued:
     """Store ``notification`` as Pending, due ``due_at`` (default ``now``), in ``conn``'s
     transaction (module docstring); ``event_count`` is how many events a rule coalesced
-    into it. Raises ``NotificationRejected``; nothing is written then."""
+    into it, ``failure_groups`` the failure groups it counts (``rules``, JSON). Raises
+    ``NotificationRejected``; nothing is written then."""
     check(notification)
     notification_id = notification_id_of(notification)
     row = {
@@ -271,6 +279,7 @@ def enqueue(
         "next_attempt_at_utc": due_at or now,
         "source_event_id": notification.source_event_id,
         "event_count": event_count,
+        "failure_groups": failure_groups,
         "recipients": None
         if notification.recipients is None
         else json.dumps(list(notification.recipients)),
@@ -301,6 +310,8 @@ class Claimed:
     delivered_to: tuple[str, ...]
     claim_token: str
     recipients: tuple[str, ...] | None = None
+    failure_groups: str | None = None
+    """A rule's notification of failure groups: its window and groups (``rules``, JSON)."""
 
 
 def claim_due(
@@ -340,6 +351,7 @@ def claim_due(
             delivered_to=tuple(json.loads(row.delivered_to)) if row.delivered_to else (),
             claim_token=token,
             recipients=tuple(json.loads(row.recipients)) if row.recipients else None,
+            failure_groups=row.failure_groups,
         )
         for row in rows
     ]
