@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.identity import deterministic_id
 from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.integrations import envelope
+from controlroom.integrations.celery import install
 from controlroom.transport.rabbitmq import RabbitMQTransport
 from tests.retries.conftest import TIMEOUT, make_processor, statuses, unique_name, wait_for
 
@@ -99,8 +101,12 @@ def celery_worker(
 
 
 def producer(settings: Settings) -> Celery:
-    """A producer app of its own (the test process sends tasks like any client)."""
-    return Celery("producer", broker=settings.broker_url)
+    """A producer app of its own (the test process sends tasks like any client), with
+    the integration installed, as the app's module installs it for its producers too:
+    its task messages carry the time they were sent."""
+    app = Celery("producer", broker=settings.broker_url)
+    install(app)
+    return app
 
 
 def send(settings: Settings, queue: str, name: str, *args: Any, **options: Any) -> str:
@@ -172,11 +178,14 @@ def test_a_failed_task_is_stored_fails_again_as_the_same_row_and_resolves_when_f
     async def scenario() -> str:
         with celery_worker(settings, queue, state):
             async with controlroom(settings, engine, body_store) as (client, processor):
+                before_sending = datetime.now(UTC)
                 task_id = send(settings, queue, "shop.charge", 7, {"eur": 12.5})
                 unique_id = unique_id_of(task_id)
                 await wait_for(lambda: row(engine, unique_id) is not None)
                 stored = row(engine, unique_id)
                 assert stored.status == FailedMessageStatus.UNRESOLVED
+                # The time the producer sent it (stamped by install at publish), UTC.
+                assert before_sending <= stored.time_sent <= stored.last_failure_at
                 assert stored.message_type == "shop.charge"
                 assert stored.exception_type == "ValueError"
                 assert stored.exception_message == "card declined for order 7"
@@ -189,6 +198,7 @@ def test_a_failed_task_is_stored_fails_again_as_the_same_row_and_resolves_when_f
                 assert json.loads(body.content)[0] == [7, {"eur": 12.5}]
                 headers = json.loads(stored.headers_json)
                 assert headers[envelope.TASK_QUEUE] == "celery"
+                assert headers["NServiceBus.TimeSent"].endswith(" Z")
 
                 await retry(client, processor, unique_id)  # runs again on the worker, fails
                 await wait_for(lambda: row(engine, unique_id).number_of_processing_attempts == 2)

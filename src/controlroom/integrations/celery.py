@@ -6,7 +6,8 @@ captured by the worker's request, before the acknowledgement". One line in the a
     from controlroom.integrations.celery import install
     install(app)                       # error_queue="error", endpoint=app.main
 
-``install`` hooks the app's workers (it changes nothing for producers):
+``install`` hooks the app's workers, and stamps the task messages the process publishes
+with the time they were sent (``envelope.TIME_SENT``):
 
 - **Where**: the worker's ``Request`` of every task (a subclass of the task's own
   request class) and the worker's consumer. Both run in the worker's main process,
@@ -21,7 +22,10 @@ captured by the worker's request, before the acknowledgement". One line in the a
   body bytes, exactly as consumed, and its broker properties
   (``Controlroom.TaskQueue.Properties``), so a retry from Controlroom sends the message
   its producer sent. The exception is read as text (``envelope.capture_failure``),
-  never pickled or raised again.
+  never pickled or raised again. The time of sending (``NServiceBus.TimeSent``) is the
+  task message's ``envelope.TIME_SENT``, stamped at publish (Celery's
+  ``before_task_publish``) by a producer that installed the integration; a message from
+  a producer without it has none, and neither has its failure.
 - **When**: before the task message is acknowledged: ``install`` turns on
   ``acks_late`` for every task. The failed message is published on a connection of its
   own with publisher confirms, so once the worker acknowledges, the broker holds the
@@ -102,8 +106,10 @@ def install(
     (``envelope.DEFAULT_MAX_WORKER_DEATHS``; 0: never, it is redelivered for ever).
 
     Turns on ``task_acks_late`` (and ``acks_late`` on every task when the worker starts):
-    the failure must be published before the task message is acknowledged. Raises
-    ``ValueError`` for an empty queue name or a non-positive limit.
+    the failure must be published before the task message is acknowledged. Stamps every
+    task message this process publishes, whichever app sends it (Celery's
+    ``before_task_publish`` does not say), with ``envelope.TIME_SENT`` (UTC) unless it
+    has one. Raises ``ValueError`` for an empty queue name or a non-positive limit.
     """
     if not error_queue:
         raise ValueError("error_queue must be a queue name")
@@ -123,6 +129,7 @@ def install(
     first = getattr(app, HOOK_ATTRIBUTE, None) is None
     setattr(app, HOOK_ATTRIBUTE, hook)
     _configure(app)
+    _stamp_time_sent()
     if first:
         from celery import signals
 
@@ -131,6 +138,30 @@ def install(
                 _configure(app)  # again: a later config_from_object may have reset it
 
         signals.celeryd_init.connect(configure_worker, weak=False)
+
+
+_stamping = False
+_stamping_lock = threading.Lock()
+
+
+def _stamp_time_sent() -> None:
+    """Connect, once per process, the stamp of ``envelope.TIME_SENT`` on every task
+    message published (Celery's ``before_task_publish`` may change the headers)."""
+    global _stamping
+    with _stamping_lock:
+        if _stamping:
+            return
+        from celery import signals
+
+        signals.before_task_publish.connect(_stamp, weak=False)
+        _stamping = True
+
+
+def _stamp(headers: Any = None, **_: Any) -> None:
+    """Stamp the time of sending on a task message's headers unless it has one (a
+    producer's own, or one a copy carries: the first publish is the time it was sent)."""
+    if isinstance(headers, dict):
+        headers.setdefault(envelope.TIME_SENT, datetime.now(UTC).isoformat())
 
 
 def _configure(app: Any) -> None:
@@ -552,6 +583,7 @@ class _Hook:
             host=self.host,
             failure=failure,
             time_of_failure=datetime.now(UTC),
+            time_sent=envelope.time_sent(table),
             retries=retries,
             content_type=message.content_type,
             properties=properties_text,
