@@ -1,7 +1,8 @@
-"""``install(app)`` without a worker: the time of sending it stamps on the task messages
-a process publishes, read back into a failure's ``NServiceBus.TimeSent`` (README "Python
-task queues"). Celery's in-memory transport carries the messages: it is a broker of
-Celery's own, in one process, not a stand-in for one."""
+"""``install(app)`` without a worker: the brokers it accepts (docs/decisions.md "The
+Celery integration needs RabbitMQ") and the time of sending it stamps on the task
+messages a process publishes, read back into a failure's ``NServiceBus.TimeSent``
+(README "Python task queues"). Celery's in-memory transport carries the messages: it is
+a broker of Celery's own, in one process, not a stand-in for one."""
 
 from __future__ import annotations
 
@@ -9,12 +10,58 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from celery import Celery
 
 from controlroom.errors.ingest import headers as h
 from controlroom.errors.retries import wire as retry_wire
 from controlroom.integrations import envelope
 from controlroom.integrations.celery import HOOK_ATTRIBUTE, install
+
+
+@pytest.mark.parametrize(
+    "broker",
+    [
+        "redis://127.0.0.1:6379/0",
+        "rediss://:secret@cache.internal:6380/1",
+        "sqs://",
+        "filesystem://",
+    ],
+)
+def test_install_refuses_a_broker_that_is_not_rabbitmq(broker: str) -> None:
+    app = Celery("shop", broker=broker)
+
+    with pytest.raises(ValueError, match="RabbitMQ") as refused:
+        install(app)
+
+    scheme = broker.split(":", 1)[0]
+    assert f"{scheme}://" in str(refused.value)  # names the broker
+    assert "secret" not in str(refused.value)  # without its password
+    assert getattr(app, HOOK_ATTRIBUTE, None) is None  # nothing installed
+
+
+@pytest.mark.parametrize(
+    "broker",
+    [
+        "amqp://guest:guest@127.0.0.1:5672//",
+        "pyamqp://guest@rabbitmq//",
+        "amqps://guest@rabbitmq:5671//",
+        None,  # Celery's default: amqp://guest@localhost//
+        "memory://",  # an app's own tests: nothing to confirm, nothing to lose
+    ],
+)
+def test_install_accepts_rabbitmq_and_the_in_memory_test_broker(broker: str | None) -> None:
+    app = Celery("shop", broker=broker)
+    install(app)
+    assert getattr(app, HOOK_ATTRIBUTE, None) is not None
+    assert app.conf.task_acks_late is True
+
+
+def test_install_refuses_a_read_broker_that_is_not_rabbitmq() -> None:
+    app = Celery("shop", broker="amqp://guest@rabbitmq//")
+    app.conf.broker_read_url = "redis://cache.internal:6379/0"
+    with pytest.raises(ValueError, match=r"redis://"):
+        install(app)
 
 
 def sent_and_received(headers: dict[str, Any] | None = None) -> Any:
