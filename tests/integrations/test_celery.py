@@ -2,7 +2,7 @@
 Controlroom's real ingestion, on every provider (docs/design.md "Python task queues"):
 a failed task is stored whole, retried onto its queue from the API, fails again as the
 same failed message or succeeds and is confirmed; hard time limits, a lost pool process
-and a worker killed after the publish each leave exactly one failed message."""
+and a worker killed before or after the publish each leave exactly one failed message."""
 
 from __future__ import annotations
 
@@ -246,29 +246,52 @@ def test_a_pickled_task_is_retried_byte_exact_with_its_typed_headers(
     assert "'retries', 0" in headers[1] and "'timelimit', [None, None]" in headers[1]
 
 
-def test_a_worker_killed_right_after_publishing_the_failure_leaves_one_row(
-    broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
+@pytest.mark.parametrize(
+    ("kill", "attempts"),
+    [("CELERY_TEST_KILL_BEFORE_PUBLISH", 1), ("CELERY_TEST_KILL_AFTER_PUBLISH", 2)],
+)
+def test_a_worker_killed_around_the_failure_leaves_exactly_one_row(
+    broker_settings: Settings,
+    engine: sa.Engine,
+    body_store: FileSystemBodyStore,
+    tmp_path: Path,
+    kill: str,
+    attempts: int,
 ) -> None:
+    """Killed before the publish: the failure was never sent, the redelivered task fails
+    again and is sent once. Killed after it: the failure is held by the broker, and the
+    redelivered task's second failure folds into the same row."""
     settings = broker_settings
     queue = unique_name("celery")
     state = tmp_path / "state"
 
     async def scenario() -> str:
         async with controlroom(settings, engine, body_store):
-            with celery_worker(settings, queue, state, CELERY_TEST_KILL_AFTER_PUBLISH="1") as w:
+            with celery_worker(settings, queue, state, **{kill: "1"}) as w:
                 task_id = send(settings, queue, "shop.charge", 9, 1)
                 await asyncio.to_thread(w.wait, TIMEOUT)
                 assert w.returncode == -signal.SIGKILL
             unique_id = unique_id_of(task_id)
-            await wait_for(lambda: row(engine, unique_id) is not None)  # the publish held
+            if kill == "CELERY_TEST_KILL_AFTER_PUBLISH":
+                await wait_for(lambda: row(engine, unique_id) is not None)  # the publish held
             with celery_worker(settings, queue, state):  # redelivered, fails again
-                await wait_for(lambda: row(engine, unique_id).number_of_processing_attempts == 2)
+                await wait_for(
+                    lambda: (
+                        getattr(row(engine, unique_id), "number_of_processing_attempts", 0)
+                        == attempts
+                    )
+                )
+                marker = send(settings, queue, "shop.charge", 19, 1)  # behind it in the queue
+                await wait_for(lambda: row(engine, unique_id_of(marker)) is not None)
             return task_id
 
     task_id = asyncio.run(scenario())
 
-    assert len(received(state, task_id)) == 2
-    assert [r.id for r in rows(engine)] == [unique_id_of(task_id)]
+    assert len(received(state, task_id)) == 2  # killed with it, then the redelivered copy
+    stored = row(engine, unique_id_of(task_id))
+    assert stored.number_of_processing_attempts == attempts
+    assert stored.exception_type == "ValueError"
+    assert len(rows(engine)) == 2  # it and the marker task
 
 
 def test_each_way_a_task_ends_for_good_makes_one_failure_and_a_celery_retry_none(
