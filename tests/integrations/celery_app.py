@@ -98,6 +98,13 @@ def record(request: Any = None, **_: Any) -> None:
     partial.rename(STATE / f"received-{name}.bin")
 
 
+@signals.task_success.connect
+def succeeded(sender: Any = None, **_: Any) -> None:
+    """Each success, a line in ``succeeded-<task id>``."""
+    with (STATE / f"succeeded-{sender.request.id}").open("a") as runs:
+        runs.write("succeeded\n")
+
+
 if os.environ.get("CELERY_TEST_KILL_AFTER_PUBLISH") or os.environ.get(
     "CELERY_TEST_KILL_BEFORE_PUBLISH"
 ):

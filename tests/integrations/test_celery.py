@@ -2,7 +2,8 @@
 Controlroom's real ingestion, on every provider (docs/design.md "Python task queues"):
 a failed task is stored whole, retried onto its queue from the API, fails again as the
 same failed message or succeeds and is confirmed; hard time limits, a lost pool process
-and a worker killed before or after the publish each leave exactly one failed message."""
+and a worker killed before or after the publish each leave exactly one failed message;
+a group retry and an edited task run on a real worker too."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import sqlalchemy as sa
 from celery import Celery
@@ -29,12 +31,14 @@ from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.db.tables import FailedMessageStatus, failed_messages
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.grouping import EXCEPTION_TYPE_AND_PYTHON_FRAME
 from controlroom.errors.ingest.identity import deterministic_id
 from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.integrations import envelope
 from controlroom.integrations.celery import install
 from controlroom.transport.rabbitmq import RabbitMQTransport
 from tests.retries.conftest import TIMEOUT, make_processor, statuses, unique_name, wait_for
+from tests.servers import TEST_CLIENT_TIMEOUT
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -124,7 +128,7 @@ async def controlroom(
         service = IngestionService(settings, engine, transport, body_store)
         ingesting = asyncio.create_task(service.run())
         processor = make_processor(settings, engine, transport, body_store)
-        client = TestClient(create_app(settings, engine, body_store))
+        client = TestClient(create_app(settings, engine, body_store, transport=transport))
         try:
             async with asyncio.timeout(TIMEOUT * 3):
                 yield client, processor
@@ -214,6 +218,97 @@ def test_a_failed_task_is_stored_fails_again_as_the_same_row_and_resolves_when_f
     assert len(rows(engine)) == 1
     first, again, fixed = received(state, task_id)
     assert first == again == fixed  # the task message itself went back each time
+
+
+def test_a_group_retry_runs_the_group_s_tasks_on_a_worker_and_resolves_them(
+    broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
+) -> None:
+    settings = broker_settings
+    queue = unique_name("celery")
+    state = tmp_path / "state"
+    orders = (41, 42)
+
+    async def scenario() -> list[str]:
+        with celery_worker(settings, queue, state):
+            async with controlroom(settings, engine, body_store) as (client, processor):
+                task_ids = [send(settings, queue, "shop.charge", order, 1) for order in orders]
+                ids = [unique_id_of(task_id) for task_id in task_ids]
+                await wait_for(lambda: all(row(engine, i) is not None for i in ids))
+                groups = []
+                for unique_id in ids:
+                    answer = await asyncio.to_thread(client.get, f"/api/errors/{unique_id}")
+                    detail = answer.json()
+                    groups += [
+                        group["id"]
+                        for group in detail["failure_groups"]
+                        if group["type"] == EXCEPTION_TYPE_AND_PYTHON_FRAME
+                    ]
+                group_id, same = groups  # one cause: the same bug in check_card
+                assert group_id == same
+
+                for order in orders:
+                    (state / f"fixed-{order}").write_text("")
+                response = await asyncio.to_thread(
+                    client.post, f"/api/recoverability/groups/{group_id}/errors/retry"
+                )
+                assert response.status_code == 202, response.text
+                assert await processor.process_pending() >= 1
+                await wait_for(
+                    lambda: [statuses(engine)[i] for i in ids] == [FailedMessageStatus.RESOLVED] * 2
+                )
+                return task_ids
+
+    task_ids = asyncio.run(scenario())
+
+    assert len(rows(engine)) == 2
+    for task_id in task_ids:
+        first, retried = received(state, task_id)
+        assert retried == first
+        assert (state / f"succeeded-{task_id}").exists()
+
+
+def test_an_edited_task_runs_on_a_worker_and_the_original_is_resolved(
+    broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
+) -> None:
+    settings = broker_settings
+    queue = unique_name("celery")
+    state = tmp_path / "state"
+
+    async def scenario() -> tuple[str, bytes]:
+        with celery_worker(settings, queue, state):
+            async with controlroom(settings, engine, body_store) as (client, _):
+                task_id = send(settings, queue, "shop.charge", 43, {"eur": 5})
+                unique_id = unique_id_of(task_id)
+                await wait_for(lambda: row(engine, unique_id) is not None)
+                detail = (await asyncio.to_thread(client.get, f"/api/errors/{unique_id}")).json()
+                body = await asyncio.to_thread(client.get, f"/api/messages/{unique_id}/body")
+                call = json.loads(body.content)
+                call[0][0] = 44  # the operator corrects the order number
+                (state / "fixed-44").write_text("")
+                edited = json.dumps(call)
+                headers = {k: v for k, v in detail["headers"].items() if v is not None}
+                # The edit publishes on the app's transport: in this event loop.
+                api = httpx.AsyncClient(
+                    transport=httpx.ASGITransport(client.app),
+                    base_url="http://test",
+                    timeout=TEST_CLIENT_TIMEOUT,
+                )
+                async with api:
+                    response = await api.post(
+                        f"/api/edit/{unique_id}",
+                        json={"message_body": edited, "message_headers": headers},
+                    )
+                assert response.status_code == 202, response.text
+                assert statuses(engine)[unique_id] == FailedMessageStatus.RESOLVED
+                await wait_for(lambda: (state / f"succeeded-{task_id}").exists())
+                return task_id, edited.encode()
+
+    task_id, edited = asyncio.run(scenario())
+
+    first, copy = received(state, task_id)
+    assert json.loads(first)[0] == [43, {"eur": 5}]
+    assert copy == edited  # the edited body, run by the worker
+    assert [r.status for r in rows(engine)] == [FailedMessageStatus.RESOLVED]  # no new failure
 
 
 def test_a_pickled_task_is_retried_byte_exact_with_its_typed_headers(
