@@ -326,6 +326,11 @@ def test_a_pickled_task_is_retried_byte_exact_with_its_typed_headers(
                 )
                 unique_id = unique_id_of(task_id)
                 await wait_for(lambda: row(engine, unique_id) is not None)
+                stored = row(engine, unique_id)  # kept as binary: no text, in the body store
+                assert stored.body_text is None and stored.body_stored_externally
+                assert stored.content_type == "application/x-python-serialize"
+                body = await asyncio.to_thread(client.get, f"/api/messages/{unique_id}/body")
+                assert body.content == received(state, task_id)[0]
                 (state / "fixed-8").write_text("")
                 await retry(client, processor, unique_id)
                 await wait_for(lambda: statuses(engine)[unique_id] == FailedMessageStatus.RESOLVED)
