@@ -1,7 +1,7 @@
 """GET /api/errors/{id} of a failed Python task: the stack trace read as frames in a new
 field, ``python_traceback``, and the task's arguments in ``task_arguments``;
-ServiceControl's fields as for any message, and neither field for a .NET message. Every
-provider."""
+ServiceControl's fields as for any message, and neither field for a .NET message. A task
+whose body was not kept says so and why, there and at its body's URL. Every provider."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from controlroom.config import Settings
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter
 from controlroom.errors.model import FailedAttempt
+from controlroom.integrations import envelope
 from tests.nsb import failed_headers
 from tests.python_tasks import celery_failure, dramatiq_failure
 from tests.retries.conftest import store_failed
@@ -135,3 +136,29 @@ def test_a_message_posing_as_a_traceback_adds_no_section(
     detail = client.get(f"/api/errors/{stored.unique_message_id}").json()
     (section,) = detail["python_traceback"]["sections"]
     assert [frame["function"] for frame in section["frames"]] == ["charge"]
+
+
+NOT_KEPT = (
+    "the task message's body is 20971520 bytes, over the 15728640 bytes the Celery "
+    "integration sends (max_body_bytes)"
+)
+
+
+def test_a_task_whose_body_was_not_kept_says_so_and_why(
+    client: TestClient,
+    settings: Settings,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    headers, _ = celery_failure("task-9")
+    stored = put(settings, writer, body_store, headers | {envelope.BODY_NOT_KEPT: NOT_KEPT}, b"")
+    kept = put(settings, writer, body_store, *celery_failure("task-10"))
+
+    detail = client.get(f"/api/errors/{stored.unique_message_id}").json()
+    body = client.get(f"/api/messages/{stored.unique_message_id}/body")
+
+    assert detail["body_not_kept"] == NOT_KEPT
+    assert detail["body_size"] == 0
+    assert body.status_code == 404  # not an empty body (204): there was one, not kept
+    assert body.json()["detail"] == f"the body was not kept: {NOT_KEPT}"
+    assert "body_not_kept" not in client.get(f"/api/errors/{kept.unique_message_id}").json()

@@ -98,17 +98,35 @@ def record(request: Any = None, **_: Any) -> None:
     partial.rename(STATE / f"received-{name}.bin")
 
 
-if os.environ.get("CELERY_TEST_KILL_AFTER_PUBLISH"):
-    # Fault injection: the worker is killed (SIGKILL) right after it published a failure,
-    # before it acknowledges the task message; once only (a marker file says so).
-    _send = integration._Hook.send_failure
+@signals.task_success.connect
+def succeeded(sender: Any = None, **_: Any) -> None:
+    """Each success, a line in ``succeeded-<task id>``."""
+    with (STATE / f"succeeded-{sender.request.id}").open("a") as runs:
+        runs.write("succeeded\n")
 
-    def send_then_die(self: integration._Hook, *args: Any, **kwargs: Any) -> bool:
-        sent = _send(self, *args, **kwargs)
+
+if os.environ.get("CELERY_TEST_KILL_AFTER_PUBLISH") or os.environ.get(
+    "CELERY_TEST_KILL_BEFORE_PUBLISH"
+):
+    # Fault injection: the worker is killed (SIGKILL) once (a marker file says so) around
+    # the publish of a failure, before it acknowledges the task message: right after the
+    # broker confirmed the failure (..._AFTER_PUBLISH), or once the failure is known but
+    # before it is published (..._BEFORE_PUBLISH).
+    _send = integration._Hook.send_failure
+    _before = bool(os.environ.get("CELERY_TEST_KILL_BEFORE_PUBLISH"))
+
+    def _die_once() -> None:
         marker = STATE / "killed"
-        if sent and not marker.exists():
+        if not marker.exists():
             marker.write_text("once")
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def send_around_death(self: integration._Hook, *args: Any, **kwargs: Any) -> bool:
+        if _before:
+            _die_once()
+        sent = _send(self, *args, **kwargs)
+        if sent and not _before:
+            _die_once()
         return sent
 
-    integration._Hook.send_failure = send_then_die  # type: ignore[method-assign]
+    integration._Hook.send_failure = send_around_death  # type: ignore[method-assign]

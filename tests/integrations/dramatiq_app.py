@@ -5,9 +5,10 @@ broker, a vhost of the test's), ``DRAMATIQ_TEST_QUEUE`` (the actors' queue),
 ``DRAMATIQ_TEST_ERROR_QUEUE`` (Controlroom's error queue) and ``DRAMATIQ_TEST_ERROR_URL``
 (its broker, when not Dramatiq's), ``DRAMATIQ_TEST_MAX_BODY_BYTES`` (the middleware's
 ``max_body_bytes``), ``DRAMATIQ_TEST_MARKER`` (a
-file: ``flaky`` fails until it exists) and ``DRAMATIQ_TEST_KILL`` (``before_publish`` or
+file: ``flaky`` fails until it exists), ``DRAMATIQ_TEST_KILL`` (``before_publish`` or
 ``after_publish``: the worker SIGKILLs itself once, before or after the middleware
-published a failure, leaving the message unacknowledged). ``kills_its_worker`` SIGKILLs
+published a failure, leaving the message unacknowledged) and ``DRAMATIQ_TEST_ENCODER``
+(``pickle``: Dramatiq's ``PickleEncoder`` instead of its JSON one). ``kills_its_worker`` SIGKILLs
 its own worker process while it runs (as a segfault or an out-of-memory kill would).
 """
 
@@ -21,6 +22,7 @@ from typing import Any
 
 import dramatiq
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.encoder import PickleEncoder
 from dramatiq.middleware import (
     AgeLimit,
     Callbacks,
@@ -72,6 +74,8 @@ broker.add_middleware(
 if KILL == "after_publish":
     broker.add_middleware(KillOnce())
 dramatiq.set_broker(broker)
+if os.environ.get("DRAMATIQ_TEST_ENCODER") == "pickle":
+    dramatiq.set_encoder(PickleEncoder())
 
 
 class OrderRejected(Exception):

@@ -2,7 +2,8 @@
 Controlroom's real ingestion, on every provider (docs/design.md "Python task queues"):
 a failed task is stored whole, retried onto its queue from the API, fails again as the
 same failed message or succeeds and is confirmed; hard time limits, a lost pool process
-and a worker killed after the publish each leave exactly one failed message."""
+and a worker killed before or after the publish each leave exactly one failed message;
+a group retry and an edited task run on a real worker too."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import sqlalchemy as sa
 from celery import Celery
@@ -28,11 +31,14 @@ from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.db.tables import FailedMessageStatus, failed_messages
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.grouping import EXCEPTION_TYPE_AND_PYTHON_FRAME
 from controlroom.errors.ingest.identity import deterministic_id
 from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.integrations import envelope
+from controlroom.integrations.celery import install
 from controlroom.transport.rabbitmq import RabbitMQTransport
 from tests.retries.conftest import TIMEOUT, make_processor, statuses, unique_name, wait_for
+from tests.servers import TEST_CLIENT_TIMEOUT
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -99,8 +105,12 @@ def celery_worker(
 
 
 def producer(settings: Settings) -> Celery:
-    """A producer app of its own (the test process sends tasks like any client)."""
-    return Celery("producer", broker=settings.broker_url)
+    """A producer app of its own (the test process sends tasks like any client), with
+    the integration installed, as the app's module installs it for its producers too:
+    its task messages carry the time they were sent."""
+    app = Celery("producer", broker=settings.broker_url)
+    install(app)
+    return app
 
 
 def send(settings: Settings, queue: str, name: str, *args: Any, **options: Any) -> str:
@@ -118,7 +128,7 @@ async def controlroom(
         service = IngestionService(settings, engine, transport, body_store)
         ingesting = asyncio.create_task(service.run())
         processor = make_processor(settings, engine, transport, body_store)
-        client = TestClient(create_app(settings, engine, body_store))
+        client = TestClient(create_app(settings, engine, body_store, transport=transport))
         try:
             async with asyncio.timeout(TIMEOUT * 3):
                 yield client, processor
@@ -172,11 +182,14 @@ def test_a_failed_task_is_stored_fails_again_as_the_same_row_and_resolves_when_f
     async def scenario() -> str:
         with celery_worker(settings, queue, state):
             async with controlroom(settings, engine, body_store) as (client, processor):
+                before_sending = datetime.now(UTC)
                 task_id = send(settings, queue, "shop.charge", 7, {"eur": 12.5})
                 unique_id = unique_id_of(task_id)
                 await wait_for(lambda: row(engine, unique_id) is not None)
                 stored = row(engine, unique_id)
                 assert stored.status == FailedMessageStatus.UNRESOLVED
+                # The time the producer sent it (stamped by install at publish), UTC.
+                assert before_sending <= stored.time_sent <= stored.last_failure_at
                 assert stored.message_type == "shop.charge"
                 assert stored.exception_type == "ValueError"
                 assert stored.exception_message == "card declined for order 7"
@@ -189,6 +202,7 @@ def test_a_failed_task_is_stored_fails_again_as_the_same_row_and_resolves_when_f
                 assert json.loads(body.content)[0] == [7, {"eur": 12.5}]
                 headers = json.loads(stored.headers_json)
                 assert headers[envelope.TASK_QUEUE] == "celery"
+                assert headers["NServiceBus.TimeSent"].endswith(" Z")
 
                 await retry(client, processor, unique_id)  # runs again on the worker, fails
                 await wait_for(lambda: row(engine, unique_id).number_of_processing_attempts == 2)
@@ -206,6 +220,97 @@ def test_a_failed_task_is_stored_fails_again_as_the_same_row_and_resolves_when_f
     assert first == again == fixed  # the task message itself went back each time
 
 
+def test_a_group_retry_runs_the_group_s_tasks_on_a_worker_and_resolves_them(
+    broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
+) -> None:
+    settings = broker_settings
+    queue = unique_name("celery")
+    state = tmp_path / "state"
+    orders = (41, 42)
+
+    async def scenario() -> list[str]:
+        with celery_worker(settings, queue, state):
+            async with controlroom(settings, engine, body_store) as (client, processor):
+                task_ids = [send(settings, queue, "shop.charge", order, 1) for order in orders]
+                ids = [unique_id_of(task_id) for task_id in task_ids]
+                await wait_for(lambda: all(row(engine, i) is not None for i in ids))
+                groups = []
+                for unique_id in ids:
+                    answer = await asyncio.to_thread(client.get, f"/api/errors/{unique_id}")
+                    detail = answer.json()
+                    groups += [
+                        group["id"]
+                        for group in detail["failure_groups"]
+                        if group["type"] == EXCEPTION_TYPE_AND_PYTHON_FRAME
+                    ]
+                group_id, same = groups  # one cause: the same bug in check_card
+                assert group_id == same
+
+                for order in orders:
+                    (state / f"fixed-{order}").write_text("")
+                response = await asyncio.to_thread(
+                    client.post, f"/api/recoverability/groups/{group_id}/errors/retry"
+                )
+                assert response.status_code == 202, response.text
+                assert await processor.process_pending() >= 1
+                await wait_for(
+                    lambda: [statuses(engine)[i] for i in ids] == [FailedMessageStatus.RESOLVED] * 2
+                )
+                return task_ids
+
+    task_ids = asyncio.run(scenario())
+
+    assert len(rows(engine)) == 2
+    for task_id in task_ids:
+        first, retried = received(state, task_id)
+        assert retried == first
+        assert (state / f"succeeded-{task_id}").exists()
+
+
+def test_an_edited_task_runs_on_a_worker_and_the_original_is_resolved(
+    broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
+) -> None:
+    settings = broker_settings
+    queue = unique_name("celery")
+    state = tmp_path / "state"
+
+    async def scenario() -> tuple[str, bytes]:
+        with celery_worker(settings, queue, state):
+            async with controlroom(settings, engine, body_store) as (client, _):
+                task_id = send(settings, queue, "shop.charge", 43, {"eur": 5})
+                unique_id = unique_id_of(task_id)
+                await wait_for(lambda: row(engine, unique_id) is not None)
+                detail = (await asyncio.to_thread(client.get, f"/api/errors/{unique_id}")).json()
+                body = await asyncio.to_thread(client.get, f"/api/messages/{unique_id}/body")
+                call = json.loads(body.content)
+                call[0][0] = 44  # the operator corrects the order number
+                (state / "fixed-44").write_text("")
+                edited = json.dumps(call)
+                headers = {k: v for k, v in detail["headers"].items() if v is not None}
+                # The edit publishes on the app's transport: in this event loop.
+                api = httpx.AsyncClient(
+                    transport=httpx.ASGITransport(client.app),
+                    base_url="http://test",
+                    timeout=TEST_CLIENT_TIMEOUT,
+                )
+                async with api:
+                    response = await api.post(
+                        f"/api/edit/{unique_id}",
+                        json={"message_body": edited, "message_headers": headers},
+                    )
+                assert response.status_code == 202, response.text
+                assert statuses(engine)[unique_id] == FailedMessageStatus.RESOLVED
+                await wait_for(lambda: (state / f"succeeded-{task_id}").exists())
+                return task_id, edited.encode()
+
+    task_id, edited = asyncio.run(scenario())
+
+    first, copy = received(state, task_id)
+    assert json.loads(first)[0] == [43, {"eur": 5}]
+    assert copy == edited  # the edited body, run by the worker
+    assert [r.status for r in rows(engine)] == [FailedMessageStatus.RESOLVED]  # no new failure
+
+
 def test_a_pickled_task_is_retried_byte_exact_with_its_typed_headers(
     broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
 ) -> None:
@@ -221,6 +326,11 @@ def test_a_pickled_task_is_retried_byte_exact_with_its_typed_headers(
                 )
                 unique_id = unique_id_of(task_id)
                 await wait_for(lambda: row(engine, unique_id) is not None)
+                stored = row(engine, unique_id)  # kept as binary: no text, in the body store
+                assert stored.body_text is None and stored.body_stored_externally
+                assert stored.content_type == "application/x-python-serialize"
+                body = await asyncio.to_thread(client.get, f"/api/messages/{unique_id}/body")
+                assert body.content == received(state, task_id)[0]
                 (state / "fixed-8").write_text("")
                 await retry(client, processor, unique_id)
                 await wait_for(lambda: statuses(engine)[unique_id] == FailedMessageStatus.RESOLVED)
@@ -236,29 +346,52 @@ def test_a_pickled_task_is_retried_byte_exact_with_its_typed_headers(
     assert "'retries', 0" in headers[1] and "'timelimit', [None, None]" in headers[1]
 
 
-def test_a_worker_killed_right_after_publishing_the_failure_leaves_one_row(
-    broker_settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore, tmp_path: Path
+@pytest.mark.parametrize(
+    ("kill", "attempts"),
+    [("CELERY_TEST_KILL_BEFORE_PUBLISH", 1), ("CELERY_TEST_KILL_AFTER_PUBLISH", 2)],
+)
+def test_a_worker_killed_around_the_failure_leaves_exactly_one_row(
+    broker_settings: Settings,
+    engine: sa.Engine,
+    body_store: FileSystemBodyStore,
+    tmp_path: Path,
+    kill: str,
+    attempts: int,
 ) -> None:
+    """Killed before the publish: the failure was never sent, the redelivered task fails
+    again and is sent once. Killed after it: the failure is held by the broker, and the
+    redelivered task's second failure folds into the same row."""
     settings = broker_settings
     queue = unique_name("celery")
     state = tmp_path / "state"
 
     async def scenario() -> str:
         async with controlroom(settings, engine, body_store):
-            with celery_worker(settings, queue, state, CELERY_TEST_KILL_AFTER_PUBLISH="1") as w:
+            with celery_worker(settings, queue, state, **{kill: "1"}) as w:
                 task_id = send(settings, queue, "shop.charge", 9, 1)
                 await asyncio.to_thread(w.wait, TIMEOUT)
                 assert w.returncode == -signal.SIGKILL
             unique_id = unique_id_of(task_id)
-            await wait_for(lambda: row(engine, unique_id) is not None)  # the publish held
+            if kill == "CELERY_TEST_KILL_AFTER_PUBLISH":
+                await wait_for(lambda: row(engine, unique_id) is not None)  # the publish held
             with celery_worker(settings, queue, state):  # redelivered, fails again
-                await wait_for(lambda: row(engine, unique_id).number_of_processing_attempts == 2)
+                await wait_for(
+                    lambda: (
+                        getattr(row(engine, unique_id), "number_of_processing_attempts", 0)
+                        == attempts
+                    )
+                )
+                marker = send(settings, queue, "shop.charge", 19, 1)  # behind it in the queue
+                await wait_for(lambda: row(engine, unique_id_of(marker)) is not None)
             return task_id
 
     task_id = asyncio.run(scenario())
 
-    assert len(received(state, task_id)) == 2
-    assert [r.id for r in rows(engine)] == [unique_id_of(task_id)]
+    assert len(received(state, task_id)) == 2  # killed with it, then the redelivered copy
+    stored = row(engine, unique_id_of(task_id))
+    assert stored.number_of_processing_attempts == attempts
+    assert stored.exception_type == "ValueError"
+    assert len(rows(engine)) == 2  # it and the marker task
 
 
 def test_each_way_a_task_ends_for_good_makes_one_failure_and_a_celery_retry_none(

@@ -23,6 +23,7 @@ import pytest
 import sqlalchemy as sa
 from dramatiq import Message
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.encoder import PickleEncoder
 from fastapi.testclient import TestClient
 
 from controlroom.app import create_app
@@ -31,6 +32,7 @@ from controlroom.db.tables import FailedMessageStatus, failed_messages
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.identity import deterministic_id
 from controlroom.errors.ingest.pipeline import IngestionService
+from controlroom.errors.retries import wire as retry_wire
 from controlroom.integrations import envelope
 from controlroom.transport.base import Transport
 from controlroom.transport.rabbitmq import RabbitMQTransport
@@ -52,7 +54,9 @@ class Setup:
     marker: Path
     logs: Path
 
-    def env(self, kill: str = "", error_url: str = "", max_body: str = "") -> dict[str, str]:
+    def env(
+        self, kill: str = "", error_url: str = "", max_body: str = "", encoder: str = ""
+    ) -> dict[str, str]:
         return os.environ | {
             "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}",
             "DRAMATIQ_TEST_URL": self.url,
@@ -62,6 +66,7 @@ class Setup:
             "DRAMATIQ_TEST_KILL": kill,
             "DRAMATIQ_TEST_ERROR_URL": error_url,
             "DRAMATIQ_TEST_MAX_BODY_BYTES": max_body,
+            "DRAMATIQ_TEST_ENCODER": encoder,
         }
 
 
@@ -82,15 +87,22 @@ def setup(settings: Settings, tmp_path: Path) -> Iterator[Setup]:
 
 @contextlib.contextmanager
 def worker(
-    setup: Setup, kill: str = "", error_url: str = "", max_body: str = "", *, may_die: bool = False
+    setup: Setup,
+    kill: str = "",
+    error_url: str = "",
+    max_body: str = "",
+    *,
+    may_die: bool = False,
+    encoder: str = "",
 ) -> Iterator[subprocess.Popen[str]]:
     """A real Dramatiq worker process, consuming once this yields; terminated after.
-    ``may_die``: a task may kill it before it says it is ready (it yields it dead)."""
+    ``may_die``: a task may kill it before it says it is ready (it yields it dead);
+    ``encoder``: ``pickle`` for Dramatiq's ``PickleEncoder``."""
     with setup.logs.open("a") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "tests.integrations.dramatiq_worker"],
             cwd=ROOT,
-            env=setup.env(kill, error_url, max_body),
+            env=setup.env(kill, error_url, max_body, encoder),
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
@@ -168,6 +180,13 @@ def rows(engine: sa.Engine) -> list[sa.Row[Any]]:
         return list(
             conn.execute(sa.select(failed_messages).order_by(failed_messages.c.message_type))
         )
+
+
+def stored_row(engine: sa.Engine, failed_id: str) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.select(failed_messages).where(failed_messages.c.id == failed_id)
+        ).one()
 
 
 def unique_id(setup: Setup, message_body: bytes) -> str:
@@ -320,6 +339,58 @@ def test_a_retry_from_controlroom_runs_again_folds_a_new_failure_and_success_res
     (row,) = rows(engine)
     assert row.number_of_processing_attempts == 2
     assert queue_depth(setup, f"{setup.queue}.XQ") == 2  # Dramatiq dead-lettered both failures
+
+
+def test_a_pickled_message_is_kept_binary_and_retried_byte_exact_until_it_succeeds(
+    setup: Setup, engine: sa.Engine, body_store: FileSystemBodyStore
+) -> None:
+    client = TestClient(create_app(setup.settings, engine, body_store))
+    message = Message(queue_name=setup.queue, actor_name="flaky", args=(15,), kwargs={}, options={})
+    body = PickleEncoder().encode(message.asdict())  # what a producer on pickle sends
+    failed_id = deterministic_id(message.message_id + setup.queue)
+
+    async def retry(transport: Transport) -> None:
+        response = await asyncio.to_thread(client.post, f"/api/errors/{failed_id}/retry")
+        assert response.status_code == 202, response.text
+        processor = make_processor(setup.settings, engine, transport, body_store)
+        assert await processor.process_pending() == 1
+        await processor.close()
+
+    async def scenario() -> tuple[Any, Any]:
+        async with ingesting(setup, engine, body_store) as transport:
+            with worker(setup, encoder="pickle"):
+                broker = RabbitmqBroker(url=setup.url)  # the queue as Dramatiq declares it
+                try:
+                    broker.declare_queue(setup.queue, ensure=True)
+                    broker.channel.basic_publish(
+                        "", setup.queue, body, pika.BasicProperties(delivery_mode=2)
+                    )
+                finally:
+                    broker.close()
+                await wait_for(lambda: failed_id in statuses(engine))
+                first = stored_row(engine, failed_id)
+
+                await retry(transport)  # the marker is missing: fails again
+                await wait_for(
+                    lambda: stored_row(engine, failed_id).number_of_processing_attempts == 2
+                )
+                again = stored_row(engine, failed_id)
+
+                setup.marker.touch()
+                await retry(transport)  # decoded and run: succeeds and confirms
+                await wait_for(lambda: statuses(engine)[failed_id] == FailedMessageStatus.RESOLVED)
+                return first, again
+
+    first, again = asyncio.run(scenario())
+    for row in (first, again):  # binary: no text, the bytes in the body store
+        assert row.body_text is None and row.body_stored_externally
+        assert row.exception_type == "tests.integrations.dramatiq_app.OrderRejected"
+        assert body_store.get(row.body_key) == body
+    # The second attempt's body is the retried message as the worker consumed it: the
+    # bytes the producer sent, byte for byte (the body store's key is their SHA-256).
+    assert json.loads(again.headers_json)[retry_wire.RETRY_UNIQUE_MESSAGE_ID] == failed_id
+    assert again.body_key == first.body_key
+    assert client.get(f"/api/messages/{failed_id}/body").content == body
 
 
 def test_a_failure_the_error_queue_cannot_take_is_logged_whole_and_dead_lettered(

@@ -17,6 +17,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from controlroom import events
 from controlroom.config import Settings
 from controlroom.db.tables import FailedMessageStatus, retry_operations
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
@@ -232,6 +233,36 @@ def test_properties_that_do_not_parse_fail_that_message_and_the_others_go(
         operation = conn.execute(sa.select(retry_operations)).one()
     assert operation.failed
     assert (operation.forwarded_count, operation.skipped_count) == (1, 1)
+
+
+def test_a_task_whose_body_was_not_kept_is_refused_with_the_reason(
+    task_retries: TaskRetries,
+) -> None:
+    reason = "the task message's body is 20971520 bytes, over the 15728640 bytes the Celery"
+    good = task_retries.store(b"[[1], {}, {}]")
+    not_kept = task_retries.store(b"", **{envelope.BODY_NOT_KEPT: reason})
+
+    (delivery,) = task_retries.retry_and_receive(1)  # never an empty task message
+
+    assert delivery.body == b"[[1], {}, {}]"
+    now = statuses(task_retries.engine)
+    assert now[good.attempt.unique_message_id] == FailedMessageStatus.RETRY_ISSUED
+    assert now[not_kept.attempt.unique_message_id] == FailedMessageStatus.UNRESOLVED
+    with task_retries.engine.connect() as conn:
+        (operation_id,) = conn.scalars(sa.select(retry_operations.c.id))
+        operation = retries.get_operation(conn, operation_id)
+        logged = events.list_events(conn, offset=0, limit=50).items
+    assert operation is not None and operation.failed
+    assert (operation.forwarded_count, operation.skipped_count) == (1, 1)
+    assert operation.failure_reason == (
+        f"failed message {not_kept.attempt.unique_message_id} cannot be sent: "
+        f"the body was not kept: {reason}"
+    )
+    (refused,) = [item for item in logged if item.event_type == "RetryMessagesUnsendable"]
+    assert refused.severity == "warning"
+    assert f"/message/{not_kept.attempt.unique_message_id}" in refused.related_to
+    assert "1 message cannot be sent (its body was not kept)" in refused.description
+    assert reason not in refused.description  # the log quotes ids and counts only
 
 
 def test_outgoing_message_names_the_header_that_does_not_parse() -> None:

@@ -102,6 +102,19 @@ def test_everything_of_a_traceback_and_arguments_is_text(console: TestClient, pu
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
 
 
+def test_a_task_whose_body_was_not_kept_says_so_and_why(console: TestClient, put: Any) -> None:
+    reason = "the broker refused the body: <PRECONDITION_FAILED - message size 20971520>"
+    headers, _ = celery_failure("task-7")
+    message_id = put(headers | {"Controlroom.TaskQueue.BodyNotKept": reason}, b"")
+    for path in (f"/messages/{message_id}", f"/messages/{message_id}/body/view"):
+        page = html.unescape(console.get(path).text)
+        assert 'data-testid="body-not-kept"' in page
+        assert f"The body was not kept: {reason}" in page
+    assert "&lt;PRECONDITION_FAILED" in console.get(f"/messages/{message_id}/body/view").text
+    kept = put(*celery_failure("task-8"))
+    assert "body-not-kept" not in console.get(f"/messages/{kept}").text
+
+
 def test_a_dotnet_trace_is_shown_as_before(console: TestClient, store: Any) -> None:
     message_id = store("dotnet-1", b"{}")
     page = console.get(f"/messages/{message_id}").text

@@ -247,7 +247,10 @@ BodyMessageId = Annotated[
     responses={
         200: {"content": {"application/octet-stream": {}}, "description": "The exact body."},
         204: {"description": "The body is empty."},
-        404: {"description": "No such failed message, or its body is missing."},
+        404: {
+            "description": "No such failed message, or its body is missing or was not kept "
+            "(the detail says why)."
+        },
         503: {"description": "The body store cannot be read."},
     },
 )
@@ -260,13 +263,16 @@ def get_body(request: Request, message_id: BodyMessageId) -> Response:
     as UTF-8. A body with a content encoding (gzip) is served as stored, labelled with
     its ``Content-Encoding``, so a browser decodes it. 204 for an empty body (stored
     nowhere, as in ServiceControl); 404 when there is no such message or its body is
-    missing; 503 when the body store fails.
+    missing, or was not kept (a Python task's body too large to send with its failure:
+    the detail says why); 503 when the body store fails.
     """
     no_nul("path", "id", message_id)
     with _engine(request).connect() as conn:
         stored = find_stored_body(conn, message_id)
     if stored is None:
         raise HTTPException(404, f"no failed message with id {message_id[:100]!r}")
+    if stored.not_kept is not None:
+        raise HTTPException(404, f"the body was not kept: {stored.not_kept}")
     if stored.size == 0:
         return Response(status_code=204)
     data = read_body_bytes(request.app.state.body_store, stored, message_id)

@@ -17,6 +17,7 @@ from fastapi import Response
 from pydantic import BaseModel, Field, PlainSerializer, TypeAdapter
 
 from controlroom.errors import tracebacks
+from controlroom.errors.ingest.headers import body_not_kept
 from controlroom.errors.read.filter_text import STATUS_NAMES, StatusName
 from controlroom.errors.read.messages import FailedMessageDetails
 from controlroom.errors.read.summaries import FailedMessageSummary
@@ -187,6 +188,10 @@ class FailedMessageDetail(FailedMessageListItem):
     task_arguments: TaskArguments | None = None
     """Controlroom's own: a failed Celery or Dramatiq task's ``args`` and ``kwargs`` when
     its body is kept inline and has its task queue's JSON shape, left out otherwise."""
+    body_not_kept: str | None = None
+    """Controlroom's own: why the body was not kept (a Python task's body too large to send
+    with its failure: ``Controlroom.TaskQueue.BodyNotKept``); left out when it was. Such
+    a message cannot be retried, only edited with a body."""
 
 
 class FacetValue(BaseModel):
@@ -274,6 +279,7 @@ def detail(
         task_arguments=None
         if task_call is None
         else TaskArguments(args=task_call[0], kwargs=task_call[1]),
+        body_not_kept=body_not_kept(headers) if details.body_size == 0 else None,
     )
 
 

@@ -138,6 +138,32 @@ def retry_finished(
     )
 
 
+def retry_refused(
+    conn: sa.Connection,
+    operation_id: str,
+    batch_id: str,
+    ids: Sequence[str],
+    summaries: Sequence[str],
+    *,
+    now: datetime,
+) -> None:
+    """Messages of a retry that cannot be sent for a reason of their own (a body that was
+    not kept, unreadable stored headers, no queue): ``summaries`` say what, quoting
+    nothing of the messages; the operation's ``failure_reason`` has the details."""
+    record_event(
+        conn,
+        description=(
+            f"retry batch {batch_id}: {_count(len(ids), 'message')} cannot be sent "
+            f"({'; '.join(summaries)}) and {'is' if len(ids) == 1 else 'are'} Unresolved again"
+        ),
+        severity=Severity.WARNING,
+        category=Category.RECOVERABILITY,
+        event_type="RetryMessagesUnsendable",
+        raised_at=now,
+        related_to=[f"/retry/{operation_id}", *_messages(ids)],
+    )
+
+
 def retry_given_up(
     conn: sa.Connection,
     operation_id: str,

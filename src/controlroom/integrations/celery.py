@@ -6,7 +6,9 @@ captured by the worker's request, before the acknowledgement". One line in the a
     from controlroom.integrations.celery import install
     install(app)                       # error_queue="error", endpoint=app.main
 
-``install`` hooks the app's workers (it changes nothing for producers):
+``install`` refuses an app whose broker is not RabbitMQ (docs/decisions.md "The Celery
+integration needs RabbitMQ"), hooks the app's workers, and stamps the task messages the
+process publishes with the time they were sent (``envelope.TIME_SENT``):
 
 - **Where**: the worker's ``Request`` of every task (a subclass of the task's own
   request class) and the worker's consumer. Both run in the worker's main process,
@@ -21,7 +23,10 @@ captured by the worker's request, before the acknowledgement". One line in the a
   body bytes, exactly as consumed, and its broker properties
   (``Controlroom.TaskQueue.Properties``), so a retry from Controlroom sends the message
   its producer sent. The exception is read as text (``envelope.capture_failure``),
-  never pickled or raised again.
+  never pickled or raised again. The time of sending (``NServiceBus.TimeSent``) is the
+  task message's ``envelope.TIME_SENT``, stamped at publish (Celery's
+  ``before_task_publish``) by a producer that installed the integration; a message from
+  a producer without it has none, and neither has its failure.
 - **When**: before the task message is acknowledged: ``install`` turns on
   ``acks_late`` for every task. The failed message is published on a connection of its
   own with publisher confirms, so once the worker acknowledges, the broker holds the
@@ -78,6 +83,15 @@ by default (``max_message_size``), and the failure's headers need room too."""
 DEFAULT_CONFIRM_TIMEOUT_SECONDS = 30.0
 """How long a publish waits for the broker's confirm before it counts as failed."""
 
+AMQP_TRANSPORTS = frozenset({"amqp", "amqps", "pyamqp", "librabbitmq"})
+"""kombu's names of the RabbitMQ transports: publisher confirms and the ``redelivered``
+flag, which the integration relies on (docs/decisions.md "The Celery integration needs
+RabbitMQ")."""
+
+TEST_TRANSPORTS = frozenset({"memory"})
+"""Also accepted: kombu's in-process broker, which an app's own tests use; nothing leaves
+the process, so there is nothing to confirm or lose."""
+
 HOOK_ATTRIBUTE = "_controlroom_hook"
 _REQUEUED_REMEMBERED = 10_000  # task ids a process remembers having requeued
 _ON_SUCCESS = "on_success"
@@ -102,8 +116,14 @@ def install(
     (``envelope.DEFAULT_MAX_WORKER_DEATHS``; 0: never, it is redelivered for ever).
 
     Turns on ``task_acks_late`` (and ``acks_late`` on every task when the worker starts):
-    the failure must be published before the task message is acknowledged. Raises
-    ``ValueError`` for an empty queue name or a non-positive limit.
+    the failure must be published before the task message is acknowledged. Stamps every
+    task message this process publishes, whichever app sends it (Celery's
+    ``before_task_publish`` does not say), with ``envelope.TIME_SENT`` (UTC) unless it
+    has one. Raises ``ValueError`` for an empty queue name, a non-positive limit, or a
+    broker (``broker_url``, ``broker_read_url``, ``broker_write_url``) that is not
+    RabbitMQ (``AMQP_TRANSPORTS``; ``memory://`` is accepted for an app's tests). A
+    broker configured only after ``install`` is checked when the worker starts, and
+    logged at ERROR there when it is not RabbitMQ.
     """
     if not error_queue:
         raise ValueError("error_queue must be a queue name")
@@ -112,6 +132,7 @@ def install(
             "max_body_bytes and max_worker_deaths must not be negative, confirm_timeout "
             "must be positive"
         )
+    check_broker(app)
     hook = _Hook(
         app,
         error_queue=error_queue,
@@ -123,14 +144,83 @@ def install(
     first = getattr(app, HOOK_ATTRIBUTE, None) is None
     setattr(app, HOOK_ATTRIBUTE, hook)
     _configure(app)
+    _stamp_time_sent()
     if first:
         from celery import signals
 
         def configure_worker(sender: Any = None, instance: Any = None, **_: Any) -> None:
             if getattr(instance, "app", None) is app:
                 _configure(app)  # again: a later config_from_object may have reset it
+                try:
+                    check_broker(app)
+                except ValueError as exc:  # configured after install: said once, at start
+                    log.error("Controlroom: %s", exc)
 
         signals.celeryd_init.connect(configure_worker, weak=False)
+
+
+def check_broker(app: Any) -> None:
+    """Raise ``ValueError``, naming the broker (without its password), when ``app``'s
+    broker for reading or writing is not RabbitMQ (``AMQP_TRANSPORTS``) or kombu's
+    in-memory test broker. Reads the settings only: nothing is connected, and no
+    transport is imported (kombu's Redis transport needs the ``redis`` package)."""
+    from kombu.utils.url import maybe_sanitize_url
+
+    conf = app.conf
+    for url in (
+        conf.broker_write_url or conf.broker_url,
+        conf.broker_read_url or conf.broker_url,
+    ):
+        name = _transport_name(url, conf.broker_transport)
+        if name in AMQP_TRANSPORTS | TEST_TRANSPORTS:
+            continue
+        shown = maybe_sanitize_url(url) if isinstance(url, str) else f"{name}://"
+        raise ValueError(
+            f"the Celery integration needs RabbitMQ (an AMQP broker), not {shown} "
+            f"(kombu's {name} transport): it relies on publisher confirms before the task "
+            "message is acknowledged and on the broker's redelivered flag, which only AMQP "
+            'gives (docs/decisions.md "The Celery integration needs RabbitMQ")'
+        )
+
+
+def _transport_name(url: Any, transport: Any) -> str:
+    """The kombu transport a broker setting names, lower case, as kombu's ``Connection``
+    picks it: the ``broker_transport`` setting (a name, or a class: its ``driver_type``),
+    else the scheme of the URL (the first of a failover list; ``x+y://`` is ``x``), else
+    ``amqp``, Celery's default."""
+    if transport:
+        name = transport if isinstance(transport, str) else getattr(transport, "driver_type", "")
+        return str(name or transport).lower()
+    if isinstance(url, list | tuple):
+        url = url[0] if url else None
+    if not isinstance(url, str) or "://" not in url:
+        return "amqp"
+    scheme = url.split(";", 1)[0].split("://", 1)[0]
+    return scheme.split("+", 1)[0].lower() or "amqp"
+
+
+_stamping = False
+_stamping_lock = threading.Lock()
+
+
+def _stamp_time_sent() -> None:
+    """Connect, once per process, the stamp of ``envelope.TIME_SENT`` on every task
+    message published (Celery's ``before_task_publish`` may change the headers)."""
+    global _stamping
+    with _stamping_lock:
+        if _stamping:
+            return
+        from celery import signals
+
+        signals.before_task_publish.connect(_stamp, weak=False)
+        _stamping = True
+
+
+def _stamp(headers: Any = None, **_: Any) -> None:
+    """Stamp the time of sending on a task message's headers unless it has one (a
+    producer's own, or one a copy carries: the first publish is the time it was sent)."""
+    if isinstance(headers, dict):
+        headers.setdefault(envelope.TIME_SENT, datetime.now(UTC).isoformat())
 
 
 def _configure(app: Any) -> None:
@@ -552,6 +642,7 @@ class _Hook:
             host=self.host,
             failure=failure,
             time_of_failure=datetime.now(UTC),
+            time_sent=envelope.time_sent(table),
             retries=retries,
             content_type=message.content_type,
             properties=properties_text,

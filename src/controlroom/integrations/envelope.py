@@ -12,9 +12,11 @@ are Controlroom's own:
   the worker receives the message as the producer sent it;
 - ``Controlroom.TaskQueue.BodyNotKept``: why the body is absent (too large to send).
 
-One header travels on the task message itself, never in a failed message's properties:
-``Controlroom.TaskQueue.Redeliveries``, how many times a worker process died holding the
-message (``redeliveries``, ``DEFAULT_MAX_WORKER_DEATHS``).
+Two headers travel on the task message itself: ``Controlroom.TaskQueue.TimeSent``, when
+a Celery producer with the integration installed published it (``time_sent``; a
+failure's ``NServiceBus.TimeSent``), and ``Controlroom.TaskQueue.Redeliveries``, how many
+times a worker process died holding the message (``redeliveries``,
+``DEFAULT_MAX_WORKER_DEATHS``), never in a failed message's properties.
 
 The failure is captured as text (``capture_failure``): never pickled, never re-raised,
 so an exception that cannot be printed or pickled still makes a failed message.
@@ -42,6 +44,11 @@ BODY_NOT_KEPT = "Controlroom.TaskQueue.BodyNotKept"
 REDELIVERIES = "Controlroom.TaskQueue.Redeliveries"
 """On a task message the integration published again after a worker process died
 holding it: the deaths so far (an AMQP integer; absent is 0)."""
+
+TIME_SENT = "Controlroom.TaskQueue.TimeSent"
+"""On a Celery task message whose producer has the integration installed: when it was
+published, ISO 8601 in UTC (``2026-12-04T21:15:00.123456+00:00``). Celery's task
+messages carry no time of sending of their own; Dramatiq's carry ``message_timestamp``."""
 
 DEFAULT_MAX_WORKER_DEATHS = 3
 """A task message whose worker process died this many times while holding it is
@@ -204,6 +211,24 @@ def redeliveries(headers: Mapping[str, Any] | None) -> int:
     except ValueError:
         return 0
     return max(0, count)
+
+
+def time_sent(headers: Mapping[str, Any] | None) -> datetime | None:
+    """The ``TIME_SENT`` of a task message's AMQP header table as an aware UTC time;
+    ``None`` when absent or not an ISO 8601 time (a naive one is read as UTC)."""
+    value = (headers or {}).get(TIME_SENT)
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if isinstance(value, datetime):
+        sent = value
+    elif isinstance(value, str):
+        try:
+            sent = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    else:
+        return None
+    return (sent if sent.tzinfo is not None else sent.replace(tzinfo=UTC)).astimezone(UTC)
 
 
 def without_redeliveries(headers: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from fastapi.responses import Response
 from controlroom.db.providers import SearchTerms
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors import tracebacks
-from controlroom.errors.ingest.headers import content_encoding, task_queue
+from controlroom.errors.ingest.headers import body_not_kept, content_encoding, task_queue
 from controlroom.errors.ingest.search_terms import MIN_PREFIX_CHARS
 from controlroom.errors.read import endpoints, groups
 from controlroom.errors.read.counts import (
@@ -261,6 +261,9 @@ def body_view(request: Request, session: Viewer, failed_message_id: uuid.UUID) -
         stored = get_stored_body(conn, str(failed_message_id))
     if details is None or stored is None:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
+    if stored.not_kept is not None:
+        context = {"not_kept": stored.not_kept, "id": str(failed_message_id)}
+        return render(request, "_body.html", context)
     data = read_body_bytes(api_state(request).body_store, stored, failed_message_id)
     headers = json.loads(details.headers_json)
     view = view_body(data, stored.content_type, content_encoding(headers), task_queue(headers))
@@ -274,6 +277,8 @@ def body_download(request: Request, session: Viewer, failed_message_id: uuid.UUI
         stored = get_stored_body(conn, str(failed_message_id))
     if stored is None:
         raise HTTPException(404, f"no failed message with id {failed_message_id}")
+    if stored.not_kept is not None:
+        raise HTTPException(404, f"the body was not kept: {stored.not_kept}")
     data = read_body_bytes(api_state(request).body_store, stored, failed_message_id)
     headers = body_response_headers(stored.content_type)
     headers["content-disposition"] = f'attachment; filename="{failed_message_id}.body"'
@@ -433,6 +438,7 @@ def _message_context(request: Request, failed_message_id: uuid.UUID) -> dict[str
         "Status": FailedMessageStatus,
         "inline_body": details.body_size <= 64 * 1024,
         "task_queue": task_queue(headers),
+        "not_kept": body_not_kept(headers) if details.body_size == 0 else None,
         "traceback": tracebacks.parse_traceback(
             trace, headers.get("NServiceBus.ExceptionInfo.Message")
         )

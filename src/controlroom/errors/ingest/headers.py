@@ -59,6 +59,10 @@ RETRY_SUCCESSFUL = "ServiceControl.Retry.Successful"
 # import these wire modules, never the reverse, so the names are repeated in its envelope.
 TASK_QUEUE = "Controlroom.TaskQueue"
 TASK_QUEUE_KINDS = ("celery", "dramatiq")
+BODY_NOT_KEPT = "Controlroom.TaskQueue.BodyNotKept"
+"""Why a failed task's body was not sent with its failure (too large): its body is empty
+and a retry has nothing to send (docs/decisions.md "A task body too large is not sent,
+the failure is")."""
 
 # --- body encoding ------------------------------------------------------------------------
 # NServiceBus has no standard body-encoding header. A transport that sees a compressed body
@@ -103,6 +107,12 @@ def task_queue(headers: Headers) -> str | None:
     white space ignored), else ``None``: the message is not a Python task's."""
     value = (headers.get(TASK_QUEUE) or "").strip().lower()
     return value if value in TASK_QUEUE_KINDS else None
+
+
+def body_not_kept(headers: Headers) -> str | None:
+    """Why the message's body was not kept (``Controlroom.TaskQueue.BodyNotKept``), or
+    ``None`` when it was (absent, empty or blank)."""
+    return header_text(headers, BODY_NOT_KEPT)
 
 
 def sanitize_text(text: str) -> str:

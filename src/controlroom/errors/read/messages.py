@@ -12,7 +12,7 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from controlroom.db.tables import failed_message_groups, failed_messages
-from controlroom.errors.ingest.headers import content_encoding
+from controlroom.errors.ingest.headers import body_not_kept, content_encoding
 from controlroom.errors.model import FailureGroup
 from controlroom.errors.read.filters import as_uuid, message_id_is
 from controlroom.errors.read.summaries import SUMMARY_COLUMNS, FailedMessageSummary, to_summary
@@ -60,6 +60,7 @@ class StoredBody:
     stored_externally: bool
     key: str | None
     content_encoding: str | None = None  # the body's encoding (gzip, ...), None when plain
+    not_kept: str | None = None  # why the body was not kept (Controlroom.TaskQueue.BodyNotKept)
 
 
 def get_failed_message(conn: sa.Connection, failed_message_id: str) -> FailedMessageDetails | None:
@@ -139,13 +140,15 @@ def _stored_body(conn: sa.Connection, condition: sa.ColumnElement[bool]) -> Stor
     ).one_or_none()
     if row is None:
         return None
+    headers = json.loads(row.headers_json)
     return StoredBody(
         content_type=row.content_type,
         size=row.body_size,
         text=row.body_text,
         stored_externally=row.body_stored_externally,
         key=row.body_key,
-        content_encoding=content_encoding(json.loads(row.headers_json)),
+        content_encoding=content_encoding(headers),
+        not_kept=body_not_kept(headers) if row.body_size == 0 else None,
     )
 
 

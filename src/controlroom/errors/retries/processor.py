@@ -21,9 +21,10 @@ so a process that dies at any point leaves a state the next one continues from.
   retry headers (``retry_wire.outgoing_message``; docs/design.md "Python task queues").
 - A message that cannot be sent for a reason of its own (``retry_wire.UnsendableMessage``:
   no queue in its address, unreadable headers or task properties, body missing from the
-  body store) loses
-  its claim, becomes Unresolved again and marks the operation failed; a transport or
-  store failure leaves everything in place and the processor backs off and tries again.
+  body store, a Python task's body that was not kept) loses its claim, becomes Unresolved
+  again and marks the operation failed, with the reason in its ``failure_reason`` and a
+  ``RetryMessagesUnsendable`` item in the event log; a transport or store failure leaves
+  everything in place and the processor backs off and tries again.
 - A send that fails while the broker is otherwise reachable (it refuses this message or
   queue) counts against the claim's ``stage_attempts``; after ``MAX_SEND_ATTEMPTS``
   (ServiceControl's bound) the claim is given up: the message is Unresolved again, the
@@ -90,6 +91,9 @@ MAX_SEND_ATTEMPTS = 5
 """Failed sends of one claim, with the broker reachable, before it is given up
 (ServiceControl's retry processor gives up a batch after 5 staging attempts)."""
 
+_BODY_MISSING = "its body is missing from the body store"
+_HEADERS_UNREADABLE = "its stored headers cannot be read"
+
 RETRIED = Counter(
     "controlroom_retried_messages_total", "Claimed retry messages, by outcome", ["outcome"]
 )
@@ -120,7 +124,7 @@ class _Window:
 
     sent: list[str]
     dropped: list[str]  # no longer RetryIssued: not sent, claim removed
-    unsendable: dict[str, str]  # id -> reason
+    unsendable: dict[str, UnsendableMessage]  # id -> why
     failed: list[str]  # transient failure: stays unsent
     error: BaseException | None = None
     counts: bool = False  # the failures count against the claims' attempts
@@ -352,7 +356,7 @@ class RetryProcessor:
             elif outcome is False:
                 window.dropped.append(message_id)
             elif isinstance(outcome, UnsendableMessage):
-                window.unsendable[message_id] = outcome.reason
+                window.unsendable[message_id] = outcome
             elif isinstance(outcome, BaseException):
                 window.failed.append(message_id)
                 window.error = window.error or outcome
@@ -369,7 +373,10 @@ class RetryProcessor:
             return False
         stored = _stored_headers(claim.headers_json)
         if not claim.destination:
-            raise UnsendableMessage("the message names no queue to send it to")
+            raise UnsendableMessage(
+                "the message names no queue to send it to", "no queue to send it to"
+            )
+        retry_wire.check_body_kept(stored)
         address, target_header = retry_wire.retry_route(stored, claim.destination)
         queue = retry_wire.queue_of_address(address)
         body = await asyncio.to_thread(self._read_body, claim)
@@ -390,7 +397,9 @@ class RetryProcessor:
                 properties=outgoing.properties,
             )
         except ValueError as exc:  # a header the transport cannot carry
-            raise UnsendableMessage(f"the transport refused the message: {exc}") from exc
+            raise UnsendableMessage(
+                f"the transport refused the message: {exc}", "the transport refused it"
+            ) from exc
         return True
 
     def _read_body(self, claim: _Claim) -> bytes:
@@ -399,11 +408,15 @@ class RetryProcessor:
         decoded from, strictly), else empty."""
         if claim.body_stored_externally:
             if claim.body_key is None:
-                raise UnsendableMessage("the body is stored externally but has no key")
+                raise UnsendableMessage(
+                    "the body is stored externally but has no key", _BODY_MISSING
+                )
             try:
                 return self._body_store.get(claim.body_key)
             except BodyNotFoundError as exc:
-                raise UnsendableMessage(f"the body is missing from the body store: {exc}") from exc
+                raise UnsendableMessage(
+                    f"the body is missing from the body store: {exc}", _BODY_MISSING
+                ) from exc
         return (claim.body_text or "").encode("utf-8")
 
     def _record_window(self, batch_id: str, window: _Window) -> list[str]:
@@ -435,6 +448,7 @@ class RetryProcessor:
                         last_modified=now,
                     )
                 )
+                self._refuse(conn, batch_id, request_id, window.unsendable, now)
             given_up: list[str] = []
             if window.failed and window.counts:
                 conn.execute(
@@ -451,12 +465,36 @@ class RetryProcessor:
                 skipped=len(window.dropped) + len(unsendable) + len(given_up),
                 failed=bool(unsendable) or bool(given_up),
             )
-        for message_id, reason in window.unsendable.items():
-            log.warning("failed message %s cannot be retried: %s", message_id, reason)
+        for message_id, refusal in window.unsendable.items():
+            log.warning("failed message %s cannot be retried: %s", message_id, refusal.reason)
         RETRIED.labels("sent").inc(len(window.sent))
         RETRIED.labels("dropped").inc(len(window.dropped))
         RETRIED.labels("unsendable").inc(len(unsendable))
         return given_up
+
+    def _refuse(
+        self,
+        conn: sa.Connection,
+        batch_id: str,
+        request_id: str,
+        unsendable: dict[str, UnsendableMessage],
+        now: datetime,
+    ) -> None:
+        """Record why messages of a window cannot be sent: the operation's
+        ``failure_reason`` (the first, unless it has one) names the message and quotes the
+        reason; the event log names the ids and what is wrong without quoting them
+        (docs/decisions.md "Event log items quote ids and counts, never content")."""
+        ids = sorted(unsendable)
+        first = unsendable[ids[0]]
+        more = f" (and {len(ids) - 1} more)" if len(ids) > 1 else ""
+        reason = f"failed message {ids[0]} cannot be sent: {first.reason}{more}"[:1000]
+        conn.execute(
+            sa.update(retry_operations)
+            .where(ro.id == request_id, ro.failure_reason.is_(None))
+            .values(failure_reason=reason)
+        )
+        summaries = sorted({unsendable[i].summary for i in ids})
+        activity.retry_refused(conn, request_id, batch_id, ids, summaries, now=now)
 
     def _give_up(
         self,
@@ -546,11 +584,15 @@ def _stored_headers(headers_json: str | None) -> dict[str, str | None]:
     try:
         value: Any = json.loads(headers_json or "")
     except ValueError as exc:
-        raise UnsendableMessage(f"the stored headers are not JSON: {exc}") from exc
+        raise UnsendableMessage(
+            f"the stored headers are not JSON: {exc}", _HEADERS_UNREADABLE
+        ) from exc
     if not isinstance(value, dict) or not all(
         isinstance(item, str | None) for item in value.values()
     ):
-        raise UnsendableMessage("the stored headers are not an object of strings")
+        raise UnsendableMessage(
+            "the stored headers are not an object of strings", _HEADERS_UNREADABLE
+        )
     return value
 
 

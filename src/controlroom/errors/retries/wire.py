@@ -115,11 +115,24 @@ SENSITIVE_HEADERS: tuple[str, ...] = (
 
 class UnsendableMessage(ValueError):
     """A stored failed message cannot be sent again for a reason of its own (no queue in
-    its address, unreadable headers, missing body). ``reason`` names the part at fault."""
+    its address, unreadable headers, missing body, a body that was not kept). ``reason``
+    names the part at fault and may quote the message; ``summary`` says it without
+    quoting anything of the message (for the event log)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, summary: str = "it cannot be sent as stored") -> None:
         super().__init__(reason)
         self.reason = reason
+        self.summary = summary
+
+
+def check_body_kept(headers: Headers) -> None:
+    """Raise ``UnsendableMessage`` when the message's body was not kept
+    (``Controlroom.TaskQueue.BodyNotKept``: a Python task's body too large to send with
+    its failure): a retry would send an empty task message. An edit is not refused: the
+    operator gives the body."""
+    why = h.body_not_kept(headers)
+    if why is not None:
+        raise UnsendableMessage(f"the body was not kept: {why}", "its body was not kept")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +175,9 @@ def outgoing_message(outgoing: Headers, *, content_type: str | None = None) -> O
                 table[name] = outgoing[name]
         properties = message_properties({**parsed, "headers": table})
     except ValueError as exc:
-        raise UnsendableMessage(f"{TASK_PROPERTIES} does not parse: {exc}") from exc
+        raise UnsendableMessage(
+            f"{TASK_PROPERTIES} does not parse: {exc}", "its task properties do not parse"
+        ) from exc
     return OutgoingMessage(
         headers={},
         message_id=parsed.get("message_id") or message_id,
@@ -181,7 +196,10 @@ def queue_of_address(address: str) -> str:
     try:
         check_queue_name(queue)
     except ValueError as exc:
-        raise UnsendableMessage(f"address {address[:100]!r} names no usable queue: {exc}") from exc
+        raise UnsendableMessage(
+            f"address {address[:100]!r} names no usable queue: {exc}",
+            "its address names no usable queue",
+        ) from exc
     return queue
 
 
