@@ -28,6 +28,7 @@ class EventType(enum.StrEnum):
     RETRY_OPERATION_REQUESTED = "RetryOperationRequested"
     RETRY_OPERATION_COMPLETED = "RetryOperationCompleted"
     RETRY_BATCH_GIVEN_UP = "RetryBatchGivenUp"
+    RETRY_MESSAGES_UNSENDABLE = "RetryMessagesUnsendable"
     # Failed imports, retention, endpoints
     MESSAGE_FAILED_TO_IMPORT = "MessageFailedToImport"
     FAILED_IMPORTS_REIMPORTED = "FailedImportsReimported"

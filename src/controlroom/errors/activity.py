@@ -158,7 +158,7 @@ def retry_refused(
         ),
         severity=Severity.WARNING,
         category=Category.RECOVERABILITY,
-        event_type="RetryMessagesUnsendable",
+        event_type=EventType.RETRY_MESSAGES_UNSENDABLE,
         raised_at=now,
         related_to=[f"/retry/{operation_id}", *_messages(ids)],
     )
