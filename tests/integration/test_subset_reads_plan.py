@@ -90,7 +90,7 @@ SUBSET_SORTS = {
 }
 FENCED_SORTS = {
     # The sorts of a subset read from its rows and sorted, whose keys the subset's index
-    # includes (migration 0030): the console's, not ServicePulse's (those walk an index).
+    # includes (migration 0031): the console's, not ServicePulse's (those walk an index).
     "group": ("modified", "status", "id"),
     "unresolved of a group": ("modified", "status", "id"),
     "endpoint": ("modified", "message_type", "status", "id"),
@@ -403,7 +403,7 @@ def test_a_subsets_fenced_sort_reads_its_keys_from_the_index_alone_once_vacuumed
     address's message type, status, id) reads the subset fenced and sorts it
     (docs/decisions.md "A subset is read from its own rows"): once ``VACUUM`` has marked
     the pages all-visible, as autovacuum does, the subset's sort keys come from the index
-    the subset is read by (its ``INCLUDE`` columns, migration 0030), no page of the table:
+    the subset is read by (its ``INCLUDE`` columns, migration 0031), no page of the table:
     an index-only scan, no heap fetch. Rows outside the subset come first, as in
     production."""
     busy = [message(n, "Busy", BUSY) for n in range(SUBSET, SUBSET + OUTSIDE)]

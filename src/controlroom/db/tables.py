@@ -143,14 +143,14 @@ alone (an index-only scan of its range), never the plain ``queue_address`` index
 
 FENCED_SORT_KEYS = ["last_modified", "message_type", "status"]
 """The columns of a subset's sorts no index walks (read and sorted, fenced), included in
-the ``time_sent`` index the subset is read by (PostgreSQL ``INCLUDE``, migration 0030):
+the ``time_sent`` index the subset is read by (PostgreSQL ``INCLUDE``, migration 0031):
 the fence reads the subset's sort keys from the index alone once vacuumed."""
 
 SUBSET_INCLUDED = {
     "ix_failed_messages_receiving_endpoint_time_sent": FENCED_SORT_KEYS,
     QUEUE_ADDRESS_COVERED: ["queue_address", *FENCED_SORT_KEYS],
 }
-"""The columns each subset index includes (PostgreSQL ``INCLUDE``, migrations 0029, 0030)."""
+"""The columns each subset index includes (PostgreSQL ``INCLUDE``, migrations 0029, 0031)."""
 
 # A subset's sort keys, after the subset's column (migration 0020): an endpoint's or a queue
 # address's page walks its own rows in order. They replace the subset columns' own indexes.
@@ -202,7 +202,7 @@ failed_message_groups = sa.Table(
         "first_failure_at",
     ),
     # A group's rows with or without a status (migration 0014), with the console's
-    # ``modified`` included (PostgreSQL, migration 0030): the group's fenced sorts read
+    # ``modified`` included (PostgreSQL, migration 0031): the group's fenced sorts read
     # their keys from the index alone once vacuumed.
     sa.Index(
         "ix_failed_message_groups_group_id_status_first",

@@ -1,4 +1,4 @@
-"""Migration 0030 on each provider: on PostgreSQL the indexes a subset is read by include
+"""Migration 0031 on each provider: on PostgreSQL the indexes a subset is read by include
 its fenced sorts' keys, every page of a group, an endpoint and a queue address reads the
 same answers through them, and a downgrade takes them back; SQLite's indexes are left as
 they were."""
@@ -20,7 +20,7 @@ from controlroom.errors.read.filters import SORT_KEYS, FailedMessageFilter, Orde
 from controlroom.errors.read.lists import list_failed_messages
 from tests.factories import at, attempt
 
-GROUP = FailureGroup(id=str(uuid.uuid5(uuid.NAMESPACE_URL, "0030")), classifier="T", title="t")
+GROUP = FailureGroup(id=str(uuid.uuid5(uuid.NAMESPACE_URL, "0031")), classifier="T", title="t")
 INCLUDED = {
     "ix_failed_message_groups_group_id_status_first": "INCLUDE (last_modified)",
     "ix_failed_messages_receiving_endpoint_time_sent": (
@@ -89,7 +89,7 @@ def answers(engine: sa.Engine) -> dict[tuple[int, Ordering], tuple[int, list[str
     return found
 
 
-def test_0030_includes_the_fenced_sorts_keys_in_the_subsets_indexes(engine: sa.Engine) -> None:
+def test_0031_includes_the_fenced_sorts_keys_in_the_subsets_indexes(engine: sa.Engine) -> None:
     writer = FailedMessageBatchWriter(engine, clock=lambda: datetime(2026, 1, 2, tzinfo=UTC))
     writer.write(
         IngestionBatch(
@@ -118,7 +118,7 @@ def test_0030_includes_the_fenced_sorts_keys_in_the_subsets_indexes(engine: sa.E
     else:
         assert not any("INCLUDE" in sql for sql in indexes(engine).values())
 
-    command.downgrade(alembic_config(engine), "0029")
+    command.downgrade(alembic_config(engine), "0030")
     if postgresql:
         assert included(engine) == {name: BEFORE.get(name, "") for name in INCLUDED}
     assert answers(engine) == at_head

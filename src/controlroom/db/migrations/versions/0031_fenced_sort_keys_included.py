@@ -1,7 +1,7 @@
 """a subset's fenced sorts read their keys from the index the subset is read by
 
-Revision ID: 0030
-Revises: 0029
+Revision ID: 0031
+Revises: 0030
 Create Date: 2026-12-04 21:30:00.000000
 
 Source: docs/decisions.md "A subset is read from its own rows" (figures in
@@ -36,8 +36,8 @@ from alembic import op
 
 from controlroom.db.migrations._dialects import Dialect, migrating, unsupported
 
-revision = "0030"
-down_revision = "0029"
+revision = "0031"
+down_revision = "0030"
 branch_labels = None
 depends_on = None
 
@@ -47,7 +47,7 @@ GROUP_INDEX = f"ix_{GROUPS}_group_id_status_first"
 ENDPOINT_INDEX = "ix_failed_messages_receiving_endpoint_time_sent"
 QUEUE_INDEX = "ix_failed_messages_queue_address_lower_time_sent"
 FENCED_KEYS = ["last_modified", "message_type", "status"]
-# (index, table, key elements, included before 0030, included since 0030)
+# (index, table, key elements, included before 0031, included since 0031)
 INDEXES: tuple[tuple[str, str, list[str | sa.TextClause], list[str], list[str]], ...] = (
     (
         GROUP_INDEX,
