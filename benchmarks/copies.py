@@ -19,6 +19,8 @@ of its own next to ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (as ``ingest.py``):
   the queue address's without the address included (0029 changes indexes only);
 - ``0028+type``: 0028 and migration 0029's index of a group's message type alone (the
   queue address's index as at 0028): what each half of 0029 costs;
+- ``0029``: before migration 0031, the subsets' indexes without the fenced sorts' keys
+  included (0030 touches no table the write path writes, 0031 changes indexes only);
 - ``every``: head and an index for every other sort a group, an endpoint or a queue
   address offers that ServicePulse does not use (the group's ``last_modified``, the
   endpoint's and the queue address's ``message_type`` and ``last_modified``): what
@@ -27,7 +29,7 @@ of its own next to ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (as ``ingest.py``):
   the copies from the messages in its group-row insert; the trigger skips those rows;
   since 0020 the copies of the sort keys too, and the subsets' sort indexes; since 0024
   the status-led sort indexes in place of the sort keys' own; since 0027 the message
-  id's too).
+  id's too; since 0031 the fenced sorts' keys included in the subsets' indexes).
 
 One round times the write path (``ingest.write_path``, ``--threads`` batches at once;
 by default ``concurrent_batches``, as the service runs) once per variant, each on
@@ -168,6 +170,7 @@ VARIANTS = (
     Variant("0026", "0026", FailedMessageBatchWriter),
     Variant("0028", "0028", FailedMessageBatchWriter),
     Variant("0028+type", "0028", FailedMessageBatchWriter, (GROUP_MESSAGE_TYPE,)),
+    Variant("0029", "0029", FailedMessageBatchWriter),
     Variant("every", "head", FailedMessageBatchWriter, EVERY_SUBSET_SORT),
     Variant("head", "head", FailedMessageBatchWriter),
 )

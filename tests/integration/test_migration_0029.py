@@ -96,7 +96,8 @@ def test_0029_indexes_a_groups_message_type_and_covers_the_queue_address(
     found = indexes(engine)
     assert GROUP_INDEX in found
     if engine.dialect.name == "postgresql":
-        assert "INCLUDE (queue_address)" in found[QUEUE_INDEX]
+        # the address first; migration 0031 includes the fenced sorts' keys after it
+        assert "INCLUDE (queue_address" in found[QUEUE_INDEX]
 
     command.downgrade(alembic_config(engine), "0028")
     found = indexes(engine)

@@ -14,6 +14,7 @@ of hundreds of thousands.
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -86,6 +87,15 @@ SUBSET_SORTS = {
     # Not "unresolved of an endpoint": once the endpoint holds a third of the messages,
     # PostgreSQL walks the status's index, filtering for the endpoint, through every newer
     # unresolved message (3,000 here) instead of the endpoint's index: not fixed yet.
+}
+FENCED_SORTS = {
+    # The sorts of a subset read from its rows and sorted, whose keys the subset's index
+    # includes (migration 0031): the console's, not ServicePulse's (those walk an index).
+    "group": ("modified", "status", "id"),
+    "unresolved of a group": ("modified", "status", "id"),
+    "endpoint": ("modified", "message_type", "status", "id"),
+    "unresolved of an endpoint": ("modified", "message_type", "status", "id"),
+    "queue address": ("modified", "message_type", "status", "id"),
 }
 ORDERS = [Ordering(key, descending) for key in SORT_KEYS for descending in (True, False)]
 GROWTH = 1.5  # work after the outside rows / work before, at most
@@ -350,3 +360,67 @@ def test_a_searchs_first_page_reads_no_rows_it_does_not_match(quiet_store: sa.En
     analyze(quiet_store)
     grown = grown_work(before, measure)
     assert not grown, f"work before -> after {OUTSIDE} rows the search does not match: {grown}"
+
+
+def fenced_reads(engine: sa.Engine, where: FailedMessageFilter, order: Ordering) -> list[dict]:
+    """The scans of ``failed_messages`` and ``failed_message_groups`` under the fence
+    (the materialized CTE ``members``) of the first page of ``where`` in ``order``, from
+    PostgreSQL's ``EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`` of the statement the list
+    runs: each plan node as PostgreSQL gives it."""
+    statements: list[tuple[str, object]] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        statements.append((statement, parameters))
+
+    with engine.connect() as conn:
+        sa.event.listen(conn, "before_cursor_execute", record)
+        lists.list_failed_messages(conn, offset=0, limit=50, where=where, order=order)
+        sa.event.remove(conn, "before_cursor_execute", record)
+        fenced = [(s, p) for s, p in statements if "members AS" in s and "MATERIALIZED" in s]
+        assert len(fenced) == 1, statements
+        statement, parameters = fenced[0]
+        plan = conn.exec_driver_sql(
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}",
+            parameters,  # type: ignore[arg-type]
+        ).scalar_one()
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+
+    def nodes(node: dict, under_fence: bool) -> Iterator[dict]:
+        fence = under_fence or node.get("Subplan Name") == "CTE members"
+        if fence and node.get("Relation Name") in ("failed_messages", "failed_message_groups"):
+            yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child, fence)
+
+    return list(nodes(plan[0]["Plan"], False))
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_subsets_fenced_sort_reads_its_keys_from_the_index_alone_once_vacuumed(
+    quiet_store: sa.Engine,
+) -> None:
+    """A subset's sort no index walks (the console's modified, an endpoint's or queue
+    address's message type, status, id) reads the subset fenced and sorts it
+    (docs/decisions.md "A subset is read from its own rows"): once ``VACUUM`` has marked
+    the pages all-visible, as autovacuum does, the subset's sort keys come from the index
+    the subset is read by (its ``INCLUDE`` columns, migration 0031), no page of the table:
+    an index-only scan, no heap fetch. Rows outside the subset come first, as in
+    production."""
+    busy = [message(n, "Busy", BUSY) for n in range(SUBSET, SUBSET + OUTSIDE)]
+    write(quiet_store, busy, clock_seconds=SUBSET + OUTSIDE)
+    analyze(quiet_store, vacuum=True)
+    heap_reads = {}
+    for name, keys in FENCED_SORTS.items():
+        for order in ORDERS:
+            if order.key not in keys:
+                continue
+            scans = fenced_reads(quiet_store, SUBSETS[name], order)
+            assert scans, (name, order)
+            read = [
+                (scan["Node Type"], scan.get("Index Name"), scan.get("Heap Fetches"))
+                for scan in scans
+                if scan["Node Type"] != "Index Only Scan" or scan.get("Heap Fetches") != 0
+            ]
+            if read:
+                heap_reads[f"{name} by {order.key} {'desc' if order.descending else 'asc'}"] = read
+    assert not heap_reads, f"fenced sorts reading the table: {heap_reads}"

@@ -141,6 +141,17 @@ QUEUE_ADDRESS_COVERED = "ix_failed_messages_queue_address_lower_time_sent"
 (PostgreSQL ``INCLUDE``, migration 0029): a queue address's count reads its own entries
 alone (an index-only scan of its range), never the plain ``queue_address`` index whole."""
 
+FENCED_SORT_KEYS = ["last_modified", "message_type", "status"]
+"""The columns of a subset's sorts no index walks (read and sorted, fenced), included in
+the ``time_sent`` index the subset is read by (PostgreSQL ``INCLUDE``, migration 0031):
+the fence reads the subset's sort keys from the index alone once vacuumed."""
+
+SUBSET_INCLUDED = {
+    "ix_failed_messages_receiving_endpoint_time_sent": FENCED_SORT_KEYS,
+    QUEUE_ADDRESS_COVERED: ["queue_address", *FENCED_SORT_KEYS],
+}
+"""The columns each subset index includes (PostgreSQL ``INCLUDE``, migrations 0029, 0031)."""
+
 # A subset's sort keys, after the subset's column (migration 0020): an endpoint's or a queue
 # address's page walks its own rows in order. They replace the subset columns' own indexes.
 for _subset_name, _subset in (
@@ -155,7 +166,7 @@ for _subset_name, _subset in (
             _subset,
             _column.asc().nulls_first() if _column.nullable else _column,
             failed_messages.c.id,
-            postgresql_include=["queue_address"] if _name == QUEUE_ADDRESS_COVERED else [],
+            postgresql_include=SUBSET_INCLUDED.get(_name, []),
         )
 
 failed_message_groups = sa.Table(
@@ -190,12 +201,16 @@ failed_message_groups = sa.Table(
         "last_failure_at",
         "first_failure_at",
     ),
+    # A group's rows with or without a status (migration 0014), with the console's
+    # ``modified`` included (PostgreSQL, migration 0031): the group's fenced sorts read
+    # their keys from the index alone once vacuumed.
     sa.Index(
         "ix_failed_message_groups_group_id_status_first",
         "group_id",
         "status",
         "first_failure_at",
         "failed_message_id",
+        postgresql_include=["last_modified"],
     ),
 )
 
