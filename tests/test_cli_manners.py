@@ -140,12 +140,10 @@ async def queue_depth(settings: Settings) -> int:
         return (await transport.queue_depth(settings.error_queue)).messages
 
 
-def test_make_demo_refuses_first_and_takes_the_sites_from_the_site_demo() -> None:
+def test_make_demo_runs_demo_run_and_names_no_fixed_port() -> None:
     demo = MAKEFILE.read_text().partition("\ndemo:")[2].partition("\n\n")[0]
-    commands = [line.strip() for line in demo.splitlines()[1:]]
-    assert commands[0].endswith("controlroom demo --no-next-steps --refuse-if-serving")
+    assert "controlroom demo run" in demo
     assert "8091" not in MAKEFILE.read_text() and "8092" not in MAKEFILE.read_text()
-    assert "site demo --print-sites" in demo
 
 
 def test_the_demo_sites_follow_the_central_port() -> None:
