@@ -539,7 +539,8 @@ def audit_verify(config: ConfigOption = None) -> None:
         )
         raise typer.Exit(1)
     console.print(
-        f"[green]intact:[/] {result.events} audit events in {result.chains} monthly chains."
+        f"[green]intact:[/] {result.events} audit event{'' if result.events == 1 else 's'} "
+        f"in {result.chains} monthly chain{'' if result.chains == 1 else 's'}."
     )
 
 

@@ -108,6 +108,12 @@ def related_link(path: str) -> str | None:
     return None
 
 
+def counted(count: int, singular: str, plural: str | None = None) -> str:
+    """``1 event``, ``4 events``: ``count`` and the noun in its number (``plural``
+    defaults to ``singular`` + ``s``)."""
+    return f"{count} {singular if count == 1 else plural or f'{singular}s'}"
+
+
 def install(env: jinja2.Environment) -> None:
     env.filters.update(
         utc=utc,
@@ -117,5 +123,6 @@ def install(env: jinja2.Environment) -> None:
         span=span,
         status_label=status_label,
         related_link=related_link,
+        counted=counted,
     )
     env.globals.update(query=query)
