@@ -42,4 +42,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/serve.py
 
 clean:
-	rm -rf $(VENV) controlroom-data
+	rm -rf $(VENV) controlroom-data controlroom-celery

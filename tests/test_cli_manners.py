@@ -166,3 +166,12 @@ def test_the_readme_says_how_to_make_a_rabbitmq_vhost_and_grant_it() -> None:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert "rabbitmqctl add_vhost controlroom" in readme
     assert "rabbitmqctl set_permissions -p controlroom controlroom" in readme
+
+
+@pytest.mark.parametrize("data", ["controlroom-data", "controlroom-celery"])
+def test_the_demos_data_is_ignored_by_git_and_removed_by_make_clean(data: str) -> None:
+    """The data directories the README's demos use (``make demo``; the Celery demo's)."""
+    root = Path(__file__).parents[1]
+    assert f"{data}/" in (root / ".gitignore").read_text().splitlines()
+    clean = MAKEFILE.read_text().partition("\nclean:")[2].partition("\n\n")[0]
+    assert data in clean.split()
