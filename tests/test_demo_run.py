@@ -163,3 +163,67 @@ def test_make_demo_runs_demo_run() -> None:
     demo = MAKEFILE.read_text().partition("\ndemo:")[2].partition("\n\n")[0]
     commands = [line.strip() for line in demo.splitlines()[1:]]
     assert commands == ["$(BIN)/controlroom demo run"]
+
+
+def test_a_helper_waited_for_is_listening_before_the_next_starts(tmp_path: Path) -> None:
+    with listen("127.0.0.1", 0) as probe:
+        port = probe.getsockname()[1]
+    seen = tmp_path / "seen"
+    said: list[str] = []
+    code = supervise(
+        [
+            Helper(
+                "central",
+                python(
+                    "import socket, time; time.sleep(1);"
+                    f"s = socket.create_server(('127.0.0.1', {port})); time.sleep(600)"
+                ),
+                listens_on=("127.0.0.1", port),
+            ),
+            Helper(
+                "the site agent",
+                python(
+                    "import pathlib, socket;"
+                    f"socket.create_connection(('127.0.0.1', {port})).close();"
+                    f"pathlib.Path({str(seen)!r}).write_text('up'); raise SystemExit(4)"
+                ),
+            ),
+        ],
+        said.append,
+    )
+    assert code == 1 and seen.read_text() == "up"
+    assert said == ["demo: the site agent exited (exit status 4); stopping the demo."]
+
+
+def test_the_demos_serve_leaves_routine_lines_out_of_its_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import logging
+
+    from controlroom.runtime.demo_logs import QUIET_ENV, quiet_demo_logs
+
+    access = logging.getLogger("uvicorn.access")
+    levels = {name: logging.getLogger(name).level for name in ("alembic", "httpx")}
+    filters = list(access.filters)
+    try:
+        monkeypatch.delenv(QUIET_ENV, raising=False)
+        quiet_demo_logs()  # not under demo run: nothing changes
+        assert access.filters == filters
+        assert {n: logging.getLogger(n).level for n in levels} == levels
+        monkeypatch.setenv(QUIET_ENV, "1")
+        quiet_demo_logs()
+        for name in levels:
+            assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
+            assert logging.getLogger(name).isEnabledFor(logging.WARNING), name
+
+        def record(path: str, status: int) -> logging.LogRecord:
+            args = ("127.0.0.1:5", "GET", path, "1.1", status)
+            return access.makeRecord("uvicorn.access", logging.INFO, "", 0, "%s", args, None)
+
+        assert not access.filter(record("/static/console.css", 200))
+        assert access.filter(record("/messages", 200))
+        assert access.filter(record("/static/missing.css", 404))
+    finally:
+        access.filters[:] = filters
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)

@@ -105,6 +105,9 @@ def serve(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from controlroom.runtime.demo_logs import quiet_demo_logs
+
+    quiet_demo_logs()  # only under controlroom demo run
     with _exit_on_failure():
         code = asyncio.run(_serve(settings))
     raise typer.Exit(code)
@@ -316,6 +319,7 @@ def demo_run(config: ConfigOption = None) -> None:
         first_taken_port,
         supervise,
     )
+    from controlroom.runtime.demo_logs import QUIET_ENV
     from controlroom.site.demo import demo_sites
 
     settings = _load(config)
@@ -341,20 +345,31 @@ def demo_run(config: ConfigOption = None) -> None:
     central = f"http://127.0.0.1:{settings.port}"
     sites = json.dumps(demo_sites(central_port=settings.port), separators=(",", ":"))
     outbox = json.dumps(demo_notification_settings(settings.port), separators=(",", ":"))
-    helpers = [
+    helpers = [  # serve first: the site agents and sinks find it up
+        Helper(
+            "controlroom serve",
+            controlroom_argv("serve"),
+            {
+                **env,
+                "CONTROLROOM_SITES": sites,
+                "CONTROLROOM_NOTIFICATIONS": outbox,
+                QUIET_ENV: "1",
+            },
+            listens_on=(_loopback_if_any(settings.host), settings.port),
+        ),
         Helper("the site demo", controlroom_argv("site", "demo", "--central-url", central)),
         Helper("the demo endpoints", controlroom_argv("demo", "endpoints"), env),
         Helper(
             "the notification sinks",
             controlroom_argv("demo", "notifications", "--central-url", central),
         ),
-        Helper(
-            "controlroom serve",
-            controlroom_argv("serve"),
-            {**env, "CONTROLROOM_SITES": sites, "CONTROLROOM_NOTIFICATIONS": outbox},
-        ),
     ]
     raise typer.Exit(supervise(helpers, lambda line: err_console.print(line, highlight=False)))
+
+
+def _loopback_if_any(host: str) -> str:
+    """``host`` to connect to; 127.0.0.1 for the any-address ("0.0.0.0", "::", "")."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
 @demo_app.command("celery")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -34,11 +35,13 @@ _STOP_SECONDS = 10.0  # how long a child has after SIGTERM before SIGKILL
 @dataclass(frozen=True, slots=True)
 class Helper:
     """One process of the demo: ``name`` as printed, ``argv`` to start it, ``env`` extra
-    environment variables (added to this process's)."""
+    environment variables (added to this process's); ``listens_on`` a (host, port) the
+    next helpers wait for (central, so the site agents find it up, not unreachable)."""
 
     name: str
     argv: Sequence[str]
     env: Mapping[str, str] | None = None
+    listens_on: tuple[str, int] | None = None
 
 
 def demo_listeners(host: str, central_port: int) -> list[tuple[str, int, str]]:
@@ -95,20 +98,41 @@ def supervise(helpers: Sequence[Helper], say: Callable[[str], None]) -> int:
         for helper in helpers:
             env = {**os.environ, **helper.env} if helper.env else None
             started.append((helper, subprocess.Popen(list(helper.argv), env=env)))
-        while not stopping:
-            for helper, process in started:
-                code = process.poll()
-                if code is not None and not stopping:
-                    say(
-                        f"demo: {helper.name} exited ({_describe_status(code)}); stopping the demo."
-                    )
+            while helper.listens_on is not None and not stopping:
+                if _exited(started, say):
                     return 1
+                if _accepts(helper.listens_on):
+                    break
+                time.sleep(_POLL_SECONDS)
+        while not stopping:
+            if _exited(started, say):
+                return 1
             time.sleep(_POLL_SECONDS)
         return 0
     finally:
         _stop_all([process for _, process in started])
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _exited(
+    started: Sequence[tuple[Helper, subprocess.Popen[bytes]]], say: Callable[[str], None]
+) -> bool:
+    """Whether one of ``started`` has exited (``say`` names the first)."""
+    for helper, process in started:
+        code = process.poll()
+        if code is not None:
+            say(f"demo: {helper.name} exited ({_describe_status(code)}); stopping the demo.")
+            return True
+    return False
+
+
+def _accepts(address: tuple[str, int]) -> bool:
+    try:
+        socket.create_connection(address, timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 def _describe_status(code: int) -> str:
