@@ -140,12 +140,10 @@ async def queue_depth(settings: Settings) -> int:
         return (await transport.queue_depth(settings.error_queue)).messages
 
 
-def test_make_demo_refuses_first_and_takes_the_sites_from_the_site_demo() -> None:
+def test_make_demo_runs_demo_run_and_names_no_fixed_port() -> None:
     demo = MAKEFILE.read_text().partition("\ndemo:")[2].partition("\n\n")[0]
-    commands = [line.strip() for line in demo.splitlines()[1:]]
-    assert commands[0].endswith("controlroom demo --no-next-steps --refuse-if-serving")
+    assert "controlroom demo run" in demo
     assert "8091" not in MAKEFILE.read_text() and "8092" not in MAKEFILE.read_text()
-    assert "site demo --print-sites" in demo
 
 
 def test_the_demo_sites_follow_the_central_port() -> None:
@@ -168,3 +166,12 @@ def test_the_readme_says_how_to_make_a_rabbitmq_vhost_and_grant_it() -> None:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert "rabbitmqctl add_vhost controlroom" in readme
     assert "rabbitmqctl set_permissions -p controlroom controlroom" in readme
+
+
+@pytest.mark.parametrize("data", ["controlroom-data", "controlroom-celery"])
+def test_the_demos_data_is_ignored_by_git_and_removed_by_make_clean(data: str) -> None:
+    """The data directories the README's demos use (``make demo``; the Celery demo's)."""
+    root = Path(__file__).parents[1]
+    assert f"{data}/" in (root / ".gitignore").read_text().splitlines()
+    clean = MAKEFILE.read_text().partition("\nclean:")[2].partition("\n\n")[0]
+    assert data in clean.split()

@@ -105,6 +105,9 @@ def serve(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from controlroom.runtime.demo_logs import quiet_demo_logs
+
+    quiet_demo_logs()  # only under controlroom demo run
     with _exit_on_failure():
         code = asyncio.run(_serve(settings))
     raise typer.Exit(code)
@@ -297,6 +300,78 @@ def demo_endpoints(
         asyncio.run(_run_demo_endpoints(settings, seed, fail_ratio))
 
 
+@demo_app.command("run")
+def demo_run(config: ConfigOption = None) -> None:
+    """What `make demo` runs: publish the demo (as `controlroom demo`), then run `serve`, the
+    site demo, the demo endpoints and the notification sinks side by side until Ctrl+C.
+    Every port they take (CONTROLROOM_PORT and 11-15 past it) is checked first; when any
+    of them exits, the others are stopped."""
+    import json
+    import os
+    import subprocess
+
+    from controlroom.demo_notifications import demo_notification_settings
+    from controlroom.demo_run import (
+        PORT_CHOSEN_BY,
+        Helper,
+        controlroom_argv,
+        demo_listeners,
+        first_taken_port,
+        supervise,
+    )
+    from controlroom.runtime.demo_logs import QUIET_ENV
+    from controlroom.site.demo import demo_sites
+
+    settings = _load(config)
+    _refuse_if_served(settings)
+    with _exit_on_failure():
+        taken = first_taken_port(demo_listeners(settings.host, settings.port))
+    if taken is not None:
+        host, port, what = taken
+        err_console.print(
+            f"[red]error:[/] port {port} on {escape(host)} ({what}) is taken; the demo uses "
+            f"its port and 11-15 past it: give it another with {PORT_CHOSEN_BY}.",
+            highlight=False,
+        )
+        raise typer.Exit(1)
+    env = {"CONTROLROOM_CONFIG": str(config)} if config is not None else {}
+    published = subprocess.run(
+        controlroom_argv("demo", "--no-next-steps", "--refuse-if-serving"),
+        env={**os.environ, **env},
+        check=False,
+    )
+    if published.returncode != 0:
+        raise typer.Exit(published.returncode)
+    central = f"http://127.0.0.1:{settings.port}"
+    sites = json.dumps(demo_sites(central_port=settings.port), separators=(",", ":"))
+    outbox = json.dumps(demo_notification_settings(settings.port), separators=(",", ":"))
+    helpers = [  # serve first: the site agents and sinks find it up
+        Helper(
+            "controlroom serve",
+            controlroom_argv("serve"),
+            {
+                **env,
+                "CONTROLROOM_SITES": sites,
+                "CONTROLROOM_NOTIFICATIONS": outbox,
+                QUIET_ENV: "1",
+            },
+            listens_on=(_loopback_if_any(settings.host), settings.port),
+        ),
+        Helper("the site demo", controlroom_argv("site", "demo", "--central-url", central)),
+        Helper("the demo endpoints", controlroom_argv("demo", "endpoints"), env),
+        Helper(
+            "the notification sinks",
+            controlroom_argv("demo", "notifications", "--central-url", central),
+        ),
+    ]
+    raise typer.Exit(supervise(helpers, lambda line: err_console.print(line, highlight=False)))
+
+
+def _loopback_if_any(host: str) -> str:
+    """``host`` to connect to; 127.0.0.1 for the any-address ("0.0.0.0", "::", "")."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
 @demo_app.command("celery")
 def demo_celery(config: ConfigOption = None) -> None:
     """Run a small Celery shop whose tasks fail in a few realistic ways, with Controlroom's
@@ -465,7 +540,8 @@ def audit_verify(config: ConfigOption = None) -> None:
         )
         raise typer.Exit(1)
     console.print(
-        f"[green]intact:[/] {result.events} audit events in {result.chains} monthly chains."
+        f"[green]intact:[/] {result.events} audit event{'' if result.events == 1 else 's'} "
+        f"in {result.chains} monthly chain{'' if result.chains == 1 else 's'}."
     )
 
 

@@ -59,6 +59,7 @@ from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.notifications.dispatcher import Dispatcher
 from controlroom.notifications.rules import rules_applied
+from controlroom.runtime.demo_logs import quiet_demo_logs
 from controlroom.runtime.intake_health import IntakeHealth, IntakeState
 from controlroom.sitecalls.intake import TelemetryIngestionService
 from controlroom.transport import create_transport
@@ -93,6 +94,7 @@ def worker_main(settings: Settings, index: int, conn: Connection, owner: str) ->
         level=logging.INFO,
         format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s",
     )
+    quiet_demo_logs()  # only under controlroom demo run
     asyncio.run(_work(settings, _Reporter(conn), owner))
 
 

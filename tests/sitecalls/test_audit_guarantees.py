@@ -122,6 +122,17 @@ def test_verify_names_an_event_a_privileged_hand_changed(
     assert result.broken is not None and result.broken.event_id == ids[2]
 
 
+def test_verify_counts_one_event_in_one_chain_in_the_singular(
+    engine: sa.Engine, database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    _events(engine, datetime.now(UTC))
+    monkeypatch.setenv("CONTROLROOM_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", database_url)
+    intact = CliRunner().invoke(app, ["audit", "verify"])
+    assert intact.exit_code == 0, intact.output
+    assert "1 audit event in 1 monthly chain." in intact.output, intact.output
+
+
 def tamper(engine: sa.Engine, event_id: str) -> None:
     """Change an event's actor past the append-only trigger, as a superuser or a hand
     on the SQLite file could."""

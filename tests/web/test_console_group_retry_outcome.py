@@ -37,7 +37,19 @@ def test_a_retried_group_says_how_many_failed_again_and_can_be_dismissed(
     row = page.locator("tr[data-group-id]")
     expect(row.get_by_test_id("group-count")).to_have_count(0)
     expect(row.locator("td.num")).to_have_text("0")
-    expect(page.get_by_role("button", name="Dismiss")).to_be_visible()
+    dismiss = page.get_by_role("button", name="Dismiss")
+    expect(dismiss).to_be_visible()
+    # It looks like an action, a link's colour (not a greyed-out one), and acts like one.
+    color, cursor = dismiss.evaluate(
+        "el => [getComputedStyle(el).color, getComputedStyle(el).cursor]"
+    )
+    link_color = page.evaluate(
+        """() => { const a = document.createElement("a"); a.href = "#";
+                   document.querySelector("main").append(a);
+                   const color = getComputedStyle(a).color; a.remove(); return color; }"""
+    )
+    assert color == link_color and cursor == "pointer", (color, link_color, cursor)
+    assert contrast_on_white(color) >= 4.5, color
 
     # Two of the five fail again at their endpoint and come back to the error queue.
     for n in (1, 3):
@@ -60,6 +72,14 @@ def test_a_retried_group_says_how_many_failed_again_and_can_be_dismissed(
     expect(page.get_by_role("status").filter(has_text="last retry was dismissed")).to_be_visible()
     expect(outcome).to_have_count(0)
     expect(page.get_by_test_id("group-count")).to_have_text("2")
+
+
+def contrast_on_white(css_color: str) -> float:
+    """The WCAG contrast ratio of an ``rgb(r, g, b)`` colour on white."""
+    channels = [int(c) / 255 for c in css_color[css_color.index("(") + 1 : -1].split(",")[:3]]
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    luminance = 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+    return 1.05 / (luminance + 0.05)
 
 
 def unresolved(server: ConsoleServer, group_id: str | None) -> int:

@@ -136,6 +136,26 @@ def test_the_list_filters_by_time_of_failure_and_search_by_status(
     assert bad.status_code == 400 and "time of failure" in bad.text
 
 
+BULK_BUTTON = re.compile(r'<button type="submit" name="action" value="(\w+)"([^>]*)>')
+
+
+def test_an_empty_search_disables_the_bulk_actions_and_says_nothing_is_selected(
+    console: TestClient, store: Any
+) -> None:
+    store("order-1", b'{"sku": "fig"}')
+    listed = console.get("/messages").text
+    enabled = BULK_BUTTON.findall(listed)
+    assert {action for action, _ in enabled} == {"retry", "archive", "unarchive"}
+    assert all("disabled" not in rest for _, rest in enabled)
+    assert 'data-testid="nothing-selected"' not in listed
+
+    empty = console.get("/messages", params={"q": "nosuchwordanywhere"}).text
+    assert "No failed message matches." in empty
+    buttons = BULK_BUTTON.findall(empty)
+    assert len(buttons) == 3 and all("disabled" in rest for _, rest in buttons), buttons
+    assert 'data-testid="nothing-selected"' in empty and "Nothing selected" in empty
+
+
 # --- sessions, CSRF, roles ----------------------------------------------------------------
 def test_signing_in_sets_an_httponly_samesite_strict_session(secured: TestClient) -> None:
     assert secured.get("/").headers["location"] == "/signin?next=%2F"

@@ -253,6 +253,56 @@ def test_a_site_calls_audit_table_keeps_short_tokens_whole_and_nothing_overflows
     assert table <= 0, f"the audit table scrolls sideways by {table}px"
 
 
+# Where each line of an element's text ends: the character before each break, found by
+# the top of each character's box changing (a character per line means per-character wrap).
+LINE_ENDS_JS = """el => {
+    const text = el.textContent, range = document.createRange(), walker =
+        document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+    const tops = [];
+    for (let node = walker.nextNode(); node; node = walker.nextNode())
+        for (let i = 0; i < node.length; i++) {
+            range.setStart(node, i); range.setEnd(node, i + 1);
+            const box = range.getBoundingClientRect();
+            if (box.width > 0) tops.push([node.data[i], Math.round(box.top)]);
+        }
+    const ends = [];
+    for (let i = 1; i < tops.length; i++)
+        if (tops[i][1] > tops[i - 1][1]) ends.push(tops[i - 1][0]);
+    return ends;
+}"""
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_audit_logs_target_wraps_at_punctuation_not_per_character(
+    console_server: ConsoleServer, page: Any, size: str
+) -> None:
+    now = datetime.now(UTC)
+    target = "https://erp.example.com/api/v2/customers/4711/orders/2026-12-04-000815/lines?expand=all&page=2"
+    details = '{"note": "' + "words " * 80 + '", "payload": "' + "x" * 300 + '"}'
+    call = packet(
+        "Parked",
+        created=now - timedelta(minutes=5),
+        site="north",
+        target=target,
+        event={
+            "actor": "site:north",
+            "action": "CachedCallSubmitted",
+            "target": target,
+            "details_json": details,
+        },
+    )
+    post_telemetry(console_server, [call])
+    width, height = SIZES[size]
+    page.set_viewport_size({"width": width, "height": height})
+    page.goto(f"{console_server.base_url}/audit-log", wait_until="load")
+    cell = page.locator('td[data-label="Target"]', has_text="customers")
+    expect(cell).to_be_visible()
+    ends = cell.evaluate(LINE_ENDS_JS)
+    assert len(ends) <= (3 if size == "desktop" else 2), f"{len(ends) + 1} lines: {ends}"
+    assert all(end in "/.?&=-_:" for end in ends), f"lines end mid-word after {ends}"
+    assert page_overflow(page) <= 0, f"the page scrolls sideways by {page_overflow(page)}px"
+
+
 @pytest.mark.parametrize("size", SIZES)
 def test_the_search_boxs_placeholder_is_not_cut_off(
     console_server: ConsoleServer, page: Any, size: str

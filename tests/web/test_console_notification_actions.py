@@ -111,7 +111,31 @@ def test_the_page_follows_a_retried_notification_live_and_says_the_outcome_once(
 
     expect(page.get_by_test_id("status")).to_have_text("Parked")
     expect(page.get_by_role("button", name="Retry", exact=True)).to_have_count(1)
+    # The live part changed what the flash described: the flash has gone.
+    expect(page.get_by_test_id("flash")).to_have_count(0)
     assert loads == [], "the page was loaded again"
+
+
+def test_an_outcome_banner_goes_after_a_while_when_nothing_live_changes(
+    start_console: ServerFactory, settings: Settings, page: Any
+) -> None:
+    """A notice whose live part does not change goes by itself (the browser's clock run
+    forward, not a wait); while shown it is a status for assistive technology."""
+    server = secured(start_console, settings)
+    sign_in(page, server, OPERATOR_TOKEN)
+    notification_id = put(server.engine)
+    page.clock.install()
+    page.goto(f"{server.base_url}/notifications/{notification_id}")
+    page.get_by_role("button", name="Retry", exact=True).click()
+    flash = page.get_by_test_id("flash")
+    expect(page.get_by_test_id("flash-code")).to_have_text("Applied")
+    expect(flash).to_have_attribute("role", "status")
+    status = page.get_by_test_id("status").inner_text()
+    page.clock.fast_forward("00:06")  # a poll or so later: long enough to read
+    expect(flash).to_be_visible()
+    page.clock.fast_forward("01:00")
+    expect(flash).to_have_count(0)
+    assert page.get_by_test_id("status").inner_text() == status  # nothing live changed
 
 
 def test_a_reader_sees_no_buttons_and_a_post_from_its_session_is_refused(

@@ -180,4 +180,7 @@ def test_the_console_and_the_api_docs_load_with_every_request_off_loopback_block
     page.goto(base + "/docs")
     expect(page.locator(".swagger-ui .info .title")).to_contain_text("Controlroom")
     expect(page.locator(".opblock-summary-path").first).to_be_visible()
+    page.get_by_role("link", name="Back to the console").click()  # the way back
+    expect(page).to_have_url(base + "/")
+    expect(page.locator("main h1")).to_be_visible()
     assert fence.blocked == []  # (and the fence checks again at teardown)

@@ -5,10 +5,12 @@ Every filter returns plain text (autoescaped by the template), never markup.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from urllib.parse import quote, urlencode
 
 import jinja2
+from markupsafe import Markup, escape
 
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.telemetry.stamps import Stamp
@@ -108,6 +110,28 @@ def related_link(path: str) -> str | None:
     return None
 
 
+_BREAK_AFTER = re.compile(r"([/.?&=_:-]+)")
+
+
+def breakable(value: str | None) -> Markup:
+    """``value`` escaped, with a line-break opportunity (``<wbr>``) after each run of URL
+    punctuation (``/ . ? & = _ : -``), so a target wraps between its parts, not inside
+    them (``None`` gives an empty string)."""
+    if not value:
+        return Markup("")
+    return Markup("").join(
+        Markup(f"{escape(part)}<wbr>") if _BREAK_AFTER.fullmatch(part) else escape(part)
+        for part in _BREAK_AFTER.split(value)
+        if part
+    )
+
+
+def counted(count: int, singular: str, plural: str | None = None) -> str:
+    """``1 event``, ``4 events``: ``count`` and the noun in its number (``plural``
+    defaults to ``singular`` + ``s``)."""
+    return f"{count} {singular if count == 1 else plural or f'{singular}s'}"
+
+
 def install(env: jinja2.Environment) -> None:
     env.filters.update(
         utc=utc,
@@ -117,5 +141,7 @@ def install(env: jinja2.Environment) -> None:
         span=span,
         status_label=status_label,
         related_link=related_link,
+        counted=counted,
+        breakable=breakable,
     )
     env.globals.update(query=query)

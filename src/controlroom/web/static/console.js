@@ -37,3 +37,32 @@ document.addEventListener("visibilitychange", function () {
     window.htmx.trigger(element, "live-refresh");
   });
 });
+// An action's outcome banner (the flash of its redirect; docs/decisions.md "Console
+// actions answer with a redirect") describes the page as it was: it goes once a live
+// part of the page (not the page-wide figures, data-live="figures") shows a change, and
+// a notice also after FLASH_SECONDS. An error stays until the page is left.
+var FLASH_SECONDS = 20;
+var liveBefore = new WeakMap(); // a live element being swapped -> its text before
+function liveText(element) { return element.textContent.replace(/\s+/g, " ").trim(); }
+function dismissFlashes(selector) {
+  document.querySelectorAll(selector).forEach(function (flash) { flash.remove(); });
+}
+document.addEventListener("htmx:beforeSwap", function (event) {
+  var target = event.detail && event.detail.target;
+  if (target && target.hasAttribute("data-live") && target.getAttribute("data-live") !== "figures") {
+    liveBefore.set(target, liveText(target));
+  }
+});
+document.addEventListener("htmx:afterSwap", function (event) {
+  var target = event.detail && event.detail.target;
+  if (!target || !liveBefore.has(target)) return;
+  var before = liveBefore.get(target);
+  liveBefore.delete(target);
+  // An outerHTML swap leaves the old element detached: the new one has its id.
+  var now = target.isConnected ? target : target.id && document.getElementById(target.id);
+  if (!now || liveText(now) !== before) dismissFlashes("[data-testid=flash]");
+});
+document.addEventListener("DOMContentLoaded", function () {
+  if (!document.querySelector(".flash.notice")) return;
+  setTimeout(function () { dismissFlashes(".flash.notice"); }, FLASH_SECONDS * 1000);
+});

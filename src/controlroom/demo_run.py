@@ -1,0 +1,157 @@
+"""``controlroom demo run`` (what ``make demo`` runs): check every port the demo takes,
+then run ``serve`` and the demo's helper processes side by side, and stop them all when
+any of them ends (README "Quick start"; docs/decisions.md "make demo is all or nothing").
+
+The demo takes central's port and 11-15 past it (``demo_ports``: the site agents and their
+targets; ``sink_ports``: the notification sinks). All of them are checked before
+anything is published, so a taken one is refused in one line naming it, not found out
+when a helper dies half-way. A helper that exits while the demo runs stops the demo: a
+console without its site agents or endpoints would show a demo that no longer works.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from controlroom.demo_notifications import sink_ports
+from controlroom.runtime.sockets import listen
+from controlroom.site.demo import demo_ports
+
+PORT_CHOSEN_BY = "CONTROLROOM_PORT (or --port)"
+"""What chooses the demo's ports: central's, and the helpers' follow it."""
+
+_POLL_SECONDS = 0.2  # how often the supervisor looks for a child that exited
+_STOP_SECONDS = 10.0  # how long a child has after SIGTERM before SIGKILL
+
+
+@dataclass(frozen=True, slots=True)
+class Helper:
+    """One process of the demo: ``name`` as printed, ``argv`` to start it, ``env`` extra
+    environment variables (added to this process's); ``listens_on`` a (host, port) the
+    next helpers wait for (central, so the site agents find it up, not unreachable)."""
+
+    name: str
+    argv: Sequence[str]
+    env: Mapping[str, str] | None = None
+    listens_on: tuple[str, int] | None = None
+
+
+def demo_listeners(host: str, central_port: int) -> list[tuple[str, int, str]]:
+    """Every (host, port, what) the demo listens on, central first: the site agents and
+    their targets on loopback, the notification sinks on loopback."""
+    north, south, targets = demo_ports(central_port)
+    hook, smtp = sink_ports(central_port)
+    loopback = "127.0.0.1"
+    return [
+        (host, central_port, "the console (controlroom serve)"),
+        (loopback, north, "site agent north"),
+        (loopback, south, "site agent south"),
+        (loopback, targets, "the site agents' targets"),
+        (loopback, hook, "the webhook sink"),
+        (loopback, smtp, "the SMTP sink"),
+    ]
+
+
+def first_taken_port(listeners: Sequence[tuple[str, int, str]]) -> tuple[str, int, str] | None:
+    """The first (host, port, what) of ``listeners`` already taken by another process, or
+    None when every one can be bound (each is bound and closed again at once). Other
+    errors than a taken address (an unknown host, a privileged port) raise
+    ``ConfigurationError`` as ``listen`` does."""
+    from controlroom.exceptions import ConfigurationError
+
+    for host, port, what in listeners:
+        try:
+            listen(host, port).close()
+        except ConfigurationError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
+                return host, port, what
+            raise
+    return None
+
+
+def controlroom_argv(*args: str) -> list[str]:
+    """``controlroom *args`` run by this interpreter (``python -m controlroom``)."""
+    return [sys.executable, "-m", "controlroom", *args]
+
+
+def supervise(helpers: Sequence[Helper], say: Callable[[str], None]) -> int:
+    """Start every helper, then wait until one exits or this process gets SIGINT/SIGTERM,
+    and stop the others (SIGTERM, then SIGKILL after 10 s). Returns 0 when stopped by a
+    signal, 1 when a helper exited on its own (``say`` names it and its exit status)."""
+    stopping: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping.append(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    started: list[tuple[Helper, subprocess.Popen[bytes]]] = []
+    try:
+        for helper in helpers:
+            env = {**os.environ, **helper.env} if helper.env else None
+            started.append((helper, subprocess.Popen(list(helper.argv), env=env)))
+            while helper.listens_on is not None and not stopping:
+                if _exited(started, say):
+                    return 1
+                if _accepts(helper.listens_on):
+                    break
+                time.sleep(_POLL_SECONDS)
+        while not stopping:
+            if _exited(started, say):
+                return 1
+            time.sleep(_POLL_SECONDS)
+        return 0
+    finally:
+        _stop_all([process for _, process in started])
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _exited(
+    started: Sequence[tuple[Helper, subprocess.Popen[bytes]]], say: Callable[[str], None]
+) -> bool:
+    """Whether one of ``started`` has exited (``say`` names the first)."""
+    for helper, process in started:
+        code = process.poll()
+        if code is not None:
+            say(f"demo: {helper.name} exited ({_describe_status(code)}); stopping the demo.")
+            return True
+    return False
+
+
+def _accepts(address: tuple[str, int]) -> bool:
+    try:
+        socket.create_connection(address, timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _describe_status(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def _stop_all(processes: Sequence[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + _STOP_SECONDS
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,229 @@
+"""``controlroom demo run`` (what ``make demo`` runs) is all or nothing: every port it
+takes is checked before anything is published, a taken one refused in one line naming
+it and ``CONTROLROOM_PORT``; a helper that dies stops the whole demo, saying which
+(docs/decisions.md "make demo is all or nothing")."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from controlroom.cli import app
+from controlroom.demo_run import Helper, demo_listeners, first_taken_port, supervise
+from controlroom.runtime.sockets import listen
+
+runner = CliRunner()
+MAKEFILE = Path(__file__).parents[1] / "Makefile"
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in ("CONTROLROOM_CONFIG", "CONTROLROOM_DATABASE_URL", "CONTROLROOM_BROKER_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("CONTROLROOM_HOST", raising=False)
+    monkeypatch.setenv("CONTROLROOM_DATA_DIR", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+def free_demo_port() -> int:
+    """A central port whose demo ports (it and 11-15 past it) are all free now."""
+    for _ in range(200):
+        with listen("127.0.0.1", 0) as probe:
+            port = probe.getsockname()[1]
+        if port + 15 <= 65535 and first_taken_port(demo_listeners("127.0.0.1", port)) is None:
+            return port
+    raise AssertionError("no free run of demo ports")
+
+
+def test_the_demo_takes_its_port_and_11_to_15_past_it() -> None:
+    ports = [port for _, port, _ in demo_listeners("127.0.0.1", 8080)]
+    assert ports == [8080, 8091, 8092, 8093, 8094, 8095]
+
+
+@pytest.mark.parametrize("past", [0, 11, 12, 13, 14, 15])
+def test_a_taken_demo_port_is_refused_in_one_line_before_anything_is_published(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, past: int
+) -> None:
+    port = free_demo_port()
+    monkeypatch.setenv("CONTROLROOM_PORT", str(port))
+    with listen("127.0.0.1", port + past):
+        result = runner.invoke(app, ["demo", "run"])
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert f"port {port + past} " in lines[0] and "CONTROLROOM_PORT" in lines[0]
+    assert "Published" not in result.output
+    assert not data_dir.exists() or not any(data_dir.rglob("*.db"))
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_a_helper_that_exits_stops_the_others_and_is_named(tmp_path: Path) -> None:
+    pid_file = tmp_path / "sleeper.pid"
+    said: list[str] = []
+    code = supervise(
+        [
+            Helper(
+                "the sleeper",
+                python(
+                    "import os, pathlib, time;"
+                    f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()));"
+                    "time.sleep(600)"
+                ),
+            ),
+            Helper(
+                "the quitter",
+                python(
+                    "import pathlib, time\n"
+                    f"while not pathlib.Path({str(pid_file)!r}).exists(): time.sleep(0.05)\n"
+                    "raise SystemExit(3)"
+                ),
+            ),
+        ],
+        said.append,
+    )
+    assert code == 1
+    assert said == ["demo: the quitter exited (exit status 3); stopping the demo."]
+    sleeper = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # stopped and reaped
+        os.kill(sleeper, 0)
+
+
+def children_of(pid: int) -> dict[int, str]:
+    """The live child processes of ``pid``: their pid and command line (Linux /proc)."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found[int(entry.name)] = cmdline
+    return found
+
+
+@pytest.fixture
+def demo(data_dir: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    log = tmp_path / "demo.log"
+    env = {**os.environ, "CONTROLROOM_PORT": str(free_demo_port())}
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "controlroom", "demo", "run"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        try:
+            yield process, log
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+def test_make_demo_stops_whole_when_a_helper_dies(
+    demo: tuple[subprocess.Popen[bytes], Path],
+) -> None:
+    process, log = demo
+    while True:  # wait for all four helpers (the demo's publish step ends first)
+        children = children_of(process.pid)
+        assert process.poll() is None, log.read_text()
+        if len(children) == 4 and any("notifications" in c for c in children.values()):
+            break
+        time.sleep(0.1)
+    sinks = next(pid for pid, c in children.items() if "notifications" in c)
+    os.kill(sinks, signal.SIGKILL)
+    assert process.wait(120) == 1
+    output = log.read_text()
+    assert "demo: the notification sinks exited (killed by SIGKILL); stopping the demo." in (output)
+    for pid in children:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_make_demo_runs_demo_run() -> None:
+    demo = MAKEFILE.read_text().partition("\ndemo:")[2].partition("\n\n")[0]
+    commands = [line.strip() for line in demo.splitlines()[1:]]
+    assert commands == ["$(BIN)/controlroom demo run"]
+
+
+def test_a_helper_waited_for_is_listening_before_the_next_starts(tmp_path: Path) -> None:
+    with listen("127.0.0.1", 0) as probe:
+        port = probe.getsockname()[1]
+    seen = tmp_path / "seen"
+    said: list[str] = []
+    code = supervise(
+        [
+            Helper(
+                "central",
+                python(
+                    "import socket, time; time.sleep(1);"
+                    f"s = socket.create_server(('127.0.0.1', {port})); time.sleep(600)"
+                ),
+                listens_on=("127.0.0.1", port),
+            ),
+            Helper(
+                "the site agent",
+                python(
+                    "import pathlib, socket;"
+                    f"socket.create_connection(('127.0.0.1', {port})).close();"
+                    f"pathlib.Path({str(seen)!r}).write_text('up'); raise SystemExit(4)"
+                ),
+            ),
+        ],
+        said.append,
+    )
+    assert code == 1 and seen.read_text() == "up"
+    assert said == ["demo: the site agent exited (exit status 4); stopping the demo."]
+
+
+def test_the_demos_serve_leaves_routine_lines_out_of_its_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import logging
+
+    from controlroom.runtime.demo_logs import QUIET_ENV, quiet_demo_logs
+
+    access = logging.getLogger("uvicorn.access")
+    levels = {name: logging.getLogger(name).level for name in ("alembic", "httpx")}
+    filters = list(access.filters)
+    try:
+        monkeypatch.delenv(QUIET_ENV, raising=False)
+        quiet_demo_logs()  # not under demo run: nothing changes
+        assert access.filters == filters
+        assert {n: logging.getLogger(n).level for n in levels} == levels
+        monkeypatch.setenv(QUIET_ENV, "1")
+        quiet_demo_logs()
+        for name in levels:
+            assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
+            assert logging.getLogger(name).isEnabledFor(logging.WARNING), name
+
+        def record(path: str, status: int) -> logging.LogRecord:
+            args = ("127.0.0.1:5", "GET", path, "1.1", status)
+            return access.makeRecord("uvicorn.access", logging.INFO, "", 0, "%s", args, None)
+
+        assert not access.filter(record("/static/console.css", 200))
+        assert access.filter(record("/messages", 200))
+        assert access.filter(record("/static/missing.css", 404))
+    finally:
+        access.filters[:] = filters
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
