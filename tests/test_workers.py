@@ -64,6 +64,26 @@ def niceness(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[16])
 
 
+def of_backends(url: str, read: Callable[[int], int]) -> list[int]:
+    """``read`` of each PostgreSQL backend connected to ``url``'s database (the server
+    runs on this machine), this query's own included, read while it is connected; a
+    backend that ended meanwhile is left out."""
+    engine = create_store_engine(url)
+    try:
+        with engine.connect() as conn:
+            pids = conn.execute(
+                sa.text("SELECT pid FROM pg_stat_activity WHERE datname = :d"),
+                {"d": sa.make_url(url).database},
+            ).scalars()
+            found = []
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    found.append(read(pid))
+            return found
+    finally:
+        engine.dispose()
+
+
 def stored_count(settings: Settings) -> int:
     engine = create_store_engine(settings.effective_database_url)
     try:
@@ -359,22 +379,10 @@ def test_the_postgresql_backends_of_a_worker_run_at_its_niceness(
         database_url=postgresql_url,
         ingestion=IngestionSettings(workers=1, nice=NICE),
     )
-    database = sa.make_url(postgresql_url).database
     reniced: list[int] = []
 
     def backends_at_nice() -> list[int]:
-        engine = create_store_engine(postgresql_url)
-        try:
-            with engine.connect() as conn:
-                pids = conn.execute(
-                    sa.text("SELECT pid FROM pg_stat_activity WHERE datname = :d"),
-                    {"d": database},
-                ).scalars()
-                return [
-                    pid for pid in pids if os.path.exists(f"/proc/{pid}") and niceness(pid) == NICE
-                ]
-        finally:
-            engine.dispose()
+        return [nice for nice in of_backends(postgresql_url, niceness) if nice == NICE]
 
     async def body(url: str) -> None:
         await publish(settings, 0, 10)
@@ -394,24 +402,10 @@ def test_idle_scheduling_puts_the_worker_and_its_postgresql_backends_under_sched
         database_url=postgresql_url,
         ingestion=IngestionSettings(workers=1, nice=NICE, scheduling="idle"),
     )
-    database = sa.make_url(postgresql_url).database
     policies: dict[str, list[int]] = {}
 
     def backend_policies() -> list[int]:
-        engine = create_store_engine(postgresql_url)
-        try:
-            with engine.connect() as conn:
-                pids = conn.execute(
-                    sa.text("SELECT pid FROM pg_stat_activity WHERE datname = :d"),
-                    {"d": database},
-                ).scalars()
-                found = []
-                for pid in pids:
-                    with contextlib.suppress(OSError):  # a backend that just ended
-                        found.append(os.sched_getscheduler(pid))
-                return found
-        finally:
-            engine.dispose()
+        return of_backends(postgresql_url, os.sched_getscheduler)
 
     async def body(url: str) -> None:
         await publish(settings, 0, 10)
