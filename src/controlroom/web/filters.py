@@ -96,14 +96,17 @@ _RELATED_PAGES: dict[str, str] = {
     "/group/": "/messages?group={}",
     "/endpoint/": "/messages?endpoint={}",
     "/site/": "/site-calls?site={}",
+    "/site-call/": "/site-calls/{}",
+    "/notification/": "/notifications/{}",
 }
 """The console page of each kind of event log ``related_to`` path (``controlroom.events``)."""
 
 
 def related_link(path: str) -> str | None:
     """The console URL that shows what an event's ``related_to`` path names (a failed
-    message, the messages of a group or endpoint, a site's calls), or ``None`` for a
-    path no page shows. The name is percent-encoded: it came off the wire."""
+    message, the messages of a group or endpoint, a site's calls, a site call, a
+    notification), or ``None`` for a path no page shows. The name is percent-encoded: it
+    came off the wire."""
     for prefix, page in _RELATED_PAGES.items():
         if path.startswith(prefix) and len(path) > len(prefix):
             return page.format(quote(path[len(prefix) :], safe=""))

@@ -213,9 +213,15 @@ def search_note(found: SearchPage) -> str:
     found its words as written."""
     if found.widened and found.total:
         words = _quoted(found.widened)
+        if len(found.widened) == 1:
+            return (
+                f"No message contains {words} as a whole word; showing messages with a word "
+                "starting with it."
+            )
+        # Each word may occur whole on its own: only all of them together did not.
         return (
-            f"No message contains {words} as a whole word; showing messages with a word "
-            "starting with it."
+            f"No message contains {words} together as whole words; showing messages with "
+            "words starting with them."
         )
     if found.total:
         return ""
