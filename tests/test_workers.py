@@ -420,14 +420,20 @@ def test_idle_scheduling_puts_the_worker_and_its_postgresql_backends_under_sched
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
-def test_sigterm_to_controlroom_serve_stops_its_workers(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "CONTROLROOM_DATA_DIR": str(tmp_path / "data"),
-        "CONTROLROOM_INGESTION__WORKERS": "2",
-    }
+@pytest.mark.parametrize("configured_by", ["environment", "settings file"])
+def test_sigterm_to_controlroom_serve_stops_its_workers(tmp_path: Path, configured_by: str) -> None:
+    """Set from the environment or from a settings file (whose settings must reach the
+    worker processes as well: they travel pickled)."""
+    env = {**os.environ, "CONTROLROOM_DATA_DIR": str(tmp_path / "data")}
+    command = [str(Path(sys.executable).with_name("controlroom")), "serve", "--port", "0"]
+    if configured_by == "environment":
+        env["CONTROLROOM_INGESTION__WORKERS"] = "2"
+    else:
+        settings_file = tmp_path / "controlroom.toml"
+        settings_file.write_text("[ingestion]\nworkers = 2\n")
+        command += ["--config", str(settings_file)]
     serve_process = subprocess.Popen(
-        [str(Path(sys.executable).with_name("controlroom")), "serve", "--port", "0"],
+        command,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

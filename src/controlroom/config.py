@@ -701,4 +701,10 @@ def load_settings(
         # A subclass per file keeps the choice local: no process-wide state changes.
         model_config = SettingsConfigDict(**{**Settings.model_config, "toml_file": config_file})
 
-    return FileSettings(**overrides)
+    read = FileSettings(**overrides)
+    # Handed back as a plain Settings of the values read and validated: a class local to
+    # this call cannot be pickled, and the settings travel pickled to serve's worker
+    # processes (docs/design.md "Process shape").
+    return Settings.model_construct(
+        read.model_fields_set, **{name: getattr(read, name) for name in Settings.model_fields}
+    )
