@@ -25,6 +25,11 @@ from controlroom.db.providers import EMBEDDED
 from controlroom.event_types import EventType
 from controlroom.settings_sources import EnvThenTomlSettings, ListenOverrides
 
+CENTURY_DAYS = 36_500
+"""The longest a retention or a KPI window may be set to: a stamp of now minus (or plus)
+a longer one can leave the calendar (year 1 or 9999), which the sweep computing it would
+fail on at every run instead of at start."""
+
 
 class IngestionSettings(BaseModel):
     """How the error queue is drained into the store."""
@@ -121,7 +126,10 @@ class SiteCallSettings(BaseModel):
     """The site-call mirror (docs/design.md "Site call audit")."""
 
     retention_days: int = Field(
-        365, ge=1, description="Terminal site calls older than this many days are purged."
+        365,
+        ge=1,
+        le=CENTURY_DAYS,
+        description="Terminal site calls older than this many days are purged.",
     )
     purge_interval_seconds: float = Field(
         86_400.0, gt=0, description="How often the site-call and audit-log purge runs."
@@ -129,13 +137,17 @@ class SiteCallSettings(BaseModel):
     tombstone_days: int = Field(
         30,
         ge=1,
+        le=CENTURY_DAYS,
         description=(
             "Days a purged call's tombstone is kept after the purge (so at least this long "
             "beyond retention_days): its late packets are rejected meanwhile."
         ),
     )
     rejected_retention_days: int = Field(
-        90, ge=1, description="Rejected telemetry older than this many days is purged."
+        90,
+        ge=1,
+        le=CENTURY_DAYS,
+        description="Rejected telemetry older than this many days is purged.",
     )
 
 
@@ -157,7 +169,10 @@ class AuditSettings(BaseModel):
         "hold the writer; what is left then is answered 503 (HTTP) or given back (queue).",
     )
     retention_days: int = Field(
-        365, ge=1, description="Audit events older than this many days are purged."
+        365,
+        ge=1,
+        le=CENTURY_DAYS,
+        description="Audit events older than this many days are purged.",
     )
 
 
@@ -167,16 +182,20 @@ class KpiSettings(BaseModel):
     interval: timedelta = Field(
         timedelta(hours=1),
         gt=timedelta(0),
+        le=timedelta(days=CENTURY_DAYS),
         description="Window of failed_last_interval and delivered_last_interval.",
     )
     stuck_threshold: timedelta = Field(
         timedelta(minutes=10),
         gt=timedelta(0),
+        le=timedelta(days=CENTURY_DAYS),
         description="A buffered call created, or a buffered notification due, longer ago "
         "than this is stuck.",
     )
     sample_seconds: float = Field(60.0, gt=0, description="How often KPIs are sampled.")
-    history_days: int = Field(90, ge=1, description="How long KPI samples are kept.")
+    history_days: int = Field(
+        90, ge=1, le=CENTURY_DAYS, description="How long KPI samples are kept."
+    )
     alert_parked: int = Field(
         1,
         ge=1,
@@ -394,7 +413,9 @@ class NotificationRule(BaseModel):
     window: timedelta = Field(
         timedelta(minutes=5),
         gt=timedelta(0),
-        description="Events of one window make one notification, sent when it ends.",
+        le=timedelta(days=7),
+        description="Events of one window make one notification, sent when it ends (at "
+        "most a week).",
     )
 
 
@@ -410,18 +431,28 @@ class NotificationSettings(BaseModel):
     rules: list[NotificationRule] = Field(default_factory=list)
     max_attempts: int = Field(10, ge=1, description="Failed attempts that park a notification.")
     backoff_base: timedelta = Field(
-        timedelta(seconds=10), gt=timedelta(0), description="Wait after the first failure."
+        timedelta(seconds=10),
+        gt=timedelta(0),
+        le=timedelta(days=1),
+        description="Wait after the first failure.",
     )
     backoff_cap: timedelta = Field(
-        timedelta(minutes=15), gt=timedelta(0), description="Longest wait between attempts."
+        timedelta(minutes=15),
+        gt=timedelta(0),
+        le=timedelta(days=7),
+        description="Longest wait between attempts.",
     )
     retry_after_cap: timedelta = Field(
         timedelta(hours=1),
         gt=timedelta(0),
+        le=timedelta(days=7),
         description="Longest Retry-After of a receiver honoured (429, 503).",
     )
     retention_days: int = Field(
-        365, ge=1, description="Terminal notifications older than this many days are purged."
+        365,
+        ge=1,
+        le=CENTURY_DAYS,
+        description="Terminal notifications older than this many days are purged.",
     )
     purge_interval_seconds: float = Field(
         86_400.0, gt=0, description="How often the notification purge runs."
@@ -435,6 +466,7 @@ class NotificationSettings(BaseModel):
     claim_seconds: float = Field(
         300.0,
         gt=0,
+        le=86_400,
         description="How long a claimed notification stays another dispatcher's to send; "
         "a dispatcher killed mid-send leaves it due again after this.",
     )
@@ -544,9 +576,16 @@ class Settings(EnvThenTomlSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535, description="0: any free port.")
     max_body_size_to_store: int = Field(102_400, ge=0)
-    error_retention_period: timedelta = timedelta(days=15)
+    error_retention_period: timedelta = Field(
+        timedelta(days=15),
+        gt=timedelta(0),
+        le=timedelta(days=CENTURY_DAYS),
+        description="Resolved and archived failed messages older than this are purged.",
+    )
     event_log_retention_period: timedelta = Field(
         timedelta(days=14),
+        gt=timedelta(0),
+        le=timedelta(days=CENTURY_DAYS),
         description="How long event log items are kept (ServiceControl's default: 14 days); "
         "the retention sweep purges older ones.",
     )

@@ -50,6 +50,38 @@ def test_a_bad_setting_is_refused_naming_it(notifications: dict[str, Any], where
     assert "whsec_MfKQ" not in str(refused.value)
 
 
+HOOK = {"name": "ops", "url": "http://h/x", "secret": SECRET}
+RULE = {"name": "r", "event_types": ["FailureGroupAppeared"], "channel": "Webhook", "target": "ops"}
+
+
+@pytest.mark.parametrize(
+    ("notifications", "where"),
+    [
+        # Past these a stamp computed from the setting leaves the calendar (year 9999):
+        # the write path or the dispatcher would fail on it, not the start.
+        ({"webhooks": [HOOK], "rules": [{**RULE, "window": "P3000000D"}]}, "rules.0.window"),
+        ({"webhooks": [HOOK], "rules": [{**RULE, "window": "P8D"}]}, "rules.0.window"),
+        ({"backoff_base": "P2D"}, "backoff_base"),
+        ({"backoff_cap": "P3000000D"}, "backoff_cap"),
+        ({"retry_after_cap": "P3000000D"}, "retry_after_cap"),
+        ({"retention_days": 3_000_000}, "retention_days"),
+        ({"claim_seconds": 1e12}, "claim_seconds"),
+    ],
+)
+def test_a_duration_past_its_bound_is_refused_naming_it(
+    notifications: dict[str, Any], where: str
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(notifications=notifications)
+    assert where in str(refused.value)
+
+
+def test_a_week_long_window_is_a_rule_of_its_own() -> None:
+    rule = {**RULE, "window": "P7D"}
+    outbox = Settings(notifications={"webhooks": [HOOK], "rules": [rule]}).notifications
+    assert outbox.rules[0].window == timedelta(days=7)
+
+
 def test_two_webhooks_of_one_name_are_refused() -> None:
     hook = {"name": "ops", "url": "http://h/x", "secret": SECRET}
     with pytest.raises(ValidationError, match="share a name"):

@@ -1,0 +1,46 @@
+"""A retention or a KPI window is refused at start past a century (``config.CENTURY_DAYS``):
+a stamp computed from a longer one leaves the calendar, and the sweep or KPI read that
+computes it would fail at every run instead."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from controlroom.config import CENTURY_DAYS, Settings
+
+TOO_LONG = timedelta(days=CENTURY_DAYS + 1)
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"error_retention_period": TOO_LONG}, "error_retention_period"),
+        ({"error_retention_period": timedelta(0)}, "error_retention_period"),
+        ({"event_log_retention_period": TOO_LONG}, "event_log_retention_period"),
+        ({"sitecalls": {"retention_days": CENTURY_DAYS + 1}}, "sitecalls.retention_days"),
+        ({"sitecalls": {"tombstone_days": CENTURY_DAYS + 1}}, "sitecalls.tombstone_days"),
+        (
+            {"sitecalls": {"rejected_retention_days": CENTURY_DAYS + 1}},
+            "sitecalls.rejected_retention_days",
+        ),
+        ({"audit": {"retention_days": CENTURY_DAYS + 1}}, "audit.retention_days"),
+        ({"kpi": {"history_days": CENTURY_DAYS + 1}}, "kpi.history_days"),
+        ({"kpi": {"interval": TOO_LONG}}, "kpi.interval"),
+        ({"kpi": {"stuck_threshold": TOO_LONG}}, "kpi.stuck_threshold"),
+    ],
+)
+def test_a_retention_past_a_century_is_refused_naming_it(
+    values: dict[str, Any], where: str
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(**values)
+    assert where in str(refused.value)
+
+
+def test_a_century_itself_is_accepted() -> None:
+    settings = Settings(error_retention_period=timedelta(days=CENTURY_DAYS))
+    assert settings.error_retention_period == timedelta(days=CENTURY_DAYS)
