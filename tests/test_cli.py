@@ -218,6 +218,39 @@ def test_a_settings_file_that_is_not_toml_is_refused_in_one_line(
     assert "Traceback" not in output
 
 
+def test_a_settings_file_that_is_not_utf8_is_refused_in_one_line(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "latin1.toml"
+    config.write_bytes(b'error_queue = "\xff"\n')
+
+    code, output = invoke("migrate", "--config", str(config))
+
+    assert code == 2, output
+    assert "not valid TOML" in output and "UTF-8" in output
+    assert "Traceback" not in output
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("CONTROLROOM_NOTIFICATIONS", "{bad"),
+        ("CONTROLROOM_NOTIFICATIONS__RULES", "[bad"),
+        ("CONTROLROOM_SITES", "["),
+    ],
+)
+def test_a_setting_that_is_not_json_is_refused_in_one_line_naming_it(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert variable.removeprefix("CONTROLROOM_").split("__")[0].lower() in output
+    assert "Traceback" not in output
+
+
 def test_demo_refuses_a_count_below_the_showcase(data_dir: Path) -> None:
     code, output = invoke("demo", "--count", "3")
 

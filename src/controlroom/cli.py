@@ -557,6 +557,7 @@ def _load(config: Path | None, host: str | None = None, port: int | None = None)
     import tomllib
 
     import pydantic
+    import pydantic_settings
 
     from controlroom.config import load_settings
 
@@ -566,6 +567,13 @@ def _load(config: Path | None, host: str | None = None, port: int | None = None)
         _refuse_settings(exc, "CONTROLROOM_", config)
     except tomllib.TOMLDecodeError as exc:
         _refuse_toml(config, exc)
+    except UnicodeDecodeError as exc:
+        _refuse_toml(config, exc, "it is not UTF-8")
+    except pydantic_settings.SettingsError as exc:
+        # A value that must be JSON (a list or a table given whole) and does not parse.
+        cause = f": {exc.__cause__}" if exc.__cause__ else ""
+        err_console.print(f"[red]error:[/] invalid setting: {escape(str(exc) + cause)}")
+        raise typer.Exit(2) from exc
 
 
 def _refuse_settings(exc: pydantic.ValidationError, prefix: str, config: Path | None) -> NoReturn:
@@ -594,9 +602,12 @@ def _listen_overrides(host: str | None, port: int | None) -> ListenOverrides:
     return given
 
 
-def _refuse_toml(config: Path | None, exc: tomllib.TOMLDecodeError) -> NoReturn:
-    """Exit 2 naming the settings file that does not parse, with the parser's place."""
-    err_console.print(f"[red]error:[/] {escape(str(config))} is not valid TOML: {escape(str(exc))}")
+def _refuse_toml(config: Path | None, exc: Exception, why: str | None = None) -> NoReturn:
+    """Exit 2 naming the settings file that does not parse, with ``why`` or the parser's
+    place."""
+    err_console.print(
+        f"[red]error:[/] {escape(str(config))} is not valid TOML: {escape(why or str(exc))}"
+    )
     raise typer.Exit(2) from exc
 
 
