@@ -30,7 +30,6 @@ from controlroom.sitecalls.demo import DEFAULT_CALLS, MIN_CALLS
 
 if TYPE_CHECKING:
     import socket
-    import tomllib
 
     import pydantic
     import sqlalchemy as sa
