@@ -265,6 +265,21 @@ def test_a_task_whose_body_was_not_kept_is_refused_with_the_reason(
     assert reason not in refused.description  # the log quotes ids and counts only
 
 
+def test_a_kept_body_is_retried_whatever_a_header_says_and_the_note_is_not_carried(
+    task_retries: TaskRetries,
+) -> None:
+    """The header says why a body is absent; a message whose body was stored is sent, as
+    the console and the API show it, and a retried message carries no such note."""
+    stored = task_retries.store(b"[[1], {}, {}]", **{envelope.BODY_NOT_KEPT: "forged"})
+
+    (delivery,) = task_retries.retry_and_receive(1)
+
+    assert delivery.body == b"[[1], {}, {}]"
+    assert envelope.BODY_NOT_KEPT not in delivery.headers
+    now = statuses(task_retries.engine)
+    assert now[stored.attempt.unique_message_id] == FailedMessageStatus.RETRY_ISSUED
+
+
 def test_outgoing_message_names_the_header_that_does_not_parse() -> None:
     headers: dict[str, str | None] = {retry_wire.TASK_PROPERTIES: "{not json"}
     with pytest.raises(retry_wire.UnsendableMessage, match=r"Controlroom\.TaskQueue\.Properties"):

@@ -376,10 +376,10 @@ class RetryProcessor:
             raise UnsendableMessage(
                 "the message names no queue to send it to", "no queue to send it to"
             )
-        retry_wire.check_body_kept(stored)
         address, target_header = retry_wire.retry_route(stored, claim.destination)
         queue = retry_wire.queue_of_address(address)
         body = await asyncio.to_thread(self._read_body, claim)
+        retry_wire.check_body_kept(stored, body)
         headers = retry_wire.retry_headers(
             stored,
             unique_message_id=claim.failed_message_id,

@@ -60,6 +60,7 @@ STRIPPED_HEADER_PREFIXES: tuple[str, ...] = (
     "NServiceBus.TimeOfFailure",
     "NServiceBus.ExceptionInfo.",
     "ServiceControl.EditOf",
+    h.BODY_NOT_KEPT,  # why the failure came without its body: not the message's own
 )
 """Headers removed from a retried or edited message: every header whose name starts with
 one of these (ordinal, case-sensitive, as ServiceControl's ``HeaderFilter``)."""
@@ -125,13 +126,14 @@ class UnsendableMessage(ValueError):
         self.summary = summary
 
 
-def check_body_kept(headers: Headers) -> None:
-    """Raise ``UnsendableMessage`` when the message's body was not kept
-    (``Controlroom.TaskQueue.BodyNotKept``: a Python task's body too large to send with
-    its failure): a retry would send an empty task message. An edit is not refused: the
-    operator gives the body."""
+def check_body_kept(headers: Headers, body: bytes) -> None:
+    """Raise ``UnsendableMessage`` when the message's body was not kept: it is empty and
+    ``Controlroom.TaskQueue.BodyNotKept`` says why (a Python task's body too large to send
+    with its failure), as the console and the API tell; a retry would send an empty task
+    message. A body that was stored is sent, whatever the header says. An edit is not
+    refused: the operator gives the body."""
     why = h.body_not_kept(headers)
-    if why is not None:
+    if why is not None and not body:
         raise UnsendableMessage(f"the body was not kept: {why}", "its body was not kept")
 
 
