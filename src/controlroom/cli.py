@@ -305,11 +305,9 @@ def demo_run(config: ConfigOption = None) -> None:
     site demo, the demo endpoints and the notification sinks side by side until Ctrl+C.
     Every port they take (CONTROLROOM_PORT and 11-15 past it) is checked first; when any
     of them exits, the others are stopped."""
-    import json
     import os
     import subprocess
 
-    from controlroom.demo_notifications import demo_notification_settings
     from controlroom.demo_run import (
         PORT_CHOSEN_BY,
         Helper,
@@ -319,7 +317,6 @@ def demo_run(config: ConfigOption = None) -> None:
         supervise,
     )
     from controlroom.runtime.demo_logs import QUIET_ENV
-    from controlroom.site.demo import demo_sites
 
     settings = _load(config)
     _refuse_if_served(settings)
@@ -342,18 +339,11 @@ def demo_run(config: ConfigOption = None) -> None:
     if published.returncode != 0:
         raise typer.Exit(published.returncode)
     central = f"http://127.0.0.1:{settings.port}"
-    sites = json.dumps(demo_sites(central_port=settings.port), separators=(",", ":"))
-    outbox = json.dumps(demo_notification_settings(settings.port), separators=(",", ":"))
     helpers = [  # serve first: the site agents and sinks find it up
         Helper(
             "controlroom serve",
             controlroom_argv("serve"),
-            {
-                **env,
-                "CONTROLROOM_SITES": sites,
-                "CONTROLROOM_NOTIFICATIONS": outbox,
-                QUIET_ENV: "1",
-            },
+            {**env, **demo_central_environment(settings.port), QUIET_ENV: "1"},
             listens_on=(_loopback_if_any(settings.host), settings.port),
         ),
         Helper("the site demo", controlroom_argv("site", "demo", "--central-url", central)),
@@ -364,6 +354,23 @@ def demo_run(config: ConfigOption = None) -> None:
         ),
     ]
     raise typer.Exit(supervise(helpers, lambda line: err_console.print(line, highlight=False)))
+
+
+def demo_central_environment(port: int) -> dict[str, str]:
+    """What `demo run` gives its serve on ``port``: the sites the site demo runs, their
+    secrets included (else central refuses the agents' telemetry and they its pulls), and
+    the notification outbox of the demo's sinks, as ``CONTROLROOM_*`` variables."""
+    import json
+
+    from controlroom.demo_notifications import demo_notification_settings
+    from controlroom.site.demo import demo_sites
+
+    return {
+        "CONTROLROOM_SITES": json.dumps(demo_sites(central_port=port), separators=(",", ":")),
+        "CONTROLROOM_NOTIFICATIONS": json.dumps(
+            demo_notification_settings(port), separators=(",", ":")
+        ),
+    }
 
 
 def _loopback_if_any(host: str) -> str:

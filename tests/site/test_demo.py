@@ -77,17 +77,17 @@ def _accepts(port: int) -> bool:
 
 
 def test_make_demo_configures_central_with_the_demo_agents_secrets() -> None:
-    """`make demo` gives serve the sites `controlroom site demo` runs, secrets included:
-    otherwise central refuses the agents' telemetry and the agents central's pulls."""
-    from pathlib import Path
+    """`make demo` (`controlroom demo run`) gives serve the sites `controlroom site demo`
+    runs, secrets included: otherwise central refuses the agents' telemetry and the agents
+    central's pulls."""
+    import json
 
-    makefile = (Path(__file__).parents[2] / "Makefile").read_text()
-    assert "site demo --print-sites --central-url $(DEMO_CENTRAL)" in makefile
-    assert (
-        'CONTROLROOM_SITES="$$sites_json" CONTROLROOM_NOTIFICATIONS="$$outbox_json" '
-        "$(BIN)/controlroom serve" in makefile
-    )
+    from controlroom.cli import demo_central_environment
+
+    given = demo_central_environment(8080)
+    assert json.loads(given["CONTROLROOM_SITES"]) == demo_sites(central_port=8080)
     assert all(site["token"] and site["central_token"] for site in demo_sites())
+    assert json.loads(given["CONTROLROOM_NOTIFICATIONS"])["webhooks"]
 
 
 def test_each_demo_agent_sends_a_few_notifications_a_minute_some_to_the_refused_pager() -> None:
