@@ -134,7 +134,11 @@ def test_the_queue_intake_gives_back_what_a_batch_could_not_write(
     monkeypatch.setattr(intake, "make_writer", functools.partial(make_writer, monotonic=clock))
     settings = budgeted(
         settings,
-        ingestion=IngestionSettings(batch_size=3 * CHUNK, max_backoff_seconds=0.05),
+        # The first batch waits for all three chunks (published before the intake starts):
+        # on a busy machine the queue may hand them over in parts.
+        ingestion=IngestionSettings(
+            batch_size=3 * CHUNK, linger_seconds=2.0, max_backoff_seconds=0.05
+        ),
     )
     packets = three_chunks()
 
