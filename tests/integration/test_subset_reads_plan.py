@@ -93,9 +93,9 @@ FENCED_SORTS = {
     # includes (migration 0031): the console's, not ServicePulse's (those walk an index).
     "group": ("modified", "status", "id"),
     "unresolved of a group": ("modified", "status", "id"),
-    "endpoint": ("modified", "message_type", "status", "id"),
-    "unresolved of an endpoint": ("modified", "message_type", "status", "id"),
-    "queue address": ("modified", "message_type", "status", "id"),
+    "endpoint": ("modified", "status", "id"),
+    "unresolved of an endpoint": ("modified", "status", "id"),
+    "queue address": ("modified", "status", "id"),
 }
 ORDERS = [Ordering(key, descending) for key in SORT_KEYS for descending in (True, False)]
 GROWTH = 1.5  # work after the outside rows / work before, at most

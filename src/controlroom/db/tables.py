@@ -141,7 +141,7 @@ QUEUE_ADDRESS_COVERED = "ix_failed_messages_queue_address_lower_time_sent"
 (PostgreSQL ``INCLUDE``, migration 0029): a queue address's count reads its own entries
 alone (an index-only scan of its range), never the plain ``queue_address`` index whole."""
 
-FENCED_SORT_KEYS = ["last_modified", "message_type", "status"]
+FENCED_SORT_KEYS = ["last_modified", "status"]
 """The columns of a subset's sorts no index walks (read and sorted, fenced), included in
 the ``time_sent`` index the subset is read by (PostgreSQL ``INCLUDE``, migration 0031):
 the fence reads the subset's sort keys from the index alone once vacuumed."""

@@ -20,13 +20,17 @@ all-visible the fence is an index-only scan of the subset's range:
   (``status`` and the message's id are in its key already).
 - ``ix_failed_messages_receiving_endpoint_time_sent`` and
   ``ix_failed_messages_queue_address_lower_time_sent`` (migrations 0020, 0029)
-  ``INCLUDE (last_modified, message_type, status)`` (the queue address's keeps
+  ``INCLUDE (last_modified, status)`` (the queue address's keeps
   ``queue_address`` first).
 
-No update that was HOT stops being one: ``status`` is in indexes of both tables already,
-and a message's ``last_modified`` changes with its status or its ``last_failure_at``
-(indexed after the group, the endpoint and the queue address); ``message_type`` never
-changes. SQLite has no ``INCLUDE``; its indexes are left as they are.
+Not ``message_type``: a message type is as long as its producer makes it, and an entry
+holding a long endpoint name or queue address beside a long message type passed
+PostgreSQL's limit of an index entry (2,704 bytes), which would fail every batch holding
+such a message; an endpoint's or a queue address's ``message_type`` sort stays a read of
+the subset's rows. No update that was HOT stops being one: ``status`` is in indexes of
+both tables already, and a message's ``last_modified`` changes with its status or its
+``last_failure_at`` (indexed after the group, the endpoint and the queue address).
+SQLite has no ``INCLUDE``; its indexes are left as they are.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ MESSAGES = "failed_messages"
 GROUP_INDEX = f"ix_{GROUPS}_group_id_status_first"
 ENDPOINT_INDEX = "ix_failed_messages_receiving_endpoint_time_sent"
 QUEUE_INDEX = "ix_failed_messages_queue_address_lower_time_sent"
-FENCED_KEYS = ["last_modified", "message_type", "status"]
+FENCED_KEYS = ["last_modified", "status"]
 # (index, table, key elements, included before 0031, included since 0031)
 INDEXES: tuple[tuple[str, str, list[str | sa.TextClause], list[str], list[str]], ...] = (
     (
