@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,6 +98,35 @@ def test_a_helper_that_exits_stops_the_others_and_is_named(tmp_path: Path) -> No
     sleeper = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):  # stopped and reaped
         os.kill(sleeper, 0)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
+def test_a_signal_to_the_demo_stops_every_helper(tmp_path: Path, signum: int) -> None:
+    """SIGHUP too (its terminal closed): no helper is left running alone."""
+    pid_file = tmp_path / "sleeper.pid"
+
+    def signal_once_started() -> None:
+        while not pid_file.exists():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signum)
+
+    threading.Thread(target=signal_once_started, daemon=True).start()
+    code = supervise(
+        [
+            Helper(
+                "the sleeper",
+                python(
+                    "import os, pathlib, time;"
+                    f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()));"
+                    "time.sleep(600)"
+                ),
+            )
+        ],
+        lambda line: None,
+    )
+    assert code == 0
+    with pytest.raises(ProcessLookupError):  # stopped and reaped
+        os.kill(int(pid_file.read_text()), 0)
 
 
 def children_of(pid: int) -> dict[int, str]:

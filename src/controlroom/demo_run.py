@@ -84,15 +84,18 @@ def controlroom_argv(*args: str) -> list[str]:
 
 
 def supervise(helpers: Sequence[Helper], say: Callable[[str], None]) -> int:
-    """Start every helper, then wait until one exits or this process gets SIGINT/SIGTERM,
-    and stop the others (SIGTERM, then SIGKILL after 10 s). Returns 0 when stopped by a
-    signal, 1 when a helper exited on its own (``say`` names it and its exit status)."""
+    """Start every helper, then wait until one exits or this process gets SIGINT, SIGTERM
+    or SIGHUP, and stop the others (SIGTERM, then SIGKILL after 10 s). Returns 0 when
+    stopped by a signal, 1 when a helper exited on its own (``say`` names it and its exit
+    status)."""
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
         stopping.append(signum)
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP too: a closed terminal must not leave the demo's processes running alone.
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, on_signal) for sig in signals}
     started: list[tuple[Helper, subprocess.Popen[bytes]]] = []
     try:
         for helper in helpers:
