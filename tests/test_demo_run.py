@@ -69,19 +69,24 @@ def python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+def sleeper(pid_file: Path) -> Helper:
+    """A helper that writes its pid to ``pid_file`` and sleeps until stopped."""
+    return Helper(
+        "the sleeper",
+        python(
+            "import os, pathlib, time;"
+            f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()));"
+            "time.sleep(600)"
+        ),
+    )
+
+
 def test_a_helper_that_exits_stops_the_others_and_is_named(tmp_path: Path) -> None:
     pid_file = tmp_path / "sleeper.pid"
     said: list[str] = []
     code = supervise(
         [
-            Helper(
-                "the sleeper",
-                python(
-                    "import os, pathlib, time;"
-                    f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()));"
-                    "time.sleep(600)"
-                ),
-            ),
+            sleeper(pid_file),
             Helper(
                 "the quitter",
                 python(
@@ -95,9 +100,9 @@ def test_a_helper_that_exits_stops_the_others_and_is_named(tmp_path: Path) -> No
     )
     assert code == 1
     assert said == ["demo: the quitter exited (exit status 3); stopping the demo."]
-    sleeper = int(pid_file.read_text())
+    pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):  # stopped and reaped
-        os.kill(sleeper, 0)
+        os.kill(pid, 0)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
@@ -113,14 +118,7 @@ def test_a_signal_to_the_demo_stops_every_helper(tmp_path: Path, signum: int) ->
     threading.Thread(target=signal_once_started, daemon=True).start()
     code = supervise(
         [
-            Helper(
-                "the sleeper",
-                python(
-                    "import os, pathlib, time;"
-                    f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()));"
-                    "time.sleep(600)"
-                ),
-            )
+            sleeper(pid_file)
         ],
         lambda line: None,
     )
