@@ -28,6 +28,7 @@ from controlroom.errors.ingest.identity import unique_message_id
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt, FailureGroup
 from controlroom.errors.read import lists, search
+from controlroom.errors.read.counts import count_matching
 from controlroom.errors.read.filters import SORT_KEYS, FailedMessageFilter, Ordering
 from tests.factories import at, attempt
 
@@ -46,6 +47,9 @@ SUBSETS = {
         receiving_endpoint="Quiet", statuses=frozenset({FailedMessageStatus.UNRESOLVED})
     ),
     "queue address": FailedMessageFilter(queue_address="quiet"),
+    "unresolved of a queue address": FailedMessageFilter(
+        queue_address="quiet", statuses=frozenset({FailedMessageStatus.UNRESOLVED})
+    ),
     "archived": FailedMessageFilter(statuses=frozenset({FailedMessageStatus.ARCHIVED})),
     "resolved": FailedMessageFilter(statuses=frozenset({FailedMessageStatus.RESOLVED})),
     "resolved or archived": FailedMessageFilter(
@@ -79,15 +83,18 @@ GROWN_BY = 10
 SUBSET_SORTS = {
     # The sorts of each subset a client opens it in, which must cost a page: ServicePulse's
     # of a group's messages (time of failure, message type; time sent before), the time
-    # sorts of an endpoint. A queue address is left out: its total is counted (exact on
-    # SQLite past the limit too, which has no estimate), reading every row of it.
+    # sorts of an endpoint and of a queue address, with a status (ServicePulse's and the
+    # console's view of an endpoint's failures) or without. A queue address's total is
+    # counted through its rows (exact on SQLite past the limit too, which has no
+    # estimate), reading every row of it: its page is measured without its count.
     "group": ("time_sent", "time_of_failure", "message_type"),
     "unresolved of a group": ("time_sent", "time_of_failure", "message_type"),
     "endpoint": ("time_sent", "time_of_failure"),
-    # Not "unresolved of an endpoint": once the endpoint holds a third of the messages,
-    # PostgreSQL walks the status's index, filtering for the endpoint, through every newer
-    # unresolved message (3,000 here) instead of the endpoint's index: not fixed yet.
+    "unresolved of an endpoint": ("time_sent", "time_of_failure"),
+    "queue address": ("time_sent", "time_of_failure"),
+    "unresolved of a queue address": ("time_sent", "time_of_failure"),
 }
+COUNTED_THROUGH_ROWS = {"queue address", "unresolved of a queue address"}
 FENCED_SORTS = {
     # The sorts of a subset read from its rows and sorted, whose keys the subset's index
     # includes (migration 0031): the console's, not ServicePulse's (those walk an index).
@@ -96,6 +103,7 @@ FENCED_SORTS = {
     "endpoint": ("modified", "status", "id"),
     "unresolved of an endpoint": ("modified", "status", "id"),
     "queue address": ("modified", "status", "id"),
+    "unresolved of a queue address": ("modified", "status", "id"),
 }
 ORDERS = [Ordering(key, descending) for key in SORT_KEYS for descending in (True, False)]
 GROWTH = 1.5  # work after the outside rows / work before, at most
@@ -154,12 +162,19 @@ def first_page_work(
     where: FailedMessageFilter,
     order: Ordering,
     exact_count_limit: int | None = None,
+    *,
+    counted: bool = True,
 ) -> int:
     """The work of reading the first page of ``where`` in ``order`` (and its total, exact
-    up to ``exact_count_limit``, always exact by default)."""
+    up to ``exact_count_limit``, always exact by default; without the work of counting
+    it unless ``counted``)."""
     with engine.connect() as conn:
         counter = work_counter(conn)
         before = counter()
+        if not counted:  # the count's work, measured on its own and taken off
+            count_matching(conn, where, exact_count_limit)
+            counting = counter() - before
+            before = counter() + counting
         page = lists.list_failed_messages(
             conn,
             offset=0,
@@ -291,12 +306,16 @@ def test_a_subsets_first_page_in_servicepulses_sorts_costs_a_page_not_the_subset
     quiet_store: sa.Engine,
 ) -> None:
     """A group's first page by ServicePulse's sorts of a group's messages (time of failure,
-    message type, and time sent, its former default) and an endpoint's by its time sorts
-    read about a page of rows however big the subset: ten times the messages in it, the
-    same work. Totals as the API counts them (exact up to a limit): a group's and an
-    endpoint's come from the counts the database keeps. The other sorts of a subset read
-    it whole and sort it (docs/decisions.md "A subset is read from its own rows"). Rows
-    outside the subset come first, so the subset is a part of the table as it is in
+    message type, and time sent, its former default) and an endpoint's and a queue
+    address's by their time sorts, in a status or in any, read about a page of rows
+    however big the subset: ten times the messages in it, the same work. Grown, the
+    subset is a third of the table and half of its messages Unresolved, as half of the
+    newer messages outside it are: a planner taking the endpoint and the status for
+    independent then prefers the status's index, passing those newer ones. Totals as the
+    API counts them (exact up to a limit): a group's and an endpoint's come from the
+    counts the database keeps, a queue address's is left out. The other sorts of a subset
+    read it whole and sort it (docs/decisions.md "A subset is read from its own rows").
+    Rows outside the subset come first, so the subset is a part of the table as it is in
     production (a table of the subset alone is small enough that PostgreSQL joins the
     page's ids to a scan of all of it); the tallies' deltas are folded before each
     measurement, as the writer folds them (unfolded, an endpoint's count reads them)."""
@@ -304,10 +323,18 @@ def test_a_subsets_first_page_in_servicepulses_sorts_costs_a_page_not_the_subset
     write(quiet_store, busy, clock_seconds=SUBSET * GROWN_BY + OUTSIDE)
     tallies.fold_deltas(quiet_store)
     analyze(quiet_store, vacuum=True)
-    before = {
-        (name, order): first_page_work(
-            quiet_store, SUBSETS[name], order, exact_count_limit=SEARCH_COUNT_LIMIT
+
+    def measure(name: str, order: Ordering) -> int:
+        return first_page_work(
+            quiet_store,
+            SUBSETS[name],
+            order,
+            exact_count_limit=SEARCH_COUNT_LIMIT,
+            counted=name not in COUNTED_THROUGH_ROWS,
         )
+
+    before = {
+        (name, order): measure(name, order)
         for name, keys in SUBSET_SORTS.items()
         for order in ORDERS
         if order.key in keys
@@ -317,12 +344,7 @@ def test_a_subsets_first_page_in_servicepulses_sorts_costs_a_page_not_the_subset
     archive_and_resolve(quiet_store)
     tallies.fold_deltas(quiet_store)
     analyze(quiet_store, vacuum=True)
-    grown = grown_work(
-        before,
-        lambda name, order: first_page_work(
-            quiet_store, SUBSETS[name], order, exact_count_limit=SEARCH_COUNT_LIMIT
-        ),
-    )
+    grown = grown_work(before, measure)
     assert not grown, f"work before -> after {GROWN_BY} x the messages in the subset: {grown}"
 
 

@@ -323,6 +323,21 @@ class Provider(ABC):
         from the condition's selectivity."""
         return column
 
+    def never_indexed(self, condition: sa.ColumnElement[bool]) -> sa.ColumnElement[bool]:
+        """``condition`` (a comparison of one column) as a condition no index answers on
+        any planner, statistics or none, its selectivity still estimated from the
+        column's statistics: a page of an endpoint or a queue address filtered by status
+        walks the subset's index and tests the status of what it yields, never the
+        status's index testing every newer message of that status for the subset (a
+        planner taking the two for independent prefers the status's index once the
+        subset is a large part of the table). Here a truth test, ``condition IS TRUE``:
+        PostgreSQL and SQLite match no index to one (but a boolean column's), and
+        PostgreSQL estimates it as the condition itself. Not a unary ``+`` on
+        PostgreSQL: it prices the expression at a default selectivity (one row in 200),
+        then reads a whole subset holding a few thousand messages, and sorts it, where a
+        walk reads a page."""
+        return condition.is_(sa.true())
+
     def compact_tallies(self, conn: sa.Connection) -> bool:
         """Fold ``failed_message_tally_deltas`` into ``failed_message_tallies`` in
         ``conn``'s transaction; ``False`` when another transaction is folding them (this

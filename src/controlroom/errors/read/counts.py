@@ -26,6 +26,7 @@ from controlroom.errors.read.filters import (
     filter_conditions,
     status_and_group_only,
     status_conditions,
+    subset_conditions,
 )
 
 
@@ -60,7 +61,7 @@ def count_failed_messages(conn: sa.Connection, where: FailedMessageFilter = EVER
     counted = _group_count(conn, where)
     if counted is None:
         counted = _tallied_count(conn, where)
-    return counted if counted is not None else count_rows(conn, _matching_rows(where))
+    return counted if counted is not None else count_rows(conn, _matching_rows(conn, where))
 
 
 def _tallied_count(conn: sa.Connection, where: FailedMessageFilter) -> int | None:
@@ -111,7 +112,7 @@ def count_matching(
         counted = _tallied_count(conn, where)
     if counted is not None:
         return Total(counted)
-    return _count_or_estimate(conn, _matching_rows(where), exact_count_limit)
+    return _count_or_estimate(conn, _matching_rows(conn, where), exact_count_limit)
 
 
 def _group_count(conn: sa.Connection, where: FailedMessageFilter) -> int | None:
@@ -147,9 +148,15 @@ def count_rows(conn: sa.Connection, rows: sa.Select[Any]) -> int:
     return int(conn.execute(query).scalar_one())
 
 
-def _matching_rows(where: FailedMessageFilter) -> sa.Select[Any]:
-    """One row for each failed message matching ``where``, to be counted."""
-    return sa.select(sa.literal(1)).select_from(failed_messages).where(*filter_conditions(where))
+def _matching_rows(conn: sa.Connection, where: FailedMessageFilter) -> sa.Select[Any]:
+    """One row for each failed message matching ``where``, to be counted; read from the
+    subset's rows when ``where`` names an endpoint or a queue address
+    (``subset_conditions``), as its page is."""
+    if where.receiving_endpoint is not None or where.queue_address is not None:
+        conditions = subset_conditions(where, provider_for(conn))
+    else:
+        conditions = filter_conditions(where)
+    return sa.select(sa.literal(1)).select_from(failed_messages).where(*conditions)
 
 
 def count_by_status(conn: sa.Connection) -> dict[FailedMessageStatus, int]:

@@ -126,6 +126,37 @@ def filter_conditions(
     return conditions
 
 
+def subset_conditions(
+    where: FailedMessageFilter, provider: Provider
+) -> list[sa.ColumnElement[bool]]:
+    """The WHERE conditions of ``where``, which names an endpoint or a queue address (or
+    both), for reading that subset's rows by its own index: the subset's conditions as
+    they are, its statuses kept from every index on every provider
+    (``Provider.never_indexed``), its other equality conditions from every index on a
+    planner without statistics (``Provider.without_index``).
+
+    A status is never the subset read: it holds messages of every endpoint and queue,
+    and every new failure anywhere joins the Unresolved, so walking a status's index
+    passes every newer message of that status outside the subset. Walking the subset's
+    index passes only the subset's own messages in other statuses, which retention
+    bounds (Resolved and Archived messages go after the retention period)."""
+    subset = FailedMessageFilter(
+        receiving_endpoint=where.receiving_endpoint, queue_address=where.queue_address
+    )
+    others = replace(
+        where,
+        receiving_endpoint=None,
+        queue_address=None,
+        statuses=frozenset(),
+        excluded_statuses=frozenset(),
+    )
+    return (
+        filter_conditions(subset)
+        + [provider.never_indexed(c) for c in status_conditions(fm.status, where)]
+        + filter_conditions(others, provider.without_index)
+    )
+
+
 def order_by(
     provider: Provider, order: Ordering, columns: sa.ColumnCollection[str, Any] | None = None
 ) -> list[sa.ColumnElement[Any]]:

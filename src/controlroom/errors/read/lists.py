@@ -36,6 +36,7 @@ from controlroom.errors.read.filters import (
     sort_columns,
     status_and_group_only,
     status_conditions,
+    subset_conditions,
 )
 from controlroom.errors.read.summaries import (
     SUMMARY_COLUMNS,
@@ -254,14 +255,11 @@ def _subset_page(
 ) -> sa.Subquery:
     """The page of an endpoint or a queue address (``where`` names one or both): walking
     ``(subset column, key, id)`` in order for the keys of ``SUBSET_SORT_KEYS``, else the
-    subset's rows read by that index and sorted. The other equality conditions are kept
-    from every index (``Provider.without_index``), so no planner reads another column's
-    matches instead."""
-    subset = FailedMessageFilter(
-        receiving_endpoint=where.receiving_endpoint, queue_address=where.queue_address
-    )
-    others = replace(where, receiving_endpoint=None, queue_address=None)
-    conditions = filter_conditions(subset) + filter_conditions(others, provider.without_index)
+    subset's rows read by that index and sorted. The status and the other equality
+    conditions are kept from every index (``subset_conditions``), so no planner reads
+    another column's matches instead: a status's index, walked for an endpoint holding a
+    third of the messages, passed every newer message of that status elsewhere."""
+    conditions = subset_conditions(where, provider)
     if _leading_key(order) in SUBSET_SORT_KEYS:
         return _window(sa.select(fm.id).where(*conditions), provider, order, offset, limit)
     members = sa.select(*sort_columns(order)).where(*conditions)
