@@ -11,7 +11,8 @@ What it does (figures and conditions in ``benchmarks/README.md``):
    group, the group of that endpoint's templates that no other endpoint's template is in
    (the one in most of them).
 3. Measures, through the HTTP app (``fastapi.testclient``), the first page of the group's
-   messages, of the endpoint's, of the endpoint's queue address's (``/api/errors?
+   messages, of the endpoint's, of the endpoint's Unresolved (``?status=unresolved``,
+   since 2026-12-05), of the endpoint's queue address's (``/api/errors?
    queueaddress=``, since 2026-12-04 evening) and of the archived messages
    (``/api/errors?status=archived``), in the sort keys below, ``--repeat`` times after
    ``query.WARM_UP`` unmeasured calls: p50 and p95 in milliseconds. With ``--explain``,
@@ -133,11 +134,13 @@ def scenarios(client: TestClient, endpoint: str, group: str, queue: str) -> list
 
         return run
 
+    unresolved = {"status": "unresolved"}
     return [
         query.Scenario(f"{kind} {sort}", get(path, {**subset, **params}))
         for kind, path, subset in (
             ("group", f"/api/recoverability/groups/{group}/errors", {}),
             ("endpoint", f"/api/endpoints/{endpoint}/errors", {}),
+            ("endpoint unresolved", f"/api/endpoints/{endpoint}/errors", unresolved),
             ("queue address", "/api/errors", {"queueaddress": queue}),
             ("archived", "/api/errors", {"status": "archived"}),
         )
