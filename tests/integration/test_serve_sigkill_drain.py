@@ -18,8 +18,9 @@ Size: 4,000 messages by default, not 20,000, to keep ``make test`` within its
 budget: each restart of ``serve`` costs seconds of start-up before it ingests again, so
 the drain under kills runs far below the service's rate; the variants added for the workers
 drain half as many (at 4,000 each ran about 30 s alone, up to 80 s beside another test;
-at half, each still lost messages when acknowledgements went before commits). ``SIGKILL_DRAIN_MESSAGES=20000``
-(with ``SIGKILL_DRAIN_DEADLINE`` in seconds) runs the full size."""
+at half, each still lost messages when acknowledgements went before commits).
+``SIGKILL_DRAIN_MESSAGES=20000`` (with ``SIGKILL_DRAIN_DEADLINE`` in seconds) runs the full
+size."""
 
 from __future__ import annotations
 
