@@ -21,9 +21,10 @@ A worker that ends while serve runs is logged and started again, after a back-of
 doubles from ``RESTART_MIN_SECONDS`` to ``RESTART_MAX_SECONDS`` and starts again from the
 minimum once a worker has run ``RESTART_RESET_SECONDS``; the messages it held in the
 embedded queue go back to the queue at once (RabbitMQ redelivers them by itself).
-``stop()`` sends SIGTERM to every worker: a worker stops taking deliveries (the
-unacknowledged ones stay in their queue, acknowledged only after the commit), lets its
-parts end, and exits; one that has not exited after ``STOP_SECONDS`` is killed.
+``stop()`` sends SIGTERM to every worker: a worker stops taking deliveries, finishes the
+batches it holds (committed, then acknowledged: ``transport.batching``), lets its other
+parts end, and exits; what no batch held goes back to its queue unwritten when the
+transport closes. One that has not exited after ``STOP_SECONDS`` is killed.
 """
 
 from __future__ import annotations

@@ -4,18 +4,28 @@ SIGKILL every few seconds and restarted. Every message is stored, nothing is lef
 (the queue ends empty with no unacknowledged message), and every attempt count equals the number of
 distinct times of failure published for that message.
 
+What is killed (``KILLS``): ``serve`` alone (its intake worker, whose pipe closes, then stops as
+on SIGTERM: docs/design.md "Process shape"); the intake workers themselves, the processes that
+write between a commit and its acknowledgement, with ``ingestion.workers`` 1 and 2 (some or all
+of one ``serve``'s at a time; ``serve`` starts them again); or ``serve`` and its workers together
+(its process group), then a fresh ``serve`` drains the rest.
+
 The messages repeat ids (several attempts of one message) and repeat attempts (the same
 attempt published twice, as at-least-once redelivery does); a kill between a commit and
 its acknowledgement replays a batch, which must count nothing twice.
 
 Size: 4,000 messages by default, not 20,000, to keep ``make test`` within its
 budget: each restart of ``serve`` costs seconds of start-up before it ingests again, so
-the drain under kills runs far below the service's rate. ``SIGKILL_DRAIN_MESSAGES=20000``
-(with ``SIGKILL_DRAIN_DEADLINE`` in seconds) runs the full size."""
+the drain under kills runs far below the service's rate; the variants added for the workers
+drain half as many (at 4,000 each ran about 30 s alone, up to 80 s beside another test;
+at half, each still lost messages when acknowledgements went before commits).
+``SIGKILL_DRAIN_MESSAGES=20000`` (with ``SIGKILL_DRAIN_DEADLINE`` in seconds) runs the full
+size."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -41,6 +51,12 @@ from tests.servers import rabbitmq_queue_counts
 pytestmark = [pytest.mark.postgresql, pytest.mark.rabbitmq]
 
 MESSAGES = int(os.environ.get("SIGKILL_DRAIN_MESSAGES", "4000"))
+KILLS = [  # (what is killed, ingestion.workers, messages)
+    pytest.param("serve", 1, MESSAGES, id="serve"),
+    pytest.param("workers", 1, MESSAGES // 2, id="workers-1"),
+    pytest.param("workers", 2, MESSAGES // 2, id="workers-2"),
+    pytest.param("group", 2, MESSAGES // 2, id="group-2"),
+]
 KILL_AFTER_SECONDS = (2.0, 5.0)  # how long a victim ingests before its SIGKILL
 KILLS_PER_DRAIN = 10  # ... or a tenth of the attempts, whichever comes first
 INGESTING = b"Ingesting queues"
@@ -109,15 +125,40 @@ def stored(engine: sa.Engine) -> tuple[int, int]:
     return int(rows), int(attempts)
 
 
+def worker_pids(pid: int) -> set[int]:
+    """The live intake workers (multiprocessing's spawn) of process ``pid`` (Linux /proc:
+    a killed one not reaped yet has no command line)."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):  # pid itself ended
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                for child in (task / "children").read_text().split():
+                    if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                        found.add(int(child))
+    return found
+
+
 class Servers:
     """Two ``controlroom serve`` processes over one database and one queue; one at a time
-    (alternately) is killed a few seconds after it started ingesting, and restarted."""
+    (alternately) is killed a few seconds after it started ingesting, and restarted. With
+    ``kill`` "workers" the victim's intake workers are killed instead (some or all, once it
+    runs all ``workers``; serve starts them again); with "group" serve and its workers
+    together."""
 
     def __init__(
-        self, env: dict[str, str], logs: Path, rng: random.Random, kill_every: int
+        self,
+        env: dict[str, str],
+        logs: Path,
+        rng: random.Random,
+        kill_every: int,
+        *,
+        kill: str = "serve",
+        workers: int = 1,
     ) -> None:
         self._env = env
         self._kill_every = kill_every
+        self._kill = kill
+        self._workers = workers
         self._progress_at: int | None = None
         self._logs = logs
         self._rng = rng
@@ -136,6 +177,7 @@ class Servers:
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 env=self._env,
+                start_new_session=True,  # a group of its own: serve and its workers
             )
         return process, log
 
@@ -150,15 +192,28 @@ class Servers:
         if self._kill_at is None:
             if INGESTING not in log.read_bytes():
                 return
+            if self._kill == "workers" and len(worker_pids(process.pid)) < self._workers:
+                return  # the workers killed last time are not all started again yet
             self._kill_at = time.monotonic() + self._rng.uniform(*KILL_AFTER_SECONDS)
             self._progress_at = progress
         assert self._progress_at is not None
         if time.monotonic() < self._kill_at and progress - self._progress_at < self._kill_every:
             return
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
+        if self._kill == "workers":
+            workers = sorted(worker_pids(process.pid))
+            if not workers:
+                return  # one ended on its own: serve logs it and starts it again
+            for pid in self._rng.sample(workers, self._rng.randint(1, len(workers))):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        else:
+            if self._kill == "group":
+                os.killpg(process.pid, signal.SIGKILL)
+            else:
+                process.send_signal(signal.SIGKILL)
+            process.wait(timeout=30)
+            self.processes[self._victim] = self._start()
         self.kills += 1
-        self.processes[self._victim] = self._start()
         self._victim = 1 - self._victim
         self._kill_at = None
 
@@ -186,6 +241,8 @@ class Servers:
                 process.kill()
                 code = None
             codes.append((code, INGESTING in log.read_bytes()))
+            with contextlib.suppress(ProcessLookupError):  # a worker left by a failure
+                os.killpg(process.pid, signal.SIGKILL)
         return codes
 
 
@@ -204,6 +261,8 @@ def dump_stacks(pid: int, log: Path) -> None:
 
 @pytest.fixture
 def servers_env(postgresql_url: str, rabbitmq_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The environment of both ``serve`` processes (one worker each unless a test sets
+    ``CONTROLROOM_INGESTION__WORKERS``)."""
     env = dict(os.environ)
     env.update(
         CONTROLROOM_DATA_DIR=str(tmp_path / "data"),
@@ -219,22 +278,26 @@ def servers_env(postgresql_url: str, rabbitmq_url: str, tmp_path: Path) -> Itera
     yield env
 
 
+@pytest.mark.parametrize(("kill", "workers", "size"), KILLS)
 def test_two_servers_drain_the_queue_exactly_while_one_is_killed_again_and_again(
-    servers_env: dict[str, str], tmp_path: Path
+    servers_env: dict[str, str], tmp_path: Path, kill: str, workers: int, size: int
 ) -> None:
+    servers_env["CONTROLROOM_INGESTION__WORKERS"] = str(workers)
     queue = servers_env["CONTROLROOM_ERROR_QUEUE"]
     broker = servers_env["CONTROLROOM_BROKER_URL"]
     engine = create_store_engine(servers_env["CONTROLROOM_DATABASE_URL"])
     try:
         upgrade_database(engine)  # once, before two processes start
-        messages, distinct = plan_messages(MESSAGES, seed=15)
+        messages, distinct = plan_messages(size, seed=15)
         asyncio.run(publish_fast(servers_env["CONTROLROOM_BROKER_URL"], queue, messages))
         assert rabbitmq_queue_counts(broker, queue) == (len(messages), 0)
 
         logs = tmp_path / "logs"
         logs.mkdir()
         kill_every = max(1, sum(distinct.values()) // KILLS_PER_DRAIN)
-        serving = Servers(servers_env, logs, random.Random(15), kill_every)
+        serving = Servers(
+            servers_env, logs, random.Random(15), kill_every, kill=kill, workers=workers
+        )
         try:
             deadline = time.monotonic() + DRAIN_DEADLINE_SECONDS
             expected = (len(distinct), sum(distinct.values()))

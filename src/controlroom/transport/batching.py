@@ -52,21 +52,29 @@ class DeliveryBatcher:
         # and by bytes (max_inflight_bytes); a delivery counts until the handler settles it.
         inbox: asyncio.Queue[Delivery | None] = asyncio.Queue()
         slots = asyncio.Semaphore(self._settings.concurrent_batches)
-        handling: set[asyncio.Task[None]] = set()
+        handling: dict[asyncio.Task[None], int] = {}  # each batch in hand: its size
         feeder = asyncio.create_task(self._feed(inbox))
         try:
             while not stopping():
                 deliveries = await self._next_batch(inbox)
                 await slots.acquire()
                 task = asyncio.create_task(self._handle(deliveries))
-                handling.add(task)
-                task.add_done_callback(handling.discard)
+                handling[task] = len(deliveries)
+                task.add_done_callback(lambda done: handling.pop(done, None))
                 task.add_done_callback(lambda _: slots.release())
         finally:
             feeder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await feeder
             if handling:
+                # What the batches in hand hold is written and acknowledged (or given back)
+                # before the intake ends; what is not in a batch yet goes back unsettled.
+                log.info(
+                    "the intake of %r ends: finishing %d batches in hand (%d messages)",
+                    self._queue,
+                    len(handling),
+                    sum(handling.values()),
+                )
                 await asyncio.gather(*handling, return_exceptions=True)
 
     async def _feed(self, inbox: asyncio.Queue[Delivery | None]) -> None:
