@@ -117,9 +117,7 @@ def test_a_signal_to_the_demo_stops_every_helper(tmp_path: Path, signum: int) ->
 
     threading.Thread(target=signal_once_started, daemon=True).start()
     code = supervise(
-        [
-            sleeper(pid_file)
-        ],
+        [sleeper(pid_file)],
         lambda line: None,
     )
     assert code == 0

@@ -23,9 +23,7 @@ from tests.factories import at, attempt
 GROUP = FailureGroup(id=str(uuid.uuid5(uuid.NAMESPACE_URL, "0031")), classifier="T", title="t")
 INCLUDED = {
     "ix_failed_message_groups_group_id_status_first": "INCLUDE (last_modified)",
-    "ix_failed_messages_receiving_endpoint_time_sent": (
-        "INCLUDE (last_modified, status)"
-    ),
+    "ix_failed_messages_receiving_endpoint_time_sent": ("INCLUDE (last_modified, status)"),
     "ix_failed_messages_queue_address_lower_time_sent": (
         "INCLUDE (queue_address, last_modified, status)"
     ),
