@@ -479,9 +479,10 @@ def test_a_subsets_fenced_sort_streams_the_subset_into_a_bounded_sort(
     end alone: the subset is never held whole in a table of its own (a materialized CTE's
     tuplestore, which spills out of ``work_mem`` at 72,000 rows; SQLite's
     ``MATERIALIZE``), at the first page or a deep one. PostgreSQL: no ``CTE Scan`` or
-    ``Materialize`` in the plan, the subset's scan under the ``Sort``, a top-N heapsort where the subset passes twice the page's end, no temp block written.
-    SQLite: the fence a co-routine (``CO-ROUTINE members``), not ``MATERIALIZE``, read by
-    the ``ORDER BY``'s sorter. Rows outside the subset come first, as in production."""
+    ``Materialize`` in the plan, the subset's scan under the ``Sort``, a top-N heapsort
+    where the subset passes twice the page's end, no temp block written. SQLite: the
+    fence a co-routine (``CO-ROUTINE members``), not ``MATERIALIZE``, read by the ``ORDER
+    BY``'s sorter. Rows outside the subset come first, as in production."""
     busy = [message(n, "Busy", BUSY) for n in range(SUBSET, SUBSET + OUTSIDE)]
     write(quiet_store, busy, clock_seconds=SUBSET + OUTSIDE)
     analyze(quiet_store, vacuum=True)
