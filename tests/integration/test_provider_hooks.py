@@ -1,4 +1,4 @@
-"""The provider hooks that carry what feature code may not say itself (a CTE fence, the
+"""The provider hooks that carry what feature code may not say itself (a fence, the
 place of NULL in a sort, RETURNING from an UPDATE, RETURNING of an upsert's written rows
 only), live on every provider; ``update_returning`` also by its fallback path, the one a
 provider without ``UPDATE ... RETURNING`` (MariaDB 10.11) takes. ARCHITECTURE.md "The
@@ -71,6 +71,20 @@ def test_a_materialized_cte_holds_the_rows_of_its_query(store: sa.Engine) -> Non
         found = set(conn.scalars(sa.select(fenced.c.id).where(fenced.c.rank.is_not(None))))
 
     assert found == {"a", "c"}
+
+
+def test_a_fenced_subquery_holds_the_rows_of_its_query_and_takes_a_page_of_them(
+    store: sa.Engine,
+) -> None:
+    provider = provider_for(store)
+    fenced = provider.fenced(sa.select(c.id, c.rank).where(c.state == "open"), "open")
+    order = [provider.order_nulls_smallest(fenced.c.rank, descending=True), fenced.c.id]
+    with store.connect() as conn:
+        found = set(conn.scalars(sa.select(fenced.c.id)))
+        page = list(conn.scalars(sa.select(fenced.c.id).order_by(*order).limit(2).offset(1)))
+
+    assert found == {"a", "b", "c"}
+    assert page == ["c", "b"]
 
 
 def upsert_versions(provider: Provider) -> Any:

@@ -384,37 +384,78 @@ def test_a_searchs_first_page_reads_no_rows_it_does_not_match(quiet_store: sa.En
     assert not grown, f"work before -> after {OUTSIDE} rows the search does not match: {grown}"
 
 
-def fenced_reads(engine: sa.Engine, where: FailedMessageFilter, order: Ordering) -> list[dict]:
-    """The scans of ``failed_messages`` and ``failed_message_groups`` under the fence
-    (the materialized CTE ``members``) of the first page of ``where`` in ``order``, from
-    PostgreSQL's ``EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`` of the statement the list
-    runs: each plan node as PostgreSQL gives it."""
+def fenced_statement(
+    conn: sa.Connection, where: FailedMessageFilter, order: Ordering, offset: int = 0
+) -> tuple[str, object]:
+    """The statement (and its parameters) of the page of ``where`` in ``order`` from
+    ``offset`` that reads the subset fenced (``Provider.fenced``, as ``members``)."""
     statements: list[tuple[str, object]] = []
 
     def record(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
         statements.append((statement, parameters))
 
-    with engine.connect() as conn:
-        sa.event.listen(conn, "before_cursor_execute", record)
-        lists.list_failed_messages(conn, offset=0, limit=50, where=where, order=order)
-        sa.event.remove(conn, "before_cursor_execute", record)
-        fenced = [(s, p) for s, p in statements if "members AS" in s and "MATERIALIZED" in s]
-        assert len(fenced) == 1, statements
-        statement, parameters = fenced[0]
-        plan = conn.exec_driver_sql(
-            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}",
-            parameters,  # type: ignore[arg-type]
-        ).scalar_one()
+    sa.event.listen(conn, "before_cursor_execute", record)
+    lists.list_failed_messages(conn, offset=offset, limit=50, where=where, order=order)
+    sa.event.remove(conn, "before_cursor_execute", record)
+    fenced = [(s, p) for s, p in statements if "members" in s]
+    assert len(fenced) == 1, statements
+    return fenced[0]
+
+
+def explained(conn: sa.Connection, statement: str, parameters: object) -> dict:
+    """PostgreSQL's ``EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`` of ``statement``: its
+    top plan node, each node as PostgreSQL gives it."""
+    plan = conn.exec_driver_sql(
+        f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}",
+        parameters,  # type: ignore[arg-type]
+    ).scalar_one()
     plan = plan if isinstance(plan, list) else json.loads(plan)
+    return plan[0]["Plan"]  # type: ignore[no-any-return]
 
-    def nodes(node: dict, under_fence: bool) -> Iterator[dict]:
-        fence = under_fence or node.get("Subplan Name") == "CTE members"
-        if fence and node.get("Relation Name") in ("failed_messages", "failed_message_groups"):
-            yield node
-        for child in node.get("Plans", []):
-            yield from nodes(child, fence)
 
-    return list(nodes(plan[0]["Plan"], False))
+def plan_nodes(node: dict) -> Iterator[dict]:
+    """``node`` and every node under it."""
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+SUBSET_TABLES = ("failed_messages", "failed_message_groups")
+
+
+def fenced_sorts(top: dict) -> list[dict]:
+    """The ``Sort`` nodes of PostgreSQL's plan ``top`` of a fenced page that sort the
+    members: a scan of a subset's table under them (``fenced`` plans the members on their
+    own, a plain subquery scan elided), or the materialized CTE's scan, and no other sort
+    (the page's rows, joined to the ids, are sorted again above)."""
+    return [
+        node
+        for node in plan_nodes(top)
+        if node["Node Type"] == "Sort"
+        and not any(under["Node Type"] == "Sort" for under in list(plan_nodes(node))[1:])
+        and any(
+            under.get("Relation Name") in SUBSET_TABLES or under.get("CTE Name") == "members"
+            for under in plan_nodes(node)
+        )
+    ]
+
+
+def fenced_reads(engine: sa.Engine, where: FailedMessageFilter, order: Ordering) -> list[dict]:
+    """The scans of ``failed_messages`` and ``failed_message_groups`` under the fence
+    (the members sorted, or a materialized CTE's plan) of the first page of ``where`` in
+    ``order``, from PostgreSQL's ``EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`` of the
+    statement the list runs: each plan node as PostgreSQL gives it."""
+    with engine.connect() as conn:
+        top = explained(conn, *fenced_statement(conn, where, order))
+    fences = fenced_sorts(top) + [
+        node for node in plan_nodes(top) if node.get("Subplan Name") == "CTE members"
+    ]
+    return [
+        node
+        for fence in fences
+        for node in plan_nodes(fence)
+        if node.get("Relation Name") in SUBSET_TABLES
+    ]
 
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
@@ -446,3 +487,80 @@ def test_a_subsets_fenced_sort_reads_its_keys_from_the_index_alone_once_vacuumed
             if read:
                 heap_reads[f"{name} by {order.key} {'desc' if order.descending else 'asc'}"] = read
     assert not heap_reads, f"fenced sorts reading the table: {heap_reads}"
+
+
+FENCE_OFFSETS = (0, 200)
+"""The first page and a deep one (the subsets hold 150-300 messages)."""
+
+
+def test_a_subsets_fenced_sort_streams_the_subset_into_a_bounded_sort(
+    quiet_store: sa.Engine,
+) -> None:
+    """A subset's sort no index walks reads the subset fenced (docs/decisions.md "A subset
+    is read from its own rows") and streams its rows into a sort that keeps the page's
+    end alone: the subset is never held whole in a table of its own (a materialized CTE's
+    tuplestore, which spills out of ``work_mem`` at 72,000 rows; SQLite's
+    ``MATERIALIZE``), at the first page or a deep one. PostgreSQL: no ``CTE Scan`` or
+    ``Materialize`` in the plan, the subset's scan under the ``Sort``, a top-N heapsort
+    where the subset passes twice the page's end, no temp block written. SQLite: the
+    fence a co-routine (``CO-ROUTINE members``), not ``MATERIALIZE``, read by the ``ORDER
+    BY``'s sorter. Rows outside the subset come first, as in production."""
+    busy = [message(n, "Busy", BUSY) for n in range(SUBSET, SUBSET + OUTSIDE)]
+    write(quiet_store, busy, clock_seconds=SUBSET + OUTSIDE)
+    analyze(quiet_store, vacuum=True)
+    held = {}
+    with quiet_store.connect() as conn:
+        for name, keys in FENCED_SORTS.items():
+            for order in ORDERS:
+                if order.key not in keys:
+                    continue
+                for offset in FENCE_OFFSETS:
+                    statement, parameters = fenced_statement(conn, SUBSETS[name], order, offset)
+                    if conn.dialect.name == "postgresql":
+                        found = held_in_postgresql(explained(conn, statement, parameters), offset)
+                    else:
+                        found = held_in_sqlite(conn, statement, parameters)
+                    if found:
+                        direction = "desc" if order.descending else "asc"
+                        held[f"{name} by {order.key} {direction} from {offset}"] = found
+    some = dict(list(held.items())[:3])
+    assert not held, f"{len(held)} fenced sorts holding the subset, such as: {some}"
+
+
+def held_in_postgresql(top: dict, offset: int) -> list[str]:
+    """What in PostgreSQL's plan ``top`` of a fenced page (``limit`` 50 from ``offset``)
+    holds the subset whole or writes it out, or does not sort it as it streams."""
+    nodes = list(plan_nodes(top))
+    found = [
+        f"{node['Node Type']} {node.get('Alias', '')}".strip()
+        for node in nodes
+        if node["Node Type"] in ("CTE Scan", "Materialize")
+    ]
+    if top.get("Temp Written Blocks"):
+        found.append(f"{top['Temp Written Blocks']} temp blocks written")
+    sorts = fenced_sorts(top)
+    if not sorts:
+        found.append("no sort of the members: " + ", ".join(n["Node Type"] for n in nodes))
+    for sort in sorts:
+        rows = sort["Plans"][0]["Actual Rows"]
+        if rows > 2 * (offset + 50) and sort.get("Sort Method") != "top-N heapsort":
+            found.append(f"Sort Method {sort.get('Sort Method')} of {rows} rows")
+    return found
+
+
+def held_in_sqlite(conn: sa.Connection, statement: str, parameters: object) -> list[str]:
+    """What in SQLite's ``EXPLAIN QUERY PLAN`` of a fenced page holds the subset in a
+    table of its own (``MATERIALIZE``), or the plan's lines when the fence is not a
+    co-routine sorted by the ``ORDER BY``'s sorter."""
+    plan = [
+        row[3]
+        for row in conn.exec_driver_sql(
+            f"EXPLAIN QUERY PLAN {statement}",
+            parameters,  # type: ignore[arg-type]
+        )
+    ]
+    if "MATERIALIZE members" in plan:
+        return plan
+    if "CO-ROUTINE members" not in plan or "USE TEMP B-TREE FOR ORDER BY" not in plan:
+        return plan
+    return []

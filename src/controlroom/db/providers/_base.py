@@ -263,6 +263,16 @@ class Provider(ABC):
         the same either way; only the plan differs."""
 
     @abstractmethod
+    def fenced(self, query: sa.Select[Any], name: str) -> sa.Subquery:
+        """``query`` (with no ``ORDER BY``) as the subquery ``name`` that the planner plans
+        on its own, for every row it returns in no order, and does not merge into the
+        statement reading it (a fence, as ``materialized_cte``: the statement cannot walk a
+        sort key's index testing each row against ``query``'s condition), but whose rows
+        stream into their reader, never held whole in a table of their own: a reader's
+        ``ORDER BY ... LIMIT`` keeps the page's end alone. The rows are the same either
+        way; only the plan differs."""
+
+    @abstractmethod
     def order_nulls_smallest(
         self, column: sa.ColumnElement[Any], *, descending: bool
     ) -> sa.ColumnElement[Any]:

@@ -379,6 +379,15 @@ class PostgreSQLProvider(OnConflictProvider):
         # Since PostgreSQL 12 a CTE read once is inlined unless marked MATERIALIZED.
         return query.cte(name).prefix_with("MATERIALIZED")
 
+    def fenced(self, query: sa.Select[Any], name: str) -> sa.Subquery:
+        # A subquery with an OFFSET (here LIMIT ALL OFFSET 0, which returns every row) is
+        # never pulled up into the statement reading it: it is planned on its own and,
+        # its reader sorting, for all its rows. Its scan streams into the reader's sort (a
+        # top-N heapsort of the page's end under a LIMIT), where a MATERIALIZED CTE fills
+        # a tuplestore with every row first (spilling out of work_mem at 72,000 rows,
+        # benchmarks/README.md "stopped.py").
+        return query.offset(sa.literal_column("0")).subquery(name)
+
     def order_nulls_smallest(
         self, column: sa.ColumnElement[Any], *, descending: bool
     ) -> sa.ColumnElement[Any]:

@@ -150,6 +150,13 @@ class SQLiteProvider(OnConflictProvider):
         # SQLite (since 3.35) may flatten a CTE into its reader unless marked MATERIALIZED.
         return query.cte(name).prefix_with("MATERIALIZED")
 
+    def fenced(self, query: sa.Select[Any], name: str) -> sa.Subquery:
+        # A subquery with a LIMIT (-1: none) is not flattened into a reader that has one
+        # of its own (the query flattener's rule that they may not both use LIMIT), and
+        # SQLite runs it as a co-routine whose rows stream into the reader's sorter, where
+        # a MATERIALIZED CTE writes every row to a temporary table first.
+        return query.limit(sa.literal_column("-1")).offset(sa.literal_column("0")).subquery(name)
+
     def order_nulls_smallest(
         self, column: sa.ColumnElement[Any], *, descending: bool
     ) -> sa.ColumnElement[Any]:

@@ -208,9 +208,10 @@ def _fenced_window(
 ) -> sa.Subquery:
     """The ids of ``members`` (which selects ``sort_columns(order)``, the id as ``id``) in
     ``order``, ``limit`` from ``offset``, ``members`` read on their own and sorted
-    (``Provider.materialized_cte``): a page bounded by the members, whatever the planner
-    guesses of their number."""
-    fenced = provider.materialized_cte(members, "members")
+    (``Provider.fenced``): a page bounded by the members, whatever the planner guesses of
+    their number. Their rows stream into a sort that keeps the page's end (offset +
+    limit rows), never the members whole."""
+    fenced = provider.fenced(members, "members")
     return _members_window(fenced.c, sa.select(fenced.c.id), provider, order, offset, limit)
 
 

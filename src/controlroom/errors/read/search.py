@@ -377,7 +377,9 @@ def _search_page(
     # (detoasting every search_vector on PostgreSQL: 15 s for a term in 7,000 of
     # 1,000,000 rows), as it cannot see what that test costs. From the matches (ids and
     # sort keys only) come the page's ids and their number, counted by a window before
-    # LIMIT; the page's rows are read last, by id.
+    # LIMIT; the page's rows are read last, by id. Materialized, not streamed as a
+    # subset's fenced sort is (``Provider.fenced``): the window counting them holds every
+    # match anyway.
     provider = provider_for(conn)
     matches = sa.select(*sort_columns(order)).where(condition).limit(cap)
     hits = provider.materialized_cte(matches, "hits")
