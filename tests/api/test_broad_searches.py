@@ -223,7 +223,7 @@ def test_a_broad_search_within_a_status_answers_an_estimate_without_counting(
     counting every match among the status (on SQLite, which has no planner's estimate,
     it read every match's row: 0.5 s for 200,000 of 1,000,000, ``benchmarks/README.md``).
     The console's page of such a search says the total is about that many."""
-    capped, exact = clients
+    capped, _ = clients
     unresolved = FailedMessageFilter(statuses=frozenset({FailedMessageStatus.UNRESOLVED}))
     newest_first = Ordering("time_of_failure")
 

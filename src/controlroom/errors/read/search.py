@@ -129,9 +129,7 @@ def _search_query(
             few = _search_page(conn, condition, offset, limit, order, cap=exact_count_limit + 1)
             if few.total <= exact_count_limit:
                 return few
-        total = _total_past_limit(
-            conn, query, matching, where, exact_count_limit, hits is not None
-        )
+        total = _total_past_limit(conn, query, matching, where, exact_count_limit, hits is not None)
     walk_pays = _walk_pays(conn, query, where, matching, total, exact_count_limit, offset + limit)
     if not walk_pays:
         return _search_page(conn, condition, offset, limit, order)
