@@ -2,8 +2,8 @@
 more) finds its page among the first rows of the sort order and answers the estimate,
 marked ``Total-Count-Estimated: true``, without counting; where that window holds no full
 page (words that never occur together, matches only among old messages) it is counted as
-any search is. Either way the rows are those an exact search shows. A provider without an
-estimate (SQLite) always counts."""
+any search is. Either way the rows are those an exact search shows. SQLite, without a
+planner's estimate, samples its full-text index's hits (and their rows, for a filter)."""
 
 from __future__ import annotations
 

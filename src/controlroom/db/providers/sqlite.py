@@ -75,9 +75,10 @@ estimated 57,218 hits as 56,233 and 45,547 as 45,900 (``benchmarks/query.py``), 
 FILTERED_SAMPLE_HITS = 2_000
 """About how many sampled hits ``estimate_search_hits`` tests a filter on (each one's
 table row read): the windows narrowed from their start to hold about that many. At
-1,000,000 messages, 200,943 Unresolved of 286,900 hits were estimated as 202,200 from
-2,022 of 2,839 sampled hits, 4 ms warm, where the 8,607 hits of the full windows took
-14 ms warm and 0.2 s cold, and counting every match 0.6 s (``benchmarks/README.md``)."""
+1,000,000 messages, 200,943 Unresolved of 286,900 hits were estimated as 199,971 from
+about 2,000 sampled hits in 3 ms warm (10 ms the first time), where testing the 8,607
+hits of the full windows took 14 ms warm and 0.2 s cold, and counting every match 0.57 s
+(``benchmarks/README.md``, ``views_http.py``)."""
 
 # Created by migration 0005 on SQLite only: the audit purge's permit (_purge_permit).
 _AUDIT_PURGE_PERMITS = sa.table("audit_purge_permits", sa.column("id"))
