@@ -57,6 +57,12 @@ WINDOW_GROWTH = 4
 """How many times wider each next window of a walk is, when the last held no full page
 (``_search_page_of_many``)."""
 
+WALKED_ROW_COST = 4
+"""About how many collected matches cost what one row of a walk's window costs: at
+1,000,000 messages on SQLite a window of 14,250 rows took 97 ms, collecting 302,597
+matches 684 ms (``benchmarks/README.md``, ``views_http.py``). A walk widens no further
+than the matches / this many rows (``_search_page_of_many``)."""
+
 BROAD_SEARCH_WINDOW_MAX = 20_000
 """No window past this many rows: a deeper page of a broad search counts first, and a
 search of many matches walks the sort order unbounded (``_search_page_of_many``)."""
@@ -349,7 +355,8 @@ def _search_page_of_many(
     That many assumes matches spread evenly in time; failures come in bursts. So where it
     is at most ``BROAD_SEARCH_WINDOW_MAX``, the walk tests twice that many rows (plus a
     page); a window holding no full page is followed by one ``WINDOW_GROWTH`` times wider,
-    up to ``BROAD_SEARCH_WINDOW_MAX`` rows and never more rows than the matches (``total``),
+    up to ``BROAD_SEARCH_WINDOW_MAX`` rows and no further than what collecting costs
+    (``total`` / ``WALKED_ROW_COST`` rows),
     and a page not full by then is read from the collected matches instead, with their
     exact count: an old burst of 4,000 of 20,000 messages cost 1.7 s by lookups walked to
     its end, 0.07 s collected (break-it pass). The newest messages may hold a search's
@@ -363,7 +370,7 @@ def _search_page_of_many(
     tested = math.ceil((offset + limit) * count_failed_messages(conn) / max(spread, 1))
     bound = 2 * tested + limit
     if bound <= BROAD_SEARCH_WINDOW_MAX:
-        ceiling = min(BROAD_SEARCH_WINDOW_MAX, max(bound, total.value))
+        ceiling = min(BROAD_SEARCH_WINDOW_MAX, max(bound, total.value // WALKED_ROW_COST))
         while True:
             window = _window(provider, order, bound)
             condition = sa.and_(
