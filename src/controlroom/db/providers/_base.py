@@ -318,11 +318,17 @@ class Provider(ABC):
         through the table."""
         return None
 
-    def estimate_search_hits(self, conn: sa.Connection, query: SearchQuery) -> int | None:
+    def estimate_search_hits(
+        self,
+        conn: sa.Connection,
+        query: SearchQuery,
+        where: Sequence[sa.ColumnElement[bool]] = (),
+    ) -> int | None:
         """An estimate of how many failed messages ``search_matches(query)`` holds, from
-        the full-text index alone and without reading every hit; ``None`` where the
-        provider has none of its own (here; PostgreSQL estimates the whole search
-        statement through ``estimate_rows``)."""
+        the full-text index alone and without reading every hit; with ``where``
+        (conditions on ``failed_messages``), of those also meeting them, from the rows of
+        a sample of the hits. ``None`` where the provider has none of its own (here;
+        PostgreSQL estimates the whole search statement through ``estimate_rows``)."""
         return None
 
     def without_index(self, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:

@@ -53,6 +53,16 @@ BROAD_SEARCH_WINDOW = 40
 looked for in: twice what a search matching 5 % of the messages needs. Where the window
 holds no full page, testing it was wasted: about 2,000 rows for a first page of 50."""
 
+WINDOW_GROWTH = 4
+"""How many times wider each next window of a walk is, when the last held no full page
+(``_search_page_of_many``)."""
+
+WALKED_ROW_COST = 4
+"""About how many collected matches cost what one row of a walk's window costs: at
+1,000,000 messages on SQLite a window of 14,250 rows took 97 ms, collecting 302,597
+matches 684 ms (``benchmarks/README.md``, ``views_http.py``). A walk widens no further
+than the matches / this many rows (``_search_page_of_many``)."""
+
 BROAD_SEARCH_WINDOW_MAX = 20_000
 """No window past this many rows: a deeper page of a broad search counts first, and a
 search of many matches walks the sort order unbounded (``_search_page_of_many``)."""
@@ -123,11 +133,13 @@ def _search_query(
     if hits is not None and hits <= exact_count_limit:
         # Few by the terms; the id alternatives add a handful, which the page counts.
         return _search_page(conn, condition, offset, limit, order)
-    if hits is None or where != EVERY_MESSAGE:
-        few = _search_page(conn, condition, offset, limit, order, cap=exact_count_limit + 1)
-        if few.total <= exact_count_limit:
-            return few
-    total = _total_past_limit(conn, query, matching, where, exact_count_limit, hits is not None)
+    total = _broad_among(conn, query, where, exact_count_limit) if hits is not None else None
+    if total is None:
+        if hits is None or where != EVERY_MESSAGE:
+            few = _search_page(conn, condition, offset, limit, order, cap=exact_count_limit + 1)
+            if few.total <= exact_count_limit:
+                return few
+        total = _total_past_limit(conn, query, matching, where, exact_count_limit, hits is not None)
     walk_pays = _walk_pays(conn, query, where, matching, total, exact_count_limit, offset + limit)
     if not walk_pays:
         return _search_page(conn, condition, offset, limit, order)
@@ -135,6 +147,25 @@ def _search_query(
     return _search_page_of_many(
         conn, text, query, where, condition, total, spread, offset, limit, order
     )
+
+
+def _broad_among(
+    conn: sa.Connection, query: SearchQuery, where: FailedMessageFilter, exact_count_limit: int
+) -> Total | None:
+    """The estimated total of a search of ``query`` among ``where`` (not every message)
+    whose hits the provider counted in its full-text index past ``exact_count_limit``
+    (SQLite), where the provider's sample of the hits meeting ``where``
+    (``Provider.estimate_search_hits``) comes to ``BROAD_SEARCH_ESTIMATE`` x the limit or
+    more, as a broad search's sample must (``_page_of_a_broad_search``); else ``None``
+    (the caller counts). Collecting the matches up to the limit, then counting every one,
+    read each match's row: 0.15 s and 0.57 s for 200,943 Unresolved of 1,000,000 messages
+    (the console's default status), the sample 4 ms (``benchmarks/README.md``)."""
+    if where == EVERY_MESSAGE:
+        return None
+    estimate = provider_for(conn).estimate_search_hits(conn, query, filter_conditions(where))
+    if estimate is None or estimate < BROAD_SEARCH_ESTIMATE * exact_count_limit:
+        return None
+    return Total(estimate, estimated=True)
 
 
 def _walk_pays(
@@ -322,26 +353,37 @@ def _search_page_of_many(
     every match by its indexes and sort them all.
 
     That many assumes matches spread evenly in time; failures come in bursts. So where it
-    is at most ``BROAD_SEARCH_WINDOW_MAX``, the walk stops after twice that many rows (plus
-    a page), and a page not full by then is read from the collected matches instead, with
-    their exact count: an old burst of 4,000 of 20,000 messages cost 1.7 s by lookups
-    walked to its end, 0.07 s collected (break-it pass). The bounded walk's window goes to
+    is at most ``BROAD_SEARCH_WINDOW_MAX``, the walk tests twice that many rows (plus a
+    page); a window holding no full page is followed by one ``WINDOW_GROWTH`` times wider,
+    up to ``BROAD_SEARCH_WINDOW_MAX`` rows and no further than what collecting costs
+    (``total`` / ``WALKED_ROW_COST`` rows),
+    and a page not full by then is read from the collected matches instead, with their
+    exact count: an old burst of 4,000 of 20,000 messages cost 1.7 s by lookups walked to
+    its end, 0.07 s collected (break-it pass). The newest messages may hold a search's
+    words less often than the older ones do (a new mix of failures arriving): 20,000 of
+    them, the words in fewer than one in eight, and the first window missed its page,
+    so a broad search at 1,000,000 collected its 302,597 matches, 0.7 s, where a wider
+    window finds the page (``benchmarks/README.md``). The bounded walk's window goes to
     the provider with the condition (``search_condition``'s ``among``): SQLite then reads
     only the hits within the window's rowid range."""
     provider = provider_for(conn)
     tested = math.ceil((offset + limit) * count_failed_messages(conn) / max(spread, 1))
     bound = 2 * tested + limit
     if bound <= BROAD_SEARCH_WINDOW_MAX:
-        window = _window(provider, order, bound)
-        condition = sa.and_(
-            search_condition(conn.dialect, text, query, among=window),
-            *filter_conditions(where),
-        )
-        page = _window_page(provider, condition, window, order, offset=offset, limit=limit)
-        found = hits_page(conn, page, order, total, offset=offset, limit=limit)
-        if len(found.items) == limit:
-            return found
-        return _search_page(conn, collected, offset, limit, order)
+        ceiling = min(BROAD_SEARCH_WINDOW_MAX, max(bound, total.value // WALKED_ROW_COST))
+        while True:
+            window = _window(provider, order, bound)
+            condition = sa.and_(
+                search_condition(conn.dialect, text, query, among=window),
+                *filter_conditions(where),
+            )
+            page = _window_page(provider, condition, window, order, offset=offset, limit=limit)
+            found = hits_page(conn, page, order, total, offset=offset, limit=limit)
+            if len(found.items) == limit:
+                return found
+            if bound >= ceiling:
+                return _search_page(conn, collected, offset, limit, order)
+            bound = min(ceiling, bound * WINDOW_GROWTH)
     statuses = merged_statuses(where, order)
     if statuses:
         kept = [provider.without_index(collected)]
