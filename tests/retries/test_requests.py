@@ -153,6 +153,24 @@ def test_queue_and_endpoint_retries_select_by_failed_queue_and_receiving_endpoin
     assert {held[i].retry_batch_id for i in billing} == {by_endpoint["batches"][0]["id"]}
 
 
+def test_a_queue_retry_takes_the_messages_its_list_shows_in_any_case(
+    settings: Settings, engine: sa.Engine, writer: FailedMessageBatchWriter, client: TestClient
+) -> None:
+    upper = store_many(settings, writer, 2, prefix="u", endpoint="Sales")
+    lower = store_many(settings, writer, 1, prefix="l", endpoint="sales")
+    store_many(settings, writer, 1, prefix="o", endpoint="Billing")
+    listed = client.get("/api/errors", params={"queueaddress": "SALES"}).json()
+    assert sorted(m["id"] for m in listed) == sorted(upper + lower)
+
+    answer = client.post("/api/errors/queues/SALES/retry").json()
+
+    assert answer["message_count"] == 3, answer
+    held = claims(engine)
+    assert sorted(held) == sorted(upper + lower)
+    operation = client.get(f"/api/retries/{answer['operation_id']}").json()
+    assert operation["message_count"] == 3
+
+
 def test_unknown_ids_and_groups_answer_404_naming_them(
     settings: Settings, engine: sa.Engine, writer: FailedMessageBatchWriter, client: TestClient
 ) -> None:

@@ -26,6 +26,18 @@ fm = failed_messages.c
 Operand = Callable[[sa.ColumnElement[Any]], sa.ColumnElement[Any]]
 
 
+def failed_in_queue(
+    queue_address: str, operand: Operand = lambda column: column
+) -> sa.ColumnElement[bool]:
+    """The messages that failed in ``queue_address``, matched in any case as
+    ServiceControl's queue-address filter and retry match: a queue's retry and the
+    pending retries of a queue take the messages its list shows. Both sides are folded
+    by the database, so they fold alike (SQLite folds ASCII letters only); the
+    ``lower(queue_address)`` indexes serve it (docs/decisions.md "A subset is read from
+    its own rows")."""
+    return sa.func.lower(operand(fm.queue_address)) == sa.func.lower(sa.literal(queue_address))
+
+
 SortKey = Literal[
     "id",
     "message_id",
@@ -107,11 +119,7 @@ def filter_conditions(
     if where.failed_to is not None:
         conditions.append(fm.last_failure_at <= where.failed_to)
     if where.queue_address is not None:
-        # Both sides folded by the database, so they fold alike (SQLite folds ASCII only).
-        conditions.append(
-            sa.func.lower(equality_operand(fm.queue_address))
-            == sa.func.lower(sa.literal(where.queue_address))
-        )
+        conditions.append(failed_in_queue(where.queue_address, equality_operand))
     if where.receiving_endpoint is not None:
         conditions.append(equality_operand(fm.receiving_endpoint) == where.receiving_endpoint)
     if where.conversation_id is not None:

@@ -31,6 +31,7 @@ from controlroom.errors.read.filters import (
     FailedMessageFilter,
     Ordering,
     check_window,
+    failed_in_queue,
     filter_conditions,
     order_by,
     sort_columns,
@@ -365,7 +366,7 @@ def pending_retry_ids(
             sa.select(fm.id)
             .where(
                 fm.status == int(FailedMessageStatus.RETRY_ISSUED),
-                fm.queue_address == queue_address,
+                failed_in_queue(queue_address),
                 fm.last_modified.between(start, end),
             )
             .order_by(fm.id)

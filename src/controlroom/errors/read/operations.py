@@ -36,6 +36,7 @@ from controlroom.db.tables import (
     failed_message_retries,
     failed_messages,
 )
+from controlroom.errors.read.filters import failed_in_queue
 
 fm = failed_messages.c
 
@@ -128,7 +129,7 @@ def resolve_pending_retries_between(
     """
     selected: sa.ColumnElement[bool] = fm.last_modified.between(start, end)
     if queue_address is not None:
-        selected = sa.and_(selected, fm.queue_address == queue_address)
+        selected = sa.and_(selected, failed_in_queue(queue_address))
     _drop_retry_claims(conn, selected)
     return _count(conn, _update(selected, RESOLVABLE, RESOLVED, now))
 

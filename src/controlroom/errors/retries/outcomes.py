@@ -22,6 +22,7 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
+from controlroom.errors.read.filters import failed_in_queue
 from controlroom.errors.retries.requests import RetryOperation, RetryType, get_operation
 from controlroom.events import EventLogItem
 
@@ -97,7 +98,7 @@ def _selected(operation: RetryOperation) -> sa.ColumnElement[bool] | None:
     if operation.retry_type is RetryType.SINGLE_MESSAGE:
         return fm.id == target
     if operation.retry_type is RetryType.BY_QUEUE_ADDRESS:
-        return fm.queue_address == target
+        return failed_in_queue(target)
     if operation.retry_type is RetryType.ALL_FOR_ENDPOINT:
         return fm.receiving_endpoint == target
     return None

@@ -56,6 +56,7 @@ from controlroom.db.tables import (
 )
 from controlroom.errors import activity
 from controlroom.errors.ingest.headers import parse_guid
+from controlroom.errors.read.filters import failed_in_queue
 from controlroom.errors.read.redirects import redirect_targets
 from controlroom.errors.retries import wire as retry_wire
 from controlroom.errors.retries.claims import claim_messages
@@ -260,7 +261,7 @@ def retry_queue(
         RetryType.BY_QUEUE_ADDRESS,
         target=queue_address,
         originator=queue_address,
-        condition=fm.queue_address == queue_address,
+        condition=failed_in_queue(queue_address),
     )
     return _run_request(engine, selection, clock, by)
 
