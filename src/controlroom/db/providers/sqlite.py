@@ -9,6 +9,7 @@ external-content table ``failed_messages_fts`` over the terms the process wrote 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sqlite3
 import time
@@ -39,6 +40,19 @@ from controlroom.runtime.lease import Lease
 # use it, not here: the site agent's own store runs on this provider and loads none of it.
 
 BUSY_TIMEOUT_SECONDS = 30
+
+WAL_CHECKPOINT_BYTES = 64 * 2**20
+"""A writer's commit that leaves the write-ahead log larger than this (bytes) is followed
+by a checkpoint that copies the log back and truncates it; also the size a log is cut
+back to when SQLite starts it over (``journal_size_limit``). docs/decisions.md "SQLite's
+write-ahead log is checkpointed by the writer"."""
+
+WAL_CHECKPOINT_WAIT_SECONDS = 2.0
+"""How long that checkpoint waits for the reads that began before it (seconds); past it
+the log stays as it is until the next writer's commit tries again."""
+
+_WROTE = "controlroom_wrote"  # connection record info: this connection began a write
+_log = logging.getLogger(__name__)
 _TRANSIENT_MARKERS = ("database is locked", "database is busy", "disk i/o error")
 
 FTS_TOKENIZER = "unicode61 remove_diacritics 0 categories 'L* M* N* P* S* Co'"
@@ -330,6 +344,7 @@ class SQLiteProvider(OnConflictProvider):
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute(f"PRAGMA journal_size_limit={WAL_CHECKPOINT_BYTES}")
             cursor.close()
 
         @sa.event.listens_for(engine, "begin")
@@ -337,6 +352,19 @@ class SQLiteProvider(OnConflictProvider):
             # A writer takes the lock up front instead of failing on upgrade.
             immediate = conn.get_execution_options().get(WRITE_OPTION, False)
             conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+            if immediate:
+                conn.info[_WROTE] = True
+
+        if url.database and url.database != ":memory:":
+            wal = Path(f"{url.database}-wal")
+
+            @sa.event.listens_for(engine, "checkin")
+            def _on_checkin(
+                dbapi_connection: sqlite3.Connection | None, record: ConnectionPoolEntry
+            ) -> None:
+                # After the writer's transaction ended, before its caller acknowledges.
+                if record.info.pop(_WROTE, False) and dbapi_connection is not None:
+                    _checkpoint_if_past_bound(dbapi_connection, wal)
 
         return engine
 
@@ -405,3 +433,29 @@ class SQLiteProvider(OnConflictProvider):
 
 
 PROVIDER = SQLiteProvider()
+
+
+def _checkpoint_if_past_bound(dbapi_connection: sqlite3.Connection, wal: Path) -> None:
+    """Copy a write-ahead log larger than ``WAL_CHECKPOINT_BYTES`` back into the database
+    and truncate it (``PRAGMA wal_checkpoint(TRUNCATE)``), waiting at most
+    ``WAL_CHECKPOINT_WAIT_SECONDS`` for the reads begun before it. SQLite's own checkpoint
+    after a commit never waits: while reads overlap every commit, as a console's do during
+    a drain, it copies too little for the log to start over, and the log grows by every
+    batch (docs/decisions.md "SQLite's write-ahead log is checkpointed by the writer").
+    A checkpoint that could not finish, or failed, leaves the log to the next writer: the
+    write it follows has committed either way."""
+    try:
+        if wal.stat().st_size <= WAL_CHECKPOINT_BYTES:
+            return
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout={round(WAL_CHECKPOINT_WAIT_SECONDS * 1000)}")
+            busy, _, _ = cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        finally:
+            cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_SECONDS * 1000}")
+            cursor.close()
+    except (OSError, sqlite3.Error) as error:
+        _log.warning("checkpoint of %s not made: %s", wal, error)
+        return
+    if busy:
+        _log.info("checkpoint of %s waited for reads and left the log to a later write", wal)

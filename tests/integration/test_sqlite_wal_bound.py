@@ -1,0 +1,106 @@
+"""SQLite's write-ahead log stays bounded while reads overlap every commit
+(docs/decisions.md "SQLite's write-ahead log is checkpointed by the writer").
+
+SQLite's automatic checkpoint is passive: while some read transaction began before the
+latest commit, it cannot copy the newest frames back, and the log only starts over once
+every frame was copied with no reader left in it. A console read during a drain is
+such a reader, so without the writer's own checkpoint the log grew by every batch."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
+from controlroom.db.providers import sqlite as sqlite_provider
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from tests.nsb import failed_headers
+
+BOUND = 256 * 1024  # bytes: small, so that every batch of this test passes it
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[sa.Engine, Path]]:
+    monkeypatch.setattr(sqlite_provider, "WAL_CHECKPOINT_BYTES", BOUND)
+    path = tmp_path / "controlroom.db"
+    engine = create_store_engine(f"sqlite:///{path}")
+    upgrade_database(engine)
+    try:
+        yield engine, Path(f"{path}-wal")
+    finally:
+        engine.dispose()
+
+
+def overlapping_reads(engine: sa.Engine, stop: threading.Event, started: threading.Event) -> None:
+    """Read transactions that stay open a while, as a console's page does."""
+    with engine.connect() as conn:
+        conn.execute(sa.text("SELECT count(*) FROM failed_messages")).scalar_one()
+        started.set()
+    while not stop.is_set():
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT count(*) FROM failed_message_groups")).scalar_one()
+            time.sleep(0.005)
+            conn.execute(sa.text("SELECT count(*) FROM failed_messages")).scalar_one()
+
+
+def batch(start: int, count: int) -> IngestionBatch:
+    return IngestionBatch(
+        attempts=[
+            parse_failed_message(
+                failed_headers(f"wal-{n}", exception_message=f"failure {n} " + "x" * 2000),
+                b'{"n": 1}',
+                max_body_size_to_store=100_000,
+            )
+            for n in range(start, start + count)
+        ]
+    )
+
+
+def test_the_log_stays_within_its_bound_while_reads_overlap_every_commit(
+    store: tuple[sa.Engine, Path],
+) -> None:
+    engine, wal = store
+    writer = FailedMessageBatchWriter(engine)
+    stop, started = threading.Event(), threading.Event()
+    readers = [
+        threading.Thread(target=overlapping_reads, args=(engine, stop, started)) for _ in range(2)
+    ]
+    for reader in readers:
+        reader.start()
+    started.wait(10)
+    sizes = []
+    try:
+        for n in range(12):
+            writer.write(batch(n * 100, 100))
+            sizes.append(wal.stat().st_size)
+    finally:
+        stop.set()
+        for reader in readers:
+            reader.join()
+
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM failed_messages")).scalar_one() == 1200
+    # After each write the writer has checkpointed a log past the bound and truncated it.
+    assert max(sizes) <= BOUND, sizes
+
+
+def test_a_log_past_its_bound_is_checkpointed_only_by_a_writer(
+    store: tuple[sa.Engine, Path],
+) -> None:
+    engine, wal = store
+    FailedMessageBatchWriter(engine).write(batch(0, 100))
+    assert wal.stat().st_size <= BOUND
+    with engine.begin() as conn:  # a write that is not a writer's (no BEGIN IMMEDIATE) ...
+        conn.execute(sa.text("CREATE TABLE scratch (x BLOB)"))
+        conn.execute(sa.text("INSERT INTO scratch VALUES (zeroblob(1048576))"))
+    # ... and reads leave the log as it is: only a writer's commit pays the checkpoint.
+    with engine.connect() as conn:
+        conn.execute(sa.text("SELECT count(*) FROM scratch")).scalar_one()
+    assert wal.stat().st_size > BOUND
