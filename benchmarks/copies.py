@@ -21,15 +21,17 @@ of its own next to ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (as ``ingest.py``):
   queue address's index as at 0028): what each half of 0029 costs;
 - ``0029``: before migration 0031, the subsets' indexes without the fenced sorts' keys
   included (0030 touches no table the write path writes, 0031 changes indexes only);
+- ``0031``: before migration 0032, an endpoint's and a queue address's message type not
+  indexed after the subset (0032 adds indexes only);
 - ``every``: head and an index for every other sort a group, an endpoint or a queue
-  address offers that ServicePulse does not use (the group's ``last_modified``, the
-  endpoint's and the queue address's ``message_type`` and ``last_modified``): what
-  indexing them all would cost, the form 0029 did not take;
+  address offers (the group's, the endpoint's and the queue address's
+  ``last_modified``): what indexing them all would cost, the form 0029 did not take;
 - ``head``: the service's writer on the schema as migrated (since 0013 the writer reads
   the copies from the messages in its group-row insert; the trigger skips those rows;
   since 0020 the copies of the sort keys too, and the subsets' sort indexes; since 0024
   the status-led sort indexes in place of the sort keys' own; since 0027 the message
-  id's too; since 0031 the fenced sorts' keys included in the subsets' indexes).
+  id's too; since 0031 the fenced sorts' keys included in the subsets' indexes; since
+  0032 an endpoint's and a queue address's message type indexed after the subset).
 
 One round times the write path (``ingest.write_path``, ``--threads`` batches at once;
 by default ``concurrent_batches``, as the service runs) once per variant, each on
@@ -151,12 +153,8 @@ GROUP_MESSAGE_TYPE = (
 EVERY_SUBSET_SORT = (
     "CREATE INDEX ix_every_group_modified "
     "ON failed_message_groups (group_id, last_modified, failed_message_id)",
-    "CREATE INDEX ix_every_endpoint_type "
-    "ON failed_messages (receiving_endpoint, message_type NULLS FIRST, id)",
     "CREATE INDEX ix_every_endpoint_modified "
     "ON failed_messages (receiving_endpoint, last_modified, id)",
-    "CREATE INDEX ix_every_queue_type "
-    "ON failed_messages (lower(queue_address), message_type NULLS FIRST, id)",
     "CREATE INDEX ix_every_queue_modified "
     "ON failed_messages (lower(queue_address), last_modified, id)",
 )
@@ -171,6 +169,7 @@ VARIANTS = (
     Variant("0028", "0028", FailedMessageBatchWriter),
     Variant("0028+type", "0028", FailedMessageBatchWriter, (GROUP_MESSAGE_TYPE,)),
     Variant("0029", "0029", FailedMessageBatchWriter),
+    Variant("0031", "0031", FailedMessageBatchWriter),
     Variant("every", "head", FailedMessageBatchWriter, EVERY_SUBSET_SORT),
     Variant("head", "head", FailedMessageBatchWriter),
 )

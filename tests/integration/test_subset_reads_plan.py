@@ -89,10 +89,10 @@ SUBSET_SORTS = {
     # estimate), reading every row of it: its page is measured without its count.
     "group": ("time_sent", "time_of_failure", "message_type"),
     "unresolved of a group": ("time_sent", "time_of_failure", "message_type"),
-    "endpoint": ("time_sent", "time_of_failure"),
-    "unresolved of an endpoint": ("time_sent", "time_of_failure"),
-    "queue address": ("time_sent", "time_of_failure"),
-    "unresolved of a queue address": ("time_sent", "time_of_failure"),
+    "endpoint": ("time_sent", "time_of_failure", "message_type"),
+    "unresolved of an endpoint": ("time_sent", "time_of_failure", "message_type"),
+    "queue address": ("time_sent", "time_of_failure", "message_type"),
+    "unresolved of a queue address": ("time_sent", "time_of_failure", "message_type"),
 }
 COUNTED_THROUGH_ROWS = {"queue address", "unresolved of a queue address"}
 FENCED_SORTS = {

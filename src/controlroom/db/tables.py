@@ -134,7 +134,10 @@ for _key in STATUS_SORT_KEYS:
 
 SUBSET_SORT_KEYS = ("time_sent", "last_failure_at")
 """The sort columns an endpoint's or a queue address's page walks its own index of,
-``(subset column, key, id)`` (migration 0020); other keys read the subset and sort it."""
+``(subset column, key, id)`` (migration 0020); by message type it walks the partial
+indexes of migration 0032 (not modelled here: their predicate is each provider's
+expression, ``errors.read.lists.INDEXED_TYPE_BYTES``); other keys read the subset and
+sort it."""
 
 QUEUE_ADDRESS_COVERED = "ix_failed_messages_queue_address_lower_time_sent"
 """The index of the lower-cased queue address that holds the address itself too

@@ -273,6 +273,12 @@ class Provider(ABC):
         way; only the plan differs."""
 
     @abstractmethod
+    def octet_length(self, text: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
+        """The length of ``text`` in bytes of UTF-8 (``NULL`` for ``NULL``), written as the
+        partial indexes of migration 0032 write it in their ``WHERE``: a planner matches
+        an index's predicate to a query's condition by the expression."""
+
+    @abstractmethod
     def order_nulls_smallest(
         self, column: sa.ColumnElement[Any], *, descending: bool
     ) -> sa.ColumnElement[Any]:

@@ -388,6 +388,9 @@ class PostgreSQLProvider(OnConflictProvider):
         # benchmarks/README.md "stopped.py").
         return query.offset(sa.literal_column("0")).subquery(name)
 
+    def octet_length(self, text: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
+        return sa.func.octet_length(text, type_=sa.Integer)
+
     def order_nulls_smallest(
         self, column: sa.ColumnElement[Any], *, descending: bool
     ) -> sa.ColumnElement[Any]:

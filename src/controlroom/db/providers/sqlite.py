@@ -180,6 +180,11 @@ class SQLiteProvider(OnConflictProvider):
         # a MATERIALIZED CTE writes every row to a temporary table first.
         return query.limit(sa.literal_column("-1")).offset(sa.literal_column("0")).subquery(name)
 
+    def octet_length(self, text: sa.ColumnElement[Any]) -> sa.ColumnElement[int]:
+        # A text cast to a blob is its bytes in the database's encoding, UTF-8 here
+        # (SQLite's octet_length() came in 3.43; Debian 12 ships 3.40).
+        return sa.func.length(sa.cast(text, sa.LargeBinary), type_=sa.Integer)
+
     def order_nulls_smallest(
         self, column: sa.ColumnElement[Any], *, descending: bool
     ) -> sa.ColumnElement[Any]:

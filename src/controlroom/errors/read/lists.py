@@ -61,6 +61,13 @@ the matches costs one lookup each plus a sort: they cross near the square root o
 all messages (7,000 at 1,000,000)."""
 
 
+INDEXED_TYPE_BYTES = 1000
+"""The longest message type (bytes of UTF-8) that an endpoint's and a queue address's
+``(subset column, message_type, id)`` indexes hold (partial, migration 0032): beside a
+subset key of 1,600 bytes an entry stays within PostgreSQL's 2,704 bytes. Longer types
+have an index of the subset's column of their own (partial too)."""
+
+
 @dataclass(frozen=True, slots=True)
 class QueueAddressCount:
     """A queue failed messages came from, and how many failed messages name it."""
@@ -186,6 +193,21 @@ def merged_walks(
         sa.select(*sort_columns(order)).where(fm.status == status, *conditions)
         for status in statuses
     ]
+    return merge_walks(provider, walks, order, offset=offset, limit=limit)
+
+
+def merge_walks(
+    provider: Provider,
+    walks: list[sa.Select[Any]],
+    order: Ordering,
+    *,
+    offset: int,
+    limit: int,
+) -> sa.Subquery:
+    """The rows of ``walks`` (each selecting ``sort_columns(order)``, none ordered) in
+    ``order``, ``limit`` from ``offset``, as a subquery: a compound ``SELECT`` ordered as a
+    whole, which reads each walk in order and merges them, each bounded by the page's
+    end where the provider needs it said (``Provider.bounds_merged_walks``)."""
     if provider.bounds_merged_walks and len(walks) > 1:
         bounded = [
             walk.order_by(*order_by(provider, order)).limit(offset + limit).subquery(f"s{n}")
@@ -256,14 +278,24 @@ def _subset_page(
     provider: Provider, where: FailedMessageFilter, order: Ordering, *, offset: int, limit: int
 ) -> sa.Subquery:
     """The page of an endpoint or a queue address (``where`` names one or both): walking
-    ``(subset column, key, id)`` in order for the keys of ``SUBSET_SORT_KEYS``, else the
-    subset's rows read by that index and sorted. The status and the other equality
+    ``(subset column, key, id)`` in order for the keys of ``SUBSET_SORT_KEYS``; by message
+    type, the walk of ``(subset column, message_type, id)`` over the types of at most
+    ``INDEXED_TYPE_BYTES`` merged with the subset's longer types sorted; else the
+    subset's rows read by its ``time_sent`` index and sorted. The status and the other equality
     conditions are kept from every index (``subset_conditions``), so no planner reads
     another column's matches instead: a status's index, walked for an endpoint holding a
     third of the messages, passed every newer message of that status elsewhere."""
     conditions = subset_conditions(where, provider)
     if _leading_key(order) in SUBSET_SORT_KEYS:
         return _window(sa.select(fm.id).where(*conditions), provider, order, offset, limit)
+    if _leading_key(order) == "message_type":
+        octets = sa.func.coalesce(provider.octet_length(fm.message_type), sa.literal_column("0"))
+        bound: sa.ColumnElement[int] = sa.literal_column(str(INDEXED_TYPE_BYTES))  # as indexed
+        walks = [
+            sa.select(*sort_columns(order)).where(*conditions, within)
+            for within in (octets <= bound, octets > bound)
+        ]
+        return merge_walks(provider, walks, order, offset=offset, limit=limit)
     members = sa.select(*sort_columns(order)).where(*conditions)
     return _fenced_window(members, provider, order, offset, limit)
 
