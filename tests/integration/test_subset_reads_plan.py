@@ -489,6 +489,37 @@ def test_a_subsets_fenced_sort_reads_its_keys_from_the_index_alone_once_vacuumed
     assert not heap_reads, f"fenced sorts reading the table: {heap_reads}"
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_subsets_fenced_sort_reads_its_keys_from_an_index_alone_on_sqlite(
+    quiet_store: sa.Engine,
+) -> None:
+    """As above on SQLite, which has no ``INCLUDE``: the fenced sorts' keys are the last
+    columns of the index the subset is read by (migration 0033), whose plan says it
+    reads that index alone (``USING COVERING INDEX``), never the table's rows."""
+    busy = [message(n, "Busy", BUSY) for n in range(SUBSET, SUBSET + OUTSIDE)]
+    write(quiet_store, busy, clock_seconds=SUBSET + OUTSIDE)
+    uncovered = {}
+    with quiet_store.connect() as conn:
+        for name, keys in FENCED_SORTS.items():
+            for order in ORDERS:
+                if order.key not in keys:
+                    continue
+                statement, parameters = fenced_statement(conn, SUBSETS[name], order)
+                plan = [
+                    row[3]
+                    for row in conn.exec_driver_sql(
+                        f"EXPLAIN QUERY PLAN {statement}",
+                        parameters,  # type: ignore[arg-type]
+                    )
+                ]
+                members = [line for line in plan if line.startswith(("SEARCH", "SCAN"))]
+                if not any("COVERING INDEX" in line for line in members[:1]):
+                    direction = "desc" if order.descending else "asc"
+                    uncovered[f"{name} by {order.key} {direction}"] = plan
+    some = dict(list(uncovered.items())[:2])
+    assert not uncovered, f"{len(uncovered)} fenced sorts reading the table, such as: {some}"
+
+
 FENCE_OFFSETS = (0, 200)
 """The first page and a deep one (the subsets hold 150-300 messages)."""
 
