@@ -253,14 +253,3 @@ def test_the_demos_serve_leaves_routine_lines_out_of_its_log(
         access.filters[:] = filters
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
-
-
-def test_the_demos_site_agents_keep_their_stores_under_its_data_dir(data_dir: Path) -> None:
-    """A second demo beside a first one, given its own data directory and port (the
-    README's way), has site agents of its own: their tracking stores are under that
-    directory, never under ``./controlroom-data`` of the working directory."""
-    from controlroom.cli import _load, demo_helpers
-
-    helpers = {helper.name: helper for helper in demo_helpers(_load(None), {})}
-    argv = helpers["the site demo"].argv
-    assert argv[argv.index("--data-dir") + 1] == str(data_dir)

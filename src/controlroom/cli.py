@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from controlroom.config import Settings
     from controlroom.demo import DemoMessage
     from controlroom.demo_endpoints import Handled
-    from controlroom.demo_run import Helper
     from controlroom.errors.ingest.reimport import ReimportOutcome
     from controlroom.server import Serving
     from controlroom.settings_sources import ListenOverrides
@@ -311,11 +310,13 @@ def demo_run(config: ConfigOption = None) -> None:
 
     from controlroom.demo_run import (
         PORT_CHOSEN_BY,
+        Helper,
         controlroom_argv,
         demo_listeners,
         first_taken_port,
         supervise,
     )
+    from controlroom.runtime.demo_logs import QUIET_ENV
 
     settings = _load(config)
     _refuse_if_served(settings)
@@ -337,33 +338,22 @@ def demo_run(config: ConfigOption = None) -> None:
     )
     if published.returncode != 0:
         raise typer.Exit(published.returncode)
-    helpers = demo_helpers(settings, env)
-    raise typer.Exit(supervise(helpers, lambda line: err_console.print(line, highlight=False)))
-
-
-def demo_helpers(settings: Settings, env: dict[str, str]) -> list[Helper]:
-    """The processes `demo run` starts, in order (serve first: the site agents and sinks
-    find it up), each given ``env`` where it reads the settings; everything they write
-    is under ``settings.data_dir``."""
-    from controlroom.demo_run import Helper, controlroom_argv
-    from controlroom.runtime.demo_logs import QUIET_ENV
-
     central = f"http://127.0.0.1:{settings.port}"
-    site_demo = ("site", "demo", "--central-url", central, "--data-dir", str(settings.data_dir))
-    return [
+    helpers = [  # serve first: the site agents and sinks find it up
         Helper(
             "controlroom serve",
             controlroom_argv("serve"),
             {**env, **demo_central_environment(settings.port), QUIET_ENV: "1"},
             listens_on=(_loopback_if_any(settings.host), settings.port),
         ),
-        Helper("the site demo", controlroom_argv(*site_demo)),
+        Helper("the site demo", controlroom_argv("site", "demo", "--central-url", central)),
         Helper("the demo endpoints", controlroom_argv("demo", "endpoints"), env),
         Helper(
             "the notification sinks",
             controlroom_argv("demo", "notifications", "--central-url", central),
         ),
     ]
+    raise typer.Exit(supervise(helpers, lambda line: err_console.print(line, highlight=False)))
 
 
 def demo_central_environment(port: int) -> dict[str, str]:
