@@ -1,6 +1,7 @@
 """``controlroom demo run`` (what ``make demo`` runs) is all or nothing: every port it
 takes is checked before anything is published, a taken one refused in one line naming
-it and ``CONTROLROOM_PORT``; a helper that dies stops the whole demo, saying which
+it and ``CONTROLROOM_PORT``, and so are its site agents' tracking stores, kept under its
+data directory; a helper that dies stops the whole demo, saying which
 (docs/decisions.md "make demo is all or nothing")."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typer.testing import CliRunner
 from controlroom.cli import app
 from controlroom.demo_run import Helper, demo_listeners, first_taken_port, supervise
 from controlroom.runtime.sockets import listen
+from controlroom.site.store import TrackingStore
 
 runner = CliRunner()
 MAKEFILE = Path(__file__).parents[1] / "Makefile"
@@ -63,6 +65,28 @@ def test_a_taken_demo_port_is_refused_in_one_line_before_anything_is_published(
     assert f"port {port + past} " in lines[0] and "CONTROLROOM_PORT" in lines[0]
     assert "Published" not in result.output
     assert not data_dir.exists() or not any(data_dir.rglob("*.db"))
+
+
+def test_a_site_agents_store_in_use_is_refused_in_one_line_before_anything_is_published(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A site agent of another process (a `controlroom site demo` of this data directory)
+    holds the store the demo's agent north would open: refused before publishing, not
+    found out when the demo's site agents die after serve started."""
+    monkeypatch.setenv("CONTROLROOM_PORT", str(free_demo_port()))
+    store_path = data_dir / "sites" / "north" / "tracking.db"
+    store = TrackingStore.open(store_path)
+    try:
+        result = runner.invoke(app, ["demo", "run"])
+    finally:
+        store.close()
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert "in use by another" in lines[0] and "CONTROLROOM_DATA_DIR" in lines[0]
+    assert str(store_path) in result.output.replace("\n", "")
+    assert "Published" not in result.output
+    assert not (data_dir / "queue.db").exists()  # nothing published
 
 
 def python(code: str) -> list[str]:
@@ -144,14 +168,18 @@ def children_of(pid: int) -> dict[int, str]:
 
 @pytest.fixture
 def demo(data_dir: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """``demo run`` on ``data_dir``, started in a directory of its own (``tmp_path /
+    "cwd"``): what it writes elsewhere than its data directory is seen there."""
     log = tmp_path / "demo.log"
     env = {**os.environ, "CONTROLROOM_PORT": str(free_demo_port())}
+    (tmp_path / "cwd").mkdir()
     with log.open("wb") as output:
         process = subprocess.Popen(
             [sys.executable, "-m", "controlroom", "demo", "run"],
             stdout=output,
             stderr=subprocess.STDOUT,
             env=env,
+            cwd=tmp_path / "cwd",
         )
         try:
             yield process, log
@@ -183,6 +211,24 @@ def test_make_demo_stops_whole_when_a_helper_dies(
     for pid in children:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_the_demos_site_agents_keep_their_stores_in_its_data_dir(
+    demo: tuple[subprocess.Popen[bytes], Path], data_dir: Path, tmp_path: Path
+) -> None:
+    """Everything the demo writes lives under CONTROLROOM_DATA_DIR, its site agents'
+    tracking stores too: a second demo with its own data directory and port runs beside
+    a first one (README "Quick start")."""
+    process, log = demo
+    cwd = tmp_path / "cwd"
+    stores = [data_dir / "sites" / site / "tracking.db" for site in ("north", "south")]
+    deadline = time.monotonic() + 120
+    while not all(store.exists() for store in stores) and not any(cwd.iterdir()):
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    assert sorted(p.name for p in cwd.iterdir()) == [], log.read_text()
+    assert all(store.exists() for store in stores)
 
 
 def test_make_demo_runs_demo_run() -> None:

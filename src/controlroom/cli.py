@@ -303,8 +303,9 @@ def demo_endpoints(
 def demo_run(config: ConfigOption = None) -> None:
     """What `make demo` runs: publish the demo (as `controlroom demo`), then run `serve`, the
     site demo, the demo endpoints and the notification sinks side by side until Ctrl+C.
-    Every port they take (CONTROLROOM_PORT and 11-15 past it) is checked first; when any
-    of them exits, the others are stopped."""
+    Every port they take (CONTROLROOM_PORT and 11-15 past it) and the site agents' stores
+    (under CONTROLROOM_DATA_DIR, as all the demo writes) are checked first; when any of
+    them exits, the others are stopped."""
     import os
     import subprocess
 
@@ -313,6 +314,7 @@ def demo_run(config: ConfigOption = None) -> None:
         Helper,
         controlroom_argv,
         demo_listeners,
+        first_store_in_use,
         first_taken_port,
         supervise,
     )
@@ -320,6 +322,15 @@ def demo_run(config: ConfigOption = None) -> None:
 
     settings = _load(config)
     _refuse_if_served(settings)
+    held = first_store_in_use(settings.data_dir)
+    if held is not None:
+        err_console.print(
+            f"[red]error:[/] the tracking store {escape(str(held))} of the demo's site "
+            "agents is in use by another process (a controlroom site demo?); nothing "
+            "published. Stop it first, or give this demo its own CONTROLROOM_DATA_DIR.",
+            highlight=False,
+        )
+        raise typer.Exit(1)
     with _exit_on_failure():
         taken = first_taken_port(demo_listeners(settings.host, settings.port))
     if taken is not None:
@@ -346,7 +357,12 @@ def demo_run(config: ConfigOption = None) -> None:
             {**env, **demo_central_environment(settings.port), QUIET_ENV: "1"},
             listens_on=(_loopback_if_any(settings.host), settings.port),
         ),
-        Helper("the site demo", controlroom_argv("site", "demo", "--central-url", central)),
+        Helper(  # its agents' stores under the demo's data directory, as all it writes
+            "the site demo",
+            controlroom_argv(
+                "site", "demo", "--central-url", central, "--data-dir", str(settings.data_dir)
+            ),
+        ),
         Helper("the demo endpoints", controlroom_argv("demo", "endpoints"), env),
         Helper(
             "the notification sinks",
@@ -988,7 +1004,10 @@ def site_demo(
         str, typer.Option(help="Central's base URL, where telemetry goes.")
     ] = "http://127.0.0.1:8080",
     data_dir: Annotated[
-        Path, typer.Option(help="Where the agents keep their tracking stores.")
+        Path,
+        typer.Option(
+            help="Where the agents keep their tracking stores (make demo: its data directory)."
+        ),
     ] = Path("./controlroom-data"),
     every: Annotated[
         float, typer.Option(help="Seconds between two calls of one agent (about).", min=0.1)

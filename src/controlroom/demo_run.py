@@ -5,8 +5,11 @@ any of them ends (README "Quick start"; docs/decisions.md "make demo is all or n
 The demo takes central's port and 11-15 past it (``demo_ports``: the site agents and their
 targets; ``sink_ports``: the notification sinks). All of them are checked before
 anything is published, so a taken one is refused in one line naming it, not found out
-when a helper dies half-way. A helper that exits while the demo runs stops the demo: a
-console without its site agents or endpoints would show a demo that no longer works.
+when a helper dies half-way. So are the site agents' tracking stores, which live under
+the demo's data directory as everything it writes does (``demo_store_path``): one held
+by another process is refused the same way. A helper that exits while the demo runs
+stops the demo: a console without its site agents or endpoints would show a demo that no
+longer works.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from controlroom.demo_notifications import sink_ports
 from controlroom.runtime.sockets import listen
-from controlroom.site.demo import demo_ports
+from controlroom.site.demo import SITE_NAMES, demo_ports, demo_store_path
+from controlroom.site.store import in_use
 
 PORT_CHOSEN_BY = "CONTROLROOM_PORT (or --port)"
 """What chooses the demo's ports: central's, and the helpers' follow it."""
@@ -75,6 +80,16 @@ def first_taken_port(listeners: Sequence[tuple[str, int, str]]) -> tuple[str, in
             if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
                 return host, port, what
             raise
+    return None
+
+
+def first_store_in_use(data_dir: Path) -> Path | None:
+    """The first of the demo's site agents' tracking stores under ``data_dir`` that
+    another process has open (a site demo of that data directory), or None."""
+    for site in SITE_NAMES:
+        path = demo_store_path(data_dir, site)
+        if in_use(path):
+            return path
     return None
 
 

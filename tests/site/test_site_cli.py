@@ -1,4 +1,5 @@
-"""``controlroom site serve``: bad settings exit 2 naming the setting, a busy store exits 1."""
+"""``controlroom site serve``: bad settings exit 2 naming the setting, a busy store exits 1
+(and whether a store is busy is asked without opening it)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,18 @@ def test_a_store_another_agent_holds_exits_1(
         assert "in use by another site agent" in result.output
     finally:
         holder.close()
+
+
+def test_whether_a_store_is_in_use_is_asked_without_creating_it(tmp_path: Path) -> None:
+    """What ``make demo`` asks of its site agents' stores before it publishes anything."""
+    from controlroom.site.store import in_use
+
+    store = tmp_path / "sites" / "north" / "tracking.db"
+    assert not in_use(store)
+    assert not (tmp_path / "sites").exists()
+    holder = SiteAgent(SiteSettings(site_id="north", store_path=store))
+    try:
+        assert in_use(store)
+    finally:
+        holder.close()
+    assert not in_use(store)

@@ -163,6 +163,13 @@ async def _make_calls(agent: SiteAgent, targets_url: str, every: float, rng: ran
         await asyncio.sleep(every * rng.uniform(0.5, 1.5))
 
 
+def demo_store_path(data_dir: Path, site: str) -> Path:
+    """Where the demo's agent ``site`` keeps its tracking store: under ``data_dir``, the
+    data directory of the demo's central, so that a demo given its own data directory
+    shares nothing with another one (README "Quick start")."""
+    return data_dir / "sites" / site / "tracking.db"
+
+
 async def run_site_demo(
     data_dir: Path,
     central_url: str,
@@ -196,7 +203,7 @@ async def run_site_demo(
                 SiteSettings(
                     site_id=site,
                     node=f"{site}-1",
-                    store_path=data_dir / "sites" / site / "tracking.db",
+                    store_path=demo_store_path(data_dir, site),
                     port=port,
                     token=SecretStr(token),
                     central_url=central_url,

@@ -189,6 +189,27 @@ def _upgrade_from_1(conn: sa.Connection) -> None:
     changes.create(conn)
 
 
+def _lock_path(path: Path) -> Path:
+    """The file beside the store at ``path`` whose exclusive lock its agent holds."""
+    return path.with_name(path.name + ".lock")
+
+
+def in_use(path: Path) -> bool:
+    """Whether another process has the store at ``path`` open (holds its lock), asked
+    without waiting and without creating anything: a store never opened is not in use."""
+    try:
+        lock = open(_lock_path(path), "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return False
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        return False
+
+
 class TrackingStore:
     """The tracking store at ``path``; see the module doc. Blocking (SQLite) calls."""
 
@@ -204,7 +225,7 @@ class TrackingStore:
         written by a newer schema.
         """
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path.with_name(path.name + ".lock"), "w")  # noqa: SIM115 - held until close
+        lock = open(_lock_path(path), "w")  # noqa: SIM115 - held until close
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
