@@ -5,20 +5,16 @@ downgrade takes them back."""
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
-from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from alembic import command
 
 from controlroom.db.migrate import alembic_config, upgrade_database
 from controlroom.db.tables import FailedMessageStatus
-from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailureGroup
-from controlroom.errors.read.filters import SORT_KEYS, FailedMessageFilter, Ordering
-from controlroom.errors.read.lists import list_failed_messages
-from tests.factories import at, attempt
+from controlroom.errors.read.filters import FailedMessageFilter
+from tests.subset_pages import answers, indexes, write_subsets
 
 GROUP = FailureGroup(id=str(uuid.uuid5(uuid.NAMESPACE_URL, "0029")), classifier="T", title="t")
 GROUP_INDEX = "ix_failed_message_groups_group_id_message_type"
@@ -30,68 +26,11 @@ SUBSETS = (
 )
 
 
-def indexes(engine: sa.Engine) -> dict[str, str]:
-    """The indexes of the failed messages and their group rows, by name, with their
-    definitions (PostgreSQL) or SQL (SQLite)."""
-    if engine.dialect.name == "postgresql":
-        query = (
-            "SELECT indexname, indexdef FROM pg_indexes "
-            "WHERE tablename IN ('failed_messages', 'failed_message_groups')"
-        )
-    else:
-        query = (
-            "SELECT name, coalesce(sql, '') FROM sqlite_master WHERE type = 'index' "
-            "AND tbl_name IN ('failed_messages', 'failed_message_groups')"
-        )
-    with engine.connect() as conn:
-        return {str(name): str(sql) for name, sql in conn.exec_driver_sql(query).all()}
-
-
-def answers(engine: sa.Engine) -> dict[tuple[int, Ordering], tuple[int, list[str]]]:
-    """The total and the ids of every page of 4 of each subset, in every sort and
-    direction."""
-    found = {}
-    with engine.connect() as conn:
-        for n, where in enumerate(SUBSETS):
-            for key in SORT_KEYS:
-                for descending in (True, False):
-                    order = Ordering(key, descending)
-                    ids: list[str] = []
-                    total = 0
-                    for offset in range(0, 12, 4):
-                        page = list_failed_messages(
-                            conn, offset=offset, limit=4, order=order, where=where
-                        )
-                        ids += [item.id for item in page.items]
-                        total = page.total
-                    found[n, order] = (total, ids)
-    return found
-
-
 def test_0029_indexes_a_groups_message_type_and_covers_the_queue_address(
     engine: sa.Engine,
 ) -> None:
-    writer = FailedMessageBatchWriter(engine, clock=lambda: datetime(2026, 1, 2, tzinfo=UTC))
-    writer.write(
-        IngestionBatch(
-            attempts=[
-                dataclasses.replace(
-                    attempt(n, at(10 * n), endpoint="queue" if n % 3 else "Other"),
-                    groups=(GROUP,) if n % 4 else (),
-                    message_type=f"Type{n % 3}" if n % 5 else None,
-                )
-                for n in range(12)
-            ]
-        )
-    )
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "UPDATE failed_messages SET status = :s WHERE message_id IN ('msg-1', 'msg-6')"
-            ),
-            {"s": int(FailedMessageStatus.RESOLVED)},
-        )
-    at_head = answers(engine)
+    write_subsets(engine, GROUP)
+    at_head = answers(engine, SUBSETS)
     assert all(ids for _, ids in at_head.values())
     found = indexes(engine)
     assert GROUP_INDEX in found
@@ -103,7 +42,7 @@ def test_0029_indexes_a_groups_message_type_and_covers_the_queue_address(
     found = indexes(engine)
     assert GROUP_INDEX not in found and QUEUE_INDEX in found
     assert "INCLUDE" not in found[QUEUE_INDEX]
-    assert answers(engine) == at_head
+    assert answers(engine, SUBSETS) == at_head
     upgrade_database(engine)
-    assert answers(engine) == at_head
+    assert answers(engine, SUBSETS) == at_head
     assert GROUP_INDEX in indexes(engine)

@@ -22,6 +22,7 @@ from controlroom.errors.ingest.writer import FailedMessageBatchWriter, Ingestion
 from controlroom.errors.read.filters import FailedMessageFilter, Ordering
 from controlroom.errors.read.lists import INDEXED_TYPE_BYTES, list_failed_messages
 from tests.factories import at, attempt
+from tests.subset_pages import indexes
 
 SHORT = "ix_failed_messages_receiving_endpoint_message_type"
 INDEXES = {
@@ -49,18 +50,6 @@ SUBSETS = {
     ),
     "queue address": (FailedMessageFilter(queue_address="QUEUE"), "lower(queue_address) = 'queue'"),
 }
-
-
-def indexes(engine: sa.Engine) -> set[str]:
-    """The names of the failed messages' indexes."""
-    if engine.dialect.name == "postgresql":
-        query = "SELECT indexname FROM pg_indexes WHERE tablename = 'failed_messages'"
-    else:
-        query = (
-            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'failed_messages'"
-        )
-    with engine.connect() as conn:
-        return set(conn.exec_driver_sql(query).scalars())
 
 
 def listed(engine: sa.Engine, where: FailedMessageFilter, descending: bool) -> list[str]:
@@ -114,7 +103,7 @@ def test_0032_pages_by_message_type_walk_the_subsets_rows_in_the_stores_order(
             sa.text("UPDATE failed_messages SET status = :s WHERE message_id LIKE '%3'"),
             {"s": int(FailedMessageStatus.RESOLVED)},
         )
-    assert indexes(engine) >= INDEXES
+    assert set(indexes(engine)) >= INDEXES
     expected = {
         (name, descending): sorted_by_store(engine, condition, descending)
         for name, (_, condition) in SUBSETS.items()
@@ -131,10 +120,10 @@ def test_0032_pages_by_message_type_walk_the_subsets_rows_in_the_stores_order(
 
     assert answers() == expected
     command.downgrade(alembic_config(engine), "0031")
-    assert not INDEXES & indexes(engine)
+    assert not INDEXES & set(indexes(engine))
     assert answers() == expected
     upgrade_database(engine)
-    assert indexes(engine) >= INDEXES
+    assert set(indexes(engine)) >= INDEXES
     assert answers() == expected
 
 

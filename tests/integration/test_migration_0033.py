@@ -5,20 +5,16 @@ made them."""
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
-from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from alembic import command
 
 from controlroom.db.migrate import alembic_config, upgrade_database
 from controlroom.db.tables import FailedMessageStatus
-from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailureGroup
-from controlroom.errors.read.filters import SORT_KEYS, FailedMessageFilter, Ordering
-from controlroom.errors.read.lists import list_failed_messages
-from tests.factories import at, attempt
+from controlroom.errors.read.filters import FailedMessageFilter
+from tests.subset_pages import answers, indexes, write_subsets
 
 GROUP = FailureGroup(id=str(uuid.uuid5(uuid.NAMESPACE_URL, "0033")), classifier="T", title="t")
 # index: (the columns it is walked by, the fenced sorts' keys 0033 puts after them)
@@ -50,60 +46,15 @@ SUBSETS = (
 def definitions(engine: sa.Engine) -> dict[str, str]:
     """The definition of each index of ``COVERED``: its columns (SQLite) or its whole
     ``CREATE INDEX`` (PostgreSQL)."""
-    if engine.dialect.name == "postgresql":
-        query = "SELECT indexname, indexdef FROM pg_indexes"
-    else:
-        query = "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
-    with engine.connect() as conn:
-        found = {str(name): str(sql) for name, sql in conn.exec_driver_sql(query).all()}
+    found = indexes(engine)
     if engine.dialect.name == "postgresql":
         return {name: found[name] for name in COVERED}
     return {name: found[name].partition("(")[2].rpartition(")")[0] for name in COVERED}
 
 
-def answers(engine: sa.Engine) -> dict[tuple[int, Ordering], tuple[int, list[str]]]:
-    """The total and the ids of every page of 4 of each subset, in every sort and
-    direction."""
-    found = {}
-    with engine.connect() as conn:
-        for n, where in enumerate(SUBSETS):
-            for key in SORT_KEYS:
-                for descending in (True, False):
-                    order = Ordering(key, descending)
-                    ids: list[str] = []
-                    total = 0
-                    for offset in range(0, 12, 4):
-                        page = list_failed_messages(
-                            conn, offset=offset, limit=4, order=order, where=where
-                        )
-                        ids += [item.id for item in page.items]
-                        total = page.total
-                    found[n, order] = (total, ids)
-    return found
-
-
 def test_0033_ends_sqlites_subset_indexes_with_the_fenced_sorts_keys(engine: sa.Engine) -> None:
-    writer = FailedMessageBatchWriter(engine, clock=lambda: datetime(2026, 1, 2, tzinfo=UTC))
-    writer.write(
-        IngestionBatch(
-            attempts=[
-                dataclasses.replace(
-                    attempt(n, at(10 * n), endpoint="queue" if n % 3 else "Other"),
-                    groups=(GROUP,) if n % 4 else (),
-                    message_type=f"Type{n % 3}" if n % 5 else None,
-                )
-                for n in range(12)
-            ]
-        )
-    )
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "UPDATE failed_messages SET status = :s WHERE message_id IN ('msg-1', 'msg-6')"
-            ),
-            {"s": int(FailedMessageStatus.RESOLVED)},
-        )
-    at_head = answers(engine)
+    write_subsets(engine, GROUP)
+    at_head = answers(engine, SUBSETS)
     assert all(ids for _, ids in at_head.values())
     sqlite = engine.dialect.name == "sqlite"
     before = definitions(engine)
@@ -115,7 +66,7 @@ def test_0033_ends_sqlites_subset_indexes_with_the_fenced_sorts_keys(engine: sa.
         assert definitions(engine) == {name: walked for name, (walked, _) in COVERED.items()}
     else:
         assert definitions(engine) == before
-    assert answers(engine) == at_head
+    assert answers(engine, SUBSETS) == at_head
     upgrade_database(engine)
     assert definitions(engine) == before
-    assert answers(engine) == at_head
+    assert answers(engine, SUBSETS) == at_head
