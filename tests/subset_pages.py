@@ -44,6 +44,19 @@ def write_subsets(engine: sa.Engine, group: FailureGroup) -> None:
         )
 
 
+def every_subset(group: FailureGroup) -> tuple[FailedMessageFilter, ...]:
+    """The subsets of ``write_subsets``' store: ``group`` and endpoint "queue", each with
+    and without a status, and queue address "QUEUE" (in another case than stored)."""
+    unresolved = frozenset({FailedMessageStatus.UNRESOLVED})
+    return (
+        FailedMessageFilter(group_id=group.id),
+        FailedMessageFilter(group_id=group.id, statuses=unresolved),
+        FailedMessageFilter(receiving_endpoint="queue"),
+        FailedMessageFilter(receiving_endpoint="queue", statuses=unresolved),
+        FailedMessageFilter(queue_address="QUEUE"),
+    )
+
+
 def answers(engine: sa.Engine, subsets: Sequence[FailedMessageFilter]) -> Answers:
     """The total and the ids of every page of 4 of each of ``subsets`` (by position), in
     every sort and direction."""

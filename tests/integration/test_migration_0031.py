@@ -11,10 +11,8 @@ import sqlalchemy as sa
 from alembic import command
 
 from controlroom.db.migrate import alembic_config, upgrade_database
-from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors.model import FailureGroup
-from controlroom.errors.read.filters import FailedMessageFilter
-from tests.subset_pages import answers, indexes, write_subsets
+from tests.subset_pages import answers, every_subset, indexes, write_subsets
 
 GROUP = FailureGroup(id=str(uuid.uuid5(uuid.NAMESPACE_URL, "0031")), classifier="T", title="t")
 INCLUDED = {
@@ -25,15 +23,7 @@ INCLUDED = {
     ),
 }
 BEFORE = {"ix_failed_messages_queue_address_lower_time_sent": "INCLUDE (queue_address)"}
-SUBSETS = (
-    FailedMessageFilter(group_id=GROUP.id),
-    FailedMessageFilter(group_id=GROUP.id, statuses=frozenset({FailedMessageStatus.UNRESOLVED})),
-    FailedMessageFilter(receiving_endpoint="queue"),
-    FailedMessageFilter(
-        receiving_endpoint="queue", statuses=frozenset({FailedMessageStatus.UNRESOLVED})
-    ),
-    FailedMessageFilter(queue_address="QUEUE"),
-)
+SUBSETS = every_subset(GROUP)
 
 
 def included(engine: sa.Engine) -> dict[str, str]:

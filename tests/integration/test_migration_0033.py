@@ -11,10 +11,8 @@ import sqlalchemy as sa
 from alembic import command
 
 from controlroom.db.migrate import alembic_config, upgrade_database
-from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors.model import FailureGroup
-from controlroom.errors.read.filters import FailedMessageFilter
-from tests.subset_pages import answers, indexes, write_subsets
+from tests.subset_pages import answers, every_subset, indexes, write_subsets
 
 GROUP = FailureGroup(id=str(uuid.uuid5(uuid.NAMESPACE_URL, "0033")), classifier="T", title="t")
 # index: (the columns it is walked by, the fenced sorts' keys 0033 puts after them)
@@ -32,15 +30,7 @@ COVERED = {
         "queue_address, last_modified, status",
     ),
 }
-SUBSETS = (
-    FailedMessageFilter(group_id=GROUP.id),
-    FailedMessageFilter(group_id=GROUP.id, statuses=frozenset({FailedMessageStatus.UNRESOLVED})),
-    FailedMessageFilter(receiving_endpoint="queue"),
-    FailedMessageFilter(
-        receiving_endpoint="queue", statuses=frozenset({FailedMessageStatus.UNRESOLVED})
-    ),
-    FailedMessageFilter(queue_address="QUEUE"),
-)
+SUBSETS = every_subset(GROUP)
 
 
 def definitions(engine: sa.Engine) -> dict[str, str]:
