@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO
 
 from controlroom.exceptions import ConfigurationError
+from controlroom.runtime.file_locks import held_elsewhere
 
 try:
     import fcntl
@@ -85,13 +86,4 @@ def _hold_store(handle: IO[str], *, store: str, broker: str, data_dir: Path) -> 
 
 def is_served(data_dir: Path) -> bool:
     """Whether a ``serve`` runs on ``data_dir`` now (it holds the shared lock)."""
-    path = data_dir / LOCK_FILE
-    if fcntl is None or not path.exists():
-        return False
-    with path.open("a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
-    return False
+    return held_elsewhere(data_dir / LOCK_FILE)

@@ -38,6 +38,7 @@ from controlroom.db.engine import create_store_engine
 from controlroom.db.transactions import begin_write
 from controlroom.db.types import UtcDateTime
 from controlroom.exceptions import ConfigurationError
+from controlroom.runtime.file_locks import held_elsewhere
 from controlroom.site.lifecycle import DUE_STATUSES, CallState, Status, Transition, next_stamp
 from controlroom.telemetry.stamps import Stamp, stamp_of, stamp_values
 from controlroom.telemetry.widths import (
@@ -197,17 +198,7 @@ def _lock_path(path: Path) -> Path:
 def in_use(path: Path) -> bool:
     """Whether another process has the store at ``path`` open (holds its lock), asked
     without waiting and without creating anything: a store never opened is not in use."""
-    try:
-        lock = open(_lock_path(path), "rb")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        return False
-    with lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        return False
+    return held_elsewhere(_lock_path(path))
 
 
 class TrackingStore:

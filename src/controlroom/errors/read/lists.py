@@ -286,9 +286,10 @@ def _subset_page(
     another column's matches instead: a status's index, walked for an endpoint holding a
     third of the messages, passed every newer message of that status elsewhere."""
     conditions = subset_conditions(where, provider)
-    if _leading_key(order) in SUBSET_SORT_KEYS:
+    key = _leading_key(order)
+    if key in SUBSET_SORT_KEYS:
         return _window(sa.select(fm.id).where(*conditions), provider, order, offset, limit)
-    if _leading_key(order) == "message_type":
+    if key == "message_type":
         octets = sa.func.coalesce(provider.octet_length(fm.message_type), sa.literal_column("0"))
         bound: sa.ColumnElement[int] = sa.literal_column(str(INDEXED_TYPE_BYTES))  # as indexed
         walks = [

@@ -1,0 +1,35 @@
+"""Whether another process holds a lock file (``flock``), asked without waiting.
+
+``serve`` marks its data directory (``runtime.serve_lock``) and a site agent its tracking
+store (``site.store``) by holding a lock on a file; the kernel drops it when the process
+ends, however it ends. ``held_elsewhere`` asks for an exclusive lock without waiting and
+gives it back at once: refused while any other process holds one. Where ``flock`` does
+not exist (Windows) nothing is locked and the answer is False.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock
+    fcntl = None  # type: ignore[assignment]
+
+
+def held_elsewhere(path: Path) -> bool:
+    """Whether another process holds a lock (shared or exclusive) on the file at
+    ``path``; False when the file does not exist (nothing is created)."""
+    if fcntl is None:
+        return False
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
