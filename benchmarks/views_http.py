@@ -132,6 +132,7 @@ from controlroom.db.engine import create_store_engine
 from controlroom.db.providers.sqlite import PROVIDER as SQLITE_PROVIDER
 from controlroom.db.tables import failed_message_group_hours, failed_message_groups, failed_messages
 from controlroom.transport import EmbeddedQueue
+from controlroom.workers import autogroup_warning
 
 DEFAULT_BACKLOG = 300_000
 DEFAULT_SECONDS = 60.0
@@ -610,6 +611,9 @@ def run(
         f"defaults: ingestion.workers {ingestion.workers}, ingestion.nice {ingestion.nice}"
     )
     print(f"serve: {settings}; {', '.join(query.SERVE_KEEPS_LOADED)}")
+    # Autogroup decides whether the priority reaches a local store's backends at all
+    # (docs/decisions.md "Autogroup voids the backends' priority").
+    print(f"kernel autogroup: {'off or absent' if autogroup_warning() is None else 'on'}")
     database = sa.make_url(url).database or ""
     try:
         measure(args, url, engine, rows, admin_url, database, broker_url, ingestion)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import random
 import signal
@@ -21,7 +22,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from controlroom import server
+from controlroom import server, workers
 from controlroom.config import IngestionSettings, Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.tables import event_log_items, failed_messages
@@ -464,3 +465,37 @@ async def _workers_of(pid: int, count: int) -> set[int]:
     async with asyncio.timeout(TIMEOUT):
         await until(started)
     return set(found)
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize(("switch", "warnings"), [("1\n", 1), ("0\n", 0)])
+def test_lowering_local_backends_warns_once_when_the_kernels_autogroup_voids_their_nice(
+    tmp_path: Path,
+    postgresql_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    switch: str,
+    warnings: int,
+) -> None:
+    sysctl = tmp_path / "sched_autogroup_enabled"
+    sysctl.write_text(switch)
+    monkeypatch.setattr(workers, "AUTOGROUP_SYSCTL", sysctl)
+    engine = create_store_engine(postgresql_url)
+    try:
+        workers._lower_backends(engine, 1, "normal")
+        with (
+            caplog.at_level(logging.WARNING, logger=workers.__name__),
+            engine.connect(),
+            engine.connect(),  # two backends
+        ):
+            nices = of_backends(postgresql_url, niceness)  # theirs and its own
+    finally:
+        engine.dispose()
+    assert sorted(nices) == [min(nices), min(nices) + 1, min(nices) + 1]  # both lowered
+    said = [r for r in caplog.records if "autogroup" in r.getMessage()]
+    assert len(said) == warnings
+    assert all("sched_autogroup_enabled=0" in r.getMessage() for r in said)
+
+
+def test_autogroup_says_nothing_where_the_kernel_has_no_switch(tmp_path: Path) -> None:
+    assert workers.autogroup_warning(tmp_path / "absent") is None

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -205,6 +206,10 @@ async def _report_metrics(reporter: _Reporter) -> None:
         await asyncio.sleep(METRICS_SECONDS)
 
 
+AUTOGROUP_SYSCTL = Path("/proc/sys/kernel/sched_autogroup_enabled")
+"""Linux's switch of autogroup (sched(7), "The autogroup feature")."""
+
+
 def _idle_policy(scheduling: str, pid: int) -> None:
     """Put ``pid`` (0: the calling thread) under SCHED_IDLE when ``scheduling`` is
     ``"idle"``; raises ``OSError`` when the OS refuses. A policy this platform lacks
@@ -213,13 +218,39 @@ def _idle_policy(scheduling: str, pid: int) -> None:
         os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
 
 
+def autogroup_warning(sysctl: Path | None = None) -> str | None:
+    """What Linux's autogroup does to the workers' priority, when ``sysctl`` (default
+    ``AUTOGROUP_SYSCTL``) says it is on; ``None`` when it is off or absent (another
+    kernel or platform). With autogroup every session is one scheduling group, the groups
+    share the CPU as equals, and a nice or ``SCHED_IDLE`` ranks a process only within its
+    group: a local store's backends live in its server's session, so those a worker
+    lowered compete with serve's reads as equals (docs/decisions.md "Autogroup voids the
+    backends' priority")."""
+    sysctl = sysctl or AUTOGROUP_SYSCTL
+    try:
+        enabled = sysctl.read_text().strip() not in ("", "0")
+    except OSError:
+        return None
+    if not enabled:
+        return None
+    return (
+        f"the kernel's autogroup is on ({sysctl} = 1): a nice or SCHED_IDLE ranks a process "
+        "only within its session, so the store's backends that a worker lowered still compete with "
+        "the console's reads as equals; turn it off (sysctl kernel.sched_autogroup_enabled=0) "
+        "for reads to keep priority (docs/decisions.md \"Autogroup voids the backends' "
+        'priority")'
+    )
+
+
 def _lower_backends(engine: sa.Engine, nice: int, scheduling: str) -> None:
     """Renice each PostgreSQL backend serving this worker's connections by ``nice`` (and
     put it under the worker's scheduling policy), when the store says it runs on this
     machine and the OS lets this process (docs/design.md "Process shape"); otherwise the
-    backend keeps its priority, said once in the log."""
+    backend keeps its priority, said once in the log. The first backend lowered logs
+    ``autogroup_warning`` as a warning when there is one."""
     provider = provider_for(engine)
     told = threading.Event()
+    lowered = threading.Event()
 
     def lower(dbapi_connection: Any, _record: Any) -> None:
         pid = provider.local_backend_pid(dbapi_connection)
@@ -233,6 +264,11 @@ def _lower_backends(engine: sa.Engine, nice: int, scheduling: str) -> None:
             if not told.is_set():
                 told.set()
                 log.info("the store's backends keep their priority: %s", exc)
+            return
+        if not lowered.is_set():
+            lowered.set()
+            if (warning := autogroup_warning()) is not None:
+                log.warning(warning)
 
     sa.event.listen(engine, "connect", lower)
 
