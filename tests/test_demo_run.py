@@ -129,9 +129,10 @@ def test_a_helper_that_exits_stops_the_others_and_is_named(tmp_path: Path) -> No
         os.kill(pid, 0)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP, signal.SIGTERM])
 def test_a_signal_to_the_demo_stops_every_helper(tmp_path: Path, signum: int) -> None:
-    """SIGHUP too (its terminal closed): no helper is left running alone."""
+    """Ctrl+C (SIGINT), and SIGHUP too (its terminal closed): no helper is left running
+    alone."""
     pid_file = tmp_path / "sleeper.pid"
 
     def signal_once_started() -> None:
@@ -140,13 +141,14 @@ def test_a_signal_to_the_demo_stops_every_helper(tmp_path: Path, signum: int) ->
         os.kill(os.getpid(), signum)
 
     threading.Thread(target=signal_once_started, daemon=True).start()
-    code = supervise(
-        [sleeper(pid_file)],
-        lambda line: None,
-    )
+    said: list[str] = []
+    code = supervise([sleeper(pid_file)], said.append)
     assert code == 0
     with pytest.raises(ProcessLookupError):  # stopped and reaped
         os.kill(int(pid_file.read_text()), 0)
+    # The operator sees the stop begin and end (Ctrl+C alone printed nothing).
+    name = signal.Signals(signum).name
+    assert said == [f"demo: {name} received; stopping the demo.", "demo: stopped."]
 
 
 def children_of(pid: int) -> dict[int, str]:

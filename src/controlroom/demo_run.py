@@ -101,8 +101,8 @@ def controlroom_argv(*args: str) -> list[str]:
 def supervise(helpers: Sequence[Helper], say: Callable[[str], None]) -> int:
     """Start every helper, then wait until one exits or this process gets SIGINT, SIGTERM
     or SIGHUP, and stop the others (SIGTERM, then SIGKILL after 10 s). Returns 0 when
-    stopped by a signal, 1 when a helper exited on its own (``say`` names it and its exit
-    status)."""
+    stopped by a signal (``say`` tells that the stop begins and that it ended), 1 when a
+    helper exited on its own (``say`` names it and its exit status)."""
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -126,11 +126,14 @@ def supervise(helpers: Sequence[Helper], say: Callable[[str], None]) -> int:
             if _exited(started, say):
                 return 1
             time.sleep(_POLL_SECONDS)
+        say(f"demo: {signal.Signals(stopping[0]).name} received; stopping the demo.")
         return 0
     finally:
         _stop_all([process for _, process in started])
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if stopping:
+            say("demo: stopped.")
 
 
 def _exited(
