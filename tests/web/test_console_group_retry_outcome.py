@@ -1,7 +1,8 @@
 """A group after its retry, in Chromium, on every provider: a completed retry of a group
 left with no Unresolved message can be dismissed from the groups page (as
 ``DELETE /api/recoverability/unacknowledgedgroups/{id}`` does), and its outcome says
-how many of the messages it sent have failed again since, there and in the event log,
+how many of the messages it sent failed again since and are unresolved, there and in the
+event log,
 never that it finished "successfully".
 """
 
@@ -58,14 +59,16 @@ def test_a_retried_group_says_how_many_failed_again_and_can_be_dismissed(
     wait_for_sync(lambda: unresolved(console_server, group_id) == 2)
 
     page.reload()
-    expect(outcome).to_have_text("Last retry: 5 sent; 2 have failed again since")
+    expect(outcome).to_have_text("Last retry: 5 sent; 2 failed again since and are unresolved")
     expect(page.get_by_test_id("group-count")).to_have_text("2")
     page.goto(base + "/event-log")
-    expect(page.locator("main")).to_contain_text("5 sent; 2 have failed again since")
+    expect(page.locator("main")).to_contain_text("5 sent; 2 failed again since and are unresolved")
     expect(page.locator("main")).not_to_contain_text("successfully")
     api_items = httpx.get(f"{base}/api/eventlogitems", timeout=TEST_CLIENT_TIMEOUT).json()
     (finished,) = [i for i in api_items if i["event_type"] == "RetryOperationCompleted"]
-    assert finished["description"].endswith("finished: 5 sent; 2 have failed again since")
+    assert finished["description"].endswith(
+        "finished: 5 sent; 2 failed again since and are unresolved"
+    )
 
     page.goto(base + "/groups")
     page.get_by_role("button", name="Dismiss").click()

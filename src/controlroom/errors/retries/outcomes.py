@@ -10,8 +10,8 @@ started, and has failed more than once: read from the messages the operation sel
 not kept, so its count is unknown (``None``).
 
 The event log item of a completion (``RetryOperationCompleted``) says what was sent;
-``with_failures_since`` adds, where it is known and not 0, "; N have failed again since"
-as the API and the console read the log.
+``with_failures_since`` adds, where it is known and not 0, "; N failed again since and are
+unresolved" as the API and the console read the log.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def _in_group(group_id: str) -> sa.ColumnElement[bool]:
 
 def with_failures_since(conn: sa.Connection, items: list[EventLogItem]) -> list[EventLogItem]:
     """``items`` with each completed retry's description followed by
-    "; N have failed again since" when N is known and not 0 (one count per such item)."""
+    "; N failed again since and are unresolved" (``failed_again_text``) when N is known
+    and not 0 (one count per such item)."""
     return [_with_failures(conn, item) for item in items]
 
 
@@ -84,7 +85,13 @@ def _with_failures(conn: sa.Connection, item: EventLogItem) -> EventLogItem:
     failed = failed_again_since(conn, operation) if operation is not None else None
     if not failed:
         return item
-    return replace(item, description=f"{item.description}; {failed} have failed again since")
+    return replace(item, description=f"{item.description}; {failed_again_text(failed)}")
+
+
+def failed_again_text(failed: int) -> str:
+    """ "N failed again since and are unresolved": a count of now, which archiving or
+    resolving one of them lowers (the module doc's rule), not a history."""
+    return f"{failed} failed again since and {'is' if failed == 1 else 'are'} unresolved"
 
 
 def _selected(operation: RetryOperation) -> sa.ColumnElement[bool] | None:
