@@ -2,8 +2,7 @@
 left with no Unresolved message can be dismissed from the groups page (as
 ``DELETE /api/recoverability/unacknowledgedgroups/{id}`` does), and its outcome says
 how many of the messages it sent failed again since and are unresolved, there and in the
-event log,
-never that it finished "successfully".
+event log, never that it finished "successfully".
 """
 
 from __future__ import annotations
