@@ -618,6 +618,9 @@ def test_demo_then_serve_lists_what_was_sent(
     log = (tmp_path / "serve.log").read_text()
     # docs/decisions.md "serve says what it is doing": said at startup and while it ingests.
     assert f"{base}/docs" in log and f"console {base}/" in log
+    # Each address ends its line: a terminal that makes links of them takes no punctuation.
+    for path in ("/", "/docs", "/api/health", "/metrics"):
+        assert re.search(rf"{re.escape(base + path)}$", log, re.MULTILINE), log
     assert "Store: " in log and "Ingesting queues " in log
     assert REPORTED.search(log), log
     demo_binary = next(

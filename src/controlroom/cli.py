@@ -734,10 +734,16 @@ def _restore_signals(routed: list[signal.Signals]) -> None:
 
 def _announce(settings: Settings, serving: Serving) -> None:
     url = serving.url
-    console.print(
-        f"Controlroom is serving {url}  (console {url}/, API docs {url}/docs, "
-        f"health {url}/api/health, metrics {url}/metrics)"
-    )
+    # One address per line, ending it: a terminal that makes links of them takes no
+    # punctuation along.
+    console.print(f"Controlroom is serving {url}")
+    for name, path in (
+        ("console", "/"),
+        ("API docs", "/docs"),
+        ("health", "/api/health"),
+        ("metrics", "/metrics"),
+    ):
+        console.print(f"  {name} {url}{path}")
     console.print(f"Store: {_describe_database(settings.effective_database_url)}")
     doing = "Ingesting" if serving.ingesting else "Not ingesting (ingest_on_serve is off);"
     console.print(
