@@ -430,7 +430,8 @@ class WorkerPool:
                 worker.process.terminate()
         for worker in workers:
             try:
-                await asyncio.wait_for(worker.exited.wait(), STOP_SECONDS)
+                async with asyncio.timeout(STOP_SECONDS):
+                    await worker.exited.wait()
             except TimeoutError:
                 log.error("intake worker %d did not stop; killing it", worker.index)
                 worker.process.kill()

@@ -67,7 +67,8 @@ async def wait_until_reachable(
 
     async def sleep_unless_stopped(seconds: float) -> None:
         try:
-            await asyncio.wait_for(stop.wait(), timeout=seconds)
+            async with asyncio.timeout(seconds):
+                await stop.wait()
         except TimeoutError:
             return
         raise Stopped

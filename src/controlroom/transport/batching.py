@@ -108,7 +108,11 @@ class DeliveryBatcher:
                 item = inbox.get_nowait()
             except asyncio.QueueEmpty:
                 try:
-                    item = await asyncio.wait_for(inbox.get(), remaining)
+                    # Not asyncio.wait_for: on Python 3.11 it loses a cancellation that
+                    # meets the delivery it waits for, and a stopping intake would start
+                    # another batch (docs/decisions.md "A stop loses no cancellation").
+                    async with asyncio.timeout(remaining):
+                        item = await inbox.get()
                 except TimeoutError:
                     break
             if item is None:
