@@ -23,6 +23,7 @@ from fastapi.templating import Jinja2Templates
 from controlroom import __version__
 from controlroom.config import Settings
 from controlroom.db.keyset import BadCursor
+from controlroom.errors.retries.outcomes import failed_again_text
 from controlroom.http.auth import ANONYMOUS, ROLE_RANK
 from controlroom.runtime.wire_text import escape_wire_text
 from controlroom.web import filters
@@ -60,6 +61,8 @@ filters.install(templates.env)
 # Hashed once at start: templates name static files by {{ static_url('console.css') }}.
 ASSETS: Final = StaticAssets(WEB_DIR / "static")
 templates.env.globals["static_url"] = ASSETS.url
+# The event log and the groups page word a retry's outcome alike.
+templates.env.globals["failed_again_text"] = failed_again_text
 
 NavEntry = tuple[str, str]  # (label, path)
 EXTRA_NAV: list[NavEntry] = []
