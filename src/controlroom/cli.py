@@ -372,6 +372,11 @@ def demo_run(config: ConfigOption = None) -> None:
     raise typer.Exit(supervise(helpers, lambda line: err_console.print(line, highlight=False)))
 
 
+DEMO_FIRST_PASS_DELAY_SECONDS = 10
+"""How long the demo's serve waits before its first reconciliation pass: the site agents
+start after it and listen within a few seconds."""
+
+
 def demo_central_environment(port: int) -> dict[str, str]:
     """What `demo run` gives its serve on ``port``: the sites the site demo runs, their
     secrets included (else central refuses the agents' telemetry and they its pulls), and
@@ -386,6 +391,8 @@ def demo_central_environment(port: int) -> dict[str, str]:
         "CONTROLROOM_NOTIFICATIONS": json.dumps(
             demo_notification_settings(port), separators=(",", ":")
         ),
+        # The site agents start after serve: a first pass at once would find them down.
+        "CONTROLROOM_RECONCILIATION__FIRST_PASS_DELAY": f"PT{DEMO_FIRST_PASS_DELAY_SECONDS}S",
     }
 
 

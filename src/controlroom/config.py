@@ -278,6 +278,12 @@ class ReconciliationSettings(BaseModel):
         description="Time between pulls of a site the last pass could not reach (a site "
         "coming back is reconciled within this).",
     )
+    first_pass_delay: timedelta = Field(
+        timedelta(0),
+        ge=timedelta(0),
+        description="Time after start-up before the first pass, for sites that start with "
+        "central (the demo's: 10 s); an operator's pass or relay is not held back.",
+    )
     batch_size: int = Field(500, ge=1, le=5000, description="Rows per page of a pull.")
     max_pages_per_pass: int = Field(
         20, ge=1, description="Pages pulled from one site in one pass at most."

@@ -539,3 +539,43 @@ def test_rows_no_store_can_hold_are_kept_as_rejected_and_the_pass_goes_on(
         assert reasons == ["audit_event.details_json", "created_at_utc", "updated_at_utc"]
         state = site_state(engine, "odd")
         assert state.cursor_tracked_operation_id == str(uuid.UUID(int=5))
+
+
+def test_a_site_reached_for_the_first_time_is_not_said_to_answer_again(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The event log tells a site's first answer from its return after a failure."""
+    from controlroom.db.tables import event_log_items
+    from controlroom.sitecalls.reconciliation import Reconciler
+
+    up = {"now": False}
+    site = FastAPI()
+
+    @site.get("/site/tracking/changes")
+    def changes() -> JSONResponse:
+        if not up["now"]:
+            return JSONResponse({"detail": "down"}, status_code=503)
+        return JSONResponse({"rows": [], "more_available": False})
+
+    engine = create_store_engine(database_url)
+    upgrade_database(engine)
+    try:
+        with serving(site) as url:
+            settings = central_settings(database_url, tmp_path, [site_entry("plant-7", url)])
+            reconciler = Reconciler(settings, engine)
+            (configured,) = settings.sites
+            for answers in (False, True, False, True):
+                up["now"] = answers
+                reconciler.reconcile_site(configured)
+        with engine.connect() as conn:
+            said = conn.execute(
+                sa.select(event_log_items.c.description)
+                .where(event_log_items.c.event_type == "SiteReachable")
+                .order_by(event_log_items.c.raised_at)
+            ).scalars()
+            assert list(said) == [
+                "Site plant-7 answers reconciliation",
+                "Site plant-7 answers reconciliation again",
+            ]
+    finally:
+        engine.dispose()

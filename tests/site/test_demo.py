@@ -90,6 +90,19 @@ def test_make_demo_configures_central_with_the_demo_agents_secrets() -> None:
     assert json.loads(given["CONTROLROOM_NOTIFICATIONS"])["webhooks"]
 
 
+def test_the_demo_serve_reconciles_first_once_its_site_agents_are_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`make demo` starts serve before the site agents: its first reconciliation pass
+    waits for them rather than warning that every site is unreachable."""
+    from controlroom.cli import demo_central_environment
+    from controlroom.config import Settings
+
+    for name, value in demo_central_environment(8080).items():
+        monkeypatch.setenv(name, value)
+    assert Settings().reconciliation.first_pass_delay.total_seconds() >= 5
+
+
 def test_each_demo_agent_sends_a_few_notifications_a_minute_some_to_the_refused_pager() -> None:
     from controlroom.config import NotificationSettings
     from controlroom.demo_notifications import REFUSED_WEBHOOK, demo_notification_settings

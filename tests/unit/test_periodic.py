@@ -214,3 +214,22 @@ def test_the_wait_is_jittered_within_its_fraction_and_backs_off_after_failures()
 def test_a_schedule_that_makes_no_sense_is_refused(arguments: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         PeriodicTask("bad", lambda: None, **arguments)  # type: ignore[arg-type]
+
+
+def test_a_first_delay_holds_the_first_run_until_it_passes_or_a_wake() -> None:
+    runs: list[float] = []
+
+    async def main() -> None:
+        periodic = PeriodicTask(
+            "late", lambda: runs.append(time.monotonic()), interval=60, first_delay=3600
+        )
+        task = asyncio.create_task(periodic.run())
+        for _ in range(20):  # ready callbacks only: a first run would have started by now
+            await asyncio.sleep(0)
+        assert runs == []
+        periodic.wake()
+        await until(lambda: len(runs) == 1, "a run on wake")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())

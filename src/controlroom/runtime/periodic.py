@@ -54,8 +54,10 @@ class PeriodicTask:
     ``name`` names it in the log and the metric. ``interval`` is seconds between the end
     of one run and the start of the next (> 0); ``jitter`` a fraction in [0, 1) of it
     added or taken at random from each wait; ``max_backoff`` (seconds) makes the waits
-    after consecutive failures grow up to it. Raises ``ValueError`` for a non-positive
-    ``interval`` or ``max_backoff`` or a ``jitter`` outside [0, 1).
+    after consecutive failures grow up to it; ``first_delay`` (seconds) holds the first
+    run back after ``run()`` starts (``wake()`` ends it early). Raises ``ValueError`` for a
+    non-positive ``interval`` or ``max_backoff``, a negative ``first_delay`` or a
+    ``jitter`` outside [0, 1).
     """
 
     def __init__(
@@ -67,10 +69,13 @@ class PeriodicTask:
         jitter: float = 0.0,
         lease: Lease | None = None,
         max_backoff: float | None = None,
+        first_delay: float = 0.0,
         rng: random.Random | None = None,
     ) -> None:
         if interval <= 0 or (max_backoff is not None and max_backoff <= 0):
             raise ValueError("interval and max_backoff must be positive")
+        if first_delay < 0:
+            raise ValueError("first_delay must not be negative")
         if not 0 <= jitter < 1:
             raise ValueError("jitter must be a fraction in [0, 1)")
         self.name = name
@@ -81,6 +86,7 @@ class PeriodicTask:
         self._jitter = jitter
         self._lease = lease
         self._max_backoff = max_backoff
+        self._first_delay = first_delay
         self._rng = rng or random.Random()
         self._failures = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -93,19 +99,26 @@ class PeriodicTask:
         self._wakeup = asyncio.Event()
         self.stopping.clear()
         try:
+            if self._first_delay:
+                await self._wait(self._first_delay)
             while True:
                 self._wakeup.clear()
                 failure = await self._run_shielded()
                 delay = self.next_delay()
                 if failure is not None:
                     log.warning("%s failed; next run in %.1f s", self.name, delay, exc_info=failure)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._wakeup.wait()
+                await self._wait(delay)
         finally:
             self._wakeup = None
             if self._lease is not None:
                 await asyncio.shield(asyncio.to_thread(_release, self._lease, self.name))
+
+    async def _wait(self, seconds: float) -> None:
+        """Until ``seconds`` have passed or ``wake()`` is called."""
+        assert self._wakeup is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._wakeup.wait()
 
     def wake(self) -> None:
         """Start the next run now rather than at the end of the wait. Thread-safe; a

@@ -347,9 +347,14 @@ def _reachability_changed(conn: sa.Connection, site_id: str, reachable: bool) ->
 def _record_reachability(
     conn: sa.Connection, site_id: str, reachable: bool, error: str | None, now: datetime
 ) -> None:
-    """Raise ``SiteUnreachable`` (with the pass's error) or ``SiteReachable``."""
+    """Raise ``SiteUnreachable`` (with the pass's error) or ``SiteReachable`` ("again"
+    when the site answered a pass before; read before this pass records its success)."""
     if reachable:
-        description = f"Site {site_id} answers reconciliation again"
+        answered_before = conn.execute(
+            sa.select(sr.last_success_at_utc).where(sr.site_id == site_id)
+        ).scalar()
+        again = " again" if answered_before is not None else ""
+        description = f"Site {site_id} answers reconciliation{again}"
         _site_event(conn, site_id, Severity.INFO, EventType.SITE_REACHABLE, description, now)
     else:
         description = f"Site {site_id} is unreachable: {error}"
@@ -516,6 +521,7 @@ class ReconciliationService:
             self._tick,
             interval=min(config.interval, config.probe_interval).total_seconds(),
             lease=self._lease,
+            first_delay=config.first_pass_delay.total_seconds(),
         )
 
     @property
