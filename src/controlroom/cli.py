@@ -146,9 +146,11 @@ def migrate(config: ConfigOption = None) -> None:
 
 
 demo_app = typer.Typer(
-    help="Publish realistic failed messages and site-call telemetry (no subcommand); play "
-    "the endpoints that receive the retries (endpoints); run a Celery shop failing tasks "
-    "(celery); run the notification outbox's webhook and SMTP sinks (notifications).",
+    help="Run the whole demo: publish, then serve with site agents, endpoints and sinks, "
+    "as make demo does (run); publish realistic failed messages and site-call telemetry "
+    "only (no subcommand); play the endpoints that receive the retries (endpoints); run a "
+    "Celery shop failing tasks (celery); run the notification outbox's webhook and SMTP "
+    "sinks (notifications).",
     invoke_without_command=True,
 )
 app.add_typer(demo_app, name="demo")
