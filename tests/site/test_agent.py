@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 
 from controlroom.exceptions import ConfigurationError
@@ -23,6 +24,7 @@ from controlroom.site.lifecycle import PermanentFailure
 from controlroom.site.store import SCHEMA_VERSION, TrackingStore
 from controlroom.telemetry.contract import validate_packet
 from controlroom.telemetry.stamps import Stamp
+from tests.site.http import FlakyTargets, serving
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -262,6 +264,58 @@ def test_a_function_can_be_the_operation(agent: SiteAgent) -> None:
 
     assert agent.cached_call("erp/invoices", post_invoice, {"n": 1}).status is Status.DELIVERED
     assert seen == [{"n": 1}]
+
+
+def test_a_delivered_http_call_reports_the_delivering_answers_status(
+    agent: SiteAgent, clock: Clock
+) -> None:
+    """Never the 503 of the attempt before (docs/decisions.md "A Delivered call's
+    http_status is its delivering attempt's")."""
+    targets = FlakyTargets()
+    targets.fail_times["a"] = 1
+    with serving(targets.app) as url:
+        result = agent.http_call("POST", f"{url}/recovers/a", json={"n": 1})
+        assert result.status is Status.ATTEMPTED
+        assert agent.store.state(result.tracked_operation_id).http_status == 503
+        clock.advance(1.1)
+        assert agent.attempt_due() == 1
+    state = agent.store.state(result.tracked_operation_id)
+    assert (state.status, state.http_status, state.last_error) == (Status.DELIVERED, 200, None)
+    delivered = packets(agent)[-1]
+    assert (delivered["status"], delivered["http_status"]) == ("Delivered", 200)
+    assert json.loads(delivered["audit_event"]["details_json"])["http_status"] == 200
+
+
+def http_error(code: int) -> httpx.HTTPStatusError:
+    request = httpx.Request("POST", "https://erp.example/invoices")
+    response = httpx.Response(code, request=request)
+    return httpx.HTTPStatusError(f"HTTP {code}", request=request, response=response)
+
+
+@pytest.mark.parametrize(
+    ("answer", "http_status"),
+    [(None, None), (httpx.Response(201), 201), ("done", None)],
+)
+def test_a_delivered_operation_reports_the_status_of_the_response_it_returns(
+    agent: SiteAgent, clock: Clock, answer: object, http_status: int | None
+) -> None:
+    """An operation that returns no ``httpx.Response`` leaves the status unknown: null,
+    never the failed attempt's."""
+    attempts = []
+
+    def post_invoice(payload: object) -> object:
+        attempts.append(payload)
+        if len(attempts) == 1:
+            raise http_error(503)
+        return answer
+
+    result = agent.cached_call("erp/invoices", post_invoice, {"n": 1})
+    assert agent.store.state(result.tracked_operation_id).http_status == 503
+    clock.advance(1.1)
+    assert agent.attempt_due() == 1
+    state = agent.store.state(result.tracked_operation_id)
+    assert (state.status, state.http_status) == (Status.DELIVERED, http_status)
+    assert packets(agent)[-1]["http_status"] == http_status
 
 
 @pytest.mark.parametrize("operator", ["ali\x00ce", "\ud800", "o" * 257, ""])

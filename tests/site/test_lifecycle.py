@@ -66,6 +66,17 @@ def test_a_permanent_failure_is_terminal_at_once() -> None:
     assert failed.next_attempt_at_utc is None
 
 
+def test_delivered_carries_the_delivering_attempts_http_status_never_an_earlier_ones() -> None:
+    # docs/decisions.md "A Delivered call's http_status is its delivering attempt's"
+    failed = fail(submitted(), Failure(False, "HTTP 503 from https://erp.example", 503), at(1))
+    assert failed.state.http_status == 503
+    unknown = lifecycle.delivered(failed.state, at(2))
+    assert (unknown.state.status, unknown.state.last_error) == (Status.DELIVERED, None)
+    assert unknown.state.http_status is None  # not the failed attempt's 503
+    known = lifecycle.delivered(failed.state, at(2), http_status=201)
+    assert (known.state.status, known.state.http_status) == (Status.DELIVERED, 201)
+
+
 def test_backoff_doubles_up_to_the_cap() -> None:
     waits = [lifecycle.backoff_seconds(n, base=1.0, cap=10.0) for n in range(1, 7)]
     assert waits == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]

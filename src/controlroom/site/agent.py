@@ -42,7 +42,9 @@ from controlroom.telemetry.stamps import Stamp
 
 Operation = Callable[[Any], object]
 """Makes one attempt of a call from its JSON payload; raises on failure
-(``lifecycle.classify_failure`` says which failures are permanent)."""
+(``lifecycle.classify_failure`` says which failures are permanent). One that returns the
+``httpx.Response`` that delivered the call reports its status code as the Delivered call's
+``http_status``; any other return leaves it null."""
 
 Clock = Callable[[], datetime]
 
@@ -262,7 +264,7 @@ class SiteAgent:
         try:
             if operation is None:
                 raise LookupError(f"no operation registered as {call.operation!r}")
-            operation(call.payload)
+            answer = operation(call.payload)
         except Exception as exc:
             failure = lifecycle.classify_failure(exc)
             return self._finish(
@@ -276,7 +278,13 @@ class SiteAgent:
                     backoff_cap=self.settings.backoff_cap,
                 ),
             )
-        return self._finish(call.state, lifecycle.delivered)
+        # The delivering answer's status, never a failed attempt's (docs/decisions.md "A
+        # Delivered call's http_status is its delivering attempt's").
+        http_status = answer.status_code if isinstance(answer, httpx.Response) else None
+        return self._finish(
+            call.state,
+            lambda state, stamp: lifecycle.delivered(state, stamp, http_status=http_status),
+        )
 
     def _finish(
         self, state: CallState, decide: Callable[[CallState, Stamp], Transition]
@@ -286,7 +294,7 @@ class SiteAgent:
             self.store.record(conn, transition, self._packet(transition), claimed_by=None)
         return transition.state
 
-    def _http_attempt(self, payload: Mapping[str, Any]) -> None:
+    def _http_attempt(self, payload: Mapping[str, Any]) -> httpx.Response:
         response = httpx.request(
             payload["method"],
             payload["url"],
@@ -295,6 +303,7 @@ class SiteAgent:
             timeout=self.settings.attempt_timeout,
         )
         response.raise_for_status()
+        return response
 
     def _packet(self, transition: Transition, *, actor: str | None = None) -> dict[str, Any]:
         return telemetry_packet(transition, event_id=str(uuid.uuid4()), actor=actor or self._actor)

@@ -3,7 +3,7 @@
 Source: docs/design.md "The site agent" and "Site call audit". A cached call is
 ``Submitted`` when recorded, then each attempt ends it:
 
-- success: ``Delivered`` (terminal);
+- success: ``Delivered`` (terminal; ``http_status`` the delivering answer's, or null);
 - a permanent failure (an HTTP 4xx other than 408, 425 and 429, or ``PermanentFailure``):
   ``Failed`` (terminal; a permanent failure would fail again);
 - a transient failure (anything else): ``Attempted`` with ``retry_count`` + 1 and the
@@ -179,10 +179,17 @@ def submitted(
     return Transition(state, "CachedCallSubmitted", stamp.instant)
 
 
-def delivered(state: CallState, stamp: Stamp) -> Transition:
-    """The attempt succeeded."""
+def delivered(state: CallState, stamp: Stamp, *, http_status: int | None = None) -> Transition:
+    """The attempt succeeded. ``http_status`` is the delivering attempt's answer when the
+    site knows it, else ``None``: never an earlier, failed attempt's (docs/decisions.md
+    "A Delivered call's http_status is its delivering attempt's")."""
     new = dataclasses.replace(
-        state, status=Status.DELIVERED, updated_at_utc=stamp, terminal_at_utc=stamp, last_error=None
+        state,
+        status=Status.DELIVERED,
+        updated_at_utc=stamp,
+        terminal_at_utc=stamp,
+        last_error=None,
+        http_status=http_status,
     )
     return Transition(new, "CachedCallDelivered", None)
 
