@@ -60,6 +60,25 @@ def test_newer_equal_non_terminal_rank_stays_live(engine, site_writer) -> None:
     assert (row.status, row.retry_count, row.http_status) == ("Skipped", 2, 429)
 
 
+@pytest.mark.parametrize("delivered_status", [None, 204])
+@pytest.mark.parametrize("one_batch", [False, True])
+def test_a_delivered_packet_replaces_an_earlier_attempts_http_status(
+    engine, site_writer, delivered_status: int | None, one_batch: bool
+) -> None:
+    """A null ``http_status`` clears the stored 503 rather than keeping it (docs/decisions.md
+    "A Delivered call's http_status is its delivering attempt's")."""
+    failed = packet("Attempted", at=at(5), retry_count=2, last_error="HTTP 503", http_status=503)
+    delivered = packet("Delivered", at=at(6), retry_count=2, http_status=delivered_status)
+    if one_batch:
+        write(site_writer, failed, delivered)
+    else:
+        write(site_writer, failed)
+        assert stored(engine).http_status == 503
+        write(site_writer, delivered)
+    row = stored(engine)
+    assert (row.status, row.last_error, row.http_status) == ("Delivered", None, delivered_status)
+
+
 def test_a_new_epochs_submitted_after_parked_applies(engine, site_writer) -> None:
     write(site_writer, packet("Parked", at=at(5)))
     write(site_writer, packet("Submitted", at=at(7), epoch=1))
