@@ -182,6 +182,7 @@ def test_the_log_names_a_webhook_by_its_origin_and_each_attempt(
     outbox.receiver.status = 500
     with caplog.at_level(logging.INFO):
         outbox.dispatch()
+        retry_at = outbox.row(notification_id).next_attempt_at_utc
         outbox.receiver.status = 204
         outbox.clock.advance()
         outbox.dispatch()
@@ -189,10 +190,34 @@ def test_the_log_names_a_webhook_by_its_origin_and_each_attempt(
     origin = outbox.receiver.url.removesuffix("/hook")
     assert f"{origin} (webhook ops)" in caplog.text  # httpx's request lines
     attempts = [r.getMessage() for r in caplog.records if notification_id in r.getMessage()]
+    at = retry_at.astimezone(UTC).isoformat(timespec="seconds")
     assert attempts == [
-        f"notification {notification_id} (Webhook to ops): attempt 1 retry, now Retrying: HTTP 500",
+        f"notification {notification_id} (Webhook to ops): attempt 1 failed, retrying at {at}: "
+        "HTTP 500",
         f"notification {notification_id} (Webhook to ops): attempt 2 delivered, now Delivered",
     ]
+
+
+def test_the_log_line_of_the_attempt_that_parks_does_not_read_as_a_retry(
+    outbox: Outbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    notification_id = outbox.put()
+    outbox.receiver.status = 500
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):  # max_attempts
+            outbox.dispatch()
+            outbox.clock.advance()
+    assert outbox.row(notification_id).status == "Parked"
+    attempts = [r.getMessage() for r in caplog.records if notification_id in r.getMessage()]
+    assert [line.split(": ", 1)[1].split(",")[0] for line in attempts] == [
+        "attempt 1 failed",
+        "attempt 2 failed",
+        "attempt 3 failed",
+    ]
+    assert "retrying at" in attempts[1]
+    assert attempts[2] == (
+        f"notification {notification_id} (Webhook to ops): attempt 3 failed, now Parked: HTTP 500"
+    )
 
 
 def test_a_slack_format_webhook_gets_slack_text_signed_and_the_same_bytes_again(

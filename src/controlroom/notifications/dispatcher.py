@@ -21,7 +21,7 @@ import logging
 import random
 from collections import deque
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import httpx
 import sqlalchemy as sa
@@ -29,7 +29,15 @@ import sqlalchemy as sa
 from controlroom.config import Settings
 from controlroom.db.providers import provider_for
 from controlroom.notifications.channels import Sender, SmtpSender, WebhookSender
-from controlroom.notifications.lifecycle import Attempt, Channel, Policy, Verdict, after_attempt
+from controlroom.notifications.lifecycle import (
+    Attempt,
+    Channel,
+    Next,
+    Policy,
+    Status,
+    Verdict,
+    after_attempt,
+)
 from controlroom.notifications.rules import count_group_failures
 from controlroom.notifications.store import Claimed, claim_due, record_attempt
 from controlroom.runtime.clock import Clock, utc_now
@@ -38,6 +46,18 @@ from controlroom.runtime.periodic import PeriodicTask
 log = logging.getLogger(__name__)
 
 LEASE = "notification dispatch"
+
+
+def attempt_outcome(attempt: Attempt, after: Next) -> str:
+    """How the log words an attempt's outcome: ``delivered, now Delivered``; a failed
+    attempt ``failed, retrying at <when>`` while the notification retries, else ``failed,
+    now <status>`` (the attempt that parks or fails it is no retry)."""
+    if attempt.verdict is Verdict.DELIVERED:
+        return f"delivered, now {after.status}"
+    if after.status is Status.RETRYING and after.next_attempt_at is not None:
+        when = after.next_attempt_at.astimezone(UTC).isoformat(timespec="seconds")
+        return f"failed, retrying at {when}"
+    return f"failed, now {after.status}"
 
 
 class Dispatcher:
@@ -156,13 +176,12 @@ class Dispatcher:
         # One line per attempt: the notification's row keeps the latest outcome only
         # (docs/decisions.md "A notification keeps its latest attempt, the log each one").
         log.info(
-            "notification %s (%s to %s): attempt %d %s, now %s%s",
+            "notification %s (%s to %s): attempt %d %s%s",
             claimed.notification_id,
             claimed.channel,
             claimed.target,
             claimed.retry_count + 1,
-            attempt.verdict.value.lower(),
-            after.status,
+            attempt_outcome(attempt, after),
             "" if attempt.error is None else f": {attempt.error}",
         )
 
