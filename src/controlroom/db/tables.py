@@ -403,6 +403,17 @@ retry_operations = sa.Table(
     sa.Index("ix_retry_operations_completed_at", "completed_at"),
 )
 
+# The failed messages a retry operation claimed, written with its claims (migration 0034):
+# its outcome counts those that failed again since it started, wherever they are now
+# (docs/decisions.md "A retry's outcome counts the failures since"). The rows go with
+# their operation (the retention sweep's purge of completed operations).
+retry_operation_messages = sa.Table(
+    "retry_operation_messages",
+    metadata,
+    sa.Column("operation_id", sa.String(UUID_LEN), primary_key=True),
+    sa.Column("failed_message_id", sa.String(UUID_LEN), primary_key=True),
+)
+
 # A time-limited lease of a background singleton, for providers without server-side
 # locks (db.leases.LeaseRow); migration 0002.
 service_leases = sa.Table(

@@ -38,6 +38,7 @@ from controlroom.db.tables import (
     failed_message_retries,
     failed_messages,
     retry_batches,
+    retry_operation_messages,
     retry_operations,
 )
 from controlroom.errors import activity
@@ -171,11 +172,15 @@ def sweep_expired_failed_messages(
 
 
 def _purge_retry_operations(conn: sa.Connection, *, completed_before: datetime) -> None:
-    """Retry operations completed before the cutoff go, with their batches and the claims
-    those (done) batches still hold (docs/decisions.md "Completed retry operations are
-    purged"). Unfinished ones stay."""
+    """Retry operations completed before the cutoff go, with their batches, the claims
+    those (done) batches still hold and the ids they claimed, kept for their outcome
+    (docs/decisions.md "Completed retry operations are purged", "A retry's outcome counts
+    the failures since"). Unfinished ones stay."""
     old = sa.select(retry_operations.c.id).where(retry_operations.c.completed_at < completed_before)
     batches = sa.select(retry_batches.c.id).where(retry_batches.c.request_id.in_(old))
+    conn.execute(
+        sa.delete(retry_operation_messages).where(retry_operation_messages.c.operation_id.in_(old))
+    )
     conn.execute(
         sa.delete(failed_message_retries).where(
             failed_message_retries.c.retry_batch_id.in_(batches)

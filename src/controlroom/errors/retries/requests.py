@@ -11,7 +11,8 @@ A retry request (one ``retry_operations`` row) becomes ``retry_batches`` of at m
    (``claims``): a message already claimed by another batch is skipped, so a
    message is in at most one batch at a time even when two operators retry overlapping
    sets at once,
-3. marks exactly the messages this batch claimed RetryIssued,
+3. marks exactly the messages this batch claimed RetryIssued and keeps their ids as the
+   operation's (``retry_operation_messages``, which its outcome counts),
 4. moves the batch to ``staging``, where the retry processor
    (``controlroom.errors.retries.processor``) takes it up.
 
@@ -52,6 +53,7 @@ from controlroom.db.tables import (
     failed_message_retries,
     failed_messages,
     retry_batches,
+    retry_operation_messages,
     retry_operations,
 )
 from controlroom.errors import activity
@@ -403,6 +405,7 @@ def _claim_batch(
             conn.execute(sa.delete(retry_batches).where(rb.id == batch_id))
             return None, len(candidates)
         _mark_retry_issued(conn, claimed, now)
+        _keep_claimed(conn, operation_id, batch_id)
         conn.execute(
             sa.update(retry_batches)
             .where(rb.id == batch_id)
@@ -427,6 +430,20 @@ def _release_claims(conn: sa.Connection, ids: Sequence[str], *, pending_too: boo
         not_waiting = sa.select(fm.id).where(fm.status != int(FailedMessageStatus.RETRY_ISSUED))
         conditions.append(fmr.failed_message_id.in_(not_waiting))
     conn.execute(sa.delete(failed_message_retries).where(*conditions))
+
+
+def _keep_claimed(conn: sa.Connection, operation_id: str, batch_id: str) -> None:
+    """Keep the ids batch ``batch_id`` claimed as the operation's, for its outcome
+    (``outcomes``; docs/decisions.md "A retry's outcome counts the failures since"): one
+    INSERT ... SELECT of the batch's claims, by their batch index."""
+    claimed = sa.select(sa.literal(operation_id), fmr.failed_message_id).where(
+        fmr.retry_batch_id == batch_id
+    )
+    conn.execute(
+        sa.insert(retry_operation_messages).from_select(
+            ["operation_id", "failed_message_id"], claimed
+        )
+    )
 
 
 def _mark_retry_issued(conn: sa.Connection, claimed: Sequence[str], now: datetime) -> None:
