@@ -1,6 +1,6 @@
 """Migration 0034 on each provider: ``retry_operation_messages`` is created and filled with
-the claims the operations' batches still hold (each with its operation), and a downgrade
-takes the table back."""
+the claims the operations' batches still hold (each with its operation), the outcome of an
+operation from before it counts those, and a downgrade takes the table back."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from controlroom.db.migrate import alembic_config, upgrade_database
 from controlroom.db.tables import failed_message_retries, retry_batches, retry_operation_messages
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter
+from controlroom.errors.retries import outcomes
 from controlroom.errors.retries import requests as retries
+from tests.factories import at
 from tests.nsb import failed_headers
 from tests.retries.conftest import store_failed
 
@@ -55,3 +57,10 @@ def test_0034_keeps_the_ids_each_retry_operation_still_holds(
     assert "retry_operation_messages" not in sa.inspect(engine).get_table_names()
     upgrade_database(engine)
     assert kept(engine) == at_head
+
+    # An operation from before counts a message it held that fails again afterwards.
+    store_failed(settings, writer, body_store, failed_headers("m-1", failed_at=at(3600)))
+    with engine.connect() as conn:
+        operation = retries.get_operation(conn, first)
+        assert operation is not None
+        assert outcomes.failed_again_since(conn, operation) == 1

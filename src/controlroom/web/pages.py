@@ -39,7 +39,7 @@ from controlroom.errors.read.messages import get_failed_message, get_stored_body
 from controlroom.errors.read.search import search_failed_messages
 from controlroom.errors.read.summaries import SearchPage
 from controlroom.errors.retries import requests as retries
-from controlroom.errors.retries.outcomes import failed_again_in_group
+from controlroom.errors.retries.outcomes import count_failed_again
 from controlroom.http.bodies import body_response_headers, read_body_bytes
 from controlroom.notifications.queries import measure_kpis as notification_kpis
 from controlroom.web.bodies import MAX_SHOWN_BYTES, view_body
@@ -338,7 +338,7 @@ def group_list(
         found = groups.list_groups(conn, classifier, sort=order)
         running = groups.group_retries(conn)
         failed_again = {
-            retry.group_id: failed_again_in_group(conn, retry.group_id, retry.started_at)
+            retry.group_id: count_failed_again(conn, retry.operation_id, retry.started_at)
             for retry in running.values()
             if retry.completed_at is not None
         }

@@ -214,6 +214,7 @@ class GroupRetry:
     the group views show it. Counts are messages; times UTC."""
 
     group_id: str
+    operation_id: str
     title: str | None  # the group's title when the retry was requested
     classifier: str | None
     message_count: int  # claimed so far (final once prepared)
@@ -233,6 +234,7 @@ def group_retries(conn: sa.Connection) -> dict[str, GroupRetry]:
     """
     rows = conn.execute(
         sa.select(
+            ro.id,
             ro.target,
             ro.originator,
             ro.classifier,
@@ -255,6 +257,7 @@ def group_retries(conn: sa.Connection) -> dict[str, GroupRetry]:
     for row in rows:  # oldest first: a later operation replaces an earlier one...
         retry = GroupRetry(
             group_id=row.target,
+            operation_id=row.id,
             title=row.originator,
             classifier=row.classifier,
             message_count=row.message_count,
