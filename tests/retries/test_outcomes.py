@@ -7,9 +7,11 @@ claim is not; the retention sweep takes an operation's claimed ids with it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import timedelta
 
 import httpx
+import pytest
 import sqlalchemy as sa
 
 from controlroom.app import create_app
@@ -170,3 +172,20 @@ def test_the_retention_sweep_takes_a_purged_operations_claimed_ids(
         engine, body_store, retention_period=timedelta(hours=1), now=utc_now() + timedelta(days=1)
     )
     assert claimed() == {(running, kept)}
+
+
+def test_the_log_names_the_operation_a_staged_batch_belongs_to(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """serve's log line of a staged batch carries the operation's id, the one the event
+    log's "retry operation ... finished" names, so an operator can match the two."""
+    store_failed(settings, writer, body_store, failed_headers("log-1"))
+    operation_id = retries.retry_queue(engine, "Sales").operation_id
+    caplog.set_level(logging.INFO, logger="controlroom.errors.retries.processor")
+    send_every_retry(settings, engine, body_store)
+    staged = [r.getMessage() for r in caplog.records if "staged" in r.getMessage()]
+    assert len(staged) == 1 and f"of retry operation {operation_id}" in staged[0], staged

@@ -289,7 +289,11 @@ class RetryProcessor:
             _count(conn, batch.request_id, now, skipped=len(dropped))
         RETRIED.labels("dropped").inc(len(dropped))
         log.info(
-            "retry batch %s staged: %d to send, %d dropped", batch_id, len(staged), len(dropped)
+            "retry batch %s of retry operation %s staged: %d to send, %d dropped",
+            batch_id,
+            batch.request_id,
+            len(staged),
+            len(dropped),
         )
 
     # -- forwarding ----------------------------------------------------------------------
