@@ -209,7 +209,12 @@ def test_the_wait_is_jittered_within_its_fraction_and_backs_off_after_failures()
 
 @pytest.mark.parametrize(
     "arguments",
-    [{"interval": 0}, {"interval": 1, "max_backoff": 0}, {"interval": 1, "jitter": 1.0}],
+    [
+        {"interval": 0},
+        {"interval": 1, "max_backoff": 0},
+        {"interval": 1, "jitter": 1.0},
+        {"interval": 1, "first_delay": -1},
+    ],
 )
 def test_a_schedule_that_makes_no_sense_is_refused(arguments: dict[str, float]) -> None:
     with pytest.raises(ValueError):
