@@ -228,13 +228,13 @@ def autogroup_warning(sysctl: Path | None = None) -> str | None:
     backends' priority")."""
     sysctl = sysctl or AUTOGROUP_SYSCTL
     try:
-        enabled = sysctl.read_text().strip() not in ("", "0")
+        value = sysctl.read_text().strip()
     except OSError:
         return None
-    if not enabled:
+    if value in ("", "0"):
         return None
     return (
-        f"the kernel's autogroup is on ({sysctl} = 1): a nice or SCHED_IDLE ranks a process "
+        f"the kernel's autogroup is on ({sysctl} = {value}): a nice or SCHED_IDLE ranks a process "
         "only within its session, so the store's backends that a worker lowered still compete with "
         "the console's reads as equals; turn it off (sysctl kernel.sched_autogroup_enabled=0) "
         "for reads to keep priority (docs/decisions.md \"Autogroup voids the backends' "
