@@ -45,7 +45,10 @@ would have. That database is the template each round's stored drain copies
 drain the report adds the whole server's CPU (background writer, checkpointer and WAL
 writer included; meaningful on ``--scratch-server``, which nothing else uses), the WAL and
 its full-page images, the buffers backends had to write themselves, and the index blocks
-the drain read from outside shared buffers, per index.
+the drain read from outside shared buffers, per index. ``--wal-by-relation`` adds the
+full-page images by relation and record, read from the drain's WAL (``pg_walinspect``);
+``--variant NAME=VALUE`` drains both stores again in each round with one server setting
+changed, and prints its ratios beside the base's.
 
 Run: ``make bench`` (after ``ingest.py``) or ``.venv/bin/python benchmarks/serve.py
 [--messages N]``. Servers: ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (admin URL, as
@@ -71,6 +74,7 @@ import contextlib
 import itertools
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -257,12 +261,16 @@ class Drain:
     to its last (``pgserver.statements_between``)."""
     stored: int = 0
     """Failed messages the store held before the drain (``--stored``)."""
+    variant: str = ""
+    """The server setting changed for this drain (``--variant``), empty for the base."""
     background: ServerWork | None = None
     """The whole server's work over the drain and the ``CHECKPOINT`` after it."""
     blocks_read: list[BlocksRead] = field(default_factory=list)
     """Blocks of each table and index the drain read from outside shared buffers."""
     updates: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Rows updated, and of those updated in place (HOT: no index entry), per table."""
+    full_page_images: list[FullPageImages] = field(default_factory=list)
+    """With ``--wal-by-relation``: the drain's full-page images by relation and record."""
 
     @property
     def start(self) -> Sample:
@@ -327,14 +335,19 @@ class ServerCounters:
     wal_bytes: int
     wal_fpi: int  # full-page images: a page's first change after a checkpoint
     buffers_backend: int  # dirty buffers a backend had to write itself to reuse one
+    checkpoints: int  # timed and requested (a CHECKPOINT command, or max_wal_size reached)
 
     @classmethod
     def read(cls, conn: sa.Connection) -> ServerCounters:
         wal_bytes, wal_fpi = conn.execute(
             sa.text("SELECT wal_bytes, wal_fpi FROM pg_stat_wal")
         ).one()
-        backend = conn.execute(sa.text("SELECT buffers_backend FROM pg_stat_bgwriter")).scalar()
-        return cls(int(wal_bytes), int(wal_fpi), int(backend or 0))
+        backend, checkpoints = conn.execute(
+            sa.text(
+                "SELECT buffers_backend, checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+            )
+        ).one()
+        return cls(int(wal_bytes), int(wal_fpi), int(backend or 0), int(checkpoints))
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +359,54 @@ class ServerWork:
     wal_fpi: int
     buffers_backend: int
     checkpoint_seconds: float
+    checkpoints: int  # during the drain, beside the CHECKPOINT after it
+
+
+@dataclass(frozen=True, slots=True)
+class FullPageImages:
+    """Full-page images the WAL holds for one relation and kind of record over a drain
+    (``pg_walinspect``), and the distinct blocks they were of."""
+
+    relation: str
+    record: str  # resource manager/record type, e.g. Btree/INSERT_LEAF
+    images: int
+    blocks: int
+
+
+# A record's block references as PostgreSQL 15's pg_walinspect prints them: "blkref #0: rel
+# 1663/16384/16390 fork main blk 57 (FPW); hole: ..." (a full-page image says "FPW").
+FULL_PAGE_IMAGES_BY_RELATION = """
+SELECT coalesce(c.relname, 'relfilenode ' || m[1]) AS relation,
+       r.resource_manager || '/' || r.record_type AS record,
+       count(*) AS images, count(DISTINCT (m[1], m[2], m[3])) AS blocks
+FROM pg_get_wal_records_info(CAST(:start AS pg_lsn), CAST(:end AS pg_lsn)) AS r
+CROSS JOIN LATERAL regexp_matches(
+    r.block_ref, 'rel \\d+/\\d+/(\\d+) fork (\\w+) blk (\\d+) \\(FPW', 'g') AS m
+LEFT JOIN pg_class c ON c.relfilenode = CAST(m[1] AS oid)
+GROUP BY 1, 2 ORDER BY 3 DESC
+"""
+
+
+WAL_KEPT = "wal_keep_size=16GB"
+"""With ``--wal-by-relation``: a drain's WAL (up to about 8 GB at 1,000,000 stored) kept
+past the CHECKPOINT after it, to be read."""
+
+
+def wal_insert_lsn(engine: sa.Engine) -> str:
+    with engine.connect() as conn:
+        return str(conn.exec_driver_sql("SELECT pg_current_wal_insert_lsn()").scalar_one())
+
+
+def full_page_images(conn: sa.Connection, start: str, end: str) -> list[FullPageImages]:
+    """The full-page images of the WAL between LSNs ``start`` and ``end`` by relation (of
+    ``conn``'s database; others' by relfilenode) and record, most first. Needs
+    ``pg_walinspect`` (PostgreSQL 15+) made in the database and a superuser."""
+    return [
+        FullPageImages(relation, record, int(images), int(blocks))
+        for relation, record, images, blocks in conn.execute(
+            sa.text(FULL_PAGE_IMAGES_BY_RELATION), {"start": start, "end": end}
+        )
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -585,12 +646,15 @@ def run_serve(
     profile: Path | None,
     template: str | None = None,
     stored: int = 0,
+    variant: str = "",
 ) -> Drain:
     """Publish ``messages`` to a scratch vhost, then let ``command`` (a serve) drain them
     into a scratch database migrated to ``revision`` (a copy of database ``template``,
-    holding ``stored`` messages, when given); returns the followed drain."""
+    holding ``stored`` messages, when given), the server's setting ``variant``
+    (``NAME=VALUE``) changed for the drain when given; returns the followed drain."""
     database_made = copied_database(admin_url, template) if template else None
     with (
+        server_setting(admin_url, variant),
         database_made or scratch_database(admin_url) as database_url,
         scratch_vhost(rabbitmq_url) as broker_url,
         tempfile.TemporaryDirectory(prefix="controlroom-bench-serve-") as data_dir,
@@ -634,7 +698,13 @@ def run_serve(
                     f"{name}: {warmed / 2**20:,.0f} MiB of indexes read into shared buffers "
                     f"in {warm_seconds:.0f} s (pg_prewarm), before the drain's clock"
                 )
+            if args.wal_by_relation:
+                with engine.connect() as conn:
+                    conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                        "CREATE EXTENSION IF NOT EXISTS pg_walinspect"
+                    )
             checkpoint(engine)  # every drain starts right after one, empty or not
+            start_lsn = wal_insert_lsn(engine)
             engine.dispose()
             counters_before = database.counters()
             load = _load()
@@ -665,7 +735,12 @@ def run_serve(
                         readings=readings,
                     )
                 drain = Drain(
-                    name, len(messages), samples, peak_rss_bytes(serve_pid), stored=stored
+                    name,
+                    len(messages),
+                    samples,
+                    peak_rss_bytes(serve_pid),
+                    stored=stored,
+                    variant=variant,
                 )
                 if readings:
                     drain.statements = statements_between(*readings)
@@ -683,12 +758,14 @@ def run_serve(
             checkpoint(engine)
             flush_seconds = time.perf_counter() - flush_started
             counters = database.counters()
+            end_lsn = wal_insert_lsn(engine)
             drain.background = ServerWork(
                 database.server_cpu_seconds() - drain.start.server_cpu,
                 counters.wal_bytes - counters_before.wal_bytes,
                 counters.wal_fpi - counters_before.wal_fpi,
                 counters.buffers_backend - counters_before.buffers_backend,
                 flush_seconds,
+                counters.checkpoints - counters_before.checkpoints - 1,
             )
             drain.left_in_queue = asyncio.run(queued(broker_url))
             engine = create_store_engine(database_url, pool_size=1)
@@ -708,6 +785,9 @@ def run_serve(
                     sa.select(sa.func.count()).select_from(failed_error_imports)
                 ).scalar_one()
                 drain.tables = drained_tables(conn)
+                if args.wal_by_relation:
+                    with console.status(f"{name}: reading the drain's WAL (pg_walinspect)"):
+                        drain.full_page_images = full_page_images(conn, start_lsn, end_lsn)
             engine.dispose()
             drain.notes += log_warnings(log_path)
             if profile is not None:
@@ -716,6 +796,28 @@ def run_serve(
         finally:
             database.close()
             engine.dispose()
+
+
+@contextlib.contextmanager
+def server_setting(admin_url: str, setting: str) -> Iterator[None]:
+    """The server's ``setting`` (``NAME=VALUE``, one that a reload applies) changed by
+    ``ALTER SYSTEM`` and a reload, and reset on the way out; nothing when empty."""
+    if not setting:
+        yield
+        return
+    name, value = setting.split("=", 1)
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            literal = conn.exec_driver_sql("SELECT quote_literal(%s)", (value,)).scalar_one()
+            conn.exec_driver_sql(f"ALTER SYSTEM SET {name} = {literal}")
+            conn.exec_driver_sql("SELECT pg_reload_conf()")
+        yield
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"ALTER SYSTEM RESET {name}")
+            conn.exec_driver_sql("SELECT pg_reload_conf()")
+        admin.dispose()
 
 
 # --- a store that already holds messages (--stored) ----------------------------------------
@@ -1195,6 +1297,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "as a store that has served a while holds them; needs shared_buffers above their size",
     )
     parser.add_argument(
+        "--wal-by-relation",
+        action="store_true",
+        help="with --scratch-server: count each drain's full-page images by relation and "
+        "record from its WAL (pg_walinspect, PostgreSQL 15+); reading it takes a while",
+    )
+    parser.add_argument(
+        "--variant",
+        default="",
+        metavar="NAME=VALUE",
+        help="with --stored and --scratch-server: each round also drains both stores with "
+        "this server setting changed (one a reload applies, e.g. wal_compression=lz4), "
+        "and prints its ratios beside the base's",
+    )
+    parser.add_argument(
         "--no-previous",
         action="store_true",
         help="skip today's serve with the previous schema and writer",
@@ -1235,6 +1351,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if not args.scratch_server:
             parser.error("--statements needs --scratch-server (pg_stat_statements loaded)")
         args.scratch_setting = [*STATEMENTS_SETTINGS, *args.scratch_setting]
+    if args.variant:
+        if not (args.stored and args.scratch_server):
+            parser.error("--variant needs --stored and --scratch-server")
+        if not re.fullmatch(r"[a-z_]+=\S+", args.variant):
+            parser.error("--variant takes NAME=VALUE, a server setting's name")
+    if args.wal_by_relation:
+        if not args.scratch_server:
+            parser.error("--wal-by-relation needs --scratch-server (its WAL kept for reading)")
+        # The CHECKPOINT after a drain would recycle the segments the drain wrote.
+        args.scratch_setting = [WAL_KEPT, *args.scratch_setting]
     return args
 
 
@@ -1267,9 +1393,9 @@ def run(args: argparse.Namespace, admin_url: str) -> int:
 
     serve = [str(Path(sys.executable).with_name("controlroom")), "serve"]  # the console script
     with contextlib.ExitStack() as stack:
-        # (name, command, revision, template database, messages it holds)
-        runs: list[tuple[str, list[str], str, str | None, int]] = [
-            ("end to end", serve, "head", None, 0)
+        # (name, command, revision, template database, messages it holds, server variant)
+        runs: list[tuple[str, list[str], str, str | None, int, str]] = [
+            ("end to end", serve, "head", None, 0, "")
         ]
         if args.stored:
             template, env["Stored"] = stack.enter_context(
@@ -1283,19 +1409,20 @@ def run(args: argparse.Namespace, admin_url: str) -> int:
                 )
             )
             runs = [
-                ("into an empty store", serve, "head", None, 0),
-                (f"into {args.stored:,} stored", serve, "head", template, args.stored),
+                ("into an empty store", serve, "head", None, 0, ""),
+                (f"into {args.stored:,} stored", serve, "head", template, args.stored, ""),
             ]
+            if args.variant:
+                runs += [(f"{n} [{args.variant}]", *rest[:-1], args.variant) for n, *rest in runs]
         elif not args.no_previous:
             previous = [sys.executable, str(BENCHMARKS / "previous_serve.py"), "serve"]
-            runs.append(
-                ("today's serve, previous schema + writer", previous, PREVIOUS_REVISION, None, 0)
-            )
+            name = "today's serve, previous schema + writer"
+            runs.append((name, previous, PREVIOUS_REVISION, None, 0, ""))
         drains = []  # round by round, each round's drains in the order of runs
         for round_ in range(1, args.rounds + 1):
             suffix = f" (round {round_})" if args.rounds > 1 else ""
             in_round = {}
-            for name, command, revision, template_name, stored in (
+            for name, command, revision, template_name, stored, variant in (
                 runs if round_ % 2 else runs[::-1]
             ):
                 drain = run_serve(
@@ -1310,6 +1437,7 @@ def run(args: argparse.Namespace, admin_url: str) -> int:
                     profile=args.profile,
                     template=template_name,
                     stored=stored,
+                    variant=variant,
                 )
                 console.print(
                     f"{drain.name}: {drain.per_second:,.0f} messages/s, "
@@ -1351,6 +1479,7 @@ def print_server_work(console: Console, drains: Sequence[Drain], top: int = 8) -
         "backend buffer writes",
         "blocks read / hit",
         "checkpoint s",
+        "checkpoints during",
     ):
         table.add_column(name, justify="left" if name == "run" else "right")
     for drain in drains:
@@ -1367,6 +1496,7 @@ def print_server_work(console: Console, drains: Sequence[Drain], top: int = 8) -
             f"{work.buffers_backend / n:.2f}",
             f"{read / n:.2f} / {hit / n:.0f}",
             f"{work.checkpoint_seconds:.1f}",
+            f"{work.checkpoints}",
         )
     console.print(table)
     console.print(
@@ -1384,12 +1514,38 @@ def print_server_work(console: Console, drains: Sequence[Drain], top: int = 8) -
             f"{table} {updated:,} ({hot:,} HOT)" for table, (updated, hot) in drain.updates.items()
         )
         console.print(f"{drain.name}, rows updated (in place, HOT): {updates or 'none'}")
+        if drain.full_page_images:
+            images = ", ".join(
+                f"{f.relation} {f.record} {f.images / drain.messages:.2f} "
+                f"({f.blocks / drain.messages:.2f} blocks)"
+                for f in drain.full_page_images[:top]
+            )
+            console.print(
+                f"{drain.name}, full-page images per message by relation and record (distinct "
+                f"blocks per message), most first: {images}"
+            )
 
 
 def print_stored(console: Console, drains: Sequence[Drain]) -> None:
     """CPU per message into the stored store / into an empty one, from the two drains of
     each round (run side by side, the order alternating between rounds): every round's
     ratio, the median and the range, beside the target."""
+    variants = sorted({d.variant for d in drains})
+    if len(variants) > 1:  # the base's ratios, then each variant's, then variant / base
+        for variant in variants:
+            console.print(f"[bold]{variant or 'the base settings'}:[/]")
+            print_stored(console, [d for d in drains if d.variant == variant])
+        for kind in ("empty", "stored"):
+            pick = [d for d in drains if (d.stored > 0) == (kind == "stored")]
+            base = [d.total_ms_per_message() for d in pick if not d.variant]
+            changed = [d.total_ms_per_message() for d in pick if d.variant]
+            values = [c / b for b, c in zip(base, changed, strict=True)]
+            console.print(
+                f"[bold]serve and PostgreSQL CPU per message into the {kind} store, "
+                f"{variants[-1]} / the base, per round: {', '.join(f'{v:.2f}' for v in values)};"
+                f" median {statistics.median(values):.2f}x[/]"
+            )
+        return
     pairs = list(zip(drains[::2], drains[1::2], strict=True))
     stored = pairs[0][1].stored
     scale = "" if stored >= TARGET_STORED else f" (measured at {stored:,}, target at 1,000,000)"

@@ -23,9 +23,13 @@ How each figure is made (``benchmarks/README.md`` has the figures):
    all``: every one (about 45); ``--only TEXT`` keeps those whose name contains it.
 3. **The reader.** One ``httpx.Client`` holding one keep-alive connection (cookies kept:
    the console's session), serial, round robin over the views in a fixed order; a window
-   runs whole rounds until ``--seconds`` have passed. Each sample is the wall time of one
-   view's call as ``query.measure`` times it: the request, the whole answer read and, for
-   the API's JSON, decoded by the client (about 1 ms for the 95 KB first page). p95 is
+   runs whole rounds until ``--seconds`` have passed. By default each call starts when
+   the one before has answered (a closed loop: the most a single reader can ask, the
+   worst case for the drain); ``--pace SECONDS`` starts one every SECONDS (or when the one
+   before answers, if later), as an operator clicking through the console paces. Each
+   sample is the wall time of one view's call as ``query.measure`` times it: the request,
+   the whole answer read and, for the API's JSON, decoded by the client (about 1 ms for
+   the 95 KB first page). p95 is
    ``statistics.quantiles(n=20, method="inclusive")[18]`` of every sample of that view in
    the windows of one kind (``query.measure``'s). ``--warm-up`` unmeasured rounds before
    the first window of each serve.
@@ -235,10 +239,14 @@ def p95(samples: Sequence[float]) -> float:
 
 
 def read_round_robin(
-    views: Sequence[query.Scenario], seconds: float, samples: dict[str, list[float]]
+    views: Sequence[query.Scenario],
+    seconds: float,
+    samples: dict[str, list[float]],
+    pace: float = 0.0,
 ) -> int:
     """Whole rounds over ``views`` until ``seconds`` have passed, each call's milliseconds
-    appended to ``samples``; returns the rounds."""
+    appended to ``samples``, a call started every ``pace`` seconds (0: each as soon as
+    the one before has answered); returns the rounds."""
     started = time.perf_counter()
     rounds = 0
     while True:
@@ -246,6 +254,7 @@ def read_round_robin(
             began = time.perf_counter()
             view.run()
             samples[view.name].append((time.perf_counter() - began) * 1000)
+            time.sleep(max(0.0, began + pace - time.perf_counter()))
         rounds += 1
         if time.perf_counter() - started >= seconds:
             return rounds
@@ -372,6 +381,7 @@ def run_windows(
     seconds: float,
     control_nice: int,
     control_scheduling: str,
+    pace: float,
 ) -> list[Window]:
     windows = []
     for number, kind in order:
@@ -389,7 +399,7 @@ def run_windows(
             if kind == WITHOUT:
                 time.sleep(seconds)
             else:
-                rounds = read_round_robin(views, seconds, samples)
+                rounds = read_round_robin(views, seconds, samples, pace)
             end = probe.read()
         finally:
             for spinner in spinners:
@@ -547,6 +557,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="pairs of windows per serve, the order reversed every other round (default 2)",
     )
     parser.add_argument("--warm-up", type=int, default=DEFAULT_WARM_UP, help="rounds (default 5)")
+    parser.add_argument(
+        "--pace",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="the reader starts a call every SECONDS, as an operator paces (default 0: "
+        "each call as soon as the one before answered, the worst case)",
+    )
     parser.add_argument("--views", choices=("baseline", "all"), default="baseline")
     parser.add_argument("--only", help="measure only the views whose name contains this")
     parser.add_argument(
@@ -577,6 +595,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.seconds <= 0:
         parser.error("--rounds must be at least 1 and --seconds positive")
+    if args.pace < 0:
+        parser.error("--pace must not be negative")
     if args.scratch_server and (args.keep or args.reuse or args.database != "postgresql"):
         parser.error("--scratch-server is deleted after the run: no --keep, --reuse or sqlite")
     return args
@@ -655,7 +675,8 @@ def measure(
         data_dir = Path(scratch)
         with served(url, broker_url, data_dir, port, args.serve_setting, "idle") as serve:
             views = choose_views(client, engine, rows, args.views, args.only)
-            print(f"{len(views)} views, round robin through one keep-alive connection")
+            pacing = f"a call every {args.pace} s" if args.pace else "each call after the last"
+            print(f"{len(views)} views, round robin through one keep-alive connection, {pacing}")
             for _ in range(args.warm_up):
                 read_round_robin(views, 0, {v.name: [] for v in views})
             details = {view.name: str(view.run()) for view in views}
@@ -669,6 +690,7 @@ def measure(
                     args.seconds,
                     args.control_nice,
                     args.control_scheduling,
+                    args.pace,
                 )
             finally:
                 probe.close()
@@ -693,6 +715,7 @@ def measure(
                     args.seconds,
                     args.control_nice,
                     args.control_scheduling,
+                    args.pace,
                 )
             finally:
                 probe.close()
