@@ -34,12 +34,12 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Body, HTTPException, Query, Request
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from controlroom.api.auth import current_principal, refuse_foreign_packets
-from controlroom.api.parameters import refuse_repeated
+from controlroom.api.parameters import refuse_repeated, refuse_unknown
 from controlroom.api.sitecalls import (
     BAD_REQUEST,
     Instant,
@@ -71,7 +71,7 @@ from controlroom.notifications.store import (
 from controlroom.runtime.wire_text import is_wire_text_clean
 from controlroom.telemetry.notification import domain_of, recipients_label
 
-router = APIRouter(tags=["notifications"])
+router = APIRouter(tags=["notifications"], dependencies=[Depends(refuse_unknown)])
 
 Limit = Annotated[int, Query(ge=1, le=500, description="Rows per page.")]
 After = Annotated[

@@ -12,7 +12,9 @@ from dataclasses import replace
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Query, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 
 from controlroom.errors.read.filter_text import parse_modified_range, parse_status_filter
 from controlroom.errors.read.filters import DEFAULT_SORT, SORT_KEYS, FailedMessageFilter, Ordering
@@ -110,6 +112,33 @@ def message_filter(
 
 OrderingParams = Annotated[Ordering, Depends(ordering)]
 FilterParams = Annotated[FailedMessageFilter, Depends(message_filter)]
+
+
+def refuse_unknown(request: Request) -> None:
+    """A router's dependency: on a read (GET, HEAD), raise a 422 naming the first query
+    parameter the route does not take (its loc ``["query", name]``, the message listing
+    those it takes), so that a misspelt filter or cursor is never silently ignored. For
+    Controlroom's own routes only: ServiceControl's ignore unknown parameters, and clients
+    written for it send some (docs/decisions.md "Our own routes refuse a parameter they do
+    not take")."""
+    route = request.scope.get("route")
+    if request.method not in ("GET", "HEAD") or not isinstance(route, APIRoute):
+        return
+    taken = _query_parameters(route.dependant)
+    for name in request.query_params:
+        if name not in taken:
+            listed = ", ".join(sorted(taken)) or "none"
+            raise invalid_parameter(
+                "query", name, None, f"not a parameter of this route (it takes: {listed})"
+            )
+
+
+def _query_parameters(dependant: Dependant) -> set[str]:
+    """The query parameters' names a route's ``dependant`` reads, its dependencies' too."""
+    names = {field.alias for field in dependant.query_params}
+    for dependency in dependant.dependencies:
+        names |= _query_parameters(dependency)
+    return names
 
 
 def refuse_repeated(request: Request, names: Iterable[str]) -> None:

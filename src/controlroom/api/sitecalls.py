@@ -22,12 +22,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Body, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, PlainSerializer
 
 from controlroom.api.auth import current_principal, refuse_foreign_packets
-from controlroom.api.parameters import refuse_repeated
+from controlroom.api.parameters import refuse_repeated, refuse_unknown
 from controlroom.config import Settings
 from controlroom.db.kpi_history import Metric, read_series
 from controlroom.http.bodies import packet_download
@@ -41,7 +41,7 @@ from controlroom.telemetry.contract import UtcInstant
 from controlroom.telemetry.ordering import Channel, SiteCallStatus
 from controlroom.telemetry.stamps import Stamp, round_trip
 
-router = APIRouter(tags=["site calls"])
+router = APIRouter(tags=["site calls"], dependencies=[Depends(refuse_unknown)])
 
 MAX_PACKETS_PER_POST = 1000
 HTTP_ATTEMPTS = 3

@@ -19,15 +19,16 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from controlroom.api.auth import current_principal
+from controlroom.api.parameters import refuse_unknown
 from controlroom.sitecalls.reconciliation import PassStart, ReconciliationService, site_states
 from controlroom.sitecalls.relay import Command, RelayOutcome, relay_command
 from controlroom.telemetry.stamps import Stamp
 
-router = APIRouter(tags=["sites"])
+router = APIRouter(tags=["sites"], dependencies=[Depends(refuse_unknown)])
 
 _BUSY = {
     PassStart.RUNNING_HERE: "a reconciliation pass is running in this process; ask again when "
