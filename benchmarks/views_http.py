@@ -69,7 +69,9 @@ How each figure is made (``benchmarks/README.md`` has the figures):
    theirs, docs/design.md "Process shape"; ``pg_stat_activity``, then ``/proc``), this
    process (the reader, or the sleeper), and how many of the machine's cores were busy
    (``/proc/stat``, every process). Shared PostgreSQL processes (WAL writer, checkpointer,
-   autovacuum launcher) are not counted.
+   autovacuum launcher) are not counted. In the reader's windows, also how long serve's
+   threads, the backends by nice value and this process waited on a run queue for a CPU,
+   per call (``/proc/<pid>/task/<tid>/schedstat``).
 8. **Afterwards** (unless ``--keep-drained``): what the drain stored is deleted (the rows
    whose last failure is after the store's latest before the drain, their group rows by
    cascade, the group hours after that hour; the counters follow by their triggers), and on
@@ -267,7 +269,9 @@ class Reading:
     settled: int  # deliveries serve settled so far (0 when /metrics did not answer)
     serve_cpu: float  # serve's own process
     tree_cpu: float  # serve and its worker processes
-    backends: dict[int, tuple[float, int]]  # pid -> (CPU seconds, nice) of the database's
+    backends: dict[int, tuple[float, int, float]]  # pid -> (CPU s, nice, run-queue wait s)
+    serve_wait: float  # seconds serve's threads waited on a run queue for a CPU
+    own_wait: float  # and this process's (the reader's)
     own_cpu: float  # this process
     jiffies: tuple[int, int]  # (busy, all) of the machine
 
@@ -300,15 +304,47 @@ class Window:
         serve = self.end.serve_cpu - self.start.serve_cpu
         workers = self.end.tree_cpu - self.start.tree_cpu - serve
         by_nice: dict[int, float] = defaultdict(float)
-        for pid, (seconds, nice) in self.end.backends.items():
-            by_nice[nice] += seconds - self.start.backends.get(pid, (0.0, nice))[0]
+        waited: dict[int, float] = defaultdict(float)
+        for pid, (seconds, nice, wait) in self.end.backends.items():
+            before = self.start.backends.get(pid, (0.0, nice, 0.0))
+            by_nice[nice] += seconds - before[0]
+            waited[nice] += wait - before[2]
         busy, every = (b - a for a, b in zip(self.start.jiffies, self.end.jiffies, strict=True))
         parts = [f"serve {serve / s:.2f}", f"workers {workers / s:.2f}"]
         parts += [f"backends at nice {n} {c / s:.2f}" for n, c in sorted(by_nice.items())]
         parts.append(f"this process {(self.end.own_cpu - self.start.own_cpu) / s:.2f}")
         cores = os.cpu_count() or 1
         parts.append(f"machine {cores * busy / max(every, 1):.2f} of {cores} busy")
+        calls = sum(len(samples) for samples in self.samples.values())
+        if calls:  # how long a call's processes waited for a CPU, not what they ran
+            waits = [f"serve {1000 * (self.end.serve_wait - self.start.serve_wait) / calls:.1f}"]
+            waits += [
+                f"backends at nice {n} {1000 * w / calls:.1f}" for n, w in sorted(waited.items())
+            ]
+            waits.append(
+                f"this process {1000 * (self.end.own_wait - self.start.own_wait) / calls:.1f}"
+            )
+            parts.append(f"ms waited on a run queue per call: {', '.join(waits)}")
         return ", ".join(parts)
+
+
+def run_queue_wait_seconds(pid: int) -> float:
+    """Seconds the live threads of process ``pid`` have waited on a run queue for a CPU
+    (``/proc/<pid>/task/<tid>/schedstat``'s second field, nanoseconds); 0 when it is gone.
+    Beside a busy core, each hand-off of a call (client, serve, its thread, its backend)
+    may wait for the running task's slice to end, whatever their priorities' shares."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    waited = 0
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/schedstat", encoding="ascii") as file:
+                waited += int(file.read().split()[1])
+        except (OSError, IndexError, ValueError):  # the thread ended meanwhile
+            continue
+    return waited / 1e9
 
 
 class Probe:
@@ -330,7 +366,7 @@ class Probe:
         got = read_metrics(self._client, self._metrics_url)
         return 0 if got is None else got[0]
 
-    def backends(self) -> dict[int, tuple[float, int]]:
+    def backends(self) -> dict[int, tuple[float, int, float]]:
         if self._admin is None:
             return {}
         with self._admin.connect() as conn:
@@ -344,7 +380,8 @@ class Probe:
             found = {}
             for pid in pids:
                 if (fields := stat_fields(pid)) is not None:
-                    found[pid] = (cpu_seconds(fields), int(fields[NICE_FIELD]))
+                    nice = int(fields[NICE_FIELD])
+                    found[pid] = (cpu_seconds(fields), nice, run_queue_wait_seconds(pid))
         return found
 
     def read(self) -> Reading:
@@ -354,6 +391,8 @@ class Probe:
             process_cpu_seconds(self._pid),
             process_tree_cpu_seconds(self._pid),
             self.backends(),
+            run_queue_wait_seconds(self._pid),
+            run_queue_wait_seconds(os.getpid()),
             time.process_time(),
             query._cpu_jiffies(),
         )
