@@ -373,8 +373,9 @@ class FullPageImages:
     blocks: int
 
 
-# A record's block references as PostgreSQL 15's pg_walinspect prints them: "blkref #0: rel
-# 1663/16384/16390 fork main blk 57 (FPW); hole: ..." (a full-page image says "FPW").
+# A record's block references as PostgreSQL 15's pg_walinspect prints them: "blkref", the
+# reference's number, then "rel 1663/16384/16390 fork main blk 57 (FPW); hole: ..." (a
+# full-page image says "FPW").
 FULL_PAGE_IMAGES_BY_RELATION = """
 SELECT coalesce(c.relname, 'relfilenode ' || m[1]) AS relation,
        r.resource_manager || '/' || r.record_type AS record,
