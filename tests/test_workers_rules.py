@@ -279,9 +279,10 @@ def writes_held(database_url: str) -> Iterator[None]:
 def test_sigterm_lets_the_workers_commit_and_acknowledge_the_batches_they_hold(
     on_transport: Settings, engine: sa.Engine, tmp_path: Path
 ) -> None:
-    """Two workers each hold batches whose writes wait (``writes_held``) when
-    ``controlroom serve`` gets SIGTERM; each worker says what it holds, and only then may
-    the writes go on. Afterwards exactly what the batches held is stored, nothing is held
+    """Two workers hold deliveries, in batches whose writes wait (``writes_held``), when
+    ``controlroom serve`` gets SIGTERM; each worker says what batches it holds (or, its
+    deliveries not in a batch yet, gives them back and ends), and only then may the writes
+    go on. Afterwards exactly what the batches held is stored, nothing is held
     unacknowledged, and the rest is in the queue, once, none of it stored."""
     workers, batch_size, concurrent = 2, 10, 2
     settings = on_transport.model_copy(
@@ -333,7 +334,13 @@ def test_sigterm_lets_the_workers_commit_and_acknowledge_the_batches_they_hold(
                     taken = len(names) - workers * prefetch
                     await until(lambda: _ready_at_most(settings, taken))
                     process.send_signal(signal.SIGTERM)
-                    await until(lambda: asyncio.sleep(0, _said(log, in_hand, held, workers)))
+                    # Each worker has answered the stop: it says what it holds, or it held
+                    # no batch yet (its deliveries were still on the way) and has ended.
+                    await until(
+                        lambda: asyncio.sleep(
+                            0, _answered(process.pid, log, in_hand, held, workers)
+                        )
+                    )
 
         asyncio.run(drain())
         assert process.wait(timeout=TIMEOUT) == 0, log.read_text(errors="replace")
@@ -345,12 +352,22 @@ def test_sigterm_lets_the_workers_commit_and_acknowledge_the_batches_they_hold(
     stored = set(stored_rows(engine))
     ready, unsettled = queue_counts(settings)
     queued = asyncio.run(take_queued_message_ids(settings))
-    assert len(held) == workers, held  # each worker held batches when told to stop
+    assert 1 <= len(held) <= workers, held  # a worker held batches when told to stop
     assert len(stored) == sum(messages for _, messages in held)  # what was held, no more
     assert unsettled == 0
     assert ready == len(queued) == len(set(queued))  # each once
     assert not stored & set(queued)  # nothing written is still queued
     assert stored | set(queued) == set(names)  # nothing lost
+
+
+def _answered(
+    pid: int, log: Path, pattern: re.Pattern[str], into: list[tuple[int, int]], workers: int
+) -> bool:
+    """Whether each of the ``workers`` of serve ``pid`` said ``pattern`` (the batches it
+    holds, into ``into``) or has ended: a worker whose deliveries were not in a batch yet
+    when told to stop gives them back and says nothing."""
+    _said(log, pattern, into, 0)
+    return len(into) + (workers - _worker_count(pid)) >= workers
 
 
 def _worker_count(pid: int) -> int:
