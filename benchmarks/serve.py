@@ -1414,7 +1414,7 @@ def run(args: argparse.Namespace, admin_url: str) -> int:
                 (f"into {args.stored:,} stored", serve, "head", template, args.stored, ""),
             ]
             if args.variant:
-                runs += [(f"{n} [{args.variant}]", *rest[:-1], args.variant) for n, *rest in runs]
+                runs += [(f"{n}, {args.variant}", *rest[:-1], args.variant) for n, *rest in runs]
         elif not args.no_previous:
             previous = [sys.executable, str(BENCHMARKS / "previous_serve.py"), "serve"]
             name = "today's serve, previous schema + writer"
