@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from controlroom.api.auth import current_principal, refuse_foreign_packets
-from controlroom.api.parameters import refuse_repeated, refuse_unknown
+from controlroom.api.parameters import refuse_unknown_or_repeated
 from controlroom.api.sitecalls import (
     BAD_REQUEST,
     Instant,
@@ -71,7 +71,7 @@ from controlroom.notifications.store import (
 from controlroom.runtime.wire_text import is_wire_text_clean
 from controlroom.telemetry.notification import domain_of, recipients_label
 
-router = APIRouter(tags=["notifications"], dependencies=[Depends(refuse_unknown)])
+router = APIRouter(tags=["notifications"], dependencies=[Depends(refuse_unknown_or_repeated)])
 
 Limit = Annotated[int, Query(ge=1, le=500, description="Rows per page.")]
 After = Annotated[
@@ -81,7 +81,6 @@ Text = Annotated[str | None, Query(max_length=1024)]
 
 _STATUS = {ActionOutcome.APPLIED: 200, ActionOutcome.NOT_PARKED: 409}
 MAX_NOTIFICATIONS_PER_POST = 1000
-_LIST_PARAMETERS = ("status", "channel", "source", "target", "limit", "after")
 _SITE_FIELDS = ("notification_id", "source_site", "channel", "subject", "body")
 
 
@@ -182,7 +181,6 @@ def list_notifications(
 ) -> dict[str, Any]:
     """Notifications, newest created first; filters combine with AND. A parameter given
     more than once is a 400 (never silently one of its values)."""
-    refuse_repeated(request, _LIST_PARAMETERS)
     filters = queries.NotificationFilter(
         status and status.value, channel and channel.value, source, target
     )

@@ -7,7 +7,6 @@ id in the path. Bad input is a 422 naming the parameter, in FastAPI's
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
 from dataclasses import replace
 from typing import Annotated
 
@@ -114,13 +113,15 @@ OrderingParams = Annotated[Ordering, Depends(ordering)]
 FilterParams = Annotated[FailedMessageFilter, Depends(message_filter)]
 
 
-def refuse_unknown(request: Request) -> None:
+def refuse_unknown_or_repeated(request: Request) -> None:
     """A router's dependency: on a read (GET, HEAD), raise a 422 naming the first query
     parameter the route does not take (its loc ``["query", name]``, the message listing
-    those it takes), so that a misspelt filter or cursor is never silently ignored. For
-    Controlroom's own routes only: ServiceControl's ignore unknown parameters, and clients
-    written for it send some (docs/decisions.md "Our own routes refuse a parameter they do
-    not take")."""
+    those it takes), so that a misspelt filter or cursor is never silently ignored, and an
+    ``HTTPException`` 400 ``"<name>: give it at most once"`` for the first it takes that
+    is given more than once (each takes one value: which of several it read would be a
+    guess). For Controlroom's own routes only: ServiceControl's ignore unknown
+    parameters, and clients written for it send some (docs/decisions.md "Our own routes
+    refuse a parameter they do not take")."""
     route = request.scope.get("route")
     if request.method not in ("GET", "HEAD") or not isinstance(route, APIRoute):
         return
@@ -131,6 +132,8 @@ def refuse_unknown(request: Request) -> None:
             raise invalid_parameter(
                 "query", name, None, f"not a parameter of this route (it takes: {listed})"
             )
+        if len(request.query_params.getlist(name)) > 1:
+            raise HTTPException(400, f"{name}: give it at most once")
 
 
 def _query_parameters(dependant: Dependant) -> set[str]:
@@ -139,12 +142,3 @@ def _query_parameters(dependant: Dependant) -> set[str]:
     for dependency in dependant.dependencies:
         names |= _query_parameters(dependency)
     return names
-
-
-def refuse_repeated(request: Request, names: Iterable[str]) -> None:
-    """Raise ``HTTPException`` 400 ``"<name>: give it at most once"`` for the first of
-    ``names`` the query string gives more than once: a list's filter takes one value,
-    never silently the last of several."""
-    for name in names:
-        if len(request.query_params.getlist(name)) > 1:
-            raise HTTPException(400, f"{name}: give it at most once")

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, PlainSerializer
 
 from controlroom.api.auth import current_principal, refuse_foreign_packets
-from controlroom.api.parameters import refuse_repeated, refuse_unknown
+from controlroom.api.parameters import refuse_unknown_or_repeated
 from controlroom.config import Settings
 from controlroom.db.kpi_history import Metric, read_series
 from controlroom.http.bodies import packet_download
@@ -41,7 +41,7 @@ from controlroom.telemetry.contract import UtcInstant
 from controlroom.telemetry.ordering import Channel, SiteCallStatus
 from controlroom.telemetry.stamps import Stamp, round_trip
 
-router = APIRouter(tags=["site calls"], dependencies=[Depends(refuse_unknown)])
+router = APIRouter(tags=["site calls"], dependencies=[Depends(refuse_unknown_or_repeated)])
 
 MAX_PACKETS_PER_POST = 1000
 HTTP_ATTEMPTS = 3
@@ -269,19 +269,6 @@ def _answer(packets: list[Any], reasons: list[str | None], *, skip: set[int]) ->
     return {"accepted": accepted, "rejected": rejected}
 
 
-_LIST_PARAMETERS = (
-    "site",
-    "node",
-    "status",
-    "channel",
-    "target",
-    "created_from",
-    "created_to",
-    "limit",
-    "after",
-)
-
-
 @router.get("/site-calls", response_model=SiteCallPage, responses=BAD_REQUEST)
 def list_site_calls(
     request: Request,
@@ -297,7 +284,6 @@ def list_site_calls(
 ) -> dict[str, Any]:
     """Site calls, newest created first; filters combine with AND. A parameter given
     more than once is a 400 (never silently one of its values)."""
-    refuse_repeated(request, _LIST_PARAMETERS)
     filters = queries.SiteCallFilter(
         site,
         node,

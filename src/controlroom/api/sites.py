@@ -23,12 +23,12 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from controlroom.api.auth import current_principal
-from controlroom.api.parameters import refuse_unknown
+from controlroom.api.parameters import refuse_unknown_or_repeated
 from controlroom.sitecalls.reconciliation import PassStart, ReconciliationService, site_states
 from controlroom.sitecalls.relay import Command, RelayOutcome, relay_command
 from controlroom.telemetry.stamps import Stamp
 
-router = APIRouter(tags=["sites"], dependencies=[Depends(refuse_unknown)])
+router = APIRouter(tags=["sites"], dependencies=[Depends(refuse_unknown_or_repeated)])
 
 _BUSY = {
     PassStart.RUNNING_HERE: "a reconciliation pass is running in this process; ask again when "
