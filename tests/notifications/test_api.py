@@ -247,3 +247,25 @@ def test_the_kpi_history_answers_a_channel_s_series_to_a_reader(
     assert theirs.json()["points"] == []
     site_scope = {"metric": "parked", "scope": "site", "scope_key": "plant-7"}
     assert api.get("/api/notifications/kpi-history", params=site_scope).status_code == 422
+
+
+@pytest.mark.parametrize("action", ["", "/retry", "/discard"])
+def test_a_notification_is_named_by_its_guid_in_any_case(
+    api: TestClient, engine: sa.Engine, action: str
+) -> None:
+    notification_id = put(engine)
+    upper = api.post if action else api.get
+
+    answer = upper(f"/api/notifications/{notification_id.upper()}{action}")
+
+    assert answer.status_code == 200, answer.text
+
+
+@pytest.mark.parametrize("action", ["", "/retry", "/discard"])
+def test_a_notification_id_that_is_no_guid_is_a_422_naming_it(api: TestClient, action: str) -> None:
+    call = api.post if action else api.get
+
+    answer = call(f"/api/notifications/not-a-guid{action}")
+
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"][0]["loc"] == ["path", "notification_id"]

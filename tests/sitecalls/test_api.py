@@ -282,3 +282,26 @@ def test_a_reason_quoting_an_unstorable_field_name_is_kept_and_answered(
     assert rejected["reason"].startswith("a\\x00")
     (kept,) = client.get("/api/site-calls/rejected").json()["items"]
     assert kept["reason"] == rejected["reason"]
+
+
+@pytest.mark.parametrize("action", ["retry", "discard"])
+def test_an_action_names_the_call_by_its_guid_in_any_case(client: TestClient, action: str) -> None:
+    # Telemetry and the call's page read the GUID in any case; the actions must too.
+    op_id = str(uuid.uuid4())
+    client.post("/api/site-calls/telemetry", json=[packet("Parked", op_id=op_id)])
+
+    lower = client.post(f"/api/site-calls/{op_id}/{action}")
+    upper = client.post(f"/api/site-calls/{op_id.upper()}/{action}")
+
+    assert lower.status_code != 404, lower.text
+    assert (upper.status_code, upper.json()) == (lower.status_code, lower.json())
+
+
+@pytest.mark.parametrize("action", ["retry", "discard"])
+def test_an_action_on_an_id_that_is_no_guid_is_a_422_naming_it(
+    client: TestClient, action: str
+) -> None:
+    answer = client.post(f"/api/site-calls/not-a-guid/{action}")
+
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"][0]["loc"] == ["path", "tracked_operation_id"]

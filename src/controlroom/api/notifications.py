@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import enum
 import json
+import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
@@ -78,6 +79,9 @@ After = Annotated[
     str | None, Query(max_length=500, description="next_cursor of the previous page.")
 ]
 Text = Annotated[str | None, Query(max_length=1024)]
+NotificationId = Annotated[
+    uuid.UUID, Path(description="The notification's notification_id (a GUID, in any case).")
+]
 
 _STATUS = {ActionOutcome.APPLIED: 200, ActionOutcome.NOT_PARKED: 409}
 MAX_NOTIFICATIONS_PER_POST = 1000
@@ -235,10 +239,10 @@ def notification_kpi_history(
     response_model=NotificationDetail,
     responses={404: {"description": "No notification has this id."}},
 )
-def get_notification(notification_id: str, request: Request) -> dict[str, Any]:
+def get_notification(notification_id: NotificationId, request: Request) -> dict[str, Any]:
     """One notification, with its body."""
     with _engine(request).connect() as conn:
-        row = queries.get_notification(conn, notification_id)
+        row = queries.get_notification(conn, str(notification_id))
     if row is None:
         raise HTTPException(404, "notification not found")
     shown = row._asdict()
@@ -248,10 +252,10 @@ def get_notification(notification_id: str, request: Request) -> dict[str, Any]:
     return shown
 
 
-def _act(notification_id: str, command: Command, request: Request) -> JSONResponse:
+def _act(notification_id: uuid.UUID, command: Command, request: Request) -> JSONResponse:
     result = act_on_parked(
         _engine(request),
-        notification_id,
+        str(notification_id),
         command,
         current_principal(request).name,
         now=datetime.now(UTC),
@@ -276,13 +280,13 @@ _ACTION_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 @router.post("/notifications/{notification_id}/retry", responses=_ACTION_RESPONSES)
-def retry_notification(notification_id: str, request: Request) -> JSONResponse:
+def retry_notification(notification_id: NotificationId, request: Request) -> JSONResponse:
     """An operator's Retry of a Parked notification: Pending and due now."""
     return _act(notification_id, Command.RETRY, request)
 
 
 @router.post("/notifications/{notification_id}/discard", responses=_ACTION_RESPONSES)
-def discard_notification(notification_id: str, request: Request) -> JSONResponse:
+def discard_notification(notification_id: NotificationId, request: Request) -> JSONResponse:
     """An operator's Discard of a Parked notification: Discarded, terminal."""
     return _act(notification_id, Command.DISCARD, request)
 

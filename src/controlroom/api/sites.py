@@ -15,11 +15,12 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Request
 from fastapi.responses import JSONResponse
 
 from controlroom.api.auth import current_principal
@@ -97,11 +98,16 @@ def reconcile_site(site_id: str, request: Request) -> dict[str, Any]:
     return {"started": True, "site": site_id}
 
 
-def _relay(tracked_operation_id: str, command: Command, request: Request) -> JSONResponse:
+TrackedOperationId = Annotated[
+    uuid.UUID, Path(description="The call's tracked_operation_id (a GUID, in any case).")
+]
+
+
+def _relay(tracked_operation_id: uuid.UUID, command: Command, request: Request) -> JSONResponse:
     result = relay_command(
         request.app.state.settings,
         request.app.state.engine,
-        tracked_operation_id,
+        str(tracked_operation_id),
         command,
         current_principal(request).name,
     )
@@ -113,12 +119,12 @@ def _relay(tracked_operation_id: str, command: Command, request: Request) -> JSO
 
 
 @router.post("/site-calls/{tracked_operation_id}/retry")
-def retry_site_call(tracked_operation_id: str, request: Request) -> JSONResponse:
+def retry_site_call(tracked_operation_id: TrackedOperationId, request: Request) -> JSONResponse:
     """Relay an operator's Retry of a Parked call to its site."""
     return _relay(tracked_operation_id, Command.RETRY, request)
 
 
 @router.post("/site-calls/{tracked_operation_id}/discard")
-def discard_site_call(tracked_operation_id: str, request: Request) -> JSONResponse:
+def discard_site_call(tracked_operation_id: TrackedOperationId, request: Request) -> JSONResponse:
     """Relay an operator's Discard of a Parked call to its site."""
     return _relay(tracked_operation_id, Command.DISCARD, request)
