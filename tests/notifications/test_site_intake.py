@@ -275,3 +275,16 @@ def test_a_target_central_does_not_know_is_taken_and_left_to_the_dispatcher(
         ("no-such-hook", "Pending"),
         ("no-such-list", "Pending"),
     ]
+
+
+def test_a_refused_notification_is_kept_as_the_bytes_sent(client: TestClient) -> None:
+    sent = json.dumps(item(subject="s" * 257))[:-1].encode() + b', "x": 1e400 , "x": 2}'
+    body = b"[ " + sent + b"\n]"
+
+    answer = client.post(
+        "/api/site-notifications", content=body, headers={"content-type": "application/json"}
+    )
+
+    assert answer.json()["rejected"][0]["index"] == 0, answer.text
+    (kept,) = client.get("/api/notifications/rejected").json()["items"]
+    assert client.get(kept["packet_url"]).content == sent

@@ -305,3 +305,36 @@ def test_an_action_on_an_id_that_is_no_guid_is_a_422_naming_it(
 
     assert answer.status_code == 422, answer.text
     assert answer.json()["detail"][0]["loc"] == ["path", "tracked_operation_id"]
+
+
+def test_a_rejected_packet_is_kept_as_the_bytes_sent(client: TestClient) -> None:
+    # Key order, spacing, a duplicate key, a number JSON cannot round-trip: all as sent.
+    first = (
+        f'{{ "tracked_operation_id" : "{uuid.uuid4()}", "retry_count": 1.00000000000000000001,'
+        ' "http_status": 1e400, "note": "dup", "note": "second" }'
+    ).encode()
+    second = '{"source_site": "é", "surprise": [1 ,2]}'.encode()
+    body = b"[\n  " + first + b" ,\r\n\t" + second + b"\n]"
+
+    answer = client.post(
+        "/api/site-calls/telemetry", content=body, headers={"content-type": "application/json"}
+    )
+
+    assert answer.status_code == 200, answer.text
+    assert [item["index"] for item in answer.json()["rejected"]] == [0, 1]
+    kept = [item["packet_url"] for item in client.get("/api/site-calls/rejected").json()["items"]]
+    assert sorted(client.get(url).content for url in kept) == sorted([first, second])
+
+
+def test_a_telemetry_body_that_is_not_utf8_json_is_refused_naming_the_body(
+    client: TestClient,
+) -> None:
+    body = json.dumps([packet("Submitted", op_id=str(uuid.uuid4()))]).encode("utf-16")
+
+    answer = client.post(
+        "/api/site-calls/telemetry", content=body, headers={"content-type": "application/json"}
+    )
+
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"][0]["loc"] == ["body"]
+    assert client.get("/api/site-calls").json()["items"] == []

@@ -47,6 +47,7 @@ from controlroom.api.sitecalls import (
     KpiSeries,
     MaxPoints,
     RejectedPage,
+    SentElements,
     SeriesFrom,
     kpi_series,
     rejected_page,
@@ -295,6 +296,7 @@ def discard_notification(notification_id: NotificationId, request: Request) -> J
 def post_site_notifications(
     request: Request,
     items: Annotated[list[Any], Body(description="A site's notifications (module docstring).")],
+    sent: SentElements,
 ) -> dict[str, Any]:
     """Store a site's notifications for delivery; answers ``{"accepted": [positions],
     "rejected": [{"index", "notification_id", "reason"}]}``. An item naming another site
@@ -306,15 +308,15 @@ def post_site_notifications(
     settings: Settings = request.app.state.settings
     now = datetime.now(UTC)
     parsed: list[tuple[int, NewNotification]] = []
-    refused: list[tuple[Any, str]] = []
-    for index, item in enumerate(items):
+    refused: list[tuple[Any, bytes, str]] = []
+    for index, (item, raw) in enumerate(sent):
         try:
             notification = _site_notification(item)
             check(notification)
             _refuse_foreign_domains(settings, notification)
         except NotificationRejected as exc:
             given = item.get("notification_id") if isinstance(item, dict) else None
-            refused.append((item, str(exc)))
+            refused.append((item, raw, str(exc)))
             rejected.append(
                 {
                     "index": index,
@@ -327,9 +329,9 @@ def post_site_notifications(
             continue
         parsed.append((index, notification))
     with begin_write(_engine(request)) as conn:
-        for item, reason in refused:  # kept whole, listed like rejected telemetry
+        for item, raw, reason in refused:  # kept as sent, listed like rejected telemetry
             site = item.get("source_site") if isinstance(item, dict) else None
-            keep_rejected(conn, rejected_source(site), item, reason, now=now)
+            keep_rejected(conn, rejected_source(site), item, reason, now=now, sent=raw)
         for _, notification in sorted(parsed, key=lambda pair: notification_id_of(pair[1])):
             enqueue(conn, notification, now=now)  # in id order: overlapping posts never deadlock
     accepted = [index for index, _ in parsed]

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, PlainSerializer
 
@@ -38,12 +39,32 @@ from controlroom.sitecalls.kpis import measure_kpis
 from controlroom.sitecalls.rejected import ResubmitOutcome, resubmit_rejected
 from controlroom.sitecalls.writer import IngestBudgetExceeded
 from controlroom.telemetry.contract import UtcInstant
+from controlroom.telemetry.json_arrays import array_elements
 from controlroom.telemetry.ordering import Channel, SiteCallStatus
 from controlroom.telemetry.stamps import Stamp, round_trip
 
 router = APIRouter(tags=["site calls"], dependencies=[Depends(refuse_unknown_or_repeated)])
 
 MAX_PACKETS_PER_POST = 1000
+
+
+async def sent_elements(request: Request) -> list[tuple[Any, bytes]]:
+    """The request body's array elements, each decoded and as its bytes as sent
+    (``telemetry.json_arrays``): a refused one is kept as sent. Raises a 422 at
+    ``["body"]`` when the body is not one UTF-8 JSON array (RFC 8259 section 8.1)."""
+    try:
+        return array_elements(await request.body())
+    except ValueError as exc:
+        problem = {
+            "type": "value_error",
+            "loc": ("body",),
+            "msg": f"not one UTF-8 JSON array: {exc}",
+        }
+        raise RequestValidationError([problem]) from None
+
+
+SentElements = Annotated[list[tuple[Any, bytes]], Depends(sent_elements)]
+"""A route's body array as sent, beside FastAPI's decoding of it (same elements, in order)."""
 HTTP_ATTEMPTS = 3
 RETRY_AFTER_SECONDS = 1
 Limit = Annotated[int, Query(ge=1, le=500, description="Rows per page.")]
@@ -224,15 +245,16 @@ def _bad_cursor(exc: queries.BadCursor) -> HTTPException:
 def post_telemetry(
     request: Request,
     packets: Annotated[list[Any], Body(description="Telemetry packets (README).")],
+    sent: SentElements,
 ) -> Any:
     """Take a list of telemetry packets; answers which were accepted and which rejected,
-    and why. A rejected packet is kept whole and listed by ``/api/site-calls/rejected``.
-    A packet naming a site other than the token's makes the whole request a 403, kept
-    nowhere."""
+    and why. A rejected packet is kept whole, as the bytes sent, and listed by
+    ``/api/site-calls/rejected``. A packet naming a site other than the token's makes the
+    whole request a 403, kept nowhere. A body that is not one UTF-8 JSON array is a 422."""
     if len(packets) > MAX_PACKETS_PER_POST:
         raise HTTPException(413, f"at most {MAX_PACKETS_PER_POST} packets per request")
     refuse_foreign_packets(request, packets)
-    received = [receive_json(item, "http") for item in packets]
+    received = [receive_json(value, "http", raw) for value, raw in sent]
     writer = make_writer(
         _settings(request),
         _engine(request),

@@ -169,15 +169,22 @@ def check(notification: NewNotification) -> None:
 
 
 def keep_rejected(
-    conn: sa.Connection, source: str, notification: Any, reason: str, *, now: datetime
+    conn: sa.Connection,
+    source: str,
+    notification: Any,
+    reason: str,
+    *,
+    now: datetime,
+    sent: bytes | None = None,
 ) -> str:
     """Keep ``notification`` (a site's item as received, or a rule's rendering: any JSON
     value) whole in ``rejected_telemetry`` with ``reason``, in ``conn``'s transaction,
     under the source ``notification:<source>`` (``source`` ``site:<id>`` or
     ``rule:<name>``; only its kind, ``site`` or ``rule``, when that is longer than the
-    column: the value itself keeps it whole); the same value twice is kept once.
+    column: the value itself keeps it whole); the same value twice is kept once. ``sent``:
+    its bytes as a site sent them, kept instead of its JSON encoding when given.
     Returns its id."""
-    packet = packet_bytes(notification)
+    packet = packet_bytes(notification) if sent is None else sent
     key = rejection_id(packet)
     label = REJECTED_NOTIFICATION_SOURCE + source
     if len(label) > REJECTED_SOURCE_WIDTH:

@@ -77,9 +77,11 @@ def receive_bytes(body: bytes, source: str, *, max_bytes: int | None = None) -> 
         return ReceivedPacket(raw=body, source=source, rejected_because=_unreadable(error))
 
 
-def receive_json(data: Any, source: str) -> ReceivedPacket:
-    """A packet as received decoded (an element of the HTTP body's list)."""
-    raw = packet_bytes(data)
+def receive_json(data: Any, source: str, raw: bytes | None = None) -> ReceivedPacket:
+    """A packet received decoded: ``data``, and ``raw`` its bytes as sent when the caller
+    has them (an element of the HTTP body's array), kept if it is rejected; without them
+    its JSON encoding is kept (a row a site answered a pull with)."""
+    raw = packet_bytes(data) if raw is None else raw
     try:
         return ReceivedPacket(raw=raw, source=source, packet=validate_packet(data))
     except TelemetryRejected as rejected:

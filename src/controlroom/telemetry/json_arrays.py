@@ -1,0 +1,46 @@
+"""The elements of a JSON array as they were sent: a site posts its packets and its
+notifications as one array, and one the contract refuses is kept whole, byte for byte
+(docs/decisions.md "Telemetry is refused, never truncated"): its key order, spacing,
+repeated keys and numbers as written, which decoding and encoding again would change.
+Pure: no I/O."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+_DECODER = json.JSONDecoder()
+_WHITESPACE = " \t\n\r"  # RFC 8259 section 2
+
+
+def array_elements(body: bytes) -> list[tuple[Any, bytes]]:
+    """Each element of ``body``, one JSON array in UTF-8 (RFC 8259 section 8.1; a leading
+    byte order mark is ignored, as section 8.1 allows), in order: its decoded value and
+    its exact bytes. Raises ``ValueError`` (``UnicodeDecodeError`` or
+    ``json.JSONDecodeError``, saying where) when ``body`` is not that."""
+    text = body.decode("utf-8-sig")
+    position = _after_whitespace(text, 0)
+    if not text.startswith("[", position):
+        raise json.JSONDecodeError("expected a JSON array", text, position)
+    position = _after_whitespace(text, position + 1)
+    elements: list[tuple[Any, bytes]] = []
+    if not text.startswith("]", position):
+        while True:
+            value, end = _DECODER.raw_decode(text, position)
+            elements.append((value, text[position:end].encode("utf-8")))
+            position = _after_whitespace(text, end)
+            if not text.startswith(",", position):
+                break
+            position = _after_whitespace(text, position + 1)
+        if not text.startswith("]", position):
+            raise json.JSONDecodeError("expected ',' or ']'", text, position)
+    rest = _after_whitespace(text, position + 1)
+    if rest != len(text):
+        raise json.JSONDecodeError("extra data after the array", text, rest)
+    return elements
+
+
+def _after_whitespace(text: str, position: int) -> int:
+    while position < len(text) and text[position] in _WHITESPACE:
+        position += 1
+    return position
