@@ -63,6 +63,8 @@ def test_a_taken_demo_port_is_refused_in_one_line_before_anything_is_published(
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1, result.output
     assert f"port {port + past} " in lines[0] and "CONTROLROOM_PORT" in lines[0]
+    # Another process holds it (not the demo's own part named), and demo run has no --port.
+    assert "in use by another process" in lines[0] and "--port" not in lines[0]
     assert "Published" not in result.output
     assert not data_dir.exists() or not any(data_dir.rglob("*.db"))
 

@@ -338,8 +338,9 @@ def demo_run(config: ConfigOption = None) -> None:
     if taken is not None:
         host, port, what = taken
         err_console.print(
-            f"[red]error:[/] port {port} on {escape(host)} ({what}) is taken; the demo uses "
-            f"its port and 11-15 past it: give it another with {PORT_CHOSEN_BY}.",
+            f"[red]error:[/] port {port} on {escape(host)} is in use by another process; "
+            f"this demo would take it for {what} (it takes its port and 11-15 past it): "
+            f"give it another with {PORT_CHOSEN_BY}.",
             highlight=False,
         )
         raise typer.Exit(1)

@@ -30,7 +30,7 @@ from controlroom.runtime.sockets import listen
 from controlroom.site.demo import SITE_NAMES, demo_ports, demo_store_path
 from controlroom.site.store import in_use
 
-PORT_CHOSEN_BY = "CONTROLROOM_PORT (or --port)"
+PORT_CHOSEN_BY = "CONTROLROOM_PORT"
 """What chooses the demo's ports: central's, and the helpers' follow it."""
 
 _POLL_SECONDS = 0.2  # how often the supervisor looks for a child that exited
