@@ -4,6 +4,7 @@ and what it says of a widened search."""
 
 from __future__ import annotations
 
+from controlroom.errors.ingest.search_terms import parse_search
 from controlroom.errors.read.summaries import SearchPage
 from controlroom.web.filters import breakable, counted, related_link
 from controlroom.web.pages import search_note
@@ -43,3 +44,15 @@ def test_a_widened_search_of_several_words_does_not_say_each_is_missing() -> Non
         "No message contains “warehouse”, “outofstock” together as whole words; showing "
         "messages with words starting with them."
     )
+
+
+def test_a_search_that_found_nothing_names_the_status_it_was_narrowed_to() -> None:
+    # The list opens on Unresolved: an operator must not read "nothing" as "nowhere".
+    nothing = SearchPage(total=0, items=[], query=parse_search("invalidoperation"))
+
+    narrowed = search_note(nothing, status="Unresolved")
+
+    assert narrowed.endswith(
+        "Only Unresolved messages were searched: choose Any status to search them all."
+    )
+    assert "Only" not in search_note(nothing)

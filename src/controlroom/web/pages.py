@@ -52,7 +52,13 @@ from controlroom.web.sitecall_pages import kpi_tiles_context
 router = APIRouter(include_in_schema=False)
 
 PAGE_SIZE = 50
-STATUS_CHOICES = ("unresolved", "retryissued", "resolved", "archived")
+STATUS_LABELS = {
+    "unresolved": "Unresolved",
+    "retryissued": "RetryIssued",
+    "resolved": "Resolved",
+    "archived": "Archived",
+}
+"""The list's status filter: its values, and their names in the console."""
 SORTABLE: tuple[SortKey, ...] = (
     "time_of_failure",
     "message_type",
@@ -163,7 +169,7 @@ def message_list(
             )
             total, items = found.total, [hit.summary for hit in found.items]
             estimated = found.total_estimated
-            note = search_note(found)
+            note = search_note(found, status=STATUS_LABELS.get(status))
         else:
             listed = list_failed_messages(
                 conn,
@@ -196,7 +202,7 @@ def message_list(
             "page": page,
             "pages": max(1, math.ceil(total / PAGE_SIZE)),
             "params": params,
-            "status_choices": STATUS_CHOICES,
+            "status_labels": STATUS_LABELS,
             "group_info": group_info,
             "python_tasks": python_tasks,
             "search_note": note,
@@ -206,10 +212,11 @@ def message_list(
     )
 
 
-def search_note(found: SearchPage) -> str:
+def search_note(found: SearchPage, status: str | None = None) -> str:
     """What the console says about a search's page: which words were looked for as the
     start of a word because nothing held them whole, or why nothing matched (every word
-    must occur; a word ending in ``*`` is the start of a word). Empty when the search
+    must occur; a word ending in ``*`` is the start of a word; ``status``, the status
+    the list is narrowed to, named: the list opens on Unresolved). Empty when the search
     found its words as written."""
     if found.widened and found.total:
         words = _quoted(found.widened)
@@ -226,9 +233,15 @@ def search_note(found: SearchPage) -> str:
     if found.total:
         return ""
     query = found.query
+    narrowed = (
+        f" Only {status} messages were searched: choose Any status to search them all."
+        if status
+        else ""
+    )
     if query is None or query.empty:
         return (
-            "Nothing matched: the search has no letter or digit, and no message has it as its id."
+            "Nothing matched: the search has no letter or digit, and no message has it as its "
+            f"id.{narrowed}"
         )
     (terms,) = query.alternatives or (SearchTerms(),)
     wanted = [f"the word {_quoted([word])}" for word in terms.words]
@@ -237,7 +250,7 @@ def search_note(found: SearchPage) -> str:
     return (
         f"Nothing matched: no message contains {together}. Every word must occur in "
         f"one message; end a word of {MIN_PREFIX_CHARS} or more characters with * to find "
-        "the words that start with it."
+        f"the words that start with it.{narrowed}"
     )
 
 
