@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from controlroom.config import Settings
 from controlroom.sitecalls.history import take_sample
 from controlroom.sitecalls.writer import SiteCallWriter
+from controlroom.telemetry.stamps import Stamp
 from tests.sitecalls.packets import T0, packet, write
 
 
@@ -338,3 +339,50 @@ def test_a_telemetry_body_that_is_not_utf8_json_is_refused_naming_the_body(
     assert answer.status_code == 422, answer.text
     assert answer.json()["detail"][0]["loc"] == ["body"]
     assert client.get("/api/site-calls").json()["items"] == []
+
+
+STAMP = "2026-11-01T09:14:03.1200005Z"
+BOUNDS = [  # (parameter, bound, rows): from inclusive, to exclusive, to 100 ns
+    ("from", "2026-11-01T09:14:03.1200005Z", 1),
+    ("from", "2026-11-01T09:14:03.1200006Z", 0),
+    ("to", "2026-11-01T09:14:03.1200006Z", 1),
+    ("to", "2026-11-01T09:14:03.1200005Z", 0),
+    ("to", "2026-11-01T09:14:03.120001Z", 1),
+]
+
+
+@pytest.mark.parametrize(("bound", "value", "rows"), BOUNDS)
+def test_a_site_calls_created_range_reads_its_bounds_to_100_ns(
+    client: TestClient, bound: str, value: str, rows: int
+) -> None:
+    op_id = str(uuid.uuid4())
+    sent = packet("Submitted", op_id=op_id, target="T", created_at_utc=STAMP, updated_at_utc=STAMP)
+    assert client.post("/api/site-calls/telemetry", json=[sent]).json()["accepted"] == [0]
+
+    answer = client.get("/api/site-calls", params={"target": "T", f"created_{bound}": value})
+
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["items"]) == rows
+
+
+@pytest.mark.parametrize(("bound", "value", "rows"), BOUNDS)
+def test_the_audit_logs_occurred_range_reads_its_bounds_to_100_ns(
+    client: TestClient, bound: str, value: str, rows: int
+) -> None:
+    sent = packet(
+        "Submitted", op_id=str(uuid.uuid4()), at=Stamp.parse(STAMP), event_id=str(uuid.uuid4())
+    )
+    assert client.post("/api/site-calls/telemetry", json=[sent]).json()["accepted"] == [0]
+
+    answer = client.get("/api/audit-log", params={f"occurred_{bound}": value})
+
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["items"]) == rows
+
+
+@pytest.mark.parametrize("name", ["created_from", "created_to"])
+def test_a_range_bound_past_100_ns_is_a_422_naming_it(client: TestClient, name: str) -> None:
+    answer = client.get("/api/site-calls", params={name: "2026-11-01T09:14:03.12000051Z"})
+
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"][0]["loc"] == ["query", name]

@@ -75,6 +75,10 @@ Text = Annotated[str | None, Query(max_length=1024)]
 # One type for every time parameter: a zone-aware time that stays within years 1-9999 in
 # UTC (the contract's rule), so an out-of-range one is a 422 naming the parameter.
 Instant = Annotated[UtcInstant | None, Query(description="ISO 8601 with a zone.")]
+StampBound = Annotated[
+    Stamp | None,
+    Query(description="ISO 8601 with a zone, at most 7 fractional digits (read to 100 ns)."),
+]
 # Every time answered in one format: a site's stamps (``Stamp``) and central's own times
 # alike, UTC with seven fractional digits, the .NET round-trip format (README).
 Time = Annotated[datetime, PlainSerializer(round_trip, return_type=str, when_used="json")]
@@ -299,8 +303,8 @@ def list_site_calls(
     status: Annotated[SiteCallStatus | None, Query()] = None,
     channel: Annotated[Channel | None, Query()] = None,
     target: Text = None,
-    created_from: Instant = None,
-    created_to: Instant = None,
+    created_from: StampBound = None,
+    created_to: StampBound = None,
     limit: Limit = 50,
     after: After = None,
 ) -> dict[str, Any]:
@@ -462,8 +466,8 @@ def list_audit_log(
     category: Text = None,
     target: Text = None,
     correlation_id: Text = None,
-    occurred_from: Instant = None,
-    occurred_to: Instant = None,
+    occurred_from: StampBound = None,
+    occurred_to: StampBound = None,
     limit: Limit = 50,
     after: After = None,
 ) -> dict[str, Any]:

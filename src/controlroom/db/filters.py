@@ -1,7 +1,10 @@
-"""The conditions a keyset-paged list of site calls or notifications filters by.
+"""The conditions a keyset-paged list of site calls, audit events or notifications
+filters by.
 
-Both lists take equality filters (``None``: not filtered) and a created range, ``from``
-inclusive and ``to`` exclusive (UTC); this builds them once for both.
+The lists take equality filters (``None``: not filtered) and a time range, ``from``
+inclusive and ``to`` exclusive (UTC); this builds them once for all. A site's stamps are
+read to 100 ns (``stamp_range``: docs/design.md "Stamps"), central's own times to the
+microsecond (``filter_conditions``).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+
+from controlroom.telemetry.stamps import Stamp
 
 
 def filter_conditions(
@@ -26,4 +31,27 @@ def filter_conditions(
         conditions.append(created >= created_from)
     if created_to is not None:
         conditions.append(created < created_to)
+    return conditions
+
+
+def stamp_range(
+    instant: sa.ColumnElement[datetime],
+    tick: sa.ColumnElement[int],
+    start: Stamp | None,
+    end: Stamp | None,
+) -> list[sa.ColumnElement[bool]]:
+    """``start <= stamp < end`` where given, for a stamp kept in ``instant`` and ``tick``
+    (``telemetry.stamps``), to 100 ns. Each bound is a range on ``instant`` first, so its
+    index still bounds the scan; the tick decides only within the bound's microsecond."""
+    conditions: list[sa.ColumnElement[bool]] = []
+    if start is not None:
+        conditions.append(instant >= start.instant)
+        if start.tick:
+            conditions.append(sa.or_(instant > start.instant, tick >= start.tick))
+    if end is not None:
+        if end.tick:
+            conditions.append(instant <= end.instant)
+            conditions.append(sa.or_(instant < end.instant, tick < end.tick))
+        else:
+            conditions.append(instant < end.instant)
     return conditions

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
-from controlroom.db.filters import filter_conditions
+from controlroom.db.filters import filter_conditions, stamp_range
 from controlroom.db.keyset import BadCursor as BadCursor
 from controlroom.db.keyset import Page as Page
 from controlroom.db.keyset import keyset_page
@@ -28,7 +27,7 @@ from controlroom.db.tables import (
     rejected_telemetry,
     site_calls,
 )
-from controlroom.telemetry.stamps import stamp_of
+from controlroom.telemetry.stamps import Stamp, stamp_of
 
 sc = site_calls.c
 al = audit_log.c
@@ -52,15 +51,15 @@ def with_stamps(row: sa.Row[Any], names: Sequence[str]) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class SiteCallFilter:
-    """Filters of ``GET /api/site-calls``; ``None`` means any. Times are UTC."""
+    """Filters of ``GET /api/site-calls``; ``None`` means any. Stamps to 100 ns."""
 
     site: str | None = None
     node: str | None = None
     status: str | None = None
     channel: str | None = None
     target: str | None = None
-    created_from: datetime | None = None
-    created_to: datetime | None = None
+    created_from: Stamp | None = None
+    created_to: Stamp | None = None
 
 
 def list_site_calls(
@@ -76,9 +75,9 @@ def list_site_calls(
             (sc.target, filters.target),
         ),
         sc.created_at_utc,
-        filters.created_from,
-        filters.created_to,
-    )
+        None,
+        None,
+    ) + stamp_range(sc.created_at_utc, sc.created_at_tick, filters.created_from, filters.created_to)
     return keyset_page(
         conn,
         sa.select(site_calls),
@@ -113,7 +112,7 @@ def audit_events_of(
 
 @dataclass(frozen=True, slots=True)
 class AuditFilter:
-    """Filters of ``GET /api/audit-log``; ``None`` means any. Times are UTC."""
+    """Filters of ``GET /api/audit-log``; ``None`` means any. Stamps to 100 ns."""
 
     actor: str | None = None
     action: str | None = None
@@ -121,8 +120,8 @@ class AuditFilter:
     category: str | None = None
     target: str | None = None
     correlation_id: str | None = None
-    occurred_from: datetime | None = None
-    occurred_to: datetime | None = None
+    occurred_from: Stamp | None = None
+    occurred_to: Stamp | None = None
 
 
 def list_audit_events(
@@ -141,10 +140,9 @@ def list_audit_events(
         )
         if value is not None
     ]
-    if filters.occurred_from is not None:
-        conditions.append(al.occurred_at_utc >= filters.occurred_from)
-    if filters.occurred_to is not None:
-        conditions.append(al.occurred_at_utc < filters.occurred_to)
+    conditions += stamp_range(
+        al.occurred_at_utc, al.occurred_at_tick, filters.occurred_from, filters.occurred_to
+    )
     return keyset_page(
         conn,
         sa.select(audit_log),

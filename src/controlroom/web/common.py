@@ -26,6 +26,7 @@ from controlroom.db.keyset import BadCursor
 from controlroom.errors.retries.outcomes import failed_again_text
 from controlroom.http.auth import ANONYMOUS, ROLE_RANK
 from controlroom.runtime.wire_text import escape_wire_text
+from controlroom.telemetry.stamps import Stamp
 from controlroom.web import filters
 from controlroom.web.assets import StaticAssets
 from controlroom.web.flash import Flash, clear_flash, read_flash, set_flash
@@ -233,6 +234,13 @@ def form_instant(field: str, value: str) -> datetime | None:
             400, f"{field}: not a date and time (YYYY-MM-DDTHH:MM[:SS], UTC)"
         ) from None
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def form_stamp(field: str, value: str) -> Stamp | None:
+    """``form_instant`` as a stamp with no 100 ns part, for the filters that read a site's
+    stamps (``telemetry.stamps``). Raises ``HTTPException`` 400 naming ``field``."""
+    instant = form_instant(field, value)
+    return None if instant is None else Stamp.of(instant)
 
 
 def notice_count(text: str) -> int:

@@ -50,7 +50,7 @@ from controlroom.web.common import (
     Viewer,
     api_state,
     engine_of,
-    form_instant,
+    form_stamp,
     kpi_tiles,
     redirect,
     redirect_with,
@@ -143,8 +143,8 @@ def site_call_list(
         status=status or None,
         channel=channel or None,
         target=target or None,
-        created_from=form_instant("from", created_from),
-        created_to=form_instant("to", created_to),
+        created_from=form_stamp("from", created_from),
+        created_to=form_stamp("to", created_to),
     )
     settings: Settings = api_state(request).settings
     with engine_of(request).connect() as conn:
@@ -379,8 +379,8 @@ def audit_log_page(
         category=category or None,
         target=target or None,
         correlation_id=correlation_id or None,
-        occurred_from=form_instant("from", occurred_from),
-        occurred_to=form_instant("to", occurred_to),
+        occurred_from=form_stamp("from", occurred_from),
+        occurred_to=form_stamp("to", occurred_to),
     )
     with engine_of(request).connect() as conn:
         with refusing_bad_cursor():
