@@ -288,3 +288,28 @@ def test_a_refused_notification_is_kept_as_the_bytes_sent(client: TestClient) ->
     assert answer.json()["rejected"][0]["index"] == 0, answer.text
     (kept,) = client.get("/api/notifications/rejected").json()["items"]
     assert client.get(kept["packet_url"]).content == sent
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"subject": ""}, "subject: must not be empty"),
+        ({"surprise": 1}, "surprise: not a field of a site's notification"),
+        # The name is the sender's text: kept and answered as escapes, as telemetry's are.
+        ({"a\x00\ud800": 1}, "a\\x00\\ud800: not a field of a site's notification"),
+    ],
+)
+def test_central_refuses_what_the_site_agent_refuses_naming_the_field(
+    client: TestClient, engine: sa.Engine, changes: dict[str, Any], reason: str
+) -> None:
+    # The agent's contract (telemetry.notification) refuses both; a site that posts
+    # directly must not get past central with them.
+    body = json.dumps([item(**changes)])  # ASCII: a lone surrogate as its escape
+    answer = client.post(
+        "/api/site-notifications", content=body, headers={"content-type": "application/json"}
+    )
+
+    assert [r["reason"] for r in answer.json()["rejected"]] == [reason], answer.text
+    assert stored(engine) == []
+    (kept,) = client.get("/api/notifications/rejected").json()["items"]
+    assert kept["reason"] == reason

@@ -70,7 +70,7 @@ from controlroom.notifications.store import (
     notification_id_of,
     rejected_source,
 )
-from controlroom.runtime.wire_text import is_wire_text_clean
+from controlroom.runtime.wire_text import is_wire_text_clean, storable_text
 from controlroom.telemetry.notification import domain_of, recipients_label
 
 router = APIRouter(tags=["notifications"], dependencies=[Depends(refuse_unknown_or_repeated)])
@@ -87,6 +87,7 @@ NotificationId = Annotated[
 _STATUS = {ActionOutcome.APPLIED: 200, ActionOutcome.NOT_PARKED: 409}
 MAX_NOTIFICATIONS_PER_POST = 1000
 _SITE_FIELDS = ("notification_id", "source_site", "channel", "subject", "body")
+_OPTIONAL_FIELDS = ("target", "recipients", "severity")
 
 
 class NotificationStatus(enum.StrEnum):
@@ -361,6 +362,9 @@ def _site_notification(item: Any) -> NewNotification:
     naming the first field missing or not text."""
     if not isinstance(item, dict):
         raise NotificationRejected("notification", "must be a JSON object")
+    for field in item:  # as the agent's contract: nothing a site sends is dropped silently
+        if field not in _SITE_FIELDS and field not in _OPTIONAL_FIELDS:
+            raise NotificationRejected(storable_text(field), "not a field of a site's notification")
     for field in _SITE_FIELDS:
         if not isinstance(item.get(field), str):
             raise NotificationRejected(field, "is required, as text")

@@ -155,6 +155,8 @@ def check(notification: NewNotification) -> None:
         raise NotificationRejected("source", f"a site id has at most {SITE_WIDTH} characters")
     if not notification.target:
         raise NotificationRejected("target", "must not be empty")
+    if not notification.subject:
+        raise NotificationRejected("subject", "must not be empty")
     if notification.channel not in set(Channel):
         raise NotificationRejected("channel", f"must be one of {', '.join(Channel)}")
     if notification.severity not in set(Severity):

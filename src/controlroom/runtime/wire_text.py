@@ -34,6 +34,14 @@ def escape_wire_headers(headers: Mapping[str, str | None]) -> dict[str, str | No
     }
 
 
+def storable_text(text: str) -> str:
+    """``text`` as every store keeps it and every answer renders it, for text of ours that
+    quotes a sender's decoded JSON (a refusal naming an unknown field): a NUL written as
+    ``\\x00``, a lone surrogate as its code point's escape (``\\ud800``)."""
+    escaped = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return escaped.replace("\x00", "\\x00")
+
+
 def is_wire_text_clean(text: str) -> bool:
     """Whether ``text`` encodes as UTF-8 (holds no lone surrogate)."""
     return text.isascii() or not _LONE_SURROGATE.search(text)

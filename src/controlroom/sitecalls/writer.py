@@ -55,6 +55,7 @@ from controlroom.db.tables import audit_log, rejected_telemetry, site_call_count
 from controlroom.db.transactions import begin_write
 from controlroom.exceptions import ControlroomError, ErrorKind
 from controlroom.runtime.clock import Clock, utc_now
+from controlroom.runtime.wire_text import storable_text
 from controlroom.sitecalls.tombstones import bury, tombstone_reason, tombstones_of
 from controlroom.sitecalls.upsert import stored_owners, upsert_site_calls
 from controlroom.telemetry.contract import TelemetryPacket, foreign_source, rejection_id
@@ -149,14 +150,6 @@ def audit_row(packet: TelemetryPacket, now: datetime) -> dict[str, Any] | None:
         "details_json": event.details_json,
         "payload_truncated": event.payload_truncated,
     }
-
-
-def _storable_reason(reason: str) -> str:
-    """``reason`` as text every store keeps and every answer renders: a reason may quote
-    the sender's text (an unknown field's name), which may hold a NUL or an unpaired
-    surrogate; those are written as escapes (``\\x00``, ``\\ud800``)."""
-    escaped = reason.encode("utf-8", "backslashreplace").decode("utf-8")
-    return escaped.replace("\x00", "\\x00")
 
 
 def store_refusal(packet: TelemetryPacket, error: BaseException) -> str:
@@ -263,7 +256,7 @@ class SiteCallWriter:
             else:
                 for index, reason in zip(indexes, refused, strict=True):
                     reasons[index] = reason
-        reasons = [None if reason is None else _storable_reason(reason) for reason in reasons]
+        reasons = [None if reason is None else storable_text(reason) for reason in reasons]
         rejected = [
             (received[index], reason) for index, reason in enumerate(reasons) if reason is not None
         ]
