@@ -3,6 +3,7 @@ Discard with their outcomes and audit rows (404 and no audit row for a purged on
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -269,3 +270,20 @@ def test_a_notification_id_that_is_no_guid_is_a_422_naming_it(api: TestClient, a
 
     assert answer.status_code == 422, answer.text
     assert answer.json()["detail"][0]["loc"] == ["path", "notification_id"]
+
+
+def test_times_are_answered_in_the_site_call_halfs_one_format(
+    api: TestClient, engine: sa.Engine
+) -> None:
+    # UTC, seven fractional digits, Z: one format across the API's own routes (README).
+    notification_id = put(engine)
+    round_trip = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{7}Z$")
+
+    (listed,) = api.get("/api/notifications").json()["items"]
+    shown = api.get(f"/api/notifications/{notification_id}").json()
+    kpis = api.get("/api/notifications/kpis").json()
+
+    for answer in (listed, shown):
+        assert round_trip.match(answer["created_at_utc"]), answer
+        assert round_trip.match(answer["updated_at_utc"]), answer
+    assert round_trip.match(kpis["generated_at_utc"]), kpis

@@ -49,6 +49,7 @@ from controlroom.api.sitecalls import (
     RejectedPage,
     SentElements,
     SeriesFrom,
+    Time,
     kpi_series,
     rejected_page,
 )
@@ -72,6 +73,7 @@ from controlroom.notifications.store import (
 )
 from controlroom.runtime.wire_text import is_wire_text_clean, storable_text
 from controlroom.telemetry.notification import domain_of, recipients_label
+from controlroom.telemetry.stamps import round_trip
 
 router = APIRouter(tags=["notifications"], dependencies=[Depends(refuse_unknown_or_repeated)])
 
@@ -115,10 +117,10 @@ class NotificationView(BaseModel):
     retry_count: int
     last_error: str | None
     reply_code: int | None
-    created_at_utc: datetime
-    updated_at_utc: datetime
-    next_attempt_at_utc: datetime | None
-    terminal_at_utc: datetime | None
+    created_at_utc: Time
+    updated_at_utc: Time
+    next_attempt_at_utc: Time | None
+    terminal_at_utc: Time | None
     source_event_id: str | None
 
 
@@ -212,7 +214,7 @@ def notification_kpis(request: Request) -> dict[str, Any]:
         )
     view = {key: KpiView.model_validate(kpis) for key, kpis in scopes.items()}
     return {
-        "generated_at_utc": now.isoformat(),
+        "generated_at_utc": round_trip(now),
         "global": view.pop("").model_dump(),
         "channels": {key: value.model_dump() for key, value in view.items()},
     }
