@@ -218,3 +218,19 @@ def test_rejections_past_their_retention_are_purged(engine: sa.Engine, tmp_path:
     assert result.rejected_packets == 1
     with engine.connect() as conn:
         assert list(conn.execute(sa.select(rejected_telemetry.c.source)).scalars()) == ["recent"]
+
+
+def test_a_resubmission_the_contract_refuses_again_names_the_call_it_claims(
+    secured: TestClient,
+) -> None:
+    # As the first refusal did: an operator must see which call is still refused.
+    op_id = str(uuid.uuid4())
+    refused = packet("Submitted", op_id=op_id.upper(), surprise=1)
+    answer = secured.post("/api/site-calls/telemetry", json=[refused], headers=AS_SITE)
+    assert answer.json()["rejected"][0]["tracked_operation_id"] == op_id.upper()
+    (kept,) = secured.get("/api/site-calls/rejected", headers=READER).json()["items"]
+
+    again = secured.post(f"/api/site-calls/rejected/{kept['id']}/resubmit", headers=OPERATOR)
+
+    assert again.status_code == 409, again.text
+    assert again.json()["tracked_operation_id"] == op_id

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, PlainSerializer
 
 from controlroom.api.auth import current_principal, refuse_foreign_packets
-from controlroom.api.parameters import refuse_unknown_or_repeated
+from controlroom.api.parameters import invalid_parameter, refuse_unknown_or_repeated
 from controlroom.config import Settings
 from controlroom.db.kpi_history import Metric, read_series
 from controlroom.http.bodies import packet_download
@@ -500,6 +500,9 @@ def kpi_history(
     """One KPI's samples of one scope (``global``; ``site`` keyed by the site; ``node``
     keyed ``site/node``) in ``[from, to]`` (default: the last 24 hours), downsampled to
     at most ``max_points`` points (the mean, minimum and maximum of each equal slice)."""
+    site, slash, node = scope_key.partition("/")
+    if scope == "node" and not (slash and site and node):
+        raise invalid_parameter("query", "scope_key", scope_key, "a node's key is site/node")
     return kpi_series(
         request, SOURCE, metric, scope, scope_key, start=from_, end=to, max_points=max_points
     )
@@ -519,7 +522,12 @@ def kpi_series(
     """The answer (``KpiSeries``) of a KPI history route: one metric's series of one
     scope of ``source`` (``db.kpi_history.read_series``); ``end`` defaults to now,
     ``start`` to 24 hours before it. Raises ``HTTPException`` 400 when ``start`` is after
-    ``end``. Shared with ``/api/notifications/kpi-history``."""
+    ``end``, a 422 naming ``scope_key`` when it is given for ``global`` or missing for any
+    other scope (no sample has such a key: the series would be empty, as if nothing
+    happened). Shared with ``/api/notifications/kpi-history``."""
+    if (scope == "global") != (scope_key == ""):
+        needs = "must be empty for global" if scope == "global" else f"is required for {scope}"
+        raise invalid_parameter("query", "scope_key", scope_key, f"scope_key {needs}")
     end = end or datetime.now(UTC)
     start = start or end - timedelta(hours=24)
     if start > end:

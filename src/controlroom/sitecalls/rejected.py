@@ -16,6 +16,8 @@ harmless (the upsert is monotonic, the audit insert idempotent).
 from __future__ import annotations
 
 import enum
+import json
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -45,7 +47,7 @@ class ResubmitOutcome(enum.StrEnum):
 class Resubmission:
     """A re-submission's outcome: the rejected packet's ``id``, the outcome, the reason
     when rejected again, and the call's ``tracked_operation_id`` when the packet names
-    one the contract reads."""
+    one as a GUID (``claimed_call`` when the contract refuses the packet)."""
 
     id: str
     outcome: ResubmitOutcome
@@ -86,7 +88,7 @@ def resubmit_rejected(
         return None  # none, or a notification: it is no telemetry to write
     received = received_again(row.packet, row.source)
     (reason,) = writer.write([received])
-    tracked_operation_id = None if received.packet is None else received.packet.tracked_operation_id
+    written = None if received.packet is None else received.packet.tracked_operation_id
     outcome = ResubmitOutcome.ACCEPTED if reason is None else ResubmitOutcome.REJECTED
     now = clock()
     with begin_write(engine) as conn:
@@ -96,8 +98,25 @@ def resubmit_rejected(
             conn.execute(
                 sa.update(rejected_telemetry).where(rt.id == rejected_id).values(reason=reason)
             )
-        _record(conn, rejected_id, operator, outcome, tracked_operation_id, now)
-    return Resubmission(rejected_id, outcome, reason, tracked_operation_id)
+        _record(conn, rejected_id, operator, outcome, written, now)
+    return Resubmission(rejected_id, outcome, reason, written or claimed_call(row.packet))
+
+
+def claimed_call(packet: bytes) -> str | None:
+    """The ``tracked_operation_id`` a packet the contract refuses still claims, as a GUID
+    in the contract's lower-case D form, so that an answer names the call as the first
+    refusal did; ``None`` when it claims none that reads as a GUID."""
+    try:
+        data = json.loads(packet)
+    except (ValueError, RecursionError):
+        return None
+    claimed = data.get("tracked_operation_id") if isinstance(data, dict) else None
+    if not isinstance(claimed, str):
+        return None
+    try:
+        return str(uuid.UUID(claimed))
+    except ValueError:
+        return None
 
 
 def _record(
