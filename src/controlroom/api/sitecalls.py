@@ -46,6 +46,23 @@ from controlroom.telemetry.stamps import Stamp, round_trip
 router = APIRouter(tags=["site calls"], dependencies=[Depends(refuse_unknown_or_repeated)])
 
 MAX_PACKETS_PER_POST = 1000
+HTTP_ATTEMPTS = 3
+RETRY_AFTER_SECONDS = 1
+Limit = Annotated[int, Query(ge=1, le=500, description="Rows per page.")]
+After = Annotated[
+    str | None, Query(max_length=500, description="next_cursor of the previous page.")
+]
+Text = Annotated[str | None, Query(max_length=1024)]
+# One type for every time parameter: a zone-aware time that stays within years 1-9999 in
+# UTC (the contract's rule), so an out-of-range one is a 422 naming the parameter.
+Instant = Annotated[UtcInstant | None, Query(description="ISO 8601 with a zone.")]
+StampBound = Annotated[
+    Stamp | None,
+    Query(description="ISO 8601 with a zone, at most 7 fractional digits (read to 100 ns)."),
+]
+# Every time answered in one format: a site's stamps (``Stamp``) and central's own times
+# alike, UTC with seven fractional digits, the .NET round-trip format (README).
+Time = Annotated[datetime, PlainSerializer(round_trip, return_type=str, when_used="json")]
 
 
 async def sent_elements(request: Request) -> list[tuple[Any, bytes]]:
@@ -65,23 +82,7 @@ async def sent_elements(request: Request) -> list[tuple[Any, bytes]]:
 
 SentElements = Annotated[list[tuple[Any, bytes]], Depends(sent_elements)]
 """A route's body array as sent, beside FastAPI's decoding of it (same elements, in order)."""
-HTTP_ATTEMPTS = 3
-RETRY_AFTER_SECONDS = 1
-Limit = Annotated[int, Query(ge=1, le=500, description="Rows per page.")]
-After = Annotated[
-    str | None, Query(max_length=500, description="next_cursor of the previous page.")
-]
-Text = Annotated[str | None, Query(max_length=1024)]
-# One type for every time parameter: a zone-aware time that stays within years 1-9999 in
-# UTC (the contract's rule), so an out-of-range one is a 422 naming the parameter.
-Instant = Annotated[UtcInstant | None, Query(description="ISO 8601 with a zone.")]
-StampBound = Annotated[
-    Stamp | None,
-    Query(description="ISO 8601 with a zone, at most 7 fractional digits (read to 100 ns)."),
-]
-# Every time answered in one format: a site's stamps (``Stamp``) and central's own times
-# alike, UTC with seven fractional digits, the .NET round-trip format (README).
-Time = Annotated[datetime, PlainSerializer(round_trip, return_type=str, when_used="json")]
+
 BAD_REQUEST: dict[int | str, dict[str, Any]] = {
     400: {"description": "A parameter is malformed (named in detail)."}
 }

@@ -20,16 +20,16 @@ from controlroom.telemetry.stamps import Stamp
 
 def filter_conditions(
     equal: Iterable[tuple[sa.ColumnElement[Any], object]],
-    created: sa.ColumnElement[datetime],
-    created_from: datetime | None,
-    created_to: datetime | None,
+    created: sa.ColumnElement[datetime] | None = None,
+    created_from: datetime | None = None,
+    created_to: datetime | None = None,
 ) -> list[sa.ColumnElement[bool]]:
     """``column == value`` for each pair of ``equal`` whose value is not ``None``, then
     ``created >= created_from`` and ``created < created_to`` where given."""
     conditions = [column == value for column, value in equal if value is not None]
-    if created_from is not None:
+    if created is not None and created_from is not None:
         conditions.append(created >= created_from)
-    if created_to is not None:
+    if created is not None and created_to is not None:
         conditions.append(created < created_to)
     return conditions
 

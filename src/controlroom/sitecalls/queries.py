@@ -74,9 +74,6 @@ def list_site_calls(
             (sc.channel, filters.channel),
             (sc.target, filters.target),
         ),
-        sc.created_at_utc,
-        None,
-        None,
     ) + stamp_range(sc.created_at_utc, sc.created_at_tick, filters.created_from, filters.created_to)
     return keyset_page(
         conn,
@@ -128,9 +125,8 @@ def list_audit_events(
     conn: sa.Connection, filters: AuditFilter, *, limit: int, after: str | None
 ) -> Page:
     """Audit events newest first, ``limit`` per page. Raises ``BadCursor``."""
-    conditions = [
-        column == value
-        for column, value in (
+    conditions = filter_conditions(
+        (
             (al.actor, filters.actor),
             (al.action, filters.action),
             (al.outcome, filters.outcome),
@@ -138,9 +134,7 @@ def list_audit_events(
             (al.target, filters.target),
             (al.correlation_id, filters.correlation_id),
         )
-        if value is not None
-    ]
-    conditions += stamp_range(
+    ) + stamp_range(
         al.occurred_at_utc, al.occurred_at_tick, filters.occurred_from, filters.occurred_to
     )
     return keyset_page(
