@@ -313,3 +313,20 @@ def test_central_refuses_what_the_site_agent_refuses_naming_the_field(
     assert stored(engine) == []
     (kept,) = client.get("/api/notifications/rejected").json()["items"]
     assert kept["reason"] == reason
+
+
+@pytest.mark.parametrize("site", ["plant\ud800", "plant\x00", ""])
+def test_a_refused_notification_naming_an_unstorable_site_is_kept_and_answered(
+    client: TestClient, site: str
+) -> None:
+    # The site's name labels the kept item: a label the store cannot hold must not turn
+    # the whole request into a 500 (the good item beside it is stored).
+    body = json.dumps([item(source_site=site), item()])
+    answer = client.post(
+        "/api/site-notifications", content=body, headers={"content-type": "application/json"}
+    )
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["accepted"] == [1]
+    (kept,) = client.get("/api/notifications/rejected").json()["items"]
+    assert kept["packet"] == body[1 : body.index("}, {") + 1]

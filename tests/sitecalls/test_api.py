@@ -424,3 +424,20 @@ def test_a_kpi_history_scope_key_that_fits_its_scope_is_answered(
     answer = client.get(path, params={"metric": "parked", **params})
 
     assert answer.status_code == 200, answer.text
+
+
+def test_an_audit_event_in_the_last_month_the_contract_allows_is_written(
+    client: TestClient,
+) -> None:
+    # December 9999 has no next month to bound its chain's month by.
+    last = Stamp.parse("9999-12-31T23:59:59.9999999Z")
+    sent = [
+        packet("Submitted", op_id=str(uuid.uuid4()), at=last, event_id=str(uuid.uuid4()))
+        for _ in range(2)
+    ]
+
+    answer = client.post("/api/site-calls/telemetry", json=sent)
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["accepted"] == [0, 1]
+    assert len(client.get("/api/audit-log").json()["items"]) == 2

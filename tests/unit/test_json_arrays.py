@@ -14,7 +14,11 @@ from hypothesis import strategies as st
 from controlroom.telemetry.json_arrays import array_elements
 
 values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
     max_leaves=8,
 )
@@ -49,7 +53,10 @@ def test_a_leading_byte_order_mark_is_ignored() -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [b"", b"{}", b"1", b"[1,]", b"[1 2]", b"[1] x", b"[", b"[,1]", '["é"]'.encode("utf-16")],
+    [
+        *(b"", b"{}", b"1", b"[1,]", b"[1 2]", b"[1] x", b"[", b"[,1]", '["é"]'.encode("utf-16")),
+        *(b"[NaN]", b'[{"a": Infinity}]', b"[-Infinity]"),  # not JSON (RFC 8259 section 6)
+    ],
 )
 def test_anything_but_one_utf8_json_array_is_a_value_error(body: bytes) -> None:
     with pytest.raises(ValueError):

@@ -67,8 +67,10 @@ Time = Annotated[datetime, PlainSerializer(round_trip, return_type=str, when_use
 
 async def sent_elements(request: Request) -> list[tuple[Any, bytes]]:
     """The request body's array elements, each decoded and as its bytes as sent
-    (``telemetry.json_arrays``): a refused one is kept as sent. Raises a 422 at
-    ``["body"]`` when the body is not one UTF-8 JSON array (RFC 8259 section 8.1)."""
+    (``telemetry.json_arrays``): a refused one is kept as sent. FastAPI has decoded the
+    body first (what it cannot decode it refuses itself: a 400, or a 422
+    ``json_invalid``); raises a 422 at ``["body"]`` for one it took that is not one UTF-8
+    JSON array (RFC 8259: UTF-16, ``NaN``, an object)."""
     try:
         return array_elements(await request.body())
     except ValueError as exc:
@@ -255,7 +257,8 @@ def post_telemetry(
     """Take a list of telemetry packets; answers which were accepted and which rejected,
     and why. A rejected packet is kept whole, as the bytes sent, and listed by
     ``/api/site-calls/rejected``. A packet naming a site other than the token's makes the
-    whole request a 403, kept nowhere. A body that is not one UTF-8 JSON array is a 422."""
+    whole request a 403, kept nowhere. A body that is not one UTF-8 JSON array is refused
+    whole (``sent_elements``)."""
     if len(packets) > MAX_PACKETS_PER_POST:
         raise HTTPException(413, f"at most {MAX_PACKETS_PER_POST} packets per request")
     refuse_foreign_packets(request, packets)

@@ -50,7 +50,7 @@ from controlroom.notifications.lifecycle import (
     Status,
     error_text,
 )
-from controlroom.runtime.wire_text import is_wire_text_clean
+from controlroom.runtime.wire_text import is_wire_text_clean, storable_text
 from controlroom.telemetry.contract import packet_bytes, rejection_id
 from controlroom.telemetry.notification import check_recipients
 from controlroom.telemetry.widths import (
@@ -209,8 +209,9 @@ def keep_rejected(
 
 def rejected_source(site: Any) -> str:
     """The source a site's rejected notification is kept under: ``site:<id>``, or
-    ``site`` when the item names no usable site id."""
-    if isinstance(site, str) and site and len(site) <= SITE_WIDTH:
+    ``site`` when the item names no usable site id (none, too long, or text no store
+    keeps: a NUL or a lone surrogate; the kept item still holds it, as sent)."""
+    if isinstance(site, str) and site and len(site) <= SITE_WIDTH and storable_text(site) == site:
         return f"site:{site}"
     return "site"
 

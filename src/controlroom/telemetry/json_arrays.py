@@ -9,7 +9,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-_DECODER = json.JSONDecoder()
+
+def _not_json(literal: str) -> Any:
+    raise ValueError(f"{literal} is not JSON (RFC 8259 section 6)")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
 _WHITESPACE = " \t\n\r"  # RFC 8259 section 2
 
 
@@ -17,7 +22,8 @@ def array_elements(body: bytes) -> list[tuple[Any, bytes]]:
     """Each element of ``body``, one JSON array in UTF-8 (RFC 8259 section 8.1; a leading
     byte order mark is ignored, as section 8.1 allows), in order: its decoded value and
     its exact bytes. Raises ``ValueError`` (``UnicodeDecodeError`` or
-    ``json.JSONDecodeError``, saying where) when ``body`` is not that."""
+    ``json.JSONDecodeError``, saying where) when ``body`` is not that, Python's
+    ``NaN`` and ``Infinity`` included."""
     text = body.decode("utf-8-sig")
     position = _after_whitespace(text, 0)
     if not text.startswith("[", position):

@@ -52,14 +52,13 @@ def _chain_head(conn: sa.Connection, month: int) -> Head | None:
     from controlroom.db.tables import audit_log  # central's schema: see the imports
 
     first = datetime(month // 100, month % 100, 1, tzinfo=UTC)
-    after = datetime(first.year + first.month // 12, first.month % 12 + 1, 1, tzinfo=UTC)
+    within = [audit_log.c.chain_month == month, audit_log.c.occurred_at_utc >= first]
+    if (first.year, first.month) != (9999, 12):  # the last month has no next one
+        after = datetime(first.year + first.month // 12, first.month % 12 + 1, 1, tzinfo=UTC)
+        within.append(audit_log.c.occurred_at_utc < after)
     head = conn.execute(
         sa.select(audit_log.c.chain_seq, audit_log.c.chain_hash)
-        .where(
-            audit_log.c.chain_month == month,
-            audit_log.c.occurred_at_utc >= first,
-            audit_log.c.occurred_at_utc < after,
-        )
+        .where(*within)
         .order_by(audit_log.c.chain_seq.desc())
         .limit(1)
     ).one_or_none()
