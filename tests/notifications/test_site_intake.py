@@ -295,6 +295,8 @@ def test_a_refused_notification_is_kept_as_the_bytes_sent(client: TestClient) ->
     [
         ({"subject": ""}, "subject: must not be empty"),
         ({"surprise": 1}, "surprise: not a field of a site's notification"),
+        ({"source_site": ""}, "source_site: must not be empty"),
+        ({"source_site": "s" * 65}, "source_site: 65 characters; at most 64"),
         # The name is the sender's text: kept and answered as escapes, as telemetry's are.
         ({"a\x00\ud800": 1}, "a\\x00\\ud800: not a field of a site's notification"),
     ],

@@ -397,6 +397,7 @@ def test_a_range_bound_past_100_ns_is_a_422_naming_it(client: TestClient, name: 
         ("/api/kpi-history", {"scope": "node", "scope_key": "north/"}),
         ("/api/notifications/kpi-history", {"scope": "global", "scope_key": "Email"}),
         ("/api/notifications/kpi-history", {"scope": "channel"}),
+        ("/api/notifications/kpi-history", {"scope": "channel", "scope_key": "Pager"}),
     ],
 )
 def test_a_kpi_history_scope_key_that_does_not_fit_its_scope_is_a_422_naming_it(

@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from controlroom.api.auth import current_principal, refuse_foreign_packets
-from controlroom.api.parameters import refuse_unknown_or_repeated
+from controlroom.api.parameters import invalid_parameter, refuse_unknown_or_repeated
 from controlroom.api.sitecalls import (
     BAD_REQUEST,
     Instant,
@@ -74,6 +74,7 @@ from controlroom.notifications.store import (
 from controlroom.runtime.wire_text import is_wire_text_clean, storable_text
 from controlroom.telemetry.notification import domain_of, recipients_label
 from controlroom.telemetry.stamps import round_trip
+from controlroom.telemetry.widths import SITE_WIDTH
 
 router = APIRouter(tags=["notifications"], dependencies=[Depends(refuse_unknown_or_repeated)])
 
@@ -233,6 +234,9 @@ def notification_kpi_history(
     """One KPI's samples of one scope (``global``; ``channel`` keyed by its name) in
     ``[from, to]`` (default: the last 24 hours), downsampled to at most ``max_points``
     points (the mean, minimum and maximum of each equal slice)."""
+    if scope == "channel" and scope_key not in set(Channel):
+        channels = ", ".join(Channel)
+        raise invalid_parameter("query", "scope_key", scope_key, f"a channel: {channels}")
     return kpi_series(
         request, SOURCE, metric, scope, scope_key, start=from_, end=to, max_points=max_points
     )
@@ -370,6 +374,11 @@ def _site_notification(item: Any) -> NewNotification:
     for field in _SITE_FIELDS:
         if not isinstance(item.get(field), str):
             raise NotificationRejected(field, "is required, as text")
+    site = item["source_site"]  # named as sent: the store's check names its source
+    if not site:
+        raise NotificationRejected("source_site", "must not be empty")
+    if len(site) > SITE_WIDTH:
+        raise NotificationRejected("source_site", f"{len(site)} characters; at most {SITE_WIDTH}")
     severity = item.get("severity", "Info")
     if not isinstance(severity, str):
         raise NotificationRejected("severity", "must be text")
