@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,7 +131,7 @@ def test_an_empty_notification_id_is_refused_as_not_a_guid(
     body = answer.json()
     assert body["accepted"] == []
     assert [r["reason"] for r in body["rejected"]] == [
-        "notification_id: must be a GUID, lower-case D form"
+        "notification_id: must be a GUID in 'D' format (8-4-4-4-12 hex digits)"
     ] * 2
     assert stored(engine) == []
 
@@ -182,9 +183,9 @@ def test_a_nul_character_is_refused_on_every_store(client: TestClient, engine: s
     body = answer.json()
     assert body["accepted"] == [3]
     assert [r["reason"] for r in body["rejected"]] == [
-        "subject: holds a NUL character, which no store keeps as text",
-        "body: holds a NUL character, which no store keeps as text",
-        "target: holds a NUL character, which no store keeps as text",
+        "subject: must not contain a NUL character",
+        "body: must not contain a NUL character",
+        "target: must not contain a NUL character",
     ]
     assert [row.notification_id for row in stored(engine)] == [good["notification_id"]]
 
@@ -332,3 +333,27 @@ def test_a_refused_notification_naming_an_unstorable_site_is_kept_and_answered(
     assert answer.json()["accepted"] == [1]
     (kept,) = client.get("/api/notifications/rejected").json()["items"]
     assert kept["packet"] == body[1 : body.index("}, {") + 1]
+
+
+def test_a_notification_id_in_upper_case_names_the_same_notification(
+    client: TestClient, engine: sa.Engine
+) -> None:
+    # The contract reads a GUID in any case, as telemetry's and the API's paths do.
+    given = str(uuid.uuid4())
+
+    upper = client.post("/api/site-notifications", json=[item(notification_id=given.upper())])
+    lower = client.post("/api/site-notifications", json=[item(notification_id=given)])
+
+    assert upper.json() == lower.json() == {"accepted": [0], "rejected": []}
+    assert [row.notification_id for row in stored(engine)] == [given]
+
+
+def test_every_field_at_fault_is_named(client: TestClient, engine: sa.Engine) -> None:
+    answer = client.post(
+        "/api/site-notifications", json=[item(subject="s" * 257, channel="Pager", severity=3)]
+    )
+
+    (refused,) = answer.json()["rejected"]
+    named = re.findall(r"(?:^|; )(\w+): ", refused["reason"])
+    assert named == ["channel", "subject", "severity"], refused["reason"]
+    assert stored(engine) == []

@@ -72,3 +72,17 @@ def test_payload_truncated_is_a_json_boolean() -> None:
     with pytest.raises(TelemetryRejected) as refused:
         validate_packet(data)
     assert refused.value.reason.startswith("audit_event.payload_truncated:")
+
+
+@pytest.mark.parametrize(
+    ("name", "named"),
+    [("surprise", "surprise"), ("a\ud800", "a\\ud800"), ("a\x00", "a\\x00")],
+    ids=["unknown", "lone-surrogate", "nul"],
+)
+def test_a_field_the_contract_does_not_know_is_named_as_storable_text(
+    name: str, named: str
+) -> None:
+    # A name that is not text (a lone surrogate) made pydantic's error name no field.
+    with pytest.raises(TelemetryRejected) as refused:
+        validate_packet({**packet("Attempted"), name: 1})
+    assert refused.value.reason == f"{named}: not a field of a telemetry packet"

@@ -71,10 +71,10 @@ from controlroom.notifications.store import (
     notification_id_of,
     rejected_source,
 )
-from controlroom.runtime.wire_text import is_wire_text_clean, storable_text
-from controlroom.telemetry.notification import domain_of, recipients_label
+from controlroom.runtime.wire_text import is_wire_text_clean
+from controlroom.telemetry.contract import validated
+from controlroom.telemetry.notification import ForwardedNotification, domain_of
 from controlroom.telemetry.stamps import round_trip
-from controlroom.telemetry.widths import SITE_WIDTH
 
 router = APIRouter(tags=["notifications"], dependencies=[Depends(refuse_unknown_or_repeated)])
 
@@ -89,8 +89,6 @@ NotificationId = Annotated[
 
 _STATUS = {ActionOutcome.APPLIED: 200, ActionOutcome.NOT_PARKED: 409}
 MAX_NOTIFICATIONS_PER_POST = 1000
-_SITE_FIELDS = ("notification_id", "source_site", "channel", "subject", "body")
-_OPTIONAL_FIELDS = ("target", "recipients", "severity")
 
 
 class NotificationStatus(enum.StrEnum):
@@ -364,41 +362,23 @@ def _refuse_foreign_domains(settings: Settings, notification: NewNotification) -
 
 
 def _site_notification(item: Any) -> NewNotification:
-    """A site's notification as the store takes it. Raises ``NotificationRejected``
-    naming the first field missing or not text."""
+    """A site's notification as the store takes it, held to the agent's own contract
+    (``telemetry.notification.ForwardedNotification``). Raises ``NotificationRejected``
+    naming every field at fault."""
     if not isinstance(item, dict):
         raise NotificationRejected("notification", "must be a JSON object")
-    for field in item:  # as the agent's contract: nothing a site sends is dropped silently
-        if field not in _SITE_FIELDS and field not in _OPTIONAL_FIELDS:
-            raise NotificationRejected(storable_text(field), "not a field of a site's notification")
-    for field in _SITE_FIELDS:
-        if not isinstance(item.get(field), str):
-            raise NotificationRejected(field, "is required, as text")
-    site = item["source_site"]  # named as sent: the store's check names its source
-    if not site:
-        raise NotificationRejected("source_site", "must not be empty")
-    if len(site) > SITE_WIDTH:
-        raise NotificationRejected("source_site", f"{len(site)} characters; at most {SITE_WIDTH}")
-    severity = item.get("severity", "Info")
-    if not isinstance(severity, str):
-        raise NotificationRejected("severity", "must be text")
-    addresses = item.get("recipients")
-    if addresses is None:
-        if not isinstance(item.get("target"), str):
-            raise NotificationRejected("target", "is required, as text, without recipients")
-        target, recipients = item["target"], None
-    else:
-        if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
-            raise NotificationRejected("recipients", "must be a list of addresses, as text")
-        # The label is central's own: what a site posts as its target is not trusted.
-        target, recipients = recipients_label(addresses), tuple(addresses)
+    try:
+        forwarded = validated(ForwardedNotification, item, "a site's notification")
+    except ValueError as refused:
+        field, _, reason = str(refused).partition(": ")
+        raise NotificationRejected(field, reason) from None
     return NewNotification(
-        source=f"site:{item['source_site']}",
-        channel=item["channel"],
-        target=target,
-        recipients=recipients,
-        subject=item["subject"],
-        body=item["body"],
-        severity=severity,
-        notification_id=item["notification_id"],
+        source=f"site:{forwarded.source_site}",
+        channel=forwarded.channel,
+        target=forwarded.destination,  # the label is central's own, not the one sent
+        recipients=None if forwarded.recipients is None else tuple(forwarded.recipients),
+        subject=forwarded.subject,
+        body=forwarded.body,
+        severity=forwarded.severity,
+        notification_id=forwarded.notification_id,
     )

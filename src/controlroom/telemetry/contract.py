@@ -21,7 +21,7 @@ import json
 import re
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -35,8 +35,10 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from controlroom.exceptions import ControlroomError
+from controlroom.runtime.wire_text import storable_text
 from controlroom.telemetry.ordering import TERMINAL, Channel, SiteCallStatus
 from controlroom.telemetry.stamps import Stamp, as_utc
 from controlroom.telemetry.widths import (
@@ -48,6 +50,8 @@ from controlroom.telemetry.widths import (
     SITE_WIDTH,
     TARGET_WIDTH,
 )
+
+Contract = TypeVar("Contract", bound=BaseModel)
 
 _GUID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
 
@@ -100,7 +104,8 @@ CallTarget = Annotated[str, Field(min_length=1, max_length=TARGET_WIDTH), AfterV
 AuditActor = Annotated[str, Field(min_length=1, max_length=ACTOR_WIDTH), AfterValidator(storable)]
 _Action = Annotated[str, Field(min_length=1, max_length=ACTION_WIDTH), AfterValidator(storable)]
 _Category = Annotated[str, Field(min_length=1, max_length=CATEGORY_WIDTH), AfterValidator(storable)]
-_Site = Annotated[str, Field(min_length=1, max_length=SITE_WIDTH), AfterValidator(storable)]
+SiteName = Annotated[str, Field(min_length=1, max_length=SITE_WIDTH), AfterValidator(storable)]
+"""A site's id as a packet or a notification names it (``source_site``)."""
 _Target = Annotated[str, Field(min_length=0, max_length=TARGET_WIDTH), AfterValidator(storable)]
 _Node = Annotated[str, Field(min_length=0, max_length=NODE_WIDTH), AfterValidator(storable)]
 _LastError = Annotated[
@@ -166,7 +171,7 @@ class TelemetryPacket(BaseModel):
     tracked_operation_id: Guid
     channel: Channel
     target: CallTarget
-    source_site: _Site
+    source_site: SiteName
     source_node: _Node | None = None
     status: SiteCallStatus
     retry_count: Integer = Field(0, ge=0, le=2**31 - 1)
@@ -199,12 +204,49 @@ def foreign_source(source_site: str, owner: str) -> str | None:
 
 
 def describe_errors(error: ValidationError) -> str:
-    """One line per problem, each naming its field (``audit_event.actor: ...``)."""
+    """One line per problem, each naming its field (``audit_event.actor: ...``), in the
+    contract's own words where pydantic's would hide what was sent: a text's length
+    against its width, an empty text, our validators' sentences without pydantic's
+    ``Value error,`` prefix."""
     parts = []
-    for item in error.errors(include_url=False, include_input=False):
-        where = ".".join(str(part) for part in item["loc"]) or "packet"
-        parts.append(f"{where}: {item['msg']}")
+    for item in error.errors(include_url=False):
+        where = ".".join(storable_text(str(part)) for part in item["loc"]) or "packet"
+        parts.append(f"{where}: {_problem(item)}")
     return "; ".join(parts)
+
+
+def _problem(item: ErrorDetails) -> str:
+    context = item.get("ctx", {})
+    if item["type"] == "string_too_long":
+        return f"{len(item['input'])} characters; at most {context['max_length']}"
+    if item["type"] == "string_too_short" and context["min_length"] == 1:
+        return "must not be empty"
+    if item["type"] == "string_unicode":  # a lone surrogate, as ``storable`` says it
+        return "must be valid Unicode text (an unpaired surrogate)"
+    if item["type"] == "value_error":
+        return str(context["error"])
+    return item["msg"]
+
+
+def validated(model: type[Contract], data: dict[Any, Any], what: str) -> Contract:
+    """``data`` (a decoded JSON object) as ``model``. Raises ``ValueError`` naming every
+    field at fault, ``"<name>: <why>"`` joined by ``"; "``: first each name ``model``
+    does not declare (``"<name>: not a field of <what>"``, as storable text: a name
+    holding a lone surrogate would make pydantic's own error name no field), then what
+    ``describe_errors`` says of the rest."""
+    problems = [
+        f"{storable_text(str(name))}: not a field of {what}"
+        for name in data
+        if name not in model.model_fields
+    ]
+    known = {name: value for name, value in data.items() if name in model.model_fields}
+    try:
+        result = model.model_validate(known)
+    except ValidationError as error:
+        raise ValueError("; ".join([*problems, describe_errors(error)])) from None
+    if problems:
+        raise ValueError("; ".join(problems))
+    return result
 
 
 def validate_packet(data: Any) -> TelemetryPacket:
@@ -212,9 +254,9 @@ def validate_packet(data: Any) -> TelemetryPacket:
     if not isinstance(data, dict):
         raise TelemetryRejected(f"a packet must be a JSON object, not {type(data).__name__}")
     try:
-        return TelemetryPacket.model_validate(data)
-    except ValidationError as error:
-        raise TelemetryRejected(describe_errors(error)) from None
+        return validated(TelemetryPacket, data, "a telemetry packet")
+    except ValueError as error:
+        raise TelemetryRejected(str(error)) from None
 
 
 def parse_packet(body: bytes) -> TelemetryPacket:

@@ -14,7 +14,8 @@ would refuse for its size is refused at the site, naming the field, and never cu
 Pure: no I/O.
 
 ``forwarded_item`` is the JSON object central's intake ``POST /api/site-notifications``
-takes for one notification.
+takes for one notification, and ``ForwardedNotification`` the contract both sides hold it
+to: what the agent would refuse, central refuses too, naming the same fields.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pydantic import (
     field_validator,
 )
 
-from controlroom.telemetry.contract import Guid, StorableText, storable
+from controlroom.telemetry.contract import Guid, SiteName, storable
 from controlroom.telemetry.widths import NOTIFICATION_BODY_WIDTH, SUBJECT_WIDTH, TARGET_WIDTH
 
 NOTIFICATION_CHANNELS: Final = ("Email", "Webhook")
@@ -100,6 +101,15 @@ NotificationTarget = Annotated[
     str, Field(min_length=1, max_length=TARGET_WIDTH), AfterValidator(storable)
 ]
 Subject = Annotated[str, Field(min_length=1, max_length=SUBJECT_WIDTH), AfterValidator(storable)]
+Body = Annotated[str, Field(max_length=NOTIFICATION_BODY_WIDTH), AfterValidator(storable)]
+Recipients = Annotated[list[str], AfterValidator(_recipients)]
+
+
+def _mailed(recipients: list[str] | None, info: ValidationInfo) -> list[str] | None:
+    """Recipients only by e-mail (named under ``recipients``: ``channel`` comes before)."""
+    if recipients is not None and info.data.get("channel", "Email") != "Email":
+        raise ValueError("addresses are mailed: channel must be Email")
+    return recipients
 
 
 class SiteNotification(BaseModel):
@@ -117,13 +127,13 @@ class SiteNotification(BaseModel):
         "none when recipients names the addresses.",
     )
     subject: Subject
-    body: Annotated[StorableText, Field(max_length=NOTIFICATION_BODY_WIDTH)] = ""
+    body: Body = ""
     channel: Literal["Email", "Webhook"] = "Email"
     severity: Literal["Info", "Warning", "Error", "Critical"] = "Info"
     notification_id: Guid | None = Field(
         None, description="A GUID the caller chose (made at the site when absent)."
     )
-    recipients: Annotated[list[str], AfterValidator(_recipients)] | None = Field(
+    recipients: Recipients | None = Field(
         None,
         validate_default=True,
         description="Email only: the addresses to mail, instead of a target.",
@@ -142,9 +152,7 @@ class SiteNotification(BaseModel):
             return recipients
         if info.data["target"] is not None:
             raise ValueError("name a target or recipients, not both")
-        if info.data["channel"] != "Email":
-            raise ValueError("addresses are mailed: channel must be Email")
-        return recipients
+        return _mailed(recipients, info)
 
     @property
     def destination(self) -> str:
@@ -155,17 +163,53 @@ class SiteNotification(BaseModel):
         return self.target
 
 
+class ForwardedNotification(BaseModel):
+    """One site's notification as its agent forwards it (``forwarded_item``) and
+    central's intake takes it: a ``SiteNotification``'s fields with the site's id and
+    the notification's GUID (read in any case, kept lower-case). With ``recipients``,
+    ``target`` is their label as the agent computed it: central takes the label from the
+    addresses itself (``destination``), never the one sent. Raises
+    ``pydantic.ValidationError`` naming each field at fault."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    notification_id: Guid
+    source_site: SiteName
+    channel: Literal["Email", "Webhook"]
+    target: NotificationTarget | None = None
+    subject: Subject
+    body: Body
+    severity: Literal["Info", "Warning", "Error", "Critical"] = "Info"
+    recipients: Recipients | None = Field(None, validate_default=True)
+
+    @field_validator("recipients")
+    @classmethod
+    def _a_destination(cls, recipients: list[str] | None, info: ValidationInfo) -> Any:
+        if recipients is None and "target" in info.data and info.data["target"] is None:
+            raise ValueError("name a target or recipients")
+        return _mailed(recipients, info)
+
+    @property
+    def destination(self) -> str:
+        """The target it is stored under: ``target``, or the label of its recipients."""
+        if self.recipients is not None:
+            return recipients_label(self.recipients)
+        assert self.target is not None  # _a_destination
+        return self.target
+
+
 def forwarded_item(
     notification: SiteNotification, *, notification_id: str, source_site: str
 ) -> dict[str, Any]:
     """The object central's intake takes for ``notification`` of ``source_site``."""
-    return {
-        "notification_id": notification_id,
-        "source_site": source_site,
-        "channel": notification.channel,
-        "target": notification.destination,
-        "recipients": notification.recipients,
-        "subject": notification.subject,
-        "body": notification.body,
-        "severity": notification.severity,
-    }
+    forwarded = ForwardedNotification(
+        notification_id=notification_id,
+        source_site=source_site,
+        channel=notification.channel,
+        target=notification.destination,
+        recipients=notification.recipients,
+        subject=notification.subject,
+        body=notification.body,
+        severity=notification.severity,
+    )
+    return forwarded.model_dump()
