@@ -432,3 +432,30 @@ def test_an_audit_event_in_the_last_month_the_contract_allows_is_written(
     assert answer.status_code == 200, answer.text
     assert answer.json()["accepted"] == [0, 1]
     assert len(client.get("/api/audit-log").json()["items"]) == 2
+
+
+@pytest.mark.parametrize("route", ["/api/site-calls/telemetry", "/api/site-notifications"])
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        (b"[\xff]", "application/json"),  # not UTF-8
+        (b"[] x", "application/json"),  # more after the array
+        (b"[NaN]", "application/json"),
+        ("[]".encode("utf-16"), "application/json"),
+        (b"{}", "application/json"),
+        (b"", "application/json"),
+        (b"[]", "text/plain"),
+    ],
+    ids=["not-utf8", "trailing", "nan", "utf16", "object", "empty", "text-plain"],
+)
+def test_a_body_that_is_not_one_json_array_is_one_422_naming_the_body(
+    client: TestClient, route: str, body: bytes, content_type: str
+) -> None:
+    # Both routes read their body once, as the bytes sent: every way of not being one
+    # UTF-8 JSON array is the same refusal, whoever would have decoded it.
+    answer = client.post(route, content=body, headers={"content-type": content_type})
+
+    assert answer.status_code == 422, answer.text
+    (problem,) = answer.json()["detail"]
+    assert problem["loc"] == ["body"], problem
+    assert "input" not in problem

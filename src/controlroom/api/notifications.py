@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
@@ -50,6 +50,7 @@ from controlroom.api.sitecalls import (
     SentElements,
     SeriesFrom,
     Time,
+    json_array_body,
     kpi_series,
     rejected_page,
 )
@@ -297,15 +298,15 @@ def discard_notification(notification_id: NotificationId, request: Request) -> J
     return _act(notification_id, Command.DISCARD, request)
 
 
-@router.post("/site-notifications")
-def post_site_notifications(
-    request: Request,
-    items: Annotated[list[Any], Body(description="A site's notifications (module docstring).")],
-    sent: SentElements,
-) -> dict[str, Any]:
+@router.post(
+    "/site-notifications",
+    openapi_extra=json_array_body("A site's notifications (module docstring)."),
+)
+def post_site_notifications(request: Request, sent: SentElements) -> dict[str, Any]:
     """Store a site's notifications for delivery; answers ``{"accepted": [positions],
     "rejected": [{"index", "notification_id", "reason"}]}``. An item naming another site
     than the token's makes the whole request a 403."""
+    items = [value for value, _ in sent]
     if len(items) > MAX_NOTIFICATIONS_PER_POST:
         raise HTTPException(413, f"at most {MAX_NOTIFICATIONS_PER_POST} notifications per request")
     refuse_foreign_packets(request, items)

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, PlainSerializer
@@ -67,23 +67,41 @@ Time = Annotated[datetime, PlainSerializer(round_trip, return_type=str, when_use
 
 async def sent_elements(request: Request) -> list[tuple[Any, bytes]]:
     """The request body's array elements, each decoded and as its bytes as sent
-    (``telemetry.json_arrays``): a refused one is kept as sent. FastAPI has decoded the
-    body first (what it cannot decode it refuses itself: a 400, or a 422
-    ``json_invalid``); raises a 422 at ``["body"]`` for one it took that is not one UTF-8
-    JSON array (RFC 8259: UTF-16, ``NaN``, an object)."""
+    (``telemetry.json_arrays``), the body read once: a refused one is kept as sent.
+    Raises a 422 at ``["body"]`` for a body that is not one UTF-8 JSON array (RFC 8259:
+    not UTF-8, UTF-16, ``NaN``, more after the array, an object) or is sent as another
+    media type than JSON (FastAPI's own rule for a JSON body: ``application/json`` or
+    ``application/*+json``; none given reads as JSON)."""
+    content_type = request.headers.get("content-type")
+    if content_type is not None:
+        media = content_type.partition(";")[0].strip().lower()
+        kind, _, subtype = media.partition("/")
+        if kind != "application" or not (subtype == "json" or subtype.endswith("+json")):
+            raise _body_refused(f"send one JSON array as application/json, not {media!r}")
     try:
         return array_elements(await request.body())
     except ValueError as exc:
-        problem = {
-            "type": "value_error",
-            "loc": ("body",),
-            "msg": f"not one UTF-8 JSON array: {exc}",
+        raise _body_refused(f"not one UTF-8 JSON array: {exc}") from None
+
+
+def _body_refused(message: str) -> RequestValidationError:
+    return RequestValidationError([{"type": "value_error", "loc": ("body",), "msg": message}])
+
+
+def json_array_body(description: str) -> dict[str, Any]:
+    """``openapi_extra`` of a route whose body ``sent_elements`` reads: one JSON array."""
+    schema = {"type": "array", "items": {}}
+    return {
+        "requestBody": {
+            "required": True,
+            "description": description,
+            "content": {"application/json": {"schema": schema}},
         }
-        raise RequestValidationError([problem]) from None
+    }
 
 
 SentElements = Annotated[list[tuple[Any, bytes]], Depends(sent_elements)]
-"""A route's body array as sent, beside FastAPI's decoding of it (same elements, in order)."""
+"""A route's body: its array's elements, decoded and as sent, in order."""
 
 BAD_REQUEST: dict[int | str, dict[str, Any]] = {
     400: {"description": "A parameter is malformed (named in detail)."}
@@ -248,17 +266,15 @@ def _bad_cursor(exc: queries.BadCursor) -> HTTPException:
         },
         413: {},
     },
+    openapi_extra=json_array_body("Telemetry packets (README)."),
 )
-def post_telemetry(
-    request: Request,
-    packets: Annotated[list[Any], Body(description="Telemetry packets (README).")],
-    sent: SentElements,
-) -> Any:
+def post_telemetry(request: Request, sent: SentElements) -> Any:
     """Take a list of telemetry packets; answers which were accepted and which rejected,
     and why. A rejected packet is kept whole, as the bytes sent, and listed by
     ``/api/site-calls/rejected``. A packet naming a site other than the token's makes the
     whole request a 403, kept nowhere. A body that is not one UTF-8 JSON array is refused
     whole (``sent_elements``)."""
+    packets = [value for value, _ in sent]
     if len(packets) > MAX_PACKETS_PER_POST:
         raise HTTPException(413, f"at most {MAX_PACKETS_PER_POST} packets per request")
     refuse_foreign_packets(request, packets)
