@@ -21,11 +21,13 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlalchemy as sa
+from alembic.script import ScriptDirectory
 from typer.testing import CliRunner
 
 from controlroom import __version__
 from controlroom.cli import app
 from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import alembic_config, upgrade_database
 from controlroom.db.tables import failed_error_imports, notifications
 from controlroom.demo import generate_demo_messages
 from controlroom.demo_endpoints import fails_again
@@ -101,14 +103,32 @@ def test_migrate_creates_the_schema_in_a_fresh_data_dir(data_dir: Path) -> None:
     code, output = invoke("migrate")
 
     assert code == 0, output
-    assert "up to date" in output
+    head = ScriptDirectory.from_config(
+        alembic_config(sa.create_engine("sqlite://"))
+    ).get_current_head()
+    assert f"created at revision {head}" in output  # not "up to date": it was empty
     engine = create_store_engine(f"sqlite:///{data_dir / 'controlroom.db'}")
     try:
         tables = set(sa.inspect(engine).get_table_names())
     finally:
         engine.dispose()
     assert {"failed_messages", "failed_message_groups", "failed_error_imports"} <= tables
-    assert invoke("migrate")[0] == 0  # idempotent
+    code, output = invoke("migrate")  # idempotent
+    assert code == 0 and f"up to date (revision {head})" in output, output
+
+
+def test_migrate_names_the_revisions_it_upgraded_from_and_to(data_dir: Path) -> None:
+    engine = create_store_engine(f"sqlite:///{data_dir / 'controlroom.db'}")
+    try:
+        upgrade_database(engine, "0030")
+        head = ScriptDirectory.from_config(alembic_config(engine)).get_current_head()
+    finally:
+        engine.dispose()
+
+    code, output = invoke("migrate")
+
+    assert code == 0, output
+    assert f"upgraded from revision 0030 to {head}" in output
 
 
 def test_migrate_writes_the_search_terms_of_rows_stored_before_0009(data_dir: Path) -> None:
@@ -154,6 +174,22 @@ def test_migrate_reports_an_unreachable_database_in_one_line(
 
     assert code == 1
     assert "error:" in output and "Traceback" not in output
+
+
+def test_a_command_names_a_missing_database_without_sqlalchemys_background(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    existing = servers.create_postgresql_database()  # the server is there (or a skip)
+    servers.drop_postgresql_database(existing)
+    missing = servers.scratch_name("missing")
+    url = sa.make_url(existing).set(database=missing)
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", url.render_as_string(hide_password=False))
+
+    code, output = invoke("sweep")
+
+    assert code == 1, output
+    assert f'database "{missing}" does not exist' in " ".join(output.split()), output
+    assert "sqlalche.me" not in output and "Background on this error" not in output
 
 
 def test_demo_publishes_to_the_embedded_error_queue(data_dir: Path) -> None:

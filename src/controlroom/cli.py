@@ -124,7 +124,7 @@ def migrate(config: ConfigOption = None) -> None:
     with _exit_on_failure():
         engine = create_store_engine(settings.effective_migration_database_url)
         try:
-            upgrade_database(engine)
+            before, after = upgrade_database(engine)
             _write_missing_search_terms(engine)
             role = secure_audit_log(
                 engine,
@@ -135,9 +135,13 @@ def migrate(config: ConfigOption = None) -> None:
             )
         finally:
             engine.dispose()
-    console.print(
-        f"Schema of {_describe_database(settings.effective_migration_database_url)} is up to date."
-    )
+    database = _describe_database(settings.effective_migration_database_url)
+    if before == after:
+        console.print(f"Schema of {database} is up to date (revision {after}).")
+    elif before is None:
+        console.print(f"Schema of {database} created at revision {after}.")
+    else:
+        console.print(f"Schema of {database} upgraded from revision {before} to {after}.")
     if role is not None:
         console.print(
             f"The user of CONTROLROOM_DATABASE_URL is in role [bold]{escape(role)}[/]: it may "
@@ -648,10 +652,15 @@ def _exit_on_failure() -> Iterator[None]:
     """Report a failed dependency in one line and exit 1, instead of a traceback."""
     import sqlalchemy as sa
 
+    from controlroom.db.errors import describe_store_error
+
     try:
         yield
-    except (ControlroomError, sa.exc.SQLAlchemyError) as exc:
+    except ControlroomError as exc:
         err_console.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(1) from exc
+    except sa.exc.SQLAlchemyError as exc:  # the driver's line, not SQLAlchemy's wrapping
+        err_console.print(f"[red]error:[/] the database: {escape(describe_store_error(exc))}")
         raise typer.Exit(1) from exc
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
 
 from controlroom.db.engine import normalize_database_url
 from controlroom.db.providers import provider_for
@@ -26,9 +27,18 @@ def alembic_config(engine: sa.Engine) -> Config:
     return config
 
 
-def upgrade_database(engine: sa.Engine, revision: str = "head") -> None:
-    """Bring the schema of ``engine``'s database up to ``revision`` (idempotent)."""
+def upgrade_database(engine: sa.Engine, revision: str = "head") -> tuple[str | None, str | None]:
+    """Bring the schema of ``engine``'s database up to ``revision`` (idempotent). Returns
+    its revision before and after (``None``: no schema, an empty database)."""
+    before = schema_revision(engine)
     command.upgrade(alembic_config(engine), revision)
+    return before, schema_revision(engine)
+
+
+def schema_revision(engine: sa.Engine) -> str | None:
+    """The migration revision of ``engine``'s database; ``None`` when it has none."""
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
 
 
 def secure_audit_log(
