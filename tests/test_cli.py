@@ -759,3 +759,21 @@ def test_serve_leaves_accepted_telemetry_posts_out_of_the_access_log() -> None:
     assert _quiet_routine_telemetry(access_record("POST", "/api/site-calls/telemetry", 422))
     assert _quiet_routine_telemetry(access_record("POST", "/api/errors/retry/all", 202))
     assert _quiet_routine_telemetry(access_record("GET", "/api/site-calls/telemetry", 200))
+
+
+def test_the_by_hand_demos_parts_follow_controlroom_port(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # README "A first look": by hand, a second demo's parts are started with the same
+    # CONTROLROOM_PORT as its serve, and must take the ports past it, not 8080's.
+    monkeypatch.setenv("CONTROLROOM_PORT", "18130")
+
+    sites_code, sites = invoke("site", "demo", "--print-sites")
+    sinks_code, sinks = invoke("demo", "notifications", "--print-settings")
+
+    assert sites_code == sinks_code == 0, sites + sinks
+    assert [entry["base_url"] for entry in json.loads(sites)] == [
+        "http://127.0.0.1:18141",
+        "http://127.0.0.1:18142",
+    ]
+    assert "127.0.0.1:18144" in sinks and "18145" in sinks and "8094" not in sinks

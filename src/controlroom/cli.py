@@ -435,11 +435,24 @@ def demo_celery(config: ConfigOption = None) -> None:
     demo_celery.run(settings.broker_url, settings.error_queue)
 
 
+_DEMO_CENTRAL_HELP = "[default: http://127.0.0.1:<CONTROLROOM_PORT, else 8080>]"
+
+
+def _demo_central(central_url: str | None) -> str:
+    """``central_url``, else the URL of the central a by-hand demo serves: loopback at
+    ``CONTROLROOM_PORT`` (README "A first look"), as ``make demo`` passes it."""
+    return central_url or f"http://127.0.0.1:{_load(None).port}"
+
+
 @demo_app.command("notifications")
 def demo_notification_sinks(
     central_url: Annotated[
-        str, typer.Option(help="Central's URL: the sinks' ports follow its port.")
-    ] = "http://127.0.0.1:8080",
+        str | None,
+        typer.Option(
+            help=f"Central's URL: the sinks' ports follow its port. {_DEMO_CENTRAL_HELP}",
+            show_default=False,
+        ),
+    ] = None,
     print_settings: Annotated[
         bool,
         typer.Option(
@@ -463,7 +476,7 @@ def demo_notification_sinks(
     )
     from controlroom.site.demo import central_port_of
 
-    central_port = central_port_of(central_url)
+    central_port = central_port_of(_demo_central(central_url))
     outbox = json.dumps(demo_notification_settings(central_port), separators=(",", ":"))
     if print_settings:
         typer.echo(outbox)  # bare, for a shell to capture
@@ -1026,14 +1039,20 @@ async def _run_site(service: SiteService, listener: socket.socket) -> None:
 @site_app.command("demo")
 def site_demo(
     central_url: Annotated[
-        str, typer.Option(help="Central's base URL, where telemetry goes.")
-    ] = "http://127.0.0.1:8080",
-    data_dir: Annotated[
-        Path,
+        str | None,
         typer.Option(
-            help="Where the agents keep their tracking stores (make demo: its data directory)."
+            help=f"Central's base URL, where telemetry goes. {_DEMO_CENTRAL_HELP}",
+            show_default=False,
         ),
-    ] = Path("./controlroom-data"),
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where the agents keep their tracking stores, under sites/ "
+            "[default: CONTROLROOM_DATA_DIR, else ./controlroom-data]",
+            show_default=False,
+        ),
+    ] = None,
     every: Annotated[
         float, typer.Option(help="Seconds between two calls of one agent (about).", min=0.1)
     ] = 3.0,
@@ -1055,6 +1074,8 @@ def site_demo(
 
     from controlroom.site.demo import central_port_of, demo_ports, demo_sites, run_site_demo
 
+    central_url = _demo_central(central_url)
+    data_dir = data_dir or _load(None).data_dir
     central_port = central_port_of(central_url)
     sites = json.dumps(demo_sites(central_port=central_port), separators=(",", ":"))
     if print_sites:
@@ -1066,7 +1087,8 @@ def site_demo(
     north, south, targets = demo_ports(central_port)
     console.print(
         f"Site agents north (port {north}) and south (port {south}) are calling flaky "
-        f"targets (port {targets}); telemetry goes to {escape(central_url)}. Central "
+        f"targets (port {targets}), their stores under {escape(str(data_dir / 'sites'))}; "
+        f"telemetry goes to {escape(central_url)}. Central "
         f"reconciles and relays with\n  CONTROLROOM_SITES='{sites}'\nPress Ctrl+C to stop.",
         highlight=False,
     )
