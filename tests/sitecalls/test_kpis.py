@@ -152,9 +152,9 @@ def test_downsampling_averages_equal_slices() -> None:
     points = downsample(samples, start, start + timedelta(minutes=10), 4)
     assert [(p.captured_at_utc, p.value, p.min, p.max, p.samples) for p in points] == [
         (start, 1.0, 0.0, 2.0, 3),
-        (start + timedelta(minutes=2.5), 3.5, 3.0, 4.0, 2),
+        (start + timedelta(minutes=3), 3.5, 3.0, 4.0, 2),  # at its first sample
         (start + timedelta(minutes=5), 6.0, 5.0, 7.0, 3),
-        (start + timedelta(minutes=7.5), 8.5, 8.0, 9.0, 2),
+        (start + timedelta(minutes=8), 8.5, 8.0, 9.0, 2),
     ]
     assert len(downsample(samples, start, start + timedelta(minutes=10), 10)) == 10
     # The last instant belongs to the last slice, not one past it.
@@ -162,6 +162,15 @@ def test_downsampling_averages_equal_slices() -> None:
         [*samples, (start + timedelta(minutes=10), 10.0)], start, start + timedelta(minutes=10), 2
     )
     assert [(p.samples, p.max) for p in edge] == [(5, 4.0), (6, 10.0)]
+
+
+def test_a_downsampled_point_is_never_stamped_before_its_samples() -> None:
+    # A day's window of five slices, sampled only in its last two hours: the point must
+    # not claim a value 4.5 hours before the first sample was taken.
+    end = NOW
+    samples = [(end - timedelta(minutes=m), float(m)) for m in range(120, -1, -1)]
+    (point,) = downsample(samples, end - timedelta(days=1), end, 5)
+    assert point.captured_at_utc == samples[0][0] and point.samples == len(samples)
 
 
 def test_one_sampler_of_several_samples(engine: sa.Engine, tmp_path) -> None:

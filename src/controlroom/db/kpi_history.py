@@ -119,7 +119,7 @@ def store_samples(
 # --- reading a series ---------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class SeriesPoint:
-    """One point of a series: the bucket's start (UTC), the mean of its samples, their
+    """One point of a series: its first sample's time (UTC), the mean of its samples, their
     minimum and maximum, and how many there were (1 when not downsampled)."""
 
     captured_at_utc: datetime
@@ -136,7 +136,8 @@ def downsample(
 
     With no more samples than ``max_points`` each is its own point. Otherwise
     ``[start, end]`` is cut into ``max_points`` equal buckets and each non-empty bucket
-    becomes one point at its start. Pure.
+    becomes one point (the mean, least and greatest of its samples, and how many) at its
+    first sample's time: never before a value was sampled. Pure.
     """
     if len(samples) <= max_points:
         return [SeriesPoint(t, v, v, v, 1) for t, v in samples]
@@ -146,15 +147,13 @@ def downsample(
         return [
             SeriesPoint(start, sum(values) / len(values), min(values), max(values), len(values))
         ]
-    buckets: dict[int, list[float]] = {}
+    buckets: dict[int, tuple[datetime, list[float]]] = {}
     for captured, value in samples:
         index = min(int((captured - start) / width), max_points - 1)
-        buckets.setdefault(index, []).append(value)
+        buckets.setdefault(index, (captured, []))[1].append(value)
     return [
-        SeriesPoint(
-            start + width * index, sum(values) / len(values), min(values), max(values), len(values)
-        )
-        for index, values in sorted(buckets.items())
+        SeriesPoint(first, sum(values) / len(values), min(values), max(values), len(values))
+        for _, (first, values) in sorted(buckets.items())
     ]
 
 
