@@ -56,3 +56,11 @@ def test_order_and_text_round_trip(a: int, b: int) -> None:
 def test_round_trip_format_always_has_seven_digits() -> None:
     assert round_trip(datetime(2026, 1, 1, 8, 30, tzinfo=UTC)) == "2026-01-01T08:30:00.0000000Z"
     assert str(Stamp(datetime(2026, 1, 1, 8, 30, 0, 5, UTC), 3)) == "2026-01-01T08:30:00.0000053Z"
+
+
+@pytest.mark.parametrize("text", ["0000-01-01T00:00:00Z", "10000-01-01T00:00:00Z"])
+def test_a_year_outside_1_to_9999_is_named_as_such(text: str) -> None:
+    # Python's datetime cannot hold it, so it does not parse: the refusal must say why
+    # a value that has its zone is refused.
+    with pytest.raises(ValueError, match="years 1-9999"):
+        Stamp.parse(text)

@@ -89,7 +89,7 @@ def _iso_text(value: Any) -> Any:
     try:
         datetime.fromisoformat(value)
     except ValueError:
-        raise ValueError("must be ISO 8601 text with a zone") from None
+        raise ValueError("must be ISO 8601 text with a zone, in years 1-9999") from None
     return value
 
 

@@ -113,7 +113,7 @@ class Stamp:
         try:
             parsed = datetime.fromisoformat(text)
         except ValueError:
-            raise ValueError("must be ISO 8601 text with a zone") from None
+            raise ValueError("must be ISO 8601 text with a zone, in years 1-9999") from None
         if parsed.tzinfo is None:
             raise ValueError("must be ISO 8601 text with a zone")
         fraction = _FRACTION.match(text)
