@@ -161,6 +161,12 @@ def test_the_dashboard_shows_the_notification_tiles(console: TestClient, engine:
     assert '<span class="figure">1</span>' in tile.split("</a>", 1)[0]
 
 
+def test_an_empty_list_of_rejected_notifications_says_so_in_english(console: TestClient) -> None:
+    console.post("/signin", data={"token": READER})
+    page = console.get("/notifications/rejected")
+    assert "No notification has been rejected." in page.text
+
+
 def test_rejected_notifications_are_listed_whole_apart_from_telemetry(
     console: TestClient, engine: sa.Engine
 ) -> None:
