@@ -459,3 +459,31 @@ def test_a_body_that_is_not_one_json_array_is_one_422_naming_the_body(
     (problem,) = answer.json()["detail"]
     assert problem["loc"] == ["body"], problem
     assert "input" not in problem
+
+
+@pytest.mark.parametrize("path", ["/api/kpi-history", "/api/notifications/kpi-history"])
+@pytest.mark.parametrize("bound", ["from", "to"])
+def test_a_kpi_history_bound_of_more_than_seven_fractional_digits_is_a_422_naming_it(
+    client: TestClient, path: str, bound: str
+) -> None:
+    # Every time parameter reads as the stamps do: to 100 ns, never cut silently.
+    answer = client.get(
+        path, params={"metric": "parked", "scope": "global", bound: "2026-11-01T09:14:03.12345678Z"}
+    )
+
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"][0]["loc"] == ["query", bound]
+
+
+@pytest.mark.parametrize("path", ["/api/kpi-history", "/api/notifications/kpi-history"])
+def test_a_kpi_history_ending_in_the_first_day_answers_from_the_first_instant(
+    client: TestClient, path: str
+) -> None:
+    # Its default start, a day before, would fall in year 0.
+    answer = client.get(
+        path, params={"metric": "parked", "scope": "global", "to": "0001-01-01T12:00:00Z"}
+    )
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["from_utc"] == "0001-01-01T00:00:00.0000000Z"
+    assert answer.json()["points"] == []

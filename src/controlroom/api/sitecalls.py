@@ -541,15 +541,17 @@ def kpi_series(
 ) -> dict[str, Any]:
     """The answer (``KpiSeries``) of a KPI history route: one metric's series of one
     scope of ``source`` (``db.kpi_history.read_series``); ``end`` defaults to now,
-    ``start`` to 24 hours before it. Raises ``HTTPException`` 400 when ``start`` is after
-    ``end``, a 422 naming ``scope_key`` when it is given for ``global`` or missing for any
-    other scope (no sample has such a key: the series would be empty, as if nothing
-    happened). Shared with ``/api/notifications/kpi-history``."""
+    ``start`` to 24 hours before it (at the earliest, year 1's first instant). Raises
+    ``HTTPException`` 400 when ``start`` is after ``end``, a 422 naming ``scope_key``
+    when it is given for ``global`` or missing for any other scope (no sample has such a
+    key: the series would be empty, as if nothing happened). Shared with
+    ``/api/notifications/kpi-history``."""
     if (scope == "global") != (scope_key == ""):
         needs = "must be empty for global" if scope == "global" else f"is required for {scope}"
         raise invalid_parameter("query", "scope_key", scope_key, f"scope_key {needs}")
     end = end or datetime.now(UTC)
-    start = start or end - timedelta(hours=24)
+    first = datetime.min.replace(tzinfo=UTC)  # a day before the first day is no datetime
+    start = start or (end - timedelta(hours=24) if end - first > timedelta(hours=24) else first)
     if start > end:
         raise HTTPException(400, "from: must not be after to")
     with _engine(request).connect() as conn:
