@@ -287,6 +287,57 @@ def test_a_setting_that_is_not_json_is_refused_in_one_line_naming_it(
     assert "Traceback" not in output
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("CONTROLROOM_SITES", '[{"id": "x"}]', "CONTROLROOM_SITES, item 0, field base_url"),
+        (
+            "CONTROLROOM_AUTH_TOKENS",
+            '[{"name": "a", "role": "reader"}]',
+            "CONTROLROOM_AUTH_TOKENS, item 0, field token",
+        ),
+        (
+            "CONTROLROOM_NOTIFICATIONS__WEBHOOKS",
+            '[{"name": "a", "url": "http://x"}]',
+            "CONTROLROOM_NOTIFICATIONS__WEBHOOKS, item 0, field secret",
+        ),
+        (
+            "CONTROLROOM_NOTIFICATIONS",
+            '{"webhooks": [{"name": "a", "url": "http://x"}]}',
+            "CONTROLROOM_NOTIFICATIONS, field webhooks, item 0, field secret",
+        ),
+        ("CONTROLROOM_KPI", '{"interval": 0}', "CONTROLROOM_KPI, field interval"),
+        ("CONTROLROOM_KPI__INTERVAL", "0", "(CONTROLROOM_KPI__INTERVAL)"),
+    ],
+)
+def test_a_field_inside_a_json_setting_is_named_by_the_variable_that_holds_it(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str, named: str
+) -> None:
+    """A field of a list item (or of a table) given as JSON is named by the variable the
+    user set, then the item and the field: no variable like CONTROLROOM_SITES__BASE_URL
+    exists to set."""
+    monkeypatch.setenv(variable, value)
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert named in output, output
+    assert "__BASE_URL" not in output and "__TOKEN" not in output and "__SECRET" not in output
+
+
+def test_a_field_of_a_list_item_in_the_settings_file_names_no_variable_that_cannot_exist(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "controlroom.toml"
+    config.write_text('[[sites]]\nid = "x"\n')
+
+    code, output = invoke("migrate", "--config", str(config))
+
+    assert code == 2, output
+    assert "sites.0.base_url" in output and str(config) in "".join(output.split()), output
+    assert "CONTROLROOM_SITES__BASE_URL" not in output, output
+
+
 def test_demo_refuses_a_count_below_the_showcase(data_dir: Path) -> None:
     code, output = invoke("demo", "--count", "3")
 

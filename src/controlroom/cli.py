@@ -12,7 +12,10 @@ usage or settings.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import json
 import logging
+import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -626,19 +629,61 @@ def _load(config: Path | None, host: str | None = None, port: int | None = None)
 
 
 def _refuse_settings(exc: pydantic.ValidationError, prefix: str, config: Path | None) -> NoReturn:
-    """Exit 2 with one line per invalid setting, naming its environment variable (and the
-    settings file, when one was read); never the value, which may be a secret."""
-    where = f" or in {escape(str(config))}" if config is not None else ""
+    """Exit 2 with one line per invalid setting, naming where it was given (``_given_in``);
+    never the value, which may be a secret."""
     for error in exc.errors():
         path = [str(part) for part in error["loc"]]
-        names = [part for part in error["loc"] if isinstance(part, str)]
-        variable = prefix + "__".join(names[:2]).upper() if names else prefix + "*"
         err_console.print(
             f"[red]error:[/] invalid setting {escape('.'.join(path) or 'settings')} "
-            f"({variable}{where}): {escape(error['msg'])}",
+            f"({escape(_given_in(error['loc'], prefix, config))}): {escape(error['msg'])}",
             highlight=False,
         )
     raise typer.Exit(2) from exc
+
+
+def _given_in(loc: tuple[int | str, ...], prefix: str, config: Path | None) -> str:
+    """The setting at ``loc`` as the user gave it: the environment variable set that holds
+    it, then the item and field inside that variable's JSON (``CONTROLROOM_SITES, item 0,
+    field base_url``: no variable names a list's item); else the variable that would hold
+    it, or the settings file, when one was read."""
+    names = list(itertools.takewhile(lambda part: isinstance(part, str), loc))
+    environ = {name.upper(): name for name in os.environ}
+    for depth in range(len(names), 0, -1):
+        variable = environ.get(prefix + "__".join(map(str, names[:depth])).upper())
+        if variable is None:
+            continue
+        reached, found = _json_at(os.environ[variable], loc[depth:])
+        if reached:
+            # A table given as JSON may be merged with the file's table of the same name.
+            merged = isinstance(found, dict) and config is not None
+            return _inside(variable, loc[depth:]) + (f" or in {config}" if merged else "")
+    variable = prefix + "__".join(map(str, names)).upper() if names else prefix + "*"
+    return _inside(variable, loc[len(names) :]) + (f" or in {config}" if config else "")
+
+
+def _json_at(value: str, place: tuple[int | str, ...]) -> tuple[bool, object]:
+    """Whether ``value`` (a variable's JSON) holds ``place`` (or the item or table that
+    lacks its last field), and what it holds there."""
+    try:
+        found: object = json.loads(value)
+    except ValueError:
+        return not place, value
+    for index, part in enumerate(place):
+        if isinstance(found, dict) and isinstance(part, str):
+            if part not in found:
+                return index == len(place) - 1, None
+            found = found[part]
+        elif isinstance(found, list) and isinstance(part, int) and 0 <= part < len(found):
+            found = found[part]
+        else:
+            return False, None
+    return True, found
+
+
+def _inside(variable: str, place: tuple[int | str, ...]) -> str:
+    """``variable`` then each item and field of ``place`` inside its value."""
+    steps = [f"item {part}" if isinstance(part, int) else f"field {part}" for part in place]
+    return ", ".join([variable, *steps])
 
 
 def _listen_overrides(host: str | None, port: int | None) -> ListenOverrides:
