@@ -290,6 +290,30 @@ def test_a_setting_that_is_not_json_is_refused_in_one_line_naming_it(
 @pytest.mark.parametrize(
     ("variable", "value", "named"),
     [
+        ("CONTROLROOM_AUTH_TOKENS", "[{name:a}]", "line 1 column 3"),
+        ("CONTROLROOM_NOTIFICATIONS__RULES", "[bad", "line 1 column 2"),
+        ("CONTROLROOM_SITES", "[", "line 1 column 2"),
+    ],
+)
+def test_a_setting_that_is_not_json_names_its_variable_and_where(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str, named: str
+) -> None:
+    """The variable as typed and the place the JSON parser stopped, without the library's
+    own words (its source class, "error parsing value for field")."""
+    monkeypatch.setenv(variable, value)
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert f"({variable}): its value is not JSON" in output, output
+    assert named in output, output
+    assert "EnvSettingsSource" not in output and "error parsing" not in output, output
+    assert len(output.strip().splitlines()) == 1, output
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
         ("CONTROLROOM_SITES", '[{"id": "x"}]', "CONTROLROOM_SITES, item 0, field base_url"),
         (
             "CONTROLROOM_AUTH_TOKENS",

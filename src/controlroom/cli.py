@@ -16,6 +16,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     import socket
 
     import pydantic
+    import pydantic_settings
     import sqlalchemy as sa
     from rich.progress import Progress
 
@@ -622,10 +624,7 @@ def _load(config: Path | None, host: str | None = None, port: int | None = None)
     except UnicodeDecodeError as exc:
         _refuse_toml(config, exc, "it is not UTF-8")
     except pydantic_settings.SettingsError as exc:
-        # A value that must be JSON (a list or a table given whole) and does not parse.
-        cause = f": {exc.__cause__}" if exc.__cause__ else ""
-        err_console.print(f"[red]error:[/] invalid setting: {escape(str(exc) + cause)}")
-        raise typer.Exit(2) from exc
+        _refuse_unparsed(exc, "CONTROLROOM_")
 
 
 def _refuse_settings(exc: pydantic.ValidationError, prefix: str, config: Path | None) -> NoReturn:
@@ -638,6 +637,34 @@ def _refuse_settings(exc: pydantic.ValidationError, prefix: str, config: Path | 
             f"({escape(_given_in(error['loc'], prefix, config))}): {escape(error['msg'])}",
             highlight=False,
         )
+    raise typer.Exit(2) from exc
+
+
+def _refuse_unparsed(exc: pydantic_settings.SettingsError, prefix: str) -> NoReturn:
+    """Exit 2 naming the environment variable whose value must be JSON (a list or a table
+    given whole) and does not parse, with where the parser stopped; never the value."""
+    cause = exc.__cause__
+    # pydantic-settings names the top-level field in its message, not the variable.
+    field = re.search(r'field "([^"]+)"', str(exc))
+    if not isinstance(cause, json.JSONDecodeError) or field is None:
+        reason = f": {cause}" if cause else ""
+        err_console.print(f"[red]error:[/] invalid setting: {escape(str(exc) + reason)}")
+        raise typer.Exit(2) from exc
+    top = (prefix + field[1]).upper()
+    variable = next(
+        (
+            name
+            for name, value in os.environ.items()
+            if value == cause.doc and (name.upper() == top or name.upper().startswith(top + "__"))
+        ),
+        top,
+    )
+    setting = variable[len(prefix) :].lower().replace("__", ".")
+    err_console.print(
+        f"[red]error:[/] invalid setting {escape(setting)} ({escape(variable)}): its value is "
+        f"not JSON: {escape(cause.msg)} at line {cause.lineno} column {cause.colno}",
+        highlight=False,
+    )
     raise typer.Exit(2) from exc
 
 
