@@ -23,7 +23,7 @@ from pydantic_settings import (
 
 from controlroom.db.providers import EMBEDDED
 from controlroom.event_types import EventType
-from controlroom.settings_sources import EnvThenTomlSettings, ListenOverrides
+from controlroom.settings_sources import BearerSecret, EnvThenTomlSettings, ListenOverrides
 
 CENTURY_DAYS = 36_500
 """The longest a retention or a KPI window may be set to: a stamp of now minus (or plus)
@@ -225,15 +225,13 @@ class ConfiguredSite(BaseModel):
     base_url: str = Field(
         pattern=r"^https?://[^/\s]+(/[^\s]*)?$", description="The agent's base URL."
     )
-    token: SecretStr | None = Field(
+    token: BearerSecret | None = Field(
         None,
-        min_length=16,
         description="Bearer token central presents to the agent to pull and relay (the "
         "agent's CONTROLROOM_SITE_TOKEN; secret).",
     )
-    central_token: SecretStr | None = Field(
+    central_token: BearerSecret | None = Field(
         None,
-        min_length=16,
         description="Bearer token the agent presents to central (its "
         "CONTROLROOM_SITE_CENTRAL_TOKEN; secret): it may post this site's telemetry only.",
     )
@@ -546,7 +544,7 @@ class AuthToken(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=100, description="Who holds the token.")
-    token: SecretStr = Field(min_length=16, description="The bearer token (secret).")
+    token: BearerSecret = Field(description="The bearer token (secret).")
     role: Role
 
 

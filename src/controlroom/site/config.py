@@ -12,7 +12,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from controlroom.settings_sources import EnvThenTomlSettings, ListenOverrides
+from controlroom.settings_sources import BearerSecret, EnvThenTomlSettings, ListenOverrides
 
 
 class SiteSettings(EnvThenTomlSettings):
@@ -34,9 +34,8 @@ class SiteSettings(EnvThenTomlSettings):
     )
     host: str = "127.0.0.1"
     port: int = Field(8090, ge=0, le=65535)
-    token: SecretStr | None = Field(
+    token: BearerSecret | None = Field(
         None,
-        min_length=16,
         description="Bearer token central presents to pull and to relay commands. None: "
         "the agent's HTTP API is open, which it allows on a loopback address only.",
     )
