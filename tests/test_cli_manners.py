@@ -172,6 +172,18 @@ def test_the_readme_says_how_to_make_a_rabbitmq_vhost_and_grant_it() -> None:
     assert "rabbitmqctl set_permissions -p controlroom controlroom" in readme
 
 
+def test_the_readme_says_a_webhooks_secret_is_required() -> None:
+    """Where the README describes a webhook's settings (the settings table and the TOML
+    example), its ``secret`` is said to be required: serve refuses a webhook without one."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text().splitlines()
+    row = next(
+        line for line in readme if line.startswith("| `CONTROLROOM_NOTIFICATIONS__WEBHOOKS`")
+    )
+    assert '"secret"' in row and "required" in row, row
+    example = next(line for line in readme if line.startswith('secret = "whsec_'))
+    assert "required" in example, example
+
+
 @pytest.mark.parametrize("data", ["controlroom-data", "controlroom-data-*", "controlroom-celery"])
 def test_the_demos_data_is_ignored_by_git_and_removed_by_make_clean(data: str) -> None:
     """The data directories the README's demos use (``make demo``, a second one beside it;
