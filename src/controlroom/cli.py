@@ -12,11 +12,9 @@ usage or settings.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
 import os
-import re
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -317,7 +315,6 @@ def demo_run(config: ConfigOption = None) -> None:
     Every port they take (CONTROLROOM_PORT and 11-15 past it) and the site agents' stores
     (under CONTROLROOM_DATA_DIR, as all the demo writes) are checked first; when any of
     them exits, the others are stopped."""
-    import os
     import subprocess
 
     from controlroom.demo_run import (
@@ -628,13 +625,15 @@ def _load(config: Path | None, host: str | None = None, port: int | None = None)
 
 
 def _refuse_settings(exc: pydantic.ValidationError, prefix: str, config: Path | None) -> NoReturn:
-    """Exit 2 with one line per invalid setting, naming where it was given (``_given_in``);
-    never the value, which may be a secret."""
+    """Exit 2 with one line per invalid setting, naming where it was given
+    (``settings_sources.given_in``); never the value, which may be a secret."""
+    from controlroom.settings_sources import given_in
+
     for error in exc.errors():
         path = [str(part) for part in error["loc"]]
         err_console.print(
             f"[red]error:[/] invalid setting {escape('.'.join(path) or 'settings')} "
-            f"({escape(_given_in(error['loc'], prefix, config))}): {escape(error['msg'])}",
+            f"({escape(given_in(error['loc'], prefix, config))}): {escape(error['msg'])}",
             highlight=False,
         )
     raise typer.Exit(2) from exc
@@ -643,22 +642,14 @@ def _refuse_settings(exc: pydantic.ValidationError, prefix: str, config: Path | 
 def _refuse_unparsed(exc: pydantic_settings.SettingsError, prefix: str) -> NoReturn:
     """Exit 2 naming the environment variable whose value must be JSON (a list or a table
     given whole) and does not parse, with where the parser stopped; never the value."""
+    from controlroom.settings_sources import unparsed_variable
+
     cause = exc.__cause__
-    # pydantic-settings names the top-level field in its message, not the variable.
-    field = re.search(r'field "([^"]+)"', str(exc))
-    if not isinstance(cause, json.JSONDecodeError) or field is None:
+    variable = unparsed_variable(exc, prefix)
+    if variable is None or not isinstance(cause, json.JSONDecodeError):
         reason = f": {cause}" if cause else ""
         err_console.print(f"[red]error:[/] invalid setting: {escape(str(exc) + reason)}")
         raise typer.Exit(2) from exc
-    top = (prefix + field[1]).upper()
-    variable = next(
-        (
-            name
-            for name, value in os.environ.items()
-            if value == cause.doc and (name.upper() == top or name.upper().startswith(top + "__"))
-        ),
-        top,
-    )
     setting = variable[len(prefix) :].lower().replace("__", ".")
     err_console.print(
         f"[red]error:[/] invalid setting {escape(setting)} ({escape(variable)}): its value is "
@@ -666,51 +657,6 @@ def _refuse_unparsed(exc: pydantic_settings.SettingsError, prefix: str) -> NoRet
         highlight=False,
     )
     raise typer.Exit(2) from exc
-
-
-def _given_in(loc: tuple[int | str, ...], prefix: str, config: Path | None) -> str:
-    """The setting at ``loc`` as the user gave it: the environment variable set that holds
-    it, then the item and field inside that variable's JSON (``CONTROLROOM_SITES, item 0,
-    field base_url``: no variable names a list's item); else the variable that would hold
-    it, or the settings file, when one was read."""
-    names = list(itertools.takewhile(lambda part: isinstance(part, str), loc))
-    environ = {name.upper(): name for name in os.environ}
-    for depth in range(len(names), 0, -1):
-        variable = environ.get(prefix + "__".join(map(str, names[:depth])).upper())
-        if variable is None:
-            continue
-        reached, found = _json_at(os.environ[variable], loc[depth:])
-        if reached:
-            # A table given as JSON may be merged with the file's table of the same name.
-            merged = isinstance(found, dict) and config is not None
-            return _inside(variable, loc[depth:]) + (f" or in {config}" if merged else "")
-    variable = prefix + "__".join(map(str, names)).upper() if names else prefix + "*"
-    return _inside(variable, loc[len(names) :]) + (f" or in {config}" if config else "")
-
-
-def _json_at(value: str, place: tuple[int | str, ...]) -> tuple[bool, object]:
-    """Whether ``value`` (a variable's JSON) holds ``place`` (or the item or table that
-    lacks its last field), and what it holds there."""
-    try:
-        found: object = json.loads(value)
-    except ValueError:
-        return not place, value
-    for index, part in enumerate(place):
-        if isinstance(found, dict) and isinstance(part, str):
-            if part not in found:
-                return index == len(place) - 1, None
-            found = found[part]
-        elif isinstance(found, list) and isinstance(part, int) and 0 <= part < len(found):
-            found = found[part]
-        else:
-            return False, None
-    return True, found
-
-
-def _inside(variable: str, place: tuple[int | str, ...]) -> str:
-    """``variable`` then each item and field of ``place`` inside its value."""
-    steps = [f"item {part}" if isinstance(part, int) else f"field {part}" for part in place]
-    return ", ".join([variable, *steps])
 
 
 def _listen_overrides(host: str | None, port: int | None) -> ListenOverrides:

@@ -1,15 +1,25 @@
 """Where settings come from, for central and the site agent alike: keyword arguments, then
 the environment, then a TOML file named by the model's ``toml_file`` or an environment
-variable (the environment wins over the file); and the bearer secrets both configure."""
+variable (the environment wins over the file); the bearer secrets both configure; and
+where a refused setting was given, for the commands' one-line refusals."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import re
+from pathlib import Path
 from typing import Annotated, ClassVar, TypedDict
 
 from pydantic import BeforeValidator, SecretStr
 from pydantic_core import PydanticKnownError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, TomlConfigSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
 
 SECRET_LENGTH = 16
 """The fewest characters of a bearer token central or an agent is configured with."""
@@ -61,3 +71,69 @@ class EnvThenTomlSettings(BaseSettings):
         if toml_file:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
         return tuple(sources)
+
+
+def given_in(loc: tuple[int | str, ...], prefix: str, config: Path | None) -> str:
+    """The setting at ``loc`` as the user gave it: the environment variable set that holds
+    it, then the item and field inside that variable's JSON (``CONTROLROOM_SITES, item 0,
+    field base_url``: no variable names a list's item); else the variable that would hold
+    it, or the settings file, when one was read."""
+    names = list(itertools.takewhile(lambda part: isinstance(part, str), loc))
+    environ = {name.upper(): name for name in os.environ}
+    for depth in range(len(names), 0, -1):
+        variable = environ.get(prefix + "__".join(map(str, names[:depth])).upper())
+        if variable is None:
+            continue
+        reached, found = _json_at(os.environ[variable], loc[depth:])
+        if reached:
+            # A table given as JSON may be merged with the file's table of the same name.
+            merged = isinstance(found, dict) and config is not None
+            return _inside(variable, loc[depth:]) + (f" or in {config}" if merged else "")
+    variable = prefix + "__".join(map(str, names)).upper() if names else prefix + "*"
+    return _inside(variable, loc[len(names) :]) + (f" or in {config}" if config else "")
+
+
+def _json_at(value: str, place: tuple[int | str, ...]) -> tuple[bool, object]:
+    """Whether ``value`` (a variable's JSON) holds ``place`` (or the item or table that
+    lacks its last field), and what it holds there."""
+    try:
+        found: object = json.loads(value)
+    except ValueError:
+        return not place, value
+    for index, part in enumerate(place):
+        if isinstance(found, dict) and isinstance(part, str):
+            if part not in found:
+                return index == len(place) - 1, None
+            found = found[part]
+        elif isinstance(found, list) and isinstance(part, int) and 0 <= part < len(found):
+            found = found[part]
+        else:
+            return False, None
+    return True, found
+
+
+def _inside(variable: str, place: tuple[int | str, ...]) -> str:
+    """``variable`` then each item and field of ``place`` inside its value."""
+    steps = [f"item {part}" if isinstance(part, int) else f"field {part}" for part in place]
+    return ", ".join([variable, *steps])
+
+
+def unparsed_variable(exc: SettingsError, prefix: str) -> str | None:
+    """The environment variable (``prefix``-named) whose value, which must be JSON (a list
+    or a table given whole), did not parse into ``exc``'s field; ``None`` when ``exc`` is
+    not that. pydantic-settings names the top-level field in its message, not the
+    variable: a change of that wording gives ``None`` (the generic refusal), never a
+    crash."""
+    cause = exc.__cause__
+    field = re.search(r'field "([^"]+)"', str(exc))
+    if not isinstance(cause, json.JSONDecodeError) or field is None:
+        return None
+    top = (prefix + field[1]).upper()
+    return next(
+        (
+            name
+            for name, value in os.environ.items()
+            if value == cause.doc and (name.upper() == top or name.upper().startswith(top + "__"))
+        ),
+        top,
+    )
