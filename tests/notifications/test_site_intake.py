@@ -357,3 +357,19 @@ def test_every_field_at_fault_is_named(client: TestClient, engine: sa.Engine) ->
     named = re.findall(r"(?:^|; )(\w+): ", refused["reason"])
     assert named == ["channel", "subject", "severity"], refused["reason"]
     assert stored(engine) == []
+
+
+def test_a_refused_notification_downloads_from_the_notifications_own_path(
+    client: TestClient,
+) -> None:
+    # Listed under /api/notifications/rejected, it is no telemetry: its download is there
+    # too, and that path serves no rejected telemetry.
+    client.post("/api/site-notifications", json=[item(subject="")])
+    client.post("/api/site-calls/telemetry", json=[{"surprise": 1}])
+    (kept,) = client.get("/api/notifications/rejected").json()["items"]
+    (telemetry,) = client.get("/api/site-calls/rejected").json()["items"]
+
+    assert kept["packet_url"] == f"/api/notifications/rejected/{kept['id']}/packet"
+    assert json.loads(client.get(kept["packet_url"]).content)["subject"] == ""
+    foreign = client.get(f"/api/notifications/rejected/{telemetry['id']}/packet")
+    assert foreign.status_code == 404, foreign.text

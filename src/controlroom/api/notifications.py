@@ -20,7 +20,8 @@ calls' auth matrix (``api.auth``: readers GET, operators POST):
   "Explicit recipients of a site's notification").
 - ``GET /api/notifications/rejected``: notifications refused, kept whole with the reason
   (``rejected_telemetry``, source ``notification:...``), newest first, as
-  ``/api/site-calls/rejected`` lists telemetry.
+  ``/api/site-calls/rejected`` lists telemetry; each downloads whole at
+  ``/api/notifications/rejected/{id}/packet`` (its ``packet_url``).
 - ``POST /api/notifications/{id}/retry|discard`` (operator): ``{"outcome", "status",
   "message"}``: Applied 200, NotParked 409 (with the current status), 404 "notification
   not found" when no row exists (e.g. purged); an audit event only when applied.
@@ -36,7 +37,7 @@ from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from controlroom.api.auth import current_principal, refuse_foreign_packets
@@ -57,6 +58,7 @@ from controlroom.api.sitecalls import (
 from controlroom.config import Settings
 from controlroom.db.kpi_history import Metric
 from controlroom.db.transactions import begin_write
+from controlroom.http.bodies import packet_download
 from controlroom.notifications import queries
 from controlroom.notifications.history import SOURCE
 from controlroom.notifications.lifecycle import Channel, Status
@@ -73,6 +75,7 @@ from controlroom.notifications.store import (
     rejected_source,
 )
 from controlroom.runtime.wire_text import is_wire_text_clean
+from controlroom.sitecalls import queries as sitecall_queries
 from controlroom.telemetry.contract import validated
 from controlroom.telemetry.notification import ForwardedNotification, domain_of
 from controlroom.telemetry.stamps import round_trip
@@ -166,6 +169,26 @@ def list_rejected_notifications(
     first, kept whole with the reason, beside rejected telemetry; each downloads whole
     at its ``packet_url``."""
     return rejected_page(request, limit, after, notifications=True)
+
+
+@router.get(
+    "/notifications/rejected/{id}/packet",
+    response_class=Response,
+    responses={
+        200: {"content": {"application/octet-stream": {}}},
+        404: {"description": "No rejected notification has this id."},
+    },
+)
+def download_rejected_notification(
+    request: Request, rejected_id: Annotated[uuid.UUID, Path(alias="id")]
+) -> Response:
+    """A refused notification whole, as received (as ``GET
+    /api/site-calls/rejected/{id}/packet`` serves rejected telemetry)."""
+    with _engine(request).connect() as conn:
+        packet = sitecall_queries.rejected_packet(conn, str(rejected_id), notifications=True)
+    if packet is None:
+        raise HTTPException(404, f"no rejected notification with id {rejected_id}")
+    return packet_download(packet, str(rejected_id))
 
 
 @router.get(

@@ -398,7 +398,8 @@ def rejected_page(
             **row._asdict(),
             "packet": bytes(row.packet).decode("utf-8", "replace"),
             "packet_truncated": row.packet_size > len(row.packet),
-            "packet_url": f"/api/site-calls/rejected/{row.id}/packet",
+            "packet_url": f"/api/{'notifications' if notifications else 'site-calls'}"
+            f"/rejected/{row.id}/packet",
         }
         for row in page.rows
     ]

@@ -180,12 +180,17 @@ def list_rejected_telemetry(
     )
 
 
-def rejected_packet(conn: sa.Connection, rejected_id: str) -> bytes | None:
+def rejected_packet(
+    conn: sa.Connection, rejected_id: str, *, notifications: bool | None = None
+) -> bytes | None:
     """The whole packet kept as rejected telemetry ``rejected_id``, as received; ``None``
-    without one."""
-    packet: bytes | None = conn.execute(
-        sa.select(rt.packet).where(rt.id == rejected_id)
-    ).scalar_one_or_none()
+    without one. ``notifications``: ``True`` only a rejected notification's, ``False``
+    only telemetry's, ``None`` either (``list_rejected_telemetry``'s kinds)."""
+    query = sa.select(rt.packet).where(rt.id == rejected_id)
+    if notifications is not None:
+        kind = rt.source.startswith(REJECTED_NOTIFICATION_SOURCE, autoescape=True)
+        query = query.where(kind if notifications else sa.not_(kind))
+    packet: bytes | None = conn.execute(query).scalar_one_or_none()
     return None if packet is None else bytes(packet)
 
 
