@@ -203,6 +203,18 @@ def test_demo_publishes_to_the_embedded_error_queue(data_dir: Path) -> None:
     assert [d.headers[h.MESSAGE_ID] for d in queued] == [m.headers[h.MESSAGE_ID] for m in expected]
 
 
+def test_demo_beside_a_running_serve_says_that_serve_ingests_them(data_dir: Path) -> None:
+    from controlroom.runtime import serve_lock
+
+    with serve_lock.serving(data_dir, store="sqlite", broker="embedded"):
+        code, output = invoke("demo", "--count", "12", "--seed", "3")
+
+    assert code == 0, output
+    flat = " ".join(output.split())
+    assert "Next: `controlroom serve`" not in flat
+    assert f"The controlroom serve running on {data_dir} ingests them now" in flat
+
+
 def test_demo_reads_settings_from_a_toml_file(data_dir: Path, tmp_path: Path) -> None:
     config = tmp_path / "controlroom.toml"
     config.write_text('error_queue = "from-toml"\n')

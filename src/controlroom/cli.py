@@ -225,7 +225,15 @@ def demo(
         f"Published {len(telemetry)} telemetry packets of {site_calls} site calls (three "
         f"sites, two nodes each) to queue [bold]{settings.telemetry_queue}[/]."
     )
-    if next_steps:
+    from controlroom.runtime.serve_lock import is_served
+
+    if next_steps and is_served(settings.data_dir):
+        console.print(
+            f"The controlroom serve running on {escape(str(settings.data_dir))} ingests them "
+            "now; its console shows them as they arrive.",
+            highlight=False,
+        )
+    elif next_steps:
         console.print(
             "Next: `controlroom serve` ingests them and serves the console on "
             f"http://{settings.host}:{settings.port}/ ; `controlroom demo endpoints` beside "
