@@ -487,3 +487,13 @@ def test_a_kpi_history_ending_in_the_first_day_answers_from_the_first_instant(
     assert answer.status_code == 200, answer.text
     assert answer.json()["from_utc"] == "0001-01-01T00:00:00.0000000Z"
     assert answer.json()["points"] == []
+
+
+@pytest.mark.parametrize("route", ["/api/site-calls/telemetry", "/api/site-notifications"])
+def test_a_body_nested_too_deeply_is_a_422_naming_the_body(client: TestClient, route: str) -> None:
+    deep = b"[" + b"[" * 5000 + b"]" * 5000 + b"]"
+
+    answer = client.post(route, content=deep, headers={"content-type": "application/json"})
+
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"][0]["loc"] == ["body"]

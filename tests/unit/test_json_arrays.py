@@ -61,3 +61,10 @@ def test_a_leading_byte_order_mark_is_ignored() -> None:
 def test_anything_but_one_utf8_json_array_is_a_value_error(body: bytes) -> None:
     with pytest.raises(ValueError):
         array_elements(body)
+
+
+def test_an_element_nested_past_what_the_parser_reads_is_refused_as_not_json() -> None:
+    # Python's decoder recurses per level: a 2 KB body must be a refusal, not a 500.
+    deep = b"[" + b"[" * 5000 + b"]" * 5000 + b"]"
+    with pytest.raises(ValueError, match="nested"):
+        array_elements(deep)

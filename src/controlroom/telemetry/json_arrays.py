@@ -23,7 +23,8 @@ def array_elements(body: bytes) -> list[tuple[Any, bytes]]:
     byte order mark is ignored, as section 8.1 allows), in order: its decoded value and
     its exact bytes. Raises ``ValueError`` (``UnicodeDecodeError`` or
     ``json.JSONDecodeError``, saying where) when ``body`` is not that, Python's
-    ``NaN`` and ``Infinity`` included."""
+    ``NaN`` and ``Infinity`` included, or holds an element nested deeper than the decoder
+    recurses."""
     text = body.decode("utf-8-sig")
     position = _after_whitespace(text, 0)
     if not text.startswith("[", position):
@@ -32,7 +33,7 @@ def array_elements(body: bytes) -> list[tuple[Any, bytes]]:
     elements: list[tuple[Any, bytes]] = []
     if not text.startswith("]", position):
         while True:
-            value, end = _DECODER.raw_decode(text, position)
+            value, end = _decoded(text, position)
             elements.append((value, text[position:end].encode("utf-8")))
             position = _after_whitespace(text, end)
             if not text.startswith(",", position):
@@ -44,6 +45,16 @@ def array_elements(body: bytes) -> list[tuple[Any, bytes]]:
     if rest != len(text):
         raise json.JSONDecodeError("extra data after the array", text, rest)
     return elements
+
+
+def _decoded(text: str, position: int) -> tuple[Any, int]:
+    """The JSON value starting at ``position`` and where it ends. Raises ``ValueError``
+    for one nested deeper than Python's decoder can recurse (a ``RecursionError``
+    otherwise, which no caller would take for bad input)."""
+    try:
+        return _DECODER.raw_decode(text, position)
+    except RecursionError:
+        raise ValueError(f"the element at character {position} is nested too deeply") from None
 
 
 def _after_whitespace(text: str, position: int) -> int:
