@@ -165,6 +165,26 @@ def test_migrate_writes_the_search_terms_of_rows_stored_before_0009(data_dir: Pa
         engine.dispose()
 
 
+@pytest.mark.parametrize("command", ["migrate", "sweep"])
+def test_a_schema_newer_than_this_version_is_named_in_one_line(
+    data_dir: Path, command: str
+) -> None:
+    # Rolled back under a schema a newer version migrated: say so, never a traceback.
+    assert invoke("migrate")[0] == 0
+    engine = create_store_engine(f"sqlite:///{data_dir / 'controlroom.db'}")
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0999'")
+    finally:
+        engine.dispose()
+
+    code, output = invoke(command)
+
+    assert code == 1, output
+    assert "Traceback" not in output and "0999" in output, output
+    assert "does not know" in " ".join(output.split()), output
+
+
 def test_migrate_reports_an_unreachable_database_in_one_line(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

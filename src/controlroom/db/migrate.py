@@ -9,6 +9,8 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 
 from controlroom.db.engine import normalize_database_url
 from controlroom.db.providers import provider_for
@@ -29,10 +31,28 @@ def alembic_config(engine: sa.Engine) -> Config:
 
 def upgrade_database(engine: sa.Engine, revision: str = "head") -> tuple[str | None, str | None]:
     """Bring the schema of ``engine``'s database up to ``revision`` (idempotent). Returns
-    its revision before and after (``None``: no schema, an empty database)."""
+    its revision before and after (``None``: no schema, an empty database). Raises
+    ``ConfigurationError`` when the schema is at a revision this package does not ship
+    (a newer version migrated it)."""
+    config = alembic_config(engine)
     before = schema_revision(engine)
-    command.upgrade(alembic_config(engine), revision)
+    if before is not None and not _is_known(config, before):
+        where = engine.url.render_as_string(hide_password=True)
+        raise ConfigurationError(
+            f"the schema of {where} is at revision {before}, which this version of "
+            "controlroom does not know: a newer version migrated it; run that version "
+            "(migrations only go forward)"
+        )
+    command.upgrade(config, revision)
     return before, schema_revision(engine)
+
+
+def _is_known(config: Config, revision: str) -> bool:
+    """Whether ``revision`` is one of the migrations shipped in this package."""
+    try:
+        return ScriptDirectory.from_config(config).get_revision(revision) is not None
+    except CommandError:  # alembic wraps its "Can't locate revision"
+        return False
 
 
 def schema_revision(engine: sa.Engine) -> str | None:
