@@ -185,6 +185,26 @@ def test_a_schema_newer_than_this_version_is_named_in_one_line(
     assert "does not know" in " ".join(output.split()), output
 
 
+@pytest.mark.parametrize(
+    ("variable", "url"),
+    [
+        ("CONTROLROOM_DATABASE_URL", "postgresql+psycopg://u:s3cret-pw@127.0.0.1:notaport/db"),
+        ("CONTROLROOM_MIGRATION_DATABASE_URL", "postgresql+psycopg://u:s3cret-pw@h:70000/db"),
+        ("CONTROLROOM_BROKER_URL", "amqp://u:s3cret-pw@127.0.0.1:99999/"),
+    ],
+)
+def test_a_url_whose_port_is_no_port_is_a_setting_refused_in_one_line(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, variable: str, url: str
+) -> None:
+    monkeypatch.setenv(variable, url)
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert "Traceback" not in output and "s3cret-pw" not in output
+    assert variable in output and "port" in output, output
+
+
 def test_migrate_reports_an_unreachable_database_in_one_line(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -642,6 +642,17 @@ class Settings(EnvThenTomlSettings):
         "enable features by it.",
     )
 
+    @field_validator("database_url", "migration_database_url", "broker_url")
+    @classmethod
+    def _port_is_a_port(cls, url: str) -> str:
+        """A URL whose port is no number from 0 to 65535 is refused here, in one line that
+        never quotes it (it may hold a password), not by the driver when it connects."""
+        try:
+            urlsplit(url).port
+        except ValueError:
+            raise ValueError("its port must be a number from 0 to 65535") from None
+        return url
+
     @field_validator("auth_tokens")
     @classmethod
     def _distinct_tokens(cls, tokens: list[AuthToken]) -> list[AuthToken]:
