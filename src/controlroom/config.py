@@ -648,7 +648,7 @@ class Settings(EnvThenTomlSettings):
         """A URL whose port is no number from 0 to 65535 is refused here, in one line that
         never quotes it (it may hold a password), not by the driver when it connects."""
         try:
-            urlsplit(url).port
+            _ = urlsplit(url).port  # reading it checks it
         except ValueError:
             raise ValueError("its port must be a number from 0 to 65535") from None
         return url

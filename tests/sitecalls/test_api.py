@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -497,3 +497,36 @@ def test_a_body_nested_too_deeply_is_a_422_naming_the_body(client: TestClient, r
 
     assert answer.status_code == 422, answer.text
     assert answer.json()["detail"][0]["loc"] == ["body"]
+
+
+SAMPLED = datetime(2026, 11, 1, 9, 14, 3, 618697, tzinfo=UTC)
+"""A sample's time: central keeps its own times to the microsecond."""
+
+
+@pytest.mark.parametrize(
+    ("bound", "value", "kept"),
+    [
+        ("from", "2026-11-01T09:14:03.6186970Z", True),
+        ("from", "2026-11-01T09:14:03.6186971Z", False),  # 100 ns after the sample
+        ("to", "2026-11-01T09:14:03.6186970Z", True),
+        ("to", "2026-11-01T09:14:03.6186969Z", False),
+    ],
+)
+def test_a_kpi_history_bound_is_read_to_100_ns_and_answered_as_given(
+    client: TestClient, engine: sa.Engine, bound: str, value: str, kept: bool
+) -> None:
+    from controlroom.config import Settings
+    from controlroom.sitecalls.history import take_sample
+
+    take_sample(engine, Settings(), SAMPLED)
+    other = "to" if bound == "from" else "from"
+    around = {"from": "2026-11-01T00:00:00Z", "to": "2026-11-02T00:00:00Z"}[other]
+
+    answer = client.get(
+        "/api/kpi-history",
+        params={"metric": "buffered", "scope": "global", bound: value, other: around},
+    )
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()[f"{bound}_utc"] == value
+    assert len(answer.json()["points"]) == (1 if kept else 0)

@@ -44,12 +44,12 @@ from controlroom.api.auth import current_principal, refuse_foreign_packets
 from controlroom.api.parameters import invalid_parameter, refuse_unknown_or_repeated
 from controlroom.api.sitecalls import (
     BAD_REQUEST,
-    Instant,
     KpiSeries,
     MaxPoints,
     RejectedPage,
     SentElements,
     SeriesFrom,
+    StampBound,
     Time,
     json_array_body,
     kpi_series,
@@ -250,7 +250,7 @@ def notification_kpi_history(
     scope: Annotated[Literal["global", "channel"], Query()] = "global",
     scope_key: Annotated[str, Query(max_length=200)] = "",
     from_: SeriesFrom = None,
-    to: Instant = None,
+    to: StampBound = None,
     max_points: MaxPoints = 200,
 ) -> dict[str, Any]:
     """One KPI's samples of one scope (``global``; ``channel`` keyed by its name) in

@@ -38,7 +38,6 @@ from controlroom.sitecalls.intake import make_writer, receive_json
 from controlroom.sitecalls.kpis import measure_kpis
 from controlroom.sitecalls.rejected import ResubmitOutcome, resubmit_rejected
 from controlroom.sitecalls.writer import IngestBudgetExceeded
-from controlroom.telemetry.contract import UtcInstant
 from controlroom.telemetry.json_arrays import array_elements
 from controlroom.telemetry.ordering import Channel, SiteCallStatus
 from controlroom.telemetry.stamps import Stamp, round_trip
@@ -53,9 +52,6 @@ After = Annotated[
     str | None, Query(max_length=500, description="next_cursor of the previous page.")
 ]
 Text = Annotated[str | None, Query(max_length=1024)]
-# One type for every time parameter: a zone-aware time that stays within years 1-9999 in
-# UTC (the contract's rule), so an out-of-range one is a 422 naming the parameter.
-Instant = Annotated[UtcInstant | None, Query(description="ISO 8601 with a zone.")]
 StampBound = Annotated[
     Stamp | None,
     Query(description="ISO 8601 with a zone, at most 7 fractional digits (read to 100 ns)."),
@@ -231,8 +227,8 @@ class KpiSeries(BaseModel):
     metric: str
     scope: str
     scope_key: str
-    from_utc: Time
-    to_utc: Time
+    from_utc: Stamp
+    to_utc: Stamp
     points: list[SeriesPointView]
 
 
@@ -504,8 +500,14 @@ def list_audit_log(
         raise _bad_cursor(exc) from None
 
 
-SeriesFrom = Annotated[UtcInstant | None, Query(alias="from")]
+SeriesFrom = Annotated[
+    Stamp | None,
+    Query(alias="from", description="ISO 8601 with a zone, at most 7 fractional digits."),
+]
+"""A series' ``from``: a ``StampBound`` under the name a keyword takes."""
+
 MaxPoints = Annotated[int, Query(ge=1, le=10_000)]
+_DAY = timedelta(hours=24)
 
 
 @router.get("/kpi-history", response_model=KpiSeries, responses=BAD_REQUEST)
@@ -515,7 +517,7 @@ def kpi_history(
     scope: Annotated[Scope, Query()] = "global",
     scope_key: Annotated[str, Query(max_length=200)] = "",
     from_: SeriesFrom = None,
-    to: Instant = None,
+    to: StampBound = None,
     max_points: MaxPoints = 200,
 ) -> dict[str, Any]:
     """One KPI's samples of one scope (``global``; ``site`` keyed by the site; ``node``
@@ -536,8 +538,8 @@ def kpi_series(
     scope: str,
     scope_key: str,
     *,
-    start: datetime | None,
-    end: datetime | None,
+    start: Stamp | None,
+    end: Stamp | None,
     max_points: int,
 ) -> dict[str, Any]:
     """The answer (``KpiSeries``) of a KPI history route: one metric's series of one
@@ -550,11 +552,15 @@ def kpi_series(
     if (scope == "global") != (scope_key == ""):
         needs = "must be empty for global" if scope == "global" else f"is required for {scope}"
         raise invalid_parameter("query", "scope_key", scope_key, f"scope_key {needs}")
-    end = end or datetime.now(UTC)
+    end = end or Stamp.of(datetime.now(UTC))
     first = datetime.min.replace(tzinfo=UTC)  # a day before the first day is no datetime
-    start = start or (end - timedelta(hours=24) if end - first > timedelta(hours=24) else first)
+    day_before = end.instant - timedelta(hours=24) if end.instant - first > _DAY else first
+    start = start or Stamp.of(day_before)
     if start > end:
         raise HTTPException(400, "from: must not be after to")
+    # Samples are central's own times, to the microsecond: a bound's 100 ns past one puts
+    # `from` at the next (`to` is inclusive: its microsecond holds).
+    lower = start.instant + timedelta(microseconds=1) if start.tick else start.instant
     with _engine(request).connect() as conn:
         points = read_series(
             conn,
@@ -562,8 +568,8 @@ def kpi_series(
             metric=metric,
             scope=scope,
             scope_key=scope_key,
-            start=start,
-            end=end,
+            start=lower,
+            end=end.instant,
             max_points=max_points,
         )
     return {

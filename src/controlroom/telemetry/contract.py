@@ -24,9 +24,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
-    AwareDatetime,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
@@ -39,7 +37,7 @@ from pydantic_core import ErrorDetails
 from controlroom.exceptions import ControlroomError
 from controlroom.runtime.wire_text import storable_text
 from controlroom.telemetry.ordering import TERMINAL, Channel, SiteCallStatus
-from controlroom.telemetry.stamps import Stamp, as_utc
+from controlroom.telemetry.stamps import Stamp
 from controlroom.telemetry.widths import (
     ACTION_WIDTH,
     ACTOR_WIDTH,
@@ -80,18 +78,7 @@ def _guid(value: str) -> str:
     return value.lower()
 
 
-def _iso_text(value: Any) -> Any:
-    # Lax parsing would take a number as Unix seconds and "1764580000" likewise; the
-    # contract says ISO 8601 text, read by the stamps' rules (a zone, years 1-9999, at
-    # most seven fractional digits: none cut silently).
-    if not isinstance(value, str):
-        raise ValueError("must be ISO 8601 text with a zone")
-    Stamp.parse(value)
-    return value
-
-
 Guid = Annotated[str, AfterValidator(_guid)]
-UtcInstant = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(as_utc)]
 # JSON integers and booleans as sent: no "7" for 7, no true for 1, no 2.0 for 2.
 Integer = Annotated[int, Strict()]
 StorableText = Annotated[str, AfterValidator(storable)]
