@@ -86,6 +86,11 @@ def batch_statuses(engine: sa.Engine) -> list[str]:
         return list(conn.scalars(sa.select(retry_batches.c.status)))
 
 
+def batch_ids(engine: sa.Engine) -> list[str]:
+    with engine.connect() as conn:
+        return list(conn.scalars(sa.select(retry_batches.c.id)))
+
+
 def set_status(engine: sa.Engine, message_id: str, status: FailedMessageStatus) -> None:
     """Put a message in ``status`` directly (e.g. Archived, which another feature sets)."""
     with engine.begin() as conn:

@@ -4,7 +4,9 @@ broker, destinations, what it drops and why, the history it leaves, its lease.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -25,6 +27,7 @@ from controlroom.transport.embedded import EmbeddedQueue
 from tests.nsb import failed_headers
 from tests.retries.conftest import (
     TIMEOUT,
+    batch_ids,
     batch_statuses,
     claims,
     make_processor,
@@ -214,6 +217,81 @@ def test_only_one_processor_holds_the_lease(
             await second.close()
 
     asyncio.run(scenario())
+    assert batch_statuses(engine) == ["done"]
+
+
+def test_a_window_in_flight_when_its_lease_is_lost_is_sent_once(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    # docs/decisions.md "A window in flight is claimed": a process that loses its lease
+    # mid-window (its session ended, or it paused past the lease) still sends that window;
+    # the process that takes over must not send it too.
+    store_many(settings, writer, 3, endpoint="Q")
+    retries.retry_all(engine)
+    (batch_id,) = batch_ids(engine)
+
+    async def scenario() -> list[str]:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            first = make_processor(settings, engine, transport, body_store, lease_seconds=60)
+            second = make_processor(settings, engine, transport, body_store, lease_seconds=60)
+            assert await asyncio.to_thread(first._lease.hold)
+            await asyncio.to_thread(first._stage, batch_id)
+            window = await asyncio.to_thread(first._take_window, batch_id)
+            await first.close()  # the lease is lost while its window is in flight
+            assert await second.process_pending() == 1  # the second takes over
+            assert batch_statuses(engine) == ["forwarding"]  # the window is not its own
+            sent = await first._send_window(window)  # the first's sends complete
+            await asyncio.to_thread(first._record_window, batch_id, sent)
+            assert await second.process_pending() == 1
+            await second.close()
+            async with Collector(transport, "Q", prefetch=10) as collector:
+                delivered = await take(collector, 3)
+                with contextlib.suppress(TimeoutError):  # nothing more comes
+                    delivered.append(await collector.get(timeout=1.0))
+            return [d.headers["ServiceControl.Retry.UniqueMessageId"] or "" for d in delivered]
+
+    delivered = asyncio.run(scenario())
+    assert sorted(delivered) == sorted(statuses(engine)), delivered  # each once
+    assert batch_statuses(engine) == ["done"]
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(retry_operations.c.forwarded_count)).scalar_one() == 3
+
+
+def test_a_window_whose_process_died_is_sent_once_its_mark_is_past(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    # At least once, never lost: the window a dead process took goes out after its mark.
+    store_many(settings, writer, 3, endpoint="Q")
+    retries.retry_all(engine)
+    (batch_id,) = batch_ids(engine)
+
+    def later(seconds: float) -> Callable[[], datetime]:
+        return lambda: datetime.now(UTC) + timedelta(seconds=seconds)
+
+    async def scenario() -> int:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            dead = make_processor(settings, engine, transport, body_store, in_flight_seconds=60)
+            assert await asyncio.to_thread(dead._lease.hold)
+            await asyncio.to_thread(dead._stage, batch_id)
+            assert len(await asyncio.to_thread(dead._take_window, batch_id)) == 3
+            await dead.close()  # and never sends
+            early = make_processor(settings, engine, transport, body_store, clock=later(59))
+            await early.process_pending()
+            await early.close()
+            assert batch_statuses(engine) == ["forwarding"]  # still the dead one's window
+            late = make_processor(settings, engine, transport, body_store, clock=later(61))
+            await late.process_pending()
+            await late.close()
+            async with Collector(transport, "Q", prefetch=10) as collector:
+                return len(await take(collector, 3))
+
+    assert asyncio.run(scenario()) == 3
     assert batch_statuses(engine) == ["done"]
 
 

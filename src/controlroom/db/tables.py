@@ -374,6 +374,8 @@ failed_message_retries = sa.Table(
     ),
     sa.Column("destination", sa.String(400), comment="address the retry is sent to"),
     sa.Column("sent_at", UtcDateTime, comment="when the broker confirmed the send"),
+    # A window's sends are under way until then: no other process sends it (migration 0035).
+    sa.Column("in_flight_until", UtcDateTime, comment="a window's sends are under way until then"),
     sa.Index("ix_failed_message_retries_retry_batch_id", "retry_batch_id"),
 )
 

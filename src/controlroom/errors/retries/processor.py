@@ -35,6 +35,11 @@ so a process that dies at any point leaves a state the next one continues from.
 
 One process forwards at a time: the processor holds a lease (``controlroom.db.leases``: a
 PostgreSQL advisory lock, a lease row on SQLite) and re-checks it before every window.
+A window's claims are marked in flight (``in_flight_until``) by one conditional update
+before any is sent, so a process that took the lease over while another's window was
+still being sent (its session ended, or it paused past the lease) takes only other
+claims, and finishes the batch once that window is recorded (docs/decisions.md "A window
+in flight is claimed"). A window whose process died is sent again once its mark is past.
 """
 
 from __future__ import annotations
@@ -136,8 +141,11 @@ class RetryProcessor:
     ``run()`` is the background loop (poll every ``poll_interval_seconds`` or on
     ``wake()``, back off up to ``max_backoff_seconds`` after a failure);
     ``process_pending()`` does one pass. ``lease_seconds`` is how long a lease row
-    (SQLite) outlives a process that stopped renewing it. Raises ``ValueError`` for a
-    non-positive ``poll_interval_seconds`` or ``max_backoff_seconds``.
+    (SQLite) outlives a process that stopped renewing it; ``in_flight_seconds`` how long
+    a window's claims stay its own (longer than its sends take: each waits for the
+    broker's confirm), after which a process that died mid-window has its window sent
+    again. Raises ``ValueError`` for a non-positive ``poll_interval_seconds`` or
+    ``max_backoff_seconds``.
     """
 
     def __init__(
@@ -149,10 +157,12 @@ class RetryProcessor:
         *,
         poll_interval_seconds: float = 1.0,
         lease_seconds: float = 30.0,
+        in_flight_seconds: float = 60.0,
         max_backoff_seconds: float = 30.0,
         clock: Clock = utc_now,
     ) -> None:
         self._settings = settings
+        self._in_flight = timedelta(seconds=in_flight_seconds)
         self._engine = engine
         self._transport = transport
         self._body_store = body_store
@@ -303,10 +313,11 @@ class RetryProcessor:
         while not self._periodic.stopping.is_set():
             if not await asyncio.to_thread(self._lease.hold):
                 raise LeaseLost(f"lost the lease {LEASE_NAME!r} while forwarding {batch_id}")
-            claims = await asyncio.to_thread(self._unsent_claims, batch_id)
+            claims = await asyncio.to_thread(self._take_window, batch_id)
             if not claims:
-                await asyncio.to_thread(self._finish_batch, batch_id)
-                return
+                if not await asyncio.to_thread(self._unsent_left, batch_id):
+                    await asyncio.to_thread(self._finish_batch, batch_id)
+                return  # else another process's window is in flight: a later pass finishes
             window = await self._send_window(claims)
             if window.error is not None:
                 window.counts = await self._broker_reachable()
@@ -323,7 +334,44 @@ class RetryProcessor:
             return False
         return True
 
-    def _unsent_claims(self, batch_id: str) -> list[_Claim]:
+    def _take_window(self, batch_id: str) -> list[_Claim]:
+        """Up to ``FORWARD_WINDOW`` unsent claims of the batch that no window in flight
+        holds, marked in flight until ``in_flight_seconds`` from now in one transaction
+        that locks them (``Provider.lock_for_claim``; one writer at a time on SQLite): of
+        two processes that read the same claims, only one takes each."""
+        now = self._clock()
+        free = (
+            sa.select(fmr.failed_message_id)
+            .where(
+                fmr.retry_batch_id == batch_id,
+                fmr.sent_at.is_(None),
+                sa.or_(fmr.in_flight_until.is_(None), fmr.in_flight_until <= now),
+            )
+            .order_by(fmr.failed_message_id)
+            .limit(FORWARD_WINDOW)
+        )
+        with begin_write(self._engine) as conn:
+            taken = list(conn.scalars(provider_for(self._engine).lock_for_claim(free)))
+            if taken:
+                conn.execute(
+                    sa.update(failed_message_retries)
+                    .where(fmr.retry_batch_id == batch_id, fmr.failed_message_id.in_(taken))
+                    .values(in_flight_until=now + self._in_flight)
+                )
+        return self._claims(batch_id, taken)
+
+    def _unsent_left(self, batch_id: str) -> bool:
+        """Whether the batch has a claim not sent yet (in flight or not)."""
+        with self._engine.connect() as conn:
+            unsent = sa.select(fmr.failed_message_id).where(
+                fmr.retry_batch_id == batch_id, fmr.sent_at.is_(None)
+            )
+            return conn.execute(unsent.limit(1)).first() is not None
+
+    def _claims(self, batch_id: str, ids: Sequence[str]) -> list[_Claim]:
+        """The claims ``ids`` of the batch with what sending each needs, by id."""
+        if not ids:
+            return []
         with self._engine.connect() as conn:
             rows = conn.execute(
                 sa.select(
@@ -342,9 +390,8 @@ class RetryProcessor:
                         failed_messages, fm.id == fmr.failed_message_id
                     )
                 )
-                .where(fmr.retry_batch_id == batch_id, fmr.sent_at.is_(None))
+                .where(fmr.retry_batch_id == batch_id, fmr.failed_message_id.in_(list(ids)))
                 .order_by(fmr.failed_message_id)
-                .limit(FORWARD_WINDOW)
             ).all()
         return [_Claim(**row._mapping) for row in rows]
 
@@ -432,11 +479,22 @@ class RetryProcessor:
             request_id = conn.execute(
                 sa.select(rb.request_id).where(rb.id == batch_id)
             ).scalar_one()
-            if window.sent:
+            forwarded = 0
+            if window.sent:  # a claim another process sent too (its mark past) counts once
+                forwarded = conn.execute(
+                    sa.update(failed_message_retries)
+                    .where(
+                        fmr.retry_batch_id == batch_id,
+                        fmr.failed_message_id.in_(window.sent),
+                        fmr.sent_at.is_(None),
+                    )
+                    .values(sent_at=now)
+                ).rowcount
+            if window.failed:  # free at once for the next try, not when the mark passes
                 conn.execute(
                     sa.update(failed_message_retries)
-                    .where(fmr.retry_batch_id == batch_id, fmr.failed_message_id.in_(window.sent))
-                    .values(sent_at=now)
+                    .where(fmr.retry_batch_id == batch_id, fmr.failed_message_id.in_(window.failed))
+                    .values(in_flight_until=None)
                 )
             unsendable = sorted(window.unsendable)
             _delete_claims(conn, batch_id, [*window.dropped, *unsendable])
@@ -465,7 +523,7 @@ class RetryProcessor:
                 conn,
                 request_id,
                 now,
-                forwarded=len(window.sent),
+                forwarded=forwarded,
                 skipped=len(window.dropped) + len(unsendable) + len(given_up),
                 failed=bool(unsendable) or bool(given_up),
             )
