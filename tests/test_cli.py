@@ -414,6 +414,68 @@ def test_a_field_of_a_list_item_in_the_settings_file_names_no_variable_that_cann
     assert "CONTROLROOM_SITES__BASE_URL" not in output, output
 
 
+RULE_TO_AN_UNKNOWN_WEBHOOK = (
+    '[{"name": "r", "event_types": ["IntakeStalled"], "channel": "Webhook", "target": "nope"}]'
+)
+TWO_WEBHOOKS_NAMED_A = json.dumps(
+    [{"name": "a", "url": f"http://{host}", "secret": WEBHOOK_SECRET} for host in ("x", "y")]
+)
+
+
+@pytest.mark.parametrize(
+    ("variables", "named"),
+    [
+        (
+            {"CONTROLROOM_NOTIFICATIONS__RULES": RULE_TO_AN_UNKNOWN_WEBHOOK},
+            "(CONTROLROOM_NOTIFICATIONS__RULES)",
+        ),
+        (
+            {"controlroom_notifications__rules": RULE_TO_AN_UNKNOWN_WEBHOOK},
+            "(controlroom_notifications__rules)",
+        ),
+        (
+            {"CONTROLROOM_NOTIFICATIONS__WEBHOOKS": TWO_WEBHOOKS_NAMED_A},
+            "(CONTROLROOM_NOTIFICATIONS__WEBHOOKS)",
+        ),
+        (
+            {
+                "CONTROLROOM_NOTIFICATIONS__WEBHOOKS": TWO_WEBHOOKS_NAMED_A,
+                "CONTROLROOM_NOTIFICATIONS__SEND_TIMEOUT": "5",
+            },
+            "(CONTROLROOM_NOTIFICATIONS__SEND_TIMEOUT and CONTROLROOM_NOTIFICATIONS__WEBHOOKS)",
+        ),
+    ],
+)
+def test_a_check_on_a_whole_table_names_the_variables_set_that_make_it_up(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], named: str
+) -> None:
+    """A table's own check (a rule naming an unknown webhook, two webhooks of one name)
+    names the variables the user set, as spelled, not the table's own variable, unset."""
+    for variable, value in variables.items():
+        monkeypatch.setenv(variable, value)
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert f"invalid setting notifications {named}: " in output, output
+    assert "(CONTROLROOM_NOTIFICATIONS)" not in output, output
+    assert WEBHOOK_SECRET not in output, output
+
+
+def test_a_check_on_a_whole_table_names_the_settings_file_too(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "controlroom.toml"
+    config.write_text("[notifications]\nsend_timeout = 5.0\n")
+    monkeypatch.setenv("CONTROLROOM_NOTIFICATIONS__RULES", RULE_TO_AN_UNKNOWN_WEBHOOK)
+
+    code, output = invoke("migrate", "--config", str(config))
+
+    assert code == 2, output
+    flat = "".join(output.split())
+    assert f"(CONTROLROOM_NOTIFICATIONS__RULESorin{config})" in flat, output
+
+
 def test_demo_refuses_a_count_below_the_showcase(data_dir: Path) -> None:
     code, output = invoke("demo", "--count", "3")
 

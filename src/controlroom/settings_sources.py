@@ -76,10 +76,18 @@ class EnvThenTomlSettings(BaseSettings):
 def given_in(loc: tuple[int | str, ...], prefix: str, config: Path | None) -> str:
     """The setting at ``loc`` as the user gave it: the environment variable set that holds
     it, then the item and field inside that variable's JSON (``CONTROLROOM_SITES, item 0,
-    field base_url``: no variable names a list's item); else the variable that would hold
-    it, or the settings file, when one was read."""
+    field base_url``: no variable names a list's item); a table's own check names every
+    variable set under it, as spelled; else the variable that would hold it, or the
+    settings file, when one was read."""
     names = list(itertools.takewhile(lambda part: isinstance(part, str), loc))
     environ = {name.upper(): name for name in os.environ}
+    table = prefix + "__".join(map(str, names)).upper()
+    made_of = sorted(
+        (name for upper, name in environ.items() if _under(upper, table)), key=str.upper
+    )
+    if names and len(names) == len(loc) and any(name.upper() != table for name in made_of):
+        # The table is merged from these variables and from the file's table of its name.
+        return " and ".join(made_of) + (f" or in {config}" if config else "")
     for depth in range(len(names), 0, -1):
         variable = environ.get(prefix + "__".join(map(str, names[:depth])).upper())
         if variable is None:
@@ -89,8 +97,13 @@ def given_in(loc: tuple[int | str, ...], prefix: str, config: Path | None) -> st
             # A table given as JSON may be merged with the file's table of the same name.
             merged = isinstance(found, dict) and config is not None
             return _inside(variable, loc[depth:]) + (f" or in {config}" if merged else "")
-    variable = prefix + "__".join(map(str, names)).upper() if names else prefix + "*"
+    variable = table if names else prefix + "*"
     return _inside(variable, loc[len(names) :]) + (f" or in {config}" if config else "")
+
+
+def _under(variable: str, table: str) -> bool:
+    """Whether ``variable`` (upper case) sets ``table`` or a field nested in it."""
+    return variable == table or variable.startswith(table + "__")
 
 
 def _json_at(value: str, place: tuple[int | str, ...]) -> tuple[bool, object]:
@@ -133,7 +146,7 @@ def unparsed_variable(exc: SettingsError, prefix: str) -> str | None:
         (
             name
             for name, value in os.environ.items()
-            if value == cause.doc and (name.upper() == top or name.upper().startswith(top + "__"))
+            if value == cause.doc and _under(name.upper(), top)
         ),
         top,
     )
