@@ -476,6 +476,58 @@ def test_a_check_on_a_whole_table_names_the_settings_file_too(
     assert f"(CONTROLROOM_NOTIFICATIONS__RULESorin{config})" in flat, output
 
 
+@pytest.mark.parametrize(
+    ("variables", "reason"),
+    [
+        (
+            {
+                "CONTROLROOM_NOTIFICATIONS__WEBHOOKS": json.dumps(
+                    [{"name": "a", "url": "http://x", "secret": WEBHOOK_SECRET}]
+                ),
+                "CONTROLROOM_NOTIFICATIONS__RULES": json.dumps(
+                    [
+                        {
+                            "name": "r",
+                            "event_types": ["IntakeStalled"],
+                            "channel": "Webhook",
+                            "target": "a",
+                            "site": "s1",
+                        }
+                    ]
+                ),
+            },
+            "names site 's1', which is not configured in sites",
+        ),
+        (
+            {
+                "CONTROLROOM_AUTH_TOKENS": json.dumps(
+                    [{"name": "a", "role": "reader", "token": "t" * 20}]
+                ),
+                "CONTROLROOM_SITES": json.dumps(
+                    [{"id": "s", "base_url": "http://x", "central_token": "t" * 20}]
+                ),
+            },
+            "a token is configured twice",
+        ),
+    ],
+)
+def test_a_check_across_settings_names_no_variable_that_cannot_exist(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], reason: str
+) -> None:
+    """A check comparing settings (a rule's site against ``sites``) has no one place: it
+    is refused as a check across the settings, its message naming those it compares."""
+    for variable, value in variables.items():
+        monkeypatch.setenv(variable, value)
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert output.startswith("error: invalid settings: "), output
+    assert reason in output, output
+    assert "CONTROLROOM_*" not in output and "setting settings" not in output, output
+    assert "t" * 20 not in output, output
+
+
 def test_demo_refuses_a_count_below_the_showcase(data_dir: Path) -> None:
     code, output = invoke("demo", "--count", "3")
 

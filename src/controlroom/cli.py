@@ -634,15 +634,16 @@ def _load(config: Path | None, host: str | None = None, port: int | None = None)
 
 def _refuse_settings(exc: pydantic.ValidationError, prefix: str, config: Path | None) -> NoReturn:
     """Exit 2 with one line per invalid setting, naming where it was given
-    (``settings_sources.given_in``); never the value, which may be a secret."""
+    (``settings_sources.given_in``), or per failed check across the settings; never the
+    value, which may be a secret."""
     from controlroom.settings_sources import given_in
 
     for error in exc.errors():
-        path = [str(part) for part in error["loc"]]
+        where = given_in(error["loc"], prefix, config)
+        setting = ".".join(str(part) for part in error["loc"])
+        what = "settings" if where is None else f"setting {setting} ({where})"
         err_console.print(
-            f"[red]error:[/] invalid setting {escape('.'.join(path) or 'settings')} "
-            f"({escape(given_in(error['loc'], prefix, config))}): {escape(error['msg'])}",
-            highlight=False,
+            f"[red]error:[/] invalid {escape(what)}: {escape(error['msg'])}", highlight=False
         )
     raise typer.Exit(2) from exc
 

@@ -73,19 +73,22 @@ class EnvThenTomlSettings(BaseSettings):
         return tuple(sources)
 
 
-def given_in(loc: tuple[int | str, ...], prefix: str, config: Path | None) -> str:
+def given_in(loc: tuple[int | str, ...], prefix: str, config: Path | None) -> str | None:
     """The setting at ``loc`` as the user gave it: the environment variable set that holds
     it, then the item and field inside that variable's JSON (``CONTROLROOM_SITES, item 0,
     field base_url``: no variable names a list's item); a table's own check names every
     variable set under it, as spelled; else the variable that would hold it, or the
-    settings file, when one was read."""
+    settings file, when one was read. ``None`` for a check across the settings (``loc``
+    empty), whose message names the settings it compares."""
+    if not loc:
+        return None
     names = list(itertools.takewhile(lambda part: isinstance(part, str), loc))
     environ = {name.upper(): name for name in os.environ}
     table = prefix + "__".join(map(str, names)).upper()
     made_of = sorted(
         (name for upper, name in environ.items() if _under(upper, table)), key=str.upper
     )
-    if names and len(names) == len(loc) and any(name.upper() != table for name in made_of):
+    if len(names) == len(loc) and any(name.upper() != table for name in made_of):
         # The table is merged from these variables and from the file's table of its name.
         return " and ".join(made_of) + (f" or in {config}" if config else "")
     for depth in range(len(names), 0, -1):
@@ -97,8 +100,7 @@ def given_in(loc: tuple[int | str, ...], prefix: str, config: Path | None) -> st
             # A table given as JSON may be merged with the file's table of the same name.
             merged = isinstance(found, dict) and config is not None
             return _inside(variable, loc[depth:]) + (f" or in {config}" if merged else "")
-    variable = table if names else prefix + "*"
-    return _inside(variable, loc[len(names) :]) + (f" or in {config}" if config else "")
+    return _inside(table, loc[len(names) :]) + (f" or in {config}" if config else "")
 
 
 def _under(variable: str, table: str) -> bool:
