@@ -528,6 +528,30 @@ def test_a_check_across_settings_names_no_variable_that_cannot_exist(
     assert "t" * 20 not in output, output
 
 
+@pytest.mark.parametrize(
+    ("variable", "whole"),
+    [
+        ("CONTROLROOM_SITES__0__BASE_URL", "CONTROLROOM_SITES"),
+        ("controlroom_sites__0__base_url", "CONTROLROOM_SITES"),
+        ("CONTROLROOM_AUTH_TOKENS__0__TOKEN", "CONTROLROOM_AUTH_TOKENS"),
+        ("CONTROLROOM_NOTIFICATIONS__RULES__0__NAME", "CONTROLROOM_NOTIFICATIONS__RULES"),
+    ],
+)
+def test_a_list_item_given_in_a_nested_variable_says_a_list_is_given_whole_as_json(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, variable: str, whole: str
+) -> None:
+    """No variable sets a list's item: the refusal names the variable set and the one
+    that takes the list, whole, as JSON."""
+    monkeypatch.setenv(variable, "not-a-list-item")
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert f"({variable}): Input should be a valid list" in output, output
+    assert f"a list setting is given whole as JSON in {whole}" in output, output
+    assert "not-a-list-item" not in output, output
+
+
 def test_demo_refuses_a_count_below_the_showcase(data_dir: Path) -> None:
     code, output = invoke("demo", "--count", "3")
 

@@ -636,14 +636,16 @@ def _refuse_settings(exc: pydantic.ValidationError, prefix: str, config: Path | 
     """Exit 2 with one line per invalid setting, naming where it was given
     (``settings_sources.given_in``), or per failed check across the settings; never the
     value, which may be a secret."""
-    from controlroom.settings_sources import given_in
+    from controlroom.settings_sources import given_in, how_to_give
 
     for error in exc.errors():
         where = given_in(error["loc"], prefix, config)
         setting = ".".join(str(part) for part in error["loc"])
         what = "settings" if where is None else f"setting {setting} ({where})"
+        how = how_to_give(error["loc"], error["type"], prefix)
+        reason = error["msg"] + (f"; {how}" if how else "")
         err_console.print(
-            f"[red]error:[/] invalid {escape(what)}: {escape(error['msg'])}", highlight=False
+            f"[red]error:[/] invalid {escape(what)}: {escape(reason)}", highlight=False
         )
     raise typer.Exit(2) from exc
 

@@ -103,6 +103,18 @@ def given_in(loc: tuple[int | str, ...], prefix: str, config: Path | None) -> st
     return _inside(table, loc[len(names) :]) + (f" or in {config}" if config else "")
 
 
+def how_to_give(loc: tuple[int | str, ...], kind: str, prefix: str) -> str | None:
+    """How to give the list at ``loc`` refused as no list (pydantic's error ``kind``)
+    because variables set its items (``CONTROLROOM_SITES__0__BASE_URL``): no variable
+    sets a list's item, the list is given whole as JSON; else ``None``."""
+    if kind != "list_type" or not all(isinstance(part, str) for part in loc):
+        return None
+    variable = prefix + "__".join(map(str, loc)).upper()
+    if any(name.upper().startswith(variable + "__") for name in os.environ):
+        return f"a list setting is given whole as JSON in {variable}"
+    return None
+
+
 def _under(variable: str, table: str) -> bool:
     """Whether ``variable`` (upper case) sets ``table`` or a field nested in it."""
     return variable == table or variable.startswith(table + "__")
