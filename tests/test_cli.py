@@ -203,6 +203,7 @@ def test_a_url_whose_port_is_no_port_is_a_setting_refused_in_one_line(
     assert code == 2, output
     assert "Traceback" not in output and "s3cret-pw" not in output
     assert variable in output and "port" in output, output
+    assert "Value error" not in output  # our sentence, without pydantic's prefix
 
 
 def test_migrate_reports_an_unreachable_database_in_one_line(

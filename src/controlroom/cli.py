@@ -643,7 +643,8 @@ def _refuse_settings(exc: pydantic.ValidationError, prefix: str, config: Path | 
         setting = ".".join(str(part) for part in error["loc"])
         what = "settings" if where is None else f"setting {setting} ({where})"
         how = how_to_give(error["loc"], error["type"], prefix)
-        reason = error["msg"] + (f"; {how}" if how else "")
+        said = str(error["ctx"]["error"]) if error["type"] == "value_error" else error["msg"]
+        reason = said + (f"; {how}" if how else "")  # our validators' own sentence, unprefixed
         err_console.print(
             f"[red]error:[/] invalid {escape(what)}: {escape(reason)}", highlight=False
         )
