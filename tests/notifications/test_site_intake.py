@@ -373,3 +373,18 @@ def test_a_refused_notification_downloads_from_the_notifications_own_path(
     assert json.loads(client.get(kept["packet_url"]).content)["subject"] == ""
     foreign = client.get(f"/api/notifications/rejected/{telemetry['id']}/packet")
     assert foreign.status_code == 404, foreign.text
+
+
+def test_the_same_bytes_refused_as_telemetry_and_as_a_notification_are_kept_as_both(
+    client: TestClient,
+) -> None:
+    body = b'[{"source_site": "plant-7", "a": 1}]'
+    headers = {"content-type": "application/json"}
+
+    client.post("/api/site-notifications", content=body, headers=headers)
+    client.post("/api/site-calls/telemetry", content=body, headers=headers)
+
+    (notification,) = client.get("/api/notifications/rejected").json()["items"]
+    (telemetry,) = client.get("/api/site-calls/rejected").json()["items"]
+    assert notification["id"] != telemetry["id"]
+    assert "notification" in notification["reason"] and "telemetry" in telemetry["reason"]

@@ -183,11 +183,12 @@ def keep_rejected(
     value) whole in ``rejected_telemetry`` with ``reason``, in ``conn``'s transaction,
     under the source ``notification:<source>`` (``source`` ``site:<id>`` or
     ``rule:<name>``; only its kind, ``site`` or ``rule``, when that is longer than the
-    column: the value itself keeps it whole); the same value twice is kept once. ``sent``:
+    column: the value itself keeps it whole); the same value twice is kept once, apart from
+    the same bytes refused as telemetry (``rejection_id``'s kinds). ``sent``:
     its bytes as a site sent them, kept instead of its JSON encoding when given.
     Returns its id."""
     packet = packet_bytes(notification) if sent is None else sent
-    key = rejection_id(packet)
+    key = rejection_id(packet, kind=REJECTED_NOTIFICATION_SOURCE)
     label = REJECTED_NOTIFICATION_SOURCE + source
     if len(label) > REJECTED_SOURCE_WIDTH:
         label = REJECTED_NOTIFICATION_SOURCE + source.partition(":")[0]

@@ -252,9 +252,11 @@ def parse_packet(body: bytes) -> TelemetryPacket:
     return validate_packet(data)
 
 
-def rejection_id(packet: bytes) -> str:
-    """Deterministic id of a rejected packet: the same bytes always get the same id."""
-    return str(uuid.UUID(bytes=hashlib.sha256(packet).digest()[:16]))
+def rejection_id(packet: bytes, *, kind: str = "") -> str:
+    """Deterministic id of a rejected packet: the same bytes of one ``kind`` (telemetry:
+    none; a notification: its source's prefix) always get the same id, and the same
+    bytes refused as two kinds get two ids (each kept, each listed with its own)."""
+    return str(uuid.UUID(bytes=hashlib.sha256(kind.encode() + packet).digest()[:16]))
 
 
 def packet_bytes(data: Any) -> bytes:
