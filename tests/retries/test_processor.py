@@ -220,6 +220,16 @@ def test_only_one_processor_holds_the_lease(
     assert batch_statuses(engine) == ["done"]
 
 
+def three_retried_in_one_batch(
+    settings: Settings, engine: sa.Engine, writer: FailedMessageBatchWriter
+) -> str:
+    """Three failed messages of queue ``Q``, all retried: the one batch's id."""
+    store_many(settings, writer, 3, endpoint="Q")
+    retries.retry_all(engine)
+    (batch_id,) = batch_ids(engine)
+    return batch_id
+
+
 def test_a_window_in_flight_when_its_lease_is_lost_is_sent_once(
     settings: Settings,
     engine: sa.Engine,
@@ -229,9 +239,7 @@ def test_a_window_in_flight_when_its_lease_is_lost_is_sent_once(
     # docs/decisions.md "A window in flight is claimed": a process that loses its lease
     # mid-window (its session ended, or it paused past the lease) still sends that window;
     # the process that takes over must not send it too.
-    store_many(settings, writer, 3, endpoint="Q")
-    retries.retry_all(engine)
-    (batch_id,) = batch_ids(engine)
+    batch_id = three_retried_in_one_batch(settings, engine, writer)
 
     async def scenario() -> list[str]:
         async with EmbeddedQueue(settings.embedded_queue_path) as transport:
@@ -267,9 +275,7 @@ def test_a_window_whose_process_died_is_sent_once_its_mark_is_past(
     body_store: FileSystemBodyStore,
 ) -> None:
     # At least once, never lost: the window a dead process took goes out after its mark.
-    store_many(settings, writer, 3, endpoint="Q")
-    retries.retry_all(engine)
-    (batch_id,) = batch_ids(engine)
+    batch_id = three_retried_in_one_batch(settings, engine, writer)
 
     def later(seconds: float) -> Callable[[], datetime]:
         return lambda: datetime.now(UTC) + timedelta(seconds=seconds)
