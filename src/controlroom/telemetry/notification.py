@@ -112,6 +112,13 @@ def _mailed(recipients: list[str] | None, info: ValidationInfo) -> list[str] | N
     return recipients
 
 
+def _destination(target: str | None, recipients: list[str] | None) -> str:
+    if recipients is not None:
+        return recipients_label(recipients)
+    assert target is not None  # each model's validator refuses neither
+    return target
+
+
 class SiteNotification(BaseModel):
     """One notification a site sends, to a ``target`` or (Email) to ``recipients``
     (``check_recipients``). ``target`` and ``subject`` at most 256 characters,
@@ -157,10 +164,7 @@ class SiteNotification(BaseModel):
     @property
     def destination(self) -> str:
         """The target it is stored under: ``target``, or the label of its recipients."""
-        if self.recipients is not None:
-            return recipients_label(self.recipients)
-        assert self.target is not None  # _one_destination
-        return self.target
+        return _destination(self.target, self.recipients)
 
 
 class ForwardedNotification(BaseModel):
@@ -192,10 +196,7 @@ class ForwardedNotification(BaseModel):
     @property
     def destination(self) -> str:
         """The target it is stored under: ``target``, or the label of its recipients."""
-        if self.recipients is not None:
-            return recipients_label(self.recipients)
-        assert self.target is not None  # _a_destination
-        return self.target
+        return _destination(self.target, self.recipients)
 
 
 def forwarded_item(
