@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -16,7 +18,8 @@ from controlroom.app import create_app
 from controlroom.client import confirm_successful_retry
 from controlroom.config import Settings
 from controlroom.db.providers import provider_for
-from controlroom.db.tables import FailedMessageStatus, retry_operations
+from controlroom.db.tables import FailedMessageStatus, retry_batches, retry_operations
+from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
 from controlroom.errors.ingest.pipeline import IngestionService
@@ -347,3 +350,45 @@ def test_an_operation_whose_request_died_midway_is_closed_with_the_batches_it_ha
     assert operation is not None
     assert operation.prepared_at is not None and operation.completed_at is not None
     assert operation.forwarded_count == 2
+
+
+@contextlib.contextmanager
+def batch_row_held(engine: sa.Engine, batch_id: str) -> Iterator[None]:
+    """Hold the batch's row (PostgreSQL: locked for update; SQLite: the one write
+    transaction) until the block ends."""
+    if engine.dialect.name == "sqlite":
+        with begin_write(engine):
+            yield
+        return
+    with engine.begin() as conn:
+        conn.execute(
+            sa.select(retry_batches.c.id).where(retry_batches.c.id == batch_id).with_for_update()
+        )
+        yield
+
+
+def test_a_batch_staged_by_two_processes_at_once_is_staged_once(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    # Two processes may stage one batch while the lease changes hands; its dropped claims
+    # must count once. Both stagings are made to wait on the batch's row, then let go.
+    batch_id = three_retried_in_one_batch(settings, engine, writer)
+    set_status(engine, sorted(statuses(engine))[0], FailedMessageStatus.ARCHIVED)
+    processors = [
+        make_processor(settings, engine, EmbeddedQueue(settings.embedded_queue_path), body_store)
+        for _ in range(2)
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        with batch_row_held(engine, batch_id):
+            stagings = [pool.submit(p._stage, batch_id) for p in processors]
+            time.sleep(1.0)  # both reach the batch's row and wait on it
+        for staging in stagings:
+            staging.result(timeout=TIMEOUT)
+
+    with engine.connect() as conn:
+        skipped = conn.execute(sa.select(retry_operations.c.skipped_count)).scalar_one()
+    assert skipped == 1
+    assert batch_statuses(engine) == ["forwarding"]

@@ -246,14 +246,23 @@ class RetryProcessor:
             )
 
     def _stage(self, batch_id: str) -> None:
-        """Staging, one transaction (module docstring); nothing to do once forwarding."""
+        """Staging, one transaction (module docstring); nothing to do once forwarding. The
+        batch moves to forwarding first, by one conditional update: of two processes
+        staging it at once (the lease changing hands), the second finds it moved and
+        stages nothing, so its dropped claims count once."""
         now = self._clock()
         with begin_write(self._engine) as conn:
-            batch = conn.execute(
-                sa.select(rb.status, rb.request_id).where(rb.id == batch_id)
-            ).one_or_none()
-            if batch is None or batch.status not in (BatchStatus.MARKING, BatchStatus.STAGING):
+            taken = conn.execute(
+                sa.update(retry_batches)
+                .where(
+                    rb.id == batch_id,
+                    rb.status.in_([str(BatchStatus.MARKING), str(BatchStatus.STAGING)]),
+                )
+                .values(status=str(BatchStatus.FORWARDING), last_modified=now)
+            ).rowcount
+            if not taken:
                 return
+            batch = conn.execute(sa.select(rb.request_id).where(rb.id == batch_id)).one()
             rows = conn.execute(
                 sa.select(fmr.failed_message_id, fm.status, fm.headers_json, fm.queue_address)
                 .select_from(
@@ -291,11 +300,6 @@ class RetryProcessor:
                     ),
                     staged,
                 )
-            conn.execute(
-                sa.update(retry_batches)
-                .where(rb.id == batch_id)
-                .values(status=str(BatchStatus.FORWARDING), last_modified=now)
-            )
             _count(conn, batch.request_id, now, skipped=len(dropped))
         RETRIED.labels("dropped").inc(len(dropped))
         log.info(
