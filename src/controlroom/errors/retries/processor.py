@@ -35,8 +35,8 @@ so a process that dies at any point leaves a state the next one continues from.
 
 One process forwards at a time: the processor holds a lease (``controlroom.db.leases``: a
 PostgreSQL advisory lock, a lease row on SQLite) and re-checks it before every window.
-A window's claims are marked in flight (``in_flight_until``) by one conditional update
-before any is sent, so a process that took the lease over while another's window was
+A window's claims are marked in flight (``in_flight_until``), in a transaction that locks
+them, before any is sent, so a process that took the lease over while another's window was
 still being sent (its session ended, or it paused past the lease) takes only other
 claims, and finishes the batch once that window is recorded (docs/decisions.md "A window
 in flight is claimed"). A window whose process died is sent again once its mark is past.
@@ -207,7 +207,9 @@ class RetryProcessor:
     async def process_pending(self) -> int:
         """Stage and forward every batch that is not done, oldest first.
 
-        Returns the number of batches finished; 0 when another process holds the lease.
+        Returns the number of batches it took up (a batch whose last window another
+        process still sends is finished by a later pass); 0 when another process holds the
+        lease.
         Raises ``LeaseLost`` when the lease is lost midway, the transport's or store's
         error when a send or a write fails (the batch stays where it was).
         """
