@@ -46,6 +46,7 @@ from controlroom.api.sitecalls import (
     BAD_REQUEST,
     KpiSeries,
     MaxPoints,
+    RejectedId,
     RejectedPage,
     SentElements,
     SeriesFrom,
@@ -53,12 +54,13 @@ from controlroom.api.sitecalls import (
     Time,
     json_array_body,
     kpi_series,
+    packet_responses,
+    rejected_download,
     rejected_page,
 )
 from controlroom.config import Settings
 from controlroom.db.kpi_history import Metric
 from controlroom.db.transactions import begin_write
-from controlroom.http.bodies import packet_download
 from controlroom.notifications import queries
 from controlroom.notifications.history import SOURCE
 from controlroom.notifications.lifecycle import Channel, Status
@@ -75,7 +77,6 @@ from controlroom.notifications.store import (
     rejected_source,
 )
 from controlroom.runtime.wire_text import is_wire_text_clean
-from controlroom.sitecalls import queries as sitecall_queries
 from controlroom.telemetry.contract import validated
 from controlroom.telemetry.notification import ForwardedNotification, domain_of
 from controlroom.telemetry.stamps import round_trip
@@ -174,21 +175,12 @@ def list_rejected_notifications(
 @router.get(
     "/notifications/rejected/{id}/packet",
     response_class=Response,
-    responses={
-        200: {"content": {"application/octet-stream": {}}},
-        404: {"description": "No rejected notification has this id."},
-    },
+    responses=packet_responses("No rejected notification has this id."),
 )
-def download_rejected_notification(
-    request: Request, rejected_id: Annotated[uuid.UUID, Path(alias="id")]
-) -> Response:
+def download_rejected_notification(request: Request, rejected_id: RejectedId) -> Response:
     """A refused notification whole, as received (as ``GET
     /api/site-calls/rejected/{id}/packet`` serves rejected telemetry)."""
-    with _engine(request).connect() as conn:
-        packet = sitecall_queries.rejected_packet(conn, str(rejected_id), notifications=True)
-    if packet is None:
-        raise HTTPException(404, f"no rejected notification with id {rejected_id}")
-    return packet_download(packet, str(rejected_id))
+    return rejected_download(request, rejected_id, notifications=True, what="rejected notification")
 
 
 @router.get(

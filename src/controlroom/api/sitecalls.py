@@ -402,24 +402,37 @@ def rejected_page(
     return {"items": items, "next_cursor": page.next_cursor}
 
 
+RejectedId = Annotated[uuid.UUID, Path(alias="id")]
+
+
+def packet_responses(missing: str) -> dict[int | str, dict[str, Any]]:
+    """The answers of a route that downloads a kept packet (``rejected_download``)."""
+    return {200: {"content": {"application/octet-stream": {}}}, 404: {"description": missing}}
+
+
+def rejected_download(
+    request: Request, rejected_id: uuid.UUID, *, notifications: bool | None, what: str
+) -> Response:
+    """The kept packet ``rejected_id`` whole, as received, as a download (``attachment``;
+    octet-stream, so a browser never renders it); ``notifications`` as
+    ``queries.rejected_packet`` takes it. Raises ``HTTPException`` 404 "no ``what`` with
+    id ..." when none of that kind has the id."""
+    with _engine(request).connect() as conn:
+        packet = queries.rejected_packet(conn, str(rejected_id), notifications=notifications)
+    if packet is None:
+        raise HTTPException(404, f"no {what} with id {rejected_id}")
+    return packet_download(packet, str(rejected_id))
+
+
 @router.get(
     "/site-calls/rejected/{id}/packet",
     response_class=Response,
-    responses={
-        200: {"content": {"application/octet-stream": {}}},
-        404: {"description": "No rejected packet has this id."},
-    },
+    responses=packet_responses("No rejected packet has this id."),
 )
-def download_rejected_packet(
-    request: Request, rejected_id: Annotated[uuid.UUID, Path(alias="id")]
-) -> Response:
-    """The whole rejected packet as received, as a download (``attachment``; octet-stream,
-    so a browser never renders it)."""
-    with _engine(request).connect() as conn:
-        packet = queries.rejected_packet(conn, str(rejected_id))
-    if packet is None:
-        raise HTTPException(404, f"no rejected packet with id {rejected_id}")
-    return packet_download(packet, str(rejected_id))
+def download_rejected_packet(request: Request, rejected_id: RejectedId) -> Response:
+    """The whole rejected packet as received (either kind: links handed out before
+    notifications had their own path keep working)."""
+    return rejected_download(request, rejected_id, notifications=None, what="rejected packet")
 
 
 @router.post(
