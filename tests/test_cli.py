@@ -1024,3 +1024,18 @@ def test_the_by_hand_demos_parts_follow_controlroom_port(
         "http://127.0.0.1:18142",
     ]
     assert "127.0.0.1:18144" in sinks and "18145" in sinks and "8094" not in sinks
+
+
+def test_two_sites_with_one_id_are_refused_naming_the_id(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = {"base_url": "http://127.0.0.1:9", "token": "t" * 16, "central_token": "c" * 16}
+    other = {**site, "token": "u" * 16, "central_token": "d" * 16}
+    monkeypatch.setenv(
+        "CONTROLROOM_SITES", json.dumps([{"id": "plant-7", **site}, {"id": "plant-7", **other}])
+    )
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert "'plant-7'" in output and "distinct" in output, output

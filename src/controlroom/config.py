@@ -671,8 +671,10 @@ class Settings(EnvThenTomlSettings):
         """Telemetry and commands find a site by its id: two entries with one id would
         make that ambiguous."""
         ids = [site.id for site in sites]
-        if len(set(ids)) != len(ids):
-            raise ValueError("two sites share an id; each site id must be distinct")
+        shared = sorted({site_id for site_id in ids if ids.count(site_id) > 1})
+        if shared:
+            named = ", ".join(repr(site_id) for site_id in shared)
+            raise ValueError(f"two sites share the id {named}; each site id must be distinct")
         return sites
 
     @model_validator(mode="after")
