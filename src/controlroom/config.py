@@ -74,6 +74,15 @@ class IngestionSettings(BaseModel):
             "in the batch that reaches it; none: not watched."
         ),
     )
+    stop_grace_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=600,
+        description=(
+            "After a stop (SIGTERM), how long a batch in hand keeps retrying a store that "
+            "is busy or unreachable before it goes back to the queue unwritten."
+        ),
+    )
     stall_seconds: float = Field(
         300.0,
         gt=0,

@@ -24,7 +24,8 @@ embedded queue go back to the queue at once (RabbitMQ redelivers them by itself)
 ``stop()`` sends SIGTERM to every worker: a worker stops taking deliveries, finishes the
 batches it holds (committed, then acknowledged: ``transport.batching``), lets its other
 parts end, and exits; what no batch held goes back to its queue unwritten when the
-transport closes. One that has not exited after ``STOP_SECONDS`` is killed.
+transport closes. One that has not exited ``STOP_MARGIN_SECONDS`` after its batches' grace
+(``ingestion.stop_grace_seconds``) is killed.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ METRICS_SECONDS = 1.0
 RESTART_MIN_SECONDS = 0.5
 RESTART_MAX_SECONDS = 30.0
 RESTART_RESET_SECONDS = 60.0
-STOP_SECONDS = 60.0
+STOP_MARGIN_SECONDS = 30.0
+"""Past the grace, the longest one write may still wait (SQLite's busy timeout)."""
 
 _SERVE_ONLY_METRICS = ("controlroom_intake_",)
 """Families a worker's snapshot leaves out: serve owns its intakes' health gauges."""
@@ -422,15 +424,18 @@ class WorkerPool:
                     worker.conn.send(("wake",))
 
     async def stop(self) -> None:
-        """SIGTERM every worker and wait for it (killed after ``STOP_SECONDS``)."""
+        """SIGTERM every worker and wait for it (killed ``STOP_MARGIN_SECONDS`` after the
+        batches' grace, ``ingestion.stop_grace_seconds``)."""
         self._stopping = True
         workers = list(self._workers.values())
         for worker in workers:
             if not worker.exited.is_set():
                 worker.process.terminate()
+        grace = self._settings.ingestion.stop_grace_seconds
+        deadline = asyncio.get_running_loop().time() + grace + STOP_MARGIN_SECONDS
         for worker in workers:
             try:
-                async with asyncio.timeout(STOP_SECONDS):
+                async with asyncio.timeout_at(deadline):
                     await worker.exited.wait()
             except TimeoutError:
                 log.error("intake worker %d did not stop; killing it", worker.index)

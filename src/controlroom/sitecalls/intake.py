@@ -43,7 +43,7 @@ from controlroom.telemetry.contract import (
     validate_packet,
 )
 from controlroom.transport.base import Delivery, Transport
-from controlroom.transport.batching import DeliveryBatcher, ack_all, reject_all
+from controlroom.transport.batching import DeliveryBatcher, IntakeStop, ack_all, reject_all
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class TelemetryIngestionService:
         self._settings = settings
         self._engine = engine
         self._transport = transport
-        self._stopping = threading.Event()
+        self._stop = IntakeStop(settings.ingestion.stop_grace_seconds)
         self.health = IntakeHealth(
             INTAKE_NAME,
             settings.telemetry_queue,
@@ -151,7 +151,7 @@ class TelemetryIngestionService:
         self._writer = make_writer(
             settings,
             engine,
-            self._stopping,
+            self._stop.retries_over,
             on_written=on_written,
             on_failure=lambda exc: self.health.failed(name_failure(exc)),
         )
@@ -169,7 +169,7 @@ class TelemetryIngestionService:
         )
         every = self._settings.ingestion.report_interval_seconds
         async with reporting_intake(every, self.report, intake=INTAKE_NAME):
-            await batcher.run(self._stopping.is_set)
+            await batcher.run(self._stop.requested.is_set)
 
     async def report(self) -> None:
         """Read the telemetry queue's depth into ``health`` (a transport that cannot
@@ -178,12 +178,17 @@ class TelemetryIngestionService:
         await observe_intake(self._engine, self._transport, self.health)
 
     async def stop(self) -> None:
-        """Stop taking packets; unacknowledged ones stay in the queue."""
-        self._stopping.set()
-        if self._run_task is not None and not self._run_task.done():
-            self._run_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._run_task
+        """Stop taking packets and finish the batches in hand (``IntakeStop``: a transient
+        failure is retried for ``ingestion.stop_grace_seconds``, then the batch goes
+        back); unacknowledged packets stay in the queue."""
+        self._stop.request()
+        try:
+            if self._run_task is not None and not self._run_task.done():
+                self._run_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._run_task
+        finally:
+            self._stop.finished()
 
     async def _ingest_batch(self, deliveries: list[Delivery]) -> None:
         # Every delivery ends acknowledged after the commit, or given back: an exception
@@ -202,7 +207,7 @@ class TelemetryIngestionService:
             await reject_all(deliveries)
             raise
         except Exception as exc:
-            if not self._stopping.is_set():
+            if not self._stop.requested.is_set():
                 self.health.failed(name_failure(exc))
                 log.exception(
                     "telemetry batch of %d not written; returned to the queue", len(deliveries)
@@ -230,7 +235,7 @@ class TelemetryIngestionService:
             len(done),
             len(left),
         )
-        if not self._stopping.is_set():
+        if not self._stop.requested.is_set():
             await asyncio.sleep(self._settings.ingestion.max_backoff_seconds)
         await reject_all([deliveries[index] for index in sorted(left)])
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -26,6 +27,35 @@ BatchHandler = Callable[[list[Delivery]], Coroutine[Any, Any, None]]
 
 class IntakeClosed(ControlroomError):
     """The transport stopped delivering messages (closed or failed)."""
+
+
+class IntakeStop:
+    """An intake's stop, in two steps (docs/decisions.md "A stop finishes the batches in
+    hand"): once ``request``ed, the intake takes no more deliveries (``requested``); the
+    batches it holds keep retrying a transient store failure until ``retries_over``,
+    ``grace_seconds`` later or at ``finished``, whichever comes first. Thread-safe to read
+    (a writer's retry policy sleeps on ``retries_over`` in a worker thread); ``request``
+    and ``finished`` run on the intake's event loop."""
+
+    def __init__(self, grace_seconds: float) -> None:
+        self.requested = threading.Event()
+        self.retries_over = threading.Event()
+        self._grace_seconds = grace_seconds
+        self._grace_ends: asyncio.TimerHandle | None = None
+
+    def request(self) -> None:
+        """Stop taking deliveries now; end the retries after the grace."""
+        if self.requested.is_set():
+            return
+        self.requested.set()
+        loop = asyncio.get_running_loop()
+        self._grace_ends = loop.call_later(self._grace_seconds, self.retries_over.set)
+
+    def finished(self) -> None:
+        """The intake has ended: nothing is left to retry."""
+        self.retries_over.set()
+        if self._grace_ends is not None:
+            self._grace_ends.cancel()
 
 
 class DeliveryBatcher:
@@ -66,9 +96,9 @@ class DeliveryBatcher:
             feeder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await feeder
+            # What the batches in hand hold is written and acknowledged (or given back)
+            # before the intake ends; what is not in a batch yet goes back unsettled.
             if handling:
-                # What the batches in hand hold is written and acknowledged (or given back)
-                # before the intake ends; what is not in a batch yet goes back unsettled.
                 log.info(
                     "the intake of %r ends: finishing %d batches in hand (%d messages)",
                     self._queue,
@@ -76,6 +106,8 @@ class DeliveryBatcher:
                     sum(handling.values()),
                 )
                 await asyncio.gather(*handling, return_exceptions=True)
+            else:
+                log.info("the intake of %r ends: no batch in hand", self._queue)
 
     async def _feed(self, inbox: asyncio.Queue[Delivery | None]) -> None:
         stream = self._transport.consume(

@@ -8,7 +8,8 @@ Source: docs/design.md "Process shape", "Unit of work", "Transient failures", "F
 - A message that cannot be ingested for a reason of its own is kept whole as a failed
   import (in the same transaction) and acknowledged.
 - A transient store failure retries the whole batch with a capped back-off until it
-  succeeds or the service stops; the messages stay unacknowledged in the queue meanwhile.
+  succeeds, or until ``ingestion.stop_grace_seconds`` after the service was told to stop;
+  the messages stay unacknowledged in the queue meanwhile.
 - A batch the store refuses for its data is written message by message, so only the
   message at fault becomes a failed import.
 """
@@ -19,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +44,7 @@ from controlroom.transport.base import Delivery, QueueDepth, Transport
 from controlroom.transport.batching import (  # IntakeClosed: raised by run()
     DeliveryBatcher,
     IntakeClosed,
+    IntakeStop,
     ack_all,
     reject_all,
 )
@@ -152,7 +153,7 @@ class IngestionService:
         self._settings = settings
         self._transport = transport
         self._body_store = body_store
-        self._stopping = threading.Event()
+        self._stop = IntakeStop(settings.ingestion.stop_grace_seconds)
         self._engine = engine
         self.health = IntakeHealth(
             INTAKE_NAME,
@@ -163,7 +164,7 @@ class IngestionService:
         # retry policy tells ``health`` of it.
         retrying = retry_transient(
             max_backoff_seconds=settings.ingestion.max_backoff_seconds,
-            stop_event=self._stopping,
+            stop_event=self._stop.retries_over,
             on_failure=lambda exc: self.health.failed(name_failure(exc)),
         )
         self._writer = FailedMessageBatchWriter(
@@ -187,15 +188,20 @@ class IngestionService:
         )
         every = self._settings.ingestion.report_interval_seconds
         async with reporting_intake(every, self.report, intake=INTAKE_NAME):
-            await batcher.run(self._stopping.is_set)
+            await batcher.run(self._stop.requested.is_set)
 
     async def stop(self) -> None:
-        """Stop taking messages; unacknowledged ones stay in the queue."""
-        self._stopping.set()
-        if self._run_task is not None and not self._run_task.done():
-            self._run_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._run_task
+        """Stop taking messages and finish the batches in hand (``IntakeStop``: a
+        transient failure is retried for ``ingestion.stop_grace_seconds``, then the batch
+        goes back); unacknowledged messages stay in the queue."""
+        self._stop.request()
+        try:
+            if self._run_task is not None and not self._run_task.done():
+                self._run_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._run_task
+        finally:
+            self._stop.finished()
 
     async def report(self) -> None:
         """Sample the error queue's depth into ``QUEUE_DEPTH``/``QUEUE_LAG`` and, while there
@@ -286,7 +292,7 @@ class IngestionService:
 
     async def _give_back(self, deliveries: Sequence[Delivery], exc: Exception) -> None:
         """Infrastructure failure: never a failed import; the messages go back to the queue."""
-        if not self._stopping.is_set():
+        if not self._stop.requested.is_set():
             self.health.failed(name_failure(exc))
             log.error(
                 "batch of %d not written; returned to the queue", len(deliveries), exc_info=exc

@@ -1,0 +1,188 @@
+"""docs/decisions.md "A stop finishes the batches in hand": an intake told to stop takes no
+more deliveries, but a batch it holds keeps retrying a transient store failure for
+``ingestion.stop_grace_seconds``; a store still refusing when the grace ends gets the
+batch back in the queue. Both intakes (the error queue's, the site-call telemetry
+queue's), per provider, on the embedded queue, with the store's writes held by another
+connection and every lock wait of the intake's own connections short (a transient
+failure within a fraction of a second, as a busy store gives)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from controlroom.config import Settings
+from controlroom.db.engine import create_store_engine
+from controlroom.db.tables import failed_messages, site_calls
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.pipeline import IngestionService
+from controlroom.sitecalls.intake import TelemetryIngestionService
+from controlroom.transport.embedded import EmbeddedQueue
+from tests.integration.test_ingestion import count, publish_all
+from tests.nsb import failed_headers
+from tests.sitecalls.packets import packet
+
+TIMEOUT = 60  # seconds, per test
+BATCH = 10
+LOCK_WAIT_MS = 200
+
+
+@contextlib.contextmanager
+def writes_held(engine: sa.Engine, table: sa.Table) -> Iterator[None]:
+    """While inside, another connection holds the store's write lock: on SQLite an open
+    ``BEGIN IMMEDIATE``, on PostgreSQL ``table`` locked in EXCLUSIVE mode."""
+    if engine.dialect.name == "sqlite":
+        assert engine.url.database is not None
+        with contextlib.closing(sqlite3.connect(engine.url.database, isolation_level=None)) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            finally:
+                conn.execute("ROLLBACK")
+        return
+    holder = create_store_engine(engine.url.render_as_string(hide_password=False))
+    try:
+        with holder.connect() as conn:
+            conn.exec_driver_sql(f"LOCK TABLE {table.name} IN EXCLUSIVE MODE")
+            try:
+                yield
+            finally:
+                conn.rollback()
+    finally:
+        holder.dispose()
+
+
+def short_lock_waits(engine: sa.Engine) -> None:
+    """Every new connection of ``engine`` waits at most ``LOCK_WAIT_MS`` for a lock, then
+    fails transiently (SQLite "database is locked", PostgreSQL lock_not_available)."""
+
+    def limit(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        if engine.dialect.name == "sqlite":
+            cursor.execute(f"PRAGMA busy_timeout = {LOCK_WAIT_MS}")
+        else:
+            cursor.execute(f"SET SESSION lock_timeout = {LOCK_WAIT_MS}")
+            dbapi_connection.commit()
+        cursor.close()
+
+    engine.dispose()
+    sa.event.listen(engine, "connect", limit)
+
+
+Service = IngestionService | TelemetryIngestionService
+
+
+@dataclass(frozen=True)
+class Intake:
+    """One intake as the test drives it: how it is made, its queue, what a batch of it
+    holds and the table it writes."""
+
+    make: Callable[[Settings, sa.Engine, EmbeddedQueue], Service]
+    queue: Callable[[Settings], str]
+    messages: Callable[[], list[tuple[dict[str, str | None], bytes]]]
+    table: sa.Table
+
+
+def _failed_messages() -> list[tuple[dict[str, str | None], bytes]]:
+    return [(failed_headers(f"held-{n}"), b"{}") for n in range(BATCH)]
+
+
+def _telemetry() -> list[tuple[dict[str, str | None], bytes]]:
+    packets = [packet("Submitted", op_id=str(uuid.uuid4())) for _ in range(BATCH)]
+    return [({}, json.dumps(data).encode()) for data in packets]
+
+
+INTAKES = {
+    "error queue": Intake(
+        lambda settings, engine, transport: IngestionService(
+            settings, engine, transport, FileSystemBodyStore(settings.body_dir)
+        ),
+        lambda settings: settings.error_queue,
+        _failed_messages,
+        failed_messages,
+    ),
+    "telemetry queue": Intake(
+        TelemetryIngestionService,
+        lambda settings: settings.telemetry_queue,
+        _telemetry,
+        site_calls,
+    ),
+}
+
+
+@pytest.fixture(params=list(INTAKES))
+def intake(request: pytest.FixtureRequest) -> Intake:
+    return INTAKES[request.param]
+
+
+def _with_grace(settings: Settings, grace: float) -> Settings:
+    """Batches of ``BATCH``, quick back-offs, a grace of ``grace`` seconds."""
+    ingestion = settings.ingestion.model_copy(
+        update={
+            "batch_size": BATCH,
+            "linger_seconds": 0.05,
+            "max_backoff_seconds": 0.1,
+            "stop_grace_seconds": grace,
+        }
+    )
+    return settings.model_copy(update={"ingestion": ingestion})
+
+
+async def _stopped_while_held(
+    intake: Intake,
+    settings: Settings,
+    engine: sa.Engine,
+    *,
+    grace: float,
+    released_after: float | None,
+) -> int:
+    """Publish a batch, let its write fail while the store is held, stop the intake, and
+    let the store go ``released_after`` seconds into the stop (never: ``None``). Returns
+    what the queue still holds once the intake has stopped."""
+    short_lock_waits(engine)
+    settings = _with_grace(settings, grace)
+    queue = intake.queue(settings)
+    async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+        service = intake.make(settings, engine, transport)
+        run = asyncio.create_task(service.run())
+        async with asyncio.timeout(TIMEOUT):
+            with writes_held(engine, intake.table):
+                await publish_all(transport, queue, intake.messages())
+                # The batch is in hand and its write has failed: the intake says so.
+                while service.health.state().write_failures == 0:
+                    await asyncio.sleep(0.02)
+                stop = asyncio.create_task(service.stop())
+                if released_after is not None:
+                    await asyncio.sleep(released_after)
+                else:
+                    await stop
+            await stop
+        assert run.done()
+        return await transport.purge(queue)
+
+
+def test_a_batch_in_hand_is_stored_once_the_store_lets_it_within_the_grace(
+    intake: Intake, settings: Settings, engine: sa.Engine
+) -> None:
+    held = _stopped_while_held(intake, settings, engine, grace=30, released_after=1.0)
+    left = asyncio.run(held)
+    assert count(engine, intake.table) == BATCH
+    assert left == 0
+
+
+def test_a_batch_in_hand_goes_back_to_the_queue_when_the_grace_ends(
+    intake: Intake, settings: Settings, engine: sa.Engine
+) -> None:
+    held = _stopped_while_held(intake, settings, engine, grace=0.5, released_after=None)
+    left = asyncio.run(held)
+    assert count(engine, intake.table) == 0
+    assert left == BATCH
