@@ -383,6 +383,77 @@ def test_a_field_inside_a_json_setting_is_named_by_the_variable_that_holds_it(
     assert "__BASE_URL" not in output and "__TOKEN" not in output and "__SECRET" not in output
 
 
+@pytest.mark.parametrize(
+    ("variable", "toml", "named", "meant"),
+    [
+        (None, "[ingestion]\nbatch_siz = 5\n", "ingestion.batch_siz", "batch_size"),
+        ("CONTROLROOM_INGESTION__BATCH_SIZ", None, "ingestion.batch_siz", "batch_size"),
+        (None, "prot = 5\n", "prot", "port"),
+        (None, "[startup]\nwait_second = 5\n", "startup.wait_second", "wait_seconds"),
+        (None, '[[sites]]\nid = "x"\nbase_url = "http://x"\ntokn = "x"\n', "sites.0.tokn", "token"),
+    ],
+)
+def test_a_misspelt_setting_is_refused_naming_the_closest(
+    data_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str | None,
+    toml: str | None,
+    named: str,
+    meant: str,
+) -> None:
+    """A name that is no setting, in the settings file or in a table's variable, is
+    refused (it was ignored: the setting it meant kept its default), with the setting
+    meant when one is close."""
+    args = ["migrate"]
+    if variable is not None:
+        monkeypatch.setenv(variable, "5")
+    if toml is not None:
+        config = tmp_path / "controlroom.toml"
+        config.write_text(toml)
+        args += ["--config", str(config)]
+
+    code, output = invoke(*args)
+
+    assert code == 2, output
+    assert f"invalid setting {named} (" in output, output
+    assert f"no such setting; did you mean {meant}?" in " ".join(output.split()), output
+
+
+@pytest.mark.parametrize("value", ["P15Q", "fifteen days", ""])
+def test_a_duration_that_does_not_parse_is_refused_naming_its_forms(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("CONTROLROOM_ERROR_RETENTION_PERIOD", value)
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert "invalid setting error_retention_period (CONTROLROOM_ERROR_RETENTION_PERIOD)" in output
+    assert "a duration is ISO 8601 (P30D, PT12H, P1DT6H) or a number of seconds (3600)" in (
+        " ".join(output.split())
+    ), output
+
+
+def test_a_variable_that_names_no_setting_is_ignored_with_a_warning(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pydantic-settings ignores a variable under the prefix that names no setting: the
+    command says so, with the variable meant, and goes on; the demo's and the site
+    agent's own variables are no warning."""
+    monkeypatch.setenv("CONTROLROOM_PROT", "9000")
+    monkeypatch.setenv("CONTROLROOM_SITE_SITE_ID", "plant-7")
+    monkeypatch.setenv("CONTROLROOM_DEMO_QUIET_LOGS", "1")
+
+    code, output = invoke("migrate")
+
+    assert code == 0, output
+    warnings = [line for line in output.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: CONTROLROOM_PROT names no setting and is ignored; did you mean CONTROLROOM_PORT?"
+    ], output
+
+
 def test_a_field_of_a_list_item_in_the_settings_file_names_no_variable_that_cannot_exist(
     data_dir: Path, tmp_path: Path
 ) -> None:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import pydantic
     import pydantic_settings
     import sqlalchemy as sa
+    from pydantic import BaseModel
     from rich.progress import Progress
 
     from controlroom.config import Settings
@@ -618,12 +619,15 @@ def _load(config: Path | None, host: str | None = None, port: int | None = None)
     import pydantic
     import pydantic_settings
 
-    from controlroom.config import load_settings
+    from controlroom.config import Settings, load_settings
+    from controlroom.settings_sources import unknown_variables
 
+    for line in unknown_variables(Settings, "CONTROLROOM_", besides=("SITE_",)):
+        err_console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
     try:
         return load_settings(config, **_listen_overrides(host, port))
     except pydantic.ValidationError as exc:
-        _refuse_settings(exc, "CONTROLROOM_", config)
+        _refuse_settings(exc, "CONTROLROOM_", config, Settings)
     except tomllib.TOMLDecodeError as exc:
         _refuse_toml(config, exc)
     except UnicodeDecodeError as exc:
@@ -632,18 +636,25 @@ def _load(config: Path | None, host: str | None = None, port: int | None = None)
         _refuse_unparsed(exc, "CONTROLROOM_")
 
 
-def _refuse_settings(exc: pydantic.ValidationError, prefix: str, config: Path | None) -> NoReturn:
-    """Exit 2 with one line per invalid setting, naming where it was given
+def _refuse_settings(
+    exc: pydantic.ValidationError, prefix: str, config: Path | None, model: type[BaseModel]
+) -> NoReturn:
+    """Exit 2 with one line per invalid setting of ``model``, naming where it was given
     (``settings_sources.given_in``), or per failed check across the settings; never the
     value, which may be a secret."""
-    from controlroom.settings_sources import given_in, how_to_give
+    from controlroom.settings_sources import given_in, how_to_give, no_such_setting
 
     for error in exc.errors():
         where = given_in(error["loc"], prefix, config)
         setting = ".".join(str(part) for part in error["loc"])
         what = "settings" if where is None else f"setting {setting} ({where})"
         how = how_to_give(error["loc"], error["type"], prefix)
-        said = str(error["ctx"]["error"]) if error["type"] == "value_error" else error["msg"]
+        if error["type"] == "extra_forbidden":
+            said = no_such_setting(model, error["loc"])
+        elif error["type"] == "value_error":
+            said = str(error["ctx"]["error"])
+        else:
+            said = error["msg"]
         reason = said + (f"; {how}" if how else "")  # our validators' own sentence, unprefixed
         err_console.print(
             f"[red]error:[/] invalid {escape(what)}: {escape(reason)}", highlight=False
@@ -1020,13 +1031,17 @@ def site_serve(
     import pydantic
 
     from controlroom.runtime.sockets import listen
+    from controlroom.settings_sources import unknown_variables
     from controlroom.site import SiteAgent, SiteService, load_site_settings
+    from controlroom.site.config import SiteSettings
     from controlroom.site.service import ensure_agent_is_protected
 
+    for line in unknown_variables(SiteSettings, "CONTROLROOM_SITE_"):
+        err_console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
     try:
         settings = load_site_settings(config, **_listen_overrides(host, port))
     except pydantic.ValidationError as exc:
-        _refuse_settings(exc, "CONTROLROOM_SITE_", config)
+        _refuse_settings(exc, "CONTROLROOM_SITE_", config, SiteSettings)
     except tomllib.TOMLDecodeError as exc:
         _refuse_toml(config, exc)
     try:

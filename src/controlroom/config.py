@@ -34,6 +34,8 @@ fail on at every run instead of at start."""
 class IngestionSettings(BaseModel):
     """How the error queue is drained into the store."""
 
+    model_config = ConfigDict(extra="forbid")
+
     batch_size: int = Field(200, ge=1, le=10_000, description="Messages per write batch.")
     concurrent_batches: int = Field(2, ge=1, le=64, description="Batches written at once.")
     linger_seconds: float = Field(
@@ -123,6 +125,8 @@ class StartupSettings(BaseModel):
     """What serve does when it starts before its store or broker (docs/design.md
     "Operational contract")."""
 
+    model_config = ConfigDict(extra="forbid")
+
     wait_seconds: float = Field(
         300.0,
         ge=0,
@@ -133,6 +137,8 @@ class StartupSettings(BaseModel):
 
 class SiteCallSettings(BaseModel):
     """The site-call mirror (docs/design.md "Site call audit")."""
+
+    model_config = ConfigDict(extra="forbid")
 
     retention_days: int = Field(
         365,
@@ -163,6 +169,8 @@ class SiteCallSettings(BaseModel):
 class AuditSettings(BaseModel):
     """The append-only audit log and the ingest of telemetry into it."""
 
+    model_config = ConfigDict(extra="forbid")
+
     ingest_budget: float = Field(
         20.0, gt=0, description="Seconds one chunk of telemetry may take to write."
     )
@@ -187,6 +195,8 @@ class AuditSettings(BaseModel):
 
 class KpiSettings(BaseModel):
     """Site-call KPIs and their history."""
+
+    model_config = ConfigDict(extra="forbid")
 
     interval: timedelta = Field(
         timedelta(hours=1),
@@ -275,6 +285,8 @@ class ConfiguredSite(BaseModel):
 class ReconciliationSettings(BaseModel):
     """Reconciliation pulls from the sites and the Retry/Discard relay (docs/design.md
     "Reconciliation", "Retry/Discard relay")."""
+
+    model_config = ConfigDict(extra="forbid")
 
     interval: timedelta = Field(
         timedelta(minutes=5), gt=timedelta(0), description="Time between two passes."

@@ -5,14 +5,16 @@ where a refused setting was given, for the commands' one-line refusals."""
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import json
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, ClassVar, TypedDict
 
-from pydantic import BeforeValidator, SecretStr
+from pydantic import BaseModel, BeforeValidator, SecretStr
 from pydantic_core import PydanticKnownError
 from pydantic_settings import (
     BaseSettings,
@@ -104,15 +106,87 @@ def given_in(loc: tuple[int | str, ...], prefix: str, config: Path | None) -> st
 
 
 def how_to_give(loc: tuple[int | str, ...], kind: str, prefix: str) -> str | None:
-    """How to give the list at ``loc`` refused as no list (pydantic's error ``kind``)
-    because variables set its items (``CONTROLROOM_SITES__0__BASE_URL``): no variable
-    sets a list's item, the list is given whole as JSON; else ``None``."""
+    """How to give the setting at ``loc`` refused with pydantic's error ``kind``: a
+    duration's forms; a list refused as no list because variables set its items
+    (``CONTROLROOM_SITES__0__BASE_URL``): no variable sets a list's item, the list is
+    given whole as JSON; else ``None``."""
+    if kind in ("time_delta_parsing", "time_delta_type"):
+        return "a duration is ISO 8601 (P30D, PT12H, P1DT6H) or a number of seconds (3600)"
     if kind != "list_type" or not all(isinstance(part, str) for part in loc):
         return None
     variable = prefix + "__".join(map(str, loc)).upper()
     if any(name.upper().startswith(variable + "__") for name in os.environ):
         return f"a list setting is given whole as JSON in {variable}"
     return None
+
+
+def no_such_setting(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """Why the name at ``loc`` is refused (pydantic's ``extra_forbidden``): it names no
+    setting of ``model`` there, and the closest name of that table when one is close (a
+    misspelling: ``batch_siz`` -> ``batch_size``)."""
+    table: object = model
+    for part in loc[:-1]:
+        table = _field_model(table, part)
+    names = list(table.model_fields) if _is_model(table) else []
+    close = difflib.get_close_matches(str(loc[-1]).lower(), names, n=1)
+    return "no such setting" + (f"; did you mean {close[0]}?" if close else "")
+
+
+NOT_SETTINGS = (
+    "CONFIG",
+    "DEMO_QUIET_LOGS",
+    "REQUIRE_SERVERS",
+    "UPDATE_SCREENSHOTS",
+    "TEST_",
+    "BENCH_",
+)
+"""Variables under a prefix that are read as they are, not as settings: the settings
+file's name (``CONTROLROOM_CONFIG``), the demo's quiet logs, the tests' and benchmarks'
+servers, the tests' screenshots."""
+
+
+def unknown_variables(
+    model: type[BaseModel], prefix: str, *, besides: tuple[str, ...] = ()
+) -> list[str]:
+    """One sentence per environment variable under ``prefix`` whose first part names no
+    setting of ``model`` (pydantic-settings ignores it), with the closest variable when
+    one is close: ``CONTROLROOM_PROT names no setting and is ignored; did you mean
+    CONTROLROOM_PORT?``. Leaves out ``NOT_SETTINGS`` and names starting with one of
+    ``besides`` after the prefix (another model's prefix sharing this one). A nested
+    variable of a known table is checked by the model itself."""
+    lines = []
+    names = list(model.model_fields)
+    for variable in sorted(os.environ):
+        upper = variable.upper()
+        if not upper.startswith(prefix):
+            continue
+        rest = upper[len(prefix) :]
+        if rest.startswith(NOT_SETTINGS + besides):
+            continue
+        first = rest.split("__", 1)[0].lower()
+        if first in names:
+            continue
+        close = difflib.get_close_matches(first, names, n=1)
+        hint = f"; did you mean {prefix}{close[0].upper()}?" if close else ""
+        lines.append(f"{variable} names no setting and is ignored{hint}")
+    return lines
+
+
+def _field_model(table: object, part: int | str) -> object:
+    """The model of the table, or of the list's item, reached by ``part`` from ``table``."""
+    if isinstance(part, int):
+        return table  # the list's field already gave its items' model
+    if not _is_model(table) or part not in table.model_fields:
+        return None
+    annotation = table.model_fields[part].annotation
+    if _is_model(annotation):
+        return annotation
+    # A list of tables (``list[ConfiguredSite]``): its items' model.
+    return next((arg for arg in typing.get_args(annotation) if _is_model(arg)), None)
+
+
+def _is_model(value: object) -> typing.TypeGuard[type[BaseModel]]:
+    return isinstance(value, type) and issubclass(value, BaseModel)
 
 
 def _under(variable: str, table: str) -> bool:

@@ -26,6 +26,24 @@ def test_a_site_id_is_required() -> None:
     assert "site_id" in result.output
 
 
+def test_a_misspelt_setting_is_refused_or_named_with_the_one_meant(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """In the settings file a name that is no setting is refused; a variable that is no
+    setting is ignored with a warning; each names the setting meant."""
+    config = tmp_path / "site.toml"
+    config.write_text('site_id = "plant-7"\ncentral_urll = "http://127.0.0.1:8080"\n')
+    monkeypatch.setenv("CONTROLROOM_SITE_STORE_PAHT", "x")
+    result = runner.invoke(app, ["site", "serve", "--config", str(config)])
+    assert result.exit_code == 2
+    output = " ".join(result.output.split())
+    assert "no such setting; did you mean central_url?" in output
+    assert (
+        "warning: CONTROLROOM_SITE_STORE_PAHT names no setting and is ignored; did you mean "
+        "CONTROLROOM_SITE_STORE_PATH?"
+    ) in output
+
+
 def test_a_non_loopback_agent_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CONTROLROOM_SITE_SITE_ID", "plant-7")
     result = runner.invoke(app, ["site", "serve", "--host", "0.0.0.0"])
