@@ -108,6 +108,9 @@ def serve(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # alembic names each of its plugins as it sets them up, at INFO: nothing an operator
+    # acts on, seven lines before every start. Its migration lines stay.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     from controlroom.runtime.demo_logs import quiet_demo_logs
 
     quiet_demo_logs()  # only under controlroom demo run
