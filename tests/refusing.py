@@ -1,13 +1,17 @@
 """A store that refuses every write, as a full disk or a read-only database does: the
-event log as much as the intake's tables (not a renamed table, which refuses one write)."""
+event log as much as the intake's tables (not a renamed table, which refuses one write);
+and one whose writes wait, as while another writer holds the store."""
 
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
+
+from controlroom.db.engine import create_store_engine
 
 
 @contextlib.contextmanager
@@ -33,4 +37,31 @@ def refusing_writes(engine: sa.Engine) -> Iterator[None]:
         yield
     finally:
         sa.event.remove(engine, "connect", read_only)
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def writes_held(database_url: str, table: str = "failed_messages") -> Iterator[None]:
+    """While inside, another connection holds the store's writes: on SQLite an open
+    ``BEGIN IMMEDIATE`` (writers wait on their busy timeout), on PostgreSQL ``table``
+    locked in EXCLUSIVE mode (reads go on)."""
+    url = sa.make_url(database_url)
+    if url.get_backend_name() == "sqlite":
+        assert url.database is not None
+        with contextlib.closing(sqlite3.connect(url.database, isolation_level=None)) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            finally:
+                conn.execute("ROLLBACK")
+        return
+    engine = create_store_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+            try:
+                yield
+            finally:
+                conn.rollback()
+    finally:
         engine.dispose()

@@ -27,7 +27,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +36,12 @@ import pytest
 import sqlalchemy as sa
 
 from controlroom.config import IngestionSettings, Settings
-from controlroom.db.engine import create_store_engine
 from controlroom.db.tables import FailedMessageStatus, failed_messages
 from controlroom.errors import actions
 from controlroom.transport import create_transport
 from tests.factories import at
 from tests.nsb import failed_headers
+from tests.refusing import writes_held
 from tests.servers import TEST_CLIENT_TIMEOUT, rabbitmq_queue_counts
 from tests.test_workers import TIMEOUT, children, serve, until
 
@@ -247,33 +246,6 @@ def _confirmation(unique_message_id: str) -> dict[str, str | None]:
 
 
 # -- SIGTERM drains --------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def writes_held(database_url: str) -> Iterator[None]:
-    """While the block runs, every write of a failed message waits: on SQLite a write
-    transaction is open (``BEGIN IMMEDIATE``: the writers wait on the busy timeout, 30 s),
-    on PostgreSQL ``failed_messages`` is locked in EXCLUSIVE mode (reads go on)."""
-    url = sa.make_url(database_url)
-    if url.get_backend_name() == "sqlite":
-        assert url.database is not None
-        with contextlib.closing(sqlite3.connect(url.database, isolation_level=None)) as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-            finally:
-                conn.execute("ROLLBACK")
-        return
-    engine = create_store_engine(database_url)
-    try:
-        with engine.connect() as conn:
-            conn.exec_driver_sql("LOCK TABLE failed_messages IN EXCLUSIVE MODE")
-            try:
-                yield
-            finally:
-                conn.rollback()
-    finally:
-        engine.dispose()
 
 
 def test_sigterm_lets_the_workers_commit_and_acknowledge_the_batches_they_hold(

@@ -9,11 +9,9 @@ failure within a fraction of a second, as a busy store gives)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import sqlite3
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +19,6 @@ import pytest
 import sqlalchemy as sa
 
 from controlroom.config import Settings
-from controlroom.db.engine import create_store_engine
 from controlroom.db.tables import failed_messages, site_calls
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import IngestionService
@@ -29,36 +26,12 @@ from controlroom.sitecalls.intake import TelemetryIngestionService
 from controlroom.transport.embedded import EmbeddedQueue
 from tests.integration.test_ingestion import count, publish_all
 from tests.nsb import failed_headers
+from tests.refusing import writes_held
 from tests.sitecalls.packets import packet
 
 TIMEOUT = 60  # seconds, per test
 BATCH = 10
 LOCK_WAIT_MS = 200
-
-
-@contextlib.contextmanager
-def writes_held(engine: sa.Engine, table: sa.Table) -> Iterator[None]:
-    """While inside, another connection holds the store's write lock: on SQLite an open
-    ``BEGIN IMMEDIATE``, on PostgreSQL ``table`` locked in EXCLUSIVE mode."""
-    if engine.dialect.name == "sqlite":
-        assert engine.url.database is not None
-        with contextlib.closing(sqlite3.connect(engine.url.database, isolation_level=None)) as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-            finally:
-                conn.execute("ROLLBACK")
-        return
-    holder = create_store_engine(engine.url.render_as_string(hide_password=False))
-    try:
-        with holder.connect() as conn:
-            conn.exec_driver_sql(f"LOCK TABLE {table.name} IN EXCLUSIVE MODE")
-            try:
-                yield
-            finally:
-                conn.rollback()
-    finally:
-        holder.dispose()
 
 
 def short_lock_waits(engine: sa.Engine) -> None:
@@ -155,7 +128,7 @@ async def _stopped_while_held(
         service = intake.make(settings, engine, transport)
         run = asyncio.create_task(service.run())
         async with asyncio.timeout(TIMEOUT):
-            with writes_held(engine, intake.table):
+            with writes_held(engine.url.render_as_string(hide_password=False), intake.table.name):
                 await publish_all(transport, queue, intake.messages())
                 # The batch is in hand and its write has failed: the intake says so.
                 while service.health.state().write_failures == 0:

@@ -20,7 +20,6 @@ fail; ``IntakeRecovered``: it stores again), as the error queue's intake does
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -181,14 +180,7 @@ class TelemetryIngestionService:
         """Stop taking packets and finish the batches in hand (``IntakeStop``: a transient
         failure is retried for ``ingestion.stop_grace_seconds``, then the batch goes
         back); unacknowledged packets stay in the queue."""
-        self._stop.request()
-        try:
-            if self._run_task is not None and not self._run_task.done():
-                self._run_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._run_task
-        finally:
-            self._stop.finished()
+        await self._stop.end(self._run_task)
 
     async def _ingest_batch(self, deliveries: list[Delivery]) -> None:
         # Every delivery ends acknowledged after the commit, or given back: an exception

@@ -57,6 +57,18 @@ class IntakeStop:
         if self._grace_ends is not None:
             self._grace_ends.cancel()
 
+    async def end(self, run: asyncio.Task[None] | None) -> None:
+        """``request`` the stop, cancel the intake's ``run`` task (its batcher then
+        finishes the batches in hand) and wait for it; then ``finished``."""
+        self.request()
+        try:
+            if run is not None and not run.done():
+                run.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await run
+        finally:
+            self.finished()
+
 
 class DeliveryBatcher:
     """Drains ``queue`` into ``handle`` in batches of up to ``batch_size`` deliveries, at

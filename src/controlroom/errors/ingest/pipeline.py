@@ -17,7 +17,6 @@ Source: docs/design.md "Process shape", "Unit of work", "Transient failures", "F
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -194,14 +193,7 @@ class IngestionService:
         """Stop taking messages and finish the batches in hand (``IntakeStop``: a
         transient failure is retried for ``ingestion.stop_grace_seconds``, then the batch
         goes back); unacknowledged messages stay in the queue."""
-        self._stop.request()
-        try:
-            if self._run_task is not None and not self._run_task.done():
-                self._run_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._run_task
-        finally:
-            self._stop.finished()
+        await self._stop.end(self._run_task)
 
     async def report(self) -> None:
         """Sample the error queue's depth into ``QUEUE_DEPTH``/``QUEUE_LAG`` and, while there
