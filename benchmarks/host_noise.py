@@ -4,11 +4,13 @@ over on one CPU, alone and with a busy loop on the other CPU, in interleaved rou
 No database, no broker, no project code: this is the floor under every ratio the other
 benchmarks print. A view's "draining / idle" p95 or a drain's "stored / empty" CPU per
 message can only be read against how much identical work varies on the same machine in
-the same minutes. Prints, per kind of round (alone, neighbour), the CPU time of one unit
+the same minutes. The neighbour is a busy loop or, with ``--neighbour memory``, a process
+writing over 512 MiB. Prints, per kind of round (alone, neighbour), the CPU time of one unit
 of work in ms (p05, p50, p95 over every unit), its p95 / p05, each round's median, and the
 ratio neighbour / alone of the medians, taken round by round (A B A B ...).
 
     python benchmarks/host_noise.py --rounds 6 --seconds 10
+    python benchmarks/host_noise.py --rounds 6 --seconds 10 --neighbour memory
 
 The work is pinned to CPU 0 and the neighbour to CPU 1 (``os.sched_setaffinity``); both
 at the caller's priority. CPU time is ``time.process_time`` of the working process, so
@@ -26,6 +28,7 @@ import time
 from multiprocessing.synchronize import Event
 
 UNIT_ITERATIONS = 300_000  # about 20-30 ms of CPU on this machine kind
+NEIGHBOUR_BYTES = 512 * 1024 * 1024
 
 
 def unit_of_work() -> float:
@@ -38,19 +41,32 @@ def unit_of_work() -> float:
 
 
 def busy_neighbour(cpu: int, stop: Event) -> None:
-    """Keeps ``cpu`` busy until ``stop`` is set."""
+    """Keeps ``cpu`` busy until ``stop`` is set, in its own registers and cache."""
     os.sched_setaffinity(0, {cpu})
     spins = 0
     while not stop.is_set():
         spins += 1
 
 
-def one_round(seconds: float, neighbour: bool) -> list[float]:
-    """The CPU ms of every unit of work done in ``seconds``."""
+def memory_neighbour(cpu: int, stop: Event) -> None:
+    """Keeps ``cpu`` busy until ``stop`` is set, writing one byte per 64-byte cache line
+    over ``NEIGHBOUR_BYTES``: a working set far past any cache, as a drain's database
+    writes pages."""
+    os.sched_setaffinity(0, {cpu})
+    lines = memoryview(bytearray(NEIGHBOUR_BYTES))
+    while not stop.is_set():
+        lines[::64] = bytes(NEIGHBOUR_BYTES // 64)
+
+
+NEIGHBOURS = {"loop": busy_neighbour, "memory": memory_neighbour}
+
+
+def one_round(seconds: float, neighbour: str | None) -> list[float]:
+    """The CPU ms of every unit of work done in ``seconds``, beside ``neighbour``."""
     stop = mp.Event()
     process = None
-    if neighbour:
-        process = mp.Process(target=busy_neighbour, args=(1, stop))
+    if neighbour is not None:
+        process = mp.Process(target=NEIGHBOURS[neighbour], args=(1, stop))
         process.start()
         time.sleep(0.3)  # let it reach its CPU
     units: list[float] = []
@@ -74,6 +90,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6, help="rounds of each kind")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per round")
+    parser.add_argument(
+        "--neighbour",
+        choices=sorted(NEIGHBOURS),
+        default="loop",
+        help="what runs on the other CPU: a busy loop, or writes over 512 MiB",
+    )
     args = parser.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("needs two CPUs: the work on one, the neighbour on the other")
@@ -84,7 +106,7 @@ def main() -> None:
     for number in range(args.rounds):
         order = kinds if number % 2 == 0 else kinds[::-1]
         for kind in order:
-            done = one_round(args.seconds, neighbour=kind == "neighbour")
+            done = one_round(args.seconds, args.neighbour if kind == "neighbour" else None)
             units[kind].extend(done)
             medians[kind].append(statistics.median(done))
             median = medians[kind][-1]
