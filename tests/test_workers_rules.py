@@ -36,6 +36,7 @@ import pytest
 import sqlalchemy as sa
 
 from controlroom.config import IngestionSettings, Settings
+from controlroom.db.engine import create_store_engine
 from controlroom.db.tables import FailedMessageStatus, failed_messages
 from controlroom.errors import actions
 from controlroom.transport import create_transport
@@ -285,6 +286,7 @@ def test_sigterm_lets_the_workers_commit_and_acknowledge_the_batches_they_hold(
         rf"the intake of '{re.escape(settings.error_queue)}' ends: "
         r"(?:finishing (\d+) batches in hand \((\d+) messages\)|no batch in hand)"
     )
+    telemetry_ends = re.compile(rf"the intake of '{re.escape(settings.telemetry_queue)}' ends: ")
     with log.open("wb") as output:
         process = subprocess.Popen(
             [str(CONTROLROOM_EXE), "serve", "--port", "0"],
@@ -307,8 +309,11 @@ def test_sigterm_lets_the_workers_commit_and_acknowledge_the_batches_they_hold(
                     await until(lambda: _ready_at_most(settings, taken))
                     process.send_signal(signal.SIGTERM)
                     # Each worker has answered the stop: it says what it holds, or that it
-                    # held no batch yet (its deliveries were still on the way).
+                    # held no batch yet (its deliveries were still on the way). Its telemetry
+                    # intake has stopped taking packets too, while the error queue's batches
+                    # still wait: the intakes stop together, not one after the other.
                     await until(lambda: asyncio.sleep(0, _answered(log, in_hand, held, workers)))
+                    await until(lambda: asyncio.sleep(0, _said(log, telemetry_ends) >= workers))
 
         asyncio.run(drain())
         assert process.wait(timeout=TIMEOUT) == 0, log.read_text(errors="replace")
@@ -342,6 +347,22 @@ def _answered(
     return len(into) >= workers
 
 
+def _waiting_writes(engine: sa.Engine) -> bool:
+    """Whether a PostgreSQL backend waits for a lock on ``failed_messages``."""
+    with engine.connect() as conn:
+        return bool(
+            conn.exec_driver_sql(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted"
+                " AND relation = 'failed_messages'::regclass"
+            ).scalar_one()
+        )
+
+
+def _said(log: Path, pattern: re.Pattern[str]) -> int:
+    """How many lines of ``log`` match ``pattern``."""
+    return len(pattern.findall(log.read_text(errors="replace")))
+
+
 def _worker_count(pid: int) -> int:
     """The worker processes (multiprocessing's spawn) of process ``pid``."""
     found = 0
@@ -354,3 +375,69 @@ def _worker_count(pid: int) -> int:
 
 async def _ready_at_most(settings: Settings, limit: int) -> bool:
     return await ready_in_queue(settings) <= limit
+
+
+def test_a_worker_killed_at_the_stop_gives_its_embedded_queue_messages_back_at_once(
+    postgresql_url: str, tmp_path: Path
+) -> None:
+    """A worker whose batches cannot be written within the grace is killed by serve
+    (``workers.STOP_MARGIN_SECONDS`` past it); what it held in the embedded queue goes back
+    to the queue then, as for a worker that died while serve ran, not when the claims'
+    lease runs out minutes later. The store only holds the worker past its grace: a
+    PostgreSQL table lock holds its write as long as the test wants (SQLite's busy timeout
+    would end the write, and the batch would go back by itself before the kill)."""
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=postgresql_url,
+        error_queue=f"error-{uuid.uuid4().hex[:8]}",
+    )
+    engine = create_store_engine(postgresql_url)
+    names = [f"killed-{n}" for n in range(40)]
+    env = {
+        **os.environ,
+        "CONTROLROOM_DATA_DIR": str(settings.data_dir),
+        "CONTROLROOM_DATABASE_URL": settings.effective_database_url,
+        "CONTROLROOM_ERROR_QUEUE": settings.error_queue,
+        "CONTROLROOM_INGESTION__WORKERS": "1",
+        "CONTROLROOM_INGESTION__BATCH_SIZE": "10",
+        "CONTROLROOM_INGESTION__STOP_GRACE_SECONDS": "0.5",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("CONTROLROOM_BROKER_URL", None)
+    log = tmp_path / "serve.log"
+    killed = re.compile(r"intake worker 0 did not stop; killing it")
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [str(CONTROLROOM_EXE), "serve", "--port", "0"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its group: nothing outlives a failed test
+        )
+    try:
+
+        async def stop_while_held() -> None:
+            async with asyncio.timeout(TIMEOUT + 60):
+                await until(lambda: asyncio.sleep(0, _worker_count(process.pid) == 1))
+                with writes_held(settings.effective_database_url):
+                    await publish(settings, [(failed_headers(n), b"{}") for n in names])
+                    # A batch's write waits on the lock: the worker holds it when told to stop.
+                    await until(lambda: asyncio.to_thread(_waiting_writes, engine))
+                    process.send_signal(signal.SIGTERM)
+                    await until(lambda: asyncio.sleep(0, _said(log, killed) == 1))
+                await asyncio.to_thread(process.wait, TIMEOUT)
+
+        asyncio.run(stop_while_held())
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+    text = log.read_text(errors="replace")
+    assert re.search(r"gave back \d+ messages intake worker 0 held", text), text
+    ready, unsettled = queue_counts(settings)
+    assert unsettled == 0  # nothing left leased by the killed worker
+    try:
+        assert ready + len(stored_rows(engine)) == len(names)
+    finally:
+        engine.dispose()

@@ -342,8 +342,9 @@ class _Service:
                     on_serving(Serving(self._url(), ingesting=ingesting))
                 await stop.wait()
                 self._stopping = True
-                for intake in self._intakes.values():
-                    await intake.stop()
+                # Every intake at once: each takes no more deliveries from now, and their
+                # graces run together (docs/decisions.md "A stop finishes the batches in hand").
+                await asyncio.gather(*(intake.stop() for intake in self._intakes.values()))
                 if self._workers is not None:
                     await self._workers.stop()
                 self._http.should_exit = True

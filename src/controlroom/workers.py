@@ -180,8 +180,8 @@ async def _run_parts(
     ended = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait([ended, *intakes, *others], return_when=asyncio.FIRST_COMPLETED)
     loop.remove_reader(reporter.conn.fileno())
-    await errors.stop()
-    await telemetry.stop()
+    # Both at once: each takes no more deliveries from now, and their graces run together.
+    await asyncio.gather(errors.stop(), telemetry.stop())
     for task in [ended, *others]:
         task.cancel()
     await asyncio.gather(*intakes, *others, return_exceptions=True)
@@ -441,6 +441,7 @@ class WorkerPool:
                 log.error("intake worker %d did not stop; killing it", worker.index)
                 worker.process.kill()
                 await worker.exited.wait()
+                await self._give_back_claims(worker)
 
     def exposition(self) -> bytes:
         """Serve's own metrics merged with the workers' last snapshots (module

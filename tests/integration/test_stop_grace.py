@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,9 +154,16 @@ def test_a_batch_in_hand_is_stored_once_the_store_lets_it_within_the_grace(
 
 
 def test_a_batch_in_hand_goes_back_to_the_queue_when_the_grace_ends(
-    intake: Intake, settings: Settings, engine: sa.Engine
+    intake: Intake, settings: Settings, engine: sa.Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
     held = _stopped_while_held(intake, settings, engine, grace=0.5, released_after=None)
     left = asyncio.run(held)
     assert count(engine, intake.table) == 0
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(
+        re.fullmatch(
+            rf".*batch of {BATCH} not written before the stop \(.+\); returned to the queue", m
+        )
+        for m in said
+    ), said
     assert left == BATCH

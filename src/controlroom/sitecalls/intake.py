@@ -205,6 +205,12 @@ class TelemetryIngestionService:
                     "telemetry batch of %d not written; returned to the queue", len(deliveries)
                 )
                 await asyncio.sleep(self._settings.ingestion.max_backoff_seconds)
+            else:
+                log.warning(
+                    "telemetry batch of %d not written before the stop (%s); returned to the queue",
+                    len(deliveries),
+                    name_failure(exc),
+                )
             await reject_all(deliveries)
             return
         self.health.stored()

@@ -291,6 +291,12 @@ class IngestionService:
             )
             INGESTED.labels("returned").inc(len(deliveries))
             await asyncio.sleep(self._settings.ingestion.max_backoff_seconds)
+        else:
+            log.warning(
+                "batch of %d not written before the stop (%s); returned to the queue",
+                len(deliveries),
+                name_failure(exc),
+            )
         await reject_all(deliveries)
 
     def _parse_all(self, deliveries: Sequence[Delivery]) -> list[_Parsed]:
