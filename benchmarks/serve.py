@@ -271,6 +271,8 @@ class Drain:
     """Rows updated, and of those updated in place (HOT: no index entry), per table."""
     full_page_images: list[FullPageImages] = field(default_factory=list)
     """With ``--wal-by-relation``: the drain's full-page images by relation and record."""
+    wal_bytes: list[WalBytes] = field(default_factory=list)
+    """With ``--wal-by-relation``: the drain's WAL by relation."""
 
     @property
     def start(self) -> Sample:
@@ -386,6 +388,38 @@ CROSS JOIN LATERAL regexp_matches(
 LEFT JOIN pg_class c ON c.relfilenode = CAST(m[1] AS oid)
 GROUP BY 1, 2 ORDER BY 3 DESC
 """
+
+
+WAL_BY_RELATION = """
+SELECT coalesce(c.relname, 'relfilenode ' || m[1], '(no block)') AS relation,
+       count(*) AS records, sum(r.record_length) AS bytes, sum(r.fpi_length) AS image_bytes
+FROM pg_get_wal_records_info(CAST(:start AS pg_lsn), CAST(:end AS pg_lsn)) AS r
+CROSS JOIN LATERAL regexp_match(r.block_ref, 'rel \\d+/\\d+/(\\d+) fork') AS m
+LEFT JOIN pg_class c ON c.relfilenode = CAST(m[1] AS oid)
+GROUP BY 1 ORDER BY 3 DESC
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class WalBytes:
+    """The WAL records of one relation over a drain (each record counted whole under the
+    relation of its first block), their bytes and of those the page images' bytes."""
+
+    relation: str
+    records: int
+    bytes: int
+    image_bytes: int
+
+
+def wal_by_relation(conn: sa.Connection, start: str, end: str) -> list[WalBytes]:
+    """The WAL between LSNs ``start`` and ``end`` by relation (``WAL_BY_RELATION``), most
+    bytes first."""
+    return [
+        WalBytes(relation, int(records), int(size), int(images or 0))
+        for relation, records, size, images in conn.execute(
+            sa.text(WAL_BY_RELATION), {"start": start, "end": end}
+        )
+    ]
 
 
 WAL_KEPT = "wal_keep_size=16GB"
@@ -789,6 +823,7 @@ def run_serve(
                 if args.wal_by_relation:
                     with console.status(f"{name}: reading the drain's WAL (pg_walinspect)"):
                         drain.full_page_images = full_page_images(conn, start_lsn, end_lsn)
+                        drain.wal_bytes = wal_by_relation(conn, start_lsn, end_lsn)
             engine.dispose()
             drain.notes += log_warnings(log_path)
             if profile is not None:
@@ -1524,6 +1559,21 @@ def print_server_work(console: Console, drains: Sequence[Drain], top: int = 8) -
             console.print(
                 f"{drain.name}, full-page images per message by relation and record (distinct "
                 f"blocks per message), most first: {images}"
+            )
+        if drain.wal_bytes:
+            images_of: dict[str, int] = {}
+            for f in drain.full_page_images:
+                images_of[f.relation] = images_of.get(f.relation, 0) + f.images
+            wal = ", ".join(
+                f"{w.relation} {w.bytes / 1024 / drain.messages:.2f} KB "
+                f"({w.image_bytes / 1024 / drain.messages:.2f} KB in "
+                f"{images_of.get(w.relation, 0) / drain.messages:.2f} images)"
+                for w in drain.wal_bytes
+                if w.bytes / 1024 / drain.messages >= 0.05
+            )
+            console.print(
+                f"{drain.name}, WAL per message by relation (a record under its first block's "
+                f"relation; of it, page images), every relation from 0.05 KB: {wal}"
             )
 
 
