@@ -12,6 +12,7 @@ branches and are not modelled here.
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -121,7 +122,20 @@ STATUS_SORT_KEYS = ("time_sent", "last_failure_at", "message_type", "message_id"
 replacing 0004's ``(key, id)``; migration 0027 for the message id, replacing its own
 index): a status's page walks its own rows in order, a page of several statuses (or all)
 merges one such walk per status. A lookup by message id names every status
-(``errors.read.filters.message_id_is``)."""
+(``errors.read.filters.message_id_is``). The message type's index is ``(status,
+message_type, last_failure_at, id)`` (``TYPE_TIES``)."""
+
+TYPE_TIES = "last_failure_at"
+"""The column that orders equal message types before the id, in the lists' sort by
+message type (``errors.read.filters``) and in every index by message type, the group
+rows' from their copy (migration 0036): a new failure's entry lands at the end of its
+type's range, not at a random place by its random id."""
+
+
+def _ties(key: str, table: sa.Table) -> list[sa.Column[Any]]:
+    """The columns of ``table`` between sort ``key`` and the id in ``key``'s index."""
+    return [table.c[TYPE_TIES]] if key == "message_type" else []
+
 
 for _key in STATUS_SORT_KEYS:
     _column = failed_messages.c[_key]
@@ -129,15 +143,16 @@ for _key in STATUS_SORT_KEYS:
         f"ix_failed_messages_status_{_key}_id",
         failed_messages.c.status,
         _column.asc().nulls_first() if _column.nullable else _column,
+        *_ties(_key, failed_messages),
         failed_messages.c.id,
     )
 
 SUBSET_SORT_KEYS = ("time_sent", "last_failure_at")
 """The sort columns an endpoint's or a queue address's page walks its own index of,
 ``(subset column, key, id)`` (migration 0020); by message type it walks the partial
-indexes of migration 0032 (not modelled here: their predicate is each provider's
-expression, ``errors.read.lists.INDEXED_TYPE_BYTES``); other keys read the subset and
-sort it."""
+indexes of migration 0032, ``(subset column, message_type, last_failure_at, id)`` since
+0036 (not modelled here: their predicate is each provider's expression,
+``errors.read.lists.INDEXED_TYPE_BYTES``); other keys read the subset and sort it."""
 
 QUEUE_ADDRESS_COVERED = "ix_failed_messages_queue_address_lower_time_sent"
 """The index of the lower-cased queue address that holds the address itself too
@@ -231,8 +246,9 @@ GROUP_COPIES = (
 GROUP_SORT_KEYS = ("time_sent", "last_failure_at", "message_type")
 """The sort columns a group's page walks its own index of, ``(group_id, key,
 failed_message_id)``: ServicePulse's sorts of a group's messages, ``time_sent``,
-``time_of_failure`` (migration 0020) and ``message_type`` (migration 0029); other keys read
-the group's rows and sort them."""
+``time_of_failure`` (migration 0020) and ``message_type`` (migration 0029; ``(group_id,
+message_type, last_failure_at, failed_message_id)`` since 0036, ``TYPE_TIES``); other keys
+read the group's rows and sort them."""
 
 # A group's sort keys (migrations 0020, 0029): its page walks its own rows in order.
 # Nullable as the message's column is (the copies are NULL only within an insert on SQLite).
@@ -242,6 +258,7 @@ for _key in GROUP_SORT_KEYS:
         f"ix_failed_message_groups_group_id_{_key}",
         failed_message_groups.c.group_id,
         _column.asc().nulls_first() if failed_messages.c[_key].nullable else _column,
+        *_ties(_key, failed_message_groups),
         failed_message_groups.c.failed_message_id,
     )
 

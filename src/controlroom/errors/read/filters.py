@@ -3,8 +3,9 @@ the page window, as conditions and clauses over ``failed_messages``.
 
 Lists are filtered by a ``FailedMessageFilter`` and ordered by an ``Ordering``: one of
 ServiceControl's sort keys, then the id in the same direction, so equal keys never make
-pages overlap or skip rows. An empty value (no ``message_type``, no ``time_sent``) sorts
-as the smallest: first ascending, last descending, on every provider.
+pages overlap or skip rows; equal message types are ordered by the stored attempt's time
+of failure before the id (``_TIES_BROKEN_BY``). An empty value (no ``message_type``, no
+``time_sent``) sorts as the smallest: first ascending, last descending, on every provider.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from typing import Any, Literal, get_args
 import sqlalchemy as sa
 
 from controlroom.db.providers import Provider
-from controlroom.db.tables import FailedMessageStatus, failed_message_groups, failed_messages
+from controlroom.db.tables import (
+    TYPE_TIES,
+    FailedMessageStatus,
+    failed_message_groups,
+    failed_messages,
+)
 
 fm = failed_messages.c
 
@@ -63,6 +69,15 @@ _SORT_COLUMNS: dict[SortKey, sa.Column[Any]] = {
     # ServicePulse's Pending Retries view: a retry request sets the status, which stamps
     # last_modified, so a RetryIssued message's last_modified is when its retry was asked.
     "time_of_retry_request": fm.last_modified,
+}
+
+# The columns that order a key's equal values before the id, in the key's direction.
+# ServiceControl leaves the order of equal message types unspecified; by the stored
+# attempt's time of failure (``TYPE_TIES``), an operator reads a type's messages as they
+# failed, and the indexes by message type take each new failure at the end of its type's
+# range, not at a random place by its random id (migration 0036).
+_TIES_BROKEN_BY: dict[SortKey, tuple[sa.Column[Any], ...]] = {
+    "message_type": (fm[TYPE_TIES],),
 }
 
 
@@ -169,7 +184,7 @@ def order_by(
     provider: Provider, order: Ordering, columns: sa.ColumnCollection[str, Any] | None = None
 ) -> list[sa.ColumnElement[Any]]:
     """ORDER BY clauses for ``order`` on ``provider``: the key, then the id in the same
-    direction.
+    direction (``sort_columns``).
 
     ``columns`` are those of a subquery or CTE that selected ``sort_columns(order)``;
     by default ``failed_messages``' own. Empty values sort as the smallest on every
@@ -189,9 +204,12 @@ def order_by(
 
 
 def sort_columns(order: Ordering) -> list[sa.Column[Any]]:
-    """The ``failed_messages`` columns ``order`` sorts by: the key's, then the id."""
+    """The ``failed_messages`` columns ``order`` sorts by: the key's, those breaking its
+    ties (by message type: the stored attempt's time of failure), then the id."""
     column = _SORT_COLUMNS[order.key]
-    return [column] if column is fm.id else [column, fm.id]
+    if column is fm.id:
+        return [column]
+    return [column, *_TIES_BROKEN_BY.get(order.key, ()), fm.id]
 
 
 def status_conditions(

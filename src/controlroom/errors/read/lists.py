@@ -63,9 +63,9 @@ all messages (7,000 at 1,000,000)."""
 
 INDEXED_TYPE_BYTES = 1000
 """The longest message type (bytes of UTF-8) that an endpoint's and a queue address's
-``(subset column, message_type, id)`` indexes hold (partial, migration 0032): beside a
-subset key of 1,600 bytes an entry stays within PostgreSQL's 2,704 bytes. Longer types
-have an index of the subset's column of their own (partial too)."""
+``(subset column, message_type, last_failure_at, id)`` indexes hold (partial, migrations
+0032, 0036): beside a subset key of 1,600 bytes an entry stays within PostgreSQL's 2,704
+bytes. Longer types have an index of the subset's column of their own (partial too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +182,8 @@ def merged_walks(
 ) -> sa.Subquery:
     """The messages (their ``sort_columns``) among ``statuses`` matching ``conditions``
     in ``order``, ``limit`` from ``offset``, as a subquery: one walk per status of its
-    ``(status, key, id)`` index, merged by a compound ``ORDER BY`` (UNION ALL). Each walk
+    ``(status, key, id)`` index (by message type ``(status, message_type,
+    last_failure_at, id)``), merged by a compound ``ORDER BY`` (UNION ALL). Each walk
     reads its own status's rows, never another's: a status's page costs the same however
     many messages of other statuses are newer (docs/decisions.md "A subset is read from
     its own rows"). PostgreSQL merges the walks, each bounded by the page's end
@@ -262,7 +263,8 @@ def _group_page(
     provider: Provider, where: FailedMessageFilter, order: Ordering, *, offset: int, limit: int
 ) -> sa.Subquery:
     """A group's page, from its group rows alone when they hold the sort key's copy and
-    ``where`` filters by statuses only: walking ``(group_id, key, failed_message_id)`` in
+    ``where`` filters by statuses only: walking ``(group_id, key, failed_message_id)`` (by
+    message type ``(group_id, message_type, last_failure_at, failed_message_id)``) in
     order for the keys of ``GROUP_SORT_KEYS``, else its rows read and sorted; any other
     filter joins its rows to their messages, read and sorted."""
     if not _group_rows_hold(where, order):
@@ -279,12 +281,13 @@ def _subset_page(
 ) -> sa.Subquery:
     """The page of an endpoint or a queue address (``where`` names one or both): walking
     ``(subset column, key, id)`` in order for the keys of ``SUBSET_SORT_KEYS``; by message
-    type, the walk of ``(subset column, message_type, id)`` over the types of at most
-    ``INDEXED_TYPE_BYTES`` merged with the subset's longer types sorted; else the
-    subset's rows read by its ``time_sent`` index and sorted. The status and the other equality
-    conditions are kept from every index (``subset_conditions``), so no planner reads
-    another column's matches instead: a status's index, walked for an endpoint holding a
-    third of the messages, passed every newer message of that status elsewhere."""
+    type, the walk of ``(subset column, message_type, last_failure_at, id)`` over the
+    types of at most ``INDEXED_TYPE_BYTES`` merged with the subset's longer types sorted;
+    else the subset's rows read by its ``time_sent`` index and sorted. The status and the
+    other equality conditions are kept from every index (``subset_conditions``), so no
+    planner reads another column's matches instead: a status's index, walked for an
+    endpoint holding a third of the messages, passed every newer message of that status
+    elsewhere."""
     conditions = subset_conditions(where, provider)
     key = _leading_key(order)
     if key in SUBSET_SORT_KEYS:
