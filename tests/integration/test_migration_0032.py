@@ -71,14 +71,14 @@ def listed(engine: sa.Engine, where: FailedMessageFilter, descending: bool) -> l
 
 def sorted_by_store(engine: sa.Engine, condition: str, descending: bool) -> list[str]:
     """The ids meeting ``condition`` as the store sorts them by message type (empty types
-    first ascending) then id."""
+    first ascending), then time of failure and id (migration 0036)."""
     direction = "DESC NULLS LAST" if descending else "ASC NULLS FIRST"
-    id_direction = "DESC" if descending else "ASC"
+    ties = "DESC" if descending else "ASC"
     with engine.connect() as conn:
         return list(
             conn.exec_driver_sql(
                 f"SELECT id FROM failed_messages WHERE {condition} "
-                f"ORDER BY message_type {direction}, id {id_direction}"
+                f"ORDER BY message_type {direction}, last_failure_at {ties}, id {ties}"
             ).scalars()
         )
 
@@ -91,7 +91,8 @@ def test_0032_pages_by_message_type_walk_the_subsets_rows_in_the_stores_order(
         IngestionBatch(
             attempts=[
                 dataclasses.replace(
-                    attempt(n, at(10 * n), endpoint="queue" if n % 5 else "Other"),
+                    # failing out of the ids' order: the time of failure orders equal types
+                    attempt(n, at(10 * ((n * 13) % 40)), endpoint="queue" if n % 5 else "Other"),
                     message_type=TYPES[n % len(TYPES)],
                 )
                 for n in range(40)
