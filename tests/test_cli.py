@@ -435,6 +435,29 @@ def test_a_duration_that_does_not_parse_is_refused_naming_its_forms(
     ), output
 
 
+@pytest.mark.parametrize(
+    ("variable", "setting"),
+    [
+        ("CONTROLROOM_INGESTION__STOP_GRACE_SECONDS", "ingestion.stop_grace_seconds"),
+        ("CONTROLROOM_STARTUP__WAIT_SECONDS", "startup.wait_seconds"),
+    ],
+)
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_number_of_seconds_that_is_no_number_is_refused_as_such(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, variable: str, setting: str, value: str
+) -> None:
+    """ "nan" was refused as "less than or equal to 600" and "inf" passed a check with no
+    upper bound: neither is a number of seconds."""
+    monkeypatch.setenv(variable, value)
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert f"invalid setting {setting} ({variable}): Input should be a finite number" in (
+        " ".join(output.split())
+    ), output
+
+
 def test_a_variable_that_names_no_setting_is_ignored_with_a_warning(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

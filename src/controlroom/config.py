@@ -34,7 +34,7 @@ fail on at every run instead of at start."""
 class IngestionSettings(BaseModel):
     """How the error queue is drained into the store."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     batch_size: int = Field(200, ge=1, le=10_000, description="Messages per write batch.")
     concurrent_batches: int = Field(2, ge=1, le=64, description="Batches written at once.")
@@ -125,7 +125,7 @@ class StartupSettings(BaseModel):
     """What serve does when it starts before its store or broker (docs/design.md
     "Operational contract")."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     wait_seconds: float = Field(
         300.0,
@@ -138,7 +138,7 @@ class StartupSettings(BaseModel):
 class SiteCallSettings(BaseModel):
     """The site-call mirror (docs/design.md "Site call audit")."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     retention_days: int = Field(
         365,
@@ -169,7 +169,7 @@ class SiteCallSettings(BaseModel):
 class AuditSettings(BaseModel):
     """The append-only audit log and the ingest of telemetry into it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     ingest_budget: float = Field(
         20.0, gt=0, description="Seconds one chunk of telemetry may take to write."
@@ -196,7 +196,7 @@ class AuditSettings(BaseModel):
 class KpiSettings(BaseModel):
     """Site-call KPIs and their history."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     interval: timedelta = Field(
         timedelta(hours=1),
@@ -236,7 +236,7 @@ class ConfiguredSite(BaseModel):
     """A site whose agent central pulls and relays commands to (docs/design.md
     "Reconciliation", "Retry/Discard relay")."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     id: str = Field(
         min_length=1, max_length=64, description="The site's source_site in its telemetry."
@@ -286,7 +286,7 @@ class ReconciliationSettings(BaseModel):
     """Reconciliation pulls from the sites and the Retry/Discard relay (docs/design.md
     "Reconciliation", "Retry/Discard relay")."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     interval: timedelta = Field(
         timedelta(minutes=5), gt=timedelta(0), description="Time between two passes."
@@ -325,7 +325,7 @@ class SmtpSettings(BaseModel):
     outbox"). A TLS or login failure is a configuration error, never a plaintext
     fallback."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     host: str = Field(min_length=1, pattern=r"^[^\s/]+$", description="The server's name.")
     port: int = Field(25, ge=1, le=65535)
@@ -348,7 +348,7 @@ class WebhookChannel(BaseModel):
     """A named webhook: notifications whose target is ``name`` are POSTed to ``url``,
     signed with ``secret`` (Standard Webhooks, docs/design.md "Notification outbox")."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=256, pattern=_HEADER_SAFE.pattern)
     url: str = Field(pattern=r"^https?://[^/\s]+(/[^\s]*)?$", description="Where it POSTs.")
@@ -390,7 +390,7 @@ class RecipientList(BaseModel):
     """A named list of e-mail addresses: notifications whose target is ``name`` mail
     each of ``addresses``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=256, pattern=_HEADER_SAFE.pattern)
     addresses: list[str] = Field(min_length=1)
@@ -415,7 +415,7 @@ class NotificationRule(BaseModel):
     ``target`` over ``channel``, saying how many there were (docs/design.md "Notification
     rules")."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
     event_types: list[str] = Field(
@@ -448,7 +448,7 @@ class NotificationSettings(BaseModel):
     """The notification outbox: channels, recipient lists and the dispatcher's rules
     (docs/design.md "Notification outbox")."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     smtp: SmtpSettings | None = Field(None, description="The mail server; none: no e-mail.")
     webhooks: list[WebhookChannel] = Field(default_factory=list)
@@ -562,7 +562,7 @@ class AuthToken(BaseModel):
     ``/api/configuration``; ``name`` says whose it is wherever the API names the caller.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=100, description="Who holds the token.")
     token: BearerSecret = Field(description="The bearer token (secret).")
@@ -581,6 +581,7 @@ class Settings(EnvThenTomlSettings):
         env_nested_delimiter="__",
         extra="forbid",
         hide_input_in_errors=True,
+        allow_inf_nan=False,  # a "nan" or "inf" duration or size is refused as no number
     )
 
     data_dir: Path = Path("./controlroom-data")

@@ -25,6 +25,7 @@ class SiteSettings(EnvThenTomlSettings):
         env_nested_delimiter="__",
         extra="forbid",
         hide_input_in_errors=True,
+        allow_inf_nan=False,  # a "nan" or "inf" duration is refused as no number
     )
 
     site_id: str = Field(min_length=1, max_length=64, description="source_site of its calls.")
