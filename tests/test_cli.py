@@ -420,6 +420,30 @@ def test_a_misspelt_setting_is_refused_naming_the_closest(
     assert f"no such setting; did you mean {meant}?" in " ".join(output.split()), output
 
 
+@pytest.mark.parametrize(
+    ("toml", "named"),
+    [
+        ("port = true\n", "port"),
+        ("[ingestion]\nbatch_size = true\n", "ingestion.batch_size"),
+        ("[ingestion]\nstop_grace_seconds = false\n", "ingestion.stop_grace_seconds"),
+        ("error_retention_period = true\n", "error_retention_period"),
+    ],
+)
+def test_true_or_false_for_a_number_in_the_settings_file_is_refused(
+    data_dir: Path, tmp_path: Path, toml: str, named: str
+) -> None:
+    """TOML's booleans are no numbers: pydantic's lax mode reads ``true`` as 1 (one
+    second, a batch of one), which the user did not mean."""
+    config = tmp_path / "controlroom.toml"
+    config.write_text(toml)
+
+    code, output = invoke("migrate", "--config", str(config))
+
+    assert code == 2, output
+    assert f"invalid setting {named} (" in output, output
+    assert "a number is wanted, not true or false" in " ".join(output.split()), output
+
+
 @pytest.mark.parametrize("value", ["P15Q", "fifteen days", ""])
 def test_a_duration_that_does_not_parse_is_refused_naming_its_forms(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch, value: str

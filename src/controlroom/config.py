@@ -16,14 +16,19 @@ from pathlib import Path
 from typing import ClassVar, Literal, Unpack
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     SettingsConfigDict,
 )
 
 from controlroom.db.providers import EMBEDDED
 from controlroom.event_types import EventType
-from controlroom.settings_sources import BearerSecret, EnvThenTomlSettings, ListenOverrides
+from controlroom.settings_sources import (
+    BearerSecret,
+    EnvThenTomlSettings,
+    ListenOverrides,
+    SettingsTable,
+)
 
 CENTURY_DAYS = 36_500
 """The longest a retention or a KPI window may be set to: a stamp of now minus (or plus)
@@ -31,10 +36,8 @@ a longer one can leave the calendar (year 1 or 9999), which the sweep computing 
 fail on at every run instead of at start."""
 
 
-class IngestionSettings(BaseModel):
+class IngestionSettings(SettingsTable):
     """How the error queue is drained into the store."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     batch_size: int = Field(200, ge=1, le=10_000, description="Messages per write batch.")
     concurrent_batches: int = Field(2, ge=1, le=64, description="Batches written at once.")
@@ -121,11 +124,9 @@ class IngestionSettings(BaseModel):
         return self.prefetch or self.batch_size * self.concurrent_batches
 
 
-class StartupSettings(BaseModel):
+class StartupSettings(SettingsTable):
     """What serve does when it starts before its store or broker (docs/design.md
     "Operational contract")."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     wait_seconds: float = Field(
         300.0,
@@ -135,10 +136,8 @@ class StartupSettings(BaseModel):
     )
 
 
-class SiteCallSettings(BaseModel):
+class SiteCallSettings(SettingsTable):
     """The site-call mirror (docs/design.md "Site call audit")."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     retention_days: int = Field(
         365,
@@ -166,10 +165,8 @@ class SiteCallSettings(BaseModel):
     )
 
 
-class AuditSettings(BaseModel):
+class AuditSettings(SettingsTable):
     """The append-only audit log and the ingest of telemetry into it."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     ingest_budget: float = Field(
         20.0, gt=0, description="Seconds one chunk of telemetry may take to write."
@@ -193,10 +190,8 @@ class AuditSettings(BaseModel):
     )
 
 
-class KpiSettings(BaseModel):
+class KpiSettings(SettingsTable):
     """Site-call KPIs and their history."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     interval: timedelta = Field(
         timedelta(hours=1),
@@ -232,11 +227,9 @@ class KpiSettings(BaseModel):
 _DOMAIN = re.compile(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*")
 
 
-class ConfiguredSite(BaseModel):
+class ConfiguredSite(SettingsTable):
     """A site whose agent central pulls and relays commands to (docs/design.md
     "Reconciliation", "Retry/Discard relay")."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     id: str = Field(
         min_length=1, max_length=64, description="The site's source_site in its telemetry."
@@ -282,11 +275,9 @@ class ConfiguredSite(BaseModel):
         return self
 
 
-class ReconciliationSettings(BaseModel):
+class ReconciliationSettings(SettingsTable):
     """Reconciliation pulls from the sites and the Retry/Discard relay (docs/design.md
     "Reconciliation", "Retry/Discard relay")."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     interval: timedelta = Field(
         timedelta(minutes=5), gt=timedelta(0), description="Time between two passes."
@@ -320,12 +311,10 @@ _ADDRESS = re.compile(r"^[^@\s<>,;\"]+@[^@\s<>,;\"]+$")
 _WEBHOOK_SECRET = re.compile(r"whsec_[A-Za-z0-9+/]+={0,2}")
 
 
-class SmtpSettings(BaseModel):
+class SmtpSettings(SettingsTable):
     """The mail server notifications go out through (docs/design.md "Notification
     outbox"). A TLS or login failure is a configuration error, never a plaintext
     fallback."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     host: str = Field(min_length=1, pattern=r"^[^\s/]+$", description="The server's name.")
     port: int = Field(25, ge=1, le=65535)
@@ -344,11 +333,9 @@ class SmtpSettings(BaseModel):
         return self
 
 
-class WebhookChannel(BaseModel):
+class WebhookChannel(SettingsTable):
     """A named webhook: notifications whose target is ``name`` are POSTed to ``url``,
     signed with ``secret`` (Standard Webhooks, docs/design.md "Notification outbox")."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=256, pattern=_HEADER_SAFE.pattern)
     url: str = Field(pattern=r"^https?://[^/\s]+(/[^\s]*)?$", description="Where it POSTs.")
@@ -386,11 +373,9 @@ class WebhookChannel(BaseModel):
         return secret
 
 
-class RecipientList(BaseModel):
+class RecipientList(SettingsTable):
     """A named list of e-mail addresses: notifications whose target is ``name`` mail
     each of ``addresses``."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=256, pattern=_HEADER_SAFE.pattern)
     addresses: list[str] = Field(min_length=1)
@@ -408,14 +393,12 @@ class RecipientList(BaseModel):
         return addresses
 
 
-class NotificationRule(BaseModel):
+class NotificationRule(SettingsTable):
     """A rule: event log items of ``event_types`` (optionally only those related to
     ``related_to``, e.g. ``/site/plant-7``, to an ``endpoint``, a failure ``group`` or a
     ``site``, and at least ``min_severity``) make one notification per ``window`` to
     ``target`` over ``channel``, saying how many there were (docs/design.md "Notification
     rules")."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
     event_types: list[str] = Field(
@@ -444,11 +427,9 @@ class NotificationRule(BaseModel):
     )
 
 
-class NotificationSettings(BaseModel):
+class NotificationSettings(SettingsTable):
     """The notification outbox: channels, recipient lists and the dispatcher's rules
     (docs/design.md "Notification outbox")."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     smtp: SmtpSettings | None = Field(None, description="The mail server; none: no e-mail.")
     webhooks: list[WebhookChannel] = Field(default_factory=list)
@@ -555,14 +536,12 @@ Role = Literal["reader", "operator", "admin"]
 edit; ``admin`` also delete endpoints (``controlroom.api.auth``)."""
 
 
-class AuthToken(BaseModel):
+class AuthToken(SettingsTable):
     """One bearer token of the API and the role it grants.
 
     ``token`` is a secret: a ``SecretStr``, so it never shows in a repr, a log line or
     ``/api/configuration``; ``name`` says whose it is wherever the API names the caller.
     """
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=100, description="Who holds the token.")
     token: BearerSecret = Field(description="The bearer token (secret).")

@@ -11,11 +11,19 @@ import json
 import os
 import re
 import typing
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, ClassVar, TypedDict
 
-from pydantic import BaseModel, BeforeValidator, SecretStr
-from pydantic_core import PydanticKnownError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError, PydanticKnownError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -41,6 +49,37 @@ BearerSecret = Annotated[SecretStr, BeforeValidator(_long_enough)]
 """A bearer token: a ``SecretStr`` of at least ``SECRET_LENGTH`` characters."""
 
 
+def _wants_a_number(model: type[BaseModel], field_name: str | None) -> bool:
+    """Whether the field takes a number (or a duration) and no boolean."""
+    field = model.model_fields.get(field_name or "")
+    if field is None:
+        return False
+    kinds = (field.annotation, *typing.get_args(field.annotation))
+    return bool not in kinds and any(kind in (int, float, timedelta) for kind in kinds)
+
+
+def _no_true_or_false_for_a_number(
+    model: type[BaseModel], value: object, info: ValidationInfo
+) -> object:
+    """Refuses a TOML or JSON ``true``/``false`` given for a number: pydantic's lax mode
+    reads it as 1 or 0 (a one-second duration, a batch of one), which nobody means."""
+    if isinstance(value, bool) and _wants_a_number(model, info.field_name):
+        raise PydanticCustomError("number_not_boolean", "a number is wanted, not true or false")
+    return value
+
+
+class SettingsTable(BaseModel):
+    """A table of settings (``[ingestion]``, an item of ``[[sites]]``, ...): a name that is
+    no setting is refused, as are ``nan``, ``inf`` and ``true``/``false`` for a number."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_no_booleans(cls, value: object, info: ValidationInfo) -> object:
+        return _no_true_or_false_for_a_number(cls, value, info)
+
+
 class ListenOverrides(TypedDict, total=False):
     """Settings the command line may give over every other source: where to listen."""
 
@@ -56,6 +95,11 @@ class EnvThenTomlSettings(BaseSettings):
     """
 
     config_file_variable: ClassVar[str]
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_no_booleans(cls, value: object, info: ValidationInfo) -> object:
+        return _no_true_or_false_for_a_number(cls, value, info)
 
     @classmethod
     def settings_customise_sources(

@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from controlroom.config import CENTURY_DAYS, Settings
+from controlroom.site.config import SiteSettings
 
 TOO_LONG = timedelta(days=CENTURY_DAYS + 1)
 
@@ -44,3 +45,25 @@ def test_a_retention_past_a_century_is_refused_naming_it(
 def test_a_century_itself_is_accepted() -> None:
     settings = Settings(error_retention_period=timedelta(days=CENTURY_DAYS))
     assert settings.error_retention_period == timedelta(days=CENTURY_DAYS)
+
+
+@pytest.mark.parametrize(
+    ("model", "values", "where"),
+    [
+        (Settings, {"ingestion": {"workers": True}}, ("ingestion", "workers")),
+        (Settings, {"kpi": {"interval": False}}, ("kpi", "interval")),
+        (Settings, {"notifications": {"max_attempts": True}}, ("notifications", "max_attempts")),
+        (SiteSettings, {"site_id": "plant-7", "port": True}, ("port",)),
+    ],
+)
+def test_true_or_false_is_no_number_in_any_table(
+    model: type[Settings] | type[SiteSettings], values: dict[str, Any], where: tuple[str, ...]
+) -> None:
+    """Every table of central's and the site agent's settings refuses a boolean for a
+    number; a boolean setting still takes one."""
+    with pytest.raises(ValidationError) as refused:
+        model(**values)
+    [error] = refused.value.errors()
+    assert (error["loc"], error["type"]) == (where, "number_not_boolean")
+    smtp = Settings(notifications={"smtp": {"host": "mail", "starttls": True}}).notifications.smtp
+    assert smtp is not None and smtp.starttls is True
