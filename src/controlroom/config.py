@@ -24,16 +24,14 @@ from pydantic_settings import (
 from controlroom.db.providers import EMBEDDED
 from controlroom.event_types import EventType
 from controlroom.settings_sources import (
+    CENTURY_DAYS,
     BearerSecret,
     EnvThenTomlSettings,
     ListenOverrides,
+    Period,
+    Seconds,
     SettingsTable,
 )
-
-CENTURY_DAYS = 36_500
-"""The longest a retention or a KPI window may be set to: a stamp of now minus (or plus)
-a longer one can leave the calendar (year 1 or 9999), which the sweep computing it would
-fail on at every run instead of at start."""
 
 
 class IngestionSettings(SettingsTable):
@@ -55,10 +53,10 @@ class IngestionSettings(SettingsTable):
             "besides the prefetch count; a larger message is taken alone."
         ),
     )
-    max_backoff_seconds: float = Field(
+    max_backoff_seconds: Seconds = Field(
         30.0, gt=0, description="Cap of the back-off while the database is unreachable."
     )
-    report_interval_seconds: float = Field(
+    report_interval_seconds: Seconds = Field(
         10.0, gt=0, description="How often serve logs what ingestion did, while it has work."
     )
     alert_group_failures_per_hour: int | None = Field(
@@ -88,7 +86,7 @@ class IngestionSettings(SettingsTable):
             "is busy or unreachable before it goes back to the queue unwritten."
         ),
     )
-    stall_seconds: float = Field(
+    stall_seconds: Seconds = Field(
         300.0,
         gt=0,
         description=(
@@ -128,7 +126,7 @@ class StartupSettings(SettingsTable):
     """What serve does when it starts before its store or broker (docs/design.md
     "Operational contract")."""
 
-    wait_seconds: float = Field(
+    wait_seconds: Seconds = Field(
         300.0,
         ge=0,
         description="Seconds serve waits, trying again with back-off, for an unreachable "
@@ -145,7 +143,7 @@ class SiteCallSettings(SettingsTable):
         le=CENTURY_DAYS,
         description="Terminal site calls older than this many days are purged.",
     )
-    purge_interval_seconds: float = Field(
+    purge_interval_seconds: Seconds = Field(
         86_400.0, gt=0, description="How often the site-call and audit-log purge runs."
     )
     tombstone_days: int = Field(
@@ -168,15 +166,15 @@ class SiteCallSettings(SettingsTable):
 class AuditSettings(SettingsTable):
     """The append-only audit log and the ingest of telemetry into it."""
 
-    ingest_budget: float = Field(
+    ingest_budget: Seconds = Field(
         20.0, gt=0, description="Seconds one chunk of telemetry may take to write."
     )
-    row_budget: float = Field(
+    row_budget: Seconds = Field(
         5.0,
         gt=0,
         description="Fresh seconds each packet gets when a failed chunk is written row by row.",
     )
-    request_budget: float = Field(
+    request_budget: Seconds = Field(
         30.0,
         gt=0,
         description="Seconds one telemetry request, queue batch or reconciliation page may "
@@ -206,7 +204,7 @@ class KpiSettings(SettingsTable):
         description="A buffered call created, or a buffered notification due, longer ago "
         "than this is stuck.",
     )
-    sample_seconds: float = Field(60.0, gt=0, description="How often KPIs are sampled.")
+    sample_seconds: Seconds = Field(60.0, gt=0, description="How often KPIs are sampled.")
     history_days: int = Field(
         90, ge=1, le=CENTURY_DAYS, description="How long KPI samples are kept."
     )
@@ -279,16 +277,16 @@ class ReconciliationSettings(SettingsTable):
     """Reconciliation pulls from the sites and the Retry/Discard relay (docs/design.md
     "Reconciliation", "Retry/Discard relay")."""
 
-    interval: timedelta = Field(
+    interval: Period = Field(
         timedelta(minutes=5), gt=timedelta(0), description="Time between two passes."
     )
-    probe_interval: timedelta = Field(
+    probe_interval: Period = Field(
         timedelta(seconds=30),
         gt=timedelta(0),
         description="Time between pulls of a site the last pass could not reach (a site "
         "coming back is reconciled within this).",
     )
-    first_pass_delay: timedelta = Field(
+    first_pass_delay: Period = Field(
         timedelta(0),
         ge=timedelta(0),
         description="Time after start-up before the first pass, for sites that start with "
@@ -298,10 +296,10 @@ class ReconciliationSettings(SettingsTable):
     max_pages_per_pass: int = Field(
         20, ge=1, description="Pages pulled from one site in one pass at most."
     )
-    request_timeout: float = Field(
+    request_timeout: Seconds = Field(
         10.0, gt=0, description="Seconds a site may take to answer one page or command."
     )
-    lease_seconds: float = Field(
+    lease_seconds: Seconds = Field(
         600.0, gt=0, description="How long the lease of the periodic passes outlives its holder."
     )
 
@@ -460,15 +458,15 @@ class NotificationSettings(SettingsTable):
         le=CENTURY_DAYS,
         description="Terminal notifications older than this many days are purged.",
     )
-    purge_interval_seconds: float = Field(
+    purge_interval_seconds: Seconds = Field(
         86_400.0, gt=0, description="How often the notification purge runs."
     )
-    dispatch_interval_seconds: float = Field(
+    dispatch_interval_seconds: Seconds = Field(
         2.0, gt=0, description="How often the dispatcher looks for due notifications."
     )
     batch_size: int = Field(100, ge=1, le=1000, description="Notifications claimed at once.")
     concurrency: int = Field(16, ge=1, le=256, description="Sends under way at once.")
-    send_timeout: float = Field(30.0, gt=0, description="Seconds one send may take.")
+    send_timeout: Seconds = Field(30.0, gt=0, description="Seconds one send may take.")
     claim_seconds: float = Field(
         300.0,
         gt=0,

@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, ClassVar, TypedDict
 
+from annotated_types import Le
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -30,6 +31,20 @@ from pydantic_settings import (
     SettingsError,
     TomlConfigSettingsSource,
 )
+
+CENTURY_DAYS = 36_500
+"""The longest a duration setting may be: a stamp of now minus (or plus) a longer one can
+leave the calendar (year 1 or 9999), and a timer or lease of one overflows, which the part
+computing it would fail on at every run instead of at start."""
+
+Seconds = Annotated[float, Le(CENTURY_DAYS * 86_400)]
+"""A duration setting in seconds: at most a century."""
+
+Period = Annotated[timedelta, Le(timedelta(days=CENTURY_DAYS))]
+"""A duration setting as a ``timedelta`` (ISO 8601 or seconds): at most a century."""
+
+Days = Annotated[float, Le(CENTURY_DAYS)]
+"""A duration setting in days: at most a century."""
 
 SECRET_LENGTH = 16
 """The fewest characters of a bearer token central or an agent is configured with."""

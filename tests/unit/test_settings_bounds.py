@@ -4,11 +4,13 @@ computes it would fail at every run instead."""
 
 from __future__ import annotations
 
+import typing
+from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from controlroom.config import CENTURY_DAYS, Settings
 from controlroom.site.config import SiteSettings
@@ -67,3 +69,35 @@ def test_true_or_false_is_no_number_in_any_table(
     assert (error["loc"], error["type"]) == (where, "number_not_boolean")
     smtp = Settings(notifications={"smtp": {"host": "mail", "starttls": True}}).notifications.smtp
     assert smtp is not None and smtp.starttls is True
+
+
+def _durations(
+    model: type[BaseModel], prefix: str = ""
+) -> Iterator[tuple[str, type[BaseModel], str]]:
+    """Every setting of ``model`` and its tables that is a duration: seconds (a float) or
+    a ``timedelta``, as (dotted name, table, field)."""
+    for name, field in model.model_fields.items():
+        kinds = (field.annotation, *typing.get_args(field.annotation))
+        for kind in kinds:
+            for table in (kind, *typing.get_args(kind)):
+                if isinstance(table, type) and issubclass(table, BaseModel):
+                    yield from _durations(table, f"{prefix}{name}.")
+        if float in kinds or timedelta in kinds:
+            yield f"{prefix}{name}", model, name
+
+
+DURATIONS = sorted({*_durations(Settings), *_durations(SiteSettings)})
+
+
+@pytest.mark.parametrize(("setting", "table", "field"), DURATIONS, ids=[d[0] for d in DURATIONS])
+def test_no_duration_may_pass_a_century(setting: str, table: type[BaseModel], field: str) -> None:
+    """A duration past a century overflows the stamps and timers computed from it (a
+    lease's expiry, a purge's cutoff, a sleep): refused at start, never failing at every
+    run. Days are counted in days, the rest in seconds."""
+    info = table.model_fields[field]
+    days = field.endswith("_days")
+    too_long: float | timedelta = CENTURY_DAYS + 1 if days else (CENTURY_DAYS + 1) * 86_400.0
+    if timedelta in (info.annotation, *typing.get_args(info.annotation)):
+        too_long = timedelta(days=CENTURY_DAYS + 1)
+    with pytest.raises(ValidationError):
+        TypeAdapter(Annotated[info.annotation, info]).validate_python(too_long)

@@ -12,7 +12,13 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from controlroom.settings_sources import BearerSecret, EnvThenTomlSettings, ListenOverrides
+from controlroom.settings_sources import (
+    BearerSecret,
+    Days,
+    EnvThenTomlSettings,
+    ListenOverrides,
+    Seconds,
+)
 
 
 class SiteSettings(EnvThenTomlSettings):
@@ -49,22 +55,22 @@ class SiteSettings(EnvThenTomlSettings):
         "site's central_token in central's sites (an operator's token is refused).",
     )
     max_retries: int = Field(5, ge=1, le=10_000, description="Transient failures before Parked.")
-    backoff_base: float = Field(1.0, gt=0, description="Wait after the first failure (s).")
-    backoff_cap: float = Field(300.0, gt=0, description="Longest wait between attempts (s).")
-    attempt_timeout: float = Field(30.0, gt=0, description="HTTP timeout of one attempt (s).")
-    retry_poll: float = Field(1.0, gt=0, description="Longest sleep of the retry loop (s).")
+    backoff_base: Seconds = Field(1.0, gt=0, description="Wait after the first failure (s).")
+    backoff_cap: Seconds = Field(300.0, gt=0, description="Longest wait between attempts (s).")
+    attempt_timeout: Seconds = Field(30.0, gt=0, description="HTTP timeout of one attempt (s).")
+    retry_poll: Seconds = Field(1.0, gt=0, description="Longest sleep of the retry loop (s).")
     outbox_batch: int = Field(100, ge=1, le=1000, description="Packets per POST to central.")
-    outbox_poll: float = Field(1.0, gt=0, description="Sleep of an empty outbox (s).")
-    outbox_backoff_cap: float = Field(
+    outbox_poll: Seconds = Field(1.0, gt=0, description="Sleep of an empty outbox (s).")
+    outbox_backoff_cap: Seconds = Field(
         30.0, gt=0, description="Longest wait between deliveries while central is down (s)."
     )
-    notification_retention_days: float = Field(
+    notification_retention_days: Days = Field(
         7.0,
         gt=0,
         description="Days a notification central settled (Forwarded, or Rejected with its "
         "reason) stays in the store before it is purged; Pending ones are never purged.",
     )
-    notification_purge_interval: float = Field(
+    notification_purge_interval: Seconds = Field(
         3600.0, gt=0, description="Time between two purges of settled notifications (s)."
     )
 
