@@ -444,6 +444,36 @@ def test_true_or_false_for_a_number_in_the_settings_file_is_refused(
     assert "a number is wanted, not true or false" in " ".join(output.split()), output
 
 
+@pytest.mark.parametrize(
+    ("variables", "named", "said"),
+    [
+        ({"PREFETCH": "70000"}, "ingestion.prefetch", "less than or equal to 65535"),
+        (
+            {"BATCH_SIZE": "10000", "CONCURRENT_BATCHES": "7"},
+            "ingestion",
+            "batch_size x concurrent_batches is 70000, more than a prefetch may be (65535",
+        ),
+    ],
+)
+def test_a_prefetch_past_amqps_limit_is_refused(
+    data_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    variables: dict[str, str],
+    named: str,
+    said: str,
+) -> None:
+    """AMQP's prefetch count is a 16-bit number: a larger one stalled the intake at its
+    first ``basic.qos`` while serve looked healthy."""
+    for name, value in variables.items():
+        monkeypatch.setenv(f"CONTROLROOM_INGESTION__{name}", value)
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert f"invalid setting {named} (" in output, output
+    assert said in " ".join(output.split()), output
+
+
 @pytest.mark.parametrize("value", ["P15Q", "fifteen days", ""])
 def test_a_duration_that_does_not_parse_is_refused_naming_its_forms(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch, value: str

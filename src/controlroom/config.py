@@ -25,6 +25,7 @@ from controlroom.db.providers import EMBEDDED
 from controlroom.event_types import EventType
 from controlroom.settings_sources import (
     CENTURY_DAYS,
+    MAX_PREFETCH,
     BearerSecret,
     EnvThenTomlSettings,
     ListenOverrides,
@@ -43,7 +44,10 @@ class IngestionSettings(SettingsTable):
         0.05, ge=0, le=10, description="How long a partial batch waits for more messages."
     )
     prefetch: int = Field(
-        0, ge=0, description="Broker prefetch; 0 means batch_size * concurrent_batches."
+        0,
+        ge=0,
+        le=MAX_PREFETCH,
+        description="Broker prefetch; 0 means batch_size * concurrent_batches.",
     )
     max_inflight_bytes: int = Field(
         64 * 1024 * 1024,
@@ -117,8 +121,19 @@ class IngestionSettings(SettingsTable):
         ),
     )
 
+    @model_validator(mode="after")
+    def _prefetch_in_range(self) -> IngestionSettings:
+        if not self.prefetch and self.batch_size * self.concurrent_batches > MAX_PREFETCH:
+            raise ValueError(
+                f"batch_size x concurrent_batches is {self.batch_size * self.concurrent_batches}"
+                f", more than a prefetch may be ({MAX_PREFETCH}, AMQP's limit): lower one of "
+                "them or set prefetch"
+            )
+        return self
+
     @property
     def effective_prefetch(self) -> int:
+        """Deliveries an intake holds unacknowledged at once, 1 to ``MAX_PREFETCH``."""
         return self.prefetch or self.batch_size * self.concurrent_batches
 
 

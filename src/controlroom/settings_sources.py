@@ -46,6 +46,11 @@ Period = Annotated[timedelta, Le(timedelta(days=CENTURY_DAYS))]
 Days = Annotated[float, Le(CENTURY_DAYS)]
 """A duration setting in days: at most a century."""
 
+MAX_PREFETCH = 65_535
+"""The most deliveries an intake holds unacknowledged: AMQP's ``basic.qos`` carries the
+prefetch count as a 16-bit number (the embedded queue takes the same settings)."""
+
+
 SECRET_LENGTH = 16
 """The fewest characters of a bearer token central or an agent is configured with."""
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from controlroom.exceptions import ControlroomError
+from controlroom.settings_sources import MAX_PREFETCH
 from controlroom.transport.properties import MessageProperties, to_json_value
 
 # The NServiceBus header that carries the message id. NServiceBus's RabbitMQ transport
@@ -219,9 +220,13 @@ def check_queue_name(queue: str) -> None:
 
 
 def check_prefetch(prefetch: int) -> None:
-    """Raise ``ValueError`` unless ``prefetch`` is a positive int."""
-    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-        raise ValueError(f"prefetch must be a positive integer, got {prefetch!r}")
+    """Raise ``ValueError`` unless ``prefetch`` is an int from 1 to ``MAX_PREFETCH``."""
+    if (
+        isinstance(prefetch, bool)
+        or not isinstance(prefetch, int)
+        or not 1 <= prefetch <= MAX_PREFETCH
+    ):
+        raise ValueError(f"prefetch must be an integer from 1 to {MAX_PREFETCH}, got {prefetch!r}")
 
 
 def check_max_bytes(max_bytes: int | None) -> None:
