@@ -292,28 +292,32 @@ def test_a_settings_file_named_in_the_environment_must_exist(
     assert not data_dir.exists()  # nothing started on the defaults
 
 
+@pytest.mark.parametrize("command", [["migrate"], ["site", "serve"]])
 def test_a_settings_file_that_is_not_toml_is_refused_in_one_line(
-    data_dir: Path, tmp_path: Path
+    data_dir: Path, tmp_path: Path, command: list[str]
 ) -> None:
     """A file that does not parse as TOML is a settings error (exit 2, the parser's
     message), not a traceback (second fresh-user pass: 165 lines)."""
     config = tmp_path / "broken.toml"
     config.write_text("database_url =\n")
 
-    code, output = invoke("migrate", "--config", str(config))
+    code, output = invoke(*command, "--config", str(config))
 
     assert code == 2, output
     assert "not valid TOML" in output and "line 1" in output
     assert "Traceback" not in output
 
 
+@pytest.mark.parametrize("command", [["migrate"], ["site", "serve"]])
 def test_a_settings_file_that_is_not_utf8_is_refused_in_one_line(
-    data_dir: Path, tmp_path: Path
+    data_dir: Path, tmp_path: Path, command: list[str]
 ) -> None:
+    """Central's commands and the site agent's alike (breaker pass: the site agent printed
+    a traceback of 111 lines)."""
     config = tmp_path / "latin1.toml"
-    config.write_bytes(b'error_queue = "\xff"\n')
+    config.write_bytes(b'site_id = "\xff"\n')
 
-    code, output = invoke("migrate", "--config", str(config))
+    code, output = invoke(*command, "--config", str(config))
 
     assert code == 2, output
     assert "not valid TOML" in output and "UTF-8" in output

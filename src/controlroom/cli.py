@@ -18,7 +18,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -617,26 +617,49 @@ def version() -> None:
 # --- settings and errors ------------------------------------------------------------------
 def _load(config: Path | None, host: str | None = None, port: int | None = None) -> Settings:
     """The settings, with command-line values (those given) over every other source."""
+    from controlroom.config import Settings, load_settings
+
+    return _settings_or_refuse(
+        lambda: load_settings(config, **_listen_overrides(host, port)),
+        Settings,
+        "CONTROLROOM_",
+        config,
+        besides=("SITE_",),
+    )
+
+
+_Settings = TypeVar("_Settings", bound="BaseModel")
+
+
+def _settings_or_refuse(
+    load: Callable[[], _Settings],
+    model: type[_Settings],
+    prefix: str,
+    config: Path | None,
+    besides: tuple[str, ...] = (),
+) -> _Settings:
+    """``load()``'s settings of ``model`` (central's or the site agent's), after a warning
+    per variable under ``prefix`` that names no setting; exit 2 with a one-line refusal
+    for a setting, a file or a variable that does not parse, never a traceback."""
     import tomllib
 
     import pydantic
     import pydantic_settings
 
-    from controlroom.config import Settings, load_settings
     from controlroom.settings_sources import unknown_variables
 
-    for line in unknown_variables(Settings, "CONTROLROOM_", besides=("SITE_",)):
+    for line in unknown_variables(model, prefix, besides=besides):
         err_console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
     try:
-        return load_settings(config, **_listen_overrides(host, port))
+        return load()
     except pydantic.ValidationError as exc:
-        _refuse_settings(exc, "CONTROLROOM_", config, Settings)
+        _refuse_settings(exc, prefix, config, model)
     except tomllib.TOMLDecodeError as exc:
         _refuse_toml(config, exc)
     except UnicodeDecodeError as exc:
         _refuse_toml(config, exc, "it is not UTF-8")
     except pydantic_settings.SettingsError as exc:
-        _refuse_unparsed(exc, "CONTROLROOM_")
+        _refuse_unparsed(exc, prefix)
 
 
 def _refuse_settings(
@@ -1029,24 +1052,18 @@ def site_serve(
     """Serve a site agent (pull contract, Retry/Discard, cached HTTP calls), attempt its
     buffered calls and deliver its telemetry to central, until Ctrl+C/SIGTERM."""
     import asyncio
-    import tomllib
-
-    import pydantic
 
     from controlroom.runtime.sockets import listen
-    from controlroom.settings_sources import unknown_variables
     from controlroom.site import SiteAgent, SiteService, load_site_settings
     from controlroom.site.config import SiteSettings
     from controlroom.site.service import ensure_agent_is_protected
 
-    for line in unknown_variables(SiteSettings, "CONTROLROOM_SITE_"):
-        err_console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
-    try:
-        settings = load_site_settings(config, **_listen_overrides(host, port))
-    except pydantic.ValidationError as exc:
-        _refuse_settings(exc, "CONTROLROOM_SITE_", config, SiteSettings)
-    except tomllib.TOMLDecodeError as exc:
-        _refuse_toml(config, exc)
+    settings = _settings_or_refuse(
+        lambda: load_site_settings(config, **_listen_overrides(host, port)),
+        SiteSettings,
+        "CONTROLROOM_SITE_",
+        config,
+    )
     try:
         ensure_agent_is_protected(settings)
     except ConfigurationError as exc:  # a settings problem: exit 2, before anything starts
