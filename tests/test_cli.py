@@ -448,6 +448,23 @@ def test_true_or_false_for_a_number_in_the_settings_file_is_refused(
     assert "a number is wanted, not true or false" in " ".join(output.split()), output
 
 
+def test_a_misspelt_name_in_the_file_names_the_file_when_the_tables_variable_is_set(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file's ``[ingestion]`` and ``CONTROLROOM_INGESTION`` are merged: a name the
+    variable's JSON does not hold may come from the file (breaker pass: only the
+    variable was named, which holds no such name)."""
+    config = tmp_path / "mix.toml"
+    config.write_text("[ingestion]\nbatch_sze = 1\n")
+    monkeypatch.setenv("CONTROLROOM_INGESTION", '{"workers": 0}')
+
+    code, output = invoke("sweep", "--config", str(config))
+
+    assert code == 2, output
+    flat = "".join(output.split())
+    assert f"(CONTROLROOM_INGESTION,fieldbatch_szeorin{config})" in flat, output
+
+
 @pytest.mark.parametrize(
     ("variables", "named", "said"),
     [

@@ -163,8 +163,9 @@ def given_in(loc: tuple[int | str, ...], prefix: str, config: Path | None) -> st
             continue
         reached, found = _json_at(os.environ[variable], loc[depth:])
         if reached:
-            # A table given as JSON may be merged with the file's table of the same name.
-            merged = isinstance(found, dict) and config is not None
+            # A table given as JSON is merged with the file's table of the same name: a
+            # name the JSON lacks may be the file's.
+            merged = isinstance(found, dict | _Absent) and config is not None
             return _inside(variable, loc[depth:]) + (f" or in {config}" if merged else "")
     return _inside(table, loc[len(names) :]) + (f" or in {config}" if config else "")
 
@@ -258,9 +259,13 @@ def _under(variable: str, table: str) -> bool:
     return variable == table or variable.startswith(table + "__")
 
 
+class _Absent:
+    """What a variable's JSON holds at a field its table lacks."""
+
+
 def _json_at(value: str, place: tuple[int | str, ...]) -> tuple[bool, object]:
     """Whether ``value`` (a variable's JSON) holds ``place`` (or the item or table that
-    lacks its last field), and what it holds there."""
+    lacks its last field), and what it holds there (an ``_Absent`` for that field)."""
     try:
         found: object = json.loads(value)
     except ValueError:
@@ -268,7 +273,7 @@ def _json_at(value: str, place: tuple[int | str, ...]) -> tuple[bool, object]:
     for index, part in enumerate(place):
         if isinstance(found, dict) and isinstance(part, str):
             if part not in found:
-                return index == len(place) - 1, None
+                return index == len(place) - 1, _Absent()
             found = found[part]
         elif isinstance(found, list) and isinstance(part, int) and 0 <= part < len(found):
             found = found[part]
