@@ -552,6 +552,35 @@ def test_a_variable_that_names_no_setting_is_ignored_with_a_warning(
     ], output
 
 
+@pytest.mark.parametrize(
+    ("variable", "command", "said"),
+    [
+        ("CONTROLROOM_PORT__X", ["migrate"], "CONTROLROOM_PORT is one setting, not a table"),
+        (
+            "CONTROLROOM_SITE_PORT__X",
+            ["site", "serve"],
+            "CONTROLROOM_SITE_PORT is one setting, not a table",
+        ),
+    ],
+)
+def test_a_variable_nested_under_a_single_setting_is_ignored_with_a_warning(
+    data_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+    command: list[str],
+    said: str,
+) -> None:
+    """pydantic-settings drops a nested variable under a setting that is no table (breaker
+    pass: ``CONTROLROOM_PORT__X=5`` left the port at 8080 and said nothing)."""
+    monkeypatch.setenv(variable, "5")
+    monkeypatch.delenv("CONTROLROOM_SITE_SITE_ID", raising=False)  # site serve stops at once
+
+    code, output = invoke(*command)
+
+    flat = " ".join(output.split())
+    assert f"warning: {variable} is ignored: {said}" in flat, output
+
+
 def test_a_field_of_a_list_item_in_the_settings_file_names_no_variable_that_cannot_exist(
     data_dir: Path, tmp_path: Path
 ) -> None:

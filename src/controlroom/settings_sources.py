@@ -218,7 +218,8 @@ def unknown_variables(
     one is close: ``CONTROLROOM_PROT names no setting and is ignored; did you mean
     CONTROLROOM_PORT?``. Leaves out ``NOT_SETTINGS`` and names starting with one of
     ``besides`` after the prefix (another model's prefix sharing this one). A nested
-    variable of a known table is checked by the model itself."""
+    variable of a known table is checked by the model itself; one under a single setting
+    (``CONTROLROOM_PORT__X``), which pydantic-settings drops, is said to be ignored."""
     lines = []
     names = list(model.model_fields)
     for variable in sorted(os.environ):
@@ -228,8 +229,13 @@ def unknown_variables(
         rest = upper[len(prefix) :]
         if rest.startswith(NOT_SETTINGS + besides):
             continue
-        first = rest.split("__", 1)[0].lower()
+        first, nested, _ = rest.partition("__")
+        first = first.lower()
         if first in names:
+            if nested and _is_single(model, first):
+                lines.append(
+                    f"{variable} is ignored: {prefix}{first.upper()} is one setting, not a table"
+                )
             continue
         close = difflib.get_close_matches(first, names, n=1)
         hint = f"; did you mean {prefix}{close[0].upper()}?" if close else ""
@@ -248,6 +254,13 @@ def _field_model(table: object, part: int | str) -> object:
         return annotation
     # A list of tables (``list[ConfiguredSite]``): its items' model.
     return next((arg for arg in typing.get_args(annotation) if _is_model(arg)), None)
+
+
+def _is_single(model: type[BaseModel], name: str) -> bool:
+    """Whether ``model``'s setting ``name`` is neither a table nor a list (whose items a
+    nested variable may name, refused by the model itself)."""
+    annotation = model.model_fields[name].annotation
+    return _field_model(model, name) is None and typing.get_origin(annotation) is not list
 
 
 def _is_model(value: object) -> typing.TypeGuard[type[BaseModel]]:
