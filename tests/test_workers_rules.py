@@ -441,3 +441,61 @@ def test_a_worker_killed_at_the_stop_gives_its_embedded_queue_messages_back_at_o
         assert ready + len(stored_rows(engine)) == len(names)
     finally:
         engine.dispose()
+
+
+def test_a_second_ctrl_c_ends_serve_at_once_while_a_write_waits(
+    postgresql_url: str, tmp_path: Path
+) -> None:
+    """docs/decisions.md "A stop finishes the batches in hand": a second SIGINT, as a
+    second SIGTERM, ends serve at once, even while the stop waits on a write (breaker pass:
+    with ``workers = 0`` a second Ctrl+C waited for the write's lock). The lock is held
+    until serve has ended: without the change it never ends."""
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=postgresql_url,
+        error_queue=f"error-{uuid.uuid4().hex[:8]}",
+    )
+    engine = create_store_engine(postgresql_url)
+    env = {
+        **os.environ,
+        "CONTROLROOM_DATA_DIR": str(settings.data_dir),
+        "CONTROLROOM_DATABASE_URL": settings.effective_database_url,
+        "CONTROLROOM_ERROR_QUEUE": settings.error_queue,
+        "CONTROLROOM_INGESTION__WORKERS": "0",
+        "CONTROLROOM_INGESTION__BATCH_SIZE": "10",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("CONTROLROOM_BROKER_URL", None)
+    log = tmp_path / "serve.log"
+    stopping = re.compile(r"finishing \d+ batch")
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [str(CONTROLROOM_EXE), "serve", "--port", "0"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its group: nothing outlives a failed test
+        )
+    try:
+
+        async def interrupt_twice_while_held() -> None:
+            async with asyncio.timeout(TIMEOUT + 60):
+                await until(lambda: asyncio.sleep(0, "Controlroom is serving" in log.read_text()))
+                with writes_held(settings.effective_database_url):
+                    names = [f"held-{n}" for n in range(10)]
+                    await publish(settings, [(failed_headers(n), b"{}") for n in names])
+                    await until(lambda: asyncio.to_thread(_waiting_writes, engine))
+                    process.send_signal(signal.SIGINT)
+                    await until(lambda: asyncio.sleep(0, _said(log, stopping) == 1))
+                    process.send_signal(signal.SIGINT)
+                    # Ended while the write still waits on the lock.
+                    await asyncio.to_thread(process.wait, TIMEOUT)
+
+        asyncio.run(interrupt_twice_while_held())
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        engine.dispose()
+
+    assert process.returncode == -signal.SIGINT, log.read_text(errors="replace")

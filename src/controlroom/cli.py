@@ -787,10 +787,14 @@ async def _serve(settings: Settings) -> int:
 
     stop = asyncio.Event()
     routed: list[signal.Signals] = []
+    interrupt = signal.getsignal(signal.SIGINT)
 
     def on_signal() -> None:
-        _restore_signals(routed)  # a second Ctrl+C interrupts a slow shutdown
+        # A second signal ends the process at once, SIGINT as SIGTERM (their defaults):
+        # Python's own SIGINT handler would wait for the writes in the threads to finish.
+        _restore_signals(routed)
         routed.clear()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         stop.set()
 
     def on_serving(serving: Serving) -> None:
@@ -803,6 +807,7 @@ async def _serve(settings: Settings) -> int:
         return 1
     finally:
         _restore_signals(routed)
+        signal.signal(signal.SIGINT, interrupt)
     return 0
 
 
