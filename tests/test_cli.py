@@ -466,6 +466,41 @@ def test_a_misspelt_name_in_the_file_names_the_file_when_the_tables_variable_is_
 
 
 @pytest.mark.parametrize(
+    "url",
+    ["amqp//someone:Sup3rSecretPw@127.0.0.1:5672/", "http://someone:Sup3rSecretPw@127.0.0.1:5672/"],
+)
+def test_a_broker_url_that_is_no_amqp_url_is_refused_without_its_password(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    """Fresh-user pass: ``amqp//...`` (a colon missing) was taken for RabbitMQ, retried
+    for ever, and aio-pika's reconnect line logged the password every 5 s."""
+    monkeypatch.setenv("CONTROLROOM_BROKER_URL", url)
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert (
+        "invalid setting broker_url (CONTROLROOM_BROKER_URL): it must be an amqp:// or amqps:// URL"
+        in (" ".join(output.split()))
+    ), output
+    assert "Sup3rSecretPw" not in output
+
+
+@pytest.mark.parametrize("queue", ["ERROR_QUEUE", "TELEMETRY_QUEUE"])
+def test_an_empty_queue_name_is_refused(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, queue: str
+) -> None:
+    """Fresh-user pass: an empty ``CONTROLROOM_ERROR_QUEUE`` started serve, whose intake
+    worker then failed and restarted in a loop while health said ok."""
+    monkeypatch.setenv(f"CONTROLROOM_{queue}", "")
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert f"invalid setting {queue.lower()} (CONTROLROOM_{queue})" in output, output
+
+
+@pytest.mark.parametrize(
     ("variables", "named", "said"),
     [
         ({"PREFETCH": "70000"}, "ingestion.prefetch", "less than or equal to 65535"),

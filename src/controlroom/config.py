@@ -26,6 +26,7 @@ from controlroom.event_types import EventType
 from controlroom.settings_sources import (
     CENTURY_DAYS,
     MAX_PREFETCH,
+    MAX_QUEUE_NAME_BYTES,
     BearerSecret,
     EnvThenTomlSettings,
     ListenOverrides,
@@ -588,7 +589,9 @@ class Settings(EnvThenTomlSettings):
         "makes database_url's user the service role, which may only insert into and read "
         "the audit log. Empty: migrate uses database_url.",
     )
-    broker_url: str = ""
+    broker_url: str = Field(
+        "", description="RabbitMQ (amqp:// or amqps://); empty: the embedded queue."
+    )
     error_queue: str = "error"
     telemetry_queue: str = "site-call-telemetry"
     host: str = "127.0.0.1"
@@ -666,6 +669,27 @@ class Settings(EnvThenTomlSettings):
         except ValueError:
             raise ValueError("its port must be a number from 0 to 65535") from None
         return url
+
+    @field_validator("broker_url")
+    @classmethod
+    def _amqp_or_none(cls, url: str) -> str:
+        """An address that is no AMQP URL (``amqp//`` missing its colon, ``http://``) is
+        refused here, never quoted (it may hold a password), not retried for ever."""
+        parts = urlsplit(url)
+        if url and (parts.scheme.lower() not in ("amqp", "amqps") or not parts.hostname):
+            raise ValueError(
+                "it must be an amqp:// or amqps:// URL, or empty for the embedded queue"
+            )
+        return url
+
+    @field_validator("error_queue", "telemetry_queue")
+    @classmethod
+    def _queue_name(cls, name: str) -> str:
+        """A queue's name: 1 to ``MAX_QUEUE_NAME_BYTES`` bytes of UTF-8, as both transports
+        take it, checked at start rather than by an intake that then fails at every try."""
+        if not 1 <= len(name.encode("utf-8")) <= MAX_QUEUE_NAME_BYTES:
+            raise ValueError(f"a queue's name is 1 to {MAX_QUEUE_NAME_BYTES} bytes of UTF-8")
+        return name
 
     @field_validator("auth_tokens")
     @classmethod

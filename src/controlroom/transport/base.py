@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from controlroom.exceptions import ControlroomError
-from controlroom.settings_sources import MAX_PREFETCH
+from controlroom.settings_sources import MAX_PREFETCH, MAX_QUEUE_NAME_BYTES
 from controlroom.transport.properties import MessageProperties, to_json_value
 
 # The NServiceBus header that carries the message id. NServiceBus's RabbitMQ transport
@@ -26,10 +26,6 @@ MESSAGE_ID_HEADER = "NServiceBus.MessageId"
 # A transport that sees a compressed body (the AMQP ``content_encoding`` property) hands
 # it to consumers under this header.
 CONTENT_ENCODING_HEADER = "Content-Encoding"
-
-# RabbitMQ limits queue names to 255 bytes of UTF-8; the embedded queue follows suit so
-# that a name valid on one transport is valid on the other.
-MAX_QUEUE_NAME_BYTES = 255
 
 
 class TransportError(ControlroomError):
