@@ -498,4 +498,7 @@ def test_a_second_ctrl_c_ends_serve_at_once_while_a_write_waits(
         process.wait()
         engine.dispose()
 
-    assert process.returncode == -signal.SIGINT, log.read_text(errors="replace")
+    text = log.read_text(errors="replace")
+    assert process.returncode == -signal.SIGINT, text
+    # Said at the first signal: what the stop does, and that a second one ends it.
+    assert "Stopping: the intakes finish the batches in hand" in " ".join(text.split()), text

@@ -795,6 +795,11 @@ async def _serve(settings: Settings) -> int:
         _restore_signals(routed)
         routed.clear()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        console.print(
+            "Stopping: the intakes finish the batches in hand, retrying a busy store for up "
+            f"to {settings.ingestion.stop_grace_seconds:g} s (ingestion.stop_grace_seconds); "
+            "a second Ctrl+C or SIGTERM ends serve at once"
+        )
         stop.set()
 
     def on_serving(serving: Serving) -> None:
