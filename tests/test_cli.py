@@ -588,6 +588,41 @@ def test_a_variable_that_names_no_setting_is_ignored_with_a_warning(
 
 
 @pytest.mark.parametrize(
+    ("variable", "meant"),
+    [
+        ("CONTROLROOM_INGESTION_BATCH_SIZE", "CONTROLROOM_INGESTION__BATCH_SIZE"),
+        ("CONTROLROOM_STOP_GRACE_SECONDS", "CONTROLROOM_INGESTION__STOP_GRACE_SECONDS"),
+    ],
+)
+def test_a_variable_meaning_a_tables_setting_is_pointed_to_its_variable(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, variable: str, meant: str
+) -> None:
+    """Fresh-user pass: a single underscore before a table's field, or the field's name
+    alone, was pointed to an unrelated setting (``CONTROLROOM_INGEST_ON_SERVE``) or to none."""
+    monkeypatch.setenv(variable, "5")
+
+    code, output = invoke("migrate")
+
+    assert code == 0, output
+    flat = " ".join(output.split())
+    assert f"warning: {variable} names no setting and is ignored; did you mean {meant}?" in (
+        flat
+    ), output
+
+
+def test_a_tables_setting_at_the_files_top_level_is_pointed_to_its_table(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "controlroom.toml"
+    config.write_text("batch_size = 500\n")
+
+    code, output = invoke("migrate", "--config", str(config))
+
+    assert code == 2, output
+    assert "no such setting; did you mean ingestion.batch_size?" in " ".join(output.split())
+
+
+@pytest.mark.parametrize(
     ("variable", "command", "said"),
     [
         ("CONTROLROOM_PORT__X", ["migrate"], "CONTROLROOM_PORT is one setting, not a table"),

@@ -192,12 +192,15 @@ def how_to_give(loc: tuple[int | str, ...], kind: str, prefix: str) -> str | Non
 def no_such_setting(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
     """Why the name at ``loc`` is refused (pydantic's ``extra_forbidden``): it names no
     setting of ``model`` there, and the closest name of that table when one is close (a
-    misspelling: ``batch_siz`` -> ``batch_size``)."""
+    misspelling: ``batch_siz`` -> ``batch_size``), else the table's setting it names
+    (``batch_size`` at the top -> ``ingestion.batch_size``)."""
     table: object = model
     for part in loc[:-1]:
         table = _field_model(table, part)
     names = list(table.model_fields) if _is_model(table) else []
     close = difflib.get_close_matches(str(loc[-1]).lower(), names, n=1)
+    if not close and _is_model(table) and (nested := _in_a_table(table, str(loc[-1]).lower())):
+        close = [".".join(nested)]  # a table's setting given outside its table
     return "no such setting" + (f"; did you mean {close[0]}?" if close else "")
 
 
@@ -241,10 +244,24 @@ def unknown_variables(
                     f"{variable} is ignored: {prefix}{first.upper()} is one setting, not a table"
                 )
             continue
-        close = difflib.get_close_matches(first, names, n=1)
-        hint = f"; did you mean {prefix}{close[0].upper()}?" if close else ""
+        meant = _in_a_table(model, rest.lower()) or difflib.get_close_matches(first, names, n=1)
+        hint = f"; did you mean {prefix}{'__'.join(meant).upper()}?" if meant else ""
         lines.append(f"{variable} names no setting and is ignored{hint}")
     return lines
+
+
+def _in_a_table(model: type[BaseModel], name: str) -> list[str]:
+    """The table and field ``name`` means when it names one of ``model``'s tables' fields
+    alone (``stop_grace_seconds``) or joined to the table by one underscore
+    (``ingestion_batch_size``, a ``__`` meant); else empty."""
+    for table_name in model.model_fields:
+        table = _field_model(model, table_name)
+        if not _is_model(table) or table is model:
+            continue
+        for field in table.model_fields:
+            if name in (field, f"{table_name}_{field}"):
+                return [table_name, field]
+    return []
 
 
 def _field_model(table: object, part: int | str) -> object:
