@@ -486,6 +486,21 @@ def test_a_broker_url_that_is_no_amqp_url_is_refused_without_its_password(
     assert "Sup3rSecretPw" not in output
 
 
+def test_a_database_url_naming_a_driver_not_installed_is_refused_in_one_line(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass: ``postgresql+psycopg2://`` printed a traceback ending in
+    ``ModuleNotFoundError``; ``postgres://`` was already one line."""
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1/x")
+
+    code, output = invoke("migrate")
+
+    assert code != 0 and "Traceback" not in output, output
+    assert "database driver 'psycopg2' is not installed; give the URL as postgresql://" in (
+        " ".join(output.split())
+    ), output
+
+
 @pytest.mark.parametrize("queue", ["ERROR_QUEUE", "TELEMETRY_QUEUE"])
 def test_an_empty_queue_name_is_refused(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch, queue: str

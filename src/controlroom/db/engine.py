@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 from controlroom.db.errors import is_transient, name_driver_refusals
 from controlroom.db.providers import provider_named
 from controlroom.db.transactions import begin_write
+from controlroom.exceptions import UnsupportedProviderError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -44,9 +45,20 @@ def normalize_database_url(url: str) -> sa.URL:
 
 def create_store_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
     """Create the engine for ``url`` with the provider's connection rules applied; the
-    driver's encoding refusals raise ``UnstorableValue`` (``db.errors``)."""
+    driver's encoding refusals raise ``UnstorableValue`` (``db.errors``).
+
+    Raises ``UnsupportedProviderError`` for a provider Controlroom does not support or a
+    driver it does not install.
+    """
     parsed = normalize_database_url(url)
-    engine = provider_named(parsed.get_backend_name()).create_engine(parsed, pool_size=pool_size)
+    backend = parsed.get_backend_name()
+    try:
+        engine = provider_named(backend).create_engine(parsed, pool_size=pool_size)
+    except ModuleNotFoundError as exc:
+        raise UnsupportedProviderError(
+            f"database driver {parsed.get_driver_name()!r} is not installed; give the URL as "
+            f"{backend}://... and Controlroom uses the driver it installs"
+        ) from exc
     sa.event.listen(engine, "handle_error", name_driver_refusals)
     return engine
 
