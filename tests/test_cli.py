@@ -452,8 +452,8 @@ def test_a_misspelt_name_in_the_file_names_the_file_when_the_tables_variable_is_
     data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The file's ``[ingestion]`` and ``CONTROLROOM_INGESTION`` are merged: a name the
-    variable's JSON does not hold may come from the file (breaker pass: only the
-    variable was named, which holds no such name)."""
+    variable's JSON does not hold comes from the file (breaker pass: only the variable
+    was named, which holds no such name)."""
     config = tmp_path / "mix.toml"
     config.write_text("[ingestion]\nbatch_sze = 1\n")
     monkeypatch.setenv("CONTROLROOM_INGESTION", '{"workers": 0}')
@@ -462,7 +462,22 @@ def test_a_misspelt_name_in_the_file_names_the_file_when_the_tables_variable_is_
 
     assert code == 2, output
     flat = "".join(output.split())
-    assert f"(CONTROLROOM_INGESTION,fieldbatch_szeorin{config})" in flat, output
+    assert f"invalidsettingingestion.batch_sze(in{config}):nosuchsetting" in flat, output
+
+
+def test_a_misspelt_name_only_in_the_file_names_the_file_alone(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """Fresh-user pass: a name misspelt in the file was said to be in the variable that
+    would hold it "or in" the file, which set no variable."""
+    config = tmp_path / "x.toml"
+    config.write_text("[ingestion]\nbatch_siz = 1\n")
+
+    code, output = invoke("migrate", "--config", str(config))
+
+    assert code == 2, output
+    flat = "".join(output.split())
+    assert f"invalidsettingingestion.batch_siz(in{config}):nosuchsetting" in flat, output
 
 
 @pytest.mark.parametrize(
@@ -660,7 +675,7 @@ def test_a_variable_nested_under_a_single_setting_is_ignored_with_a_warning(
     monkeypatch.setenv(variable, "5")
     monkeypatch.delenv("CONTROLROOM_SITE_SITE_ID", raising=False)  # site serve stops at once
 
-    code, output = invoke(*command)
+    _code, output = invoke(*command)  # site serve then stops: no site_id
 
     flat = " ".join(output.split())
     assert f"warning: {variable} is ignored: {said}" in flat, output

@@ -671,7 +671,7 @@ def _refuse_settings(
     from controlroom.settings_sources import given_in, how_to_give, no_such_setting
 
     for error in exc.errors():
-        where = given_in(error["loc"], prefix, config)
+        where = given_in(error["loc"], prefix, config, given=error["type"] == "extra_forbidden")
         setting = ".".join(str(part) for part in error["loc"])
         what = "settings" if where is None else f"setting {setting} ({where})"
         how = how_to_give(error["loc"], error["type"], prefix)

@@ -143,13 +143,16 @@ class EnvThenTomlSettings(BaseSettings):
         return tuple(sources)
 
 
-def given_in(loc: tuple[int | str, ...], prefix: str, config: Path | None) -> str | None:
+def given_in(
+    loc: tuple[int | str, ...], prefix: str, config: Path | None, *, given: bool = False
+) -> str | None:
     """The setting at ``loc`` as the user gave it: the environment variable set that holds
     it, then the item and field inside that variable's JSON (``CONTROLROOM_SITES, item 0,
     field base_url``: no variable names a list's item); a table's own check names every
     variable set under it, as spelled; else the variable that would hold it, or the
-    settings file, when one was read. ``None`` for a check across the settings (``loc``
-    empty), whose message names the settings it compares."""
+    settings file, when one was read. ``given``: the name at ``loc`` was given (a name
+    that is no setting), so when no variable holds it the file does. ``None`` for a check
+    across the settings (``loc`` empty), whose message names the settings it compares."""
     if not loc:
         return None
     names = list(itertools.takewhile(lambda part: isinstance(part, str), loc))
@@ -166,11 +169,15 @@ def given_in(loc: tuple[int | str, ...], prefix: str, config: Path | None) -> st
         if variable is None:
             continue
         reached, found = _json_at(os.environ[variable], loc[depth:])
+        if reached and given and config is not None and isinstance(found, _Absent):
+            return f"in {config}"
         if reached:
             # A table given as JSON is merged with the file's table of the same name: a
             # name the JSON lacks may be the file's.
             merged = isinstance(found, dict | _Absent) and config is not None
             return _inside(variable, loc[depth:]) + (f" or in {config}" if merged else "")
+    if given and config is not None:
+        return f"in {config}"
     return _inside(table, loc[len(names) :]) + (f" or in {config}" if config else "")
 
 
