@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -377,35 +378,29 @@ async def _ready_at_most(settings: Settings, limit: int) -> bool:
     return await ready_in_queue(settings) <= limit
 
 
-def test_a_worker_killed_at_the_stop_gives_its_embedded_queue_messages_back_at_once(
-    postgresql_url: str, tmp_path: Path
-) -> None:
-    """A worker whose batches cannot be written within the grace is killed by serve
-    (``workers.STOP_MARGIN_SECONDS`` past it); what it held in the embedded queue goes back
-    to the queue then, as for a worker that died while serve ran, not when the claims'
-    lease runs out minutes later. The store only holds the worker past its grace: a
-    PostgreSQL table lock holds its write as long as the test wants (SQLite's busy timeout
-    would end the write, and the batch would go back by itself before the kill)."""
+@contextlib.contextmanager
+def serving_on_postgresql(
+    postgresql_url: str, tmp_path: Path, **ingestion: str
+) -> Iterator[tuple[Settings, subprocess.Popen[bytes], Path]]:
+    """``controlroom serve`` on PostgreSQL and an embedded queue of its own, with the
+    ``CONTROLROOM_INGESTION__*`` settings ``ingestion`` (names in upper case) and batches
+    of 10, logging into the path yielded; killed with its process group on leaving."""
     settings = Settings(
         data_dir=tmp_path / "data",
         database_url=postgresql_url,
         error_queue=f"error-{uuid.uuid4().hex[:8]}",
     )
-    engine = create_store_engine(postgresql_url)
-    names = [f"killed-{n}" for n in range(40)]
     env = {
         **os.environ,
         "CONTROLROOM_DATA_DIR": str(settings.data_dir),
         "CONTROLROOM_DATABASE_URL": settings.effective_database_url,
         "CONTROLROOM_ERROR_QUEUE": settings.error_queue,
-        "CONTROLROOM_INGESTION__WORKERS": "1",
         "CONTROLROOM_INGESTION__BATCH_SIZE": "10",
-        "CONTROLROOM_INGESTION__STOP_GRACE_SECONDS": "0.5",
+        **{f"CONTROLROOM_INGESTION__{name}": value for name, value in ingestion.items()},
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("CONTROLROOM_BROKER_URL", None)
     log = tmp_path / "serve.log"
-    killed = re.compile(r"intake worker 0 did not stop; killing it")
     with log.open("wb") as output:
         process = subprocess.Popen(
             [str(CONTROLROOM_EXE), "serve", "--port", "0"],
@@ -415,6 +410,30 @@ def test_a_worker_killed_at_the_stop_gives_its_embedded_queue_messages_back_at_o
             start_new_session=True,  # its group: nothing outlives a failed test
         )
     try:
+        yield settings, process, log
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def test_a_worker_killed_at_the_stop_gives_its_embedded_queue_messages_back_at_once(
+    postgresql_url: str, tmp_path: Path
+) -> None:
+    """A worker whose batches cannot be written within the grace is killed by serve
+    (``workers.STOP_MARGIN_SECONDS`` past it); what it held in the embedded queue goes back
+    to the queue then, as for a worker that died while serve ran, not when the claims'
+    lease runs out minutes later. The store only holds the worker past its grace: a
+    PostgreSQL table lock holds its write as long as the test wants (SQLite's busy timeout
+    would end the write, and the batch would go back by itself before the kill)."""
+    engine = create_store_engine(postgresql_url)
+    names = [f"killed-{n}" for n in range(40)]
+    killed = re.compile(r"intake worker 0 did not stop; killing it")
+    with serving_on_postgresql(postgresql_url, tmp_path, WORKERS="1", STOP_GRACE_SECONDS="0.5") as (
+        settings,
+        process,
+        log,
+    ):
 
         async def stop_while_held() -> None:
             async with asyncio.timeout(TIMEOUT + 60):
@@ -428,10 +447,6 @@ def test_a_worker_killed_at_the_stop_gives_its_embedded_queue_messages_back_at_o
                 await asyncio.to_thread(process.wait, TIMEOUT)
 
         asyncio.run(stop_while_held())
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
     text = log.read_text(errors="replace")
     assert re.search(r"gave back \d+ messages intake worker 0 held", text), text
@@ -450,33 +465,13 @@ def test_a_second_ctrl_c_ends_serve_at_once_while_a_write_waits(
     second SIGTERM, ends serve at once, even while the stop waits on a write (breaker pass:
     with ``workers = 0`` a second Ctrl+C waited for the write's lock). The lock is held
     until serve has ended: without the change it never ends."""
-    settings = Settings(
-        data_dir=tmp_path / "data",
-        database_url=postgresql_url,
-        error_queue=f"error-{uuid.uuid4().hex[:8]}",
-    )
     engine = create_store_engine(postgresql_url)
-    env = {
-        **os.environ,
-        "CONTROLROOM_DATA_DIR": str(settings.data_dir),
-        "CONTROLROOM_DATABASE_URL": settings.effective_database_url,
-        "CONTROLROOM_ERROR_QUEUE": settings.error_queue,
-        "CONTROLROOM_INGESTION__WORKERS": "0",
-        "CONTROLROOM_INGESTION__BATCH_SIZE": "10",
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("CONTROLROOM_BROKER_URL", None)
-    log = tmp_path / "serve.log"
     stopping = re.compile(r"finishing \d+ batch")
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            [str(CONTROLROOM_EXE), "serve", "--port", "0"],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # its group: nothing outlives a failed test
-        )
-    try:
+    with serving_on_postgresql(postgresql_url, tmp_path, WORKERS="0") as (
+        settings,
+        process,
+        log,
+    ):
 
         async def interrupt_twice_while_held() -> None:
             async with asyncio.timeout(TIMEOUT + 60):
@@ -491,12 +486,10 @@ def test_a_second_ctrl_c_ends_serve_at_once_while_a_write_waits(
                     # Ended while the write still waits on the lock.
                     await asyncio.to_thread(process.wait, TIMEOUT)
 
-        asyncio.run(interrupt_twice_while_held())
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        engine.dispose()
+        try:
+            asyncio.run(interrupt_twice_while_held())
+        finally:
+            engine.dispose()
 
     text = log.read_text(errors="replace")
     assert process.returncode == -signal.SIGINT, text
