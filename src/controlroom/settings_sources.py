@@ -15,11 +15,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, ClassVar, TypedDict
 
-from annotated_types import Le
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Field,
     SecretStr,
     ValidationInfo,
     field_validator,
@@ -37,19 +37,18 @@ CENTURY_DAYS = 36_500
 leave the calendar (year 1 or 9999), and a timer or lease of one overflows, which the part
 computing it would fail on at every run instead of at start."""
 
-Seconds = Annotated[float, Le(CENTURY_DAYS * 86_400)]
+Seconds = Annotated[float, Field(le=CENTURY_DAYS * 86_400)]
 """A duration setting in seconds: at most a century."""
 
-Period = Annotated[timedelta, Le(timedelta(days=CENTURY_DAYS))]
+Period = Annotated[timedelta, Field(le=timedelta(days=CENTURY_DAYS))]
 """A duration setting as a ``timedelta`` (ISO 8601 or seconds): at most a century."""
 
-Days = Annotated[float, Le(CENTURY_DAYS)]
+Days = Annotated[float, Field(le=CENTURY_DAYS)]
 """A duration setting in days: at most a century."""
 
 MAX_PREFETCH = 65_535
 """The most deliveries an intake holds unacknowledged: AMQP's ``basic.qos`` carries the
 prefetch count as a 16-bit number (the embedded queue takes the same settings)."""
-
 
 MAX_QUEUE_NAME_BYTES = 255
 """The longest queue name, in bytes of UTF-8: RabbitMQ's limit, which the embedded queue
