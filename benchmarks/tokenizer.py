@@ -1,7 +1,10 @@
 """CPU per message of the tokenizer (errors.ingest.search_terms) against the reference copy
 of the regular-expression tokenizer kept in tests/unit/test_search_terms.py, on the
 messages of benchmarks/ingest.py, in interleaved rounds (the order alternating), with the
-ratio taken per round. Run from the repository's root:
+ratio taken per round; then each one's terms per message, and how many of them no other
+message of the set holds (each such term is an entry of its own in the full-text index,
+one descent of it per message, in a tree that grows with the table: benchmarks/README.md
+"Terms a search never asks for"). Run from the repository's root:
 
     PYTHONPATH=src:. python benchmarks/tokenizer.py [--messages 2000] [--rounds 5]
 """
@@ -12,6 +15,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -67,6 +71,17 @@ def main() -> None:
             f"{part}: current / reference, same round: median {statistics.median(ratios):.2f} "
             f"({min(ratios):.2f}-{max(ratios):.2f})"
         )
+    for name, tokenize in methods:
+        print_terms(name, [tokenize(headers, body) for headers, body in inputs["headers+body"]])
+
+
+def print_terms(name: str, terms_per_message: list[list[str]]) -> None:
+    """Terms per message, and those of them no other message holds (mean, headers+body)."""
+    messages = Counter(term for terms in terms_per_message for term in terms)
+    count = len(terms_per_message)
+    total = sum(map(len, terms_per_message))
+    own = sum(messages[term] == 1 for terms in terms_per_message for term in terms)
+    print(f"{name:9} terms per message {total / count:6.1f}, of its own {own / count:5.1f}")
 
 
 if __name__ == "__main__":

@@ -49,10 +49,24 @@ def test_a_dotted_net_name_is_found_whole_and_by_any_part(text: str) -> None:
     assert finds(text, headers)
 
 
-def test_a_token_is_indexed_as_written_and_split_at_punctuation() -> None:
+def test_a_token_is_indexed_by_its_parts_the_terms_a_search_asks_for() -> None:
     terms = message_search_terms({"type": "System.InvalidOperationException"}, None)
 
-    assert terms == ["system", "invalidoperationexception", "system.invalidoperationexception"]
+    assert terms == ["system", "invalidoperationexception"]
+
+
+@given(
+    st.dictionaries(st.text(max_size=5), st.one_of(st.none(), st.text(max_size=200)), max_size=3),
+    st.one_of(st.none(), st.text(max_size=200)),
+)
+def test_every_term_is_one_a_search_can_ask_for(
+    headers: dict[str, str | None], body: str | None
+) -> None:
+    # A term no query asks for costs the index an entry per message and finds nothing
+    # (docs/design.md "Search"): the token as written, "system.invalidoperationexception",
+    # is found by its parts.
+    for term in message_search_terms(headers, body):
+        assert query_search_terms(term) == [term]
 
 
 @pytest.mark.parametrize(
@@ -71,7 +85,6 @@ def test_a_python_path_is_found_whole_and_by_any_part(text: str) -> None:
 @pytest.mark.parametrize("text", [GUID, GUID.upper(), f"{{{GUID}}}", "b33b000cea13"])
 def test_a_guid_is_found_in_any_case_and_by_a_part(text: str) -> None:
     assert finds(text, {"NServiceBus.MessageId": GUID})
-    assert GUID in message_search_terms({"NServiceBus.MessageId": GUID}, None)
 
 
 @pytest.mark.parametrize("text", [f"{{{GUID}}}\\16389", "16389", GUID])
@@ -108,7 +121,7 @@ def test_header_names_are_not_terms_only_their_values() -> None:
 def test_a_json_body_gives_its_words_not_its_punctuation() -> None:
     terms = message_search_terms({}, '{"OrderId":"ORD-1","Note":"zanzibar delivery"}')
 
-    assert terms == ["orderid", "ord", "1", "note", "zanzibar", "delivery", "ord-1"]
+    assert terms == ["orderid", "ord", "1", "note", "zanzibar", "delivery"]
 
 
 def test_terms_are_distinct_lower_case_and_never_empty() -> None:
@@ -183,10 +196,12 @@ def test_ascii_text_gives_the_terms_the_unicode_patterns_give(text: str) -> None
     assert [term for term in through_unicode if term != "é"] == ascii_only
 
 
-# --- today's tokenizer, kept as the reference the faster one must equal -----------------
+# --- the regular-expression tokenizer, kept as the reference --------------------------
 # A copy of errors.ingest.search_terms as it was before the ASCII text was cut by
-# ``bytes.translate`` instead of regular expressions: the new one must give the same
-# terms, in the same order, under the same bounds.
+# ``bytes.translate`` instead of regular expressions, and before the tokens as written
+# left the index (no search asked for them): today's terms are its parts, in the same
+# order, under the same bounds, so every search finds what it found. Where the
+# reference reached MAX_TERMS, today's begin with its parts and may hold more.
 _REF_SEPARATORS = r"\s\x00-\x1f\x7f\"'()\[\]{}<>,;=|`\ud800-\udfff"
 _REF_PART = re.compile(r"[^\W_]+")
 _REF_COMPOUND = re.compile(rf"(?<![^\W_])[^\W_]++(?:(?:[^\w{_REF_SEPARATORS}]|_)++[^\W_]++)+")
@@ -222,6 +237,18 @@ def reference_message_search_terms(
     return list(terms)[:MAX_TERMS]
 
 
+def assert_the_reference_parts(headers: dict[str, str | None], body: str | None) -> None:
+    """``message_search_terms`` gives the reference's parts (its terms a search can ask
+    for): all of them in order, and past MAX_TERMS perhaps more."""
+    reference = reference_message_search_terms(headers, body)
+    parts = [term for term in reference if query_search_terms(term) == [term]]
+    terms = message_search_terms(headers, body)
+    if len(reference) < MAX_TERMS:
+        assert terms == parts
+    else:
+        assert terms[: len(parts)] == parts
+
+
 # Text the tokenizer meets: every ASCII character (separators, joiners, control
 # characters), upper case, non-ASCII letters and digits (one of them lower-cases to ASCII:
 # the Kelvin sign), lone surrogates, and long runs that cross MAX_TERM_CHARS.
@@ -246,10 +273,10 @@ _tokenizer_texts = st.one_of(
     st.dictionaries(st.text(max_size=5), st.one_of(st.none(), _tokenizer_texts), max_size=4),
     st.one_of(st.none(), _tokenizer_texts),
 )
-def test_terms_equal_the_reference_tokenizers(
+def test_terms_are_the_parts_the_reference_tokenizer_gives(
     headers: dict[str, str | None], body: str | None
 ) -> None:
-    assert message_search_terms(headers, body) == reference_message_search_terms(headers, body)
+    assert_the_reference_parts(headers, body)
 
 
 # Mostly ASCII text whose other characters are letters and digits (accented words in a
@@ -290,10 +317,10 @@ _mostly_ascii_texts = st.one_of(
     st.dictionaries(st.text(max_size=5), st.one_of(st.none(), _mostly_ascii_texts), max_size=4),
     st.one_of(st.none(), _mostly_ascii_texts),
 )
-def test_mostly_ascii_text_gives_the_terms_of_the_reference_tokenizer(
+def test_mostly_ascii_text_gives_the_parts_of_the_reference_tokenizer(
     headers: dict[str, str | None], body: str | None
 ) -> None:
-    assert message_search_terms(headers, body) == reference_message_search_terms(headers, body)
+    assert_the_reference_parts(headers, body)
 
 
 def test_text_whose_only_other_characters_are_letters_is_cut_without_regular_expressions(
@@ -301,7 +328,8 @@ def test_text_whose_only_other_characters_are_letters_is_cut_without_regular_exp
 ) -> None:
     headers = {"NServiceBus.ExceptionInfo.Message": "Article «Café-crème» épuisé"}
     body = '{"Sku":"LAMP-GRN-07","Notes":"Grüne Lampe; Tapis tissé, leave at door"}'
-    expected = reference_message_search_terms({"m": "Article Café-crème épuisé"}, body)
+    expected = ["article", "café", "crème", "épuisé", "sku", "lamp", "grn", "07", "notes"]
+    expected += ["grüne", "lampe", "tapis", "tissé", "leave", "at", "door"]
 
     class Refused:
         def findall(self, text: str) -> list[str]:
@@ -310,15 +338,14 @@ def test_text_whose_only_other_characters_are_letters_is_cut_without_regular_exp
     # The guillemets are not letters: those header values take the patterns; the body not.
     headers_terms = message_search_terms(headers, None)
     monkeypatch.setattr(search_terms, "_PART", Refused())
-    monkeypatch.setattr(search_terms, "_COMPOUND", Refused())
 
     assert message_search_terms({"m": "Article Café-crème épuisé"}, body) == expected
-    assert headers_terms == reference_message_search_terms(headers, None)
+    assert headers_terms == ["article", "café", "crème", "épuisé"]
     with pytest.raises(AssertionError, match="a pattern ran"):
         message_search_terms(headers, None)
 
 
-def test_terms_equal_the_reference_tokenizers_on_long_and_crowded_text() -> None:
+def test_terms_are_the_reference_parts_on_long_and_crowded_text() -> None:
     words = " ".join(f"w{n}.x_{n}-y" for n in range(4_000))  # over MAX_TERMS
     long = "a.b" * 60_000  # over MAX_TEXT_CHARS and MAX_TERM_CHARS
     accented = " ".join(f"Grüne{n}.Lampe-{n}_tissé/ß{n}" for n in range(4_000))
@@ -330,9 +357,4 @@ def test_terms_equal_the_reference_tokenizers_on_long_and_crowded_text() -> None
         ({"a": accented}, accented),
         ({"a": "é" * 70 + "." + "ü" * 70}, ("crème." * 20_000) + "Ω"),
     ]:
-        assert message_search_terms(headers, body) == reference_message_search_terms(headers, body)
-
-
-def test_ascii_text_is_cut_without_regular_expressions() -> None:
-    # The faster path this reference guards: a translation table per kind of character.
-    assert len(search_terms._ASCII_PARTS) == len(search_terms._ASCII_TOKENS) == 256
+        assert_the_reference_parts(headers, body)

@@ -6,19 +6,19 @@ indexes them. One function for both sides, so the index and the query cannot dis
 
 What is indexed: the *values* of the headers (not their names, which every message
 shares) and ``body_text`` (the inline text, or the searchable prefix of an external
-body). The text, lower-cased, is cut into tokens at white space, control characters,
-lone surrogates and the characters that delimit rather than join (quotes, brackets,
-braces, ``,;=|<>`` and the backtick). Each token gives
-
-- its *parts*: the runs of letters and digits (``[^\\W_]``: ``_`` and punctuation separate
-  parts, as they did for the server-side index this replaces), and
-- the token *as written*, without leading and trailing punctuation, when it has more than
-  one part (``system.invalidoperationexception``).
+body), as *parts*: the runs of letters and digits of the lower-cased text (``[^\\W_]``:
+white space, ``_`` and punctuation separate parts, as they did for the server-side index
+this replaces). ``System.InvalidOperationException`` gives ``system`` and
+``invalidoperationexception``.
 
 A search asks for the parts of every word of the user's text, so
 ``System.InvalidOperationException``, ``InvalidOperationException``, a message id and
 ``{guid}\\16389`` are each found, whole or by any part, and nothing in the user's text is
-ever read as syntax: terms are only ever bound values.
+ever read as syntax: terms are only ever bound values. The index holds no term a search
+cannot ask for: a token as written (``system.invalidoperationexception``) would be an
+entry per message that no query reads, most of them unique to their message (ids,
+stamps), which is what makes the index's upkeep grow with the table
+(docs/decisions.md "The index holds only the terms a search asks for").
 
 Bounds (per message), so that one message never costs the index more than a fixed
 amount and a huge body never stalls ingestion:
@@ -27,8 +27,7 @@ amount and a huge body never stalls ingestion:
   from the body text;
 - a term keeps its first ``MAX_TERM_CHARS`` characters (a longer query word is cut the
   same way, so it still finds it);
-- at most ``MAX_TERMS`` distinct terms: the header values' first (their parts, then
-  their tokens as written), then the body text's.
+- at most ``MAX_TERMS`` distinct terms: the header values' first, then the body text's.
 
 Beyond a bound nothing stored is lost (the headers and the body stay whole); only the
 searchability of what lies past it is.
@@ -56,37 +55,23 @@ MAX_TERMS = 3_000
 """Distinct terms per message. With ``MAX_TERM_CHARS`` (at most 4 UTF-8 bytes a
 character) a message's terms stay under PostgreSQL's 1 MB limit of a ``tsvector``."""
 
-# Characters that end a token: white space, control characters, delimiters and lone
-# surrogates (which no database can store; parsing keeps them in headers_json only).
-_SEPARATORS = r"\s\x00-\x1f\x7f\"'()\[\]{}<>,;=|`\ud800-\udfff"
 # A part: a run of letters and digits (Unicode), underscore excluded.
 _PART = re.compile(r"[^\W_]+")
-# A token as written, from its first to its last letter or digit, when it has more than
-# one part: parts joined by runs of what is neither a part nor a separator. Found
-# directly; the look-behind and the possessive quantifiers keep it linear in the text.
-_COMPOUND = re.compile(rf"(?<![^\W_])[^\W_]++(?:(?:[^\w{_SEPARATORS}]|_)++[^\W_]++)+")
 # Lower-cased text whose every character outside ASCII is a letter or a digit (the usual
 # header values, and bodies whose only non-ASCII characters are accented words) is cut
-# without regular expressions, by two translation tables over its UTF-8 bytes
-# (bytes.translate, then str.split: a pass each, in C): one keeps the letters and digits
+# without a regular expression, by a translation table over its UTF-8 bytes
+# (bytes.translate, then str.split: a pass each, in C) that keeps the letters and digits
 # [a-z0-9] and every byte of a character outside ASCII (here always a letter or digit:
-# its bytes are all 0x80 and above) and blanks the rest (the parts), the other blanks
-# the ASCII separators only (the tokens, each then stripped of the joining characters at
-# its ends, all ASCII here: a token as written when a joiner is left inside). The same
-# terms as the patterns above give (tests/unit/test_search_terms.py keeps the
-# regular-expression tokenizer as the reference), at a fraction of their CPU; the
-# tokenizer is the largest part of the write path's client CPU (benchmarks/README.md).
+# its bytes are all 0x80 and above) and blanks the rest. The same parts as the pattern
+# gives (tests/unit/test_search_terms.py keeps the regular-expression tokenizer as the
+# reference), at a fraction of its CPU; the tokenizer is the largest part of the write
+# path's client CPU (benchmarks/README.md).
 _ASCII_ALNUM = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789")
-_ASCII_SEPARATORS = frozenset([*range(0x20), 0x7F, *b" \"'()[]{}<>,;=|`"])
 _ASCII_PARTS = bytes(c if c in _ASCII_ALNUM or c >= 0x80 else 0x20 for c in range(256))
-_ASCII_TOKENS = bytes(0x20 if c in _ASCII_SEPARATORS else c for c in range(256))
 # A character outside ASCII that is neither a letter nor a digit (a separator such as a
 # non-breaking space or a lone surrogate, or a joiner such as a dash): text holding one
-# takes the patterns above. ``\w`` is the letters and digits (``str.isalnum``) and ``_``.
+# takes the pattern. ``\w`` is the letters and digits (``str.isalnum``) and ``_``.
 _NOT_ALNUM_OUTSIDE_ASCII = re.compile(r"[^\x00-\x7f\w]")
-_ASCII_JOINERS = "".join(
-    chr(c) for c in range(128) if c not in _ASCII_ALNUM and c not in _ASCII_SEPARATORS
-)
 
 
 def _cut(terms: list[str]) -> list[str]:
@@ -96,32 +81,22 @@ def _cut(terms: list[str]) -> list[str]:
 
 
 def _add_terms(text: str, terms: dict[str, None]) -> None:
-    """Add the terms of ``text`` to ``terms``: its parts in order of occurrence, then its
-    tokens as written. Two passes over the whole text, none per character in Python."""
+    """Add the parts of ``text`` to ``terms``, in order of occurrence: one pass over the
+    whole text, none per character in Python."""
     lowered = text.lower()
     if lowered.isascii() or not _NOT_ALNUM_OUTSIDE_ASCII.search(lowered):
         # Translating ASCII bytes to ASCII bytes keeps every multi-byte character whole.
-        data = lowered.encode("utf-8")
-        terms.update(dict.fromkeys(_cut(data.translate(_ASCII_PARTS).decode("utf-8").split())))
-        tokens = dict.fromkeys(data.translate(_ASCII_TOKENS).decode("utf-8").split())
-        written = [
-            stripped
-            for token in tokens
-            if not token.isalnum()
-            and (stripped := token.strip(_ASCII_JOINERS))
-            and not stripped.isalnum()
-        ]
-        terms.update(dict.fromkeys(_cut(written)))
-        return
-    terms.update(dict.fromkeys(_cut(_PART.findall(lowered))))
-    terms.update(dict.fromkeys(_cut(_COMPOUND.findall(lowered))))
+        parts = lowered.encode("utf-8").translate(_ASCII_PARTS).decode("utf-8").split()
+    else:
+        parts = _PART.findall(lowered)
+    terms.update(dict.fromkeys(_cut(parts)))
 
 
 def message_search_terms(headers: Mapping[str, str | None], body_text: str | None) -> list[str]:
     """The search terms of a failed message with ``headers`` and ``body_text`` (``None``
     for a body without text): distinct, lower-cased, non-empty, at most ``MAX_TERMS`` of
-    at most ``MAX_TERM_CHARS`` characters each; the header values' parts, then their
-    tokens as written, then the body text's likewise, each in order of occurrence."""
+    at most ``MAX_TERM_CHARS`` characters each; the header values' parts, then the body
+    text's, each in order of occurrence."""
     terms: dict[str, None] = {}
     values = "\n".join(value for value in headers.values() if value)
     _add_terms(values[:MAX_TEXT_CHARS], terms)
