@@ -252,6 +252,40 @@ def test_a_killed_workers_embedded_queue_claims_come_back_at_once(
     assert stored_count(settings) == 3000
 
 
+def test_health_is_degraded_from_a_workers_end_until_its_successor_has_run(
+    worker_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that ended (a crash, a kill) degrades its intakes' health, with an empty
+    queue too: nothing else would show an intake whose worker fails in a loop. The health
+    is ok again once the worker started after it has run ``RESTART_RESET_SECONDS``."""
+    monkeypatch.setattr(workers, "RESTART_RESET_SECONDS", 2.0)
+    others = children()
+    answers: list[dict[str, object]] = []
+
+    async def body(url: str) -> None:
+        await until(lambda: asyncio.sleep(0, bool(children() - others)))
+        first = (children() - others).pop()
+        async with httpx.AsyncClient(base_url=url, timeout=TEST_CLIENT_TIMEOUT) as client:
+
+            async def health(degraded: bool) -> bool:
+                answer = await client.get("/api/health")
+                answers.append({"status": answer.status_code, **answer.json()})
+                return answer.json()["intake"].startswith("degraded") == degraded
+
+            await until(lambda: health(False))
+            os.kill(first, signal.SIGKILL)
+            await until(lambda: health(True))
+            await until(lambda: health(False))
+
+    serve(worker_settings, body)
+    degraded = [answer for answer in answers if answer["status"] == 503]
+    assert degraded, answers
+    intake = str(degraded[0]["intake"])
+    assert "error queue intake: intake worker 0 ended (exit code -9)" in intake
+    assert "telemetry intake: intake worker 0 ended (exit code -9)" in intake
+    assert answers[-1]["status"] == 200
+
+
 def test_the_workers_metrics_and_health_reach_the_api(worker_settings: Settings) -> None:
     answers: dict[str, str] = {}
 

@@ -20,7 +20,9 @@ Serve to worker: ``wake`` (a retry was requested: look for batches now).
 A worker that ends while serve runs is logged and started again, after a back-off that
 doubles from ``RESTART_MIN_SECONDS`` to ``RESTART_MAX_SECONDS`` and starts again from the
 minimum once a worker has run ``RESTART_RESET_SECONDS``; the messages it held in the
-embedded queue go back to the queue at once (RabbitMQ redelivers them by itself).
+embedded queue go back to the queue at once (RabbitMQ redelivers them by itself). Its
+intakes' health is degraded from its end until the worker started in its place has run
+``RESTART_RESET_SECONDS`` (``IntakeHealth.worker_ended``).
 ``stop()`` sends SIGTERM to every worker: a worker stops taking deliveries, finishes the
 batches it holds (committed, then acknowledged: ``transport.batching``), lets its other
 parts end, and exits; what no batch held goes back to its queue unwritten when the
@@ -328,7 +330,7 @@ class WorkerPool:
         delay = RESTART_MIN_SECONDS
         while not self._stopping:
             worker = self._start(index)
-            await worker.exited.wait()
+            await self._watch(worker)
             if self._stopping:
                 return
             ran = time.monotonic() - worker.started
@@ -340,9 +342,25 @@ class WorkerPool:
                 worker.process.exitcode,
                 delay,
             )
+            for health in self._healths.values():
+                health.worker_ended(
+                    index, f"intake worker {index} ended (exit code {worker.process.exitcode})"
+                )
             await self._give_back_claims(worker)
             await asyncio.sleep(delay)
             delay = min(RESTART_MAX_SECONDS, delay * 2)
+
+    async def _watch(self, worker: _Worker) -> None:
+        """Wait for ``worker`` to end; once it has run ``RESTART_RESET_SECONDS`` it counts
+        as running (the end of a predecessor no longer degrades the intakes)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(RESTART_RESET_SECONDS):
+                await worker.exited.wait()
+        if worker.exited.is_set():
+            return
+        for health in self._healths.values():
+            health.worker_running(worker.index)
+        await worker.exited.wait()
 
     async def _give_back_claims(self, worker: _Worker) -> None:
         """The dead worker's embedded-queue claims back to the queue now, not at lease

@@ -60,6 +60,23 @@ def test_a_failed_write_degrades_it_until_a_store_succeeds() -> None:
     assert not health.state().degraded and health.state().write_failures == 0
 
 
+def test_a_worker_that_ends_in_a_loop_degrades_it_from_its_first_end_until_one_runs() -> None:
+    wall = [datetime(2026, 12, 6, 11, 0, tzinfo=UTC)]
+    health = IntakeHealth("unit intake", "error", stall_seconds=60, clock=lambda: wall[0])
+    health.worker_ended(0, "intake worker 0 ended (exit code 1)")
+    wall[0] += timedelta(seconds=30)
+    health.worker_ended(0, "intake worker 0 ended (exit code 1)")
+    health.stored()  # another worker's batch: worker 0 still fails
+    state = health.state()
+    assert state.reason == (
+        "unit intake: intake worker 0 ended (exit code 1) at 2026-12-06T11:00:00+00:00 and "
+        "is being started again; the messages stay in error"
+    )
+    assert state.since == datetime(2026, 12, 6, 11, 0, tzinfo=UTC)
+    health.worker_running(0)
+    assert not health.state().degraded
+
+
 def test_a_stall_never_reported_is_kept_until_reported_with_its_start() -> None:
     clock = Clock()
     wall = [datetime(2026, 12, 4, 8, 0, tzinfo=UTC)]

@@ -7,7 +7,10 @@ the intake calls ``stored()`` after each committed batch, ``failed(reason)`` whe
 fails, and ``observed_depth(messages)`` when it learns its queue's depth (the health
 route samples it too). It is *degraded* while
 
-- its writes fail: the last write attempt failed, and none has succeeded since; or
+- its writes fail: the last write attempt failed, and none has succeeded since;
+- its worker process ended while serve ran (``worker_ended``), until the worker started
+  in its place has run long enough to count as running (``worker_running``): an intake
+  whose worker fails in a loop stores nothing, with an empty queue too; or
 - it stalls: its queue has held messages for ``stall_seconds`` without a batch stored.
 
 Times are monotonic seconds for the rules, UTC for the answer.
@@ -32,8 +35,8 @@ from controlroom.runtime.clock import utc_now
 
 DEGRADED = Gauge(
     "controlroom_intake_degraded",
-    "1 while an intake's writes fail or its queue has held messages for the stall time "
-    "without a batch stored, else 0",
+    "1 while an intake's writes fail, its worker process is being started again after it "
+    "ended, or its queue has held messages for the stall time without a batch stored, else 0",
     ["intake"],
 )
 WRITE_FAILURES = Gauge(
@@ -97,6 +100,7 @@ class IntakeHealth:
         self._failure_reason = ""
         self._waiting: int | None = None
         self._waiting_since: float | None = None  # monotonic: messages seen, none stored since
+        self._ended: dict[int, tuple[str, datetime]] = {}  # worker: why, since (UTC)
         self._reported_degraded = False
         self._unreported: IntakeState | None = None  # a degraded state not yet written
 
@@ -118,6 +122,21 @@ class IntakeHealth:
             self._failure_reason = reason
             if self._failing_since is None:
                 self._failing_since = self._clock()
+        self.state()
+
+    def worker_ended(self, worker: int, reason: str) -> None:
+        """Intake worker ``worker`` ended while serve ran, for ``reason`` (one line); serve
+        starts it again. Degraded until ``worker_running(worker)``."""
+        with self._lock:
+            _, since = self._ended.get(worker, (reason, self._clock()))
+            self._ended[worker] = (reason, since)
+        self.state()
+
+    def worker_running(self, worker: int) -> None:
+        """Intake worker ``worker``, started after it ended, has run long enough to count
+        as running."""
+        with self._lock:
+            self._ended.pop(worker, None)
         self.state()
 
     def observed_depth(self, messages: int) -> None:
@@ -184,6 +203,13 @@ class IntakeHealth:
                 f"({self._failures} attempts; last: {self._failure_reason}); the messages "
                 f"stay in {self.queue}"
             ), self._failing_since
+        if self._ended:
+            worker = min(self._ended)
+            reason, since = self._ended[worker]
+            return (
+                f"{self.name}: {reason} at {since.isoformat()} and is being started again; "
+                f"the messages stay in {self.queue}"
+            ), since
         if self._waiting_since is None:
             return None, None
         stalled = self._monotonic() - self._waiting_since
