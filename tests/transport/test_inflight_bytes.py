@@ -108,3 +108,38 @@ async def test_the_broker_pushes_about_the_bound_not_the_prefetch(
     taken = count * size
     assert sum(pushed) <= 2 * taken, (len(pushed), sum(pushed), taken)
     assert received == list(range(count))
+
+
+async def test_consuming_resumes_after_an_unexpected_error_in_the_resume(
+    rabbitmq_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pause (what is held reached the bound) ends by a task that consumes again; an
+    error it did not expect (here the prefetch refused once) is logged and retried like a
+    lost channel, not left in a task nobody awaits while the queue waits for good."""
+    apply = ConsumerSession._apply_prefetch
+    refused: list[int] = []
+
+    async def refusing_once(self: ConsumerSession) -> None:
+        if not refused:
+            refused.append(1)
+            raise ValueError("an unexpected refusal")
+        await apply(self)
+
+    count, size = 12, 100 * KIB
+    async with asyncio.timeout(TIMEOUT), RabbitMQTransport(rabbitmq_url) as transport:
+        for n in range(count):
+            await transport.publish(queue_name, {"n": str(n)}, body(n, size))
+        received: list[int] = []
+        async with Collector(transport, queue_name, prefetch=100, max_bytes=BOUND) as consumer:
+            held = await receive_while_holding(consumer)
+            assert 0 < len(held) < count  # paused at the bound
+            monkeypatch.setattr(ConsumerSession, "_apply_prefetch", refusing_once)
+            while len(received) < count:
+                held = held or await receive_while_holding(consumer, idle=5.0)
+                assert held, "nothing arrived: consuming never resumed"
+                received += [int(d.headers["n"] or "") for d in held]
+                for delivery in held:
+                    await delivery.ack()
+                held = []
+    assert refused
+    assert received == list(range(count))

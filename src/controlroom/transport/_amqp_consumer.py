@@ -368,7 +368,9 @@ class ConsumerSession:
             self._resuming = asyncio.create_task(self._resume())
 
     async def _resume(self) -> None:
-        """Consume again (retrying while the channel is being restored)."""
+        """Consume again (retrying while the channel is being restored, and after an
+        error it does not expect, logged: nobody awaits this task, and a pause that never
+        ends would leave the queue unread while the intake waits)."""
         try:
             while self.consuming and self._paused:
                 if not self._has_room():
@@ -384,6 +386,13 @@ class ConsumerSession:
                     except (*CONNECTION_ERRORS, RuntimeError):
                         self._paused = True
                         log.warning("cannot resume consuming yet; retrying", exc_info=True)
+                    except Exception:
+                        self._paused = True
+                        log.exception(
+                            "consuming %s could not resume; retrying in %.1f s",
+                            self._queue.name,
+                            RESUME_RETRY_SECONDS,
+                        )
                     else:
                         return
                 await asyncio.sleep(RESUME_RETRY_SECONDS)
