@@ -309,6 +309,23 @@ def test_a_settings_file_that_is_not_toml_is_refused_in_one_line(
 
 
 @pytest.mark.parametrize("command", [["migrate"], ["site", "serve"]])
+def test_a_settings_file_with_a_byte_order_mark_is_refused_saying_so(
+    data_dir: Path, tmp_path: Path, command: list[str]
+) -> None:
+    """Windows editors may save UTF-8 with a byte order mark, which TOML does not allow:
+    the parser's own words ("Invalid statement (at line 1, column 1)") did not say what
+    was wrong with a file that looks right."""
+    config = tmp_path / "bom.toml"
+    config.write_bytes(b'\xef\xbb\xbfsite_id = "a"\n')
+
+    code, output = invoke(*command, "--config", str(config))
+
+    assert code == 2, output
+    assert "byte order mark" in output and "without" in output
+    assert "Traceback" not in output
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["site", "serve"]])
 def test_a_settings_file_that_is_not_utf8_is_refused_in_one_line(
     data_dir: Path, tmp_path: Path, command: list[str]
 ) -> None:

@@ -11,6 +11,7 @@ usage or settings.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import logging
@@ -655,7 +656,8 @@ def _settings_or_refuse(
     except pydantic.ValidationError as exc:
         _refuse_settings(exc, prefix, config, model)
     except tomllib.TOMLDecodeError as exc:
-        _refuse_toml(config, exc)
+        bom = config is not None and config.read_bytes().startswith(codecs.BOM_UTF8)
+        _refuse_toml(config, exc, _BOM_REFUSED if bom else None)
     except UnicodeDecodeError as exc:
         _refuse_toml(config, exc, "it is not UTF-8")
     except pydantic_settings.SettingsError as exc:
@@ -716,6 +718,12 @@ def _listen_overrides(host: str | None, port: int | None) -> ListenOverrides:
     if port is not None:
         given["port"] = port
     return given
+
+
+_BOM_REFUSED = (
+    "it begins with a byte order mark (U+FEFF), which TOML does not allow: save it as "
+    "UTF-8 without one"
+)
 
 
 def _refuse_toml(config: Path | None, exc: Exception, why: str | None = None) -> NoReturn:
