@@ -186,7 +186,7 @@ def how_to_give(loc: tuple[int | str, ...], kind: str, prefix: str) -> str | Non
     (``CONTROLROOM_SITES__0__BASE_URL``): no variable sets a list's item, the list is
     given whole as JSON; else ``None``."""
     if kind in ("time_delta_parsing", "time_delta_type"):
-        return "a duration is ISO 8601 (P30D, PT12H, P1DT6H) or a number of seconds (3600)"
+        return "a duration is ISO 8601 (P30D, PT12H, P1DT6H) or a positive number of seconds (3600)"
     if kind != "list_type" or not all(isinstance(part, str) for part in loc):
         return None
     variable = prefix + "__".join(map(str, loc)).upper()
