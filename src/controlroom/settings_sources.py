@@ -81,13 +81,31 @@ def _wants_a_number(model: type[BaseModel], field_name: str | None) -> bool:
     return bool not in kinds and any(kind in (int, float, timedelta) for kind in kinds)
 
 
-def _no_true_or_false_for_a_number(
-    model: type[BaseModel], value: object, info: ValidationInfo
-) -> object:
+def _wants_a_duration(model: type[BaseModel], field_name: str | None) -> bool:
+    """Whether the field takes a ``timedelta``."""
+    field = model.model_fields.get(field_name or "")
+    return field is not None and timedelta in (field.annotation, *typing.get_args(field.annotation))
+
+
+# A number of seconds as text: digits, a decimal point, an exponent (what float() reads,
+# without its nan, inf and underscores).
+_SECONDS_TEXT = re.compile(r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*")
+
+
+def _numbers_as_numbers(model: type[BaseModel], value: object, info: ValidationInfo) -> object:
     """Refuses a TOML or JSON ``true``/``false`` given for a number: pydantic's lax mode
-    reads it as 1 or 0 (a one-second duration, a batch of one), which nobody means."""
+    reads it as 1 or 0 (a one-second duration, a batch of one), which nobody means. Reads
+    a duration given as a number of seconds in text (an environment variable, a JSON or
+    TOML string: ``"3600"``) as that number, which pydantic reads only when it is no text
+    (README "Configuration": a duration is ISO 8601 or a number of seconds)."""
     if isinstance(value, bool) and _wants_a_number(model, info.field_name):
         raise PydanticCustomError("number_not_boolean", "a number is wanted, not true or false")
+    if (
+        isinstance(value, str)
+        and _SECONDS_TEXT.fullmatch(value)
+        and _wants_a_duration(model, info.field_name)
+    ):
+        return float(value)
     return value
 
 
@@ -99,8 +117,8 @@ class SettingsTable(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _numbers_are_no_booleans(cls, value: object, info: ValidationInfo) -> object:
-        return _no_true_or_false_for_a_number(cls, value, info)
+    def _numbers_are_numbers(cls, value: object, info: ValidationInfo) -> object:
+        return _numbers_as_numbers(cls, value, info)
 
 
 class ListenOverrides(TypedDict, total=False):
@@ -121,8 +139,8 @@ class EnvThenTomlSettings(BaseSettings):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _numbers_are_no_booleans(cls, value: object, info: ValidationInfo) -> object:
-        return _no_true_or_false_for_a_number(cls, value, info)
+    def _numbers_are_numbers(cls, value: object, info: ValidationInfo) -> object:
+        return _numbers_as_numbers(cls, value, info)
 
     @classmethod
     def settings_customise_sources(

@@ -1,0 +1,77 @@
+"""A duration setting given as a number of seconds in text (an environment variable, a
+JSON string, a TOML string) is that many seconds (README "Configuration": a duration is
+ISO 8601 or a number of seconds). Pydantic reads only ISO 8601 and its own forms from
+text: "3600" was refused with a hint that named "3600" as the form to use."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from pydantic import ValidationError
+
+from controlroom.config import Settings
+
+WEBHOOK = {
+    "name": "ops-chat",
+    "url": "https://hooks.example.org/controlroom",
+    "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+}
+RULE = {
+    "name": "intake",
+    "event_types": ["IntakeStalled"],
+    "channel": "Webhook",
+    "target": "ops-chat",
+}
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "read", "expected"),
+    [
+        (
+            "CONTROLROOM_ERROR_RETENTION_PERIOD",
+            "3600",
+            lambda s: s.error_retention_period,
+            timedelta(hours=1),
+        ),
+        ("CONTROLROOM_KPI__INTERVAL", " 60 ", lambda s: s.kpi.interval, timedelta(minutes=1)),
+        (
+            "CONTROLROOM_RECONCILIATION__FIRST_PASS_DELAY",
+            "0",
+            lambda s: s.reconciliation.first_pass_delay,
+            timedelta(0),
+        ),
+        (
+            "CONTROLROOM_NOTIFICATIONS__BACKOFF_BASE",
+            "1.5",
+            lambda s: s.notifications.backoff_base,
+            timedelta(seconds=1.5),
+        ),
+        ("CONTROLROOM_KPI__INTERVAL", "PT2M", lambda s: s.kpi.interval, timedelta(minutes=2)),
+    ],
+)
+def test_a_number_of_seconds_in_text_is_a_duration(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, read, expected: timedelta
+) -> None:
+    monkeypatch.setenv(variable, value)
+
+    assert read(Settings()) == expected
+
+
+def test_a_rules_window_in_seconds_as_a_json_string(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONTROLROOM_NOTIFICATIONS__WEBHOOKS", json.dumps([WEBHOOK]))
+    monkeypatch.setenv("CONTROLROOM_NOTIFICATIONS__RULES", json.dumps([RULE | {"window": "300"}]))
+
+    assert Settings().notifications.rules[0].window == timedelta(minutes=5)
+
+
+@pytest.mark.parametrize("value", ["-5", "nan", "inf", "1e400", "3600s", "0x10"])
+def test_text_that_is_no_positive_number_of_seconds_is_still_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("CONTROLROOM_ERROR_RETENTION_PERIOD", value)
+
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    assert "error_retention_period" in str(refused.value)
