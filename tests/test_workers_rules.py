@@ -364,14 +364,28 @@ def _said(log: Path, pattern: re.Pattern[str]) -> int:
     return len(pattern.findall(log.read_text(errors="replace")))
 
 
-def _worker_count(pid: int) -> int:
+def _workers_of(pid: int) -> set[int]:
     """The worker processes (multiprocessing's spawn) of process ``pid``."""
-    found = 0
+    found: set[int] = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError):
             for child in (task / "children").read_text().split():
-                found += b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()
+                if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    found.add(int(child))
     return found
+
+
+def _worker_count(pid: int) -> int:
+    return len(_workers_of(pid))
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie has ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 async def _ready_at_most(settings: Settings, limit: int) -> bool:
@@ -495,3 +509,34 @@ def test_a_second_ctrl_c_ends_serve_at_once_while_a_write_waits(
     assert process.returncode == -signal.SIGINT, text
     # Said at the first signal: what the stop does, and that a second one ends it.
     assert "Stopping: the intakes finish the batches in hand" in " ".join(text.split()), text
+
+
+def test_a_second_ctrl_c_ends_the_workers_with_serve(postgresql_url: str, tmp_path: Path) -> None:
+    """The second signal ends serve at once, and its workers with it (fresh-user pass: the
+    worker, its write waiting on a lock, went on alone beside a new serve on the same
+    data directory until its own grace ran out, or for as long as the lock was held).
+    The lock is held until the worker has ended: without the change it never does."""
+    engine = create_store_engine(postgresql_url)
+    stopping = re.compile(r"finishing \d+ batch")
+    with serving_on_postgresql(postgresql_url, tmp_path, WORKERS="1") as (settings, process, log):
+
+        async def interrupt_twice_while_held() -> None:
+            async with asyncio.timeout(TIMEOUT + 60):
+                await until(lambda: asyncio.sleep(0, _worker_count(process.pid) == 1))
+                (worker,) = _workers_of(process.pid)
+                with writes_held(settings.effective_database_url):
+                    names = [f"orphan-{n}" for n in range(10)]
+                    await publish(settings, [(failed_headers(n), b"{}") for n in names])
+                    await until(lambda: asyncio.to_thread(_waiting_writes, engine))
+                    process.send_signal(signal.SIGINT)
+                    await until(lambda: asyncio.sleep(0, _said(log, stopping) == 1))
+                    process.send_signal(signal.SIGINT)
+                    await asyncio.to_thread(process.wait, TIMEOUT)
+                    await until(lambda: asyncio.sleep(0, not _running(worker)))
+
+        try:
+            asyncio.run(interrupt_twice_while_held())
+        finally:
+            engine.dispose()
+
+    assert process.returncode == -signal.SIGINT, log.read_text(errors="replace")

@@ -27,18 +27,21 @@ intakes' health is degraded from its end until the worker started in its place h
 batches it holds (committed, then acknowledged: ``transport.batching``), lets its other
 parts end, and exits; what no batch held goes back to its queue unwritten when the
 transport closes. One that has not exited ``STOP_MARGIN_SECONDS`` after its batches' grace
-(``ingestion.stop_grace_seconds``) is killed.
+(``ingestion.stop_grace_seconds``) is killed. A worker whose serve ended (a second signal,
+a kill) is killed by the kernel (``_end_with_serve``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
 import signal
 import sqlite3
+import sys
 import threading
 import time
 import uuid
@@ -92,6 +95,7 @@ def worker_main(settings: Settings, index: int, conn: Connection, owner: str) ->
     ``owner`` names the embedded queue's claims of this worker, so serve can give them
     back when the worker dies."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _end_with_serve()
     os.nice(settings.ingestion.nice)
     # Set before any thread starts: Linux keeps the policy per thread, and new threads
     # inherit it (docs/design.md "Process shape").
@@ -102,6 +106,25 @@ def worker_main(settings: Settings, index: int, conn: Connection, owner: str) ->
     )
     quiet_demo_logs()  # only under controlroom demo run
     asyncio.run(_work(settings, _Reporter(conn), owner))
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _end_with_serve() -> None:
+    """Have the kernel kill this worker when serve ends (Linux: ``PR_SET_PDEATHSIG``),
+    however serve ends: a second signal or a kill ends serve at once, and its worker must
+    not go on alone, holding batches beside a serve started again on the same data
+    directory. What the worker held goes back to its queue (RabbitMQ redelivers; the
+    embedded queue when the claims' lease runs out). Elsewhere a no-op."""
+    if sys.platform != "linux":
+        return
+    serve = multiprocessing.parent_process()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        log.warning("cannot ask to end with serve: %s", os.strerror(ctypes.get_errno()))
+    elif serve is not None and os.getppid() != serve.pid:
+        os._exit(1)  # serve ended before the request took effect
 
 
 class _Reporter:
