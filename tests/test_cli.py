@@ -533,18 +533,62 @@ def test_a_database_url_naming_a_driver_not_installed_is_refused_in_one_line(
     ), output
 
 
+@pytest.mark.parametrize("name", ["", "  ", "\t"])
 @pytest.mark.parametrize("queue", ["ERROR_QUEUE", "TELEMETRY_QUEUE"])
-def test_an_empty_queue_name_is_refused(
-    data_dir: Path, monkeypatch: pytest.MonkeyPatch, queue: str
+def test_an_empty_or_blank_queue_name_is_refused(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, queue: str, name: str
 ) -> None:
     """Fresh-user pass: an empty ``CONTROLROOM_ERROR_QUEUE`` started serve, whose intake
-    worker then failed and restarted in a loop while health said ok."""
-    monkeypatch.setenv(f"CONTROLROOM_{queue}", "")
+    worker then failed and restarted in a loop while health said ok; a name of spaces
+    was taken (a queue nobody publishes to, by mistake)."""
+    monkeypatch.setenv(f"CONTROLROOM_{queue}", name)
 
     code, output = invoke("migrate")
 
     assert code == 2, output
     assert f"invalid setting {queue.lower()} (CONTROLROOM_{queue})" in output, output
+
+
+def test_one_queue_for_failed_messages_and_telemetry_is_refused(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass: ``CONTROLROOM_TELEMETRY_QUEUE=error`` started serve, and the error
+    queue's intake took telemetry packets as failed imports (no ``NServiceBus.FailedQ``),
+    losing site calls from their mirror."""
+    monkeypatch.setenv("CONTROLROOM_TELEMETRY_QUEUE", "error")
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert "error_queue and telemetry_queue are both 'error'" in " ".join(output.split()), output
+
+
+@pytest.mark.parametrize(
+    "name", ["http://proxy.example", "proxy.example:8443", "*", "", "proxy.example/api"]
+)
+def test_an_allowed_host_that_no_host_header_could_match_is_refused(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """Fresh-user pass: a scheme, a port or ``*`` was taken, and every request then got 421
+    (a Host header is compared by name, at any port)."""
+    monkeypatch.setenv("CONTROLROOM_ALLOWED_HOSTS", json.dumps(["proxy2.example", name]))
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert "invalid setting allowed_hosts" in output, output
+    assert "without scheme, port or path" in " ".join(output.split()), output
+
+
+def test_allowed_hosts_take_names_and_addresses(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = ["proxy.example", "Proxy.Example.", "10.0.0.5", "[fd00::5]", "ops-1"]
+    monkeypatch.setenv("CONTROLROOM_ALLOWED_HOSTS", json.dumps(names))
+
+    code, output = invoke("migrate")
+
+    assert code == 0, output
 
 
 @pytest.mark.parametrize(

@@ -241,6 +241,10 @@ class KpiSettings(SettingsTable):
 _DOMAIN = re.compile(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*")
 
 
+_HOST_NAME = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?\.?")
+"""A name or address of ``allowed_hosts``: as a ``Host`` header carries it, no port."""
+
+
 class ConfiguredSite(SettingsTable):
     """A site whose agent central pulls and relays commands to (docs/design.md
     "Reconciliation", "Retry/Discard relay")."""
@@ -689,7 +693,34 @@ class Settings(EnvThenTomlSettings):
         take it, checked at start rather than by an intake that then fails at every try."""
         if not 1 <= len(name.encode("utf-8")) <= MAX_QUEUE_NAME_BYTES:
             raise ValueError(f"a queue's name is 1 to {MAX_QUEUE_NAME_BYTES} bytes of UTF-8")
+        if not name.strip():
+            raise ValueError("a queue's name is not only white space")
         return name
+
+    @model_validator(mode="after")
+    def _queues_apart(self) -> Settings:
+        """One queue for both would give telemetry packets to the error queue's intake
+        (failed imports: no ``NServiceBus.FailedQ``) and failed messages to the telemetry
+        intake (rejected packets)."""
+        if self.error_queue == self.telemetry_queue:
+            raise ValueError(
+                f"error_queue and telemetry_queue are both {self.error_queue!r}: each intake "
+                "needs a queue of its own"
+            )
+        return self
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, names: list[str]) -> list[str]:
+        """Each a name as a ``Host`` header gives it, whose port is not compared: a scheme,
+        a port, a path or ``*`` would never match, and every request would get 421."""
+        for name in names:
+            if not _HOST_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{name[:100]!r}: each name is a host name or address without scheme, "
+                    "port or path (proxy.example, 10.0.0.5, [fd00::5]); any port matches"
+                )
+        return names
 
     @field_validator("auth_tokens")
     @classmethod
