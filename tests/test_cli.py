@@ -549,6 +549,55 @@ def test_an_empty_or_blank_queue_name_is_refused(
     assert f"invalid setting {queue.lower()} (CONTROLROOM_{queue})" in output, output
 
 
+@pytest.mark.parametrize("command", [["migrate"], ["serve", "--port", "0"]])
+def test_a_data_directory_that_is_a_file_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """Fresh-user pass: ``CONTROLROOM_DATA_DIR`` naming a file ended in a traceback of
+    about 100 lines (``FileExistsError``)."""
+    a_file = tmp_path / "not-a-directory"
+    a_file.write_text("")
+    monkeypatch.setenv("CONTROLROOM_DATA_DIR", str(a_file))
+
+    code, output = invoke(*command)
+
+    assert code == 2, output
+    assert "invalid setting data_dir (CONTROLROOM_DATA_DIR): it names a file" in (
+        " ".join(output.split())
+    ), output
+    assert "Traceback" not in output
+
+
+def test_an_empty_data_directory_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass: ``CONTROLROOM_DATA_DIR=`` put the store in the current directory."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CONTROLROOM_DATA_DIR", "")
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert "invalid setting data_dir (CONTROLROOM_DATA_DIR): it is empty" in (
+        " ".join(output.split())
+    ), output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_database_directory_that_cannot_be_made_is_refused_in_one_line(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", "sqlite:////proc/no-such-place/store.db")
+
+    code, output = invoke("migrate")
+
+    assert code == 1, output
+    assert "cannot make the database's directory /proc/no-such-place" in (
+        " ".join(output.split())
+    ), output
+    assert "Traceback" not in output
+
+
 def test_one_queue_for_failed_messages_and_telemetry_is_refused(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

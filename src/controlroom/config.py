@@ -686,6 +686,25 @@ class Settings(EnvThenTomlSettings):
             )
         return url
 
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _data_dir_named(cls, value: object) -> object:
+        """An empty value would be the current directory (``Path("")``), not the default."""
+        if isinstance(value, str) and not value.strip():
+            raise ValueError(
+                "it is empty: unset it for ./controlroom-data, or name a directory "
+                "(. for the current one)"
+            )
+        return value
+
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir_a_directory(cls, path: Path) -> Path:
+        """Made when missing; one that names a file would fail in every part using it."""
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"it names a file, not a directory: {path}")
+        return path
+
     @field_validator("error_queue", "telemetry_queue")
     @classmethod
     def _queue_name(cls, name: str) -> str:

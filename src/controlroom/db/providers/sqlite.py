@@ -33,7 +33,7 @@ from controlroom.db.providers._base import (
     SearchTerms,
 )
 from controlroom.db.transactions import WRITE_OPTION, begin_write
-from controlroom.exceptions import ErrorKind
+from controlroom.exceptions import ConfigurationError, ErrorKind
 from controlroom.runtime.lease import Lease
 
 # Central's schema (db/tables.py, and db/leases.py over it) is imported by the hooks that
@@ -331,7 +331,13 @@ class SQLiteProvider(OnConflictProvider):
 
     def create_engine(self, url: sa.URL, *, pool_size: int) -> sa.Engine:
         if url.database and url.database != ":memory:":
-            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+            directory = Path(url.database).parent
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"cannot make the database's directory {directory}: {exc.strerror}"
+                ) from exc
         # hide_parameters: errors (and the retry warnings that log them) never carry the
         # bound values, which are message bodies and headers (docs/decisions.md "Store errors
         # never carry message data").
