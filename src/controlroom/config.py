@@ -33,6 +33,7 @@ from controlroom.settings_sources import (
     Period,
     Seconds,
     SettingsTable,
+    http_url_problem,
 )
 
 
@@ -252,9 +253,7 @@ class ConfiguredSite(SettingsTable):
     id: str = Field(
         min_length=1, max_length=64, description="The site's source_site in its telemetry."
     )
-    base_url: str = Field(
-        pattern=r"^https?://[^/\s]+(/[^\s]*)?$", description="The agent's base URL."
-    )
+    base_url: str = Field(description="The agent's base URL (http:// or https://).")
     token: BearerSecret | None = Field(
         None,
         description="Bearer token central presents to the agent to pull and relay (the "
@@ -271,6 +270,15 @@ class ConfiguredSite(SettingsTable):
         "of a recipient list (exact, without case: example.org does not admit "
         "mail.example.org). Empty: none, the site mails recipient lists only.",
     )
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, url: str) -> str:
+        """Usable, and holding no credentials: ``GET /api/sites`` shows it to readers."""
+        problem = http_url_problem(url, credentials=False)
+        if problem:
+            raise ValueError(problem)
+        return url
 
     @field_validator("recipient_domains")
     @classmethod
@@ -356,7 +364,7 @@ class WebhookChannel(SettingsTable):
     signed with ``secret`` (Standard Webhooks, docs/design.md "Notification outbox")."""
 
     name: str = Field(min_length=1, max_length=256, pattern=_HEADER_SAFE.pattern)
-    url: str = Field(pattern=r"^https?://[^/\s]+(/[^\s]*)?$", description="Where it POSTs.")
+    url: str = Field(description="Where it POSTs (http:// or https://).")
     secret: SecretStr = Field(
         description="The signing secret, whsec_ then base64 (secret: never shown)."
     )
@@ -375,6 +383,14 @@ class WebhookChannel(SettingsTable):
         port = f":{parts.port}" if parts.port is not None else ""
         host = parts.hostname or ""
         return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}{port}"
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        problem = http_url_problem(url)
+        if problem:
+            raise ValueError(problem)
+        return url
 
     @field_validator("secret")
     @classmethod

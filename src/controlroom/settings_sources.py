@@ -14,6 +14,7 @@ import typing
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, ClassVar, TypedDict
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -53,6 +54,25 @@ prefetch count as a 16-bit number (the embedded queue takes the same settings)."
 MAX_QUEUE_NAME_BYTES = 255
 """The longest queue name, in bytes of UTF-8: RabbitMQ's limit, which the embedded queue
 follows so that a name valid on one transport is valid on the other."""
+
+def http_url_problem(url: str, *, credentials: bool = True) -> str | None:
+    """Why ``url`` is no address an HTTP client can use, in a sentence that never quotes
+    it (it may hold a password), or ``None``: it must be ``http://`` or ``https://`` with a
+    host and, if given, a port from 0 to 65535; with ``credentials`` false, no
+    ``user:password@`` either (one shown to readers)."""
+    if any(character.isspace() or not character.isprintable() for character in url):
+        return "it must be a URL without white space or control characters"
+    try:
+        parts = urlsplit(url)
+        port_ok = parts.port is None or 0 <= parts.port <= 65535
+    except ValueError:  # a port that is no number or out of range, an unclosed [
+        return "it must be an http:// or https:// URL with a host and a port from 0 to 65535"
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname or not port_ok:
+        return "it must be an http:// or https:// URL with a host and a port from 0 to 65535"
+    if not credentials and (parts.username is not None or parts.password is not None):
+        return "it must hold no user or password (the credentials are its token)"
+    return None
+
 
 SECRET_LENGTH = 16
 """The fewest characters of a bearer token central or an agent is configured with."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from controlroom.cli import app
@@ -42,6 +43,17 @@ def test_a_misspelt_setting_is_refused_or_named_with_the_one_meant(
         "warning: CONTROLROOM_SITE_STORE_PAHT names no setting and is ignored; did you mean "
         "CONTROLROOM_SITE_STORE_PATH?"
     ) in output
+
+
+@pytest.mark.parametrize("url", ["localhost:18100", "ftp://central.example", "http://"])
+def test_a_central_url_that_is_no_http_url_is_refused(url: str) -> None:
+    """Fresh-user pass: ``localhost:18100`` (no scheme) started the agent, which then
+    failed to deliver telemetry ("unsupported protocol 'localhost://'") for ever."""
+    with pytest.raises(ValidationError) as refused:
+        SiteSettings(site_id="plant-7", central_url=url)
+    [error] = refused.value.errors()
+    assert error["loc"] == ("central_url",)
+    assert "an http:// or https:// URL" in error["msg"]
 
 
 def test_a_non_loopback_agent_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:

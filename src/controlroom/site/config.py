@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Unpack
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
     SettingsConfigDict,
 )
@@ -18,6 +18,7 @@ from controlroom.settings_sources import (
     EnvThenTomlSettings,
     ListenOverrides,
     Seconds,
+    http_url_problem,
 )
 
 
@@ -73,6 +74,15 @@ class SiteSettings(EnvThenTomlSettings):
     notification_purge_interval: Seconds = Field(
         3600.0, gt=0, description="Time between two purges of settled notifications (s)."
     )
+
+    @field_validator("central_url")
+    @classmethod
+    def _central_url(cls, url: str) -> str:
+        """Refused at start, not failing at every delivery for ever."""
+        problem = http_url_problem(url) if url else None
+        if problem:
+            raise ValueError(problem)
+        return url
 
 
 def load_site_settings(
