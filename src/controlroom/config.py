@@ -673,7 +673,7 @@ class Settings(EnvThenTomlSettings):
     )
     servicecontrol_api_version: str = Field(
         "6.15.0",
-        pattern=r"^\d+\.\d+\.\d+$",
+        pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$",
         description="The ServiceControl version whose behaviour Controlroom implements, sent as "
         "X-Particular-Version on every /api response; clients such as ServicePulse "
         "enable features by it.",

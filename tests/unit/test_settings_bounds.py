@@ -101,3 +101,11 @@ def test_no_duration_may_pass_a_century(setting: str, table: type[BaseModel], fi
         too_long = timedelta(days=CENTURY_DAYS + 1)
     with pytest.raises(ValidationError):
         TypeAdapter(Annotated[info.annotation, info]).validate_python(too_long)
+
+
+@pytest.mark.parametrize("version", ["\uff16.\uff11\uff15.\uff10", "\u0666.\u0661\u0665.\u0660"])
+def test_the_servicecontrol_version_is_ascii_digits(version: str) -> None:
+    """Breaker pass: digits of other scripts matched ``\\d`` and every /api answer then
+    failed (a header value is Latin-1), /api/health too."""
+    with pytest.raises(ValidationError):
+        Settings(servicecontrol_api_version=version)
