@@ -598,6 +598,23 @@ def test_a_database_directory_that_cannot_be_made_is_refused_in_one_line(
     assert "Traceback" not in output
 
 
+@pytest.mark.postgresql
+def test_a_database_password_given_in_the_query_is_never_shown(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, postgresql_url: str
+) -> None:
+    """Breaker pass: ``?password=`` (libpq's keyword, which SQLAlchemy passes on) was
+    printed whole by migrate, serve's start-up line and its errors, while a password
+    before the host was hidden."""
+    url = sa.make_url(postgresql_url).update_query_dict({"password": "S3CRETPW"})
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", url.render_as_string(hide_password=False))
+
+    code, output = invoke("migrate")
+
+    assert code == 0, output
+    assert "S3CRETPW" not in output
+    assert "password=***" in output, output
+
+
 def test_one_queue_for_failed_messages_and_telemetry_is_refused(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -772,9 +772,9 @@ def _working_store(settings: Settings) -> Iterator[sa.Engine]:
 
 
 def _describe_database(url: str) -> str:
-    import sqlalchemy as sa
+    from controlroom.db.engine import shown_url
 
-    return sa.make_url(url).render_as_string(hide_password=True)
+    return shown_url(url)
 
 
 def _describe_transport(settings: Settings) -> str:

@@ -48,7 +48,7 @@ from controlroom.api import database_check
 from controlroom.api.guard import HostGuard
 from controlroom.app import create_app
 from controlroom.config import Settings
-from controlroom.db.engine import create_store_engine
+from controlroom.db.engine import create_store_engine, shown_url
 from controlroom.db.errors import describe_store_error, is_transient
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.providers import provider_for
@@ -129,7 +129,7 @@ async def run(
         engine = create_store_engine(settings.effective_database_url)
         try:
             await wait_until_reachable(
-                f"the database {engine.url.render_as_string(hide_password=True)}",
+                f"the database {shown_url(engine.url)}",
                 lambda: asyncio.to_thread(_probe_store, engine),
                 unreachable=is_transient,
                 describe=describe_store_error,
@@ -155,7 +155,7 @@ async def run(
                     rules_applied(engine, settings.notifications),
                     serving(  # make demo refuses to publish meanwhile
                         settings.data_dir,
-                        store=engine.url.render_as_string(hide_password=True),
+                        store=shown_url(engine.url),
                         broker=repr(transport),
                     ),
                 ):

@@ -43,6 +43,23 @@ def normalize_database_url(url: str) -> sa.URL:
     return provider_named(parsed.get_backend_name()).normalize_url(parsed)
 
 
+_SECRET_QUERY_KEYS = frozenset({"password", "sslpassword"})
+"""libpq's connection keywords that hold a secret, which a URL's query may carry."""
+
+
+def shown_url(url: str | sa.URL) -> str:
+    """``url`` as logs, errors and answers show it: its password hidden, before the host
+    or in the query (``?password=``, which SQLAlchemy passes on to the driver), as
+    ``***``."""
+    parsed = make_url(url) if isinstance(url, str) else url
+    secrets = [key for key in parsed.query if key.lower() in _SECRET_QUERY_KEYS]
+    rest = parsed.difference_update_query(secrets)
+    shown = rest.render_as_string(hide_password=True)
+    if not secrets:
+        return shown
+    return shown + ("&" if rest.query else "?") + "&".join(f"{key}=***" for key in secrets)
+
+
 def create_store_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
     """Create the engine for ``url`` with the provider's connection rules applied; the
     driver's encoding refusals raise ``UnstorableValue`` (``db.errors``).

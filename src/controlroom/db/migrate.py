@@ -12,7 +12,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 
-from controlroom.db.engine import normalize_database_url
+from controlroom.db.engine import normalize_database_url, shown_url
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import audit_log_policy
 from controlroom.db.transactions import begin_write
@@ -37,7 +37,7 @@ def upgrade_database(engine: sa.Engine, revision: str = "head") -> tuple[str | N
     config = alembic_config(engine)
     before = schema_revision(engine)
     if before is not None and not _is_known(config, before):
-        where = engine.url.render_as_string(hide_password=True)
+        where = shown_url(engine.url)
         raise ConfigurationError(
             f"the schema of {where} is at revision {before}, which this version of "
             "controlroom does not know: a newer version migrated it; run that version "
