@@ -25,6 +25,8 @@ from controlroom.db.providers import EMBEDDED
 from controlroom.event_types import EventType
 from controlroom.settings_sources import (
     CENTURY_DAYS,
+    MAX_BYTES,
+    MAX_COUNT,
     MAX_PREFETCH,
     MAX_QUEUE_NAME_BYTES,
     BearerSecret,
@@ -54,6 +56,7 @@ class IngestionSettings(SettingsTable):
     max_inflight_bytes: int = Field(
         64 * 1024 * 1024,
         ge=1,
+        le=MAX_BYTES,
         description=(
             "Bytes of messages (body plus header text) an intake holds unacknowledged at once, "
             "besides the prefetch count; a larger message is taken alone."
@@ -68,6 +71,7 @@ class IngestionSettings(SettingsTable):
     alert_group_failures_per_hour: int | None = Field(
         None,
         ge=1,
+        le=MAX_COUNT,
         description=(
             "Failures of one group within one clock hour (of their failure time) whose "
             "reaching raises GroupFailuresPassedThreshold in the batch that reaches it; "
@@ -77,6 +81,7 @@ class IngestionSettings(SettingsTable):
     alert_endpoint_failures_per_hour: int | None = Field(
         None,
         ge=1,
+        le=MAX_COUNT,
         description=(
             "Unresolved failed messages of one receiving endpoint whose last failure is "
             "within one clock hour, whose reaching raises EndpointFailuresPassedThreshold "
@@ -228,12 +233,14 @@ class KpiSettings(SettingsTable):
     alert_parked: int = Field(
         1,
         ge=1,
+        le=MAX_COUNT,
         description="Parked site calls (globally, or of one site) whose reaching raises "
         "ParkedSiteCallsPassedThreshold at the sample that sees it.",
     )
     alert_stuck: int = Field(
         1,
         ge=1,
+        le=MAX_COUNT,
         description="Stuck site calls (globally, or of one site) whose reaching raises "
         "StuckSiteCallsPassedThreshold at the sample that sees it.",
     )
@@ -322,7 +329,7 @@ class ReconciliationSettings(SettingsTable):
     )
     batch_size: int = Field(500, ge=1, le=5000, description="Rows per page of a pull.")
     max_pages_per_pass: int = Field(
-        20, ge=1, description="Pages pulled from one site in one pass at most."
+        20, ge=1, le=MAX_COUNT, description="Pages pulled from one site in one pass at most."
     )
     request_timeout: Seconds = Field(
         10.0, gt=0, description="Seconds a site may take to answer one page or command."
@@ -469,7 +476,9 @@ class NotificationSettings(SettingsTable):
     webhooks: list[WebhookChannel] = Field(default_factory=list)
     recipient_lists: list[RecipientList] = Field(default_factory=list)
     rules: list[NotificationRule] = Field(default_factory=list)
-    max_attempts: int = Field(10, ge=1, description="Failed attempts that park a notification.")
+    max_attempts: int = Field(
+        10, ge=1, le=MAX_COUNT, description="Failed attempts that park a notification."
+    )
     backoff_base: timedelta = Field(
         timedelta(seconds=10),
         gt=timedelta(0),
@@ -616,7 +625,7 @@ class Settings(EnvThenTomlSettings):
     telemetry_queue: str = "site-call-telemetry"
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535, description="0: any free port.")
-    max_body_size_to_store: int = Field(102_400, ge=0)
+    max_body_size_to_store: int = Field(102_400, ge=0, le=MAX_BYTES)
     error_retention_period: timedelta = Field(
         timedelta(days=15),
         gt=timedelta(0),
@@ -633,6 +642,7 @@ class Settings(EnvThenTomlSettings):
     exact_count_limit: int = Field(
         10_000,
         ge=1,
+        le=MAX_COUNT,
         description="Lists count their matches exactly up to this many; beyond it the "
         "database's estimate is answered, marked Total-Count-Estimated: true (PostgreSQL; "
         "SQLite has no estimate and counts exactly).",
@@ -662,6 +672,7 @@ class Settings(EnvThenTomlSettings):
     max_request_body_size: int = Field(
         10 * 1024 * 1024,
         ge=1024,
+        le=MAX_BYTES,
         description="Largest HTTP request body accepted, in bytes; larger ones are "
         "answered 413 before they are read.",
     )

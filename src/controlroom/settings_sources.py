@@ -47,6 +47,14 @@ Period = Annotated[timedelta, Field(le=timedelta(days=CENTURY_DAYS))]
 Days = Annotated[float, Field(le=CENTURY_DAYS)]
 """A duration setting in days: at most a century."""
 
+MAX_COUNT = 1_000_000_000
+"""The most an integer setting that counts (messages, attempts, pages) may be: beyond any
+real count, and inside the stores' 64-bit integers, which a larger value passed to a
+query overflowed (SQLite's at 2**63)."""
+
+MAX_BYTES = 2**40
+"""The most a size setting in bytes may be (1 TiB)."""
+
 MAX_PREFETCH = 65_535
 """The most deliveries an intake holds unacknowledged: AMQP's ``basic.qos`` carries the
 prefetch count as a 16-bit number (the embedded queue takes the same settings)."""

@@ -109,3 +109,31 @@ def test_the_servicecontrol_version_is_ascii_digits(version: str) -> None:
     failed (a header value is Latin-1), /api/health too."""
     with pytest.raises(ValidationError):
         Settings(servicecontrol_api_version=version)
+
+
+def _integers(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every integer setting of ``model`` and its tables, as (dotted name, field)."""
+    for name, field in model.model_fields.items():
+        kinds = (field.annotation, *typing.get_args(field.annotation))
+        for kind in kinds:
+            for table in (kind, *typing.get_args(kind)):
+                if isinstance(table, type) and issubclass(table, BaseModel):
+                    yield from _integers(table, f"{prefix}{name}.")
+        if int in kinds and bool not in kinds:
+            yield f"{prefix}{name}", field
+
+
+INTEGERS = sorted(
+    {*_integers(Settings), *_integers(SiteSettings)}, key=lambda integer: integer[0]
+)
+
+
+@pytest.mark.parametrize(("setting", "field"), INTEGERS, ids=[i[0] for i in INTEGERS])
+def test_every_integer_setting_has_an_upper_bound(setting: str, field: Any) -> None:
+    """Breaker pass: an alert threshold of 10**19 passed to SQLite overflowed its integer
+    and failed every batch; an exact-count limit of 2**63 - 1 failed every search. Each
+    integer setting is at most 2**53 (a double holds it exactly; both stores' integers
+    do)."""
+    too_big = 2**53 + 1
+    with pytest.raises(ValidationError):
+        TypeAdapter(Annotated[field.annotation, field]).validate_python(too_big)
