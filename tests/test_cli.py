@@ -615,6 +615,21 @@ def test_a_database_password_given_in_the_query_is_never_shown(
     assert "password=***" in output, output
 
 
+@pytest.mark.parametrize("queue", ["ERROR_QUEUE", "TELEMETRY_QUEUE"])
+def test_a_queue_name_rabbitmq_reserves_is_refused(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, queue: str
+) -> None:
+    """Breaker pass: ``amq.brk`` started serve, whose worker then failed to declare the
+    queue (ACCESS_REFUSED) and restarted in a loop; refused on either transport, as a name
+    valid on one is valid on the other."""
+    monkeypatch.setenv(f"CONTROLROOM_{queue}", "amq.brk")
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert "RabbitMQ reserves the names that start with amq." in " ".join(output.split())
+
+
 def test_one_queue_for_failed_messages_and_telemetry_is_refused(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -735,12 +735,15 @@ class Settings(EnvThenTomlSettings):
     @field_validator("error_queue", "telemetry_queue")
     @classmethod
     def _queue_name(cls, name: str) -> str:
-        """A queue's name: 1 to ``MAX_QUEUE_NAME_BYTES`` bytes of UTF-8, as both transports
-        take it, checked at start rather than by an intake that then fails at every try."""
+        """A queue's name: 1 to ``MAX_QUEUE_NAME_BYTES`` bytes of UTF-8, not only white
+        space, outside RabbitMQ's reserved ``amq.`` names, as both transports take it,
+        checked at start rather than by an intake that then fails at every try."""
         if not 1 <= len(name.encode("utf-8")) <= MAX_QUEUE_NAME_BYTES:
             raise ValueError(f"a queue's name is 1 to {MAX_QUEUE_NAME_BYTES} bytes of UTF-8")
         if not name.strip():
             raise ValueError("a queue's name is not only white space")
+        if name.startswith("amq."):
+            raise ValueError("RabbitMQ reserves the names that start with amq.")
         return name
 
     @model_validator(mode="after")
