@@ -18,11 +18,14 @@ from __future__ import annotations
 from typing import Final
 from urllib.parse import urlencode
 
+import sqlalchemy as sa
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 
+from controlroom.db.errors import classify_store_error
+from controlroom.exceptions import ErrorKind
 from controlroom.runtime.wire_text import escape_wire_text
 from controlroom.web import (
     actions,
@@ -63,6 +66,9 @@ def install_console(app: FastAPI) -> None:
     console.add_exception_handler(HTTPException, _error_page)
     console.add_exception_handler(RequestValidationError, _invalid_request_page)
     console.add_exception_handler(404, _not_found)
+    console.add_exception_handler(sa.exc.DBAPIError, _store_error_page)
+    console.add_exception_handler(OverflowError, _out_of_range_page)
+    console.add_exception_handler(sa.exc.StatementError, _unbindable_page)
     # The console answers what no route of ``app`` matched (Starlette's ``Router.default``,
     # its 404 otherwise): API routes added later still come first, and still need tokens.
     app.router.default = console
@@ -101,6 +107,39 @@ async def _error_page(request: Request, exc: Exception) -> Response:
         {"status": exc.status_code, "detail": exc.detail},
         status=exc.status_code,
     )
+
+
+async def _store_error_page(request: Request, exc: Exception) -> Response:
+    """A store error no page handled, as the API answers it (``app``): the request's own
+    value the store refuses (a NUL in a filter, which PostgreSQL refuses in text) is a
+    400 page, a busy or unreachable store a 503 page; anything else stays a 500."""
+    kind = classify_store_error(exc)
+    if kind is ErrorKind.DATA:
+        detail = (
+            "The database refused a value of this page's address or form (a NUL character, "
+            "or a value longer than its field)."
+        )
+        return render(request, "error.html", {"status": 400, "detail": detail}, status=400)
+    if kind is ErrorKind.TRANSIENT:
+        detail = "The database is busy or unreachable; try again."
+        page = render(request, "error.html", {"status": 503, "detail": detail}, status=503)
+        page.headers["Retry-After"] = "1"
+        return page
+    raise exc
+
+
+async def _out_of_range_page(request: Request, exc: Exception) -> Response:
+    """A value past what the store can hold (a time beyond year 9999 in UTC): a 400 page."""
+    detail = "A value of this page's address or form is out of range."
+    return render(request, "error.html", {"status": 400, "detail": detail}, status=400)
+
+
+async def _unbindable_page(request: Request, exc: Exception) -> Response:
+    """SQLAlchemy wraps an ``OverflowError`` it met binding a value in a
+    ``StatementError``, which the handler keyed on the error itself never sees."""
+    if isinstance(getattr(exc, "orig", None), OverflowError):
+        return await _out_of_range_page(request, exc)
+    raise exc
 
 
 async def _invalid_request_page(request: Request, exc: Exception) -> Response:
