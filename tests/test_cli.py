@@ -309,6 +309,21 @@ def test_a_settings_file_that_is_not_toml_is_refused_in_one_line(
 
 
 @pytest.mark.parametrize("command", [["migrate"], ["site", "serve"]])
+def test_a_settings_file_that_is_a_pipe_is_refused(
+    data_dir: Path, tmp_path: Path, command: list[str]
+) -> None:
+    """Breaker pass: ``--config <(...)`` (a pipe) was skipped without a word and serve ran
+    on its defaults; a settings file is refused, never skipped."""
+    pipe = tmp_path / "settings.toml"
+    os.mkfifo(pipe)
+
+    code, output = invoke(*command, "--config", str(pipe))
+
+    assert code == 2, output
+    assert "not a regular file" in " ".join(output.split()), output
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["site", "serve"]])
 def test_a_settings_file_with_a_byte_order_mark_is_refused_saying_so(
     data_dir: Path, tmp_path: Path, command: list[str]
 ) -> None:

@@ -68,6 +68,17 @@ app = typer.Typer(
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
+def _regular_file(path: Path | None) -> Path | None:
+    """A settings file is read whole, never skipped: pydantic-settings skips what is not a
+    regular file (a pipe such as ``<(...)``, a device) without a word."""
+    if path is not None and not path.is_file():
+        raise typer.BadParameter(
+            f"'{path}' is not a regular file (a pipe or a device is not read): write the "
+            "settings to a file"
+        )
+    return path
+
+
 ConfigOption = Annotated[
     Path | None,
     typer.Option(
@@ -76,6 +87,7 @@ ConfigOption = Annotated[
         help="TOML settings file.",
         exists=True,
         dir_okay=False,
+        callback=_regular_file,
     ),
 ]
 
@@ -1064,6 +1076,7 @@ def site_serve(
             help="TOML settings of the agent.",
             exists=True,
             dir_okay=False,
+            callback=_regular_file,
         ),
     ] = None,
 ) -> None:
