@@ -599,6 +599,20 @@ def test_an_empty_data_directory_is_refused(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+def test_an_in_memory_sqlite_database_is_refused(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    """Breaker pass: serve started on ``sqlite://`` with health ok, each connection seeing
+    its own empty database: lists answered 500 and the worker failed every few seconds."""
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", url)
+
+    code, output = invoke("migrate")
+
+    assert code == 1, output
+    assert "an in-memory SQLite database" in " ".join(output.split()), output
+
+
 def test_a_database_directory_that_cannot_be_made_is_refused_in_one_line(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -330,14 +330,18 @@ class SQLiteProvider(OnConflictProvider):
         return LeaseRow(self, engine, name, owner, seconds)
 
     def create_engine(self, url: sa.URL, *, pool_size: int) -> sa.Engine:
-        if url.database and url.database != ":memory:":
-            directory = Path(url.database).parent
-            try:
-                directory.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise ConfigurationError(
-                    f"cannot make the database's directory {directory}: {exc.strerror}"
-                ) from exc
+        if not url.database or url.database == ":memory:":
+            raise ConfigurationError(
+                "an in-memory SQLite database is one connection's own: serve's connections "
+                "and workers would each see an empty store of their own; name a file"
+            )
+        directory = Path(url.database).parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot make the database's directory {directory}: {exc.strerror}"
+            ) from exc
         # hide_parameters: errors (and the retry warnings that log them) never carry the
         # bound values, which are message bodies and headers (docs/decisions.md "Store errors
         # never carry message data").
@@ -366,16 +370,15 @@ class SQLiteProvider(OnConflictProvider):
             if immediate:
                 conn.info[_WROTE] = True
 
-        if url.database and url.database != ":memory:":
-            wal = Path(f"{url.database}-wal")
+        wal = Path(f"{url.database}-wal")
 
-            @sa.event.listens_for(engine, "checkin")
-            def _on_checkin(
-                dbapi_connection: sqlite3.Connection | None, record: ConnectionPoolEntry
-            ) -> None:
-                # After the writer's transaction ended, before its caller acknowledges.
-                if record.info.pop(_WROTE, False) and dbapi_connection is not None:
-                    _checkpoint_if_past_bound(dbapi_connection, wal)
+        @sa.event.listens_for(engine, "checkin")
+        def _on_checkin(
+            dbapi_connection: sqlite3.Connection | None, record: ConnectionPoolEntry
+        ) -> None:
+            # After the writer's transaction ended, before its caller acknowledges.
+            if record.info.pop(_WROTE, False) and dbapi_connection is not None:
+                _checkpoint_if_past_bound(dbapi_connection, wal)
 
         return engine
 
