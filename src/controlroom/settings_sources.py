@@ -96,8 +96,22 @@ def _long_enough(value: object) -> object:
     return value
 
 
-BearerSecret = Annotated[SecretStr, BeforeValidator(_long_enough)]
-"""A bearer token: a ``SecretStr`` of at least ``SECRET_LENGTH`` characters."""
+def _header_safe(value: object) -> object:
+    """Refuses a secret an ``Authorization: Bearer`` header could not carry as it is: a
+    space, a control character or a character outside ASCII (HTTP sends header values as
+    Latin-1 bytes, and a space ends the token)."""
+    secret = value.get_secret_value() if isinstance(value, SecretStr) else value
+    if isinstance(secret, str) and not all("!" <= character <= "~" for character in secret):
+        raise PydanticCustomError(
+            "token_not_visible_ascii",
+            "a token is visible ASCII only: no space, line break or other character",
+        )
+    return value
+
+
+BearerSecret = Annotated[SecretStr, BeforeValidator(_header_safe), BeforeValidator(_long_enough)]
+"""A bearer token: a ``SecretStr`` of at least ``SECRET_LENGTH`` characters of visible
+ASCII."""
 
 
 def _wants_a_number(model: type[BaseModel], field_name: str | None) -> bool:

@@ -137,3 +137,16 @@ def test_every_integer_setting_has_an_upper_bound(setting: str, field: Any) -> N
     too_big = 2**53 + 1
     with pytest.raises(ValidationError):
         TypeAdapter(Annotated[field.annotation, field]).validate_python(too_big)
+
+
+@pytest.mark.parametrize(
+    "token", [" " * 16, "abcdefgh ijklmnopq ", "abcdefgh\nijklmnopq", "\u00e9" * 18]
+)
+def test_a_token_no_authorization_header_could_carry_is_refused(token: str) -> None:
+    """Breaker pass: tokens of spaces, with a space or a line break inside, or outside
+    ASCII were taken, and the exact token sent as ``Authorization: Bearer`` then got 401."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(auth_tokens=[{"name": "rita", "token": token, "role": "reader"}])
+    assert "visible ASCII" in str(refused.value)
+    with pytest.raises(ValidationError):
+        SiteSettings(site_id="plant-7", token=token)

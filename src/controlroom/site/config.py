@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Unpack
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import (
     SettingsConfigDict,
 )
@@ -50,7 +50,7 @@ class SiteSettings(EnvThenTomlSettings):
     central_url: str = Field(
         "", description="Central's base URL (http://host:8080); empty: telemetry stays queued."
     )
-    central_token: SecretStr | None = Field(
+    central_token: BearerSecret | None = Field(
         None,
         description="Bearer token the agent posts its telemetry to central with: this "
         "site's central_token in central's sites (an operator's token is refused).",
