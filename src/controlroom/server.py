@@ -156,7 +156,7 @@ async def run(
                     serving(  # make demo refuses to publish meanwhile
                         settings.data_dir,
                         store=shown_url(engine.url),
-                        broker=repr(transport),
+                        broker=transport.destination,
                     ),
                 ):
                     service = _Service(settings, engine, transport, listener)

@@ -14,6 +14,7 @@ import pytest
 
 from controlroom.exceptions import ConfigurationError
 from controlroom.runtime.serve_lock import is_served, serving
+from controlroom.transport import RabbitMQTransport
 
 STORE = "sqlite:///data/controlroom.db"
 RABBITMQ = "RabbitMQTransport('amqp://guest:***@127.0.0.1:5672/')"
@@ -64,3 +65,31 @@ def test_once_every_serve_has_stopped_another_broker_may_take_the_store(tmp_path
         serving(tmp_path, store=STORE, broker=EMBEDDED),
     ):
         pass
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "amqp://guest:guest@127.0.0.1/fresh",
+        "amqp://other:secret@127.0.0.1:5672/fresh?heartbeat=30",
+        "AMQP://guest@127.0.0.1:5672/fresh",
+    ],
+)
+def test_one_broker_spelt_otherwise_is_the_same_broker(tmp_path: Path, spelling: str) -> None:
+    """Fresh-user pass: the same broker and vhost spelt with the default port, another
+    user or a query parameter was refused as another broker. Names that need resolving
+    (``localhost`` and ``127.0.0.1``) still count as two."""
+    first = RabbitMQTransport("amqp://guest:guest@127.0.0.1:5672/fresh")
+    with serving(tmp_path, store=STORE, broker=first.destination):
+        with serving(tmp_path, store=STORE, broker=RabbitMQTransport(spelling).destination):
+            assert is_served(tmp_path)
+        other_vhost = RabbitMQTransport("amqp://guest:guest@127.0.0.1:5672/other")
+        with pytest.raises(ConfigurationError), serving(
+            tmp_path, store=STORE, broker=other_vhost.destination
+        ):
+            pytest.fail("a serve on another vhost ran")
+
+
+def test_the_destination_names_no_credentials() -> None:
+    transport = RabbitMQTransport("amqps://guest:S3CRET@Broker.Example/%2F")
+    assert transport.destination == "RabbitMQ amqps://broker.example:5671/%2F"

@@ -143,6 +143,13 @@ class QueueDepth:
 class Transport(Protocol):
     """What the ingestion pipeline and the retry sender need from a queue system."""
 
+    @property
+    def destination(self) -> str:
+        """Where the messages go and come from, one text for one queue system however its
+        address is spelt, and without credentials: serves of one store must consume one
+        (``runtime.serve_lock``)."""
+        ...
+
     async def start(self) -> None:
         """Connect / open the queue store. Raises ``TransportError`` when unreachable."""
         ...

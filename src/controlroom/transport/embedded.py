@@ -240,6 +240,11 @@ class EmbeddedQueue:
     def __repr__(self) -> str:
         return f"EmbeddedQueue({str(self._path)!r})"
 
+    @property
+    def destination(self) -> str:
+        """The queue's file, as an absolute path (``Transport.destination``)."""
+        return f"embedded queue {self._path.absolute()}"
+
     async def __aenter__(self) -> EmbeddedQueue:
         await self.start()
         return self

@@ -24,7 +24,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import aio_pika
 import aiormq
@@ -99,6 +99,17 @@ class RabbitMQTransport:
 
     def __repr__(self) -> str:
         return f"RabbitMQTransport({redact_url(self._url)!r})"
+
+    @property
+    def destination(self) -> str:
+        """The broker and virtual host, one text however the URL spells them: scheme and
+        host lower-cased, the port given or the scheme's default, the vhost; no user,
+        password or query (``Transport.destination``)."""
+        parts = urlsplit(self._url)
+        scheme = parts.scheme.lower()
+        port = parts.port or (5671 if scheme == "amqps" else 5672)
+        vhost = quote(unquote(parts.path[1:]) or "/", safe="")
+        return f"RabbitMQ {scheme}://{(parts.hostname or '').lower()}:{port}/{vhost}"
 
     async def __aenter__(self) -> RabbitMQTransport:
         await self.start()
