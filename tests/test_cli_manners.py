@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from controlroom import server
 from controlroom.cli import app
-from controlroom.config import Settings
+from controlroom.config import Settings, load_settings
 from controlroom.runtime.sockets import listen
 from controlroom.site.demo import demo_ports, demo_sites
 
@@ -184,11 +184,30 @@ def test_the_readme_says_a_webhooks_secret_is_required() -> None:
     assert "required" in example, example
 
 
-@pytest.mark.parametrize("data", ["controlroom-data", "controlroom-data-*", "controlroom-celery"])
+@pytest.mark.parametrize(
+    "data", ["controlroom-data", "controlroom-data-*", "controlroom-celery", "controlroom-site"]
+)
 def test_the_demos_data_is_ignored_by_git_and_removed_by_make_clean(data: str) -> None:
     """The data directories the README's demos use (``make demo``, a second one beside it;
-    the Celery demo's)."""
+    the Celery demo's) and a site agent's default store."""
     root = Path(__file__).parents[1]
     assert f"{data}/" in (root / ".gitignore").read_text().splitlines()
     clean = MAKEFILE.read_text().partition("\nclean:")[2].partition("\n\n")[0]
     assert data in clean.split()
+
+
+def test_the_readmes_notification_settings_load_as_they_are(tmp_path: Path) -> None:
+    """Fresh-user pass: the README's notification example, copied whole into a file, was
+    refused (its rule named a site the example did not configure)."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = next(
+        block.partition("\n")[2]
+        for block in readme.split("```")[1::2]
+        if block.startswith("toml") and "[[notifications.rules]]" in block
+    )
+    config = tmp_path / "notifications.toml"
+    config.write_text(block)
+
+    settings = load_settings(config)
+
+    assert [rule.name for rule in settings.notifications.rules]
