@@ -119,8 +119,8 @@ def parse_search(text: str, *, any_word: bool = False) -> SearchQuery:
     any term starting with ``invalidop``). Every term is required; with ``any_word``
     those of any one word (ServiceControl's keyword search ORs the words; a dotted name
     is still found whole or by its parts)."""
-    if any_word:
-        return SearchQuery(tuple(_word_terms(word) for word in text.split()))
+    if any_word:  # a word given twice is one alternative (a planner counts each one)
+        return SearchQuery(tuple(dict.fromkeys(_word_terms(word) for word in text.split())))
     return SearchQuery((_word_terms(text),))
 
 

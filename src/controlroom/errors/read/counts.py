@@ -53,14 +53,20 @@ class Total:
         return Total(max(self.value, seen), estimated=True)
 
 
+def kept_count(conn: sa.Connection, where: FailedMessageFilter) -> int | None:
+    """How many failed messages match ``where`` where the database keeps that count (a
+    group's counts, the tallies: ``count_matching``), exactly and without reading the
+    messages; ``None`` for a filter it keeps no count of."""
+    counted = _group_count(conn, where)
+    return counted if counted is not None else _tallied_count(conn, where)
+
+
 def count_failed_messages(conn: sa.Connection, where: FailedMessageFilter = EVERY_MESSAGE) -> int:
     """How many failed messages match ``where``, exactly: from a group's
     counts when ``where`` filters by a group and statuses only, from the tallies
     (``errors.tallies``) when ``where`` filters by nothing they do not hold (statuses,
     system messages, receiving endpoint), else by counting the matching rows."""
-    counted = _group_count(conn, where)
-    if counted is None:
-        counted = _tallied_count(conn, where)
+    counted = kept_count(conn, where)
     return counted if counted is not None else count_rows(conn, _matching_rows(conn, where))
 
 
@@ -107,9 +113,7 @@ def count_matching(
     migration 0014), and messages filtered by statuses, system messages and receiving
     endpoint only (the tallies, migration 0012).
     """
-    counted = _group_count(conn, where)
-    if counted is None:
-        counted = _tallied_count(conn, where)
+    counted = kept_count(conn, where)
     if counted is not None:
         return Total(counted)
     return _count_or_estimate(conn, _matching_rows(conn, where), exact_count_limit)

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from controlroom.db.providers import Provider, SearchQuery, provider_for
 from controlroom.db.tables import failed_messages
 from controlroom.errors.ingest.search_terms import parse_search, widened, widened_words
-from controlroom.errors.read.counts import Total, count_failed_messages, count_rows
+from controlroom.errors.read.counts import Total, count_failed_messages, count_rows, kept_count
 from controlroom.errors.read.filters import (
     EVERY_MESSAGE,
     FailedMessageFilter,
@@ -165,7 +165,7 @@ def _broad_among(
     estimate = provider_for(conn).estimate_search_hits(conn, query, filter_conditions(where))
     if estimate is None or estimate < BROAD_SEARCH_ESTIMATE * exact_count_limit:
         return None
-    return Total(estimate, estimated=True)
+    return _estimated(conn, where, estimate, exact_count_limit)
 
 
 def _walk_pays(
@@ -319,14 +319,26 @@ def _total_past_limit(
     287,000 of 1,000,000 (``benchmarks/README.md``).
     """
     provider = provider_for(conn)
+    estimate = None
     if counted_in_index and where == EVERY_MESSAGE:
         estimate = provider.estimate_search_hits(conn, query)
-        if estimate is not None:
-            return Total(max(estimate, exact_count_limit + 1), estimated=True)
-    estimate = provider.estimate_rows(conn, matching)
+    if estimate is None:
+        estimate = provider.estimate_rows(conn, matching)
     if estimate is None:
         return Total(count_rows(conn, matching))
-    return Total(max(estimate, exact_count_limit + 1), estimated=True)
+    return _estimated(conn, where, estimate, exact_count_limit)
+
+
+def _estimated(
+    conn: sa.Connection, where: FailedMessageFilter, estimate: int, exact_count_limit: int
+) -> Total:
+    """``estimate`` of a search among ``where`` that has more matches than
+    ``exact_count_limit``, marked: at least the limit + 1, as ``count_matching`` marks one,
+    and at most the messages ``where`` holds where the database keeps that count
+    (``kept_count``): a planner's estimate from stale statistics can pass it."""
+    kept = kept_count(conn, where)
+    capped = estimate if kept is None else min(estimate, kept)
+    return Total(max(capped, exact_count_limit + 1), estimated=True)
 
 
 def _search_page_of_many(
