@@ -68,6 +68,7 @@ app = typer.Typer(
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
+
 def _regular_file(path: Path | None) -> Path | None:
     """A settings file is read whole, never skipped: pydantic-settings skips what is not a
     regular file (a pipe such as ``<(...)``, a device) without a word."""

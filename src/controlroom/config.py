@@ -29,6 +29,7 @@ from controlroom.settings_sources import (
     MAX_COUNT,
     MAX_PREFETCH,
     MAX_QUEUE_NAME_BYTES,
+    MIN_INTERVAL_SECONDS,
     BearerSecret,
     EnvThenTomlSettings,
     ListenOverrides,
@@ -66,7 +67,9 @@ class IngestionSettings(SettingsTable):
         30.0, gt=0, description="Cap of the back-off while the database is unreachable."
     )
     report_interval_seconds: Seconds = Field(
-        10.0, gt=0, description="How often serve logs what ingestion did, while it has work."
+        10.0,
+        ge=MIN_INTERVAL_SECONDS,
+        description="How often serve logs what ingestion did, while it has work.",
     )
     alert_group_failures_per_hour: int | None = Field(
         None,
@@ -166,7 +169,9 @@ class SiteCallSettings(SettingsTable):
         description="Terminal site calls older than this many days are purged.",
     )
     purge_interval_seconds: Seconds = Field(
-        86_400.0, gt=0, description="How often the site-call and audit-log purge runs."
+        86_400.0,
+        ge=MIN_INTERVAL_SECONDS,
+        description="How often the site-call and audit-log purge runs.",
     )
     tombstone_days: int = Field(
         30,
@@ -226,7 +231,9 @@ class KpiSettings(SettingsTable):
         description="A buffered call created, or a buffered notification due, longer ago "
         "than this is stuck.",
     )
-    sample_seconds: Seconds = Field(60.0, gt=0, description="How often KPIs are sampled.")
+    sample_seconds: Seconds = Field(
+        60.0, ge=1.0, description="How often KPIs are sampled (a row per sample and scope)."
+    )
     history_days: int = Field(
         90, ge=1, le=CENTURY_DAYS, description="How long KPI samples are kept."
     )
@@ -504,10 +511,12 @@ class NotificationSettings(SettingsTable):
         description="Terminal notifications older than this many days are purged.",
     )
     purge_interval_seconds: Seconds = Field(
-        86_400.0, gt=0, description="How often the notification purge runs."
+        86_400.0, ge=MIN_INTERVAL_SECONDS, description="How often the notification purge runs."
     )
     dispatch_interval_seconds: Seconds = Field(
-        2.0, gt=0, description="How often the dispatcher looks for due notifications."
+        2.0,
+        ge=MIN_INTERVAL_SECONDS,
+        description="How often the dispatcher looks for due notifications.",
     )
     batch_size: int = Field(100, ge=1, le=1000, description="Notifications claimed at once.")
     concurrency: int = Field(16, ge=1, le=256, description="Sends under way at once.")

@@ -47,6 +47,10 @@ Period = Annotated[timedelta, Field(le=timedelta(days=CENTURY_DAYS))]
 Days = Annotated[float, Field(le=CENTURY_DAYS)]
 """A duration setting in days: at most a century."""
 
+MIN_INTERVAL_SECONDS = 0.05
+"""The shortest period of a loop that runs whether or not there is work (a report, a
+dispatch, a purge): a microsecond kept serve busy doing them (80 % of a core)."""
+
 MAX_COUNT = 1_000_000_000
 """The most an integer setting that counts (messages, attempts, pages) may be: beyond any
 real count, and inside the stores' 64-bit integers, which a larger value passed to a
@@ -62,6 +66,7 @@ prefetch count as a 16-bit number (the embedded queue takes the same settings)."
 MAX_QUEUE_NAME_BYTES = 255
 """The longest queue name, in bytes of UTF-8: RabbitMQ's limit, which the embedded queue
 follows so that a name valid on one transport is valid on the other."""
+
 
 def http_url_problem(url: str, *, credentials: bool = True) -> str | None:
     """Why ``url`` is no address an HTTP client can use, in a sentence that never quotes

@@ -299,9 +299,7 @@ def test_newest_messages_holding_the_words_less_often_widen_the_walk_not_collect
     assert found.total_estimated
 
 
-@pytest.mark.parametrize(
-    "path", ["/api/messages/search", "/api/endpoints/Sales/messages/search"]
-)
+@pytest.mark.parametrize("path", ["/api/messages/search", "/api/endpoints/Sales/messages/search"])
 def test_an_estimate_is_never_more_than_the_messages_the_search_is_among(
     clients: tuple[TestClient, TestClient],
     engine: sa.Engine,

@@ -84,8 +84,9 @@ def test_one_broker_spelt_otherwise_is_the_same_broker(tmp_path: Path, spelling:
         with serving(tmp_path, store=STORE, broker=RabbitMQTransport(spelling).destination):
             assert is_served(tmp_path)
         other_vhost = RabbitMQTransport("amqp://guest:guest@127.0.0.1:5672/other")
-        with pytest.raises(ConfigurationError), serving(
-            tmp_path, store=STORE, broker=other_vhost.destination
+        with (
+            pytest.raises(ConfigurationError),
+            serving(tmp_path, store=STORE, broker=other_vhost.destination),
         ):
             pytest.fail("a serve on another vhost ran")
 

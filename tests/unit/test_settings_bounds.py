@@ -123,9 +123,7 @@ def _integers(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, A
             yield f"{prefix}{name}", field
 
 
-INTEGERS = sorted(
-    {*_integers(Settings), *_integers(SiteSettings)}, key=lambda integer: integer[0]
-)
+INTEGERS = sorted({*_integers(Settings), *_integers(SiteSettings)}, key=lambda integer: integer[0])
 
 
 @pytest.mark.parametrize(("setting", "field"), INTEGERS, ids=[i[0] for i in INTEGERS])
@@ -150,3 +148,23 @@ def test_a_token_no_authorization_header_could_carry_is_refused(token: str) -> N
     assert "visible ASCII" in str(refused.value)
     with pytest.raises(ValidationError):
         SiteSettings(site_id="plant-7", token=token)
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"kpi": {"sample_seconds": 0.000001}}, "sample_seconds"),
+        ({"ingestion": {"report_interval_seconds": 0.0001}}, "report_interval_seconds"),
+        ({"notifications": {"dispatch_interval_seconds": 0.000001}}, "dispatch_interval"),
+        ({"notifications": {"purge_interval_seconds": 0.000001}}, "purge_interval_seconds"),
+        ({"sitecalls": {"purge_interval_seconds": 0.000001}}, "purge_interval_seconds"),
+    ],
+)
+def test_a_loop_that_runs_without_work_has_a_shortest_period(
+    values: dict[str, Any], where: str
+) -> None:
+    """Breaker pass: a KPI sample every microsecond wrote 26,625 rows in 10 s; dispatch
+    and purge intervals of a microsecond kept an idle serve at 75 % of a core."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(**values)
+    assert where in str(refused.value)

@@ -49,4 +49,3 @@ def test_usable_urls_are_taken(url: str) -> None:
         notifications={"webhooks": [{"name": "hook", "url": url, "secret": SECRET}]},
     )
     assert settings.sites[0].base_url == url
-
