@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 
 import controlroom
+from controlroom.db.engine import create_store_engine
 
 PACKAGE = Path(controlroom.__file__).parent
 STORE_DEFINITIONS = ("db/providers/", "db/migrations/", "db/tables.py")
@@ -67,3 +68,14 @@ def test_feature_code_leaves_fences_null_order_and_returning_to_the_provider() -
                 found.append(f"{where}:{node.lineno}: .returning() of a non-DELETE")
 
     assert found == []
+
+
+def test_a_postgres_url_is_taken_for_postgresql() -> None:
+    """Fresh-user pass: ``postgres://`` (Heroku's and many libraries' spelling) was
+    refused as an unsupported provider; SQLAlchemy itself no longer takes it."""
+    engine = create_store_engine("postgres://postgres@127.0.0.1:5432/controlroom")
+    try:
+        assert engine.dialect.name == "postgresql"
+        assert engine.url.drivername == "postgresql+psycopg"
+    finally:
+        engine.dispose()

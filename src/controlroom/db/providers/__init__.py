@@ -35,6 +35,10 @@ PROVIDER_MODULES: Mapping[str, str] = MappingProxyType(
 """Every supported provider's SQLAlchemy backend name, with the module whose ``PROVIDER``
 it is (imported on first use by ``provider_named``)."""
 
+BACKEND_ALIASES: Mapping[str, str] = MappingProxyType({"postgres": "postgresql"})
+"""Backend names users write for a supported one (``postgres://``, as Heroku and many
+libraries spell PostgreSQL URLs), which SQLAlchemy itself no longer takes."""
+
 EMBEDDED: sqlite.SQLiteProvider = sqlite.PROVIDER
 """The provider of the embedded default (a database file in the data dir)."""
 
@@ -50,6 +54,7 @@ def provider_named(name: str) -> Provider:
 
     Raises ``UnsupportedProviderError`` naming the supported ones.
     """
+    name = BACKEND_ALIASES.get(name, name)
     provider = _loaded.get(name)
     if provider is None:
         try:
