@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -472,6 +472,25 @@ def test_a_worker_killed_at_the_stop_gives_its_embedded_queue_messages_back_at_o
         engine.dispose()
 
 
+@contextlib.asynccontextmanager
+async def _interrupted_twice_while_a_write_waits(
+    settings: Settings, process: subprocess.Popen[bytes], log: Path, engine: sa.Engine
+) -> AsyncIterator[None]:
+    """Publish while the store's writes are held, SIGINT serve once a write waits, again
+    once the stop has begun, and wait for serve to end; the lock is held until the block
+    ends."""
+    stopping = re.compile(r"finishing \d+ batch")
+    with writes_held(settings.effective_database_url):
+        names = [f"held-{n}" for n in range(10)]
+        await publish(settings, [(failed_headers(n), b"{}") for n in names])
+        await until(lambda: asyncio.to_thread(_waiting_writes, engine))
+        process.send_signal(signal.SIGINT)
+        await until(lambda: asyncio.sleep(0, _said(log, stopping) == 1))
+        process.send_signal(signal.SIGINT)
+        await asyncio.to_thread(process.wait, TIMEOUT)
+        yield
+
+
 def test_a_second_ctrl_c_ends_serve_at_once_while_a_write_waits(
     postgresql_url: str, tmp_path: Path
 ) -> None:
@@ -480,28 +499,16 @@ def test_a_second_ctrl_c_ends_serve_at_once_while_a_write_waits(
     with ``workers = 0`` a second Ctrl+C waited for the write's lock). The lock is held
     until serve has ended: without the change it never ends."""
     engine = create_store_engine(postgresql_url)
-    stopping = re.compile(r"finishing \d+ batch")
-    with serving_on_postgresql(postgresql_url, tmp_path, WORKERS="0") as (
-        settings,
-        process,
-        log,
-    ):
+    with serving_on_postgresql(postgresql_url, tmp_path, WORKERS="0") as (settings, process, log):
 
-        async def interrupt_twice_while_held() -> None:
+        async def interrupt_twice() -> None:
             async with asyncio.timeout(TIMEOUT + 60):
                 await until(lambda: asyncio.sleep(0, "Controlroom is serving" in log.read_text()))
-                with writes_held(settings.effective_database_url):
-                    names = [f"held-{n}" for n in range(10)]
-                    await publish(settings, [(failed_headers(n), b"{}") for n in names])
-                    await until(lambda: asyncio.to_thread(_waiting_writes, engine))
-                    process.send_signal(signal.SIGINT)
-                    await until(lambda: asyncio.sleep(0, _said(log, stopping) == 1))
-                    process.send_signal(signal.SIGINT)
-                    # Ended while the write still waits on the lock.
-                    await asyncio.to_thread(process.wait, TIMEOUT)
+                async with _interrupted_twice_while_a_write_waits(settings, process, log, engine):
+                    pass
 
         try:
-            asyncio.run(interrupt_twice_while_held())
+            asyncio.run(interrupt_twice())
         finally:
             engine.dispose()
 
@@ -515,27 +522,20 @@ def test_a_second_ctrl_c_ends_the_workers_with_serve(postgresql_url: str, tmp_pa
     """The second signal ends serve at once, and its workers with it (fresh-user pass: the
     worker, its write waiting on a lock, went on alone beside a new serve on the same
     data directory until its own grace ran out, or for as long as the lock was held).
-    The lock is held until the worker has ended: without the change it never does."""
+    The worker's write waits on the lock until the worker has ended: without the change
+    it never does."""
     engine = create_store_engine(postgresql_url)
-    stopping = re.compile(r"finishing \d+ batch")
     with serving_on_postgresql(postgresql_url, tmp_path, WORKERS="1") as (settings, process, log):
 
-        async def interrupt_twice_while_held() -> None:
+        async def interrupt_twice() -> None:
             async with asyncio.timeout(TIMEOUT + 60):
                 await until(lambda: asyncio.sleep(0, _worker_count(process.pid) == 1))
                 (worker,) = _workers_of(process.pid)
-                with writes_held(settings.effective_database_url):
-                    names = [f"orphan-{n}" for n in range(10)]
-                    await publish(settings, [(failed_headers(n), b"{}") for n in names])
-                    await until(lambda: asyncio.to_thread(_waiting_writes, engine))
-                    process.send_signal(signal.SIGINT)
-                    await until(lambda: asyncio.sleep(0, _said(log, stopping) == 1))
-                    process.send_signal(signal.SIGINT)
-                    await asyncio.to_thread(process.wait, TIMEOUT)
+                async with _interrupted_twice_while_a_write_waits(settings, process, log, engine):
                     await until(lambda: asyncio.sleep(0, not _running(worker)))
 
         try:
-            asyncio.run(interrupt_twice_while_held())
+            asyncio.run(interrupt_twice())
         finally:
             engine.dispose()
 
