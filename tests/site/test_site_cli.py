@@ -56,6 +56,40 @@ def test_a_central_url_that_is_no_http_url_is_refused(url: str) -> None:
     assert "an http:// or https:// URL" in error["msg"]
 
 
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://agent:a-password@127.0.0.1:8080", "no user or password"),
+        ("http://127.0.0.1:8080/api", "central's root"),
+        ("https://central.example/controlroom/api/", "central's root"),
+    ],
+)
+def test_a_central_url_the_agent_cannot_post_to_as_written_is_refused(url: str, why: str) -> None:
+    """Fresh-user pass: ``http://127.0.0.1:18150/api`` started the agent, which then posted
+    to ``/api/api/...`` and got 404 for ever; a password in the URL was printed in the
+    start-up line (the credentials are ``central_token``)."""
+    with pytest.raises(ValidationError) as refused:
+        SiteSettings(site_id="plant-7", central_url=url)
+    [error] = refused.value.errors()
+    assert error["loc"] == ("central_url",)
+    assert why in error["msg"]
+    assert "a-password" not in str(refused.value)
+
+
+def test_a_central_url_under_a_path_prefix_is_taken() -> None:
+    """Central behind a reverse proxy at a path of its own is a central URL as any."""
+    settings = SiteSettings(site_id="plant-7", central_url="https://gw.example/controlroom")
+    assert settings.central_url == "https://gw.example/controlroom"
+
+
+def test_the_agent_token_and_the_central_token_must_differ() -> None:
+    """Central refuses a site whose two secrets are one; the agent took them (fresh-user
+    pass), so a site configured as the agent allows was refused by central."""
+    secret = "s" * 32
+    with pytest.raises(ValidationError, match="token and central_token must differ"):
+        SiteSettings(site_id="plant-7", token=secret, central_token=secret)
+
+
 def test_a_non_loopback_agent_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CONTROLROOM_SITE_SITE_ID", "plant-7")
     result = runner.invoke(app, ["site", "serve", "--host", "0.0.0.0"])

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import ClassVar, Unpack
+from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import (
     SettingsConfigDict,
 )
@@ -78,11 +79,28 @@ class SiteSettings(EnvThenTomlSettings):
     @field_validator("central_url")
     @classmethod
     def _central_url(cls, url: str) -> str:
-        """Refused at start, not failing at every delivery for ever."""
-        problem = http_url_problem(url) if url else None
+        """Refused at start, not failing at every delivery for ever: no HTTP URL, one with
+        ``user:password@`` (the credentials are ``central_token``; the URL is logged), or
+        one ending in ``/api`` (the agent adds central's ``/api/...`` paths itself)."""
+        problem = http_url_problem(url, credentials=False) if url else None
         if problem:
             raise ValueError(problem)
+        if urlsplit(url).path.rstrip("/").endswith("/api"):
+            raise ValueError(
+                "it must be central's root, without /api (the agent adds /api/... itself)"
+            )
         return url
+
+    @model_validator(mode="after")
+    def _one_secret_per_direction(self) -> SiteSettings:
+        """As central refuses a site entry whose two tokens are one (``config.ConfiguredSite``)."""
+        if (
+            self.token is not None
+            and self.central_token is not None
+            and self.token.get_secret_value() == self.central_token.get_secret_value()
+        ):
+            raise ValueError("token and central_token must differ (one secret per direction)")
+        return self
 
 
 def load_site_settings(
