@@ -831,24 +831,37 @@ def test_a_tables_setting_at_the_files_top_level_is_pointed_to_its_table(
             ["site", "serve"],
             "CONTROLROOM_SITE_PORT is one setting, not a table",
         ),
+        (
+            "CONTROLROOM_INGESTOIN__BATCH_SIZE",
+            ["migrate"],
+            "no settings table is named INGESTOIN; did you mean CONTROLROOM_INGESTION__BATCH_SIZE?",
+        ),
+        (
+            "CONTROLROOM_SITE_OUTBOX__BATCH",
+            ["site", "serve"],
+            "no settings table is named OUTBOX; did you mean CONTROLROOM_SITE_OUTBOX_BATCH?",
+        ),
     ],
 )
-def test_a_variable_nested_under_a_single_setting_is_ignored_with_a_warning(
+def test_a_nested_variable_that_names_no_table_is_refused(
     data_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
     variable: str,
     command: list[str],
     said: str,
 ) -> None:
-    """pydantic-settings drops a nested variable under a setting that is no table (breaker
-    pass: ``CONTROLROOM_PORT__X=5`` left the port at 8080 and said nothing)."""
+    """pydantic-settings drops a nested variable (``__``) whose first part is no table: the
+    breaker's ``CONTROLROOM_PORT__X=5`` left the port at 8080, the fresh user's
+    ``CONTROLROOM_INGESTOIN__BATCH_SIZE=5`` the batch size at 500, with only a warning.
+    A file's ``[ingestoin]`` is refused; so is the variable, naming the one meant."""
     monkeypatch.setenv(variable, "5")
-    monkeypatch.delenv("CONTROLROOM_SITE_SITE_ID", raising=False)  # site serve stops at once
+    monkeypatch.delenv("CONTROLROOM_SITE_SITE_ID", raising=False)  # site serve never starts
 
-    _code, output = invoke(*command)  # site serve then stops: no site_id
+    code, output = invoke(*command)
 
+    assert code == 2, output
     flat = " ".join(output.split())
-    assert f"warning: {variable} is ignored: {said}" in flat, output
+    assert f"error: {variable} is refused: {said}" in flat, output
 
 
 def test_a_field_of_a_list_item_in_the_settings_file_names_no_variable_that_cannot_exist(

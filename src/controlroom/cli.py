@@ -654,7 +654,8 @@ def _settings_or_refuse(
 ) -> _Settings:
     """``load()``'s settings of ``model`` (central's or the site agent's), after a warning
     per variable under ``prefix`` that names no setting; exit 2 with a one-line refusal
-    for a setting, a file or a variable that does not parse, never a traceback."""
+    for a nested variable that names no table, a setting, a file or a variable that does
+    not parse, never a traceback."""
     import tomllib
 
     import pydantic
@@ -662,8 +663,13 @@ def _settings_or_refuse(
 
     from controlroom.settings_sources import unknown_variables
 
-    for line in unknown_variables(model, prefix, besides=besides):
+    warnings, refusals = unknown_variables(model, prefix, besides=besides)
+    for line in warnings:
         err_console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
+    if refusals:
+        for line in refusals:
+            err_console.print(f"[red]error:[/] {escape(line)}", highlight=False)
+        raise typer.Exit(2)
     try:
         return load()
     except pydantic.ValidationError as exc:

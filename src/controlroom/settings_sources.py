@@ -290,15 +290,19 @@ servers, the tests' screenshots."""
 
 def unknown_variables(
     model: type[BaseModel], prefix: str, *, besides: tuple[str, ...] = ()
-) -> list[str]:
-    """One sentence per environment variable under ``prefix`` whose first part names no
-    setting of ``model`` (pydantic-settings ignores it), with the closest variable when
-    one is close: ``CONTROLROOM_PROT names no setting and is ignored; did you mean
-    CONTROLROOM_PORT?``. Leaves out ``NOT_SETTINGS`` and names starting with one of
-    ``besides`` after the prefix (another model's prefix sharing this one). A nested
-    variable of a known table is checked by the model itself; one under a single setting
-    (``CONTROLROOM_PORT__X``), which pydantic-settings drops, is said to be ignored."""
-    lines = []
+) -> tuple[list[str], list[str]]:
+    """The environment variables under ``prefix`` that pydantic-settings would ignore, as
+    (warnings, refusals), one sentence each, naming the variable meant when one is close.
+
+    A warning: a variable whose name names no setting (``CONTROLROOM_PROT names no
+    setting and is ignored; did you mean CONTROLROOM_PORT?``): another program may share
+    the prefix. A refusal: a nested variable (``__``) whose first part is no table
+    (``CONTROLROOM_INGESTOIN__BATCH_SIZE``, ``CONTROLROOM_PORT__X``): it can only be a
+    setting of this program, mistyped, as a file's unknown table is refused. Leaves out
+    ``NOT_SETTINGS`` and names starting with one of ``besides`` after the prefix (another
+    model's prefix sharing this one). A nested variable of a known table is checked by
+    the model itself."""
+    warnings, refusals = [], []
     names = list(model.model_fields)
     for variable in sorted(os.environ):
         upper = variable.upper()
@@ -307,18 +311,38 @@ def unknown_variables(
         rest = upper[len(prefix) :]
         if rest.startswith(NOT_SETTINGS + besides):
             continue
-        first, nested, _ = rest.partition("__")
+        first, nested, tail = rest.partition("__")
         first = first.lower()
-        if first in names:
-            if nested and _is_single(model, first):
-                lines.append(
-                    f"{variable} is ignored: {prefix}{first.upper()} is one setting, not a table"
+        if nested:
+            if first not in names:
+                refusals.append(
+                    f"{variable} is refused: no settings table is named {first.upper()}"
+                    + _meant_hint(model, prefix, first, tail)
                 )
+            elif _is_single(model, first):
+                refusals.append(
+                    f"{variable} is refused: {prefix}{first.upper()} is one setting, not a table"
+                )
+            continue
+        if first in names:
             continue
         meant = _in_a_table(model, rest.lower()) or difflib.get_close_matches(first, names, n=1)
         hint = f"; did you mean {prefix}{'__'.join(meant).upper()}?" if meant else ""
-        lines.append(f"{variable} names no setting and is ignored{hint}")
-    return lines
+        warnings.append(f"{variable} names no setting and is ignored{hint}")
+    return warnings, refusals
+
+
+def _meant_hint(model: type[BaseModel], prefix: str, first: str, tail: str) -> str:
+    """``"; did you mean VARIABLE?"`` for a nested variable whose table ``first`` is no
+    table of ``model``: the setting its parts name joined by one underscore
+    (``OUTBOX__BATCH`` for ``OUTBOX_BATCH``), else the closest table with the same field
+    (``INGESTOIN__BATCH_SIZE`` for ``INGESTION__BATCH_SIZE``); empty when neither is."""
+    joined = f"{first}_{tail.lower()}"
+    if joined in model.model_fields:
+        return f"; did you mean {prefix}{joined.upper()}?"
+    tables = [name for name in model.model_fields if _is_model(_field_model(model, name))]
+    close = difflib.get_close_matches(first, tables, n=1)
+    return f"; did you mean {prefix}{close[0].upper()}__{tail}?" if close else ""
 
 
 def _in_a_table(model: type[BaseModel], name: str) -> list[str]:
