@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, ClassVar, TypedDict
 from urllib.parse import urlsplit
 
+import httpx
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -71,17 +72,20 @@ follows so that a name valid on one transport is valid on the other."""
 def http_url_problem(url: str, *, credentials: bool = True) -> str | None:
     """Why ``url`` is no address an HTTP client can use, in a sentence that never quotes
     it (it may hold a password), or ``None``: it must be ``http://`` or ``https://`` with a
-    host and, if given, a port from 0 to 65535; with ``credentials`` false, no
-    ``user:password@`` either (one shown to readers)."""
+    host and, if given, a port from 0 to 65535, that httpx (the client every sender uses)
+    takes as it is (an IPv4 address past 255, a host that is no IDNA name); with
+    ``credentials`` false, no ``user:password@`` either (one shown to readers)."""
     if any(character.isspace() or not character.isprintable() for character in url):
         return "it must be a URL without white space or control characters"
+    usable = "it must be an http:// or https:// URL with a host and a port from 0 to 65535"
     try:
         parts = urlsplit(url)
-        port_ok = parts.port is None or 0 <= parts.port <= 65535
-    except ValueError:  # a port that is no number or out of range, an unclosed [
-        return "it must be an http:// or https:// URL with a host and a port from 0 to 65535"
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname or not port_ok:
-        return "it must be an http:// or https:// URL with a host and a port from 0 to 65535"
+        parts.port  # noqa: B018 - raises past 65535 or when no number
+        httpx.URL(url).host  # noqa: B018 - decodes an xn-- label, which may raise
+    except (ValueError, httpx.InvalidURL):  # the port, an unclosed [, the host
+        return usable
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        return usable
     if not credentials and (parts.username is not None or parts.password is not None):
         return "it must hold no user or password (the credentials are its token)"
     return None

@@ -19,6 +19,11 @@ BAD = [
     "http:///no-host",
     "hooks",
     "http://hooks.example/a b",
+    # Second breaker pass: urlsplit takes these, httpx refuses them when it sends.
+    "http://256.256.256.256/x",
+    "http://xn--zz.com/",
+    "http://xn--a.com/",
+    "http://\uff41.com/",
 ]
 
 
@@ -41,7 +46,13 @@ def test_a_site_url_no_client_could_use_or_holding_credentials_is_refused(url: s
 
 
 @pytest.mark.parametrize(
-    "url", ["http://north.example:8090", "https://[fd00::5]:8443/agent", "http://10.0.0.7/"]
+    "url",
+    [
+        "http://north.example:8090",
+        "https://[fd00::5]:8443/agent",
+        "http://10.0.0.7/",
+        "http://m\u00fcnchen.example/",
+    ],
 )
 def test_usable_urls_are_taken(url: str) -> None:
     settings = Settings(
