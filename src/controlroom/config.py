@@ -259,6 +259,10 @@ _DOMAIN = re.compile(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*")
 _HOST_NAME = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?\.?")
 """A name or address of ``allowed_hosts``: as a ``Host`` header carries it, no port."""
 
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9 _.:@#,/+-]+")
+"""AMQP 0-9-1's queue-name characters, as the RabbitMQ client (pamqp) checks a declared
+queue's name: ASCII letters and digits, space and ``_ . : @ # , / + -``."""
+
 
 class ConfiguredSite(SettingsTable):
     """A site whose agent central pulls and relays commands to (docs/design.md
@@ -744,11 +748,17 @@ class Settings(EnvThenTomlSettings):
     @field_validator("error_queue", "telemetry_queue")
     @classmethod
     def _queue_name(cls, name: str) -> str:
-        """A queue's name: 1 to ``MAX_QUEUE_NAME_BYTES`` bytes of UTF-8, not only white
+        """A queue's name: 1 to ``MAX_QUEUE_NAME_BYTES`` characters of AMQP 0-9-1's
+        queue-name domain (``_QUEUE_NAME``, what aio-pika's pamqp declares), not only white
         space, outside RabbitMQ's reserved ``amq.`` names, as both transports take it,
         checked at start rather than by an intake that then fails at every try."""
-        if not 1 <= len(name.encode("utf-8")) <= MAX_QUEUE_NAME_BYTES:
-            raise ValueError(f"a queue's name is 1 to {MAX_QUEUE_NAME_BYTES} bytes of UTF-8")
+        if not 1 <= len(name) <= MAX_QUEUE_NAME_BYTES:
+            raise ValueError(f"a queue's name is 1 to {MAX_QUEUE_NAME_BYTES} characters")
+        if not _QUEUE_NAME.fullmatch(name):
+            raise ValueError(
+                "a queue's name is letters, digits, space and - _ . : @ # , / + "
+                "(AMQP's queue names, ASCII)"
+            )
         if not name.strip():
             raise ValueError("a queue's name is not only white space")
         if name.startswith("amq."):

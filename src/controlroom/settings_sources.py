@@ -65,8 +65,8 @@ MAX_PREFETCH = 65_535
 prefetch count as a 16-bit number (the embedded queue takes the same settings)."""
 
 MAX_QUEUE_NAME_BYTES = 255
-"""The longest queue name, in bytes of UTF-8: RabbitMQ's limit, which the embedded queue
-follows so that a name valid on one transport is valid on the other."""
+"""The longest queue name, in bytes (its characters are ASCII): RabbitMQ's limit, which
+the embedded queue follows so that a name valid on one transport is valid on the other."""
 
 
 def http_url_problem(url: str, *, credentials: bool = True) -> str | None:
