@@ -48,7 +48,7 @@ from controlroom.api import database_check
 from controlroom.api.guard import HostGuard
 from controlroom.app import create_app
 from controlroom.config import Settings
-from controlroom.db.engine import create_store_engine, shown_url
+from controlroom.db.engine import create_store_engine, shown_url, store_identity
 from controlroom.db.errors import describe_store_error, is_transient
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.providers import provider_for
@@ -155,8 +155,9 @@ async def run(
                     rules_applied(engine, settings.notifications),
                     serving(  # make demo refuses to publish meanwhile
                         settings.data_dir,
-                        store=shown_url(engine.url),
+                        store=store_identity(engine),
                         broker=transport.destination,
+                        shown=shown_url(engine.url),
                     ),
                 ):
                     service = _Service(settings, engine, transport, listener)

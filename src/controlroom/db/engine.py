@@ -31,10 +31,11 @@ __all__ = [
     "normalize_database_url",
     "retry_transient",
     "run_write_transaction",
+    "store_identity",
 ]
 
 
-def normalize_database_url(url: str) -> sa.URL:
+def normalize_database_url(url: str | sa.URL) -> sa.URL:
     """Parse ``url``, choosing the provider's default driver when none is named.
 
     Raises ``UnsupportedProviderError`` for a provider Controlroom does not support.
@@ -60,7 +61,14 @@ def shown_url(url: str | sa.URL) -> str:
     return shown + ("&" if rest.query else "?") + "&".join(f"{key}=***" for key in secrets)
 
 
-def create_store_engine(url: str, *, pool_size: int = 10) -> sa.Engine:
+def store_identity(engine: sa.Engine) -> str:
+    """One text for ``engine``'s database however its URL spells it, without credentials
+    (``Provider.store_identity``). Raises what connecting raises."""
+    with engine.connect() as conn:
+        return provider_named(engine.dialect.name).store_identity(conn)
+
+
+def create_store_engine(url: str | sa.URL, *, pool_size: int = 10) -> sa.Engine:
     """Create the engine for ``url`` with the provider's connection rules applied; the
     driver's encoding refusals raise ``UnstorableValue`` (``db.errors``).
 

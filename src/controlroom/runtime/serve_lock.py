@@ -10,7 +10,7 @@ Where ``flock`` does not exist (Windows) nothing is locked and ``is_served`` is 
 Serves that share a store must consume one broker (docs/design.md "Process
 shape"): a second serve of the same store on another broker would claim retries and
 send them where the first one's endpoints never look. So each serve also holds a shared
-lock on ``serve-<digest of its store>.lock``, whose content the first of them writes: its
+lock on ``serve-<digest of its store identity>.lock``, whose content the first of them writes: its
 broker. A serve of that store on another broker is refused while any of them runs. Only
 serves that share a data directory see each other's marks.
 """
@@ -35,11 +35,13 @@ LOCK_FILE = "serve.lock"
 
 
 @contextlib.contextmanager
-def serving(data_dir: Path, *, store: str, broker: str) -> Iterator[None]:
+def serving(data_dir: Path, *, store: str, broker: str, shown: str | None = None) -> Iterator[None]:
     """Hold the shared locks of ``data_dir`` (created when missing) for the block: the
-    directory's, and that of ``store`` (a description of the database, password hidden)
-    recording ``broker`` (a description of the transport). Raises ``ConfigurationError``,
-    naming both brokers, when a serve of the same store runs with another broker."""
+    directory's, and that of ``store`` (the database's identity, one text however its
+    URL is spelt: ``Provider.store_identity``) recording ``broker`` (the transport's
+    ``destination``). Raises ``ConfigurationError``, naming the store as ``shown`` (its
+    URL, password hidden; default ``store``) and both brokers, when a serve of the same
+    store runs with another broker."""
     if fcntl is None:
         yield
         return
@@ -49,7 +51,7 @@ def serving(data_dir: Path, *, store: str, broker: str) -> Iterator[None]:
         (data_dir / LOCK_FILE).open("a") as directory,
         (data_dir / f"serve-{digest}.lock").open("a+", encoding="utf-8") as of_store,
     ):
-        _hold_store(of_store, store=store, broker=broker, data_dir=data_dir)
+        _hold_store(of_store, store=shown or store, broker=broker, data_dir=data_dir)
         fcntl.flock(directory, fcntl.LOCK_SH)
         try:
             yield

@@ -500,6 +500,13 @@ class Provider(ABC):
         store")."""
         return []
 
+    @abstractmethod
+    def store_identity(self, conn: sa.Connection) -> str:
+        """One text for the database ``conn`` is on, however its URL spells it (host
+        names, the default port, options), without credentials: serves that share it
+        must consume one broker (``runtime.serve_lock``, docs/design.md "Process
+        shape")."""
+
     def local_backend_pid(self, dbapi_connection: Any) -> int | None:
         """The id of the server process on this machine that serves ``dbapi_connection``
         (a driver connection), or ``None`` when the work runs in the caller's own process

@@ -634,6 +634,14 @@ class PostgreSQLProvider(OnConflictProvider):
     def server_settings_warnings(self, conn: sa.Connection) -> list[str]:
         return server_settings_warnings(conn)
 
+    def store_identity(self, conn: sa.Connection) -> str:
+        # The cluster's identifier (initdb's, kept by its replicas and backups) and the
+        # database's name in it: any user may read both.
+        cluster, database = conn.execute(
+            sa.text("SELECT system_identifier, current_database() FROM pg_control_system()")
+        ).one()
+        return f"PostgreSQL cluster {cluster}, database {database}"
+
     def local_backend_pid(self, dbapi_connection: Any) -> int | None:
         # A Unix socket or a loopback address, and a process named postgres under that
         # id here: in another host's or container's process space the id means nothing.

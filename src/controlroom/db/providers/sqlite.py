@@ -420,6 +420,13 @@ class SQLiteProvider(OnConflictProvider):
         finally:
             dbapi_connection.set_progress_handler(None, _PROGRESS_STEPS)
 
+    def store_identity(self, conn: sa.Connection) -> str:
+        # The main database's file as SQLite opened it, symbolic links and ".." resolved.
+        path = next(
+            row[2] for row in conn.exec_driver_sql("PRAGMA database_list") if row[1] == "main"
+        )
+        return f"SQLite file {Path(path).resolve()}"
+
     def error_code(self, exc: BaseException) -> str | None:
         if not isinstance(exc, sqlite3.Error):
             return None
