@@ -32,6 +32,7 @@ from controlroom.settings_sources import (
     MIN_INTERVAL_SECONDS,
     BearerSecret,
     EnvThenTomlSettings,
+    ListenHost,
     ListenOverrides,
     Period,
     Seconds,
@@ -603,6 +604,15 @@ class AuthToken(SettingsTable):
     token: BearerSecret = Field(description="The bearer token (secret).")
     role: Role
 
+    @field_validator("name")
+    @classmethod
+    def _name_printable(cls, name: str) -> str:
+        """The name is the actor of its holder's audit events and retries: a control
+        character (PostgreSQL refuses a NUL in text) would fail every action it takes."""
+        if not name.strip() or not name.isprintable():
+            raise ValueError("a token's name is printable text, not only space")
+        return name
+
 
 class Settings(EnvThenTomlSettings):
     """Everything Controlroom can be told. Sizes are bytes, periods are ``timedelta``."""
@@ -636,7 +646,7 @@ class Settings(EnvThenTomlSettings):
     )
     error_queue: str = "error"
     telemetry_queue: str = "site-call-telemetry"
-    host: str = "127.0.0.1"
+    host: ListenHost = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535, description="0: any free port.")
     max_body_size_to_store: int = Field(102_400, ge=0, le=MAX_BYTES)
     error_retention_period: timedelta = Field(
@@ -735,6 +745,8 @@ class Settings(EnvThenTomlSettings):
                 "it is empty: unset it for ./controlroom-data, or name a directory "
                 "(. for the current one)"
             )
+        if isinstance(value, str) and "\x00" in value:
+            raise ValueError("a path holds no NUL character")
         return value
 
     @field_validator("data_dir")

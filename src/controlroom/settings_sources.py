@@ -6,6 +6,7 @@ where a refused setting was given, for the commands' one-line refusals."""
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import itertools
 import json
 import os
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 
 import httpx
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -119,6 +121,27 @@ def _header_safe(value: object) -> object:
 
 
 BearerSecret = Annotated[SecretStr, BeforeValidator(_header_safe), BeforeValidator(_long_enough)]
+
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
+"""A DNS name as a resolver takes it (RFC 1123 labels: letters, digits, inner hyphens)."""
+
+
+def _listen_host(host: str) -> str:
+    """A host ``serve`` or an agent listens on: an IP address or a DNS name, so that a
+    wrong one is refused at start naming the setting, not by the socket's resolver."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not _HOST_NAME.fullmatch(host):
+            raise ValueError(
+                "it must be a host name or an IP address to listen on (127.0.0.1, 0.0.0.0, "
+                "::, localhost), without scheme or port"
+            ) from None
+    return host
+
+
+ListenHost = Annotated[str, AfterValidator(_listen_host)]
 """A bearer token: a ``SecretStr`` of at least ``SECRET_LENGTH`` characters of visible
 ASCII."""
 

@@ -17,6 +17,7 @@ from controlroom.settings_sources import (
     BearerSecret,
     Days,
     EnvThenTomlSettings,
+    ListenHost,
     ListenOverrides,
     Seconds,
     http_url_problem,
@@ -41,7 +42,7 @@ class SiteSettings(EnvThenTomlSettings):
     store_path: Path = Field(
         Path("./controlroom-site/tracking.db"), description="The tracking store (SQLite)."
     )
-    host: str = "127.0.0.1"
+    host: ListenHost = "127.0.0.1"
     port: int = Field(8090, ge=0, le=65535)
     token: BearerSecret | None = Field(
         None,

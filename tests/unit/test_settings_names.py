@@ -1,0 +1,62 @@
+"""Names and addresses in the settings are refused at start when they could only fail
+later (second fresh-user and breaker passes): a token's name holding a NUL made every
+action of its holder a 400 blaming the request (PostgreSQL refuses the NUL in the audit
+row's actor); an empty or malformed listening host gave the authentication refusal or
+"Name or service not known" without naming the setting; a NUL in ``data_dir`` was a
+traceback."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from controlroom.config import Settings
+from controlroom.site import SiteSettings
+
+TOKEN = "t" * 20
+
+
+def listening(model: type[Settings] | type[SiteSettings], host: str) -> Settings | SiteSettings:
+    if model is SiteSettings:
+        return SiteSettings(site_id="plant-7", host=host)
+    return Settings(host=host)
+
+
+@pytest.mark.parametrize("name", ["nul\x00op", "line\nfeed", "   ", "tab\there"])
+def test_a_token_name_with_a_control_character_or_only_space_is_refused(name: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(auth_tokens=[{"name": name, "token": TOKEN, "role": "operator"}])
+    [error] = refused.value.errors()
+    assert error["loc"] == ("auth_tokens", 0, "name")
+
+
+def test_a_token_name_in_any_script_is_taken() -> None:
+    settings = Settings(auth_tokens=[{"name": "Zoë Ørsted", "token": TOKEN, "role": "admin"}])
+    assert settings.auth_tokens[0].name == "Zoë Ørsted"
+
+
+@pytest.mark.parametrize("host", ["", " ", "not_a_host", "http://0.0.0.0", "host:8080", "a b"])
+@pytest.mark.parametrize("model", [Settings, SiteSettings])
+def test_a_listening_host_that_is_no_name_or_address_is_refused(
+    model: type[Settings] | type[SiteSettings], host: str
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        listening(model, host)
+    [error] = refused.value.errors()
+    assert error["loc"] == ("host",)
+    assert "a host name or an IP address" in error["msg"]
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "0.0.0.0", "::", "::1", "localhost", "ops-1.example"]
+)
+@pytest.mark.parametrize("model", [Settings, SiteSettings])
+def test_listening_hosts_are_taken(model: type[Settings] | type[SiteSettings], host: str) -> None:
+    assert listening(model, host).host == host
+
+
+def test_a_data_dir_with_a_nul_is_refused() -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(data_dir="a\x00b")
+    [error] = refused.value.errors()
+    assert error["loc"] == ("data_dir",)
