@@ -175,6 +175,31 @@ async def test_publish_redeclares_a_queue_deleted_behind_its_back(
             await delivery.ack()
 
 
+@pytest.mark.anyio
+@pytest.mark.rabbitmq
+async def test_a_consumer_the_broker_cancels_ends_the_consume_with_an_error(
+    rabbitmq_url: str, queue_name: str, raw_channel: aio_pika.abc.AbstractChannel
+) -> None:
+    """Second breaker pass: deleting the error queue made RabbitMQ cancel the consumer;
+    the intake waited for deliveries that could never come, health said ok, and what was
+    published after the queue was declared again stayed unread. The consume now fails, so
+    its intake ends (a worker is restarted, and consuming again declares the queue)."""
+    async with asyncio.timeout(TIMEOUT), RabbitMQTransport(rabbitmq_url) as transport:
+        stream = transport.consume(queue_name, prefetch=1)
+        await transport.publish(queue_name, {}, b"before")
+        delivery = await anext(stream)
+        await delivery.ack()
+        await raw_channel.queue_delete(queue_name)
+        with pytest.raises(TransportError, match="cancelled the consumer"):
+            await anext(stream)
+        await stream.aclose()
+        async with Collector(transport, queue_name, prefetch=1) as consumer:
+            await transport.publish(queue_name, {}, b"after")
+            delivery = await consumer.get()
+            assert delivery.body == b"after"
+            await delivery.ack()
+
+
 @pytest.fixture
 async def proxy(rabbitmq_url: str) -> AsyncIterator[TcpProxy]:
     broker = urlsplit(rabbitmq_url)

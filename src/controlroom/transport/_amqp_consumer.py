@@ -51,6 +51,13 @@ CONNECTION_ERRORS = (
     ConnectionError,
 )
 
+
+class _BrokerCancelled:
+    """What the buffer holds once the broker has cancelled the session's consumer."""
+
+
+BROKER_CANCELLED = _BrokerCancelled()
+
 RESUME_RETRY_SECONDS = 1.0
 RECENT_SIZES = 16  # messages whose mean size estimates the next one's
 
@@ -144,8 +151,8 @@ class ConsumerSession:
         self._queue: AbstractQueue | None = None
         self._consumer_tag: str | None = None
         self._ledger: AckLedger | None = None
-        # None is the stop signal put by close().
-        self._buffer: asyncio.Queue[Delivery | None] = asyncio.Queue()
+        # None is the stop signal put by close(); BROKER_CANCELLED the broker's cancel.
+        self._buffer: asyncio.Queue[Delivery | _BrokerCancelled | None] = asyncio.Queue()
         self._held: dict[Delivery, _Held] = {}
         self.held_bytes = 0  # Delivery.size of what is buffered or yielded and unsettled
         self._outstanding = 0  # yielded, not settled
@@ -175,12 +182,21 @@ class ConsumerSession:
             # robust variant waits for a reconnect after its channel is closed on
             # purpose; ending the iteration is ours to decide.
             self._consumer_tag = await self._queue.consume(self._on_message)
+            underlay = await self.channel.get_underlay_channel()
         except CONNECTION_ERRORS as exc:
             raise TransportError(f"cannot start consuming {self._queue_name!r}: {exc!r}") from exc
+        underlay.on_consumer_cancel_callbacks.add(self._on_broker_cancel)
 
     async def next_delivery(self) -> Delivery | None:
-        """The next delivery to yield, or ``None`` once the transport closes."""
+        """The next delivery to yield, or ``None`` once the transport closes. Raises
+        ``TransportError`` once the broker has cancelled the consumer."""
         while (delivery := await self._buffer.get()) is not None:
+            if isinstance(delivery, _BrokerCancelled):
+                self.consuming = False
+                raise TransportError(
+                    f"the broker cancelled the consumer of {self._queue_name!r} (the queue "
+                    "was deleted, or its node went down): consuming again declares it"
+                )
             if self._held[delivery].ledger.channel.is_closed:
                 self._forget(delivery)  # from before a reconnect: the broker redelivers it
                 continue
@@ -201,7 +217,7 @@ class ConsumerSession:
             await self._cancel_consumer()
         while not self._buffer.empty():
             delivery = self._buffer.get_nowait()
-            if delivery is None:
+            if not isinstance(delivery, Delivery):
                 continue
             held = self._forget(delivery)
             with contextlib.suppress(*CONNECTION_ERRORS, aiormq.exceptions.AMQPError):
@@ -222,6 +238,8 @@ class ConsumerSession:
             return  # closed already: the broker requeues it
         if self._ledger is None or self._ledger.channel is not channel:
             self._ledger = AckLedger(channel)
+            # A reconnect restored the consumer on this channel: watch its cancels too.
+            channel.on_consumer_cancel_callbacks.add(self._on_broker_cancel)
         ledger = self._ledger
         tag = message.delivery_tag
         assert tag is not None  # a pushed (not no-ack) message always has one
@@ -249,6 +267,13 @@ class ConsumerSession:
         await self._stop_pushing()
         with contextlib.suppress(*CONNECTION_ERRORS, aiormq.exceptions.AMQPError):
             await ledger.reject(tag, requeue=True)
+
+    def _on_broker_cancel(self, frame: aiormq.spec.Basic.Cancel) -> None:
+        """RabbitMQ cancels a consumer whose queue was deleted (or whose node went down):
+        nothing more will be pushed, so the iteration ends with an error rather than
+        waiting for ever, and the intake that reads it ends and is started again."""
+        if frame.consumer_tag == self._consumer_tag and self.consuming:
+            self._buffer.put_nowait(BROKER_CANCELLED)
 
     def _fits(self, size: int) -> bool:
         return self._max_bytes is None or self.held_bytes + size <= self._max_bytes

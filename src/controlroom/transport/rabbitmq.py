@@ -346,6 +346,9 @@ class RabbitMQTransport:
             await session.start()
             while (delivery := await session.next_delivery()) is not None:
                 yield delivery
+        except TransportError:
+            self._known_queues.discard(queue)  # deleted, maybe: the next consume declares it
+            raise
         finally:
             await session.stop()
             if session.idle:
