@@ -548,6 +548,29 @@ def test_a_database_url_naming_a_driver_not_installed_is_refused_in_one_line(
     ), output
 
 
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("notaurl", "it must be a database URL (sqlite:///path/to/file.db, postgresql://"),
+        ("mysql://u:Sup3rSecretPw@db/x", "database provider 'mysql' is not supported; use one of"),
+    ],
+)
+@pytest.mark.parametrize("setting", ["database_url", "migration_database_url"])
+def test_a_database_url_that_is_no_url_of_a_supported_database_is_refused_naming_it(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, setting: str, url: str, said: str
+) -> None:
+    """Fresh-user pass: ``notaurl`` said "the database: ArgumentError: Could not parse
+    SQLAlchemy URL" and exited 1, naming no setting."""
+    variable = f"CONTROLROOM_{setting.upper()}"
+    monkeypatch.setenv(variable, url)
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert f"invalid setting {setting} ({variable}): {said}" in " ".join(output.split()), output
+    assert "Sup3rSecretPw" not in output
+
+
 @pytest.mark.parametrize("name", ["", "  ", "\t"])
 @pytest.mark.parametrize("queue", ["ERROR_QUEUE", "TELEMETRY_QUEUE"])
 def test_an_empty_or_blank_queue_name_is_refused(

@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import ClassVar, Literal, Unpack
 from urllib.parse import urlsplit
 
+import sqlalchemy as sa
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from controlroom.db.providers import EMBEDDED
+from controlroom.db.providers import EMBEDDED, provider_named
 from controlroom.event_types import EventType
+from controlroom.exceptions import UnsupportedProviderError
 from controlroom.settings_sources import (
     CENTURY_DAYS,
     MAX_BYTES,
@@ -722,6 +724,26 @@ class Settings(EnvThenTomlSettings):
             _ = urlsplit(url).port  # reading it checks it
         except ValueError:
             raise ValueError("its port must be a number from 0 to 65535") from None
+        return url
+
+    @field_validator("database_url", "migration_database_url")
+    @classmethod
+    def _database_url(cls, url: str) -> str:
+        """A URL SQLAlchemy cannot parse, or of a database no provider serves, is refused
+        here naming the setting, never quoted (it may hold a password); empty is the
+        default (``database_url``: the embedded store; ``migration_database_url``: the
+        same as ``database_url``)."""
+        if not url:
+            return url
+        try:
+            provider_named(sa.make_url(url).get_backend_name())
+        except sa.exc.ArgumentError:
+            raise ValueError(
+                "it must be a database URL (sqlite:///path/to/file.db, "
+                "postgresql://user@host:5432/database)"
+            ) from None
+        except UnsupportedProviderError as exc:
+            raise ValueError(str(exc)) from None
         return url
 
     @field_validator("broker_url")
