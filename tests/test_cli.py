@@ -323,6 +323,25 @@ def test_a_settings_file_that_is_a_pipe_is_refused(
     assert "not a regular file" in " ".join(output.split()), output
 
 
+@pytest.mark.parametrize(
+    ("variable", "command"),
+    [("CONTROLROOM_CONFIG", ["migrate"]), ("CONTROLROOM_SITE_CONFIG", ["site", "serve"])],
+)
+def test_an_empty_settings_file_variable_is_refused(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, variable: str, command: list[str]
+) -> None:
+    """Fresh-user pass: ``CONTROLROOM_CONFIG=`` (a script's variable left empty) was taken
+    as no file, and the command ran on its defaults: a settings file is refused, never
+    skipped."""
+    monkeypatch.setenv(variable, "")
+    monkeypatch.delenv("CONTROLROOM_SITE_SITE_ID", raising=False)  # site serve never starts
+
+    code, output = invoke(*command)
+
+    assert code == 2, output
+    assert f"{variable} is empty: unset it, or name a TOML file" in " ".join(output.split())
+
+
 @pytest.mark.parametrize("command", [["migrate"], ["site", "serve"]])
 def test_a_settings_file_with_a_byte_order_mark_is_refused_saying_so(
     data_dir: Path, tmp_path: Path, command: list[str]

@@ -69,9 +69,13 @@ console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
 
-def _regular_file(path: Path | None) -> Path | None:
+def _regular_file(param: typer.CallbackParam, path: Path | None) -> Path | None:
     """A settings file is read whole, never skipped: pydantic-settings skips what is not a
-    regular file (a pipe such as ``<(...)``, a device) without a word."""
+    regular file (a pipe such as ``<(...)``, a device) without a word, and click takes
+    an empty variable (``CONTROLROOM_CONFIG=``) for none."""
+    variable = param.envvar if isinstance(param.envvar, str) else None
+    if path is None and variable is not None and os.environ.get(variable) == "":
+        raise typer.BadParameter(f"{variable} is empty: unset it, or name a TOML file")
     if path is not None and not path.is_file():
         raise typer.BadParameter(
             f"'{path}' is not a regular file (a pipe or a device is not read): write the "
