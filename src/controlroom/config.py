@@ -379,6 +379,13 @@ class SmtpSettings(SettingsTable):
             raise ValueError("set starttls or tls, not both")
         return self
 
+    @model_validator(mode="after")
+    def _login_whole(self) -> SmtpSettings:
+        """The dispatcher logs in only with a username: a password alone is never used."""
+        if self.password is not None and not self.username:
+            raise ValueError("a password needs a username (smtp.username) to log in with")
+        return self
+
 
 class WebhookChannel(SettingsTable):
     """A named webhook: notifications whose target is ``name`` are POSTed to ``url``,
@@ -540,6 +547,10 @@ class NotificationSettings(SettingsTable):
     def _coherent(self) -> NotificationSettings:
         if self.claim_seconds <= self.send_timeout:
             raise ValueError("claim_seconds must exceed send_timeout")
+        if self.backoff_cap < self.backoff_base:
+            raise ValueError(
+                "backoff_cap is below backoff_base: waits grow from the base up to the cap"
+            )
         for kind, names in (
             ("webhooks", [hook.name for hook in self.webhooks]),
             ("recipient_lists", [entry.name for entry in self.recipient_lists]),

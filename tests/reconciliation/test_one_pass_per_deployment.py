@@ -72,6 +72,7 @@ def site_agent(tmp_path: Path) -> Iterator[SiteAgent]:
             store_path=tmp_path / "plant-7" / "tracking.db",
             token=SITE_TOKEN,
             backoff_base=3600,
+            backoff_cap=3600,
         )
     )
     try:

@@ -58,6 +58,7 @@ def agent_settings(tmp_path: Path, site_id: str = "plant-7") -> SiteSettings:
         store_path=tmp_path / site_id / "tracking.db",
         token=SITE_TOKEN,
         backoff_base=3600,  # nothing retries on its own during a test
+        backoff_cap=3600,
     )
 
 

@@ -60,6 +60,7 @@ def parked_call(
         token=SITE_TOKEN,
         max_retries=1,
         backoff_base=3600,
+        backoff_cap=3600,
     )
     sites = [site_entry("plant-7", site_url or url_of(listener))]
     central = central_settings(database_url, tmp_path / "central", sites, **reconciliation)

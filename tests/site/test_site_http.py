@@ -38,6 +38,7 @@ def settings(tmp_path: Path, **overrides: object) -> SiteSettings:
         "store_path": tmp_path / "site" / "tracking.db",
         "token": SITE_TOKEN,
         "backoff_base": 3600,
+        "backoff_cap": 3600,
     }
     return SiteSettings(**{**values, **overrides})
 

@@ -60,3 +60,22 @@ def test_a_data_dir_with_a_nul_is_refused() -> None:
         Settings(data_dir="a\x00b")
     [error] = refused.value.errors()
     assert error["loc"] == ("data_dir",)
+
+
+def test_an_smtp_password_without_a_username_is_refused() -> None:
+    """Fresh-user pass: taken, and the password never used: the dispatcher logs in only
+    with a username."""
+    with pytest.raises(ValidationError, match="a password needs a username"):
+        Settings(notifications={"smtp": {"host": "mail.example", "password": "pw"}})
+
+
+def test_a_site_agent_backoff_cap_below_its_base_is_refused() -> None:
+    """Fresh-user pass: ``backoff_cap = "PT1M"`` below ``backoff_base = "PT1H"`` was taken;
+    every wait would be the cap (a minute), never the hour asked for."""
+    with pytest.raises(ValidationError, match=r"backoff_cap \(60 s\) is below backoff_base"):
+        SiteSettings(site_id="plant-7", backoff_base=3600, backoff_cap=60)
+
+
+def test_a_notification_backoff_cap_below_its_base_is_refused() -> None:
+    with pytest.raises(ValidationError, match="backoff_cap is below backoff_base"):
+        Settings(notifications={"backoff_base": "PT1H", "backoff_cap": "PT1M"})

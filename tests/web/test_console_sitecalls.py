@@ -105,6 +105,7 @@ def test_a_parked_call_retried_from_its_page_shows_the_relays_outcome(
         token=SITE_TOKEN,
         max_retries=1,
         backoff_base=3600,
+        backoff_cap=3600,
     )
     attempts: list[object] = []
     delivering = False

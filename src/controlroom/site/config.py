@@ -93,6 +93,17 @@ class SiteSettings(EnvThenTomlSettings):
         return url
 
     @model_validator(mode="after")
+    def _backoff_grows(self) -> SiteSettings:
+        """Waits double from ``backoff_base`` up to ``backoff_cap``: a cap below the base
+        would make every wait the cap."""
+        if self.backoff_cap < self.backoff_base:
+            raise ValueError(
+                f"backoff_cap ({self.backoff_cap:g} s) is below backoff_base "
+                f"({self.backoff_base:g} s): waits grow from the base up to the cap"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _one_secret_per_direction(self) -> SiteSettings:
         """As central refuses a site entry whose two tokens are one (``config.ConfiguredSite``)."""
         if (
