@@ -355,6 +355,7 @@ class ReconciliationSettings(SettingsTable):
 
 _HEADER_SAFE = re.compile(r"^[^\r\n]*$")
 _ADDRESS = re.compile(r"^[^@\s<>,;\"]+@[^@\s<>,;\"]+$")
+_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+")
 _WEBHOOK_SECRET = re.compile(r"whsec_[A-Za-z0-9+/]+={0,2}")
 
 
@@ -365,13 +366,21 @@ class SmtpSettings(SettingsTable):
 
     host: str = Field(min_length=1, pattern=r"^[^\s/]+$", description="The server's name.")
     port: int = Field(25, ge=1, le=65535)
-    sender: str = Field(
-        "controlroom@localhost", pattern=_ADDRESS.pattern, description="The From address."
-    )
+    sender: str = Field("controlroom@localhost", description="The From address.")
     starttls: bool = Field(False, description="Upgrade the connection with STARTTLS.")
     tls: bool = Field(False, description="Connect over TLS from the start (port 465).")
     username: str = Field("", pattern=_HEADER_SAFE.pattern, description="Login; empty: none.")
     password: SecretStr | None = Field(None, description="The login's password (secret).")
+
+    @field_validator("sender")
+    @classmethod
+    def _plain_address(cls, sender: str) -> str:
+        if not _ADDRESS.fullmatch(sender):
+            raise ValueError(
+                "it must be one plain address, local@domain (no display name, no <>, no "
+                "space)"
+            )
+        return sender
 
     @model_validator(mode="after")
     def _one_tls(self) -> SmtpSettings:
@@ -720,7 +729,6 @@ class Settings(EnvThenTomlSettings):
     )
     servicecontrol_api_version: str = Field(
         "6.15.0",
-        pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$",
         description="The ServiceControl version whose behaviour Controlroom implements, sent as "
         "X-Particular-Version on every /api response; clients such as ServicePulse "
         "enable features by it.",
@@ -889,6 +897,14 @@ class Settings(EnvThenTomlSettings):
                     f'events match related_to = "/site/<id>" without it)'
                 )
         return self
+
+    @field_validator("servicecontrol_api_version")
+    @classmethod
+    def _version(cls, version: str) -> str:
+        """Sent in a header of every /api answer (Latin-1): ASCII digits only."""
+        if not _VERSION.fullmatch(version):
+            raise ValueError("it must be three numbers in ASCII digits, such as 6.15.0")
+        return version
 
     @field_validator("cors_allowed_origins")
     @classmethod

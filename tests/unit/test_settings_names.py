@@ -79,3 +79,23 @@ def test_a_site_agent_backoff_cap_below_its_base_is_refused() -> None:
 def test_a_notification_backoff_cap_below_its_base_is_refused() -> None:
     with pytest.raises(ValidationError, match="backoff_cap is below backoff_base"):
         Settings(notifications={"backoff_base": "PT1H", "backoff_cap": "PT1M"})
+
+
+@pytest.mark.parametrize("version", ["latest", "6.15", "v6.15.0"])
+def test_a_servicecontrol_version_that_is_no_version_is_refused_with_the_form(
+    version: str,
+) -> None:
+    """Fresh-user pass: the refusal showed the pattern, ``^[0-9]+\\.[0-9]+\\.[0-9]+$``."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(servicecontrol_api_version=version)
+    [error] = refused.value.errors()
+    assert "three numbers in ASCII digits, such as 6.15.0" in error["msg"]
+
+
+@pytest.mark.parametrize("sender", ["Ops <ops@example.org>", "ops", "a@b@c"])
+def test_an_smtp_sender_that_is_no_plain_address_is_refused_with_the_form(sender: str) -> None:
+    """Fresh-user pass: the refusal showed a regular expression."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(notifications={"smtp": {"host": "mail.example", "sender": sender}})
+    [error] = refused.value.errors()
+    assert "one plain address, local@domain" in error["msg"]
