@@ -395,6 +395,7 @@ def test_a_setting_that_is_not_json_names_its_variable_and_where(
 
     assert code == 2, output
     assert f"({variable}): its value is not JSON" in output, output
+    assert "(a list as [...], a table as {...}, strings in double quotes)" in output, output
     assert named in output, output
     assert "EnvSettingsSource" not in output and "error parsing" not in output, output
     assert len(output.strip().splitlines()) == 1, output

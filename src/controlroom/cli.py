@@ -727,7 +727,8 @@ def _refuse_unparsed(exc: pydantic_settings.SettingsError, prefix: str) -> NoRet
     setting = variable[len(prefix) :].lower().replace("__", ".")
     err_console.print(
         f"[red]error:[/] invalid setting {escape(setting)} ({escape(variable)}): its value is "
-        f"not JSON: {escape(cause.msg)} at line {cause.lineno} column {cause.colno}",
+        f"not JSON (a list as [...], a table as {{...}}, strings in double quotes): "
+        f"{escape(cause.msg)} at line {cause.lineno} column {cause.colno}",
         highlight=False,
     )
     raise typer.Exit(2) from exc
