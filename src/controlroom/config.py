@@ -377,8 +377,7 @@ class SmtpSettings(SettingsTable):
     def _plain_address(cls, sender: str) -> str:
         if not _ADDRESS.fullmatch(sender):
             raise ValueError(
-                "it must be one plain address, local@domain (no display name, no <>, no "
-                "space)"
+                "it must be one plain address, local@domain (no display name, no <>, no space)"
             )
         return sender
 

@@ -224,6 +224,25 @@ def intake_changed(
     )
 
 
+def resume_intake_reports(engine: sa.Engine, healths: Sequence[IntakeHealth]) -> None:
+    """At start, before any report: each of ``healths`` takes the last
+    ``IntakeStalled``/``IntakeRecovered`` of its queue in the event log as the change
+    last reported (``IntakeHealth.resume``), so a stall an earlier serve stopped during
+    is followed by ``IntakeRecovered`` once the intake stores again (docs/design.md
+    "Notification rules")."""
+    changes = (str(EventType.INTAKE_STALLED), str(EventType.INTAKE_RECOVERED))
+    with engine.connect() as conn:
+        for health in healths:
+            last = conn.execute(
+                sa.select(event_log_items.c.event_type)
+                .where(event_log_items.c.event_type.in_(changes))
+                .where(event_log_items.c.related_to_json == json.dumps([intake_path(health.queue)]))
+                .order_by(event_log_items.c.raised_at.desc())
+                .limit(1)
+            ).scalar()
+            health.resume(degraded=last == str(EventType.INTAKE_STALLED))
+
+
 def report_intake_transition(engine: sa.Engine, health: IntakeHealth) -> bool:
     """Write ``IntakeStalled`` or ``IntakeRecovered`` when ``health`` changed since the
     last one written (``IntakeHealth.transition``); ``True`` when it wrote one. A store

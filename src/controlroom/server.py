@@ -58,7 +58,7 @@ from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.ingest.search_backfill import write_missing_search_terms
 from controlroom.errors.retention import RetentionSweeper
 from controlroom.errors.retries.processor import RetryProcessor
-from controlroom.events import report_intakes
+from controlroom.events import report_intakes, resume_intake_reports
 from controlroom.exceptions import ControlroomError
 from controlroom.notifications.dispatcher import Dispatcher
 from controlroom.notifications.history import NotificationKpiSampler
@@ -274,6 +274,7 @@ class _Service:
                 ),
             }
             healths = [intake.health for intake in self._intakes.values()]
+        resume_intake_reports(engine, healths)  # a stall an earlier serve left: recovered
         api = create_app(
             settings,
             engine,

@@ -22,7 +22,7 @@ from controlroom.errors.ingest.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
 from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailureGroup
-from controlroom.events import report_intake_transition, subscribe
+from controlroom.events import report_intake_transition, resume_intake_reports, subscribe
 from controlroom.notifications.rules import apply_rules
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.sitecalls.history import take_sample
@@ -178,6 +178,35 @@ def test_an_intake_stall_is_one_event_on_the_change_and_one_notification(ruled: 
     assert report_intake_transition(engine, health)
     assert len(events_of(engine, "IntakeRecovered")) == 1
     assert len(notified(engine)) == 1
+
+
+def test_a_stall_a_stopped_serve_left_unrecovered_is_recovered_by_the_next_one(
+    ruled: Ruled,
+) -> None:
+    """Breaker pass: a serve stopped while its intake was stalled left an IntakeStalled
+    with no IntakeRecovered after it; the next serve started healthy and never wrote one,
+    so a rule watching both saw the intake stalled for good. A serve takes the last
+    change the event log holds for each of its intakes as the one it reported."""
+    engine = ruled("IntakeRecovered")
+    clock = [0.0]
+    before = IntakeHealth(
+        "error queue intake", "error", stall_seconds=60, monotonic=lambda: clock[0]
+    )
+    before.observed_depth(500)
+    clock[0] = 61.0
+    assert report_intake_transition(engine, before)  # IntakeStalled; then serve stops
+
+    after = IntakeHealth("error queue intake", "error", stall_seconds=60)
+    resume_intake_reports(engine, [after])
+    after.stored()
+    assert report_intake_transition(engine, after)
+    assert len(events_of(engine, "IntakeRecovered")) == 1
+    assert not report_intake_transition(engine, after)
+
+    again = IntakeHealth("error queue intake", "error", stall_seconds=60)
+    resume_intake_reports(engine, [again])  # the last change is a recovery: nothing owed
+    again.stored()
+    assert not report_intake_transition(engine, again)
 
 
 def test_a_stall_the_refusing_store_could_not_record_is_written_before_its_recovery(

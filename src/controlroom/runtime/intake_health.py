@@ -188,6 +188,13 @@ class IntakeHealth:
         with self._lock:
             return None if self._reported_degraded else self._unreported
 
+    def resume(self, *, degraded: bool) -> None:
+        """At start: the last change written for this intake (by an earlier serve) was a
+        degradation (``degraded``) or a recovery; a degradation it never saw end makes the
+        first healthy ``transition`` a change (``events.resume_intake_reports``)."""
+        with self._lock:
+            self._reported_degraded = degraded
+
     def reported(self, state: IntakeState) -> None:
         """``state``'s change was written to the event log (``transition``), with the
         unreported stall before it if there was one."""
