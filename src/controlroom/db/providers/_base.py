@@ -500,6 +500,15 @@ class Provider(ABC):
         store")."""
         return []
 
+    def lock_group_appearances(  # noqa: B027 - optional hook
+        self, conn: sa.Connection, group_ids: Sequence[str]
+    ) -> None:
+        """Hold, until ``conn``'s transaction ends, a lock per group id (taken in sorted
+        order) that a concurrent writer announcing the same group waits for, so that it
+        then sees this transaction's group rows (``FailureGroupAppeared`` once,
+        docs/design.md "Notification rules"). Nothing where writers are serialized
+        (SQLite)."""
+
     @abstractmethod
     def store_identity(self, conn: sa.Connection) -> str:
         """One text for the database ``conn`` is on, however its URL spells it (host

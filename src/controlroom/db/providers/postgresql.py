@@ -318,6 +318,9 @@ class AdvisoryLockLease:
             conn.close()
 
 
+GROUP_APPEARANCE_LOCKS = 0x67727061  # "grpa": the first key of the groups' appearance locks
+
+
 class PostgreSQLProvider(OnConflictProvider):
     name: ClassVar[str] = "postgresql"
     max_bound_parameters: ClassVar[int] = 65535  # the protocol's 16-bit parameter count
@@ -633,6 +636,17 @@ class PostgreSQLProvider(OnConflictProvider):
 
     def server_settings_warnings(self, conn: sa.Connection) -> list[str]:
         return server_settings_warnings(conn)
+
+    def lock_group_appearances(self, conn: sa.Connection, group_ids: Sequence[str]) -> None:
+        # The two-key form: a key space of its own, apart from the leases' one-key locks.
+        for group_id in sorted(group_ids):
+            conn.execute(
+                sa.select(
+                    sa.func.pg_advisory_xact_lock(
+                        GROUP_APPEARANCE_LOCKS, sa.func.hashtext(group_id)
+                    )
+                )
+            )
 
     def store_identity(self, conn: sa.Connection) -> str:
         # The cluster's identifier (initdb's, kept by its replicas and backups) and the

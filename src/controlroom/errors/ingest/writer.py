@@ -355,7 +355,13 @@ class FailedMessageBatchWriter:
                     group.id, (group, message.winner.receiving_endpoint, 0)
                 )
                 seen[group.id] = (first, endpoint, count + 1)
-        return [seen[group_id] for group_id in new_groups(conn, self._provider, sorted(seen))]
+        fresh = new_groups(conn, self._provider, sorted(seen))
+        if fresh:
+            # Another batch may be committing the same group's first rows: the first to
+            # lock it announces it; the other waits for that commit, then sees its rows.
+            self._provider.lock_group_appearances(conn, fresh)
+            fresh = new_groups(conn, self._provider, fresh)
+        return [seen[group_id] for group_id in fresh]
 
     def _resolve_confirmed_retries(
         self, conn: sa.Connection, unique_message_ids: Sequence[str], now: datetime
@@ -438,8 +444,9 @@ def group_hours_reached(
 def new_groups(conn: sa.Connection, provider: Provider, group_ids: Sequence[str]) -> list[str]:
     """Those of ``group_ids`` with no row in ``failed_message_groups``: one statement of
     a fixed text, an index probe per id (``ix_failed_message_groups_group_id_status_first``).
-    Two batches committing a group's first rows at once may both find it new
-    (docs/design.md "Notification rules")."""
+    Two batches committing a group's first rows at once may both find it new: the writer
+    asks again under ``Provider.lock_group_appearances`` (docs/design.md "Notification
+    rules")."""
     if not group_ids:
         return []
     # A correlated subquery per given id, which no planner turns into a join: at most one
