@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from controlroom.db.engine import create_store_engine, store_identity
@@ -65,3 +66,23 @@ def test_the_identity_names_no_credentials(database_url: str) -> None:
     if url.get_backend_name() != "sqlite":
         url = url.update_query_dict({"password": "S3CRETPW"})
     assert "S3CRETPW" not in identity(url)
+
+
+@pytest.mark.postgresql
+def test_by_address_one_postgresql_database_spelt_otherwise_has_one_identity(
+    postgresql_url: str, tmp_path: Path
+) -> None:
+    """Where a managed server refuses ``pg_control_system()``, the identity is the address
+    and port the server answered on: still one for ``localhost`` and ``127.0.0.1``."""
+    from controlroom.db.providers.postgresql import address_identity
+
+    def by_address(url: sa.URL) -> str:
+        engine = create_store_engine(url)
+        try:
+            with engine.connect() as conn:
+                return address_identity(conn)
+        finally:
+            engine.dispose()
+
+    url = sa.make_url(postgresql_url)
+    assert {by_address(u) for u in [url, *other_spellings(url, tmp_path)]} == {by_address(url)}

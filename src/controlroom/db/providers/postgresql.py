@@ -318,6 +318,16 @@ class AdvisoryLockLease:
             conn.close()
 
 
+def address_identity(conn: sa.Connection) -> str:
+    """The database of ``conn`` by the address and port its server answered on (one for
+    ``localhost`` and ``127.0.0.1``): ``store_identity`` where ``pg_control_system()`` is
+    refused."""
+    address, port, database = conn.execute(
+        sa.text("SELECT inet_server_addr(), inet_server_port(), current_database()")
+    ).one()
+    return f"PostgreSQL at {address or 'its socket'}:{port}, database {database}"
+
+
 GROUP_APPEARANCE_LOCKS = 0x67727061  # "grpa": the first key of the groups' appearance locks
 
 
@@ -650,10 +660,15 @@ class PostgreSQLProvider(OnConflictProvider):
 
     def store_identity(self, conn: sa.Connection) -> str:
         # The cluster's identifier (initdb's, kept by its replicas and backups) and the
-        # database's name in it: any user may read both.
-        cluster, database = conn.execute(
-            sa.text("SELECT system_identifier, current_database() FROM pg_control_system()")
-        ).one()
+        # database's name in it. A managed server may refuse pg_control_system() to its
+        # users: then the address and port the server answered on.
+        try:
+            cluster, database = conn.execute(
+                sa.text("SELECT system_identifier, current_database() FROM pg_control_system()")
+            ).one()
+        except sa.exc.DBAPIError:
+            conn.rollback()
+            return address_identity(conn)
         return f"PostgreSQL cluster {cluster}, database {database}"
 
     def local_backend_pid(self, dbapi_connection: Any) -> int | None:
