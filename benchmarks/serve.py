@@ -55,7 +55,10 @@ Run: ``make bench`` (after ``ingest.py``) or ``.venv/bin/python benchmarks/serve
 ``ingest.py``) and ``CONTROLROOM_BENCH_RABBITMQ_URL`` (default
 ``amqp://guest:guest@127.0.0.1:5672/``; the vhosts are made with ``rabbitmqctl``), both on
 this machine (CPU is read from ``/proc``). ``--profile DIR`` runs serve and its worker
-processes under ``py-spy record`` (``pip install py-spy``) and prints where their CPU went.
+processes under ``py-spy record`` (``pip install py-spy``) and prints where their CPU went;
+``--server-profile DIR`` samples the machine with Linux ``perf`` during each drain and, with
+``--stored``, prints PostgreSQL's CPU per message by function into both stores
+(``perf_profile.py``).
 
 The empty-vs-stored comparison at the target's scale, on a scratch server with production's
 settings (``pgserver.PRODUCTION_SETTINGS``) and with the defaults::
@@ -113,6 +116,7 @@ from ingest import (
     timed_parse,
     write_path,
 )
+from perf_profile import milliseconds_by_function, recording
 from pgserver import (
     STATEMENTS_SETTINGS,
     StatementsReading,
@@ -273,6 +277,9 @@ class Drain:
     """With ``--wal-by-relation``: the drain's full-page images by relation and record."""
     wal_bytes: list[WalBytes] = field(default_factory=list)
     """With ``--wal-by-relation``: the drain's WAL by relation."""
+    server_functions: Counter[str] = field(default_factory=Counter)
+    """With ``--server-profile``: PostgreSQL's CPU milliseconds over the drain by function
+    (``perf_profile.milliseconds_by_function``)."""
 
     @property
     def start(self) -> Sample:
@@ -754,10 +761,18 @@ def run_serve(
                     cwd=data_dir,
                 )
             serve_pid = None
+            perf_data = (
+                args.server_profile / (name.replace(" ", "-").replace(",", "") + ".perf.data")
+                if args.server_profile
+                else None
+            )
             try:
                 serve_pid = child_pid(process.pid) if profile else process.pid
                 readings: list[StatementsReading] = []
-                with console.status(f"{name}: serve draining {len(messages):,} messages"):
+                with (
+                    recording(perf_data) if perf_data else contextlib.nullcontext(),
+                    console.status(f"{name}: serve draining {len(messages):,} messages"),
+                ):
                     samples = follow(
                         process,
                         serve_pid,
@@ -779,6 +794,8 @@ def run_serve(
                 )
                 if readings:
                     drain.statements = statements_between(*readings)
+                if perf_data:
+                    drain.server_functions = milliseconds_by_function(perf_data)
                 drain.load = f"{load} before, {_load()} after"
             except BaseException:
                 _stop(process, serve_pid)
@@ -1374,6 +1391,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "went; the figures of such a run include py-spy's sampling",
     )
     parser.add_argument(
+        "--server-profile",
+        type=Path,
+        metavar="DIR",
+        help="sample the whole machine's CPU with perf during each drain (recordings into "
+        "DIR) and print PostgreSQL's CPU per message by function; with --stored, into the "
+        "stored store beside into the empty one",
+    )
+    parser.add_argument(
         "--statements",
         action="store_true",
         help="with --scratch-server: load pg_stat_statements (track=all) and print what "
@@ -1495,6 +1520,8 @@ def run(args: argparse.Namespace, admin_url: str) -> int:
     report(console, env, write, drains, unique=unique, with_previous=with_previous)
     if args.stored:
         print_server_work(console, drains)
+        if args.server_profile:
+            print_server_functions(console, drains)
         print_stored(console, drains)
     elif args.rounds > 1 and len(runs) > 1:
         print_rounds(console, drains)
@@ -1575,6 +1602,33 @@ def print_server_work(console: Console, drains: Sequence[Drain], top: int = 8) -
                 f"{drain.name}, WAL per message by relation (a record under its first block's "
                 f"relation; of it, page images), every relation from 0.05 KB: {wal}"
             )
+
+
+def print_server_functions(console: Console, drains: Sequence[Drain], top: int = 30) -> None:
+    """PostgreSQL's CPU per message by function into the stored and the empty store
+    (medians over the rounds, microseconds), the functions whose cost grew most first:
+    where the growth with the table goes (``--server-profile``)."""
+    base = [d for d in drains if not d.variant]
+    empty = [d for d in base if not d.stored]
+    stored = [d for d in base if d.stored]
+
+    def per_message(runs: Sequence[Drain], function: str) -> float:
+        return statistics.median(d.server_functions[function] * 1000 / d.messages for d in runs)
+
+    functions = set().union(*(d.server_functions for d in base))
+    rows = sorted(
+        ((per_message(stored, f), per_message(empty, f), f) for f in functions),
+        key=lambda row: row[1] - row[0],
+    )
+    table = Table(title="PostgreSQL's CPU per message by function (perf, µs, median of rounds)")
+    for column in ("into stored", "into empty", "stored - empty"):
+        table.add_column(column, justify="right")
+    table.add_column("function")
+    totals = [sum(row[0] for row in rows), sum(row[1] for row in rows)]
+    table.add_row(f"{totals[0]:.0f}", f"{totals[1]:.0f}", f"{totals[0] - totals[1]:+.0f}", "all")
+    for full, none, function in rows[:top]:
+        table.add_row(f"{full:.1f}", f"{none:.1f}", f"{full - none:+.1f}", function)
+    console.print(table)
 
 
 def print_stored(console: Console, drains: Sequence[Drain]) -> None:
