@@ -130,8 +130,9 @@ _HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
 def _listen_host(host: str) -> str:
     """A host ``serve`` or an agent listens on: an IP address or a DNS name, so that a
     wrong one is refused at start naming the setting, not by the socket's resolver."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [::1]
     try:
-        ipaddress.ip_address(host)
+        ipaddress.ip_address(bare)
     except ValueError:
         if not _HOST_NAME.fullmatch(host):
             raise ValueError(

@@ -35,7 +35,9 @@ def test_a_token_name_in_any_script_is_taken() -> None:
     assert settings.auth_tokens[0].name == "Zoë Ørsted"
 
 
-@pytest.mark.parametrize("host", ["", " ", "not_a_host", "http://0.0.0.0", "host:8080", "a b"])
+@pytest.mark.parametrize(
+    "host", ["", " ", "not_a_host", "http://0.0.0.0", "host:8080", "a b", "[::1", "[x]"]
+)
 @pytest.mark.parametrize("model", [Settings, SiteSettings])
 def test_a_listening_host_that_is_no_name_or_address_is_refused(
     model: type[Settings] | type[SiteSettings], host: str
@@ -48,7 +50,7 @@ def test_a_listening_host_that_is_no_name_or_address_is_refused(
 
 
 @pytest.mark.parametrize(
-    "host", ["127.0.0.1", "0.0.0.0", "::", "::1", "localhost", "ops-1.example"]
+    "host", ["127.0.0.1", "0.0.0.0", "::", "::1", "[::1]", "localhost", "ops-1.example"]
 )
 @pytest.mark.parametrize("model", [Settings, SiteSettings])
 def test_listening_hosts_are_taken(model: type[Settings] | type[SiteSettings], host: str) -> None:
