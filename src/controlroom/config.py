@@ -40,6 +40,7 @@ from controlroom.settings_sources import (
     Seconds,
     SettingsTable,
     http_url_problem,
+    one_secret_per_direction,
 )
 
 
@@ -311,14 +312,7 @@ class ConfiguredSite(SettingsTable):
 
     @model_validator(mode="after")
     def _one_secret_per_direction(self) -> ConfiguredSite:
-        """One secret for both directions would let whoever reads central's pulls post as
-        the site, and whoever reads the site's posts pull and relay to it."""
-        if (
-            self.token is not None
-            and self.central_token is not None
-            and self.token.get_secret_value() == self.central_token.get_secret_value()
-        ):
-            raise ValueError("token and central_token must differ (one secret per direction)")
+        one_secret_per_direction(self.token, self.central_token)
         return self
 
 

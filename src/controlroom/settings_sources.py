@@ -122,6 +122,19 @@ def _header_safe(value: object) -> object:
 
 BearerSecret = Annotated[SecretStr, BeforeValidator(_header_safe), BeforeValidator(_long_enough)]
 
+
+def one_secret_per_direction(token: SecretStr | None, central_token: SecretStr | None) -> None:
+    """Raises ``ValueError`` when a site's two secrets are one: whoever reads central's
+    pulls could then post as the site, and whoever reads the site's posts pull and relay to
+    it (central's ``sites`` entry and the agent check it alike)."""
+    if (
+        token is not None
+        and central_token is not None
+        and token.get_secret_value() == central_token.get_secret_value()
+    ):
+        raise ValueError("token and central_token must differ (one secret per direction)")
+
+
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
 """A DNS name as a resolver takes it (RFC 1123 labels: letters, digits, inner hyphens)."""

@@ -21,6 +21,7 @@ from controlroom.settings_sources import (
     ListenOverrides,
     Seconds,
     http_url_problem,
+    one_secret_per_direction,
 )
 
 
@@ -105,13 +106,7 @@ class SiteSettings(EnvThenTomlSettings):
 
     @model_validator(mode="after")
     def _one_secret_per_direction(self) -> SiteSettings:
-        """As central refuses a site entry whose two tokens are one (``config.ConfiguredSite``)."""
-        if (
-            self.token is not None
-            and self.central_token is not None
-            and self.token.get_secret_value() == self.central_token.get_secret_value()
-        ):
-            raise ValueError("token and central_token must differ (one secret per direction)")
+        one_secret_per_direction(self.token, self.central_token)
         return self
 
 
