@@ -22,7 +22,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from controlroom.db.providers import EMBEDDED, provider_named
+from controlroom.db.engine import normalize_database_url
+from controlroom.db.providers import EMBEDDED
 from controlroom.event_types import EventType
 from controlroom.exceptions import UnsupportedProviderError
 from controlroom.settings_sources import (
@@ -748,7 +749,7 @@ class Settings(EnvThenTomlSettings):
         if not url:
             return url
         try:
-            provider_named(sa.make_url(url).get_backend_name())
+            normalize_database_url(url)
         except sa.exc.ArgumentError:
             raise ValueError(
                 "it must be a database URL (sqlite:///path/to/file.db, "
