@@ -937,8 +937,9 @@ def timed_parse(
 
 @contextlib.contextmanager
 def scratch_database(admin_url: str) -> Iterator[str]:
-    """A new empty database next to ``admin_url``'s; dropped on the way out."""
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    """A new empty database next to ``admin_url``'s; dropped on the way out (its
+    admin connection checked first: the server may have restarted meanwhile)."""
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     name = f"controlroom_bench_{uuid.uuid4().hex[:12]}"
     try:
         with admin.connect() as conn:

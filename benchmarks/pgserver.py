@@ -314,6 +314,29 @@ def scratch_server(settings: Sequence[str] = ()) -> Iterator[str]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def restart_server(admin_url: str) -> None:
+    """Restart the server of ``admin_url`` with ``pg_ctl restart`` (fast shutdown, waiting
+    until it answers again), for a setting only a start applies (``huge_pages``,
+    ``shared_buffers``). Only for a server on this machine whose data directory this
+    process may run ``pg_ctl`` on: a ``scratch_server``. Its log goes beside the data
+    directory, as ``scratch_server`` started it. Raises ``subprocess.CalledProcessError``
+    when the server does not come back (its log says why)."""
+    admin = sa.create_engine(admin_url, poolclass=sa.NullPool)
+    with admin.connect() as conn:
+        data = Path(conn.exec_driver_sql("SHOW data_directory").scalar_one())
+    admin.dispose()
+    command = [
+        str(postgresql_bin() / "pg_ctl"),
+        "-D",
+        str(data),
+        "-l",
+        str(data.parent / "server.log"),
+    ]
+    subprocess.run(
+        _as_owner([*command, "-m", "fast", "-w", "restart"]), check=True, capture_output=True
+    )
+
+
 # --- the scripts' options ------------------------------------------------------------------
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """``--scratch-server`` and ``--scratch-setting``."""

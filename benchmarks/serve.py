@@ -48,7 +48,8 @@ its full-page images, the buffers backends had to write themselves, and the inde
 the drain read from outside shared buffers, per index. ``--wal-by-relation`` adds the
 full-page images by relation and record, read from the drain's WAL (``pg_walinspect``);
 ``--variant NAME=VALUE`` drains both stores again in each round with one server setting
-changed, and prints its ratios beside the base's.
+changed (by a reload, or by restarting the scratch server for one only a start applies,
+such as ``huge_pages``), and prints its ratios beside the base's.
 
 Run: ``make bench`` (after ``ingest.py``) or ``.venv/bin/python benchmarks/serve.py
 [--messages N]``. Servers: ``CONTROLROOM_BENCH_POSTGRESQL_URL`` (admin URL, as
@@ -127,6 +128,7 @@ from pgserver import (
     enable_statements,
     format_statements,
     read_statements,
+    restart_server,
     statements_between,
 )
 from previous_write_path import PREVIOUS_REVISION
@@ -853,23 +855,34 @@ def run_serve(
 
 @contextlib.contextmanager
 def server_setting(admin_url: str, setting: str) -> Iterator[None]:
-    """The server's ``setting`` (``NAME=VALUE``, one that a reload applies) changed by
-    ``ALTER SYSTEM`` and a reload, and reset on the way out; nothing when empty."""
+    """The server's ``setting`` (``NAME=VALUE``) changed by ``ALTER SYSTEM`` and reset on
+    the way out, each time applied by a reload, or by a restart (``pgserver.restart_server``:
+    a scratch server's) for a setting only a start applies (``pg_settings.context`` is
+    ``postmaster``: ``huge_pages``); nothing when empty."""
     if not setting:
         yield
         return
     name, value = setting.split("=", 1)
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+
+    def apply(statement: str) -> None:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(statement)
+            context = conn.exec_driver_sql(
+                "SELECT context FROM pg_settings WHERE name = %s", (name,)
+            ).scalar_one()
+            if context != "postmaster":
+                conn.exec_driver_sql("SELECT pg_reload_conf()")
+        if context == "postmaster":
+            restart_server(admin_url)
+
     try:
         with admin.connect() as conn:
             literal = conn.exec_driver_sql("SELECT quote_literal(%s)", (value,)).scalar_one()
-            conn.exec_driver_sql(f"ALTER SYSTEM SET {name} = {literal}")
-            conn.exec_driver_sql("SELECT pg_reload_conf()")
+        apply(f"ALTER SYSTEM SET {name} = {literal}")
         yield
     finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"ALTER SYSTEM RESET {name}")
-            conn.exec_driver_sql("SELECT pg_reload_conf()")
+        apply(f"ALTER SYSTEM RESET {name}")
         admin.dispose()
 
 
@@ -897,8 +910,9 @@ def prewarm_indexes(engine: sa.Engine) -> tuple[int, float]:
 def copied_database(admin_url: str, template: str) -> Iterator[str]:
     """A new database copied from database ``template`` (``CREATE DATABASE ... TEMPLATE``,
     its files copied: ``STRATEGY FILE_COPY`` on PostgreSQL 15+, which would otherwise
-    write the whole copy to the WAL); dropped on the way out. Yields its URL."""
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    write the whole copy to the WAL); dropped on the way out (the admin connection
+    checked first: the server may have restarted meanwhile). Yields its URL."""
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     name = f"controlroom_bench_{uuid.uuid4().hex[:12]}"
     try:
         with admin.connect() as conn:
@@ -1360,8 +1374,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="",
         metavar="NAME=VALUE",
         help="with --stored and --scratch-server: each round also drains both stores with "
-        "this server setting changed (one a reload applies, e.g. wal_compression=lz4), "
-        "and prints its ratios beside the base's",
+        "this server setting changed (applied by a reload, e.g. wal_compression=lz4, or by "
+        "a restart of the scratch server, e.g. huge_pages=on), and prints its ratios beside "
+        "the base's",
     )
     parser.add_argument(
         "--no-previous",
