@@ -1313,6 +1313,60 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_spelt_twice(
+    request: pytest.FixtureRequest, data_dir: Path, tmp_path: Path
+) -> tuple[str, str]:
+    """One store's URL spelt two ways: SQLite's file through a symlinked directory,
+    PostgreSQL's database by the name ``localhost`` and without its port."""
+    if request.param == "sqlite":
+        data_dir.mkdir(parents=True)
+        link = tmp_path / "link"
+        link.symlink_to(data_dir, target_is_directory=True)
+        return f"sqlite:///{data_dir}/controlroom.db", f"sqlite:///{link}/controlroom.db"
+    url = sa.make_url(request.getfixturevalue("postgresql_url"))
+    assert url.host != "localhost" and url.port is not None
+    other = url.set(host="localhost", port=None)
+    return url.render_as_string(hide_password=False), other.render_as_string(hide_password=False)
+
+
+def health_answers(base: str, process: subprocess.Popen[bytes]) -> bool:
+    """``GET /api/health`` answered 200 (``process``, the serve, must still run)."""
+    assert process.poll() is None, "controlroom serve exited early"
+    with contextlib.suppress(httpx.TransportError):
+        return httpx.get(f"{base}/api/health", timeout=TEST_CLIENT_TIMEOUT).status_code == 200
+    return False
+
+
+@pytest.mark.timeout(180)
+def test_a_serve_of_a_running_serves_store_spelt_otherwise_on_another_broker_is_refused(
+    store_spelt_twice: tuple[str, str],
+    rabbitmq_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/design.md "Process shape": serves of one store consume one broker, however
+    each spells the store's URL (``runtime.serve_lock`` keys it by the store's identity)."""
+    first_url, second_url = store_spelt_twice
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", first_url)
+    port = free_port()
+    with serving(port, tmp_path / "first.log") as first:
+        eventually(lambda: health_answers(f"http://127.0.0.1:{port}", first), what="health")
+        monkeypatch.setenv("CONTROLROOM_DATABASE_URL", second_url)
+        monkeypatch.setenv("CONTROLROOM_BROKER_URL", rabbitmq_url)
+        monkeypatch.setenv("CONTROLROOM_ERROR_QUEUE", f"error-{uuid.uuid4().hex[:8]}")
+        with serving(free_port(), tmp_path / "second.log") as second:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                second.wait(timeout=60)
+            running_still = second.poll() is None
+        assert first.poll() is None, (tmp_path / "first.log").read_text()
+
+    output = (tmp_path / "second.log").read_text()
+    assert not running_still, f"the second serve ran: {output}"
+    assert second.returncode == 1, output
+    assert "another controlroom serve runs on" in output, output
+
+
 def expected_rows(seed: int, count: int) -> set[str]:
     """UniqueMessageIds the demo's messages fold into (they do not depend on the time)."""
     ids = set()
