@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import aio_pika
 import httpx
 import pytest
 import sqlalchemy as sa
@@ -166,6 +167,37 @@ def test_a_killed_worker_is_started_again_at_its_niceness_and_loses_no_message(
     assert left == set()  # the stop ended the worker
     assert pids[0] != pids[1]
     assert stored_count(worker_settings) == 400
+
+
+@pytest.mark.rabbitmq
+def test_without_workers_an_intake_whose_queue_is_deleted_consumes_it_again(
+    settings: Settings, rabbitmq_url: str
+) -> None:
+    """Breaker pass: with ``ingestion.workers = 0`` a consumer RabbitMQ cancelled (its
+    queue deleted) stopped serve, where a worker process would have been started again.
+    The in-process intake now consumes again, declaring the queue, and serve runs on."""
+    settings = settings.model_copy(
+        update={
+            "broker_url": rabbitmq_url,
+            "error_queue": f"error-{uuid.uuid4().hex[:8]}",
+            "ingestion": IngestionSettings(workers=0, batch_size=20),
+        }
+    )
+
+    async def body(url: str) -> None:
+        await publish(settings, 0, 1)
+        await until(lambda: asyncio.to_thread(lambda: stored_count(settings) == 1))
+        connection = await aio_pika.connect(rabbitmq_url)
+        async with connection:
+            channel = await connection.channel()
+            await channel.queue_delete(settings.error_queue)
+        await publish(settings, 1, 1)  # declares the queue again
+        await until(lambda: asyncio.to_thread(lambda: stored_count(settings) == 2))
+        async with httpx.AsyncClient(timeout=TEST_CLIENT_TIMEOUT) as client:
+            health = await client.get(f"{url}/api/health")
+        assert health.json()["intake"] == "ok"
+
+    serve(settings, body)
 
 
 def attempts_by_message(settings: Settings) -> dict[str, int]:

@@ -11,7 +11,8 @@ builds the API (``create_app``) behind the Host check, and runs its parts in one
 - ``ingestion`` and ``telemetry ingestion`` (when ``ingest_on_serve``), the retry
   processor and the notification dispatcher: in ``ingestion.workers`` worker processes
   at a lower CPU priority (``workers``, supervised by the ``workers`` part; docs/design.md
-  "Process shape"), or in this process when ``ingestion.workers`` is 0;
+  "Process shape"), or in this process when ``ingestion.workers`` is 0 (an intake whose
+  consumer the broker cancelled consumes again, as a worker would be started again);
 - the retry processor and the periodic singletons (``runtime.periodic``: retention
   sweep, KPI sampler, site-call purge, and reconciliation when sites are configured),
   each under its lease, so one process does each when several serve one database;
@@ -35,8 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -74,7 +77,12 @@ from controlroom.sitecalls.intake import TelemetryIngestionService
 from controlroom.sitecalls.reconciliation import ReconciliationService
 from controlroom.sitecalls.retention import SiteCallRetention
 from controlroom.transport import Transport, TransportError, create_transport
-from controlroom.workers import WorkerPool
+from controlroom.workers import (
+    RESTART_MAX_SECONDS,
+    RESTART_MIN_SECONDS,
+    RESTART_RESET_SECONDS,
+    WorkerPool,
+)
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +340,8 @@ class _Service:
                     name="http",
                 )
                 for name, intake in self._intakes.items():
-                    group.create_task(self._supervise(name, intake.run), name=name)
+                    consuming = functools.partial(self._consume_again, name, intake)
+                    group.create_task(self._supervise(name, consuming), name=name)
                 if self._workers is not None:
                     group.create_task(self._supervise("workers", self._workers.run))
                 cancelled = [
@@ -373,6 +382,29 @@ class _Service:
         if not self._stopping:
             log.error("%s stopped on its own", name)
             raise PartStopped(name)
+
+    async def _consume_again(
+        self, name: str, intake: IngestionService | TelemetryIngestionService
+    ) -> None:
+        """Run an in-process ``intake`` (``ingestion.workers`` = 0) until it ends; when its
+        consume fails with ``TransportError`` (RabbitMQ cancelled the consumer: its queue
+        was deleted), tell its health and run it again, which declares the queue, after a
+        pause that doubles as ``WorkerPool`` restarts a worker process."""
+        delay = RESTART_MIN_SECONDS
+        while True:
+            started = time.monotonic()
+            try:
+                await intake.run()
+                return
+            except TransportError as exc:
+                if self._stopping:
+                    raise
+                if time.monotonic() - started >= RESTART_RESET_SECONDS:
+                    delay = RESTART_MIN_SECONDS
+                log.error("%s: %s; consuming again in %.1f s", name, exc, delay)
+                intake.health.failed(str(exc))
+                await asyncio.sleep(delay)
+                delay = min(RESTART_MAX_SECONDS, delay * 2)
 
     def _url(self) -> str:
         host, port = self._listener.getsockname()[:2]
