@@ -573,6 +573,22 @@ def test_a_database_url_naming_a_driver_not_installed_is_refused_in_one_line(
     [
         ("notaurl", "it must be a database URL (sqlite:///path/to/file.db, postgresql://"),
         ("mysql://u:Sup3rSecretPw@db/x", "database provider 'mysql' is not supported; use one of"),
+        # Fresh-user pass (second): a misspelt driver failed at the first connection with
+        # SQLAlchemy's NoSuchModuleError, naming no setting.
+        (
+            "postgresql+pyscopg://u:Sup3rSecretPw@db/x",
+            "SQLAlchemy knows no database driver 'pyscopg' for postgresql; give the URL as "
+            "postgresql://",
+        ),
+        ("sqlite+pysqlit:///x.db", "SQLAlchemy knows no database driver 'pysqlit' for sqlite"),
+        # ... no database named: libpq took the user's name, and serve migrated ``postgres``.
+        ("postgresql://u:Sup3rSecretPw@127.0.0.1:5432", "it names no database"),
+        ("postgresql://u:Sup3rSecretPw@127.0.0.1:5432/", "it names no database"),
+        # ... an option libpq does not know was refused only by the first connection.
+        (
+            "postgresql://u@db/x?sslmod=disable&password=Sup3rSecretPw",
+            'libpq knows no connection option "sslmod"',
+        ),
     ],
 )
 @pytest.mark.parametrize("setting", ["database_url", "migration_database_url"])

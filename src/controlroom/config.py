@@ -16,16 +16,14 @@ from pathlib import Path
 from typing import ClassVar, Literal, Unpack
 from urllib.parse import urlsplit
 
-import sqlalchemy as sa
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from controlroom.db.engine import normalize_database_url
+from controlroom.db.engine import database_url_problem
 from controlroom.db.providers import EMBEDDED
 from controlroom.event_types import EventType
-from controlroom.exceptions import UnsupportedProviderError
 from controlroom.settings_sources import (
     CENTURY_DAYS,
     MAX_BYTES,
@@ -742,21 +740,15 @@ class Settings(EnvThenTomlSettings):
     @field_validator("database_url", "migration_database_url")
     @classmethod
     def _database_url(cls, url: str) -> str:
-        """A URL SQLAlchemy cannot parse, or of a database no provider serves, is refused
-        here naming the setting, never quoted (it may hold a password); empty is the
+        """A URL SQLAlchemy cannot parse, of a database or driver no provider serves, or
+        that its provider finds unusable (``db.engine.database_url_problem``: a PostgreSQL
+        URL naming no database) is refused here naming the setting, never quoted (it may
+        hold a password); empty is the
         default (``database_url``: the embedded store; ``migration_database_url``: the
         same as ``database_url``)."""
-        if not url:
-            return url
-        try:
-            normalize_database_url(url)
-        except sa.exc.ArgumentError:
-            raise ValueError(
-                "it must be a database URL (sqlite:///path/to/file.db, "
-                "postgresql://user@host:5432/database)"
-            ) from None
-        except UnsupportedProviderError as exc:
-            raise ValueError(str(exc)) from None
+        problem = database_url_problem(url) if url else None
+        if problem is not None:
+            raise ValueError(problem)
         return url
 
     @field_validator("broker_url")

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "begin_write",
     "create_store_engine",
+    "database_url_problem",
     "normalize_database_url",
     "retry_transient",
     "run_write_transaction",
@@ -38,10 +39,39 @@ __all__ = [
 def normalize_database_url(url: str | sa.URL) -> sa.URL:
     """Parse ``url``, choosing the provider's default driver when none is named.
 
-    Raises ``UnsupportedProviderError`` for a provider Controlroom does not support.
+    Raises ``sqlalchemy.exc.ArgumentError`` for text that is no URL,
+    ``UnsupportedProviderError`` for a provider Controlroom does not support or a driver
+    SQLAlchemy does not know.
     """
     parsed = make_url(url)
-    return provider_named(parsed.get_backend_name()).normalize_url(parsed)
+    backend = parsed.get_backend_name()
+    normalized = provider_named(backend).normalize_url(parsed)
+    try:
+        normalized.get_dialect()  # loads SQLAlchemy's dialect, not the driver itself
+    except sa.exc.NoSuchModuleError:
+        raise UnsupportedProviderError(
+            f"SQLAlchemy knows no database driver {normalized.get_driver_name()!r} for "
+            f"{backend}; give the URL as {backend}://... and Controlroom uses the driver it "
+            "installs"
+        ) from None
+    return normalized
+
+
+def database_url_problem(url: str) -> str | None:
+    """What makes ``url`` unusable as the store's URL, found without connecting, in words
+    for the operator that never quote it (it may hold a password): no URL, a provider or
+    driver not served, or the provider's own finding (``Provider.url_problem``: e.g. a
+    PostgreSQL URL naming no database). ``None`` when nothing is found."""
+    try:
+        parsed = normalize_database_url(url)
+    except sa.exc.ArgumentError:
+        return (
+            "it must be a database URL (sqlite:///path/to/file.db, "
+            "postgresql://user@host:5432/database)"
+        )
+    except UnsupportedProviderError as exc:
+        return str(exc)
+    return provider_named(parsed.get_backend_name()).url_problem(parsed)
 
 
 _SECRET_QUERY_KEYS = frozenset({"password", "sslpassword"})

@@ -381,6 +381,12 @@ class Provider(ABC):
         """``url`` with the provider's default driver chosen when none is named."""
         return url
 
+    def url_problem(self, url: sa.URL) -> str | None:
+        """What makes ``url`` (normalized) unusable as the store's URL before any
+        connection is tried, in words for the operator that never quote it (it may hold a
+        password); ``None`` when nothing is found."""
+        return None
+
     @abstractmethod
     def classify_error(self, exc: BaseException) -> ErrorKind | None:
         """The kind of a driver exception of this provider; ``None`` for any other."""

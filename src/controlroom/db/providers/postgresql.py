@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import psycopg
+import psycopg.conninfo
 import sqlalchemy as sa
 from psycopg.types.array import ListBinaryDumper
 from sqlalchemy.dialects.postgresql import ARRAY, TSQUERY, TSVECTOR, insert
@@ -542,6 +543,16 @@ class PostgreSQLProvider(OnConflictProvider):
         if url.drivername in (self.name, "postgres"):
             return url.set(drivername=f"{self.name}+psycopg")
         return url
+
+    def url_problem(self, url: sa.URL) -> str | None:
+        if not url.database:  # libpq would take the user's name, and migrate that database
+            return "it names no database: postgresql://user@host:5432/database"
+        options = {key: str(value) for key, value in url.query.items()}
+        try:
+            psycopg.conninfo.make_conninfo("", **options)  # libpq's own parse of its options
+        except psycopg.ProgrammingError as exc:  # names the option, never its value
+            return f"libpq knows no {str(exc).removeprefix('invalid ')} in its query"
+        return None
 
     def error_code(self, exc: BaseException) -> str | None:
         return exc.sqlstate if isinstance(exc, psycopg.Error) else None
