@@ -295,8 +295,9 @@ class ConfiguredSite(SettingsTable):
     @field_validator("base_url")
     @classmethod
     def _base_url(cls, url: str) -> str:
-        """Usable, and holding no credentials: ``GET /api/sites`` shows it to readers."""
-        problem = http_url_problem(url, credentials=False)
+        """Usable, holding no credentials (``GET /api/sites`` shows it to readers), and
+        no query or fragment (central adds the agent's paths after it)."""
+        problem = http_url_problem(url, credentials=False, base=True)
         if problem:
             raise ValueError(problem)
         return url

@@ -71,26 +71,49 @@ MAX_QUEUE_NAME_BYTES = 255
 the embedded queue follows so that a name valid on one transport is valid on the other."""
 
 
-def http_url_problem(url: str, *, credentials: bool = True) -> str | None:
+def http_url_problem(url: str, *, credentials: bool = True, base: bool = False) -> str | None:
     """Why ``url`` is no address an HTTP client can use, in a sentence that never quotes
     it (it may hold a password), or ``None``: it must be ``http://`` or ``https://`` with a
-    host and, if given, a port from 0 to 65535, that httpx (the client every sender uses)
+    host (an IP address, or a name of letters, digits, hyphens and underscores in
+    dot-separated labels, none empty or with a hyphen at an end: names a resolver takes)
+    and, if given, a port from 1 to 65535, that httpx (the client every sender uses)
     takes as it is (an IPv4 address past 255, a host that is no IDNA name); with
-    ``credentials`` false, no ``user:password@`` either (one shown to readers)."""
+    ``credentials`` false, no ``user:password@`` either (one shown to readers); with
+    ``base``, no query or fragment (paths are appended to it)."""
     if any(character.isspace() or not character.isprintable() for character in url):
         return "it must be a URL without white space or control characters"
-    usable = "it must be an http:// or https:// URL with a host and a port from 0 to 65535"
+    usable = "it must be an http:// or https:// URL with a host and a port from 1 to 65535"
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises past 65535 or when no number
-        httpx.URL(url).host  # noqa: B018 - decodes an xn-- label, which may raise
+        port = parts.port  # raises past 65535 or when no number
+        parsed = httpx.URL(url)
+        parsed.host  # noqa: B018 - decodes an xn-- label, which may raise
+        host = parsed.raw_host.decode("ascii")  # IDNA-encoded: the labels a resolver gets
     except (ValueError, httpx.InvalidURL):  # the port, an unclosed [, the host
         return usable
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname or port == 0:
+        return usable
+    if not _is_ip_address(host) and not _URL_HOST.fullmatch(host):
         return usable
     if not credentials and (parts.username is not None or parts.password is not None):
         return "it must hold no user or password (the credentials are its token)"
+    if base and (parts.query or parts.fragment or url.endswith(("?", "#"))):
+        return "it must hold no query or fragment (paths are added after it)"
     return None
+
+
+_URL_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_URL_HOST = re.compile(rf"{_URL_LABEL}(?:\.{_URL_LABEL})*\.?")
+"""A host name in a URL: RFC 1123 labels, underscores admitted (resolvers take them, and
+a Docker Compose service may be named so)."""
+
+
+def _is_ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 SECRET_LENGTH = 16

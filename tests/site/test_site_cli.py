@@ -62,6 +62,9 @@ def test_a_central_url_that_is_no_http_url_is_refused(url: str) -> None:
         ("http://agent:a-password@127.0.0.1:8080", "no user or password"),
         ("http://127.0.0.1:8080/api", "central's root"),
         ("https://central.example/controlroom/api/", "central's root"),
+        # Fresh-user pass (second): posted to ``/?x=1/api/...``, 405 for ever.
+        ("http://127.0.0.1:18120?x=1", "no query"),
+        ("http://127.0.0.1:0", "a port from 1 to 65535"),
     ],
 )
 def test_a_central_url_the_agent_cannot_post_to_as_written_is_refused(url: str, why: str) -> None:

@@ -24,6 +24,10 @@ BAD = [
     "http://xn--zz.com/",
     "http://xn--a.com/",
     "http://\uff41.com/",
+    # Fresh-user pass (second): names no resolver takes, and port 0, parked every send.
+    "https://hooks..example.org/x",
+    "https://-bad-.example/x",
+    "http://hooks.example.org:0/x",
 ]
 
 
@@ -45,10 +49,23 @@ def test_a_site_url_no_client_could_use_or_holding_credentials_is_refused(url: s
     assert url not in error["msg"]
 
 
+@pytest.mark.parametrize("url", ["http://north.example:8090/?x=1", "http://north.example/#top"])
+def test_a_site_url_with_a_query_or_fragment_is_refused(url: str) -> None:
+    """Fresh-user pass (second): central appended its paths after the query, so every
+    pull of ``http://north.example:8090?x=1`` went to ``/?limit=500...`` and was 404."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(sites=[{"id": "north", "base_url": url}])
+    [error] = refused.value.errors()
+    assert error["loc"][:3] == ("sites", 0, "base_url")
+    assert "query" in error["msg"]
+
+
 @pytest.mark.parametrize(
     "url",
     [
         "http://north.example:8090",
+        "http://hooks_service:8080/x",  # a Docker Compose service name resolves
+        "https://hooks.example.org./x",  # a fully qualified name's root dot
         "https://[fd00::5]:8443/agent",
         "http://10.0.0.7/",
         "http://m\u00fcnchen.example/",

@@ -82,9 +82,10 @@ class SiteSettings(EnvThenTomlSettings):
     @classmethod
     def _central_url(cls, url: str) -> str:
         """Refused at start, not failing at every delivery for ever: no HTTP URL, one with
-        ``user:password@`` (the credentials are ``central_token``; the URL is logged), or
-        one ending in ``/api`` (the agent adds central's ``/api/...`` paths itself)."""
-        problem = http_url_problem(url, credentials=False) if url else None
+        ``user:password@`` (the credentials are ``central_token``; the URL is logged), one
+        with a query or fragment, or one ending in ``/api`` (the agent adds central's
+        ``/api/...`` paths itself)."""
+        problem = http_url_problem(url, credentials=False, base=True) if url else None
         if problem:
             raise ValueError(problem)
         if urlsplit(url).path.rstrip("/").endswith("/api"):
