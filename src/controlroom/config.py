@@ -856,19 +856,29 @@ class Settings(EnvThenTomlSettings):
 
     @model_validator(mode="after")
     def _distinct_callers(self) -> Settings:
-        """A token identifies one caller: an operator's token that is also a site's
-        ``central_token``, or two sites sharing one, would let one speak as the other."""
-        secrets = [entry.token.get_secret_value() for entry in self.auth_tokens]
-        secrets += [
-            site.central_token.get_secret_value()
-            for site in self.sites
-            if site.central_token is not None
-        ]
-        if len(set(secrets)) != len(secrets):
-            raise ValueError(
-                "a token is configured twice (auth_tokens and sites[].central_token): each "
-                "operator and each site needs a token of its own"
-            )
+        """Each token central holds is one caller's, in one direction: an operator's token
+        that is also a site's ``central_token`` or two sites sharing one would let one
+        speak as the other; one that is also a site's ``token`` would be sent to that
+        site on every pull (and the site could act as the operator, or pull from the
+        other site). Refused naming the two places that share a token, never the token."""
+        held = [(f"auth_tokens[{i}].token", e.token) for i, e in enumerate(self.auth_tokens)]
+        for index, site in enumerate(self.sites):
+            held += [
+                (f"sites[{index}].{direction}", secret)
+                for direction, secret in (
+                    ("central_token", site.central_token),
+                    ("token", site.token),
+                )
+                if secret is not None
+            ]
+        first_place: dict[str, str] = {}
+        for place, secret in held:
+            earlier = first_place.setdefault(secret.get_secret_value(), place)
+            if earlier != place:
+                raise ValueError(
+                    f"a token is configured twice ({earlier} and {place}): each operator, "
+                    "each site and each direction needs a token of its own"
+                )
         return self
 
     @model_validator(mode="after")

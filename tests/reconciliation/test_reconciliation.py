@@ -245,8 +245,8 @@ def test_a_failing_site_and_a_hanging_one_do_not_stop_a_healthy_one(
         stack.callback(broken.release.set)
         agent = stack.enter_context(running_agent(agent_settings(tmp_path), listener))
         sites = [
-            site_entry("erring", erring),
-            site_entry("hanging", hanging),
+            site_entry("erring", erring, token="erring-agent-token-0123456789"),
+            site_entry("hanging", hanging, token="hanging-agent-token-0123456789"),
             site_entry("plant-7", url_of(listener)),
         ]
         # The hanging site answers never; the timeout is what the healthy site must answer

@@ -210,6 +210,38 @@ def test_each_caller_needs_a_token_of_its_own() -> None:
         Settings(sites=[{**SITES[0], "central_token": NORTH_AGENT_SECRET}])
 
 
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        # An operator's token sent to a site on every pull: the site could act as him.
+        (
+            {"auth_tokens": [{"name": "oscar", "token": NORTH_AGENT_SECRET, "role": "operator"}]},
+            "auth_tokens[0].token and sites[0].token",
+        ),
+        # One site's pull token is another's: either site could pull from the other.
+        ({"sites": [SITES[0], {**SITES[1], "token": NORTH_AGENT_SECRET}]}, "sites[0].token and "),
+        # One site's posting token is what central presents to another site.
+        ({"sites": [SITES[0], {**SITES[1], "token": NORTH_TOKEN}]}, "sites[0].central_token and "),
+        # Two sites posting with one token: the message named auth_tokens, not involved.
+        (
+            {"sites": [SITES[0], {**SITES[1], "central_token": NORTH_TOKEN}]},
+            "sites[0].central_token and sites[1].central_token",
+        ),
+    ],
+)
+def test_every_token_central_holds_is_its_own(settings: dict[str, object], named: str) -> None:
+    """Fresh-user pass (second): a site's ``token`` equal to an operator's token, or to
+    another site's token or ``central_token``, was taken; two sites sharing a
+    ``central_token`` were refused naming ``auth_tokens``. Each secret is one caller's,
+    in one direction, and the refusal names the two places that share one."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(**{"sites": SITES, **settings})
+    message = str(refused.value)
+    assert "configured twice" in message and named in message
+    for secret in (NORTH_TOKEN, NORTH_AGENT_SECRET):
+        assert secret not in message
+
+
 def test_the_token_table_tells_sites_from_operators() -> None:
     settings = Settings(auth_tokens=OPERATORS, sites=SITES)
     table = TokenTable(settings.auth_tokens, settings.sites)
