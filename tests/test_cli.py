@@ -324,6 +324,26 @@ def test_a_settings_file_that_is_a_pipe_is_refused(
 
 
 @pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("", "--config is empty: name a TOML file"),
+        ("{dir}", "is a directory, not a TOML file"),
+        ("{dir}/missing.toml", "does not exist"),
+    ],
+)
+@pytest.mark.parametrize("command", [["migrate"], ["site", "serve"]])
+def test_a_settings_file_option_naming_no_file_says_what_it_names(
+    data_dir: Path, tmp_path: Path, command: list[str], given: str, said: str
+) -> None:
+    """Fresh-user pass (second): ``--config ""`` said "file '' is a directory" (click
+    read the empty path as the current directory)."""
+    code, output = invoke(*command, "--config", given.format(dir=tmp_path))
+
+    assert code == 2, output
+    assert said in " ".join(output.replace("│", " ").split()), output
+
+
+@pytest.mark.parametrize(
     ("variable", "command"),
     [("CONTROLROOM_CONFIG", ["migrate"]), ("CONTROLROOM_SITE_CONFIG", ["site", "serve"])],
 )

@@ -69,18 +69,32 @@ console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
 
-def _regular_file(param: typer.CallbackParam, path: Path | None) -> Path | None:
-    """A settings file is read whole, never skipped: pydantic-settings skips what is not a
-    regular file (a pipe such as ``<(...)``, a device) without a word, and click takes
-    an empty variable (``CONTROLROOM_CONFIG=``) for none."""
-    variable = param.envvar if isinstance(param.envvar, str) else None
-    if path is None and variable is not None and os.environ.get(variable) == "":
-        raise typer.BadParameter(f"{variable} is empty: unset it, or name a TOML file")
-    if path is not None and not path.is_file():
+def _settings_file(text: str) -> Path:
+    """The ``--config`` path as given, refused unless it names a regular file: click's
+    own check read an empty path as the current directory ("file '' is a directory"),
+    and pydantic-settings skips what is not a regular file (a pipe such as ``<(...)``, a
+    device) without a word."""
+    if not text:
+        raise typer.BadParameter("--config is empty: name a TOML file")
+    path = Path(text)
+    if not path.exists():
+        raise typer.BadParameter(f"'{path}' does not exist")
+    if path.is_dir():
+        raise typer.BadParameter(f"'{path}' is a directory, not a TOML file")
+    if not path.is_file():
         raise typer.BadParameter(
             f"'{path}' is not a regular file (a pipe or a device is not read): write the "
             "settings to a file"
         )
+    return path
+
+
+def _not_empty(param: typer.CallbackParam, path: Path | None) -> Path | None:
+    """click takes an empty variable (``CONTROLROOM_CONFIG=``) for none: refused, as a
+    settings file that is named but cannot be read is."""
+    variable = param.envvar if isinstance(param.envvar, str) else None
+    if path is None and variable is not None and os.environ.get(variable) == "":
+        raise typer.BadParameter(f"{variable} is empty: unset it, or name a TOML file")
     return path
 
 
@@ -90,9 +104,8 @@ ConfigOption = Annotated[
         "--config",
         envvar="CONTROLROOM_CONFIG",  # read here too, so a missing file is refused alike
         help="TOML settings file.",
-        exists=True,
-        dir_okay=False,
-        callback=_regular_file,
+        parser=_settings_file,
+        callback=_not_empty,
     ),
 ]
 
@@ -1086,9 +1099,8 @@ def site_serve(
             "--config",
             envvar="CONTROLROOM_SITE_CONFIG",
             help="TOML settings of the agent.",
-            exists=True,
-            dir_okay=False,
-            callback=_regular_file,
+            parser=_settings_file,
+            callback=_not_empty,
         ),
     ] = None,
 ) -> None:
