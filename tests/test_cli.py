@@ -1344,6 +1344,22 @@ def test_serve_on_a_taken_port_exits_1_naming_it(data_dir: Path) -> None:
     assert f"cannot listen on 127.0.0.1:{port}" in output
 
 
+@pytest.mark.parametrize("command", [["serve"], ["site", "serve"]])
+def test_a_host_option_that_is_no_host_is_refused_naming_the_option(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """Fresh-user pass (second): ``--host 127.0.0.1:5`` was refused as if
+    ``CONTROLROOM_HOST`` held it."""
+    monkeypatch.setenv("CONTROLROOM_SITE_SITE_ID", "plant-7")
+
+    code, output = invoke(*command, "--host", "127.0.0.1:5")
+
+    flat = " ".join(output.replace("│", " ").split())
+    assert code == 2, output
+    assert "--host" in flat and "it must be a host name or an IP address" in flat, output
+    assert "CONTROLROOM_HOST" not in flat and "CONTROLROOM_SITE_HOST" not in flat, output
+
+
 def free_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as probe:
         return int(probe.getsockname()[1])

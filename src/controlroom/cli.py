@@ -98,6 +98,24 @@ def _not_empty(param: typer.CallbackParam, path: Path | None) -> Path | None:
     return path
 
 
+def _listen_host(host: str | None) -> str | None:
+    """``--host`` checked as the settings check ``CONTROLROOM_HOST``
+    (``settings_sources.check_listen_host``), so that a refusal names the option given."""
+    if host is not None:
+        from controlroom.settings_sources import check_listen_host
+
+        try:
+            check_listen_host(host)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return host
+
+
+HostOption = Annotated[
+    str | None, typer.Option(help="Address to listen on.", callback=_listen_host)
+]
+
+
 ConfigOption = Annotated[
     Path | None,
     typer.Option(
@@ -113,7 +131,7 @@ ConfigOption = Annotated[
 # --- commands -----------------------------------------------------------------------------
 @app.command()
 def serve(
-    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    host: HostOption = None,
     port: Annotated[int | None, typer.Option(help="Port to listen on.", min=0, max=65535)] = None,
     config: ConfigOption = None,
 ) -> None:
@@ -1091,7 +1109,7 @@ app.add_typer(site_app, name="site")
 
 @site_app.command("serve")
 def site_serve(
-    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    host: HostOption = None,
     port: Annotated[int | None, typer.Option(help="Port to listen on.", min=0, max=65535)] = None,
     config: Annotated[
         Path | None,

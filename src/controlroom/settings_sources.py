@@ -163,7 +163,7 @@ _HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
 """A DNS name as a resolver takes it (RFC 1123 labels: letters, digits, inner hyphens)."""
 
 
-def _listen_host(host: str) -> str:
+def check_listen_host(host: str) -> str:
     """A host ``serve`` or an agent listens on: an IP address or a DNS name, so that a
     wrong one is refused at start naming the setting, not by the socket's resolver."""
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [::1]
@@ -178,7 +178,7 @@ def _listen_host(host: str) -> str:
     return host
 
 
-ListenHost = Annotated[str, AfterValidator(_listen_host)]
+ListenHost = Annotated[str, AfterValidator(check_listen_host)]
 """A bearer token: a ``SecretStr`` of at least ``SECRET_LENGTH`` characters of visible
 ASCII."""
 
