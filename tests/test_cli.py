@@ -496,6 +496,20 @@ def test_a_misspelt_setting_is_refused_naming_the_closest(
     assert f"no such setting; did you mean {meant}?" in " ".join(output.split()), output
 
 
+def test_a_misspelt_required_setting_is_refused_as_misspelt_not_also_as_missing(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass (second): ``CONTROLROOM_NOTIFICATIONS__SMTP__HOTS`` was refused with
+    "smtp.host: Field required" first, then "did you mean host?"."""
+    monkeypatch.setenv("CONTROLROOM_NOTIFICATIONS__SMTP__HOTS", "mail.example.org")
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert "no such setting; did you mean host?" in " ".join(output.split()), output
+    assert "Field required" not in output, output
+
+
 @pytest.mark.parametrize(
     ("toml", "named"),
     [

@@ -724,9 +724,18 @@ def _refuse_settings(
     """Exit 2 with one line per invalid setting of ``model``, naming where it was given
     (``settings_sources.given_in``), or per failed check across the settings; never the
     value, which may be a secret."""
-    from controlroom.settings_sources import given_in, how_to_give, no_such_setting
+    from controlroom.settings_sources import (
+        given_in,
+        how_to_give,
+        misspelt_required,
+        no_such_setting,
+    )
 
-    for error in exc.errors():
+    errors = exc.errors()
+    meant = misspelt_required(model, errors)
+    for error in errors:
+        if error["type"] == "missing" and tuple(error["loc"]) in meant:
+            continue
         where = given_in(error["loc"], prefix, config, given=error["type"] == "extra_forbidden")
         setting = ".".join(str(part) for part in error["loc"])
         what = "settings" if where is None else f"setting {setting} ({where})"

@@ -39,6 +39,7 @@ from controlroom.settings_sources import (
     Seconds,
     SettingsTable,
     http_url_problem,
+    is_host,
     one_secret_per_direction,
 )
 
@@ -358,13 +359,23 @@ class SmtpSettings(SettingsTable):
     outbox"). A TLS or login failure is a configuration error, never a plaintext
     fallback."""
 
-    host: str = Field(min_length=1, pattern=r"^[^\s/]+$", description="The server's name.")
+    host: str = Field(description="The server's host name or IP address.")
     port: int = Field(25, ge=1, le=65535)
     sender: str = Field("controlroom@localhost", description="The From address.")
     starttls: bool = Field(False, description="Upgrade the connection with STARTTLS.")
     tls: bool = Field(False, description="Connect over TLS from the start (port 465).")
     username: str = Field("", pattern=_HEADER_SAFE.pattern, description="Login; empty: none.")
     password: SecretStr | None = Field(None, description="The login's password (secret).")
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, host: str) -> str:
+        if not is_host(host):
+            raise ValueError(
+                "it must be the mail server's host name or IP address (mail.example.org), "
+                "without scheme, port or path"
+            )
+        return host
 
     @field_validator("sender")
     @classmethod

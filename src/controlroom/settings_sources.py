@@ -28,7 +28,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
-from pydantic_core import PydanticCustomError, PydanticKnownError
+from pydantic_core import ErrorDetails, PydanticCustomError, PydanticKnownError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -106,6 +106,18 @@ _URL_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 _URL_HOST = re.compile(rf"{_URL_LABEL}(?:\.{_URL_LABEL})*\.?")
 """A host name in a URL: RFC 1123 labels, underscores admitted (resolvers take them, and
 a Docker Compose service may be named so)."""
+
+
+def is_host(host: str) -> bool:
+    """``host`` is an IP address, or a host name (IDNA-encoded when not ASCII) of the
+    labels ``http_url_problem`` takes."""
+    if _is_ip_address(host):
+        return True
+    try:
+        encoded = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return False
+    return _URL_HOST.fullmatch(encoded) is not None
 
 
 def _is_ip_address(host: str) -> bool:
@@ -329,14 +341,39 @@ def no_such_setting(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
     setting of ``model`` there, and the closest name of that table when one is close (a
     misspelling: ``batch_siz`` -> ``batch_size``), else the table's setting it names
     (``batch_size`` at the top -> ``ingestion.batch_size``)."""
+    close = closest_setting(model, loc)
+    return "no such setting" + (f"; did you mean {close}?" if close else "")
+
+
+def closest_setting(model: type[BaseModel], loc: tuple[int | str, ...]) -> str | None:
+    """The setting the unknown name at ``loc`` most likely meant (``no_such_setting``):
+    a close name of its table, else a table's setting of that name; ``None``."""
     table: object = model
     for part in loc[:-1]:
         table = _field_model(table, part)
     names = list(table.model_fields) if _is_model(table) else []
     close = difflib.get_close_matches(str(loc[-1]).lower(), names, n=1)
-    if not close and _is_model(table) and (nested := _in_a_table(table, str(loc[-1]).lower())):
-        close = [".".join(nested)]  # a table's setting given outside its table
-    return "no such setting" + (f"; did you mean {close[0]}?" if close else "")
+    if close:
+        return close[0]
+    if _is_model(table) and (nested := _in_a_table(table, str(loc[-1]).lower())):
+        return ".".join(nested)  # a table's setting given outside its table
+    return None
+
+
+def misspelt_required(
+    model: type[BaseModel], errors: list[ErrorDetails]
+) -> set[tuple[int | str, ...]]:
+    """The places of required settings reported missing only because a misspelling of
+    them was given beside them (``smtp.hots`` for ``smtp.host``): the misspelling's
+    refusal already says "did you mean host?", and "Field required" would be a second,
+    misleading line."""
+    meant = set()
+    for error in errors:
+        if error["type"] == "extra_forbidden":
+            close = closest_setting(model, error["loc"])
+            if close is not None and "." not in close:
+                meant.add((*error["loc"][:-1], close))
+    return meant
 
 
 NOT_SETTINGS = (

@@ -101,3 +101,22 @@ def test_an_smtp_sender_that_is_no_plain_address_is_refused_with_the_form(sender
         Settings(notifications={"smtp": {"host": "mail.example", "sender": sender}})
     [error] = refused.value.errors()
     assert "one plain address, local@domain" in error["msg"]
+
+
+@pytest.mark.parametrize(
+    "host", ["mail example.org", "smtp://mail.example.org", "mail..example", ""]
+)
+def test_an_smtp_host_that_is_no_host_is_refused_with_the_form(host: str) -> None:
+    """Fresh-user pass (second): the refusal showed a regular expression."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(notifications={"smtp": {"host": host}})
+    [error] = refused.value.errors()
+    assert error["loc"] == ("notifications", "smtp", "host")
+    assert "the mail server's host name or IP address" in error["msg"]
+
+
+@pytest.mark.parametrize(
+    "host", ["mail", "mail.example.org", "10.0.0.5", "::1", "m\u00fcnchen.example"]
+)
+def test_an_smtp_host_name_or_address_is_taken(host: str) -> None:
+    assert Settings(notifications={"smtp": {"host": host}}).notifications.smtp.host == host
