@@ -641,14 +641,15 @@ def test_a_database_url_that_is_no_url_of_a_supported_database_is_refused_naming
     assert "Sup3rSecretPw" not in output
 
 
-@pytest.mark.parametrize("name", ["", "  ", "\t"])
+@pytest.mark.parametrize("name", ["", "  ", "\t", " error", "error "])
 @pytest.mark.parametrize("queue", ["ERROR_QUEUE", "TELEMETRY_QUEUE"])
 def test_an_empty_or_blank_queue_name_is_refused(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch, queue: str, name: str
 ) -> None:
     """Fresh-user pass: an empty ``CONTROLROOM_ERROR_QUEUE`` started serve, whose intake
     worker then failed and restarted in a loop while health said ok; a name of spaces
-    was taken (a queue nobody publishes to, by mistake)."""
+    was taken (a queue nobody publishes to, by mistake), and (second pass) so was a name
+    beginning or ending with one."""
     monkeypatch.setenv(f"CONTROLROOM_{queue}", name)
 
     code, output = invoke("migrate")

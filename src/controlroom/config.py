@@ -801,8 +801,9 @@ class Settings(EnvThenTomlSettings):
     def _queue_name(cls, name: str) -> str:
         """A queue's name: 1 to ``MAX_QUEUE_NAME_BYTES`` characters of AMQP 0-9-1's
         queue-name domain (``_QUEUE_NAME``, what aio-pika's pamqp declares), not only white
-        space, outside RabbitMQ's reserved ``amq.`` names, as both transports take it,
-        checked at start rather than by an intake that then fails at every try."""
+        space nor beginning or ending with it, outside RabbitMQ's reserved ``amq.`` names,
+        as both transports take it, checked at start rather than by an intake that then
+        fails at every try."""
         if not 1 <= len(name) <= MAX_QUEUE_NAME_BYTES:
             raise ValueError(f"a queue's name is 1 to {MAX_QUEUE_NAME_BYTES} characters")
         if not _QUEUE_NAME.fullmatch(name):
@@ -812,6 +813,8 @@ class Settings(EnvThenTomlSettings):
             )
         if not name.strip():
             raise ValueError("a queue's name is not only white space")
+        if name != name.strip():  # " error" is another queue than "error", by mistake
+            raise ValueError("a queue's name neither begins nor ends with a space")
         if name.startswith("amq."):
             raise ValueError("RabbitMQ reserves the names that start with amq.")
         return name
