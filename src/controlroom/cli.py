@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
@@ -999,9 +999,22 @@ async def _publish_demo(
                 progress.advance(task)
 
 
+async def _until_signalled(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` until it ends or SIGINT/SIGTERM cancels it (``_route_signals``: routed
+    by the loop, so a SIGINT a shell's ``&`` left ignored stops it too)."""
+    import asyncio
+
+    running = asyncio.create_task(work)
+    signals = _route_signals(running.cancel)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+    finally:
+        _restore_signals(signals)
+
+
 async def _run_demo_endpoints(settings: Settings, seed: int, fail_ratio: float) -> None:
     """Run the demo endpoints until SIGINT/SIGTERM, printing what each message came to."""
-    import asyncio
 
     from controlroom.client import open_transport
     from controlroom.demo_endpoints import DemoEndpoints
@@ -1014,13 +1027,7 @@ async def _run_demo_endpoints(settings: Settings, seed: int, fail_ratio: float) 
             fail_ratio=fail_ratio,
             on_handled=_print_handled,
         )
-        running = asyncio.create_task(endpoints.run(), name="demo endpoints")
-        signals = _route_signals(running.cancel)
-        try:
-            with contextlib.suppress(asyncio.CancelledError):
-                await running
-        finally:
-            _restore_signals(signals)
+        await _until_signalled(endpoints.run())
 
 
 _HANDLED_STYLE = {  # by demo_endpoints.Outcome
@@ -1240,4 +1247,4 @@ def site_demo(
         highlight=False,
     )
     with _exit_on_failure(), contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_site_demo(data_dir, central_url, every=every))
+        asyncio.run(_until_signalled(run_site_demo(data_dir, central_url, every=every)))

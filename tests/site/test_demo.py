@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,8 @@ from fastapi.testclient import TestClient
 from controlroom.site import demo
 from controlroom.site.demo import MAX_RETRIES, demo_sites, flaky_targets
 from tests.nodelay import accepted_with_nodelay
+
+CONTROLROOM_EXE = Path(sys.executable).parent / "controlroom"
 
 
 def test_the_demo_targets() -> None:
@@ -151,3 +158,40 @@ def test_the_demo_agents_notifications_are_stored_for_central(tmp_path: Path) ->
         agent.close()
     assert {row["target"] for row in stored} >= {"ops-chat", "oncall", "pager"}
     assert all(row["status"] == "Pending" for row in stored)
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a shell's `&` leaves a job
+
+
+def test_the_site_demo_stops_on_sigint_even_when_started_with_it_ignored(
+    tmp_path: Path,
+) -> None:
+    """Fresh-user pass (second): ``controlroom site demo &`` from a script could not be
+    stopped with SIGINT (the shell leaves it ignored; serve and the other demos route
+    it themselves)."""
+    central = free_port()
+    log = tmp_path / "demo.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [str(CONTROLROOM_EXE), "site", "demo", "--central-url", f"http://127.0.0.1:{central}"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "CONTROLROOM_DATA_DIR": str(tmp_path / "data")},
+            preexec_fn=_ignore_sigint,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while "Press Ctrl+C" not in log.read_text() and time.monotonic() < deadline:
+                assert process.poll() is None, log.read_text()
+                time.sleep(0.1)
+            process.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=30)
+            stopped = process.poll() is not None
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert stopped, f"SIGINT did not stop the site demo: {log.read_text()}"
+    assert process.returncode == 0, log.read_text()
