@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import calendar
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,12 @@ import sqlalchemy as sa
 from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
-from controlroom.db.tables import FailedMessageStatus, failed_error_imports, failed_messages
+from controlroom.db.tables import (
+    FailedMessageStatus,
+    failed_error_imports,
+    failed_message_group_hours,
+    failed_messages,
+)
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.parsing import parse_failed_message
 from controlroom.errors.ingest.pipeline import IngestionService, IngestionUnitOfWork
@@ -111,6 +118,48 @@ def test_queue_to_rows_with_folding_failed_import_and_two_subscribers(
     assert {"event-9@Billing", "event-9@Shipping"} <= rows.keys()
     assert "NServiceBus.FailedQ" in failed_import.reason
     assert failed_import.body == b"kept whole \x00\xff"
+
+
+def test_a_failure_in_the_last_instant_of_year_9999_is_stored_and_counts_in_its_hour(
+    settings: Settings, engine: sa.Engine
+) -> None:
+    """Breaker pass: on SQLite ``9999-12-31 23:59:59:999999 Z`` gave no hour (SQLite's
+    ``strftime`` rounds to the millisecond, past its last year), so the group-hours
+    trigger failed its batch for ever, the other messages of the batch with it; and a
+    failure far ahead dropped its group's present hours as older than 48 of its own."""
+    last = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+    now = datetime.now(UTC).replace(microsecond=0)
+    messages = [
+        (failed_headers("now", failed_at=now), b"{}"),
+        (failed_headers("last", failed_at=last), b"{}"),
+    ]
+
+    async def scenario() -> None:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            await publish_all(transport, settings.error_queue, messages)
+            await ingest_until(
+                settings, engine, transport, lambda: count(engine, failed_messages) == 2
+            )
+
+    asyncio.run(scenario())
+
+    with engine.connect() as conn:
+        stored = conn.execute(
+            sa.select(failed_messages.c.last_failure_at).where(
+                failed_messages.c.message_id == "last"
+            )
+        ).scalar_one()
+        hours = dict(
+            conn.execute(
+                sa.select(
+                    failed_message_group_hours.c.hour, sa.func.sum(failed_message_group_hours.c.n)
+                ).group_by(failed_message_group_hours.c.hour)
+            ).all()
+        )
+    assert stored == last
+    now_hour = calendar.timegm(now.utctimetuple()) // 3600  # whole seconds, no float
+    last_hour = calendar.timegm(last.utctimetuple()) // 3600
+    assert hours[now_hour] > 0 and hours[last_hour] > 0, hours
 
 
 def test_huge_exception_message_and_stack_trace_are_ingested_and_classified(
