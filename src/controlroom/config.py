@@ -38,6 +38,7 @@ from controlroom.settings_sources import (
     Period,
     Seconds,
     SettingsTable,
+    SiteId,
     http_url_problem,
     is_host,
     one_secret_per_direction,
@@ -272,9 +273,7 @@ class ConfiguredSite(SettingsTable):
     """A site whose agent central pulls and relays commands to (docs/design.md
     "Reconciliation", "Retry/Discard relay")."""
 
-    id: str = Field(
-        min_length=1, max_length=64, description="The site's source_site in its telemetry."
-    )
+    id: SiteId = Field(description="The site's source_site in its telemetry.")
     base_url: str = Field(description="The agent's base URL (http:// or https://).")
     token: BearerSecret | None = Field(
         None,

@@ -120,3 +120,21 @@ def test_an_smtp_host_that_is_no_host_is_refused_with_the_form(host: str) -> Non
 )
 def test_an_smtp_host_name_or_address_is_taken(host: str) -> None:
     assert Settings(notifications={"smtp": {"host": host}}).notifications.smtp.host == host
+
+
+@pytest.mark.parametrize("site_id", ["a\x00b", " ", "north\n", " north", "north "])
+def test_a_site_id_that_is_no_printable_name_is_refused_at_central_and_at_the_agent(
+    site_id: str,
+) -> None:
+    """Breaker pass (second): a site id holding a NUL was taken, then every reconciliation
+    pass failed on PostgreSQL (text cannot hold a NUL) with no last error shown; an id of
+    spaces was taken too."""
+    from controlroom.site import SiteSettings
+
+    with pytest.raises(ValidationError) as refused:
+        Settings(sites=[{"id": site_id, "base_url": "http://north.example:8090"}])
+    [error] = refused.value.errors()
+    assert error["loc"] == ("sites", 0, "id")
+    assert "a site's id is printable text" in error["msg"]
+    with pytest.raises(ValidationError, match="a site's id is printable text"):
+        SiteSettings(site_id=site_id)

@@ -20,6 +20,7 @@ from controlroom.settings_sources import (
     ListenHost,
     ListenOverrides,
     Seconds,
+    SiteId,
     http_url_problem,
     one_secret_per_direction,
 )
@@ -38,7 +39,7 @@ class SiteSettings(EnvThenTomlSettings):
         allow_inf_nan=False,  # a "nan" or "inf" duration is refused as no number
     )
 
-    site_id: str = Field(min_length=1, max_length=64, description="source_site of its calls.")
+    site_id: SiteId = Field(description="source_site of its calls.")
     node: str | None = Field(None, max_length=64, description="source_node of its calls.")
     store_path: Path = Field(
         Path("./controlroom-site/tracking.db"), description="The tracking store (SQLite)."
