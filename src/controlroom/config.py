@@ -195,20 +195,25 @@ class SiteCallSettings(SettingsTable):
     )
 
 
+MIN_BUDGET_SECONDS = 0.1
+"""The shortest time budget of a telemetry write: less cannot hold one statement of a
+busy store, and every batch would be given back for ever."""
+
+
 class AuditSettings(SettingsTable):
     """The append-only audit log and the ingest of telemetry into it."""
 
     ingest_budget: Seconds = Field(
-        20.0, gt=0, description="Seconds one chunk of telemetry may take to write."
+        20.0, ge=MIN_BUDGET_SECONDS, description="Seconds one chunk of telemetry may take to write."
     )
     row_budget: Seconds = Field(
         5.0,
-        gt=0,
+        ge=MIN_BUDGET_SECONDS,
         description="Fresh seconds each packet gets when a failed chunk is written row by row.",
     )
     request_budget: Seconds = Field(
         30.0,
-        gt=0,
+        ge=MIN_BUDGET_SECONDS,
         description="Seconds one telemetry request, queue batch or reconciliation page may "
         "hold the writer; what is left then is answered 503 (HTTP) or given back (queue).",
     )

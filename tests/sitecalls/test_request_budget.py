@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import logging
 import uuid
@@ -165,3 +166,35 @@ def test_the_queue_intake_gives_back_what_a_batch_could_not_write(
         r.getMessage() for r in caplog.records if "returned to the queue" in r.getMessage()
     ]
     assert given_back, "no batch was cut at its budget"
+
+
+def test_a_batch_that_writes_nothing_within_its_budget_degrades_the_intake(
+    settings: Settings, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Breaker pass (second): a budget no chunk could meet gave every batch back for ever
+    while health said ok (the packets held by the intake are not waiting in the queue,
+    and a stall is counted from there). A batch given back whole now fails the intake's
+    health, as any other failed write does; one that wrote a part is progress."""
+    leaps = itertools.count(step=1_000.0)  # every look at the clock is past the budget
+    monkeypatch.setattr(
+        intake, "make_writer", functools.partial(make_writer, monotonic=lambda: next(leaps))
+    )
+    settings = budgeted(settings, ingestion=IngestionSettings(max_backoff_seconds=0.05))
+
+    async def scenario() -> bool:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            for item in three_chunks():
+                await transport.publish(settings.telemetry_queue, {}, json.dumps(item).encode())
+            service = TelemetryIngestionService(settings, engine, transport)
+            task = asyncio.create_task(service.run())
+            try:
+                async with asyncio.timeout(TIMEOUT):
+                    while not service.health.state().degraded:
+                        assert not task.done(), task.exception()
+                        await asyncio.sleep(0.05)
+            finally:
+                await service.stop()
+            return service.health.state().degraded
+
+    assert asyncio.run(scenario())
+    assert stored_ids(engine) == set()

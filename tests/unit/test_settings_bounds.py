@@ -168,3 +168,14 @@ def test_a_loop_that_runs_without_work_has_a_shortest_period(
     with pytest.raises(ValidationError) as refused:
         Settings(**values)
     assert where in str(refused.value)
+
+
+@pytest.mark.parametrize("budget", ["ingest_budget", "row_budget", "request_budget"])
+def test_a_telemetry_budget_no_write_could_meet_is_refused(budget: str) -> None:
+    """Breaker pass (second): ``1e-300`` was taken (the check was only "greater than 0"),
+    and every telemetry batch was given back for ever."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(audit={budget: 1e-300})
+    [error] = refused.value.errors()
+    assert error["loc"] == ("audit", budget)
+    assert "0.1" in error["msg"]

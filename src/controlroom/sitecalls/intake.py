@@ -221,9 +221,15 @@ class TelemetryIngestionService:
         self, deliveries: list[Delivery], stopped: IngestBudgetExceeded
     ) -> None:
         """Acknowledge what the stopped write did; give the unwritten rest back after the
-        usual back-off (the store is slow: redelivering at once would press it more)."""
+        usual back-off (the store is slow: redelivering at once would press it more). A
+        batch written in no part fails the intake's health, as a failed write does: the
+        packets it holds are waiting in no queue, where a stall would be seen."""
         left = set(stopped.unwritten)
         done = [delivery for index, delivery in enumerate(deliveries) if index not in left]
+        if done:
+            self.health.stored()
+        else:
+            self.health.failed(f"no packet written within audit.request_budget ({stopped})")
         await ack_all(done)
         _log_rejections([r for index, r in enumerate(stopped.reasons) if index not in left])
         log.warning(
