@@ -25,14 +25,19 @@ def identity(url: str | sa.URL) -> str:
 
 def other_spellings(url: sa.URL, tmp_path: Path) -> list[sa.URL]:
     """The same database by other URLs: another host name, no port, a query option; for
-    a file, a path through a symbolic link and through ``..``."""
+    a file, a path through a symbolic link, through ``..`` and a hard link (breaker pass,
+    second: a hard link was another store, and SQLite names its write-ahead log after
+    the path, so two serves' logs of one file could corrupt it)."""
     if url.get_backend_name() == "sqlite":
         path = Path(url.database or "")
         link = tmp_path / "linked"
         link.symlink_to(path.parent, target_is_directory=True)
+        hard = tmp_path / "hard.db"
+        hard.hardlink_to(path)
         return [
             url.set(database=str(link / path.name)),
             url.set(database=str(path.parent / ".." / path.parent.name / path.name)),
+            url.set(database=str(hard)),
         ]
     return [
         url.set(host="localhost"),
@@ -59,6 +64,21 @@ def test_another_database_has_another_identity(database_url: str, tmp_path: Path
         assert identity(other) != identity(url)
     finally:
         servers.drop_postgresql_database(other)
+
+
+@pytest.mark.postgresql
+def test_another_schema_of_one_database_has_another_identity(postgresql_url: str) -> None:
+    """Breaker pass (second): ``?options=-csearch_path%3Dother`` is a store of its own (its
+    tables made in that schema) and was refused as the same store."""
+    url = sa.make_url(postgresql_url)
+    engine = create_store_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE SCHEMA other")
+    finally:
+        engine.dispose()
+    other = url.update_query_dict({"options": "-csearch_path=other"})
+    assert identity(other) != identity(url)
 
 
 def test_the_identity_names_no_credentials(database_url: str) -> None:

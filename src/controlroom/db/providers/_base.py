@@ -517,8 +517,9 @@ class Provider(ABC):
 
     @abstractmethod
     def store_identity(self, conn: sa.Connection) -> str:
-        """One text for the database ``conn`` is on, however its URL spells it (host
-        names, the default port, options), without credentials: serves that share it
+        """One text for the store ``conn`` is on, however its URL spells it (host
+        names, the default port, options, paths to one file), and another for another
+        store (a schema of its own), without credentials: serves that share it
         must consume one broker (``runtime.serve_lock``, docs/design.md "Process
         shape")."""
 

@@ -323,10 +323,12 @@ def address_identity(conn: sa.Connection) -> str:
     """The database of ``conn`` by the address and port its server answered on (one for
     ``localhost`` and ``127.0.0.1``): ``store_identity`` where ``pg_control_system()`` is
     refused."""
-    address, port, database = conn.execute(
-        sa.text("SELECT inet_server_addr(), inet_server_port(), current_database()")
+    address, port, database, schema = conn.execute(
+        sa.text(
+            "SELECT inet_server_addr(), inet_server_port(), current_database(), current_schema()"
+        )
     ).one()
-    return f"PostgreSQL at {address or 'its socket'}:{port}, database {database}"
+    return f"PostgreSQL at {address or 'its socket'}:{port}, database {database}, schema {schema}"
 
 
 GROUP_APPEARANCE_LOCKS = 0x67727061  # "grpa": the first key of the groups' appearance locks
@@ -670,17 +672,21 @@ class PostgreSQLProvider(OnConflictProvider):
             )
 
     def store_identity(self, conn: sa.Connection) -> str:
-        # The cluster's identifier (initdb's, kept by its replicas and backups) and the
-        # database's name in it. A managed server may refuse pg_control_system() to its
+        # The cluster's identifier (initdb's, kept by its replicas and backups), the
+        # database's name in it and the schema the tables are in (a search_path of its
+        # own is another store). A managed server may refuse pg_control_system() to its
         # users: then the address and port the server answered on.
         try:
-            cluster, database = conn.execute(
-                sa.text("SELECT system_identifier, current_database() FROM pg_control_system()")
+            cluster, database, schema = conn.execute(
+                sa.text(
+                    "SELECT system_identifier, current_database(), current_schema() "
+                    "FROM pg_control_system()"
+                )
             ).one()
         except sa.exc.DBAPIError:
             conn.rollback()
             return address_identity(conn)
-        return f"PostgreSQL cluster {cluster}, database {database}"
+        return f"PostgreSQL cluster {cluster}, database {database}, schema {schema}"
 
     def local_backend_pid(self, dbapi_connection: Any) -> int | None:
         # A Unix socket or a loopback address, and a process named postgres under that

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -421,11 +422,13 @@ class SQLiteProvider(OnConflictProvider):
             dbapi_connection.set_progress_handler(None, _PROGRESS_STEPS)
 
     def store_identity(self, conn: sa.Connection) -> str:
-        # The main database's file as SQLite opened it, symbolic links and ".." resolved.
+        # The main database's file as SQLite opened it, by its device and inode: one for
+        # every path to it (symbolic links, "..", hard links).
         path = next(
             row[2] for row in conn.exec_driver_sql("PRAGMA database_list") if row[1] == "main"
         )
-        return f"SQLite file {Path(path).resolve()}"
+        found = os.stat(path)
+        return f"SQLite file, device {found.st_dev}, inode {found.st_ino}"
 
     def error_code(self, exc: BaseException) -> str | None:
         if not isinstance(exc, sqlite3.Error):
