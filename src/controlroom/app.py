@@ -37,6 +37,7 @@ from controlroom.api import (
     sitecalls,
     sites,
 )
+from controlroom.api.parameters import no_nul_in_parameters
 from controlroom.config import Settings
 from controlroom.db.errors import classify_store_error
 from controlroom.errors.ingest.bodies import BodyStore
@@ -109,7 +110,7 @@ def create_app(
         health_checks if health_checks is not None else {"database": health.database_check(engine)}
     )
     for router, prefix in _ROUTERS:
-        app.include_router(router, prefix=prefix)
+        app.include_router(router, prefix=prefix, dependencies=_API_PARAMETERS[prefix])
     app.state.route_templates = metrics.route_templates(_ROUTERS)
     # Inside CORS: a refused cross-site request gets no CORS headers either. Outermost of
     # these three: the size limit, then authentication, both before a body is read.
@@ -132,6 +133,9 @@ def create_app(
     install_console(app)
     return app
 
+
+_API_PARAMETERS = {"/api": [Depends(no_nul_in_parameters)], "": []}
+"""Checks of every API route's parameters (``api.parameters.no_nul_in_parameters``)."""
 
 # Order matters: recoverability before errors, whose /errors/{id} would otherwise take
 # /errors/groups.

@@ -38,6 +38,17 @@ def no_nul(location: str, name: str, value: str | None) -> str | None:
     return value
 
 
+def no_nul_in_parameters(request: Request) -> None:
+    """A router dependency of every ``/api`` route: a NUL in a path or query parameter is
+    a 422 naming it (``no_nul``), before the route reads the store, where PostgreSQL
+    would refuse it with nothing to name the parameter by."""
+    path = request.path_params.items()
+    for location, parameters in (("path", path), ("query", request.query_params.multi_items())):
+        for name, value in parameters:
+            if isinstance(value, str):
+                no_nul(location, name, value)
+
+
 def ordering(
     sort: Annotated[
         str | None,
