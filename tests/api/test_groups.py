@@ -322,6 +322,9 @@ def test_comment_set_replace_and_delete(client: TestClient, attempts: Attempts) 
     assert client.delete(url).status_code == 202
     assert "comment" not in client.get(f"/api/recoverability/groups/id/{group_id}").json()
     assert client.delete(url).status_code == 202  # deleting no comment is fine
+    # ... and records nothing (breaker pass, second: a GroupCommentDeleted for no comment)
+    events = [e["event_type"] for e in client.get("/api/eventlogitems").json()]
+    assert events.count("GroupCommentDeleted") == 1
 
 
 def test_comment_needs_a_known_group_and_a_comment(client: TestClient, attempts: Attempts) -> None:

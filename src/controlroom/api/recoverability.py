@@ -264,10 +264,9 @@ def delete_comment(request: Request, group_id: GroupId) -> Response:
     with begin_write(_engine(request)) as conn:
         if not groups.group_exists(conn, str(group_id)):
             raise _unknown_group(group_id)
-        groups.delete_comment(conn, str(group_id))
-        activity.group_comment_changed(
-            conn, str(group_id), by=current_principal(request).name, now=utc_now(), deleted=True
-        )
+        if groups.delete_comment(conn, str(group_id)):  # none to delete: nothing happened
+            by = current_principal(request).name
+            activity.group_comment_changed(conn, str(group_id), by=by, now=utc_now(), deleted=True)
     return Response(status_code=202)
 
 
