@@ -76,6 +76,22 @@ async def publish_all(transport: Transport, queue: str, messages: list) -> None:
         await transport.publish(queue, headers, body)
 
 
+def ingest_from_the_embedded_queue(
+    settings: Settings, engine: sa.Engine, messages: list[tuple[dict[str, Any], bytes]]
+) -> None:
+    """Publish ``messages`` (headers, body) to the embedded error queue and ingest until
+    each is a stored failed message."""
+
+    async def scenario() -> None:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            await publish_all(transport, settings.error_queue, messages)
+            await ingest_until(
+                settings, engine, transport, lambda: count(engine, failed_messages) == len(messages)
+            )
+
+    asyncio.run(scenario())
+
+
 def test_queue_to_rows_with_folding_failed_import_and_two_subscribers(
     settings: Settings, engine: sa.Engine
 ) -> None:
@@ -134,14 +150,7 @@ def test_a_failure_in_the_last_instant_of_year_9999_is_stored_and_counts_in_its_
         (failed_headers("last", failed_at=last), b"{}"),
     ]
 
-    async def scenario() -> None:
-        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
-            await publish_all(transport, settings.error_queue, messages)
-            await ingest_until(
-                settings, engine, transport, lambda: count(engine, failed_messages) == 2
-            )
-
-    asyncio.run(scenario())
+    ingest_from_the_embedded_queue(settings, engine, messages)
 
     with engine.connect() as conn:
         stored = conn.execute(
@@ -175,14 +184,7 @@ def test_huge_exception_message_and_stack_trace_are_ingested_and_classified(
         ),
     ]
 
-    async def scenario() -> None:
-        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
-            await publish_all(transport, settings.error_queue, messages)
-            await ingest_until(
-                settings, engine, transport, lambda: count(engine, failed_messages) == 2
-            )
-
-    asyncio.run(scenario())
+    ingest_from_the_embedded_queue(settings, engine, messages)
 
     with engine.connect() as conn:
         row = conn.execute(
