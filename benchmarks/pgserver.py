@@ -74,7 +74,10 @@ full-text index: 450 MB at 150,000 messages, about 3 GB at 1,000,000; all the in
 the two tables are 1.3 GB at 150,000), the planner told of the OS cache,
 and checkpoints far enough apart that a page written many times between two of them is
 logged whole (a full-page image) once, not after every few seconds' worth of WAL
-(``controlroom serve`` warns of smaller ones: ``Provider.server_settings_warnings``)."""
+(``controlroom serve`` warns of smaller ones: ``Provider.server_settings_warnings``).
+``huge_pages`` stays at its default, ``try``: PostgreSQL takes huge pages only where the
+machine has reserved them (``vm.nr_hugepages``), which is the machine's setting, not
+the server's; ``serve.py --variant huge_pages=on`` measures them beside 4 kB pages."""
 
 REPORTED_SETTINGS = (
     "autovacuum",

@@ -30,11 +30,13 @@ def test_the_settings_are_read_in_bytes_and_seconds_as_the_server_states_them(
         timeout = conn.exec_driver_sql(
             "SELECT extract(epoch FROM CAST(current_setting('checkpoint_timeout') AS interval))"
         ).scalar_one()
+        huge_pages = conn.exec_driver_sql("SHOW huge_pages").scalar_one()
 
     assert settings.shared_buffers == shared_buffers
     assert settings.max_wal_size == max_wal_size
     assert settings.checkpoint_timeout == int(timeout)
     assert settings.index_bytes == index_bytes > 0
+    assert settings.huge_pages == huge_pages
 
 
 def test_the_provider_warns_as_its_settings_call_for(engine: sa.Engine) -> None:

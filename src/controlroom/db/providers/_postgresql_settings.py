@@ -26,6 +26,10 @@ MIN_MAX_WAL_SIZE = 4 * 2**30
 MIN_CHECKPOINT_TIMEOUT = 15 * 60
 """``checkpoint_timeout`` below this (seconds) warns: README "What the store needs"."""
 
+HUGE_PAGES_FROM = 2**30
+"""``shared_buffers`` from this size (bytes) up warns when not in huge pages: README "What
+the store needs"."""
+
 ADVICE = 'README, "What the store needs"'
 
 
@@ -37,6 +41,8 @@ class ServerSettings:
     max_wal_size: int  # bytes
     checkpoint_timeout: int  # seconds
     index_bytes: int  # the indexes of INDEXED_TABLES, bytes
+    huge_pages: str = "try"  # on, off or try
+    huge_pages_status: str | None = None  # on, off or unknown; PostgreSQL 17+, else None
 
 
 def read_server_settings(conn: sa.Connection) -> ServerSettings:
@@ -51,6 +57,15 @@ def read_server_settings(conn: sa.Connection) -> ServerSettings:
         )
     ).all()
     values = {name: int(value) for name, value in rows}
+    pages = {
+        str(name): str(setting)
+        for name, setting in conn.execute(
+            sa.text(
+                "SELECT name, setting FROM pg_settings "
+                "WHERE name IN ('huge_pages', 'huge_pages_status')"
+            )
+        )
+    }
     index_bytes = conn.execute(
         sa.text(
             "SELECT coalesce(sum(pg_indexes_size(to_regclass(t))), 0) "
@@ -63,13 +78,17 @@ def read_server_settings(conn: sa.Connection) -> ServerSettings:
         values["max_wal_size"],
         values["checkpoint_timeout"],
         int(index_bytes),
+        pages.get("huge_pages", "try"),
+        pages.get("huge_pages_status"),
     )
 
 
 def settings_warnings(settings: ServerSettings) -> list[str]:
     """Sentences, one per problem: shared buffers smaller than the indexes every write
     adds to, checkpoints closer than ``MIN_CHECKPOINT_TIMEOUT`` or ``MIN_MAX_WAL_SIZE``
-    of WAL. Empty when the settings cost the write path nothing as the store grows."""
+    of WAL, shared buffers of ``HUGE_PAGES_FROM`` or more not in huge pages (``huge_pages
+    = off``, or PostgreSQL 17's ``huge_pages_status`` off). Empty when the settings
+    cost the write path nothing as the store grows."""
     warnings = []
     if settings.shared_buffers < settings.index_bytes:
         warnings.append(
@@ -91,6 +110,21 @@ def settings_warnings(settings: ServerSettings) -> list[str]:
             "for most of the index pages it writes; set max_wal_size to at least "
             f"{_size(MIN_MAX_WAL_SIZE)} and checkpoint_timeout to at least "
             f"{MIN_CHECKPOINT_TIMEOUT // 60} min ({ADVICE})"
+        )
+    if settings.shared_buffers >= HUGE_PAGES_FROM and (
+        settings.huge_pages == "off" or settings.huge_pages_status == "off"
+    ):
+        why = (
+            "huge_pages is off"
+            if settings.huge_pages == "off"
+            else "huge pages are not in use (huge_pages_status)"
+        )
+        warnings.append(
+            f"{why} for shared_buffers ({_size(settings.shared_buffers)}): in 4 kB pages "
+            "every index lookup of a large store misses the CPU's address cache, and the "
+            "CPU PostgreSQL spends per message written grows with the store; reserve huge "
+            "pages (vm.nr_hugepages, at least SHOW shared_memory_size_in_huge_pages) and "
+            f"set huge_pages to on or try ({ADVICE})"
         )
     return warnings
 
