@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-GROUP = "28d3aab4-f68d-4498-aa67-1eb544cd2c26"  # fixed: a test id must be the same in every xdist worker
+GROUP = "28d3aab4-f68d-4498-aa67-1eb544cd2c26"  # fixed: each xdist worker collects one id
 
 
 @pytest.mark.parametrize(
