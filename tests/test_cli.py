@@ -568,7 +568,14 @@ def test_a_misspelt_name_only_in_the_file_names_the_file_alone(
 
 @pytest.mark.parametrize(
     "url",
-    ["amqp//someone:Sup3rSecretPw@127.0.0.1:5672/", "http://someone:Sup3rSecretPw@127.0.0.1:5672/"],
+    [
+        "amqp//someone:Sup3rSecretPw@127.0.0.1:5672/",
+        "http://someone:Sup3rSecretPw@127.0.0.1:5672/",
+        # Fresh-user pass (third): reconnecting for ever, never refused; a vhost ' '.
+        "amqp://someone:Sup3rSecretPw@rabbit..local:5672/",
+        "amqp://someone:Sup3rSecretPw@127.0.0.1:5672/ ",
+        "amqp://someone:Sup3rSecretPw@127.0.0.1:0/",
+    ],
 )
 def test_a_broker_url_that_is_no_amqp_url_is_refused_without_its_password(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch, url: str
@@ -582,7 +589,7 @@ def test_a_broker_url_that_is_no_amqp_url_is_refused_without_its_password(
     assert code == 2, output
     assert (
         "invalid setting broker_url (CONTROLROOM_BROKER_URL): it must be an amqp:// or amqps:// URL"
-        in (" ".join(output.split()))
+        in " ".join(output.split())
     ), output
     assert "Sup3rSecretPw" not in output
 
@@ -621,8 +628,13 @@ def test_a_database_url_naming_a_driver_not_installed_is_refused_in_one_line(
         # ... an option libpq does not know was refused only by the first connection.
         (
             "postgresql://u@db/x?sslmod=disable&password=Sup3rSecretPw",
-            'libpq knows no connection option "sslmod"',
+            'libpq knows no connection option "sslmod" in its query',
         ),
+        # Fresh-user pass (third): a traceback of 439 lines; the wrong database, waited
+        # for as unreachable; the default port taken for 0.
+        ("postgresql://u:Sup3rSecretPw@db..local:5432/x", "its host is no host name"),
+        ("postgresql://u:Sup3rSecretPw@127.0.0.1:5432/x ", "it must be a URL without white space"),
+        ("postgresql://u:Sup3rSecretPw@127.0.0.1:0/x", "its port is from 1 to 65535"),
     ],
 )
 @pytest.mark.parametrize("setting", ["database_url", "migration_database_url"])

@@ -770,12 +770,27 @@ class Settings(EnvThenTomlSettings):
     @field_validator("broker_url")
     @classmethod
     def _amqp_or_none(cls, url: str) -> str:
-        """An address that is no AMQP URL (``amqp//`` missing its colon, ``http://``) is
-        refused here, never quoted (it may hold a password), not retried for ever."""
-        parts = urlsplit(url)
-        if url and (parts.scheme.lower() not in ("amqp", "amqps") or not parts.hostname):
+        """An address that is no AMQP URL (``amqp//`` missing its colon, ``http://``, a host
+        no resolver takes, port 0, white space: a vhost " ") is refused here, never quoted
+        (it may hold a password), not retried for ever."""
+        if not url:
+            return url
+        usable = "it must be an amqp:// or amqps:// URL, or empty for the embedded queue"
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError:
+            raise ValueError(usable) from None
+        if (
+            parts.scheme.lower() not in ("amqp", "amqps")
+            or not parts.hostname
+            or not is_host(parts.hostname)
+            or port == 0
+            or any(character.isspace() for character in url)
+        ):
             raise ValueError(
-                "it must be an amqp:// or amqps:// URL, or empty for the embedded queue"
+                f"{usable}: without white space, with a host name or address and a port "
+                "from 1 to 65535"
             )
         return url
 

@@ -62,6 +62,8 @@ def database_url_problem(url: str) -> str | None:
     for the operator that never quote it (it may hold a password): no URL, a provider or
     driver not served, or the provider's own finding (``Provider.url_problem``: e.g. a
     PostgreSQL URL naming no database). ``None`` when nothing is found."""
+    if any(character.isspace() for character in url):  # "x " is another database than "x"
+        return "it must be a URL without white space"
     try:
         parsed = normalize_database_url(url)
     except sa.exc.ArgumentError:

@@ -331,6 +331,16 @@ def address_identity(conn: sa.Connection) -> str:
     return f"PostgreSQL at {address or 'its socket'}:{port}, database {database}, schema {schema}"
 
 
+def _resolvable_name(host: str) -> bool:
+    """``host`` (not a socket directory) can be handed to a resolver: IDNA takes every
+    label of it (none empty, none over 63 characters)."""
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        return False
+    return True
+
+
 GROUP_APPEARANCE_LOCKS = 0x67727061  # "grpa": the first key of the groups' appearance locks
 
 
@@ -549,11 +559,16 @@ class PostgreSQLProvider(OnConflictProvider):
     def url_problem(self, url: sa.URL) -> str | None:
         if not url.database:  # libpq would take the user's name, and migrate that database
             return "it names no database: postgresql://user@host:5432/database"
+        for host in (url.host or "").split(","):
+            if not host.startswith("/") and not _resolvable_name(host):  # "/": a socket
+                return "its host is no host name (a resolver takes no empty label)"
+        if url.port == 0:  # libpq takes 0 for its default port
+            return "its port is from 1 to 65535"
         options = {key: str(value) for key, value in url.query.items()}
         try:
             psycopg.conninfo.make_conninfo("", **options)  # libpq's own parse of its options
         except psycopg.ProgrammingError as exc:  # names the option, never its value
-            return f"libpq knows no {str(exc).removeprefix('invalid ')} in its query"
+            return f"libpq knows no {str(exc).strip().removeprefix('invalid ')} in its query"
         return None
 
     def error_code(self, exc: BaseException) -> str | None:
