@@ -57,6 +57,16 @@ def test_listening_hosts_are_taken(model: type[Settings] | type[SiteSettings], h
     assert listening(model, host).host == host
 
 
+@pytest.mark.parametrize("host", ["::1", "[::1]", "127.0.0.1"])
+def test_every_listening_host_the_settings_take_can_be_listened_on(host: str) -> None:
+    """Fresh-user pass (third): ``--host '[::1]'`` passed the settings, then could not be
+    listened on ("Name or service not known")."""
+    from controlroom.runtime.sockets import listen
+
+    with listen(host, 0) as listener:
+        assert listener.getsockname()[0] in ("::1", "127.0.0.1")
+
+
 def test_a_data_dir_with_a_nul_is_refused() -> None:
     with pytest.raises(ValidationError) as refused:
         Settings(data_dir="a\x00b")

@@ -10,15 +10,18 @@ from controlroom.exceptions import ConfigurationError
 
 
 def listen(host: str, port: int, *, chosen_by: str | None = None) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (port 0: any free one), bound before anything
+    """A listening TCP socket on ``host:port`` (port 0: any free one; an IPv6 ``host`` bare
+    or in brackets, ``[::1]``), bound before anything
     else starts so a taken port fails fast (and connections made as soon as the address is
     printed wait in the backlog). Its protocol is ``IPPROTO_TCP``, so every connection
     asyncio accepts on it gets ``TCP_NODELAY``. Raises ``ConfigurationError`` naming the
     address when it cannot be bound, and, when the address is taken, ``chosen_by`` (what
     chooses another port, e.g. ``"--port or CONTROLROOM_PORT"``)."""
+    # An IPv6 address may be given as URLs write it ([::1]); the resolver takes it bare.
+    address = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        bound = socket.create_server((host, port), family=family)
+        family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
+        bound = socket.create_server((address, port), family=family)
     except OSError as exc:
         hint = ""
         if chosen_by is not None and exc.errno == errno.EADDRINUSE:
