@@ -1387,6 +1387,28 @@ def test_a_host_option_that_is_no_host_is_refused_naming_the_option(
     assert "CONTROLROOM_HOST" not in flat and "CONTROLROOM_SITE_HOST" not in flat, output
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:18100/?x",
+        "http://127.0.0.1:0",
+        "http://hooks..example.org:18100",
+        "http://127.0.0.1:18100/api",
+        "127.0.0.1:18100",
+    ],
+)
+@pytest.mark.parametrize("command", [["site", "demo"], ["demo", "notifications"]])
+def test_a_demo_central_url_no_agent_could_use_is_refused_naming_the_option(
+    data_dir: Path, command: list[str], url: str
+) -> None:
+    """Fresh-user pass (third): the site demo printed its banner, then a 98-line
+    traceback; without a port it quietly took the default ports."""
+    code, output = invoke(*command, "--central-url", url)
+
+    assert code == 2, output
+    assert "--central-url" in output and "Traceback" not in output, output
+
+
 def free_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as probe:
         return int(probe.getsockname()[1])

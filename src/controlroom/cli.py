@@ -503,8 +503,23 @@ _DEMO_CENTRAL_HELP = "[default: http://127.0.0.1:<CONTROLROOM_PORT, else 8080>]"
 
 def _demo_central(central_url: str | None) -> str:
     """``central_url``, else the URL of the central a by-hand demo serves: loopback at
-    ``CONTROLROOM_PORT`` (README "A first look"), as ``make demo`` passes it."""
-    return central_url or f"http://127.0.0.1:{_load(None).port}"
+    ``CONTROLROOM_PORT`` (README "A first look"), as ``make demo`` passes it. A given URL
+    is checked as the agent's ``central_url`` is, and its port must be given (the demo's
+    ports follow it); refused naming ``--central-url``."""
+    if central_url is None:
+        return f"http://127.0.0.1:{_load(None).port}"
+    from urllib.parse import urlsplit
+
+    from controlroom.settings_sources import http_url_problem
+
+    problem = http_url_problem(central_url, credentials=False, base=True)
+    if problem is None and urlsplit(central_url).port is None:
+        problem = "it must name central's port (the demo's ports follow it)"
+    if problem is None and urlsplit(central_url).path.rstrip("/").endswith("/api"):
+        problem = "it must be central's root, without /api"
+    if problem is not None:
+        raise typer.BadParameter(problem, param_hint="--central-url")
+    return central_url
 
 
 @demo_app.command("notifications")
