@@ -115,6 +115,21 @@ def test_an_endpoints_failures_reaching_the_hourly_threshold_is_one_event(ruled:
     assert (row.source, row.event_count) == ("rule:watch", 1)
 
 
+def test_a_failure_in_the_last_hour_of_year_9999_counts_for_its_endpoint(ruled: Ruled) -> None:
+    """Breaker pass (third): with an endpoint threshold set, the end of the hour of a
+    failure at 9999-12-31 23:59 was past the calendar, so its batch failed for ever, the
+    failures of the present in it too."""
+    engine = ruled("EndpointFailuresPassedThreshold", endpoint="Sales")
+    writer = FailedMessageBatchWriter(engine, clock=lambda: NOW, alert_endpoint_failures=1)
+    last = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+
+    writer.write(IngestionBatch(attempts=[attempt(1, last), attempt(2, at(0))]))
+
+    events = events_of(engine, "EndpointFailuresPassedThreshold")
+    assert len(events) == 2  # each hour reached the threshold of 1
+    assert any("9999-12-31T23:00" in e.description for e in events)
+
+
 def test_no_endpoint_threshold_no_endpoint_event(ruled: Ruled) -> None:
     engine = ruled("EndpointFailuresPassedThreshold")
     writer = FailedMessageBatchWriter(engine, clock=lambda: NOW)

@@ -285,7 +285,7 @@ class FailedMessageBatchWriter:
         added: dict[tuple[str, int], int] = {}
         titles: dict[str, str] = {}
         for message in winners:
-            hour = int(message.last_failure_at.timestamp() // 3600)
+            hour = _hour_of(message)
             for group in message.winner.groups:
                 added[group.id, hour] = added.get((group.id, hour), 0) + 1
                 titles[group.id] = group.title
@@ -387,8 +387,17 @@ class FailedMessageBatchWriter:
 
 
 def _hour_of(message: FoldedMessage) -> int:
-    """The clock hour of ``message``'s stored failure: whole hours since 1970 UTC."""
-    return int(message.last_failure_at.timestamp() // 3600)
+    """The clock hour of ``message``'s stored failure: whole hours since 1970 UTC, floored,
+    as the databases count them (migrations 0022, 0037). In whole numbers: a float's
+    ``timestamp()`` rounds the last microseconds of year 9999 into year 10000."""
+    return (message.last_failure_at - _EPOCH) // timedelta(hours=1)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+_LAST_HOUR = datetime.max.replace(minute=0, second=0, microsecond=0, tzinfo=UTC)
+"""The start of the calendar's last hour (9999-12-31 23:00 UTC)."""
 
 
 def endpoint_hour_failures(
@@ -402,10 +411,12 @@ def endpoint_hour_failures(
     announced twice (docs/design.md "Notification rules")."""
     fm = failed_messages.c
     start = datetime.fromtimestamp(hour * 3600, UTC)
+    in_hour = [fm.last_failure_at >= start]
+    if start < _LAST_HOUR:  # the calendar's last hour has no end in it
+        in_hour.append(fm.last_failure_at < start + timedelta(hours=1))
     rows = sa.select(sa.literal(1).label("one")).where(
         fm.receiving_endpoint == endpoint,
-        fm.last_failure_at >= start,
-        fm.last_failure_at < start + timedelta(hours=1),
+        *in_hour,
         fm.status == int(FailedMessageStatus.UNRESOLVED),
     )
     if limit is not None:
