@@ -191,11 +191,26 @@ def test_without_workers_an_intake_whose_queue_is_deleted_consumes_it_again(
         async with connection:
             channel = await connection.channel()
             await channel.queue_delete(settings.error_queue)
-        await publish(settings, 1, 1)  # declares the queue again
-        await until(lambda: asyncio.to_thread(lambda: stored_count(settings) == 2))
+
+            async def consumed_again() -> bool:
+                probe = await connection.channel()  # a passive declare of a missing queue
+                try:  # closes its channel
+                    queue = await probe.declare_queue(settings.error_queue, passive=True)
+                    return bool(queue.declaration_result.consumer_count)
+                except aio_pika.exceptions.ChannelNotFoundEntity:
+                    return False
+                finally:
+                    if not probe.is_closed:
+                        await probe.close()
+
+            await until(consumed_again)
+        # Consuming again, with nothing to store: health is ok (breaker pass, third: it
+        # said "writes failing" until a message was next stored, for ever when idle).
         async with httpx.AsyncClient(timeout=TEST_CLIENT_TIMEOUT) as client:
             health = await client.get(f"{url}/api/health")
-        assert health.json()["intake"] == "ok"
+        assert health.json()["intake"] == "ok", health.json()
+        await publish(settings, 1, 1)
+        await until(lambda: asyncio.to_thread(lambda: stored_count(settings) == 2))
 
     serve(settings, body)
 

@@ -388,8 +388,8 @@ class _Service:
     ) -> None:
         """Run an in-process ``intake`` (``ingestion.workers`` = 0) until it ends; when its
         consume fails with ``TransportError`` (RabbitMQ cancelled the consumer: its queue
-        was deleted), tell its health and run it again, which declares the queue, after a
-        pause that doubles as ``WorkerPool`` restarts a worker process."""
+        was deleted), log it and run it again, which declares the queue, after a pause that
+        doubles as ``WorkerPool`` restarts a worker process."""
         delay = RESTART_MIN_SECONDS
         while True:
             started = time.monotonic()
@@ -401,8 +401,8 @@ class _Service:
                     raise
                 if time.monotonic() - started >= RESTART_RESET_SECONDS:
                     delay = RESTART_MIN_SECONDS
+                # Not a failed write: health stays as the intake's writes leave it.
                 log.error("%s: %s; consuming again in %.1f s", name, exc, delay)
-                intake.health.failed(str(exc))
                 await asyncio.sleep(delay)
                 delay = min(RESTART_MAX_SECONDS, delay * 2)
 
