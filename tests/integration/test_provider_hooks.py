@@ -150,3 +150,19 @@ def test_update_returning_returns_every_matched_row_as_it_stands_after(
     assert sorted(tuple(row) for row in returned) == [("a", 2), ("c", 6)]
     assert nothing == []
     assert [row[3] for row in rows(store)] == [2, 1, 6, 1, 1]
+
+
+def test_a_statement_time_limit_past_the_servers_largest_is_no_limit_refused(
+    database_url: str,
+) -> None:
+    """Breaker pass (third): a telemetry budget of 3,000,000 s (the settings take up to a
+    century) asked PostgreSQL for a ``statement_timeout`` past its largest (2^31 - 1 ms),
+    so every packet became rejected telemetry."""
+    engine = create_store_engine(database_url)
+    try:
+        with begin_write(engine) as conn:
+            provider = provider_for(conn)
+            with provider.limit_statement_time(conn, 3_153_600_000):
+                assert conn.exec_driver_sql("SELECT 1").scalar_one() == 1
+    finally:
+        engine.dispose()

@@ -598,7 +598,8 @@ class PostgreSQLProvider(OnConflictProvider):
 
     @contextmanager
     def limit_statement_time(self, conn: sa.Connection, seconds: float) -> Iterator[None]:
-        milliseconds = max(1, int(seconds * 1000))  # 0 would mean "no limit"
+        # 0 would mean "no limit"; past 2^31 - 1 ms the server refuses the setting.
+        milliseconds = min(max(1, int(seconds * 1000)), 2**31 - 1)
         conn.exec_driver_sql(f"SET LOCAL statement_timeout = {milliseconds}")
         yield  # SET LOCAL ends with the transaction
 
