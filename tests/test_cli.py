@@ -705,7 +705,15 @@ def test_an_empty_data_directory_is_refused(
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite://",
+        "sqlite:///:memory:",
+        # Breaker pass (third): migrated, then a traceback from the serve lock.
+        "sqlite:///file:memdb?mode=memory&cache=shared&uri=true",
+    ],
+)
 def test_an_in_memory_sqlite_database_is_refused(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch, url: str
 ) -> None:

@@ -331,7 +331,7 @@ class SQLiteProvider(OnConflictProvider):
         return LeaseRow(self, engine, name, owner, seconds)
 
     def create_engine(self, url: sa.URL, *, pool_size: int) -> sa.Engine:
-        if not url.database or url.database == ":memory:":
+        if not url.database or url.database == ":memory:" or url.query.get("mode") == "memory":
             raise ConfigurationError(
                 "an in-memory SQLite database is one connection's own: serve's connections "
                 "and workers would each see an empty store of their own; name a file"
