@@ -128,3 +128,14 @@ def test_whether_a_store_is_in_use_is_asked_without_creating_it(tmp_path: Path) 
     finally:
         holder.close()
     assert not in_use(store)
+
+
+@pytest.mark.parametrize("store_path", ["", "  ", "{tmp}"])
+def test_a_store_path_that_names_no_file_is_refused(tmp_path: Path, store_path: str) -> None:
+    """Fresh-user pass (third): an empty ``CONTROLROOM_SITE_STORE_PATH`` printed a 58-line
+    traceback; a directory failed as "the database: unable to open database file"."""
+    with pytest.raises(ValidationError) as refused:
+        SiteSettings(site_id="plant-7", store_path=store_path.format(tmp=tmp_path))
+    [error] = refused.value.errors()
+    assert error["loc"] == ("store_path",)
+    assert "a file" in error["msg"]

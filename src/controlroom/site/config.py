@@ -79,6 +79,17 @@ class SiteSettings(EnvThenTomlSettings):
         3600.0, gt=0, description="Time between two purges of settled notifications (s)."
     )
 
+    @field_validator("store_path", mode="before")
+    @classmethod
+    def _store_file(cls, value: object) -> object:
+        """An empty path would be the current directory (``Path("")``), and a directory
+        is no database file: refused naming the setting, not by the store's first use."""
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("it is empty: unset it for the default, or name a file")
+        if isinstance(value, str | Path) and Path(value).is_dir():
+            raise ValueError("it names a directory: name a file in it")
+        return value
+
     @field_validator("central_url")
     @classmethod
     def _central_url(cls, url: str) -> str:
