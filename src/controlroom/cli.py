@@ -1186,9 +1186,10 @@ def site_serve(
         try:
             service = SiteService(agent)
             bound_host, bound_port = listener.getsockname()[:2]
+            shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host  # IPv6
             console.print(
                 f"Site agent [bold]{escape(settings.site_id)}[/] serving "
-                f"http://{bound_host}:{bound_port}/site/tracking/changes; store "
+                f"http://{escape(shown_host)}:{bound_port}/site/tracking/changes; store "
                 f"{settings.store_path}; telemetry to {settings.central_url or '(nowhere yet)'}"
             )
             asyncio.run(_run_site(service, listener))

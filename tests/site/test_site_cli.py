@@ -139,3 +139,31 @@ def test_a_store_path_that_names_no_file_is_refused(tmp_path: Path, store_path: 
     [error] = refused.value.errors()
     assert error["loc"] == ("store_path",)
     assert "a file" in error["msg"]
+
+
+def test_the_agents_start_line_writes_an_ipv6_address_as_a_url_does(tmp_path: Path) -> None:
+    """Fresh-user pass (third): ``--host ::1`` printed ``http://::1:8090/...``."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    command = ["site", "serve", "--host", "::1", "--port", "0"]
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "controlroom"), *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={
+            **os.environ,
+            "CONTROLROOM_SITE_SITE_ID": "plant-7",
+            "CONTROLROOM_SITE_STORE_PATH": str(tmp_path / "tracking.db"),
+            "COLUMNS": "200",
+        },
+    )
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline().decode()
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=30)
+    assert "serving http://[::1]:" in first, first
