@@ -156,6 +156,8 @@ def _header_safe(value: object) -> object:
 
 
 BearerSecret = Annotated[SecretStr, BeforeValidator(_header_safe), BeforeValidator(_long_enough)]
+"""A bearer token: a ``SecretStr`` of at least ``SECRET_LENGTH`` characters of visible
+ASCII."""
 
 
 def one_secret_per_direction(token: SecretStr | None, central_token: SecretStr | None) -> None:
@@ -207,8 +209,7 @@ SiteId = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_site
 characters, not blank, no space at either end."""
 
 ListenHost = Annotated[str, AfterValidator(check_listen_host)]
-"""A bearer token: a ``SecretStr`` of at least ``SECRET_LENGTH`` characters of visible
-ASCII."""
+"""A host ``serve`` or an agent listens on (``check_listen_host``)."""
 
 
 def _wants_a_number(model: type[BaseModel], field_name: str | None) -> bool:
