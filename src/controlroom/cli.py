@@ -510,13 +510,11 @@ def _demo_central(central_url: str | None) -> str:
         return f"http://127.0.0.1:{_load(None).port}"
     from urllib.parse import urlsplit
 
-    from controlroom.settings_sources import http_url_problem
+    from controlroom.site.config import central_url_problem
 
-    problem = http_url_problem(central_url, credentials=False, base=True)
+    problem = central_url_problem(central_url)
     if problem is None and urlsplit(central_url).port is None:
         problem = "it must name central's port (the demo's ports follow it)"
-    if problem is None and urlsplit(central_url).path.rstrip("/").endswith("/api"):
-        problem = "it must be central's root, without /api"
     if problem is not None:
         raise typer.BadParameter(problem, param_hint="--central-url")
     return central_url

@@ -26,6 +26,16 @@ from controlroom.settings_sources import (
 )
 
 
+def central_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be central's root as an agent posts to it, in a sentence that
+    never quotes it, or ``None``: no HTTP URL (``http_url_problem``), credentials, a query
+    or fragment, or a path ending in ``/api`` (the agent adds ``/api/...`` itself)."""
+    problem = http_url_problem(url, credentials=False, base=True)
+    if problem is None and urlsplit(url).path.rstrip("/").endswith("/api"):
+        problem = "it must be central's root, without /api (the agent adds /api/... itself)"
+    return problem
+
+
 class SiteSettings(EnvThenTomlSettings):
     """Everything a site agent can be told. Durations are seconds."""
 
@@ -97,13 +107,9 @@ class SiteSettings(EnvThenTomlSettings):
         ``user:password@`` (the credentials are ``central_token``; the URL is logged), one
         with a query or fragment, or one ending in ``/api`` (the agent adds central's
         ``/api/...`` paths itself)."""
-        problem = http_url_problem(url, credentials=False, base=True) if url else None
+        problem = central_url_problem(url) if url else None
         if problem:
             raise ValueError(problem)
-        if urlsplit(url).path.rstrip("/").endswith("/api"):
-            raise ValueError(
-                "it must be central's root, without /api (the agent adds /api/... itself)"
-            )
         return url
 
     @model_validator(mode="after")
