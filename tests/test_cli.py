@@ -633,6 +633,7 @@ def test_a_database_url_naming_a_driver_not_installed_is_refused_in_one_line(
         # Fresh-user pass (third): a traceback of 439 lines; the wrong database, waited
         # for as unreachable; the default port taken for 0.
         ("postgresql://u:Sup3rSecretPw@db..local:5432/x", "its host is no host name"),
+        ("postgresql://u:Sup3rSecretPw@bad_host!/x", "its host is no host name"),
         ("postgresql://u:Sup3rSecretPw@127.0.0.1:5432/x ", "it must be a URL without white space"),
         ("postgresql://u:Sup3rSecretPw@127.0.0.1:0/x", "its port is from 1 to 65535"),
     ],

@@ -47,6 +47,7 @@ from controlroom.db.transactions import begin_write
 from controlroom.db.types import SearchTermsText, SearchTermsVector, UtcDateTime
 from controlroom.exceptions import ErrorKind
 from controlroom.runtime.lease import Lease
+from controlroom.settings_sources import is_host
 
 log = logging.getLogger(__name__)
 
@@ -331,16 +332,6 @@ def address_identity(conn: sa.Connection) -> str:
     return f"PostgreSQL at {address or 'its socket'}:{port}, database {database}, schema {schema}"
 
 
-def _resolvable_name(host: str) -> bool:
-    """``host`` (not a socket directory) can be handed to a resolver: IDNA takes every
-    label of it (none empty, none over 63 characters)."""
-    try:
-        host.encode("idna")
-    except UnicodeError:
-        return False
-    return True
-
-
 GROUP_APPEARANCE_LOCKS = 0x67727061  # "grpa": the first key of the groups' appearance locks
 
 
@@ -560,7 +551,7 @@ class PostgreSQLProvider(OnConflictProvider):
         if not url.database:  # libpq would take the user's name, and migrate that database
             return "it names no database: postgresql://user@host:5432/database"
         for host in (url.host or "").split(","):
-            if not host.startswith("/") and not _resolvable_name(host):  # "/": a socket
+            if not host.startswith("/") and not is_host(host):  # "/": a socket directory
                 return "its host is no host name (a resolver takes no empty label)"
         if url.port == 0:  # libpq takes 0 for its default port
             return "its port is from 1 to 65535"
