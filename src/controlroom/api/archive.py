@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 from pydantic import AliasChoices, BaseModel, Field, model_validator
 
 from controlroom.api.auth import current_principal
-from controlroom.api.parameters import FailedMessageId
+from controlroom.api.parameters import FailedMessageId, StoredText
 from controlroom.api.recoverability import (
     Classifier,
     ClassifierFilter,
@@ -116,7 +116,7 @@ class QueueWindow(BaseModel):
     ``from``/``to`` range of ``last_modified`` (ISO 8601, both inclusive; a time without a
     zone is UTC). Read leniently, as ServiceControl reads it; checked by ``window``."""
 
-    queueaddress: str | None = None
+    queueaddress: StoredText | None = None
     from_: str | None = Field(default=None, alias="from")
     to: str | None = None
 

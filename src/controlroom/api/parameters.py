@@ -14,6 +14,7 @@ from fastapi import Depends, HTTPException, Path, Query, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import AfterValidator
 
 from controlroom.errors.read.filter_text import parse_modified_range, parse_status_filter
 from controlroom.errors.read.filters import DEFAULT_SORT, SORT_KEYS, FailedMessageFilter, Ordering
@@ -36,6 +37,18 @@ def no_nul(location: str, name: str, value: str | None) -> str | None:
     if value is not None and "\x00" in value:
         raise invalid_parameter(location, name, value, "must not contain the NUL character")
     return value
+
+
+def _refuse_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain the NUL character")
+    return value
+
+
+StoredText = Annotated[str, AfterValidator(_refuse_nul)]
+"""A text field of a JSON body that the store keeps or looks up: a NUL in it is a 422
+naming the field, on every provider (PostgreSQL keeps no NUL in text). Not for an edited
+message's body, which is bytes sent to a queue and may hold NUL."""
 
 
 def no_nul_in_parameters(request: Request) -> None:

@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from controlroom.api.auth import current_principal
 from controlroom.api.paging import LIST_RESPONSES, PagingParams, exact_count_limit, paged_response
-from controlroom.api.parameters import FilterParams, OrderingParams
+from controlroom.api.parameters import FilterParams, OrderingParams, StoredText
 from controlroom.api.views import FailedMessageListItem, UtcTimestamp, list_item
 from controlroom.db.engine import begin_write
 from controlroom.db.tables import FailedMessageStatus
@@ -107,7 +107,7 @@ class GroupActionOutcome(BaseModel):
 
 
 class CommentBody(BaseModel):
-    comment: str = Field(max_length=MAX_COMMENT_LENGTH)
+    comment: StoredText = Field(max_length=MAX_COMMENT_LENGTH)
 
 
 # --- classifiers and groups ---------------------------------------------------------------

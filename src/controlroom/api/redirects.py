@@ -29,6 +29,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from controlroom.api.auth import current_principal
 from controlroom.api.paging import LIST_RESPONSES, PagingParams, paged_response
+from controlroom.api.parameters import StoredText
 from controlroom.api.views import UtcTimestamp
 from controlroom.db.engine import begin_write
 from controlroom.errors.read import redirects
@@ -53,8 +54,8 @@ class RedirectView(BaseModel):
 class RedirectRequest(BaseModel):
     """ServiceControl's ``MessageRedirectRequest`` (lower-case names, as it reads them)."""
 
-    fromphysicaladdress: str | None = None
-    tophysicaladdress: str | None = None
+    fromphysicaladdress: StoredText | None = None
+    tophysicaladdress: StoredText | None = None
     retryexisting: bool = False
 
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from controlroom.api.archive import QueueWindow
 from controlroom.api.auth import current_principal
+from controlroom.api.parameters import StoredText
 from controlroom.api.views import UtcTimestamp
 from controlroom.db.tables import FailedMessageStatus
 from controlroom.errors.read.lists import pending_retry_ids
@@ -162,7 +163,7 @@ def retry_one(
 
 
 @router.post("/errors/retry", status_code=202, responses=_ERRORS, response_model_exclude_none=True)
-def retry_selection(request: Request, ids: Annotated[list[str], Body()]) -> RetryAccepted:
+def retry_selection(request: Request, ids: Annotated[list[StoredText], Body()]) -> RetryAccepted:
     """Retry the failed messages whose ids the body lists (a JSON array)."""
     _check_ids(ids)
     return _accepted(request, retries.retry_messages, ids)
@@ -206,7 +207,7 @@ def retry_group(request: Request, group_id: Annotated[str, Path(alias="groupId")
 @router.post(
     "/pendingretries/retry", status_code=202, responses=_ERRORS, response_model_exclude_none=True
 )
-def retry_pending(request: Request, ids: Annotated[list[str], Body()]) -> RetryAccepted:
+def retry_pending(request: Request, ids: Annotated[list[StoredText], Body()]) -> RetryAccepted:
     """Retry again messages whose retry was sent but never confirmed (a JSON array)."""
     _check_ids(ids)
     return _accepted(request, retries.retry_pending_messages, ids)
