@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import multiprocessing
 import os
 import random
 import signal
@@ -17,6 +18,7 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import httpx
@@ -27,6 +29,7 @@ from controlroom import server, workers
 from controlroom.config import IngestionSettings, Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.tables import event_log_items, failed_messages
+from controlroom.runtime.reads_first import CountReads
 from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.history import KpiSampler
 from controlroom.transport import create_transport
@@ -358,6 +361,61 @@ def test_the_workers_metrics_and_health_reach_the_api(worker_settings: Settings)
     assert ingested and sum(float(line.rsplit(" ", 1)[1]) for line in ingested) == 30
     intakes = json.loads(answers["health"])["details"]["intakes"]
     assert intakes["error queue intake"]["last_stored_at"] is not None
+
+
+def waited_for_reads(metrics: str) -> float:
+    """``controlroom_worker_waited_for_reads_seconds_total`` of worker 0 in ``metrics``."""
+    for line in metrics.splitlines():
+        name = "controlroom_worker_waited_for_reads_seconds_total{"
+        if line.startswith(name) and 'worker="0"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_workers_intake_waits_while_serve_answers_a_read(
+    worker_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Serve counts its reads in memory its workers share, and a worker's store statements
+    wait for them (docs/decisions.md "Reads first: the workers wait for serve's reads").
+    The count serve shares is the test's, holding one read that never ends; with
+    ``yield_to_reads`` 1 the intake waits as long as it is there."""
+    reads = workers.ReadsInFlight.shared(multiprocessing.get_context("spawn"))
+    monkeypatch.setattr(workers.ReadsInFlight, "shared", lambda context: reads)
+    reads.add(1)
+    during: list[int] = []
+
+    class Counting(CountReads):  # what serve's app sees of the count while it answers
+        def __init__(self, app: Any, counted: workers.ReadsInFlight) -> None:
+            async def seen(scope: Any, receive: Any, send: Any) -> None:
+                during.append(counted.count)
+                await app(scope, receive, send)
+
+            super().__init__(seen, counted)
+
+    monkeypatch.setattr(server, "CountReads", Counting)
+    waiting = worker_settings.model_copy(
+        update={"ingestion": worker_settings.ingestion.model_copy(update={"yield_to_reads": 1.0})}
+    )
+    stored: list[int] = []
+
+    async def body(url: str) -> None:
+        await publish(waiting, 0, 5)
+        async with httpx.AsyncClient(base_url=url, timeout=TEST_CLIENT_TIMEOUT) as client:
+
+            async def waited() -> bool:
+                return waited_for_reads((await client.get("/metrics")).text) > 0
+
+            await until(waited)
+            stored.append(stored_count(waiting))
+            reads.add(-1)
+            await until(lambda: asyncio.sleep(0, stored_count(waiting) == 5))
+            during.clear()
+            await client.get("/api/health")
+
+    serve(waiting, body)
+    assert stored == [0]
+    assert during == [1]  # serve counted its read in the count its worker waits on
+    assert reads.count == 0
 
 
 def intake_events(settings: Settings) -> list[str]:

@@ -136,6 +136,17 @@ class IngestionSettings(SettingsTable):
         ),
     )
 
+    yield_to_reads: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description=(
+            "The most of the workers' time their store statements spend waiting while "
+            "serve answers a read (GET or HEAD): 0 never waits, 1 waits as long as reads "
+            "come; with a reader that never stops, intake keeps 1 minus this of its pace."
+        ),
+    )
+
     @model_validator(mode="after")
     def _prefetch_in_range(self) -> IngestionSettings:
         if not self.prefetch and self.batch_size * self.concurrent_batches > MAX_PREFETCH:

@@ -68,6 +68,7 @@ from controlroom.notifications.history import NotificationKpiSampler
 from controlroom.notifications.retention import NotificationRetention
 from controlroom.notifications.rules import rules_applied
 from controlroom.runtime.intake_health import IntakeHealth
+from controlroom.runtime.reads_first import CountReads
 from controlroom.runtime.serve_lock import serving
 from controlroom.runtime.sockets import listen
 from controlroom.runtime.startup import Stopped, wait_until_reachable
@@ -299,7 +300,7 @@ class _Service:
         # the socket's port, which differs from settings.port when that is 0 or the caller
         # passed its own socket.
         guarded = HostGuard(
-            api,
+            CountReads(api, self._workers.reads) if self._workers else api,
             bound_host=settings.host,
             port=listener.getsockname()[1],
             allowed_hosts=settings.allowed_hosts,

@@ -69,6 +69,7 @@ from controlroom.notifications.dispatcher import Dispatcher
 from controlroom.notifications.rules import rules_applied
 from controlroom.runtime.demo_logs import quiet_demo_logs
 from controlroom.runtime.intake_health import IntakeHealth, IntakeState
+from controlroom.runtime.reads_first import ReadsInFlight, YieldToReads
 from controlroom.sitecalls.intake import TelemetryIngestionService
 from controlroom.transport import create_transport
 from controlroom.transport.embedded import release_claims
@@ -89,11 +90,14 @@ _SERVE_ONLY_METRICS = ("controlroom_intake_",)
 # -- the worker process ---------------------------------------------------------------
 
 
-def worker_main(settings: Settings, index: int, conn: Connection, owner: str) -> None:
+def worker_main(
+    settings: Settings, index: int, conn: Connection, owner: str, reads: ReadsInFlight
+) -> None:
     """The worker process's entry point (module docstring): lower the priority, run the
     parts until SIGTERM, then exit. SIGINT is left to serve, which stops its workers.
     ``owner`` names the embedded queue's claims of this worker, so serve can give them
-    back when the worker dies."""
+    back when the worker dies; ``reads`` counts the reads serve is answering, which the
+    worker's statements wait for (``yield_to_reads``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _end_with_serve()
     os.nice(settings.ingestion.nice)
@@ -105,7 +109,8 @@ def worker_main(settings: Settings, index: int, conn: Connection, owner: str) ->
         format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s",
     )
     quiet_demo_logs()  # only under controlroom demo run
-    asyncio.run(_work(settings, _Reporter(conn), owner))
+    gate = YieldToReads(reads, share=settings.ingestion.yield_to_reads)
+    asyncio.run(_work(settings, _Reporter(conn), owner, gate))
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -165,11 +170,12 @@ class _ReportingHealth(IntakeHealth):
         return None
 
 
-async def _work(settings: Settings, reporter: _Reporter, owner: str) -> None:
+async def _work(settings: Settings, reporter: _Reporter, owner: str, gate: YieldToReads) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     engine = create_store_engine(settings.effective_database_url)
+    yield_to_reads(engine, gate)
     _lower_backends(engine, settings.ingestion.nice, settings.ingestion.scheduling)
     transport = create_transport(settings, owner=owner)
     await transport.start()
@@ -269,6 +275,21 @@ def autogroup_warning(sysctl: Path | None = None) -> str | None:
     )
 
 
+def yield_to_reads(engine: sa.Engine, gate: YieldToReads) -> None:
+    """Before each statement ``engine`` sends from a thread of its own, wait for serve's
+    reads (``gate``, docs/decisions.md "Reads first: the workers wait for serve's reads").
+    A statement on the event loop's thread does not wait: it would hold up the worker's
+    deliveries and its stop."""
+
+    def wait(*_: Any) -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            gate.wait()
+
+    sa.event.listen(engine, "before_cursor_execute", wait)
+
+
 def _lower_backends(engine: sa.Engine, nice: int, scheduling: str) -> None:
     """Renice each PostgreSQL backend serving this worker's connections by ``nice`` (and
     put it under the worker's scheduling policy), when the store says it runs on this
@@ -330,6 +351,9 @@ class WorkerPool:
         self._healths: Mapping[str, IntakeHealth] = {h.name: h for h in healths}
         self._on_telemetry_written = on_telemetry_written
         self._context = multiprocessing.get_context("spawn")
+        self.reads = ReadsInFlight.shared(self._context)
+        """The reads serve is answering, which the workers' statements wait for: serve
+        counts them with ``CountReads``."""
         self._workers: dict[int, _Worker] = {}
         self._stopping = False
         self._last_metrics: dict[int, str] = {}
@@ -406,7 +430,7 @@ class WorkerPool:
         owner = f"worker-{index}-{uuid.uuid4()}"
         process = self._context.Process(
             target=worker_main,
-            args=(self._settings, index, theirs, owner),
+            args=(self._settings, index, theirs, owner, self.reads),
             name=f"controlroom-worker-{index}",
             daemon=False,
         )

@@ -1,0 +1,139 @@
+"""Reads first: a worker's store statements wait while serve answers a read.
+
+A lower CPU priority alone leaves the console's reads slowed by the drain on two cores:
+each of a read's hand-offs waits for a running worker or backend to be preempted, and the
+two share the caches (docs/decisions.md "Reads first: the workers wait for serve's
+reads"). So serve counts the reads it is answering (``CountReads``, GET and HEAD: a write
+of the console may wait on a lock a worker holds, and must not make that worker wait for
+it) in memory shared with its workers (``ReadsInFlight``), and before each statement a
+worker sends to the store it waits while any is in flight (``YieldToReads``), for at most
+``share`` of its time: with a reader that never stops, the drain keeps ``1 - share`` of
+its pace.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.context import SpawnContext
+from typing import Any, Final
+
+from prometheus_client import Counter
+
+POLL_SECONDS: Final = 0.001
+"""How often a waiting statement looks again whether the reads are answered."""
+
+YIELDED = Counter(
+    "controlroom_worker_waited_for_reads_seconds",
+    "Seconds a worker's store statements waited for serve's reads (ingestion.yield_to_reads).",
+)
+
+
+class ReadsInFlight:
+    """How many reads serve is answering: one integer in shared memory that serve's event
+    loop alone writes (``CountReads``) and its workers read (``YieldToReads``)."""
+
+    def __init__(self, value: Any) -> None:
+        self._value = value
+
+    @classmethod
+    def shared(cls, context: SpawnContext) -> ReadsInFlight:
+        """A count of zero in memory that processes of ``context`` inherit."""
+        return cls(context.RawValue(ctypes.c_int, 0))
+
+    @property
+    def count(self) -> int:
+        """The reads in flight now."""
+        return int(self._value.value)
+
+    def add(self, reads: int) -> None:
+        """Count ``reads`` more (negative: fewer). One writer only: serve's event loop."""
+        self._value.value += reads
+
+
+class CountReads:
+    """ASGI middleware: counts each GET and HEAD request in ``reads`` while the app answers
+    it, however the answer ends."""
+
+    def __init__(self, app: Any, reads: ReadsInFlight) -> None:
+        self._app = app
+        self._reads = reads
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD"):
+            await self._app(scope, receive, send)
+            return
+        self._reads.add(1)
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            self._reads.add(-1)
+
+
+class YieldToReads:
+    """The wait of a worker's statements (``wait``), shared by the worker's threads.
+
+    ``share`` (0 to 1) is the most of the worker's time spent waiting, kept by a budget
+    that grows by ``share`` seconds a second up to ``BURST_SECONDS`` and shrinks by a
+    second a second while any of its statements waits (the worker's time, not each
+    thread's): over any stretch of time the waits add up to at most ``share`` of it plus
+    the burst. 0 never waits; 1 waits as long as reads are in flight. ``waited_seconds``
+    is that waiting so far; ``waiting`` is set while a statement waits.
+    """
+
+    BURST_SECONDS: Final = 0.25
+
+    def __init__(
+        self,
+        reads: ReadsInFlight,
+        *,
+        share: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._reads = reads
+        self._share = share
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._budget = self.BURST_SECONDS
+        self._settled_at = clock()
+        self._waiters = 0
+        self.waited_seconds = 0.0
+        self.waiting = threading.Event()
+
+    def wait(self) -> None:
+        """Return once no read is in flight, or once the budget is spent."""
+        if self._share <= 0 or self._reads.count <= 0:
+            return
+        with self._lock:
+            self._settle()
+            self._waiters += 1
+            self.waiting.set()
+        try:
+            # A poll past the budget is owed: the next stretches without waiting pay it.
+            while self._reads.count > 0 and self._budget_left() > 0:
+                self._sleep(POLL_SECONDS)
+        finally:
+            with self._lock:
+                self._settle()
+                self._waiters -= 1
+                if not self._waiters:
+                    self.waiting.clear()
+
+    def _budget_left(self) -> float:
+        with self._lock:
+            self._settle()
+            return self._budget
+
+    def _settle(self) -> None:
+        """Bring the budget to now (the caller holds the lock)."""
+        now = self._clock()
+        elapsed, self._settled_at = now - self._settled_at, now
+        waited = elapsed if self._waiters else 0.0
+        self._budget = min(self.BURST_SECONDS, self._budget + self._share * elapsed - waited)
+        if waited:
+            self.waited_seconds += waited
+            YIELDED.inc(waited)

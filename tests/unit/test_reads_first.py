@@ -1,0 +1,186 @@
+"""Reads first: serve counts the reads it is answering in memory its workers share, and a
+worker's store statements wait while any is in flight, for at most a share of the time
+(docs/design.md "Process shape", "Reads first")."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import threading
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from controlroom.runtime.reads_first import CountReads, ReadsInFlight, YieldToReads
+from controlroom.workers import yield_to_reads
+
+
+class _Clock:
+    """A clock that moves only when the gate sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        if self.now > 2000.0:  # a gate that never stops waiting fails, not hangs
+            raise AssertionError("the gate waited without end")
+
+
+def _reads() -> ReadsInFlight:
+    return ReadsInFlight.shared(multiprocessing.get_context("spawn"))
+
+
+@pytest.mark.parametrize(("method", "counted"), [("GET", 1), ("HEAD", 1), ("POST", 0)])
+def test_a_read_is_counted_while_serve_answers_it_and_a_write_is_not(
+    method: str, counted: int
+) -> None:
+    reads = _reads()
+    seen: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(reads.count)
+
+    asyncio.run(CountReads(app, reads)({"type": "http", "method": method}, None, None))
+
+    assert seen == [counted]
+    assert reads.count == 0
+
+
+def test_a_read_that_fails_is_no_longer_counted() -> None:
+    reads = _reads()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise RuntimeError("the route failed")
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(CountReads(app, reads)({"type": "http", "method": "GET"}, None, None))
+
+    assert reads.count == 0
+
+
+def test_without_a_read_in_flight_the_worker_does_not_wait() -> None:
+    clock = _Clock()
+    gate = YieldToReads(_reads(), share=0.2, clock=clock, sleep=clock.sleep)
+
+    gate.wait()
+
+    assert clock.now == 1000.0
+
+
+def test_the_worker_waits_until_the_read_is_answered() -> None:
+    clock = _Clock()
+    reads = _reads()
+    reads.add(1)
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if clock.now >= 1000.05:
+            reads.add(-1)  # the read is answered 50 ms later
+
+    gate = YieldToReads(reads, share=0.2, clock=clock, sleep=sleep)
+
+    gate.wait()
+
+    assert 1000.05 <= clock.now < 1000.06
+    assert gate.waited_seconds == pytest.approx(clock.now - 1000.0)
+
+
+def test_a_read_that_never_ends_takes_at_most_its_share_of_the_workers_time() -> None:
+    clock = _Clock()
+    reads = _reads()
+    reads.add(1)
+    gate = YieldToReads(reads, share=0.2, clock=clock, sleep=clock.sleep)
+    worked = 0.0
+
+    for _ in range(2000):  # statements of 10 ms each, 20 s of the worker's own work
+        gate.wait()
+        clock.now += 0.01
+        worked += 0.01
+
+    elapsed = clock.now - 1000.0
+    assert gate.waited_seconds <= 0.2 * elapsed + YieldToReads.BURST_SECONDS
+    assert gate.waited_seconds >= 0.2 * elapsed - YieldToReads.BURST_SECONDS  # it did yield
+    assert worked == pytest.approx(elapsed - gate.waited_seconds)
+
+
+def test_share_zero_never_waits() -> None:
+    clock = _Clock()
+    reads = _reads()
+    reads.add(1)
+    gate = YieldToReads(reads, share=0.0, clock=clock, sleep=clock.sleep)
+
+    gate.wait()
+
+    assert clock.now == 1000.0
+
+
+def test_a_workers_statement_does_not_run_while_serve_answers_a_read() -> None:
+    reads = _reads()
+    reads.add(1)
+    frozen = _Clock()  # the budget never runs out: only the read's end lets it through
+    gate = YieldToReads(reads, share=0.5, clock=frozen)
+    engine = sa.create_engine("sqlite://")
+    yield_to_reads(engine, gate)
+    ran = threading.Event()
+    sa.event.listen(engine, "after_cursor_execute", lambda *_: ran.set())
+
+    def statement() -> None:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
+    worker = threading.Thread(target=statement)
+    worker.start()
+    assert gate.waiting.wait(timeout=30)
+
+    assert not ran.is_set()
+    reads.add(-1)
+    worker.join(timeout=30)
+    assert ran.is_set()
+
+
+def test_a_statement_on_the_event_loops_thread_does_not_wait() -> None:
+    reads = _reads()
+    reads.add(1)
+    gate = YieldToReads(reads, share=0.5, clock=_Clock())  # would wait for ever
+    engine = sa.create_engine("sqlite://")
+    yield_to_reads(engine, gate)
+
+    async def on_the_loop() -> None:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
+    ended = threading.Event()
+    threading.Thread(target=lambda: (asyncio.run(on_the_loop()), ended.set()), daemon=True).start()
+
+    assert ended.wait(timeout=30)
+
+
+def test_statements_waiting_at_once_spend_the_workers_time_once() -> None:
+    """With ``share`` 1 the worker waits as long as the read lasts, however many of its
+    threads wait together (a budget spent per thread ran out, and let them through)."""
+    clock = _Clock()
+    reads = _reads()
+    reads.add(1)
+    gate = YieldToReads(reads, share=1.0, clock=clock, sleep=clock.sleep)
+    ran: list[int] = []
+
+    def statement(n: int) -> None:
+        gate.wait()
+        ran.append(n)
+
+    threads = [threading.Thread(target=statement, args=(n,), daemon=True) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    while clock.now < 1001.0 and not ran:  # a second of the worker's time, three waiting
+        threading.Event().wait(0.001)
+
+    assert ran == []
+    reads.add(-1)
+    for thread in threads:
+        thread.join(timeout=30)
+    assert sorted(ran) == [0, 1, 2]
