@@ -44,6 +44,9 @@ from controlroom.settings_sources import (
     one_secret_per_direction,
 )
 
+MIN_BACKOFF_SECONDS = 0.01
+"""The shortest cap of a back-off: less asks a failing store again in a busy loop."""
+
 
 class IngestionSettings(SettingsTable):
     """How the error queue is drained into the store."""
@@ -69,7 +72,9 @@ class IngestionSettings(SettingsTable):
         ),
     )
     max_backoff_seconds: Seconds = Field(
-        30.0, gt=0, description="Cap of the back-off while the database is unreachable."
+        30.0,
+        ge=MIN_BACKOFF_SECONDS,
+        description="Cap of the back-off while the database is unreachable.",
     )
     report_interval_seconds: Seconds = Field(
         10.0,

@@ -179,3 +179,14 @@ def test_a_telemetry_budget_no_write_could_meet_is_refused(budget: str) -> None:
     [error] = refused.value.errors()
     assert error["loc"] == ("audit", budget)
     assert "0.1" in error["msg"]
+
+
+def test_a_back_off_too_short_to_let_the_store_recover_is_refused() -> None:
+    """Breaker pass (third): ``ingestion.max_backoff_seconds = 1e-300`` was taken, and a
+    store that failed was asked again in a busy loop by every intake, the retry processor
+    and the dispatcher."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(ingestion={"max_backoff_seconds": 1e-300})
+    [error] = refused.value.errors()
+    assert error["loc"] == ("ingestion", "max_backoff_seconds")
+    assert "0.01" in error["msg"]
