@@ -1155,6 +1155,7 @@ def site_serve(
     buffered calls and deliver its telemetry to central, until Ctrl+C/SIGTERM."""
     import asyncio
 
+    from controlroom.runtime.addresses import url_host
     from controlroom.runtime.sockets import listen
     from controlroom.site import SiteAgent, SiteService, load_site_settings
     from controlroom.site.config import SiteSettings
@@ -1184,7 +1185,7 @@ def site_serve(
         try:
             service = SiteService(agent)
             bound_host, bound_port = listener.getsockname()[:2]
-            shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host  # IPv6
+            shown_host = url_host(bound_host)
             console.print(
                 f"Site agent [bold]{escape(settings.site_id)}[/] serving "
                 f"http://{escape(shown_host)}:{bound_port}/site/tracking/changes; store "

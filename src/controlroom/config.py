@@ -24,6 +24,7 @@ from pydantic_settings import (
 from controlroom.db.engine import database_url_problem
 from controlroom.db.providers import EMBEDDED
 from controlroom.event_types import EventType
+from controlroom.runtime.addresses import url_host
 from controlroom.settings_sources import (
     CENTURY_DAYS,
     MAX_BYTES,
@@ -443,7 +444,7 @@ class WebhookChannel(SettingsTable):
         parts = urlsplit(self.url)
         port = f":{parts.port}" if parts.port is not None else ""
         host = parts.hostname or ""
-        return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}{port}"
+        return f"{parts.scheme}://{url_host(host)}{port}"
 
     @field_validator("url")
     @classmethod

@@ -67,6 +67,7 @@ from controlroom.notifications.dispatcher import Dispatcher
 from controlroom.notifications.history import NotificationKpiSampler
 from controlroom.notifications.retention import NotificationRetention
 from controlroom.notifications.rules import rules_applied
+from controlroom.runtime.addresses import url_host
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.runtime.reads_first import CountReads
 from controlroom.runtime.serve_lock import serving
@@ -409,4 +410,4 @@ class _Service:
 
     def _url(self) -> str:
         host, port = self._listener.getsockname()[:2]
-        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        return f"http://{url_host(host)}:{port}"

@@ -36,6 +36,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from controlroom.runtime.addresses import bare_host
+
 CENTURY_DAYS = 36_500
 """The longest a duration setting may be: a stamp of now minus (or plus) a longer one can
 leave the calendar (year 1 or 9999), and a timer or lease of one overflows, which the part
@@ -180,7 +182,7 @@ _HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
 def check_listen_host(host: str) -> str:
     """A host ``serve`` or an agent listens on: an IP address or a DNS name, so that a
     wrong one is refused at start naming the setting, not by the socket's resolver."""
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [::1]
+    bare = bare_host(host)  # [::1]
     try:
         ipaddress.ip_address(bare)
     except ValueError:

@@ -7,6 +7,7 @@ import errno
 import socket
 
 from controlroom.exceptions import ConfigurationError
+from controlroom.runtime.addresses import bare_host
 
 
 def listen(host: str, port: int, *, chosen_by: str | None = None) -> socket.socket:
@@ -18,7 +19,7 @@ def listen(host: str, port: int, *, chosen_by: str | None = None) -> socket.sock
     address when it cannot be bound, and, when the address is taken, ``chosen_by`` (what
     chooses another port, e.g. ``"--port or CONTROLROOM_PORT"``)."""
     # An IPv6 address may be given as URLs write it ([::1]); the resolver takes it bare.
-    address = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    address = bare_host(host)
     try:
         family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
         bound = socket.create_server((address, port), family=family)
