@@ -32,6 +32,7 @@ from controlroom.settings_sources import (
     MAX_PREFETCH,
     MAX_QUEUE_NAME_BYTES,
     MIN_INTERVAL_SECONDS,
+    PORT_PROBLEM,
     BearerSecret,
     EnvThenTomlSettings,
     ListenHost,
@@ -762,12 +763,22 @@ class Settings(EnvThenTomlSettings):
     @field_validator("database_url", "migration_database_url", "broker_url")
     @classmethod
     def _port_is_a_port(cls, url: str) -> str:
-        """A URL whose port is no number from 0 to 65535 is refused here, in one line that
-        never quotes it (it may hold a password), not by the driver when it connects."""
+        """A URL whose host a bracket breaks, or whose port is no number from 1 to 65535,
+        is refused here, in one line that never quotes it (it may hold a password), not
+        by the driver when it connects. Port 0 is refused by each URL's own check."""
         try:
-            _ = urlsplit(url).port  # reading it checks it
+            parts = urlsplit(url)
+        except ValueError:  # "[::1" or "[127.0.0.1]"
+            raise ValueError(
+                "its host must be a host name or an IP address; an IPv6 address goes in "
+                "brackets ([::1]), an IPv4 address without"
+            ) from None
+        try:
+            _ = parts.port  # reading it checks it
         except ValueError:
-            raise ValueError("its port must be a number from 0 to 65535") from None
+            unbracketed = parts.netloc.rpartition("@")[2].count(":") > 1  # u@::1:5432
+            hint = " (an IPv6 address goes in brackets: [::1])" if unbracketed else ""
+            raise ValueError(PORT_PROBLEM + hint) from None
         return url
 
     @field_validator("database_url", "migration_database_url")
@@ -792,23 +803,17 @@ class Settings(EnvThenTomlSettings):
         (it may hold a password), not retried for ever."""
         if not url:
             return url
-        usable = "it must be an amqp:// or amqps:// URL, or empty for the embedded queue"
-        try:
-            parts = urlsplit(url)
-            port = parts.port
-        except ValueError:
-            raise ValueError(usable) from None
-        if (
-            parts.scheme.lower() not in ("amqp", "amqps")
-            or not parts.hostname
-            or not is_host(parts.hostname)
-            or port == 0
-            or any(character.isspace() for character in url)
-        ):
+        parts = urlsplit(url)  # _port_is_a_port took its host's brackets and its port
+        if any(character.isspace() for character in url):
+            raise ValueError("it must be a URL without white space")
+        if parts.scheme.lower() not in ("amqp", "amqps"):
             raise ValueError(
-                f"{usable}: without white space, with a host name or address and a port "
-                "from 1 to 65535"
+                "it must be an amqp:// or amqps:// URL, or empty for the embedded queue"
             )
+        if not parts.hostname or not is_host(parts.hostname):
+            raise ValueError("its host is no host name or IP address")
+        if parts.port == 0:
+            raise ValueError(PORT_PROBLEM)
         return url
 
     @field_validator("data_dir", mode="before")

@@ -110,6 +110,11 @@ _URL_HOST = re.compile(rf"{_URL_LABEL}(?:\.{_URL_LABEL})*\.?")
 a Docker Compose service may be named so)."""
 
 
+PORT_PROBLEM = "its port must be a number from 1 to 65535"
+"""The refusal of a URL's port that is no TCP port (0 included: libpq and others take it
+for their default)."""
+
+
 def is_host(host: str) -> bool:
     """``host`` is an IP address, or a host name (IDNA-encoded when not ASCII) of the
     labels ``http_url_problem`` takes."""

@@ -47,7 +47,7 @@ from controlroom.db.transactions import begin_write
 from controlroom.db.types import SearchTermsText, SearchTermsVector, UtcDateTime
 from controlroom.exceptions import ErrorKind
 from controlroom.runtime.lease import Lease
-from controlroom.settings_sources import is_host
+from controlroom.settings_sources import PORT_PROBLEM, is_host
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +145,16 @@ def _fold_counts(table: sa.Table) -> str:
 
 
 _FOLD_GROUP_COUNTS = _fold_counts(failed_message_group_counts)
+
+
+def _listed(*values: str | Sequence[str] | None) -> list[str]:
+    """The entries of libpq's comma-separated lists in ``values`` (a URL's part, or a
+    query option given once or more), empty ones kept."""
+    entries: list[str] = []
+    for value in values:
+        for item in [value] if isinstance(value, str) else value or ():
+            entries.extend(item.split(","))
+    return entries
 
 
 class _IntegerListText(sa.types.TypeDecorator[Any]):
@@ -550,11 +560,16 @@ class PostgreSQLProvider(OnConflictProvider):
     def url_problem(self, url: sa.URL) -> str | None:
         if not url.database:  # libpq would take the user's name, and migrate that database
             return "it names no database: postgresql://user@host:5432/database"
-        for host in (url.host or "").split(","):
-            if not host.startswith("/") and not is_host(host):  # "/": a socket directory
-                return "its host is no host name (a resolver takes no empty label)"
-        if url.port == 0:  # libpq takes 0 for its default port
-            return "its port is from 1 to 65535"
+        # libpq takes hosts and ports from the URL and from its query, each a list.
+        for host in _listed(url.host, url.query.get("host")):
+            # Empty: libpq's default socket; "/" a socket directory, "@" Linux's abstract
+            # namespace.
+            if host and not host.startswith(("/", "@")) and not is_host(host):
+                return "its host is no host name, IP address or socket directory (/path)"
+        ports = _listed(None if url.port is None else str(url.port), url.query.get("port"))
+        for port in ports:  # libpq takes 0 for its default port
+            if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+                return PORT_PROBLEM
         options = {key: str(value) for key, value in url.query.items()}
         try:
             psycopg.conninfo.make_conninfo("", **options)  # libpq's own parse of its options
