@@ -14,12 +14,20 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from typer.testing import CliRunner
 
 from controlroom.cli import app
-from controlroom.demo_run import Helper, demo_listeners, first_taken_port, supervise
+from controlroom.demo_run import (
+    Helper,
+    central_address,
+    central_url,
+    demo_listeners,
+    first_taken_port,
+    supervise,
+)
 from controlroom.runtime.sockets import listen
 from controlroom.site.store import TrackingStore
 
@@ -303,3 +311,24 @@ def test_the_demos_serve_leaves_routine_lines_out_of_its_log(
         access.filters[:] = filters
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        ("127.0.0.1", "http://127.0.0.1:18100"),
+        ("0.0.0.0", "http://127.0.0.1:18100"),
+        ("localhost", "http://localhost:18100"),
+        ("::", "http://[::1]:18100"),
+        ("[::]", "http://[::1]:18100"),
+        ("::1", "http://[::1]:18100"),
+        ("[::1]", "http://[::1]:18100"),
+    ],
+)
+def test_the_demos_helpers_reach_central_where_serve_listens(host: str, url: str) -> None:
+    """Fresh-user pass (fourth): with ``CONTROLROOM_HOST=[::1]`` the demo waited for ever
+    for serve at ``[::1]`` (a bracketed name no socket takes), and its helpers were told
+    central was at 127.0.0.1, where nothing listened."""
+    assert central_url(host, 18100) == url
+    connect_to = urlsplit(url)
+    assert central_address(host, 18100) == (connect_to.hostname, 18100)

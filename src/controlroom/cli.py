@@ -381,6 +381,8 @@ def demo_run(config: ConfigOption = None) -> None:
     from controlroom.demo_run import (
         PORT_CHOSEN_BY,
         Helper,
+        central_address,
+        central_url,
         controlroom_argv,
         demo_listeners,
         first_store_in_use,
@@ -419,13 +421,13 @@ def demo_run(config: ConfigOption = None) -> None:
     )
     if published.returncode != 0:
         raise typer.Exit(published.returncode)
-    central = f"http://127.0.0.1:{settings.port}"
+    central = central_url(settings.host, settings.port)
     helpers = [  # serve first: the site agents and sinks find it up
         Helper(
             "controlroom serve",
             controlroom_argv("serve"),
             {**env, **demo_central_environment(settings.port), QUIET_ENV: "1"},
-            listens_on=(_loopback_if_any(settings.host), settings.port),
+            listens_on=central_address(settings.host, settings.port),
         ),
         Helper(  # its agents' stores under the demo's data directory, as all it writes
             "the site demo",
@@ -466,11 +468,6 @@ def demo_central_environment(port: int) -> dict[str, str]:
     }
 
 
-def _loopback_if_any(host: str) -> str:
-    """``host`` to connect to; 127.0.0.1 for the any-address ("0.0.0.0", "::", "")."""
-    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-
-
 @demo_app.command("celery")
 def demo_celery(config: ConfigOption = None) -> None:
     """Run a small Celery shop whose tasks fail in a few realistic ways, with Controlroom's
@@ -498,16 +495,23 @@ def demo_celery(config: ConfigOption = None) -> None:
     demo_celery.run(settings.broker_url, settings.error_queue)
 
 
-_DEMO_CENTRAL_HELP = "[default: http://127.0.0.1:<CONTROLROOM_PORT, else 8080>]"
+_DEMO_CENTRAL_HELP = (
+    "[default: where serve listens: CONTROLROOM_HOST (loopback for an any-address) and "
+    "CONTROLROOM_PORT, else http://127.0.0.1:8080]"
+)
 
 
 def _demo_central(central_url: str | None) -> str:
-    """``central_url``, else the URL of the central a by-hand demo serves: loopback at
-    ``CONTROLROOM_PORT`` (README "A first look"), as ``make demo`` passes it. A given URL
+    """``central_url``, else the URL of the central a by-hand demo serves: where serve
+    listens, ``CONTROLROOM_HOST`` (loopback for an any-address) and ``CONTROLROOM_PORT``
+    (README "A first look"), as ``make demo`` passes it. A given URL
     is checked as the agent's ``central_url`` is, and its port must be given (the demo's
     ports follow it); refused naming ``--central-url``."""
     if central_url is None:
-        return f"http://127.0.0.1:{_load(None).port}"
+        from controlroom.demo_run import central_url as served_at
+
+        settings = _load(None)
+        return served_at(settings.host, settings.port)
     from urllib.parse import urlsplit
 
     from controlroom.site.config import central_url_problem

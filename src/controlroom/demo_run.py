@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controlroom.demo_notifications import sink_ports
+from controlroom.runtime.addresses import bare_host, url_host
 from controlroom.runtime.sockets import listen
 from controlroom.site.demo import SITE_NAMES, demo_ports, demo_store_path
 from controlroom.site.store import in_use
@@ -47,6 +48,20 @@ class Helper:
     argv: Sequence[str]
     env: Mapping[str, str] | None = None
     listens_on: tuple[str, int] | None = None
+
+
+def central_address(host: str, port: int) -> tuple[str, int]:
+    """Where the demo's helpers connect to a serve listening on ``host`` and ``port``:
+    ``host`` without an IPv6 address's brackets, loopback for an any-address (``0.0.0.0``
+    and empty: 127.0.0.1, ``::``: ::1)."""
+    bare = bare_host(host)
+    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(bare, bare), port
+
+
+def central_url(host: str, port: int) -> str:
+    """The URL of ``central_address`` (``http://[::1]:8080`` for an IPv6 address)."""
+    address, port = central_address(host, port)
+    return f"http://{url_host(address)}:{port}"
 
 
 def demo_listeners(host: str, central_port: int) -> list[tuple[str, int, str]]:
