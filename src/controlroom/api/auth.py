@@ -37,7 +37,7 @@ from fastapi import Depends, HTTPException, Request
 from controlroom.config import Role, Settings
 from controlroom.exceptions import ConfigurationError
 from controlroom.http.auth import ANONYMOUS, Caller, Principal, SitePrincipal, TokenTable
-from controlroom.runtime.addresses import is_loopback
+from controlroom.runtime.addresses import is_loopback, url_host
 
 READ_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 OPEN_PATHS: Final = frozenset({"/api/health", "/api/authentication/configuration"})
@@ -191,7 +191,8 @@ def ensure_serving_is_protected(settings: Settings) -> None:
     if settings.auth_tokens or is_loopback(settings.host):
         return
     raise ConfigurationError(
-        f"refusing to serve on {settings.host}:{settings.port} without authentication: "
+        f"refusing to serve on {url_host(settings.host)}:{settings.port} without "
+        "authentication: "
         "anyone who can reach it could archive, retry and delete. Configure API tokens "
         "(auth_tokens in the TOML file, or CONTROLROOM_AUTH_TOKENS as JSON: "
         '[{"name": "...", "token": "...", "role": "reader|operator|admin"}]) '
