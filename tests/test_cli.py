@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 
 from controlroom import __version__
 from controlroom.cli import app
+from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import alembic_config, upgrade_database
 from controlroom.db.tables import failed_error_imports, notifications
@@ -703,6 +704,15 @@ def test_a_data_directory_that_is_a_file_is_refused_in_one_line(
         " ".join(output.split())
     ), output
     assert "Traceback" not in output
+
+
+def test_a_data_directory_under_home_is_under_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass (fourth): ``CONTROLROOM_DATA_DIR='~/cr'`` made a directory named
+    ``~`` where serve ran."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert Settings(data_dir="~/cr").data_dir == tmp_path / "cr"
 
 
 def test_an_empty_data_directory_is_refused(

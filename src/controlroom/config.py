@@ -832,7 +832,9 @@ class Settings(EnvThenTomlSettings):
     @field_validator("data_dir")
     @classmethod
     def _data_dir_a_directory(cls, path: Path) -> Path:
-        """Made when missing; one that names a file would fail in every part using it."""
+        """Made when missing; one that names a file would fail in every part using it. A
+        leading ``~`` is the user's home, as a shell reads it."""
+        path = path.expanduser()
         if path.exists() and not path.is_dir():
             raise ValueError(f"it names a file, not a directory: {path}")
         return path

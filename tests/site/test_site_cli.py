@@ -130,15 +130,46 @@ def test_whether_a_store_is_in_use_is_asked_without_creating_it(tmp_path: Path) 
     assert not in_use(store)
 
 
-@pytest.mark.parametrize("store_path", ["", "  ", "{tmp}"])
+@pytest.mark.parametrize(
+    "store_path",
+    # Fresh-user pass (fourth): a directory not made yet, written with its slash, became
+    # the store's file; a file on the way ended in a 47-line traceback.
+    ["", "  ", "{tmp}", "{tmp}/not-yet/", "{tmp}/a-file/tracking.db", "{tmp}/a-file/x/t.db"],
+)
 def test_a_store_path_that_names_no_file_is_refused(tmp_path: Path, store_path: str) -> None:
     """Fresh-user pass (third): an empty ``CONTROLROOM_SITE_STORE_PATH`` printed a 58-line
     traceback; a directory failed as "the database: unable to open database file"."""
+    (tmp_path / "a-file").write_text("")
     with pytest.raises(ValidationError) as refused:
         SiteSettings(site_id="plant-7", store_path=store_path.format(tmp=tmp_path))
     [error] = refused.value.errors()
     assert error["loc"] == ("store_path",)
     assert "a file" in error["msg"]
+
+
+def test_a_store_path_under_home_is_under_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass (fourth): ``~/x/t.db`` made a directory named ``~`` where the
+    agent ran."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    settings = SiteSettings(site_id="plant-7", store_path="~/x/t.db")
+    assert settings.store_path == tmp_path / "x" / "t.db"
+
+
+def test_a_store_no_file_can_be_made_for_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fresh-user pass (fourth): ``/proc/x.db`` ended in a traceback (``FileNotFoundError``
+    of its lock file)."""
+    monkeypatch.setenv("CONTROLROOM_SITE_SITE_ID", "plant-7")
+    monkeypatch.setenv("CONTROLROOM_SITE_STORE_PATH", "/proc/controlroom-test/x.db")
+    result = runner.invoke(app, ["site", "serve", "--port", "0"])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert "the tracking store /proc/controlroom-test/x.db cannot be made" in " ".join(
+        result.output.split()
+    ), result.output
 
 
 def test_the_agents_start_line_writes_an_ipv6_address_as_a_url_does(tmp_path: Path) -> None:

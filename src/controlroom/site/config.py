@@ -4,6 +4,7 @@ process configures only its agent."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import ClassVar, Unpack
 from urllib.parse import urlsplit
@@ -93,12 +94,20 @@ class SiteSettings(EnvThenTomlSettings):
     @classmethod
     def _store_file(cls, value: object) -> object:
         """An empty path would be the current directory (``Path("")``), and a directory
-        is no database file: refused naming the setting, not by the store's first use."""
+        (one that exists, or any path ending in a slash) is no database file, nor is a
+        path through a file: refused naming the setting, not by the store's first use. A
+        leading ``~`` is the user's home, as a shell reads it."""
         if isinstance(value, str) and not value.strip():
             raise ValueError("it is empty: unset it for the default, or name a file")
-        if isinstance(value, str | Path) and Path(value).is_dir():
+        if not isinstance(value, str | Path):
+            return value
+        if str(value).endswith(("/", os.sep)) or Path(value).is_dir():
             raise ValueError("it names a directory: name a file in it")
-        return value
+        path = Path(value).expanduser()
+        on_the_way = next((p for p in path.parents if p.exists()), None)
+        if on_the_way is not None and not on_the_way.is_dir():
+            raise ValueError(f"{on_the_way} is a file, not a directory: name a file elsewhere")
+        return path
 
     @field_validator("central_url")
     @classmethod

@@ -212,11 +212,18 @@ class TrackingStore:
     def open(cls, path: Path) -> TrackingStore:
         """Open (creating when absent) the store at ``path``.
 
-        Raises ``ConfigurationError`` when another process has it open, or when it was
-        written by a newer schema.
+        Raises ``ConfigurationError`` when its directory or lock file cannot be made
+        there, when another process has it open, or when it was written by a newer
+        schema.
         """
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(_lock_path(path), "w")  # noqa: SIM115 - held until close
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(_lock_path(path), "w")  # noqa: SIM115 - held until close
+        except OSError as exc:
+            raise ConfigurationError(
+                f"the tracking store {path} cannot be made there ({exc.strerror}): name "
+                "another store_path (CONTROLROOM_SITE_STORE_PATH)"
+            ) from None
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
