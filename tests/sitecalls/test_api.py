@@ -65,6 +65,25 @@ def test_post_telemetry_answers_accepted_and_rejected(client: TestClient) -> Non
     assert any("s" * 65 in item["packet"] for item in rejected)
 
 
+def test_a_request_of_more_packets_than_one_may_hold_is_413_and_writes_none(
+    client: TestClient,
+) -> None:
+    """README "Site call audit": at most 1,000 packets per request."""
+    ids = [str(uuid.UUID(int=n + 1)) for n in range(1001)]
+    answer = client.post(
+        "/api/site-calls/telemetry", json=[packet("Submitted", op_id=i) for i in ids]
+    )
+    assert answer.status_code == 413, answer.text
+    assert "at most 1000 packets" in answer.json()["detail"]
+    assert client.get(f"/api/site-calls/{ids[0]}").status_code == 404
+
+    answer = client.post(
+        "/api/site-calls/telemetry", json=[packet("Submitted", op_id=i) for i in ids[:1000]]
+    )
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["accepted"]) == 1000
+
+
 def test_unknown_site_call_is_404_and_a_bad_cursor_400(client: TestClient) -> None:
     assert client.get(f"/api/site-calls/{uuid.uuid4()}").status_code == 404
     assert client.get("/api/audit-log", params={"after": "garbage"}).status_code == 400
