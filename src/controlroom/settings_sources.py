@@ -25,6 +25,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    TypeAdapter,
     ValidationInfo,
     field_validator,
 )
@@ -43,8 +44,19 @@ CENTURY_DAYS = 36_500
 leave the calendar (year 1 or 9999), and a timer or lease of one overflows, which the part
 computing it would fail on at every run instead of at start."""
 
-Seconds = Annotated[float, Field(le=CENTURY_DAYS * 86_400)]
-"""A duration setting in seconds: at most a century."""
+
+def _iso_8601_in_seconds(value: object) -> object:
+    """An ISO 8601 duration (``PT1H``) as its seconds; anything else as it is."""
+    if isinstance(value, str) and value.strip().upper().startswith(("P", "-P", "+P")):
+        return _DURATION.validate_python(value.strip()).total_seconds()
+    return value
+
+
+_DURATION = TypeAdapter(timedelta)
+
+Seconds = Annotated[float, BeforeValidator(_iso_8601_in_seconds), Field(le=CENTURY_DAYS * 86_400)]
+"""A duration setting in seconds, given as a number or in ISO 8601 (``PT1H``): at most a
+century."""
 
 Period = Annotated[timedelta, Field(le=timedelta(days=CENTURY_DAYS))]
 """A duration setting as a ``timedelta`` (ISO 8601 or seconds): at most a century."""

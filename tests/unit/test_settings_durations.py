@@ -6,7 +6,9 @@ text: "3600" was refused with a hint that named "3600" as the form to use."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -75,3 +77,24 @@ def test_text_that_is_no_positive_number_of_seconds_is_still_refused(
     with pytest.raises(ValidationError) as refused:
         Settings()
     assert "error_retention_period" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "read"),
+    [
+        ({"audit": {"request_budget": "PT1H"}}, lambda s: s.audit.request_budget == 3600.0),
+        ({"audit": {"ingest_budget": "PT30S"}}, lambda s: s.audit.ingest_budget == 30.0),
+        (
+            {"ingestion": {"max_backoff_seconds": "PT1M30S"}},
+            lambda s: s.ingestion.max_backoff_seconds == 90.0,
+        ),
+        ({"audit": {"request_budget": "45"}}, lambda s: s.audit.request_budget == 45.0),
+    ],
+)
+def test_a_setting_in_seconds_takes_an_iso_8601_duration_too(
+    values: dict[str, Any], read: Callable[[Settings], bool]
+) -> None:
+    """Fresh-user pass (fourth): README says a duration is ISO 8601 or a number of
+    seconds, and ``CONTROLROOM_AUDIT__REQUEST_BUDGET=PT1H`` was "Input should be a valid
+    number"."""
+    assert read(Settings(**values))
