@@ -27,6 +27,7 @@ from controlroom.db.engine import begin_write, retry_transient
 from controlroom.db.providers import Provider, chunked, provider_for
 from controlroom.db.tables import (
     GROUP_COPIES,
+    GROUP_HOURS_KEPT,
     FailedMessageStatus,
     body_deletions,
     failed_error_imports,
@@ -281,11 +282,17 @@ class FailedMessageBatchWriter:
     ) -> None:
         """``GroupFailuresPassedThreshold`` for each (group, hour) whose failures this
         batch brought from below ``threshold`` to it or past it: one grouped read of the
-        hour counters the batch's inserts just wrote (``group_hours_reached``)."""
+        hour counters the batch's inserts just wrote (``group_hours_reached``). Only the
+        hours still counted (``GROUP_HOURS_KEPT`` before ``now``'s and later): an older
+        hour's count is dropped by the providers, each at its own moment, so whether it
+        crossed would depend on how the batches fell."""
         added: dict[tuple[str, int], int] = {}
         titles: dict[str, str] = {}
+        kept_from = (now - _EPOCH) // timedelta(hours=1) - GROUP_HOURS_KEPT
         for message in winners:
             hour = _hour_of(message)
+            if hour < kept_from:
+                continue
             for group in message.winner.groups:
                 added[group.id, hour] = added.get((group.id, hour), 0) + 1
                 titles[group.id] = group.title
