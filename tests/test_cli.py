@@ -652,6 +652,14 @@ def test_a_database_url_naming_a_driver_not_installed_is_refused_in_one_line(
         ("postgresql://u:Sup3rSecretPw@db:99999/x", "its port must be a number from 1 to 65535"),
         ("postgresql://u:Sup3rSecretPw@db:abc/x", "its port must be a number from 1 to 65535"),
         ("postgresql://u:Sup3rSecretPw@[::1/x", "its host must be a host name or an IP address;"),
+        # Breaker pass (third): libpq cut the connection string at a NUL, so serve
+        # connected as another user (the URL's user and password dropped); a database
+        # name ending in a space was waited for; ?dbname= migrated another database.
+        ("postgresql://u:Sup3rSecretPw@127.0.0.1/x%00", "no part of it may hold a NUL"),
+        ("postgresql://u%00x:Sup3rSecretPw@127.0.0.1/x", "no part of it may hold a NUL"),
+        ("postgresql://u:Sup3rSecretPw@127.0.0.1/x?application_name=a%00", "no part of it may"),
+        ("postgresql://u:Sup3rSecretPw@127.0.0.1/x%20", "its database begins or ends with"),
+        ("postgresql://u:Sup3rSecretPw@127.0.0.1/x?dbname=y", "the database goes in its path"),
     ],
 )
 @pytest.mark.parametrize("setting", ["database_url", "migration_database_url"])

@@ -60,8 +60,10 @@ def normalize_database_url(url: str | sa.URL) -> sa.URL:
 def database_url_problem(url: str) -> str | None:
     """What makes ``url`` unusable as the store's URL, found without connecting, in words
     for the operator that never quote it (it may hold a password): no URL, a provider or
-    driver not served, or the provider's own finding (``Provider.url_problem``: e.g. a
-    PostgreSQL URL naming no database). ``None`` when nothing is found."""
+    driver not served, a NUL in any part or white space at the edges of its user,
+    database or host (decoded: ``%00``, ``%20``), or the provider's own finding
+    (``Provider.url_problem``: e.g. a PostgreSQL URL naming no database). ``None`` when
+    nothing is found."""
     if any(character.isspace() for character in url):  # "x " is another database than "x"
         return "it must be a URL without white space"
     try:
@@ -73,7 +75,21 @@ def database_url_problem(url: str) -> str | None:
         )
     except UnsupportedProviderError as exc:
         return str(exc)
+    # Decoded (%00, %20): a driver cuts its connection string at a NUL, dropping the user
+    # and password after it; a name's edge space names another database or user.
+    named = {"user": parsed.username, "database": parsed.database, "host": parsed.host}
+    options = [v for value in parsed.query.values() for v in _as_list(value)]
+    password = [] if parsed.password is None else [str(parsed.password)]
+    if any("\x00" in part for part in [*filter(None, named.values()), *password, *options]):
+        return "no part of it may hold a NUL (%00)"
+    for part, value in named.items():
+        if value and value != value.strip():
+            return f"its {part} begins or ends with white space (%20)"
     return provider_named(parsed.get_backend_name()).url_problem(parsed)
+
+
+def _as_list(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else value
 
 
 _SECRET_QUERY_KEYS = frozenset({"password", "sslpassword"})

@@ -560,6 +560,8 @@ class PostgreSQLProvider(OnConflictProvider):
     def url_problem(self, url: sa.URL) -> str | None:
         if not url.database:  # libpq would take the user's name, and migrate that database
             return "it names no database: postgresql://user@host:5432/database"
+        if "dbname" in url.query:  # libpq would take it over the path's
+            return "the database goes in its path (postgresql://host/database), not ?dbname="
         # libpq takes hosts and ports from the URL and from its query, each a list.
         for host in _listed(url.host, url.query.get("host")):
             # Empty: libpq's default socket; "/" a socket directory, "@" Linux's abstract
