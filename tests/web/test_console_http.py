@@ -72,6 +72,22 @@ def test_an_xml_body_is_pretty_printed(console: TestClient, store: Any) -> None:
     assert "&lt;Order&gt;\n  &lt;Sku&gt;fig&lt;/Sku&gt;\n&lt;/Order&gt;" in view.text
 
 
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [(b"[" * 3000 + b"]" * 3000, "application/json"), (b"<a>" * 3000 + b"</a>" * 3000, "text/xml")],
+    ids=["json", "xml"],
+)
+def test_a_body_nested_past_the_parsers_depth_is_shown_as_text(
+    console: TestClient, store: Any, body: bytes, content_type: str
+) -> None:
+    """Breaker pass (third): a 500 (``RecursionError`` pretty-printing it)."""
+    message_id = store("order-1", body, content_type=content_type)
+    view = console.get(f"/messages/{message_id}/body/view")
+    assert view.status_code == 200
+    shown = body.decode().replace("<", "&lt;").replace(">", "&gt;")
+    assert shown in view.text
+
+
 def test_a_gzip_body_is_shown_decompressed(console: TestClient, store: Any) -> None:
     compressed = gzip.compress(b'{"sku": "fig"}')
     message_id = store("order-1", compressed, extra={"Content-Encoding": "gzip"})

@@ -125,18 +125,19 @@ def _kind(data: bytes, content_type: str) -> BodyKind:
 
 
 def _pretty(text: str, kind: BodyKind) -> str | None:
-    """Indented JSON or XML; ``None`` when ``text`` does not parse (shown as is)."""
+    """Indented JSON or XML; ``None`` when ``text`` does not parse, or nests deeper than
+    the parser goes (shown as is)."""
     if kind == "json":
         try:
             return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested deeper than the parser goes
             return None
     if kind == "xml":
         try:
             # expat does not fetch external entities, and refuses entity expansion bombs
             # (expat >= 2.4); the text is already capped at MAX_SHOWN_BYTES.
             pretty = minidom.parseString(text.encode("utf-8")).toprettyxml(indent="  ")
-        except (ExpatError, ValueError):
+        except (ExpatError, ValueError, RecursionError):
             return None
         return "\n".join(line for line in pretty.splitlines() if line.strip())
     return None
