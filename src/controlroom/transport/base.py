@@ -47,6 +47,11 @@ class DeliveryLostError(TransportError):
 
 Headers = dict[str, str | None]
 
+UNREADABLE_HEADER = "Controlroom.Transport.Unreadable"
+"""Set by a transport on a delivery it could not read whole: why (its headers or
+properties unreadable, its body missing). What it could read is delivered beside it, and
+the intake keeps the message as a failed import with that reason."""
+
 AckMany = Callable[[Sequence["Delivery"]], Awaitable[None]]
 """A transport's hook that acknowledges several of its deliveries in one operation."""
 

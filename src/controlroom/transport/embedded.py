@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from controlroom.transport.base import (
+    UNREADABLE_HEADER,
     AckMany,
     Delivery,
     DeliveryLostError,
@@ -68,6 +69,18 @@ from controlroom.transport.properties import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+UNREADABLE_STORED = "Controlroom.EmbeddedQueue.StoredHeaders"
+"""Beside ``UNREADABLE_HEADER``: a row's stored headers text that is no JSON object, kept
+as it was."""
+UNREADABLE_PROPERTIES = "Controlroom.EmbeddedQueue.StoredProperties"
+"""Beside ``UNREADABLE_HEADER``: a row's stored broker properties that could not be read,
+kept as they were."""
+
+
+class _BodyMissing(Exception):
+    """A claimed row whose body row is gone (written outside the transport)."""
+
 
 DEFAULT_LEASE_SECONDS = 300.0
 DEFAULT_POLL_INTERVAL_SECONDS = 0.1
@@ -408,12 +421,16 @@ class EmbeddedQueue:
                 # The body is read as its message is yielded, never a claim's bodies at
                 # once (docs/decisions.md "What ingestion holds is bounded by bytes").
                 row = claimed[0]
-                body = await self._run(functools.partial(self._read_body_sync, row.id))
+                unreadable: list[str] = []
+                try:
+                    body = await self._run(functools.partial(self._read_body_sync, row.id))
+                except _BodyMissing:
+                    body, unreadable = b"", ["its body is missing"]
                 claimed.popleft()
                 if body is None:  # no longer ours (its lease lapsed): another consumer's
                     session.in_flight.discard(row.id)
                     continue
-                yield self._delivery(session, row, body)
+                yield self._delivery(session, row, body, unreadable)
         finally:
             session.consuming = False
             await self._release_unyielded(session, [row.id for row in claimed])
@@ -468,11 +485,25 @@ class EmbeddedQueue:
         if ids and self._executor is not None:
             self._executor.submit(self._release_sync, ids)
 
-    def _delivery(self, session: _Session, row: _Row, body: bytes) -> Delivery:
-        headers = fill_message_id(json.loads(row.headers_json), row.message_id)
+    def _delivery(
+        self, session: _Session, row: _Row, body: bytes, unreadable: list[str]
+    ) -> Delivery:
+        """``row`` as a delivery of ``body``. What cannot be read of a row written outside
+        the transport (headers that are no JSON object, broker properties) is kept as
+        stored in a header of its own, and the delivery says why in
+        ``UNREADABLE_HEADER`` (with ``unreadable``'s reasons): a failed import, never a
+        consumer's crash."""
+        headers = _stored_headers(row.headers_json, unreadable)
+        headers = fill_message_id(headers, row.message_id)
         properties = None
         if row.properties_json is not None:
-            properties = message_properties(parse_properties(row.properties_json))
+            try:
+                properties = message_properties(parse_properties(row.properties_json))
+            except (ValueError, TypeError) as exc:
+                unreadable.append(f"its broker properties are no JSON object of them ({exc})")
+                headers[UNREADABLE_PROPERTIES] = row.properties_json
+        if unreadable:
+            headers[UNREADABLE_HEADER] = "; ".join(unreadable)
 
         async def reject(requeue: bool) -> None:
             await self._settle(session, delivery, _RELEASE_LEASED if requeue else _DELETE_LEASED)
@@ -646,12 +677,17 @@ class EmbeddedQueue:
     def _read_body_sync(self, row_id: int, conn: sqlite3.Connection) -> bytes | None:
         """The body of claimed row ``row_id``, or ``None`` when this queue no longer holds
         its lease. Read through SQLite's incremental blob I/O straight into one ``bytes``
-        (a plain ``SELECT`` of a large blob makes SQLite assemble a copy of its own first)."""
+        (a plain ``SELECT`` of a large blob makes SQLite assemble a copy of its own first).
+        Raises ``_BodyMissing`` when its body row is gone."""
         with _read_transaction(conn):
             held = conn.execute(_HELD, (row_id, self._owner)).fetchall()
             if not held:
                 return None
-            with conn.blobopen("queue_bodies", "body", row_id, readonly=True) as blob:
+            try:
+                blob = conn.blobopen("queue_bodies", "body", row_id, readonly=True)
+            except sqlite3.OperationalError as exc:  # "no such rowid"
+                raise _BodyMissing(row_id) from exc
+            with blob:
                 return blob.read()
 
     def _release_sync(self, ids: Sequence[int]) -> None:
@@ -750,3 +786,17 @@ def _execute_in_write(
 ) -> sqlite3.Cursor:
     with _write_transaction(conn, durable=durable):
         return conn.execute(sql, params)
+
+
+def _stored_headers(text: str, unreadable: list[str]) -> dict[str, str | None]:
+    """The headers stored as ``text``: a JSON object, its values made text as AMQP's typed
+    values are (``header_strings``); anything else kept whole under
+    ``UNREADABLE_STORED``, its reason added to ``unreadable``."""
+    try:
+        stored = json.loads(text)
+    except ValueError:
+        stored = None
+    if isinstance(stored, dict):
+        return header_strings(stored)
+    unreadable.append("its headers are no JSON object")
+    return {UNREADABLE_STORED: text}

@@ -39,7 +39,7 @@ from controlroom.exceptions import ErrorKind, MessageRejected
 from controlroom.runtime.clock import utc_now
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.runtime.wire_text import escape_wire_text
-from controlroom.transport.base import Delivery, QueueDepth, Transport
+from controlroom.transport.base import UNREADABLE_HEADER, Delivery, QueueDepth, Transport
 from controlroom.transport.batching import (  # IntakeClosed: raised by run()
     DeliveryBatcher,
     IntakeClosed,
@@ -303,6 +303,10 @@ class IngestionService:
         return [self._parse(delivery) for delivery in deliveries]
 
     def _parse(self, delivery: Delivery) -> _Parsed:
+        unreadable = delivery.headers.get(UNREADABLE_HEADER)
+        if unreadable is not None:
+            reason = f"the queue could not read the message whole: {unreadable}"
+            return _Parsed(failed_import=self._failed_import(delivery, reason))
         broken = _first_not_utf8(delivery.headers)
         if broken is not None:
             # A transport hands over bytes that were not UTF-8 as lone surrogates; the

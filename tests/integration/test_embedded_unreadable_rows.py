@@ -1,0 +1,93 @@
+"""A message of the embedded queue that cannot be read whole (its row written outside
+the transport: another tool, a damaged file) is a failed import, kept with what could be
+read, never a crash of the intake (breaker pass, third: the worker died on it and was
+started again for ever, stopping every intake; with ``ingestion.workers = 0``, serve
+itself). Per provider (README "Bad input")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from controlroom.config import Settings
+from controlroom.db.tables import failed_error_imports, failed_messages
+from controlroom.errors.ingest.bodies import FileSystemBodyStore
+from controlroom.errors.ingest.pipeline import IngestionService
+from controlroom.transport.embedded import UNREADABLE_STORED, EmbeddedQueue
+from tests.integration.test_ingestion import count, publish_all
+from tests.nsb import failed_headers
+
+TIMEOUT = 30
+
+
+def damage(path: Path, message_id: str, how: str) -> None:
+    """Write the row of ``message_id`` as another tool might have."""
+    with sqlite3.connect(path) as conn:
+        (row_id,) = conn.execute(
+            "SELECT id FROM queue_messages WHERE message_id = ?", (message_id,)
+        ).fetchone()
+        if how == "headers not json":
+            conn.execute(
+                "UPDATE queue_messages SET headers_json = 'not json' WHERE id = ?", (row_id,)
+            )
+        elif how == "headers a list":
+            conn.execute("UPDATE queue_messages SET headers_json = '[]' WHERE id = ?", (row_id,))
+        elif how == "properties not json":
+            conn.execute(
+                "UPDATE queue_messages SET properties_json = 'not json' WHERE id = ?", (row_id,)
+            )
+        elif how == "body missing":
+            conn.execute("DELETE FROM queue_bodies WHERE id = ?", (row_id,))
+
+
+@pytest.mark.parametrize(
+    ("how", "reason"),
+    [
+        ("headers not json", "its headers are no JSON object"),
+        ("headers a list", "its headers are no JSON object"),
+        ("properties not json", "its broker properties are no JSON object"),
+        ("body missing", "its body is missing"),
+    ],
+)
+def test_a_row_the_embedded_queue_cannot_read_whole_is_a_failed_import(
+    tmp_path: Path, database_url: str, engine: sa.Engine, how: str, reason: str
+) -> None:
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=database_url,
+        ingestion={"batch_size": 2, "linger_seconds": 0.2},
+    )
+    messages = [(failed_headers("damaged"), b"{}"), (failed_headers("fine"), b"{}")]
+
+    async def scenario() -> None:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            await publish_all(transport, settings.error_queue, messages)
+            damage(settings.embedded_queue_path, "damaged", how)
+            service = IngestionService(
+                settings, engine, transport, FileSystemBodyStore(settings.body_dir)
+            )
+            task = asyncio.create_task(service.run())
+            try:
+                async with asyncio.timeout(TIMEOUT):
+                    while not (
+                        count(engine, failed_messages) == 1
+                        and count(engine, failed_error_imports) == 1
+                    ):
+                        assert not task.done(), task.exception()
+                        await asyncio.sleep(0.05)
+            finally:
+                await service.stop()
+            assert await transport.purge(settings.error_queue) == 0
+
+    asyncio.run(scenario())
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(failed_messages.c.message_id)).scalar_one() == "fine"
+        kept = conn.execute(sa.select(failed_error_imports)).one()
+    assert reason in kept.reason
+    if how.startswith("headers"):  # kept as it was stored
+        assert json.loads(kept.headers_json)[UNREADABLE_STORED] in ("not json", "[]")
