@@ -3,6 +3,8 @@ outside years 1-9999 once in UTC, details_json nested past what a parser can rea
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from controlroom.telemetry.contract import TelemetryRejected, parse_packet, validate_packet
@@ -44,6 +46,21 @@ def test_unreadable_details_json_is_refused_by_name(details: str) -> None:
 def test_a_deeply_nested_body_is_refused() -> None:
     with pytest.raises(TelemetryRejected):
         parse_packet(b"[" * 100_000)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32"])
+def test_a_packet_in_another_encoding_than_utf_8_is_refused(encoding: str) -> None:
+    """Breaker pass (third): the queue's packets were decoded as JSON detects them, so a
+    UTF-16 packet was accepted though the contract is UTF-8 (README "Site call audit")."""
+    body = json.dumps(packet("Attempted", event_id=EVENT_ID)).encode(encoding)
+    with pytest.raises(TelemetryRejected) as refused:
+        parse_packet(body)
+    assert "not UTF-8 JSON" in refused.value.reason
+
+
+def test_a_utf_8_packet_is_read_with_or_without_a_byte_order_mark() -> None:
+    body = json.dumps(packet("Attempted", event_id=EVENT_ID)).encode()
+    assert parse_packet(b"\xef\xbb\xbf" + body) == parse_packet(body)
 
 
 @pytest.mark.parametrize(

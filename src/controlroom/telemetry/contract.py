@@ -244,9 +244,11 @@ def validate_packet(data: Any) -> TelemetryPacket:
 
 
 def parse_packet(body: bytes) -> TelemetryPacket:
-    """The packet in ``body`` (UTF-8 JSON). Raises ``TelemetryRejected``."""
+    """The packet in ``body`` (UTF-8 JSON, a byte order mark allowed). Raises
+    ``TelemetryRejected``."""
     try:
-        data = json.loads(body)
+        # Decoded first: json.loads of bytes would detect UTF-16 and UTF-32 too.
+        data = json.loads(body.decode("utf-8-sig"))
     except (ValueError, RecursionError) as error:
         raise TelemetryRejected(f"the packet is not UTF-8 JSON: {error}") from None
     return validate_packet(data)
