@@ -38,6 +38,7 @@ from pydantic_settings import (
 )
 
 from controlroom.runtime.addresses import bare_host
+from controlroom.runtime.wire_text import check_site_id
 
 CENTURY_DAYS = 36_500
 """The longest a duration setting may be: a stamp of now minus (or plus) a longer one can
@@ -211,19 +212,7 @@ def check_listen_host(host: str) -> str:
     return host
 
 
-def _site_id(site_id: str) -> str:
-    """A site's id is its ``source_site`` in telemetry, a label in logs and the console,
-    and text in every store: printable (PostgreSQL refuses a NUL in text, a control
-    character breaks the log's lines), and not starting or ending with space (" north"
-    is another site than "north", by mistake)."""
-    if not site_id.isprintable() or not site_id.strip() or site_id != site_id.strip():
-        raise ValueError(
-            "a site's id is printable text, neither blank nor beginning or ending with space"
-        )
-    return site_id
-
-
-SiteId = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_site_id)]
+SiteId = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(check_site_id)]
 """A site's id (central's ``sites[].id``, the agent's ``site_id``): 1 to 64 printable
 characters, not blank, no space at either end."""
 

@@ -48,6 +48,18 @@ def test_a_deeply_nested_body_is_refused() -> None:
         parse_packet(b"[" * 100_000)
 
 
+@pytest.mark.parametrize("site", [" north", "north ", "no\x1brth", "   "])
+def test_a_source_site_no_site_id_could_be_is_refused(site: str) -> None:
+    """Breaker pass (third): the contract took a ``source_site`` with a space at an end or
+    a control character, which no configured site's id may hold (README "Site call
+    audit": a site's id is printable, without space at either end)."""
+    data = packet("Attempted", event_id=EVENT_ID)
+    data["source_site"] = site
+    with pytest.raises(TelemetryRejected) as refused:
+        validate_packet(data)
+    assert refused.value.reason.startswith("source_site:")
+
+
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32"])
 def test_a_packet_in_another_encoding_than_utf_8_is_refused(encoding: str) -> None:
     """Breaker pass (third): the queue's packets were decoded as JSON detects them, so a

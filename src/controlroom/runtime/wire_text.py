@@ -1,4 +1,4 @@
-"""Text that came off the wire, made safe to show and to serialize.
+"""Text that came off the wire, made safe to show and to serialize; a site's id checked.
 
 A transport hands over bytes that were not UTF-8 as lone surrogates (U+DC80..U+DCFF for
 bytes 0x80..0xFF, ``surrogateescape``), and the store keeps them in ASCII-escaped JSON
@@ -52,3 +52,17 @@ def _escape(match: re.Match[str]) -> str:
     if 0xDC80 <= code <= 0xDCFF:
         return f"\\x{code - 0xDC00:02x}"
     return f"\\u{code:04x}"
+
+
+def check_site_id(site_id: str) -> str:
+    """``site_id`` itself when it may be a site's id; raises ``ValueError`` otherwise. A
+    site's id is its ``source_site`` in telemetry, a label in logs and the console, and
+    text in every store: printable (PostgreSQL refuses a NUL in text, a control character
+    breaks the log's lines), and neither blank nor starting or ending with space
+    (" north" is another site than "north", by mistake). One rule for central's
+    ``sites``, the agent's ``site_id`` and the packets' ``source_site``."""
+    if not site_id.isprintable() or not site_id.strip() or site_id != site_id.strip():
+        raise ValueError(
+            "a site's id is printable text, neither blank nor beginning or ending with space"
+        )
+    return site_id

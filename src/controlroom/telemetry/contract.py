@@ -35,7 +35,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from controlroom.exceptions import ControlroomError
-from controlroom.runtime.wire_text import storable_text
+from controlroom.runtime.wire_text import check_site_id, storable_text
 from controlroom.telemetry.ordering import TERMINAL, Channel, SiteCallStatus
 from controlroom.telemetry.stamps import Stamp
 from controlroom.telemetry.widths import (
@@ -88,8 +88,14 @@ CallTarget = Annotated[str, Field(min_length=1, max_length=TARGET_WIDTH), AfterV
 AuditActor = Annotated[str, Field(min_length=1, max_length=ACTOR_WIDTH), AfterValidator(storable)]
 _Action = Annotated[str, Field(min_length=1, max_length=ACTION_WIDTH), AfterValidator(storable)]
 _Category = Annotated[str, Field(min_length=1, max_length=CATEGORY_WIDTH), AfterValidator(storable)]
-SiteName = Annotated[str, Field(min_length=1, max_length=SITE_WIDTH), AfterValidator(storable)]
-"""A site's id as a packet or a notification names it (``source_site``)."""
+SiteName = Annotated[
+    str,
+    Field(min_length=1, max_length=SITE_WIDTH),
+    AfterValidator(storable),
+    AfterValidator(check_site_id),
+]
+"""A site's id as a packet or a notification names it (``source_site``): as a configured
+site's id may be (``runtime.wire_text.check_site_id``)."""
 _Target = Annotated[str, Field(min_length=0, max_length=TARGET_WIDTH), AfterValidator(storable)]
 _Node = Annotated[str, Field(min_length=0, max_length=NODE_WIDTH), AfterValidator(storable)]
 _LastError = Annotated[
