@@ -879,7 +879,7 @@ def test_a_prefetch_past_amqps_limit_is_refused(
     assert said in " ".join(output.split()), output
 
 
-@pytest.mark.parametrize("value", ["P15Q", "fifteen days", ""])
+@pytest.mark.parametrize("value", ["P15Q", "fifteen days", "", "PT1H1H"])
 def test_a_duration_that_does_not_parse_is_refused_naming_its_forms(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
@@ -889,7 +889,10 @@ def test_a_duration_that_does_not_parse_is_refused_naming_its_forms(
 
     assert code == 2, output
     assert "invalid setting error_retention_period (CONTROLROOM_ERROR_RETENTION_PERIOD)" in output
-    forms = "a duration is ISO 8601 (P30D, PT12H, P1DT6H) or a positive number of seconds (3600)"
+    forms = (
+        "a duration is ISO 8601 (P30D, PT12H, P1DT6H: each part at most once, in that order) "
+        "or a positive number of seconds (3600)"
+    )
     assert forms in " ".join(output.split()), output
 
 

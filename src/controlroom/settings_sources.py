@@ -46,16 +46,47 @@ leave the calendar (year 1 or 9999), and a timer or lease of one overflows, whic
 computing it would fail on at every run instead of at start."""
 
 
+_NUMBER = r"\d+(?:[.,]\d+)?"
+_ISO_8601_DURATION = re.compile(
+    rf"[-+]?P(?=\d|T\d)(?:{_NUMBER}Y)?(?:{_NUMBER}M)?(?:{_NUMBER}W)?(?:{_NUMBER}D)?"
+    rf"(?:T(?=\d)(?:{_NUMBER}H)?(?:{_NUMBER}M)?(?:{_NUMBER}S)?)?",
+    re.IGNORECASE,
+)
+"""ISO 8601's duration: each part at most once, in order (pydantic's parser adds a repeated
+part up: ``PT1H1H`` read as two hours)."""
+
+
+def _is_iso_8601(value: object) -> bool:
+    return isinstance(value, str) and value.strip().upper().lstrip("+-").startswith("P")
+
+
+def _iso_8601_well_formed(value: object) -> object:
+    """``value`` itself, unless it is a malformed ISO 8601 duration (raises pydantic's
+    ``time_delta_parsing``)."""
+    if _is_iso_8601(value) and not _ISO_8601_DURATION.fullmatch(str(value).strip()):
+        # pydantic's own kind, so the refusal names a duration's forms (``how_to_give``).
+        raise PydanticKnownError(
+            "time_delta_parsing", {"error": "each part at most once, in ISO 8601's order"}
+        )
+    return value
+
+
 def _iso_8601_in_seconds(value: object) -> object:
     """An ISO 8601 duration (``PT1H``) as its seconds; anything else as it is."""
-    if isinstance(value, str) and value.strip().upper().startswith(("P", "-P", "+P")):
-        return _DURATION.validate_python(value.strip()).total_seconds()
+    if _is_iso_8601(value):
+        return _DURATION.validate_python(str(value).strip()).total_seconds()
     return value
 
 
 _DURATION = TypeAdapter(timedelta)
 
-Seconds = Annotated[float, BeforeValidator(_iso_8601_in_seconds), Field(le=CENTURY_DAYS * 86_400)]
+# Before validators run last first: the form is checked, then read.
+Seconds = Annotated[
+    float,
+    BeforeValidator(_iso_8601_in_seconds),
+    BeforeValidator(_iso_8601_well_formed),
+    Field(le=CENTURY_DAYS * 86_400),
+]
 """A duration setting in seconds, given as a number or in ISO 8601 (``PT1H``): at most a
 century."""
 
@@ -245,15 +276,14 @@ def _numbers_as_numbers(model: type[BaseModel], value: object, info: ValidationI
     reads it as 1 or 0 (a one-second duration, a batch of one), which nobody means. Reads
     a duration given as a number of seconds in text (an environment variable, a JSON or
     TOML string: ``"3600"``) as that number, which pydantic reads only when it is no text
-    (README "Configuration": a duration is ISO 8601 or a number of seconds)."""
+    (README "Configuration": a duration is ISO 8601 or a number of seconds), and refuses
+    a malformed ISO 8601 one (``_iso_8601_well_formed``)."""
     if isinstance(value, bool) and _wants_a_number(model, info.field_name):
         raise PydanticCustomError("number_not_boolean", "a number is wanted, not true or false")
-    if (
-        isinstance(value, str)
-        and _SECONDS_TEXT.fullmatch(value)
-        and _wants_a_duration(model, info.field_name)
-    ):
-        return float(value)
+    if isinstance(value, str) and _wants_a_duration(model, info.field_name):
+        if _SECONDS_TEXT.fullmatch(value):
+            return float(value)
+        return _iso_8601_well_formed(value)
     return value
 
 
@@ -352,7 +382,10 @@ def how_to_give(loc: tuple[int | str, ...], kind: str, prefix: str) -> str | Non
     (``CONTROLROOM_SITES__0__BASE_URL``): no variable sets a list's item, the list is
     given whole as JSON; else ``None``."""
     if kind in ("time_delta_parsing", "time_delta_type"):
-        return "a duration is ISO 8601 (P30D, PT12H, P1DT6H) or a positive number of seconds (3600)"
+        return (
+            "a duration is ISO 8601 (P30D, PT12H, P1DT6H: each part at most once, in that "
+            "order) or a positive number of seconds (3600)"
+        )
     if kind != "list_type" or not all(isinstance(part, str) for part in loc):
         return None
     variable = prefix + "__".join(map(str, loc)).upper()

@@ -98,3 +98,27 @@ def test_a_setting_in_seconds_takes_an_iso_8601_duration_too(
     seconds, and ``CONTROLROOM_AUDIT__REQUEST_BUDGET=PT1H`` was "Input should be a valid
     number"."""
     assert read(Settings(**values))
+
+
+@pytest.mark.parametrize("text", ["PT1H1H", "P1Y2Y", "P", "PT", "P1H", "PT1D", "P1DT", "P1.5.5D"])
+@pytest.mark.parametrize("setting", ["error_retention_period", "ingestion"])
+def test_a_malformed_iso_8601_duration_is_refused(text: str, setting: str) -> None:
+    """Breaker pass (third): ``PT1H1H`` was read as two hours and ``P1Y2Y`` as three
+    years (the parser added repeated parts up)."""
+    values: dict[str, Any] = (
+        {"error_retention_period": text}
+        if setting == "error_retention_period"
+        else {"ingestion": {"max_backoff_seconds": text}}
+    )
+    with pytest.raises(ValidationError) as refused:
+        Settings(**values)
+    assert "ISO 8601" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("P30D", 30 * 86_400), ("PT12H", 43_200), ("P1DT2H", 93_600), ("PT0.5S", 0.5)],
+)
+def test_a_well_formed_iso_8601_duration_is_read(text: str, seconds: float) -> None:
+    settings = Settings(error_retention_period=text)
+    assert settings.error_retention_period == timedelta(seconds=seconds)
