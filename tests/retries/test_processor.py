@@ -18,7 +18,12 @@ from controlroom.app import create_app
 from controlroom.client import confirm_successful_retry
 from controlroom.config import Settings
 from controlroom.db.providers import provider_for
-from controlroom.db.tables import FailedMessageStatus, retry_batches, retry_operations
+from controlroom.db.tables import (
+    FailedMessageStatus,
+    event_log_items,
+    retry_batches,
+    retry_operations,
+)
 from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
@@ -139,12 +144,21 @@ def test_messages_that_changed_or_cannot_be_sent_are_dropped_and_reported(
         operation = conn.execute(
             sa.select(retry_operations).where(retry_operations.c.id == request.operation_id)
         ).one()
+    # Breaker pass (third): the unsendable one was counted skipped, and the event said
+    # "1 sent, 2 skipped", never that one could not be sent.
     assert (operation.message_count, operation.forwarded_count, operation.skipped_count) == (
         3,
         1,
-        2,
+        1,
     )
     assert operation.failed and operation.completed_at is not None
+    with engine.connect() as conn:
+        finished = conn.execute(
+            sa.select(event_log_items.c.description).where(
+                event_log_items.c.event_type == "RetryOperationCompleted"
+            )
+        ).scalar_one()
+    assert finished.endswith("finished: 1 sent, 1 skipped, 1 could not be sent")
     assert batch_statuses(engine) == ["done"]
 
 

@@ -530,7 +530,9 @@ class RetryProcessor:
                 request_id,
                 now,
                 forwarded=forwarded,
-                skipped=len(window.dropped) + len(unsendable) + len(given_up),
+                # Skipped: nothing to send any more (resolved, archived meanwhile). What
+                # cannot be sent counts in neither: the message count less the two.
+                skipped=len(window.dropped),
                 failed=bool(unsendable) or bool(given_up),
             )
         for message_id, refusal in window.unsendable.items():
