@@ -83,8 +83,17 @@ def test_reads_from_another_site_are_not_refused_here(guarded: TestClient) -> No
         ("0.0.0.0", "attacker.example:8080", False),
         ("10.1.2.3", "10.1.2.3:8080", True),
         ("::1", "[::1]:8080", True),
+        # Breaker pass (third): a configured IPv6 address written another way was a 421.
+        ("127.0.0.1", "[fd00:0::5]", True),
+        ("127.0.0.1", "[FD00::5]:443", True),
+        ("127.0.0.1", "[fd00::6]", False),
     ],
 )
 def test_host_check(bound: str, host: str, allowed: bool) -> None:
-    guard = HostGuard(lambda *a: None, bound_host=bound, port=8080, allowed_hosts=["ops.internal"])  # type: ignore[arg-type,return-value]
+    guard = HostGuard(
+        lambda *a: None,  # type: ignore[arg-type,return-value]
+        bound_host=bound,
+        port=8080,
+        allowed_hosts=["ops.internal", "[fd00::5]"],
+    )
     assert guard.allows(host) is allowed

@@ -80,7 +80,8 @@ class HostGuard:
         self.app = app
         self.port = port
         self.bound = _normalize_host(bound_host)
-        self.names = {name.lower().rstrip(".") for name in allowed_hosts}
+        # An IP address as its one written form: [fd00:0::5] is [fd00::5].
+        self.names = {_normalize_host(name).rstrip(".") for name in allowed_hosts}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
@@ -101,6 +102,7 @@ class HostGuard:
         name, port = _split_host(host_header)
         if not name:
             return False
+        name = _normalize_host(name)
         if name in self.names:
             return True
         if port is not None and port != self.port:
