@@ -576,6 +576,8 @@ def test_a_misspelt_name_only_in_the_file_names_the_file_alone(
         # (fourth) each refused as "it must be an amqp:// URL", naming no part of it.
         ("amqp://someone:Sup3rSecretPw@rabbit..local:5672/", "its host is no host name"),
         ("amqp://someone:Sup3rSecretPw@bad_host!/", "its host is no host name"),
+        # Breaker pass (third): waited for, then exit 1 (a webhook's URL refused it).
+        ("amqp://someone:Sup3rSecretPw@999.1.1.1/", "its host is no host name"),
         ("amqp://someone:Sup3rSecretPw@127.0.0.1:5672/ ", "it must be a URL without white space"),
         ("amqp://someone:Sup3rSecretPw@127.0.0.1:0/", "its port must be a number from 1 to 65535"),
         ("amqp://someone:Sup3rSecretPw@rabbit:99999/", "its port must be a number from 1 to"),
@@ -641,6 +643,7 @@ def test_a_database_url_naming_a_driver_not_installed_is_refused_in_one_line(
         # for as unreachable; the default port taken for 0.
         ("postgresql://u:Sup3rSecretPw@db..local:5432/x", "its host is no host name"),
         ("postgresql://u:Sup3rSecretPw@bad_host!/x", "its host is no host name"),
+        ("postgresql://u:Sup3rSecretPw@999.1.1.1/x", "its host is no host name"),
         ("postgresql://u:Sup3rSecretPw@127.0.0.1:5432/x ", "it must be a URL without white space"),
         ("postgresql://u:Sup3rSecretPw@127.0.0.1:0/x", "its port must be a number from 1 to"),
         # Fresh-user pass (fourth): libpq's options in the query skipped the checks (a bad

@@ -161,9 +161,12 @@ for their default)."""
 
 def is_host(host: str) -> bool:
     """``host`` is an IP address, or a host name (IDNA-encoded when not ASCII) of the
-    labels ``http_url_problem`` takes."""
+    labels ``http_url_problem`` takes; digits and dots alone are an IPv4 address or no
+    host."""
     if _is_ip_address(host):
         return True
+    if all(label.isdigit() for label in host.rstrip(".").split(".")):
+        return False  # an IPv4 address out of range (999.1.1.1), or a legacy form (1.2.3)
     try:
         encoded = host.encode("idna").decode("ascii")
     except UnicodeError:
