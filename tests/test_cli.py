@@ -663,6 +663,10 @@ def test_a_database_url_naming_a_driver_not_installed_is_refused_in_one_line(
         ("postgresql://u:Sup3rSecretPw@127.0.0.1/x?application_name=a%00", "no part of it may"),
         ("postgresql://u:Sup3rSecretPw@127.0.0.1/x%20", "its database begins or ends with"),
         ("postgresql://u:Sup3rSecretPw@127.0.0.1/x?dbname=y", "the database goes in its path"),
+        # Breaker pass (second): ?mode=ro was ignored by the driver, and the store written.
+        ("sqlite:///x.db?mode=ro", "the SQLite driver ignores options in its query"),
+        ("postgresql://u:Sup3rSecretPw@127.0.0.1/x#y", "it holds a '#'"),
+        ("sqlite:///x.db?timeout=abc", "the SQLite driver cannot read its query's options"),
     ],
 )
 @pytest.mark.parametrize("setting", ["database_url", "migration_database_url"])

@@ -20,6 +20,7 @@ from controlroom.config import Settings
         "postgresql://postgres@127.0.0.1/controlroom?host=@abstract-socket",
         "postgresql://postgres@127.0.0.1/controlroom?port=5432,5433&host=a.example,b.example",
         "sqlite:///relative/path/controlroom.db",
+        "postgresql://postgres@127.0.0.1/control%23room",
     ],
 )
 def test_a_database_url_libpq_or_sqlite_takes_is_taken(url: str) -> None:

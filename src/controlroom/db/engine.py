@@ -66,6 +66,9 @@ def database_url_problem(url: str) -> str | None:
     nothing is found."""
     if any(character.isspace() for character in url):  # "x " is another database than "x"
         return "it must be a URL without white space"
+    # SQLAlchemy keeps a "#" in the name: "db#x", another database by mistake.
+    if "#" in url:
+        return "it holds a '#', which begins a URL's fragment: write %23 for one in a name"
     try:
         parsed = normalize_database_url(url)
     except sa.exc.ArgumentError:

@@ -14,6 +14,7 @@ import math
 import os
 import sqlite3
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -329,6 +330,22 @@ class SQLiteProvider(OnConflictProvider):
         from controlroom.db.leases import LeaseRow  # central's schema: see the imports
 
         return LeaseRow(self, engine, name, owner, seconds)
+
+    def url_problem(self, url: sa.URL) -> str | None:
+        # SQLAlchemy's own reading of the query: what it warns it ignores (SQLite's URI
+        # options without uri=true: ?mode=ro, and the store written anyway) or cannot read.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", sa.exc.SAWarning)
+            try:
+                url.get_dialect()().create_connect_args(url)
+            except sa.exc.SAWarning:
+                return (
+                    "the SQLite driver ignores options in its query: SQLite's URI options "
+                    "(mode=ro, cache=shared) need uri=true"
+                )
+            except (ValueError, TypeError):
+                return "the SQLite driver cannot read its query's options"
+        return None
 
     def create_engine(self, url: sa.URL, *, pool_size: int) -> sa.Engine:
         if not url.database or url.database == ":memory:" or url.query.get("mode") == "memory":
