@@ -16,10 +16,8 @@ import sqlalchemy as sa
 
 from controlroom.config import Settings
 from controlroom.db.tables import failed_error_imports, failed_messages
-from controlroom.errors.ingest.bodies import FileSystemBodyStore
-from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.transport.embedded import UNREADABLE_STORED, EmbeddedQueue
-from tests.integration.test_ingestion import count, publish_all
+from tests.integration.test_ingestion import count, ingest_until, publish_all
 from tests.nsb import failed_headers
 
 TIMEOUT = 30
@@ -68,20 +66,14 @@ def test_a_row_the_embedded_queue_cannot_read_whole_is_a_failed_import(
         async with EmbeddedQueue(settings.embedded_queue_path) as transport:
             await publish_all(transport, settings.error_queue, messages)
             damage(settings.embedded_queue_path, "damaged", how)
-            service = IngestionService(
-                settings, engine, transport, FileSystemBodyStore(settings.body_dir)
+            await ingest_until(
+                settings,
+                engine,
+                transport,
+                lambda: (
+                    count(engine, failed_messages) == 1 and count(engine, failed_error_imports) == 1
+                ),
             )
-            task = asyncio.create_task(service.run())
-            try:
-                async with asyncio.timeout(TIMEOUT):
-                    while not (
-                        count(engine, failed_messages) == 1
-                        and count(engine, failed_error_imports) == 1
-                    ):
-                        assert not task.done(), task.exception()
-                        await asyncio.sleep(0.05)
-            finally:
-                await service.stop()
             assert await transport.purge(settings.error_queue) == 0
 
     asyncio.run(scenario())
