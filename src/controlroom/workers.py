@@ -181,7 +181,7 @@ async def _work(settings: Settings, reporter: _Reporter, owner: str, gate: Yield
     await transport.start()
     try:
         with rules_applied(engine, settings.notifications):
-            await _run_parts(settings, engine, transport, reporter, stop)
+            await _run_parts(settings, engine, transport, reporter, stop, gate)
     finally:
         await transport.close()
         engine.dispose()
@@ -189,10 +189,15 @@ async def _work(settings: Settings, reporter: _Reporter, owner: str, gate: Yield
 
 
 async def _run_parts(
-    settings: Settings, engine: sa.Engine, transport: Any, reporter: _Reporter, stop: asyncio.Event
+    settings: Settings,
+    engine: sa.Engine,
+    transport: Any,
+    reporter: _Reporter,
+    stop: asyncio.Event,
+    gate: YieldToReads,
 ) -> None:
     body_store = FileSystemBodyStore(settings.body_dir)
-    errors = IngestionService(settings, engine, transport, body_store)
+    errors = IngestionService(settings, engine, transport, body_store, pause=gate.wait)
     telemetry = TelemetryIngestionService(
         settings, engine, transport, on_written=lambda: reporter.send("telemetry written")
     )
