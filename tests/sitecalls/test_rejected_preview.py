@@ -86,3 +86,20 @@ def test_the_queue_path_refuses_a_packet_larger_than_a_request_may_be() -> None:
         f"the packet is {len(raw)} bytes, more than the {len(raw) - 1} a packet may have "
         "(max_request_body_size)"
     )
+
+
+@pytest.mark.parametrize("path", ["/api/site-calls/rejected", "/site-calls/rejected"])
+def test_an_empty_packet_is_listed_like_any_other(
+    settings: Settings, engine: sa.Engine, app_client: TestClient, path: str
+) -> None:
+    """Fresh-user pass (fifth): on SQLite an empty packet's preview was NULL (``substr`` of
+    an empty blob), and the list answered 500 for every page holding it."""
+    (reason,) = make_writer(settings, engine).write([receive_bytes(b"", "site-call-telemetry")])
+    assert reason is not None
+
+    listed = app_client.get(path)
+
+    assert listed.status_code == 200, listed.text
+    if path.startswith("/api"):
+        (item,) = listed.json()["items"]
+        assert (item["packet"], item["packet_size"], item["packet_truncated"]) == ("", 0, False)

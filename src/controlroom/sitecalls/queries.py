@@ -165,7 +165,11 @@ def list_rejected_telemetry(
         rt.source,
         rt.reason,
         rt.rejected_at_utc,
-        sa.func.substr(rt.packet, 1, PACKET_PREVIEW_BYTES, type_=sa.LargeBinary).label("packet"),
+        # SQLite's substr of an empty blob is NULL: an empty packet's preview is empty.
+        sa.func.coalesce(
+            sa.func.substr(rt.packet, 1, PACKET_PREVIEW_BYTES, type_=sa.LargeBinary),
+            sa.literal(b"", sa.LargeBinary),
+        ).label("packet"),
         sa.func.length(rt.packet).label("packet_size"),
     ).subquery("rejected_preview")
     kind = preview.c.source.startswith(REJECTED_NOTIFICATION_SOURCE, autoescape=True)
