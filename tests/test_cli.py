@@ -22,6 +22,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from alembic.script import ScriptDirectory
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from controlroom import __version__
@@ -728,6 +729,9 @@ def test_a_data_directory_under_home_is_under_home(
     ``~`` where serve ran."""
     monkeypatch.setenv("HOME", str(tmp_path))
     assert Settings(data_dir="~/cr").data_dir == tmp_path / "cr"
+    # ... and (fifth) ~nouser ended in a traceback (RuntimeError).
+    with pytest.raises(ValidationError, match="no home directory is known for ~no-such-user"):
+        Settings(data_dir="~no-such-user/cr")
 
 
 def test_an_empty_data_directory_is_refused(

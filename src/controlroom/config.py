@@ -41,6 +41,7 @@ from controlroom.settings_sources import (
     Seconds,
     SettingsTable,
     SiteId,
+    expand_home,
     http_url_problem,
     is_host,
     one_secret_per_direction,
@@ -834,7 +835,7 @@ class Settings(EnvThenTomlSettings):
     def _data_dir_a_directory(cls, path: Path) -> Path:
         """Made when missing; one that names a file would fail in every part using it. A
         leading ``~`` is the user's home, as a shell reads it."""
-        path = path.expanduser()
+        path = expand_home(path)
         if path.exists() and not path.is_dir():
             raise ValueError(f"it names a file, not a directory: {path}")
         return path

@@ -159,6 +159,15 @@ PORT_PROBLEM = "its port must be a number from 1 to 65535"
 for their default)."""
 
 
+def expand_home(path: Path) -> Path:
+    """``path`` with a leading ``~`` or ``~user`` read as a shell reads it; raises
+    ``ValueError`` when that home cannot be found."""
+    try:
+        return path.expanduser()
+    except RuntimeError:  # pathlib: "Could not determine home directory."
+        raise ValueError(f"no home directory is known for {path.parts[0]}") from None
+
+
 def is_host(host: str) -> bool:
     """``host`` is an IP address, or a host name (IDNA-encoded when not ASCII) of the
     labels ``http_url_problem`` takes; digits and dots alone are an IPv4 address or no

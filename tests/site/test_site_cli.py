@@ -134,7 +134,7 @@ def test_whether_a_store_is_in_use_is_asked_without_creating_it(tmp_path: Path) 
     "store_path",
     # Fresh-user pass (fourth): a directory not made yet, written with its slash, became
     # the store's file; a file on the way ended in a 47-line traceback.
-    ["", "  ", "{tmp}", "{tmp}/not-yet/", "{tmp}/a-file/tracking.db", "{tmp}/a-file/x/t.db"],
+    ["", "  ", "{tmp}", "{tmp}/not-yet/", "{tmp}/a-file/tracking.db", "{tmp}/a-file/x/t.db", "~"],
 )
 def test_a_store_path_that_names_no_file_is_refused(tmp_path: Path, store_path: str) -> None:
     """Fresh-user pass (third): an empty ``CONTROLROOM_SITE_STORE_PATH`` printed a 58-line
@@ -145,6 +145,15 @@ def test_a_store_path_that_names_no_file_is_refused(tmp_path: Path, store_path: 
     [error] = refused.value.errors()
     assert error["loc"] == ("store_path",)
     assert "a file" in error["msg"]
+
+
+def test_a_store_path_under_an_unknown_users_home_is_refused() -> None:
+    """Fresh-user pass (fifth): ``~nouser/x.db`` ended in a traceback (``RuntimeError``)."""
+    with pytest.raises(ValidationError) as refused:
+        SiteSettings(site_id="plant-7", store_path="~no-such-user-here/x.db")
+    [error] = refused.value.errors()
+    assert error["loc"] == ("store_path",)
+    assert "home" in error["msg"]
 
 
 def test_a_store_path_under_home_is_under_home(

@@ -22,6 +22,7 @@ from controlroom.settings_sources import (
     ListenOverrides,
     Seconds,
     SiteId,
+    expand_home,
     http_url_problem,
     one_secret_per_direction,
 )
@@ -101,9 +102,9 @@ class SiteSettings(EnvThenTomlSettings):
             raise ValueError("it is empty: unset it for the default, or name a file")
         if not isinstance(value, str | Path):
             return value
-        if str(value).endswith(("/", os.sep)) or Path(value).is_dir():
+        path = expand_home(Path(value))
+        if str(value).endswith(("/", os.sep)) or path.is_dir():
             raise ValueError("it names a directory: name a file in it")
-        path = Path(value).expanduser()
         on_the_way = next((p for p in path.parents if p.exists()), None)
         if on_the_way is not None and not on_the_way.is_dir():
             raise ValueError(f"{on_the_way} is a file, not a directory: name a file elsewhere")
