@@ -56,7 +56,7 @@ class IngestionSettings(SettingsTable):
 
     batch_size: int = Field(200, ge=1, le=10_000, description="Messages per write batch.")
     concurrent_batches: int = Field(2, ge=1, le=64, description="Batches written at once.")
-    linger_seconds: float = Field(
+    linger_seconds: Seconds = Field(
         0.05, ge=0, le=10, description="How long a partial batch waits for more messages."
     )
     prefetch: int = Field(
@@ -104,7 +104,7 @@ class IngestionSettings(SettingsTable):
             "in the batch that reaches it; none: not watched."
         ),
     )
-    stop_grace_seconds: float = Field(
+    stop_grace_seconds: Seconds = Field(
         30.0,
         gt=0,
         le=600,
@@ -571,7 +571,7 @@ class NotificationSettings(SettingsTable):
     batch_size: int = Field(100, ge=1, le=1000, description="Notifications claimed at once.")
     concurrency: int = Field(16, ge=1, le=256, description="Sends under way at once.")
     send_timeout: Seconds = Field(30.0, gt=0, description="Seconds one send may take.")
-    claim_seconds: float = Field(
+    claim_seconds: Seconds = Field(
         300.0,
         gt=0,
         le=86_400,

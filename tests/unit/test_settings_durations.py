@@ -122,3 +122,28 @@ def test_a_malformed_iso_8601_duration_is_refused(text: str, setting: str) -> No
 def test_a_well_formed_iso_8601_duration_is_read(text: str, seconds: float) -> None:
     settings = Settings(error_retention_period=text)
     assert settings.error_retention_period == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize(
+    ("values", "read"),
+    [
+        (
+            {"ingestion": {"stop_grace_seconds": "PT30S"}},
+            lambda s: s.ingestion.stop_grace_seconds == 30.0,
+        ),
+        (
+            {"ingestion": {"linger_seconds": "PT0.5S"}},
+            lambda s: s.ingestion.linger_seconds == 0.5,
+        ),
+        (
+            {"notifications": {"claim_seconds": "PT5M"}},
+            lambda s: s.notifications.claim_seconds == 300.0,
+        ),
+    ],
+)
+def test_every_setting_in_seconds_takes_iso_8601(
+    values: dict[str, Any], read: Callable[[Settings], bool]
+) -> None:
+    """Fresh-user pass (fifth): ``stop_grace_seconds`` and ``claim_seconds`` were
+    "Input should be a valid number" for ``PT30S``."""
+    assert read(Settings(**values))
