@@ -77,6 +77,20 @@ def test_a_taken_demo_port_is_refused_in_one_line_before_anything_is_published(
     assert not data_dir.exists() or not any(data_dir.rglob("*.db"))
 
 
+def test_an_open_api_beyond_loopback_is_refused_before_anything_is_published(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass (fifth): ``CONTROLROOM_HOST=::`` without tokens published 50
+    messages, then its serve refused to serve an open API, and the demo stopped."""
+    monkeypatch.setenv("CONTROLROOM_PORT", str(free_demo_port()))
+    monkeypatch.setenv("CONTROLROOM_HOST", "::")
+    result = runner.invoke(app, ["demo", "run"])
+    assert result.exit_code == 2, result.output
+    assert "refusing to serve on [::]:" in result.output
+    assert "Published" not in result.output
+    assert not (data_dir / "queue.db").exists()  # nothing published
+
+
 def test_a_site_agents_store_in_use_is_refused_in_one_line_before_anything_is_published(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -146,14 +146,8 @@ def serve(
     setting as `CONTROLROOM_<NAME>`, nested with `__` (README "Configuration")."""
     import asyncio
 
-    from controlroom.api.auth import ensure_serving_is_protected
-
     settings = _load(config, host=host, port=port)
-    try:
-        ensure_serving_is_protected(settings)
-    except ConfigurationError as exc:  # a settings problem: exit 2, before anything starts
-        err_console.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from exc
+    _refuse_an_open_api(settings)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -392,6 +386,7 @@ def demo_run(config: ConfigOption = None) -> None:
     from controlroom.runtime.demo_logs import QUIET_ENV
 
     settings = _load(config)
+    _refuse_an_open_api(settings)  # its serve would, after the demo published
     _refuse_if_served(settings)
     held = first_store_in_use(settings.data_dir)
     if held is not None:
@@ -864,6 +859,18 @@ def _describe_transport(settings: Settings) -> str:
     if settings.broker_url:
         return f"RabbitMQ {redact_url(settings.broker_url)}"
     return f"the embedded queue {settings.embedded_queue_path}"
+
+
+def _refuse_an_open_api(settings: Settings) -> None:
+    """Exit 2 naming the problem, before anything starts, when serve would refuse to serve
+    an open API beyond loopback (``api.auth.ensure_serving_is_protected``)."""
+    from controlroom.api.auth import ensure_serving_is_protected
+
+    try:
+        ensure_serving_is_protected(settings)
+    except ConfigurationError as exc:
+        err_console.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from exc
 
 
 # --- serve --------------------------------------------------------------------------------
