@@ -12,7 +12,7 @@ from controlroom.runtime.addresses import bare_host
 
 def listen(host: str, port: int, *, chosen_by: str | None = None) -> socket.socket:
     """A listening TCP socket on ``host:port`` (port 0: any free one; an IPv6 ``host`` bare
-    or in brackets, ``[::1]``), bound before anything
+    or in brackets, ``[::1]``; ``::`` takes IPv4 connections too), bound before anything
     else starts so a taken port fails fast (and connections made as soon as the address is
     printed wait in the backlog). Its protocol is ``IPPROTO_TCP``, so every connection
     asyncio accepts on it gets ``TCP_NODELAY``. Raises ``ConfigurationError`` naming the
@@ -22,7 +22,9 @@ def listen(host: str, port: int, *, chosen_by: str | None = None) -> socket.sock
     address = bare_host(host)
     try:
         family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
-        bound = socket.create_server((address, port), family=family)
+        # "::" is every address, IPv4's too, where the kernel allows one socket both.
+        dualstack = address == "::" and socket.has_dualstack_ipv6()
+        bound = socket.create_server((address, port), family=family, dualstack_ipv6=dualstack)
     except OSError as exc:
         hint = ""
         if chosen_by is not None and exc.errno == errno.EADDRINUSE:
