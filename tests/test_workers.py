@@ -510,6 +510,17 @@ def test_merged_exposition_labels_each_workers_series() -> None:
     assert text.count("# TYPE a_total counter") == 1
 
 
+def test_a_family_only_workers_count_is_not_shown_unlabelled_from_serve() -> None:
+    """Fresh-user pass (fifth): serve's own ``..._waited_for_reads_seconds_total 0.0``
+    stood unlabelled beside the workers' series (serve never waits for its own reads)."""
+    family = "controlroom_worker_waited_for_reads_seconds"
+    own = f"# HELP {family} W\n# TYPE {family} counter\n{family}_total 0.0\n"
+    worker = own.replace(" 0.0", " 2.5")
+    text = merged_exposition(own, {0: worker}).decode()
+    assert f'{family}_total{{worker="0"}} 2.5' in text
+    assert f"{family}_total 0.0" not in text
+
+
 @pytest.mark.postgresql
 def test_the_postgresql_backends_of_a_worker_run_at_its_niceness(
     tmp_path: Path, postgresql_url: str

@@ -85,6 +85,8 @@ STOP_MARGIN_SECONDS = 30.0
 
 _SERVE_ONLY_METRICS = ("controlroom_intake_",)
 """Families a worker's snapshot leaves out: serve owns its intakes' health gauges."""
+_WORKER_ONLY_METRICS = ("controlroom_worker_",)
+"""Families serve's own exposition leaves out: only workers count them."""
 
 
 # -- the worker process ---------------------------------------------------------------
@@ -522,10 +524,12 @@ class WorkerPool:
 def merged_exposition(own: str, workers: Mapping[int, str]) -> bytes:
     """``own`` (a Prometheus text exposition) with every family of each worker's (by
     index) merged in, their samples labelled ``worker="<index>"``; the families of
-    ``_SERVE_ONLY_METRICS`` are taken from ``own`` only."""
+    ``_SERVE_ONLY_METRICS`` are taken from ``own`` only, those of
+    ``_WORKER_ONLY_METRICS`` from the workers only."""
     families: dict[str, Metric] = {}
     for family in text_string_to_metric_families(own):
-        families[family.name] = family
+        if not family.name.startswith(_WORKER_ONLY_METRICS):
+            families[family.name] = family
     for index, text in sorted(workers.items()):
         for family in text_string_to_metric_families(text):
             if family.name.startswith(_SERVE_ONLY_METRICS):
