@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 from controlroom import __version__
 from controlroom.cli import app
 from controlroom.config import Settings
-from controlroom.db.engine import create_store_engine
+from controlroom.db.engine import create_store_engine, store_identity
 from controlroom.db.migrate import alembic_config, upgrade_database
 from controlroom.db.tables import failed_error_imports, notifications
 from controlroom.demo import generate_demo_messages
@@ -42,6 +42,7 @@ from controlroom.errors.model import FailedImport
 from controlroom.event_types import EventType
 from controlroom.events import record_event
 from controlroom.exceptions import MessageRejected
+from controlroom.runtime import serve_lock
 from controlroom.server import _quiet_routine_telemetry
 from controlroom.transport import Delivery, EmbeddedQueue, TransportError
 from tests import servers
@@ -1270,6 +1271,25 @@ def test_import_failed_republishes_every_import_and_deletes_its_row(
     assert [(d.headers, d.body) for d in queued] == [
         (json.loads(item.headers_json), item.body) for item in imports
     ]
+
+
+def test_import_failed_refuses_to_publish_where_the_running_serve_never_looks(
+    store_env: Path, engine: sa.Engine
+) -> None:
+    """Fresh-user pass (fifth): with serve on RabbitMQ and ``CONTROLROOM_BROKER_URL``
+    forgotten, the imports were deleted and put on the embedded queue, which no serve
+    reads."""
+    imports = [failed_import(n) for n in range(2)]
+    FailedMessageBatchWriter(engine).write(IngestionBatch(failed_imports=imports))
+    broker = "RabbitMQ amqp://rabbit.example:5672/%2F"
+
+    with serve_lock.serving(store_env, store=store_identity(engine), broker=broker):
+        code, output = invoke("import-failed")
+
+    assert code == 1, output
+    assert f"consumes {broker}" in " ".join(output.split()), output
+    assert stored_import_ids(engine) == sorted(item.id for item in imports)
+    assert not (store_env / "queue.db").exists()
 
 
 def test_import_failed_with_an_id_republishes_only_that_one(

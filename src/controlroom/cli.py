@@ -590,9 +590,30 @@ def import_failed(
         if list_only:
             _print_failed_imports(engine)
             return
+        _refuse_another_broker(settings, engine)
         ids = [failed_import_id] if failed_import_id else list_failed_import_ids(engine)
         outcomes = asyncio.run(_reimport(settings, engine, ids)) if ids else []
     _report_reimport(settings, failed_import_id, outcomes)
+
+
+def _refuse_another_broker(settings: Settings, engine: sa.Engine) -> None:
+    """Exit 1 when a serve of this store runs on this data directory consuming another
+    broker than the one this command would publish to: what it publishes would wait
+    where that serve never looks (``runtime.serve_lock.serving_broker``)."""
+    from controlroom.db.engine import store_identity
+    from controlroom.runtime.serve_lock import serving_broker
+    from controlroom.transport import create_transport
+
+    running = serving_broker(settings.data_dir, store=store_identity(engine))
+    ours = create_transport(settings).destination
+    if running is not None and running != ours:
+        err_console.print(
+            f"[red]error:[/] a controlroom serve of this store consumes {escape(running)}; "
+            f"this command would publish to {escape(ours)}, where it never looks. Give it "
+            "the serve's CONTROLROOM_BROKER_URL; nothing was published.",
+            highlight=False,
+        )
+        raise typer.Exit(1)
 
 
 @app.command()

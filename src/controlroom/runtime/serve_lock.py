@@ -46,10 +46,9 @@ def serving(data_dir: Path, *, store: str, broker: str, shown: str | None = None
         yield
         return
     data_dir.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256(store.encode("utf-8", "surrogateescape")).hexdigest()[:16]
     with (
         (data_dir / LOCK_FILE).open("a") as directory,
-        (data_dir / f"serve-{digest}.lock").open("a+", encoding="utf-8") as of_store,
+        _store_lock(data_dir, store).open("a+", encoding="utf-8") as of_store,
     ):
         _hold_store(of_store, store=shown or store, broker=broker, data_dir=data_dir)
         fcntl.flock(directory, fcntl.LOCK_SH)
@@ -84,6 +83,21 @@ def _hold_store(handle: IO[str], *, store: str, broker: str, data_dir: Path) -> 
     handle.write(broker)
     handle.flush()
     fcntl.flock(handle, fcntl.LOCK_SH)  # others may read it now
+
+
+def _store_lock(data_dir: Path, store: str) -> Path:
+    digest = hashlib.sha256(store.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return data_dir / f"serve-{digest}.lock"
+
+
+def serving_broker(data_dir: Path, *, store: str) -> str | None:
+    """The broker the serves of ``store`` running on ``data_dir`` consume (what the first
+    of them recorded), or ``None`` when none runs: a command that publishes for them (a
+    re-import) checks it is the broker it would publish to."""
+    path = _store_lock(data_dir, store)
+    if not path.exists() or not held_elsewhere(path):
+        return None
+    return path.read_text(encoding="utf-8") or None
 
 
 def is_served(data_dir: Path) -> bool:
