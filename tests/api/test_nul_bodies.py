@@ -54,6 +54,19 @@ WINDOW = {"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"}
             {"queueaddress": "q\x00", **WINDOW},
             ["body", "queueaddress"],
         ),
+        # Breaker pass (fourth): a NUL after the time was read past, and 300 resolved.
+        (
+            "PATCH",
+            "/api/pendingretries/queues/resolve",
+            {"queueaddress": "q", "from": "2020-01-01", "to": "2030-01-01T00:00:00\x00"},
+            ["body", "to"],
+        ),
+        (
+            "POST",
+            "/api/pendingretries/queues/retry",
+            {"queueaddress": "q", "from": "2020-01-01T00:00:00\x00", "to": "2030-01-01"},
+            ["body", "from"],
+        ),
         ("POST", "/api/errors/retry", ["a\x00b"], ["body", 0]),
         ("POST", "/api/pendingretries/retry", ["a\x00b"], ["body", 0]),
     ],

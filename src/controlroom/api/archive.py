@@ -117,8 +117,9 @@ class QueueWindow(BaseModel):
     zone is UTC). Read leniently, as ServiceControl reads it; checked by ``window``."""
 
     queueaddress: StoredText | None = None
-    from_: str | None = Field(default=None, alias="from")
-    to: str | None = None
+    # Python's fromisoformat reads past a NUL after the time: refused here, by name.
+    from_: StoredText | None = Field(default=None, alias="from")
+    to: StoredText | None = None
 
     def window(self) -> tuple[str, datetime, datetime]:
         """``(queue address, from, to)``; raises ``HTTPException`` 400 naming the field."""
