@@ -41,6 +41,20 @@ def damage(path: Path, message_id: str, how: str) -> None:
             )
         elif how == "body missing":
             conn.execute("DELETE FROM queue_bodies WHERE id = ?", (row_id,))
+        elif how == "headers not utf-8":
+            conn.execute(
+                "UPDATE queue_messages SET headers_json = CAST(x'7b2241223a2280ff227d' AS TEXT) "
+                "WHERE id = ?",
+                (row_id,),
+            )
+        elif how == "properties not utf-8":
+            conn.execute(
+                "UPDATE queue_messages SET properties_json = CAST(x'80ff' AS TEXT) WHERE id = ?",
+                (row_id,),
+            )
+        elif how == "headers nested too deep":
+            deep = "[" * 100_000 + "]" * 100_000
+            conn.execute("UPDATE queue_messages SET headers_json = ? WHERE id = ?", (deep, row_id))
 
 
 @pytest.mark.parametrize(
@@ -50,6 +64,10 @@ def damage(path: Path, message_id: str, how: str) -> None:
         ("headers a list", "its headers are no JSON object"),
         ("properties not json", "its broker properties are no JSON object"),
         ("body missing", "its body is missing"),
+        # Breaker pass (fourth): these still crashed the intake worker in a loop.
+        ("headers not utf-8", "not UTF-8"),
+        ("properties not utf-8", "its broker properties are no JSON object"),
+        ("headers nested too deep", "its headers are no JSON object"),
     ],
 )
 def test_a_row_the_embedded_queue_cannot_read_whole_is_a_failed_import(
@@ -81,5 +99,5 @@ def test_a_row_the_embedded_queue_cannot_read_whole_is_a_failed_import(
         assert conn.execute(sa.select(failed_messages.c.message_id)).scalar_one() == "fine"
         kept = conn.execute(sa.select(failed_error_imports)).one()
     assert reason in kept.reason
-    if how.startswith("headers"):  # kept as it was stored
+    if how in ("headers not json", "headers a list"):  # kept as it was stored
         assert json.loads(kept.headers_json)[UNREADABLE_STORED] in ("not json", "[]")

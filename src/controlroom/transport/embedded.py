@@ -499,7 +499,7 @@ class EmbeddedQueue:
         if row.properties_json is not None:
             try:
                 properties = message_properties(parse_properties(row.properties_json))
-            except (ValueError, TypeError) as exc:
+            except (ValueError, TypeError, RecursionError) as exc:
                 unreadable.append(f"its broker properties are no JSON object of them ({exc})")
                 headers[UNREADABLE_PROPERTIES] = row.properties_json
         if unreadable:
@@ -632,6 +632,10 @@ class EmbeddedQueue:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: we issue BEGIN IMMEDIATE / COMMIT ourselves.
         conn = sqlite3.connect(self._path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+        # Text written outside the transport may be no UTF-8: read it with its bytes kept
+        # (lone surrogates), so its row is delivered as a failed import, not a claim that
+        # fails for ever (``_stored_headers``).
+        conn.text_factory = _text_as_written
         try:
             conn.execute("PRAGMA journal_mode=WAL").fetchall()
             conn.execute("PRAGMA synchronous=NORMAL")
@@ -788,13 +792,19 @@ def _execute_in_write(
         return conn.execute(sql, params)
 
 
+def _text_as_written(data: bytes) -> str:
+    """A text column as stored: UTF-8, any other byte kept as a lone surrogate."""
+    return data.decode("utf-8", "surrogateescape")
+
+
 def _stored_headers(text: str, unreadable: list[str]) -> dict[str, str | None]:
     """The headers stored as ``text``: a JSON object, its values made text as AMQP's typed
-    values are (``header_strings``); anything else kept whole under
-    ``UNREADABLE_STORED``, its reason added to ``unreadable``."""
+    values are (``header_strings``); anything else (no JSON, nested deeper than the
+    decoder goes) kept whole under ``UNREADABLE_STORED``, its reason added to
+    ``unreadable``."""
     try:
         stored = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         stored = None
     if isinstance(stored, dict):
         return header_strings(stored)
