@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -54,6 +55,37 @@ def test_run_serves_until_stop_is_set(settings: Settings) -> None:
 
     assert asyncio.run(main()) == 200
     assert seen[0].ingesting
+
+
+def test_a_client_that_does_not_read_its_answers_does_not_hold_the_stop(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Breaker pass (fourth): a client sending pipelined requests and reading none of
+    the answers kept serve "Waiting for connections to close" after SIGTERM for as long
+    as it stayed; answers under way get ``HTTP_STOP_SECONDS``, then are cut."""
+    monkeypatch.setattr(server, "HTTP_STOP_SECONDS", 1)
+    seen: list[server.Serving] = []
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        with listen("127.0.0.1", 0) as listener:
+            running = asyncio.create_task(
+                server.run(settings, listener=listener, stop=stop, on_serving=seen.append)
+            )
+            async with asyncio.timeout(TIMEOUT):
+                while not seen:
+                    await asyncio.sleep(0.01)
+                host, port = listener.getsockname()[:2]
+                with socket.socket() as stalled:
+                    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+                    stalled.connect((host, port))
+                    request = f"GET /openapi.json HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n"
+                    stalled.sendall(request.encode() * 40)
+                    await asyncio.sleep(1)  # its answers fill the buffers, unread
+                    stop.set()
+                    await running  # within the timeout, the client still connected
+
+    asyncio.run(main())
 
 
 def test_every_connection_serve_accepts_has_tcp_nodelay(settings: Settings) -> None:

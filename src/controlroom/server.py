@@ -88,6 +88,11 @@ from controlroom.workers import (
 
 log = logging.getLogger(__name__)
 
+HTTP_STOP_SECONDS = 10
+"""At the stop, how long answers under way may take to finish before their connections are
+cut: a client that reads none of its answers would hold the stop for as long as it
+stays."""
+
 
 class PartStopped(ControlroomError):
     """A part of the service (``part``: its name) ended while the service should run; its
@@ -306,7 +311,14 @@ class _Service:
             port=listener.getsockname()[1],
             allowed_hosts=settings.allowed_hosts,
         )
-        self._http = _Server(uvicorn.Config(guarded, lifespan="off", log_level="info"))
+        self._http = _Server(
+            uvicorn.Config(
+                guarded,
+                lifespan="off",
+                log_level="info",
+                timeout_graceful_shutdown=HTTP_STOP_SECONDS,
+            )
+        )
         sweeper = RetentionSweeper(
             engine,
             body_store,
