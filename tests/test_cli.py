@@ -580,6 +580,9 @@ def test_a_misspelt_name_only_in_the_file_names_the_file_alone(
         ("amqp://someone:Sup3rSecretPw@bad_host!/", "its host is no host name"),
         # Breaker pass (third): waited for, then exit 1 (a webhook's URL refused it).
         ("amqp://someone:Sup3rSecretPw@999.1.1.1/", "its host is no host name"),
+        # Breaker pass (fourth): a NUL reached RabbitMQ in the vhost, and in the user.
+        ("amqp://someone:Sup3rSecretPw@127.0.0.1/v%00x", "no part of it may hold a NUL"),
+        ("amqp://some%00one:Sup3rSecretPw@127.0.0.1/v", "no part of it may hold a NUL"),
         ("amqp://someone:Sup3rSecretPw@127.0.0.1:5672/ ", "it must be a URL without white space"),
         ("amqp://someone:Sup3rSecretPw@127.0.0.1:0/", "its port must be a number from 1 to 65535"),
         ("amqp://someone:Sup3rSecretPw@rabbit:99999/", "its port must be a number from 1 to"),
@@ -646,6 +649,13 @@ def test_a_database_url_naming_a_driver_not_installed_is_refused_in_one_line(
         ("postgresql://u:Sup3rSecretPw@db..local:5432/x", "its host is no host name"),
         ("postgresql://u:Sup3rSecretPw@bad_host!/x", "its host is no host name"),
         ("postgresql://u:Sup3rSecretPw@999.1.1.1/x", "its host is no host name"),
+        # Breaker pass (fourth): taken, then waited for, or another user connected.
+        ("postgresql://u:Sup3rSecretPw@db/x?hostaddr=999.1.1.1", "its hostaddr is no IP"),
+        ("postgresql://u:Sup3rSecretPw@db/x?user=evil", "the user goes before its host"),
+        (
+            "postgresql://u:Sup3rSecretPw@db/x?port=5432,5433",
+            "it gives more than one port, but not one for each of its hosts",
+        ),
         ("postgresql://u:Sup3rSecretPw@127.0.0.1:5432/x ", "it must be a URL without white space"),
         ("postgresql://u:Sup3rSecretPw@127.0.0.1:0/x", "its port must be a number from 1 to"),
         # Fresh-user pass (fourth): libpq's options in the query skipped the checks (a bad

@@ -14,7 +14,7 @@ import re
 from datetime import timedelta
 from pathlib import Path
 from typing import ClassVar, Literal, Unpack
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -807,6 +807,8 @@ class Settings(EnvThenTomlSettings):
         parts = urlsplit(url)  # _port_is_a_port took its host's brackets and its port
         if any(character.isspace() for character in url):
             raise ValueError("it must be a URL without white space")
+        if "\x00" in unquote(url):  # the broker would be asked for a vhost or user cut short
+            raise ValueError("no part of it may hold a NUL (%00)")
         if parts.scheme.lower() not in ("amqp", "amqps"):
             raise ValueError(
                 "it must be an amqp:// or amqps:// URL, or empty for the embedded queue"

@@ -18,9 +18,11 @@ from controlroom.config import Settings
         "postgresql://postgres@db1.example,db2.example:5432/controlroom",
         "postgresql://postgres@[::1]:5432/controlroom",
         "postgresql://postgres@127.0.0.1/controlroom?host=@abstract-socket",
-        "postgresql://postgres@127.0.0.1/controlroom?port=5432,5433&host=a.example,b.example",
+        "postgresql://postgres@/controlroom?port=5432,5433&host=a.example,b.example",
         "sqlite:///relative/path/controlroom.db",
         "postgresql://postgres@127.0.0.1/control%23room",
+        "postgresql://postgres@db1.example,db2.example/controlroom?port=5432,5433",
+        "postgresql://postgres@db.example/controlroom?hostaddr=10.0.0.5",
     ],
 )
 def test_a_database_url_libpq_or_sqlite_takes_is_taken(url: str) -> None:

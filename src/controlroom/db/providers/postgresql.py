@@ -7,6 +7,7 @@ locks; SQLSTATE classification of errors (docs/design.md "Stores", "Transient fa
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -145,6 +146,14 @@ def _fold_counts(table: sa.Table) -> str:
 
 
 _FOLD_GROUP_COUNTS = _fold_counts(failed_message_group_counts)
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _listed(*values: str | Sequence[str] | None) -> list[str]:
@@ -560,18 +569,29 @@ class PostgreSQLProvider(OnConflictProvider):
     def url_problem(self, url: sa.URL) -> str | None:
         if not url.database:  # libpq would take the user's name, and migrate that database
             return "it names no database: postgresql://user@host:5432/database"
-        if "dbname" in url.query:  # libpq would take it over the path's
+        # libpq would take these over the URL's own parts, without a word.
+        if "dbname" in url.query:
             return "the database goes in its path (postgresql://host/database), not ?dbname="
+        if "user" in url.query:
+            return "the user goes before its host (postgresql://user@host/database), not ?user="
         # libpq takes hosts and ports from the URL and from its query, each a list.
-        for host in _listed(url.host, url.query.get("host")):
+        hosts = _listed(url.host, url.query.get("host"))
+        for host in hosts:
             # Empty: libpq's default socket; "/" a socket directory, "@" Linux's abstract
             # namespace.
             if host and not host.startswith(("/", "@")) and not is_host(host):
                 return "its host is no host name, IP address or socket directory (/path)"
+        for address in _listed(url.query.get("hostaddr")):
+            if address and not _is_ip(address):
+                return "its hostaddr is no IP address"
         ports = _listed(None if url.port is None else str(url.port), url.query.get("port"))
         for port in ports:  # libpq takes 0 for its default port
             if port and not (port.isdigit() and 1 <= int(port) <= 65535):
                 return PORT_PROBLEM
+        # libpq: one port, or one for each host (those of ?host= when it is given).
+        named = _listed(url.query.get("host")) or _listed(url.host)
+        if len(ports) > 1 and len(ports) != len(named):
+            return "it gives more than one port, but not one for each of its hosts"
         options = {key: str(value) for key, value in url.query.items()}
         try:
             psycopg.conninfo.make_conninfo("", **options)  # libpq's own parse of its options
