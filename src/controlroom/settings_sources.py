@@ -293,6 +293,7 @@ def _numbers_as_numbers(model: type[BaseModel], value: object, info: ValidationI
     if isinstance(value, bool) and _wants_a_number(model, info.field_name):
         raise PydanticCustomError("number_not_boolean", "a number is wanted, not true or false")
     if isinstance(value, str) and _wants_a_duration(model, info.field_name):
+        value = value.strip()  # as a duration in seconds is read
         if _SECONDS_TEXT.fullmatch(value):
             return float(value)
         return _iso_8601_well_formed(value)

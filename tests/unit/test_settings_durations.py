@@ -117,7 +117,13 @@ def test_a_malformed_iso_8601_duration_is_refused(text: str, setting: str) -> No
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("P30D", 30 * 86_400), ("PT12H", 43_200), ("P1DT2H", 93_600), ("PT0.5S", 0.5)],
+    [
+        ("P30D", 30 * 86_400),
+        ("PT12H", 43_200),
+        ("P1DT2H", 93_600),
+        ("PT0.5S", 0.5),
+        (" PT1H ", 3_600),  # breaker pass (fourth): taken in seconds, refused as a period
+    ],
 )
 def test_a_well_formed_iso_8601_duration_is_read(text: str, seconds: float) -> None:
     settings = Settings(error_retention_period=text)
