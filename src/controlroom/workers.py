@@ -183,7 +183,7 @@ async def _work(settings: Settings, reporter: _Reporter, owner: str, gate: Yield
     await transport.start()
     try:
         with rules_applied(engine, settings.notifications):
-            await _run_parts(settings, engine, transport, reporter, stop, gate)
+            await _run_parts(settings, engine, transport, reporter, stop)
     finally:
         await transport.close()
         engine.dispose()
@@ -191,15 +191,10 @@ async def _work(settings: Settings, reporter: _Reporter, owner: str, gate: Yield
 
 
 async def _run_parts(
-    settings: Settings,
-    engine: sa.Engine,
-    transport: Any,
-    reporter: _Reporter,
-    stop: asyncio.Event,
-    gate: YieldToReads,
+    settings: Settings, engine: sa.Engine, transport: Any, reporter: _Reporter, stop: asyncio.Event
 ) -> None:
     body_store = FileSystemBodyStore(settings.body_dir)
-    errors = IngestionService(settings, engine, transport, body_store, pause=gate.wait)
+    errors = IngestionService(settings, engine, transport, body_store)
     telemetry = TelemetryIngestionService(
         settings, engine, transport, on_written=lambda: reporter.send("telemetry written")
     )

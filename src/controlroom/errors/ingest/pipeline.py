@@ -20,7 +20,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -139,14 +139,8 @@ class _Parsed:
     failed_import: FailedImport | None = None
 
 
-def _no_pause() -> None:
-    return None
-
-
 class IngestionService:
-    """Drains the error queue into the store until stopped. ``pause`` is called, off the
-    event loop, before each message is parsed: a worker passes its wait for serve's reads
-    (docs/decisions.md "Reads first: the workers wait for serve's reads")."""
+    """Drains the error queue into the store until stopped."""
 
     def __init__(
         self,
@@ -154,11 +148,8 @@ class IngestionService:
         engine: sa.Engine,
         transport: Transport,
         body_store: BodyStore,
-        *,
-        pause: Callable[[], None] = _no_pause,
     ) -> None:
         self._settings = settings
-        self._pause = pause
         self._transport = transport
         self._body_store = body_store
         self._stop = IntakeStop(settings.ingestion.stop_grace_seconds)
@@ -309,11 +300,7 @@ class IngestionService:
         await reject_all(deliveries)
 
     def _parse_all(self, deliveries: Sequence[Delivery]) -> list[_Parsed]:
-        parsed = []
-        for delivery in deliveries:
-            self._pause()
-            parsed.append(self._parse(delivery))
-        return parsed
+        return [self._parse(delivery) for delivery in deliveries]
 
     def _parse(self, delivery: Delivery) -> _Parsed:
         unreadable = delivery.headers.get(UNREADABLE_HEADER)
