@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -24,6 +26,7 @@ from controlroom.sitecalls.retention import SiteCallRetention
 from tests.nodelay import accepted_with_nodelay
 from tests.servers import TEST_CLIENT_TIMEOUT
 
+T = TypeVar("T")
 TIMEOUT = 60.0
 
 
@@ -33,28 +36,43 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(data_dir=tmp_path / "data")
 
 
-def test_run_serves_until_stop_is_set(settings: Settings) -> None:
-    seen: list[server.Serving] = []
+def serving(
+    settings: Settings,
+    body: Callable[[server.Serving, Callable[[], Awaitable[None]]], Awaitable[T]],
+) -> T:
+    """Run ``server.run`` on a loopback socket; once it serves, call ``body`` with its
+    announcement and ``stop_and_wait`` (sets the stop, waits for the end), which runs after
+    ``body`` too."""
 
-    async def main() -> int:
+    async def main() -> T:
         stop = asyncio.Event()
+        seen: list[server.Serving] = []
         with listen("127.0.0.1", 0) as listener:
             running = asyncio.create_task(
                 server.run(settings, listener=listener, stop=stop, on_serving=seen.append)
             )
+
+            async def stop_and_wait() -> None:
+                stop.set()
+                await running
+
             async with asyncio.timeout(TIMEOUT):
                 while not seen:
                     await asyncio.sleep(0.01)
-                async with httpx.AsyncClient(
-                    base_url=seen[0].url, timeout=TEST_CLIENT_TIMEOUT
-                ) as client:
-                    status = (await client.get("/api/health")).status_code
-                stop.set()
-                await running
-        return status
+                try:
+                    return await body(seen[0], stop_and_wait)
+                finally:
+                    await stop_and_wait()
 
-    assert asyncio.run(main()) == 200
-    assert seen[0].ingesting
+    return asyncio.run(main())
+
+
+def test_run_serves_until_stop_is_set(settings: Settings) -> None:
+    async def health(serving: server.Serving, _: Callable[[], Awaitable[None]]) -> tuple[int, bool]:
+        async with httpx.AsyncClient(base_url=serving.url, timeout=TEST_CLIENT_TIMEOUT) as client:
+            return (await client.get("/api/health")).status_code, serving.ingesting
+
+    assert serving(settings, health) == (200, True)
 
 
 def test_a_client_that_does_not_read_its_answers_does_not_hold_the_stop(
@@ -64,28 +82,20 @@ def test_a_client_that_does_not_read_its_answers_does_not_hold_the_stop(
     the answers kept serve "Waiting for connections to close" after SIGTERM for as long
     as it stayed; answers under way get ``HTTP_STOP_SECONDS``, then are cut."""
     monkeypatch.setattr(server, "HTTP_STOP_SECONDS", 1)
-    seen: list[server.Serving] = []
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        with listen("127.0.0.1", 0) as listener:
-            running = asyncio.create_task(
-                server.run(settings, listener=listener, stop=stop, on_serving=seen.append)
-            )
-            async with asyncio.timeout(TIMEOUT):
-                while not seen:
-                    await asyncio.sleep(0.01)
-                host, port = listener.getsockname()[:2]
-                with socket.socket() as stalled:
-                    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
-                    stalled.connect((host, port))
-                    request = f"GET /openapi.json HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n"
-                    stalled.sendall(request.encode() * 40)
-                    await asyncio.sleep(1)  # its answers fill the buffers, unread
-                    stop.set()
-                    await running  # within the timeout, the client still connected
+    async def stalled_at_the_stop(
+        serving: server.Serving, stop_and_wait: Callable[[], Awaitable[None]]
+    ) -> None:
+        parts = urlsplit(serving.url)
+        with socket.socket() as stalled:
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            stalled.connect((parts.hostname, parts.port))
+            request = f"GET /openapi.json HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n"
+            stalled.sendall(request.encode() * 40)
+            await asyncio.sleep(1)  # its answers fill the buffers, unread
+            await stop_and_wait()  # within the timeout, the client still connected
 
-    asyncio.run(main())
+    serving(settings, stalled_at_the_stop)
 
 
 def test_every_connection_serve_accepts_has_tcp_nodelay(settings: Settings) -> None:

@@ -139,7 +139,7 @@ def http_url_problem(url: str, *, credentials: bool = True, base: bool = False) 
         return usable
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname or port == 0:
         return usable
-    if not _is_ip_address(host) and not _URL_HOST.fullmatch(host):
+    if not is_ip_address(host) and not _URL_HOST.fullmatch(host):
         return usable
     if not credentials and (parts.username is not None or parts.password is not None):
         return "it must hold no user or password (the credentials are its token)"
@@ -172,7 +172,7 @@ def is_host(host: str) -> bool:
     """``host`` is an IP address, or a host name (IDNA-encoded when not ASCII) of the
     labels ``http_url_problem`` takes; digits and dots alone are an IPv4 address or no
     host."""
-    if _is_ip_address(host):
+    if is_ip_address(host):
         return True
     if all(label.isdigit() for label in host.rstrip(".").split(".")):
         return False  # an IPv4 address out of range (999.1.1.1), or a legacy form (1.2.3)
@@ -183,7 +183,8 @@ def is_host(host: str) -> bool:
     return _URL_HOST.fullmatch(encoded) is not None
 
 
-def _is_ip_address(host: str) -> bool:
+def is_ip_address(host: str) -> bool:
+    """``host`` is an IPv4 or IPv6 address (without brackets)."""
     try:
         ipaddress.ip_address(host)
     except ValueError:

@@ -7,7 +7,6 @@ locks; SQLSTATE classification of errors (docs/design.md "Stores", "Transient fa
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -48,7 +47,7 @@ from controlroom.db.transactions import begin_write
 from controlroom.db.types import SearchTermsText, SearchTermsVector, UtcDateTime
 from controlroom.exceptions import ErrorKind
 from controlroom.runtime.lease import Lease
-from controlroom.settings_sources import PORT_PROBLEM, is_host
+from controlroom.settings_sources import PORT_PROBLEM, is_host, is_ip_address
 
 log = logging.getLogger(__name__)
 
@@ -146,14 +145,6 @@ def _fold_counts(table: sa.Table) -> str:
 
 
 _FOLD_GROUP_COUNTS = _fold_counts(failed_message_group_counts)
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _listed(*values: str | Sequence[str] | None) -> list[str]:
@@ -582,7 +573,7 @@ class PostgreSQLProvider(OnConflictProvider):
             if host and not host.startswith(("/", "@")) and not is_host(host):
                 return "its host is no host name, IP address or socket directory (/path)"
         for address in _listed(url.query.get("hostaddr")):
-            if address and not _is_ip(address):
+            if address and not is_ip_address(address):
                 return "its hostaddr is no IP address"
         ports = _listed(None if url.port is None else str(url.port), url.query.get("port"))
         for port in ports:  # libpq takes 0 for its default port
