@@ -14,7 +14,7 @@ import re
 from datetime import timedelta
 from pathlib import Path
 from typing import ClassVar, Literal, Unpack
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -663,6 +663,27 @@ class AuthToken(SettingsTable):
         return name
 
 
+def _split_host_and_port(url: str) -> SplitResult:
+    """``url``'s parts, once its host's brackets and its port are read.
+
+    Raises ``ValueError`` naming the part (never quoting the URL: it may hold a password)
+    when a bracket breaks the host or the port is no number from 0 to 65535."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "[::1" or "[127.0.0.1]"
+        raise ValueError(
+            "its host must be a host name or an IP address; an IPv6 address goes in "
+            "brackets ([::1]), an IPv4 address without"
+        ) from None
+    try:
+        _ = parts.port  # reading it checks it
+    except ValueError:
+        unbracketed = parts.netloc.rpartition("@")[2].count(":") > 1  # u@::1:5432
+        hint = " (an IPv6 address goes in brackets: [::1])" if unbracketed else ""
+        raise ValueError(PORT_PROBLEM + hint) from None
+    return parts
+
+
 class Settings(EnvThenTomlSettings):
     """Everything Controlroom can be told. Sizes are bytes, periods are ``timedelta``."""
 
@@ -767,19 +788,7 @@ class Settings(EnvThenTomlSettings):
         """A URL whose host a bracket breaks, or whose port is no number from 1 to 65535,
         is refused here, in one line that never quotes it (it may hold a password), not
         by the driver when it connects. Port 0 is refused by each URL's own check."""
-        try:
-            parts = urlsplit(url)
-        except ValueError:  # "[::1" or "[127.0.0.1]"
-            raise ValueError(
-                "its host must be a host name or an IP address; an IPv6 address goes in "
-                "brackets ([::1]), an IPv4 address without"
-            ) from None
-        try:
-            _ = parts.port  # reading it checks it
-        except ValueError:
-            unbracketed = parts.netloc.rpartition("@")[2].count(":") > 1  # u@::1:5432
-            hint = " (an IPv6 address goes in brackets: [::1])" if unbracketed else ""
-            raise ValueError(PORT_PROBLEM + hint) from None
+        _split_host_and_port(url)
         return url
 
     @field_validator("database_url", "migration_database_url")
@@ -804,7 +813,7 @@ class Settings(EnvThenTomlSettings):
         (it may hold a password), not retried for ever."""
         if not url:
             return url
-        parts = urlsplit(url)  # _port_is_a_port took its host's brackets and its port
+        parts = _split_host_and_port(url)
         if any(character.isspace() for character in url):
             raise ValueError("it must be a URL without white space")
         if "\x00" in unquote(url):  # the broker would be asked for a vhost or user cut short

@@ -284,6 +284,8 @@ def yield_to_reads(engine: sa.Engine, gate: YieldToReads) -> None:
     deliveries and its stop."""
 
     def wait(*_: Any) -> None:
+        if gate.idle:  # the common case, before the dearer question of the thread
+            return
         try:
             asyncio.get_running_loop()
         except RuntimeError:

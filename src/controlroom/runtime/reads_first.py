@@ -104,9 +104,14 @@ class YieldToReads:
         self.waited_seconds = 0.0
         self.waiting = threading.Event()
 
+    @property
+    def idle(self) -> bool:
+        """True when ``wait`` would return at once: no read in flight, or a share of 0."""
+        return self._share <= 0 or self._reads.count <= 0
+
     def wait(self) -> None:
         """Return once no read is in flight, or once the budget is spent."""
-        if self._share <= 0 or self._reads.count <= 0:
+        if self.idle:
             return
         with self._lock:
             self._settle()
