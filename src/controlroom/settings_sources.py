@@ -15,7 +15,7 @@ import typing
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, ClassVar, TypedDict
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httpx
 from pydantic import (
@@ -38,7 +38,7 @@ from pydantic_settings import (
 )
 
 from controlroom.runtime.addresses import bare_host
-from controlroom.runtime.wire_text import check_site_id
+from controlroom.runtime.wire_text import check_site_id, is_label
 
 CENTURY_DAYS = 36_500
 """The longest a duration setting may be: a stamp of now minus (or plus) a longer one can
@@ -145,6 +145,8 @@ def http_url_problem(url: str, *, credentials: bool = True, base: bool = False) 
         return "it must hold no user or password (the credentials are its token)"
     if base and (parts.query or parts.fragment or url.endswith(("?", "#"))):
         return "it must hold no query or fragment (paths are added after it)"
+    if base and not unquote(parts.path).isprintable():
+        return "its path must hold no escaped control character (%00, %0A: every path has it)"
     return None
 
 
@@ -259,6 +261,21 @@ def check_listen_host(host: str) -> str:
 SiteId = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(check_site_id)]
 """A site's id (central's ``sites[].id``, the agent's ``site_id``): 1 to 64 printable
 characters, not blank, no space at either end."""
+
+def check_node_name(node: str) -> str:
+    """``node`` itself when it may name a site's node (its calls' ``source_node``, a label
+    in the KPIs per node); raises ``ValueError`` otherwise, by a site id's rule
+    (``runtime.wire_text.is_label``): " node-1" would be another node than "node-1"."""
+    if not is_label(node):
+        raise ValueError(
+            "a node's name is printable text, neither blank nor beginning or ending with space"
+        )
+    return node
+
+
+NodeName = Annotated[str, Field(max_length=64), AfterValidator(check_node_name)]
+"""A site agent's node (``node``): up to 64 printable characters, not blank, no space at
+either end."""
 
 ListenHost = Annotated[str, AfterValidator(check_listen_host)]
 """A host ``serve`` or an agent listens on (``check_listen_host``)."""

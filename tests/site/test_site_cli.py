@@ -65,6 +65,9 @@ def test_a_central_url_that_is_no_http_url_is_refused(url: str) -> None:
         # Fresh-user pass (second): posted to ``/?x=1/api/...``, 405 for ever.
         ("http://127.0.0.1:18120?x=1", "no query"),
         ("http://127.0.0.1:0", "a port from 1 to 65535"),
+        # Breaker pass: every post went to ``/%00/api/...``, 404 for ever.
+        ("http://127.0.0.1:8080/%00", "no escaped control character"),
+        ("http://127.0.0.1:8080/a%0Ab", "no escaped control character"),
     ],
 )
 def test_a_central_url_the_agent_cannot_post_to_as_written_is_refused(url: str, why: str) -> None:

@@ -148,3 +148,22 @@ def test_a_site_id_that_is_no_printable_name_is_refused_at_central_and_at_the_ag
     assert "a site's id is printable text" in error["msg"]
     with pytest.raises(ValidationError, match="a site's id is printable text"):
         SiteSettings(site_id=site_id)
+
+
+@pytest.mark.parametrize("node", ["a\x00b", " ", "", "node-1\n", " node-1", "node-1 "])
+def test_an_agent_node_that_is_no_printable_name_is_refused(node: str) -> None:
+    """Breaker pass: ``NODE=" node-1"`` was taken, and the agent's calls carried another
+    ``source_node`` than the node's own in every KPI per node."""
+    from controlroom.site import SiteSettings
+
+    with pytest.raises(ValidationError) as refused:
+        SiteSettings(site_id="plant-7", node=node)
+    [error] = refused.value.errors()
+    assert error["loc"] == ("node",)
+    assert "a node's name is printable text" in error["msg"]
+
+
+def test_an_agent_node_of_printable_text_is_taken() -> None:
+    from controlroom.site import SiteSettings
+
+    assert SiteSettings(site_id="plant-7", node="node 1 (east)").node == "node 1 (east)"

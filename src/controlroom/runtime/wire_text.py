@@ -54,6 +54,12 @@ def _escape(match: re.Match[str]) -> str:
     return f"\\u{code:04x}"
 
 
+def is_label(text: str) -> bool:
+    """Whether ``text`` may name a thing to people and in stores: printable, neither blank
+    nor starting or ending with space."""
+    return text.isprintable() and bool(text.strip()) and text == text.strip()
+
+
 def check_site_id(site_id: str) -> str:
     """``site_id`` itself when it may be a site's id; raises ``ValueError`` otherwise. A
     site's id is its ``source_site`` in telemetry, a label in logs and the console, and
@@ -61,7 +67,7 @@ def check_site_id(site_id: str) -> str:
     breaks the log's lines), and neither blank nor starting or ending with space
     (" north" is another site than "north", by mistake). One rule for central's
     ``sites``, the agent's ``site_id`` and the packets' ``source_site``."""
-    if not site_id.isprintable() or not site_id.strip() or site_id != site_id.strip():
+    if not is_label(site_id):
         raise ValueError(
             "a site's id is printable text, neither blank nor beginning or ending with space"
         )

@@ -20,6 +20,7 @@ from controlroom.settings_sources import (
     EnvThenTomlSettings,
     ListenHost,
     ListenOverrides,
+    NodeName,
     Seconds,
     SiteId,
     expand_home,
@@ -52,7 +53,7 @@ class SiteSettings(EnvThenTomlSettings):
     )
 
     site_id: SiteId = Field(description="source_site of its calls.")
-    node: str | None = Field(None, max_length=64, description="source_node of its calls.")
+    node: NodeName | None = Field(None, description="source_node of its calls.")
     store_path: Path = Field(
         Path("./controlroom-site/tracking.db"), description="The tracking store (SQLite)."
     )
