@@ -679,6 +679,14 @@ def test_a_database_url_naming_a_driver_not_installed_is_refused_in_one_line(
         ("sqlite:///x.db?mode=ro", "the SQLite driver ignores options in its query"),
         ("postgresql://u:Sup3rSecretPw@127.0.0.1/x#y", "it holds a '#'"),
         ("sqlite:///x.db?timeout=abc", "the SQLite driver cannot read its query's options"),
+        # Breaker pass (fifth): libpq refuses these values before it connects, and serve
+        # waited for the store as unreachable.
+        (
+            "postgresql://u:Sup3rSecretPw@127.0.0.1/x?sslmode=disabled",
+            "its sslmode must be one of disable, allow, prefer, require, verify-ca, verify-full",
+        ),
+        ("postgresql://u:Sup3rSecretPw@127.0.0.1/x?target_session_attrs=rw", "its target_ses"),
+        ("postgresql://u:Sup3rSecretPw@127.0.0.1/x?connect_timeout=ten", "its connect_timeout"),
     ],
 )
 @pytest.mark.parametrize("setting", ["database_url", "migration_database_url"])

@@ -23,6 +23,9 @@ from controlroom.config import Settings
         "postgresql://postgres@127.0.0.1/control%23room",
         "postgresql://postgres@db1.example,db2.example/controlroom?port=5432,5433",
         "postgresql://postgres@db.example/controlroom?hostaddr=10.0.0.5",
+        "postgresql://postgres@db.example/controlroom?sslmode=verify-full&connect_timeout=10",
+        "postgresql://postgres@db.example/controlroom?target_session_attrs=read-write",
+        "postgresql://postgres@db.example/controlroom?keepalives_idle=30&gssencmode=disable",
     ],
 )
 def test_a_database_url_libpq_or_sqlite_takes_is_taken(url: str) -> None:

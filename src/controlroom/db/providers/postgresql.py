@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import psycopg
 import psycopg.conninfo
@@ -155,6 +155,44 @@ def _listed(*values: str | Sequence[str] | None) -> list[str]:
         for item in [value] if isinstance(value, str) else value or ():
             entries.extend(item.split(","))
     return entries
+
+
+_OPTION_VALUES: Final = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "sslcertmode": ("disable", "allow", "require"),
+    "sslnegotiation": ("postgres", "direct"),
+    "load_balance_hosts": ("disable", "random"),
+    "target_session_attrs": (
+        "any", "read-write", "read-only", "primary", "standby", "prefer-standby"
+    ),
+}
+"""The values libpq takes for its options of a few words (libpq's documentation,
+"Parameter Key Words", PostgreSQL 17): any other it refuses before it connects, which
+would be waited for as an unreachable store."""
+
+_INTEGER_OPTIONS: Final = frozenset(
+    {
+        "connect_timeout",
+        "keepalives",
+        "keepalives_idle",
+        "keepalives_interval",
+        "keepalives_count",
+        "tcp_user_timeout",
+    }
+)
+
+
+def _option_value_problem(key: str, value: str | Sequence[str]) -> str | None:
+    """Why libpq would refuse ``value`` of its option ``key`` before connecting, in a
+    sentence naming the option but never quoting the value, or ``None``."""
+    for item in [value] if isinstance(value, str) else value:
+        if key in _OPTION_VALUES and item not in _OPTION_VALUES[key]:
+            return f"its {key} must be one of {', '.join(_OPTION_VALUES[key])}"
+        if key in _INTEGER_OPTIONS and not item.strip().lstrip("+-").isdigit():
+            return f"its {key} must be a whole number"
+    return None
 
 
 class _IntegerListText(sa.types.TypeDecorator[Any]):
@@ -583,6 +621,9 @@ class PostgreSQLProvider(OnConflictProvider):
         named = _listed(url.query.get("host")) or _listed(url.host)
         if len(ports) > 1 and len(ports) != len(named):
             return "it gives more than one port, but not one for each of its hosts"
+        for key, value in url.query.items():
+            if (problem := _option_value_problem(key, value)) is not None:
+                return problem
         options = {key: str(value) for key, value in url.query.items()}
         try:
             psycopg.conninfo.make_conninfo("", **options)  # libpq's own parse of its options
