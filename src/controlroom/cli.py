@@ -777,6 +777,8 @@ def _refuse_settings(
             said = no_such_setting(model, error["loc"])
         elif error["type"] == "value_error":
             said = str(error["ctx"]["error"])
+        elif error["type"] in ("time_delta_parsing", "time_delta_type"):
+            said = "it is no duration"  # pydantic's reason ('"day" identifier ...') misleads
         else:
             said = error["msg"]
         reason = said + (f"; {how}" if how else "")  # our validators' own sentence, unprefixed

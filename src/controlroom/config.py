@@ -41,6 +41,7 @@ from controlroom.settings_sources import (
     Seconds,
     SettingsTable,
     SiteId,
+    WholeDays,
     expand_home,
     http_url_problem,
     is_host,
@@ -186,7 +187,7 @@ class StartupSettings(SettingsTable):
 class SiteCallSettings(SettingsTable):
     """The site-call mirror (docs/design.md "Site call audit")."""
 
-    retention_days: int = Field(
+    retention_days: WholeDays = Field(
         365,
         ge=1,
         le=CENTURY_DAYS,
@@ -197,7 +198,7 @@ class SiteCallSettings(SettingsTable):
         ge=MIN_INTERVAL_SECONDS,
         description="How often the site-call and audit-log purge runs.",
     )
-    tombstone_days: int = Field(
+    tombstone_days: WholeDays = Field(
         30,
         ge=1,
         le=CENTURY_DAYS,
@@ -206,7 +207,7 @@ class SiteCallSettings(SettingsTable):
             "beyond retention_days): its late packets are rejected meanwhile."
         ),
     )
-    rejected_retention_days: int = Field(
+    rejected_retention_days: WholeDays = Field(
         90,
         ge=1,
         le=CENTURY_DAYS,
@@ -236,7 +237,7 @@ class AuditSettings(SettingsTable):
         description="Seconds one telemetry request, queue batch or reconciliation page may "
         "hold the writer; what is left then is answered 503 (HTTP) or given back (queue).",
     )
-    retention_days: int = Field(
+    retention_days: WholeDays = Field(
         365,
         ge=1,
         le=CENTURY_DAYS,
@@ -263,7 +264,7 @@ class KpiSettings(SettingsTable):
     sample_seconds: Seconds = Field(
         60.0, ge=1.0, description="How often KPIs are sampled (a row per sample and scope)."
     )
-    history_days: int = Field(
+    history_days: WholeDays = Field(
         90, ge=1, le=CENTURY_DAYS, description="How long KPI samples are kept."
     )
     alert_parked: int = Field(
@@ -554,7 +555,7 @@ class NotificationSettings(SettingsTable):
         le=timedelta(days=7),
         description="Longest Retry-After of a receiver honoured (429, 503).",
     )
-    retention_days: int = Field(
+    retention_days: WholeDays = Field(
         365,
         ge=1,
         le=CENTURY_DAYS,

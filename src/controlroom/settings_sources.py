@@ -12,6 +12,7 @@ import json
 import os
 import re
 import typing
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, ClassVar, TypedDict
@@ -46,6 +47,11 @@ leave the calendar (year 1 or 9999), and a timer or lease of one overflows, whic
 computing it would fail on at every run instead of at start."""
 
 
+# A number of seconds as text: digits, a decimal point, an exponent (what float() reads,
+# without its nan, inf and underscores).
+_SECONDS_TEXT = re.compile(r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*")
+_WHOLE_DAYS_TEXT = re.compile(r"\s*[+-]?\d+\s*")
+
 _NUMBER = r"\d+(?:[.,]\d+)?"
 _ISO_8601_DURATION = re.compile(
     rf"[-+]?P(?=\d|T\d)(?:{_NUMBER}Y)?(?:{_NUMBER}M)?(?:{_NUMBER}W)?(?:{_NUMBER}D)?"
@@ -72,10 +78,38 @@ def _iso_8601_well_formed(value: object) -> object:
 
 
 def _iso_8601_in_seconds(value: object) -> object:
-    """An ISO 8601 duration (``PT1H``) as its seconds; anything else as it is."""
+    """An ISO 8601 duration (``PT1H``) as its seconds; other text that is no number of
+    seconds (``5m``) refused as no duration (pydantic's ``time_delta_parsing``, so the
+    refusal names a duration's forms); anything else as it is."""
     if _is_iso_8601(value):
         return _DURATION.validate_python(str(value).strip()).total_seconds()
+    if isinstance(value, str) and not _SECONDS_TEXT.fullmatch(value):
+        raise PydanticKnownError(
+            "time_delta_parsing", {"error": "neither ISO 8601 nor a number of seconds"}
+        )
     return value
+
+
+DAYS_PARSING = "days_parsing"
+"""The kind of error of a setting in days given as text that is no number of days."""
+
+
+def _in_days(whole: bool) -> Callable[[object], object]:
+    """The before-validator of a setting in days: an ISO 8601 duration (``P365D``, ``P1Y``)
+    as its days (``whole``: only a whole number of them); other text that is no number
+    refused (``DAYS_PARSING``); anything else as it is."""
+    number = _WHOLE_DAYS_TEXT if whole else _SECONDS_TEXT
+
+    def days(value: object) -> object:
+        if _is_iso_8601(value) and _ISO_8601_DURATION.fullmatch(str(value).strip()):
+            given = _DURATION.validate_python(str(value).strip()).total_seconds() / 86_400
+            if not whole or given.is_integer():
+                return int(given) if whole else given
+        elif not isinstance(value, str) or number.fullmatch(value):
+            return value
+        raise PydanticCustomError(DAYS_PARSING, "it is no number of days")
+
+    return days
 
 
 _DURATION = TypeAdapter(timedelta)
@@ -93,8 +127,13 @@ century."""
 Period = Annotated[timedelta, Field(le=timedelta(days=CENTURY_DAYS))]
 """A duration setting as a ``timedelta`` (ISO 8601 or seconds): at most a century."""
 
-Days = Annotated[float, Field(le=CENTURY_DAYS)]
-"""A duration setting in days: at most a century."""
+Days = Annotated[float, BeforeValidator(_in_days(whole=False)), Field(le=CENTURY_DAYS)]
+"""A duration setting in days, given as a number or in ISO 8601 (``P7D``): at most a
+century."""
+
+WholeDays = Annotated[int, BeforeValidator(_in_days(whole=True)), Field(le=CENTURY_DAYS)]
+"""A duration setting in whole days, given as a number or in ISO 8601 of whole days
+(``P365D``, ``P1Y``): at most a century."""
 
 MIN_INTERVAL_SECONDS = 0.05
 """The shortest period of a loop that runs whether or not there is work (a report, a
@@ -296,9 +335,6 @@ def _wants_a_duration(model: type[BaseModel], field_name: str | None) -> bool:
     return field is not None and timedelta in (field.annotation, *typing.get_args(field.annotation))
 
 
-# A number of seconds as text: digits, a decimal point, an exponent (what float() reads,
-# without its nan, inf and underscores).
-_SECONDS_TEXT = re.compile(r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*")
 
 
 def _numbers_as_numbers(model: type[BaseModel], value: object, info: ValidationInfo) -> object:
@@ -412,6 +448,8 @@ def how_to_give(loc: tuple[int | str, ...], kind: str, prefix: str) -> str | Non
     duration's forms; a list refused as no list because variables set its items
     (``CONTROLROOM_SITES__0__BASE_URL``): no variable sets a list's item, the list is
     given whole as JSON; else ``None``."""
+    if kind == DAYS_PARSING:
+        return "a number of days (365) or ISO 8601 in whole days (P365D, P1Y, P2W)"
     if kind in ("time_delta_parsing", "time_delta_type"):
         return (
             "a duration is ISO 8601 (P30D, PT12H, P1DT6H: each part at most once, in that "

@@ -14,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from controlroom.config import Settings
+from controlroom.settings_sources import how_to_give
 
 WEBHOOK = {
     "name": "ops-chat",
@@ -153,3 +154,51 @@ def test_every_setting_in_seconds_takes_iso_8601(
     """Fresh-user pass (fifth): ``stop_grace_seconds`` and ``claim_seconds`` were
     "Input should be a valid number" for ``PT30S``."""
     assert read(Settings(**values))
+
+
+@pytest.mark.parametrize(
+    ("values", "read"),
+    [
+        ({"sitecalls": {"retention_days": "P365D"}}, lambda s: s.sitecalls.retention_days == 365),
+        (
+            {"notifications": {"retention_days": "P1Y"}},
+            lambda s: s.notifications.retention_days == 365,
+        ),
+        ({"kpi": {"history_days": "P2W"}}, lambda s: s.kpi.history_days == 14),
+    ],
+)
+def test_a_setting_in_days_takes_iso_8601_of_whole_days(
+    values: dict[str, Any], read: Callable[[Settings], bool]
+) -> None:
+    """Fresh-user pass (sixth): ``P365D`` for a retention in days was "Input should be a
+    valid integer", though the README says a duration is ISO 8601."""
+    assert read(Settings(**values))
+
+
+@pytest.mark.parametrize("value", ["5d", "PT12H", "P1DT1H"])
+def test_a_setting_in_days_that_is_no_whole_number_of_days_is_refused_saying_so(
+    value: str,
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(sitecalls={"retention_days": value})
+    [error] = refused.value.errors()
+    assert error["loc"] == ("sitecalls", "retention_days")
+    assert error["type"] == "days_parsing"
+    assert how_to_give(error["loc"], error["type"], "CONTROLROOM_") == (
+        "a number of days (365) or ISO 8601 in whole days (P365D, P1Y, P2W)"
+    )
+
+
+def test_the_agents_settings_in_seconds_and_days_take_iso_8601_and_name_the_forms() -> None:
+    """Fresh-user pass (sixth): ``CONTROLROOM_SITE_BACKOFF_CAP=5m`` said only "Input
+    should be a valid number"."""
+    from controlroom.site import SiteSettings
+
+    settings = SiteSettings(
+        site_id="plant-7", backoff_cap="PT5M", notification_retention_days="P7D"
+    )
+    assert (settings.backoff_cap, settings.notification_retention_days) == (300.0, 7.0)
+    with pytest.raises(ValidationError) as refused:
+        SiteSettings(site_id="plant-7", backoff_cap="5m")
+    [error] = refused.value.errors()
+    assert error["type"] == "time_delta_parsing"
