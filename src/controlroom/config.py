@@ -595,7 +595,7 @@ class NotificationSettings(SettingsTable):
             if len(set(names)) != len(names):
                 raise ValueError(f"two {kind} share a name; each name must be distinct")
         if self.recipient_lists and self.smtp is None:
-            raise ValueError("recipient_lists need an smtp server")
+            raise ValueError("recipient_lists need an smtp server (notifications.smtp)")
         if len({rule.name for rule in self.rules}) != len(self.rules):
             raise ValueError("two rules share a name; each name must be distinct")
         for index, rule in enumerate(self.rules):
@@ -603,13 +603,14 @@ class NotificationSettings(SettingsTable):
                 if kind not in _EVENT_TYPES:
                     raise ValueError(_unknown_event_type(index, rule.name, kind))
             if rule.channel == "Webhook":
-                known = self.webhook(rule.target) is not None
+                where, names = "webhooks", [hook.name for hook in self.webhooks]
             else:
-                known = self.recipients(rule.target) is not None
-            if not known:
+                where, names = "recipient_lists", [entry.name for entry in self.recipient_lists]
+            if rule.target not in names:
                 raise ValueError(
                     f"rules: rule {rule.name!r} names {rule.channel} target {rule.target!r}, "
-                    "which is not configured"
+                    f"which is not configured (notifications.{where} names: "
+                    f"{', '.join(names) or 'none'})"
                 )
         return self
 

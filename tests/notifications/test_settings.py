@@ -82,6 +82,35 @@ def test_a_week_long_window_is_a_rule_of_its_own() -> None:
     assert outbox.rules[0].window == timedelta(days=7)
 
 
+@pytest.mark.parametrize(
+    ("notifications", "said"),
+    [
+        (
+            {"recipient_lists": [{"name": "ops", "addresses": ["a@b.c"]}]},
+            "recipient_lists need an smtp server (notifications.smtp)",
+        ),
+        (
+            {"webhooks": [HOOK], "rules": [{**RULE, "target": "zz"}]},
+            "rules: rule 'r' names Webhook target 'zz', which is not configured "
+            "(notifications.webhooks names: ops)",
+        ),
+        (
+            {"rules": [{**RULE, "channel": "Email", "target": "zz"}]},
+            "rules: rule 'r' names Email target 'zz', which is not configured "
+            "(notifications.recipient_lists names: none)",
+        ),
+    ],
+)
+def test_a_channel_a_setting_needs_is_named_where_it_is_configured(
+    notifications: dict[str, Any], said: str
+) -> None:
+    """Fresh-user pass (sixth): the refusals did not say where the smtp server or a
+    webhook is configured."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(notifications=notifications)
+    assert said in str(refused.value)
+
+
 def test_two_webhooks_of_one_name_are_refused() -> None:
     hook = {"name": "ops", "url": "http://h/x", "secret": SECRET}
     with pytest.raises(ValidationError, match="share a name"):

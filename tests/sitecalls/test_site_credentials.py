@@ -134,10 +134,13 @@ def test_an_operators_token_may_not_post_telemetry(
 
 
 def test_telemetry_without_a_valid_token_is_401(client: TestClient, engine: sa.Engine) -> None:
+    """Each 401 says which token telemetry takes (fresh-user pass, sixth: "a bearer token
+    is required" left the sender to guess an operator's would do)."""
     for headers in ({}, bearer("not-a-configured-token-at-all")):
         answer = client.post(TELEMETRY, json=[event_packet("north")], headers=headers)
         assert answer.status_code == 401
         assert answer.headers["www-authenticate"].startswith("Bearer")
+        assert "the site's own token (sites[].central_token" in answer.json()["detail"]
     assert kept_rows(engine) == [0, 0, 0]
 
 
@@ -157,9 +160,11 @@ def test_a_site_token_may_do_nothing_else(client: TestClient) -> None:
     signed_in = client.post(
         "/signin", data={"token": NORTH_TOKEN, "next": "/"}, follow_redirects=False
     )
-    assert signed_in.status_code == 303  # back to the form, which says it was refused
-    assert "refused=1" in signed_in.headers["location"]
+    assert signed_in.status_code == 303  # back to the form, which says why it was refused
+    assert "refused=site" in signed_in.headers["location"]
     assert "controlroom_session" not in signed_in.cookies
+    form = client.get(signed_in.headers["location"])
+    assert "That token is a site&#39;s: it posts telemetry and cannot sign in." in form.text
 
 
 def test_site_tokens_alone_close_telemetry_but_leave_the_open_api_open(

@@ -136,31 +136,34 @@ def _authenticate_site(request: Request) -> SitePrincipal | None:
     table: TokenTable = request.app.state.auth
     if table.sites_open:
         return None
-    caller = _bearer(request, table)
+    caller = _bearer(request, table, wanted=_SITE_TOKEN)
     if isinstance(caller, Principal):
         raise HTTPException(
-            403,
-            f"token {caller.name!r} is an operator's; only a site's own token "
-            "(sites[].central_token, the agent's central_token) may post for a site",
+            403, f"token {caller.name!r} is an operator's; only {_SITE_TOKEN} may post for a site"
         )
     return caller
 
 
-def _bearer(request: Request, table: TokenTable) -> Caller:
-    """The caller the request's bearer token identifies. Raises ``HTTPException`` 401."""
+_SITE_TOKEN = "the site's own token (sites[].central_token, the agent's central_token)"
+
+
+def _bearer(request: Request, table: TokenTable, *, wanted: str | None = None) -> Caller:
+    """The caller the request's bearer token identifies. Raises ``HTTPException`` 401,
+    saying which token is ``wanted`` when given."""
     scheme, _, presented = request.headers.get("authorization", "").partition(" ")
     presented = presented.strip()
+    which = f": {wanted}" if wanted else ""
     if scheme.lower() != "bearer" or not presented:
         raise HTTPException(
             401,
-            "a bearer token is required (header 'Authorization: Bearer <token>')",
+            f"a bearer token is required (header 'Authorization: Bearer <token>'){which}",
             headers={"WWW-Authenticate": _CHALLENGE},
         )
     caller = table.identify(presented)
     if caller is None:
         raise HTTPException(
             401,
-            "the bearer token is not valid",
+            f"the bearer token is not valid{which}",
             headers={"WWW-Authenticate": f'{_CHALLENGE}, error="invalid_token"'},
         )
     return caller

@@ -367,6 +367,12 @@ def _refuse_foreign_domains(settings: Settings, notification: NewNotification) -
         return
     site_id = notification.source.removeprefix("site:")
     site = next((entry for entry in settings.sites if entry.id == site_id), None)
+    if site is None and notification.recipients:
+        raise NotificationRejected(
+            "recipients",
+            f"{notification.recipients[0]}: site {site_id} is not in central's sites, so it "
+            "may mail no address of its own (an entry's recipient_domains)",
+        )
     allowed = frozenset(d.lower() for d in site.recipient_domains) if site else frozenset()
     for address in notification.recipients:
         if domain_of(address) not in allowed:

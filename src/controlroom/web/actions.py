@@ -26,6 +26,7 @@ from fastapi.responses import Response
 from controlroom.errors import actions
 from controlroom.errors.read import operations
 from controlroom.errors.retries import requests as retries
+from controlroom.http.auth import Principal, SitePrincipal
 from controlroom.transport.base import TransportError
 from controlroom.web.common import actor, api_state, redirect, redirect_with, safe_next
 from controlroom.web.flash import Flash
@@ -212,10 +213,12 @@ def sign_in(
     if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
         raise HTTPException(403, "sign-in from another site is refused")
     signer = request.app.state.signer
-    principal = api_state(request).auth.find(token.strip()) if token.strip() else None
-    if principal is None:
-        # Back to the sign-in page, which says so: a reload there sends no token again.
-        return redirect("/signin?" + urlencode({"next": safe_next(next), "refused": "1"}))
+    caller = api_state(request).auth.identify(token.strip()) if token.strip() else None
+    if not isinstance(caller, Principal):
+        # Back to the sign-in page, which says why: a reload there sends no token again.
+        why = "site" if isinstance(caller, SitePrincipal) else "1"
+        return redirect("/signin?" + urlencode({"next": safe_next(next), "refused": why}))
+    principal = caller
     response = redirect(safe_next(next))
     set_session_cookie(response, request, signer, signer.new_session(principal))
     return response

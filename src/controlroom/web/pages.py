@@ -399,14 +399,20 @@ def endpoint_list(
 
 
 # --- sign-in and docs ---------------------------------------------------------------------
+_SIGN_IN_REFUSALS = {
+    "1": "That token is not valid.",
+    "site": "That token is a site's: it posts telemetry and cannot sign in.",
+}
+
 @router.get("/signin")
 def sign_in_page(
     request: Request,
     next: Annotated[str, Query(max_length=2000)] = "/",
-    refused: Annotated[str, Query(max_length=1)] = "",
+    refused: Annotated[str, Query(max_length=4)] = "",
 ) -> Response:
-    """The sign-in form; ``refused=1`` after a token that is not valid (a fixed text)."""
-    error = "That token is not valid." if refused == "1" else None
+    """The sign-in form; ``refused=1`` after a token that is not valid, ``refused=site``
+    after a site's token (each a fixed text)."""
+    error = _SIGN_IN_REFUSALS.get(refused)
     return render(request, "signin.html", {"next": safe_next(next), "error": error})
 
 
