@@ -1003,11 +1003,13 @@ def test_a_variable_meaning_a_tables_setting_is_pointed_to_its_variable(
     ), output
 
 
+@pytest.mark.parametrize("given", ["batch_size", "batch_siz"])
 def test_a_tables_setting_at_the_files_top_level_is_pointed_to_its_table(
-    data_dir: Path, tmp_path: Path
+    data_dir: Path, tmp_path: Path, given: str
 ) -> None:
+    """Misspelt too (fresh-user pass, sixth: ``batch_siz`` at the top named nothing)."""
     config = tmp_path / "controlroom.toml"
-    config.write_text("batch_size = 500\n")
+    config.write_text(f"{given} = 500\n")
 
     code, output = invoke("migrate", "--config", str(config))
 

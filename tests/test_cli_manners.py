@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,25 @@ def test_the_readmes_notification_settings_load_as_they_are(tmp_path: Path) -> N
     settings = load_settings(config)
 
     assert [rule.name for rule in settings.notifications.rules]
+
+
+def test_signals_that_arrive_together_are_one_stop_said_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Fresh-user pass (sixth): ``timeout 12 controlroom serve`` (SIGTERM to serve and to
+    its process group, both queued before the first was handled) printed "Stopping" twice."""
+    from controlroom.cli import _first_signal_stops
+
+    stop = asyncio.Event()
+    on_signal = _first_signal_stops(stop, [], 30.0)
+
+    async def twice() -> None:
+        on_signal()
+        on_signal()
+
+    try:
+        asyncio.run(twice())
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert stop.is_set()
+    assert capsys.readouterr().out.count("Stopping:") == 1

@@ -32,6 +32,7 @@ from controlroom.exceptions import ConfigurationError, ControlroomError
 from controlroom.sitecalls.demo import DEFAULT_CALLS, MIN_CALLS
 
 if TYPE_CHECKING:
+    import asyncio
     import socket
 
     import pydantic
@@ -907,19 +908,7 @@ async def _serve(settings: Settings) -> int:
     stop = asyncio.Event()
     routed: list[signal.Signals] = []
     interrupt = signal.getsignal(signal.SIGINT)
-
-    def on_signal() -> None:
-        # A second signal ends the process at once, SIGINT as SIGTERM (their defaults):
-        # Python's own SIGINT handler would wait for the writes in the threads to finish.
-        _restore_signals(routed)
-        routed.clear()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        console.print(
-            "Stopping: the intakes finish the batches in hand, retrying a busy store for up "
-            f"to {settings.ingestion.stop_grace_seconds:g} s (ingestion.stop_grace_seconds); "
-            "a second Ctrl+C or SIGTERM ends serve at once"
-        )
-        stop.set()
+    on_signal = _first_signal_stops(stop, routed, settings.ingestion.stop_grace_seconds)
 
     def on_serving(serving: Serving) -> None:
         routed.extend(_route_signals(on_signal))
@@ -933,6 +922,31 @@ async def _serve(settings: Settings) -> int:
         _restore_signals(routed)
         signal.signal(signal.SIGINT, interrupt)
     return 0
+
+
+def _first_signal_stops(
+    stop: asyncio.Event, routed: list[signal.Signals], grace_seconds: float
+) -> Callable[[], None]:
+    """The handler of serve's SIGINT and SIGTERM: the first says what the stop does and
+    sets ``stop``, and gives both signals back to their defaults, so that a second one
+    ends the process at once, SIGINT as SIGTERM (Python's own SIGINT handler would wait
+    for the writes in the threads to finish). Signals that arrived together (``timeout``
+    sends SIGTERM to serve and to its process group) are one stop, said once."""
+
+    def on_signal() -> None:
+        if stop.is_set():
+            return
+        _restore_signals(routed)
+        routed.clear()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        console.print(
+            "Stopping: the intakes finish the batches in hand, retrying a busy store for up "
+            f"to {grace_seconds:g} s (ingestion.stop_grace_seconds); "
+            "a second Ctrl+C or SIGTERM ends serve at once"
+        )
+        stop.set()
+
+    return on_signal
 
 
 def _route_signals(callback: Callable[[], object]) -> list[signal.Signals]:

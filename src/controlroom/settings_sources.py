@@ -242,6 +242,10 @@ def _long_enough(value: object) -> object:
     ("at least 16 characters"): a length constraint on ``SecretStr`` itself is checked
     after validation, as a collection's ("at least 16 items")."""
     secret = value.get_secret_value() if isinstance(value, SecretStr) else value
+    if secret == "":
+        raise PydanticCustomError(
+            "secret_empty", f"it is empty: unset it, or give at least {SECRET_LENGTH} characters"
+        )
     if isinstance(secret, str) and len(secret) < SECRET_LENGTH:
         raise PydanticKnownError("string_too_short", {"min_length": SECRET_LENGTH})
     return value
@@ -576,15 +580,18 @@ def _meant_hint(model: type[BaseModel], prefix: str, first: str, tail: str) -> s
 def _in_a_table(model: type[BaseModel], name: str) -> list[str]:
     """The table and field ``name`` means when it names one of ``model``'s tables' fields
     alone (``stop_grace_seconds``) or joined to the table by one underscore
-    (``ingestion_batch_size``, a ``__`` meant); else empty."""
+    (``ingestion_batch_size``, a ``__`` meant), or is a close misspelling of either
+    (``batch_siz``); else empty."""
+    meant: dict[str, list[str]] = {}
     for table_name in model.model_fields:
         table = _field_model(model, table_name)
         if not _is_model(table) or table is model:
             continue
         for field in table.model_fields:
-            if name in (field, f"{table_name}_{field}"):
-                return [table_name, field]
-    return []
+            meant.setdefault(field, [table_name, field])
+            meant.setdefault(f"{table_name}_{field}", [table_name, field])
+    close = difflib.get_close_matches(name, meant, n=1, cutoff=0.8)
+    return meant.get(name) or (meant[close[0]] if close else [])
 
 
 def _field_model(table: object, part: int | str) -> object:

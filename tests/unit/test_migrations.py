@@ -69,3 +69,11 @@ def test_each_migration_refuses_a_database_it_has_no_ddl_for(revision: str, step
     assert f"migration {revision} " in str(refused.value)
     assert "mariadb" in str(refused.value)
     assert sql.getvalue() == ""  # refused before its first statement
+
+
+def test_each_migrations_message_is_one_line() -> None:
+    """Alembic logs a migration's message (its docstring's first paragraph) at every start
+    that migrates: a line break in it left a bare line in serve's log (fresh-user pass,
+    sixth)."""
+    broken = [s.revision for s in SCRIPTS.walk_revisions() if "\n" in (s.doc or "").strip()]
+    assert broken == []

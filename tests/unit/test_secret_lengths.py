@@ -61,3 +61,13 @@ def test_a_secret_of_the_least_length_is_a_secret_str(
     made = make(given)
     secret = next(value for value in vars(made).values() if isinstance(value, SecretStr))
     assert secret.get_secret_value() == LONG
+
+
+@pytest.mark.parametrize("make", SECRETS)
+def test_an_empty_secret_is_refused_saying_to_unset_it(make: Callable[[object], Any]) -> None:
+    """Fresh-user pass (sixth): ``CONTROLROOM_SITE_TOKEN=`` said "at least 16 characters",
+    where the README says to unset it."""
+    with pytest.raises(ValidationError) as refused:
+        make("")
+    [error] = refused.value.errors()
+    assert error["msg"] == "it is empty: unset it, or give at least 16 characters", error

@@ -1,5 +1,7 @@
-"""audit log held in the database: a hash chain per month, a retention floor, purge and
-partitions through the owner's functions
+"""audit log held in the database: hash chains, a retention floor, owner-held purge
+
+A hash chain per month, a retention floor, and purge and partitions through the owner's
+functions.
 
 Revision ID: 0019
 Revises: 0018
