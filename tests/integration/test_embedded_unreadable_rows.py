@@ -52,6 +52,12 @@ def damage(path: Path, message_id: str, how: str) -> None:
                 "UPDATE queue_messages SET properties_json = CAST(x'80ff' AS TEXT) WHERE id = ?",
                 (row_id,),
             )
+        elif how in ("headers a blob", "properties a blob"):
+            column = {"headers": "headers_json", "properties": "properties_json"}[how.split()[0]]
+            conn.execute(
+                f"UPDATE queue_messages SET {column} = x'7b2261223a22fffe227d' WHERE id = ?",
+                (row_id,),
+            )
         elif how == "headers nested too deep":
             deep = "[" * 100_000 + "]" * 100_000
             conn.execute("UPDATE queue_messages SET headers_json = ? WHERE id = ?", (deep, row_id))
@@ -68,6 +74,10 @@ def damage(path: Path, message_id: str, how: str) -> None:
         ("headers not utf-8", "not UTF-8"),
         ("properties not utf-8", "its broker properties are no JSON object"),
         ("headers nested too deep", "its headers are no JSON object"),
+        # Breaker pass (fifth): a BLOB column (bytes, not text) crashed the worker in a
+        # loop, every message behind it held.
+        ("headers a blob", "not UTF-8"),
+        ("properties a blob", "its broker properties are no JSON object"),
     ],
 )
 def test_a_row_the_embedded_queue_cannot_read_whole_is_a_failed_import(

@@ -493,15 +493,16 @@ class EmbeddedQueue:
         stored in a header of its own, and the delivery says why in
         ``UNREADABLE_HEADER`` (with ``unreadable``'s reasons): a failed import, never a
         consumer's crash."""
-        headers = _stored_headers(row.headers_json, unreadable)
+        headers = _stored_headers(_as_text(row.headers_json), unreadable)
         headers = fill_message_id(headers, row.message_id)
         properties = None
         if row.properties_json is not None:
+            stored_properties = _as_text(row.properties_json)
             try:
-                properties = message_properties(parse_properties(row.properties_json))
+                properties = message_properties(parse_properties(stored_properties))
             except (ValueError, TypeError, RecursionError) as exc:
                 unreadable.append(f"its broker properties are no JSON object of them ({exc})")
-                headers[UNREADABLE_PROPERTIES] = row.properties_json
+                headers[UNREADABLE_PROPERTIES] = stored_properties
         if unreadable:
             headers[UNREADABLE_HEADER] = "; ".join(unreadable)
 
@@ -795,6 +796,14 @@ def _execute_in_write(
 def _text_as_written(data: bytes) -> str:
     """A text column as stored: UTF-8, any other byte kept as a lone surrogate."""
     return data.decode("utf-8", "surrogateescape")
+
+
+def _as_text(stored: object) -> str:
+    """A text column's value as text, however another tool stored it: a BLOB's bytes as
+    ``_text_as_written`` reads text, a number as its digits."""
+    if isinstance(stored, bytes):
+        return _text_as_written(stored)
+    return stored if isinstance(stored, str) else str(stored)
 
 
 def _stored_headers(text: str, unreadable: list[str]) -> dict[str, str | None]:
