@@ -304,6 +304,24 @@ def test_a_reason_quoting_an_unstorable_field_name_is_kept_and_answered(
     assert kept["reason"] == rejected["reason"]
 
 
+def test_a_packet_whose_id_is_a_lone_surrogate_is_rejected_and_answered_once(
+    client: TestClient,
+) -> None:
+    """Breaker pass (fifth): the answer echoing the id could not be encoded: a 500 after
+    the packet was kept, so a client retrying on 500 added a row per try."""
+    bad = {**packet("Attempted", op_id=str(uuid.uuid4())), "tracked_operation_id": "\ud800"}
+    answer = client.post(
+        "/api/site-calls/telemetry",
+        content=json.dumps([bad]).encode(),
+        headers={"content-type": "application/json"},
+    )
+    assert answer.status_code == 200, answer.text
+    (rejected,) = answer.json()["rejected"]
+    assert rejected["tracked_operation_id"] is None  # no text to echo
+    assert "tracked_operation_id" in rejected["reason"]
+    assert len(client.get("/api/site-calls/rejected").json()["items"]) == 1
+
+
 @pytest.mark.parametrize("action", ["retry", "discard"])
 def test_an_action_names_the_call_by_its_guid_in_any_case(client: TestClient, action: str) -> None:
     # Telemetry and the call's page read the GUID in any case; the actions must too.

@@ -18,6 +18,7 @@ from pydantic import AfterValidator
 
 from controlroom.errors.read.filter_text import parse_modified_range, parse_status_filter
 from controlroom.errors.read.filters import DEFAULT_SORT, SORT_KEYS, FailedMessageFilter, Ordering
+from controlroom.runtime.wire_text import is_wire_text_clean
 
 FailedMessageId = Annotated[
     uuid.UUID, Path(alias="id", description="The failed message's id (UniqueMessageId).")
@@ -39,14 +40,17 @@ def no_nul(location: str, name: str, value: str | None) -> str | None:
     return value
 
 
-def _refuse_nul(value: str) -> str:
+def _refuse_unstorable(value: str) -> str:
     if "\x00" in value:
         raise ValueError("must not contain the NUL character")
+    if not is_wire_text_clean(value):
+        raise ValueError("must be Unicode text: half of a surrogate pair alone (a lone surrogate)")
     return value
 
 
-StoredText = Annotated[str, AfterValidator(_refuse_nul)]
-"""A text field of a JSON body that the store keeps or looks up: a NUL in it is a 422
+StoredText = Annotated[str, AfterValidator(_refuse_unstorable)]
+"""A text field of a JSON body that the store keeps or looks up: a NUL in it, or a lone
+surrogate (JSON's ``"\\ud800"``, which no store keeps and no answer encodes), is a 422
 naming the field, on every provider (PostgreSQL keeps no NUL in text). Not for an edited
 message's body, which is bytes sent to a queue and may hold NUL."""
 

@@ -32,6 +32,7 @@ from controlroom.api.parameters import invalid_parameter, refuse_unknown_or_repe
 from controlroom.config import Settings
 from controlroom.db.kpi_history import Metric, read_series
 from controlroom.http.bodies import packet_download
+from controlroom.runtime.wire_text import is_wire_text_clean
 from controlroom.sitecalls import queries
 from controlroom.sitecalls.history import SOURCE, Scope
 from controlroom.sitecalls.intake import make_writer, receive_json
@@ -301,7 +302,9 @@ def _answer(packets: list[Any], reasons: list[str | None], *, skip: set[int]) ->
             rejected.append(
                 {
                     "index": index,
-                    "tracked_operation_id": op_id if isinstance(op_id, str) else None,
+                    "tracked_operation_id": op_id
+                    if isinstance(op_id, str) and is_wire_text_clean(op_id)
+                    else None,
                     "reason": reason,
                 }
             )
