@@ -15,6 +15,7 @@ import pytest
 from controlroom.exceptions import ConfigurationError
 from controlroom.runtime.serve_lock import is_served, serving
 from controlroom.transport import RabbitMQTransport
+from controlroom.transport.embedded import EmbeddedQueue
 
 STORE = "sqlite:///data/controlroom.db"
 RABBITMQ = "RabbitMQTransport('amqp://guest:***@127.0.0.1:5672/')"
@@ -94,3 +95,21 @@ def test_one_broker_spelt_otherwise_is_the_same_broker(tmp_path: Path, spelling:
 def test_the_destination_names_no_credentials() -> None:
     transport = RabbitMQTransport("amqps://guest:S3CRET@Broker.Example/%2F")
     assert transport.destination == "RabbitMQ amqps://broker.example:5671/%2F"
+
+
+def test_an_ipv6_brokers_destination_writes_its_host_in_brackets() -> None:
+    """Breaker pass (fifth): ``amqp://::1:5672/...`` in a refusal was no URL."""
+    assert RabbitMQTransport("amqp://g:g@[::1]/v").destination == "RabbitMQ amqp://[::1]:5672/v"
+
+
+def test_one_queue_file_spelt_otherwise_is_the_same_destination(tmp_path: Path) -> None:
+    """Breaker pass (fifth): ``import-failed`` refused the running serve's own embedded
+    queue given as ``dir/../dir`` or through a symbolic link: "another" queue."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "data")
+    spellings = [
+        tmp_path / "data" / "queue.db",
+        tmp_path / "data" / ".." / "data" / "queue.db",
+        tmp_path / "link" / "queue.db",
+    ]
+    assert len({EmbeddedQueue(path).destination for path in spellings}) == 1

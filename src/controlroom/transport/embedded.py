@@ -255,8 +255,9 @@ class EmbeddedQueue:
 
     @property
     def destination(self) -> str:
-        """The queue's file, as an absolute path (``Transport.destination``)."""
-        return f"embedded queue {self._path.absolute()}"
+        """The queue's file, as its absolute path with links and ``..`` resolved
+        (``Transport.destination``)."""
+        return f"embedded queue {self._path.resolve()}"
 
     async def __aenter__(self) -> EmbeddedQueue:
         await self.start()

@@ -34,6 +34,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from controlroom.runtime.addresses import url_host
 from controlroom.transport import _amqp_names
 from controlroom.transport._amqp_consumer import CONNECTION_ERRORS, ConsumerSession
 from controlroom.transport.base import (
@@ -109,7 +110,8 @@ class RabbitMQTransport:
         scheme = parts.scheme.lower()
         port = parts.port or (5671 if scheme == "amqps" else 5672)
         vhost = quote(unquote(parts.path[1:]) or "/", safe="")
-        return f"RabbitMQ {scheme}://{(parts.hostname or '').lower()}:{port}/{vhost}"
+        host = url_host((parts.hostname or "").lower())
+        return f"RabbitMQ {scheme}://{host}:{port}/{vhost}"
 
     async def __aenter__(self) -> RabbitMQTransport:
         await self.start()
