@@ -49,14 +49,14 @@ computing it would fail on at every run instead of at start."""
 
 # A number of seconds as text: digits, a decimal point, an exponent (what float() reads,
 # without its nan, inf and underscores).
-_SECONDS_TEXT = re.compile(r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*")
-_WHOLE_DAYS_TEXT = re.compile(r"\s*[+-]?\d+\s*")
+_SECONDS_TEXT = re.compile(r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*", re.ASCII)
+_WHOLE_DAYS_TEXT = re.compile(r"\s*[+-]?\d+\s*", re.ASCII)
 
 _NUMBER = r"\d+(?:[.,]\d+)?"
 _ISO_8601_DURATION = re.compile(
     rf"[-+]?P(?=\d|T\d)(?:{_NUMBER}Y)?(?:{_NUMBER}M)?(?:{_NUMBER}W)?(?:{_NUMBER}D)?"
     rf"(?:T(?=\d)(?:{_NUMBER}H)?(?:{_NUMBER}M)?(?:{_NUMBER}S)?)?",
-    re.IGNORECASE,
+    re.IGNORECASE | re.ASCII,
 )
 """ISO 8601's duration: each part at most once, in order (pydantic's parser adds a repeated
 part up: ``PT1H1H`` read as two hours)."""
@@ -67,14 +67,16 @@ def _is_iso_8601(value: object) -> bool:
 
 
 def _iso_8601_well_formed(value: object) -> object:
-    """``value`` itself, unless it is a malformed ISO 8601 duration (raises pydantic's
-    ``time_delta_parsing``)."""
-    if _is_iso_8601(value) and not _ISO_8601_DURATION.fullmatch(str(value).strip()):
+    """``value`` itself (an ISO 8601 duration in upper case, as pydantic reads it), unless
+    it is a malformed ISO 8601 duration (raises pydantic's ``time_delta_parsing``)."""
+    if not _is_iso_8601(value):
+        return value
+    if not _ISO_8601_DURATION.fullmatch(str(value).strip()):
         # pydantic's own kind, so the refusal names a duration's forms (``how_to_give``).
         raise PydanticKnownError(
             "time_delta_parsing", {"error": "each part at most once, in ISO 8601's order"}
         )
-    return value
+    return str(value).strip().upper()
 
 
 def _iso_8601_in_seconds(value: object) -> object:
@@ -82,7 +84,7 @@ def _iso_8601_in_seconds(value: object) -> object:
     seconds (``5m``) refused as no duration (pydantic's ``time_delta_parsing``, so the
     refusal names a duration's forms); anything else as it is."""
     if _is_iso_8601(value):
-        return _DURATION.validate_python(str(value).strip()).total_seconds()
+        return _DURATION.validate_python(str(value).strip().upper()).total_seconds()
     if isinstance(value, str) and not _SECONDS_TEXT.fullmatch(value):
         raise PydanticKnownError(
             "time_delta_parsing", {"error": "neither ISO 8601 nor a number of seconds"}
@@ -102,7 +104,7 @@ def _in_days(whole: bool) -> Callable[[object], object]:
 
     def days(value: object) -> object:
         if _is_iso_8601(value) and _ISO_8601_DURATION.fullmatch(str(value).strip()):
-            given = _DURATION.validate_python(str(value).strip()).total_seconds() / 86_400
+            given = _DURATION.validate_python(str(value).strip().upper()).total_seconds() / 86_400
             if not whole or given.is_integer():
                 return int(given) if whole else given
         elif not isinstance(value, str) or number.fullmatch(value):

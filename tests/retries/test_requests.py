@@ -205,6 +205,9 @@ def test_archived_and_resolved_messages_answer_409_and_nothing_changes(
     assert f"{archived} is archived" in single.json()["detail"]
     assert "unarchive" in single.json()["detail"]
     assert selection.status_code == 409 and f"{resolved} is resolved" in selection.json()["detail"]
+    # Breaker pass (fifth): a resolved one alone was told to unarchive it.
+    assert "unarchive" not in selection.json()["detail"]
+    assert "a resolved message has nothing left to retry" in selection.json()["detail"]
     assert statuses(engine)[fine] == UNRESOLVED and claims(engine) == {}
 
 

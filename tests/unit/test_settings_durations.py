@@ -202,3 +202,20 @@ def test_the_agents_settings_in_seconds_and_days_take_iso_8601_and_name_the_form
         SiteSettings(site_id="plant-7", backoff_cap="5m")
     [error] = refused.value.errors()
     assert error["type"] == "time_delta_parsing"
+
+
+def test_iso_8601_in_lower_case_is_read_as_in_upper_case() -> None:
+    """Breaker pass (fifth): ``pt1h`` passed the form check and was then refused with
+    "invalid digit in duration"."""
+    settings = Settings(error_retention_period="p1d", ingestion={"stop_grace_seconds": "pt1m"})
+    assert settings.error_retention_period == timedelta(days=1)
+    assert settings.ingestion.stop_grace_seconds == 60.0
+
+
+@pytest.mark.parametrize("value", ["\u0661\u0662", "1_000"])
+def test_seconds_are_ascii_digits_in_every_duration_setting(value: str) -> None:
+    """Breaker pass (fifth): Arabic-Indic digits were 12 s in a timedelta setting and
+    refused in a setting in seconds; ``1_000`` the other way round."""
+    for given in ({"kpi": {"interval": value}}, {"ingestion": {"stop_grace_seconds": value}}):
+        with pytest.raises(ValidationError):
+            Settings(**given)

@@ -128,9 +128,12 @@ class NotRetryable(RetryRequestError):
             f"{message_id} is {status.name.lower()}"
             for message_id, status in list(statuses.items())[:20]
         )
-        super().__init__(
-            f"cannot retry: {described}; unarchive an archived message before retrying it"
-        )
+        hints = {
+            FailedMessageStatus.ARCHIVED: "unarchive an archived message before retrying it",
+            FailedMessageStatus.RESOLVED: "a resolved message has nothing left to retry",
+        }
+        said = [hint for status, hint in hints.items() if status in statuses.values()]
+        super().__init__("; ".join([f"cannot retry: {described}", *said]))
 
 
 class UnknownGroup(RetryRequestError):
