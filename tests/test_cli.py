@@ -679,6 +679,9 @@ def test_a_database_url_naming_a_driver_not_installed_is_refused_in_one_line(
         ("sqlite:///x.db?mode=ro", "the SQLite driver ignores options in its query"),
         ("postgresql://u:Sup3rSecretPw@127.0.0.1/x#y", "it holds a '#'"),
         ("sqlite:///x.db?timeout=abc", "the SQLite driver cannot read its query's options"),
+        # Breaker pass (fifth): taken by the settings, refused only when serve started.
+        ("sqlite://", "an in-memory SQLite database is one connection's own"),
+        ("sqlite:///:memory:", "an in-memory SQLite database is one connection's own"),
         # Breaker pass (fifth): libpq refuses these values before it connects, and serve
         # waited for the store as unreachable.
         (

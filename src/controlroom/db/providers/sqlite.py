@@ -147,6 +147,17 @@ def _fts_terms(terms: SearchTerms) -> str:
     return " ".join(quoted)
 
 
+_IN_MEMORY = (
+    "an in-memory SQLite database is one connection's own: serve's connections and "
+    "workers would each see an empty store of their own; name a file"
+)
+
+
+def _in_memory(url: sa.URL) -> bool:
+    """Whether ``url`` names SQLite's in-memory database (no file)."""
+    return not url.database or url.database == ":memory:" or url.query.get("mode") == "memory"
+
+
 class SQLiteProvider(OnConflictProvider):
     name: ClassVar[str] = "sqlite"
     max_bound_parameters: ClassVar[int] = 32766  # SQLITE_MAX_VARIABLE_NUMBER since 3.32
@@ -332,6 +343,8 @@ class SQLiteProvider(OnConflictProvider):
         return LeaseRow(self, engine, name, owner, seconds)
 
     def url_problem(self, url: sa.URL) -> str | None:
+        if _in_memory(url):
+            return _IN_MEMORY
         # SQLAlchemy's own reading of the query: what it warns it ignores (SQLite's URI
         # options without uri=true: ?mode=ro, and the store written anyway) or cannot read.
         with warnings.catch_warnings():
@@ -348,11 +361,8 @@ class SQLiteProvider(OnConflictProvider):
         return None
 
     def create_engine(self, url: sa.URL, *, pool_size: int) -> sa.Engine:
-        if not url.database or url.database == ":memory:" or url.query.get("mode") == "memory":
-            raise ConfigurationError(
-                "an in-memory SQLite database is one connection's own: serve's connections "
-                "and workers would each see an empty store of their own; name a file"
-            )
+        if _in_memory(url) or url.database is None:
+            raise ConfigurationError(_IN_MEMORY)
         directory = Path(url.database).parent
         try:
             directory.mkdir(parents=True, exist_ok=True)
