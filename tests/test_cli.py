@@ -679,9 +679,6 @@ def test_a_database_url_naming_a_driver_not_installed_is_refused_in_one_line(
         ("sqlite:///x.db?mode=ro", "the SQLite driver ignores options in its query"),
         ("postgresql://u:Sup3rSecretPw@127.0.0.1/x#y", "it holds a '#'"),
         ("sqlite:///x.db?timeout=abc", "the SQLite driver cannot read its query's options"),
-        # Breaker pass (fifth): taken by the settings, refused only when serve started.
-        ("sqlite://", "an in-memory SQLite database is one connection's own"),
-        ("sqlite:///:memory:", "an in-memory SQLite database is one connection's own"),
         # Breaker pass (fifth): libpq refuses these values before it connects, and serve
         # waited for the store as unreachable.
         (
@@ -756,6 +753,14 @@ def test_a_data_directory_under_home_is_under_home(
         Settings(data_dir="~no-such-user/cr")
 
 
+@pytest.mark.parametrize("value", ["controlroom-data\n", "data\tdir"])
+def test_a_data_directory_holding_a_control_character_is_refused(value: str) -> None:
+    """Breaker pass (fifth): a value copied with its line break made a directory whose
+    name ends in one."""
+    with pytest.raises(ValidationError, match="a path holds no control character"):
+        Settings(data_dir=value)
+
+
 def test_an_empty_data_directory_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -785,13 +790,16 @@ def test_an_in_memory_sqlite_database_is_refused(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch, url: str
 ) -> None:
     """Breaker pass: serve started on ``sqlite://`` with health ok, each connection seeing
-    its own empty database: lists answered 500 and the worker failed every few seconds."""
+    its own empty database: lists answered 500 and the worker failed every few seconds.
+    Refused by the settings, naming the setting (breaker pass, fifth)."""
     monkeypatch.setenv("CONTROLROOM_DATABASE_URL", url)
 
     code, output = invoke("migrate")
 
-    assert code == 1, output
-    assert "an in-memory SQLite database" in " ".join(output.split()), output
+    assert code == 2, output
+    assert "invalid setting database_url (CONTROLROOM_DATABASE_URL): an in-memory SQLite" in (
+        " ".join(output.split())
+    ), output
 
 
 def test_a_database_directory_that_cannot_be_made_is_refused_in_one_line(

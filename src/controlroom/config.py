@@ -839,8 +839,8 @@ class Settings(EnvThenTomlSettings):
                 "it is empty: unset it for ./controlroom-data, or name a directory "
                 "(. for the current one)"
             )
-        if isinstance(value, str) and "\x00" in value:
-            raise ValueError("a path holds no NUL character")
+        if isinstance(value, str) and not value.isprintable():
+            raise ValueError("a path holds no control character (NUL, a line break, a tab)")
         return value
 
     @field_validator("data_dir")

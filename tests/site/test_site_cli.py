@@ -137,7 +137,17 @@ def test_whether_a_store_is_in_use_is_asked_without_creating_it(tmp_path: Path) 
     "store_path",
     # Fresh-user pass (fourth): a directory not made yet, written with its slash, became
     # the store's file; a file on the way ended in a 47-line traceback.
-    ["", "  ", "{tmp}", "{tmp}/not-yet/", "{tmp}/a-file/tracking.db", "{tmp}/a-file/x/t.db", "~"],
+    # Breaker pass (fifth): /dev/null was taken.
+    [
+        "",
+        "  ",
+        "{tmp}",
+        "{tmp}/not-yet/",
+        "{tmp}/a-file/tracking.db",
+        "{tmp}/a-file/x/t.db",
+        "~",
+        "/dev/null",
+    ],
 )
 def test_a_store_path_that_names_no_file_is_refused(tmp_path: Path, store_path: str) -> None:
     """Fresh-user pass (third): an empty ``CONTROLROOM_SITE_STORE_PATH`` printed a 58-line

@@ -106,6 +106,8 @@ class SiteSettings(EnvThenTomlSettings):
         path = expand_home(Path(value))
         if str(value).endswith(("/", os.sep)) or path.is_dir():
             raise ValueError("it names a directory: name a file in it")
+        if path.exists() and not path.is_file():
+            raise ValueError("it names a device or another special file: name a file")
         on_the_way = next((p for p in path.parents if p.exists()), None)
         if on_the_way is not None and not on_the_way.is_dir():
             raise ValueError(f"{on_the_way} is a file, not a directory: name a file elsewhere")
