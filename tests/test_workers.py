@@ -15,8 +15,9 @@ import random
 import signal
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -649,3 +650,116 @@ def test_lowering_local_backends_warns_once_when_the_kernels_autogroup_voids_the
 
 def test_autogroup_says_nothing_where_the_kernel_has_no_switch(tmp_path: Path) -> None:
     assert workers.autogroup_warning(tmp_path / "absent") is None
+
+
+# -- ingestion.cpu_cgroup (docs/decisions.md "Intake's own cgroup escapes autogroup") ---
+
+
+def _cgroup_root() -> Path | None:
+    """A cgroup hierarchy this user may make a cgroup in: cgroup v1's cpu controller, or
+    the unified hierarchy."""
+    for root in (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")):
+        if (root / "cgroup.procs").is_file() and os.access(root, os.W_OK):
+            return root
+    return None
+
+
+@pytest.fixture
+def cpu_cgroup() -> Iterator[Path]:
+    """A new cgroup, removed afterwards (what is left in it moved back to its parent)."""
+    root = _cgroup_root()
+    if root is None:
+        pytest.skip("needs a cgroup hierarchy this user may make a cgroup in (root)")
+    group = root / f"controlroom-test-{uuid.uuid4().hex[:12]}"
+    group.mkdir()
+    try:
+        yield group
+    finally:
+        for _ in range(100):  # a backend ends a moment after its connection closes
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):  # ended meanwhile
+                    (root / "cgroup.procs").write_text(f"{pid}\n")
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def cgroup_members(group: Path) -> set[int]:
+    return {int(pid) for pid in (group / "cgroup.procs").read_text().split()}
+
+
+def test_a_worker_joins_the_intake_cgroup_and_serve_stays_out(
+    worker_settings: Settings, cpu_cgroup: Path
+) -> None:
+    settings = worker_settings.model_copy(
+        update={
+            "ingestion": worker_settings.ingestion.model_copy(update={"cpu_cgroup": cpu_cgroup})
+        }
+    )
+    seen: dict[str, set[int]] = {}
+
+    async def body(url: str) -> None:
+        await publish(settings, 0, 10)
+        await until(lambda: asyncio.to_thread(lambda: stored_count(settings) == 10))
+        seen["members"] = cgroup_members(cpu_cgroup)
+        seen["workers"] = children()
+
+    serve(settings, body)
+    assert seen["workers"]
+    assert seen["workers"] <= seen["members"]
+    assert os.getpid() not in seen["members"]
+
+
+@pytest.mark.postgresql
+def test_the_postgresql_backends_of_a_worker_join_the_intake_cgroup(
+    tmp_path: Path, postgresql_url: str, cpu_cgroup: Path
+) -> None:
+    """Only the worker's, which it lowered: serve's own backends (its reads) stay out."""
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=postgresql_url,
+        ingestion=IngestionSettings(workers=1, nice=NICE, cpu_cgroup=cpu_cgroup),
+    )
+    seen: dict[str, set[int]] = {}
+
+    def lowered() -> set[int]:
+        return set(of_backends(postgresql_url, lambda pid: pid if niceness(pid) == NICE else 0))
+
+    async def body(url: str) -> None:
+        await publish(settings, 0, 10)
+        await until(lambda: asyncio.to_thread(lambda: stored_count(settings) == 10))
+        seen["lowered before"] = await asyncio.to_thread(lowered) - {0}
+        seen["members"] = cgroup_members(cpu_cgroup)
+        seen["workers"] = children()
+        seen["lowered after"] = await asyncio.to_thread(lowered) - {0}
+
+    serve(settings, body)
+    backends = seen["members"] - seen["workers"]
+    assert seen["lowered before"]  # the worker's
+    assert seen["lowered before"] <= backends <= seen["lowered after"]
+
+
+@pytest.mark.postgresql
+def test_lowering_into_a_cgroup_says_nothing_of_autogroup(
+    tmp_path: Path,
+    postgresql_url: str,
+    cpu_cgroup: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The cgroup takes the backends out of their server's autogroup: the warning that
+    their nice is void would be wrong."""
+    sysctl = tmp_path / "sched_autogroup_enabled"
+    sysctl.write_text("1\n")
+    monkeypatch.setattr(workers, "AUTOGROUP_SYSCTL", sysctl)
+    engine = create_store_engine(postgresql_url)
+    try:
+        workers._lower_backends(engine, 1, "normal", cpu_cgroup)
+        with caplog.at_level(logging.WARNING, logger=workers.__name__), engine.connect():
+            joined = cgroup_members(cpu_cgroup)
+    finally:
+        engine.dispose()
+    assert len(joined) == 1
+    assert not [r for r in caplog.records if "autogroup" in r.getMessage()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import difflib
+import os
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -145,6 +146,16 @@ class IngestionSettings(SettingsTable):
         ),
     )
 
+    cpu_cgroup: Path | None = Field(
+        None,
+        description=(
+            "A cgroup directory (Linux) made for intake with a small CPU weight or cpu.idle: "
+            "the workers move themselves and their local PostgreSQL backends into it, out of "
+            "the kernel's autogroup, so the nice reaches the backends too. Needs write access "
+            "to its cgroup.procs (root, or a delegated cgroup). None: the nice alone."
+        ),
+    )
+
     yield_to_reads: float = Field(
         0.2,
         ge=0,
@@ -155,6 +166,24 @@ class IngestionSettings(SettingsTable):
             "come; with a reader that never stops, intake keeps 1 minus this of its pace."
         ),
     )
+
+    @field_validator("cpu_cgroup")
+    @classmethod
+    def _a_cgroup_serve_may_join(cls, directory: Path | None) -> Path | None:
+        """Refused at start, not at each worker's: a directory that is no cgroup (its
+        ``cgroup.procs`` lists the processes in it), or one this user may not move
+        processes into."""
+        if directory is None:
+            return None
+        directory = expand_home(directory)
+        procs = directory / "cgroup.procs"
+        if not procs.is_file():
+            raise ValueError("it is no cgroup directory (one holding cgroup.procs)")
+        if not os.access(procs, os.W_OK):
+            raise ValueError(
+                "this user may not move processes into it (its cgroup.procs is not writable)"
+            )
+        return directory
 
     @model_validator(mode="after")
     def _prefetch_in_range(self) -> IngestionSettings:

@@ -111,6 +111,11 @@ def worker_main(
         format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s",
     )
     quiet_demo_logs()  # only under controlroom demo run
+    if settings.ingestion.cpu_cgroup is not None:
+        try:
+            _join_cgroup(settings.ingestion.cpu_cgroup, os.getpid())
+        except OSError as exc:
+            log.warning("the worker stays out of ingestion.cpu_cgroup: %s", exc)
     gate = YieldToReads(reads, share=settings.ingestion.yield_to_reads)
     asyncio.run(_work(settings, _Reporter(conn), owner, gate))
 
@@ -178,7 +183,12 @@ async def _work(settings: Settings, reporter: _Reporter, owner: str, gate: Yield
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     engine = create_store_engine(settings.effective_database_url)
     yield_to_reads(engine, gate)
-    _lower_backends(engine, settings.ingestion.nice, settings.ingestion.scheduling)
+    _lower_backends(
+        engine,
+        settings.ingestion.nice,
+        settings.ingestion.scheduling,
+        settings.ingestion.cpu_cgroup,
+    )
     transport = create_transport(settings, owner=owner)
     await transport.start()
     try:
@@ -294,12 +304,22 @@ def yield_to_reads(engine: sa.Engine, gate: YieldToReads) -> None:
     sa.event.listen(engine, "before_cursor_execute", wait)
 
 
-def _lower_backends(engine: sa.Engine, nice: int, scheduling: str) -> None:
+def _join_cgroup(cgroup: Path, pid: int) -> None:
+    """Move process ``pid`` into the cgroup directory ``cgroup`` (``ingestion.cpu_cgroup``:
+    docs/decisions.md "Intake's own cgroup escapes autogroup"). Raises ``OSError`` when
+    the kernel refuses."""
+    (cgroup / "cgroup.procs").write_text(f"{pid}\n")
+
+
+def _lower_backends(
+    engine: sa.Engine, nice: int, scheduling: str, cgroup: Path | None = None
+) -> None:
     """Renice each PostgreSQL backend serving this worker's connections by ``nice`` (and
-    put it under the worker's scheduling policy), when the store says it runs on this
-    machine and the OS lets this process (docs/design.md "Process shape"); otherwise the
-    backend keeps its priority, said once in the log. The first backend lowered logs
-    ``autogroup_warning`` as a warning when there is one."""
+    put it under the worker's scheduling policy, and into ``cgroup`` when given), when the
+    store says it runs on this machine and the OS lets this process (docs/design.md
+    "Process shape"); otherwise the backend keeps its priority, said once in the log. The
+    first backend lowered logs ``autogroup_warning`` as a warning when there is one and
+    no cgroup took the backends out of the autogroup."""
     provider = provider_for(engine)
     told = threading.Event()
     lowered = threading.Event()
@@ -312,6 +332,8 @@ def _lower_backends(engine: sa.Engine, nice: int, scheduling: str) -> None:
             current = os.getpriority(os.PRIO_PROCESS, pid)
             os.setpriority(os.PRIO_PROCESS, pid, min(19, current + nice))
             _idle_policy(scheduling, pid)
+            if cgroup is not None:
+                _join_cgroup(cgroup, pid)
         except OSError as exc:
             if not told.is_set():
                 told.set()
@@ -319,7 +341,7 @@ def _lower_backends(engine: sa.Engine, nice: int, scheduling: str) -> None:
             return
         if not lowered.is_set():
             lowered.set()
-            if (warning := autogroup_warning()) is not None:
+            if cgroup is None and (warning := autogroup_warning()) is not None:
                 log.warning(warning)
 
     sa.event.listen(engine, "connect", lower)

@@ -7,6 +7,8 @@ traceback."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -167,3 +169,18 @@ def test_an_agent_node_of_printable_text_is_taken() -> None:
     from controlroom.site import SiteSettings
 
     assert SiteSettings(site_id="plant-7", node="node 1 (east)").node == "node 1 (east)"
+
+
+def test_an_intake_cgroup_that_is_no_cgroup_directory_is_refused(tmp_path: Path) -> None:
+    """A directory without ``cgroup.procs`` (a typo of its path, or a cgroup's parent
+    mount on another machine) would fail in each worker instead."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(ingestion={"cpu_cgroup": tmp_path})
+    [error] = refused.value.errors()
+    assert error["loc"] == ("ingestion", "cpu_cgroup")
+    assert "it is no cgroup directory (one holding cgroup.procs)" in error["msg"]
+
+
+def test_an_intake_cgroup_directory_is_taken(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.procs").write_text("")
+    assert Settings(ingestion={"cpu_cgroup": tmp_path}).ingestion.cpu_cgroup == tmp_path
