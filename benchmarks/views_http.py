@@ -63,7 +63,13 @@ How each figure is made (``benchmarks/README.md`` has the figures):
    the last window ended (published - settled) is printed, and a run whose backlog ran
    out (fewer left than serve's prefetch) is marked as such: the later windows were not
    at full speed.
-7. **Where the CPU went**, per window: serve's own process (API, console, metrics), its
+7. **Idle after the drain** (serve C: the same command, settings, port and data
+   directory). What serve B left of the backlog is purged from the error queue, and serve
+   C runs ``--rounds`` idle windows on the store as the drain left it: its answers are
+   the draining windows' or larger (the drain's new groups and matches among them), where
+   idle before the backlog answered over the loaded rows alone. "draining / idle after"
+   compares each view with itself over the same answers.
+8. **Where the CPU went**, per window: serve's own process (API, console, metrics), its
    worker processes (``ingest.process_tree_cpu_seconds`` minus its own), on PostgreSQL the
    backends connected to the store's database by their nice value (the workers renice
    theirs, docs/design.md "Process shape"; ``pg_stat_activity``, then ``/proc``), this
@@ -72,7 +78,7 @@ How each figure is made (``benchmarks/README.md`` has the figures):
    autovacuum launcher) are not counted. In the reader's windows, also how long serve's
    threads, the backends by nice value and this process waited on a run queue for a CPU,
    per call (``/proc/<pid>/task/<tid>/schedstat``).
-8. **Afterwards** (unless ``--keep-drained``): what the drain stored is deleted (the rows
+9. **Afterwards** (unless ``--keep-drained``): what the drain stored is deleted (the rows
    whose last failure is after the store's latest before the drain, their group rows by
    cascade, the group hours after that hour; the counters follow by their triggers), and on
    PostgreSQL ``VACUUM ANALYZE`` of the tables a drain writes, so that the next run on a
@@ -137,7 +143,7 @@ from controlroom.config import IngestionSettings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.providers.sqlite import PROVIDER as SQLITE_PROVIDER
 from controlroom.db.tables import failed_message_group_hours, failed_message_groups, failed_messages
-from controlroom.transport import EmbeddedQueue
+from controlroom.transport import EmbeddedQueue, RabbitMQTransport
 from controlroom.workers import autogroup_warning
 
 DEFAULT_BACKLOG = 300_000
@@ -182,6 +188,7 @@ follows it): the first pages, searches, counts, groups and a group's messages of
 and the console's pages."""
 
 IDLE, CONTROL, WITHOUT, WITH = "idle", "control", "no reader", "reader"
+AFTER = "idle after"  # serve C: the store as the drain left it, the backlog's rest purged
 
 
 # --- the views -----------------------------------------------------------------------------
@@ -510,6 +517,15 @@ async def publish_embedded(path: Path, messages: Sequence[Message]) -> None:
             await queue.publish(QUEUE, message.headers, message.body)
 
 
+async def purge_backlog(broker_url: str, data_dir: Path) -> int:
+    """Delete what is left of the backlog in the error queue; returns how many."""
+    if broker_url:
+        async with RabbitMQTransport(broker_url) as rabbitmq:
+            return await rabbitmq.purge(QUEUE)
+    async with EmbeddedQueue(data_dir / "queue.db") as embedded:
+        return await embedded.purge(QUEUE)
+
+
 def publish_backlog(broker_url: str, data_dir: Path, count: int) -> None:
     started = time.perf_counter()
     now = datetime.now(UTC)
@@ -760,7 +776,26 @@ def measure(
                 probe.close()
         left = asyncio.run(queued(broker_url)) if broker_url else None
         warnings += [f"serve B: {line}" for line in log_warnings(serve.log_path)]
-    report(views, details, quiet, draining)
+        purged = asyncio.run(purge_backlog(broker_url, data_dir))
+        print(f"\nserve C, the backlog's rest purged ({purged:,} messages): idle again")
+        with served(url, broker_url, data_dir, port, args.serve_setting, "after") as serve:
+            for _ in range(args.warm_up):
+                read_round_robin(views, 0, {v.name: [] for v in views})
+            probe = Probe(serve.process.pid, metrics_url, admin_url, database)
+            try:
+                after = run_windows(
+                    probe,
+                    views,
+                    [(number, AFTER) for number in range(1, args.rounds + 1)],
+                    args.seconds,
+                    args.control_nice,
+                    args.control_scheduling,
+                    args.pace,
+                )
+            finally:
+                probe.close()
+        warnings += [f"serve C: {line}" for line in log_warnings(serve.log_path)]
+    report(views, details, quiet, draining, after)
     print_drain(args, ingestion, draining, draining[-1].end.settled, left)
     for line in warnings:
         print(line)
@@ -776,34 +811,43 @@ def report(
     details: dict[str, str],
     quiet: Sequence[Window],
     draining: Sequence[Window],
+    after: Sequence[Window],
 ) -> None:
     """A Markdown table: per view idle p50 and p95, draining p95 and its ratio to idle,
-    the control's p95 and its ratio, and the samples of each kind."""
+    the control's p95 and its ratio, idle after the drain (the same answers as while
+    draining, or larger) and draining's ratio to it, and the samples of each kind."""
     print(
         "\n| view | idle p50 | idle p95 | draining p50 | draining p95 | draining / idle p95 | "
-        "control p95 | control / idle p95 | samples idle / draining / control | answer (idle) |"
+        "control p95 | control / idle p95 | idle after p50 | idle after p95 | "
+        "draining / idle after p95 | samples idle / draining / control / after | "
+        "answer (idle) |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-    within = 0
+    print("| --- |" + " ---: |" * 11 + " --- |")
+    within = within_after = 0
     thin = []
     for view in views:
         idle = pooled(quiet, IDLE, view.name)
         drain = pooled(draining, WITH, view.name)
         control = pooled(quiet, CONTROL, view.name)
+        later = pooled(after, AFTER, view.name)
         base = p95(idle)
-        ratio = p95(drain) / base
+        ratio, ratio_after = p95(drain) / base, p95(drain) / p95(later)
         within += ratio <= TARGET_P95_RATIO
-        if min(len(idle), len(drain), len(control)) < MIN_SAMPLES:
+        within_after += ratio_after <= TARGET_P95_RATIO
+        if min(len(idle), len(drain), len(control), len(later)) < MIN_SAMPLES:
             thin.append(view.name)
         print(
             f"| {view.name} | {statistics.median(idle):.1f} | {base:.1f} | "
             f"{statistics.median(drain):.1f} | {p95(drain):.1f} | "
             f"{ratio:.2f} | {p95(control):.1f} | {p95(control) / base:.2f} | "
-            f"{len(idle)} / {len(drain)} / {len(control)} | {details[view.name]} |"
+            f"{statistics.median(later):.1f} | {p95(later):.1f} | {ratio_after:.2f} | "
+            f"{len(idle)} / {len(drain)} / {len(control)} / {len(later)} | "
+            f"{details[view.name]} |"
         )
     print(
         f"\nviews whose p95 while draining is within {TARGET_P95_RATIO} x idle: {within} of "
-        f"{len(views)} (target: all)"
+        f"{len(views)} (target: all); within {TARGET_P95_RATIO} x idle after the drain: "
+        f"{within_after} of {len(views)}"
     )
     if thin:
         print(
