@@ -732,21 +732,28 @@ def measure(
             views = choose_views(client, engine, rows, args.views, args.only)
             pacing = f"a call every {args.pace} s" if args.pace else "each call after the last"
             print(f"{len(views)} views, round robin through one keep-alive connection, {pacing}")
-            for _ in range(args.warm_up):
-                read_round_robin(views, 0, {v.name: [] for v in views})
-            details = {view.name: str(view.run()) for view in views}
-            probe = Probe(serve.process.pid, metrics_url, admin_url, database)
-            print(f"\nserve A, empty queue: idle and beside {os.cpu_count()} busy loops")
-            try:
-                quiet = run_windows(
+
+            def warm_up() -> None:
+                for _ in range(args.warm_up):
+                    read_round_robin(views, 0, {v.name: [] for v in views})
+
+            def windows(probe: Probe, order: Sequence[tuple[int, str]]) -> list[Window]:
+                return run_windows(
                     probe,
                     views,
-                    window_order(args.rounds, IDLE, CONTROL),
+                    order,
                     args.seconds,
                     args.control_nice,
                     args.control_scheduling,
                     args.pace,
                 )
+
+            warm_up()
+            details = {view.name: str(view.run()) for view in views}
+            probe = Probe(serve.process.pid, metrics_url, admin_url, database)
+            print(f"\nserve A, empty queue: idle and beside {os.cpu_count()} busy loops")
+            try:
+                quiet = windows(probe, window_order(args.rounds, IDLE, CONTROL))
             finally:
                 probe.close()
         warnings += [f"serve A: {line}" for line in log_warnings(serve.log_path)]
@@ -761,17 +768,8 @@ def measure(
                         log = serve.log_path.read_text(errors="replace")
                         raise RuntimeError(f"serve B settled nothing: {log[-2000:]}")
                     time.sleep(0.2)
-                for _ in range(args.warm_up):
-                    read_round_robin(views, 0, {v.name: [] for v in views})
-                draining = run_windows(
-                    probe,
-                    views,
-                    window_order(args.rounds, WITHOUT, WITH),
-                    args.seconds,
-                    args.control_nice,
-                    args.control_scheduling,
-                    args.pace,
-                )
+                warm_up()
+                draining = windows(probe, window_order(args.rounds, WITHOUT, WITH))
             finally:
                 probe.close()
         left = asyncio.run(queued(broker_url)) if broker_url else None
@@ -779,19 +777,10 @@ def measure(
         purged = asyncio.run(purge_backlog(broker_url, data_dir))
         print(f"\nserve C, the backlog's rest purged ({purged:,} messages): idle again")
         with served(url, broker_url, data_dir, port, args.serve_setting, "after") as serve:
-            for _ in range(args.warm_up):
-                read_round_robin(views, 0, {v.name: [] for v in views})
+            warm_up()
             probe = Probe(serve.process.pid, metrics_url, admin_url, database)
             try:
-                after = run_windows(
-                    probe,
-                    views,
-                    [(number, AFTER) for number in range(1, args.rounds + 1)],
-                    args.seconds,
-                    args.control_nice,
-                    args.control_scheduling,
-                    args.pace,
-                )
+                after = windows(probe, [(number, AFTER) for number in range(1, args.rounds + 1)])
             finally:
                 probe.close()
         warnings += [f"serve C: {line}" for line in log_warnings(serve.log_path)]
