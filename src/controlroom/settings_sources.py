@@ -62,29 +62,36 @@ _ISO_8601_DURATION = re.compile(
 part up: ``PT1H1H`` read as two hours)."""
 
 
-def _is_iso_8601(value: object) -> bool:
-    return isinstance(value, str) and value.strip().upper().lstrip("+-").startswith("P")
+def _iso_8601_text(value: object) -> str | None:
+    """``value`` stripped and in upper case, as pydantic reads a duration, when it is text
+    that means ISO 8601 (starts with ``P``, after a sign); else None."""
+    if not isinstance(value, str):
+        return None
+    text = value.strip().upper()
+    return text if text.lstrip("+-").startswith("P") else None
 
 
 def _iso_8601_well_formed(value: object) -> object:
     """``value`` itself (an ISO 8601 duration in upper case, as pydantic reads it), unless
     it is a malformed ISO 8601 duration (raises pydantic's ``time_delta_parsing``)."""
-    if not _is_iso_8601(value):
+    text = _iso_8601_text(value)
+    if text is None:
         return value
-    if not _ISO_8601_DURATION.fullmatch(str(value).strip()):
+    if not _ISO_8601_DURATION.fullmatch(text):
         # pydantic's own kind, so the refusal names a duration's forms (``how_to_give``).
         raise PydanticKnownError(
             "time_delta_parsing", {"error": "each part at most once, in ISO 8601's order"}
         )
-    return str(value).strip().upper()
+    return text
 
 
 def _iso_8601_in_seconds(value: object) -> object:
     """An ISO 8601 duration (``PT1H``) as its seconds; other text that is no number of
     seconds (``5m``) refused as no duration (pydantic's ``time_delta_parsing``, so the
     refusal names a duration's forms); anything else as it is."""
-    if _is_iso_8601(value):
-        return _DURATION.validate_python(str(value).strip().upper()).total_seconds()
+    text = _iso_8601_text(value)
+    if text is not None:
+        return _DURATION.validate_python(text).total_seconds()
     if isinstance(value, str) and not _SECONDS_TEXT.fullmatch(value):
         raise PydanticKnownError(
             "time_delta_parsing", {"error": "neither ISO 8601 nor a number of seconds"}
@@ -103,8 +110,9 @@ def _in_days(whole: bool) -> Callable[[object], object]:
     number = _WHOLE_DAYS_TEXT if whole else _SECONDS_TEXT
 
     def days(value: object) -> object:
-        if _is_iso_8601(value) and _ISO_8601_DURATION.fullmatch(str(value).strip()):
-            given = _DURATION.validate_python(str(value).strip().upper()).total_seconds() / 86_400
+        text = _iso_8601_text(value)
+        if text is not None and _ISO_8601_DURATION.fullmatch(text):
+            given = _DURATION.validate_python(text).total_seconds() / 86_400
             if not whole or given.is_integer():
                 return int(given) if whole else given
         elif not isinstance(value, str) or number.fullmatch(value):
