@@ -753,11 +753,15 @@ def test_a_data_directory_under_home_is_under_home(
         Settings(data_dir="~no-such-user/cr")
 
 
-@pytest.mark.parametrize("value", ["controlroom-data\n", "data\tdir"])
+@pytest.mark.parametrize("value", ["controlroom-data\n", "data\tdir", "data\u00a0dir"])
 def test_a_data_directory_holding_a_control_character_is_refused(value: str) -> None:
     """Breaker pass (fifth): a value copied with its line break made a directory whose
-    name ends in one."""
-    with pytest.raises(ValidationError, match="a path holds no control character"):
+    name ends in one. A no-break space (copied from a web page) is refused too, and the
+    refusal names white space: it is no control character."""
+    with pytest.raises(
+        ValidationError,
+        match="a path holds no control character and no white space but the space",
+    ):
         Settings(data_dir=value)
 
 

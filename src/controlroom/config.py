@@ -869,7 +869,10 @@ class Settings(EnvThenTomlSettings):
                 "(. for the current one)"
             )
         if isinstance(value, str) and not value.isprintable():
-            raise ValueError("a path holds no control character (NUL, a line break, a tab)")
+            raise ValueError(
+                "a path holds no control character and no white space but the space "
+                "(NUL, a line break, a tab, a no-break space)"
+            )
         return value
 
     @field_validator("data_dir")
