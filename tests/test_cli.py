@@ -788,6 +788,10 @@ def test_an_empty_data_directory_is_refused(
         "sqlite:///:memory:",
         # Breaker pass (third): migrated, then a traceback from the serve lock.
         "sqlite:///file:memdb?mode=memory&cache=shared&uri=true",
+        # Fresh-user pass (sixth): SQLite's own shared in-memory name migrated, then
+        # serve ended in a traceback (FileNotFoundError) and sweep swept a vanishing store.
+        "sqlite:///file::memory:?cache=shared&uri=true",
+        "sqlite:///file:?uri=true",
     ],
 )
 def test_an_in_memory_sqlite_database_is_refused(
@@ -804,6 +808,43 @@ def test_an_in_memory_sqlite_database_is_refused(
     assert "invalid setting database_url (CONTROLROOM_DATABASE_URL): an in-memory SQLite" in (
         " ".join(output.split())
     ), output
+
+
+def test_a_sqlite_path_that_is_no_uri_with_uri_true_is_refused(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass (sixth): with ``uri=true`` SQLite reads the path as a URI only when
+    it starts with ``file:``; ``sqlite:////dir/ro.db?mode=ro&uri=true`` made and migrated a
+    file named ``ro.db?mode=ro``, neither read-only nor the store meant."""
+    store = tmp_path / "stores"
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", f"sqlite:///{store}/ro.db?mode=ro&uri=true")
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert (
+        "invalid setting database_url (CONTROLROOM_DATABASE_URL): with uri=true SQLite reads "
+        "a path as a URI only when it starts with file:"
+    ) in " ".join(output.split()), output
+    assert not store.exists()
+
+
+def test_a_sqlite_file_uri_makes_its_own_directory_and_no_other(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass (sixth): ``sqlite:///file:/dir/x.db?uri=true`` made a directory named
+    ``file:`` under the working directory (the path's parent taken as written); the
+    store's own directory is the URI's path, percent-decoded as SQLite decodes it."""
+    monkeypatch.chdir(tmp_path)
+    store = tmp_path / "my stores" / "x.db"
+    url = f"sqlite:///file:{tmp_path}/my%20stores/x.db?uri=true"
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", url)
+
+    code, output = invoke("migrate")
+
+    assert code == 0, output
+    assert store.is_file()
+    assert not (tmp_path / "file:").exists()
 
 
 def test_a_database_directory_that_cannot_be_made_is_refused_in_one_line(

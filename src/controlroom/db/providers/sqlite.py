@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import unquote
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.sqlite import insert
@@ -153,9 +154,34 @@ _IN_MEMORY = (
 )
 
 
-def _in_memory(url: sa.URL) -> bool:
-    """Whether ``url`` names SQLite's in-memory database (no file)."""
-    return not url.database or url.database == ":memory:" or url.query.get("mode") == "memory"
+_NO_FILE_URI = (
+    "with uri=true SQLite reads a path as a URI only when it starts with file: "
+    "(sqlite:///file:/absolute/path.db?mode=ro&uri=true); any other path is a file's "
+    "name, its query included"
+)
+
+
+def _reads_uri(url: sa.URL) -> bool:
+    """Whether the driver is given ``url``'s path as an SQLite URI (``uri=true``,
+    as SQLAlchemy's pysqlite dialect coerces it)."""
+    return str(url.query.get("uri", "")).lower() in {"true", "1", "yes", "on"}
+
+
+def _file_path(url: sa.URL) -> Path | None:
+    """The store's file as SQLite opens it from ``url``; None for its in-memory database.
+    With ``uri=true`` the path is a ``file:`` URI (https://sqlite.org/uri.html: an empty
+    or ``localhost`` authority, the path percent-decoded); its query is no part of it."""
+    database = url.database or ""
+    if _reads_uri(url) and database.startswith("file:"):
+        if url.query.get("mode") == "memory":
+            return None
+        database = unquote(database.removeprefix("file:").split("?", 1)[0].split("#", 1)[0])
+        if database.startswith("//"):
+            authority, _, path = database[2:].partition("/")
+            database = "/" + path if authority in ("", "localhost") else database
+    if database in ("", ":memory:"):
+        return None
+    return Path(database)
 
 
 class SQLiteProvider(OnConflictProvider):
@@ -343,7 +369,9 @@ class SQLiteProvider(OnConflictProvider):
         return LeaseRow(self, engine, name, owner, seconds)
 
     def url_problem(self, url: sa.URL) -> str | None:
-        if _in_memory(url):
+        if _reads_uri(url) and not (url.database or "").startswith("file:"):
+            return _NO_FILE_URI
+        if _file_path(url) is None:
             return _IN_MEMORY
         # SQLAlchemy's own reading of the query: what it warns it ignores (SQLite's URI
         # options without uri=true: ?mode=ro, and the store written anyway) or cannot read.
@@ -361,9 +389,10 @@ class SQLiteProvider(OnConflictProvider):
         return None
 
     def create_engine(self, url: sa.URL, *, pool_size: int) -> sa.Engine:
-        if _in_memory(url) or url.database is None:
+        path = _file_path(url)
+        if path is None:
             raise ConfigurationError(_IN_MEMORY)
-        directory = Path(url.database).parent
+        directory = path.parent
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -398,7 +427,7 @@ class SQLiteProvider(OnConflictProvider):
             if immediate:
                 conn.info[_WROTE] = True
 
-        wal = Path(f"{url.database}-wal")
+        wal = path.with_name(f"{path.name}-wal")
 
         @sa.event.listens_for(engine, "checkin")
         def _on_checkin(
