@@ -375,11 +375,13 @@ class ReconciliationSettings(SettingsTable):
     "Reconciliation", "Retry/Discard relay")."""
 
     interval: Period = Field(
-        timedelta(minutes=5), gt=timedelta(0), description="Time between two passes."
+        timedelta(minutes=5),
+        ge=timedelta(seconds=MIN_INTERVAL_SECONDS),
+        description="Time between two passes.",
     )
     probe_interval: Period = Field(
         timedelta(seconds=30),
-        gt=timedelta(0),
+        ge=timedelta(seconds=MIN_INTERVAL_SECONDS),
         description="Time between pulls of a site the last pass could not reach (a site "
         "coming back is reconciled within this).",
     )

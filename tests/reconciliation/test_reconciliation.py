@@ -413,8 +413,8 @@ def test_of_two_central_processes_one_runs_the_scheduled_passes(
         database_url,
         tmp_path / "central",
         sites,
-        interval=timedelta(milliseconds=20),
-        probe_interval=timedelta(milliseconds=20),
+        interval=timedelta(milliseconds=50),
+        probe_interval=timedelta(milliseconds=50),
     )
     engine = create_store_engine(settings.effective_database_url)
     upgrade_database(engine)

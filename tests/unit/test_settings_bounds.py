@@ -158,13 +158,17 @@ def test_a_token_no_authorization_header_could_carry_is_refused(token: str) -> N
         ({"notifications": {"dispatch_interval_seconds": 0.000001}}, "dispatch_interval"),
         ({"notifications": {"purge_interval_seconds": 0.000001}}, "purge_interval_seconds"),
         ({"sitecalls": {"purge_interval_seconds": 0.000001}}, "purge_interval_seconds"),
+        ({"reconciliation": {"interval": "PT0.001S"}}, "reconciliation.interval"),
+        ({"reconciliation": {"probe_interval": "PT0.001S"}}, "reconciliation.probe_interval"),
     ],
 )
 def test_a_loop_that_runs_without_work_has_a_shortest_period(
     values: dict[str, Any], where: str
 ) -> None:
     """Breaker pass: a KPI sample every microsecond wrote 26,625 rows in 10 s; dispatch
-    and purge intervals of a microsecond kept an idle serve at 75 % of a core."""
+    and purge intervals of a microsecond kept an idle serve at 75 % of a core. Fresh-user
+    pass (sixth): a probe interval of a millisecond pulled a site that was down in a loop
+    (96 % of a core, a warning every 50 ms)."""
     with pytest.raises(ValidationError) as refused:
         Settings(**values)
     assert where in str(refused.value)
