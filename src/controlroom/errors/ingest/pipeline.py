@@ -175,6 +175,7 @@ class IngestionService:
         )
         self._run_task: asyncio.Task[None] | None = None
         self._done = {"failed_message": 0, "failed_import": 0, "retry_confirmation": 0}
+        self._reported_at = time.monotonic()  # what ``_done`` counts began then
 
     async def run(self) -> None:
         """Consume, batch and write until ``stop()`` or cancellation."""
@@ -200,10 +201,12 @@ class IngestionService:
         is work (messages done since the last report, or waiting), log one line: messages
         stored per second, failed imports, retry confirmations and the queue's depth
         (docs/decisions.md "Metrics are labelled by route template", "serve says what it is
-        doing"). A transport that cannot answer leaves the depth out."""
-        interval = self._settings.ingestion.report_interval_seconds
+        doing"). A transport that cannot answer leaves the depth out. The seconds are those
+        since the last report, not the interval: a worker kept from the CPU reports late."""
         queue = self._settings.error_queue
         done, self._done = self._done, dict.fromkeys(self._done, 0)
+        now = time.monotonic()
+        seconds, self._reported_at = max(now - self._reported_at, 1e-3), now
         depth = await observe_intake(self._engine, self._transport, self.health)
         if depth is not None:
             QUEUE_DEPTH.labels(queue).set(depth.messages)
@@ -215,11 +218,11 @@ class IngestionService:
             "ingested %d failed messages (%.1f/s), %d failed imports, %d retry confirmations "
             "from %s in the last %.0f s; %s",
             done["failed_message"],
-            done["failed_message"] / interval,
+            done["failed_message"] / seconds,
             done["failed_import"],
             done["retry_confirmation"],
             queue,
-            interval,
+            seconds,
             _describe_depth(depth, queue),
         )
 
