@@ -646,6 +646,8 @@ def test_lowering_local_backends_warns_once_when_the_kernels_autogroup_voids_the
     said = [r for r in caplog.records if "autogroup" in r.getMessage()]
     assert len(said) == warnings
     assert all("sched_autogroup_enabled=0" in r.getMessage() for r in said)
+    # ... and the other way out (fresh-user pass, sixth: the warning named only the sysctl).
+    assert all("or give intake a cgroup (ingestion.cpu_cgroup)" in r.getMessage() for r in said)
 
 
 def test_autogroup_says_nothing_where_the_kernel_has_no_switch(tmp_path: Path) -> None:
@@ -691,8 +693,9 @@ def cgroup_members(group: Path) -> set[int]:
 
 
 def test_a_worker_joins_the_intake_cgroup_and_serve_stays_out(
-    worker_settings: Settings, cpu_cgroup: Path
+    worker_settings: Settings, cpu_cgroup: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    """And says so (fresh-user pass, sixth: a join was seen only in ``cgroup.procs``)."""
     settings = worker_settings.model_copy(
         update={
             "ingestion": worker_settings.ingestion.model_copy(update={"cpu_cgroup": cpu_cgroup})
@@ -710,6 +713,9 @@ def test_a_worker_joins_the_intake_cgroup_and_serve_stays_out(
     assert seen["workers"]
     assert seen["workers"] <= seen["members"]
     assert os.getpid() not in seen["members"]
+    assert f"worker-0 controlroom.workers: joined ingestion.cpu_cgroup {cpu_cgroup}" in (
+        capfd.readouterr().err
+    )
 
 
 @pytest.mark.postgresql

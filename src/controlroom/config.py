@@ -53,6 +53,10 @@ MIN_BACKOFF_SECONDS = 0.01
 """The shortest cap of a back-off: less asks a failing store again in a busy loop."""
 
 
+_CPU_CONTROLS = ("cpu.weight", "cpu.shares", "cpu.idle")
+"""A cgroup's files of the CPU controller that set its weight (v2, v1, v2's idle)."""
+
+
 class IngestionSettings(SettingsTable):
     """How the error queue is drained into the store."""
 
@@ -171,7 +175,9 @@ class IngestionSettings(SettingsTable):
     @classmethod
     def _a_cgroup_serve_may_join(cls, directory: Path | None) -> Path | None:
         """Refused at start, not at each worker's: a directory that is no cgroup (its
-        ``cgroup.procs`` lists the processes in it), or one this user may not move
+        ``cgroup.procs`` lists the processes in it), one of no CPU weight (another
+        controller's, or v2's without ``cpu`` in its parent's ``cgroup.subtree_control``),
+        a hierarchy's root (every process is in it), or one this user may not move
         processes into."""
         if directory is None:
             return None
@@ -179,11 +185,30 @@ class IngestionSettings(SettingsTable):
         procs = directory / "cgroup.procs"
         if not procs.is_file():
             raise ValueError("it is no cgroup directory (one holding cgroup.procs)")
+        if not any((directory / control).is_file() for control in _CPU_CONTROLS):
+            raise ValueError(
+                "it sets no CPU weight (no cpu.weight, cpu.shares or cpu.idle): make it "
+                "under the cpu controller's hierarchy (v2: with cpu in its parent's "
+                "cgroup.subtree_control)"
+            )
+        if os.path.ismount(directory):
+            raise ValueError(
+                "it is a hierarchy's root, where every process is: make a cgroup under it"
+            )
         if not os.access(procs, os.W_OK):
             raise ValueError(
                 "this user may not move processes into it (its cgroup.procs is not writable)"
             )
         return directory
+
+    @model_validator(mode="after")
+    def _cgroup_has_workers(self) -> IngestionSettings:
+        if self.cpu_cgroup is not None and self.workers == 0:
+            raise ValueError(
+                "cpu_cgroup needs workers: with workers = 0 intake runs in serve, which "
+                "never joins it (set workers, or unset cpu_cgroup)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _prefetch_in_range(self) -> IngestionSettings:

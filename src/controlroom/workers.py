@@ -116,6 +116,8 @@ def worker_main(
             _join_cgroup(settings.ingestion.cpu_cgroup, os.getpid())
         except OSError as exc:
             log.warning("the worker stays out of ingestion.cpu_cgroup: %s", exc)
+        else:
+            log.info("joined ingestion.cpu_cgroup %s", settings.ingestion.cpu_cgroup)
     gate = YieldToReads(reads, share=settings.ingestion.yield_to_reads)
     asyncio.run(_work(settings, _Reporter(conn), owner, gate))
 
@@ -281,9 +283,9 @@ def autogroup_warning(sysctl: Path | None = None) -> str | None:
     return (
         f"the kernel's autogroup is on ({sysctl} = {value}): a nice or SCHED_IDLE ranks a process "
         "only within its session, so the store's backends that a worker lowered still compete with "
-        "the console's reads as equals; turn it off (sysctl kernel.sched_autogroup_enabled=0) "
-        "for reads to keep priority (docs/decisions.md \"Autogroup voids the backends' "
-        'priority")'
+        "the console's reads as equals; for reads to keep priority turn it off (sysctl "
+        "kernel.sched_autogroup_enabled=0) or give intake a cgroup (ingestion.cpu_cgroup) "
+        "(docs/decisions.md \"Autogroup voids the backends' priority\")"
     )
 
 

@@ -7,6 +7,7 @@ traceback."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -181,6 +182,52 @@ def test_an_intake_cgroup_that_is_no_cgroup_directory_is_refused(tmp_path: Path)
     assert "it is no cgroup directory (one holding cgroup.procs)" in error["msg"]
 
 
-def test_an_intake_cgroup_directory_is_taken(tmp_path: Path) -> None:
+@pytest.mark.parametrize("control", ["cpu.weight", "cpu.shares", "cpu.idle"])
+def test_an_intake_cgroup_directory_is_taken(tmp_path: Path, control: str) -> None:
+    """A cgroup of the CPU controller: v2's ``cpu.weight`` or ``cpu.idle``, v1's
+    ``cpu.shares``."""
     (tmp_path / "cgroup.procs").write_text("")
+    (tmp_path / control).write_text("")
     assert Settings(ingestion={"cpu_cgroup": tmp_path}).ingestion.cpu_cgroup == tmp_path
+
+
+def test_an_intake_cgroup_without_a_cpu_weight_is_refused(tmp_path: Path) -> None:
+    """Fresh-user pass (sixth): a cgroup of the memory controller was taken, and the
+    workers moved into it kept their CPU share."""
+    (tmp_path / "cgroup.procs").write_text("")
+    (tmp_path / "memory.limit_in_bytes").write_text("")
+    with pytest.raises(ValidationError) as refused:
+        Settings(ingestion={"cpu_cgroup": tmp_path})
+    [error] = refused.value.errors()
+    assert error["loc"] == ("ingestion", "cpu_cgroup")
+    assert "it sets no CPU weight (no cpu.weight, cpu.shares or cpu.idle)" in error["msg"]
+
+
+def test_the_root_of_a_cgroup_hierarchy_is_refused_as_intake_cgroup() -> None:
+    """Fresh-user pass (sixth): the hierarchy's root was taken; every process is in it
+    already, so intake gained no lower weight."""
+    roots = [
+        root
+        for root in (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup"))
+        if os.path.ismount(root) and os.access(root / "cgroup.procs", os.W_OK)
+    ]
+    if not roots or not any((roots[0] / f).exists() for f in ("cpu.shares", "cpu.weight")):
+        pytest.skip("needs a writable cgroup hierarchy of the CPU controller (root)")
+    with pytest.raises(ValidationError) as refused:
+        Settings(ingestion={"cpu_cgroup": roots[0]})
+    [error] = refused.value.errors()
+    assert "it is a hierarchy's root, where every process is: make a cgroup under it" in (
+        error["msg"]
+    )
+
+
+def test_an_intake_cgroup_without_workers_is_refused(tmp_path: Path) -> None:
+    """Fresh-user pass (sixth): with ``workers = 0`` intake runs in serve, which never
+    joins the cgroup: the setting was silently void."""
+    (tmp_path / "cgroup.procs").write_text("")
+    (tmp_path / "cpu.shares").write_text("")
+    with pytest.raises(ValidationError) as refused:
+        Settings(ingestion={"cpu_cgroup": tmp_path, "workers": 0})
+    [error] = refused.value.errors()
+    assert error["loc"] == ("ingestion",)
+    assert "cpu_cgroup needs workers: with workers = 0 intake runs in serve" in error["msg"]
