@@ -862,6 +862,23 @@ def test_a_database_directory_that_cannot_be_made_is_refused_in_one_line(
 
 
 @pytest.mark.postgresql
+def test_a_search_path_schema_that_does_not_exist_is_named_as_the_cause(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, postgresql_url: str
+) -> None:
+    """Fresh-user pass (sixth): migrate said only "InvalidSchemaName: no schema has been
+    selected to create in"."""
+    url = sa.make_url(postgresql_url).update_query_dict({"options": "-csearch_path=no_such"})
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", url.render_as_string(hide_password=False))
+
+    code, output = invoke("migrate")
+
+    assert code == 1, output
+    said = " ".join(output.split())
+    assert "InvalidSchemaName: no schema has been selected to create in" in said
+    assert "the schema that search_path names does not exist in this database" in said
+
+
+@pytest.mark.postgresql
 def test_a_database_password_given_in_the_query_is_never_shown(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch, postgresql_url: str
 ) -> None:

@@ -840,7 +840,7 @@ def _exit_on_failure() -> Iterator[None]:
     """Report a failed dependency in one line and exit 1, instead of a traceback."""
     import sqlalchemy as sa
 
-    from controlroom.db.errors import describe_store_error
+    from controlroom.db.errors import describe_store_error, store_error_advice
 
     try:
         yield
@@ -848,7 +848,9 @@ def _exit_on_failure() -> Iterator[None]:
         err_console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from exc
     except sa.exc.SQLAlchemyError as exc:  # the driver's line, not SQLAlchemy's wrapping
-        err_console.print(f"[red]error:[/] the database: {escape(describe_store_error(exc))}")
+        advice = store_error_advice(exc)
+        said = describe_store_error(exc) + (f" ({advice})" if advice else "")
+        err_console.print(f"[red]error:[/] the database: {escape(said)}")
         raise typer.Exit(1) from exc
 
 

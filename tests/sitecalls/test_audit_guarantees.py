@@ -320,6 +320,17 @@ def test_migrate_as_the_owner_makes_serves_user_the_service_role(
             ):
                 conn.exec_driver_sql("DELETE FROM audit_log")
             assert runner.invoke(app, ["audit", "verify"]).exit_code == 0
+            # Fresh-user pass (sixth): migrate as the service role failed on the audit
+            # policy with the driver's line alone; it says who migrates.
+            monkeypatch.delenv("CONTROLROOM_MIGRATION_DATABASE_URL")
+            result = runner.invoke(app, ["migrate"])
+            assert result.exit_code == 1, result.output
+            said = " ".join(result.output.split())
+            assert "InsufficientPrivilege: permission denied for table audit_log_policy" in said
+            assert (
+                "this database user lacks a privilege: the schema's owner migrates "
+                "(CONTROLROOM_MIGRATION_DATABASE_URL)"
+            ) in said
         finally:
             service.dispose()
     finally:

@@ -82,6 +82,13 @@ def is_transient(exc: BaseException) -> bool:
     return classify_store_error(exc) is ErrorKind.TRANSIENT
 
 
+def store_error_advice(exc: BaseException) -> str | None:
+    """What an operator can do about ``exc`` (a store error, SQLAlchemy's wrapper or the
+    driver's own) when the deployment is at fault (``Provider.advice``); else ``None``."""
+    inner = exc.orig if isinstance(exc, sa.exc.StatementError) and exc.orig is not None else exc
+    return next((a for p in loaded_providers() if (a := p.advice(inner)) is not None), None)
+
+
 def describe_store_error(exc: BaseException) -> str:
     """``exc`` as one line an operator or a sender may read: the driver's exception type
     and the first line of its own message. Never the statement and parameters

@@ -397,6 +397,12 @@ class Provider(ABC):
         ``None`` for any other exception or when it has none."""
         return None
 
+    def advice(self, exc: BaseException) -> str | None:
+        """What an operator can do about a driver exception of this provider when the
+        deployment is at fault (a missing schema, a privilege the user lacks), in words
+        that quote no data, host or password; ``None`` for any other exception."""
+        return None
+
     def migration_lock(self, conn: sa.Connection) -> None:  # noqa: B027 - optional hook
         """Serialize migrations of processes starting together, for ``conn``'s
         transaction (nothing to do where the write transaction already serializes)."""

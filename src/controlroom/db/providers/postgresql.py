@@ -383,6 +383,22 @@ def address_identity(conn: sa.Connection) -> str:
 GROUP_APPEARANCE_LOCKS = 0x67727061  # "grpa": the first key of the groups' appearance locks
 
 
+_ADVICE = {
+    "3F000": (  # invalid_schema_name
+        "the schema that search_path names does not exist in this database: its owner "
+        "creates it (CREATE SCHEMA), or correct ?options=-csearch_path"
+    ),
+    "42501": (  # insufficient_privilege
+        "this database user lacks a privilege: the schema's owner migrates "
+        "(CONTROLROOM_MIGRATION_DATABASE_URL), and the user of CONTROLROOM_DATABASE_URL, "
+        "once migrate made it the service role, may only read the schema's tables and "
+        "write through the service"
+    ),
+}
+"""What an operator does about a server's refusal that the deployment causes, by SQLSTATE
+(https://www.postgresql.org/docs/current/errcodes-appendix.html)."""
+
+
 class PostgreSQLProvider(OnConflictProvider):
     name: ClassVar[str] = "postgresql"
     max_bound_parameters: ClassVar[int] = 65535  # the protocol's 16-bit parameter count
@@ -633,6 +649,9 @@ class PostgreSQLProvider(OnConflictProvider):
 
     def error_code(self, exc: BaseException) -> str | None:
         return exc.sqlstate if isinstance(exc, psycopg.Error) else None
+
+    def advice(self, exc: BaseException) -> str | None:
+        return _ADVICE.get(self.error_code(exc) or "")
 
     def classify_error(self, exc: BaseException) -> ErrorKind | None:
         if not isinstance(exc, psycopg.Error):
