@@ -21,6 +21,7 @@ from controlroom.db.tables import failed_error_imports, failed_messages
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.transport import RabbitMQTransport
+from controlroom.transport._amqp_names import MAX_NESTING
 from tests.nsb import failed_headers
 
 pytestmark = pytest.mark.rabbitmq
@@ -32,6 +33,20 @@ class RawLongString(bytes):
     """A header value sent as an AMQP long string (``S``) of these bytes, UTF-8 or not."""
 
 
+class RawFieldValue(bytes):
+    """A header value sent as these bytes: an AMQP field value, its type octet first."""
+
+
+def nested(kind: bytes, depth: int) -> RawFieldValue:
+    """A table (``F``) or an array (``A``) holding one of its own kind ``depth`` deep,
+    encoded without recursion (pamqp's encoder recurses, as its decoder does)."""
+    value = kind + struct.pack(">I", 0)
+    for _ in range(depth - 1):
+        inner = b"\x01x" + value if kind == b"F" else value  # a table's field has a name
+        value = kind + struct.pack(">I", len(inner)) + inner
+    return RawFieldValue(value)
+
+
 @pytest.fixture
 def raw_amqp_encoding(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let this test's publisher put raw bytes in header names and short strings, as a
@@ -41,10 +56,13 @@ def raw_amqp_encoding(monkeypatch: pytest.MonkeyPatch) -> None:
     def raw_value(item: object) -> bytes:
         if isinstance(item, RawLongString):
             return b"S" + struct.pack(">I", len(item)) + item
+        if isinstance(item, RawFieldValue):
+            return bytes(item)
         return pamqp.encode.encode_table_value(item)
 
     def raw_table(value: dict) -> bytes:  # type: ignore[type-arg]
-        if not any(isinstance(k, bytes) or isinstance(v, RawLongString) for k, v in value.items()):
+        raw = (RawLongString, RawFieldValue)
+        if not any(isinstance(k, bytes) or isinstance(v, raw) for k, v in value.items()):
             return table(value)
         fields = b"".join(
             bytes([len(raw)]) + raw + raw_value(item)
@@ -215,3 +233,59 @@ def test_a_non_utf8_header_value_becomes_a_failed_import_and_the_queue_moves_on(
     assert kept[0].reason == f"the value of header {name!r} is not UTF-8"
     escaped = value.decode("utf-8", "surrogateescape")
     assert json.loads(kept[0].headers_json)[name] == escaped  # the bytes, kept
+
+
+@pytest.mark.parametrize(("kind", "what"), [(b"F", "tables"), (b"A", "arrays")])
+@pytest.mark.parametrize("depth", [40, 2000])
+def test_a_header_nested_too_deep_becomes_a_failed_import_and_the_queue_moves_on(
+    settings: Settings,
+    engine: sa.Engine,
+    rabbitmq_url: str,
+    raw_amqp_encoding: None,
+    kind: bytes,
+    what: str,
+    depth: int,
+) -> None:
+    """Breaker pass (sixth): a header table nested 400 deep (2.5 KB) made pamqp's decoder
+    raise RecursionError in every delivery of its frame; the connection dropped and came
+    back every 5 s, the message was redelivered for ever and every message behind it
+    waited. Decoding stops at ``MAX_NESTING`` levels; the rest is kept as its bytes."""
+    settings = settings.model_copy(
+        update={"broker_url": rabbitmq_url, "error_queue": f"error-{uuid.uuid4().hex[:8]}"}
+    )
+
+    async def scenario() -> None:
+        queue = settings.error_queue
+        deep = {**failed_headers("deep"), "Deep": nested(kind, depth)}
+        await publish_raw(rabbitmq_url, queue, deep, b"\x00raw", "id-1")
+        await publish_raw(rabbitmq_url, queue, failed_headers("behind-it"), b"{}", "id-2")
+        async with RabbitMQTransport(rabbitmq_url) as transport:
+            service = IngestionService(
+                settings, engine, transport, FileSystemBodyStore(settings.body_dir)
+            )
+            task = asyncio.create_task(service.run())
+            try:
+                async with asyncio.timeout(30):
+                    while count(engine, failed_messages) + count(engine, failed_error_imports) < 2:
+                        assert not task.done(), task.exception()
+                        await asyncio.sleep(0.1)
+            finally:
+                await service.stop()
+
+    asyncio.run(scenario())
+    with engine.connect() as conn:
+        kept = conn.execute(sa.select(failed_error_imports)).all()
+        stored = conn.execute(sa.select(failed_messages.c.message_id)).scalars().all()
+    assert stored == ["behind-it"]
+    assert len(kept) == 1 and kept[0].body == b"\x00raw"  # whole, raw
+    assert kept[0].reason == (
+        "the queue could not read the message whole: header 'Deep' holds "
+        f"{what} nested more than {MAX_NESTING} deep (the deeper levels kept as their AMQP bytes)"
+    )
+    headers = json.loads(kept[0].headers_json)
+    assert headers["NServiceBus.MessageId"] == "deep"
+    # The levels past the bound, as their bytes: what the producer sent, none of it lost.
+    innermost = json.loads(headers["Deep"])  # a nested header's text is its JSON
+    for _ in range(MAX_NESTING - 1):
+        [innermost] = innermost.values() if kind == b"F" else innermost
+    assert innermost.encode("utf-8", "surrogateescape") == nested(kind, depth - MAX_NESTING + 1)[1:]

@@ -39,6 +39,7 @@ from controlroom.transport import _amqp_names
 from controlroom.transport._amqp_consumer import CONNECTION_ERRORS, ConsumerSession
 from controlroom.transport.base import (
     CONTENT_ENCODING_HEADER,
+    UNREADABLE_HEADER,
     Delivery,
     Headers,
     QueueDepth,
@@ -441,6 +442,9 @@ def _message_headers(message: AbstractIncomingMessage) -> Headers:
     headers = fill_message_id(decode_headers(message.headers), message.message_id)
     if message.content_encoding and CONTENT_ENCODING_HEADER not in headers:
         headers[CONTENT_ENCODING_HEADER] = message.content_encoding
+    too_deep = _amqp_names.nested_too_deep(message.headers)
+    if too_deep is not None:
+        headers[UNREADABLE_HEADER] = too_deep
     return headers
 
 
