@@ -27,9 +27,11 @@ from controlroom.notifications.channels import SmtpSender, WebhookSender
 from controlroom.notifications.dispatcher import Dispatcher
 from controlroom.notifications.lifecycle import Attempt, Policy, Verdict, after_attempt
 from controlroom.notifications.store import (
+    UNKNOWN_TARGET_GRACE,
     ActionOutcome,
     Command,
     NewNotification,
+    SendableTargets,
     act_on_parked,
     claim_due,
     enqueue,
@@ -39,6 +41,7 @@ from tests.notifications.receivers import MailSink, WebhookReceiver, smtp_server
 from tests.servers import TEST_CLIENT_TIMEOUT
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+OPS = SendableTargets(webhooks=frozenset({"ops"}), recipient_lists=frozenset(), smtp=False)
 
 
 class Clock:
@@ -287,9 +290,34 @@ def test_the_webhook_etiquette(
 
 def test_an_unknown_target_fails_permanently(outbox: Outbox) -> None:
     notification_id = outbox.put(target="nobody")
+    outbox.clock.advance(UNKNOWN_TARGET_GRACE.total_seconds())
     outbox.dispatch()
     stored = outbox.row(notification_id)
     assert (stored.status, stored.last_error) == ("Failed", "no webhook named 'nobody'")
+
+
+def test_a_target_one_serve_does_not_know_waits_for_the_serve_that_does(
+    engine: sa.Engine,
+    database_url: str,
+    receiver: WebhookReceiver,
+    mail: tuple[MailSink, int],
+    clock: Clock,
+) -> None:
+    """Breaker pass (sixth): two serves on one database, one of them without the webhook
+    (a change of their settings rolling out): it claimed the other's notifications and
+    failed them ("no webhook named 'hang'"). A dispatcher leaves what it cannot send to one
+    that can, for ``UNKNOWN_TARGET_GRACE`` past its due time; e-mail too, where it has no
+    SMTP server."""
+    knowing = outbox_settings(database_url, receiver, mail[1])
+    unknowing = Settings(database_url=database_url)  # no webhook, no SMTP server
+    hook = put(engine, clock(), target="ops")
+    mailed = put(engine, clock(), channel="Email", target="oncall")
+    assert dispatch(unknowing, engine, clock) == 0
+    assert {row(engine, hook).status, row(engine, mailed).status} == {"Pending"}
+    clock.advance(UNKNOWN_TARGET_GRACE.total_seconds() - 1)
+    assert dispatch(unknowing, engine, clock) == 0  # still within the grace
+    assert dispatch(knowing, engine, clock) == 2
+    assert {row(engine, hook).status, row(engine, mailed).status} == {"Delivered"}
 
 
 def test_an_email_reaches_each_recipient_once_with_its_id(outbox: Outbox) -> None:
@@ -352,7 +380,9 @@ def test_an_outcome_for_a_vanished_row_is_logged_and_not_written(
     engine: sa.Engine, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
     notification_id = put(engine, clock())
-    (claimed,) = claim_due(engine, now=clock(), limit=10, claim_for=timedelta(minutes=5))
+    (claimed,) = claim_due(
+        engine, now=clock(), limit=10, claim_for=timedelta(minutes=5), sendable=OPS
+    )
     with begin_write(engine) as conn:
         conn.execute(sa.delete(notifications))  # the purge took it
     attempt = Attempt(Verdict.DELIVERED, reply_code=200)
@@ -367,10 +397,10 @@ def test_a_claimed_row_is_not_claimed_twice_until_its_claim_lapses(
 ) -> None:
     put(engine, clock())
     claim = timedelta(minutes=5)
-    assert len(claim_due(engine, now=clock(), limit=10, claim_for=claim)) == 1
-    assert claim_due(engine, now=clock(), limit=10, claim_for=claim) == []
+    assert len(claim_due(engine, now=clock(), limit=10, claim_for=claim, sendable=OPS)) == 1
+    assert claim_due(engine, now=clock(), limit=10, claim_for=claim, sendable=OPS) == []
     clock.advance(301)  # the dispatcher died mid-send: the row is due again, same id
-    assert len(claim_due(engine, now=clock(), limit=10, claim_for=claim)) == 1
+    assert len(claim_due(engine, now=clock(), limit=10, claim_for=claim, sendable=OPS)) == 1
 
 
 @pytest.mark.postgresql
@@ -514,6 +544,8 @@ def test_an_unknown_target_of_either_channel_fails_once_naming_it(
         )
     hook = put(engine, clock(), source="site:plant-7", target="no-such-hook")
     mailed = put(engine, clock(), source="site:plant-7", channel="Email", target="no-such-list")
+    assert dispatch(settings, engine, clock) == 0  # left for a serve that knows them
+    clock.advance(UNKNOWN_TARGET_GRACE.total_seconds())
     assert dispatch(settings, engine, clock) == 2
     assert (row(engine, hook).status, row(engine, hook).last_error) == (
         "Failed",

@@ -39,7 +39,7 @@ from controlroom.notifications.lifecycle import (
     after_attempt,
 )
 from controlroom.notifications.rules import count_group_failures
-from controlroom.notifications.store import Claimed, claim_due, record_attempt
+from controlroom.notifications.store import Claimed, SendableTargets, claim_due, record_attempt
 from controlroom.runtime.clock import Clock, utc_now
 from controlroom.runtime.periodic import PeriodicTask
 
@@ -80,6 +80,11 @@ class Dispatcher:
         self._senders = senders
         self._clock = clock
         self._rng = rng or random.Random()
+        self._sendable = SendableTargets(
+            webhooks=frozenset(hook.name for hook in outbox.webhooks),
+            recipient_lists=frozenset(entry.name for entry in outbox.recipient_lists),
+            smtp=outbox.smtp is not None,
+        )
         self._policy = Policy(
             max_attempts=outbox.max_attempts,
             base=outbox.backoff_base.total_seconds(),
@@ -139,6 +144,7 @@ class Dispatcher:
                         now=self._clock(),
                         limit=self._settings.batch_size,
                         claim_for=timedelta(seconds=self._settings.claim_seconds),
+                        sendable=self._sendable,
                     )
                     attempted += len(claimed)
                     waiting.extend(claimed)

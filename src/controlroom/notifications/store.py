@@ -10,7 +10,9 @@ actions (docs/design.md "Notification outbox").
 - ``claim_due`` takes due rows in one short transaction (``Provider.lock_for_claim``:
   ``FOR UPDATE SKIP LOCKED`` where several processes claim), marking each with a claim
   token and pushing its next attempt ``claim_for`` ahead: a dispatcher that dies
-  mid-send leaves the row due again then (at least once, same id).
+  mid-send leaves the row due again then (at least once, same id). A row the claiming
+  process cannot send (``SendableTargets``) is left ``UNKNOWN_TARGET_GRACE`` past its due
+  time to a process that can.
 - ``record_attempt`` writes an attempt's outcome with one conditional update on the
   claim; a row that vanished (purged) or was claimed again is logged and never
   written back.
@@ -325,15 +327,57 @@ class Claimed:
     """A rule's notification of failure groups: its window and groups (``rules``, JSON)."""
 
 
+UNKNOWN_TARGET_GRACE = timedelta(minutes=5)
+"""How long past its due time a notification waits for a process that can send it (one
+whose settings name its webhook or recipient list, with an SMTP server for e-mail) before
+one that cannot claims it, to fail it as an unknown target or park it for want of an
+SMTP server (docs/design.md "Notification channels"). Several serves of one database may
+run with different settings while a change of them rolls out."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendableTargets:
+    """What a process's settings let it send: its webhooks' names, its recipient lists'
+    names, and whether it has an SMTP server (e-mail to a site's own addresses needs only
+    that)."""
+
+    webhooks: frozenset[str]
+    recipient_lists: frozenset[str]
+    smtp: bool
+
+    def condition(self) -> sa.ColumnElement[bool]:
+        """The notifications this process can send, as a SQL condition."""
+        email = sa.and_(
+            nc.channel == Channel.EMAIL.value,
+            sa.or_(nc.recipients.is_not(None), nc.target.in_(sorted(self.recipient_lists))),
+        )
+        return sa.or_(
+            sa.and_(nc.channel == Channel.WEBHOOK.value, nc.target.in_(sorted(self.webhooks))),
+            *([email] if self.smtp else []),
+        )
+
+
 def claim_due(
-    engine: sa.Engine, *, now: datetime, limit: int, claim_for: timedelta
+    engine: sa.Engine,
+    *,
+    now: datetime,
+    limit: int,
+    claim_for: timedelta,
+    sendable: SendableTargets,
 ) -> list[Claimed]:
-    """Claim at most ``limit`` notifications due at ``now``, oldest due first (module
+    """Claim at most ``limit`` notifications due at ``now``, oldest due first: those
+    ``sendable`` names, and any other once ``UNKNOWN_TARGET_GRACE`` past due (module
     docstring)."""
     provider = provider_for(engine)
     due = (
         sa.select(nc.notification_id)
-        .where(nc.status.in_([status.value for status in DUE]), nc.next_attempt_at_utc <= now)
+        .where(
+            nc.status.in_([status.value for status in DUE]),
+            sa.or_(
+                sa.and_(nc.next_attempt_at_utc <= now, sendable.condition()),
+                nc.next_attempt_at_utc <= now - UNKNOWN_TARGET_GRACE,
+            ),
+        )
         .order_by(nc.next_attempt_at_utc)
         .limit(limit)
     )
