@@ -36,6 +36,7 @@ from pydantic_core import ErrorDetails
 
 from controlroom.exceptions import ControlroomError
 from controlroom.runtime.wire_text import check_site_id, storable_text
+from controlroom.telemetry.json_arrays import json_value
 from controlroom.telemetry.ordering import TERMINAL, Channel, SiteCallStatus
 from controlroom.telemetry.stamps import Stamp
 from controlroom.telemetry.widths import (
@@ -129,7 +130,7 @@ def _json_text(value: str | None) -> str | None:
     if value is not None:
         storable(value)
         try:
-            json.loads(value)
+            json_value(value)
         except (ValueError, RecursionError):  # nested past what the parser reads
             raise ValueError("must be JSON text") from None
     return value
@@ -254,7 +255,7 @@ def parse_packet(body: bytes) -> TelemetryPacket:
     ``TelemetryRejected``."""
     try:
         # Decoded first: json.loads of bytes would detect UTF-16 and UTF-32 too.
-        data = json.loads(body.decode("utf-8-sig"))
+        data = json_value(body.decode("utf-8-sig"))
     except (ValueError, RecursionError) as error:
         raise TelemetryRejected(f"the packet is not UTF-8 JSON: {error}") from None
     return validate_packet(data)

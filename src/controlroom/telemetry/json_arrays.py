@@ -18,6 +18,13 @@ _DECODER = json.JSONDecoder(parse_constant=_not_json)
 _WHITESPACE = " \t\n\r"  # RFC 8259 section 2
 
 
+def json_value(text: str) -> Any:
+    """The value of ``text``, JSON as RFC 8259 defines it: Python's ``NaN`` and
+    ``Infinity`` refused. Raises ``ValueError`` (``json.JSONDecodeError`` saying where),
+    or ``RecursionError`` past what the decoder nests."""
+    return _DECODER.decode(text)
+
+
 def array_elements(body: bytes) -> list[tuple[Any, bytes]]:
     """Each element of ``body``, one JSON array in UTF-8 (RFC 8259 section 8.1; a leading
     byte order mark is ignored, as section 8.1 allows), in order: its decoded value and
