@@ -84,9 +84,22 @@ def test_a_request_of_more_packets_than_one_may_hold_is_413_and_writes_none(
     assert len(answer.json()["accepted"]) == 1000
 
 
+def forged(*values: Any) -> str:
+    return base64.urlsafe_b64encode(json.dumps(values).encode()).decode().rstrip("=")
+
+
 def test_unknown_site_call_is_404_and_a_bad_cursor_400(client: TestClient) -> None:
     assert client.get(f"/api/site-calls/{uuid.uuid4()}").status_code == 404
     assert client.get("/api/audit-log", params={"after": "garbage"}).status_code == 400
+    instant = "2026-12-01T01:00:00+00:00"
+    for cursor in (
+        forged(instant, str(uuid.uuid4())),  # a cursor of before the ticks
+        forged(instant, 10**12, str(uuid.uuid4())),  # ticks no column holds
+        forged(instant, True, str(uuid.uuid4())),
+        forged(instant, 3, 7),
+    ):
+        answer = client.get("/api/site-calls", params={"after": cursor})
+        assert answer.status_code == 400, (cursor, answer.text)
     assert client.get("/api/site-calls/kpis", params={"node": "n"}).status_code == 400
 
 
@@ -111,6 +124,43 @@ def test_audit_log_keyset_paging_with_one_shared_instant(
     # newest first, ties by event_id descending
     keys = [(item["occurred_at_utc"], item["event_id"]) for page in pages for item in page]
     assert keys == sorted(keys, reverse=True)
+
+
+@pytest.mark.parametrize(
+    ("path", "stamp", "key"),
+    [
+        ("/api/site-calls", "created_at_utc", "tracked_operation_id"),
+        ("/api/audit-log", "occurred_at_utc", "event_id"),
+        ("/api/site-calls?site=brkns", "created_at_utc", "tracked_operation_id"),
+    ],
+)
+def test_the_lists_order_and_page_by_the_whole_stamp_to_100_ns(
+    client: TestClient, path: str, stamp: str, key: str
+) -> None:
+    """Breaker pass (sixth): ten calls created 100 ns apart within one microsecond came
+    newest-first in the order of their ids; the cursor held the microsecond only. Each
+    list orders by the stamp as the site sent it (docs/design.md "Stamps"), ids only
+    breaking ties of the whole stamp."""
+    sent = []
+    for digit in (6, 2, 9, 1, 4, 5, 0, 7, 3, 8):
+        at = f"2026-12-01T01:00:00.123456{digit}Z"
+        data = packet(
+            "Submitted",
+            op_id=str(uuid.uuid4()),
+            event_id=str(uuid.uuid4()),
+            created_at_utc=at,
+            updated_at_utc=at,
+            source_site="brkns",
+        )
+        data["audit_event"]["occurred_at_utc"] = at
+        sent.append(data)
+    assert client.post("/api/site-calls/telemetry", json=sent).json()["accepted"] == list(range(10))
+
+    pages = all_pages(client, path, 1)
+
+    stamps = [page[0][stamp] for page in pages]
+    assert stamps == [f"2026-12-01T01:00:00.123456{digit}Z" for digit in range(9, -1, -1)]
+    assert len({page[0][key] for page in pages}) == 10
 
 
 def test_site_call_list_filters_and_pages(client: TestClient, engine: sa.Engine) -> None:

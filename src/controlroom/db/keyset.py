@@ -2,7 +2,8 @@
 log, rejected telemetry) and the notification outbox's list.
 
 Source: docs/decisions.md "Site-call lists page by keyset". A page ends with a cursor
-naming its last row's sort key (an instant, then a text key that breaks ties); the next
+naming its last row's sort key (an instant, its ticks of 100 ns where a site sent them,
+then a text key that breaks ties); the next
 page is the rows strictly after it in the same order, so rows sharing one instant are
 neither repeated nor skipped. The cursor is opaque to clients (URL-safe base64 of JSON)
 and only ever read back into bound parameters.
@@ -36,48 +37,66 @@ class Page:
     next_cursor: str | None
 
 
-def encode_cursor(instant: datetime, key: str) -> str:
-    text = json.dumps([instant.isoformat(), key])
+Order = Sequence[KeyedColumnElement[Any]]
+"""A list's sort key, most significant first: an instant, a stamp's ticks below it where
+the stamp is kept to 100 ns (``telemetry.stamps``), then a text key that breaks ties."""
+
+
+def encode_cursor(values: Sequence[datetime | int | str]) -> str:
+    text = json.dumps([v.isoformat() if isinstance(v, datetime) else v for v in values])
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The ``(instant, key)`` in ``cursor``. Raises ``BadCursor``."""
+def decode_cursor(cursor: str, order: Order) -> list[datetime | int | str]:
+    """The values of ``order``'s columns in ``cursor``, each of its column's kind (an
+    instant in UTC, an integer, a text). Raises ``BadCursor``."""
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
-        instant, key = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        parsed = datetime.fromisoformat(instant)
-        if parsed.tzinfo is None or not isinstance(key, str):
+        given = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        if not isinstance(given, list) or len(given) != len(order):
             raise ValueError
-        return as_utc(parsed), key  # a forged time past what the store holds is refused
+        return [_cursor_value(value, column) for value, column in zip(given, order, strict=True)]
     except (ValueError, TypeError, UnicodeDecodeError):  # binascii.Error is a ValueError
         raise BadCursor("the cursor is not one this service handed out") from None
+
+
+def _cursor_value(value: object, column: KeyedColumnElement[Any]) -> datetime | int | str:
+    kind = column.type.python_type
+    if kind is datetime and isinstance(value, str):
+        parsed = datetime.fromisoformat(value)
+        if parsed.tzinfo is None:
+            raise ValueError
+        return as_utc(parsed)  # a forged time past what the store holds is refused
+    if kind is int and type(value) is int and -(2**15) <= value < 2**15:  # ticks: smallint
+        return value
+    if kind is str and isinstance(value, str):
+        return value
+    raise ValueError
 
 
 def keyset_page(
     conn: sa.Connection,
     query: sa.Select[Any],
-    instant: KeyedColumnElement[Any],
-    key: KeyedColumnElement[Any],
+    order: Order,
     conditions: Sequence[sa.ColumnElement[bool]],
     *,
     limit: int,
     after: str | None,
 ) -> Page:
-    """``limit`` rows of ``query`` (which selects ``instant`` and ``key`` among its
-    columns) matching ``conditions``, newest ``(instant, key)`` first, strictly after the
-    cursor ``after``. Raises ``BadCursor``."""
+    """``limit`` rows of ``query`` (which selects every column of ``order`` among its
+    own) matching ``conditions``, the greatest ``order`` first, strictly after the cursor
+    ``after``. Raises ``BadCursor``."""
     where = list(conditions)
     if after is not None:
-        at, last_key = decode_cursor(after)
-        where.append(sa.tuple_(instant, key) < sa.tuple_(sa.literal(at, instant.type), last_key))
+        last = decode_cursor(after, order)
+        bound = [sa.literal(value, column.type) for value, column in zip(last, order, strict=True)]
+        where.append(sa.tuple_(*order) < sa.tuple_(*bound))
     rows = conn.execute(
-        query.where(*where).order_by(instant.desc(), key.desc()).limit(limit + 1)
+        query.where(*where).order_by(*(column.desc() for column in order)).limit(limit + 1)
     ).all()
     more = len(rows) > limit
     rows = rows[:limit]
     cursor = None
     if more and rows:
-        last = rows[-1]
-        cursor = encode_cursor(getattr(last, instant.key), getattr(last, key.key))
+        cursor = encode_cursor([getattr(rows[-1], column.key) for column in order])
     return Page(rows, cursor)

@@ -21,6 +21,10 @@ class UtcDateTime(sa.types.TypeDecorator[datetime]):
     impl = sa.DateTime
     cache_ok = True
 
+    @property
+    def python_type(self) -> type[datetime]:
+        return datetime
+
     def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
         if value is None:
             return None

@@ -81,8 +81,7 @@ def list_notifications(
     return keyset_page(
         conn,
         sa.select(*LISTED),
-        nc.created_at_utc,
-        nc.notification_id,
+        (nc.created_at_utc, nc.notification_id),
         where,
         limit=limit,
         after=after,

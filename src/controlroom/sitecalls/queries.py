@@ -3,10 +3,12 @@ rejected telemetry — each newest first with keyset paging.
 
 Source: docs/decisions.md "Site-call lists page by keyset" (``db.keyset``, shared with
 the notification outbox's list). A page ends with a cursor naming its last row's sort
-key (``(created_at_utc, tracked_operation_id)``, ``(occurred_at_utc, event_id)`` or
+key (``(created_at_utc, created_at_tick, tracked_operation_id)``, ``(occurred_at_utc,
+occurred_at_tick, event_id)``: the stamps to 100 ns, as sites send them; or
 ``(rejected_at_utc, id)``); the next page is the rows strictly after it in the same
-order, so rows sharing one instant are neither repeated nor skipped. Each order has an
-index of migration 0005. Filter values are only ever bound parameters.
+order, so rows sharing one instant are neither repeated nor skipped. Each order's
+instant leads an index of migration 0005; what shares one microsecond is sorted within
+it. Filter values are only ever bound parameters.
 """
 
 from __future__ import annotations
@@ -78,8 +80,7 @@ def list_site_calls(
     return keyset_page(
         conn,
         sa.select(site_calls),
-        sc.created_at_utc,
-        sc.tracked_operation_id,
+        (sc.created_at_utc, sc.created_at_tick, sc.tracked_operation_id),
         conditions,
         limit=limit,
         after=after,
@@ -140,8 +141,7 @@ def list_audit_events(
     return keyset_page(
         conn,
         sa.select(audit_log),
-        al.occurred_at_utc,
-        al.event_id,
+        (al.occurred_at_utc, al.occurred_at_tick, al.event_id),
         conditions,
         limit=limit,
         after=after,
@@ -176,8 +176,7 @@ def list_rejected_telemetry(
     return keyset_page(
         conn,
         sa.select(preview),
-        preview.c.rejected_at_utc,
-        preview.c.id,
+        (preview.c.rejected_at_utc, preview.c.id),
         [kind if notifications else sa.not_(kind)],
         limit=limit,
         after=after,
