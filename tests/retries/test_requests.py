@@ -5,13 +5,26 @@ in batches")."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
+from datetime import UTC, datetime
+from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from controlroom.config import Settings
-from controlroom.db.tables import FailedMessageStatus, failed_messages, retry_batches
+from controlroom.db.providers import provider_for
+from controlroom.db.tables import (
+    FailedMessageStatus,
+    failed_message_groups,
+    failed_messages,
+    retry_batches,
+    retry_operations,
+)
+from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter
@@ -249,3 +262,93 @@ def test_pending_retry_takes_over_the_claim_of_a_sent_but_unconfirmed_retry(
     assert (pending["message_count"], pending["skipped_count"]) == (1, 1)
     assert claims(engine)[sent].retry_batch_id == pending["batches"][0]["id"]
     assert statuses(engine) == {sent: RETRY_ISSUED, in_flight: RETRY_ISSUED}
+
+
+def test_a_group_retry_asked_while_one_runs_starts_none_and_names_the_running_one(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    client: TestClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Breaker pass (sixth): four retries of one group of 15,000 asked at once made four
+    operations of 4,000, 7,000, 1,000 and 3,000 messages, and the group showed the last
+    (1,000). As ServiceControl's ``RetryAllInGroup`` does, a retry of a selection (a group,
+    a queue, an endpoint, all) whose operation is still in progress starts none: the
+    answer names the running operation, which takes every message. Driven step by step:
+    the first request is held after it started its operation, before its first batch."""
+    store_many(settings, writer, 30, exception_type="System.TimeoutException")
+    with engine.connect() as conn:
+        group_id = conn.execute(sa.select(failed_message_groups.c.group_id).limit(1)).scalar_one()
+    started, go_on = threading.Event(), threading.Event()
+    claim = retries._claim_batch
+
+    def held_claim(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "first":
+            started.set()
+            assert go_on.wait(30)
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(retries, "_claim_batch", held_claim)
+    results: dict[str, retries.RetryRequestResult] = {}
+    first = threading.Thread(
+        target=lambda: results.update(first=retries.retry_group(engine, group_id)), name="first"
+    )
+    first.start()
+    try:
+        assert started.wait(30)
+        second = retries.retry_group(engine, group_id)
+    finally:
+        go_on.set()
+        first.join(30)
+
+    assert second.already_running and second.batches == []
+    answer = client.post(f"/api/recoverability/groups/{group_id}/errors/retry").json()
+    assert answer["operation_id"] == results["first"].operation_id  # still running
+    assert answer["message_count"] == 0 and answer["batches"] == []
+    assert second.operation_id == results["first"].operation_id
+    assert results["first"].message_count == 30
+    with engine.connect() as conn:
+        operations = conn.execute(sa.select(retry_operations.c.id)).scalars().all()
+    assert operations == [results["first"].operation_id]
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_two_group_retries_starting_at_once_wait_for_each_other(
+    settings: Settings, engine: sa.Engine, writer: FailedMessageBatchWriter
+) -> None:
+    """PostgreSQL's writers run side by side (SQLite's are serialized by BEGIN
+    IMMEDIATE): the second request's start waits on the selection's lock until the
+    first's operation commits, then finds it running. Step by step: the first start's
+    transaction is held open until the second is seen waiting in ``pg_locks``."""
+    store_many(settings, writer, 5, exception_type="System.TimeoutException")
+    with engine.connect() as conn:
+        group_id = conn.execute(sa.select(failed_message_groups.c.group_id).limit(1)).scalar_one()
+    results: dict[str, retries.RetryRequestResult] = {}
+    with begin_write(engine) as held:
+        provider_for(held).lock_retry_selection(held, f"FailureGroup:{group_id}")
+        held.execute(
+            sa.insert(retry_operations).values(
+                id="held", retry_type="FailureGroup", target=group_id, message_count=0,
+                forwarded_count=0, skipped_count=0, failed=False, acknowledged=False,
+                started_at=datetime.now(UTC), last_modified=datetime.now(UTC),
+            )
+        )  # fmt: skip
+        second = threading.Thread(
+            target=lambda: results.update(second=retries.retry_group(engine, group_id))
+        )
+        second.start()
+        waiting = sa.text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        )
+        with engine.connect() as watcher:
+            for _ in range(300):
+                if watcher.execute(waiting).scalar_one():
+                    break
+                watcher.rollback()
+                time.sleep(0.1)
+            else:
+                pytest.fail("the second request never waited for the first")
+    second.join(30)
+    assert results["second"].already_running and results["second"].operation_id == "held"

@@ -44,7 +44,9 @@ class RetryBatchModel(BaseModel):
 
 class RetryAccepted(BaseModel):
     """What a retry request created. ``operation_id`` is left out when it claimed nothing
-    (every selected message was already in a retry, or none matched); ``request_id`` is
+    (every selected message was already in a retry, or none matched), and names the
+    running operation when one of the same group, queue, endpoint or "all" was in
+    progress (the request then started none, ``batches`` empty); ``request_id`` is
     ServiceControl's RequestId (group id, queue address, endpoint, message id, else
     ``operation_id``). Null fields are left out of every answer, as ServiceControl does."""
 
@@ -375,7 +377,7 @@ def _accepted(
     processor = getattr(request.app.state, "retry_processor", None)
     if processor is not None and result.batches:
         processor.wake()
-    operation_id = result.operation_id if result.batches else None
+    operation_id = result.operation_id if result.batches or result.already_running else None
     return RetryAccepted(
         operation_id=operation_id,
         request_id=result.target or operation_id,

@@ -512,6 +512,14 @@ class Provider(ABC):
         store")."""
         return []
 
+    def lock_retry_selection(  # noqa: B027 - optional hook
+        self, conn: sa.Connection, key: str
+    ) -> None:
+        """Hold, until ``conn``'s transaction ends, a lock named ``key`` (a retry's
+        selection) that a concurrent request of the same selection waits for, so that it
+        then sees this transaction's operation. Nothing where writers are serialized
+        (SQLite)."""
+
     def lock_group_appearances(  # noqa: B027 - optional hook
         self, conn: sa.Connection, group_ids: Sequence[str]
     ) -> None:

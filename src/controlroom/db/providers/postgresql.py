@@ -381,6 +381,7 @@ def address_identity(conn: sa.Connection) -> str:
 
 
 GROUP_APPEARANCE_LOCKS = 0x67727061  # "grpa": the first key of the groups' appearance locks
+RETRY_SELECTION_LOCKS = 0x72657472  # "retr": the first key of the retry selections' locks
 
 
 _ADVICE = {
@@ -754,6 +755,11 @@ class PostgreSQLProvider(OnConflictProvider):
 
     def server_settings_warnings(self, conn: sa.Connection) -> list[str]:
         return server_settings_warnings(conn)
+
+    def lock_retry_selection(self, conn: sa.Connection, key: str) -> None:
+        conn.execute(
+            sa.select(sa.func.pg_advisory_xact_lock(RETRY_SELECTION_LOCKS, sa.func.hashtext(key)))
+        )
 
     def lock_group_appearances(self, conn: sa.Connection, group_ids: Sequence[str]) -> None:
         # The two-key form: a key space of its own, apart from the leases' one-key locks.

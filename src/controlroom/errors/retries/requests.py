@@ -159,7 +159,8 @@ class RetryRequestResult:
     """What a retry request did.
 
     ``batches`` are the batches it created (none when every selected message was already
-    in a retry); ``skipped_count`` counts selected messages another batch holds.
+    in a retry, or ``already_running``); ``skipped_count`` counts selected messages
+    another batch holds.
     """
 
     operation_id: str
@@ -167,6 +168,9 @@ class RetryRequestResult:
     target: str | None
     batches: list[RetryBatchInfo] = field(default_factory=list)
     skipped_count: int = 0
+    already_running: bool = False
+    """An operation of the same selection was in progress: this request started none,
+    and ``operation_id`` is that one's (ServiceControl's ``RetryAllInGroup``)."""
 
     @property
     def message_count(self) -> int:
@@ -327,7 +331,11 @@ def _run_request(
     prepared (or forget it when it claimed nothing), logging the request by ``by``."""
     operation_id = str(uuid.uuid4())
     retrying = _retrying()
-    retrying(_start_operation, engine, selection, operation_id, clock)
+    running = retrying(_start_operation, engine, selection, operation_id, clock)
+    if running is not None:
+        return RetryRequestResult(
+            running, selection.retry_type, selection.target, already_running=True
+        )
     batches: list[RetryBatchInfo] = []
     skipped = 0
     for candidates in _candidate_chunks(engine, selection):
@@ -464,9 +472,30 @@ def _mark_retry_issued(conn: sa.Connection, claimed: Sequence[str], now: datetim
 
 def _start_operation(
     engine: sa.Engine, selection: _Selection, operation_id: str, clock: Clock
-) -> None:
+) -> str | None:
+    """Record operation ``operation_id``, unless the selection is a query's (a group, a
+    queue, an endpoint, all) and an operation of it is still in progress: then record
+    none and answer that one's id. Two such requests at once are serialized
+    (``Provider.lock_retry_selection``), so one of them starts."""
     now = clock()
     with begin_write(engine) as conn:
+        if selection.condition is not None:
+            provider_for(conn).lock_retry_selection(
+                conn, f"{selection.retry_type}:{selection.target or ''}"
+            )
+            running = conn.execute(
+                sa.select(ro.id)
+                .where(
+                    ro.retry_type == str(selection.retry_type),
+                    ro.target.is_(None)
+                    if selection.target is None
+                    else ro.target == selection.target,
+                    ro.completed_at.is_(None),
+                )
+                .limit(1)
+            ).scalar_one_or_none()
+            if running is not None:
+                return str(running)
         conn.execute(
             sa.insert(retry_operations).values(
                 id=operation_id,
@@ -483,6 +512,7 @@ def _start_operation(
                 last_modified=now,
             )
         )
+    return None
 
 
 def _finish_preparing(engine: sa.Engine, operation_id: str, clock: Clock, by: str | None) -> None:
