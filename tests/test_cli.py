@@ -424,6 +424,24 @@ def test_a_setting_that_is_not_json_names_its_variable_and_where(
     assert len(output.strip().splitlines()) == 1, output
 
 
+@pytest.mark.parametrize("value", ["", "  "])
+@pytest.mark.parametrize("variable", ["CONTROLROOM_AUTH_TOKENS", "CONTROLROOM_SITES"])
+def test_a_json_setting_set_empty_is_told_to_unset_it(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    """Fresh-user pass (sixth): ``CONTROLROOM_AUTH_TOKENS=''`` said "its value is not
+    JSON ... Expecting value at line 1 column 1", where every other empty setting says
+    to unset it."""
+    monkeypatch.setenv(variable, value)
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert f"({variable}): it is empty: unset it, or give its JSON (a list as [...]" in (
+        " ".join(output.split())
+    ), output
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "named"),
     [
@@ -739,6 +757,25 @@ def test_a_data_directory_that_is_a_file_is_refused_in_one_line(
         " ".join(output.split())
     ), output
     assert "Traceback" not in output
+
+
+def test_a_data_directory_under_a_file_is_refused_by_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass (sixth): a data directory under a file was refused by the database
+    code ("cannot make the database's directory ...: Not a directory"), exit 1, not by
+    the setting."""
+    a_file = tmp_path / "not-a-directory"
+    a_file.write_text("")
+    monkeypatch.setenv("CONTROLROOM_DATA_DIR", str(a_file / "data"))
+
+    code, output = invoke("migrate")
+
+    assert code == 2, output
+    assert (
+        "invalid setting data_dir (CONTROLROOM_DATA_DIR): it is under a file, not a "
+        f"directory: {a_file}"
+    ) in " ".join(output.split()), output
 
 
 def test_a_data_directory_under_home_is_under_home(

@@ -147,7 +147,11 @@ def test_a_helper_that_exits_stops_the_others_and_is_named(tmp_path: Path) -> No
         said.append,
     )
     assert code == 1
-    assert said == ["demo: the quitter exited (exit status 3); stopping the demo."]
+    # The end of the stop said too, as after a signal (fresh-user pass, sixth).
+    assert said == [
+        "demo: the quitter exited (exit status 3); stopping the demo.",
+        "demo: stopped.",
+    ]
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):  # stopped and reaped
         os.kill(pid, 0)
@@ -290,7 +294,10 @@ def test_a_helper_waited_for_is_listening_before_the_next_starts(tmp_path: Path)
         said.append,
     )
     assert code == 1 and seen.read_text() == "up"
-    assert said == ["demo: the site agent exited (exit status 4); stopping the demo."]
+    assert said == [
+        "demo: the site agent exited (exit status 4); stopping the demo.",
+        "demo: stopped.",
+    ]
 
 
 def test_the_demos_serve_leaves_routine_lines_out_of_its_log(

@@ -801,10 +801,15 @@ def _refuse_unparsed(exc: pydantic_settings.SettingsError, prefix: str) -> NoRet
         err_console.print(f"[red]error:[/] invalid setting: {escape(str(exc) + reason)}")
         raise typer.Exit(2) from exc
     setting = variable[len(prefix) :].lower().replace("__", ".")
+    forms = "(a list as [...], a table as {...}, strings in double quotes)"
+    said = (
+        f"it is empty: unset it, or give its JSON {forms}"
+        if not cause.doc.strip()
+        else f"its value is not JSON {forms}: {cause.msg} at line {cause.lineno} "
+        f"column {cause.colno}"
+    )
     err_console.print(
-        f"[red]error:[/] invalid setting {escape(setting)} ({escape(variable)}): its value is "
-        f"not JSON (a list as [...], a table as {{...}}, strings in double quotes): "
-        f"{escape(cause.msg)} at line {cause.lineno} column {cause.colno}",
+        f"[red]error:[/] invalid setting {escape(setting)} ({escape(variable)}): {escape(said)}",
         highlight=False,
     )
     raise typer.Exit(2) from exc

@@ -905,11 +905,14 @@ class Settings(EnvThenTomlSettings):
     @field_validator("data_dir")
     @classmethod
     def _data_dir_a_directory(cls, path: Path) -> Path:
-        """Made when missing; one that names a file would fail in every part using it. A
-        leading ``~`` is the user's home, as a shell reads it."""
+        """Made when missing; one that names a file, or lies under one, would fail in
+        every part using it. A leading ``~`` is the user's home, as a shell reads it."""
         path = expand_home(path)
         if path.exists() and not path.is_dir():
             raise ValueError(f"it names a file, not a directory: {path}")
+        above = next((parent for parent in path.parents if parent.exists()), None)
+        if above is not None and not above.is_dir():
+            raise ValueError(f"it is under a file, not a directory: {above}")
         return path
 
     @field_validator("error_queue", "telemetry_queue")

@@ -117,7 +117,8 @@ def supervise(helpers: Sequence[Helper], say: Callable[[str], None]) -> int:
     """Start every helper, then wait until one exits or this process gets SIGINT, SIGTERM
     or SIGHUP, and stop the others (SIGTERM, then SIGKILL after 10 s). Returns 0 when
     stopped by a signal (``say`` tells that the stop begins and that it ended), 1 when a
-    helper exited on its own (``say`` names it and its exit status)."""
+    helper exited on its own (``say`` names it and its exit status, then that the stop
+    ended)."""
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -147,7 +148,7 @@ def supervise(helpers: Sequence[Helper], say: Callable[[str], None]) -> int:
         _stop_all([process for _, process in started])
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if stopping:
+        if started:  # stopped by a signal or by a helper that exited: said either way
             say("demo: stopped.")
 
 

@@ -139,7 +139,9 @@ async def run(
         else listen(settings.host, settings.port, chosen_by="--port or CONTROLROOM_PORT")
     )
     stop = stop if stop is not None else asyncio.Event()
-    deadline = asyncio.get_running_loop().time() + settings.startup.wait_seconds
+    # One startup.wait_seconds for the store and the broker together, as its errors say.
+    began = asyncio.get_running_loop().time()
+    deadline = began + settings.startup.wait_seconds
     try:
         engine = create_store_engine(settings.effective_database_url)
         try:
@@ -150,6 +152,7 @@ async def run(
                 describe=describe_store_error,
                 deadline=deadline,
                 stop=stop,
+                began=began,
             )
             upgrade_database(engine)
             write_missing_search_terms(engine, progress=_log_search_terms_progress)
@@ -165,6 +168,7 @@ async def run(
                     describe=str,
                     deadline=deadline,
                     stop=stop,
+                    began=began,
                 )
                 with (
                     rules_applied(engine, settings.notifications),

@@ -21,6 +21,7 @@ from controlroom.cli import app
 from controlroom.config import Settings
 from controlroom.exceptions import DependencyUnreachable
 from controlroom.runtime.sockets import listen
+from controlroom.runtime.startup import wait_until_reachable
 from tests.servers import (
     POSTGRESQL_ADMIN_URL,
     RABBITMQ_HOST_URL,
@@ -201,8 +202,10 @@ def test_serve_gives_up_after_the_bound_in_one_line(
     text = str(raised.value)
     assert "\n" not in text
     assert f"the {dependency}" in text
-    assert "still unreachable" in text
-    assert "startup.wait_seconds" in text
+    # The seconds since serve began to wait, the setting's: the broker's wait comes after
+    # the store's migration, and said "after 1 s" of a wait_seconds of 2 (fresh-user pass,
+    # sixth).
+    assert "still unreachable after 2 s (startup.wait_seconds)" in text
     assert len([m for m in records.messages if m.startswith(WAITING)]) >= 2  # tried again
 
 
@@ -256,3 +259,27 @@ def test_the_command_exits_1_with_one_line_after_the_bound(
     assert len(errors) == 1
     assert "the database postgresql+psycopg://postgres@127.0.0.1:" in errors[0]
     assert "still unreachable after 1 s" in errors[0]
+
+
+def test_the_seconds_given_up_after_count_from_when_serve_began_to_wait() -> None:
+    """One ``startup.wait_seconds`` covers the store and then the broker: the broker's
+    refusal counts from when serve began to wait (``began``), not from its own first try
+    (fresh-user pass, sixth: "after 3 s" of a wait_seconds of 4)."""
+
+    async def refused() -> None:
+        raise ConnectionRefusedError("refused")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await wait_until_reachable(
+            "the broker",
+            refused,
+            unreachable=lambda exc: isinstance(exc, ConnectionRefusedError),
+            describe=str,
+            deadline=loop.time() + 0.2,
+            stop=asyncio.Event(),
+            began=loop.time() - 3.9,
+        )
+
+    with pytest.raises(DependencyUnreachable, match="still unreachable after 4 s"):
+        asyncio.run(main())

@@ -39,6 +39,7 @@ async def wait_until_reachable(
     describe: Callable[[BaseException], str],
     deadline: float,
     stop: asyncio.Event,
+    began: float | None = None,
 ) -> T:
     """Await ``connect()`` until it succeeds; return its result.
 
@@ -47,11 +48,11 @@ async def wait_until_reachable(
     true is logged (warning: ``what``, ``describe(exc)``, the next wait in seconds) and
     tried again after 0.5 s, doubling up to 15 s, until ``deadline`` (the running loop's
     ``time()``); any other failure propagates at once. Raises ``DependencyUnreachable``
-    (one line: ``what``, the seconds waited, the last reason) past the deadline, and
-    ``Stopped`` when ``stop`` is set meanwhile.
+    (one line: ``what``, the seconds waited since ``began``, by default this call's start,
+    and the last reason) past the deadline, and ``Stopped`` when ``stop`` is set meanwhile.
     """
     loop = asyncio.get_running_loop()
-    started = loop.time()
+    started = loop.time() if began is None else began
 
     def log_wait(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
