@@ -10,6 +10,7 @@ import asyncio
 import json
 import struct
 import uuid
+from typing import Any
 
 import aiormq
 import pamqp.encode
@@ -94,6 +95,36 @@ async def publish_raw(url: str, queue: str, headers: dict, body: bytes, message_
 def count(engine: sa.Engine, table: sa.Table) -> int:
     with engine.connect() as conn:
         return conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
+
+
+def ingest_bad_then_good(
+    settings: Settings, engine: sa.Engine, rabbitmq_url: str, bad_headers: dict[Any, Any]
+) -> tuple[list[Any], list[str]]:
+    """Publish a message of ``bad_headers`` (body ``\x00raw``), then a good one
+    (``behind-it``), ingest both; answers the failed imports' rows and the stored ids."""
+
+    async def scenario() -> None:
+        queue = settings.error_queue
+        await publish_raw(rabbitmq_url, queue, bad_headers, b"\x00raw", "id-1")
+        await publish_raw(rabbitmq_url, queue, failed_headers("behind-it"), b"{}", "id-2")
+        async with RabbitMQTransport(rabbitmq_url) as transport:
+            service = IngestionService(
+                settings, engine, transport, FileSystemBodyStore(settings.body_dir)
+            )
+            task = asyncio.create_task(service.run())
+            try:
+                async with asyncio.timeout(30):
+                    while count(engine, failed_messages) + count(engine, failed_error_imports) < 2:
+                        assert not task.done(), task.exception()
+                        await asyncio.sleep(0.1)
+            finally:
+                await service.stop()
+
+    asyncio.run(scenario())
+    with engine.connect() as conn:
+        kept = list(conn.execute(sa.select(failed_error_imports)).all())
+        stored = list(conn.execute(sa.select(failed_messages.c.message_id)).scalars().all())
+    return kept, stored
 
 
 def test_a_non_utf8_header_name_becomes_a_failed_import_and_the_queue_moves_on(
@@ -206,28 +237,8 @@ def test_a_non_utf8_header_value_becomes_a_failed_import_and_the_queue_moves_on(
         update={"broker_url": rabbitmq_url, "error_queue": f"error-{uuid.uuid4().hex[:8]}"}
     )
 
-    async def scenario() -> None:
-        queue = settings.error_queue
-        bad_headers = {**failed_headers("bad-value"), name: RawLongString(value)}
-        await publish_raw(rabbitmq_url, queue, bad_headers, b"\x00raw", "id-1")
-        await publish_raw(rabbitmq_url, queue, failed_headers("behind-it"), b"{}", "id-2")
-        async with RabbitMQTransport(rabbitmq_url) as transport:
-            service = IngestionService(
-                settings, engine, transport, FileSystemBodyStore(settings.body_dir)
-            )
-            task = asyncio.create_task(service.run())
-            try:
-                async with asyncio.timeout(30):
-                    while count(engine, failed_messages) + count(engine, failed_error_imports) < 2:
-                        assert not task.done(), task.exception()
-                        await asyncio.sleep(0.1)
-            finally:
-                await service.stop()
-
-    asyncio.run(scenario())
-    with engine.connect() as conn:
-        kept = conn.execute(sa.select(failed_error_imports)).all()
-        stored = conn.execute(sa.select(failed_messages.c.message_id)).scalars().all()
+    bad_headers = {**failed_headers("bad-value"), name: RawLongString(value)}
+    kept, stored = ingest_bad_then_good(settings, engine, rabbitmq_url, bad_headers)
     assert stored == ["behind-it"]
     assert len(kept) == 1 and kept[0].body == b"\x00raw"  # whole, raw
     assert kept[0].reason == f"the value of header {name!r} is not UTF-8"
@@ -254,28 +265,8 @@ def test_a_header_nested_too_deep_becomes_a_failed_import_and_the_queue_moves_on
         update={"broker_url": rabbitmq_url, "error_queue": f"error-{uuid.uuid4().hex[:8]}"}
     )
 
-    async def scenario() -> None:
-        queue = settings.error_queue
-        deep = {**failed_headers("deep"), "Deep": nested(kind, depth)}
-        await publish_raw(rabbitmq_url, queue, deep, b"\x00raw", "id-1")
-        await publish_raw(rabbitmq_url, queue, failed_headers("behind-it"), b"{}", "id-2")
-        async with RabbitMQTransport(rabbitmq_url) as transport:
-            service = IngestionService(
-                settings, engine, transport, FileSystemBodyStore(settings.body_dir)
-            )
-            task = asyncio.create_task(service.run())
-            try:
-                async with asyncio.timeout(30):
-                    while count(engine, failed_messages) + count(engine, failed_error_imports) < 2:
-                        assert not task.done(), task.exception()
-                        await asyncio.sleep(0.1)
-            finally:
-                await service.stop()
-
-    asyncio.run(scenario())
-    with engine.connect() as conn:
-        kept = conn.execute(sa.select(failed_error_imports)).all()
-        stored = conn.execute(sa.select(failed_messages.c.message_id)).scalars().all()
+    deep = {**failed_headers("deep"), "Deep": nested(kind, depth)}
+    kept, stored = ingest_bad_then_good(settings, engine, rabbitmq_url, deep)
     assert stored == ["behind-it"]
     assert len(kept) == 1 and kept[0].body == b"\x00raw"  # whole, raw
     assert kept[0].reason == (
