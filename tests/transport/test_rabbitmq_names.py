@@ -97,16 +97,20 @@ def count(engine: sa.Engine, table: sa.Table) -> int:
         return conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
 
 
-def ingest_bad_then_good(
-    settings: Settings, engine: sa.Engine, rabbitmq_url: str, bad_headers: dict[Any, Any]
+Published = tuple[dict[Any, Any], bytes, str | bytes]
+"""A message as ``publish_raw`` sends it: headers, body, AMQP message id."""
+
+
+def ingest(
+    settings: Settings, engine: sa.Engine, rabbitmq_url: str, messages: list[Published]
 ) -> tuple[list[Any], list[str]]:
-    """Publish a message of ``bad_headers`` (body ``\x00raw``), then a good one
-    (``behind-it``), ingest both; answers the failed imports' rows and the stored ids."""
+    """Publish ``messages`` in order to ``settings.error_queue``, ingest until each is a
+    failed message or a failed import; answers the failed imports' rows and the stored
+    message ids."""
 
     async def scenario() -> None:
-        queue = settings.error_queue
-        await publish_raw(rabbitmq_url, queue, bad_headers, b"\x00raw", "id-1")
-        await publish_raw(rabbitmq_url, queue, failed_headers("behind-it"), b"{}", "id-2")
+        for headers, body, message_id in messages:
+            await publish_raw(rabbitmq_url, settings.error_queue, headers, body, message_id)
         async with RabbitMQTransport(rabbitmq_url) as transport:
             service = IngestionService(
                 settings, engine, transport, FileSystemBodyStore(settings.body_dir)
@@ -114,7 +118,9 @@ def ingest_bad_then_good(
             task = asyncio.create_task(service.run())
             try:
                 async with asyncio.timeout(30):
-                    while count(engine, failed_messages) + count(engine, failed_error_imports) < 2:
+                    while count(engine, failed_messages) + count(
+                        engine, failed_error_imports
+                    ) < len(messages):
                         assert not task.done(), task.exception()
                         await asyncio.sleep(0.1)
             finally:
@@ -127,37 +133,29 @@ def ingest_bad_then_good(
     return kept, stored
 
 
+def bad_then_good(bad_headers: dict[Any, Any]) -> list[Published]:
+    """A message of ``bad_headers`` (body ``\x00raw``), then a good one (``behind-it``)."""
+    return [(bad_headers, b"\x00raw", "id-1"), (failed_headers("behind-it"), b"{}", "id-2")]
+
+
 def test_a_non_utf8_header_name_becomes_a_failed_import_and_the_queue_moves_on(
     settings: Settings, engine: sa.Engine, rabbitmq_url: str, raw_amqp_encoding: None
 ) -> None:
     settings = settings.model_copy(
         update={"broker_url": rabbitmq_url, "error_queue": f"error-{uuid.uuid4().hex[:8]}"}
     )
-    good = failed_headers("behind-it")
-
-    async def scenario() -> None:
-        queue = settings.error_queue
-        bad_headers = {**failed_headers("bad-name"), BAD_NAME: "value"}
-        await publish_raw(rabbitmq_url, queue, bad_headers, b"\x00raw", "id-1")
-        await publish_raw(rabbitmq_url, queue, {"a": "b"}, b"\x01raw", b"\xff\xfe-id")
-        await publish_raw(rabbitmq_url, queue, good, b"{}", "id-3")
-        async with RabbitMQTransport(rabbitmq_url) as transport:
-            service = IngestionService(
-                settings, engine, transport, FileSystemBodyStore(settings.body_dir)
-            )
-            task = asyncio.create_task(service.run())
-            try:
-                async with asyncio.timeout(30):
-                    while not (
-                        count(engine, failed_error_imports) == 2
-                        and count(engine, failed_messages) == 1
-                    ):
-                        assert not task.done(), task.exception()
-                        await asyncio.sleep(0.1)
-            finally:
-                await service.stop()
-
-    asyncio.run(scenario())
+    bad_headers = {**failed_headers("bad-name"), BAD_NAME: "value"}
+    imported, stored = ingest(
+        settings,
+        engine,
+        rabbitmq_url,
+        [
+            (bad_headers, b"\x00raw", "id-1"),
+            ({"a": "b"}, b"\x01raw", b"\xff\xfe-id"),
+            (failed_headers("behind-it"), b"{}", "id-3"),
+        ],
+    )
+    assert len(imported) == 2 and stored == ["behind-it"]
     with engine.connect() as conn:
         kept = conn.execute(
             sa.select(failed_error_imports).order_by(failed_error_imports.c.body)
@@ -238,7 +236,7 @@ def test_a_non_utf8_header_value_becomes_a_failed_import_and_the_queue_moves_on(
     )
 
     bad_headers = {**failed_headers("bad-value"), name: RawLongString(value)}
-    kept, stored = ingest_bad_then_good(settings, engine, rabbitmq_url, bad_headers)
+    kept, stored = ingest(settings, engine, rabbitmq_url, bad_then_good(bad_headers))
     assert stored == ["behind-it"]
     assert len(kept) == 1 and kept[0].body == b"\x00raw"  # whole, raw
     assert kept[0].reason == f"the value of header {name!r} is not UTF-8"
@@ -266,7 +264,7 @@ def test_a_header_nested_too_deep_becomes_a_failed_import_and_the_queue_moves_on
     )
 
     deep = {**failed_headers("deep"), "Deep": nested(kind, depth)}
-    kept, stored = ingest_bad_then_good(settings, engine, rabbitmq_url, deep)
+    kept, stored = ingest(settings, engine, rabbitmq_url, bad_then_good(deep))
     assert stored == ["behind-it"]
     assert len(kept) == 1 and kept[0].body == b"\x00raw"  # whole, raw
     assert kept[0].reason == (

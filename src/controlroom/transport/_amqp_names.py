@@ -67,9 +67,10 @@ def _deep_kind(value: Any) -> str | None:
     # Recursion bounded by MAX_NESTING: the decoder nested no deeper.
     if isinstance(value, NestedTooDeep):
         return value.kind
-    items = value.values() if isinstance(value, Mapping) else value
-    if isinstance(value, Mapping | list):
-        return next((k for item in items if (k := _deep_kind(item)) is not None), None)
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, list):
+        return next((k for item in value if (k := _deep_kind(item)) is not None), None)
     return None
 
 
