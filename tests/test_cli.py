@@ -884,6 +884,86 @@ def test_a_sqlite_file_uri_makes_its_own_directory_and_no_other(
     assert not (tmp_path / "file:").exists()
 
 
+@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["sweep"]])
+def test_a_read_only_sqlite_store_is_refused_at_start(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """Fresh-user pass (seventh): ``sqlite:///file:/path?mode=ro&uri=true`` on a migrated
+    store was taken by serve: health 200, then every sweep, sample and retry failed with a
+    traceback and the API answered 500. A store Controlroom cannot write is refused at
+    start, saying what to change."""
+    store = tmp_path / "stores" / "x.db"
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", f"sqlite:///{store}")
+    assert invoke("migrate")[0] == 0
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", f"sqlite:///file:{store}?mode=ro&uri=true")
+
+    code, output = invoke(*command)
+
+    assert code == 1, output
+    said = " ".join(output.split())
+    assert "attempt to write a readonly database" in said, output
+    assert "Controlroom writes its store" in said, output
+    assert "Traceback" not in output
+
+
+def test_a_missing_sqlite_file_that_may_not_be_made_is_named(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass (seventh): ``mode=rw`` (or ``ro``) opens only a file that exists, and
+    a missing one said "unable to open database file" without naming it."""
+    store = tmp_path / "stores" / "missing.db"
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", f"sqlite:///file:{store}?mode=rw&uri=true")
+
+    code, output = invoke("migrate")
+
+    assert code == 1, output
+    said = " ".join(output.split())
+    assert f"the database file {store} does not exist" in said, output
+    assert "mode=rw" in said, output
+
+
+@pytest.mark.postgresql
+def test_a_postgresql_store_that_takes_no_writes_is_refused_at_start(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, postgresql_url: str
+) -> None:
+    """As a read-only SQLite store: a standby or a read-only session
+    (``default_transaction_read_only``) would serve reads and fail every write."""
+    url = sa.make_url(postgresql_url)
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", url.render_as_string(hide_password=False))
+    assert invoke("migrate")[0] == 0
+    read_only = url.update_query_dict({"options": "-cdefault_transaction_read_only=on"})
+    monkeypatch.setenv("CONTROLROOM_DATABASE_URL", read_only.render_as_string(hide_password=False))
+
+    code, output = invoke("serve", "--port", "0")
+
+    assert code == 1, output
+    said = " ".join(output.split())
+    assert "cannot execute UPDATE in a read-only transaction" in said, output
+    assert "Controlroom writes its store" in said, output
+    assert "Traceback" not in output
+
+
+def test_an_intake_cgroup_that_does_not_exist_is_named_by_serve_alone(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass (seventh): a cgroup path with a typo was refused as "no cgroup
+    directory" without its path, and by ``sweep`` too, which starts no worker."""
+    cgroup = tmp_path / "no-such-cgroup"
+    monkeypatch.setenv("CONTROLROOM_INGESTION__CPU_CGROUP", str(cgroup))
+
+    swept, output = invoke("sweep")
+    assert swept == 0, output
+
+    code, output = invoke("serve", "--port", "0")
+
+    assert code == 2, output
+    said = " ".join(output.split())
+    assert (
+        "invalid setting ingestion.cpu_cgroup (CONTROLROOM_INGESTION__CPU_CGROUP): "
+        f"{cgroup} does not exist"
+    ) in said, output
+
+
 def test_a_database_directory_that_cannot_be_made_is_refused_in_one_line(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -149,6 +149,7 @@ def serve(
 
     settings = _load(config, host=host, port=port)
     _refuse_an_open_api(settings)
+    _refuse_a_cgroup_workers_cannot_join(settings)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -866,12 +867,13 @@ def _working_store(settings: Settings) -> Iterator[sa.Engine]:
     (``notifications.rules.rules_applied``: docs/design.md "Notification rules");
     disposed at the end."""
     from controlroom.db.engine import create_store_engine
-    from controlroom.db.migrate import upgrade_database
+    from controlroom.db.migrate import require_writable, upgrade_database
     from controlroom.notifications.rules import rules_applied
 
     engine = create_store_engine(settings.effective_database_url)
     try:
         upgrade_database(engine)
+        require_writable(engine)
         with rules_applied(engine, settings.notifications):
             yield engine
     finally:
@@ -902,6 +904,20 @@ def _refuse_an_open_api(settings: Settings) -> None:
     except ConfigurationError as exc:
         err_console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from exc
+
+
+def _refuse_a_cgroup_workers_cannot_join(settings: Settings) -> None:
+    """Exit 2 naming the cgroup, before anything starts, when intake's workers could not
+    join it (``workers.cgroup_problem``)."""
+    from controlroom.workers import cgroup_problem
+
+    cgroup = settings.ingestion.cpu_cgroup
+    if cgroup is not None and (problem := cgroup_problem(cgroup)) is not None:
+        err_console.print(
+            "[red]error:[/] invalid setting ingestion.cpu_cgroup "
+            f"(CONTROLROOM_INGESTION__CPU_CGROUP): {escape(problem)}"
+        )
+        raise typer.Exit(2)
 
 
 # --- serve --------------------------------------------------------------------------------

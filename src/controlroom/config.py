@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import binascii
 import difflib
-import os
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -51,10 +50,6 @@ from controlroom.settings_sources import (
 
 MIN_BACKOFF_SECONDS = 0.01
 """The shortest cap of a back-off: less asks a failing store again in a busy loop."""
-
-
-_CPU_CONTROLS = ("cpu.weight", "cpu.shares", "cpu.idle")
-"""A cgroup's files of the CPU controller that set its weight (v2, v1, v2's idle)."""
 
 
 class IngestionSettings(SettingsTable):
@@ -173,33 +168,10 @@ class IngestionSettings(SettingsTable):
 
     @field_validator("cpu_cgroup")
     @classmethod
-    def _a_cgroup_serve_may_join(cls, directory: Path | None) -> Path | None:
-        """Refused at start, not at each worker's: a directory that is no cgroup (its
-        ``cgroup.procs`` lists the processes in it), one of no CPU weight (another
-        controller's, or v2's without ``cpu`` in its parent's ``cgroup.subtree_control``),
-        a hierarchy's root (every process is in it), or one this user may not move
-        processes into."""
-        if directory is None:
-            return None
-        directory = expand_home(directory)
-        procs = directory / "cgroup.procs"
-        if not procs.is_file():
-            raise ValueError("it is no cgroup directory (one holding cgroup.procs)")
-        if not any((directory / control).is_file() for control in _CPU_CONTROLS):
-            raise ValueError(
-                "it sets no CPU weight (no cpu.weight, cpu.shares or cpu.idle): make it "
-                "under the cpu controller's hierarchy (v2: with cpu in its parent's "
-                "cgroup.subtree_control)"
-            )
-        if os.path.ismount(directory):
-            raise ValueError(
-                "it is a hierarchy's root, where every process is: make a cgroup under it"
-            )
-        if not os.access(procs, os.W_OK):
-            raise ValueError(
-                "this user may not move processes into it (its cgroup.procs is not writable)"
-            )
-        return directory
+    def _home_expanded(cls, directory: Path | None) -> Path | None:
+        # Whether workers may join it is serve's check at start (workers.cgroup_problem):
+        # commands that start no worker take the setting as it is.
+        return None if directory is None else expand_home(directory)
 
     @model_validator(mode="after")
     def _cgroup_has_workers(self) -> IngestionSettings:

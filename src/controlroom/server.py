@@ -53,7 +53,7 @@ from controlroom.app import create_app
 from controlroom.config import Settings
 from controlroom.db.engine import create_store_engine, shown_url, store_identity
 from controlroom.db.errors import describe_store_error, is_transient
-from controlroom.db.migrate import upgrade_database
+from controlroom.db.migrate import require_writable, upgrade_database
 from controlroom.db.providers import provider_for
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import INTAKE_NAME as ERROR_INTAKE
@@ -155,6 +155,7 @@ async def run(
                 began=began,
             )
             upgrade_database(engine)
+            require_writable(engine)
             write_missing_search_terms(engine, progress=_log_search_terms_progress)
             _warn_of_audit_log_exposure(engine)
             _warn_of_vacuum_settings(engine)

@@ -306,6 +306,38 @@ def yield_to_reads(engine: sa.Engine, gate: YieldToReads) -> None:
     sa.event.listen(engine, "before_cursor_execute", wait)
 
 
+_CPU_CONTROLS = ("cpu.weight", "cpu.shares", "cpu.idle")
+"""A cgroup's files of the CPU controller that set its weight (v2, v1, v2's idle)."""
+
+
+def cgroup_problem(directory: Path) -> str | None:
+    """Why the workers could not join ``directory`` as ``ingestion.cpu_cgroup``, naming it;
+    ``None`` when they can. Serve checks it at start rather than each worker warning: a
+    path that does not exist or is no cgroup (its ``cgroup.procs`` lists the processes in
+    it), one of no CPU weight (another controller's, or v2's without ``cpu`` in its
+    parent's ``cgroup.subtree_control``), a hierarchy's root (every process is in it),
+    or one this user may not move processes into."""
+    procs = directory / "cgroup.procs"
+    if not directory.exists():
+        return f"{directory} does not exist: make it under the cpu controller's hierarchy"
+    if not procs.is_file():
+        return f"{directory} is no cgroup directory (one holding cgroup.procs)"
+    if not any((directory / control).is_file() for control in _CPU_CONTROLS):
+        return (
+            f"{directory} sets no CPU weight (no cpu.weight, cpu.shares or cpu.idle): make "
+            "it under the cpu controller's hierarchy (v2: with cpu in its parent's "
+            "cgroup.subtree_control)"
+        )
+    if os.path.ismount(directory):
+        return f"{directory} is a hierarchy's root, where every process is: make a cgroup under it"
+    if not os.access(procs, os.W_OK):
+        return (
+            f"this user may not move processes into {directory} (its cgroup.procs is not "
+            "writable)"
+        )
+    return None
+
+
 def _join_cgroup(cgroup: Path, pid: int) -> None:
     """Move process ``pid`` into the cgroup directory ``cgroup`` (``ingestion.cpu_cgroup``:
     docs/decisions.md "Intake's own cgroup escapes autogroup"). Raises ``OSError`` when

@@ -7,7 +7,6 @@ traceback."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -170,55 +169,6 @@ def test_an_agent_node_of_printable_text_is_taken() -> None:
     from controlroom.site import SiteSettings
 
     assert SiteSettings(site_id="plant-7", node="node 1 (east)").node == "node 1 (east)"
-
-
-def test_an_intake_cgroup_that_is_no_cgroup_directory_is_refused(tmp_path: Path) -> None:
-    """A directory without ``cgroup.procs`` (a typo of its path, or a cgroup's parent
-    mount on another machine) would fail in each worker instead."""
-    with pytest.raises(ValidationError) as refused:
-        Settings(ingestion={"cpu_cgroup": tmp_path})
-    [error] = refused.value.errors()
-    assert error["loc"] == ("ingestion", "cpu_cgroup")
-    assert "it is no cgroup directory (one holding cgroup.procs)" in error["msg"]
-
-
-@pytest.mark.parametrize("control", ["cpu.weight", "cpu.shares", "cpu.idle"])
-def test_an_intake_cgroup_directory_is_taken(tmp_path: Path, control: str) -> None:
-    """A cgroup of the CPU controller: v2's ``cpu.weight`` or ``cpu.idle``, v1's
-    ``cpu.shares``."""
-    (tmp_path / "cgroup.procs").write_text("")
-    (tmp_path / control).write_text("")
-    assert Settings(ingestion={"cpu_cgroup": tmp_path}).ingestion.cpu_cgroup == tmp_path
-
-
-def test_an_intake_cgroup_without_a_cpu_weight_is_refused(tmp_path: Path) -> None:
-    """Fresh-user pass (sixth): a cgroup of the memory controller was taken, and the
-    workers moved into it kept their CPU share."""
-    (tmp_path / "cgroup.procs").write_text("")
-    (tmp_path / "memory.limit_in_bytes").write_text("")
-    with pytest.raises(ValidationError) as refused:
-        Settings(ingestion={"cpu_cgroup": tmp_path})
-    [error] = refused.value.errors()
-    assert error["loc"] == ("ingestion", "cpu_cgroup")
-    assert "it sets no CPU weight (no cpu.weight, cpu.shares or cpu.idle)" in error["msg"]
-
-
-def test_the_root_of_a_cgroup_hierarchy_is_refused_as_intake_cgroup() -> None:
-    """Fresh-user pass (sixth): the hierarchy's root was taken; every process is in it
-    already, so intake gained no lower weight."""
-    roots = [
-        root
-        for root in (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup"))
-        if os.path.ismount(root) and os.access(root / "cgroup.procs", os.W_OK)
-    ]
-    if not roots or not any((roots[0] / f).exists() for f in ("cpu.shares", "cpu.weight")):
-        pytest.skip("needs a writable cgroup hierarchy of the CPU controller (root)")
-    with pytest.raises(ValidationError) as refused:
-        Settings(ingestion={"cpu_cgroup": roots[0]})
-    [error] = refused.value.errors()
-    assert "it is a hierarchy's root, where every process is: make a cgroup under it" in (
-        error["msg"]
-    )
 
 
 def test_an_intake_cgroup_without_workers_is_refused(tmp_path: Path) -> None:

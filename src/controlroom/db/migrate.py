@@ -1,5 +1,6 @@
 """Apply the Alembic migrations that ship inside the package, then what only the schema's
-owner may set: the audit purge's floor and the service role (``secure_audit_log``)."""
+owner may set: the audit purge's floor and the service role (``secure_audit_log``); check
+that the store takes writes (``require_writable``)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 
 from controlroom.db.engine import normalize_database_url, shown_url
+from controlroom.db.errors import describe_store_error, is_transient, store_error_advice
 from controlroom.db.providers import provider_for
-from controlroom.db.tables import audit_log_policy
+from controlroom.db.tables import audit_log_policy, service_leases
 from controlroom.db.transactions import begin_write
 from controlroom.exceptions import ConfigurationError
 
@@ -45,6 +47,27 @@ def upgrade_database(engine: sa.Engine, revision: str = "head") -> tuple[str | N
         )
     command.upgrade(config, revision)
     return before, schema_revision(engine)
+
+
+def require_writable(engine: sa.Engine) -> None:
+    """Raise ``ConfigurationError`` naming the store when its user cannot write it: SQLite
+    opened with ``mode=ro``, a PostgreSQL standby or read-only session, a missing grant.
+    Such a store answers every read, so without this check serve would start and fail
+    every write (ingestion, retries, sweeps) instead. Writes nothing: it updates no row.
+    A transient error (the store unreachable) propagates as it is."""
+    probe = sa.update(service_leases).where(sa.false()).values(owner=service_leases.c.owner)
+    try:
+        with begin_write(engine) as conn:
+            conn.execute(probe)
+    except sa.exc.DBAPIError as exc:
+        if is_transient(exc):
+            raise
+        advice = store_error_advice(exc)
+        raise ConfigurationError(
+            f"the database {shown_url(engine.url)} takes no writes "
+            f"({describe_store_error(exc)}), and Controlroom writes its store"
+            + (f": {advice}" if advice else "")
+        ) from exc
 
 
 def _is_known(config: Config, revision: str) -> bool:

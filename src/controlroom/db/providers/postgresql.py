@@ -389,6 +389,11 @@ _ADVICE = {
         "the schema that search_path names does not exist in this database: its owner "
         "creates it (CREATE SCHEMA), or correct ?options=-csearch_path"
     ),
+    "25006": (  # read_only_sql_transaction
+        "the server takes no writes here: a standby, or sessions made read-only "
+        "(default_transaction_read_only in the URL's options, the role's or the "
+        "database's settings); give the primary's URL, read-write"
+    ),
     "42501": (  # insufficient_privilege
         "this database user lacks a privilege: the schema's owner migrates "
         "(CONTROLROOM_MIGRATION_DATABASE_URL), and the user of CONTROLROOM_DATABASE_URL, "

@@ -156,7 +156,7 @@ _IN_MEMORY = (
 
 _NO_FILE_URI = (
     "with uri=true SQLite reads a path as a URI only when it starts with file: "
-    "(sqlite:///file:/absolute/path.db?mode=ro&uri=true); any other path is a file's "
+    "(sqlite:///file:/absolute/path.db?mode=rw&uri=true); any other path is a file's "
     "name, its query included"
 )
 
@@ -392,6 +392,12 @@ class SQLiteProvider(OnConflictProvider):
         path = _file_path(url)
         if path is None:
             raise ConfigurationError(_IN_MEMORY)
+        mode = url.query.get("mode") if _reads_uri(url) else None
+        if mode in ("ro", "rw") and not path.exists():
+            raise ConfigurationError(
+                f"the database file {path} does not exist: with mode={mode} SQLite opens only "
+                "a file that exists (without mode it makes one)"
+            )
         directory = path.parent
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -491,6 +497,15 @@ class SQLiteProvider(OnConflictProvider):
             return None
         name: str | None = getattr(exc, "sqlite_errorname", None)  # Python 3.11+
         return name
+
+    def advice(self, exc: BaseException) -> str | None:
+        # SQLITE_READONLY and its extended codes (https://sqlite.org/rescode.html).
+        if (self.error_code(exc) or "").startswith("SQLITE_READONLY"):
+            return (
+                "open it without mode=ro or immutable in the URL, as a user that may write "
+                "the file and its directory"
+            )
+        return None
 
     def classify_error(self, exc: BaseException) -> ErrorKind | None:
         if not isinstance(exc, sqlite3.Error):

@@ -1,0 +1,55 @@
+"""Intake's own cgroup (``ingestion.cpu_cgroup``): which directories serve's workers may
+join (``workers.cgroup_problem``, checked by serve at start)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from controlroom.config import Settings
+from controlroom.workers import cgroup_problem
+
+
+def test_an_intake_cgroup_that_is_no_cgroup_directory_is_refused(tmp_path: Path) -> None:
+    """A directory without ``cgroup.procs`` (a typo of its path, or a cgroup's parent
+    mount on another machine) would fail in each worker instead."""
+    assert cgroup_problem(tmp_path) == (
+        f"{tmp_path} is no cgroup directory (one holding cgroup.procs)"
+    )
+
+
+@pytest.mark.parametrize("control", ["cpu.weight", "cpu.shares", "cpu.idle"])
+def test_an_intake_cgroup_directory_is_taken(tmp_path: Path, control: str) -> None:
+    """A cgroup of the CPU controller: v2's ``cpu.weight`` or ``cpu.idle``, v1's
+    ``cpu.shares``."""
+    (tmp_path / "cgroup.procs").write_text("")
+    (tmp_path / control).write_text("")
+    assert cgroup_problem(tmp_path) is None
+    assert Settings(ingestion={"cpu_cgroup": tmp_path}).ingestion.cpu_cgroup == tmp_path
+
+
+def test_an_intake_cgroup_without_a_cpu_weight_is_refused(tmp_path: Path) -> None:
+    """Fresh-user pass (sixth): a cgroup of the memory controller was taken, and the
+    workers moved into it kept their CPU share."""
+    (tmp_path / "cgroup.procs").write_text("")
+    (tmp_path / "memory.limit_in_bytes").write_text("")
+    assert f"{tmp_path} sets no CPU weight (no cpu.weight, cpu.shares or cpu.idle)" in (
+        cgroup_problem(tmp_path) or ""
+    )
+
+
+def test_the_root_of_a_cgroup_hierarchy_is_refused_as_intake_cgroup() -> None:
+    """Fresh-user pass (sixth): the hierarchy's root was taken; every process is in it
+    already, so intake gained no lower weight."""
+    roots = [
+        root
+        for root in (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup"))
+        if os.path.ismount(root) and os.access(root / "cgroup.procs", os.W_OK)
+    ]
+    if not roots or not any((roots[0] / f).exists() for f in ("cpu.shares", "cpu.weight")):
+        pytest.skip("needs a writable cgroup hierarchy of the CPU controller (root)")
+    assert cgroup_problem(roots[0]) == (
+        f"{roots[0]} is a hierarchy's root, where every process is: make a cgroup under it"
+    )
