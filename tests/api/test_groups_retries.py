@@ -14,10 +14,12 @@ from fastapi.testclient import TestClient
 
 from controlroom.db.tables import retry_operations
 from controlroom.errors.ingest.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
-from controlroom.errors.ingest.writer import FailedMessageBatchWriter
+from controlroom.errors.ingest.parsing import parse_failed_message
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt
 from tests.api.failure_fixture import TIMEOUT, expected_groups, ingest_fixture
 from tests.api.failure_fixture import parse_utc as utc
+from tests.nsb import failed_headers
 
 STARTED = datetime(2026, 2, 1, 9, 0, tzinfo=UTC)
 IDLE = {"operation_status": "None", "operation_progress": 0.0, "need_user_acknowledgement": False}
@@ -161,6 +163,40 @@ def test_a_group_retried_whole_stays_visible_until_acknowledged(
     assert closed["need_user_acknowledgement"] is True
     assert client.delete(f"/api/recoverability/unacknowledgedgroups/{group_id}").status_code == 200
     assert group_id not in listed(client)
+
+
+def test_a_group_retried_whole_keeps_its_failures_per_hour_and_growth(
+    client: TestClient, engine: sa.Engine, writer: FailedMessageBatchWriter
+) -> None:
+    """Fresh-user pass (seventh): the group shown for its retry, with no Unresolved message
+    left, lacked ``failures_per_hour`` and ``growth``, which the README gives every group
+    (its failures stay counted whatever their messages' status)."""
+    attempt = parse_failed_message(
+        failed_headers("recent-1", endpoint="Sales", failed_at=datetime.now(UTC)),
+        b"{}",
+        max_body_size_to_store=102_400,
+    )
+    writer.write(IngestionBatch(attempts=[attempt], endpoints=list(attempt.endpoints)))
+    [(group_id, before)] = listed(client).items()
+    assert sum(before["failures_per_hour"]) == 1
+    hourly = {key: before[key] for key in ("failures_per_hour", "growth")}
+
+    assert client.post(f"/api/recoverability/groups/{group_id}/errors/retry").status_code == 202
+    running = listed(client)[group_id]
+    assert running["count"] == 0
+    assert {key: running.get(key) for key in hourly} == hourly
+
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(retry_operations)
+            .where(retry_operations.c.target == group_id)
+            .values(forwarded_count=1, completed_at=datetime.now(UTC))
+        )
+    closed = listed(client)[group_id]
+    assert closed["need_user_acknowledgement"] is True
+    assert {key: closed.get(key) for key in hourly} == hourly
+    one = client.get(f"/api/recoverability/groups/id/{group_id}").json()
+    assert {key: one.get(key) for key in hourly} == hourly
 
 
 def test_archived_views_show_no_retry(

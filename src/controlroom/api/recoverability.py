@@ -14,7 +14,7 @@ id is 404, a non-UUID one 422.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -338,14 +338,18 @@ def list_groups_view(
             descending=descending,
         )
         retries = {} if archived else groups.group_retries(conn)
-    open_ids = {group.id for group in found}
-    closed = [
-        closed_group_view(retry)
-        for retry in retries.values()
-        if retry.group_id not in open_ids
-        and retry.classifier == classifier
-        and classifier_filter in (None, retry.title)
-    ]
+        open_ids = {group.id for group in found}
+        closed_retries = [
+            retry
+            for retry in retries.values()
+            if retry.group_id not in open_ids
+            and retry.classifier == classifier
+            and classifier_filter in (None, retry.title)
+        ]
+        hourly = groups.failures_per_hour(
+            conn, [retry.group_id for retry in closed_retries], utc_now()
+        )
+    closed = [closed_group_view(retry, hourly[retry.group_id]) for retry in closed_retries]
     views = closed + [
         group_view(group, retries.get(group.id), archived=archived) for group in found
     ]
@@ -391,9 +395,12 @@ def group_view(
     return view if retry is None else view.model_copy(update=operation_fields(retry))
 
 
-def closed_group_view(retry: groups.GroupRetry) -> FailureGroupView:
+def closed_group_view(
+    retry: groups.GroupRetry, failures_per_hour: Sequence[int]
+) -> FailureGroupView:
     """A group without Unresolved messages, shown for its retry: ``count`` is 0 while
-    the retry runs and the messages it sent once it completed (ServiceControl's)."""
+    the retry runs and the messages it sent once it completed (ServiceControl's); its
+    ``failures_per_hour`` as any group's (they count every status)."""
     completed = retry.completed_at is not None
     view = FailureGroupView(
         id=retry.group_id,
@@ -401,6 +408,8 @@ def closed_group_view(retry: groups.GroupRetry) -> FailureGroupView:
         type=retry.classifier or "",
         count=retry.forwarded_count if completed else 0,
         last=retry.completed_at,
+        failures_per_hour=list(failures_per_hour),
+        growth=groups.growth(failures_per_hour),
     )
     return view.model_copy(update=operation_fields(retry))
 

@@ -77,10 +77,15 @@ class GroupSummary:
 
     @property
     def growth(self) -> int:
-        """Failures in the newer half of ``failures_per_hour`` minus those in the older
-        half: above 0 the group fails more now than half a day before."""
-        half = len(self.failures_per_hour) // 2
-        return sum(self.failures_per_hour[half:]) - sum(self.failures_per_hour[:half])
+        """``growth(self.failures_per_hour)``."""
+        return growth(self.failures_per_hour)
+
+
+def growth(failures_per_hour: Sequence[int]) -> int:
+    """Failures in the newer half of ``failures_per_hour`` minus those in the older half:
+    above 0 the group fails more now than half a day before."""
+    half = len(failures_per_hour) // 2
+    return sum(failures_per_hour[half:]) - sum(failures_per_hour[:half])
 
 
 def list_groups(
@@ -112,27 +117,36 @@ def list_groups(
 def with_failures_per_hour(
     conn: sa.Connection, found: Sequence[GroupSummary], now: datetime
 ) -> list[GroupSummary]:
-    """``found`` with each group's ``failures_per_hour`` over the ``HOURS_SHOWN`` hours up
-    to ``now``'s: one read of ``failed_message_group_hours`` for those hours, at most a
-    row per group and hour (PostgreSQL: also the rows appended since the last fold,
+    """``found`` with each group's ``failures_per_hour`` up to ``now``'s hour
+    (``failures_per_hour``)."""
+    counted = failures_per_hour(conn, [group.id for group in found], now)
+    return [replace(group, failures_per_hour=counted[group.id]) for group in found]
+
+
+def failures_per_hour(
+    conn: sa.Connection, group_ids: Sequence[str], now: datetime
+) -> dict[str, tuple[int, ...]]:
+    """Per group id, its failures in each of the ``HOURS_SHOWN`` hours up to ``now``'s,
+    oldest first, whatever their messages' status now: one read of
+    ``failed_message_group_hours`` for those hours, at most a row per group and hour
+    (PostgreSQL: also the rows appended since the last fold,
     ``Provider.compact_group_counts``), whatever the number of messages."""
     current = int(now.timestamp()) // 3600
     first = current - HOURS_SHOWN + 1
-    counted: dict[str, list[int]] = {group.id: [0] * HOURS_SHOWN for group in found}
+    counted: dict[str, list[int]] = {group_id: [0] * HOURS_SHOWN for group_id in group_ids}
     if not counted:
-        return []
+        return {}
     statement = (
         sa.select(hours.group_id, hours.hour, sa.cast(sa.func.sum(hours.n), sa.BigInteger))
         .where(hours.hour.between(first, current))
         .group_by(hours.group_id, hours.hour)
     )
     if len(counted) == 1:  # one group (by id): its own index range
-        statement = statement.where(hours.group_id == found[0].id)
-    rows = conn.execute(statement)
-    for group_id, hour, n in rows:
+        statement = statement.where(hours.group_id == next(iter(counted)))
+    for group_id, hour, n in conn.execute(statement):
         if group_id in counted:
             counted[group_id][hour - first] = int(n)
-    return [replace(group, failures_per_hour=tuple(counted[group.id])) for group in found]
+    return {group_id: tuple(counts) for group_id, counts in counted.items()}
 
 
 def get_group(
@@ -154,7 +168,7 @@ def get_group(
     if row is not None:
         (group,) = with_failures_per_hour(conn, [_group(row)], utc_now())
         return group
-    return GroupSummary(
+    empty = GroupSummary(
         id=group_id,
         title=found.title,
         classifier=found.classifier,
@@ -163,6 +177,8 @@ def get_group(
         last=None,
         comment=get_comment(conn, group_id),
     )
+    (group,) = with_failures_per_hour(conn, [empty], utc_now())
+    return group
 
 
 def group_exists(conn: sa.Connection, group_id: str) -> bool:
