@@ -179,7 +179,9 @@ def test_the_list_filters_by_status_and_pages_by_keyset(api: TestClient, engine:
         if after is None:
             break
     assert seen == list(reversed(parked))
-    assert api.get("/api/notifications", params={"after": "nonsense"}).status_code == 400
+    refused = api.get("/api/notifications", params={"after": "nonsense"})
+    assert refused.status_code == 422, refused.text
+    assert [error["loc"] for error in refused.json()["detail"]] == [["query", "after"]]
 
 
 @pytest.mark.parametrize("name", ["status", "channel", "source", "target", "limit", "after"])

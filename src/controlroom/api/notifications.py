@@ -211,7 +211,7 @@ def list_notifications(
         with _engine(request).connect() as conn:
             page = queries.list_notifications(conn, filters, limit=limit, after=after)
     except queries.BadCursor as exc:
-        raise HTTPException(400, f"after: {exc}") from None
+        raise invalid_parameter("query", "after", after, str(exc)) from None
     return {"items": [row._asdict() for row in page.rows], "next_cursor": page.next_cursor}
 
 

@@ -248,8 +248,9 @@ def _paged(page: queries.Page, stamps: tuple[str, ...]) -> dict[str, Any]:
     return {"items": items, "next_cursor": page.next_cursor}
 
 
-def _bad_cursor(exc: queries.BadCursor) -> HTTPException:
-    return HTTPException(400, f"after: {exc}")
+def _bad_cursor(exc: queries.BadCursor, after: str | None) -> Exception:
+    """A cursor the list did not hand out: a bad parameter, a 422 naming ``after``."""
+    return invalid_parameter("query", "after", after, str(exc))
 
 
 @router.post(
@@ -343,7 +344,7 @@ def list_site_calls(
             page = queries.list_site_calls(conn, filters, limit=limit, after=after)
             return _paged(page, queries.SITE_CALL_STAMPS)
     except queries.BadCursor as exc:
-        raise _bad_cursor(exc) from None
+        raise _bad_cursor(exc, after) from None
 
 
 @router.get("/site-calls/kpis", response_model=Kpis, responses=BAD_REQUEST)
@@ -384,14 +385,14 @@ def rejected_page(
     request: Request, limit: int, after: str | None, *, notifications: bool = False
 ) -> dict[str, Any]:
     """A ``RejectedPage`` of rejected telemetry, or of rejected notifications
-    (``queries.list_rejected_telemetry``). Raises ``HTTPException`` 400 for a bad cursor."""
+    (``queries.list_rejected_telemetry``). A bad cursor is a 422 naming ``after``."""
     try:
         with _engine(request).connect() as conn:
             page = queries.list_rejected_telemetry(
                 conn, limit=limit, after=after, notifications=notifications
             )
     except queries.BadCursor as exc:
-        raise _bad_cursor(exc) from None
+        raise _bad_cursor(exc, after) from None
     items = [
         {
             **row._asdict(),
@@ -513,7 +514,7 @@ def list_audit_log(
             page = queries.list_audit_events(conn, filters, limit=limit, after=after)
             return _paged(page, queries.AUDIT_STAMPS)
     except queries.BadCursor as exc:
-        raise _bad_cursor(exc) from None
+        raise _bad_cursor(exc, after) from None
 
 
 SeriesFrom = Annotated[
