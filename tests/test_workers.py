@@ -30,6 +30,7 @@ from controlroom import server, workers
 from controlroom.config import IngestionSettings, Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.tables import event_log_items, failed_messages
+from controlroom.runtime import intake_cgroup
 from controlroom.runtime.reads_first import CountReads
 from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.history import KpiSampler
@@ -769,3 +770,110 @@ def test_lowering_into_a_cgroup_says_nothing_of_autogroup(
         engine.dispose()
     assert len(joined) == 1
     assert not [r for r in caplog.records if "autogroup" in r.getMessage()]
+
+
+# -- intake's cgroup made by serve (runtime.intake_cgroup) ----------------------------------
+
+
+def _made_cgroup() -> Path:
+    """Where serve (this process, in these tests) makes intake's cgroup; skips where the
+    kernel does not let it (not root, no delegated cgroup)."""
+    place = intake_cgroup.find_place()
+    if isinstance(place, str):
+        pytest.skip(f"serve cannot make intake's cgroup here: {place}")
+    return place.directory / f"{intake_cgroup.PREFIX}{os.getpid()}"
+
+
+def test_serve_makes_intake_a_cgroup_at_the_nices_weight_and_removes_it_at_stop(
+    worker_settings: Settings, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Without ingestion.cpu_cgroup, intake's cgroup is made where serve may: the workers
+    join it, serve stays out, its weight is one process's at the nice (docs/decisions.md
+    "Intake's own cgroup escapes autogroup")."""
+    made = _made_cgroup()
+    seen: dict[str, Any] = {}
+
+    async def body(url: str) -> None:
+        await publish(worker_settings, 0, 10)
+        await until(lambda: asyncio.to_thread(lambda: stored_count(worker_settings) == 10))
+        seen["members"] = cgroup_members(made)
+        seen["workers"] = children()
+        seen["weight"] = {
+            name: (made / name).read_text().strip()
+            for name in ("cpu.shares", "cpu.weight")
+            if (made / name).exists()
+        }
+
+    serve(worker_settings, body)
+    assert seen["workers"]
+    assert seen["workers"] <= seen["members"]
+    assert os.getpid() not in seen["members"]
+    # The kernel's weight of nice 7 is 215 (sched_prio_to_weight); v2's is it per 1024 x 100.
+    assert NICE == 7
+    assert seen["weight"] in ({"cpu.shares": "215"}, {"cpu.weight": "21"}), seen["weight"]
+    assert not made.exists()
+    assert f"joined ingestion.cpu_cgroup {made}" in capfd.readouterr().err
+
+
+def test_serve_makes_no_cgroup_when_told_not_to(worker_settings: Settings) -> None:
+    made = _made_cgroup()
+    settings = worker_settings.model_copy(
+        update={"ingestion": worker_settings.ingestion.model_copy(update={"own_cgroup": False})}
+    )
+    seen: dict[str, bool] = {}
+
+    async def body(url: str) -> None:
+        await publish(settings, 0, 1)
+        await until(lambda: asyncio.to_thread(lambda: stored_count(settings) == 1))
+        seen["made"] = made.exists()
+
+    serve(settings, body)
+    assert seen == {"made": False}
+
+
+def test_serve_removes_the_cgroups_an_ended_serve_left_and_no_other(
+    worker_settings: Settings,
+) -> None:
+    """A serve killed with -9 leaves its cgroup; the next one removes it (and only an
+    empty cgroup of a process that no longer runs)."""
+    place = _made_cgroup().parent
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    left = place / f"{intake_cgroup.PREFIX}{ended.pid}"
+    running = place / f"{intake_cgroup.PREFIX}1"  # init runs
+    left.mkdir()
+    running.mkdir(exist_ok=True)
+    try:
+
+        async def body(url: str) -> None:
+            pass
+
+        serve(worker_settings, body)
+        assert not left.exists()
+        assert running.exists()
+    finally:
+        for group in (left, running):
+            with contextlib.suppress(FileNotFoundError):
+                group.rmdir()
+
+
+def test_where_serve_may_not_make_a_cgroup_it_says_why(tmp_path: Path) -> None:
+    """cgroup v2 without cpu enabled below serve's cgroup (a systemd service without
+    Delegate=): intake keeps the nice alone."""
+    hierarchy = tmp_path / "unified"
+    (hierarchy / "system.slice" / "controlroom.service").mkdir(parents=True)
+    (hierarchy / "system.slice" / "controlroom.service" / "cgroup.subtree_control").write_text(
+        "memory pids\n"
+    )
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "cgroup").write_text("0::/system.slice/controlroom.service\n")
+    (proc / "mountinfo").write_text(
+        f"30 23 0:26 / {hierarchy} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+    )
+    assert intake_cgroup.find_place(proc) == (
+        f"cpu is not enabled below serve's cgroup {hierarchy}/system.slice/controlroom.service "
+        "(its cgroup.subtree_control)"
+    )
+    (proc / "cgroup").write_text("1:name=systemd:/\n")
+    assert intake_cgroup.find_place(proc) == "serve is in no cgroup of the CPU controller"

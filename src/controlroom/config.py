@@ -155,6 +155,15 @@ class IngestionSettings(SettingsTable):
         ),
     )
 
+    own_cgroup: bool = Field(
+        True,
+        description=(
+            "Without cpu_cgroup, serve makes intake's cgroup itself where Linux lets it "
+            "(root, or a delegated cgroup): beside serve's own, weighing as one process at "
+            "the nice, removed at stop; elsewhere the nice alone."
+        ),
+    )
+
     yield_to_reads: float = Field(
         0.2,
         ge=0,

@@ -68,6 +68,7 @@ from controlroom.notifications.history import NotificationKpiSampler
 from controlroom.notifications.retention import NotificationRetention
 from controlroom.notifications.rules import rules_applied
 from controlroom.runtime.addresses import url_host
+from controlroom.runtime.intake_cgroup import made_intake_cgroup
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.runtime.reads_first import CountReads
 from controlroom.runtime.serve_lock import serving
@@ -172,6 +173,7 @@ async def run(
                     began=began,
                 )
                 with (
+                    _intake_cgroup(settings) as settings,
                     rules_applied(engine, settings.notifications),
                     serving(  # make demo refuses to publish meanwhile
                         settings.data_dir,
@@ -191,6 +193,29 @@ async def run(
     finally:
         if own_listener:
             listener.close()
+
+
+@contextlib.contextmanager
+def _intake_cgroup(settings: Settings) -> Iterator[Settings]:
+    """``settings`` with intake's cgroup serve made (``runtime.intake_cgroup``) as the
+    workers' ``ingestion.cpu_cgroup``, removed on exit; as they are when the workers have
+    one already, when there are none, or when ``ingestion.own_cgroup`` is off."""
+    ingestion = settings.ingestion
+    if not (
+        settings.ingest_on_serve
+        and ingestion.workers > 0
+        and ingestion.cpu_cgroup is None
+        and ingestion.own_cgroup
+    ):
+        yield settings
+        return
+    with made_intake_cgroup(ingestion.nice) as cgroup:
+        if cgroup is None:
+            yield settings
+            return
+        yield settings.model_copy(
+            update={"ingestion": ingestion.model_copy(update={"cpu_cgroup": cgroup})}
+        )
 
 
 def _probe_store(engine: sa.Engine) -> None:
