@@ -1472,9 +1472,14 @@ def stored_import_ids(engine: sa.Engine) -> list[str]:
 
 
 @pytest.fixture
-def store_env(data_dir: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The embedded queue with the store on each provider."""
+def store_env(
+    data_dir: Path, database_url: str, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """The embedded queue with the store on each provider, in a data directory a serve of
+    the store has run on (and stopped)."""
     monkeypatch.setenv("CONTROLROOM_DATABASE_URL", database_url)
+    with serve_lock.serving(data_dir, store=store_identity(engine), broker="the embedded queue"):
+        pass
     return data_dir
 
 
@@ -1512,6 +1517,30 @@ def test_import_failed_refuses_to_publish_where_the_running_serve_never_looks(
     assert f"consumes {broker}" in " ".join(output.split()), output
     assert stored_import_ids(engine) == sorted(item.id for item in imports)
     assert not (store_env / "queue.db").exists()
+
+
+def test_import_failed_refuses_an_embedded_queue_no_serve_of_the_store_reads(
+    store_env: Path, engine: sa.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fresh-user pass (seventh): run from another directory, without the serve's
+    ``CONTROLROOM_DATA_DIR`` (its default is relative), the imports were deleted and put
+    on the embedded queue of a data directory no serve of the store ever ran on, and the
+    command said serve would ingest them."""
+    imports = [failed_import(n) for n in range(2)]
+    FailedMessageBatchWriter(engine).write(IngestionBatch(failed_imports=imports))
+    elsewhere = tmp_path / "elsewhere"
+    monkeypatch.setenv("CONTROLROOM_DATA_DIR", str(elsewhere))
+
+    code, output = invoke("import-failed")
+
+    assert code == 1, output
+    said = " ".join(output.split())
+    assert f"no controlroom serve of this store has run on the data directory {elsewhere}" in (
+        said
+    ), output
+    assert "nothing was published" in said
+    assert stored_import_ids(engine) == sorted(item.id for item in imports)
+    assert not (elsewhere / "queue.db").exists()
 
 
 def test_import_failed_with_an_id_republishes_only_that_one(

@@ -592,27 +592,38 @@ def import_failed(
         if list_only:
             _print_failed_imports(engine)
             return
-        _refuse_another_broker(settings, engine)
+        _refuse_a_queue_no_serve_reads(settings, engine)
         ids = [failed_import_id] if failed_import_id else list_failed_import_ids(engine)
         outcomes = asyncio.run(_reimport(settings, engine, ids)) if ids else []
     _report_reimport(settings, failed_import_id, outcomes)
 
 
-def _refuse_another_broker(settings: Settings, engine: sa.Engine) -> None:
-    """Exit 1 when a serve of this store runs on this data directory consuming another
-    broker than the one this command would publish to: what it publishes would wait
-    where that serve never looks (``runtime.serve_lock.serving_broker``)."""
+def _refuse_a_queue_no_serve_reads(settings: Settings, engine: sa.Engine) -> None:
+    """Exit 1, nothing published, when what this command publishes would wait where no
+    serve of this store looks: a serve of the store runs on this data directory consuming
+    another broker, or, on the embedded queue, no serve of the store ever ran on this data
+    directory (``runtime.serve_lock``)."""
     from controlroom.db.engine import store_identity
-    from controlroom.runtime.serve_lock import serving_broker
+    from controlroom.runtime.serve_lock import has_served, serving_broker
     from controlroom.transport import create_transport
 
-    running = serving_broker(settings.data_dir, store=store_identity(engine))
+    store = store_identity(engine)
+    running = serving_broker(settings.data_dir, store=store)
     ours = create_transport(settings).destination
     if running is not None and running != ours:
         err_console.print(
             f"[red]error:[/] a controlroom serve of this store consumes {escape(running)}; "
             f"this command would publish to {escape(ours)}, where it never looks. Give it "
             "the serve's CONTROLROOM_BROKER_URL; nothing was published.",
+            highlight=False,
+        )
+        raise typer.Exit(1)
+    if not settings.broker_url and not has_served(settings.data_dir, store=store):
+        err_console.print(
+            "[red]error:[/] no controlroom serve of this store has run on the data directory "
+            f"{escape(str(settings.data_dir))}, whose embedded queue this command would "
+            "publish to. Give it the serve's CONTROLROOM_DATA_DIR (or its "
+            "CONTROLROOM_BROKER_URL); nothing was published.",
             highlight=False,
         )
         raise typer.Exit(1)

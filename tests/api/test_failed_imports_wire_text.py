@@ -27,11 +27,13 @@ from controlroom.app import create_app
 from controlroom.cli import app as cli_app
 from controlroom.client import open_transport
 from controlroom.config import Settings
+from controlroom.db.engine import store_identity
 from controlroom.db.tables import failed_error_imports
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import make_failed_import
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedImport
+from controlroom.runtime import serve_lock
 from controlroom.transport.embedded import EmbeddedQueue
 from tests.servers import TEST_CLIENT_TIMEOUT
 from tests.web.test_console_http import csrf_of
@@ -167,6 +169,9 @@ def cli_env(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CONTROLROOM_DATA_DIR", str(tmp_path / "cli-data"))
     monkeypatch.setenv("CONTROLROOM_DATABASE_URL", database_url)
+    # A data directory a serve of the store has run on: its embedded queue is read.
+    with serve_lock.serving(tmp_path / "cli-data", store=store_identity(engine), broker="embedded"):
+        pass
     return tmp_path / "cli-data"
 
 

@@ -100,6 +100,13 @@ def serving_broker(data_dir: Path, *, store: str) -> str | None:
     return path.read_text(encoding="utf-8") or None
 
 
+def has_served(data_dir: Path, *, store: str) -> bool:
+    """Whether a serve of ``store`` has ever run on ``data_dir`` (its store's lock file is
+    there, held or not): an embedded queue of a data directory none ever ran on is read by
+    no serve of that store."""
+    return _store_lock(data_dir, store).exists()
+
+
 def is_served(data_dir: Path) -> bool:
     """Whether a ``serve`` runs on ``data_dir`` now (it holds the shared lock)."""
     return held_elsewhere(data_dir / LOCK_FILE)
