@@ -42,4 +42,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/serve.py
 
 clean:
-	rm -rf $(VENV) controlroom-data controlroom-data-* controlroom-celery controlroom-site
+	rm -rf $(VENV) controlroom-data controlroom-data-* controlroom-celery controlroom-site src/controlroom.egg-info

@@ -662,7 +662,9 @@ def sweep(config: ConfigOption = None) -> None:
         )
 
 
-audit_app = typer.Typer(help="The append-only audit log of site calls.", no_args_is_help=True)
+audit_app = typer.Typer(
+    help="The append-only audit log of site calls and notifications.", no_args_is_help=True
+)
 app.add_typer(audit_app, name="audit")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -283,3 +284,30 @@ def test_the_seconds_given_up_after_count_from_when_serve_began_to_wait() -> Non
 
     with pytest.raises(DependencyUnreachable, match="still unreachable after 4 s"):
         asyncio.run(main())
+
+
+def test_the_try_at_the_deadline_is_announced_as_the_last(records: Records) -> None:
+    """Fresh-user pass (seventh): the last wait said "(try 4, 0 s left) ...; next try in
+    0.5 s", as if more were to come. Each line says the seconds left to a tenth, and the
+    try at the deadline is called the last."""
+
+    async def refused() -> None:
+        raise ConnectionRefusedError("refused")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await wait_until_reachable(
+            "the broker",
+            refused,
+            unreachable=lambda exc: isinstance(exc, ConnectionRefusedError),
+            describe=str,
+            deadline=loop.time() + 0.7,
+            stop=asyncio.Event(),
+        )
+
+    with pytest.raises(DependencyUnreachable):
+        asyncio.run(main())
+    said = [message for message in records.messages if "waiting for the broker" in message]
+    assert len(said) == 2, said
+    assert said[0].endswith("; next try in 0.5 s"), said
+    assert re.search(r"\(try 2, 0\.\d s left\): refused; last try in 0\.\d s$", said[1]), said

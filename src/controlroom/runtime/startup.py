@@ -57,12 +57,14 @@ async def wait_until_reachable(
     def log_wait(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
         sleep = state.next_action.sleep if state.next_action is not None else 0.0
+        left = max(0.0, deadline - loop.time())
         log.warning(
-            "waiting for %s (try %d, %.0f s left): %s; next try in %.1f s",
+            "waiting for %s (try %d, %.1f s left): %s; %s try in %.1f s",
             what,
             state.attempt_number,
-            max(0.0, deadline - loop.time()),
+            left,
             describe(exc) if exc is not None else "unreachable",
+            "last" if sleep >= left else "next",  # ``wait`` cut it to the deadline
             sleep,
         )
 
