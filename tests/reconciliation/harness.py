@@ -8,13 +8,14 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
 
 from controlroom.app import create_app
 from controlroom.config import ConfiguredSite, Settings
@@ -212,3 +213,31 @@ def legacy_site_app(agent: SiteAgent) -> FastAPI:
         return {"rows": [state_document(row) for row in rows], "more_available": more}
 
     return app
+
+
+class TricklingSite:
+    """A site that answers 200 at once, then its body a byte every 0.2 s until
+    ``release`` (at most a minute): each read comes well within any timeout, the whole
+    answer within none. Its answer is a valid page and a valid Applied, in the end.
+    ``requests`` counts what it was asked."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.requests = 0
+        self.app = FastAPI()
+        self.app.add_api_route("/site/tracking/changes", self._answer, methods=["GET"])
+        self.app.add_api_route("/site/tracking/{call}/{command}", self._answer, methods=["POST"])
+
+    async def _answer(self) -> StreamingResponse:
+        self.requests += 1
+
+        async def body() -> AsyncIterator[bytes]:
+            yield b'{"rows": ['
+            for _ in range(300):
+                if self.release.is_set():
+                    break
+                yield b" "
+                await asyncio.sleep(0.2)
+            yield b'], "more_available": false, "outcome": "Applied"}'
+
+        return StreamingResponse(body(), media_type="application/json")

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
@@ -26,12 +26,14 @@ from controlroom.site import SiteAgent, SiteSettings
 from controlroom.site.lifecycle import PermanentFailure
 from controlroom.site.store import tracked_operations
 from controlroom.site.telemetry import state_document
+from controlroom.sitecalls import reconciliation
 from controlroom.sitecalls.reconciliation import ReconciliationService
 from controlroom.telemetry.stamps import Stamp
 from tests.reconciliation.harness import (
     OPERATOR,
     READER,
     SITE_TOKEN,
+    TricklingSite,
     as_site,
     central_rows,
     central_settings,
@@ -268,6 +270,64 @@ def test_a_failing_site_and_a_hanging_one_do_not_stop_a_healthy_one(
         assert listed["erring"]["reachable"] is False and listed["erring"]["last_error"]
         assert listed["plant-7"]["reachable"] is True and listed["plant-7"]["last_error"] is None
         assert listed["plant-7"]["cursor"]["tracked_operation_id"] == max(ids)
+
+
+def test_a_site_that_trickles_its_page_fails_its_pass_at_the_timeout(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Breaker pass (seventh): a site sending its page a byte every few seconds kept the
+    pass running (and every other trigger refused) for as long as it liked, and was shown
+    reachable. The whole page must come within ``request_timeout``."""
+    site = TricklingSite()
+    with contextlib.ExitStack() as stack:
+        trickling = stack.enter_context(serving(site.app))
+        stack.callback(site.release.set)
+        sites = [site_entry("trickling", trickling, token="trickling-agent-token-0123456789")]
+        settings = central_settings(database_url, tmp_path / "central", sites, request_timeout=1.0)
+        _url, app, _engine = stack.enter_context(running_central(settings))
+        [result] = app.state.reconciliation.run_pass_now()
+    assert result.error is not None
+    assert "unreachable: AnswerTooSlow: no whole answer within 1 s" in result.error
+
+
+class OversizedSite:
+    """A site answering a page of 2 MiB: announced (Content-Length) or streamed."""
+
+    def __init__(self, *, announced: bool) -> None:
+        self.app = FastAPI()
+        self.app.add_api_route("/site/tracking/changes", self._page if announced else self._stream)
+
+    def _page(self) -> Response:
+        return Response(b'{"rows": ["' + b"x" * 2**21 + b'"]}', media_type="application/json")
+
+    def _stream(self) -> StreamingResponse:
+        def body() -> Iterator[bytes]:
+            yield b'{"rows": ["'
+            for _ in range(32):
+                yield b"x" * 2**16
+            yield b'"]}'
+
+        return StreamingResponse(body(), media_type="application/json")
+
+
+@pytest.mark.parametrize("announced", [True, False], ids=["content-length", "streamed"])
+def test_a_page_larger_than_its_bound_is_not_read_whole(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, announced: bool
+) -> None:
+    """Breaker pass (seventh): a 400 MB answer was read into serve's memory (980 MB at its
+    peak) before it was found not to be a page. An answer stops being read past the bound
+    (``site_requests.MAX_PAGE_BYTES``, 1 MiB here)."""
+    monkeypatch.setattr(reconciliation, "MAX_PAGE_BYTES", 2**20)
+    site = OversizedSite(announced=announced)
+    with contextlib.ExitStack() as stack:
+        oversized = stack.enter_context(serving(site.app))
+        sites = [site_entry("oversized", oversized, token="oversized-agent-token-0123456789")]
+        settings = central_settings(database_url, tmp_path / "central", sites)
+        _url, app, _engine = stack.enter_context(running_central(settings))
+        [result] = app.state.reconciliation.run_pass_now()
+    assert result.error is not None
+    assert "answered more than a page of the pull contract" in result.error
+    assert "1048576" in result.error
 
 
 class SlowSite:

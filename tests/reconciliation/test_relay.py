@@ -8,6 +8,7 @@ import json
 import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,12 @@ from tests.reconciliation.harness import (
     OPERATOR,
     READER,
     SITE_TOKEN,
+    TricklingSite,
     as_site,
     audit_events,
     central_rows,
     central_settings,
+    eventually,
     running_agent,
     running_central,
     site_entry,
@@ -195,6 +198,64 @@ def test_a_site_that_does_not_answer_in_time(database_url: str, tmp_path: Path) 
         assert (answer.status_code, answer.json()["outcome"]) == (503, "SiteUnreachable")
         assert "may have been applied" in answer.json()["message"]
         assert audit_events(engine, action="CachedResolve") == []
+
+
+def test_a_site_that_trickles_its_answer_is_cut_at_the_timeout(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Breaker pass (seventh): httpx's timeout bounds each read, so a site sending a byte
+    every few seconds held the relay for as long as it liked (75 s and more with a 10 s
+    request_timeout). The whole answer must come within it."""
+    site = TricklingSite()
+    with (
+        serving(site.app) as site_url,
+        parked_call(database_url, tmp_path, site_url, request_timeout=1.0) as (
+            _a,
+            _s,
+            call_id,
+            url,
+            _app,
+            engine,
+        ),
+    ):
+        try:
+            answer = relay(url, call_id, "retry", OPERATOR)
+        finally:
+            site.release.set()
+        assert (answer.status_code, answer.json()["outcome"]) == (503, "SiteUnreachable")
+        assert "did not answer in time (AnswerTooSlow)" in answer.json()["message"]
+        assert audit_events(engine, action="CachedResolve") == []
+
+
+def test_relays_waiting_for_a_site_leave_the_other_routes_answering(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Breaker pass (seventh): 45 relays to a site that trickled its answers took every
+    thread of the API's pool, and ``/api/health``, ``/api/errors`` and the console
+    answered nothing until the site was stopped. A relay waits without a thread."""
+    site = TricklingSite()
+    with (
+        serving(site.app) as site_url,
+        parked_call(database_url, tmp_path, site_url, request_timeout=50.0) as (
+            _a,
+            _s,
+            call_id,
+            url,
+            _app,
+            _engine,
+        ),
+        ThreadPoolExecutor(45) as pool,
+    ):
+        try:
+            relays = [pool.submit(relay, url, call_id, "retry", OPERATOR) for _ in range(45)]
+            eventually(lambda: site.requests >= 40, what="40 relays waiting on the site")
+            health = httpx.get(f"{url}/api/health", timeout=TEST_CLIENT_TIMEOUT)
+            errors = httpx.get(f"{url}/api/errors", headers=READER, timeout=TEST_CLIENT_TIMEOUT)
+            waiting = sum(not relay.done() for relay in relays)
+        finally:
+            site.release.set()
+        assert (health.status_code, errors.status_code) == (200, 200)
+        assert waiting == 45  # answered while every relay still waited
 
 
 def test_a_site_that_fails_the_operation(database_url: str, tmp_path: Path) -> None:

@@ -103,8 +103,10 @@ TrackedOperationId = Annotated[
 ]
 
 
-def _relay(tracked_operation_id: uuid.UUID, command: Command, request: Request) -> JSONResponse:
-    result = relay_command(
+async def _relay(
+    tracked_operation_id: uuid.UUID, command: Command, request: Request
+) -> JSONResponse:
+    result = await relay_command(
         request.app.state.settings,
         request.app.state.engine,
         str(tracked_operation_id),
@@ -119,12 +121,16 @@ def _relay(tracked_operation_id: uuid.UUID, command: Command, request: Request) 
 
 
 @router.post("/site-calls/{tracked_operation_id}/retry")
-def retry_site_call(tracked_operation_id: TrackedOperationId, request: Request) -> JSONResponse:
+async def retry_site_call(
+    tracked_operation_id: TrackedOperationId, request: Request
+) -> JSONResponse:
     """Relay an operator's Retry of a Parked call to its site."""
-    return _relay(tracked_operation_id, Command.RETRY, request)
+    return await _relay(tracked_operation_id, Command.RETRY, request)
 
 
 @router.post("/site-calls/{tracked_operation_id}/discard")
-def discard_site_call(tracked_operation_id: TrackedOperationId, request: Request) -> JSONResponse:
+async def discard_site_call(
+    tracked_operation_id: TrackedOperationId, request: Request
+) -> JSONResponse:
     """Relay an operator's Discard of a Parked call to its site."""
-    return _relay(tracked_operation_id, Command.DISCARD, request)
+    return await _relay(tracked_operation_id, Command.DISCARD, request)

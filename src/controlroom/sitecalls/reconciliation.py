@@ -33,6 +33,7 @@ is recorded once across processes.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import threading
@@ -57,6 +58,12 @@ from controlroom.runtime.clock import Clock, utc_now
 from controlroom.runtime.periodic import PeriodicTask
 from controlroom.sitecalls.cursor import Cursor, PinChange, judge_page, pin_change
 from controlroom.sitecalls.intake import make_writer, receive_json
+from controlroom.sitecalls.site_requests import (
+    MAX_PAGE_BYTES,
+    AnswerTooLarge,
+    SiteAnswerError,
+    request_site,
+)
 from controlroom.sitecalls.writer import ReceivedPacket, SiteCallWriter
 from controlroom.telemetry.contract import foreign_source
 from controlroom.telemetry.stamps import Stamp, stamp_of, stamp_values
@@ -98,19 +105,31 @@ def site_headers(site: ConfiguredSite) -> dict[str, str]:
 
 
 def pull_page(
-    client: httpx.Client, cursor: Cursor | None, limit: int
+    site: ConfiguredSite, cursor: Cursor | None, limit: int, timeout: float
 ) -> tuple[list[dict[str, Any]], bool]:
-    """One page of the pull contract from ``cursor``. Raises ``SitePullError``."""
+    """One page of the pull contract from ``cursor``, its whole answer within ``timeout``
+    seconds and ``site_requests.MAX_PAGE_BYTES``. Raises ``SitePullError``. Blocking (a
+    pass's own thread): the request runs on an event loop of its own."""
     params: dict[str, Any] = {"limit": limit}
     if cursor is not None:
         params["since"] = cursor[0].isoformat()
         params["after_id"] = cursor[1]
+    request = request_site(
+        "GET",
+        site.base_url.rstrip("/") + CHANGES_PATH,
+        headers=site_headers(site),
+        params=params,
+        timeout=timeout,
+        max_bytes=MAX_PAGE_BYTES,
+    )
     try:
-        response = client.get(CHANGES_PATH, params=params)
-    except httpx.HTTPError as exc:
+        response = asyncio.run(request)
+    except AnswerTooLarge as exc:
+        raise SitePullError(f"answered more than a page of the pull contract: {exc}") from exc
+    except (httpx.HTTPError, SiteAnswerError) as exc:
         raise SitePullError(f"unreachable: {type(exc).__name__}: {exc}") from exc
     if not response.is_success:
-        raise SitePullError(f"answered HTTP {response.status_code}: {response.text[:200]}")
+        raise SitePullError(f"answered HTTP {response.status_code}: {response.text(200)}")
     try:
         body = response.json()
         rows, more = body["rows"], body["more_available"]
@@ -193,30 +212,27 @@ class Reconciler:
         error = None
         reachable: bool | None = None  # unknown until the site answers or fails to
         try:
-            with httpx.Client(
-                base_url=site.base_url,
-                headers=site_headers(site),
-                timeout=self._config.request_timeout,
-            ) as client:
-                while pages < self._config.max_pages_per_pass:
-                    page, more = pull_page(client, cursor, self._config.batch_size)
-                    reachable = True
-                    pages += 1
-                    rows += len(page)
-                    self._writer.write([receive_row(row, site) for row in page])
-                    keys = [key for key in map(_key, page) if key is not None]
-                    verdict = judge_page(cursor, keys, more)
-                    if verdict.advanced:
-                        cursor = verdict.cursor
-                        assert cursor is not None  # advanced: the page had a key past the old one
-                        self._advance_cursor(site.id, cursor)
-                        progressed = True
-                    if verdict.stuck:
-                        stuck = True
-                        break
-                    if not more:
-                        progressed = True
-                        break
+            while pages < self._config.max_pages_per_pass:
+                page, more = pull_page(
+                    site, cursor, self._config.batch_size, self._config.request_timeout
+                )
+                reachable = True
+                pages += 1
+                rows += len(page)
+                self._writer.write([receive_row(row, site) for row in page])
+                keys = [key for key in map(_key, page) if key is not None]
+                verdict = judge_page(cursor, keys, more)
+                if verdict.advanced:
+                    cursor = verdict.cursor
+                    assert cursor is not None  # advanced: the page had a key past the old one
+                    self._advance_cursor(site.id, cursor)
+                    progressed = True
+                if verdict.stuck:
+                    stuck = True
+                    break
+                if not more:
+                    progressed = True
+                    break
         except SitePullError as exc:
             reachable = False
             error = f"site {site.id} {exc}"

@@ -14,6 +14,7 @@ and no audit event.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import logging
@@ -32,6 +33,13 @@ from controlroom.event_types import EventType
 from controlroom.events import Category, Severity, record_event
 from controlroom.runtime.clock import Clock, utc_now
 from controlroom.sitecalls.reconciliation import site_headers
+from controlroom.sitecalls.site_requests import (
+    MAX_COMMAND_ANSWER_BYTES,
+    AnswerTooLarge,
+    AnswerTooSlow,
+    SiteAnswer,
+    request_site,
+)
 from controlroom.telemetry.ordering import SiteCallStatus
 
 log = logging.getLogger(__name__)
@@ -71,7 +79,7 @@ class RelayResult:
     message: str
 
 
-def relay_command(
+async def relay_command(
     settings: Settings,
     engine: sa.Engine,
     tracked_operation_id: str,
@@ -81,11 +89,10 @@ def relay_command(
     clock: Clock = utc_now,
 ) -> RelayResult | None:
     """Relay ``command`` on the call ``tracked_operation_id`` for ``operator``; ``None``
-    when central has no such call. Blocking (the store and one HTTP request)."""
-    with engine.connect() as conn:
-        row = conn.execute(
-            sa.select(site_calls).where(site_calls.c.tracked_operation_id == tracked_operation_id)
-        ).first()
+    when central has no such call. The store's reads and writes run in threads; the
+    request to the site waits on the event loop, its whole answer within
+    ``reconciliation.request_timeout`` (``site_requests.request_site``)."""
+    row = await asyncio.to_thread(_site_call, engine, tracked_operation_id)
     if row is None:
         return None
     if row.status != SiteCallStatus.PARKED:
@@ -100,11 +107,13 @@ def relay_command(
         )
     url = f"{site.base_url.rstrip('/')}/site/tracking/{tracked_operation_id}/{command}"
     try:
-        response = httpx.post(
+        answer = await request_site(
+            "POST",
             url,
-            json={"operator": operator},
             headers=site_headers(site),
+            json_body={"operator": operator},
             timeout=settings.reconciliation.request_timeout,
+            max_bytes=MAX_COMMAND_ANSWER_BYTES,
         )
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         return RelayResult(
@@ -112,17 +121,31 @@ def relay_command(
             f"site {site.id} could not be reached ({type(exc).__name__}); nothing was "
             "changed, try again when it is back",
         )
-    except httpx.HTTPError as exc:
+    except AnswerTooLarge as exc:
+        return RelayResult(
+            RelayOutcome.OPERATION_FAILED,
+            f"site {site.id} answered the command with more than a relay's answer ({exc}); "
+            "it may have been applied: the call's status will tell once its telemetry arrives",
+        )
+    except (httpx.HTTPError, AnswerTooSlow) as exc:
         # The command left: the site may have applied it without answering in time.
         return RelayResult(
             RelayOutcome.SITE_UNREACHABLE,
             f"site {site.id} did not answer in time ({type(exc).__name__}); the command "
             "may have been applied: the call's status will tell once its telemetry arrives",
         )
-    result = _interpret(site.id, response)
+    result = _interpret(site.id, answer)
     if result.outcome is RelayOutcome.APPLIED:
-        _audit(engine, row, command, operator, clock)
+        await asyncio.to_thread(_audit, engine, row, command, operator, clock)
     return result
+
+
+def _site_call(engine: sa.Engine, tracked_operation_id: str) -> Any:
+    """Central's row of the call, ``None`` when it has none."""
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.select(site_calls).where(site_calls.c.tracked_operation_id == tracked_operation_id)
+        ).first()
 
 
 def unrelayable_reason(settings: Settings, source_site: str) -> str | None:
@@ -137,7 +160,7 @@ def unrelayable_reason(settings: Settings, source_site: str) -> str | None:
     )
 
 
-def _interpret(site_id: str, response: httpx.Response) -> RelayResult:
+def _interpret(site_id: str, response: SiteAnswer) -> RelayResult:
     try:
         outcome = response.json().get("outcome")
     except (ValueError, AttributeError):

@@ -333,17 +333,19 @@ def site_call_state(
 
 
 @router.post("/site-calls/{tracked_operation_id}/retry")
-def retry_call(request: Request, session: Actor, tracked_operation_id: uuid.UUID) -> Response:
+async def retry_call(request: Request, session: Actor, tracked_operation_id: uuid.UUID) -> Response:
     """Relay Retry of a Parked call to its site; 303 to the call's page, which shows
     the outcome."""
-    return _relay(request, session, str(tracked_operation_id), Command.RETRY)
+    return await _relay(request, session, str(tracked_operation_id), Command.RETRY)
 
 
 @router.post("/site-calls/{tracked_operation_id}/discard")
-def discard_call(request: Request, session: Actor, tracked_operation_id: uuid.UUID) -> Response:
+async def discard_call(
+    request: Request, session: Actor, tracked_operation_id: uuid.UUID
+) -> Response:
     """Relay Discard of a Parked call to its site; 303 to the call's page, which shows
     the outcome."""
-    return _relay(request, session, str(tracked_operation_id), Command.DISCARD)
+    return await _relay(request, session, str(tracked_operation_id), Command.DISCARD)
 
 
 # --- sites --------------------------------------------------------------------------------
@@ -438,14 +440,14 @@ def _call_page(
     )
 
 
-def _relay(
+async def _relay(
     request: Request, session: Session, tracked_operation_id: str, command: Command
 ) -> Response:
     """Relay ``command``, then 303 to the call's page with the outcome (post/redirect/
     get: a reload of that page sends nothing). An id central does not have goes to the
     list, saying so."""
     state = api_state(request)
-    result = relay_command(
+    result = await relay_command(
         state.settings, state.engine, tracked_operation_id, command, session.principal.name
     )
     if result is None:
