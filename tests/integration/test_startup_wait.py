@@ -262,10 +262,9 @@ def test_the_command_exits_1_with_one_line_after_the_bound(
     assert "still unreachable after 1 s" in errors[0]
 
 
-def test_the_seconds_given_up_after_count_from_when_serve_began_to_wait() -> None:
-    """One ``startup.wait_seconds`` covers the store and then the broker: the broker's
-    refusal counts from when serve began to wait (``began``), not from its own first try
-    (fresh-user pass, sixth: "after 3 s" of a wait_seconds of 4)."""
+def wait_for_a_refusing_broker(seconds: float, *, waited_before: float = 0.0) -> None:
+    """``wait_until_reachable`` of a broker that refuses every try, ``seconds`` until the
+    deadline, serve having begun to wait ``waited_before`` seconds earlier."""
 
     async def refused() -> None:
         raise ConnectionRefusedError("refused")
@@ -277,36 +276,28 @@ def test_the_seconds_given_up_after_count_from_when_serve_began_to_wait() -> Non
             refused,
             unreachable=lambda exc: isinstance(exc, ConnectionRefusedError),
             describe=str,
-            deadline=loop.time() + 0.2,
+            deadline=loop.time() + seconds,
             stop=asyncio.Event(),
-            began=loop.time() - 3.9,
+            began=loop.time() - waited_before,
         )
 
+    asyncio.run(main())
+
+
+def test_the_seconds_given_up_after_count_from_when_serve_began_to_wait() -> None:
+    """One ``startup.wait_seconds`` covers the store and then the broker: the broker's
+    refusal counts from when serve began to wait (``began``), not from its own first try
+    (fresh-user pass, sixth: "after 3 s" of a wait_seconds of 4)."""
     with pytest.raises(DependencyUnreachable, match="still unreachable after 4 s"):
-        asyncio.run(main())
+        wait_for_a_refusing_broker(0.2, waited_before=3.9)
 
 
 def test_the_try_at_the_deadline_is_announced_as_the_last(records: Records) -> None:
     """Fresh-user pass (seventh): the last wait said "(try 4, 0 s left) ...; next try in
     0.5 s", as if more were to come. Each line says the seconds left to a tenth, and the
     try at the deadline is called the last."""
-
-    async def refused() -> None:
-        raise ConnectionRefusedError("refused")
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        await wait_until_reachable(
-            "the broker",
-            refused,
-            unreachable=lambda exc: isinstance(exc, ConnectionRefusedError),
-            describe=str,
-            deadline=loop.time() + 0.7,
-            stop=asyncio.Event(),
-        )
-
     with pytest.raises(DependencyUnreachable):
-        asyncio.run(main())
+        wait_for_a_refusing_broker(0.7)
     said = [message for message in records.messages if "waiting for the broker" in message]
     assert len(said) == 2, said
     assert said[0].endswith("; next try in 0.5 s"), said
