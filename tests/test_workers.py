@@ -714,7 +714,7 @@ def test_a_worker_joins_the_intake_cgroup_and_serve_stays_out(
     assert seen["workers"]
     assert seen["workers"] <= seen["members"]
     assert os.getpid() not in seen["members"]
-    assert f"worker-0 controlroom.workers: joined ingestion.cpu_cgroup {cpu_cgroup}" in (
+    assert f"worker-0 controlroom.workers: joined intake's cgroup {cpu_cgroup}" in (
         capfd.readouterr().err
     )
 
@@ -812,7 +812,7 @@ def test_serve_makes_intake_a_cgroup_at_the_nices_weight_and_removes_it_at_stop(
     assert NICE == 7
     assert seen["weight"] in ({"cpu.shares": "215"}, {"cpu.weight": "21"}), seen["weight"]
     assert not made.exists()
-    assert f"joined ingestion.cpu_cgroup {made}" in capfd.readouterr().err
+    assert f"joined intake's cgroup {made}" in capfd.readouterr().err
 
 
 def test_serve_makes_no_cgroup_when_told_not_to(worker_settings: Settings) -> None:

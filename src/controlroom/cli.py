@@ -620,10 +620,12 @@ def _refuse_a_queue_no_serve_reads(settings: Settings, engine: sa.Engine) -> Non
         raise typer.Exit(1)
     if not settings.broker_url and not has_served(settings.data_dir, store=store):
         err_console.print(
-            "[red]error:[/] no controlroom serve of this store has run on the data directory "
-            f"{escape(str(settings.data_dir))}, whose embedded queue this command would "
-            "publish to. Give it the serve's CONTROLROOM_DATA_DIR (or its "
-            "CONTROLROOM_BROKER_URL); nothing was published.",
+            "[red]error:[/] no controlroom serve of this store "
+            f"({escape(_describe_database(settings.effective_database_url))}) has run on the "
+            f"data directory {escape(str(settings.data_dir.absolute()))}, whose embedded queue "
+            "this command would publish to. Give it the serve's CONTROLROOM_DATA_DIR and "
+            "CONTROLROOM_DATABASE_URL (a relative path is read from the working directory), "
+            "or its CONTROLROOM_BROKER_URL; nothing was published.",
             highlight=False,
         )
         raise typer.Exit(1)

@@ -115,9 +115,9 @@ def worker_main(
         try:
             _join_cgroup(settings.ingestion.cpu_cgroup, os.getpid())
         except OSError as exc:
-            log.warning("the worker stays out of ingestion.cpu_cgroup: %s", exc)
+            log.warning("the worker stays out of intake's cgroup: %s", exc)
         else:
-            log.info("joined ingestion.cpu_cgroup %s", settings.ingestion.cpu_cgroup)
+            log.info("joined intake's cgroup %s", settings.ingestion.cpu_cgroup)
     gate = YieldToReads(reads, share=settings.ingestion.yield_to_reads)
     asyncio.run(_work(settings, _Reporter(conn), owner, gate))
 
