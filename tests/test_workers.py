@@ -791,11 +791,14 @@ def test_serve_makes_intake_a_cgroup_at_the_nices_weight_and_removes_it_at_stop(
     join it, serve stays out, its weight is one process's at the nice (docs/decisions.md
     "Intake's own cgroup escapes autogroup")."""
     made = _made_cgroup()
+    settings = worker_settings.model_copy(
+        update={"ingestion": worker_settings.ingestion.model_copy(update={"own_cgroup": True})}
+    )
     seen: dict[str, Any] = {}
 
     async def body(url: str) -> None:
-        await publish(worker_settings, 0, 10)
-        await until(lambda: asyncio.to_thread(lambda: stored_count(worker_settings) == 10))
+        await publish(settings, 0, 10)
+        await until(lambda: asyncio.to_thread(lambda: stored_count(settings) == 10))
         seen["members"] = cgroup_members(made)
         seen["workers"] = children()
         seen["weight"] = {
@@ -804,7 +807,7 @@ def test_serve_makes_intake_a_cgroup_at_the_nices_weight_and_removes_it_at_stop(
             if (made / name).exists()
         }
 
-    serve(worker_settings, body)
+    serve(settings, body)
     assert seen["workers"]
     assert seen["workers"] <= seen["members"]
     assert os.getpid() not in seen["members"]
@@ -815,11 +818,11 @@ def test_serve_makes_intake_a_cgroup_at_the_nices_weight_and_removes_it_at_stop(
     assert f"joined intake's cgroup {made}" in capfd.readouterr().err
 
 
-def test_serve_makes_no_cgroup_when_told_not_to(worker_settings: Settings) -> None:
+def test_serve_makes_no_cgroup_by_default(worker_settings: Settings) -> None:
+    """Off by default: on a machine busy with other work the cgroup's weight starved the
+    drain (CI, two test processes beside serve: 621 messages not drained in 240 s)."""
     made = _made_cgroup()
-    settings = worker_settings.model_copy(
-        update={"ingestion": worker_settings.ingestion.model_copy(update={"own_cgroup": False})}
-    )
+    settings = worker_settings
     seen: dict[str, bool] = {}
 
     async def body(url: str) -> None:
@@ -848,7 +851,14 @@ def test_serve_removes_the_cgroups_an_ended_serve_left_and_no_other(
         async def body(url: str) -> None:
             pass
 
-        serve(worker_settings, body)
+        serve(
+            worker_settings.model_copy(
+                update={
+                    "ingestion": worker_settings.ingestion.model_copy(update={"own_cgroup": True})
+                }
+            ),
+            body,
+        )
         assert not left.exists()
         assert running.exists()
     finally:

@@ -156,11 +156,12 @@ class IngestionSettings(SettingsTable):
     )
 
     own_cgroup: bool = Field(
-        True,
+        False,
         description=(
             "Without cpu_cgroup, serve makes intake's cgroup itself where Linux lets it "
             "(root, or a delegated cgroup): beside serve's own, weighing as one process at "
-            "the nice, removed at stop; elsewhere the nice alone."
+            "the nice, removed at stop; elsewhere the nice alone. Off by default: on a "
+            "machine busy with other work the cgroup's weight starves the drain."
         ),
     )
 

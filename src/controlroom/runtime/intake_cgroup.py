@@ -1,12 +1,13 @@
 """Intake's own cgroup, made by serve where the kernel lets it (docs/decisions.md
 "Intake's own cgroup escapes autogroup"): ``made_intake_cgroup``.
 
-Without ``ingestion.cpu_cgroup`` serve makes a cgroup of the CPU controller beside its
-own, ``controlroom-intake-<serve's pid>``, weighing as one process at ``ingestion.nice``
-(the kernel's weight of that nice), and the workers move themselves and their local
-PostgreSQL backends into it (``workers``), out of the kernel's autogroup. Where serve may
-not (no root, no delegated cgroup, cgroup v2 without ``cpu`` enabled below serve's
-cgroup), it says why once and intake keeps the nice alone. Linux only.
+With ``ingestion.own_cgroup`` (off by default) and without ``ingestion.cpu_cgroup`` serve
+makes a cgroup of the CPU controller beside its own, ``controlroom-intake-<serve's pid>``,
+weighing as one process at ``ingestion.nice`` (the kernel's weight of that nice), and the
+workers move themselves and their local PostgreSQL backends into it (``workers``), out of
+the kernel's autogroup. Where serve may not (no root, no delegated cgroup, cgroup v2
+without ``cpu`` enabled below serve's cgroup), it says why once and intake keeps the nice
+alone. Linux only.
 """
 
 from __future__ import annotations
