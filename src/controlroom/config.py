@@ -159,9 +159,9 @@ class IngestionSettings(SettingsTable):
         False,
         description=(
             "Without cpu_cgroup, serve makes intake's cgroup itself where Linux lets it "
-            "(root, or a delegated cgroup): beside serve's own, weighing as one process at "
-            "the nice, removed at stop; elsewhere the nice alone. Off by default: on a "
-            "machine busy with other work the cgroup's weight starves the drain."
+            "(root, or a delegated cgroup): beside serve's own, removed at stop, weighing the "
+            "least the kernel takes while serve answers a read and a nice-0 process's "
+            "otherwise; elsewhere the nice alone."
         ),
     )
 

@@ -68,7 +68,7 @@ from controlroom.notifications.history import NotificationKpiSampler
 from controlroom.notifications.retention import NotificationRetention
 from controlroom.notifications.rules import rules_applied
 from controlroom.runtime.addresses import url_host
-from controlroom.runtime.intake_cgroup import made_intake_cgroup
+from controlroom.runtime.intake_cgroup import IntakeCgroup, made_intake_cgroup
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.runtime.reads_first import CountReads
 from controlroom.runtime.serve_lock import serving
@@ -173,7 +173,7 @@ async def run(
                     began=began,
                 )
                 with (
-                    _intake_cgroup(settings) as settings,
+                    _intake_cgroup(settings) as (settings, cgroup),
                     rules_applied(engine, settings.notifications),
                     serving(  # make demo refuses to publish meanwhile
                         settings.data_dir,
@@ -182,7 +182,13 @@ async def run(
                         shown=shown_url(engine.url),
                     ),
                 ):
-                    service = _Service(settings, engine, transport, listener)
+                    service = _Service(
+                        settings,
+                        engine,
+                        transport,
+                        listener,
+                        on_reading=cgroup.reading if cgroup is not None else None,
+                    )
                     await service.run(stop, on_serving)
             finally:
                 await transport.close()
@@ -196,10 +202,11 @@ async def run(
 
 
 @contextlib.contextmanager
-def _intake_cgroup(settings: Settings) -> Iterator[Settings]:
+def _intake_cgroup(settings: Settings) -> Iterator[tuple[Settings, IntakeCgroup | None]]:
     """``settings`` with intake's cgroup serve made (``runtime.intake_cgroup``) as the
-    workers' ``ingestion.cpu_cgroup``, removed on exit; as they are when the workers have
-    one already, when there are none, or when ``ingestion.own_cgroup`` is off."""
+    workers' ``ingestion.cpu_cgroup``, and that cgroup, removed on exit; ``settings`` as
+    they are and ``None`` when the workers have one already, when there are none, or when
+    ``ingestion.own_cgroup`` is off."""
     ingestion = settings.ingestion
     if not (
         settings.ingest_on_serve
@@ -207,14 +214,17 @@ def _intake_cgroup(settings: Settings) -> Iterator[Settings]:
         and ingestion.cpu_cgroup is None
         and ingestion.own_cgroup
     ):
-        yield settings
+        yield settings, None
         return
-    with made_intake_cgroup(ingestion.nice) as cgroup:
+    with made_intake_cgroup() as cgroup:
         if cgroup is None:
-            yield settings
+            yield settings, None
             return
-        yield settings.model_copy(
-            update={"ingestion": ingestion.model_copy(update={"cpu_cgroup": cgroup})}
+        yield (
+            settings.model_copy(
+                update={"ingestion": ingestion.model_copy(update={"cpu_cgroup": cgroup.path})}
+            ),
+            cgroup,
         )
 
 
@@ -289,7 +299,10 @@ class _Service:
         engine: sa.Engine,
         transport: Transport,
         listener: socket.socket,
+        *,
+        on_reading: Callable[[bool], None] | None = None,
     ) -> None:
+        """``on_reading`` hears when serve starts and stops answering reads (``CountReads``)."""
         self._settings = settings
         self._listener = listener
         self._stopping = False
@@ -336,7 +349,7 @@ class _Service:
         # the socket's port, which differs from settings.port when that is 0 or the caller
         # passed its own socket.
         guarded = HostGuard(
-            CountReads(api, self._workers.reads) if self._workers else api,
+            CountReads(api, self._workers.reads, on_reading=on_reading) if self._workers else api,
             bound_host=settings.host,
             port=listener.getsockname()[1],
             allowed_hosts=settings.allowed_hosts,

@@ -1,5 +1,6 @@
 """Intake's own cgroup (``ingestion.cpu_cgroup``): which directories serve's workers may
-join (``workers.cgroup_problem``, checked by serve at start)."""
+join (``workers.cgroup_problem``, checked by serve at start), and the weight of the one
+serve makes (``runtime.intake_cgroup``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from controlroom.config import Settings
+from controlroom.runtime.intake_cgroup import IntakeCgroup
 from controlroom.workers import cgroup_problem
 
 
@@ -53,3 +55,36 @@ def test_the_root_of_a_cgroup_hierarchy_is_refused_as_intake_cgroup() -> None:
     assert cgroup_problem(roots[0]) == (
         f"{roots[0]} is a hierarchy's root, where every process is: make a cgroup under it"
     )
+
+
+@pytest.mark.parametrize(
+    ("weight_file", "reading", "idle"), [("cpu.shares", "2", "1024"), ("cpu.weight", "1", "100")]
+)
+def test_intake_weighs_least_while_a_read_is_answered_and_as_a_session_otherwise(
+    tmp_path: Path, weight_file: str, reading: str, idle: str
+) -> None:
+    """The least weight the kernel takes while serve answers a read (v1 2, v2 1); a
+    nice-0 process's otherwise (docs/decisions.md "Intake's weight follows the reads")."""
+    (tmp_path / weight_file).write_text("")
+    cgroup = IntakeCgroup(tmp_path, weight_file)
+    assert (tmp_path / weight_file).read_text() == f"{idle}\n"
+    cgroup.reading(True)
+    assert (tmp_path / weight_file).read_text() == f"{reading}\n"
+    cgroup.reading(False)
+    assert (tmp_path / weight_file).read_text() == f"{idle}\n"
+
+
+def test_a_weight_that_cannot_be_written_is_said_once_and_serve_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator removed the cgroup under a running serve: its reads are answered, the
+    weight stays as it was, one warning."""
+    (tmp_path / "cpu.shares").write_text("")
+    cgroup = IntakeCgroup(tmp_path, "cpu.shares")
+    (tmp_path / "cpu.shares").unlink()
+    for reading in (True, False, True):
+        cgroup.reading(reading)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"intake's weight in {tmp_path / 'cpu.shares'} can no longer be set: "
+        "No such file or directory; it stays as it was"
+    ]

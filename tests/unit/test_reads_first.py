@@ -63,6 +63,44 @@ def test_a_read_that_fails_is_no_longer_counted() -> None:
     assert reads.count == 0
 
 
+def test_the_first_read_lowers_intake_and_the_last_raises_it_again() -> None:
+    """``on_reading`` hears True when reads in flight go from none to one, False when they
+    go back to none; overlapping reads, a write and a failed read change nothing more
+    (docs/decisions.md "Intake's weight follows the reads")."""
+    reads = _reads()
+    heard: list[bool] = []
+    first_in = asyncio.Event()
+    release = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"] == "/slow":
+            first_in.set()
+            await release.wait()
+        elif scope["path"] == "/fails":
+            raise RuntimeError("the route failed")
+
+    counted = CountReads(app, reads, on_reading=heard.append)
+
+    async def requests() -> None:
+        slow = asyncio.create_task(
+            counted({"type": "http", "method": "GET", "path": "/slow"}, None, None)
+        )
+        await first_in.wait()
+        await counted({"type": "http", "method": "GET", "path": "/"}, None, None)
+        await counted({"type": "http", "method": "POST", "path": "/"}, None, None)
+        with pytest.raises(RuntimeError):
+            await counted({"type": "http", "method": "GET", "path": "/fails"}, None, None)
+        assert heard == [True]
+        release.set()
+        await slow
+        with pytest.raises(RuntimeError):
+            await counted({"type": "http", "method": "HEAD", "path": "/fails"}, None, None)
+
+    asyncio.run(requests())
+    assert heard == [True, False, True, False]
+    assert reads.count == 0
+
+
 def test_without_a_read_in_flight_the_worker_does_not_wait() -> None:
     clock = _Clock()
     gate = YieldToReads(_reads(), share=0.2, clock=clock, sleep=clock.sleep)

@@ -3,11 +3,13 @@
 
 With ``ingestion.own_cgroup`` (off by default) and without ``ingestion.cpu_cgroup`` serve
 makes a cgroup of the CPU controller beside its own, ``controlroom-intake-<serve's pid>``,
-weighing as one process at ``ingestion.nice`` (the kernel's weight of that nice), and the
-workers move themselves and their local PostgreSQL backends into it (``workers``), out of
-the kernel's autogroup. Where serve may not (no root, no delegated cgroup, cgroup v2
-without ``cpu`` enabled below serve's cgroup), it says why once and intake keeps the nice
-alone. Linux only.
+and the workers move themselves and their local PostgreSQL backends into it (``workers``),
+out of the kernel's autogroup. Its weight follows serve's reads (``IntakeCgroup``,
+docs/decisions.md "Intake's weight follows the reads"): the least the kernel takes while
+serve answers one, a session's of its own otherwise, so that the reads win the CPU and a
+machine busy with other work does not starve the drain between them. Where serve may not
+(no root, no delegated cgroup, cgroup v2 without ``cpu`` enabled below serve's cgroup), it
+says why once and intake keeps the nice alone. Linux only.
 """
 
 from __future__ import annotations
@@ -25,30 +27,10 @@ log = logging.getLogger(__name__)
 PREFIX = "controlroom-intake-"
 """The name of a cgroup serve made, before the serve's process id."""
 
-# The kernel's CFS weight of each nice value 0..19 (kernel/sched/core.c,
-# sched_prio_to_weight): v1's cpu.shares; v2's cpu.weight is it over 1024 times 100.
-_NICE_WEIGHTS = (
-    1024,
-    820,
-    655,
-    526,
-    423,
-    335,
-    272,
-    215,
-    172,
-    137,
-    110,
-    87,
-    70,
-    56,
-    45,
-    36,
-    29,
-    23,
-    18,
-    15,
-)
+_WEIGHTS = {"cpu.shares": (2, 1024), "cpu.weight": (1, 100)}
+"""Intake's weight per weight file (v1, v2): while serve answers a read, the least the
+kernel takes; otherwise a nice-0 process's, the weight the kernel gives a session of its
+own (kernel/sched/core.c, sched_prio_to_weight; v2's cpu.weight is it over 1024 x 100)."""
 
 _REMOVE_TRIES = 50  # a backend ends a moment after its connection closes
 
@@ -62,10 +44,42 @@ class _Place:
     weight_file: str  # "cpu.shares" (v1) or "cpu.weight" (v2)
 
 
-def weight_for(nice: int, weight_file: str) -> int:
-    """The weight of one process at ``nice`` (0..19) in ``weight_file``'s units."""
-    shares = _NICE_WEIGHTS[nice]
-    return shares if weight_file == "cpu.shares" else max(1, round(shares * 100 / 1024))
+class IntakeCgroup:
+    """Intake's cgroup at ``path``, whose weight (``weight_file``: ``"cpu.shares"`` or
+    ``"cpu.weight"``) follows serve's reads (``reading``); made weighing as when no read
+    is in flight."""
+
+    def __init__(self, path: Path, weight_file: str) -> None:
+        self.path = path
+        self._weight_file = path / weight_file
+        self._while_reading, self._otherwise = _WEIGHTS[weight_file]
+        self._broken = False
+        self._write(self._otherwise)
+
+    def reading(self, reads: bool) -> None:
+        """Weigh as while serve answers a read (``reads``) or as when it answers none.
+        Called on serve's event loop at each change: one write of a few bytes. A write the
+        kernel refuses (the cgroup was removed under serve) is logged once; the weight
+        stays as it was."""
+        if self._broken:
+            return
+        try:
+            self._write(self._while_reading if reads else self._otherwise)
+        except OSError as exc:
+            self._broken = True
+            log.warning(
+                "intake's weight in %s can no longer be set: %s; it stays as it was",
+                self._weight_file,
+                exc.strerror,
+            )
+
+    def _write(self, weight: int) -> None:
+        # No O_CREAT: a weight file that is gone is an error, not a new file.
+        fd = os.open(self._weight_file, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, f"{weight}\n".encode())
+        finally:
+            os.close(fd)
 
 
 def find_place(proc: Path = Path("/proc/self")) -> _Place | str:
@@ -120,11 +134,11 @@ def _place(mounts: list[str], kind: str, path: str, weight_file: str) -> _Place 
 
 
 @contextlib.contextmanager
-def made_intake_cgroup(nice: int) -> Iterator[Path | None]:
-    """Intake's cgroup, made beside serve's own with the weight of one process at
-    ``nice``, and removed on exit (what is still in it moved back to serve's cgroup);
-    ``None`` where it cannot be made, said in the log with the reason. Empty cgroups an
-    ended serve left (``PREFIX`` and a process id no longer running) are removed first."""
+def made_intake_cgroup() -> Iterator[IntakeCgroup | None]:
+    """Intake's cgroup, made beside serve's own, and removed on exit (what is still in it
+    moved back to serve's cgroup); ``None`` where it cannot be made, said in the log with
+    the reason. Empty cgroups an ended serve left (``PREFIX`` and a process id no longer
+    running) are removed first."""
     place = find_place()
     if isinstance(place, str):
         log.info("intake keeps serve's cgroup (the nice alone): %s", place)
@@ -133,28 +147,28 @@ def made_intake_cgroup(nice: int) -> Iterator[Path | None]:
     for left in place.directory.glob(f"{PREFIX}*"):
         if not _running(left.name.removeprefix(PREFIX)):
             _remove(left, place.directory)
-    cgroup = place.directory / f"{PREFIX}{os.getpid()}"
-    weight = weight_for(nice, place.weight_file)
+    path = place.directory / f"{PREFIX}{os.getpid()}"
     try:
-        cgroup.mkdir(exist_ok=True)
-        (cgroup / place.weight_file).write_text(f"{weight}\n")
+        path.mkdir(exist_ok=True)
+        cgroup = IntakeCgroup(path, place.weight_file)
     except OSError as exc:
-        log.info("intake keeps serve's cgroup (the nice alone): cannot make %s: %s", cgroup, exc)
+        log.info("intake keeps serve's cgroup (the nice alone): cannot make %s: %s", path, exc)
         with contextlib.suppress(OSError):
-            cgroup.rmdir()
+            path.rmdir()
         yield None
         return
+    reading, otherwise = _WEIGHTS[place.weight_file]
     log.info(
-        "intake's cgroup %s made, %s %d (one process at nice %d)",
-        cgroup,
+        "intake's cgroup %s made, %s %d while serve answers a read, %d otherwise",
+        path,
         place.weight_file,
-        weight,
-        nice,
+        reading,
+        otherwise,
     )
     try:
         yield cgroup
     finally:
-        _remove(cgroup, place.directory)
+        _remove(path, place.directory)
 
 
 def _running(pid: str) -> bool:

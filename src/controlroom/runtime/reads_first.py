@@ -55,21 +55,31 @@ class ReadsInFlight:
 
 class CountReads:
     """ASGI middleware: counts each GET and HEAD request in ``reads`` while the app answers
-    it, however the answer ends."""
+    it, however the answer ends. ``on_reading`` hears ``True`` when the count goes from none
+    to one and ``False`` when it is back to none (intake's cgroup weight,
+    ``runtime.intake_cgroup``)."""
 
-    def __init__(self, app: Any, reads: ReadsInFlight) -> None:
+    def __init__(
+        self, app: Any, reads: ReadsInFlight, *, on_reading: Callable[[bool], None] | None = None
+    ) -> None:
         self._app = app
         self._reads = reads
+        self._on_reading = on_reading
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD"):
             await self._app(scope, receive, send)
             return
-        self._reads.add(1)
+        self._count(1)
         try:
             await self._app(scope, receive, send)
         finally:
-            self._reads.add(-1)
+            self._count(-1)
+
+    def _count(self, reads: int) -> None:
+        self._reads.add(reads)
+        if self._on_reading is not None and self._reads.count == (1 if reads > 0 else 0):
+            self._on_reading(reads > 0)
 
 
 class YieldToReads:
