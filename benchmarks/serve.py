@@ -57,7 +57,9 @@ Run: ``make bench`` (after ``ingest.py``) or ``.venv/bin/python benchmarks/serve
 ``amqp://guest:guest@127.0.0.1:5672/``; the vhosts are made with ``rabbitmqctl``), both on
 this machine (CPU is read from ``/proc``). ``--profile DIR`` runs serve and its worker
 processes under ``py-spy record`` (``pip install py-spy``) and prints where their CPU went;
-``--server-profile DIR`` samples the machine with Linux ``perf`` during each drain and, with
+``--busy N`` runs N busy loops beside each drain, each a session of its own, as a machine
+busy with other work. ``--server-profile DIR`` samples the machine with Linux ``perf``
+during each drain and, with
 ``--stored``, prints PostgreSQL's CPU per message by function into both stores
 (``perf_profile.py``).
 
@@ -751,6 +753,7 @@ def run_serve(
             start_lsn = wal_insert_lsn(engine)
             engine.dispose()
             counters_before = database.counters()
+            neighbours = busy_neighbours(args.busy)
             load = _load()
             with open(log_path, "wb") as log:
                 process = subprocess.Popen(
@@ -804,6 +807,10 @@ def run_serve(
                 console.print(f"[red]{name} failed[/]; the end of serve's log:")
                 console.print(log_path.read_text(errors="replace")[-4000:], markup=False)
                 raise
+            finally:
+                for neighbour in neighbours:
+                    neighbour.kill()
+                    neighbour.wait()
             code = _stop(process, serve_pid)
             if code not in (0, None):
                 drain.notes.append(f"serve exited with code {code} after SIGTERM")
@@ -851,6 +858,13 @@ def run_serve(
         finally:
             database.close()
             engine.dispose()
+
+
+def busy_neighbours(count: int) -> list[subprocess.Popen[bytes]]:
+    """``count`` busy loops, each in a session of its own at nice 0, as other users'
+    programs run beside serve (a machine busy with other work); the caller kills them."""
+    loop = [sys.executable, "-c", "while True: pass"]
+    return [subprocess.Popen(loop, start_new_session=True) for _ in range(count)]
 
 
 @contextlib.contextmanager
@@ -1383,6 +1397,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="skip today's serve with the previous schema and writer",
     )
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N busy loops, each a session of its own, from before serve starts until its "
+        "drain ends: a machine busy with other work (their CPU is in no figure)",
+    )
     parser.add_argument("--poll-seconds", type=float, default=0.5, help="sampling interval")
     parser.add_argument(
         "--stall-seconds",
@@ -1531,6 +1553,8 @@ def run(args: argparse.Namespace, admin_url: str) -> int:
         env["Indexes"] = "read into shared buffers before each drain (pg_prewarm)"
     if args.serve_setting:
         env["Serve settings"] = ", ".join(args.serve_setting) + " (not the defaults)"
+    if args.busy:
+        env["Other work"] = f"{args.busy} busy loops, each a session of its own, during each drain"
     with_previous = len(runs) > 1 and not args.stored
     report(console, env, write, drains, unique=unique, with_previous=with_previous)
     if args.stored:
