@@ -156,7 +156,7 @@ class IngestionSettings(SettingsTable):
     )
 
     own_cgroup: bool = Field(
-        False,
+        True,
         description=(
             "Without cpu_cgroup, serve makes intake's cgroup itself where Linux lets it "
             "(root, or a delegated cgroup): beside serve's own, removed at stop, weighing the "

@@ -1,7 +1,7 @@
 """Intake's own cgroup, made by serve where the kernel lets it (docs/decisions.md
 "Intake's own cgroup escapes autogroup"): ``made_intake_cgroup``.
 
-With ``ingestion.own_cgroup`` (off by default) and without ``ingestion.cpu_cgroup`` serve
+With ``ingestion.own_cgroup`` (on by default) and without ``ingestion.cpu_cgroup`` serve
 makes a cgroup of the CPU controller beside its own, ``controlroom-intake-<serve's pid>``,
 and the workers move themselves and their local PostgreSQL backends into it (``workers``),
 out of the kernel's autogroup. Its weight follows serve's reads (``IntakeCgroup``,
