@@ -648,7 +648,10 @@ def test_lowering_local_backends_warns_once_when_the_kernels_autogroup_voids_the
     assert len(said) == warnings
     assert all("sched_autogroup_enabled=0" in r.getMessage() for r in said)
     # ... and the other way out (fresh-user pass, sixth: the warning named only the sysctl).
-    assert all("or give intake a cgroup (ingestion.cpu_cgroup)" in r.getMessage() for r in said)
+    assert all(
+        "or give intake a cgroup (ingestion.cpu_cgroup, or ingestion.own_cgroup" in r.getMessage()
+        for r in said
+    )
 
 
 def test_autogroup_says_nothing_where_the_kernel_has_no_switch(tmp_path: Path) -> None:
@@ -785,12 +788,16 @@ def _made_cgroup() -> Path:
 
 
 def test_serve_makes_intake_a_cgroup_whose_weight_follows_the_reads_and_removes_it_at_stop(
-    worker_settings: Settings, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    worker_settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Without ingestion.cpu_cgroup, intake's cgroup is made where serve may: the workers
     join it, serve stays out; it weighs the least the kernel takes while serve answers a
     read, and as a nice-0 process otherwise (docs/decisions.md "Intake's own cgroup
     escapes autogroup", "Intake's weight follows the reads")."""
+    caplog.set_level(logging.INFO, logger=intake_cgroup.__name__)
     made = _made_cgroup()
     settings = worker_settings  # ingestion.own_cgroup is on by default
     seen: dict[str, Any] = {}
@@ -833,6 +840,7 @@ def test_serve_makes_intake_a_cgroup_whose_weight_follows_the_reads_and_removes_
     assert seen["after"] in ({"cpu.shares": "1024"}, {"cpu.weight": "100"}), seen
     assert not made.exists()
     assert f"joined intake's cgroup {made}" in capfd.readouterr().err
+    assert f"intake's cgroup {made} removed" in caplog.messages
 
 
 def test_serve_makes_no_cgroup_when_own_cgroup_is_off(worker_settings: Settings) -> None:

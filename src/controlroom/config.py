@@ -160,8 +160,8 @@ class IngestionSettings(SettingsTable):
         description=(
             "Without cpu_cgroup, serve makes intake's cgroup itself where Linux lets it "
             "(root, or a delegated cgroup): beside serve's own, removed at stop, weighing the "
-            "least the kernel takes while serve answers a read and a nice-0 process's "
-            "otherwise; elsewhere the nice alone."
+            "least the kernel takes while serve answers a read (for at most yield_to_reads "
+            "of the time) and a nice-0 process's otherwise; elsewhere the nice alone."
         ),
     )
 

@@ -70,7 +70,7 @@ from controlroom.notifications.rules import rules_applied
 from controlroom.runtime.addresses import url_host
 from controlroom.runtime.intake_cgroup import IntakeCgroup, made_intake_cgroup
 from controlroom.runtime.intake_health import IntakeHealth
-from controlroom.runtime.reads_first import CountReads
+from controlroom.runtime.reads_first import CountReads, WeighIntake
 from controlroom.runtime.serve_lock import serving
 from controlroom.runtime.sockets import listen
 from controlroom.runtime.startup import Stopped, wait_until_reachable
@@ -187,7 +187,13 @@ async def run(
                         engine,
                         transport,
                         listener,
-                        on_reading=cgroup.reading if cgroup is not None else None,
+                        on_reading=(
+                            WeighIntake(
+                                cgroup.reading, share=settings.ingestion.yield_to_reads
+                            ).reading
+                            if cgroup is not None
+                            else None
+                        ),
                     )
                     await service.run(stop, on_serving)
             finally:

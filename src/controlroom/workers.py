@@ -284,7 +284,8 @@ def autogroup_warning(sysctl: Path | None = None) -> str | None:
         f"the kernel's autogroup is on ({sysctl} = {value}): a nice or SCHED_IDLE ranks a process "
         "only within its session, so the store's backends that a worker lowered still compete with "
         "the console's reads as equals; for reads to keep priority turn it off (sysctl "
-        "kernel.sched_autogroup_enabled=0) or give intake a cgroup (ingestion.cpu_cgroup) "
+        "kernel.sched_autogroup_enabled=0) or give intake a cgroup (ingestion.cpu_cgroup, "
+        "or ingestion.own_cgroup where serve runs as root or in a delegated cgroup) "
         "(docs/decisions.md \"Autogroup voids the backends' priority\")"
     )
 

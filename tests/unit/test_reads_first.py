@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from controlroom.runtime.reads_first import CountReads, ReadsInFlight, YieldToReads
+from controlroom.runtime.reads_first import CountReads, ReadsInFlight, WeighIntake, YieldToReads
 from controlroom.workers import yield_to_reads
 
 
@@ -222,3 +222,99 @@ def test_statements_waiting_at_once_spend_the_workers_time_once() -> None:
     for thread in threads:
         thread.join(timeout=30)
     assert sorted(ran) == [0, 1, 2]
+
+
+class _Timers:
+    """``loop.call_later`` on a ``_Clock``: ``run_until`` fires what falls due, in order."""
+
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+        self.pending: list[asyncio.TimerHandle] = []
+
+    def call_later(self, delay: float, callback: Any) -> asyncio.TimerHandle:
+        handle = asyncio.TimerHandle(self.clock.now + delay, callback, (), _NoLoop())
+        self.pending.append(handle)
+        return handle
+
+    def run_until(self, until: float) -> None:
+        while due := sorted(
+            (h for h in self.pending if not h.cancelled() and h.when() <= until),
+            key=lambda h: h.when(),
+        ):
+            handle = due[0]
+            self.pending.remove(handle)
+            self.clock.now = max(self.clock.now, handle.when())
+            handle._run()
+        self.clock.now = until
+
+
+class _NoLoop:
+    """What a ``TimerHandle`` asks of its loop when cancelled or run outside one."""
+
+    def get_debug(self) -> bool:
+        return False
+
+    def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
+        pass
+
+
+def _lowered_seconds(heard: list[tuple[float, bool]], until: float) -> float:
+    """Seconds between each ``True`` heard and the ``False`` after it (or ``until``)."""
+    total, since = 0.0, None
+    for at, lowered in heard:
+        if lowered and since is None:
+            since = at
+        elif not lowered and since is not None:
+            total, since = total + at - since, None
+    return total + (until - since if since is not None else 0.0)
+
+
+def _weigh(share: float) -> tuple[WeighIntake, list[tuple[float, bool]], _Timers]:
+    clock = _Clock()
+    timers = _Timers(clock)
+    heard: list[tuple[float, bool]] = []
+    weigh = WeighIntake(
+        lambda lowered: heard.append((clock.now, lowered)),
+        share=share,
+        clock=clock,
+        call_later=timers.call_later,
+    )
+    return weigh, heard, timers
+
+
+def test_a_read_that_never_ends_lowers_intake_for_at_most_its_share_of_the_time() -> None:
+    """The weight drops for reads within the share ``yield_to_reads`` gives them, so a
+    reader that never stops leaves the drain the rest of its pace on a busy machine too
+    (docs/decisions.md "Intake's weight follows the reads")."""
+    weigh, heard, timers = _weigh(0.2)
+    weigh.reading(True)
+    timers.run_until(1100.0)
+    lowered = _lowered_seconds(heard, 1100.0)
+    assert 0.2 * 100 - 1 <= lowered <= 0.2 * 100 + WeighIntake.BURST_SECONDS
+    assert len(heard) > 20  # lowered again and again, not once for the share in one piece
+    weigh.reading(False)
+    timers.run_until(1200.0)  # nothing lowers it once the reads are over
+    assert heard[-1][1] is False
+    assert heard[-1][0] <= 1100.0
+
+
+def test_reads_within_the_share_lower_intake_while_each_lasts() -> None:
+    weigh, heard, timers = _weigh(0.2)
+    for second in range(10):
+        timers.run_until(1000.0 + second)
+        weigh.reading(True)
+        timers.run_until(1000.0 + second + 0.05)
+        weigh.reading(False)
+    assert heard == [
+        (1000.0 + second + offset, lowered)
+        for second in range(10)
+        for offset, lowered in ((0.0, True), (0.05, False))
+    ]
+
+
+def test_a_share_of_zero_never_lowers_intake() -> None:
+    weigh, heard, timers = _weigh(0.0)
+    weigh.reading(True)
+    timers.run_until(1010.0)
+    weigh.reading(False)
+    assert heard == []

@@ -6,7 +6,8 @@ makes a cgroup of the CPU controller beside its own, ``controlroom-intake-<serve
 and the workers move themselves and their local PostgreSQL backends into it (``workers``),
 out of the kernel's autogroup. Its weight follows serve's reads (``IntakeCgroup``,
 docs/decisions.md "Intake's weight follows the reads"): the least the kernel takes while
-serve answers one, a session's of its own otherwise, so that the reads win the CPU and a
+serve answers one (for at most ``ingestion.yield_to_reads`` of the time,
+``reads_first.WeighIntake``), a session's of its own otherwise, so that the reads win the CPU and a
 machine busy with other work does not starve the drain between them. Where serve may not
 (no root, no delegated cgroup, cgroup v2 without ``cpu`` enabled below serve's cgroup), it
 says why once and intake keeps the nice alone. Linux only.
@@ -168,7 +169,8 @@ def made_intake_cgroup() -> Iterator[IntakeCgroup | None]:
     try:
         yield cgroup
     finally:
-        _remove(path, place.directory)
+        if _remove(path, place.directory):
+            log.info("intake's cgroup %s removed", path)
 
 
 def _running(pid: str) -> bool:
@@ -185,9 +187,9 @@ def _running(pid: str) -> bool:
     return True
 
 
-def _remove(cgroup: Path, parent: Path) -> None:
-    """Move what is in ``cgroup`` to ``parent``, then remove it; a warning when the
-    kernel keeps it (a process kept moving in)."""
+def _remove(cgroup: Path, parent: Path) -> bool:
+    """Move what is in ``cgroup`` to ``parent``, then remove it; ``False`` and a warning
+    when the kernel keeps it (a process kept moving in)."""
     for _ in range(_REMOVE_TRIES):
         with contextlib.suppress(OSError):  # gone, or a process that ended meanwhile
             for pid in (cgroup / "cgroup.procs").read_text().split():
@@ -195,9 +197,10 @@ def _remove(cgroup: Path, parent: Path) -> None:
                     (parent / "cgroup.procs").write_text(f"{pid}\n")
         try:
             cgroup.rmdir()
-            return
+            return True
         except FileNotFoundError:
-            return
+            return True
         except OSError:
             time.sleep(0.1)
     log.warning("intake's cgroup %s could not be removed; the next serve removes it", cgroup)
+    return False

@@ -13,6 +13,7 @@ its pace.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import threading
 import time
@@ -82,6 +83,30 @@ class CountReads:
             self._on_reading(reads > 0)
 
 
+class ShareOfTime:
+    """Seconds that may be spent at most ``share`` (0 to 1) of the time: a budget that
+    grows by ``share`` seconds a second up to ``burst`` and shrinks by a second a second
+    while spent, so that over any stretch of time what is spent adds up to at most
+    ``share`` of it plus ``burst``. Not thread-safe: its owner serialises ``settle``."""
+
+    def __init__(self, share: float, burst: float, clock: Callable[[], float]) -> None:
+        self.share = share
+        self._burst = burst
+        self._clock = clock
+        self.left = burst
+        """Seconds that may be spent now, as of the last ``settle``."""
+        self._settled_at = clock()
+
+    def settle(self, spending: bool) -> float:
+        """Bring ``left`` to now, ``spending`` telling whether the budget was spent since
+        the last call; returns the seconds spent."""
+        now = self._clock()
+        elapsed, self._settled_at = now - self._settled_at, now
+        spent = elapsed if spending else 0.0
+        self.left = min(self._burst, self.left + self.share * elapsed - spent)
+        return spent
+
+
 class YieldToReads:
     """The wait of a worker's statements (``wait``), shared by the worker's threads.
 
@@ -105,11 +130,9 @@ class YieldToReads:
     ) -> None:
         self._reads = reads
         self._share = share
-        self._clock = clock
         self._sleep = sleep
         self._lock = threading.Lock()
-        self._budget = self.BURST_SECONDS
-        self._settled_at = clock()
+        self._budget = ShareOfTime(share, self.BURST_SECONDS, clock)
         self._waiters = 0
         self.waited_seconds = 0.0
         self.waiting = threading.Event()
@@ -141,14 +164,69 @@ class YieldToReads:
     def _budget_left(self) -> float:
         with self._lock:
             self._settle()
-            return self._budget
+            return self._budget.left
 
     def _settle(self) -> None:
         """Bring the budget to now (the caller holds the lock)."""
-        now = self._clock()
-        elapsed, self._settled_at = now - self._settled_at, now
-        waited = elapsed if self._waiters else 0.0
-        self._budget = min(self.BURST_SECONDS, self._budget + self._share * elapsed - waited)
+        waited = self._budget.settle(self._waiters > 0)
         if waited:
             self.waited_seconds += waited
             YIELDED.inc(waited)
+
+
+class WeighIntake:
+    """Intake's cgroup weight in step with serve's reads (``reading``, from
+    ``CountReads``), for at most ``share`` of the time: ``lower(True)`` when a read starts
+    while the budget (``ShareOfTime``, ``BURST_SECONDS``) has ``MIN_LOWERED_SECONDS``,
+    ``lower(False)`` when the reads end or the budget is spent, and lowered again while
+    the reads go on as soon as it has grown back. So a reader that never stops leaves the
+    drain ``1 - share`` of its pace on a machine busy with other work, as ``YieldToReads``
+    leaves it on a quiet one (docs/decisions.md "Intake's weight follows the reads").
+    Runs on serve's event loop (``call_later`` defaults to the running loop's)."""
+
+    BURST_SECONDS: Final = YieldToReads.BURST_SECONDS
+    MIN_LOWERED_SECONDS: Final = 0.02
+    """The least budget worth lowering the weight for (two writes to the cgroup's file)."""
+
+    _SPENT: Final = 0.001  # a budget below this is spent
+
+    def __init__(
+        self,
+        lower: Callable[[bool], None],
+        *,
+        share: float,
+        clock: Callable[[], float] = time.monotonic,
+        call_later: Callable[[float, Callable[[], None]], asyncio.TimerHandle] | None = None,
+    ) -> None:
+        self._lower = lower
+        self._budget = ShareOfTime(share, self.BURST_SECONDS, clock)
+        self._call_later = call_later
+        self._reading = False
+        self._lowered = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def reading(self, reads: bool) -> None:
+        """Serve answers a read from now on (``True``), or none any more (``False``)."""
+        self._reading = reads
+        self._update()
+
+    def _update(self) -> None:
+        self._budget.settle(self._lowered)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        share, left = self._budget.share, self._budget.left
+        lower = (
+            self._reading
+            and share > 0
+            and left >= (self._SPENT if self._lowered else self.MIN_LOWERED_SECONDS)
+        )
+        if lower != self._lowered:
+            self._lowered = lower
+            self._lower(lower)
+        if not self._reading or share <= 0 or (lower and share >= 1):
+            return
+        # Look again when the budget is spent, or has grown back enough to lower again.
+        delay = left / (1 - share) if lower else (self.MIN_LOWERED_SECONDS - left) / share
+        call_later = self._call_later or asyncio.get_running_loop().call_later
+        self._timer = call_later(max(delay, 0.0), self._update)
