@@ -77,8 +77,8 @@ def test_intake_weighs_least_while_a_read_is_answered_and_as_a_session_otherwise
 def test_a_weight_that_cannot_be_written_is_said_once_and_serve_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An operator removed the cgroup under a running serve: its reads are answered, the
-    weight stays as it was, one warning."""
+    """An operator removed the cgroup under a running serve: its reads are answered, one
+    warning says the weight no longer follows them."""
     (tmp_path / "cpu.shares").write_text("")
     cgroup = IntakeCgroup(tmp_path, "cpu.shares")
     (tmp_path / "cpu.shares").unlink()
@@ -86,5 +86,5 @@ def test_a_weight_that_cannot_be_written_is_said_once_and_serve_goes_on(
         cgroup.reading(reading)
     assert [r.getMessage() for r in caplog.records] == [
         f"intake's weight in {tmp_path / 'cpu.shares'} can no longer be set: "
-        "No such file or directory; it stays as it was"
+        "No such file or directory; it no longer follows the reads"
     ]

@@ -60,8 +60,8 @@ class IntakeCgroup:
     def reading(self, reads: bool) -> None:
         """Weigh as while serve answers a read (``reads``) or as when it answers none.
         Called on serve's event loop at each change: one write of a few bytes. A write the
-        kernel refuses (the cgroup was removed under serve) is logged once; the weight
-        stays as it was."""
+        kernel refuses (the cgroup was removed under serve) is logged once, and no more
+        writes are tried."""
         if self._broken:
             return
         try:
@@ -69,7 +69,7 @@ class IntakeCgroup:
         except OSError as exc:
             self._broken = True
             log.warning(
-                "intake's weight in %s can no longer be set: %s; it stays as it was",
+                "intake's weight in %s can no longer be set: %s; it no longer follows the reads",
                 self._weight_file,
                 exc.strerror,
             )
