@@ -25,6 +25,7 @@ import aio_pika
 import httpx
 import pytest
 import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
 
 from controlroom import server, workers
 from controlroom.config import IngestionSettings, Settings
@@ -787,6 +788,17 @@ def _made_cgroup() -> Path:
     return place.directory / f"{intake_cgroup.PREFIX}{os.getpid()}"
 
 
+def _sample(metrics: str, name: str) -> float:
+    """The one unlabelled sample ``name`` of a Prometheus text exposition."""
+    (value,) = (
+        s.value
+        for family in text_string_to_metric_families(metrics)
+        for s in family.samples
+        if s.name == name and not s.labels
+    )
+    return value
+
+
 def test_serve_makes_intake_a_cgroup_whose_weight_follows_the_reads_and_removes_it_at_stop(
     worker_settings: Settings,
     monkeypatch: pytest.MonkeyPatch,
@@ -831,6 +843,8 @@ def test_serve_makes_intake_a_cgroup_whose_weight_follows_the_reads_and_removes_
         idle = ({"cpu.shares": "1024"}, {"cpu.weight": "100"})
         await until(lambda: asyncio.sleep(0, weight() in idle))
         seen["after"] = weight()
+        async with httpx.AsyncClient(base_url=url, timeout=TEST_CLIENT_TIMEOUT) as client:
+            seen["metrics"] = (await client.get("/metrics")).text
 
     serve(settings, body)
     assert seen["workers"]
@@ -838,6 +852,8 @@ def test_serve_makes_intake_a_cgroup_whose_weight_follows_the_reads_and_removes_
     assert os.getpid() not in seen["members"]
     assert seen["during a read"] in ({"cpu.shares": "2"}, {"cpu.weight": "1"}), seen
     assert seen["after"] in ({"cpu.shares": "1024"}, {"cpu.weight": "100"}), seen
+    lowered = _sample(seen["metrics"], "controlroom_intake_weight_lowered_seconds_total")
+    assert 0 < lowered <= _sample(seen["metrics"], "controlroom_intake_weight_reads_seconds_total")
     assert not made.exists()
     assert f"joined intake's cgroup {made}" in capfd.readouterr().err
     assert f"intake's cgroup {made} removed" in caplog.messages

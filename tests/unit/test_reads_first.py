@@ -298,6 +298,20 @@ def test_a_read_that_never_ends_lowers_intake_for_at_most_its_share_of_the_time(
     assert heard[-1][0] <= 1100.0
 
 
+def test_the_seconds_of_reads_and_of_the_lowered_weight_are_counted() -> None:
+    """``/metrics`` shows how much of the reads' time the weight was down for them
+    (docs/decisions.md "Intake's weight follows the reads")."""
+    weigh, heard, timers = _weigh(0.2)
+    timers.run_until(1010.0)  # no read: nothing counted
+    weigh.reading(True)
+    timers.run_until(1110.0)
+    weigh.reading(False)
+    timers.run_until(1200.0)
+    assert weigh.reading_seconds == pytest.approx(100.0)
+    assert weigh.lowered_seconds == pytest.approx(_lowered_seconds(heard, 1200.0))
+    assert 0.2 * 100 - 1 <= weigh.lowered_seconds <= 0.2 * 100 + WeighIntake.BURST_SECONDS
+
+
 def test_reads_within_the_share_lower_intake_while_each_lasts() -> None:
     weigh, heard, timers = _weigh(0.2)
     for second in range(10):

@@ -30,6 +30,15 @@ YIELDED = Counter(
     "controlroom_worker_waited_for_reads_seconds",
     "Seconds a worker's store statements waited for serve's reads (ingestion.yield_to_reads).",
 )
+READING = Counter(
+    "controlroom_intake_weight_reads_seconds",
+    "Seconds serve answered at least one read while intake's cgroup weight followed the reads.",
+)
+LOWERED = Counter(
+    "controlroom_intake_weight_lowered_seconds",
+    "Seconds intake's cgroup weighed the least for serve's reads (at most "
+    "ingestion.yield_to_reads of the time).",
+)
 
 
 class ReadsInFlight:
@@ -182,7 +191,9 @@ class WeighIntake:
     the reads go on as soon as it has grown back. So a reader that never stops leaves the
     drain ``1 - share`` of its pace on a machine busy with other work, as ``YieldToReads``
     leaves it on a quiet one (docs/decisions.md "Intake's weight follows the reads").
-    Runs on serve's event loop (``call_later`` defaults to the running loop's)."""
+    ``reading_seconds`` and ``lowered_seconds`` (also in ``/metrics``) are the seconds
+    reads were answered and the weight was down for them so far. Runs on serve's event
+    loop (``call_later`` defaults to the running loop's)."""
 
     BURST_SECONDS: Final = YieldToReads.BURST_SECONDS
     MIN_LOWERED_SECONDS: Final = 0.02
@@ -199,19 +210,38 @@ class WeighIntake:
         call_later: Callable[[float, Callable[[], None]], asyncio.TimerHandle] | None = None,
     ) -> None:
         self._lower = lower
+        self._clock = clock
         self._budget = ShareOfTime(share, self.BURST_SECONDS, clock)
         self._call_later = call_later
         self._reading = False
         self._lowered = False
         self._timer: asyncio.TimerHandle | None = None
+        self._settled_at = clock()
+        self.reading_seconds = 0.0
+        self.lowered_seconds = 0.0
 
     def reading(self, reads: bool) -> None:
         """Serve answers a read from now on (``True``), or none any more (``False``)."""
+        self._settle()
         self._reading = reads
         self._update()
 
+    def _look_again(self) -> None:
+        self._settle()
+        self._update()
+
+    def _settle(self) -> None:
+        """Bring the budget and the seconds counted to now."""
+        now = self._clock()
+        if self._reading:
+            self.reading_seconds += now - self._settled_at
+            READING.inc(now - self._settled_at)
+        self._settled_at = now
+        lowered = self._budget.settle(self._lowered)
+        self.lowered_seconds += lowered
+        LOWERED.inc(lowered)
+
     def _update(self) -> None:
-        self._budget.settle(self._lowered)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -229,4 +259,4 @@ class WeighIntake:
         # Look again when the budget is spent, or has grown back enough to lower again.
         delay = left / (1 - share) if lower else (self.MIN_LOWERED_SECONDS - left) / share
         call_later = self._call_later or asyncio.get_running_loop().call_later
-        self._timer = call_later(max(delay, 0.0), self._update)
+        self._timer = call_later(max(delay, 0.0), self._look_again)
