@@ -77,7 +77,10 @@ How each figure is made (``benchmarks/README.md`` has the figures):
    (``/proc/stat``, every process). Shared PostgreSQL processes (WAL writer, checkpointer,
    autovacuum launcher) are not counted. In the reader's windows, also how long serve's
    threads, the backends by nice value and this process waited on a run queue for a CPU,
-   per call (``/proc/<pid>/task/<tid>/schedstat``).
+   per call (``/proc/<pid>/task/<tid>/schedstat``). Where serve made intake's cgroup
+   (``ingestion.own_cgroup``), the share of the window serve answered reads and the share
+   of that intake's weight was down for them (serve's ``/metrics``: the weight drops for
+   at most ``ingestion.yield_to_reads`` of the time).
 9. **Afterwards** (unless ``--keep-drained``): what the drain stored is deleted (the rows
    whose last failure is after the store's latest before the drain, their group rows by
    cascade, the group hours after that hour; the counters follow by their triggers), and on
@@ -125,6 +128,7 @@ from pgserver import (
     process_cpu_seconds,
     stat_fields,
 )
+from prometheus_client.parser import text_string_to_metric_families
 from serve import (
     DEFAULT_RABBITMQ_URL,
     QUEUE,
@@ -281,6 +285,7 @@ class Reading:
     own_wait: float  # and this process's (the reader's)
     own_cpu: float  # this process
     jiffies: tuple[int, int]  # (busy, all) of the machine
+    weighed: tuple[float, float]  # seconds serve answered reads, and intake's weight was down
 
 
 @dataclass
@@ -322,6 +327,12 @@ class Window:
         parts.append(f"this process {(self.end.own_cpu - self.start.own_cpu) / s:.2f}")
         cores = os.cpu_count() or 1
         parts.append(f"machine {cores * busy / max(every, 1):.2f} of {cores} busy")
+        reads, lowered = (b - a for a, b in zip(self.start.weighed, self.end.weighed, strict=True))
+        if reads > 0:  # only where serve made intake's cgroup (ingestion.own_cgroup)
+            parts.append(
+                f"serve answered reads {reads / s:.2f} of the window, intake's weight down "
+                f"{lowered / reads:.2f} of that"
+            )
         calls = sum(len(samples) for samples in self.samples.values())
         if calls:  # how long a call's processes waited for a CPU, not what they ran
             waits = [f"serve {1000 * (self.end.serve_wait - self.start.serve_wait) / calls:.1f}"]
@@ -373,6 +384,23 @@ class Probe:
         got = read_metrics(self._client, self._metrics_url)
         return 0 if got is None else got[0]
 
+    def weighed(self) -> tuple[float, float]:
+        """(seconds serve answered reads, seconds intake's weight was down for them) from
+        serve's ``/metrics`` (``runtime.reads_first.WeighIntake``); zeros without them."""
+        try:
+            text = self._client.get(self._metrics_url).text
+        except httpx.TransportError:
+            return 0.0, 0.0
+        found = {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+        return (
+            found.get("controlroom_intake_weight_reads_seconds_total", 0.0),
+            found.get("controlroom_intake_weight_lowered_seconds_total", 0.0),
+        )
+
     def backends(self) -> dict[int, tuple[float, int, float]]:
         if self._admin is None:
             return {}
@@ -402,6 +430,7 @@ class Probe:
             run_queue_wait_seconds(os.getpid()),
             time.process_time(),
             query._cpu_jiffies(),
+            self.weighed(),
         )
 
     def close(self) -> None:
