@@ -776,6 +776,35 @@ def test_lowering_into_a_cgroup_says_nothing_of_autogroup(
     assert not [r for r in caplog.records if "autogroup" in r.getMessage()]
 
 
+@pytest.mark.postgresql
+def test_a_cgroup_the_backends_cannot_join_leaves_their_nice_and_says_which_step_failed(
+    tmp_path: Path,
+    postgresql_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Breaker's pass (session 30): intake's cgroup removed under serve, a restarted
+    worker said "the store's backends keep their priority" although it had reniced them,
+    and kept back the autogroup warning that then applies."""
+    sysctl = tmp_path / "sched_autogroup_enabled"
+    sysctl.write_text("1\n")
+    monkeypatch.setattr(workers, "AUTOGROUP_SYSCTL", sysctl)
+    gone = tmp_path / "removed-cgroup"
+    engine = create_store_engine(postgresql_url)
+    try:
+        workers._lower_backends(engine, NICE, "normal", gone)
+        with caplog.at_level(logging.INFO, logger=workers.__name__), engine.connect() as conn:
+            pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+            nice = niceness(pid)
+    finally:
+        engine.dispose()
+    said = " ".join(caplog.messages)
+    assert nice >= NICE
+    assert "keep their priority" not in said
+    assert f"could not join intake's cgroup {gone}" in said
+    assert "autogroup" in said
+
+
 # -- intake's cgroup made by serve (runtime.intake_cgroup) ----------------------------------
 
 
@@ -857,6 +886,11 @@ def test_serve_makes_intake_a_cgroup_whose_weight_follows_the_reads_and_removes_
     assert not made.exists()
     assert f"joined intake's cgroup {made}" in capfd.readouterr().err
     assert f"intake's cgroup {made} removed" in caplog.messages
+    made_lines = {
+        f"intake's cgroup {made} made, {name} {low} while serve answers a read, {high} otherwise"
+        for name, low, high in (("cpu.shares", 2, 1024), ("cpu.weight", 1, 100))
+    }
+    assert made_lines & set(caplog.messages), caplog.messages
 
 
 def test_serve_makes_no_cgroup_when_own_cgroup_is_off(worker_settings: Settings) -> None:

@@ -352,12 +352,18 @@ def _lower_backends(
     """Renice each PostgreSQL backend serving this worker's connections by ``nice`` (and
     put it under the worker's scheduling policy, and into ``cgroup`` when given), when the
     store says it runs on this machine and the OS lets this process (docs/design.md
-    "Process shape"); otherwise the backend keeps its priority, said once in the log. The
+    "Process shape"); otherwise the backend keeps its priority, said once in the log, and
+    a backend the kernel keeps out of ``cgroup`` keeps the nice, also said once. The
     first backend lowered logs ``autogroup_warning`` as a warning when there is one and
     no cgroup took the backends out of the autogroup."""
     provider = provider_for(engine)
-    told = threading.Event()
+    told: set[str] = set()
     lowered = threading.Event()
+
+    def tell_once(what: str, message: str, *args: object) -> None:
+        if what not in told:
+            told.add(what)
+            log.info(message, *args)
 
     def lower(dbapi_connection: Any, _record: Any) -> None:
         pid = provider.local_backend_pid(dbapi_connection)
@@ -367,16 +373,25 @@ def _lower_backends(
             current = os.getpriority(os.PRIO_PROCESS, pid)
             os.setpriority(os.PRIO_PROCESS, pid, min(19, current + nice))
             _idle_policy(scheduling, pid)
-            if cgroup is not None:
-                _join_cgroup(cgroup, pid)
         except OSError as exc:
-            if not told.is_set():
-                told.set()
-                log.info("the store's backends keep their priority: %s", exc)
+            tell_once("nice", "the store's backends keep their priority: %s", exc)
             return
+        joined = cgroup is not None
+        if cgroup is not None:
+            try:
+                _join_cgroup(cgroup, pid)
+            except OSError as exc:
+                joined = False
+                tell_once(
+                    "cgroup",
+                    "the store's backends could not join intake's cgroup %s: %s; they keep "
+                    "the nice alone",
+                    cgroup,
+                    exc,
+                )
         if not lowered.is_set():
             lowered.set()
-            if cgroup is None and (warning := autogroup_warning()) is not None:
+            if not joined and (warning := autogroup_warning()) is not None:
                 log.warning(warning)
 
     sa.event.listen(engine, "connect", lower)

@@ -57,6 +57,15 @@ class IntakeCgroup:
         self._broken = False
         self._write(self._otherwise)
 
+    @property
+    def weighing(self) -> str:
+        """What it weighs, for the log: ``"cpu.shares 2 while serve answers a read, 1024
+        otherwise"``."""
+        return (
+            f"{self._weight_file.name} {self._while_reading} while serve answers a read, "
+            f"{self._otherwise} otherwise"
+        )
+
     def reading(self, reads: bool) -> None:
         """Weigh as while serve answers a read (``reads``) or as when it answers none.
         Called on serve's event loop at each change: one write of a few bytes. A write the
@@ -158,14 +167,7 @@ def made_intake_cgroup() -> Iterator[IntakeCgroup | None]:
             path.rmdir()
         yield None
         return
-    reading, otherwise = _WEIGHTS[place.weight_file]
-    log.info(
-        "intake's cgroup %s made, %s %d while serve answers a read, %d otherwise",
-        path,
-        place.weight_file,
-        reading,
-        otherwise,
-    )
+    log.info("intake's cgroup %s made, %s", path, cgroup.weighing)
     try:
         yield cgroup
     finally:

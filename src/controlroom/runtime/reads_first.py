@@ -138,7 +138,6 @@ class YieldToReads:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._reads = reads
-        self._share = share
         self._sleep = sleep
         self._lock = threading.Lock()
         self._budget = ShareOfTime(share, self.BURST_SECONDS, clock)
@@ -149,7 +148,7 @@ class YieldToReads:
     @property
     def idle(self) -> bool:
         """True when ``wait`` would return at once: no read in flight, or a share of 0."""
-        return self._share <= 0 or self._reads.count <= 0
+        return self._budget.share <= 0 or self._reads.count <= 0
 
     def wait(self) -> None:
         """Return once no read is in flight, or once the budget is spent."""
