@@ -887,7 +887,8 @@ def test_serve_makes_intake_a_cgroup_whose_weight_follows_the_reads_and_removes_
     assert f"joined intake's cgroup {made}" in capfd.readouterr().err
     assert f"intake's cgroup {made} removed" in caplog.messages
     made_lines = {
-        f"intake's cgroup {made} made, {name} {low} while serve answers a read, {high} otherwise"
+        f"intake's cgroup {made} made, {name} {low} while serve answers a read (for at most "
+        f"0.2 of the time: ingestion.yield_to_reads), {high} otherwise"
         for name, low, high in (("cpu.shares", 2, 1024), ("cpu.weight", 1, 100))
     }
     assert made_lines & set(caplog.messages), caplog.messages
@@ -911,17 +912,24 @@ def test_serve_makes_no_cgroup_when_own_cgroup_is_off(worker_settings: Settings)
 
 
 def test_serve_removes_the_cgroups_an_ended_serve_left_and_no_other(
-    worker_settings: Settings,
+    worker_settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A serve killed with -9 leaves its cgroup; the next one removes it (and only an
-    empty cgroup of a process that no longer runs)."""
+    """A serve killed with -9 leaves its cgroup; the next one removes it, says so, and
+    removes only an empty cgroup of a process that no longer runs here: one that holds
+    processes may be a live serve's of another PID namespace (fresh user's pass, session
+    31), and is left as it is."""
+    caplog.set_level(logging.INFO, logger=intake_cgroup.__name__)
     place = _made_cgroup().parent
-    ended = subprocess.Popen(["true"])
-    ended.wait()
-    left = place / f"{intake_cgroup.PREFIX}{ended.pid}"
+    ended = [subprocess.Popen(["true"]) for _ in range(2)]
+    for process in ended:
+        process.wait()
+    left = place / f"{intake_cgroup.PREFIX}{ended[0].pid}"
+    occupied = place / f"{intake_cgroup.PREFIX}{ended[1].pid}"
     running = place / f"{intake_cgroup.PREFIX}1"  # init runs
-    left.mkdir()
-    running.mkdir(exist_ok=True)
+    for group in (left, occupied, running):
+        group.mkdir(exist_ok=True)
+    other = subprocess.Popen(["sleep", "60"])
+    (occupied / "cgroup.procs").write_text(f"{other.pid}\n")
     try:
 
         async def body(url: str) -> None:
@@ -930,9 +938,19 @@ def test_serve_removes_the_cgroups_an_ended_serve_left_and_no_other(
         serve(worker_settings, body)
         assert not left.exists()
         assert running.exists()
+        assert cgroup_members(occupied) == {other.pid}
+        assert f"removed intake's cgroup {left}, which an ended serve left" in caplog.messages
+        assert (
+            f"intake's cgroup {occupied} is not serve's and holds processes: left as it is"
+            in caplog.messages
+        )
     finally:
-        for group in (left, running):
-            with contextlib.suppress(FileNotFoundError):
+        other.kill()
+        other.wait()
+        with contextlib.suppress(OSError):
+            (place / "cgroup.procs").write_text(f"{other.pid}\n")
+        for group in (left, occupied, running):
+            with contextlib.suppress(FileNotFoundError, OSError):
                 group.rmdir()
 
 

@@ -222,7 +222,7 @@ def _intake_cgroup(settings: Settings) -> Iterator[tuple[Settings, IntakeCgroup 
     ):
         yield settings, None
         return
-    with made_intake_cgroup() as cgroup:
+    with made_intake_cgroup(ingestion.yield_to_reads) as cgroup:
         if cgroup is None:
             yield settings, None
             return

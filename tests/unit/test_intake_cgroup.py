@@ -88,3 +88,20 @@ def test_a_weight_that_cannot_be_written_is_said_once_and_serve_goes_on(
         f"intake's weight in {tmp_path / 'cpu.shares'} can no longer be set: "
         "No such file or directory; it no longer follows the reads"
     ]
+
+
+@pytest.mark.parametrize(
+    ("share", "said"),
+    [
+        (0.2, "cpu.shares 2 while serve answers a read (for at most 0.2 of the time: "
+         "ingestion.yield_to_reads), 1024 otherwise"),
+        (0.0, "cpu.shares 1024 (ingestion.yield_to_reads 0: not lowered for reads)"),
+    ],
+)
+def test_the_log_says_what_intake_weighs_with_the_reads_share(
+    tmp_path: Path, share: float, said: str
+) -> None:
+    """Fresh user's pass (session 31): with yield_to_reads 0 serve said the weight drops
+    to 2 for reads, and it never did."""
+    (tmp_path / "cpu.shares").write_text("")
+    assert IntakeCgroup(tmp_path, "cpu.shares").weighing(share) == said

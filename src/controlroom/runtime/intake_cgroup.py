@@ -57,13 +57,16 @@ class IntakeCgroup:
         self._broken = False
         self._write(self._otherwise)
 
-    @property
-    def weighing(self) -> str:
-        """What it weighs, for the log: ``"cpu.shares 2 while serve answers a read, 1024
-        otherwise"``."""
+    def weighing(self, share: float) -> str:
+        """What it weighs, for the log, with ``share`` the most of the time it is lowered
+        for reads (``ingestion.yield_to_reads``): ``"cpu.shares 2 while serve answers a
+        read (for at most 0.2 of the time: ingestion.yield_to_reads), 1024 otherwise"``."""
+        name = self._weight_file.name
+        if share <= 0:
+            return f"{name} {self._otherwise} (ingestion.yield_to_reads 0: not lowered for reads)"
         return (
-            f"{self._weight_file.name} {self._while_reading} while serve answers a read, "
-            f"{self._otherwise} otherwise"
+            f"{name} {self._while_reading} while serve answers a read (for at most {share:g} "
+            f"of the time: ingestion.yield_to_reads), {self._otherwise} otherwise"
         )
 
     def reading(self, reads: bool) -> None:
@@ -144,11 +147,12 @@ def _place(mounts: list[str], kind: str, path: str, weight_file: str) -> _Place 
 
 
 @contextlib.contextmanager
-def made_intake_cgroup() -> Iterator[IntakeCgroup | None]:
+def made_intake_cgroup(share: float) -> Iterator[IntakeCgroup | None]:
     """Intake's cgroup, made beside serve's own, and removed on exit (what is still in it
     moved back to serve's cgroup); ``None`` where it cannot be made, said in the log with
     the reason. Empty cgroups an ended serve left (``PREFIX`` and a process id no longer
-    running) are removed first."""
+    running here) are removed first, and said in the log. ``share``
+    (``ingestion.yield_to_reads``) is said with the weights (``IntakeCgroup.weighing``)."""
     place = find_place()
     if isinstance(place, str):
         log.info("intake keeps serve's cgroup (the nice alone): %s", place)
@@ -156,7 +160,7 @@ def made_intake_cgroup() -> Iterator[IntakeCgroup | None]:
         return
     for left in place.directory.glob(f"{PREFIX}*"):
         if not _running(left.name.removeprefix(PREFIX)):
-            _remove(left, place.directory)
+            _remove_left(left)
     path = place.directory / f"{PREFIX}{os.getpid()}"
     try:
         path.mkdir(exist_ok=True)
@@ -167,7 +171,7 @@ def made_intake_cgroup() -> Iterator[IntakeCgroup | None]:
             path.rmdir()
         yield None
         return
-    log.info("intake's cgroup %s made, %s", path, cgroup.weighing)
+    log.info("intake's cgroup %s made, %s", path, cgroup.weighing(share))
     try:
         yield cgroup
     finally:
@@ -187,6 +191,23 @@ def _running(pid: str) -> bool:
     except OSError:
         return True
     return True
+
+
+def _remove_left(cgroup: Path) -> None:
+    """Remove ``cgroup``, named for a process that no longer runs here, when it is empty.
+    One that holds processes is left: its serve may run in another PID namespace (a
+    container sharing the hierarchy), where its name's process id is not this one's."""
+    try:
+        if (cgroup / "cgroup.procs").read_text().split():
+            log.info("intake's cgroup %s is not serve's and holds processes: left as it is", cgroup)
+            return
+        cgroup.rmdir()
+    except FileNotFoundError:
+        return  # another serve removed it meanwhile
+    except OSError as exc:
+        log.warning("intake's cgroup %s, which an ended serve left, stays: %s", cgroup, exc)
+        return
+    log.info("removed intake's cgroup %s, which an ended serve left", cgroup)
 
 
 def _remove(cgroup: Path, parent: Path) -> bool:

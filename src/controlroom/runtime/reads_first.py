@@ -104,13 +104,14 @@ class ShareOfTime:
         self._clock = clock
         self.left = burst
         """Seconds that may be spent now, as of the last ``settle``."""
-        self._settled_at = clock()
+        self.settled_at = clock()
+        """When the last ``settle`` was, on ``clock``."""
 
     def settle(self, spending: bool) -> float:
         """Bring ``left`` to now, ``spending`` telling whether the budget was spent since
         the last call; returns the seconds spent."""
         now = self._clock()
-        elapsed, self._settled_at = now - self._settled_at, now
+        elapsed, self.settled_at = now - self.settled_at, now
         spent = elapsed if spending else 0.0
         self.left = min(self._burst, self.left + self.share * elapsed - spent)
         return spent
@@ -209,13 +210,11 @@ class WeighIntake:
         call_later: Callable[[float, Callable[[], None]], asyncio.TimerHandle] | None = None,
     ) -> None:
         self._lower = lower
-        self._clock = clock
         self._budget = ShareOfTime(share, self.BURST_SECONDS, clock)
         self._call_later = call_later
         self._reading = False
         self._lowered = False
         self._timer: asyncio.TimerHandle | None = None
-        self._settled_at = clock()
         self.reading_seconds = 0.0
         self.lowered_seconds = 0.0
 
@@ -230,13 +229,13 @@ class WeighIntake:
         self._update()
 
     def _settle(self) -> None:
-        """Bring the budget and the seconds counted to now."""
-        now = self._clock()
-        if self._reading:
-            self.reading_seconds += now - self._settled_at
-            READING.inc(now - self._settled_at)
-        self._settled_at = now
+        """Bring the budget and the seconds counted to now (one reading of the clock, so
+        the seconds lowered never exceed those reading)."""
+        since = self._budget.settled_at
         lowered = self._budget.settle(self._lowered)
+        if self._reading:
+            self.reading_seconds += self._budget.settled_at - since
+            READING.inc(self._budget.settled_at - since)
         self.lowered_seconds += lowered
         LOWERED.inc(lowered)
 
