@@ -375,6 +375,40 @@ def waited_for_reads(metrics: str) -> float:
     return 0.0
 
 
+def test_at_the_stop_a_worker_no_longer_waits_for_reads(
+    worker_settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Breaker's pass (session 31): with ``yield_to_reads`` 1 and a read that never ends
+    (a client that never reads its answers), the worker's batches in hand waited through
+    the stop's grace and the worker was killed: serve stops its workers before its HTTP
+    server, so those reads end only after them. At the stop the batches go first."""
+    reads = workers.ReadsInFlight.shared(multiprocessing.get_context("spawn"))
+    monkeypatch.setattr(workers.ReadsInFlight, "shared", lambda context: reads)
+    reads.add(1)
+    waiting = worker_settings.model_copy(
+        update={
+            "ingestion": worker_settings.ingestion.model_copy(
+                update={"yield_to_reads": 1.0, "stop_grace_seconds": 5.0}
+            )
+        }
+    )
+
+    async def body(url: str) -> None:
+        await publish(waiting, 0, 5)
+        async with httpx.AsyncClient(base_url=url, timeout=TEST_CLIENT_TIMEOUT) as client:
+
+            async def waited() -> bool:
+                return waited_for_reads((await client.get("/metrics")).text) > 0
+
+            await until(waited)
+        assert stored_count(waiting) == 0
+
+    with caplog.at_level(logging.ERROR, logger=workers.__name__):
+        serve(waiting, body)
+    assert not [r for r in caplog.records if "did not stop" in r.getMessage()]
+    assert stored_count(waiting) == 5
+
+
 def test_a_workers_intake_waits_while_serve_answers_a_read(
     worker_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:

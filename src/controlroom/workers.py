@@ -181,8 +181,13 @@ class _ReportingHealth(IntakeHealth):
 
 async def _work(settings: Settings, reporter: _Reporter, owner: str, gate: YieldToReads) -> None:
     stop = asyncio.Event()
+
+    def on_sigterm() -> None:
+        gate.stop_waiting()
+        stop.set()
+
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
     engine = create_store_engine(settings.effective_database_url)
     yield_to_reads(engine, gate)
     _lower_backends(

@@ -128,6 +128,26 @@ def test_the_worker_waits_until_the_read_is_answered() -> None:
     assert gate.waited_seconds == pytest.approx(clock.now - 1000.0)
 
 
+def test_the_workers_stop_ends_its_wait_and_every_later_one() -> None:
+    clock = _Clock()
+    reads = _reads()
+    reads.add(1)  # a read that never ends
+    gate: YieldToReads
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if clock.now >= 1010.0:
+            gate.stop_waiting()  # the worker's SIGTERM, 10 s into the wait
+
+    gate = YieldToReads(reads, share=1.0, clock=clock, sleep=sleep)
+
+    gate.wait()
+    assert 1010.0 <= clock.now < 1010.01
+    assert gate.idle
+    gate.wait()
+    assert clock.now < 1010.01
+
+
 def test_a_read_that_never_ends_takes_at_most_its_share_of_the_workers_time() -> None:
     clock = _Clock()
     reads = _reads()

@@ -143,13 +143,21 @@ class YieldToReads:
         self._lock = threading.Lock()
         self._budget = ShareOfTime(share, self.BURST_SECONDS, clock)
         self._waiters = 0
+        self._stopping = threading.Event()
         self.waited_seconds = 0.0
         self.waiting = threading.Event()
 
     @property
     def idle(self) -> bool:
-        """True when ``wait`` would return at once: no read in flight, or a share of 0."""
-        return self._budget.share <= 0 or self._reads.count <= 0
+        """True when ``wait`` would return at once: no read in flight, a share of 0, or
+        the worker's stop begun."""
+        return self._budget.share <= 0 or self._reads.count <= 0 or self._stopping.is_set()
+
+    def stop_waiting(self) -> None:
+        """Never wait from now on, and end the waits under way: at the worker's stop its
+        batches in hand go first, since serve ends its reads only after its workers
+        (docs/decisions.md "Reads first: the workers wait for serve's reads")."""
+        self._stopping.set()
 
     def wait(self) -> None:
         """Return once no read is in flight, or once the budget is spent."""
@@ -161,7 +169,7 @@ class YieldToReads:
             self.waiting.set()
         try:
             # A poll past the budget is owed: the next stretches without waiting pay it.
-            while self._reads.count > 0 and self._budget_left() > 0:
+            while self._reads.count > 0 and not self._stopping.is_set() and self._budget_left() > 0:
                 self._sleep(POLL_SECONDS)
         finally:
             with self._lock:
