@@ -988,6 +988,71 @@ def test_serve_removes_the_cgroups_an_ended_serve_left_and_no_other(
                 group.rmdir()
 
 
+def test_serve_makes_a_cgroup_of_its_own_where_its_name_is_taken(
+    worker_settings: Settings, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Breaker's pass (session 31): two serves in PID namespaces of their own, each pid 1
+    there, made and shared one ``controlroom-intake-1``; the first to stop took it from the
+    other. A name another serve holds is never taken."""
+    taken = _made_cgroup()
+    taken.mkdir()
+    other = subprocess.Popen(["sleep", "60"])  # the other serve's worker
+    (taken / "cgroup.procs").write_text(f"{other.pid}\n")
+    own = taken.with_name(f"{taken.name}-2")
+    seen: dict[str, Any] = {}
+    try:
+
+        async def body(url: str) -> None:
+            await publish(worker_settings, 0, 5)
+            await until(lambda: asyncio.to_thread(lambda: stored_count(worker_settings) == 5))
+            seen["own"] = cgroup_members(own)
+            seen["taken"] = cgroup_members(taken)
+            seen["workers"] = children()
+
+        serve(worker_settings, body)
+        assert seen["workers"] and seen["workers"] <= seen["own"]
+        assert seen["taken"] == {other.pid}
+        assert cgroup_members(taken) == {other.pid}
+        assert not own.exists()
+        assert f"joined intake's cgroup {own}" in capfd.readouterr().err
+    finally:
+        other.kill()
+        other.wait()
+        with contextlib.suppress(OSError):
+            (taken.parent / "cgroup.procs").write_text(f"{other.pid}\n")
+        for group in (own, taken):
+            with contextlib.suppress(FileNotFoundError, OSError):
+                group.rmdir()
+
+
+def test_a_cgroup_removed_under_serve_is_not_said_removed_by_serve(
+    worker_settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Breaker's pass (session 31): serve said "intake's cgroup ... removed" at its stop
+    for one an operator had removed under it."""
+    caplog.set_level(logging.INFO, logger=intake_cgroup.__name__)
+    made = _made_cgroup()
+
+    async def body(url: str) -> None:
+        await until(lambda: asyncio.sleep(0, made.exists() and bool(cgroup_members(made))))
+
+        def removed() -> bool:  # a backend may join while its members are moved out
+            for pid in cgroup_members(made):
+                with contextlib.suppress(OSError):
+                    (made.parent / "cgroup.procs").write_text(f"{pid}\n")
+            try:
+                made.rmdir()
+            except OSError:
+                return False
+            return True
+
+        await until(lambda: asyncio.sleep(0, removed()))
+
+    serve(worker_settings, body)
+    assert f"intake's cgroup {made} was removed under serve" in caplog.messages
+    assert f"intake's cgroup {made} removed" not in caplog.messages
+
+
 def test_where_serve_may_not_make_a_cgroup_it_says_why(tmp_path: Path) -> None:
     """cgroup v2 without cpu enabled below serve's cgroup (a systemd service without
     Delegate=): intake keeps the nice alone."""

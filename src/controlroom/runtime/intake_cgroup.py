@@ -16,6 +16,7 @@ says why once and intake keeps the nice alone. Linux only.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -34,6 +35,7 @@ kernel takes; otherwise a nice-0 process's, the weight the kernel gives a sessio
 own (kernel/sched/core.c, sched_prio_to_weight; v2's cpu.weight is it over 1024 x 100)."""
 
 _REMOVE_TRIES = 50  # a backend ends a moment after its connection closes
+_NAME_TRIES = 100  # names of intake's cgroup tried before giving up
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,14 +161,24 @@ def made_intake_cgroup(share: float) -> Iterator[IntakeCgroup | None]:
         yield None
         return
     for left in place.directory.glob(f"{PREFIX}*"):
-        if not _running(left.name.removeprefix(PREFIX)):
+        pid = left.name.removeprefix(PREFIX).partition("-")[0]
+        # One named for this process is not its own yet: an earlier one's of the same pid.
+        if pid == str(os.getpid()) or not _running(pid):
             _remove_left(left)
-    path = place.directory / f"{PREFIX}{os.getpid()}"
     try:
-        path.mkdir(exist_ok=True)
+        path = _new_cgroup(place.directory)
+    except OSError as exc:
+        log.info(
+            "intake keeps serve's cgroup (the nice alone): cannot make a cgroup in %s: %s",
+            place.directory,
+            exc,
+        )
+        yield None
+        return
+    try:
         cgroup = IntakeCgroup(path, place.weight_file)
     except OSError as exc:
-        log.info("intake keeps serve's cgroup (the nice alone): cannot make %s: %s", path, exc)
+        log.info("intake keeps serve's cgroup (the nice alone): cannot weigh %s: %s", path, exc)
         with contextlib.suppress(OSError):
             path.rmdir()
         yield None
@@ -175,8 +187,25 @@ def made_intake_cgroup(share: float) -> Iterator[IntakeCgroup | None]:
     try:
         yield cgroup
     finally:
-        if _remove(path, place.directory):
+        if not path.is_dir():
+            log.info("intake's cgroup %s was removed under serve", path)
+        elif _remove(path, place.directory):
             log.info("intake's cgroup %s removed", path)
+
+
+def _new_cgroup(directory: Path) -> Path:
+    """Make intake's cgroup in ``directory``: ``PREFIX`` and this process's id, or with
+    ``-2``, ``-3``... where another serve holds that name (one in a PID namespace of its
+    own, where its id may be this one's). Raises ``OSError`` when the kernel refuses."""
+    name = f"{PREFIX}{os.getpid()}"
+    for attempt in range(1, _NAME_TRIES + 1):
+        path = directory / (name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(errno.EEXIST, "every name is taken", str(directory / name))
 
 
 def _running(pid: str) -> bool:
