@@ -447,7 +447,7 @@ def test_a_workers_intake_waits_while_serve_answers_a_read(
             reads.add(-1)
             await until(lambda: asyncio.sleep(0, stored_count(waiting) == 5))
             during.clear()
-            await client.get("/api/health")
+            await client.get("/api/endpoints")
 
     serve(waiting, body)
     assert stored == [0]
@@ -556,6 +556,21 @@ def test_a_family_only_workers_count_is_not_shown_unlabelled_from_serve() -> Non
     text = merged_exposition(own, {0: worker}).decode()
     assert f'{family}_total{{worker="0"}} 2.5' in text
     assert f"{family}_total 0.0" not in text
+
+
+def test_serve_shows_no_empty_batch_histogram_of_its_own_beside_the_workers() -> None:
+    """Fresh user's pass (session 31): with intake in workers, serve's own
+    ``controlroom_ingestion_batch_seconds_count 0.0`` stood unlabelled beside the
+    workers' series (serve writes no batch then)."""
+    family = "controlroom_ingestion_batch_seconds"
+    own = (
+        f"# HELP {family} B\n# TYPE {family} histogram\n"
+        f'{family}_bucket{{le="+Inf"}} 0.0\n{family}_count 0.0\n{family}_sum 0.0\n'
+    )
+    worker = own.replace(" 0.0", " 3.0")
+    text = merged_exposition(own, {0: worker}).decode()
+    assert f'{family}_count{{worker="0"}} 3.0' in text
+    assert f"{family}_count 0.0" not in text
 
 
 @pytest.mark.postgresql
@@ -887,7 +902,7 @@ def test_serve_makes_intake_a_cgroup_whose_weight_follows_the_reads_and_removes_
     class Weighing(CountReads):  # what intake's cgroup weighs while serve answers a read
         def __init__(self, app: Any, counted: workers.ReadsInFlight, **kwargs: Any) -> None:
             async def seen_during(scope: Any, receive: Any, send: Any) -> None:
-                if scope["path"] == "/api/health":
+                if scope["path"] == "/api/endpoints":
                     seen["during a read"] = weight()
                 await app(scope, receive, send)
 
@@ -901,7 +916,7 @@ def test_serve_makes_intake_a_cgroup_whose_weight_follows_the_reads_and_removes_
         seen["members"] = cgroup_members(made)
         seen["workers"] = children()
         async with httpx.AsyncClient(base_url=url, timeout=TEST_CLIENT_TIMEOUT) as client:
-            await client.get("/api/health")
+            await client.get("/api/endpoints")
         # The answer reaches the client a moment before the read ends in serve.
         idle = ({"cpu.shares": "1024"}, {"cpu.weight": "100"})
         await until(lambda: asyncio.sleep(0, weight() in idle))

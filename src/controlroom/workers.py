@@ -85,8 +85,9 @@ STOP_MARGIN_SECONDS = 30.0
 
 _SERVE_ONLY_METRICS = ("controlroom_intake_",)
 """Families a worker's snapshot leaves out: serve owns its intakes' health gauges."""
-_WORKER_ONLY_METRICS = ("controlroom_worker_",)
-"""Families serve's own exposition leaves out: only workers count them."""
+_WORKER_ONLY_METRICS = ("controlroom_worker_", "controlroom_ingestion_")
+"""Families serve's own exposition leaves out: only workers count them (with workers,
+serve writes no batch)."""
 
 
 # -- the worker process ---------------------------------------------------------------

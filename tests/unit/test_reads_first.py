@@ -51,6 +51,24 @@ def test_a_read_is_counted_while_serve_answers_it_and_a_write_is_not(
     assert reads.count == 0
 
 
+@pytest.mark.parametrize("path", ["/api/health", "/metrics"])
+def test_a_probe_is_not_counted_as_a_read(path: str) -> None:
+    """Fresh user's pass (session 31): a supervisor's health checks and Prometheus's
+    scrapes made intake wait and lowered its weight as an operator's reads do."""
+    reads = _reads()
+    heard: list[bool] = []
+    seen: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(reads.count)
+
+    counting = CountReads(app, reads, on_reading=heard.append)
+    asyncio.run(counting({"type": "http", "method": "GET", "path": path}, None, None))
+
+    assert seen == [0]
+    assert heard == []
+
+
 def test_a_read_that_fails_is_no_longer_counted() -> None:
     reads = _reads()
 

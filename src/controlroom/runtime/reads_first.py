@@ -63,11 +63,16 @@ class ReadsInFlight:
         self._value.value += reads
 
 
+PROBES: Final = frozenset({"/api/health", "/metrics"})
+"""Paths whose GETs are not counted as reads: a supervisor's health checks and
+Prometheus's scrapes are no operator waiting on the console."""
+
+
 class CountReads:
     """ASGI middleware: counts each GET and HEAD request in ``reads`` while the app answers
-    it, however the answer ends. ``on_reading`` hears ``True`` when the count goes from none
-    to one and ``False`` when it is back to none (intake's cgroup weight,
-    ``runtime.intake_cgroup``)."""
+    it, however the answer ends; not those of ``PROBES``. ``on_reading`` hears ``True``
+    when the count goes from none to one and ``False`` when it is back to none (intake's
+    cgroup weight, ``runtime.intake_cgroup``)."""
 
     def __init__(
         self, app: Any, reads: ReadsInFlight, *, on_reading: Callable[[bool], None] | None = None
@@ -77,7 +82,11 @@ class CountReads:
         self._on_reading = on_reading
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD"):
+        if (
+            scope["type"] != "http"
+            or scope["method"] not in ("GET", "HEAD")
+            or scope.get("path") in PROBES
+        ):
             await self._app(scope, receive, send)
             return
         self._count(1)
