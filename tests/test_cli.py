@@ -2014,6 +2014,31 @@ def test_serve_leaves_accepted_telemetry_posts_out_of_the_access_log() -> None:
     assert _quiet_routine_telemetry(access_record("GET", "/api/site-calls/telemetry", 200))
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("access_log", [True, False])
+def test_serves_access_lines_are_stamped_as_its_own_and_can_be_turned_off(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, access_log: bool
+) -> None:
+    """Fresh user's pass (session 31): uvicorn's access lines had no time, unlike every
+    other line of serve's log, and nothing turned them off."""
+    if not access_log:
+        monkeypatch.setenv("CONTROLROOM_ACCESS_LOG", "false")
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with serving(port, log) as process:
+        base = f"http://127.0.0.1:{port}"
+        eventually(lambda: health_answers(base, process), what="health")
+        assert httpx.get(f"{base}/api/endpoints", timeout=TEST_CLIENT_TIMEOUT).status_code == 200
+    lines = [line for line in log.read_text().splitlines() if "GET /api/endpoints" in line]
+    if access_log:
+        assert len(lines) == 1, log.read_text()
+        stamped = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO uvicorn\.access: "
+        assert re.match(stamped, lines[0]), lines
+    else:
+        assert lines == [], lines
+    assert re.search(r"^\S+ \S+ INFO uvicorn\.error: Started server process", log.read_text(), re.M)
+
+
 def test_the_by_hand_demos_parts_follow_controlroom_port(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

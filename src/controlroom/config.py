@@ -802,6 +802,11 @@ class Settings(EnvThenTomlSettings):
         "API from a browser, e.g. a ServicePulse on another host. None by default: only "
         "same-origin pages.",
     )
+    access_log: bool = Field(
+        True,
+        description="A line per HTTP request in serve's log (uvicorn's access log, stamped as "
+        "serve's own lines); false: none (/metrics counts the requests).",
+    )
     max_request_body_size: int = Field(
         10 * 1024 * 1024,
         ge=1024,

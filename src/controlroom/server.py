@@ -286,6 +286,20 @@ def _quiet_routine_telemetry(record: logging.LogRecord) -> bool:
     return True
 
 
+def _answers_cut_at_the_stop(record: logging.LogRecord) -> bool:
+    """One warning line instead of uvicorn's traceback for an answer it cancelled once the
+    stop's ``HTTP_STOP_SECONDS`` were over (a client that did not read it): the cut is the
+    stop's doing, not a fault of the route, and twenty stuck clients made twenty
+    tracebacks."""
+    if record.exc_info is not None and isinstance(record.exc_info[1], asyncio.CancelledError):
+        record.msg, record.args = "an answer under way was cut at the stop, after %s s", (
+            HTTP_STOP_SECONDS,
+        )
+        record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+    return True
+
+
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: the caller of ``run`` owns SIGINT/SIGTERM,
     so a signal stops ingestion and the server together (uvicorn's handler would re-raise
@@ -365,6 +379,10 @@ class _Service:
                 guarded,
                 lifespan="off",
                 log_level="info",
+                # Not uvicorn's own handlers: its lines go through serve's logging, stamped
+                # and formatted as the rest of serve's log.
+                log_config=None,
+                access_log=settings.access_log,
                 timeout_graceful_shutdown=HTTP_STOP_SECONDS,
             )
         )
@@ -395,6 +413,7 @@ class _Service:
 
     async def run(self, stop: asyncio.Event, on_serving: Callable[[Serving], None] | None) -> None:
         logging.getLogger("uvicorn.access").addFilter(_quiet_routine_telemetry)
+        logging.getLogger("uvicorn.error").addFilter(_answers_cut_at_the_stop)
         stopped: BaseException | None = None
         try:
             async with asyncio.TaskGroup() as group:
@@ -428,6 +447,7 @@ class _Service:
             stopped = group.exceptions[0]  # each was logged; the first one is the answer
         finally:
             logging.getLogger("uvicorn.access").removeFilter(_quiet_routine_telemetry)
+            logging.getLogger("uvicorn.error").removeFilter(_answers_cut_at_the_stop)
         if stopped is not None:
             raise stopped  # its __cause__ is the part's own exception
 
