@@ -67,6 +67,8 @@ async def test_a_stop_that_meets_a_delivery_starts_no_batch_after_it(
         handed.append(deliveries)
         first_batch_held.set()
         await release.wait()  # its write waits, as a held database would make it
+        await deliveries[0].ack()  # the first committed, the second given back
+        await deliveries[1].reject(requeue=True)
 
     caplog.set_level(logging.INFO, logger="controlroom.transport.batching")
     async with asyncio.timeout(TIMEOUT):
@@ -90,5 +92,10 @@ async def test_a_stop_that_meets_a_delivery_starts_no_batch_after_it(
 
     assert finishing == [
         f"the intake of {queue_name!r} ends: finishing 1 batches in hand (2 messages)"
+    ]
+    # Fresh user's pass (session 31): nothing said the batches in hand were stored.
+    assert [r.getMessage() for r in caplog.records if "ended:" in r.getMessage()] == [
+        f"the intake of {queue_name!r} ended: 1 of the 2 messages in hand stored and "
+        "acknowledged, 1 left to the queue"
     ]
     assert handed == [deliveries[:2]]  # no batch started after the stop

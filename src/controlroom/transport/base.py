@@ -86,6 +86,7 @@ class Delivery:
     properties: MessageProperties | None = field(default=None, repr=False)
     size: int = field(init=False)
     _settled: bool = field(default=False, init=False, repr=False)
+    _acknowledged: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.size = message_size(self.headers, self.body)
@@ -95,6 +96,11 @@ class Delivery:
         """True once ``ack`` or ``reject`` succeeded or raised ``DeliveryLostError``."""
         return self._settled
 
+    @property
+    def acknowledged(self) -> bool:
+        """True once ``ack`` (or ``ack_many``) succeeded: the message left the queue."""
+        return self._acknowledged
+
     async def ack(self) -> None:
         """Remove the message from the queue for good. Call only after the commit.
 
@@ -103,6 +109,7 @@ class Delivery:
         error leaves the delivery unsettled and the call may be retried.
         """
         await self._settle(self.on_ack)
+        self._acknowledged = True
 
     async def reject(self, requeue: bool) -> None:
         """Give the message back (``requeue=True``, redelivered in its original FIFO
@@ -359,5 +366,6 @@ async def ack_many(deliveries: Sequence[Delivery]) -> None:
             lost = exc
         for delivery in members:
             delivery._mark_settled()
+            delivery._acknowledged = lost is None
     if lost is not None:
         raise lost

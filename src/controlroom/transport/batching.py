@@ -94,14 +94,14 @@ class DeliveryBatcher:
         # and by bytes (max_inflight_bytes); a delivery counts until the handler settles it.
         inbox: asyncio.Queue[Delivery | None] = asyncio.Queue()
         slots = asyncio.Semaphore(self._settings.concurrent_batches)
-        handling: dict[asyncio.Task[None], int] = {}  # each batch in hand: its size
+        handling: dict[asyncio.Task[None], list[Delivery]] = {}  # each batch in hand
         feeder = asyncio.create_task(self._feed(inbox))
         try:
             while not stopping():
                 deliveries = await self._next_batch(inbox)
                 await slots.acquire()
                 task = asyncio.create_task(self._handle(deliveries))
-                handling[task] = len(deliveries)
+                handling[task] = deliveries
                 task.add_done_callback(lambda done: handling.pop(done, None))
                 task.add_done_callback(lambda _: slots.release())
         finally:
@@ -111,15 +111,37 @@ class DeliveryBatcher:
             # What the batches in hand hold is written and acknowledged (or given back)
             # before the intake ends; what is not in a batch yet goes back unsettled.
             if handling:
+                in_hand = [delivery for batch in handling.values() for delivery in batch]
                 log.info(
                     "the intake of %r ends: finishing %d batches in hand (%d messages)",
                     self._queue,
                     len(handling),
-                    sum(handling.values()),
+                    len(in_hand),
                 )
                 await asyncio.gather(*handling, return_exceptions=True)
+                self._say_ended(in_hand)
             else:
                 log.info("the intake of %r ends: no batch in hand", self._queue)
+
+    def _say_ended(self, in_hand: list[Delivery]) -> None:
+        """Say what became of the messages the batches in hand held at the stop: each
+        acknowledged after its commit, or left to the queue to be delivered again."""
+        stored = sum(delivery.acknowledged for delivery in in_hand)
+        if stored == len(in_hand):
+            log.info(
+                "the intake of %r ended: the %d messages in hand stored and acknowledged",
+                self._queue,
+                stored,
+            )
+        else:
+            log.info(
+                "the intake of %r ended: %d of the %d messages in hand stored and "
+                "acknowledged, %d left to the queue",
+                self._queue,
+                stored,
+                len(in_hand),
+                len(in_hand) - stored,
+            )
 
     async def _feed(self, inbox: asyncio.Queue[Delivery | None]) -> None:
         stream = self._transport.consume(
