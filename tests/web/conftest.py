@@ -176,7 +176,12 @@ def _start(settings: Settings, engine: sa.Engine) -> tuple[ConsoleServer, Callab
             processor = make_processor(settings, engine, transport, body_store)
             ingestion = IngestionService(settings, engine, transport, body_store)
             app = create_app(
-                settings, engine, body_store, transport=transport, retry_processor=processor
+                settings,
+                engine,
+                body_store,
+                transport=transport,
+                retry_processor=processor,
+                intakes=[ingestion.health],  # the dashboard's intake tiles, as serve's
             )
             recorded = _recording(app, exchanges)
             http = uvicorn.Server(uvicorn.Config(recorded, lifespan="off", log_level="warning"))

@@ -19,6 +19,7 @@ from controlroom.config import AuthToken, Settings
 from controlroom.db.tables import FailedMessageStatus, failed_messages
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
+from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.web.common import safe_next
 from tests.factories import at, endpoint
 from tests.nsb import failed_headers
@@ -337,6 +338,31 @@ def test_the_dashboard_lists_the_largest_groups_first(console: TestClient, store
     section = page[page.index("Largest failure groups") :]
 
     assert section.index("Shop.BigException") < section.index("Shop.SmallException")
+
+
+def test_the_dashboard_shows_what_waits_in_each_intakes_queue(
+    settings: Settings, engine: sa.Engine, body_store: FileSystemBodyStore
+) -> None:
+    """Fresh user's pass (session 31): while a backlog drained, the dashboard showed the
+    unresolved count climbing and nothing of the queue; only /api/health told it."""
+    error = IntakeHealth("error", "error", stall_seconds=60)
+    error.observed_depth(12345)
+    error.stored()
+    telemetry = IntakeHealth("telemetry", "site-call-telemetry", stall_seconds=60)
+    telemetry.observed_depth(0)
+    telemetry.failed("the store refused the write")
+    app = create_app(settings, engine, body_store, intakes=[error, telemetry])
+    with TestClient(app) as console:
+        for path in ("/", "/live/dashboard"):
+            page = console.get(path).text
+            intake = page[page.index('aria-label="Intake"') :]
+            assert re.search(r">\s*12345\s*<", intake), intake[:2000]
+            assert "Waiting in error" in intake
+            assert "Waiting in site-call-telemetry" in intake
+            assert "writes failing" in intake
+
+    with TestClient(create_app(settings, engine, body_store)) as console:
+        assert 'aria-label="Intake"' not in console.get("/").text  # serve ingests elsewhere
 
 
 def test_the_endpoints_page_counts_each_instance_s_own_failures(

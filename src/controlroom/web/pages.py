@@ -127,6 +127,9 @@ def _dashboard_figures(
         "Status": FailedMessageStatus,
         **site_calls,
         "notification_kpis": outbox[""],
+        # What serve's intakes last saw in their queues (the periodic report and health
+        # read the depth): none where this process does not ingest.
+        "intakes": [intake.state() for intake in api_state(request).intakes],
     }
     return figures, top_groups, by_endpoint
 
