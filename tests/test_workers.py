@@ -12,6 +12,7 @@ import logging
 import multiprocessing
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from controlroom import server, workers
 from controlroom.config import IngestionSettings, Settings
 from controlroom.db.engine import create_store_engine
 from controlroom.db.tables import event_log_items, failed_messages
-from controlroom.runtime import intake_cgroup
+from controlroom.runtime import file_locks, intake_cgroup
 from controlroom.runtime.reads_first import CountReads
 from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.history import KpiSampler
@@ -857,13 +858,20 @@ def test_a_cgroup_the_backends_cannot_join_leaves_their_nice_and_says_which_step
 # -- intake's cgroup made by serve (runtime.intake_cgroup) ----------------------------------
 
 
-def _made_cgroup() -> Path:
+def _cgroup_place() -> Path:
     """Where serve (this process, in these tests) makes intake's cgroup; skips where the
     kernel does not let it (not root, no delegated cgroup)."""
     place = intake_cgroup.find_place()
     if isinstance(place, str):
         pytest.skip(f"serve cannot make intake's cgroup here: {place}")
-    return place.directory / f"{intake_cgroup.PREFIX}{os.getpid()}"
+    return place.directory
+
+
+def _serves_cgroup(place: Path) -> Path | None:
+    """The cgroup serve (this process) made in ``place``, if any."""
+    made = list(place.glob(f"{intake_cgroup.PREFIX}{os.getpid()}-*"))
+    assert len(made) <= 1, made
+    return made[0] if made else None
 
 
 def _sample(metrics: str, name: str) -> float:
@@ -888,11 +896,12 @@ def test_serve_makes_intake_a_cgroup_whose_weight_follows_the_reads_and_removes_
     read, and as a nice-0 process otherwise (docs/decisions.md "Intake's own cgroup
     escapes autogroup", "Intake's weight follows the reads")."""
     caplog.set_level(logging.INFO, logger=intake_cgroup.__name__)
-    made = _made_cgroup()
+    place = _cgroup_place()
     settings = worker_settings  # ingestion.own_cgroup is on by default
     seen: dict[str, Any] = {}
 
     def weight() -> dict[str, str]:
+        made = seen["made"]
         return {
             name: (made / name).read_text().strip()
             for name in ("cpu.shares", "cpu.weight")
@@ -913,6 +922,8 @@ def test_serve_makes_intake_a_cgroup_whose_weight_follows_the_reads_and_removes_
     async def body(url: str) -> None:
         await publish(settings, 0, 10)
         await until(lambda: asyncio.to_thread(lambda: stored_count(settings) == 10))
+        seen["made"] = made = _serves_cgroup(place)
+        assert made is not None
         seen["members"] = cgroup_members(made)
         seen["workers"] = children()
         async with httpx.AsyncClient(base_url=url, timeout=TEST_CLIENT_TIMEOUT) as client:
@@ -925,6 +936,8 @@ def test_serve_makes_intake_a_cgroup_whose_weight_follows_the_reads_and_removes_
             seen["metrics"] = (await client.get("/metrics")).text
 
     serve(settings, body)
+    made = seen["made"]
+    assert re.fullmatch(rf"{intake_cgroup.PREFIX}{os.getpid()}-[0-9a-f]{{8}}", made.name)
     assert seen["workers"]
     assert seen["workers"] <= seen["members"]
     assert os.getpid() not in seen["members"]
@@ -945,7 +958,7 @@ def test_serve_makes_intake_a_cgroup_whose_weight_follows_the_reads_and_removes_
 
 def test_serve_makes_no_cgroup_when_own_cgroup_is_off(worker_settings: Settings) -> None:
     """The operator's choice: intake keeps the nice alone."""
-    made = _made_cgroup()
+    place = _cgroup_place()
     settings = worker_settings.model_copy(
         update={"ingestion": worker_settings.ingestion.model_copy(update={"own_cgroup": False})}
     )
@@ -954,88 +967,57 @@ def test_serve_makes_no_cgroup_when_own_cgroup_is_off(worker_settings: Settings)
     async def body(url: str) -> None:
         await publish(settings, 0, 1)
         await until(lambda: asyncio.to_thread(lambda: stored_count(settings) == 1))
-        seen["made"] = made.exists()
+        seen["made"] = _serves_cgroup(place) is not None
 
     serve(settings, body)
     assert seen == {"made": False}
 
 
-def test_serve_removes_the_cgroups_an_ended_serve_left_and_no_other(
+def test_serve_removes_the_cgroups_an_ended_serve_of_its_data_directory_left_and_no_other(
     worker_settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A serve killed with -9 leaves its cgroup; the next one removes it, says so, and
-    removes only an empty cgroup of a process that no longer runs here: one that holds
-    processes may be a live serve's of another PID namespace (fresh user's pass, session
-    31), and is left as it is."""
+    """A serve killed with -9 leaves its cgroup; the next serve of its data directory
+    removes it when empty, and says so. Nothing else is touched: a cgroup whose record a
+    running serve holds, one without a record (another data directory's, or not serve's),
+    one that holds processes. The breaker's pass (session 31): a serve in a PID namespace
+    of its own took live serves' cgroups for ended ones, by their process ids and by a
+    ``cgroup.procs`` that looks empty from inside the namespace."""
     caplog.set_level(logging.INFO, logger=intake_cgroup.__name__)
-    place = _made_cgroup().parent
-    ended = [subprocess.Popen(["true"]) for _ in range(2)]
-    for process in ended:
-        process.wait()
-    left = place / f"{intake_cgroup.PREFIX}{ended[0].pid}"
-    occupied = place / f"{intake_cgroup.PREFIX}{ended[1].pid}"
-    running = place / f"{intake_cgroup.PREFIX}1"  # init runs
-    for group in (left, occupied, running):
-        group.mkdir(exist_ok=True)
-    other = subprocess.Popen(["sleep", "60"])
-    (occupied / "cgroup.procs").write_text(f"{other.pid}\n")
+    place = _cgroup_place()
+    records = worker_settings.data_dir / intake_cgroup.RECORDS
+    records.mkdir(parents=True)
+    prefix = f"{intake_cgroup.PREFIX}{os.getpid()}"
+    left, live, busy, other = (
+        place / f"{prefix}0-{name}" for name in ("left", "live", "busy", "other")
+    )
+    for group in (left, live, busy, other):
+        group.mkdir()
+    for group in (left, live, busy):
+        (records / group.name).write_text(str(group), encoding="utf-8")
+    sleeper = subprocess.Popen(["sleep", "60"])  # a process in the busy one
+    (busy / "cgroup.procs").write_text(f"{sleeper.pid}\n")
     try:
+        with (records / live.name).open("a") as held:
+            file_locks.hold(held)  # a running serve's record
 
-        async def body(url: str) -> None:
-            pass
+            async def body(url: str) -> None:
+                pass
 
-        serve(worker_settings, body)
-        assert not left.exists()
-        assert running.exists()
-        assert cgroup_members(occupied) == {other.pid}
+            serve(worker_settings, body)
+        assert not left.exists() and not (records / left.name).exists()
         assert f"removed intake's cgroup {left}, which an ended serve left" in caplog.messages
-        assert (
-            f"intake's cgroup {occupied} is not serve's and holds processes: left as it is"
-            in caplog.messages
-        )
+        assert live.exists() and (records / live.name).exists()
+        assert other.exists()
+        assert cgroup_members(busy) == {sleeper.pid} and (records / busy.name).exists()
+        stays = f"intake's cgroup {busy}, which an ended serve left, stays"
+        assert any(m.startswith(stays) for m in caplog.messages), caplog.messages
+        assert sorted(p.name for p in records.iterdir()) == sorted([live.name, busy.name])
     finally:
-        other.kill()
-        other.wait()
+        sleeper.kill()
+        sleeper.wait()
         with contextlib.suppress(OSError):
-            (place / "cgroup.procs").write_text(f"{other.pid}\n")
-        for group in (left, occupied, running):
-            with contextlib.suppress(FileNotFoundError, OSError):
-                group.rmdir()
-
-
-def test_serve_makes_a_cgroup_of_its_own_where_its_name_is_taken(
-    worker_settings: Settings, capfd: pytest.CaptureFixture[str]
-) -> None:
-    """Breaker's pass (session 31): two serves in PID namespaces of their own, each pid 1
-    there, made and shared one ``controlroom-intake-1``; the first to stop took it from the
-    other. A name another serve holds is never taken."""
-    taken = _made_cgroup()
-    taken.mkdir()
-    other = subprocess.Popen(["sleep", "60"])  # the other serve's worker
-    (taken / "cgroup.procs").write_text(f"{other.pid}\n")
-    own = taken.with_name(f"{taken.name}-2")
-    seen: dict[str, Any] = {}
-    try:
-
-        async def body(url: str) -> None:
-            await publish(worker_settings, 0, 5)
-            await until(lambda: asyncio.to_thread(lambda: stored_count(worker_settings) == 5))
-            seen["own"] = cgroup_members(own)
-            seen["taken"] = cgroup_members(taken)
-            seen["workers"] = children()
-
-        serve(worker_settings, body)
-        assert seen["workers"] and seen["workers"] <= seen["own"]
-        assert seen["taken"] == {other.pid}
-        assert cgroup_members(taken) == {other.pid}
-        assert not own.exists()
-        assert f"joined intake's cgroup {own}" in capfd.readouterr().err
-    finally:
-        other.kill()
-        other.wait()
-        with contextlib.suppress(OSError):
-            (taken.parent / "cgroup.procs").write_text(f"{other.pid}\n")
-        for group in (own, taken):
+            (place / "cgroup.procs").write_text(f"{sleeper.pid}\n")
+        for group in (left, live, busy, other):
             with contextlib.suppress(FileNotFoundError, OSError):
                 group.rmdir()
 
@@ -1046,10 +1028,18 @@ def test_a_cgroup_removed_under_serve_is_not_said_removed_by_serve(
     """Breaker's pass (session 31): serve said "intake's cgroup ... removed" at its stop
     for one an operator had removed under it."""
     caplog.set_level(logging.INFO, logger=intake_cgroup.__name__)
-    made = _made_cgroup()
+    place = _cgroup_place()
+    seen: dict[str, Path] = {}
 
     async def body(url: str) -> None:
-        await until(lambda: asyncio.sleep(0, made.exists() and bool(cgroup_members(made))))
+        def joined() -> bool:
+            made = _serves_cgroup(place)
+            if made is not None and cgroup_members(made):
+                seen["made"] = made
+            return "made" in seen
+
+        await until(lambda: asyncio.sleep(0, joined()))
+        made = seen["made"]
 
         def removed() -> bool:  # a backend may join while its members are moved out
             for pid in cgroup_members(made):
@@ -1064,6 +1054,7 @@ def test_a_cgroup_removed_under_serve_is_not_said_removed_by_serve(
         await until(lambda: asyncio.sleep(0, removed()))
 
     serve(worker_settings, body)
+    made = seen["made"]
     assert f"intake's cgroup {made} was removed under serve" in caplog.messages
     assert f"intake's cgroup {made} removed" not in caplog.messages
 

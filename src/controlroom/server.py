@@ -67,6 +67,7 @@ from controlroom.notifications.dispatcher import Dispatcher
 from controlroom.notifications.history import NotificationKpiSampler
 from controlroom.notifications.retention import NotificationRetention
 from controlroom.notifications.rules import rules_applied
+from controlroom.runtime import intake_cgroup
 from controlroom.runtime.addresses import url_host
 from controlroom.runtime.intake_cgroup import IntakeCgroup, made_intake_cgroup
 from controlroom.runtime.intake_health import IntakeHealth
@@ -222,7 +223,8 @@ def _intake_cgroup(settings: Settings) -> Iterator[tuple[Settings, IntakeCgroup 
     ):
         yield settings, None
         return
-    with made_intake_cgroup(ingestion.yield_to_reads) as cgroup:
+    records = settings.data_dir / intake_cgroup.RECORDS
+    with made_intake_cgroup(ingestion.yield_to_reads, records) as cgroup:
         if cgroup is None:
             yield settings, None
             return

@@ -1,7 +1,8 @@
 """Whether another process holds a lock file (``flock``), asked without waiting.
 
-``serve`` marks its data directory (``runtime.serve_lock``) and a site agent its tracking
-store (``site.store``) by holding a lock on a file; the kernel drops it when the process
+``serve`` marks its data directory (``runtime.serve_lock``) and the records of intake's
+cgroups (``runtime.intake_cgroup``), and a site agent its tracking store (``site.store``),
+by holding a lock on a file; the kernel drops it when the process
 ends, however it ends. ``held_elsewhere`` asks for an exclusive lock without waiting and
 gives it back at once: refused while any other process holds one. Where ``flock`` does
 not exist (Windows) nothing is locked and the answer is False.
@@ -10,6 +11,7 @@ not exist (Windows) nothing is locked and the answer is False.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import IO, Any
 
 try:
     import fcntl
@@ -33,3 +35,11 @@ def held_elsewhere(path: Path) -> bool:
             return True
         fcntl.flock(handle, fcntl.LOCK_UN)
     return False
+
+
+def hold(handle: IO[Any]) -> None:
+    """Take an exclusive lock on the open file ``handle``, waiting for it; the kernel drops
+    it when the file is closed or the process ends. Nothing where ``flock`` does not
+    exist."""
+    if fcntl is not None:
+        fcntl.flock(handle, fcntl.LOCK_EX)

@@ -2,14 +2,15 @@
 "Intake's own cgroup escapes autogroup"): ``made_intake_cgroup``.
 
 With ``ingestion.own_cgroup`` (on by default) and without ``ingestion.cpu_cgroup`` serve
-makes a cgroup of the CPU controller beside its own, ``controlroom-intake-<serve's pid>``,
-and the workers move themselves and their local PostgreSQL backends into it (``workers``),
-out of the kernel's autogroup. Its weight follows serve's reads (``IntakeCgroup``,
-docs/decisions.md "Intake's weight follows the reads"): the least the kernel takes while
-serve answers one (for at most ``ingestion.yield_to_reads`` of the time,
-``reads_first.WeighIntake``), a session's of its own otherwise, so that the reads win the CPU and a
-machine busy with other work does not starve the drain between them. Where serve may not
-(no root, no delegated cgroup, cgroup v2 without ``cpu`` enabled below serve's cgroup), it
+makes a cgroup of the CPU controller beside its own, ``controlroom-intake-<serve's
+pid>-<random>``, recorded in its data directory, and the workers move themselves and
+their local PostgreSQL backends into it (``workers``), out of the kernel's autogroup. Its
+weight follows serve's reads (``IntakeCgroup``, docs/decisions.md "Intake's weight follows
+the reads"): the least the kernel takes while serve answers one (for at most
+``ingestion.yield_to_reads`` of the time, ``reads_first.WeighIntake``), a session's of its
+own otherwise, so that the reads win the CPU and a machine busy with other work does not
+starve the drain between them. Where serve may not (no root, no delegated cgroup, cgroup
+v2 without ``cpu`` enabled below serve's cgroup), it
 says why once and intake keeps the nice alone. Linux only.
 """
 
@@ -19,10 +20,14 @@ import contextlib
 import errno
 import logging
 import os
+import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
+
+from controlroom.runtime.file_locks import held_elsewhere, hold
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,9 @@ own (kernel/sched/core.c, sched_prio_to_weight; v2's cpu.weight is it over 1024 
 
 _REMOVE_TRIES = 50  # a backend ends a moment after its connection closes
 _NAME_TRIES = 100  # names of intake's cgroup tried before giving up
+
+RECORDS: Final = "intake-cgroups"
+"""The directory of serve's data directory that records the cgroups its serves made."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,22 +157,25 @@ def _place(mounts: list[str], kind: str, path: str, weight_file: str) -> _Place 
 
 
 @contextlib.contextmanager
-def made_intake_cgroup(share: float) -> Iterator[IntakeCgroup | None]:
+def made_intake_cgroup(share: float, records: Path) -> Iterator[IntakeCgroup | None]:
     """Intake's cgroup, made beside serve's own, and removed on exit (what is still in it
     moved back to serve's cgroup); ``None`` where it cannot be made, said in the log with
-    the reason. Empty cgroups an ended serve left (``PREFIX`` and a process id no longer
-    running here) are removed first, and said in the log. ``share``
-    (``ingestion.yield_to_reads``) is said with the weights (``IntakeCgroup.weighing``)."""
+    the reason. ``share`` (``ingestion.yield_to_reads``) is said with the weights
+    (``IntakeCgroup.weighing``).
+
+    ``records`` (a directory of serve's data directory) holds a file per cgroup made,
+    locked (``flock``) while its serve runs: the cgroups an ended serve of this data
+    directory left (a second Ctrl+C, a ``kill -9``) are removed first, when empty, and
+    said in the log. A cgroup without a record, or whose record is locked, is never
+    touched: its process id cannot tell, since a serve in another PID namespace may have
+    any id, and its ``cgroup.procs`` may look empty from here."""
     place = find_place()
     if isinstance(place, str):
         log.info("intake keeps serve's cgroup (the nice alone): %s", place)
         yield None
         return
-    for left in place.directory.glob(f"{PREFIX}*"):
-        pid = left.name.removeprefix(PREFIX).partition("-")[0]
-        # One named for this process is not its own yet: an earlier one's of the same pid.
-        if pid == str(os.getpid()) or not _running(pid):
-            _remove_left(left)
+    records.mkdir(parents=True, exist_ok=True)
+    _remove_left(records, place.directory)
     try:
         path = _new_cgroup(place.directory)
     except OSError as exc:
@@ -175,68 +186,76 @@ def made_intake_cgroup(share: float) -> Iterator[IntakeCgroup | None]:
         )
         yield None
         return
-    try:
-        cgroup = IntakeCgroup(path, place.weight_file)
-    except OSError as exc:
-        log.info("intake keeps serve's cgroup (the nice alone): cannot weigh %s: %s", path, exc)
-        with contextlib.suppress(OSError):
-            path.rmdir()
-        yield None
-        return
-    log.info("intake's cgroup %s made, %s", path, cgroup.weighing(share))
-    try:
-        yield cgroup
-    finally:
-        if not path.is_dir():
-            log.info("intake's cgroup %s was removed under serve", path)
-        elif _remove(path, place.directory):
-            log.info("intake's cgroup %s removed", path)
+    with _record(records / path.name, path):
+        try:
+            cgroup = IntakeCgroup(path, place.weight_file)
+        except OSError as exc:
+            log.info("intake keeps serve's cgroup (the nice alone): cannot weigh %s: %s", path, exc)
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            yield None
+            return
+        log.info("intake's cgroup %s made, %s", path, cgroup.weighing(share))
+        try:
+            yield cgroup
+        finally:
+            if not path.is_dir():
+                log.info("intake's cgroup %s was removed under serve", path)
+            elif _remove(path, place.directory):
+                log.info("intake's cgroup %s removed", path)
 
 
 def _new_cgroup(directory: Path) -> Path:
-    """Make intake's cgroup in ``directory``: ``PREFIX`` and this process's id, or with
-    ``-2``, ``-3``... where another serve holds that name (one in a PID namespace of its
-    own, where its id may be this one's). Raises ``OSError`` when the kernel refuses."""
-    name = f"{PREFIX}{os.getpid()}"
-    for attempt in range(1, _NAME_TRIES + 1):
-        path = directory / (name if attempt == 1 else f"{name}-{attempt}")
+    """Make intake's cgroup in ``directory``: ``PREFIX``, this process's id and a random
+    part, so that serves in PID namespaces of their own (whose ids may be equal) never
+    share one. Raises ``OSError`` when the kernel refuses."""
+    for _ in range(_NAME_TRIES):
+        path = directory / f"{PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         try:
             path.mkdir()
         except FileExistsError:
             continue
         return path
-    raise FileExistsError(errno.EEXIST, "every name is taken", str(directory / name))
+    raise FileExistsError(errno.EEXIST, "every name tried is taken", str(directory))
 
 
-def _running(pid: str) -> bool:
-    """Whether process ``pid`` (text) runs; a name that is no process id counts as
-    running, so a cgroup serve did not name is never touched."""
-    if not pid.isdigit():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
+@contextlib.contextmanager
+def _record(record: Path, cgroup: Path) -> Iterator[None]:
+    """Hold ``record`` (naming ``cgroup``) locked for the block; remove it after, unless
+    ``cgroup`` is still there for the next serve to remove."""
+    with record.open("w", encoding="utf-8") as handle:
+        hold(handle)
+        handle.write(str(cgroup))
+        handle.flush()
+        try:
+            yield
+        finally:
+            if not cgroup.is_dir():
+                record.unlink(missing_ok=True)
 
 
-def _remove_left(cgroup: Path) -> None:
-    """Remove ``cgroup``, named for a process that no longer runs here, when it is empty.
-    One that holds processes is left: its serve may run in another PID namespace (a
-    container sharing the hierarchy), where its name's process id is not this one's."""
-    try:
-        if (cgroup / "cgroup.procs").read_text().split():
-            log.info("intake's cgroup %s is not serve's and holds processes: left as it is", cgroup)
-            return
-        cgroup.rmdir()
-    except FileNotFoundError:
-        return  # another serve removed it meanwhile
-    except OSError as exc:
-        log.warning("intake's cgroup %s, which an ended serve left, stays: %s", cgroup, exc)
-        return
-    log.info("removed intake's cgroup %s, which an ended serve left", cgroup)
+def _remove_left(records: Path, directory: Path) -> None:
+    """Remove, when empty, each cgroup in ``directory`` whose record in ``records`` no
+    serve holds, and its record; one that holds processes stays for a later start."""
+    for record in sorted(records.iterdir()):
+        if held_elsewhere(record):
+            continue
+        cgroup = directory / record.name
+        if not record.name.startswith(PREFIX) or record.read_text(encoding="utf-8") != str(
+            cgroup
+        ):
+            log.info("%s names no cgroup of serve's here: left as it is", record)
+            continue
+        try:
+            cgroup.rmdir()
+        except FileNotFoundError:
+            pass  # removed by hand meanwhile
+        except OSError as exc:
+            log.warning("intake's cgroup %s, which an ended serve left, stays: %s", cgroup, exc)
+            continue
+        else:
+            log.info("removed intake's cgroup %s, which an ended serve left", cgroup)
+        record.unlink(missing_ok=True)
 
 
 def _remove(cgroup: Path, parent: Path) -> bool:
