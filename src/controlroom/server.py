@@ -290,15 +290,17 @@ def _quiet_routine_telemetry(record: logging.LogRecord) -> bool:
 
 def _answers_cut_at_the_stop(record: logging.LogRecord) -> bool:
     """One warning line instead of uvicorn's traceback for an answer it cancelled once the
-    stop's ``HTTP_STOP_SECONDS`` were over (a client that did not read it): the cut is the
-    stop's doing, not a fault of the route, and twenty stuck clients made twenty
-    tracebacks."""
+    stop's ``HTTP_STOP_SECONDS`` were over (a client that did not read it), and its count
+    of them ("Cancel N running task(s)") a warning too: the cut is the stop's doing, not a
+    fault of the route, and twenty stuck clients made twenty tracebacks."""
     if record.exc_info is not None and isinstance(record.exc_info[1], asyncio.CancelledError):
         record.msg, record.args = "an answer under way was cut at the stop, after %s s", (
             HTTP_STOP_SECONDS,
         )
         record.exc_info, record.exc_text = None, None
-        record.levelno, record.levelname = logging.WARNING, "WARNING"
+    elif not str(record.msg).startswith("Cancel %s running task(s)"):
+        return True
+    record.levelno, record.levelname = logging.WARNING, "WARNING"
     return True
 
 

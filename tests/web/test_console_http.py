@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -345,7 +346,8 @@ def test_the_dashboard_shows_what_waits_in_each_intakes_queue(
 ) -> None:
     """Fresh user's pass (session 31): while a backlog drained, the dashboard showed the
     unresolved count climbing and nothing of the queue; only /api/health told it."""
-    error = IntakeHealth("error", "error", stall_seconds=60)
+    noon = datetime(2026, 12, 7, 12, 0, 5, tzinfo=UTC)
+    error = IntakeHealth("error", "error", stall_seconds=60, clock=lambda: noon)
     error.observed_depth(12345)
     error.stored()
     telemetry = IntakeHealth("telemetry", "site-call-telemetry", stall_seconds=60)
@@ -357,7 +359,9 @@ def test_the_dashboard_shows_what_waits_in_each_intakes_queue(
             page = console.get(path).text
             intake = page[page.index('aria-label="Intake"') :]
             assert re.search(r">\s*12345\s*<", intake), intake[:2000]
-            assert "Waiting in error" in intake
+            # Breaker's pass (session 31): a depth with no time looked current while the
+            # broker was down and nothing read it any more.
+            assert "Waiting in error, read 2026-12-07 12:00:05 UTC" in intake
             assert "Waiting in site-call-telemetry" in intake
             assert "writes failing" in intake
 

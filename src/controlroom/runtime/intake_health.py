@@ -69,6 +69,8 @@ class IntakeState:
     none stored); ``None`` when healthy."""
     observed_at: datetime | None = None
     """UTC: when this state was read."""
+    waiting_at: datetime | None = None
+    """UTC: when ``waiting`` was seen (``None``: never)."""
 
     @property
     def degraded(self) -> bool:
@@ -99,6 +101,7 @@ class IntakeHealth:
         self._failing_since: datetime | None = None
         self._failure_reason = ""
         self._waiting: int | None = None
+        self._waiting_at: datetime | None = None
         self._waiting_since: float | None = None  # monotonic: messages seen, none stored since
         self._ended: dict[int, tuple[str, datetime]] = {}  # worker: why, since (UTC)
         self._reported_degraded = False
@@ -143,6 +146,7 @@ class IntakeHealth:
         """The queue holds ``messages`` ready messages now."""
         with self._lock:
             self._waiting = messages
+            self._waiting_at = self._clock()
             if messages <= 0:
                 self._waiting_since = None
             elif self._waiting_since is None:
@@ -162,6 +166,7 @@ class IntakeHealth:
                 waiting=self._waiting,
                 since=since,
                 observed_at=self._clock(),
+                waiting_at=self._waiting_at,
             )
         DEGRADED.labels(self.name).set(1 if state.degraded else 0)
         WRITE_FAILURES.labels(self.name).set(state.write_failures)
