@@ -980,7 +980,8 @@ def _first_signal_stops(
         console.print(
             "Stopping: the intakes finish the batches in hand, retrying a busy store for up "
             f"to {grace_seconds:g} s (ingestion.stop_grace_seconds); "
-            "a second Ctrl+C or SIGTERM ends serve at once"
+            "a second Ctrl+C or SIGTERM ends serve at once, leaving what the intakes hold "
+            "to their queues, to be delivered again"
         )
         stop.set()
 

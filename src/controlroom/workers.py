@@ -585,7 +585,11 @@ class WorkerPool:
                 async with asyncio.timeout_at(deadline):
                     await worker.exited.wait()
             except TimeoutError:
-                log.error("intake worker %d did not stop; killing it", worker.index)
+                log.error(
+                    "intake worker %d did not stop; killing it: the deliveries it holds go "
+                    "back to the queue, to be delivered again",
+                    worker.index,
+                )
                 worker.process.kill()
                 await worker.exited.wait()
                 await self._give_back_claims(worker)

@@ -91,7 +91,7 @@ async def test_a_stop_that_meets_a_delivery_starts_no_batch_after_it(
                     await run
 
     assert finishing == [
-        f"the intake of {queue_name!r} ends: finishing 1 batches in hand (2 messages)"
+        f"the intake of {queue_name!r} ends: finishing 1 batch in hand (2 messages)"
     ]
     # Fresh user's pass (session 31): nothing said the batches in hand were stored.
     assert [r.getMessage() for r in caplog.records if "ended:" in r.getMessage()] == [

@@ -113,9 +113,10 @@ class DeliveryBatcher:
             if handling:
                 in_hand = [delivery for batch in handling.values() for delivery in batch]
                 log.info(
-                    "the intake of %r ends: finishing %d batches in hand (%d messages)",
+                    "the intake of %r ends: finishing %d %s in hand (%d messages)",
                     self._queue,
                     len(handling),
+                    "batch" if len(handling) == 1 else "batches",
                     len(in_hand),
                 )
                 await asyncio.gather(*handling, return_exceptions=True)

@@ -28,7 +28,9 @@ COST = (
     "(failed_message_group_counts, failed_message_tally_deltas, failed_message_tallies, "
     "failed_message_groups, site_call_counts) until a VACUUM, so they grow and the messages, "
     "counts and groups pages and the site-call KPIs that read them get slower with every "
-    "failure or call stored"
+    "failure or call stored; and nothing analyzes the tables, so the planner keeps the "
+    "statistics of the store as it was: searches are planned for it, and their estimated "
+    "counts (beyond exact_count_limit) are far off"
 )
 ADVICE = 'turn it on, or run VACUUM ANALYZE on a schedule (README, "What the store needs")'
 
