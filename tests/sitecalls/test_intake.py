@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -74,6 +76,30 @@ def test_embedded_telemetry_queue_is_drained_and_acknowledged(
     with engine.connect() as conn:
         reason = conn.execute(sa.select(rejected_telemetry.c.reason)).scalar_one()
     assert reason.startswith("tracked_operation_id:")
+
+
+def test_the_intake_says_what_it_stored_as_the_error_queues_does(
+    settings: Settings, engine: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fresh user's pass (session 31): 213 packets were stored, and no line of serve's log
+    said so (the error queue's intake says what it stored every report)."""
+    caplog.set_level(logging.INFO, logger="controlroom.sitecalls.intake")
+
+    async def scenario() -> None:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            await run(settings, engine, transport)
+
+    asyncio.run(scenario())
+    said = re.compile(
+        r"stored (\d+) telemetry packets \([\d.]+/s\), kept (\d+) in rejected_telemetry, "
+        rf"from {settings.telemetry_queue} in the last \d+ s; \d+ waiting in "
+        rf"{settings.telemetry_queue}"
+    )
+    found = [m for r in caplog.records if (m := said.fullmatch(r.getMessage()))]
+    assert found, caplog.messages
+    bodies, _, _ = demo_bodies()
+    assert sum(int(m[1]) for m in found) == len(bodies) - 1
+    assert sum(int(m[2]) for m in found) == 1
 
 
 @pytest.mark.rabbitmq

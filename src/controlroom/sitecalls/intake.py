@@ -41,7 +41,7 @@ from controlroom.telemetry.contract import (
     parse_packet,
     validate_packet,
 )
-from controlroom.transport.base import Delivery, Transport
+from controlroom.transport.base import Delivery, Transport, describe_depth
 from controlroom.transport.batching import DeliveryBatcher, IntakeStop, ack_all, reject_all
 
 log = logging.getLogger(__name__)
@@ -155,6 +155,8 @@ class TelemetryIngestionService:
             on_failure=lambda exc: self.health.failed(name_failure(exc)),
         )
         self._run_task: asyncio.Task[None] | None = None
+        self._done = {"stored": 0, "rejected": 0}  # packets since the last report
+        self._reported_at = time.monotonic()
 
     async def run(self) -> None:
         """Consume, batch and write until ``stop()`` or cancellation. Raises
@@ -173,8 +175,32 @@ class TelemetryIngestionService:
     async def report(self) -> None:
         """Read the telemetry queue's depth into ``health`` (a transport that cannot
         answer leaves it as it was) and write a change of health to the event log
-        (module docstring; ``events.observe_intake``)."""
-        await observe_intake(self._engine, self._transport, self.health)
+        (module docstring; ``events.observe_intake``); while there is work (packets
+        stored or kept since the last report, or waiting), log one line, as the error
+        queue's intake does. The seconds are those since the last report."""
+        queue = self._settings.telemetry_queue
+        done, self._done = self._done, dict.fromkeys(self._done, 0)
+        now = time.monotonic()
+        seconds, self._reported_at = max(now - self._reported_at, 1e-3), now
+        depth = await observe_intake(self._engine, self._transport, self.health)
+        if not any(done.values()) and not (depth and depth.messages):
+            return
+        log.info(
+            "stored %d telemetry packets (%.1f/s), kept %d in rejected_telemetry, from %s in "
+            "the last %.0f s; %s",
+            done["stored"],
+            done["stored"] / seconds,
+            done["rejected"],
+            queue,
+            seconds,
+            describe_depth(depth, queue),
+        )
+
+    def _count(self, reasons: list[str | None]) -> None:
+        """Count packets written (reason ``None``) and kept as rejected, for ``report``."""
+        rejected = sum(reason is not None for reason in reasons)
+        self._done["stored"] += len(reasons) - rejected
+        self._done["rejected"] += rejected
 
     async def stop(self) -> None:
         """Stop taking packets and finish the batches in hand (``IntakeStop``: a transient
@@ -215,6 +241,7 @@ class TelemetryIngestionService:
             return
         self.health.stored()
         await ack_all(deliveries)
+        self._count(reasons)
         _log_rejections(reasons)
 
     async def _settle_in_part(
@@ -231,7 +258,9 @@ class TelemetryIngestionService:
         else:
             self.health.failed(f"no packet written within audit.request_budget ({stopped})")
         await ack_all(done)
-        _log_rejections([r for index, r in enumerate(stopped.reasons) if index not in left])
+        settled = [r for index, r in enumerate(stopped.reasons) if index not in left]
+        self._count(settled)
+        _log_rejections(settled)
         log.warning(
             "telemetry batch of %d stopped (%s): %d written or rejected, %d returned to the queue",
             len(deliveries),

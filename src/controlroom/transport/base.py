@@ -151,6 +151,16 @@ class QueueDepth:
     oldest_age_seconds: float | None
 
 
+def describe_depth(depth: QueueDepth | None, queue: str) -> str:
+    """``depth`` of ``queue`` for the log: ``"12 waiting in error (oldest 30 s)"``, or that
+    it is unknown (``None``: the transport could not answer)."""
+    if depth is None:
+        return f"depth of {queue} unknown"
+    if depth.oldest_age_seconds is None or not depth.messages:
+        return f"{depth.messages} waiting in {queue}"
+    return f"{depth.messages} waiting in {queue} (oldest {depth.oldest_age_seconds:.0f} s)"
+
+
 @runtime_checkable
 class Transport(Protocol):
     """What the ingestion pipeline and the retry sender need from a queue system."""

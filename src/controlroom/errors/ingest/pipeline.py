@@ -39,7 +39,12 @@ from controlroom.exceptions import ErrorKind, MessageRejected
 from controlroom.runtime.clock import utc_now
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.runtime.wire_text import escape_wire_text
-from controlroom.transport.base import UNREADABLE_HEADER, Delivery, QueueDepth, Transport
+from controlroom.transport.base import (
+    UNREADABLE_HEADER,
+    Delivery,
+    Transport,
+    describe_depth,
+)
 from controlroom.transport.batching import (  # IntakeClosed: raised by run()
     DeliveryBatcher,
     IntakeClosed,
@@ -223,7 +228,7 @@ class IngestionService:
             done["retry_confirmation"],
             queue,
             seconds,
-            _describe_depth(depth, queue),
+            describe_depth(depth, queue),
         )
 
     async def _ingest_batch(self, deliveries: list[Delivery]) -> None:
@@ -337,14 +342,6 @@ class IngestionService:
         return make_failed_import(
             delivery.headers, delivery.body, queue=self._settings.error_queue, reason=reason
         )
-
-
-def _describe_depth(depth: QueueDepth | None, queue: str) -> str:
-    if depth is None:
-        return f"depth of {queue} unknown"
-    if depth.oldest_age_seconds is None or not depth.messages:
-        return f"{depth.messages} waiting in {queue}"
-    return f"{depth.messages} waiting in {queue} (oldest {depth.oldest_age_seconds:.0f} s)"
 
 
 def _first_not_utf8(headers: Mapping[str, str | None]) -> str | None:
