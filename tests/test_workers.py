@@ -376,6 +376,16 @@ def waited_for_reads(metrics: str) -> float:
     return 0.0
 
 
+async def until_a_worker_waited_for_reads(url: str) -> None:
+    """Until worker 0's statements have waited for serve's reads (serve's ``/metrics``)."""
+    async with httpx.AsyncClient(base_url=url, timeout=TEST_CLIENT_TIMEOUT) as client:
+
+        async def waited() -> bool:
+            return waited_for_reads((await client.get("/metrics")).text) > 0
+
+        await until(waited)
+
+
 def test_at_the_stop_a_worker_no_longer_waits_for_reads(
     worker_settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -396,12 +406,7 @@ def test_at_the_stop_a_worker_no_longer_waits_for_reads(
 
     async def body(url: str) -> None:
         await publish(waiting, 0, 5)
-        async with httpx.AsyncClient(base_url=url, timeout=TEST_CLIENT_TIMEOUT) as client:
-
-            async def waited() -> bool:
-                return waited_for_reads((await client.get("/metrics")).text) > 0
-
-            await until(waited)
+        await until_a_worker_waited_for_reads(url)
         assert stored_count(waiting) == 0
 
     with caplog.at_level(logging.ERROR, logger=workers.__name__):
@@ -438,16 +443,12 @@ def test_a_workers_intake_waits_while_serve_answers_a_read(
 
     async def body(url: str) -> None:
         await publish(waiting, 0, 5)
+        await until_a_worker_waited_for_reads(url)
+        stored.append(stored_count(waiting))
+        reads.add(-1)
+        await until(lambda: asyncio.sleep(0, stored_count(waiting) == 5))
+        during.clear()
         async with httpx.AsyncClient(base_url=url, timeout=TEST_CLIENT_TIMEOUT) as client:
-
-            async def waited() -> bool:
-                return waited_for_reads((await client.get("/metrics")).text) > 0
-
-            await until(waited)
-            stored.append(stored_count(waiting))
-            reads.add(-1)
-            await until(lambda: asyncio.sleep(0, stored_count(waiting) == 5))
-            during.clear()
             await client.get("/api/endpoints")
 
     serve(waiting, body)
