@@ -273,5 +273,9 @@ def _remove(cgroup: Path, parent: Path) -> bool:
             return True
         except OSError:
             time.sleep(0.1)
-    log.warning("intake's cgroup %s could not be removed; the next serve removes it", cgroup)
+    log.warning(
+        "intake's cgroup %s could not be removed; the next serve of this data directory "
+        "removes it",
+        cgroup,
+    )
     return False
