@@ -83,8 +83,7 @@ class IngestionSettings(SettingsTable):
     report_interval_seconds: Seconds = Field(
         10.0,
         ge=MIN_INTERVAL_SECONDS,
-        description="How often serve logs what each intake did, while it has work (and once "
-        "at its start and at its stop).",
+        description="How often serve logs what each intake did, while it has work.",
     )
     alert_group_failures_per_hour: int | None = Field(
         None,

@@ -63,10 +63,6 @@ class Category(enum.StrEnum):
     INGESTION = "Ingestion"
 
 
-LAST_REPORT_SECONDS = 5.0
-"""The most an intake's last report may take (``reporting_intake``): a transport that
-does not answer must not hold up the stop."""
-
 MAX_DESCRIPTION = 4000
 """Characters of a description kept; longer ones end with an ellipsis (descriptions are
 written by Controlroom and quote user text only in part)."""
@@ -331,34 +327,20 @@ async def report_intakes(
 async def reporting_intake(
     seconds: float, report: Callable[[], Awaitable[None]], *, intake: str
 ) -> AsyncIterator[None]:
-    """For the block: await ``report()`` at once, then every ``seconds`` in a task of
-    its own, which the block's end cancels, and once more when the block ends, however it
-    ends (within ``LAST_REPORT_SECONDS``): the depth at the start, and what was done
-    since the last round before a stop, are said too. Whatever ``report()`` raises is
-    logged (a warning naming ``intake``) and the next round tries again."""
-
-    async def once() -> None:
-        try:
-            await report()
-        except Exception:  # the next round tries again
-            log.warning("could not report on the %s", intake, exc_info=True)
+    """For the block: await ``report()`` every ``seconds`` in a task of its own, which
+    the block's end cancels. Whatever ``report()`` raises is logged (a warning naming
+    ``intake``) and the next round tries again."""
 
     async def every() -> None:
-        await once()
         while True:
             await asyncio.sleep(seconds)
-            await once()
+            try:
+                await report()
+            except Exception:  # the next round tries again
+                log.warning("could not report on the %s", intake, exc_info=True)
 
     reporter = asyncio.create_task(every())
     try:
         yield
     finally:
         reporter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reporter
-        # Its own task: the block's may be cancelled (an intake's stop cancels its run).
-        last = asyncio.create_task(once())
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(LAST_REPORT_SECONDS):
-                await asyncio.shield(last)
-        last.cancel()

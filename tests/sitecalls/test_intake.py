@@ -85,11 +85,21 @@ def test_the_intake_says_what_it_stored_as_the_error_queues_does(
     said so (the error queue's intake says what it stored every report)."""
     caplog.set_level(logging.INFO, logger="controlroom.sitecalls.intake")
 
-    async def scenario() -> None:
+    async def scenario() -> int:
         async with EmbeddedQueue(settings.embedded_queue_path) as transport:
-            await run(settings, engine, transport)
+            bodies, calls, _ = demo_bodies()
+            for body in bodies:
+                await transport.publish(settings.telemetry_queue, {}, body)
+            service = TelemetryIngestionService(settings, engine, transport)
+            await run_until(
+                service,
+                lambda: count(engine, rejected_telemetry) == 1
+                and count(engine, site_calls) == calls,
+            )
+            await service.report()  # what the rounds during the run did not say yet
+            return await transport.purge(settings.telemetry_queue)
 
-    asyncio.run(scenario())
+    left = asyncio.run(scenario())
     said = re.compile(
         r"stored (\d+) telemetry packets \([\d.]+/s\), kept (\d+) in rejected_telemetry, "
         rf"from {settings.telemetry_queue} in the last \d+ s; \d+ waiting in "
@@ -98,7 +108,7 @@ def test_the_intake_says_what_it_stored_as_the_error_queues_does(
     found = [m for r in caplog.records if (m := said.fullmatch(r.getMessage()))]
     assert found, caplog.messages
     bodies, _, _ = demo_bodies()
-    assert sum(int(m[1]) for m in found) == len(bodies) - 1
+    assert sum(int(m[1]) for m in found) == len(bodies) - 1 - left
     assert sum(int(m[2]) for m in found) == 1
 
 
