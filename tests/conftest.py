@@ -15,6 +15,7 @@ from controlroom.db.engine import create_store_engine
 from controlroom.db.migrate import upgrade_database
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter
+from controlroom.runtime import intake_cgroup
 from tests import servers
 
 PROVIDERS = ("sqlite", "postgresql")
@@ -27,6 +28,16 @@ def _scratch_servers() -> Iterator[None]:
     that failed fails the session here."""
     yield
     servers.finish()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _intake_cgroups_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """At the end of each process's session: remove the intake cgroups that serves the
+    tests ended by ``kill -9`` left (``intake_cgroup.remove_left``): the next serve of
+    the same data directory would, and a test's data directory has none."""
+    yield
+    for records in tmp_path_factory.getbasetemp().rglob(intake_cgroup.RECORDS):
+        intake_cgroup.remove_left(records)
 
 
 @pytest.fixture(params=PROVIDERS)

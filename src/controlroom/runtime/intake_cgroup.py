@@ -234,6 +234,17 @@ def _record(record: Path, cgroup: Path) -> Iterator[None]:
                 record.unlink(missing_ok=True)
 
 
+def remove_left(records: Path) -> None:
+    """Remove, when empty, the cgroups that ended serves of one data directory left
+    (``records``: its ``RECORDS`` directory), as the next serve of it does at start
+    (``made_intake_cgroup``): for what ends serves by ``kill -9`` and starts none after,
+    such as the tests. Nothing where intake's cgroup cannot be made or nothing is
+    recorded."""
+    place = find_place()
+    if isinstance(place, _Place) and records.is_dir():
+        _remove_left(records, place.directory)
+
+
 def _remove_left(records: Path, directory: Path) -> None:
     """Remove, when empty, each cgroup in ``directory`` whose record in ``records`` no
     serve holds, and its record; one that holds processes stays for a later start."""
