@@ -19,7 +19,8 @@ from urllib.parse import urlsplit
 import pytest
 from typer.testing import CliRunner
 
-from controlroom.cli import app
+from controlroom.cli import app, demo_helpers
+from controlroom.config import Settings
 from controlroom.demo_run import (
     Helper,
     central_address,
@@ -30,6 +31,7 @@ from controlroom.demo_run import (
 )
 from controlroom.runtime.sockets import listen
 from controlroom.site.store import TrackingStore
+from controlroom.workers import STOP_MARGIN_SECONDS
 
 runner = CliRunner()
 MAKEFILE = Path(__file__).parents[1] / "Makefile"
@@ -177,6 +179,103 @@ def test_a_signal_to_the_demo_stops_every_helper(tmp_path: Path, signum: int) ->
     # The operator sees the stop begin and end (Ctrl+C alone printed nothing).
     name = signal.Signals(signum).name
     assert said == [f"demo: {name} received; stopping the demo.", "demo: stopped."]
+
+
+SIGNAL_RECORDER = """
+import os, pathlib, signal, sys, time
+record = pathlib.Path(sys.argv[1])
+def on_signal(signum, _frame):
+    with record.open("a") as out:
+        out.write(signal.Signals(signum).name + "\\n")
+for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, on_signal)
+record.with_suffix(".pid").write_text(str(os.getpid()))
+while not record.exists():
+    time.sleep(0.05)
+time.sleep(1)  # a second signal within a stop's first second is seen
+"""
+
+SUPERVISOR = """
+import sys
+from controlroom.demo_run import Helper, supervise
+helper = Helper("the recorder", [sys.executable, "-c", sys.argv[1], sys.argv[2]])
+raise SystemExit(supervise([helper], print))
+"""
+
+
+def test_ctrl_c_in_the_demos_terminal_gives_each_helper_one_signal(tmp_path: Path) -> None:
+    """The terminal sends Ctrl+C's SIGINT to its whole foreground process group; the
+    helpers get only the demo's SIGTERM, so serve's stop is a first signal's (it drains),
+    never a second's (it leaves what the intakes hold)."""
+    record = tmp_path / "signals"
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISOR, SIGNAL_RECORDER, str(record)],
+        start_new_session=True,  # a group of its own, as a terminal's foreground job
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not record.with_suffix(".pid").exists():
+            assert time.monotonic() < deadline, "the helper did not start"
+            time.sleep(0.05)
+        os.killpg(supervisor.pid, signal.SIGINT)  # what Ctrl+C does
+        assert supervisor.wait(60) == 0
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+    assert record.read_text().split() == ["SIGTERM"]
+
+
+def test_each_helper_is_given_its_own_stop_seconds(tmp_path: Path) -> None:
+    """A helper whose stop takes longer than another's bound is waited for (serve's holds
+    its grace and margin, below); one that ignores SIGTERM is killed when its bound
+    passes."""
+    stubborn_pid, slow_pid, slow_done = (tmp_path / n for n in ("stubborn", "slow", "done"))
+    stubborn = Helper(
+        "the stubborn",
+        python(
+            "import os, pathlib, signal, time;"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+            f"pathlib.Path({str(stubborn_pid)!r}).write_text(str(os.getpid()));"
+            "time.sleep(600)"
+        ),
+        stop_seconds=0.5,
+    )
+    slow = Helper(  # stops 12 s after SIGTERM: past the 10 s every helper had before
+        "the slow",
+        python(
+            "import os, pathlib, signal, time\n"
+            "def stop(*_):\n"
+            "    time.sleep(12)\n"
+            f"    pathlib.Path({str(slow_done)!r}).write_text('stopped')\n"
+            "    raise SystemExit(0)\n"
+            "signal.signal(signal.SIGTERM, stop)\n"
+            f"pathlib.Path({str(slow_pid)!r}).write_text(str(os.getpid()))\n"
+            "time.sleep(600)"
+        ),
+        stop_seconds=60,
+    )
+
+    def interrupt_once_started() -> None:
+        while not (stubborn_pid.exists() and slow_pid.exists()):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_started, daemon=True).start()
+    assert supervise([stubborn, slow], lambda _line: None) == 0
+    assert slow_done.read_text() == "stopped"
+    with pytest.raises(ProcessLookupError):  # killed and reaped
+        os.kill(int(stubborn_pid.read_text()), 0)
+
+
+def test_the_demos_serve_has_its_whole_stop_before_it_is_killed(data_dir: Path) -> None:
+    """The demo waits for its serve as long as serve's own stop may last: the batches'
+    grace and the workers' margin (``workers.STOP_MARGIN_SECONDS``); killed sooner, serve
+    would leave what its intakes hold, and intake's cgroup, behind."""
+    settings = Settings(data_dir=data_dir)
+    serve = next(h for h in demo_helpers(settings, {}) if h.name == "controlroom serve")
+    grace = settings.ingestion.stop_grace_seconds
+    assert serve.stop_seconds > grace + STOP_MARGIN_SECONDS
 
 
 def children_of(pid: int) -> dict[int, str]:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from controlroom.config import Settings
     from controlroom.demo import DemoMessage
     from controlroom.demo_endpoints import Handled
+    from controlroom.demo_run import Helper
     from controlroom.errors.ingest.reimport import ReimportOutcome
     from controlroom.server import Serving
     from controlroom.settings_sources import ListenOverrides
@@ -376,16 +377,12 @@ def demo_run(config: ConfigOption = None) -> None:
 
     from controlroom.demo_run import (
         PORT_CHOSEN_BY,
-        Helper,
-        central_address,
-        central_url,
         controlroom_argv,
         demo_listeners,
         first_store_in_use,
         first_taken_port,
         supervise,
     )
-    from controlroom.runtime.demo_logs import QUIET_ENV
 
     settings = _load(config)
     _refuse_an_open_api(settings)  # its serve would, after the demo published
@@ -418,13 +415,29 @@ def demo_run(config: ConfigOption = None) -> None:
     )
     if published.returncode != 0:
         raise typer.Exit(published.returncode)
+    helpers = demo_helpers(settings, env)
+    raise typer.Exit(supervise(helpers, lambda line: err_console.print(line, highlight=False)))
+
+
+def demo_helpers(settings: Settings, env: dict[str, str]) -> list[Helper]:
+    """The processes `demo run` runs side by side, serve first (the site agents and the
+    sinks find it up), with ``env`` added to serve's and the endpoints' environment (the
+    demo's ``CONTROLROOM_CONFIG``). Serve is given its whole stop before it is killed:
+    the batches' grace (``ingestion.stop_grace_seconds``) and the margin its workers get
+    (``workers.STOP_MARGIN_SECONDS``), and as long again for its HTTP server and tasks."""
+    from controlroom.demo_run import Helper, central_address, central_url, controlroom_argv
+    from controlroom.runtime.demo_logs import QUIET_ENV
+    from controlroom.workers import STOP_MARGIN_SECONDS
+
     central = central_url(settings.host, settings.port)
-    helpers = [  # serve first: the site agents and sinks find it up
+    serve_stop = settings.ingestion.stop_grace_seconds + 2 * STOP_MARGIN_SECONDS
+    return [
         Helper(
             "controlroom serve",
             controlroom_argv("serve"),
             {**env, **demo_central_environment(settings.port), QUIET_ENV: "1"},
             listens_on=central_address(settings.host, settings.port),
+            stop_seconds=serve_stop,
         ),
         Helper(  # its agents' stores under the demo's data directory, as all it writes
             "the site demo",
@@ -438,7 +451,6 @@ def demo_run(config: ConfigOption = None) -> None:
             controlroom_argv("demo", "notifications", "--central-url", central),
         ),
     ]
-    raise typer.Exit(supervise(helpers, lambda line: err_console.print(line, highlight=False)))
 
 
 DEMO_FIRST_PASS_DELAY_SECONDS = 10

@@ -35,19 +35,20 @@ PORT_CHOSEN_BY = "CONTROLROOM_PORT"
 """What chooses the demo's ports: central's, and the helpers' follow it."""
 
 _POLL_SECONDS = 0.2  # how often the supervisor looks for a child that exited
-_STOP_SECONDS = 10.0  # how long a child has after SIGTERM before SIGKILL
 
 
 @dataclass(frozen=True, slots=True)
 class Helper:
     """One process of the demo: ``name`` as printed, ``argv`` to start it, ``env`` extra
     environment variables (added to this process's); ``listens_on`` a (host, port) the
-    next helpers wait for (central, so the site agents find it up, not unreachable)."""
+    next helpers wait for (central, so the site agents find it up, not unreachable);
+    ``stop_seconds`` how long it has after SIGTERM before it is killed."""
 
     name: str
     argv: Sequence[str]
     env: Mapping[str, str] | None = None
     listens_on: tuple[str, int] | None = None
+    stop_seconds: float = 10.0
 
 
 def central_address(host: str, port: int) -> tuple[str, int]:
@@ -115,7 +116,10 @@ def controlroom_argv(*args: str) -> list[str]:
 
 def supervise(helpers: Sequence[Helper], say: Callable[[str], None]) -> int:
     """Start every helper, then wait until one exits or this process gets SIGINT, SIGTERM
-    or SIGHUP, and stop the others (SIGTERM, then SIGKILL after 10 s). Returns 0 when
+    or SIGHUP, and stop the others (SIGTERM, then SIGKILL after each one's
+    ``stop_seconds``). Each helper runs in a process group of its own, so that Ctrl+C in
+    the terminal (SIGINT to the whole foreground group) reaches only this process and
+    each helper gets one signal: a second would end serve at once. Returns 0 when
     stopped by a signal (``say`` tells that the stop begins and that it ended), 1 when a
     helper exited on its own (``say`` names it and its exit status, then that the stop
     ended)."""
@@ -131,7 +135,8 @@ def supervise(helpers: Sequence[Helper], say: Callable[[str], None]) -> int:
     try:
         for helper in helpers:
             env = {**os.environ, **helper.env} if helper.env else None
-            started.append((helper, subprocess.Popen(list(helper.argv), env=env)))
+            process = subprocess.Popen(list(helper.argv), env=env, process_group=0)
+            started.append((helper, process))
             while helper.listens_on is not None and not stopping:
                 if _exited(started, say):
                     return 1
@@ -145,7 +150,7 @@ def supervise(helpers: Sequence[Helper], say: Callable[[str], None]) -> int:
         say(f"demo: {signal.Signals(stopping[0]).name} received; stopping the demo.")
         return 0
     finally:
-        _stop_all([process for _, process in started])
+        _stop_all(started)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if started:  # stopped by a signal or by a helper that exited: said either way
@@ -181,14 +186,14 @@ def _describe_status(code: int) -> str:
     return f"exit status {code}"
 
 
-def _stop_all(processes: Sequence[subprocess.Popen[bytes]]) -> None:
-    for process in processes:
+def _stop_all(started: Sequence[tuple[Helper, subprocess.Popen[bytes]]]) -> None:
+    for _, process in started:
         if process.poll() is None:
             process.terminate()
-    deadline = time.monotonic() + _STOP_SECONDS
-    for process in processes:
+    stopped_at = time.monotonic()
+    for helper, process in started:
         try:
-            process.wait(max(0.0, deadline - time.monotonic()))
+            process.wait(max(0.0, stopped_at + helper.stop_seconds - time.monotonic()))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
