@@ -178,7 +178,7 @@ class YieldToReads:
             self.waiting.set()
         try:
             # A poll past the budget is owed: the next stretches without waiting pay it.
-            while self._reads.count > 0 and not self._stopping.is_set() and self._budget_left() > 0:
+            while not self.idle and self._budget_left() > 0:
                 self._sleep(POLL_SECONDS)
         finally:
             with self._lock:
