@@ -526,6 +526,13 @@ def test_a_second_ctrl_c_ends_serve_at_once_while_a_write_waits(
         "a second Ctrl+C or SIGTERM ends serve at once, leaving what the intakes hold to "
         "their queues, to be delivered again"
     ) in said, text
+    # And when the second comes (fresh user, session 32: serve ended without a word).
+    assert re.search(
+        r"WARNING controlroom\.cli: SIGINT again: serve ends now; what the intakes hold goes "
+        r"back to their queues, and intake's cgroup, if any, to the next serve of this data "
+        r"directory",
+        said,
+    ), text
 
 
 def test_a_second_ctrl_c_ends_the_workers_with_serve(postgresql_url: str, tmp_path: Path) -> None:

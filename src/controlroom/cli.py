@@ -67,6 +67,7 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode="markdown",  # docstrings: lines joined, ``code`` shown as code
 )
+log = logging.getLogger(__name__)
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -957,7 +958,7 @@ async def _serve(settings: Settings) -> int:
 
     stop = asyncio.Event()
     routed: list[signal.Signals] = []
-    interrupt = signal.getsignal(signal.SIGINT)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     on_signal = _first_signal_stops(stop, routed, settings.ingestion.stop_grace_seconds)
 
     def on_serving(serving: Serving) -> None:
@@ -970,17 +971,18 @@ async def _serve(settings: Settings) -> int:
         return 1
     finally:
         _restore_signals(routed)
-        signal.signal(signal.SIGINT, interrupt)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
     return 0
 
 
 def _first_signal_stops(
     stop: asyncio.Event, routed: list[signal.Signals], grace_seconds: float
 ) -> Callable[[], None]:
-    """The handler of serve's SIGINT and SIGTERM: the first says what the stop does and
-    sets ``stop``, and gives both signals back to their defaults, so that a second one
-    ends the process at once, SIGINT as SIGTERM (Python's own SIGINT handler would wait
-    for the writes in the threads to finish). Signals that arrived together (``timeout``
+    """The handler of serve's SIGINT and SIGTERM: the first logs what the stop does and
+    sets ``stop``, and hands both signals to ``_ends_at_once``, so that a second one ends
+    the process at once, SIGINT as SIGTERM (Python's own SIGINT handler would wait for
+    the writes in the threads to finish). Signals that arrived together (``timeout``
     sends SIGTERM to serve and to its process group) are one stop, said once."""
 
     def on_signal() -> None:
@@ -988,16 +990,29 @@ def _first_signal_stops(
             return
         _restore_signals(routed)
         routed.clear()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        console.print(
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _ends_at_once)
+        log.info(
             "Stopping: the intakes finish the batches in hand, retrying a busy store for up "
-            f"to {grace_seconds:g} s (ingestion.stop_grace_seconds); "
-            "a second Ctrl+C or SIGTERM ends serve at once, leaving what the intakes hold "
-            "to their queues, to be delivered again"
+            "to %g s (ingestion.stop_grace_seconds); a second Ctrl+C or SIGTERM ends serve at "
+            "once, leaving what the intakes hold to their queues, to be delivered again",
+            grace_seconds,
         )
         stop.set()
 
     return on_signal
+
+
+def _ends_at_once(signum: int, _frame: object) -> None:
+    """A second SIGINT or SIGTERM during serve's stop: say what is left, then end as the
+    signal's default action does (the exit status says which)."""
+    log.warning(
+        "%s again: serve ends now; what the intakes hold goes back to their queues, and "
+        "intake's cgroup, if any, to the next serve of this data directory",
+        signal.Signals(signum).name,
+    )
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _route_signals(callback: Callable[[], object]) -> list[signal.Signals]:
