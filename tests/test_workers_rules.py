@@ -434,12 +434,13 @@ def serving_on_postgresql(
 def test_a_worker_killed_at_the_stop_gives_its_embedded_queue_messages_back_at_once(
     postgresql_url: str, tmp_path: Path
 ) -> None:
-    """A worker whose batches cannot be written within the grace is killed by serve
-    (``workers.STOP_MARGIN_SECONDS`` past it); what it held in the embedded queue goes back
-    to the queue then, as for a worker that died while serve ran, not when the claims'
-    lease runs out minutes later. The store only holds the worker past its grace: a
-    PostgreSQL table lock holds its write as long as the test wants (SQLite's busy timeout
-    would end the write, and the batch would go back by itself before the kill)."""
+    """A worker that has not ended ``workers.STOP_MARGIN_SECONDS`` past the grace is
+    killed by serve; what it held in the embedded queue goes back to the queue then, as
+    for a worker that died while serve ran, not when the claims' lease runs out minutes
+    later. The worker holds a batch whose write waits on a PostgreSQL table lock, and is
+    stopped (SIGSTOP) before serve's stop: the grace's end cancels such a write
+    (``db.engine.RunningStatements``), so only a worker that cannot run at all outlasts
+    the margin."""
     engine = create_store_engine(postgresql_url)
     names = [f"killed-{n}" for n in range(40)]
     killed = re.compile(
@@ -459,6 +460,8 @@ def test_a_worker_killed_at_the_stop_gives_its_embedded_queue_messages_back_at_o
                     await publish(settings, [(failed_headers(n), b"{}") for n in names])
                     # A batch's write waits on the lock: the worker holds it when told to stop.
                     await until(lambda: asyncio.to_thread(_waiting_writes, engine))
+                    (worker,) = _workers_of(process.pid)
+                    os.kill(worker, signal.SIGSTOP)
                     process.send_signal(signal.SIGTERM)
                     await until(lambda: asyncio.sleep(0, _said(log, killed) == 1))
                 await asyncio.to_thread(process.wait, TIMEOUT)
@@ -469,6 +472,45 @@ def test_a_worker_killed_at_the_stop_gives_its_embedded_queue_messages_back_at_o
     assert re.search(r"gave back \d+ messages intake worker 0 held", text), text
     ready, unsettled = queue_counts(settings)
     assert unsettled == 0  # nothing left leased by the killed worker
+    try:
+        assert ready + len(stored_rows(engine)) == len(names)
+    finally:
+        engine.dispose()
+
+
+def test_a_worker_whose_write_waits_on_a_lock_ends_at_the_grace_not_the_kill(
+    postgresql_url: str, tmp_path: Path
+) -> None:
+    """Breaker's pass (session 32): with a table locked, a stop took the grace and the
+    margin (62 s) and the worker was killed, without a word of why. The grace's end now
+    cancels the write the worker's batch waits on: serve ends while the lock is still
+    held, the worker unkilled, the batch back in the queue, and the log says so."""
+    engine = create_store_engine(postgresql_url)
+    names = [f"locked-{n}" for n in range(40)]
+    cancelled = re.compile(r"the stop's grace is over: cancelled \d+ statements? of the intake")
+    with serving_on_postgresql(postgresql_url, tmp_path, WORKERS="1", STOP_GRACE_SECONDS="0.5") as (
+        settings,
+        process,
+        log,
+    ):
+
+        async def stop_while_held() -> None:
+            async with asyncio.timeout(TIMEOUT + 60):
+                await until(lambda: asyncio.sleep(0, _worker_count(process.pid) == 1))
+                with writes_held(settings.effective_database_url):
+                    await publish(settings, [(failed_headers(n), b"{}") for n in names])
+                    await until(lambda: asyncio.to_thread(_waiting_writes, engine))
+                    process.send_signal(signal.SIGTERM)
+                    await asyncio.to_thread(process.wait, TIMEOUT)  # the lock still held
+
+        asyncio.run(stop_while_held())
+
+    text = log.read_text(errors="replace")
+    assert process.returncode == 0, text
+    assert cancelled.search(text), text
+    assert "did not stop" not in text, text
+    ready, unsettled = queue_counts(settings)
+    assert unsettled == 0
     try:
         assert ready + len(stored_rows(engine)) == len(names)
     finally:

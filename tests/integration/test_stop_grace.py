@@ -14,12 +14,15 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from controlroom.config import Settings
+from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
 from controlroom.db.tables import failed_messages, site_calls
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.pipeline import IngestionService
@@ -164,3 +167,57 @@ def test_a_batch_in_hand_goes_back_to_the_queue_when_the_grace_ends(
     # Under load the batcher may cut the messages into more than one batch.
     assert sum(int(m[1]) for line in said if (m := back.fullmatch(line))) == BATCH, said
     assert left == BATCH
+
+
+def _waits_on_a_lock(database_url: str) -> bool:
+    """Whether a session of the store's database waits on a lock (PostgreSQL)."""
+    engine = create_store_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            return bool(
+                conn.exec_driver_sql(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+def test_a_write_waiting_on_a_lock_without_bound_is_cancelled_when_the_grace_ends(
+    intake: Intake, postgresql_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL waits on a lock for as long as it is held (``lock_timeout`` 0, as
+    serve leaves it): the statement a batch in hand waits on is cancelled when the grace
+    ends, so the stop ends within it and the batch goes back, while the lock is still
+    held (before, the stop waited for the lock: a worker was killed past its margin, an
+    intake in serve itself never ended). On SQLite every wait ends with the busy
+    timeout."""
+    engine = create_store_engine(postgresql_url)
+    upgrade_database(engine)
+    settings = _with_grace(
+        Settings(data_dir=tmp_path / "data", database_url=postgresql_url), grace=0.5
+    )
+    queue = intake.queue(settings)
+
+    async def stopped_while_locked() -> int:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            service = intake.make(settings, engine, transport)
+            run = asyncio.create_task(service.run())
+            async with asyncio.timeout(TIMEOUT):
+                with writes_held(postgresql_url, intake.table.name):
+                    await publish_all(transport, queue, intake.messages())
+                    while not await asyncio.to_thread(_waits_on_a_lock, postgresql_url):
+                        await asyncio.sleep(0.05)
+                    await service.stop()  # ends while the lock is held
+                    assert run.done()
+            return await transport.purge(queue)
+
+    try:
+        left = asyncio.run(stopped_while_locked())
+        assert count(engine, intake.table) == 0
+    finally:
+        engine.dispose()
+    assert left == BATCH
+    said = [r.getMessage() for r in caplog.records]
+    assert any(re.fullmatch(r".*grace .* over: cancelled 1 statement.*", m) for m in said), said

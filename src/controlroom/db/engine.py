@@ -7,18 +7,20 @@ The provider applies its own connection rules (``Provider.create_engine``); see
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import TypeVar, cast
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
 import tenacity
 from sqlalchemy.engine import make_url
 
 from controlroom.db.errors import is_transient, name_driver_refusals
-from controlroom.db.providers import provider_named
+from controlroom.db.providers import Provider, provider_named
 from controlroom.db.transactions import begin_write
 from controlroom.exceptions import UnsupportedProviderError
 
@@ -26,6 +28,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "RunningStatements",
     "begin_write",
     "create_store_engine",
     "database_url_problem",
@@ -136,7 +139,86 @@ def create_store_engine(url: str | sa.URL, *, pool_size: int = 10) -> sa.Engine:
             f"{backend}://... and Controlroom uses the driver it installs"
         ) from exc
     sa.event.listen(engine, "handle_error", name_driver_refusals)
+    _track_running_statements(engine, provider_named(backend))
     return engine
+
+
+class RunningStatements:
+    """The store connections that one piece of work (an intake: its task and the tasks
+    and threads it starts) holds, so that ``cancel`` can end their statements from
+    another thread: an intake's stop cancels what its batches still wait on when the grace
+    ends (docs/decisions.md "A stop finishes the batches in hand"). A connection is
+    counted from its checkout out of an engine's pool inside ``tracked`` until its
+    checkin; thread-safe."""
+
+    def __init__(self, owner: str) -> None:
+        self._owner = owner  # for the log: "the intake of 'error'"
+        self._held: dict[int, tuple[Provider, Any]] = {}  # by id of its pool record
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def tracked(self) -> Iterator[None]:
+        """Count the connections checked out in this context, and in the tasks and
+        threads (``asyncio.to_thread``) it starts, which copy it."""
+        token = _RUNNING.set(self)
+        try:
+            yield
+        finally:
+            _RUNNING.reset(token)
+
+    def cancel_at_grace_end(self) -> int:
+        """At the end of a stop's grace: cancel the statement each held connection runs
+        (``Provider.cancel_statement``), say so when there was one, and return how many
+        connections were held. A cancel that cannot be sent is logged."""
+        with self._lock:
+            held = list(self._held.values())
+        for provider, dbapi_connection in held:
+            try:
+                provider.cancel_statement(dbapi_connection)
+            except Exception as exc:
+                log.warning("a statement of %s could not be cancelled: %s", self._owner, exc)
+        if held:
+            log.warning(
+                "the stop's grace is over: cancelled %d statement%s of %s (what its batches "
+                "in hand waited on); they go back to the queue",
+                len(held),
+                "" if len(held) == 1 else "s",
+                self._owner,
+            )
+        return len(held)
+
+    def _checked_out(self, record: Any, provider: Provider, dbapi_connection: Any) -> None:
+        with self._lock:
+            self._held[id(record)] = (provider, dbapi_connection)
+
+    def _checked_in(self, record: Any) -> None:
+        with self._lock:
+            self._held.pop(id(record), None)
+
+
+_RUNNING: contextvars.ContextVar[RunningStatements | None] = contextvars.ContextVar(
+    "running_statements", default=None
+)
+_RECORD_KEY = "controlroom.running_statements"
+
+
+def _track_running_statements(engine: sa.Engine, provider: Provider) -> None:
+    """Count each connection checked out of ``engine``'s pool inside a
+    ``RunningStatements.tracked`` context with that context's counter."""
+
+    def on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        running = _RUNNING.get()
+        if running is not None:
+            running._checked_out(record, provider, dbapi_connection)
+            record.info[_RECORD_KEY] = running
+
+    def on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        running = record.info.pop(_RECORD_KEY, None)
+        if running is not None:
+            running._checked_in(record)
+
+    sa.event.listen(engine, "checkout", on_checkout)
+    sa.event.listen(engine, "checkin", on_checkin)
 
 
 def run_write_transaction(engine: sa.Engine, work: Callable[[sa.Connection], T]) -> T:

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 import tenacity
 
 from controlroom.config import Settings
-from controlroom.db.engine import retry_transient
+from controlroom.db.engine import RunningStatements, retry_transient
 from controlroom.db.errors import name_failure
 from controlroom.events import observe_intake, reporting_intake
 from controlroom.runtime.intake_health import IntakeHealth
@@ -141,7 +141,10 @@ class TelemetryIngestionService:
         self._settings = settings
         self._engine = engine
         self._transport = transport
-        self._stop = IntakeStop(settings.ingestion.stop_grace_seconds)
+        self._statements = RunningStatements(f"the intake of {settings.telemetry_queue!r}")
+        self._stop = IntakeStop(
+            settings.ingestion.stop_grace_seconds, self._statements.cancel_at_grace_end
+        )
         self.health = IntakeHealth(
             INTAKE_NAME,
             settings.telemetry_queue,
@@ -169,8 +172,10 @@ class TelemetryIngestionService:
             self._ingest_batch,
         )
         every = self._settings.ingestion.report_interval_seconds
-        async with reporting_intake(every, self.report, intake=INTAKE_NAME):
-            await batcher.run(self._stop.requested.is_set)
+        # Its batches' statements, cancelled if the stop's grace ends while they wait.
+        with self._statements.tracked():
+            async with reporting_intake(every, self.report, intake=INTAKE_NAME):
+                await batcher.run(self._stop.requested.is_set)
 
     async def report(self) -> None:
         """Read the telemetry queue's depth into ``health`` (a transport that cannot

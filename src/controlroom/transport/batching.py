@@ -33,14 +33,19 @@ class IntakeStop:
     """An intake's stop, in two steps (docs/decisions.md "A stop finishes the batches in
     hand"): once ``request``ed, the intake takes no more deliveries (``requested``); the
     batches it holds keep retrying a transient store failure until ``retries_over``,
-    ``grace_seconds`` later or at ``finished``, whichever comes first. Thread-safe to read
-    (a writer's retry policy sleeps on ``retries_over`` in a worker thread); ``request``
-    and ``finished`` run on the intake's event loop."""
+    ``grace_seconds`` later or at ``finished``, whichever comes first. When the grace
+    ends first, ``on_grace_end`` is called: the intake cancels the statements its batches
+    still wait on (a lock may be held for ever). Thread-safe to read (a writer's retry
+    policy sleeps on ``retries_over`` in a worker thread); ``request`` and ``finished``
+    run on the intake's event loop."""
 
-    def __init__(self, grace_seconds: float) -> None:
+    def __init__(
+        self, grace_seconds: float, on_grace_end: Callable[[], object] | None = None
+    ) -> None:
         self.requested = threading.Event()
         self.retries_over = threading.Event()
         self._grace_seconds = grace_seconds
+        self._on_grace_end = on_grace_end
         self._grace_ends: asyncio.TimerHandle | None = None
 
     def request(self) -> None:
@@ -49,7 +54,12 @@ class IntakeStop:
             return
         self.requested.set()
         loop = asyncio.get_running_loop()
-        self._grace_ends = loop.call_later(self._grace_seconds, self.retries_over.set)
+        self._grace_ends = loop.call_later(self._grace_seconds, self._grace_ended)
+
+    def _grace_ended(self) -> None:
+        self.retries_over.set()
+        if self._on_grace_end is not None:
+            self._on_grace_end()
 
     def finished(self) -> None:
         """The intake has ended: nothing is left to retry."""

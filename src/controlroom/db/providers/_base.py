@@ -537,6 +537,14 @@ class Provider(ABC):
         must consume one broker (``runtime.serve_lock``, docs/design.md "Process
         shape")."""
 
+    @abstractmethod
+    def cancel_statement(self, dbapi_connection: Any) -> None:
+        """End the statement ``dbapi_connection`` (a driver connection) runs now, from
+        another thread; nothing when it runs none. The statement raises in its own thread
+        (a transient error on PostgreSQL, query_canceled). Called when an intake's stop
+        grace ends (``db.engine.RunningStatements``). Raises the driver's error when the
+        cancel request cannot be sent."""
+
     def local_backend_pid(self, dbapi_connection: Any) -> int | None:
         """The id of the server process on this machine that serves ``dbapi_connection``
         (a driver connection), or ``None`` when the work runs in the caller's own process

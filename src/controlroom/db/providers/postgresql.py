@@ -66,6 +66,7 @@ _TRANSIENT_SQLSTATE_CODES = {"55P03", "57014"}
 # Data exceptions (value too long, bad encoding, NUL) and program limits the input hit
 # (a tsvector over 1 MB): the input is at fault, not the store.
 _DATA_SQLSTATE_PREFIXES = ("22", "54")
+_CANCEL_SECONDS = 5.0  # the longest a cancel request waits for the server
 
 
 # The audit log is partitioned by month of occurred_at_utc (migration 0005). A partitioned
@@ -793,6 +794,10 @@ class PostgreSQLProvider(OnConflictProvider):
             conn.rollback()
             return address_identity(conn)
         return f"PostgreSQL cluster {cluster}, database {database}, schema {schema}"
+
+    def cancel_statement(self, dbapi_connection: Any) -> None:
+        # psycopg's cancel_safe: thread-safe, and waits at most its timeout for the server.
+        dbapi_connection.cancel_safe(timeout=_CANCEL_SECONDS)
 
     def local_backend_pid(self, dbapi_connection: Any) -> int | None:
         # A Unix socket or a loopback address, and a process named postgres under that

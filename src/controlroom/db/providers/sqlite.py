@@ -522,6 +522,11 @@ class SQLiteProvider(OnConflictProvider):
             return ErrorKind.DATA
         return ErrorKind.FATAL
 
+    def cancel_statement(self, dbapi_connection: Any) -> None:
+        # sqlite3_interrupt: thread-safe; it ends a running statement, not a wait on the
+        # busy timeout, which ends by itself (BUSY_TIMEOUT_SECONDS).
+        dbapi_connection.interrupt()
+
     def file_url(self, path: Path) -> str:
         """The URL of the database file at ``path`` (the embedded default)."""
         return f"{self.name}:///{path.resolve()}"

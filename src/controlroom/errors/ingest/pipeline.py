@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from prometheus_client import Counter, Gauge, Histogram
 
 from controlroom.config import Settings
-from controlroom.db.engine import retry_transient
+from controlroom.db.engine import RunningStatements, retry_transient
 from controlroom.db.errors import classify_store_error, name_failure
 from controlroom.errors.ingest.bodies import BodyStore
 from controlroom.errors.ingest.identity import failed_import_id
@@ -157,7 +157,10 @@ class IngestionService:
         self._settings = settings
         self._transport = transport
         self._body_store = body_store
-        self._stop = IntakeStop(settings.ingestion.stop_grace_seconds)
+        self._statements = RunningStatements(f"the intake of {settings.error_queue!r}")
+        self._stop = IntakeStop(
+            settings.ingestion.stop_grace_seconds, self._statements.cancel_at_grace_end
+        )
         self._engine = engine
         self.health = IntakeHealth(
             INTAKE_NAME,
@@ -192,8 +195,10 @@ class IngestionService:
             self._ingest_batch,
         )
         every = self._settings.ingestion.report_interval_seconds
-        async with reporting_intake(every, self.report, intake=INTAKE_NAME):
-            await batcher.run(self._stop.requested.is_set)
+        # Its batches' statements, cancelled if the stop's grace ends while they wait.
+        with self._statements.tracked():
+            async with reporting_intake(every, self.report, intake=INTAKE_NAME):
+                await batcher.run(self._stop.requested.is_set)
 
     async def stop(self) -> None:
         """Stop taking messages and finish the batches in hand (``IntakeStop``: a
