@@ -165,10 +165,11 @@ def made_intake_cgroup(share: float, records: Path) -> Iterator[IntakeCgroup | N
 
     ``records`` (a directory of serve's data directory) holds a file per cgroup made,
     locked (``flock``) while its serve runs: the cgroups an ended serve of this data
-    directory left (a second Ctrl+C, a ``kill -9``) are removed first, when empty, and
-    said in the log. A cgroup without a record, or whose record is locked, is never
-    touched: its process id cannot tell, since a serve in another PID namespace may have
-    any id, and its ``cgroup.procs`` may look empty from here."""
+    directory left (a second Ctrl+C, a ``kill -9``) are removed first, what is still in
+    them moved to serve's cgroup, and said in the log. A cgroup without a record, or
+    whose record is locked, is never touched: its process id cannot tell, since a serve in
+    another PID namespace may have any id, and its ``cgroup.procs`` may look empty from
+    here."""
     place = find_place()
     if isinstance(place, str):
         log.info("intake keeps serve's cgroup (the nice alone): %s", place)
@@ -235,7 +236,7 @@ def _record(record: Path, cgroup: Path) -> Iterator[None]:
 
 
 def remove_left(records: Path) -> None:
-    """Remove, when empty, the cgroups that ended serves of one data directory left
+    """Remove the cgroups that ended serves of one data directory left
     (``records``: its ``RECORDS`` directory), as the next serve of it does at start
     (``made_intake_cgroup``): for what ends serves by ``kill -9`` and starts none after,
     such as the tests. Nothing where intake's cgroup cannot be made or nothing is
@@ -246,8 +247,9 @@ def remove_left(records: Path) -> None:
 
 
 def _remove_left(records: Path, directory: Path) -> None:
-    """Remove, when empty, each cgroup in ``directory`` whose record in ``records`` no
-    serve holds, and its record; one that holds processes stays for a later start."""
+    """Remove each cgroup in ``directory`` whose record in ``records`` no serve holds, and
+    its record. What is still in one (the sessions of a killed worker's PostgreSQL
+    backends, waiting on a lock) is moved to serve's cgroup first: its serve has ended."""
     for record in sorted(records.iterdir()):
         if held_elsewhere(record):
             continue
@@ -257,26 +259,35 @@ def _remove_left(records: Path, directory: Path) -> None:
         ):
             log.info("%s names no cgroup of serve's here: left as it is", record)
             continue
-        try:
-            cgroup.rmdir()
-        except FileNotFoundError:
-            pass  # removed by hand meanwhile
-        except OSError as exc:
-            log.warning("intake's cgroup %s, which an ended serve left, stays: %s", cgroup, exc)
-            continue
-        else:
-            log.info("removed intake's cgroup %s, which an ended serve left", cgroup)
+        if cgroup.is_dir():
+            members = _members(cgroup)
+            if not _remove(cgroup, directory):
+                continue
+            moved = (
+                f" (its {len(members)} process{'' if len(members) == 1 else 'es'} moved to "
+                "serve's cgroup first)"
+                if members
+                else ""
+            )
+            log.info("removed intake's cgroup %s, which an ended serve left%s", cgroup, moved)
         record.unlink(missing_ok=True)
+
+
+def _members(cgroup: Path) -> list[str]:
+    """The process ids in ``cgroup``; none when it cannot be read."""
+    try:
+        return (cgroup / "cgroup.procs").read_text().split()
+    except OSError:
+        return []
 
 
 def _remove(cgroup: Path, parent: Path) -> bool:
     """Move what is in ``cgroup`` to ``parent``, then remove it; ``False`` and a warning
     when the kernel keeps it (a process kept moving in)."""
     for _ in range(_REMOVE_TRIES):
-        with contextlib.suppress(OSError):  # gone, or a process that ended meanwhile
-            for pid in (cgroup / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):
-                    (parent / "cgroup.procs").write_text(f"{pid}\n")
+        for pid in _members(cgroup):
+            with contextlib.suppress(OSError):  # a process that ended meanwhile
+                (parent / "cgroup.procs").write_text(f"{pid}\n")
         try:
             cgroup.rmdir()
             return True
