@@ -131,7 +131,8 @@ def _end_with_serve() -> None:
     however serve ends: a second signal or a kill ends serve at once, and its worker must
     not go on alone, holding batches beside a serve started again on the same data
     directory. What the worker held goes back to its queue (RabbitMQ redelivers; the
-    embedded queue when the claims' lease runs out). Elsewhere a no-op."""
+    embedded queue as soon as a transport opens it, the next serve's or worker's, or when
+    the claims' lease runs out). Elsewhere a no-op."""
     if sys.platform != "linux":
         return
     serve = multiprocessing.parent_process()

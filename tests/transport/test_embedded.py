@@ -38,6 +38,21 @@ async def main(path, queue, count):
 asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 """
 
+STUCK_CONSUMER = """
+import asyncio, os, signal, sys
+from pathlib import Path
+from controlroom.transport import EmbeddedQueue
+
+async def main(path, queue, lease):
+    transport = EmbeddedQueue(Path(path), lease_seconds=lease)
+    await transport.start()
+    async for delivery in transport.consume(queue, 10):
+        print(delivery.headers["seq"], flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)  # alive, but renews nothing any more
+
+asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
+"""
+
 CRASHING_CONSUMER = """
 import asyncio, os, sys
 from pathlib import Path
@@ -139,10 +154,14 @@ async def test_messages_survive_a_restart(queue_path: Path, queue_name: str) -> 
                 await delivery.ack()
 
 
-async def test_a_crashed_consumers_messages_come_back_when_the_lease_expires(
+async def test_a_crashed_consumers_messages_come_back_when_the_queue_is_next_opened(
     queue_path: Path, queue_name: str
 ) -> None:
-    lease = 3.0
+    """A consumer that ended without closing (``kill -9``, a crash) holds no lock on its
+    record any more: the next transport to open the file gives its claims back at once,
+    not at the lease's expiry (breaker's pass, session 32: a killed serve's 400 messages
+    waited 5 minutes, shown nowhere)."""
+    lease = 600.0  # far past the test's timeout: only the release brings it back
     async with asyncio.timeout(TIMEOUT):
         await publish_sequence(queue_path, queue_name, 1)
         args = (str(queue_path), queue_name, str(lease))
@@ -154,10 +173,32 @@ async def test_a_crashed_consumers_messages_come_back_when_the_lease_expires(
             EmbeddedQueue(queue_path, poll_interval_seconds=0.05) as transport,
             Collector(transport, queue_name, prefetch=1) as consumer,
         ):
-            await consumer.assert_idle(0.5)  # still leased to the dead process
-            delivery = await consumer.get(timeout=lease + 10)
+            delivery = await consumer.get(timeout=30)
             assert seq(delivery) == 0
             await delivery.ack()
+
+
+async def test_a_stuck_consumers_messages_come_back_when_the_lease_expires(
+    queue_path: Path, queue_name: str
+) -> None:
+    """A consumer alive but stuck (its process stopped) keeps its record's lock, so its
+    claims are not given back at open; they come back when the lease runs out."""
+    lease = 3.0
+    async with asyncio.timeout(TIMEOUT):
+        await publish_sequence(queue_path, queue_name, 1)
+        args = (str(queue_path), queue_name, str(lease))
+        async with run_python(STUCK_CONSUMER, *args) as stuck:
+            assert stuck.stdout is not None
+            assert (await stuck.stdout.readline()).strip() == b"0"
+            async with (
+                EmbeddedQueue(queue_path, poll_interval_seconds=0.05) as transport,
+                Collector(transport, queue_name, prefetch=1) as consumer,
+            ):
+                await consumer.assert_idle(0.5)  # still leased to the stuck process
+                delivery = await consumer.get(timeout=lease + 10)
+                assert seq(delivery) == 0
+                await delivery.ack()
+            stuck.kill()
 
 
 async def test_a_live_consumer_keeps_its_lease_past_the_lease_period(
@@ -256,7 +297,9 @@ async def test_queue_names_are_data_not_sql_or_paths(queue_path: Path) -> None:
                 assert (delivery.queue, delivery.headers["name"]) == (name, name)
                 await delivery.ack()
                 await consumer.assert_idle(0.2)
-    assert sorted(p.name for p in queue_path.parent.iterdir()) == ["queue.db"]
+    # No file named after a queue; the owners' records, none left once closed.
+    assert sorted(p.name for p in queue_path.parent.iterdir()) == ["queue.db", "queue.db.consumers"]
+    assert not list((queue_path.parent / "queue.db.consumers").iterdir())
 
 
 def wal_bytes(queue_path: Path) -> int:

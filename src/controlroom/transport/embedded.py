@@ -10,10 +10,15 @@ Leases: a consumer claims up to ``prefetch`` ready messages atomically (one ``UP
 RETURNING`` inside ``BEGIN IMMEDIATE``), which stamps them with this transport's owner id
 and an expiry ``lease_seconds`` ahead. While the transport is alive it renews the leases
 of every delivery it holds, so a live consumer never loses a message however long its
-commit takes; a crashed process stops renewing and its messages become ready again when
-the lease expires. ``ack`` deletes, ``reject(requeue=True)`` releases (the message keeps
-its FIFO position), ``reject(requeue=False)`` deletes. Settling checks the lease owner, so
-a consumer whose lease expired cannot delete a message another consumer now holds.
+commit takes. Each transport also holds a lock (``flock``) on a record of its owner id
+beside the file (``<file>.consumers/``) while it is open: a transport that opens the file
+gives back at once the claims of every owner whose record no process holds (a process
+killed or crashed; docs/decisions.md "The embedded queue gives back an ended consumer's
+claims when it is next opened"), and a process alive but stuck stops renewing, its
+messages ready again when the lease expires. ``ack`` deletes, ``reject(requeue=True)``
+releases (the message keeps its FIFO position), ``reject(requeue=False)`` deletes.
+Settling checks the lease owner, so a consumer whose lease expired cannot delete a
+message another consumer now holds.
 
 Durability: ``publish`` commits with ``synchronous=FULL`` (survives power loss); claims,
 acks and releases use ``NORMAL`` (survive a process crash; after a power loss an ack may
@@ -30,8 +35,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import json
 import logging
+import os
 import sqlite3
 import time
 import uuid
@@ -40,8 +47,9 @@ from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequenc
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import IO, Any, NamedTuple, TypeVar
 
+from controlroom.runtime.file_locks import held_elsewhere, hold
 from controlroom.transport.base import (
     UNREADABLE_HEADER,
     AckMany,
@@ -244,6 +252,7 @@ class EmbeddedQueue:
         self._poll_interval = float(poll_interval_seconds)
         self._owner = owner or f"{uuid.uuid4()}"
         self._conn: sqlite3.Connection | None = None
+        self._record: IO[str] | None = None  # the owner's record, locked while open
         self._executor: ThreadPoolExecutor | None = None
         self._renewal: asyncio.Task[None] | None = None
         self._sessions: set[_Session] = set()
@@ -652,6 +661,9 @@ class EmbeddedQueue:
                 for statement in _SCHEMA:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION:d}")
+            records = _records_of(self._path)
+            self._record = _hold_record(records, self._owner)
+            _release_ended_owners(conn, records)
         except BaseException:
             conn.close()
             raise
@@ -723,9 +735,18 @@ class EmbeddedQueue:
         try:
             _execute_in_write(conn, _RELEASE_ALL, (self._owner,))
         except sqlite3.Error:
-            log.warning("could not release leases on close; they return at expiry", exc_info=True)
+            log.warning(
+                "could not release leases on close; they return when the queue is next "
+                "opened, or at expiry",
+                exc_info=True,
+            )
+        else:
+            _drop_record(self._path, self._owner)  # nothing left to give back
         finally:
             conn.close()
+            if self._record is not None:
+                self._record.close()  # the lock goes with it
+                self._record = None
 
 
 def _properties_json(properties: MessageProperties, typed: Mapping[str, Any]) -> str:
@@ -785,6 +806,57 @@ def release_claims(path: Path, owner: str) -> int:
         return _execute_in_write(conn, _RELEASE_ALL, (owner,)).rowcount
     finally:
         conn.close()
+
+
+def _records_of(path: Path) -> Path:
+    """The directory of the owners' records of the queue file at ``path``."""
+    return path.with_name(f"{path.name}.consumers")
+
+
+def _record_name(owner: str) -> str:
+    # The owner id is ours, but a file name is made from no text as it is.
+    return hashlib.sha256(owner.encode()).hexdigest()[:32]
+
+
+def _hold_record(records: Path, owner: str) -> IO[str]:
+    """Write ``owner``'s record in ``records`` and hold its lock; returns the open file.
+    Locked before it takes its name, so no other process sees it unheld."""
+    records.mkdir(exist_ok=True)
+    name = _record_name(owner)
+    handle = (records / f".{name}.new").open("w", encoding="utf-8")
+    try:
+        hold(handle)
+        handle.write(owner)
+        handle.flush()
+        os.replace(records / f".{name}.new", records / name)
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def _release_ended_owners(conn: sqlite3.Connection, records: Path) -> None:
+    """Give back the claims of every owner whose record in ``records`` no process holds,
+    and remove the record; a record half made (``.*.new``) by an ended process too."""
+    for record in sorted(records.iterdir()):
+        if held_elsewhere(record):
+            continue
+        if not record.name.startswith("."):
+            owner = record.read_text(encoding="utf-8")
+            released = _execute_in_write(conn, _RELEASE_ALL, (owner,)).rowcount
+            if released:
+                log.info(
+                    "gave back %d messages of the embedded queue that an ended consumer "
+                    "held (its process ended without closing the queue)",
+                    released,
+                )
+        record.unlink(missing_ok=True)
+
+
+def _drop_record(path: Path, owner: str) -> None:
+    """Remove ``owner``'s record, before its lock is let go."""
+    with contextlib.suppress(OSError):
+        (_records_of(path) / _record_name(owner)).unlink()
 
 
 def _execute_in_write(
