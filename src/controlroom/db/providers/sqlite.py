@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import sqlite3
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -55,6 +56,7 @@ WAL_CHECKPOINT_WAIT_SECONDS = 2.0
 the log stays as it is until the next writer's commit tries again."""
 
 _WROTE = "controlroom_wrote"  # connection record info: this connection began a write
+_TURN = "controlroom_turn"  # connection record info: the writers' turn it holds
 _log = logging.getLogger(__name__)
 _TRANSIENT_MARKERS = ("database is locked", "database is busy", "disk i/o error")
 
@@ -425,13 +427,22 @@ class SQLiteProvider(OnConflictProvider):
             cursor.execute(f"PRAGMA journal_size_limit={WAL_CHECKPOINT_BYTES}")
             cursor.close()
 
+        # The process's writers take turns, each with the checkpoint after its commit: a
+        # checkpoint that truncates waits for every writer, and two batches written at once
+        # gave up each other's (docs/decisions.md "SQLite's write-ahead log is
+        # checkpointed by the writer"). SQLite lets one writer in at a time anyway.
+        writers = threading.Lock()
+
         @sa.event.listens_for(engine, "begin")
         def _on_begin(conn: sa.Connection) -> None:
             # A writer takes the lock up front instead of failing on upgrade.
             immediate = conn.get_execution_options().get(WRITE_OPTION, False)
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
             if immediate:
+                # Past a busy timeout SQLite's own wait decides, as without the turn.
+                if writers.acquire(timeout=BUSY_TIMEOUT_SECONDS):
+                    conn.info[_TURN] = writers
                 conn.info[_WROTE] = True
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         wal = path.with_name(f"{path.name}-wal")
 
@@ -440,8 +451,13 @@ class SQLiteProvider(OnConflictProvider):
             dbapi_connection: sqlite3.Connection | None, record: ConnectionPoolEntry
         ) -> None:
             # After the writer's transaction ended, before its caller acknowledges.
-            if record.info.pop(_WROTE, False) and dbapi_connection is not None:
-                _checkpoint_if_past_bound(dbapi_connection, wal)
+            turn = record.info.pop(_TURN, None)
+            try:
+                if record.info.pop(_WROTE, False) and dbapi_connection is not None:
+                    _checkpoint_if_past_bound(dbapi_connection, wal)
+            finally:
+                if turn is not None:
+                    turn.release()
 
         return engine
 
@@ -558,4 +574,8 @@ def _checkpoint_if_past_bound(dbapi_connection: sqlite3.Connection, wal: Path) -
         _log.warning("checkpoint of %s not made: %s", wal, error)
         return
     if busy:
-        _log.info("checkpoint of %s waited for reads and left the log to a later write", wal)
+        _log.info(
+            "checkpoint of %s waited for reads or another process's write and left the log "
+            "to a later write",
+            wal,
+        )
