@@ -5,6 +5,8 @@ provider, on the embedded queue."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,7 @@ def test_the_readme_backlog_is_one_failed_message_per_message_id(
     engine: sa.Engine,
     body_store: FileSystemBodyStore,
     monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     monkeypatch.setenv("CONTROLROOM_DATA_DIR", str(settings.data_dir))
     monkeypatch.setenv("CONTROLROOM_DATABASE_URL", settings.effective_database_url)
@@ -47,13 +50,20 @@ def test_the_readme_backlog_is_one_failed_message_per_message_id(
     publish_backlog = program["publish_backlog"]
     assert callable(publish_backlog)
     asyncio.run(publish_backlog(COUNT))
+    asyncio.run(publish_backlog(2, "second"))  # another prefix: new rows
+    script = tmp_path / "publish_backlog.py"  # and run as the README says
+    script.write_text(readme_producer())
+    ran = subprocess.run(
+        [sys.executable, str(script), "3", "third"], capture_output=True, timeout=TIMEOUT
+    )
+    assert ran.returncode == 0, ran.stderr.decode()
 
     async def drain() -> None:
         async with EmbeddedQueue(settings.embedded_queue_path) as transport:
             ingestion = IngestionService(settings, engine, transport, body_store)
             run = asyncio.create_task(ingestion.run())
             try:
-                while stored(engine) < COUNT:
+                while stored(engine) < COUNT + 5:
                     assert not run.done(), run.exception()
                     await asyncio.sleep(0.1)
             finally:
@@ -71,7 +81,10 @@ def test_the_readme_backlog_is_one_failed_message_per_message_id(
                 failed_messages.c.exception_type,
             )
         ).all()
-    assert sorted(row.message_id for row in rows) == sorted(f"backlog-{n}" for n in range(COUNT))
+    assert sorted(row.message_id for row in rows) == sorted(
+        [f"backlog-{n}" for n in range(COUNT)]
+        + ["second-0", "second-1", "third-0", "third-1", "third-2"]
+    )
     assert {tuple(row[1:]) for row in rows} == {
         (FailedMessageStatus.UNRESOLVED, 1, "Shop.Messages.PlaceOrder", "System.TimeoutException")
     }
