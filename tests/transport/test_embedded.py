@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from controlroom.transport import Delivery, EmbeddedQueue
+from controlroom.transport import Delivery, EmbeddedQueue, embedded
 from controlroom.transport.embedded import SCHEMA_VERSION
 from tests.transport.helpers import Collector
 
@@ -360,3 +360,24 @@ async def test_a_queue_file_of_version_1_is_moved_to_the_current_version(
     with contextlib.closing(sqlite3.connect(queue_path)) as conn:
         assert conn.execute("SELECT count(*) FROM queue_bodies").fetchone() == (0,)
         assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+
+
+async def test_a_record_that_goes_while_the_queue_opens_is_passed_over(
+    queue_path: Path, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Breaker's pass (session 32): a transport closing removes its record a moment before
+    its lock goes; one opening then found it neither held nor there, and failed to start
+    (4 of 200 opens of 8 processes). The race, step by step: the record goes between the
+    listing and the look at its lock."""
+    async with EmbeddedQueue(queue_path):
+        pass
+    records = queue_path.with_name(f"{queue_path.name}.consumers")
+    (records / ("0" * 32)).write_text("an owner closing now")
+
+    def gone_meanwhile(record: Path) -> bool:
+        record.unlink(missing_ok=True)  # its owner closed between the listing and now
+        return False
+
+    monkeypatch.setattr(embedded, "held_elsewhere", gone_meanwhile)
+    async with asyncio.timeout(TIMEOUT), EmbeddedQueue(queue_path) as transport:
+        await transport.publish(queue_name, {"seq": "0"}, b"opened")

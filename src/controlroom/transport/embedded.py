@@ -842,7 +842,10 @@ def _release_ended_owners(conn: sqlite3.Connection, records: Path) -> None:
         if held_elsewhere(record):
             continue
         if not record.name.startswith("."):
-            owner = record.read_text(encoding="utf-8")
+            try:
+                owner = record.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                continue  # its transport closed meanwhile: it gave its claims back itself
             released = _execute_in_write(conn, _RELEASE_ALL, (owner,)).rowcount
             if released:
                 log.info(
