@@ -990,15 +990,22 @@ def test_serve_removes_the_cgroups_an_ended_serve_of_its_data_directory_left_and
     records = worker_settings.data_dir / intake_cgroup.RECORDS
     records.mkdir(parents=True)
     prefix = f"{intake_cgroup.PREFIX}{os.getpid()}"
-    left, live, busy, other = (
-        place / f"{prefix}0-{name}" for name in ("left", "live", "busy", "other")
+    left, live, busy, other, copied = (
+        place / f"{prefix}0-{name}" for name in ("left", "live", "busy", "other", "copied")
     )
-    for group in (left, live, busy, other):
+    for group in (left, live, busy, other, copied):
         group.mkdir()
     for group in (left, live, busy):
-        (records / group.name).write_text(str(group), encoding="utf-8")
+        (records / group.name).write_text(intake_cgroup.record_text(group, records))
+    # A record copied with a data directory (a backup restored beside the live serve):
+    # it names a live serve's cgroup, but its records directory is not this one.
+    elsewhere = worker_settings.data_dir.parent / "original"
+    elsewhere.mkdir()
+    (records / copied.name).write_text(intake_cgroup.record_text(copied, elsewhere))
     sleeper = subprocess.Popen(["sleep", "60"])  # a process in the busy one
     (busy / "cgroup.procs").write_text(f"{sleeper.pid}\n")
+    live_worker = subprocess.Popen(["sleep", "60"])  # the live serve's worker in the copied one
+    (copied / "cgroup.procs").write_text(f"{live_worker.pid}\n")
     try:
         with (records / live.name).open("a") as held:
             file_locks.hold(held)  # a running serve's record
@@ -1018,13 +1025,20 @@ def test_serve_removes_the_cgroups_an_ended_serve_of_its_data_directory_left_and
             f"removed intake's cgroup {busy}, which an ended serve left (its 1 process moved "
             "to serve's cgroup first)" in caplog.messages
         ), caplog.messages
-        assert sorted(p.name for p in records.iterdir()) == [live.name]
+        assert cgroup_members(copied) == {live_worker.pid}  # touched neither
+        copy_said = (
+            f"{records / copied.name} was recorded by another data directory's serve: "
+            "left as it is"
+        )
+        assert copy_said in caplog.messages, caplog.messages
+        assert sorted(p.name for p in records.iterdir()) == sorted([live.name, copied.name])
     finally:
-        sleeper.kill()
-        sleeper.wait()
-        with contextlib.suppress(OSError):
-            (place / "cgroup.procs").write_text(f"{sleeper.pid}\n")
-        for group in (left, live, busy, other):
+        for process in (sleeper, live_worker):
+            process.kill()
+            process.wait()
+            with contextlib.suppress(OSError):
+                (place / "cgroup.procs").write_text(f"{process.pid}\n")
+        for group in (left, live, busy, other, copied):
             with contextlib.suppress(FileNotFoundError, OSError):
                 group.rmdir()
 

@@ -226,13 +226,26 @@ def _record(record: Path, cgroup: Path) -> Iterator[None]:
     ``cgroup`` is still there for the next serve to remove."""
     with record.open("w", encoding="utf-8") as handle:
         hold(handle)
-        handle.write(str(cgroup))
+        handle.write(record_text(cgroup, record.parent))
         handle.flush()
         try:
             yield
         finally:
             if not cgroup.is_dir():
                 record.unlink(missing_ok=True)
+
+
+def record_text(cgroup: Path, records: Path) -> str:
+    """What the record of ``cgroup`` in ``records`` says: the cgroup's path, then the
+    records directory's own identity (device and inode), so that a record copied with a
+    data directory (a backup restored beside the live serve) is not taken for one of its
+    own."""
+    return f"{cgroup}\n{_identity(records)}\n"
+
+
+def _identity(directory: Path) -> str:
+    found = directory.stat()
+    return f"{found.st_dev}:{found.st_ino}"
 
 
 def remove_left(records: Path) -> None:
@@ -254,10 +267,12 @@ def _remove_left(records: Path, directory: Path) -> None:
         if held_elsewhere(record):
             continue
         cgroup = directory / record.name
-        if not record.name.startswith(PREFIX) or record.read_text(encoding="utf-8") != str(
-            cgroup
-        ):
+        named, _, made_in = record.read_text(encoding="utf-8").partition("\n")
+        if not record.name.startswith(PREFIX) or named != str(cgroup):
             log.info("%s names no cgroup of serve's here: left as it is", record)
+            continue
+        if made_in.strip() not in ("", _identity(records)):  # "": recorded before it was said
+            log.info("%s was recorded by another data directory's serve: left as it is", record)
             continue
         if cgroup.is_dir():
             members = _members(cgroup)
