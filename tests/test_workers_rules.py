@@ -487,7 +487,9 @@ def test_a_worker_whose_write_waits_on_a_lock_ends_at_the_grace_not_the_kill(
     held, the worker unkilled, the batch back in the queue, and the log says so."""
     engine = create_store_engine(postgresql_url)
     names = [f"locked-{n}" for n in range(40)]
-    cancelled = re.compile(r"the stop's grace is over: cancelled \d+ statements? of the intake")
+    cancelled = re.compile(
+        r"the stop's grace is over: sent a cancel to the \d+ statements? of the intake"
+    )
     with serving_on_postgresql(postgresql_url, tmp_path, WORKERS="1", STOP_GRACE_SECONDS="0.5") as (
         settings,
         process,

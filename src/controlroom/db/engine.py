@@ -179,8 +179,10 @@ class RunningStatements:
                 log.warning("a statement of %s could not be cancelled: %s", self._owner, exc)
         if held:
             log.warning(
-                "the stop's grace is over: cancelled %d statement%s of %s (what its batches "
-                "in hand waited on); they go back to the queue",
+                "the stop's grace is over: sent a cancel to the %d statement%s of %s still "
+                "under way (what its batches in hand wait on); each batch goes back to the "
+                "queue once its statement ends (SQLite: a wait for the store's lock ends by "
+                "its busy timeout)",
                 len(held),
                 "" if len(held) == 1 else "s",
                 self._owner,
