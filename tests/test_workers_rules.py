@@ -573,8 +573,8 @@ def test_a_second_ctrl_c_ends_serve_at_once_while_a_write_waits(
     # And when the second comes (fresh user, session 32: serve ended without a word).
     assert re.search(
         r"WARNING controlroom\.cli: SIGINT again: serve ends now; what the intakes hold goes "
-        r"back to their queues, and intake's cgroup, if any, to the next serve of this data "
-        r"directory",
+        r"back to their queues \(the embedded queue's when a process next opens it\), and "
+        r"intake's cgroup, if any, to the next serve of this data directory",
         said,
     ), text
 

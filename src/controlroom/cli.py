@@ -1007,8 +1007,9 @@ def _ends_at_once(signum: int, _frame: object) -> None:
     """A second SIGINT or SIGTERM during serve's stop: say what is left, then end as the
     signal's default action does (the exit status says which)."""
     log.warning(
-        "%s again: serve ends now; what the intakes hold goes back to their queues, and "
-        "intake's cgroup, if any, to the next serve of this data directory",
+        "%s again: serve ends now; what the intakes hold goes back to their queues (the "
+        "embedded queue's when a process next opens it), and intake's cgroup, if any, to "
+        "the next serve of this data directory",
         signal.Signals(signum).name,
     )
     signal.signal(signum, signal.SIG_DFL)
