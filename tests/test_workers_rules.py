@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -441,41 +441,23 @@ def test_a_worker_killed_at_the_stop_gives_its_embedded_queue_messages_back_at_o
     stopped (SIGSTOP) before serve's stop: the grace's end cancels such a write
     (``db.engine.RunningStatements``), so only a worker that cannot run at all outlasts
     the margin."""
-    engine = create_store_engine(postgresql_url)
     names = [f"killed-{n}" for n in range(40)]
     killed = re.compile(
         r"intake worker 0 did not stop; killing it: the deliveries it holds go back to the "
         r"queue, to be delivered again"
     )
-    with serving_on_postgresql(postgresql_url, tmp_path, WORKERS="1", STOP_GRACE_SECONDS="0.5") as (
-        settings,
-        process,
-        log,
-    ):
 
-        async def stop_while_held() -> None:
-            async with asyncio.timeout(TIMEOUT + 60):
-                await until(lambda: asyncio.sleep(0, _worker_count(process.pid) == 1))
-                with writes_held(settings.effective_database_url):
-                    await publish(settings, [(failed_headers(n), b"{}") for n in names])
-                    # A batch's write waits on the lock: the worker holds it when told to stop.
-                    await until(lambda: asyncio.to_thread(_waiting_writes, engine))
-                    (worker,) = _workers_of(process.pid)
-                    os.kill(worker, signal.SIGSTOP)
-                    process.send_signal(signal.SIGTERM)
-                    await until(lambda: asyncio.sleep(0, _said(log, killed) == 1))
-                await asyncio.to_thread(process.wait, TIMEOUT)
+    async def stop(process: subprocess.Popen[bytes], log: Path) -> None:
+        (worker,) = _workers_of(process.pid)
+        os.kill(worker, signal.SIGSTOP)
+        process.send_signal(signal.SIGTERM)
+        await until(lambda: asyncio.sleep(0, _said(log, killed) == 1))
 
-        asyncio.run(stop_while_held())
-
-    text = log.read_text(errors="replace")
+    settings, _, text, engine = _stopped_while_a_write_waits(
+        postgresql_url, tmp_path, names, stop
+    )
     assert re.search(r"gave back \d+ messages intake worker 0 held", text), text
-    ready, unsettled = queue_counts(settings)
-    assert unsettled == 0  # nothing left leased by the killed worker
-    try:
-        assert ready + len(stored_rows(engine)) == len(names)
-    finally:
-        engine.dispose()
+    _each_stored_or_back_in_the_queue(settings, engine, names)
 
 
 def test_a_worker_whose_write_waits_on_a_lock_ends_at_the_grace_not_the_kill(
@@ -485,11 +467,34 @@ def test_a_worker_whose_write_waits_on_a_lock_ends_at_the_grace_not_the_kill(
     margin (62 s) and the worker was killed, without a word of why. The grace's end now
     cancels the write the worker's batch waits on: serve ends while the lock is still
     held, the worker unkilled, the batch back in the queue, and the log says so."""
-    engine = create_store_engine(postgresql_url)
     names = [f"locked-{n}" for n in range(40)]
     cancelled = re.compile(
         r"the stop's grace is over: sent a cancel to the \d+ statements? of the intake"
     )
+
+    async def stop(process: subprocess.Popen[bytes], _log: Path) -> None:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(process.wait, TIMEOUT)  # the lock still held
+
+    settings, process, text, engine = _stopped_while_a_write_waits(
+        postgresql_url, tmp_path, names, stop
+    )
+    assert process.returncode == 0, text
+    assert cancelled.search(text), text
+    assert "did not stop" not in text, text
+    _each_stored_or_back_in_the_queue(settings, engine, names)
+
+
+def _stopped_while_a_write_waits(
+    postgresql_url: str,
+    tmp_path: Path,
+    names: list[str],
+    stop: Callable[[subprocess.Popen[bytes], Path], Awaitable[None]],
+) -> tuple[Settings, subprocess.Popen[bytes], str, sa.Engine]:
+    """Serve with one worker and a grace of 0.5 s; ``stop`` it (given serve and its log)
+    while a batch's write of ``names`` waits on a table lock; then wait for serve to end.
+    Returns the settings, serve, its log and an engine on the store."""
+    engine = create_store_engine(postgresql_url)
     with serving_on_postgresql(postgresql_url, tmp_path, WORKERS="1", STOP_GRACE_SECONDS="0.5") as (
         settings,
         process,
@@ -497,20 +502,36 @@ def test_a_worker_whose_write_waits_on_a_lock_ends_at_the_grace_not_the_kill(
     ):
 
         async def stop_while_held() -> None:
-            async with asyncio.timeout(TIMEOUT + 60):
-                await until(lambda: asyncio.sleep(0, _worker_count(process.pid) == 1))
-                with writes_held(settings.effective_database_url):
-                    await publish(settings, [(failed_headers(n), b"{}") for n in names])
-                    await until(lambda: asyncio.to_thread(_waiting_writes, engine))
-                    process.send_signal(signal.SIGTERM)
-                    await asyncio.to_thread(process.wait, TIMEOUT)  # the lock still held
+            async with (
+                asyncio.timeout(TIMEOUT + 60),
+                _a_write_waiting_on_a_lock(settings, process, engine, names),
+            ):
+                await stop(process, log)
+            await asyncio.to_thread(process.wait, TIMEOUT)
 
         asyncio.run(stop_while_held())
+    return settings, process, log.read_text(errors="replace"), engine
 
-    text = log.read_text(errors="replace")
-    assert process.returncode == 0, text
-    assert cancelled.search(text), text
-    assert "did not stop" not in text, text
+
+@contextlib.asynccontextmanager
+async def _a_write_waiting_on_a_lock(
+    settings: Settings, process: subprocess.Popen[bytes], engine: sa.Engine, names: list[str]
+) -> AsyncIterator[None]:
+    """Once serve's worker runs, hold the store's writes and publish ``names``; enter once
+    a batch's write waits on the lock (the worker holds it), which is held until the block
+    ends."""
+    await until(lambda: asyncio.sleep(0, _worker_count(process.pid) == 1))
+    with writes_held(settings.effective_database_url):
+        await publish(settings, [(failed_headers(n), b"{}") for n in names])
+        await until(lambda: asyncio.to_thread(_waiting_writes, engine))
+        yield
+
+
+def _each_stored_or_back_in_the_queue(
+    settings: Settings, engine: sa.Engine, names: list[str]
+) -> None:
+    """Every one of ``names`` stored or ready in the queue, nothing left leased; disposes
+    of ``engine``."""
     ready, unsettled = queue_counts(settings)
     assert unsettled == 0
     try:

@@ -38,34 +38,21 @@ async def main(path, queue, count):
 asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 """
 
-STUCK_CONSUMER = """
+ENDING_CONSUMER = """
 import asyncio, os, signal, sys
 from pathlib import Path
 from controlroom.transport import EmbeddedQueue
 
-async def main(path, queue, lease):
+async def main(path, queue, lease, how):
     transport = EmbeddedQueue(Path(path), lease_seconds=lease)
     await transport.start()
     async for delivery in transport.consume(queue, 10):
         print(delivery.headers["seq"], flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)  # alive, but renews nothing any more
+        if how == "crash":
+            os._exit(3)  # no ack, no close, no lease release
+        os.kill(os.getpid(), signal.SIGSTOP)  # stuck: alive, but renews nothing any more
 
-asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
-"""
-
-CRASHING_CONSUMER = """
-import asyncio, os, sys
-from pathlib import Path
-from controlroom.transport import EmbeddedQueue
-
-async def main(path, queue, lease):
-    transport = EmbeddedQueue(Path(path), lease_seconds=lease)
-    await transport.start()
-    async for delivery in transport.consume(queue, 10):
-        print(delivery.headers["seq"], flush=True)
-        os._exit(3)  # a crash: no ack, no close, no lease release
-
-asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
+asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]))
 """
 
 CONSUMER = """
@@ -164,8 +151,8 @@ async def test_a_crashed_consumers_messages_come_back_when_the_queue_is_next_ope
     lease = 600.0  # far past the test's timeout: only the release brings it back
     async with asyncio.timeout(TIMEOUT):
         await publish_sequence(queue_path, queue_name, 1)
-        args = (str(queue_path), queue_name, str(lease))
-        async with run_python(CRASHING_CONSUMER, *args) as crashing:
+        args = (str(queue_path), queue_name, str(lease), "crash")
+        async with run_python(ENDING_CONSUMER, *args) as crashing:
             stdout, stderr = await crashing.communicate()
             assert (crashing.returncode, stdout.strip()) == (3, b"0"), stderr.decode()
 
@@ -186,8 +173,8 @@ async def test_a_stuck_consumers_messages_come_back_when_the_lease_expires(
     lease = 3.0
     async with asyncio.timeout(TIMEOUT):
         await publish_sequence(queue_path, queue_name, 1)
-        args = (str(queue_path), queue_name, str(lease))
-        async with run_python(STUCK_CONSUMER, *args) as stuck:
+        args = (str(queue_path), queue_name, str(lease), "stick")
+        async with run_python(ENDING_CONSUMER, *args) as stuck:
             assert stuck.stdout is not None
             assert (await stuck.stdout.readline()).strip() == b"0"
             async with (
