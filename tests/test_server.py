@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,7 +20,10 @@ import sqlalchemy as sa
 
 from controlroom import server
 from controlroom.config import Settings
+from controlroom.db.engine import create_store_engine
+from controlroom.db.migrate import upgrade_database
 from controlroom.db.providers import provider_for
+from controlroom.runtime import startup
 from controlroom.runtime.sockets import listen
 from controlroom.sitecalls.demo import generate_demo_telemetry
 from controlroom.sitecalls.history import KpiSampler
@@ -289,3 +294,49 @@ def test_serve_warns_at_start_of_memory_and_wal_settings_that_grow_the_write_pat
     assert [m for m in logged if m.startswith(("store: shared_buffers", "store: checkpoints"))] == [
         f"store: {warning}" for warning in expected
     ]
+
+
+def test_a_start_up_step_the_store_holds_is_said_while_it_waits(
+    tmp_path: Path,
+    postgresql_url: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Breaker's pass (session 32): with a table locked by another session serve's start
+    waited 49 s without a line. While a start-up step waits on the store, serve says which,
+    every ``startup.SLOW_STEP_SECONDS``."""
+    monkeypatch.setattr(startup, "SLOW_STEP_SECONDS", 0.2)
+    engine = create_store_engine(postgresql_url)
+    upgrade_database(engine)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_table() -> None:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("LOCK TABLE failed_messages IN ACCESS EXCLUSIVE MODE")
+            locked.set()
+            release.wait(TIMEOUT)
+            conn.rollback()
+
+    def release_once_said() -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline and not any(
+            "start-up waits on the store" in r.getMessage() for r in list(caplog.records)
+        ):
+            time.sleep(0.05)
+        release.set()
+
+    holder = threading.Thread(target=hold_the_table)
+    holder.start()
+    watcher = threading.Thread(target=release_once_said)
+    try:
+        assert locked.wait(TIMEOUT)
+        watcher.start()
+        start_and_stop_logging_warnings(tmp_path, postgresql_url, caplog)
+    finally:
+        release.set()
+        holder.join()
+        if watcher.is_alive() or watcher.ident is not None:
+            watcher.join()
+        engine.dispose()
+    said = [r.getMessage() for r in caplog.records if "start-up waits" in r.getMessage()]
+    assert said and all(m.startswith("start-up waits on the store: ") for m in said), said

@@ -74,7 +74,7 @@ from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.runtime.reads_first import CountReads, WeighIntake
 from controlroom.runtime.serve_lock import serving
 from controlroom.runtime.sockets import listen
-from controlroom.runtime.startup import Stopped, wait_until_reachable
+from controlroom.runtime.startup import Stopped, said_while_slow, wait_until_reachable
 from controlroom.sitecalls.history import KpiSampler
 from controlroom.sitecalls.intake import INTAKE_NAME as TELEMETRY_INTAKE
 from controlroom.sitecalls.intake import TelemetryIngestionService
@@ -156,9 +156,12 @@ async def run(
                 stop=stop,
                 began=began,
             )
-            upgrade_database(engine)
-            require_writable(engine)
-            write_missing_search_terms(engine, progress=_log_search_terms_progress)
+            with said_while_slow("its migrations"):
+                upgrade_database(engine)
+            with said_while_slow("a test write"):
+                require_writable(engine)
+            with said_while_slow("the search terms of messages stored before migration 0009"):
+                write_missing_search_terms(engine, progress=_log_search_terms_progress)
             _warn_of_audit_log_exposure(engine)
             _warn_of_vacuum_settings(engine)
             _warn_of_server_settings(engine)

@@ -6,13 +6,18 @@ supervisor or in a container is expected to).
 (tenacity) while it fails in a way that a later try may cure (the caller's
 ``unreachable`` predicate), logging each failed try with what is unreachable and why;
 past the deadline it raises ``DependencyUnreachable``, whose text is one line.
+``said_while_slow`` logs, while a start-up step that has reached the store waits on it (a
+lock another session holds), which step, every ``SLOW_STEP_SECONDS``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import tenacity
@@ -25,6 +30,7 @@ T = TypeVar("T")
 
 FIRST_WAIT_SECONDS = 0.5
 MAX_WAIT_SECONDS = 15.0
+SLOW_STEP_SECONDS = 5.0  # how often a start-up step that waits on the store is said
 
 
 class Stopped(Exception):
@@ -102,3 +108,29 @@ async def wait_until_reachable(
             f"(startup.wait_seconds): {describe(exc)}"
         ) from exc
     raise AssertionError("unreachable: tenacity either returns an attempt or raises")
+
+
+@contextlib.contextmanager
+def said_while_slow(step: str) -> Iterator[None]:
+    """Log a warning every ``SLOW_STEP_SECONDS`` while the block (``step`` of serve's
+    start-up, which blocks the event loop) has not ended: a step the store holds (a table
+    another session locked) would otherwise wait without a line."""
+    done = threading.Event()
+    began = time.monotonic()
+
+    def watch() -> None:
+        while not done.wait(SLOW_STEP_SECONDS):
+            log.warning(
+                "start-up waits on the store: %s, for %.0f s so far (a lock another "
+                "session holds?)",
+                step,
+                time.monotonic() - began,
+            )
+
+    watcher = threading.Thread(target=watch, name="controlroom-start-up-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
