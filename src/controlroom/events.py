@@ -20,6 +20,7 @@ import contextlib
 import enum
 import json
 import logging
+import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -321,6 +322,25 @@ async def report_intakes(
                 await asyncio.to_thread(report_intake_transition, engine, health)
             except Exception:  # the next round tries again
                 log.warning("could not report on the %s", health.name, exc_info=True)
+
+
+class SinceLastReport:
+    """An intake's counts by outcome since its last report line, and when that was: read
+    and started again by ``take``, at each report and once more at the intake's stop, so
+    that its lines add up to what it stored (docs/decisions.md "serve says what it is
+    doing"). Used on the intake's event loop only."""
+
+    def __init__(self, *outcomes: str) -> None:
+        self.counts = dict.fromkeys(outcomes, 0)
+        self._since = time.monotonic()
+
+    def take(self) -> tuple[dict[str, int], float]:
+        """The counts since the last ``take`` and the seconds since then (at least 1 ms),
+        starting both again."""
+        counts, self.counts = self.counts, dict.fromkeys(self.counts, 0)
+        now = time.monotonic()
+        seconds, self._since = max(now - self._since, 1e-3), now
+        return counts, seconds
 
 
 @contextlib.asynccontextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import uuid
 from collections.abc import Callable
@@ -222,3 +223,35 @@ def test_a_write_waiting_on_a_lock_without_bound_is_cancelled_when_the_grace_end
     said = [r.getMessage() for r in caplog.records]
     sent = re.compile(r".*grace is over: sent a cancel to the 1 statement of .*")
     assert any(sent.fullmatch(m) for m in said), said
+
+
+def test_what_an_intake_stored_since_its_last_report_is_said_at_its_stop(
+    intake: Intake, settings: Settings, engine: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fresh user (session 32): the log said nothing of what was stored after the last
+    periodic line, so its lines never added up to what the store held (a 7 s drain then
+    a stop: no line at all). The stop says it, from the counts alone (no query)."""
+    caplog.set_level(logging.INFO)
+    ingestion = settings.ingestion.model_copy(
+        update={"batch_size": BATCH, "linger_seconds": 0.1, "report_interval_seconds": 3600}
+    )
+    settings = settings.model_copy(update={"ingestion": ingestion})
+    queue = intake.queue(settings)
+
+    async def drained_then_stopped() -> None:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            service = intake.make(settings, engine, transport)
+            run = asyncio.create_task(service.run())
+            async with asyncio.timeout(TIMEOUT):
+                await publish_all(transport, queue, intake.messages())
+                while await asyncio.to_thread(count, engine, intake.table) < BATCH:
+                    assert not run.done()
+                    await asyncio.sleep(0.05)
+                await service.stop()
+
+    asyncio.run(drained_then_stopped())
+    stopped = re.compile(
+        rf"(ingested|stored) {BATCH} .* from {re.escape(queue)} in the last \d+ s, before the stop"
+    )
+    said = [r.getMessage() for r in caplog.records]
+    assert [m for m in said if stopped.match(m)], said

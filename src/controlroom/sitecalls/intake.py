@@ -32,7 +32,7 @@ import tenacity
 from controlroom.config import Settings
 from controlroom.db.engine import RunningStatements, retry_transient
 from controlroom.db.errors import name_failure
-from controlroom.events import observe_intake, reporting_intake
+from controlroom.events import SinceLastReport, observe_intake, reporting_intake
 from controlroom.runtime.intake_health import IntakeHealth
 from controlroom.sitecalls.writer import IngestBudgetExceeded, ReceivedPacket, SiteCallWriter
 from controlroom.telemetry.contract import (
@@ -158,8 +158,7 @@ class TelemetryIngestionService:
             on_failure=lambda exc: self.health.failed(name_failure(exc)),
         )
         self._run_task: asyncio.Task[None] | None = None
-        self._done = {"stored": 0, "rejected": 0}  # packets since the last report
-        self._reported_at = time.monotonic()
+        self._done = SinceLastReport("stored", "rejected")  # packets
 
     async def run(self) -> None:
         """Consume, batch and write until ``stop()`` or cancellation. Raises
@@ -184,34 +183,38 @@ class TelemetryIngestionService:
         stored or kept since the last report, or waiting), log one line, as the error
         queue's intake does. The seconds are those since the last report."""
         queue = self._settings.telemetry_queue
-        done, self._done = self._done, dict.fromkeys(self._done, 0)
-        now = time.monotonic()
-        seconds, self._reported_at = max(now - self._reported_at, 1e-3), now
+        done, seconds = self._done.take()
         depth = await observe_intake(self._engine, self._transport, self.health)
-        if not any(done.values()) and not (depth and depth.messages):
-            return
+        if any(done.values()) or (depth and depth.messages):
+            self._say(done, seconds, f"; {describe_depth(depth, queue)}")
+
+    def _say(self, done: dict[str, int], seconds: float, then: str) -> None:
         log.info(
             "stored %d telemetry packets (%.1f/s), kept %d in rejected_telemetry, from %s in "
-            "the last %.0f s; %s",
+            "the last %.0f s%s",
             done["stored"],
             done["stored"] / seconds,
             done["rejected"],
-            queue,
+            self._settings.telemetry_queue,
             seconds,
-            describe_depth(depth, queue),
+            then,
         )
 
     def _count(self, reasons: list[str | None]) -> None:
         """Count packets written (reason ``None``) and kept as rejected, for ``report``."""
         rejected = sum(reason is not None for reason in reasons)
-        self._done["stored"] += len(reasons) - rejected
-        self._done["rejected"] += rejected
+        self._done.counts["stored"] += len(reasons) - rejected
+        self._done.counts["rejected"] += rejected
 
     async def stop(self) -> None:
         """Stop taking packets and finish the batches in hand (``IntakeStop``: a transient
         failure is retried for ``ingestion.stop_grace_seconds``, then the batch goes
-        back); unacknowledged packets stay in the queue."""
+        back); unacknowledged packets stay in the queue. Then says what it stored since
+        its last report, if anything (no query: the store may be what held it)."""
         await self._stop.end(self._run_task)
+        done, seconds = self._done.take()
+        if any(done.values()):
+            self._say(done, seconds, ", before the stop")
 
     async def _ingest_batch(self, deliveries: list[Delivery]) -> None:
         # Every delivery ends acknowledged after the commit, or given back: an exception

@@ -34,7 +34,7 @@ from controlroom.errors.ingest.identity import failed_import_id
 from controlroom.errors.ingest.parsing import is_retry_confirmation, parse_failed_message
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.model import FailedAttempt, FailedImport, KnownEndpoint
-from controlroom.events import observe_intake, reporting_intake
+from controlroom.events import SinceLastReport, observe_intake, reporting_intake
 from controlroom.exceptions import ErrorKind, MessageRejected
 from controlroom.runtime.clock import utc_now
 from controlroom.runtime.intake_health import IntakeHealth
@@ -182,8 +182,7 @@ class IngestionService:
             alert_endpoint_failures=settings.ingestion.alert_endpoint_failures_per_hour,
         )
         self._run_task: asyncio.Task[None] | None = None
-        self._done = {"failed_message": 0, "failed_import": 0, "retry_confirmation": 0}
-        self._reported_at = time.monotonic()  # what ``_done`` counts began then
+        self._done = SinceLastReport("failed_message", "failed_import", "retry_confirmation")
 
     async def run(self) -> None:
         """Consume, batch and write until ``stop()`` or cancellation."""
@@ -203,8 +202,12 @@ class IngestionService:
     async def stop(self) -> None:
         """Stop taking messages and finish the batches in hand (``IntakeStop``: a
         transient failure is retried for ``ingestion.stop_grace_seconds``, then the batch
-        goes back); unacknowledged messages stay in the queue."""
+        goes back); unacknowledged messages stay in the queue. Then says what it stored
+        since its last report, if anything (no query: the store may be what held it)."""
         await self._stop.end(self._run_task)
+        done, seconds = self._done.take()
+        if any(done.values()):
+            self._say(done, seconds, ", before the stop")
 
     async def report(self) -> None:
         """Sample the error queue's depth into ``QUEUE_DEPTH``/``QUEUE_LAG`` and, while there
@@ -214,26 +217,26 @@ class IngestionService:
         doing"). A transport that cannot answer leaves the depth out. The seconds are those
         since the last report, not the interval: a worker kept from the CPU reports late."""
         queue = self._settings.error_queue
-        done, self._done = self._done, dict.fromkeys(self._done, 0)
-        now = time.monotonic()
-        seconds, self._reported_at = max(now - self._reported_at, 1e-3), now
+        done, seconds = self._done.take()
         depth = await observe_intake(self._engine, self._transport, self.health)
         if depth is not None:
             QUEUE_DEPTH.labels(queue).set(depth.messages)
             if depth.oldest_age_seconds is not None:
                 QUEUE_LAG.labels(queue).set(depth.oldest_age_seconds)
-        if not any(done.values()) and not (depth and depth.messages):
-            return
+        if any(done.values()) or (depth and depth.messages):
+            self._say(done, seconds, f"; {describe_depth(depth, queue)}")
+
+    def _say(self, done: dict[str, int], seconds: float, then: str) -> None:
         log.info(
             "ingested %d failed messages (%.1f/s), %d failed imports, %d retry confirmations "
-            "from %s in the last %.0f s; %s",
+            "from %s in the last %.0f s%s",
             done["failed_message"],
             done["failed_message"] / seconds,
             done["failed_import"],
             done["retry_confirmation"],
-            queue,
+            self._settings.error_queue,
             seconds,
-            describe_depth(depth, queue),
+            then,
         )
 
     async def _ingest_batch(self, deliveries: list[Delivery]) -> None:
@@ -262,7 +265,7 @@ class IngestionService:
         self.health.stored()
         await ack_all(deliveries)
         for outcome in _count_outcomes(parsed):
-            self._done[outcome] += 1
+            self._done.counts[outcome] += 1
         BATCH_SECONDS.observe(time.monotonic() - started)
 
     async def _write(self, parsed: Sequence[_Parsed]) -> None:
