@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from controlroom.db.engine import create_store_engine
+from controlroom.db.engine import begin_write, create_store_engine
 from controlroom.db.migrate import upgrade_database
 from controlroom.db.providers import sqlite as sqlite_provider
 from controlroom.errors.ingest.parsing import parse_failed_message
@@ -138,3 +138,37 @@ def test_two_writers_of_one_process_leave_each_others_checkpoints_alone(
         assert conn.execute(sa.text("SELECT count(*) FROM failed_messages")).scalar_one() == 1200
     given_up = [r.getMessage() for r in caplog.records if "left the log" in r.getMessage()]
     assert not given_up, given_up
+
+
+def test_a_writer_that_waited_for_its_turn_waits_on_the_store_only_what_is_left(
+    store: tuple[sa.Engine, Path],
+) -> None:
+    """Breaker's pass (session 32): with the store locked by another process, each write
+    of a stop waited its turn and then a whole busy timeout, one after the other, so a
+    stop took minutes. A writer that waited for its turn is left only the rest of the busy
+    timeout to wait on the store."""
+    engine, _ = store
+    holding = threading.Event()
+    seen: list[int] = []
+
+    def long_write() -> None:
+        with begin_write(engine) as conn:
+            conn.execute(sa.text("SELECT 1")).scalar_one()
+            holding.set()
+            time.sleep(1.0)  # holds the turn while the other writer begins
+
+    def waiting_write() -> None:
+        with begin_write(engine) as conn:
+            seen.append(conn.exec_driver_sql("PRAGMA busy_timeout").scalar_one())
+
+    first = threading.Thread(target=long_write)
+    first.start()
+    assert holding.wait(10)
+    waiting_write()
+    first.join()
+    (busy_ms,) = seen
+    assert busy_ms < sqlite_provider.BUSY_TIMEOUT_SECONDS * 1000
+    # Its connection waits a whole busy timeout again in its next transaction.
+    with begin_write(engine) as conn:
+        busy_again = conn.exec_driver_sql("PRAGMA busy_timeout").scalar_one()
+    assert busy_again == sqlite_provider.BUSY_TIMEOUT_SECONDS * 1000

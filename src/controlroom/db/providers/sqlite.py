@@ -57,6 +57,8 @@ the log stays as it is until the next writer's commit tries again."""
 
 _WROTE = "controlroom_wrote"  # connection record info: this connection began a write
 _TURN = "controlroom_turn"  # connection record info: the writers' turn it holds
+_SHORTENED = "controlroom_busy_shortened"  # record info: its busy timeout is what was left
+_TURN_WAIT_UNSAID = 0.05  # seconds waited for the turn that leave the busy timeout whole
 _log = logging.getLogger(__name__)
 _TRANSIENT_MARKERS = ("database is locked", "database is busy", "disk i/o error")
 
@@ -438,9 +440,18 @@ class SQLiteProvider(OnConflictProvider):
             # A writer takes the lock up front instead of failing on upgrade.
             immediate = conn.get_execution_options().get(WRITE_OPTION, False)
             if immediate:
-                # Past a busy timeout SQLite's own wait decides, as without the turn.
+                # Past a busy timeout SQLite's own wait decides, as without the turn. The
+                # turn's wait counts against the busy timeout: with the store locked by
+                # another process, writers that queued for their turn would otherwise
+                # each wait a whole one after the other.
+                began = time.monotonic()
                 if writers.acquire(timeout=BUSY_TIMEOUT_SECONDS):
                     conn.info[_TURN] = writers
+                waited = time.monotonic() - began
+                if waited > _TURN_WAIT_UNSAID:
+                    left = max(1, round((BUSY_TIMEOUT_SECONDS - waited) * 1000))
+                    conn.exec_driver_sql(f"PRAGMA busy_timeout={left}")
+                    conn.info[_SHORTENED] = True
                 conn.info[_WROTE] = True
             conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
@@ -453,6 +464,8 @@ class SQLiteProvider(OnConflictProvider):
             # After the writer's transaction ended, before its caller acknowledges.
             turn = record.info.pop(_TURN, None)
             try:
+                if record.info.pop(_SHORTENED, False) and dbapi_connection is not None:
+                    dbapi_connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_SECONDS * 1000}")
                 if record.info.pop(_WROTE, False) and dbapi_connection is not None:
                     _checkpoint_if_past_bound(dbapi_connection, wal)
             finally:
