@@ -9,11 +9,12 @@ failure within a fraction of a second, as a busy store gives)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,16 +203,13 @@ def test_a_write_waiting_on_a_lock_without_bound_is_cancelled_when_the_grace_end
     queue = intake.queue(settings)
 
     async def stopped_while_locked() -> int:
-        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
-            service = intake.make(settings, engine, transport)
-            run = asyncio.create_task(service.run())
-            async with asyncio.timeout(TIMEOUT):
-                with writes_held(postgresql_url, intake.table.name):
-                    await publish_all(transport, queue, intake.messages())
-                    while not await asyncio.to_thread(_waits_on_a_lock, postgresql_url):
-                        await asyncio.sleep(0.05)
-                    await service.stop()  # ends while the lock is held
-                    assert run.done()
+        async with _running(intake, settings, engine) as (transport, service, run):
+            with writes_held(postgresql_url, intake.table.name):
+                await publish_all(transport, queue, intake.messages())
+                while not await asyncio.to_thread(_waits_on_a_lock, postgresql_url):
+                    await asyncio.sleep(0.05)
+                await service.stop()  # ends while the lock is held
+                assert run.done()
             return await transport.purge(queue)
 
     try:
@@ -239,15 +237,12 @@ def test_what_an_intake_stored_since_its_last_report_is_said_at_its_stop(
     queue = intake.queue(settings)
 
     async def drained_then_stopped() -> None:
-        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
-            service = intake.make(settings, engine, transport)
-            run = asyncio.create_task(service.run())
-            async with asyncio.timeout(TIMEOUT):
-                await publish_all(transport, queue, intake.messages())
-                while await asyncio.to_thread(count, engine, intake.table) < BATCH:
-                    assert not run.done()
-                    await asyncio.sleep(0.05)
-                await service.stop()
+        async with _running(intake, settings, engine) as (transport, service, run):
+            await publish_all(transport, queue, intake.messages())
+            while await asyncio.to_thread(count, engine, intake.table) < BATCH:
+                assert not run.done()
+                await asyncio.sleep(0.05)
+            await service.stop()
 
     asyncio.run(drained_then_stopped())
     stopped = re.compile(
@@ -255,3 +250,16 @@ def test_what_an_intake_stored_since_its_last_report_is_said_at_its_stop(
     )
     said = [r.getMessage() for r in caplog.records]
     assert [m for m in said if stopped.match(m)], said
+
+
+@contextlib.asynccontextmanager
+async def _running(
+    intake: Intake, settings: Settings, engine: sa.Engine
+) -> AsyncIterator[tuple[EmbeddedQueue, Service, asyncio.Task[None]]]:
+    """``intake`` running on an embedded queue of its own: the queue, the service and
+    its run, for at most ``TIMEOUT``."""
+    async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+        service = intake.make(settings, engine, transport)
+        run = asyncio.create_task(service.run())
+        async with asyncio.timeout(TIMEOUT):
+            yield transport, service, run
