@@ -365,6 +365,25 @@ async def test_a_record_that_goes_while_the_queue_opens_is_passed_over(
         record.unlink(missing_ok=True)  # its owner closed between the listing and now
         return False
 
-    monkeypatch.setattr(embedded, "held_elsewhere", gone_meanwhile)
+    monkeypatch.setattr(embedded.file_locks, "held_elsewhere", gone_meanwhile)
     async with asyncio.timeout(TIMEOUT), EmbeddedQueue(queue_path) as transport:
         await transport.publish(queue_name, {"seq": "0"}, b"opened")
+
+
+async def test_where_files_cannot_be_locked_no_owners_claims_are_given_back(
+    queue_path: Path, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No platform lock, no record held: a live consumer's claims would look like an
+    ended one's, so the open gives none back (their lease does)."""
+    lease = 600.0
+    async with asyncio.timeout(TIMEOUT):
+        await publish_sequence(queue_path, queue_name, 1)
+        args = (str(queue_path), queue_name, str(lease), "crash")
+        async with run_python(ENDING_CONSUMER, *args) as crashing:
+            await crashing.communicate()
+        monkeypatch.setattr(embedded.file_locks, "LOCKS", False)
+        async with (
+            EmbeddedQueue(queue_path, poll_interval_seconds=0.05) as transport,
+            Collector(transport, queue_name, prefetch=1) as consumer,
+        ):
+            await consumer.assert_idle(0.5)  # still leased

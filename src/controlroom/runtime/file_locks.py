@@ -19,6 +19,11 @@ except ImportError:  # not POSIX: no lock
     fcntl = None  # type: ignore[assignment]
 
 
+LOCKS = fcntl is not None
+"""Whether this platform locks files at all: where it does not, no lock says a process
+ended."""
+
+
 def held_elsewhere(path: Path) -> bool:
     """Whether another process holds a lock (shared or exclusive) on the file at
     ``path``; False when the file does not exist (nothing is created)."""

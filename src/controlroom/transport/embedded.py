@@ -49,7 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NamedTuple, TypeVar
 
-from controlroom.runtime.file_locks import held_elsewhere, hold
+from controlroom.runtime import file_locks
+from controlroom.runtime.file_locks import hold
 from controlroom.transport.base import (
     UNREADABLE_HEADER,
     AckMany,
@@ -837,9 +838,12 @@ def _hold_record(records: Path, owner: str) -> IO[str]:
 
 def _release_ended_owners(conn: sqlite3.Connection, records: Path) -> None:
     """Give back the claims of every owner whose record in ``records`` no process holds,
-    and remove the record; a record half made (``.*.new``) by an ended process too."""
+    and remove the record; a record half made (``.*.new``) by an ended process too. Nothing
+    where files cannot be locked: no record would be held, a live owner's neither."""
+    if not file_locks.LOCKS:
+        return
     for record in sorted(records.iterdir()):
-        if held_elsewhere(record):
+        if file_locks.held_elsewhere(record):
             continue
         if not record.name.startswith("."):
             try:
