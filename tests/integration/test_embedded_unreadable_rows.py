@@ -58,6 +58,13 @@ def damage(path: Path, message_id: str, how: str) -> None:
                 f"UPDATE queue_messages SET {column} = x'7b2261223a22fffe227d' WHERE id = ?",
                 (row_id,),
             )
+        elif how == "failed queue a table":  # JSON's object, AMQP's table
+            conn.execute(
+                "UPDATE queue_messages SET headers_json = "
+                "json_set(headers_json, '$.\"NServiceBus.FailedQ\"', json('{\"q\":1}')) "
+                "WHERE id = ?",
+                (row_id,),
+            )
         elif how == "headers nested too deep":
             deep = "[" * 100_000 + "]" * 100_000
             conn.execute("UPDATE queue_messages SET headers_json = ? WHERE id = ?", (deep, row_id))
@@ -78,6 +85,8 @@ def damage(path: Path, message_id: str, how: str) -> None:
         # loop, every message behind it held.
         ("headers a blob", "not UTF-8"),
         ("properties a blob", "its broker properties are no JSON object"),
+        # Breaker, session 32: stored as a failed message whose queue was the table's JSON.
+        ("failed queue a table", "'NServiceBus.FailedQ' holds a table, where the wire"),
     ],
 )
 def test_a_row_the_embedded_queue_cannot_read_whole_is_a_failed_import(

@@ -278,3 +278,31 @@ def test_a_header_nested_too_deep_becomes_a_failed_import_and_the_queue_moves_on
     for _ in range(MAX_NESTING - 1):
         [innermost] = innermost.values() if kind == b"F" else innermost
     assert innermost.encode("utf-8", "surrogateescape") == nested(kind, depth - MAX_NESTING + 1)[1:]
+
+
+@pytest.mark.parametrize(
+    ("value", "what"), [({"queue": "Sales"}, "a table"), (["Sales", "Billing"], "an array")]
+)
+@pytest.mark.parametrize("name", ["NServiceBus.FailedQ", "NServiceBus.MessageId"])
+def test_a_structured_identity_header_becomes_a_failed_import_and_the_queue_moves_on(
+    settings: Settings,
+    engine: sa.Engine,
+    rabbitmq_url: str,
+    name: str,
+    value: object,
+    what: str,
+) -> None:
+    """Breaker, session 32: an AMQP table as ``NServiceBus.FailedQ`` was stored as a failed
+    message whose queue was the table's JSON, where a retry would send it. The headers
+    that name the failed queue and the message are text in the wire contract
+    (docs/decisions.md "A table or an array where the wire contract reads text")."""
+    settings = settings.model_copy(
+        update={"broker_url": rabbitmq_url, "error_queue": f"error-{uuid.uuid4().hex[:8]}"}
+    )
+
+    bad_headers = {**failed_headers("structured"), name: value}
+    kept, stored = ingest(settings, engine, rabbitmq_url, bad_then_good(bad_headers))
+    assert stored == ["behind-it"]
+    assert len(kept) == 1 and kept[0].body == b"\x00raw"  # whole, raw
+    assert kept[0].reason == f"header {name!r} holds {what}, where the wire contract reads text"
+    assert json.loads(json.loads(kept[0].headers_json)[name]) == value  # kept, as its JSON

@@ -39,7 +39,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from controlroom.transport.base import Delivery, DeliveryLostError, Headers, TransportError
-from controlroom.transport.properties import MessageProperties
+from controlroom.transport.properties import MessageProperties, structured_kinds
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +317,7 @@ class ConsumerSession:
                 priority=message.priority,
                 headers=message.headers or None,
             ),
+            structured=structured_kinds(message.headers),
         )
         self._held[delivery] = _Held(ledger, tag)
         return delivery

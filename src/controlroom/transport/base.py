@@ -74,7 +74,9 @@ class Delivery:
     values. ``properties``: the further broker properties it was published with
     (``publish(properties=)``; on RabbitMQ those of any producer), ``None`` when it had
     none; ``headers`` is their header table's string view
-    (``properties.header_strings``).
+    (``properties.header_strings``). ``structured``: the headers whose values the queue
+    carried as a table or an array (``properties.structured_kinds``), whose text in
+    ``headers`` is their JSON.
     """
 
     headers: Headers
@@ -84,6 +86,7 @@ class Delivery:
     on_reject: Callable[[bool], Awaitable[None]] = field(repr=False)
     on_ack_many: AckMany | None = field(default=None, repr=False)
     properties: MessageProperties | None = field(default=None, repr=False)
+    structured: Mapping[str, str] = field(default_factory=dict, repr=False)
     size: int = field(init=False)
     _settled: bool = field(default=False, init=False, repr=False)
     _acknowledged: bool = field(default=False, init=False, repr=False)

@@ -73,6 +73,7 @@ from controlroom.transport.properties import (
     message_properties,
     parse_properties,
     properties_json,
+    structured_kinds,
 )
 
 log = logging.getLogger(__name__)
@@ -504,7 +505,7 @@ class EmbeddedQueue:
         stored in a header of its own, and the delivery says why in
         ``UNREADABLE_HEADER`` (with ``unreadable``'s reasons): a failed import, never a
         consumer's crash."""
-        headers = _stored_headers(_as_text(row.headers_json), unreadable)
+        headers, structured = _stored_headers(_as_text(row.headers_json), unreadable)
         headers = fill_message_id(headers, row.message_id)
         properties = None
         if row.properties_json is not None:
@@ -530,6 +531,7 @@ class EmbeddedQueue:
             on_reject=reject,
             on_ack_many=session.ack_many,
             properties=properties,
+            structured=structured,
         )
         session.yielded[delivery] = row.id
         session.held_bytes += delivery.size
@@ -886,16 +888,18 @@ def _as_text(stored: object) -> str:
     return stored if isinstance(stored, str) else str(stored)
 
 
-def _stored_headers(text: str, unreadable: list[str]) -> dict[str, str | None]:
-    """The headers stored as ``text``: a JSON object, its values made text as AMQP's typed
-    values are (``header_strings``); anything else (no JSON, nested deeper than the
-    decoder goes) kept whole under ``UNREADABLE_STORED``, its reason added to
-    ``unreadable``."""
+def _stored_headers(
+    text: str, unreadable: list[str]
+) -> tuple[dict[str, str | None], dict[str, str]]:
+    """The headers stored as ``text`` and which of them hold a table or an array
+    (``structured_kinds``): a JSON object, its values made text as AMQP's typed values
+    are (``header_strings``); anything else (no JSON, nested deeper than the decoder
+    goes) kept whole under ``UNREADABLE_STORED``, its reason added to ``unreadable``."""
     try:
         stored = json.loads(text)
     except (ValueError, RecursionError):
         stored = None
     if isinstance(stored, dict):
-        return header_strings(stored)
+        return header_strings(stored), structured_kinds(stored)
     unreadable.append("its headers are no JSON object")
-    return {UNREADABLE_STORED: text}
+    return {UNREADABLE_STORED: text}, {}

@@ -157,6 +157,19 @@ def header_strings(raw: Mapping[str, Any] | None) -> dict[str, str | None]:
     return {str(name): _header_text(value) for name, value in (raw or {}).items()}
 
 
+def structured_kinds(raw: Mapping[str, Any] | None) -> dict[str, str]:
+    """``{name: "a table" | "an array"}`` for the headers of a typed table (or a stored JSON
+    object) whose values are tables or arrays, whose text in ``header_strings`` is their
+    JSON: a reader that expects text can tell such a value from text that looks like it."""
+    kinds: dict[str, str] = {}
+    for name, value in (raw or {}).items():
+        if isinstance(value, Mapping):
+            kinds[str(name)] = "a table"
+        elif isinstance(value, list | tuple):
+            kinds[str(name)] = "an array"
+    return kinds
+
+
 def _header_text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value

@@ -54,6 +54,11 @@ METRIC_INSTANCE_ID = "NServiceBus.Metric.InstanceId"  # "Endpoint Instance" clas
 RETRY_UNIQUE_MESSAGE_ID = "ServiceControl.Retry.UniqueMessageId"
 RETRY_SUCCESSFUL = "ServiceControl.Retry.Successful"
 
+TEXT_ONLY = (MESSAGE_ID, FAILED_Q, RETRY_UNIQUE_MESSAGE_ID)
+"""The headers that name a message and where it failed: a table or an array there makes
+a failed import, since its JSON would name a queue or a message that no endpoint has
+(docs/decisions.md "A table or an array where the wire contract reads text")."""
+
 # --- header names (Controlroom: Python task queues) ---------------------------------------
 # Written by controlroom.integrations (docs/design.md "Python task queues"); the integrations
 # import these wire modules, never the reverse, so the names are repeated in its envelope.

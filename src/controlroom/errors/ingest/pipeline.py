@@ -30,6 +30,7 @@ from controlroom.config import Settings
 from controlroom.db.engine import RunningStatements, retry_transient
 from controlroom.db.errors import classify_store_error, name_failure
 from controlroom.errors.ingest.bodies import BodyStore
+from controlroom.errors.ingest.headers import TEXT_ONLY
 from controlroom.errors.ingest.identity import failed_import_id
 from controlroom.errors.ingest.parsing import is_retry_confirmation, parse_failed_message
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
@@ -328,6 +329,9 @@ class IngestionService:
             # A transport hands over bytes that were not UTF-8 as lone surrogates; the
             # message is kept whole (escaped in the headers JSON), never ingested half.
             return _Parsed(failed_import=self._failed_import(delivery, broken))
+        structured = _first_structured(delivery.structured)
+        if structured is not None:
+            return _Parsed(failed_import=self._failed_import(delivery, structured))
         try:
             confirmed = is_retry_confirmation(delivery.headers)
             if confirmed is not None:
@@ -350,6 +354,16 @@ class IngestionService:
         return make_failed_import(
             delivery.headers, delivery.body, queue=self._settings.error_queue, reason=reason
         )
+
+
+def _first_structured(structured: Mapping[str, str]) -> str | None:
+    """The reason to keep a message whose identity header is a table or an array, else
+    ``None`` (``headers.TEXT_ONLY``)."""
+    for name in TEXT_ONLY:
+        kind = structured.get(name)
+        if kind is not None:
+            return f"header {name!r} holds {kind}, where the wire contract reads text"
+    return None
 
 
 def _first_not_utf8(headers: Mapping[str, str | None]) -> str | None:
