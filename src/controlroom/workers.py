@@ -4,7 +4,8 @@
 (multiprocessing, spawn context) and keeps health, metrics, the API and the console in
 its own. Each worker lowers its CPU priority by ``ingestion.nice`` (``os.nice``), opens
 the store and the transport, and runs the error queue's and the telemetry queue's
-intakes, the retry processor (its sends) and the notification dispatcher. The priority
+intakes, the retry processor (its sends) and the notification dispatcher, its garbage
+collector tuned for a drain (``runtime.collector``). The priority
 covers the database work a worker starts: SQLite runs in the worker itself; a PostgreSQL
 backend serving a worker's connection is reniced too, when the store says where its
 backend runs and this process may renice it (``db.providers``: ``local_backend_pid``).
@@ -67,6 +68,7 @@ from controlroom.errors.ingest.pipeline import IngestionService
 from controlroom.errors.retries.processor import RetryProcessor
 from controlroom.notifications.dispatcher import Dispatcher
 from controlroom.notifications.rules import rules_applied
+from controlroom.runtime.collector import collect_as_intake
 from controlroom.runtime.demo_logs import quiet_demo_logs
 from controlroom.runtime.intake_health import IntakeHealth, IntakeState
 from controlroom.runtime.reads_first import ReadsInFlight, YieldToReads
@@ -200,6 +202,7 @@ async def _work(settings: Settings, reporter: _Reporter, owner: str, gate: Yield
     )
     transport = create_transport(settings, owner=owner)
     await transport.start()
+    collect_as_intake()
     try:
         with rules_applied(engine, settings.notifications):
             await _run_parts(settings, engine, transport, reporter, stop)
