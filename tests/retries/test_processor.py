@@ -28,7 +28,7 @@ from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
 from controlroom.errors.ingest.pipeline import IngestionService
-from controlroom.errors.ingest.writer import FailedMessageBatchWriter
+from controlroom.errors.ingest.writer import FailedMessageBatchWriter, IngestionBatch
 from controlroom.errors.retries import requests as retries
 from controlroom.errors.retries import wire as retry_wire
 from controlroom.transport.embedded import EmbeddedQueue
@@ -283,6 +283,39 @@ def test_a_window_in_flight_when_its_lease_is_lost_is_sent_once(
     assert batch_statuses(engine) == ["done"]
     with engine.connect() as conn:
         assert conn.execute(sa.select(retry_operations.c.forwarded_count)).scalar_one() == 3
+
+
+def test_a_window_confirmed_before_it_is_written_counts_as_sent(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    """Fresh user, session 33: an endpoint that handled a retried message at once had its
+    confirmation ingested, and the claim removed, before the processor wrote the window
+    that sent it; the operation said "19982 sent, 18 could not be sent" where all 20,000
+    went out and came back confirmed."""
+    batch_id = three_retried_in_one_batch(settings, engine, writer)
+
+    async def scenario() -> None:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            processor = make_processor(settings, engine, transport, body_store)
+            assert await asyncio.to_thread(processor._lease.hold)
+            await asyncio.to_thread(processor._stage, batch_id)
+            window = await asyncio.to_thread(processor._take_window, batch_id)
+            sent = await processor._send_window(window)
+            # The endpoint's confirmations are stored before the window is written.
+            writer.write(IngestionBatch(confirmed_retries=sorted(statuses(engine))))
+            await asyncio.to_thread(processor._record_window, batch_id, sent)
+            assert await processor.process_pending() == 1
+            await processor.close()
+
+    asyncio.run(scenario())
+    assert batch_statuses(engine) == ["done"]
+    with engine.connect() as conn:
+        operation = conn.execute(sa.select(retry_operations)).one()
+    assert (operation.forwarded_count, operation.skipped_count, operation.failed) == (3, 0, False)
+    assert set(statuses(engine).values()) == {FailedMessageStatus.RESOLVED}
 
 
 def test_a_window_whose_process_died_is_sent_once_its_mark_is_past(

@@ -485,17 +485,7 @@ class RetryProcessor:
             request_id = conn.execute(
                 sa.select(rb.request_id).where(rb.id == batch_id)
             ).scalar_one()
-            forwarded = 0
-            if window.sent:  # a claim another process sent too (its mark past) counts once
-                forwarded = conn.execute(
-                    sa.update(failed_message_retries)
-                    .where(
-                        fmr.retry_batch_id == batch_id,
-                        fmr.failed_message_id.in_(window.sent),
-                        fmr.sent_at.is_(None),
-                    )
-                    .values(sent_at=now)
-                ).rowcount
+            forwarded = _mark_sent(conn, batch_id, window.sent, now) if window.sent else 0
             if window.failed:  # free at once for the next try, not when the mark passes
                 conn.execute(
                     sa.update(failed_message_retries)
@@ -664,6 +654,31 @@ def _stored_headers(headers_json: str | None) -> dict[str, str | None]:
             "the stored headers are not an object of strings", _HEADERS_UNREADABLE
         )
     return value
+
+
+def _mark_sent(conn: sa.Connection, batch_id: str, sent: Sequence[str], now: datetime) -> int:
+    """Mark the claims of ``sent`` (messages this window sent) sent at ``now``; answers how
+    many count as forwarded. A claim another process sent too (its mark past) is marked
+    already and counts once, there. A claim that is gone was removed by its message's
+    confirmation (an endpoint that handled the retry before this window was written) or
+    its message's archive or purge: this window sent it, so it counts. The claims found
+    are locked first (in the order of their ids), so none goes between the reading and
+    the marking."""
+    wanted = sorted(set(sent))
+    found = conn.execute(
+        sa.select(fmr.failed_message_id, fmr.sent_at)
+        .where(fmr.retry_batch_id == batch_id, fmr.failed_message_id.in_(wanted))
+        .order_by(fmr.failed_message_id)
+        .with_for_update()
+    ).all()
+    unmarked = [row.failed_message_id for row in found if row.sent_at is None]
+    if unmarked:
+        conn.execute(
+            sa.update(failed_message_retries)
+            .where(fmr.retry_batch_id == batch_id, fmr.failed_message_id.in_(unmarked))
+            .values(sent_at=now)
+        )
+    return len(unmarked) + len(wanted) - len(found)
 
 
 def _delete_claims(conn: sa.Connection, batch_id: str, ids: Sequence[str]) -> None:
