@@ -4,8 +4,10 @@
 cgroups (``runtime.intake_cgroup``), and a site agent its tracking store (``site.store``),
 by holding a lock on a file; the kernel drops it when the process
 ends, however it ends. ``held_elsewhere`` asks for an exclusive lock without waiting and
-gives it back at once: refused while any other process holds one. Where ``flock`` does
-not exist (Windows) nothing is locked and the answer is False.
+gives it back at once: refused while any other process holds one. ``try_hold`` and
+``release`` take and give back such a lock on an open file, as SQLite's writers' turn
+does across processes (``db.providers.sqlite``). Where ``flock`` does not exist (Windows)
+nothing is locked and the answer is False.
 """
 
 from __future__ import annotations
@@ -48,3 +50,22 @@ def hold(handle: IO[Any]) -> None:
     exist."""
     if fcntl is not None:
         fcntl.flock(handle, fcntl.LOCK_EX)
+
+
+def try_hold(fd: int) -> bool:
+    """Take an exclusive lock on the open file descriptor ``fd`` if no other open file
+    holds one: True when taken (or where ``flock`` does not exist), False at once
+    otherwise."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def release(fd: int) -> None:
+    """Give back the lock ``try_hold`` took on ``fd``."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)

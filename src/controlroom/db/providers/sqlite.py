@@ -16,6 +16,7 @@ import sqlite3
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -38,6 +39,7 @@ from controlroom.db.providers._base import (
 )
 from controlroom.db.transactions import WRITE_OPTION, begin_write
 from controlroom.exceptions import ConfigurationError, ErrorKind
+from controlroom.runtime import file_locks
 from controlroom.runtime.lease import Lease
 
 # Central's schema (db/tables.py, and db/leases.py over it) is imported by the hooks that
@@ -429,11 +431,11 @@ class SQLiteProvider(OnConflictProvider):
             cursor.execute(f"PRAGMA journal_size_limit={WAL_CHECKPOINT_BYTES}")
             cursor.close()
 
-        # The process's writers take turns, each with the checkpoint after its commit: a
+        # The store's writers take turns, each with the checkpoint after its commit: a
         # checkpoint that truncates waits for every writer, and two batches written at once
         # gave up each other's (docs/decisions.md "SQLite's write-ahead log is
         # checkpointed by the writer"). SQLite lets one writer in at a time anyway.
-        writers = threading.Lock()
+        writers = _WritersTurn(path.with_name(f"{path.name}-turn"))
 
         @sa.event.listens_for(engine, "begin")
         def _on_begin(conn: sa.Connection) -> None:
@@ -445,7 +447,7 @@ class SQLiteProvider(OnConflictProvider):
                 # another process, writers that queued for their turn would otherwise
                 # each wait a whole one after the other.
                 began = time.monotonic()
-                if writers.acquire(timeout=BUSY_TIMEOUT_SECONDS):
+                if writers.take(timeout=BUSY_TIMEOUT_SECONDS):
                     conn.info[_TURN] = writers
                 waited = time.monotonic() - began
                 if waited > _TURN_WAIT_UNSAID:
@@ -470,7 +472,7 @@ class SQLiteProvider(OnConflictProvider):
                     _checkpoint_if_past_bound(dbapi_connection, wal)
             finally:
                 if turn is not None:
-                    turn.release()
+                    turn.give()
 
         return engine
 
@@ -562,6 +564,51 @@ class SQLiteProvider(OnConflictProvider):
 
 
 PROVIDER = SQLiteProvider()
+
+
+class _WritersTurn:
+    """The turn of one store's writers, from ``BEGIN IMMEDIATE`` to after the checkpoint
+    that follows the commit: a lock for the engine's threads and an ``flock`` on the
+    file ``turn_path`` (made beside the database) for other processes' engines on the
+    same database, as two intake workers are. Where files do not lock, or the file
+    cannot be opened (a read-only directory), the turn is the process's alone."""
+
+    _POLL_SECONDS = (0.001, 0.002, 0.005, 0.01)  # as SQLite's own busy handler begins
+
+    def __init__(self, turn_path: Path) -> None:
+        self._threads = threading.Lock()
+        self._file: int | None = None
+        if file_locks.LOCKS:
+            try:
+                self._file = os.open(turn_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                _log.info("the writers' turn is this process's alone: %s", exc)
+                return
+            weakref.finalize(self, os.close, self._file)
+
+    def take(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the turn: True once taken; False when
+        another writer held it all that time (the writer then goes on without it, and
+        SQLite's busy timeout decides)."""
+        deadline = time.monotonic() + timeout
+        if not self._threads.acquire(timeout=timeout):
+            return False
+        if self._file is None:
+            return True
+        polls = iter(self._POLL_SECONDS)
+        while not file_locks.try_hold(self._file):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._threads.release()
+                return False
+            time.sleep(min(next(polls, self._POLL_SECONDS[-1]), left))
+        return True
+
+    def give(self) -> None:
+        """Give the turn taken by ``take`` back."""
+        if self._file is not None:
+            file_locks.release(self._file)
+        self._threads.release()
 
 
 def _checkpoint_if_past_bound(dbapi_connection: sqlite3.Connection, wal: Path) -> None:
