@@ -30,7 +30,7 @@ def test_every_kind_of_related_path_links_to_the_page_that_shows_it() -> None:
     assert related_link("/notification/9f2e") == "/notifications/9f2e"
     assert related_link("/site/north") == "/site-calls?site=north"
     assert related_link("/site/a b/c") == "/site-calls?site=a%20b%2Fc"
-    assert related_link("/retry/7") is None
+    assert related_link("/retry/7") == "/operations/7"  # a retry operation's page
 
 
 def test_a_widened_search_of_several_words_does_not_say_each_is_missing() -> None:

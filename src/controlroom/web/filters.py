@@ -98,6 +98,7 @@ _RELATED_PAGES: dict[str, str] = {
     "/site/": "/site-calls?site={}",
     "/site-call/": "/site-calls/{}",
     "/notification/": "/notifications/{}",
+    "/retry/": "/operations/{}",
 }
 """The console page of each kind of event log ``related_to`` path (``controlroom.events``)."""
 
@@ -105,8 +106,8 @@ _RELATED_PAGES: dict[str, str] = {
 def related_link(path: str) -> str | None:
     """The console URL that shows what an event's ``related_to`` path names (a failed
     message, the messages of a group or endpoint, a site's calls, a site call, a
-    notification), or ``None`` for a path no page shows. The name is percent-encoded: it
-    came off the wire."""
+    notification, a retry operation), or ``None`` for a path no page shows. The name is
+    percent-encoded: it came off the wire."""
     for prefix, page in _RELATED_PAGES.items():
         if path.startswith(prefix) and len(path) > len(prefix):
             return page.format(quote(path[len(prefix) :], safe=""))
