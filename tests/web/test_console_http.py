@@ -154,6 +154,39 @@ def test_the_list_filters_by_time_of_failure_and_search_by_status(
     assert bad.status_code == 400 and "time of failure" in bad.text
 
 
+def test_a_bulk_archive_says_what_it_left_as_it_was_and_why(
+    console: TestClient, store: Any, engine: sa.Engine
+) -> None:
+    """Fresh user, session 33: "Archive selected" on two messages being retried said
+    "Archived 0 message(s)." and no more; the API answers which it left unchanged."""
+    kept, retried = store("order-1", b"{}"), store("order-2", b"{}")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(failed_messages)
+            .where(failed_messages.c.id == retried)
+            .values(status=int(FailedMessageStatus.RETRY_ISSUED))
+        )
+    listed = console.get("/messages", params={"status": ""})
+    done = console.post(
+        "/messages/bulk",
+        data={"action": "archive", "ids": [kept, retried], "csrf_token": csrf_of(listed.text)},
+        follow_redirects=True,
+    )
+    assert "Archived 1 message(s); 1 left as it was: only Unresolved messages are archived." in (
+        done.text
+    )
+    assert status_of(engine, retried) is FailedMessageStatus.RETRY_ISSUED
+    again = console.post(
+        "/messages/bulk",
+        data={"action": "unarchive", "ids": [kept, retried], "csrf_token": csrf_of(done.text)},
+        follow_redirects=True,
+    )
+    assert (
+        "Unarchived 1 message(s); 1 left as it was: only Archived messages are unarchived."
+        in again.text
+    )
+
+
 @pytest.mark.parametrize("path", ["/messages", "/event-log", "/failed-imports", "/endpoints"])
 def test_a_page_past_the_last_says_so_and_links_the_last(
     console: TestClient, store: Any, path: str

@@ -135,7 +135,8 @@ async def bulk(request: Request, session: Actor) -> Response:
         change = _by_ids(request, session, act, ids)
     except Refused as refusal:
         return refusal.redirect(request, back)
-    return redirect(_with(back, done=f"{action}d", n=len(change)))
+    left = len(change.unchanged) or None  # said only when some were
+    return redirect(_with(back, done=f"{action}d", n=len(change.changed), left=left))
 
 
 # --- groups -------------------------------------------------------------------------------
@@ -274,7 +275,7 @@ def _archive_one(
         change = _by_ids(request, session, action, [str(failed_message_id)])
     except Refused as refusal:
         return refusal.redirect(request, back)
-    return redirect(_with(back, done=done, n=len(change)))
+    return redirect(_with(back, done=done, n=len(change.changed)))
 
 
 def _operation_id(result: retries.RetryRequestResult) -> str | None:
@@ -282,13 +283,15 @@ def _operation_id(result: retries.RetryRequestResult) -> str | None:
     return result.operation_id if result.batches else None
 
 
-def _by_ids(request: Request, session: Session, action: Any, ids: list[str]) -> list[str]:
-    """The ids ``action`` (``errors/actions``) changed; raises ``Refused`` naming the
-    unknown ids when any (nothing was changed)."""
+def _by_ids(
+    request: Request, session: Session, action: Any, ids: list[str]
+) -> operations.StatusChange:
+    """What ``action`` (``errors/actions``) changed and left; raises ``Refused`` naming
+    the unknown ids when any (nothing was changed)."""
     change: operations.StatusChange = action(_engine(request), ids, by=_name(session))
     if change.refused:
         raise Refused(f"no failed message with id {', '.join(change.unknown[:20])}")
-    return change.changed
+    return change
 
 
 def _name(session: Session) -> str:

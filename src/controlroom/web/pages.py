@@ -488,13 +488,25 @@ _NOTICES = {
 }
 
 
+_LEFT_NOTICES = {
+    "archived": "; {left} left as it was: only Unresolved messages are archived.",
+    "unarchived": "; {left} left as it was: only Archived messages are unarchived.",
+}
+"""What a by-id action adds when it left some of the selected messages unchanged."""
+
+
 def _notice(request: Request) -> str | None:
-    """The outcome of the action that redirected here: fixed texts, only a count from
+    """The outcome of the action that redirected here: fixed texts, only counts from
     the URL (no text from a link is ever shown)."""
-    template = _NOTICES.get(request.query_params.get("done", ""))
+    done = request.query_params.get("done", "")
+    template = _NOTICES.get(done)
     if template is None:
         return None
-    return template.format(n=notice_count(request.query_params.get("n", "0")))
+    text = template.format(n=notice_count(request.query_params.get("n", "0")))
+    left = notice_count(request.query_params.get("left", "0"))
+    if left and done in _LEFT_NOTICES:
+        text = text.removesuffix(".") + _LEFT_NOTICES[done].format(left=left)
+    return text
 
 
 def _engine(request: Request) -> sa.Engine:
