@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -311,6 +311,41 @@ def test_a_group_retry_asked_while_one_runs_starts_none_and_names_the_running_on
     with engine.connect() as conn:
         operations = conn.execute(sa.select(retry_operations.c.id)).scalars().all()
     assert operations == [results["first"].operation_id]
+
+
+def test_a_group_retry_after_a_preparation_that_died_starts_anew_and_closes_the_dead_one(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Breaker, session 33: serve killed while a group's retry was creating its batches left
+    its operation unprepared; for 10 minutes every retry of the group answered 202 naming
+    that dead operation, with 0 messages, and the console showed it "Preparing". A request
+    that made no progress for ``ABANDONED_PREPARATION`` is not running: the next request
+    closes it with what it has and starts its own."""
+    store_many(settings, writer, 3, exception_type="System.TimeoutException")
+    with engine.connect() as conn:
+        group_id = conn.execute(sa.select(failed_message_groups.c.group_id).limit(1)).scalar_one()
+    claim = retries._claim_batch
+
+    def died(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt  # the request's process ends before its first batch
+
+    monkeypatch.setattr(retries, "_claim_batch", died)
+    stopped_at = datetime.now(UTC) - retries.ABANDONED_PREPARATION - timedelta(seconds=1)
+    with pytest.raises(KeyboardInterrupt):
+        retries.retry_group(engine, group_id, clock=lambda: stopped_at)
+    monkeypatch.setattr(retries, "_claim_batch", claim)
+
+    again = retries.retry_group(engine, group_id)
+
+    assert not again.already_running and again.message_count == 3
+    with engine.connect() as conn:
+        operations = conn.execute(sa.select(retry_operations)).all()
+    dead = next(op for op in operations if op.id != again.operation_id)
+    assert dead.prepared_at is not None and dead.completed_at is not None
+    assert dead.message_count == 0
 
 
 @pytest.mark.postgresql

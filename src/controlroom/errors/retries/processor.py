@@ -70,7 +70,11 @@ from controlroom.errors import activity
 from controlroom.errors.ingest.bodies import BodyNotFoundError, BodyStore
 from controlroom.errors.read.redirects import redirect_targets
 from controlroom.errors.retries import wire as retry_wire
-from controlroom.errors.retries.requests import BatchStatus, complete_operation_if_finished
+from controlroom.errors.retries.requests import (
+    BatchStatus,
+    close_abandoned_preparations,
+    complete_operation_if_finished,
+)
 from controlroom.errors.retries.wire import UnsendableMessage
 from controlroom.exceptions import ControlroomError
 from controlroom.runtime.clock import Clock, utc_now
@@ -87,10 +91,6 @@ ro = retry_operations.c
 LEASE_NAME = "controlroom.retry-processor"
 FORWARD_WINDOW = 32
 """Messages published concurrently before their sent marks are written in one commit."""
-
-ABANDONED_PREPARATION = timedelta(minutes=10)
-"""A request that has not finished creating its batches after this long died with its
-process; its operation is closed with the batches it has."""
 
 MAX_SEND_ATTEMPTS = 5
 """Failed sends of one claim, with the broker reachable, before it is given up
@@ -618,23 +618,10 @@ class RetryProcessor:
         log.info("retry batch %s forwarded", batch_id)
 
     def _close_abandoned_preparations(self) -> None:
-        """Close operations whose request died before it created all its batches."""
-        now = self._clock()
+        """Close operations whose request died before it created all its batches
+        (``requests.close_abandoned_preparations``)."""
         with begin_write(self._engine) as conn:
-            abandoned = list(
-                conn.scalars(
-                    sa.select(ro.id).where(
-                        ro.prepared_at.is_(None), ro.last_modified < now - ABANDONED_PREPARATION
-                    )
-                )
-            )
-            for operation_id in abandoned:
-                conn.execute(
-                    sa.update(retry_operations)
-                    .where(ro.id == operation_id)
-                    .values(prepared_at=now, last_modified=now)
-                )
-                complete_operation_if_finished(conn, operation_id, now)
+            close_abandoned_preparations(conn, self._clock())
 
 
 # --- helpers ------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -73,6 +73,13 @@ ro = retry_operations.c
 
 BATCH_SIZE = 1000
 """Most messages in one retry batch (ServiceControl's ``RetriesGateway.BatchSize``)."""
+
+ABANDONED_PREPARATION = timedelta(minutes=1)
+"""A request that has not claimed a chunk of its messages for this long died with its
+process (each chunk's transaction, claimed or not, takes well under it): its operation
+is not running any more, and is closed with the batches it has, by the next request of
+the same selection or by the retry processor (docs/decisions.md "Retry requests claim
+messages in batches")."""
 
 HISTORY_DEPTH = 10
 """Completed operations listed in the history (ServiceControl's default history depth)."""
@@ -414,6 +421,9 @@ def _claim_batch(
         claimed = claim_messages(conn, batch_id, candidates)
         if not claimed:
             conn.execute(sa.delete(retry_batches).where(rb.id == batch_id))
+            conn.execute(  # progress all the same: the request is alive
+                sa.update(retry_operations).where(ro.id == operation_id).values(last_modified=now)
+            )
             return None, len(candidates)
         _mark_retry_issued(conn, claimed, now)
         _keep_claimed(conn, operation_id, batch_id)
@@ -483,16 +493,13 @@ def _start_operation(
             provider_for(conn).lock_retry_selection(
                 conn, f"{selection.retry_type}:{selection.target or ''}"
             )
+            same = (
+                ro.retry_type == str(selection.retry_type),
+                ro.target.is_(None) if selection.target is None else ro.target == selection.target,
+            )
+            close_abandoned_preparations(conn, now, *same)
             running = conn.execute(
-                sa.select(ro.id)
-                .where(
-                    ro.retry_type == str(selection.retry_type),
-                    ro.target.is_(None)
-                    if selection.target is None
-                    else ro.target == selection.target,
-                    ro.completed_at.is_(None),
-                )
-                .limit(1)
+                sa.select(ro.id).where(*same, ro.completed_at.is_(None)).limit(1)
             ).scalar_one_or_none()
             if running is not None:
                 return str(running)
@@ -542,6 +549,28 @@ def _finish_preparing(engine: sa.Engine, operation_id: str, clock: Clock, by: st
                 by=by,
                 now=now,
             )
+        complete_operation_if_finished(conn, operation_id, now)
+
+
+def close_abandoned_preparations(
+    conn: sa.Connection, now: datetime, *selection: sa.ColumnElement[bool]
+) -> None:
+    """Close the operations (of ``selection``'s, else any) whose request made no progress
+    for ``ABANDONED_PREPARATION`` before it created all its batches: prepared now, with
+    the batches they have, and completed when those are done."""
+    abandoned = conn.scalars(
+        sa.select(ro.id).where(
+            *selection,
+            ro.prepared_at.is_(None),
+            ro.last_modified < now - ABANDONED_PREPARATION,
+        )
+    ).all()
+    for operation_id in abandoned:
+        conn.execute(
+            sa.update(retry_operations)
+            .where(ro.id == operation_id)
+            .values(prepared_at=now, last_modified=now)
+        )
         complete_operation_if_finished(conn, operation_id, now)
 
 
