@@ -6,6 +6,7 @@ import multiprocessing
 import multiprocessing.synchronize
 
 import psycopg
+import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
@@ -76,13 +77,26 @@ def test_processes_starting_together_migrate_one_after_the_other(postgresql_url:
     engine.dispose()
 
 
-def test_a_time_past_the_last_utc_instant_is_a_client_error(client: TestClient) -> None:
-    response = client.patch(
-        "/api/pendingretries/resolve",
-        json={"from": "2020-01-01T00:00:00", "to": "9999-12-31T23:59:59-14:00"},
-    )
+@pytest.mark.parametrize(
+    ("window", "field"),
+    [
+        ({"from": "2020-01-01T00:00:00", "to": "9999-12-31T23:59:59-14:00"}, "to"),
+        ({"from": "0001-01-01T00:00:00+14:00", "to": "2020-01-01T00:00:00Z"}, "from"),
+    ],
+)
+@pytest.mark.parametrize(
+    "path", ["/api/pendingretries/resolve", "/api/pendingretries/queues/resolve"]
+)
+def test_a_time_outside_the_utc_calendar_is_a_client_error_naming_its_field(
+    client: TestClient, window: dict[str, str], field: str, path: str
+) -> None:
+    """Breaker, session 33: "a value of this request is out of range: date value out of
+    range" named no field, and the queue's window called a valid time no ISO 8601 time."""
+    response = client.patch(path, json={**window, "queueaddress": "Sales"})
 
     assert 400 <= response.status_code < 500, response.text
+    assert f"'{field}' time" in response.text
+    assert "out of range in UTC" in response.text and "not an ISO 8601" not in response.text
 
 
 def test_concurrent_overlapping_archive_and_unarchive_never_fail(

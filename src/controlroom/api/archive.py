@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Protocol, TypeVar
 
 import sqlalchemy as sa
@@ -42,7 +42,7 @@ from controlroom.api.recoverability import (
 from controlroom.db.engine import run_write_transaction
 from controlroom.errors import actions
 from controlroom.errors.read import groups, operations
-from controlroom.errors.read.filter_text import parse_modified_range
+from controlroom.errors.read.filter_text import parse_modified_range, utc_instant
 from controlroom.runtime.clock import utc_now
 
 router = APIRouter(tags=["archive"])
@@ -105,7 +105,7 @@ class ResolveRequest(BaseModel):
         if self.uniquemessageids is None:
             if self.from_ is None or self.to is None:
                 raise ValueError("give 'uniquemessageids', or both 'from' and 'to'")
-            self.from_, self.to = _as_utc(self.from_), _as_utc(self.to)
+            self.from_, self.to = utc_instant(self.from_, "from"), utc_instant(self.to, "to")
             if self.from_ > self.to:
                 raise ValueError("'from' is after 'to'")
         return self
@@ -305,10 +305,6 @@ def _by_ids(
         )
         return JSONResponse(refusal.model_dump(), status_code=422)
     return ActionOutcome(changed=len(outcome.changed), unchanged_ids=outcome.unchanged)
-
-
-def _as_utc(instant: datetime) -> datetime:
-    return instant.replace(tzinfo=UTC) if instant.tzinfo is None else instant.astimezone(UTC)
 
 
 def _caller(request: Request) -> str:

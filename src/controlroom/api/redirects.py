@@ -6,8 +6,10 @@ in a decommissioned queue go to another one.
   ``direction`` (default ``desc``); other values read as the defaults.
 - ``HEAD /api/redirect``: ``Total-Count``.
 - ``POST /api/redirects`` ``{"fromphysicaladdress", "tophysicaladdress", "retryexisting"}``:
-  201; 400 when an address is blank; 409 with the existing redirect when the address is
-  already redirected elsewhere (201 when to the same address), 409 with the redirects
+  201; 400 when an address is blank, 422 naming it when it is too long to keep (400
+  characters) or, as the destination, to name a queue (255 bytes); 409 with the existing
+  redirect when the address is already redirected elsewhere (201 when to the same
+  address), 409 with the redirects
   that point at ``fromphysicaladdress`` when there are any. ``retryexisting`` retries
   the pending retries of that queue again, now redirected.
 - ``PUT /api/redirects/{id}`` ``{"tophysicaladdress"}``: 204; 400 blank; 404 unknown;
@@ -25,7 +27,7 @@ from typing import Annotated
 import sqlalchemy as sa
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, TypeAdapter
+from pydantic import AfterValidator, BaseModel, Field, TypeAdapter
 
 from controlroom.api.auth import current_principal
 from controlroom.api.paging import LIST_RESPONSES, PagingParams, paged_response
@@ -36,6 +38,7 @@ from controlroom.errors.read import redirects
 from controlroom.errors.read.lists import pending_retry_ids
 from controlroom.errors.retries import requests as retries
 from controlroom.runtime.clock import utc_now
+from controlroom.settings_sources import MAX_QUEUE_NAME_BYTES
 
 router = APIRouter(tags=["redirects"])
 
@@ -51,11 +54,29 @@ class RedirectView(BaseModel):
     last_modified: UtcTimestamp
 
 
-class RedirectRequest(BaseModel):
-    """ServiceControl's ``MessageRedirectRequest`` (lower-case names, as it reads them)."""
+MAX_ADDRESS_LENGTH = 400
+"""Characters of a redirect's address (``message_redirects``' columns)."""
 
-    fromphysicaladdress: StoredText | None = None
-    tophysicaladdress: StoredText | None = None
+
+def _names_a_queue(address: str) -> str:
+    if len(address.encode("utf-8", "surrogatepass")) > MAX_QUEUE_NAME_BYTES:
+        raise ValueError(
+            f"no queue is named by more than {MAX_QUEUE_NAME_BYTES} bytes (UTF-8): a retry "
+            "could never be sent there"
+        )
+    return address
+
+
+class RedirectRequest(BaseModel):
+    """ServiceControl's ``MessageRedirectRequest`` (lower-case names, as it reads them).
+    An address is at most ``MAX_ADDRESS_LENGTH`` characters, a destination at most
+    ``MAX_QUEUE_NAME_BYTES`` bytes: 422 naming the field otherwise."""
+
+    fromphysicaladdress: Annotated[StoredText, Field(max_length=MAX_ADDRESS_LENGTH)] | None = None
+    tophysicaladdress: (
+        Annotated[StoredText, Field(max_length=MAX_ADDRESS_LENGTH), AfterValidator(_names_a_queue)]
+        | None
+    ) = None
     retryexisting: bool = False
 
 

@@ -77,9 +77,21 @@ def _parse_instant(text: str, side: str) -> datetime | None:
     for candidate in candidates:
         try:
             instant = datetime.fromisoformat(candidate)
-            if instant.tzinfo is None:
-                instant = instant.replace(tzinfo=UTC)
-            return instant.astimezone(UTC)
-        except (ValueError, OverflowError):  # OverflowError: an offset past year 1 or 9999
+        except ValueError:
             continue
+        return utc_instant(instant, side)
     raise ValueError(f"the {side!r} time {text[:50]!r} is not an ISO 8601 time")
+
+
+def utc_instant(instant: datetime, side: str) -> datetime:
+    """``instant`` in UTC (without a zone: UTC already); raises ``ValueError`` naming
+    ``side`` when its offset takes it before year 1 or after 9999 in UTC."""
+    if instant.tzinfo is None:
+        return instant.replace(tzinfo=UTC)
+    try:
+        return instant.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(
+            f"the {side!r} time {instant.isoformat()!r} is out of range in UTC (its offset "
+            "takes it before year 1 or after 9999)"
+        ) from None
