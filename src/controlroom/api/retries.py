@@ -56,6 +56,7 @@ class RetryAccepted(BaseModel):
     message_count: int  # messages claimed by this request's batches
     skipped_count: int  # selected messages another retry already holds
     batches: list[RetryBatchModel]
+    preparing: bool | None = None  # true: the rest of the batches are made after the answer
 
 
 class RetryOperationModel(BaseModel):
@@ -178,13 +179,13 @@ def retry_queue(
     request: Request, queue_address: Annotated[str, Path(alias="queueaddress")]
 ) -> RetryAccepted:
     """Retry every Unresolved message that failed in this queue address."""
-    return _accepted(request, retries.retry_queue, queue_address)
+    return _accepted(request, retries.retry_queue, queue_address, selection=True)
 
 
 @router.post("/errors/retry/all", status_code=202, response_model_exclude_none=True)
 def retry_everything(request: Request) -> RetryAccepted:
     """Retry every Unresolved message."""
-    return _accepted(request, retries.retry_all)
+    return _accepted(request, retries.retry_all, selection=True)
 
 
 @router.post("/errors/{endpointname}/retry/all", status_code=202, response_model_exclude_none=True)
@@ -192,7 +193,7 @@ def retry_endpoint(
     request: Request, endpoint_name: Annotated[str, Path(alias="endpointname")]
 ) -> RetryAccepted:
     """Retry every Unresolved message of this receiving endpoint."""
-    return _accepted(request, retries.retry_endpoint, endpoint_name)
+    return _accepted(request, retries.retry_endpoint, endpoint_name, selection=True)
 
 
 @router.post(
@@ -203,7 +204,7 @@ def retry_endpoint(
 )
 def retry_group(request: Request, group_id: Annotated[str, Path(alias="groupId")]) -> RetryAccepted:
     """Retry the Unresolved messages of a failure group."""
-    return _accepted(request, retries.retry_group, group_id)
+    return _accepted(request, retries.retry_group, group_id, selection=True)
 
 
 @router.post(
@@ -363,21 +364,29 @@ def _accepted(
     action: Callable[..., retries.RetryRequestResult],
     *args: Any,
     if_unknown: RetryAccepted | None = None,
+    selection: bool = False,
 ) -> RetryAccepted:
     """``action``'s result as the 202 answer; ``if_unknown``, when given, is the answer
-    when an id names no failed message (else a 404)."""
+    when an id names no failed message (else a 404). A ``selection``'s request (a group,
+    a queue, an endpoint, all) answers within ``retries.ANSWER_WITHIN`` and makes the
+    rest of its batches after (``preparing``)."""
+    processor = getattr(request.app.state, "retry_processor", None)
+    options: dict[str, Any] = {}
+    if selection:
+        options["answer_within"] = retries.ANSWER_WITHIN
+        options["on_batches"] = processor.wake if processor is not None else None
     try:
-        result = action(_engine(request), *args, by=current_principal(request).name)
+        result = action(_engine(request), *args, by=current_principal(request).name, **options)
     except retries.UnknownFailedMessages as exc:
         if if_unknown is not None:
             return if_unknown
         raise _http_error(exc) from exc
     except retries.RetryRequestError as exc:
         raise _http_error(exc) from exc
-    processor = getattr(request.app.state, "retry_processor", None)
     if processor is not None and result.batches:
         processor.wake()
-    operation_id = result.operation_id if result.batches or result.already_running else None
+    named = result.batches or result.already_running or result.preparing
+    operation_id = result.operation_id if named else None
     return RetryAccepted(
         operation_id=operation_id,
         request_id=result.target or operation_id,
@@ -385,6 +394,7 @@ def _accepted(
         message_count=result.message_count,
         skipped_count=result.skipped_count,
         batches=[_batch(batch) for batch in result.batches],
+        preparing=result.preparing or None,
     )
 
 

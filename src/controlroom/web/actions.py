@@ -149,7 +149,7 @@ def retry_group(
 ) -> Response:
     back = _with("/groups", classifier=classifier)
     try:
-        _retry(request, session, retries.retry_group, str(group_id))
+        _retry(request, session, retries.retry_group, str(group_id), selection=True)
     except Refused as refusal:
         return refusal.redirect(request, back)
     return redirect(back)
@@ -253,15 +253,22 @@ class Refused(Exception):
 
 
 def _retry(
-    request: Request, session: Session, action: Any, *args: Any
+    request: Request, session: Session, action: Any, *args: Any, selection: bool = False
 ) -> retries.RetryRequestResult:
     """Run a retry request of ``errors/retries/requests`` as the session's principal;
-    raises ``Refused`` with the request's reason (unknown ids, archived or resolved)."""
+    raises ``Refused`` with the request's reason (unknown ids, archived or resolved). A
+    ``selection``'s request answers within ``retries.ANSWER_WITHIN``, as the API's does."""
+    processor = api_state(request).retry_processor
+    options: dict[str, Any] = {}
+    if selection:
+        options["answer_within"] = retries.ANSWER_WITHIN
+        options["on_batches"] = processor.wake if processor is not None else None
     try:
-        result: retries.RetryRequestResult = action(_engine(request), *args, by=_name(session))
+        result: retries.RetryRequestResult = action(
+            _engine(request), *args, by=_name(session), **options
+        )
     except retries.RetryRequestError as exc:
         raise Refused(str(exc)) from exc
-    processor = api_state(request).retry_processor
     if processor is not None and result.batches:
         processor.wake()
     return result

@@ -35,8 +35,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
+import logging
+import threading
+import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -71,8 +74,15 @@ fmr = failed_message_retries.c
 rb = retry_batches.c
 ro = retry_operations.c
 
+log = logging.getLogger(__name__)
+
 BATCH_SIZE = 1000
 """Most messages in one retry batch (ServiceControl's ``RetriesGateway.BatchSize``)."""
+
+ANSWER_WITHIN = 5.0
+"""Seconds the API and the console give a retry of a selection (a group, a queue, an
+endpoint, all) to make its batches before they answer; the rest are made after the
+answer (``retry_all``'s ``answer_within``): a storm's group of 65,000 took 79 s."""
 
 ABANDONED_PREPARATION = timedelta(minutes=1)
 """A request that has not claimed a chunk of its messages for this long died with its
@@ -178,6 +188,9 @@ class RetryRequestResult:
     already_running: bool = False
     """An operation of the same selection was in progress: this request started none,
     and ``operation_id`` is that one's (ServiceControl's ``RetryAllInGroup``)."""
+    preparing: bool = False
+    """The request answered before it created all its batches (``answer_within``): it goes
+    on in the background, and its operation is prepared once they are all made."""
 
     @property
     def message_count(self) -> int:
@@ -245,9 +258,16 @@ def retry_pending_messages(
 
 
 def retry_group(
-    engine: sa.Engine, group_id: str, *, by: str | None = None, clock: Clock = utc_now
+    engine: sa.Engine,
+    group_id: str,
+    *,
+    by: str | None = None,
+    clock: Clock = utc_now,
+    answer_within: float | None = None,
+    on_batches: Callable[[], None] | None = None,
 ) -> RetryRequestResult:
-    """Retry the Unresolved messages of failure group ``group_id`` (``FailureGroup``).
+    """Retry the Unresolved messages of failure group ``group_id`` (``FailureGroup``);
+    ``answer_within`` and ``on_batches`` as ``retry_all``'s.
 
     Raises ``UnknownGroup`` when no message belongs to the group.
     """
@@ -266,41 +286,65 @@ def retry_group(
         classifier=group.classifier,
         condition=fm.id.in_(members),
     )
-    return _run_request(engine, selection, clock, by)
+    return _run_request(engine, selection, clock, by, answer_within, on_batches)
 
 
 def retry_queue(
-    engine: sa.Engine, queue_address: str, *, by: str | None = None, clock: Clock = utc_now
+    engine: sa.Engine,
+    queue_address: str,
+    *,
+    by: str | None = None,
+    clock: Clock = utc_now,
+    answer_within: float | None = None,
+    on_batches: Callable[[], None] | None = None,
 ) -> RetryRequestResult:
-    """Retry the Unresolved messages that failed in ``queue_address`` (``ByQueueAddress``)."""
+    """Retry the Unresolved messages that failed in ``queue_address`` (``ByQueueAddress``);
+    ``answer_within`` and ``on_batches`` as ``retry_all``'s."""
     selection = _Selection(
         RetryType.BY_QUEUE_ADDRESS,
         target=queue_address,
         originator=queue_address,
         condition=failed_in_queue(queue_address),
     )
-    return _run_request(engine, selection, clock, by)
+    return _run_request(engine, selection, clock, by, answer_within, on_batches)
 
 
 def retry_endpoint(
-    engine: sa.Engine, endpoint_name: str, *, by: str | None = None, clock: Clock = utc_now
+    engine: sa.Engine,
+    endpoint_name: str,
+    *,
+    by: str | None = None,
+    clock: Clock = utc_now,
+    answer_within: float | None = None,
+    on_batches: Callable[[], None] | None = None,
 ) -> RetryRequestResult:
     """Retry the Unresolved messages of the receiving endpoint ``endpoint_name``
-    (``AllForEndpoint``)."""
+    (``AllForEndpoint``); ``answer_within`` and ``on_batches`` as ``retry_all``'s."""
     selection = _Selection(
         RetryType.ALL_FOR_ENDPOINT,
         target=endpoint_name,
         originator=endpoint_name,
         condition=fm.receiving_endpoint == endpoint_name,
     )
-    return _run_request(engine, selection, clock, by)
+    return _run_request(engine, selection, clock, by, answer_within, on_batches)
 
 
 def retry_all(
-    engine: sa.Engine, *, by: str | None = None, clock: Clock = utc_now
+    engine: sa.Engine,
+    *,
+    by: str | None = None,
+    clock: Clock = utc_now,
+    answer_within: float | None = None,
+    on_batches: Callable[[], None] | None = None,
 ) -> RetryRequestResult:
-    """Retry every Unresolved message (``All``)."""
-    return _run_request(engine, _Selection(RetryType.ALL, condition=sa.true()), clock, by)
+    """Retry every Unresolved message (``All``).
+
+    ``answer_within`` (seconds): once a batch is made past it, answer with the batches
+    made so far (``preparing``) and make the rest in a thread of their own, calling
+    ``on_batches`` when done (a processor's wake-up); ``None``: make every batch first.
+    """
+    selection = _Selection(RetryType.ALL, condition=sa.true())
+    return _run_request(engine, selection, clock, by, answer_within, on_batches)
 
 
 # --- validation ---------------------------------------------------------------------------
@@ -332,10 +376,16 @@ def _validated_ids(engine: sa.Engine, requested: Sequence[str]) -> list[str]:
 
 # --- the request --------------------------------------------------------------------------
 def _run_request(
-    engine: sa.Engine, selection: _Selection, clock: Clock, by: str | None
+    engine: sa.Engine,
+    selection: _Selection,
+    clock: Clock,
+    by: str | None,
+    answer_within: float | None = None,
+    on_batches: Callable[[], None] | None = None,
 ) -> RetryRequestResult:
     """Record the operation, create its batches one transaction each, then mark it
-    prepared (or forget it when it claimed nothing), logging the request by ``by``."""
+    prepared (or forget it when it claimed nothing), logging the request by ``by``; past
+    ``answer_within`` the rest goes on in a thread (``retry_all``)."""
     operation_id = str(uuid.uuid4())
     retrying = _retrying()
     running = retrying(_start_operation, engine, selection, operation_id, clock)
@@ -345,17 +395,63 @@ def _run_request(
         )
     batches: list[RetryBatchInfo] = []
     skipped = 0
-    for candidates in _candidate_chunks(engine, selection):
+    answer_by = None if answer_within is None else time.monotonic() + answer_within
+    chunks = _candidate_chunks(engine, selection)
+    for candidates in chunks:
         batch, not_claimed = retrying(
             _claim_batch, engine, selection, operation_id, candidates, clock
         )
         skipped += not_claimed
         if batch is not None:
             batches.append(batch)
+        if answer_by is not None and time.monotonic() >= answer_by:
+            threading.Thread(
+                target=_prepare_the_rest,
+                args=(engine, selection, operation_id, chunks, clock, by, on_batches),
+                name=f"retry-preparation-{operation_id[:8]}",
+                daemon=True,  # a process that ends leaves the operation to be closed
+            ).start()
+            return RetryRequestResult(
+                operation_id,
+                selection.retry_type,
+                selection.target,
+                batches,
+                skipped,
+                preparing=True,
+            )
     retrying(_finish_preparing, engine, operation_id, clock, by)
     return RetryRequestResult(
         operation_id, selection.retry_type, selection.target, batches, skipped
     )
+
+
+def _prepare_the_rest(
+    engine: sa.Engine,
+    selection: _Selection,
+    operation_id: str,
+    chunks: Iterator[Sequence[str]],
+    clock: Clock,
+    by: str | None,
+    on_batches: Callable[[], None] | None,
+) -> None:
+    """The batches of a request that answered before it made them all, then its
+    operation prepared. A failure is logged; the operation, no longer making progress, is
+    closed with the batches it has (``ABANDONED_PREPARATION``)."""
+    retrying = _retrying()
+    try:
+        for candidates in chunks:
+            retrying(_claim_batch, engine, selection, operation_id, candidates, clock)
+        retrying(_finish_preparing, engine, operation_id, clock, by)
+    except Exception:
+        log.exception(
+            "retry operation %s: creating its batches failed; it is closed with the batches "
+            "it has within %s",
+            operation_id,
+            ABANDONED_PREPARATION,
+        )
+        return
+    if on_batches is not None:
+        on_batches()
 
 
 def _candidate_chunks(engine: sa.Engine, selection: _Selection) -> Iterator[Sequence[str]]:
