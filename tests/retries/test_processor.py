@@ -318,6 +318,41 @@ def test_a_window_confirmed_before_it_is_written_counts_as_sent(
     assert set(statuses(engine).values()) == {FailedMessageStatus.RESOLVED}
 
 
+def test_a_window_sent_by_a_process_that_died_before_writing_it_counts_as_sent(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    body_store: FileSystemBodyStore,
+) -> None:
+    """Breaker, session 33: serve killed mid-forwarding; the window it had sent was
+    confirmed, its claims removed, and the operation ended "19076 sent, 13 could not be
+    sent" of 19,089 all sent and confirmed. A claim a confirmation removes after a window
+    took it, before its send was written, counts as sent."""
+    batch_id = three_retried_in_one_batch(settings, engine, writer)
+
+    def later(seconds: float) -> Callable[[], datetime]:
+        return lambda: datetime.now(UTC) + timedelta(seconds=seconds)
+
+    async def scenario() -> None:
+        async with EmbeddedQueue(settings.embedded_queue_path) as transport:
+            dead = make_processor(settings, engine, transport, body_store)
+            assert await asyncio.to_thread(dead._lease.hold)
+            await asyncio.to_thread(dead._stage, batch_id)
+            window = await asyncio.to_thread(dead._take_window, batch_id)
+            await dead._send_window(window)  # sent; the process dies before writing it
+            await dead.close()
+            writer.write(IngestionBatch(confirmed_retries=sorted(statuses(engine))))
+            late = make_processor(settings, engine, transport, body_store, clock=later(61))
+            await late.process_pending()
+            await late.close()
+
+    asyncio.run(scenario())
+    assert batch_statuses(engine) == ["done"]
+    with engine.connect() as conn:
+        operation = conn.execute(sa.select(retry_operations)).one()
+    assert (operation.forwarded_count, operation.skipped_count, operation.failed) == (3, 0, False)
+
+
 def test_a_window_whose_process_died_is_sent_once_its_mark_is_past(
     settings: Settings,
     engine: sa.Engine,

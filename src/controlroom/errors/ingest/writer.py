@@ -36,6 +36,8 @@ from controlroom.db.tables import (
     failed_message_retries,
     failed_messages,
     known_endpoints,
+    retry_batches,
+    retry_operations,
 )
 from controlroom.errors import activity, tallies
 from controlroom.errors.ingest.bodies import BodyStore
@@ -209,15 +211,18 @@ class FailedMessageBatchWriter:
         # driven by the claims (almost always none of the batch's): a probe of their
         # primary key per id, each found claim's message read for its status.
         claims = failed_message_retries.c
-        conn.execute(
-            sa.delete(failed_message_retries).where(
+        released = conn.execute(
+            sa.delete(failed_message_retries)
+            .where(
                 self._provider.is_one_of(claims.failed_message_id, sorted(r.id for r in stored)),
                 sa.exists().where(
                     failed_messages.c.id == claims.failed_message_id,
                     failed_messages.c.status == int(FailedMessageStatus.UNRESOLVED),
                 ),
             )
-        )
+            .returning(*_CLAIM_STATE)
+        ).all()
+        _count_sent_unwritten(conn, released)
 
     def _replace_groups(
         self,
@@ -386,11 +391,42 @@ class FailedMessageBatchWriter:
                     last_modified=now,
                 )
             )
-            conn.execute(
-                sa.delete(failed_message_retries).where(
-                    failed_message_retries.c.failed_message_id.in_(id_chunk)
-                )
-            )
+            removed = conn.execute(
+                sa.delete(failed_message_retries)
+                .where(failed_message_retries.c.failed_message_id.in_(id_chunk))
+                .returning(*_CLAIM_STATE)
+            ).all()
+            _count_sent_unwritten(conn, removed)
+
+
+_CLAIM_STATE = (
+    failed_message_retries.c.retry_batch_id,
+    failed_message_retries.c.in_flight_until,
+    failed_message_retries.c.sent_at,
+)
+"""What a removed retry claim says of its send: its batch, whether a window took it, and
+whether its send was written."""
+
+
+def _count_sent_unwritten(
+    conn: sa.Connection, removed: Sequence[sa.Row[*tuple[Any, ...]]]
+) -> None:
+    """Count as forwarded, in their operations, the removed claims that a window took and
+    whose send no window wrote: their message came back (confirmed, or failed again) before
+    its window was written, or after the process that sent it ended (docs/decisions.md "A
+    window in flight is claimed"). The claims were removed first, as a window locks them
+    before it counts, so the two never wait on each other in opposite orders."""
+    per_batch: dict[str, int] = {}
+    for claim in removed:
+        if claim.in_flight_until is not None and claim.sent_at is None:
+            per_batch[claim.retry_batch_id] = per_batch.get(claim.retry_batch_id, 0) + 1
+    for batch_id, count in sorted(per_batch.items()):
+        operation = sa.select(retry_batches.c.request_id).where(retry_batches.c.id == batch_id)
+        conn.execute(
+            sa.update(retry_operations)
+            .where(retry_operations.c.id == operation.scalar_subquery())
+            .values(forwarded_count=retry_operations.c.forwarded_count + count)
+        )
 
 
 def _hour_of(message: FoldedMessage) -> int:

@@ -645,12 +645,12 @@ def _stored_headers(headers_json: str | None) -> dict[str, str | None]:
 
 def _mark_sent(conn: sa.Connection, batch_id: str, sent: Sequence[str], now: datetime) -> int:
     """Mark the claims of ``sent`` (messages this window sent) sent at ``now``; answers how
-    many count as forwarded. A claim another process sent too (its mark past) is marked
-    already and counts once, there. A claim that is gone was removed by its message's
-    confirmation (an endpoint that handled the retry before this window was written) or
-    its message's archive or purge: this window sent it, so it counts. The claims found
-    are locked first (in the order of their ids), so none goes between the reading and
-    the marking."""
+    many count as forwarded here. A claim another process sent too (its mark past) is
+    marked already and counts once, there. A claim that is gone was removed by its
+    message's confirmation or new failure (an endpoint that handled the retry before this
+    window was written), and the writer that removed it counted it
+    (``errors.ingest.writer``). The claims found are locked first (in the order of their
+    ids), so none goes between the reading and the marking."""
     wanted = sorted(set(sent))
     found = conn.execute(
         sa.select(fmr.failed_message_id, fmr.sent_at)
@@ -665,7 +665,7 @@ def _mark_sent(conn: sa.Connection, batch_id: str, sent: Sequence[str], now: dat
             .where(fmr.retry_batch_id == batch_id, fmr.failed_message_id.in_(unmarked))
             .values(sent_at=now)
         )
-    return len(unmarked) + len(wanted) - len(found)
+    return len(unmarked)
 
 
 def _delete_claims(conn: sa.Connection, batch_id: str, ids: Sequence[str]) -> None:
