@@ -432,6 +432,18 @@ def test_an_operation_whose_request_died_midway_is_closed_with_the_batches_it_ha
     assert operation is not None
     assert operation.prepared_at is not None and operation.completed_at is not None
     assert operation.forwarded_count == 2
+    with engine.connect() as conn:
+        requested = conn.execute(
+            sa.select(event_log_items.c.description).where(
+                event_log_items.c.event_type == "RetryOperationRequested"
+            )
+        ).scalars()
+        # The first by the request, which this test then made look unfinished; the last
+        # by the close.
+        said = [
+            text.endswith("its request ended before it claimed every message") for text in requested
+        ]
+    assert sorted(said) == [False, True]
 
 
 @contextlib.contextmanager

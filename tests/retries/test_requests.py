@@ -19,6 +19,7 @@ from controlroom.config import Settings
 from controlroom.db.providers import provider_for
 from controlroom.db.tables import (
     FailedMessageStatus,
+    event_log_items,
     failed_message_groups,
     failed_messages,
     retry_batches,
@@ -398,10 +399,32 @@ def test_a_group_retry_after_a_preparation_that_died_starts_anew_and_closes_the_
 
     assert not again.already_running and again.message_count == 3
     with engine.connect() as conn:
-        operations = conn.execute(sa.select(retry_operations)).all()
-    dead = next(op for op in operations if op.id != again.operation_id)
-    assert dead.prepared_at is not None and dead.completed_at is not None
-    assert dead.message_count == 0
+        operations = conn.execute(sa.select(retry_operations.c.id)).scalars().all()
+    # The dead one claimed nothing: not kept, as a request that claims nothing is not
+    # (breaker, session 33: it was shown as "Retry sent: 0 of 0").
+    assert operations == [again.operation_id]
+
+
+def test_a_retry_request_is_logged_when_it_was_made(
+    settings: Settings, engine: sa.Engine, writer: FailedMessageBatchWriter
+) -> None:
+    """Fresh user, session 33: "RetryOperationRequested" was stamped when the request had
+    made its last batch, 91 s after it was made and after half its batches were sent."""
+    store_many(settings, writer, 3, exception_type="System.TimeoutException")
+    with engine.connect() as conn:
+        group_id = conn.execute(sa.select(failed_message_groups.c.group_id).limit(1)).scalar_one()
+    ticks = iter(datetime(2026, 12, 7, 18, 50, n, tzinfo=UTC) for n in range(60))
+
+    retries.retry_group(engine, group_id, clock=lambda: next(ticks))
+
+    with engine.connect() as conn:
+        started = conn.execute(sa.select(retry_operations.c.started_at)).scalar_one()
+        raised = conn.execute(
+            sa.select(event_log_items.c.raised_at).where(
+                event_log_items.c.event_type == "RetryOperationRequested"
+            )
+        ).scalar_one()
+    assert raised == started == datetime(2026, 12, 7, 18, 50, 0, tzinfo=UTC)
 
 
 @pytest.mark.postgresql

@@ -93,12 +93,18 @@ def retry_requested(
     *,
     by: str | None,
     now: datetime,
+    ended: bool = False,
 ) -> None:
+    """A retry operation was requested (``now``: when), of ``count`` messages; ``ended``:
+    its request ended before it made all its batches, and ``count`` is what it made."""
     aim = f" of {target}" if target else ""
     who = f" by {by}" if by else ""
+    cut = "; its request ended before it claimed every message" if ended else ""
     record_event(
         conn,
-        description=f"retry ({retry_type}{aim}) of {_count(count, 'message')} requested{who}",
+        description=(
+            f"retry ({retry_type}{aim}) of {_count(count, 'message')} requested{who}{cut}"
+        ),
         severity=Severity.INFO,
         category=Category.RECOVERABILITY,
         event_type=EventType.RETRY_OPERATION_REQUESTED,

@@ -619,41 +619,49 @@ def _start_operation(
 
 
 def _finish_preparing(engine: sa.Engine, operation_id: str, clock: Clock, by: str | None) -> None:
-    """Mark the operation prepared; an operation that claimed nothing is not kept (there
-    is nothing to report: ServiceControl starts no operation for zero messages)."""
-    now = clock()
+    """Mark the operation prepared (``_prepare``)."""
     with begin_write(engine) as conn:
-        conn.execute(
-            sa.delete(retry_operations).where(ro.id == operation_id, ro.message_count == 0)
+        _prepare(conn, operation_id, clock(), by=by)
+
+
+def _prepare(
+    conn: sa.Connection, operation_id: str, now: datetime, *, by: str | None, ended: bool = False
+) -> None:
+    """Mark the operation prepared and log its request, stamped when it was made (its
+    ``started_at``); an operation that claimed nothing is not kept (there is nothing to
+    report: ServiceControl starts no operation for zero messages). ``ended``: its request
+    ended before it made all its batches."""
+    conn.execute(sa.delete(retry_operations).where(ro.id == operation_id, ro.message_count == 0))
+    prepare = (
+        sa.update(retry_operations)
+        .where(ro.id == operation_id)
+        .values(prepared_at=now, last_modified=now)
+    )
+    updated = provider_for(conn).update_returning(
+        conn, prepare, [ro.retry_type, ro.target, ro.message_count, ro.started_at]
+    )
+    prepared = updated[0] if updated else None  # by primary key: one row at most
+    if prepared is not None:
+        activity.retry_requested(
+            conn,
+            operation_id,
+            prepared.retry_type,
+            prepared.target,
+            prepared.message_count,
+            by=by,
+            now=prepared.started_at,
+            ended=ended,
         )
-        prepare = (
-            sa.update(retry_operations)
-            .where(ro.id == operation_id)
-            .values(prepared_at=now, last_modified=now)
-        )
-        updated = provider_for(conn).update_returning(
-            conn, prepare, [ro.retry_type, ro.target, ro.message_count]
-        )
-        prepared = updated[0] if updated else None  # by primary key: one row at most
-        if prepared is not None:
-            activity.retry_requested(
-                conn,
-                operation_id,
-                prepared.retry_type,
-                prepared.target,
-                prepared.message_count,
-                by=by,
-                now=now,
-            )
-        complete_operation_if_finished(conn, operation_id, now)
+    complete_operation_if_finished(conn, operation_id, now)
 
 
 def close_abandoned_preparations(
     conn: sa.Connection, now: datetime, *selection: sa.ColumnElement[bool]
 ) -> None:
     """Close the operations (of ``selection``'s, else any) whose request made no progress
-    for ``ABANDONED_PREPARATION`` before it created all its batches: prepared now, with
-    the batches they have, and completed when those are done."""
+    for ``ABANDONED_PREPARATION`` before it created all its batches, as ``_prepare`` does:
+    prepared now, with the batches they have (one that has none is not kept), its request
+    logged, and completed when those are done."""
     abandoned = conn.scalars(
         sa.select(ro.id).where(
             *selection,
@@ -662,12 +670,7 @@ def close_abandoned_preparations(
         )
     ).all()
     for operation_id in abandoned:
-        conn.execute(
-            sa.update(retry_operations)
-            .where(ro.id == operation_id)
-            .values(prepared_at=now, last_modified=now)
-        )
-        complete_operation_if_finished(conn, operation_id, now)
+        _prepare(conn, operation_id, now, by=None, ended=True)
 
 
 def complete_operation_if_finished(conn: sa.Connection, operation_id: str, now: datetime) -> None:
