@@ -438,8 +438,7 @@ def test_an_operation_whose_request_died_midway_is_closed_with_the_batches_it_ha
                 event_log_items.c.event_type == "RetryOperationRequested"
             )
         ).scalars()
-        # The first by the request, which this test then made look unfinished; the last
-        # by the close.
+        # One by the request, which this test then made look unfinished; one by the close.
         said = [
             text.endswith("its request ended before it claimed every message") for text in requested
         ]
