@@ -285,6 +285,14 @@ def test_a_window_in_flight_when_its_lease_is_lost_is_sent_once(
         assert conn.execute(sa.select(retry_operations.c.forwarded_count)).scalar_one() == 3
 
 
+def assert_all_three_sent(engine: sa.Engine) -> None:
+    """The one batch done, its operation counting its three messages sent, none failed."""
+    assert batch_statuses(engine) == ["done"]
+    with engine.connect() as conn:
+        operation = conn.execute(sa.select(retry_operations)).one()
+    assert (operation.forwarded_count, operation.skipped_count, operation.failed) == (3, 0, False)
+
+
 def test_a_window_confirmed_before_it_is_written_counts_as_sent(
     settings: Settings,
     engine: sa.Engine,
@@ -311,10 +319,7 @@ def test_a_window_confirmed_before_it_is_written_counts_as_sent(
             await processor.close()
 
     asyncio.run(scenario())
-    assert batch_statuses(engine) == ["done"]
-    with engine.connect() as conn:
-        operation = conn.execute(sa.select(retry_operations)).one()
-    assert (operation.forwarded_count, operation.skipped_count, operation.failed) == (3, 0, False)
+    assert_all_three_sent(engine)
     assert set(statuses(engine).values()) == {FailedMessageStatus.RESOLVED}
 
 
@@ -347,10 +352,7 @@ def test_a_window_sent_by_a_process_that_died_before_writing_it_counts_as_sent(
             await late.close()
 
     asyncio.run(scenario())
-    assert batch_statuses(engine) == ["done"]
-    with engine.connect() as conn:
-        operation = conn.execute(sa.select(retry_operations)).one()
-    assert (operation.forwarded_count, operation.skipped_count, operation.failed) == (3, 0, False)
+    assert_all_three_sent(engine)
 
 
 def test_a_window_whose_process_died_is_sent_once_its_mark_is_past(
