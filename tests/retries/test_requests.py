@@ -29,6 +29,7 @@ from controlroom.db.transactions import begin_write
 from controlroom.errors.ingest.bodies import FileSystemBodyStore
 from controlroom.errors.ingest.grouping import EXCEPTION_TYPE_AND_STACK_TRACE
 from controlroom.errors.ingest.writer import FailedMessageBatchWriter
+from controlroom.errors.retries import processor as processor_module
 from controlroom.errors.retries import requests as retries
 from tests.nsb import failed_headers
 from tests.retries.conftest import (
@@ -403,6 +404,74 @@ def test_a_group_retry_after_a_preparation_that_died_starts_anew_and_closes_the_
     # The dead one claimed nothing: not kept, as a request that claims nothing is not
     # (breaker, session 33: it was shown as "Retry sent: 0 of 0").
     assert operations == [again.operation_id]
+
+
+def test_a_request_whose_operation_was_closed_meanwhile_stops_and_is_logged_once(
+    settings: Settings,
+    engine: sa.Engine,
+    writer: FailedMessageBatchWriter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Breaker, session 33: a request held on a lock past ``ABANDONED_PREPARATION`` had its
+    operation closed under it, went on making batches for the closed operation, prepared
+    it again and logged its request a second time; the completed operation said 4,000
+    sent where 6,000 were. Driven step by step: the background's first batch is held
+    while the operation is closed."""
+    monkeypatch.setattr(retries, "BATCH_SIZE", 10)
+    store_many(settings, writer, 25, exception_type="System.TimeoutException")
+    with engine.connect() as conn:
+        group_id = conn.execute(sa.select(failed_message_groups.c.group_id).limit(1)).scalar_one()
+    claim, calls = retries._claim_batch, []
+    held, go_on = threading.Event(), threading.Event()
+
+    def held_claim(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 2:  # the first batch after the answer waits on a lock
+            held.set()
+            assert go_on.wait(30)
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(retries, "_claim_batch", held_claim)
+    answer = retries.retry_group(engine, group_id, answer_within=0)
+    assert answer.preparing and held.wait(30)
+    closed_at = datetime.now(UTC) + retries.ABANDONED_PREPARATION + timedelta(seconds=1)
+    with begin_write(engine) as conn:
+        retries.close_abandoned_preparations(conn, closed_at)
+    go_on.set()
+    for thread in threading.enumerate():
+        if thread.name.startswith("retry-preparation-"):
+            thread.join(30)
+
+    with engine.connect() as conn:
+        operation = conn.execute(sa.select(retry_operations)).one()
+        batches = conn.execute(sa.select(sa.func.count()).select_from(retry_batches)).scalar()
+        requested = conn.execute(
+            sa.select(event_log_items.c.description).where(
+                event_log_items.c.event_type == "RetryOperationRequested"
+            )
+        ).scalars().all()
+    assert (operation.message_count, batches) == (10, 1)  # nothing claimed after the close
+    assert operation.prepared_at == closed_at
+    assert [text.endswith("before it claimed every message") for text in requested] == [True]
+
+
+def test_forwarding_leaves_a_preparing_operations_progress_to_its_request(
+    settings: Settings, engine: sa.Engine, writer: FailedMessageBatchWriter
+) -> None:
+    """Breaker, session 33: forwarding the batches of a request that had died kept its
+    operation's ``last_modified`` moving, so it was taken for alive until every batch was
+    sent, plus the minute: two minutes after a kill, retries of the group still named
+    it."""
+    store_many(settings, writer, 3, endpoint="Q")
+    operation_id = retries.retry_all(engine).operation_id
+    long_ago = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+    with engine.begin() as conn:  # as if its request were still making batches
+        conn.execute(sa.update(retry_operations).values(prepared_at=None, last_modified=long_ago))
+    with begin_write(engine) as conn:
+        processor_module._count(conn, operation_id, datetime.now(UTC), forwarded=3)
+    with engine.connect() as conn:
+        operation = conn.execute(sa.select(retry_operations)).one()
+    assert (operation.forwarded_count, operation.last_modified) == (3, long_ago)
 
 
 def test_a_retry_request_is_logged_when_it_was_made(

@@ -690,7 +690,9 @@ def _count(
     values: dict[str, Any] = {
         "forwarded_count": ro.forwarded_count + forwarded,
         "skipped_count": ro.skipped_count + skipped,
-        "last_modified": now,
+        # While its request still makes batches, last_modified is the request's own: it
+        # tells a live request from one that ended (requests.ABANDONED_PREPARATION).
+        "last_modified": sa.case((ro.prepared_at.is_(None), ro.last_modified), else_=now),
     }
     if failed:
         values["failed"] = True

@@ -401,9 +401,15 @@ def _run_request(
     chunks = _candidate_chunks(engine, selection)
     for candidates in chunks:
         began = time.monotonic()
-        batch, not_claimed = retrying(
-            _claim_batch, engine, selection, operation_id, candidates, clock
-        )
+        try:
+            batch, not_claimed = retrying(
+                _claim_batch, engine, selection, operation_id, candidates, clock
+            )
+        except OperationClosed:
+            _say_closed(operation_id)
+            return RetryRequestResult(
+                operation_id, selection.retry_type, selection.target, batches, skipped
+            )
         skipped += not_claimed
         if batch is not None:
             batches.append(batch)
@@ -430,6 +436,15 @@ def _run_request(
     )
 
 
+def _say_closed(operation_id: str) -> None:
+    log.warning(
+        "retry operation %s was closed while its request made its batches (no progress for "
+        "%s): the request stops; the messages it did not claim wait for the next retry",
+        operation_id,
+        ABANDONED_PREPARATION,
+    )
+
+
 def _prepare_the_rest(
     engine: sa.Engine,
     selection: _Selection,
@@ -447,6 +462,9 @@ def _prepare_the_rest(
         for candidates in chunks:
             retrying(_claim_batch, engine, selection, operation_id, candidates, clock)
         retrying(_finish_preparing, engine, operation_id, clock, by)
+    except OperationClosed:
+        _say_closed(operation_id)
+        return
     except Exception:
         log.exception(
             "retry operation %s: creating its batches failed; it is closed with the batches "
@@ -522,9 +540,7 @@ def _claim_batch(
         claimed = claim_messages(conn, batch_id, candidates)
         if not claimed:
             conn.execute(sa.delete(retry_batches).where(rb.id == batch_id))
-            conn.execute(  # progress all the same: the request is alive
-                sa.update(retry_operations).where(ro.id == operation_id).values(last_modified=now)
-            )
+            _still_preparing(conn, operation_id, now)  # progress all the same: it is alive
             return None, len(candidates)
         _mark_retry_issued(conn, claimed, now)
         _keep_claimed(conn, operation_id, batch_id)
@@ -533,13 +549,30 @@ def _claim_batch(
             .where(rb.id == batch_id)
             .values(status=str(BatchStatus.STAGING), initial_batch_size=len(claimed))
         )
-        conn.execute(
-            sa.update(retry_operations)
-            .where(ro.id == operation_id)
-            .values(message_count=ro.message_count + len(claimed), last_modified=now)
-        )
+        _still_preparing(conn, operation_id, now, claimed=len(claimed))
     batch = RetryBatchInfo(batch_id, len(claimed), BatchStatus.STAGING)
     return batch, len(candidates) - len(claimed)
+
+
+class OperationClosed(ControlroomError):
+    """The operation a request makes batches for was closed meanwhile: the request had
+    made no progress for ``ABANDONED_PREPARATION`` (held on a lock), and the next request
+    or the retry processor took it for ended (``close_abandoned_preparations``)."""
+
+
+def _still_preparing(
+    conn: sa.Connection, operation_id: str, now: datetime, *, claimed: int = 0
+) -> None:
+    """Count ``claimed`` more messages in the operation and mark the request's progress;
+    raises ``OperationClosed`` (the transaction rolls back: no batch, no claim) when the
+    operation is prepared already, closed as abandoned."""
+    still = conn.execute(
+        sa.update(retry_operations)
+        .where(ro.id == operation_id, ro.prepared_at.is_(None))
+        .values(message_count=ro.message_count + claimed, last_modified=now)
+    ).rowcount
+    if not still:
+        raise OperationClosed(f"retry operation {operation_id} was closed meanwhile")
 
 
 def _release_claims(conn: sa.Connection, ids: Sequence[str], *, pending_too: bool) -> None:
@@ -636,10 +669,11 @@ def _prepare(
     ``started_at``); an operation that claimed nothing is not kept (there is nothing to
     report: ServiceControl starts no operation for zero messages). ``ended``: its request
     ended before it made all its batches."""
-    conn.execute(sa.delete(retry_operations).where(ro.id == operation_id, ro.message_count == 0))
+    unprepared = (ro.id == operation_id, ro.prepared_at.is_(None))  # not closed meanwhile
+    conn.execute(sa.delete(retry_operations).where(*unprepared, ro.message_count == 0))
     prepare = (
         sa.update(retry_operations)
-        .where(ro.id == operation_id)
+        .where(*unprepared)
         .values(prepared_at=now, last_modified=now)
     )
     updated = provider_for(conn).update_returning(
