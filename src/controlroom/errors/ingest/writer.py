@@ -211,18 +211,15 @@ class FailedMessageBatchWriter:
         # driven by the claims (almost always none of the batch's): a probe of their
         # primary key per id, each found claim's message read for its status.
         claims = failed_message_retries.c
-        released = conn.execute(
-            sa.delete(failed_message_retries)
-            .where(
+        conn.execute(
+            sa.delete(failed_message_retries).where(
                 self._provider.is_one_of(claims.failed_message_id, sorted(r.id for r in stored)),
                 sa.exists().where(
                     failed_messages.c.id == claims.failed_message_id,
                     failed_messages.c.status == int(FailedMessageStatus.UNRESOLVED),
                 ),
             )
-            .returning(*_CLAIM_STATE)
-        ).all()
-        _count_sent_unwritten(conn, released)
+        )
 
     def _replace_groups(
         self,
@@ -412,9 +409,9 @@ def _count_sent_unwritten(
     conn: sa.Connection, removed: Sequence[sa.Row[*tuple[Any, ...]]]
 ) -> None:
     """Count as forwarded, in their operations, the removed claims that a window took and
-    whose send no window wrote: their message came back (confirmed, or failed again) before
-    its window was written, or after the process that sent it ended (docs/decisions.md "A
-    window in flight is claimed"). The claims were removed first, as a window locks them
+    whose send no window wrote: their message came back confirmed before its window was
+    written, or after the process that sent it ended (docs/decisions.md "A window in
+    flight is claimed"). The claims were removed first, as a window locks them
     before it counts, so the two never wait on each other in opposite orders."""
     per_batch: dict[str, int] = {}
     for claim in removed:

@@ -647,8 +647,8 @@ def _mark_sent(conn: sa.Connection, batch_id: str, sent: Sequence[str], now: dat
     """Mark the claims of ``sent`` (messages this window sent) sent at ``now``; answers how
     many count as forwarded here. A claim another process sent too (its mark past) is
     marked already and counts once, there. A claim that is gone was removed by its
-    message's confirmation or new failure (an endpoint that handled the retry before this
-    window was written), and the writer that removed it counted it
+    message's confirmation (an endpoint that handled the retry before this window was
+    written), and the writer that removed it counted it
     (``errors.ingest.writer``). The claims found are locked first (in the order of their
     ids), so none goes between the reading and the marking."""
     wanted = sorted(set(sent))
