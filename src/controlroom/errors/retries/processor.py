@@ -645,27 +645,19 @@ def _stored_headers(headers_json: str | None) -> dict[str, str | None]:
 
 def _mark_sent(conn: sa.Connection, batch_id: str, sent: Sequence[str], now: datetime) -> int:
     """Mark the claims of ``sent`` (messages this window sent) sent at ``now``; answers how
-    many count as forwarded here. A claim another process sent too (its mark past) is
-    marked already and counts once, there. A claim that is gone was removed by its
-    message's confirmation (an endpoint that handled the retry before this window was
-    written), and the writer that removed it counted it
-    (``errors.ingest.writer``). The claims found are locked first (in the order of their
-    ids), so none goes between the reading and the marking."""
-    wanted = sorted(set(sent))
-    found = conn.execute(
-        sa.select(fmr.failed_message_id, fmr.sent_at)
-        .where(fmr.retry_batch_id == batch_id, fmr.failed_message_id.in_(wanted))
-        .order_by(fmr.failed_message_id)
-        .with_for_update()
-    ).all()
-    unmarked = [row.failed_message_id for row in found if row.sent_at is None]
-    if unmarked:
-        conn.execute(
-            sa.update(failed_message_retries)
-            .where(fmr.retry_batch_id == batch_id, fmr.failed_message_id.in_(unmarked))
-            .values(sent_at=now)
+    many it marked, which count as forwarded here. A claim another process sent too (its
+    mark past) is marked already and counts once, there. A claim that is gone was removed
+    by its message's confirmation (an endpoint that handled the retry before this window
+    was written), and the writer that removed it counted it (``errors.ingest.writer``)."""
+    return conn.execute(
+        sa.update(failed_message_retries)
+        .where(
+            fmr.retry_batch_id == batch_id,
+            fmr.failed_message_id.in_(sent),
+            fmr.sent_at.is_(None),
         )
-    return len(unmarked)
+        .values(sent_at=now)
+    ).rowcount
 
 
 def _delete_claims(conn: sa.Connection, batch_id: str, ids: Sequence[str]) -> None:
